@@ -1,0 +1,199 @@
+"""Errors raised by prefect-baton.
+
+Every error derives from :class:`BatonError` and carries a stable ``code`` taken from the
+design's list (``VALIDATION_ERROR``, ``CONFLICT``, ``VERSION_CONFLICT``, ``NOT_FOUND``,
+``FORBIDDEN``, ``IDEMPOTENCY_MISMATCH``, ``IDEMPOTENCY_IN_FLIGHT``, ``LEASE_LOST``,
+``STALE_FENCE``, ``UNAVAILABLE``). Every surface (Python, CLI, REST) reports the same codes.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, ClassVar
+
+__all__ = [
+    "ERROR_CODES",
+    "BatonError",
+    "ConflictError",
+    "ForbiddenError",
+    "IdempotencyInFlightError",
+    "IdempotencyMismatchError",
+    "LeaseLostError",
+    "NotFoundError",
+    "StaleFenceError",
+    "UnavailableError",
+    "ValidationError",
+    "VersionConflictError",
+    "error_for_code",
+]
+
+
+class BatonError(Exception):
+    """Root of every prefect-baton error.
+
+    Attributes:
+        code: stable machine-readable code (``str``), one of :data:`ERROR_CODES`.
+        message: human-readable explanation (``str``); never names another principal's
+            lease holder, purpose or scopes.
+    """
+
+    code: ClassVar[str] = "BATON_ERROR"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return ``{"code": ..., "message": ...}`` plus the error's extra fields."""
+        return {"code": self.code, "message": self.message}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.__dict__.copy()))
+
+
+def _rebuild(cls: type[BatonError], state: dict[str, Any]) -> BatonError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, state.get("message", ""))
+    err.__dict__.update(state)
+    return err
+
+
+class ValidationError(BatonError):
+    """Bad input (TTL out of 10..86,400 s, empty or over-long id, non-JSON state, ...).
+
+    Nothing is written and no idempotency receipt is stored for a request that fails
+    validation.
+    """
+
+    code = "VALIDATION_ERROR"
+
+
+class ConflictError(BatonError):
+    """The resource is leased by another holder, or its write scopes overlap another lease.
+
+    Attributes:
+        expires_at: when the conflicting lease runs out (timezone-aware UTC). The message
+            gives this expiry and nothing else (seed service rule: no holder, no purpose).
+    """
+
+    code = "CONFLICT"
+
+    def __init__(self, message: str, *, expires_at: datetime | None = None) -> None:
+        super().__init__(message)
+        self.expires_at = expires_at
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        if self.expires_at is not None:
+            d["expires_at"] = self.expires_at.isoformat()
+        return d
+
+
+class VersionConflictError(BatonError):
+    """A compare-and-swap failed: ``expected_version`` differs from the current version.
+
+    Attributes:
+        current_version: the version the authority holds (``int``).
+        expected_version: the version the caller presented (``int``).
+    """
+
+    code = "VERSION_CONFLICT"
+
+    def __init__(self, message: str, *, current_version: int, expected_version: int) -> None:
+        super().__init__(message)
+        self.current_version = current_version
+        self.expected_version = expected_version
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d["current_version"] = self.current_version
+        d["expected_version"] = self.expected_version
+        return d
+
+
+class NotFoundError(BatonError):
+    """The object does not exist, is no longer in the state the operation needs, or belongs
+    to another organization (another org's ids are always not found, never a conflict)."""
+
+    code = "NOT_FOUND"
+
+
+class ForbiddenError(BatonError):
+    """The caller's role or identity does not allow the operation (e.g. force release by an
+    ``agent``, resolving a handoff addressed to someone else)."""
+
+    code = "FORBIDDEN"
+
+
+class IdempotencyMismatchError(BatonError):
+    """The idempotency key was used before for a different request; nothing was written."""
+
+    code = "IDEMPOTENCY_MISMATCH"
+
+
+class IdempotencyInFlightError(BatonError):
+    """A request with the same idempotency key is still being processed."""
+
+    code = "IDEMPOTENCY_IN_FLIGHT"
+
+
+class LeaseLostError(BatonError):
+    """The caller's lease is no longer held: it expired, was released, force-released,
+    transferred or taken over. Renewing, releasing or replaying it cannot bring it back."""
+
+    code = "LEASE_LOST"
+
+
+class StaleFenceError(BatonError):
+    """A write carried a lease as fencing token, and that lease generation is no longer the
+    current effective one for its resource."""
+
+    code = "STALE_FENCE"
+
+
+class UnavailableError(BatonError):
+    """The lease authority or ledger cannot be reached, or is rebuilding after data loss.
+    The operation had no effect that the caller can rely on; retry it with the same
+    idempotency key."""
+
+    code = "UNAVAILABLE"
+
+
+_BY_CODE: dict[str, type[BatonError]] = {
+    cls.code: cls
+    for cls in (
+        ValidationError,
+        ConflictError,
+        VersionConflictError,
+        NotFoundError,
+        ForbiddenError,
+        IdempotencyMismatchError,
+        IdempotencyInFlightError,
+        LeaseLostError,
+        StaleFenceError,
+        UnavailableError,
+    )
+}
+
+#: Every stable error code, in the order the design lists them.
+ERROR_CODES: tuple[str, ...] = tuple(_BY_CODE)
+
+
+def error_for_code(code: str, message: str, **fields: Any) -> BatonError:
+    """Build the error class for ``code`` (``str``) with ``message``; unknown codes give a
+    plain :class:`BatonError`. Used to re-raise errors stored in receipts or sent over HTTP."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        return BatonError(message)
+    if cls is VersionConflictError:
+        return VersionConflictError(
+            message,
+            current_version=int(fields.get("current_version", 0)),
+            expected_version=int(fields.get("expected_version", 0)),
+        )
+    if cls is ConflictError:
+        exp = fields.get("expires_at")
+        return ConflictError(
+            message, expires_at=datetime.fromisoformat(exp) if isinstance(exp, str) else exp
+        )
+    return cls(message)

@@ -1,0 +1,212 @@
+"""Value objects returned by prefect-baton (immutable pydantic models).
+
+Times are timezone-aware UTC ``datetime`` values taken from the authority's clock (the
+database's ``now()`` or Redis ``TIME``), never from the caller's.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "Checkpoint",
+    "Event",
+    "Evidence",
+    "Handoff",
+    "Lease",
+    "LeaseInfo",
+    "Outcome",
+    "Receipt",
+    "from_ms",
+    "to_ms",
+]
+
+LeaseStatus = Literal[
+    "active", "released", "expired", "taken_over", "transferred", "superseded", "revoked"
+]
+HandoffStatus = Literal["pending", "accepted", "rejected", "expired"]
+OutcomeStatus = Literal["succeeded", "failed", "cancelled"]
+
+
+def from_ms(ms: int | None) -> datetime | None:
+    """Convert epoch milliseconds (``int``) to an aware UTC ``datetime`` (``None`` stays)."""
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000.0, tz=UTC)
+
+
+def to_ms(dt: datetime) -> int:
+    """Convert an aware ``datetime`` to epoch milliseconds (``int``)."""
+    return round(dt.timestamp() * 1000)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Lease(_Model):
+    """One generation of expiring ownership of a resource.
+
+    A new generation (new ``lease_id``) starts at every acquire, takeover and transfer;
+    renewals keep the ``lease_id`` and bump ``version`` only.
+
+    Attributes:
+        lease_id: ``lease_<hex>``, identifies this generation.
+        resource_type, resource_id: the resource claimed.
+        owner: the holding principal.
+        execution_key: the idempotency key of the execution holding it, or ``None``.
+        version: +1 on every transition of this resource (CAS handle).
+        epoch: +1 whenever ownership changes hands: the fencing token. Strictly increasing
+            per resource for all time.
+        scopes: write-scope glob patterns claimed (``tuple[str, ...]``).
+        status: ``active`` or how the generation ended (``released``, ``expired``,
+            ``taken_over``, ``transferred``, ``superseded``, ``revoked``).
+        acquired_at, expires_at: aware UTC datetimes from the authority's clock.
+        ttl_seconds: the TTL of the last grant or renewal (``int``, seconds).
+        released_at: when the generation ended, if it has.
+        replayed: ``True`` when this came back from a stored idempotency receipt.
+    """
+
+    lease_id: str
+    resource_type: str
+    resource_id: str
+    owner: str
+    execution_key: str | None
+    version: int
+    epoch: int
+    scopes: tuple[str, ...] = ()
+    status: LeaseStatus = "active"
+    purpose: str | None = None
+    acquired_at: datetime
+    expires_at: datetime
+    ttl_seconds: int
+    released_at: datetime | None = None
+    replayed: bool = False
+
+    @property
+    def fencing_token(self) -> int:
+        """The epoch, as a fencing token (``int``) to pass to external systems."""
+        return self.epoch
+
+
+class LeaseInfo(_Model):
+    """What :meth:`inspect` shows about a resource.
+
+    Any principal of the org sees ``held``, ``expires_at``, ``version`` and ``epoch``; only the
+    holder also gets ``lease`` (the full :class:`Lease`). Another principal never learns the
+    holder, purpose or scopes.
+    """
+
+    resource_type: str
+    resource_id: str
+    held: bool
+    version: int
+    epoch: int
+    expires_at: datetime | None = None
+    lease: Lease | None = None
+
+
+class Receipt(_Model):
+    """Result of a lease release.
+
+    Attributes:
+        action: ``release``, ``release_by_id`` or ``force_release``.
+        status: ``released`` (released while effective), ``expired`` (the holder cleaned up
+            a lease that had already run out: its protection lapsed) or ``no_change``
+            (already released by the same proof).
+        lease: the lease as it stands after the operation.
+    """
+
+    action: str
+    status: Literal["released", "expired", "no_change"]
+    lease: Lease
+    replayed: bool = False
+
+
+class Evidence(_Model):
+    """One evidence item of an outcome: ``kind`` (e.g. ``file``), ``uri`` (a URI or
+    reference), optional ``digest`` (e.g. ``sha256:<hex>``) and ``note``."""
+
+    kind: str = Field(min_length=1, max_length=256)
+    uri: str = Field(min_length=1, max_length=4096)
+    digest: str | None = Field(default=None, max_length=512)
+    note: str | None = Field(default=None, max_length=4096)
+
+
+class Checkpoint(_Model):
+    """Resumable progress, one per ``(org, subject_id, principal, kind)``.
+
+    ``state`` is a JSON object; ``state_hash`` is ``sha256:`` + SHA-256 of its canonical JSON;
+    ``version`` is +1 per write.
+    """
+
+    checkpoint_id: str
+    subject_id: str
+    kind: str
+    principal: str
+    version: int
+    state: dict[str, Any]
+    state_hash: str
+    created_at: datetime
+    updated_at: datetime
+    expires_at: datetime | None = None
+    replayed: bool = False
+
+
+class Handoff(_Model):
+    """An explicit transfer of a subject to ``to_principal``.
+
+    ``lease`` is set on an accepted handoff that carried a lease: the generation now held by
+    the recipient.
+    """
+
+    handoff_id: str
+    from_principal: str
+    to_principal: str
+    subject_id: str
+    checkpoint_id: str | None = None
+    context_id: str | None = None
+    message: str | None = None
+    lease_id: str | None = None
+    status: HandoffStatus
+    created_at: datetime
+    expires_at: datetime | None = None
+    resolved_at: datetime | None = None
+    note: str | None = None
+    lease: Lease | None = None
+    replayed: bool = False
+
+
+class Outcome(_Model):
+    """Completion or failure of a subject, linked to its evidence."""
+
+    outcome_id: str
+    subject_id: str
+    principal: str
+    status: OutcomeStatus
+    evidence: tuple[Evidence, ...]
+    lease_id: str | None = None
+    handoff_id: str | None = None
+    checkpoint_id: str | None = None
+    fence_epoch: int | None = None
+    recorded_at: datetime
+    replayed: bool = False
+
+
+class Event(_Model):
+    """One committed transition from the ledger's event stream (outbox).
+
+    ``seq`` increases monotonically in commit order; ``event_id`` is for de-duplication by
+    relays that deliver at least once.
+    """
+
+    seq: int
+    event_id: str
+    kind: str
+    principal: str
+    subject: str
+    payload: dict[str, Any]
+    occurred_at: datetime

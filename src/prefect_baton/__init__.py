@@ -1,0 +1,54 @@
+"""prefect-baton: leases with fencing tokens, checkpoints, handoffs and outcomes for Prefect
+flows and plain agent code, on a SQL ledger (SQLite by default, PostgreSQL at scale)."""
+
+from ._client import AsyncBaton, Baton, CheckpointAPI, EventAPI, HandoffAPI, LeaseAPI, OutcomeAPI
+from ._keeper import LeaseKeeper
+from ._settings import BatonSettings
+from .errors import (
+    BatonError,
+    ConflictError,
+    ForbiddenError,
+    IdempotencyInFlightError,
+    IdempotencyMismatchError,
+    LeaseLostError,
+    NotFoundError,
+    StaleFenceError,
+    UnavailableError,
+    ValidationError,
+    VersionConflictError,
+)
+from .models import Checkpoint, Event, Evidence, Handoff, Lease, LeaseInfo, Outcome, Receipt
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncBaton",
+    "Baton",
+    "BatonError",
+    "BatonSettings",
+    "CheckpointAPI",
+    "Checkpoint",
+    "ConflictError",
+    "EventAPI",
+    "Event",
+    "Evidence",
+    "ForbiddenError",
+    "HandoffAPI",
+    "Handoff",
+    "IdempotencyInFlightError",
+    "IdempotencyMismatchError",
+    "LeaseAPI",
+    "Lease",
+    "LeaseInfo",
+    "LeaseKeeper",
+    "LeaseLostError",
+    "NotFoundError",
+    "OutcomeAPI",
+    "Outcome",
+    "Receipt",
+    "StaleFenceError",
+    "UnavailableError",
+    "ValidationError",
+    "VersionConflictError",
+    "__version__",
+]

@@ -1,0 +1,49 @@
+"""Configuration from the environment (pydantic-settings, prefix ``BATON_``)."""
+
+from __future__ import annotations
+
+import getpass
+import socket
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_ledger_url() -> str:
+    """``sqlite:///<cwd>/.baton/ledger.db``: the embedded default, no server needed."""
+    return f"sqlite:///{Path.cwd() / '.baton' / 'ledger.db'}"
+
+
+def default_principal() -> str:
+    """``<user>@<host>``."""
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = "agent"
+    return f"{user}@{socket.gethostname()}"
+
+
+class BatonSettings(BaseSettings):
+    """Settings read from ``BATON_*`` environment variables.
+
+    Attributes:
+        ledger_url: ``BATON_LEDGER_URL``; SQLAlchemy URL of the ledger (default: SQLite file
+            ``./.baton/ledger.db``; ``postgresql://...`` at scale).
+        org: ``BATON_ORG``; the organization (default ``default``).
+        principal: ``BATON_PRINCIPAL``; the acting identity (default ``user@host``).
+        role: ``BATON_ROLE``; ``agent``, ``owner`` or ``admin`` (default ``agent``).
+        redis_url: ``BATON_REDIS_URL``; Redis fast path for leases (default: none).
+        receipt_retention_seconds: ``BATON_RECEIPT_RETENTION_SECONDS`` (default 86,400).
+        state_max_bytes: ``BATON_STATE_MAX_BYTES``, checkpoint state cap (default 1 MiB).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="BATON_", extra="ignore")
+
+    ledger_url: str = Field(default_factory=default_ledger_url)
+    org: str = "default"
+    principal: str = Field(default_factory=default_principal)
+    role: str = "agent"
+    redis_url: SecretStr | None = None
+    receipt_retention_seconds: int = Field(default=86_400, ge=60)
+    state_max_bytes: int = Field(default=1024 * 1024, ge=1024)

@@ -339,9 +339,7 @@ class CheckpointAPI(_API):
             self._caller, _core.validate_id("checkpoint_id", checkpoint_id)
         )
 
-    def history(
-        self, subject_id: str, kind: str, principal: str | None = None
-    ) -> list[Checkpoint]:
+    def history(self, subject_id: str, kind: str, principal: str | None = None) -> list[Checkpoint]:
         """Every version of the checkpoint, oldest first."""
         return self._store.checkpoint_history(
             self._caller,

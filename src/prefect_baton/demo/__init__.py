@@ -1,0 +1,323 @@
+"""``baton demo``: the seed scenario's four roles as separate OS processes on real input.
+
+Researchers (``--workers``) lease and analyse every ``.py`` file of the input directories
+(default: the running Python's ``json``, ``email`` and ``http`` packages); ``--crash N`` of
+them SIGKILL themselves mid-file and ``--pause N`` are SIGSTOPped past their TTL and resumed
+after another researcher took the file over, so their late writes must be rejected by the
+fence. Then a writer compiles a report and hands it off to an operator, who delivers it and
+hands off to a reviewer, who recomputes every file's sha256 against the evidence.
+
+The summary is read back from the ledger. The command exits 1 if any file was completed twice
+or left undone, the verdict is not ``accepted``, or the ledger audit finds a violation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+from .. import Baton
+from ..audit import audit_ledger
+from . import analysis
+
+__all__ = ["DemoResult", "main", "run_demo"]
+
+
+@dataclass
+class DemoResult:
+    """The demo's summary, read back from the ledger (counts are ``int``)."""
+
+    files: int = 0
+    completed: int = 0
+    duplicate_completions: int = 0
+    undone: int = 0
+    takeovers: int = 0
+    resumed_from_checkpoint: int = 0
+    stale_writes_rejected: int = 0
+    crashes: int = 0
+    pauses: int = 0
+    handoffs_accepted: int = 0
+    verdict: str = "none"
+    audit_violations: list[str] = field(default_factory=list)
+    elapsed_seconds: float = 0.0
+    ledger: str = ""
+    org: str = ""
+    report: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """Every file done exactly once, verdict accepted, audit clean."""
+        return (
+            self.duplicate_completions == 0
+            and self.undone == 0
+            and self.verdict == "accepted"
+            and not self.audit_violations
+        )
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="baton demo",
+        description=(
+            "Run the four-role scenario (researchers, writer, operator, reviewer) as separate "
+            "processes on real files, with real crashes and pauses."
+        ),
+    )
+    p.add_argument("--workers", type=int, default=4, help="researcher processes (default 4)")
+    p.add_argument(
+        "--input",
+        action="append",
+        type=Path,
+        help="directory of .py files to analyse (repeatable; default: json, email, http)",
+    )
+    p.add_argument("--crash", type=int, default=0, help="researchers that SIGKILL themselves")
+    p.add_argument("--pause", type=int, default=0, help="researchers SIGSTOPped past their TTL")
+    p.add_argument("--ttl", type=int, default=10, help="file lease TTL in seconds (10..86400)")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--ledger-url", help="ledger URL (default: a fresh SQLite file in the run dir)")
+    p.add_argument("--lines-per-chunk", type=int, default=60, help="lines per checkpoint")
+    p.add_argument("--work-ms", type=int, default=20, help="simulated work per chunk (ms)")
+    p.add_argument("--timeout", type=int, default=600, help="give up after this many seconds")
+    p.add_argument("--run-dir", type=Path, help="where the ledger, logs and report go")
+    return p
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+class _Progress:
+    """A Rich progress bar on a terminal, plain lines otherwise (on stderr for JSON)."""
+
+    def __init__(self, total: int, fmt: str) -> None:
+        self.total = total
+        self.tty = sys.stdout.isatty() and fmt == "table"
+        self.last = -1
+        self._bar: Any = None
+        if self.tty:
+            from rich.progress import Progress
+
+            self._bar = Progress(transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task("files analysed", total=total)
+        self.out: IO[str] = sys.stderr if fmt == "json" else sys.stdout
+
+    def update(self, done: int, note: str = "") -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=done)
+        elif done != self.last or note:
+            print(f"[demo] {done}/{self.total} files analysed {note}".rstrip(), file=self.out)
+        self.last = done
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def run_demo(args: argparse.Namespace) -> DemoResult:
+    """Run the scenario described by parsed ``baton demo`` arguments."""
+    t0 = time.monotonic()
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir: Path = (
+        args.run_dir or Path.cwd() / ".baton" / "demo" / f"{stamp}-{uuid.uuid4().hex[:6]}"
+    ).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ledger_url = args.ledger_url or f"sqlite:///{run_dir / 'ledger.db'}"
+    org = f"demo-{uuid.uuid4().hex[:10]}"
+    files = analysis.list_files(args.input or analysis.default_inputs())
+    result = DemoResult(files=len(files), ledger=ledger_url, org=org)
+    b = Baton(ledger_url=ledger_url, org=org, principal="orchestrator")
+    base = {
+        "ledger_url": ledger_url,
+        "org": org,
+        "files": {k: str(v) for k, v in files.items()},
+        "ttl": args.ttl,
+        "lines_per_chunk": args.lines_per_chunk,
+        "work_seconds": args.work_ms / 1000.0,
+        "run_dir": str(run_dir),
+        "timeout": float(args.timeout),
+    }
+    logs: list[IO[str]] = []
+
+    def spawn(cfg: dict[str, Any]) -> subprocess.Popen[str]:
+        log = open(run_dir / f"{cfg['worker']}.log", "w")  # noqa: SIM115
+        logs.append(log)
+        return subprocess.Popen(
+            [sys.executable, "-m", "prefect_baton.demo.worker", json.dumps(cfg)],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
+
+    researchers: dict[str, subprocess.Popen[str]] = {}
+    stride = max(1, len(files) // max(1, args.workers))
+    for i in range(args.workers):
+        fault = "crash" if i < args.crash else "pause" if i < args.crash + args.pause else None
+        name = f"researcher-{i + 1}"
+        researchers[name] = spawn(
+            {
+                **base,
+                "role": "researcher",
+                "principal": "researcher",
+                "worker": name,
+                "offset": i * stride,
+                "fault": fault,
+            }
+        )
+    operator = spawn({**base, "role": "operator", "principal": "operator", "worker": "operator"})
+    reviewer = spawn({**base, "role": "reviewer", "principal": "reviewer", "worker": "reviewer"})
+    deadline = time.monotonic() + args.timeout
+    progress = _Progress(len(files), args.format)
+    handled: dict[str, float] = {}
+    try:
+        while any(p.poll() is None for p in researchers.values()):
+            if time.monotonic() > deadline:
+                raise TimeoutError("researchers did not finish in time")
+            for marker in run_dir.glob("pause-*.json"):
+                name = marker.stem.removeprefix("pause-")
+                info = json.loads(marker.read_text())
+                if name in handled or not _stopped(info["pid"]):
+                    continue
+                first_seen = handled.setdefault(f"seen:{name}", time.monotonic())
+                taken = b.leases.inspect("file", info["resource_id"]).epoch > info["epoch"]
+                if taken or time.monotonic() - first_seen > 6 * args.ttl:
+                    os.kill(info["pid"], signal.SIGCONT)
+                    handled[name] = time.monotonic()
+                    result.pauses += 1
+                    progress.update(progress.last, f"(resumed paused {name})")
+            done = len(
+                {o.subject_id for o in b.outcomes.list(limit=100_000) if o.status == "succeeded"}
+                & set(files)
+            )
+            progress.update(done)
+            time.sleep(0.3)
+        progress.update(
+            len(
+                {o.subject_id for o in b.outcomes.list(limit=100_000) if o.status == "succeeded"}
+                & set(files)
+            )
+        )
+        writer = spawn({**base, "role": "writer", "principal": "writer", "worker": "writer"})
+        for p in (writer, operator, reviewer):
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        progress.close()
+        for p in [*researchers.values(), operator, reviewer]:
+            if p.poll() is None:
+                if _stopped(p.pid):
+                    os.kill(p.pid, signal.SIGCONT)
+                p.kill()
+                p.wait()
+        for log in logs:
+            log.close()
+    for p in researchers.values():
+        if p.returncode == -signal.SIGKILL:
+            result.crashes += 1
+            continue
+        out = (p.stdout.read() if p.stdout else "").strip().splitlines()
+        if out:
+            stats = json.loads(out[-1])
+            result.resumed_from_checkpoint += int(stats.get("resumed", 0))
+            result.stale_writes_rejected += int(stats.get("stale_rejected", 0))
+    _summarise(b, files, result)
+    result.report = str(run_dir / "report.json")
+    result.elapsed_seconds = round(time.monotonic() - t0, 2)
+    b.close()
+    return result
+
+
+def _summarise(b: Baton, files: dict[str, Path], result: DemoResult) -> None:
+    succeeded = Counter(
+        o.subject_id for o in b.outcomes.list(limit=100_000) if o.status == "succeeded"
+    )
+    result.completed = sum(1 for f in files if succeeded[f] >= 1)
+    result.duplicate_completions = sum(max(0, succeeded[f] - 1) for f in files)
+    result.undone = sum(1 for f in files if succeeded[f] == 0)
+    _rows, transitions = b.store.lease_history(b.org)
+    result.takeovers = sum(
+        1 for t in transitions if t.action == "takeover" and t.resource_type == "file"
+    )
+    seq = 0
+    while True:
+        page = b.events.list(after_seq=seq, limit=1000)
+        if not page:
+            break
+        result.handoffs_accepted += sum(1 for e in page if e.kind == "handoff.accepted")
+        seq = page[-1].seq
+    review = b.outcomes.list("review")
+    if review:
+        result.verdict = "accepted" if review[-1].status == "succeeded" else "rejected"
+    result.audit_violations = audit_ledger(b.store, b.org).violations
+
+
+def _print_table(r: DemoResult) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="prefect-baton demo", show_header=True)
+    t.add_column("measure")
+    t.add_column("value", justify="right", overflow="fold")
+    for label, value in (
+        ("files", r.files),
+        ("completed", r.completed),
+        ("duplicate completions", r.duplicate_completions),
+        ("left undone", r.undone),
+        ("crashed researchers (SIGKILL)", r.crashes),
+        ("paused researchers (SIGSTOP/SIGCONT)", r.pauses),
+        ("takeovers after expiry", r.takeovers),
+        ("resumed from checkpoint", r.resumed_from_checkpoint),
+        ("stale writes rejected", r.stale_writes_rejected),
+        ("handoffs accepted", r.handoffs_accepted),
+        ("verdict", r.verdict),
+        ("audit violations", len(r.audit_violations)),
+        ("elapsed (s)", r.elapsed_seconds),
+        ("ledger", r.ledger),
+        ("report", r.report),
+    ):
+        t.add_row(label, str(value))
+    Console().print(t)
+    for v in r.audit_violations:
+        print(f"audit: {v}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``baton demo`` and ``python -m prefect_baton.demo``; returns the exit
+    code (0 all good, 1 a check failed, 2 bad arguments)."""
+    args = _parser().parse_args(argv)
+    problems = []
+    if args.workers < 1:
+        problems.append("--workers must be at least 1")
+    if args.crash < 0 or args.pause < 0:
+        problems.append("--crash and --pause must not be negative")
+    if args.crash + args.pause > args.workers - 1:
+        problems.append("--crash + --pause must leave at least one healthy researcher")
+    if not 10 <= args.ttl <= 86_400:
+        problems.append("--ttl must be from 10 to 86400 seconds")
+    for d in args.input or []:
+        if not d.is_dir():
+            problems.append(f"--input {d} is not a directory")
+    if problems:
+        for msg in problems:
+            print(f"baton demo: {msg}", file=sys.stderr)
+        return 2
+    result = run_demo(args)
+    if args.format == "json":
+        print(json.dumps({"ok": result.ok, **asdict(result)}, indent=2))
+    else:
+        _print_table(result)
+    return 0 if result.ok else 1

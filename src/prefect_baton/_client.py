@@ -369,6 +369,8 @@ class HandoffAPI(_API):
         Args:
             checkpoint_id: a checkpoint of this org the recipient may then read.
             lease: a lease you hold; accepting the handoff transfers it to the recipient.
+                When it is the lease block itself (``with b.lease(...) as held``), the block
+                then ends cleanly once the recipient has accepted.
             expires_in_seconds: after this (1..31,622,400 s) it reads as ``expired``.
 
         Raises:
@@ -394,7 +396,7 @@ class HandoffAPI(_API):
         if lease is not None:
             lease_ = _lease_of(lease)
             proof = Proof(lease_.lease_id, self._caller.principal, lease_.execution_key)
-        return self._store.handoff_create(
+        handoff = self._store.handoff_create(
             self._caller,
             to,
             subject,
@@ -405,6 +407,10 @@ class HandoffAPI(_API):
             expires_in_ms=exp_ms,
             idempotency_key=key,
         )
+        if isinstance(lease, LeaseKeeper):
+            hid = handoff.handoff_id
+            lease.attach_handoff(lambda: self.get(hid).status == "accepted")
+        return handoff
 
     def inbox(self, *, limit: int = 100) -> list[Handoff]:
         """Pending handoffs addressed to you (a sender's own inbox stays empty)."""

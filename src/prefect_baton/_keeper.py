@@ -85,6 +85,7 @@ class LeaseKeeper:
         self.lost_reason: str | None = None
         self.renewals = 0
         self.receipt_status: str | None = None
+        self._handoff_accepted: Callable[[], bool] | None = None
 
     # ------------------------------------------------------------------ lease view
 
@@ -127,6 +128,12 @@ class LeaseKeeper:
     @property
     def execution_key(self) -> str | None:
         return self.lease.execution_key
+
+    def attach_handoff(self, accepted: Callable[[], bool]) -> None:
+        """Note that this lease rides on a handoff; ``accepted()`` tells whether the recipient
+        accepted it. A lease that moved on through an accepted handoff ends the block cleanly
+        (``receipt_status == "handed_off"``) instead of raising :class:`LeaseLostError`."""
+        self._handoff_accepted = accepted
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -203,6 +210,10 @@ class LeaseKeeper:
                     self._mark_lost("the lease had expired before it was released")
             except _LOST_ERRORS as err:
                 self._mark_lost(f"{err.code}: {err.message}")
+        if self.lost and self._handoff_accepted is not None and self._handoff_accepted():
+            self.lost = False
+            self.receipt_status = "handed_off"
+            return
         if self.lost:
             raise LeaseLostError(
                 f"lease {self._lease.lease_id} on {self._lease.resource_type}/"

@@ -1,0 +1,252 @@
+"""The ``baton`` command line: every operation of prefect-baton, with Rich tables for
+humans and JSON receipts (``--format json``) for machines.
+
+Sub-commands are registered in :data:`SUB_APPS` and :data:`COMMANDS`; adding one (e.g.
+``baton reconcile``) is one line there.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperGroup
+
+from .. import __version__
+from ..errors import BatonError
+from . import checkpoints, db, demo, events, handoffs, leases, outcomes
+from ._output import (
+    EXIT_CODES,
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    OutputFormat,
+    emit_error,
+    exit_codes_help,
+    one_line,
+)
+from ._state import CliState
+
+__all__ = ["COMMANDS", "EXIT_CODES", "SUB_APPS", "app", "main"]
+
+
+def _click_exceptions() -> Any:
+    # Typer >= 0.2x vendors Click as ``typer._click``; older releases depend on Click.
+    try:
+        return importlib.import_module("typer._click.exceptions")
+    except ImportError:  # pragma: no cover - older Typer
+        return importlib.import_module("click.exceptions")
+
+
+_CLICK = _click_exceptions()
+_NO_ARGS_IS_HELP: Any = getattr(_CLICK, "NoArgsIsHelpError", None)
+
+
+def _action_of(command_path: str) -> str:
+    parts = command_path.split()[1:]
+    return ".".join(parts) or "baton"
+
+
+def _format_from_argv(args: Sequence[str]) -> OutputFormat:
+    fmt = os.environ.get("BATON_FORMAT", "table")
+    for i, a in enumerate(args):
+        if a == "--format" and i + 1 < len(args):
+            fmt = args[i + 1]
+        elif a.startswith("--format="):
+            fmt = a.split("=", 1)[1]
+    return OutputFormat.json if fmt.lower() == "json" else OutputFormat.table
+
+
+class BatonGroup(TyperGroup):
+    """The root command: turns every failure into an error receipt and a fixed exit
+    status (never a traceback), in the Typer runner and on the real command line alike."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        code = self._run(argv, prog_name or "baton", complete_var, **extra)
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+    def _run(self, argv: list[str], prog_name: str, complete_var: str | None, **extra: Any) -> int:
+        try:
+            rv = super().main(
+                args=argv,
+                prog_name=prog_name,
+                complete_var=complete_var,
+                standalone_mode=False,
+                **extra,
+            )
+            return rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
+        except _CLICK.ClickException as exc:
+            if _NO_ARGS_IS_HELP is not None and isinstance(exc, _NO_ARGS_IS_HELP):
+                exc.show()
+                return EXIT_USAGE
+            return self._usage_error(exc, argv)
+        except typer.Abort:
+            sys.stderr.write("baton: aborted\n")
+            return EXIT_FAILURE
+        except BatonError as exc:
+            return emit_error(_format_from_argv(argv), "baton", exc.to_dict())
+        except BrokenPipeError:
+            return _stdout_gone()
+        except SystemExit as exc:  # Typer exits on EPIPE even when not standalone
+            if isinstance(exc.code, int):
+                return _stdout_gone() if exc.code else 0
+            return EXIT_FAILURE
+        except Exception as exc:
+            if os.environ.get("BATON_CLI_TRACEBACK") == "1":
+                raise
+            return emit_error(
+                _format_from_argv(argv),
+                "baton",
+                {"code": "INTERNAL_ERROR", "message": f"{type(exc).__name__}: {exc}"},
+            )
+
+    @staticmethod
+    def _usage_error(exc: Any, argv: list[str]) -> int:
+        ctx = getattr(exc, "ctx", None)
+        obj = ctx.find_root().obj if ctx is not None else None
+        fmt = obj.format if isinstance(obj, CliState) else _format_from_argv(argv)
+        action = _action_of(ctx.command_path) if ctx is not None else "baton"
+        message = one_line(exc.format_message())
+        if fmt is OutputFormat.table and ctx is not None:
+            message += f" (see '{ctx.command_path} --help')"
+        emit_error(fmt, action, {"code": "VALIDATION_ERROR", "message": message})
+        code = getattr(exc, "exit_code", EXIT_USAGE)
+        return code if isinstance(code, int) else EXIT_USAGE
+
+
+def _stdout_gone() -> int:
+    """stdout was closed by the reader (``| head``): stop quietly."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return EXIT_FAILURE
+
+
+app = typer.Typer(
+    name="baton",
+    cls=BatonGroup,
+    help="Leases with fencing tokens, checkpoints, handoffs and outcomes on a shared ledger.\n\n"
+    "Global options default to the BATON_* environment (BATON_ORG, BATON_PRINCIPAL, "
+    "BATON_ROLE, BATON_LEDGER_URL, BATON_REDIS_URL, BATON_FORMAT).",
+    epilog=exit_codes_help(),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+#: ``(name, Typer app)`` of every command group; add one line to add a group.
+SUB_APPS: list[tuple[str, typer.Typer]] = [
+    ("lease", leases.app),
+    ("handoff", handoffs.app),
+    ("checkpoint", checkpoints.app),
+    ("outcome", outcomes.app),
+    ("events", events.app),
+    ("db", db.app),
+]
+
+#: ``(name, function, context_settings)`` of every top-level command.
+COMMANDS: list[tuple[str, Callable[..., None], dict[str, Any] | None]] = [
+    ("audit", db.audit, None),
+    ("demo", demo.demo, demo.DEMO_CONTEXT),
+]
+
+for _name, _sub in SUB_APPS:
+    app.add_typer(_sub, name=_name)
+for _name, _fn, _settings in COMMANDS:
+    app.command(_name, context_settings=_settings)(_fn)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"baton (prefect-baton) {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    org: Annotated[
+        str | None,
+        typer.Option("--org", envvar="BATON_ORG", help="Organization (text). [default: default]"),
+    ] = None,
+    principal: Annotated[
+        str | None,
+        typer.Option(
+            "--principal",
+            envvar="BATON_PRINCIPAL",
+            help="Acting principal (text). [default: user@host]",
+        ),
+    ] = None,
+    role: Annotated[
+        str | None,
+        typer.Option(
+            "--role", envvar="BATON_ROLE", help="Role: agent, owner or admin. [default: agent]"
+        ),
+    ] = None,
+    ledger_url: Annotated[
+        str | None,
+        typer.Option(
+            "--ledger-url",
+            envvar="BATON_LEDGER_URL",
+            help="Ledger URL: sqlite:///path or postgresql://... "
+            "[default: sqlite:///./.baton/ledger.db]",
+        ),
+    ] = None,
+    redis_url: Annotated[
+        str | None,
+        typer.Option(
+            "--redis-url",
+            envvar="BATON_REDIS_URL",
+            help="Redis URL for the lease fast path (accepted; not used by these commands yet).",
+        ),
+    ] = None,
+    fmt: Annotated[
+        OutputFormat,
+        typer.Option(
+            "--format",
+            envvar="BATON_FORMAT",
+            case_sensitive=False,
+            help="Output: 'table' for humans or 'json' receipts for machines.",
+        ),
+    ] = OutputFormat.table,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Show the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Leases with fencing tokens, checkpoints, handoffs and outcomes on a shared ledger."""
+    st = CliState(
+        org=org,
+        principal=principal,
+        role=role,
+        ledger_url=ledger_url,
+        redis_url=redis_url,
+        format=fmt,
+    )
+    ctx.obj = st
+    ctx.call_on_close(st.close)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``baton`` with ``argv`` (default ``sys.argv[1:]``) and return its exit status."""
+    command = typer.main.get_command(app)
+    code = command.main(args=argv, prog_name="baton", standalone_mode=False)
+    return int(code) if isinstance(code, int) else 0

@@ -1,0 +1,224 @@
+"""Rendering of CLI results: JSON receipts for machines, Rich tables for humans, and the
+fixed exit code of every error code.
+
+A JSON receipt is one object on stdout::
+
+    {"ok": true, "action": "lease.acquire", "status": "ok", "lease": {...}}
+    {"ok": false, "action": "lease.acquire", "error": {"code": "CONFLICT", "message": "...",
+     "expires_at": "..."}}
+
+``status`` is ``ok``, ``replayed`` (the result came back from a stored idempotency receipt)
+or ``no_change`` (a release that had already happened). In table mode the error is one line
+on stderr instead.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+__all__ = [
+    "EXIT_CODES",
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "OutputFormat",
+    "dump",
+    "emit_error",
+    "emit_ok",
+    "exit_code_for",
+    "exit_codes_help",
+    "one_line",
+    "status_of",
+]
+
+
+class OutputFormat(enum.StrEnum):
+    """``--format``: ``table`` (Rich, for humans) or ``json`` (a receipt, for machines)."""
+
+    table = "table"
+    json = "json"
+
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+#: Exit status of ``baton`` per error code. Usage errors (missing option, bad value) exit
+#: with 2 like ``VALIDATION_ERROR``; any other failure (audit violations, an internal
+#: error, an unavailable ``baton demo``) exits with 1.
+EXIT_CODES: dict[str, int] = {
+    "OK": EXIT_OK,
+    "VALIDATION_ERROR": EXIT_USAGE,
+    "CONFLICT": 3,
+    "VERSION_CONFLICT": 4,
+    "NOT_FOUND": 5,
+    "FORBIDDEN": 6,
+    "IDEMPOTENCY_MISMATCH": 7,
+    "IDEMPOTENCY_IN_FLIGHT": 8,
+    "LEASE_LOST": 9,
+    "STALE_FENCE": 10,
+    "UNAVAILABLE": 11,
+}
+
+
+def exit_code_for(code: str) -> int:
+    """The exit status for an error ``code`` (1 for codes not in :data:`EXIT_CODES`)."""
+    return EXIT_CODES.get(code, EXIT_FAILURE)
+
+
+def exit_codes_help() -> str:
+    """The exit code table as text, for ``baton --help``."""
+    rows = [f"{n:>3}  {code}" for code, n in EXIT_CODES.items()]
+    rows.insert(2, "  2  usage error (missing option, bad value)")
+    rows.append("  1  any other failure (audit violations, internal error)")
+    return "Exit codes:\n" + "\n".join(rows)
+
+
+def one_line(text: str) -> str:
+    """``text`` with every run of whitespace (newlines included) collapsed to one space."""
+    return " ".join(str(text).split())
+
+
+def dump(obj: Any) -> Any:
+    """JSON-ready form of a model, a list of models, or plain data."""
+    if isinstance(obj, BaseModel):
+        return obj.model_dump(mode="json")
+    if isinstance(obj, list | tuple):
+        return [dump(o) for o in obj]
+    if isinstance(obj, dict):
+        return {str(k): dump(v) for k, v in obj.items()}
+    return obj
+
+
+def status_of(obj: Any) -> str:
+    """``replayed``, ``no_change`` or ``ok`` for a returned model."""
+    if getattr(obj, "replayed", False):
+        return "replayed"
+    if getattr(obj, "status", None) == "no_change":
+        return "no_change"
+    return "ok"
+
+
+def _console(*, err: bool = False) -> Console:
+    # Made per call so a swapped sys.stdout (tests, redirection) is honoured; wide when
+    # piped so ids are not folded.
+    file = sys.stderr if err else sys.stdout
+    probe = Console(file=file)
+    width = None if probe.is_terminal else 200
+    return Console(file=file, width=width, highlight=False, soft_wrap=False)
+
+
+def _cell(value: Any) -> Text:
+    if value is None:
+        return Text("-", style="dim")
+    if isinstance(value, bool):
+        return Text("yes" if value else "no")
+    if isinstance(value, list | tuple):
+        if all(not isinstance(v, dict | list) for v in value):
+            return Text(", ".join(str(v) for v in value) or "-")
+        return Text(json.dumps(value, sort_keys=True))
+    if isinstance(value, dict):
+        return Text(json.dumps(value, sort_keys=True))
+    return Text(str(value))
+
+
+def _render_object(title: str, data: Mapping[str, Any]) -> None:
+    table = Table(title=Text(title), show_header=False, title_justify="left")
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    for key, value in data.items():
+        table.add_row(Text(key), _cell(value))
+    _console().print(table)
+
+
+def _render_rows(title: str, rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> None:
+    if not rows:
+        _console().print(Text(f"{title}: none"))
+        return
+    table = Table(title=Text(f"{title} ({len(rows)})"), title_justify="left")
+    for col in columns:
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        table.add_row(*(_cell(row.get(col)) for col in columns))
+    _console().print(table)
+
+
+def emit_ok(
+    fmt: OutputFormat,
+    action: str,
+    key: str,
+    value: Any,
+    *,
+    status: str | None = None,
+    columns: Sequence[str] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> None:
+    """Print a successful result.
+
+    Args:
+        fmt: the output format.
+        action: ``group.command`` (e.g. ``lease.acquire``).
+        key: the receipt key of the result (``lease``, ``handoffs``, ``info``, ...).
+        value: a model, a list of models, or plain JSON data.
+        status: ``ok``/``replayed``/``no_change``; default from the value.
+        columns: for a list, the columns of the table.
+        extra: more top-level receipt fields (JSON) or rows shown under the table.
+    """
+    data = dump(value)
+    if status is None:
+        status = "ok" if isinstance(value, list) else status_of(value)
+    if fmt is OutputFormat.json:
+        receipt: dict[str, Any] = {"ok": True, "action": action, "status": status, key: data}
+        receipt.update(dump(dict(extra or {})))
+        sys.stdout.write(json.dumps(receipt, sort_keys=False) + "\n")
+        return
+    title = action if status == "ok" else f"{action}: {status}"
+    if isinstance(data, list):
+        _render_rows(title, data, columns or (list(data[0]) if data else []))
+    else:
+        _render_object(title, data)
+    for name, v in (extra or {}).items():
+        _console().print(Text(f"{name}: {v}"))
+
+
+def emit_error(
+    fmt: OutputFormat,
+    action: str,
+    error: Mapping[str, Any],
+    *,
+    extra: Mapping[str, Any] | None = None,
+) -> int:
+    """Print an error (``{"code", "message", ...}``) and return its exit status.
+
+    JSON mode: the receipt (plus ``extra`` top-level fields) goes to stdout. Table mode:
+    one line on stderr.
+    """
+    err = dump(dict(error))
+    code = str(err.get("code", "ERROR"))
+    exit_code = exit_code_for(code)
+    if fmt is OutputFormat.json:
+        receipt = {"ok": False, "action": action, "error": err}
+        receipt.update(dump(dict(extra or {})))
+        sys.stdout.write(json.dumps(receipt) + "\n")
+        sys.stdout.flush()
+    else:
+        message = one_line(str(err.get("message", "")))
+        details = [
+            f"{k}={err[k]}"
+            for k in ("current_version", "expected_version")
+            if k in err and str(err[k]) not in message
+        ]
+        tail = f" ({', '.join(details)})" if details else ""
+        who = "baton" if action == "baton" else f"baton {action.replace('.', ' ')}"
+        sys.stderr.write(f"{who}: {code}: {message}{tail}\n")
+        sys.stderr.flush()
+    return exit_code

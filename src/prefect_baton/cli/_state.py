@@ -1,0 +1,198 @@
+"""Per-invocation state of the ``baton`` command (global options, the lazily built client)
+and the helpers every command shares: error guarding, lease proofs, JSON input."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pydantic
+import typer
+
+from .._client import Baton
+from .._settings import BatonSettings
+from ..errors import BatonError, ValidationError
+from ..models import Lease
+from ._output import EXIT_USAGE, OutputFormat, emit_error
+
+__all__ = ["CliState", "fail", "guard", "lease_proof", "parse_evidence", "read_json_object"]
+
+
+@dataclass
+class CliState:
+    """Global options of one ``baton`` invocation; unset ones come from ``BATON_*``."""
+
+    org: str | None = None
+    principal: str | None = None
+    role: str | None = None
+    ledger_url: str | None = None
+    redis_url: str | None = None  # accepted for the Redis fast path; not used yet
+    format: OutputFormat = OutputFormat.table
+    _settings: BatonSettings | None = field(default=None, repr=False)
+    _client: Baton | None = field(default=None, repr=False)
+
+    @property
+    def json(self) -> bool:
+        return self.format is OutputFormat.json
+
+    def settings(self) -> BatonSettings:
+        """The ``BATON_*`` settings. Raises :class:`ValidationError` on a bad variable."""
+        if self._settings is None:
+            try:
+                self._settings = BatonSettings()
+            except pydantic.ValidationError as exc:
+                problems = "; ".join(
+                    f"BATON_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}"
+                    for e in exc.errors()
+                )
+                raise ValidationError(f"bad environment setting: {problems}") from None
+        return self._settings
+
+    def resolved_ledger_url(self) -> str:
+        """``--ledger-url``, else ``BATON_LEDGER_URL``, else ``./.baton/ledger.db``."""
+        return self.ledger_url or self.settings().ledger_url
+
+    def resolved_org(self) -> str:
+        return self.org or self.settings().org
+
+    def client(self) -> Baton:
+        """The client, built on first use (this opens the ledger and applies migrations)."""
+        if self._client is None:
+            self._client = Baton(
+                ledger_url=self.ledger_url,
+                org=self.org,
+                principal=self.principal,
+                role=self.role,
+                settings=self.settings(),
+            )
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def state(ctx: typer.Context) -> CliState:
+    """The :class:`CliState` the root callback stored on the context."""
+    obj = ctx.find_root().obj
+    if not isinstance(obj, CliState):  # a sub-app invoked on its own (tests, docs)
+        obj = CliState()
+        ctx.find_root().obj = obj
+        ctx.find_root().call_on_close(obj.close)
+    return obj
+
+
+@contextmanager
+def guard(ctx: typer.Context, action: str) -> Iterator[CliState]:
+    """Run a command body; a :class:`BatonError` becomes an error receipt and its exit
+    status (``typer.Exit``), never a traceback."""
+    st = state(ctx)
+    try:
+        yield st
+    except BatonError as exc:
+        raise typer.Exit(emit_error(st.format, action, exc.to_dict())) from None
+
+
+def fail(st: CliState, action: str, code: str, message: str) -> NoReturn:
+    """Report an error with ``code`` and exit with its status."""
+    raise typer.Exit(emit_error(st.format, action, {"code": code, "message": message}))
+
+
+def usage_error(st: CliState, action: str, message: str) -> NoReturn:
+    """Report bad command-line input (``VALIDATION_ERROR``, exit 2)."""
+    emit_error(st.format, action, {"code": "VALIDATION_ERROR", "message": message})
+    raise typer.Exit(EXIT_USAGE)
+
+
+def lease_proof(b: Baton, lease_id: str, execution_key: str | None) -> Lease:
+    """The caller's proof of a lease: the generation ``lease_id`` as the authority holds
+    it, with the execution key the caller presents (a wrong key is then rejected by the
+    authority as a lost lease, never silently corrected).
+
+    Raises:
+        NotFoundError: unknown, another org's or another principal's lease.
+    """
+    lease = b.leases.get(lease_id)
+    return lease.model_copy(update={"execution_key": execution_key})
+
+
+def _read_text(source: str, what: str) -> str:
+    if source == "-":
+        return sys.stdin.read()
+    try:
+        return Path(source).expanduser().read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValidationError(
+            f"{what} {source!r} is neither JSON text nor an existing file"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValidationError(f"cannot read {what} file {source!r}: {exc}") from None
+
+
+def _load_json(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValidationError(f"{what} is not valid JSON: {exc}") from None
+
+
+def read_json_object(source: str, what: str = "state") -> dict[str, Any]:
+    """A JSON object from inline JSON text, a file path, or ``-`` (stdin).
+
+    Text whose first non-blank character is ``{`` or ``[`` is taken as inline JSON.
+
+    Raises:
+        ValidationError: unreadable file, malformed JSON, or not a JSON object.
+    """
+    stripped = source.lstrip()
+    text = source if stripped[:1] in ("{", "[") else _read_text(source, what)
+    value = _load_json(text, what)
+    if not isinstance(value, dict):
+        raise ValidationError(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+_EVIDENCE_KEYS = ("kind", "uri", "digest", "note")
+_EVIDENCE_SPLIT = re.compile(r",(?=\s*(?:kind|uri|digest|note)=)")
+
+
+def parse_evidence(values: list[str]) -> list[dict[str, Any]]:
+    """Evidence items from ``--evidence`` values.
+
+    Each value is ``kind=file,uri=...,digest=...,note=...`` (a comma splits only before
+    one of those keys, so URIs may contain commas), a JSON object, or a JSON list of
+    objects.
+
+    Raises:
+        ValidationError: malformed item or unknown key.
+    """
+    items: list[dict[str, Any]] = []
+    for raw in values:
+        stripped = raw.strip()
+        if stripped[:1] in ("[", "{"):
+            value = _load_json(stripped, "--evidence")
+            batch = value if isinstance(value, list) else [value]
+            for obj in batch:
+                if not isinstance(obj, dict):
+                    raise ValidationError("--evidence JSON must be an object or a list of objects")
+                items.append(obj)
+            continue
+        item: dict[str, Any] = {}
+        for part in _EVIDENCE_SPLIT.split(stripped):
+            key, sep, val = part.partition("=")
+            key = key.strip()
+            if not sep or key not in _EVIDENCE_KEYS:
+                raise ValidationError(
+                    f"--evidence {raw!r}: expected key=value pairs with keys "
+                    f"{', '.join(_EVIDENCE_KEYS)}"
+                )
+            item[key] = val
+        items.append(item)
+    return items

@@ -1,0 +1,129 @@
+"""``baton checkpoint ...``: save, get, history of resumable progress."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ..errors import NotFoundError
+from ._output import emit_ok
+from ._state import guard, read_json_object, usage_error
+
+app = typer.Typer(
+    name="checkpoint",
+    help="Save and read checkpoints: resumable progress per (subject, principal, kind).",
+    no_args_is_help=True,
+)
+
+HISTORY_COLUMNS = ("version", "state_hash", "updated_at", "checkpoint_id", "principal")
+
+SubjectId = Annotated[str, typer.Argument(help="Subject id (text, 1-256 characters).")]
+Kind = Annotated[str, typer.Argument(help="Checkpoint kind (text, 1-256 characters).")]
+Principal = Annotated[
+    str | None,
+    typer.Option("--owner", help="Whose checkpoint to read (principal, text; default: yours)."),
+]
+
+
+@app.command("save")
+def save(
+    ctx: typer.Context,
+    subject_id: SubjectId,
+    kind: Kind,
+    state_source: Annotated[
+        str,
+        typer.Argument(
+            metavar="STATE",
+            help="The state, a JSON object: inline JSON text, a file path, or '-' for stdin.",
+            show_default=False,
+        ),
+    ],
+    expected_version: Annotated[
+        int | None,
+        typer.Option(
+            "--expected-version",
+            help="Compare-and-swap on the checkpoint version (integer; 0 = must not exist).",
+        ),
+    ] = None,
+    fence: Annotated[
+        str | None,
+        typer.Option(
+            "--fence",
+            help="Lease id (text) to fence the write with: rejected (exit 10, STALE_FENCE) "
+            "once that lease generation is no longer current.",
+        ),
+    ] = None,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option("--idempotency-key", help="Idempotency key (text); a retry replays."),
+    ] = None,
+    ttl_seconds: Annotated[
+        int | None,
+        typer.Option(
+            "--ttl-seconds",
+            help="Seconds (integer, 1 to 31622400) after which the checkpoint is not returned.",
+        ),
+    ] = None,
+) -> None:
+    """Write your checkpoint of SUBJECT_ID KIND from STATE; version +1 per write."""
+    with guard(ctx, "checkpoint.save") as st:
+        state_obj = read_json_object(state_source, "state")
+        b = st.client()
+        fence_lease = b.leases.get(fence) if fence else None
+        checkpoint = b.checkpoints.save(
+            subject_id,
+            kind,
+            state_obj,
+            expected_version=expected_version,
+            fence=fence_lease,
+            idempotency_key=idempotency_key,
+            ttl_seconds=ttl_seconds,
+        )
+        emit_ok(st.format, "checkpoint.save", "checkpoint", checkpoint)
+
+
+@app.command("get")
+def get(
+    ctx: typer.Context,
+    subject_id: Annotated[
+        str | None, typer.Argument(help="Subject id (text); omit with --id.", show_default=False)
+    ] = None,
+    kind: Annotated[
+        str | None, typer.Argument(help="Checkpoint kind (text); omit with --id.")
+    ] = None,
+    principal: Principal = None,
+    checkpoint_id: Annotated[
+        str | None,
+        typer.Option(
+            "--id",
+            help="Read by checkpoint id (text) instead, e.g. one attached to a handoff "
+            "addressed to you.",
+        ),
+    ] = None,
+) -> None:
+    """Show the current checkpoint of SUBJECT_ID KIND (or --id). Exits 5 if there is none."""
+    with guard(ctx, "checkpoint.get") as st:
+        b = st.client()
+        if checkpoint_id is not None:
+            if subject_id is not None or kind is not None:
+                usage_error(st, "checkpoint.get", "give either SUBJECT_ID KIND or --id, not both")
+            checkpoint = b.checkpoints.get_by_id(checkpoint_id)
+        else:
+            if subject_id is None or kind is None:
+                usage_error(st, "checkpoint.get", "missing SUBJECT_ID and KIND (or --id)")
+            found = b.checkpoints.get(subject_id, kind, principal)
+            if found is None:
+                raise NotFoundError(f"no checkpoint of {subject_id}/{kind}")
+            checkpoint = found
+        emit_ok(st.format, "checkpoint.get", "checkpoint", checkpoint)
+
+
+@app.command("history")
+def history(
+    ctx: typer.Context, subject_id: SubjectId, kind: Kind, principal: Principal = None
+) -> None:
+    """List every version of a checkpoint, oldest first."""
+    with guard(ctx, "checkpoint.history") as st:
+        versions = st.client().checkpoints.history(subject_id, kind, principal)
+        emit_ok(st.format, "checkpoint.history", "checkpoints", versions, columns=HISTORY_COLUMNS)

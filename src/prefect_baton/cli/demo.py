@@ -1,0 +1,66 @@
+"""``baton demo``: the four-role scenario on real files (``prefect_baton.demo``).
+
+The options are parsed by ``prefect_baton.demo.main(argv)``; this command forwards them
+unchanged and exits with its return code.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+from ._output import EXIT_FAILURE, emit_error
+from ._state import state
+
+DEMO_CONTEXT = {
+    "allow_extra_args": True,
+    "ignore_unknown_options": True,
+    "help_option_names": [],  # `baton demo --help` is answered by the demo itself
+}
+
+# Global options given explicitly before `demo` that the demo also understands.
+_FORWARDED_GLOBALS = (("ledger_url", "--ledger-url"), ("format", "--format"))
+
+
+def _forwarded_globals(ctx: typer.Context, args: list[str]) -> list[str]:
+    root = ctx.find_root()
+    extra: list[str] = []
+    for param, flag in _FORWARDED_GLOBALS:
+        source = root.get_parameter_source(param)
+        if source is None or source.name != "COMMANDLINE":
+            continue
+        if any(a == flag or a.startswith(flag + "=") for a in args):
+            continue
+        value = root.params.get(param)
+        if value is not None:
+            extra += [flag, str(getattr(value, "value", value))]
+    return extra
+
+
+def demo(ctx: typer.Context) -> None:
+    """Run the four-role scenario (researchers, writer, operator, reviewer) as separate
+    processes on real files, with real crashes and pauses, and print a summary.
+
+    Options (forwarded to the demo): --workers N (researcher processes), --input DIR,
+    --crash N (researchers SIGKILLed mid-file), --pause N (researchers SIGSTOPped past their
+    TTL), --ttl SECONDS (lease TTL, integer seconds), --format table|json,
+    --ledger-url URL, --keep (keep the ledger). `baton demo --help` shows the demo's own
+    help. Exits non-zero if a file is completed twice or left undone, or the verdict is
+    not accepted.
+    """
+    args = list(ctx.args)
+    argv = _forwarded_globals(ctx, args) + args
+    try:
+        module = importlib.import_module("prefect_baton.demo")
+    except ImportError as exc:
+        st = state(ctx)
+        raise typer.Exit(
+            emit_error(
+                st.format,
+                "demo",
+                {"code": "DEMO_UNAVAILABLE", "message": f"baton demo is not available: {exc}"},
+            )
+        ) from None
+    code = module.main(argv)
+    raise typer.Exit(int(code) if isinstance(code, int) else EXIT_FAILURE if code else 0)

@@ -1,0 +1,106 @@
+"""``baton events tail``: page through (or follow) the org's event stream."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from typing import Annotated
+
+import typer
+
+from ..models import Event
+from ._output import emit_ok
+from ._state import CliState, guard, usage_error
+
+app = typer.Typer(
+    name="events",
+    help="Read the event stream of committed transitions (outbox).",
+    no_args_is_help=True,
+)
+
+EVENT_COLUMNS = ("seq", "kind", "subject", "principal", "occurred_at", "event_id")
+
+
+def _line(st: CliState, ev: Event) -> str:
+    if st.json:
+        return json.dumps(ev.model_dump(mode="json"))
+    return "\t".join(
+        [str(ev.seq), ev.occurred_at.isoformat(), ev.kind, ev.subject, ev.principal, ev.event_id]
+    )
+
+
+def _follow(st: CliState, after: int, limit: int, kind: str | None, interval: float) -> None:
+    b = st.client()
+    if threading.current_thread() is threading.main_thread():
+        # Ctrl-C must interrupt even when started with SIGINT ignored (background jobs).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        while True:
+            batch = b.events.list(after_seq=after, limit=limit, kind=kind)
+            for ev in batch:
+                sys.stdout.write(_line(st, ev) + "\n")
+                after = ev.seq
+            sys.stdout.flush()
+            if len(batch) < limit:
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+        raise typer.Exit(0) from None
+
+
+@app.command("tail")
+def tail(
+    ctx: typer.Context,
+    after: Annotated[
+        int,
+        typer.Option(
+            "--after", help="Start after this sequence number (integer, 0 = from the start)."
+        ),
+    ] = 0,
+    limit: Annotated[
+        int,
+        typer.Option("--limit", help="At most this many events per page (integer, 1 to 1000)."),
+    ] = 100,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow",
+            "-f",
+            help="Keep polling for new events and print one plain line each (JSON lines with "
+            "--format json) until Ctrl-C.",
+        ),
+    ] = False,
+    kind: Annotated[
+        str | None,
+        typer.Option("--kind", help="Only events of this kind (text, e.g. 'lease.acquired')."),
+    ] = None,
+    interval: Annotated[
+        float,
+        typer.Option("--interval", help="With --follow: seconds (number) between polls when idle."),
+    ] = 1.0,
+) -> None:
+    """Show the org's events with sequence number > --after, in commit order.
+
+    Without --follow: one page. The JSON receipt's 'next_after' is the value to pass as
+    --after for the next page.
+    """
+    with guard(ctx, "events.tail") as st:
+        if not interval > 0:
+            usage_error(st, "events.tail", "--interval must be a positive number of seconds")
+        if follow:
+            st.client().events.list(after_seq=after, limit=limit, kind=kind)  # validate
+            _follow(st, after, limit, kind, interval)
+            return
+        events = st.client().events.list(after_seq=after, limit=limit, kind=kind)
+        next_after = events[-1].seq if events else after
+        emit_ok(
+            st.format,
+            "events.tail",
+            "events",
+            events,
+            columns=EVENT_COLUMNS,
+            extra={"next_after": next_after},
+        )

@@ -1,0 +1,151 @@
+"""``baton handoff ...``: create, inbox, resolve, show."""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated
+
+import typer
+
+from ._output import emit_ok
+from ._state import guard, lease_proof
+
+app = typer.Typer(
+    name="handoff",
+    help="Hand a subject (with its checkpoint and lease) to another principal.",
+    no_args_is_help=True,
+)
+
+HANDOFF_COLUMNS = (
+    "handoff_id",
+    "from_principal",
+    "to_principal",
+    "subject_id",
+    "status",
+    "checkpoint_id",
+    "lease_id",
+    "created_at",
+    "expires_at",
+)
+
+
+class Resolution(enum.StrEnum):
+    accepted = "accepted"
+    rejected = "rejected"
+
+
+HandoffId = Annotated[str, typer.Argument(help="Handoff id (text, 'handoff_...').")]
+
+
+@app.command("create")
+def create(
+    ctx: typer.Context,
+    to_principal: Annotated[
+        str, typer.Argument(help="Recipient principal (text); need not have acted yet.")
+    ],
+    subject_id: Annotated[str, typer.Argument(help="Subject id (text, 1-256 characters).")],
+    checkpoint_id: Annotated[
+        str | None,
+        typer.Option("--checkpoint-id", help="Checkpoint id (text) the recipient may read."),
+    ] = None,
+    context_id: Annotated[
+        str | None, typer.Option("--context-id", help="Context reference (text).")
+    ] = None,
+    message: Annotated[
+        str | None, typer.Option("--message", help="Note for the recipient (text).")
+    ] = None,
+    lease_id: Annotated[
+        str | None,
+        typer.Option(
+            "--lease-id",
+            help="Lease id (text) you hold, transferred to the recipient on acceptance.",
+        ),
+    ] = None,
+    execution_key: Annotated[
+        str | None,
+        typer.Option("--execution-key", help="Execution key (text) of the --lease-id lease."),
+    ] = None,
+    expires_in_seconds: Annotated[
+        int | None,
+        typer.Option(
+            "--expires-in-seconds",
+            help="Seconds (integer, 1 to 31622400) after which it reads as 'expired'.",
+        ),
+    ] = None,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option("--idempotency-key", help="Idempotency key (text); a retry replays."),
+    ] = None,
+) -> None:
+    """Create a pending handoff of SUBJECT_ID to TO_PRINCIPAL."""
+    with guard(ctx, "handoff.create") as st:
+        b = st.client()
+        lease = lease_proof(b, lease_id, execution_key) if lease_id else None
+        handoff = b.handoffs.create(
+            to_principal,
+            subject_id,
+            checkpoint_id=checkpoint_id,
+            context_id=context_id,
+            message=message,
+            lease=lease,
+            idempotency_key=idempotency_key,
+            expires_in_seconds=expires_in_seconds,
+        )
+        emit_ok(st.format, "handoff.create", "handoff", handoff)
+
+
+@app.command("inbox")
+def inbox(
+    ctx: typer.Context,
+    limit: Annotated[
+        int, typer.Option("--limit", help="At most this many rows (integer, 1 to 10000).")
+    ] = 100,
+) -> None:
+    """List pending handoffs addressed to you."""
+    with guard(ctx, "handoff.inbox") as st:
+        handoffs = st.client().handoffs.inbox(limit=limit)
+        emit_ok(st.format, "handoff.inbox", "handoffs", handoffs, columns=HANDOFF_COLUMNS)
+
+
+@app.command("resolve")
+def resolve(
+    ctx: typer.Context,
+    handoff_id: HandoffId,
+    status: Annotated[
+        Resolution, typer.Argument(help="'accepted' or 'rejected'.", case_sensitive=False)
+    ],
+    note: Annotated[str | None, typer.Option("--note", help="Note (text) kept with it.")] = None,
+    execution_key: Annotated[
+        str | None,
+        typer.Option(
+            "--execution-key",
+            help="Your execution key (text) for a carried lease (default 'handoff:<id>').",
+        ),
+    ] = None,
+    ttl_seconds: Annotated[
+        int | None,
+        typer.Option(
+            "--ttl-seconds",
+            help="Duration of a carried lease in seconds (integer, 10 to 86400; default: "
+            "the sender's TTL).",
+        ),
+    ] = None,
+) -> None:
+    """Accept or reject a pending handoff addressed to you.
+
+    Accepting one that carries a lease transfers the lease to you. A second resolve exits
+    5 (NOT_FOUND); resolving someone else's handoff exits 6 (FORBIDDEN).
+    """
+    with guard(ctx, "handoff.resolve") as st:
+        handoff = st.client().handoffs.resolve(
+            handoff_id, status.value, note, execution_key=execution_key, ttl_seconds=ttl_seconds
+        )
+        emit_ok(st.format, "handoff.resolve", "handoff", handoff)
+
+
+@app.command("show")
+def show(ctx: typer.Context, handoff_id: HandoffId) -> None:
+    """Show a handoff you sent or received."""
+    with guard(ctx, "handoff.show") as st:
+        handoff = st.client().handoffs.get(handoff_id)
+        emit_ok(st.format, "handoff.show", "handoff", handoff)

@@ -1,0 +1,260 @@
+"""``baton lease ...``: acquire, inspect, renew, transfer, release, force-release, list.
+
+The command line is stateless between invocations, so lease operations after acquire take
+the proof by flags: ``--lease-id`` and ``--execution-key`` (the ``--idempotency-key`` used at
+acquire), plus an optional ``--expected-version`` compare-and-swap.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ._output import emit_ok
+from ._state import guard, lease_proof
+
+app = typer.Typer(
+    name="lease",
+    help="Acquire, renew, transfer and release expiring leases on resources.",
+    no_args_is_help=True,
+)
+
+LEASE_COLUMNS = (
+    "lease_id",
+    "resource_type",
+    "resource_id",
+    "owner",
+    "execution_key",
+    "version",
+    "epoch",
+    "status",
+    "expires_at",
+)
+
+ResourceType = Annotated[
+    str, typer.Argument(help="Resource type (text, 1-256 characters), e.g. 'deploy'.")
+]
+ResourceId = Annotated[
+    str, typer.Argument(help="Resource id (text, 1-256 characters), e.g. 'checkout-service'.")
+]
+LeaseId = Annotated[
+    str, typer.Option("--lease-id", help="Lease id (text, 'lease_...') returned by acquire.")
+]
+ExecutionKey = Annotated[
+    str | None,
+    typer.Option(
+        "--execution-key",
+        help="Execution key (text) given as --idempotency-key at acquire; omit only for a "
+        "lease acquired without one.",
+    ),
+]
+ExpectedVersion = Annotated[
+    int | None,
+    typer.Option(
+        "--expected-version",
+        help="Compare-and-swap: fail with VERSION_CONFLICT unless the lease version "
+        "(integer) is this one.",
+    ),
+]
+
+
+@app.command("acquire")
+def acquire(
+    ctx: typer.Context,
+    resource_type: ResourceType,
+    resource_id: ResourceId,
+    ttl_seconds: Annotated[
+        int,
+        typer.Option(
+            "--ttl-seconds",
+            help="Lease duration in seconds (integer, 10 to 86400).",
+            show_default=False,
+        ),
+    ],
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(
+            "--idempotency-key",
+            help="Execution key (text): a retry with the same key and request replays the "
+            "receipt (status 'replayed'); another key conflicts while the lease is held.",
+        ),
+    ] = None,
+    expected_version: Annotated[
+        int | None,
+        typer.Option(
+            "--expected-version",
+            help="Compare-and-swap on the resource version (integer; 0 = never leased).",
+        ),
+    ] = None,
+    purpose: Annotated[
+        str | None, typer.Option("--purpose", help="Free text kept with the lease.")
+    ] = None,
+    scope: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--scope",
+            help="Write-scope glob (text, e.g. 'src/**'); repeat for several. Overlapping "
+            "scopes of another principal's effective lease conflict.",
+        ),
+    ] = None,
+) -> None:
+    """Acquire (or take over after expiry) the lease on RESOURCE_TYPE RESOURCE_ID.
+
+    Exits 3 (CONFLICT) when another holder has it, 4 on a stale --expected-version.
+    """
+    with guard(ctx, "lease.acquire") as st:
+        lease = st.client().leases.acquire(
+            resource_type,
+            resource_id,
+            ttl_seconds=ttl_seconds,
+            purpose=purpose,
+            scopes=scope or (),
+            expected_version=expected_version,
+            idempotency_key=idempotency_key,
+        )
+        emit_ok(st.format, "lease.acquire", "lease", lease)
+
+
+@app.command("inspect")
+def inspect(ctx: typer.Context, resource_type: ResourceType, resource_id: ResourceId) -> None:
+    """Show whether a resource is held, until when, and its version and epoch.
+
+    Only the holder sees its lease details; others never see holder, purpose or scopes.
+    """
+    with guard(ctx, "lease.inspect") as st:
+        info = st.client().leases.inspect(resource_type, resource_id)
+        emit_ok(st.format, "lease.inspect", "info", info)
+
+
+@app.command("renew")
+def renew(
+    ctx: typer.Context,
+    lease_id: LeaseId,
+    execution_key: ExecutionKey = None,
+    ttl_seconds: Annotated[
+        int | None,
+        typer.Option(
+            "--ttl-seconds",
+            help="New duration from now, in seconds (integer, 10 to 86400; default: the "
+            "lease's TTL).",
+        ),
+    ] = None,
+    expected_version: ExpectedVersion = None,
+) -> None:
+    """Extend a lease you hold: version +1, new expiry; id, epoch and scopes unchanged.
+
+    Exits 9 (LEASE_LOST) when the lease ended, expired or belongs to another execution.
+    """
+    with guard(ctx, "lease.renew") as st:
+        b = st.client()
+        lease = b.leases.renew(
+            lease_proof(b, lease_id, execution_key),
+            ttl_seconds=ttl_seconds,
+            expected_version=expected_version,
+        )
+        emit_ok(st.format, "lease.renew", "lease", lease)
+
+
+@app.command("transfer")
+def transfer(
+    ctx: typer.Context,
+    lease_id: LeaseId,
+    to_principal: Annotated[
+        str,
+        typer.Option(
+            "--to-principal", "--new-owner", help="Principal (text) that receives the lease."
+        ),
+    ],
+    new_execution_key: Annotated[
+        str,
+        typer.Option(
+            "--new-execution-key",
+            "--new-idempotency-key",
+            help="The receiver's execution key (text); must differ from the current one.",
+        ),
+    ],
+    ttl_seconds: Annotated[
+        int,
+        typer.Option(
+            "--ttl-seconds",
+            help="Duration of the receiver's lease in seconds (integer, 10 to 86400).",
+            show_default=False,
+        ),
+    ],
+    execution_key: ExecutionKey = None,
+    expected_version: ExpectedVersion = None,
+) -> None:
+    """Hand a lease you hold to another principal: new lease id, version +1, epoch +1."""
+    with guard(ctx, "lease.transfer") as st:
+        b = st.client()
+        lease = b.leases.transfer(
+            lease_proof(b, lease_id, execution_key),
+            to_principal=to_principal,
+            new_execution_key=new_execution_key,
+            ttl_seconds=ttl_seconds,
+            expected_version=expected_version,
+        )
+        emit_ok(st.format, "lease.transfer", "lease", lease)
+
+
+@app.command("release")
+def release(
+    ctx: typer.Context,
+    lease_id: LeaseId,
+    execution_key: ExecutionKey = None,
+    expected_version: ExpectedVersion = None,
+) -> None:
+    """Release a lease you hold, by proof. Safe to retry: a second release is 'no_change'.
+
+    The receipt's status is 'released', or 'expired' when the lease had already run out
+    (your protection lapsed). Exits 9 (LEASE_LOST) if someone else took it since.
+    """
+    with guard(ctx, "lease.release") as st:
+        b = st.client()
+        receipt = b.leases.release(
+            lease_proof(b, lease_id, execution_key), expected_version=expected_version
+        )
+        emit_ok(st.format, "lease.release", "receipt", receipt)
+        if receipt.status == "expired" and not st.json:
+            typer.echo("warning: the lease had already expired before this release", err=True)
+
+
+@app.command("force-release")
+def force_release(
+    ctx: typer.Context,
+    lease_id: Annotated[str, typer.Argument(help="Lease id (text, 'lease_...') to release.")],
+) -> None:
+    """Release anyone's lease of the org. Needs --role owner or admin (else exit 6)."""
+    with guard(ctx, "lease.force-release") as st:
+        receipt = st.client().leases.force_release(lease_id)
+        emit_ok(st.format, "lease.force-release", "receipt", receipt)
+
+
+@app.command("list")
+def list_(
+    ctx: typer.Context,
+    resource_type: Annotated[
+        str | None, typer.Option("--resource-type", help="Only leases of this type (text).")
+    ] = None,
+    owner: Annotated[
+        str | None,
+        typer.Option(
+            "--owner",
+            help="Whose leases (text; '*' for everyone). Others than yourself need --role "
+            "owner or admin.",
+        ),
+    ] = None,
+    include_ended: Annotated[
+        bool, typer.Option("--all", help="Also list ended (released, expired, ...) leases.")
+    ] = False,
+    limit: Annotated[
+        int, typer.Option("--limit", help="At most this many rows (integer, 1 to 10000).")
+    ] = 100,
+) -> None:
+    """List your effective leases, newest first."""
+    with guard(ctx, "lease.list") as st:
+        leases = st.client().leases.list(
+            resource_type=resource_type, owner=owner, include_ended=include_ended, limit=limit
+        )
+        emit_ok(st.format, "lease.list", "leases", leases, columns=LEASE_COLUMNS)

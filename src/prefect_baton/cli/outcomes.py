@@ -1,0 +1,106 @@
+"""``baton outcome ...``: record and list outcomes with their evidence."""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated
+
+import typer
+
+from ._output import emit_ok
+from ._state import guard, parse_evidence
+
+app = typer.Typer(
+    name="outcome",
+    help="Record the completion or failure of a subject, linked to its evidence.",
+    no_args_is_help=True,
+)
+
+OUTCOME_COLUMNS = (
+    "outcome_id",
+    "subject_id",
+    "status",
+    "principal",
+    "evidence",
+    "lease_id",
+    "fence_epoch",
+    "recorded_at",
+)
+
+
+class OutcomeStatus(enum.StrEnum):
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+@app.command("record")
+def record(
+    ctx: typer.Context,
+    subject_id: Annotated[str, typer.Argument(help="Subject id (text, 1-256 characters).")],
+    status: Annotated[
+        OutcomeStatus,
+        typer.Argument(help="'succeeded', 'failed' or 'cancelled'.", case_sensitive=False),
+    ],
+    evidence: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--evidence",
+            help="Evidence item 'kind=file,uri=...,digest=sha256:...,note=...', or a JSON "
+            "object or list of objects; repeat for several. 'succeeded' needs at least one.",
+        ),
+    ] = None,
+    fence: Annotated[
+        str | None,
+        typer.Option(
+            "--fence",
+            help="Lease id (text) to fence the write with: rejected (exit 10, STALE_FENCE) "
+            "once that lease generation is no longer current.",
+        ),
+    ] = None,
+    lease_id: Annotated[
+        str | None, typer.Option("--lease-id", help="Link to this lease id (text).")
+    ] = None,
+    handoff_id: Annotated[
+        str | None, typer.Option("--handoff-id", help="Link to this handoff id (text).")
+    ] = None,
+    checkpoint_id: Annotated[
+        str | None, typer.Option("--checkpoint-id", help="Link to this checkpoint id (text).")
+    ] = None,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option("--idempotency-key", help="Idempotency key (text); a retry replays."),
+    ] = None,
+) -> None:
+    """Record STATUS for SUBJECT_ID with its evidence."""
+    with guard(ctx, "outcome.record") as st:
+        items = parse_evidence(evidence or [])
+        b = st.client()
+        fence_lease = b.leases.get(fence) if fence else None
+        outcome = b.outcomes.record(
+            subject_id,
+            status.value,
+            evidence=items,
+            fence=fence_lease,
+            lease_id=lease_id,
+            handoff_id=handoff_id,
+            checkpoint_id=checkpoint_id,
+            idempotency_key=idempotency_key,
+        )
+        emit_ok(st.format, "outcome.record", "outcome", outcome)
+
+
+@app.command("list")
+def list_(
+    ctx: typer.Context,
+    subject_id: Annotated[
+        str | None, typer.Argument(help="Only this subject (text); default: all of the org.")
+    ] = None,
+    limit: Annotated[
+        int, typer.Option("--limit", help="At most this many rows (integer, 1 to 100000).")
+    ] = 1000,
+) -> None:
+    """List outcomes of the org (of one subject when given), oldest first."""
+    with guard(ctx, "outcome.list") as st:
+        outcomes = st.client().outcomes.list(subject_id, limit=limit)
+        emit_ok(st.format, "outcome.list", "outcomes", outcomes, columns=OUTCOME_COLUMNS)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -85,6 +85,22 @@ def baton(ledger_url: str, org: str) -> Iterator[Baton]:
     ``baton.as_principal("agent-b")`` gives another identity of the same org.
     """
     yield Baton(org=org, principal="agent-a", role="agent", store=store_for(ledger_url))
+
+
+@pytest.fixture
+def baton_in_org(baton: Baton) -> Callable[..., Baton]:
+    """A factory of clients on the same arm as ``baton`` but in another organization:
+    ``baton_in_org(org_id, principal="agent-a", role="agent")`` (for org-isolation tests).
+    An arm that gives ``baton`` another authority must give these clients the same one."""
+
+    def make(org_id: str, principal: str = "agent-a", role: str = "agent") -> Baton:
+        other = Baton(
+            org=org_id, principal=principal, role=role, settings=baton.settings, store=baton.store
+        )
+        other.authority = baton.authority
+        return other
+
+    return make
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -1,0 +1,43 @@
+"""Helpers shared by the conformance tests (public surface only)."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+from prefect_baton import Baton, Lease
+
+
+def kinds(b: Baton, after_seq: int = 0) -> list[str]:
+    """The kinds of the org's events after ``after_seq``, in order."""
+    return [e.kind for e in b.events.list(after_seq=after_seq, limit=1000)]
+
+
+def last_seq(b: Baton) -> int:
+    """The sequence number of the org's newest event (0 when there is none)."""
+    seq = 0
+    while True:
+        page = b.events.list(after_seq=seq, limit=1000)
+        if not page:
+            return seq
+        seq = page[-1].seq
+
+
+def assert_nothing_written(b: Baton, *resources: tuple[str, str]) -> None:
+    """No event in the org, and none of ``resources`` is held."""
+    assert b.events.list(limit=1000) == []
+    for rtype, rid in resources:
+        info = b.leases.inspect(rtype, rid)
+        assert not info.held
+        assert info.version == 0
+
+
+def wait_until_expired(b: Baton, lease: Lease, *, grace: float = 15.0) -> None:
+    """Sleep until ``lease`` has run out, then until the authority also says it is not held."""
+    remaining = (lease.expires_at - datetime.now(UTC)).total_seconds()
+    if remaining > 0:
+        time.sleep(remaining + 0.2)
+    deadline = time.monotonic() + grace
+    while b.leases.inspect(lease.resource_type, lease.resource_id).held:
+        assert time.monotonic() < deadline, "the lease never expired on the authority's clock"
+        time.sleep(0.1)

@@ -65,7 +65,7 @@ class LeaseAuthority(Protocol):
 
     def get(self, caller: Caller, lease_id: str) -> Lease: ...
 
-    def list(
+    def list_leases(
         self,
         caller: Caller,
         *,

@@ -251,7 +251,7 @@ class LeaseAPI(_API):
             resource_type: only this type. include_ended: also ended generations.
             limit: 1..10,000 rows.
         """
-        return self._authority.list(
+        return self._authority.list_leases(
             self._caller,
             resource_type=_core.validate_optional_id("resource_type", resource_type),
             owner=_core.validate_optional_id("owner", owner),

@@ -17,8 +17,10 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from sqlalchemy import select
+from sqlmodel import col
 
 from ._core import Holding
 from ._ledger.store import LedgerStore
@@ -78,7 +80,7 @@ def audit_ledger(store: LedgerStore, org: str) -> AuditReport:
         active = [g for g in gens if g.status == "active"]
         if len(active) > 1:
             report.violations.append(f"{name}: {len(active)} active generations")
-        for prev, nxt in zip(gens, gens[1:], strict=False):
+        for prev, nxt in pairwise(gens):
             if nxt.epoch <= prev.epoch:
                 report.violations.append(f"{name}: epoch {nxt.epoch} after {prev.epoch}")
             if _holding_end(prev) > nxt.acquired_at_ms:
@@ -110,8 +112,8 @@ def audit_ledger(store: LedgerStore, org: str) -> AuditReport:
         receipts = list(
             s.execute(
                 select(ReceiptRow).where(
-                    ReceiptRow.org_id == org,  # type: ignore[arg-type]
-                    ReceiptRow.operation == "acquire",  # type: ignore[arg-type]
+                    col(ReceiptRow.org_id) == org,
+                    col(ReceiptRow.operation) == "acquire",
                 )
             ).scalars()
         )
@@ -120,9 +122,9 @@ def audit_ledger(store: LedgerStore, org: str) -> AuditReport:
             resp = json.loads(r.response)
             if (resp.get("lease_id"), resp.get("version")) not in seen:
                 found = s.execute(
-                    select(LeaseTransition.seq).where(
-                        LeaseTransition.lease_id == resp.get("lease_id"),  # type: ignore[arg-type]
-                        LeaseTransition.version == resp.get("version"),  # type: ignore[arg-type]
+                    select(col(LeaseTransition.seq)).where(
+                        col(LeaseTransition.lease_id) == resp.get("lease_id"),
+                        col(LeaseTransition.version) == resp.get("version"),
                     )
                 ).first()
                 if found is None:

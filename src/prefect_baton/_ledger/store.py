@@ -21,7 +21,7 @@ from sqlalchemy import delete, func, or_, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
-from sqlmodel import Session
+from sqlmodel import Session, col
 
 from .. import _core, _scopes
 from .._authority import Caller
@@ -30,6 +30,7 @@ from ..errors import (
     BatonError,
     ForbiddenError,
     IdempotencyMismatchError,
+    LeaseLostError,
     NotFoundError,
     UnavailableError,
     ValidationError,
@@ -86,7 +87,7 @@ def row_to_holding(row: LeaseRow) -> Holding:
         execution_key=row.execution_key,
         version=row.version,
         epoch=row.epoch,
-        status=row.status,  # type: ignore[arg-type]
+        status=row.status,  # type: ignore[arg-type,unused-ignore]
         acquired_at_ms=row.acquired_at_ms,
         expires_at_ms=row.expires_at_ms,
         ttl_ms=row.ttl_ms,
@@ -153,7 +154,7 @@ def _handoff_model(row: HandoffRow, now_ms: int, lease: Lease | None = None) -> 
         context_id=row.context_id,
         message=row.message,
         lease_id=row.lease_id,
-        status=status,  # type: ignore[arg-type]
+        status=status,  # type: ignore[arg-type,unused-ignore]
         created_at=created,
         expires_at=from_ms(row.expires_at_ms),
         resolved_at=from_ms(row.resolved_at_ms),
@@ -169,7 +170,7 @@ def _outcome_model(row: OutcomeRow) -> Outcome:
         outcome_id=row.outcome_id,
         subject_id=row.subject_id,
         principal=row.principal,
-        status=row.status,  # type: ignore[arg-type]
+        status=row.status,  # type: ignore[arg-type,unused-ignore]
         evidence=tuple(Evidence(**e) for e in json.loads(row.evidence)),
         lease_id=row.lease_id,
         handoff_id=row.handoff_id,
@@ -280,10 +281,12 @@ class LedgerStore:
     @contextmanager
     def _read(self) -> Iterator[tuple[Session, int]]:
         try:
-            with Session(self.engines.read, expire_on_commit=False) as session:
-                with session.begin():
-                    now_ms = int(session.execute(self._now_sql).scalar_one())
-                    yield session, now_ms
+            with (
+                Session(self.engines.read, expire_on_commit=False) as session,
+                session.begin(),
+            ):
+                now_ms = int(session.execute(self._now_sql).scalar_one())
+                yield session, now_ms
         except OperationalError as exc:
             raise UnavailableError(f"ledger database unavailable: {exc.orig}") from exc
 
@@ -310,8 +313,8 @@ class LedgerStore:
         )
         tx.session.execute(
             update(Principal)
-            .where(Principal.org_id == c.org, Principal.name == c.principal)  # type: ignore[arg-type]
-            .where(Principal.role != c.role)  # type: ignore[arg-type]
+            .where(col(Principal.org_id) == c.org, col(Principal.name) == c.principal)
+            .where(col(Principal.role) != c.role)
             .values(role=c.role)
         )
         self._registered.add(key)
@@ -345,11 +348,11 @@ class LedgerStore:
         c = tx.caller
         row = tx.session.execute(
             select(ReceiptRow).where(
-                ReceiptRow.org_id == c.org,  # type: ignore[arg-type]
-                ReceiptRow.principal == c.principal,  # type: ignore[arg-type]
-                ReceiptRow.operation == operation,  # type: ignore[arg-type]
-                ReceiptRow.idem_key == key,  # type: ignore[arg-type]
-                ReceiptRow.scope_key == scope,  # type: ignore[arg-type]
+                col(ReceiptRow.org_id) == c.org,
+                col(ReceiptRow.principal) == c.principal,
+                col(ReceiptRow.operation) == operation,
+                col(ReceiptRow.idem_key) == key,
+                col(ReceiptRow.scope_key) == scope,
             )
         ).scalar_one_or_none()
         if row is None:
@@ -391,7 +394,7 @@ class LedgerStore:
 
         def op(tx: Tx) -> int:
             res = tx.session.execute(
-                delete(ReceiptRow).where(ReceiptRow.expires_at_ms <= tx.now_ms)  # type: ignore[arg-type]
+                delete(ReceiptRow).where(col(ReceiptRow.expires_at_ms) <= tx.now_ms)
             )
             return int(res.rowcount or 0)  # type: ignore[attr-defined]
 
@@ -403,11 +406,11 @@ class LedgerStore:
         return tx.session.execute(
             select(LeaseRow)
             .where(
-                LeaseRow.org_id == tx.caller.org,  # type: ignore[arg-type]
-                LeaseRow.resource_type == rtype,  # type: ignore[arg-type]
-                LeaseRow.resource_id == rid,  # type: ignore[arg-type]
+                col(LeaseRow.org_id) == tx.caller.org,
+                col(LeaseRow.resource_type) == rtype,
+                col(LeaseRow.resource_id) == rid,
             )
-            .order_by(LeaseRow.epoch.desc())  # type: ignore[attr-defined]
+            .order_by(col(LeaseRow.epoch).desc())
             .limit(1)
         ).scalar_one_or_none()
 
@@ -425,18 +428,18 @@ class LedgerStore:
             return None
         rows = tx.session.execute(
             select(LeaseRow).where(
-                LeaseRow.org_id == tx.caller.org,  # type: ignore[arg-type]
-                LeaseRow.status == "active",  # type: ignore[arg-type]
-                LeaseRow.has_scopes == 1,  # type: ignore[arg-type]
-                LeaseRow.expires_at_ms > tx.now_ms,  # type: ignore[arg-type]
-                LeaseRow.owner != principal,  # type: ignore[arg-type]
+                col(LeaseRow.org_id) == tx.caller.org,
+                col(LeaseRow.status) == "active",
+                col(LeaseRow.has_scopes) == 1,
+                col(LeaseRow.expires_at_ms) > tx.now_ms,
+                col(LeaseRow.owner) != principal,
             )
         ).scalars()
         for row in rows:
             if (row.resource_type, row.resource_id) == exclude:
                 continue
             if _scopes.sets_overlap(scopes, json.loads(row.scopes)):
-                return row.expires_at_ms
+                return int(row.expires_at_ms)
         return None
 
     def _apply(self, tx: Tx, decision: Decision, org: str, *, resource: tuple[str, str]) -> None:
@@ -447,7 +450,7 @@ class LedgerStore:
             e = decision.ended
             s.execute(
                 update(LeaseRow)
-                .where(LeaseRow.lease_id == e.lease_id)  # type: ignore[arg-type]
+                .where(col(LeaseRow.lease_id) == e.lease_id)
                 .values(status=e.status, ended_at_ms=e.ended_at_ms, ended_by=e.ended_by)
             )
             s.flush()
@@ -712,7 +715,7 @@ class LedgerStore:
         if not d.noop:
             self._apply(tx, d, tx.caller.org, resource=resource)
         status = "no_change" if d.noop else d.receipt_status
-        return Receipt(action=action, status=status, lease=holding_to_lease(d.new))  # type: ignore[arg-type]
+        return Receipt(action=action, status=status, lease=holding_to_lease(d.new))  # type: ignore[arg-type,unused-ignore]
 
     def release(self, caller: Caller, proof: Proof, *, expected_version: int | None) -> Receipt:
         """Release by proof (see :func:`_core.decide_release`)."""
@@ -760,11 +763,11 @@ class LedgerStore:
             row = s.execute(
                 select(LeaseRow)
                 .where(
-                    LeaseRow.org_id == caller.org,  # type: ignore[arg-type]
-                    LeaseRow.resource_type == resource_type,  # type: ignore[arg-type]
-                    LeaseRow.resource_id == resource_id,  # type: ignore[arg-type]
+                    col(LeaseRow.org_id) == caller.org,
+                    col(LeaseRow.resource_type) == resource_type,
+                    col(LeaseRow.resource_id) == resource_id,
                 )
-                .order_by(LeaseRow.epoch.desc())  # type: ignore[attr-defined]
+                .order_by(col(LeaseRow.epoch).desc())
                 .limit(1)
             ).scalar_one_or_none()
             return _info(caller, resource_type, resource_id, row, now)
@@ -782,7 +785,7 @@ class LedgerStore:
                 raise NotFoundError(f"lease {lease_id} not found")
             return holding_to_lease(row_to_holding(row))
 
-    def list(
+    def list_leases(
         self,
         caller: Caller,
         *,
@@ -797,14 +800,14 @@ class LedgerStore:
         if who != caller.principal and caller.role == "agent":
             raise ForbiddenError("listing another principal's leases needs the owner or admin role")
         with self._read() as (s, now):
-            q = select(LeaseRow).where(LeaseRow.org_id == caller.org)  # type: ignore[arg-type]
+            q = select(LeaseRow).where(col(LeaseRow.org_id) == caller.org)
             if who != "*":
-                q = q.where(LeaseRow.owner == who)  # type: ignore[arg-type]
+                q = q.where(col(LeaseRow.owner) == who)
             if resource_type is not None:
-                q = q.where(LeaseRow.resource_type == resource_type)  # type: ignore[arg-type]
+                q = q.where(col(LeaseRow.resource_type) == resource_type)
             if not include_ended:
-                q = q.where(LeaseRow.status == "active", LeaseRow.expires_at_ms > now)  # type: ignore[arg-type]
-            q = q.order_by(LeaseRow.acquired_at_ms.desc()).limit(max(1, min(limit, 10_000)))  # type: ignore[attr-defined]
+                q = q.where(col(LeaseRow.status) == "active", col(LeaseRow.expires_at_ms) > now)
+            q = q.order_by(col(LeaseRow.acquired_at_ms).desc()).limit(max(1, min(limit, 10_000)))
             return [holding_to_lease(row_to_holding(r)) for r in s.execute(q).scalars()]
 
     # ------------------------------------------------------------------ fences
@@ -865,10 +868,10 @@ class LedgerStore:
             s = tx.session
             row = s.execute(
                 select(CheckpointRow).where(
-                    CheckpointRow.org_id == caller.org,  # type: ignore[arg-type]
-                    CheckpointRow.subject_id == subject_id,  # type: ignore[arg-type]
-                    CheckpointRow.principal == caller.principal,  # type: ignore[arg-type]
-                    CheckpointRow.kind == kind,  # type: ignore[arg-type]
+                    col(CheckpointRow.org_id) == caller.org,
+                    col(CheckpointRow.subject_id) == subject_id,
+                    col(CheckpointRow.principal) == caller.principal,
+                    col(CheckpointRow.kind) == kind,
                 )
             ).scalar_one_or_none()
             current = row.version if row is not None else 0
@@ -936,10 +939,10 @@ class LedgerStore:
         with self._read() as (s, now):
             row = s.execute(
                 select(CheckpointRow).where(
-                    CheckpointRow.org_id == caller.org,  # type: ignore[arg-type]
-                    CheckpointRow.subject_id == subject_id,  # type: ignore[arg-type]
-                    CheckpointRow.principal == (principal or caller.principal),  # type: ignore[arg-type]
-                    CheckpointRow.kind == kind,  # type: ignore[arg-type]
+                    col(CheckpointRow.org_id) == caller.org,
+                    col(CheckpointRow.subject_id) == subject_id,
+                    col(CheckpointRow.principal) == (principal or caller.principal),
+                    col(CheckpointRow.kind) == kind,
                 )
             ).scalar_one_or_none()
             if row is None or (row.expires_at_ms is not None and row.expires_at_ms <= now):
@@ -961,9 +964,9 @@ class LedgerStore:
                     select(func.count())
                     .select_from(HandoffRow)
                     .where(
-                        HandoffRow.org_id == caller.org,  # type: ignore[arg-type]
-                        HandoffRow.checkpoint_id == checkpoint_id,  # type: ignore[arg-type]
-                        HandoffRow.to_principal == caller.principal,  # type: ignore[arg-type]
+                        col(HandoffRow.org_id) == caller.org,
+                        col(HandoffRow.checkpoint_id) == checkpoint_id,
+                        col(HandoffRow.to_principal) == caller.principal,
                     )
                 ).scalar_one()
                 if not via:
@@ -979,18 +982,18 @@ class LedgerStore:
         with self._read() as (s, _now):
             row = s.execute(
                 select(CheckpointRow).where(
-                    CheckpointRow.org_id == caller.org,  # type: ignore[arg-type]
-                    CheckpointRow.subject_id == subject_id,  # type: ignore[arg-type]
-                    CheckpointRow.principal == (principal or caller.principal),  # type: ignore[arg-type]
-                    CheckpointRow.kind == kind,  # type: ignore[arg-type]
+                    col(CheckpointRow.org_id) == caller.org,
+                    col(CheckpointRow.subject_id) == subject_id,
+                    col(CheckpointRow.principal) == (principal or caller.principal),
+                    col(CheckpointRow.kind) == kind,
                 )
             ).scalar_one_or_none()
             if row is None:
                 return []
             versions = s.execute(
                 select(CheckpointVersion)
-                .where(CheckpointVersion.checkpoint_id == row.checkpoint_id)  # type: ignore[arg-type]
-                .order_by(CheckpointVersion.version)  # type: ignore[arg-type]
+                .where(col(CheckpointVersion.checkpoint_id) == row.checkpoint_id)
+                .order_by(col(CheckpointVersion.version))
             ).scalars()
             out = []
             for v in versions:
@@ -1056,7 +1059,7 @@ class LedgerStore:
                 row = self._row_by_id(s, caller.org, lease.lease_id)
                 held = _core._check_proof(row_to_holding(row) if row else None, lease)
                 if not held.effective(tx.now_ms):
-                    raise _core.LeaseLostError(f"lease {lease.lease_id} is no longer held")
+                    raise LeaseLostError(f"lease {lease.lease_id} is no longer held")
             self._insert_ignore(
                 s,
                 Principal,
@@ -1098,12 +1101,14 @@ class LedgerStore:
             rows = s.execute(
                 select(HandoffRow)
                 .where(
-                    HandoffRow.org_id == caller.org,  # type: ignore[arg-type]
-                    HandoffRow.to_principal == caller.principal,  # type: ignore[arg-type]
-                    HandoffRow.status == "pending",  # type: ignore[arg-type]
-                    or_(HandoffRow.expires_at_ms.is_(None), HandoffRow.expires_at_ms > now),  # type: ignore[union-attr,operator]
+                    col(HandoffRow.org_id) == caller.org,
+                    col(HandoffRow.to_principal) == caller.principal,
+                    col(HandoffRow.status) == "pending",
+                    or_(
+                        col(HandoffRow.expires_at_ms).is_(None), col(HandoffRow.expires_at_ms) > now
+                    ),
                 )
-                .order_by(HandoffRow.created_at_ms)  # type: ignore[arg-type]
+                .order_by(col(HandoffRow.created_at_ms))
                 .limit(max(1, min(limit, 10_000)))
             ).scalars()
             return [_handoff_model(r, now) for r in rows]
@@ -1239,7 +1244,7 @@ class LedgerStore:
                 ("lease", lease_id, LeaseRow),
             ):
                 if ref is not None:
-                    obj = s.get(model_, ref)
+                    obj: Any = s.get(model_, ref)
                     if obj is None or obj.org_id != caller.org:
                         raise NotFoundError(f"{kind_} {ref} not found")
             row = OutcomeRow(
@@ -1275,12 +1280,12 @@ class LedgerStore:
     ) -> list[Outcome]:
         """Outcomes of the org (of one subject when given), oldest first."""
         with self._read() as (s, _now):
-            q = select(OutcomeRow).where(OutcomeRow.org_id == caller.org)  # type: ignore[arg-type]
+            q = select(OutcomeRow).where(col(OutcomeRow.org_id) == caller.org)
             if subject_id is not None:
-                q = q.where(OutcomeRow.subject_id == subject_id)  # type: ignore[arg-type]
-            q = q.order_by(OutcomeRow.recorded_at_ms, OutcomeRow.outcome_id).limit(
+                q = q.where(col(OutcomeRow.subject_id) == subject_id)
+            q = q.order_by(col(OutcomeRow.recorded_at_ms), col(OutcomeRow.outcome_id)).limit(
                 max(1, min(limit, 100_000))
-            )  # type: ignore[arg-type]
+            )
             return [_outcome_model(r) for r in s.execute(q).scalars()]
 
     # ------------------------------------------------------------------ events, history
@@ -1292,12 +1297,12 @@ class LedgerStore:
         (1..1000)."""
         with self._read() as (s, _now):
             q = select(EventRow).where(
-                EventRow.org_id == caller.org,  # type: ignore[arg-type]
-                EventRow.seq > after_seq,  # type: ignore[operator]
+                col(EventRow.org_id) == caller.org,
+                col(EventRow.seq) > after_seq,
             )
             if kind is not None:
-                q = q.where(EventRow.kind == kind)  # type: ignore[arg-type]
-            q = q.order_by(EventRow.seq).limit(max(1, min(limit, 1000)))  # type: ignore[arg-type]
+                q = q.where(col(EventRow.kind) == kind)
+            q = q.order_by(col(EventRow.seq)).limit(max(1, min(limit, 1000)))
             out = []
             for r in s.execute(q).scalars():
                 at = from_ms(r.occurred_at_ms)
@@ -1322,15 +1327,17 @@ class LedgerStore:
                 row_to_holding(r)
                 for r in s.execute(
                     select(LeaseRow)
-                    .where(LeaseRow.org_id == org)  # type: ignore[arg-type]
-                    .order_by(LeaseRow.resource_type, LeaseRow.resource_id, LeaseRow.epoch)  # type: ignore[arg-type]
+                    .where(col(LeaseRow.org_id) == org)
+                    .order_by(
+                        LeaseRow.resource_type, col(LeaseRow.resource_id), col(LeaseRow.epoch)
+                    )
                 ).scalars()
             ]
             transitions = list(
                 s.execute(
                     select(LeaseTransition)
-                    .where(LeaseTransition.org_id == org)  # type: ignore[arg-type]
-                    .order_by(LeaseTransition.seq)  # type: ignore[arg-type]
+                    .where(col(LeaseTransition.org_id) == org)
+                    .order_by(col(LeaseTransition.seq))
                 ).scalars()
             )
             return rows, transitions

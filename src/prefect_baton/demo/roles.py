@@ -236,7 +236,7 @@ def writer(
 
     Returns the created :class:`Handoff` (idempotent: a retried writer replays it).
     """
-    rows = []
+    rows: list[dict[str, Any]] = []
     for file_id in files:
         outcomes = [o for o in b.outcomes.list(file_id) if o.status == "succeeded"]
         ck = b.checkpoints.get(file_id, ANALYSIS, principal=researcher_principal)

@@ -63,6 +63,8 @@ from .tables import (
 T = TypeVar("T")
 MAX_ATTEMPTS = 8
 DEFAULT_RECEIPT_RETENTION_SECONDS = 24 * 3600
+PRUNE_EVERY_WRITES = 500  # every this many writes, also delete expired receipts ...
+PRUNE_BATCH = 1000  # ... at most this many at a time
 
 
 def new_id(prefix: str) -> str:
@@ -230,6 +232,7 @@ class LedgerStore:
         self.receipt_retention_ms = receipt_retention_seconds * 1000
         self.state_max_bytes = state_max_bytes
         self._registered: set[tuple[str, str, str]] = set()
+        self._writes = 0
         self._now_sql = text(self.engines.now_sql())
         if migrate:
             upgrade(self.engines)
@@ -260,6 +263,9 @@ class LedgerStore:
                         self._register(tx)
                         result = fn(tx)
                         self._flush_events(tx)
+                        self._writes += 1
+                        if self._writes % PRUNE_EVERY_WRITES == 0:
+                            self._prune(session, now_ms)
                     return result
             except BatonError:
                 raise
@@ -388,6 +394,15 @@ class LedgerStore:
             )
         )
         tx.session.flush()
+
+    def _prune(self, session: Session, now_ms: int) -> int:
+        ids = select(col(ReceiptRow.id)).where(col(ReceiptRow.expires_at_ms) <= now_ms)
+        res = session.execute(
+            delete(ReceiptRow).where(
+                col(ReceiptRow.id).in_(ids.limit(PRUNE_BATCH).scalar_subquery())
+            )
+        )
+        return int(res.rowcount or 0)  # type: ignore[attr-defined]
 
     def prune_receipts(self, caller: Caller) -> int:
         """Delete idempotency receipts past their retention; returns how many (``int``)."""

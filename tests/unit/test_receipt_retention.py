@@ -1,0 +1,68 @@
+"""Idempotency receipts are kept for the retention and then pruned."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from sqlalchemy import func, select
+
+from prefect_baton import Baton
+from prefect_baton._ledger import store as store_mod
+from prefect_baton._ledger.store import LedgerStore
+from prefect_baton._ledger.tables import ReceiptRow
+
+
+def _count(store: LedgerStore, org: str) -> int:
+    with store._read() as (s, _now):
+        return int(
+            s.execute(
+                select(func.count()).select_from(ReceiptRow).where(ReceiptRow.org_id == org)
+            ).scalar_one()
+        )
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest) -> str:
+    if request.param == "sqlite":
+        return str(request.getfixturevalue("sqlite_url"))
+    return str(request.getfixturevalue("pg_url"))
+
+
+def test_expired_receipts_are_ignored_and_pruned(url: str) -> None:
+    """A receipt past its retention is not replayed and prune_receipts deletes it."""
+    store = LedgerStore(url, receipt_retention_seconds=0)
+    b = Baton(org=f"o-{uuid.uuid4().hex[:8]}", principal="a", store=store)
+    first = b.checkpoints.save("s", "k", {"n": 1}, idempotency_key="save-1")
+    again = b.checkpoints.save("s", "k", {"n": 1}, idempotency_key="save-1")
+    assert not again.replayed
+    assert again.version == first.version + 1
+    assert _count(store, b.org) >= 1
+    assert b.prune_receipts() >= 1
+    assert _count(store, b.org) == 0
+    store.close()
+
+
+def test_receipts_within_retention_replay(url: str) -> None:
+    """Within the retention an exact retry replays the stored receipt."""
+    store = LedgerStore(url)
+    b = Baton(org=f"o-{uuid.uuid4().hex[:8]}", principal="a", store=store)
+    first = b.checkpoints.save("s", "k", {"n": 1}, idempotency_key="save-1")
+    again = b.checkpoints.save("s", "k", {"n": 1}, idempotency_key="save-1")
+    assert again.replayed
+    assert again.version == first.version
+    assert b.prune_receipts() == 0 or _count(store, b.org) == 1
+    store.close()
+
+
+def test_writes_prune_expired_receipts_in_passing(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ordinary writes delete expired receipts now and then, with no sweeper."""
+    monkeypatch.setattr(store_mod, "PRUNE_EVERY_WRITES", 1)
+    store = LedgerStore(url, receipt_retention_seconds=0)
+    b = Baton(org=f"o-{uuid.uuid4().hex[:8]}", principal="a", store=store)
+    b.checkpoints.save("s", "k", {"n": 1}, idempotency_key="save-1")
+    b.checkpoints.save("s", "k2", {"n": 1})
+    assert _count(store, b.org) == 0
+    store.close()

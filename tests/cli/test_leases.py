@@ -1,0 +1,286 @@
+"""``baton lease ...`` through Typer's runner: success paths and every lease error code."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from prefect_baton import IdempotencyInFlightError
+from prefect_baton._client import LeaseAPI
+
+from .conftest import Cli
+
+
+def acquire(cli: Cli, rid: str = "svc", key: str = "run-1", **kw: Any) -> dict[str, Any]:
+    receipt = cli.ok("lease", "acquire", "deploy", rid, "--ttl-seconds", "60",
+                     "--idempotency-key", key, **kw)  # fmt: skip
+    lease: dict[str, Any] = receipt["lease"]
+    return lease
+
+
+def test_acquire_prints_a_json_receipt_with_the_lease(cli: Cli) -> None:
+    """A JSON acquire is an ok receipt carrying the lease with version, epoch and expiry."""
+    receipt = cli.ok("lease", "acquire", "deploy", "svc", "--ttl-seconds", "60",
+                     "--idempotency-key", "run-1", "--purpose", "ship",
+                     "--scope", "src/**", "--scope", "docs/*")  # fmt: skip
+    assert receipt["action"] == "lease.acquire"
+    assert receipt["status"] == "ok"
+    lease = receipt["lease"]
+    assert lease["lease_id"].startswith("lease_")
+    assert (lease["owner"], lease["execution_key"]) == ("alice", "run-1")
+    assert (lease["version"], lease["epoch"], lease["status"]) == (1, 1, "active")
+    assert sorted(lease["scopes"]) == ["docs/*", "src/**"]
+    assert lease["ttl_seconds"] == 60
+    assert lease["expires_at"] > lease["acquired_at"]
+
+
+def test_acquire_in_table_mode_prints_a_table(cli: Cli) -> None:
+    """Table mode shows the lease fields for humans."""
+    run = cli("lease", "acquire", "deploy", "svc", "--ttl-seconds", "60", fmt="table")
+    assert run.code == 0, run.text
+    assert "lease.acquire" in run.stdout
+    assert "lease_" in run.stdout
+    assert "epoch" in run.stdout
+
+
+def test_acquire_retry_with_the_same_key_is_replayed(cli: Cli) -> None:
+    """The same execution key and request gives status 'replayed' and the same lease."""
+    first = acquire(cli)
+    again = cli.ok("lease", "acquire", "deploy", "svc", "--ttl-seconds", "60",
+                   "--idempotency-key", "run-1")  # fmt: skip
+    assert again["status"] == "replayed"
+    assert again["lease"]["lease_id"] == first["lease_id"]
+
+
+def test_inspect_shows_the_holder_its_lease_and_others_only_the_expiry(cli: Cli) -> None:
+    """Inspect by the holder includes the lease; by another principal only held/expiry."""
+    lease = acquire(cli)
+    mine = cli.ok("lease", "inspect", "deploy", "svc")["info"]
+    assert mine["held"] is True
+    assert mine["lease"]["lease_id"] == lease["lease_id"]
+    theirs = cli.ok("lease", "inspect", "deploy", "svc", principal="bob")["info"]
+    assert theirs["held"] is True
+    assert theirs["lease"] is None
+    assert theirs["expires_at"] == lease["expires_at"]
+
+
+def test_inspect_of_a_never_leased_resource_is_version_zero(cli: Cli) -> None:
+    """A resource never leased inspects as not held at version 0."""
+    info = cli.ok("lease", "inspect", "deploy", "nothing")["info"]
+    assert (info["held"], info["version"], info["epoch"]) == (False, 0, 0)
+
+
+def test_renew_bumps_the_version_and_keeps_id_and_epoch(cli: Cli) -> None:
+    """Renew by --lease-id/--execution-key: version +1, same id and epoch."""
+    lease = acquire(cli)
+    renewed = cli.ok("lease", "renew", "--lease-id", lease["lease_id"],
+                     "--execution-key", "run-1", "--ttl-seconds", "120",
+                     "--expected-version", "1")["lease"]  # fmt: skip
+    assert renewed["lease_id"] == lease["lease_id"]
+    assert (renewed["version"], renewed["epoch"], renewed["ttl_seconds"]) == (2, 1, 120)
+
+
+def test_transfer_hands_the_lease_to_another_principal(cli: Cli) -> None:
+    """Transfer gives a new lease id to the receiver with version and epoch +1."""
+    lease = acquire(cli)
+    moved = cli.ok("lease", "transfer", "--lease-id", lease["lease_id"],
+                   "--execution-key", "run-1", "--to-principal", "bob",
+                   "--new-execution-key", "run-2", "--ttl-seconds", "60")["lease"]  # fmt: skip
+    assert moved["lease_id"] != lease["lease_id"]
+    assert (moved["owner"], moved["execution_key"]) == ("bob", "run-2")
+    assert (moved["version"], moved["epoch"]) == (2, 2)
+    renewed = cli.ok("lease", "renew", "--lease-id", moved["lease_id"],
+                     "--execution-key", "run-2", principal="bob")["lease"]  # fmt: skip
+    assert renewed["version"] == 3
+
+
+def test_transfer_accepts_the_seed_flag_names(cli: Cli) -> None:
+    """--new-owner and --new-idempotency-key are aliases (seed 004 task-lease style)."""
+    lease = acquire(cli)
+    moved = cli.ok("lease", "transfer", "--lease-id", lease["lease_id"],
+                   "--execution-key", "run-1", "--new-owner", "bob",
+                   "--new-idempotency-key", "run-2", "--ttl-seconds", "60")["lease"]  # fmt: skip
+    assert moved["owner"] == "bob"
+
+
+def test_release_then_release_again_is_no_change(cli: Cli) -> None:
+    """Release returns a 'released' receipt; repeating it is a 'no_change' receipt, exit 0."""
+    lease = acquire(cli)
+    args = ("lease", "release", "--lease-id", lease["lease_id"], "--execution-key", "run-1")
+    first = cli.ok(*args)
+    assert first["status"] == "ok"
+    assert first["receipt"]["status"] == "released"
+    assert first["receipt"]["lease"]["status"] == "released"
+    second = cli.ok(*args)
+    assert second["status"] == "no_change"
+    assert second["receipt"]["status"] == "no_change"
+    assert cli.ok("lease", "inspect", "deploy", "svc")["info"]["held"] is False
+
+
+def test_force_release_by_an_admin_frees_the_resource(cli: Cli) -> None:
+    """An admin force-releases someone's lease; the resource is then free."""
+    lease = acquire(cli)
+    receipt = cli.ok("lease", "force-release", lease["lease_id"], principal="root", role="admin")
+    assert receipt["receipt"]["status"] == "released"
+    acquire(cli, key="run-2")
+
+
+def test_list_shows_your_effective_leases(cli: Cli) -> None:
+    """List shows the caller's effective leases; --all adds ended ones (owner '*' for admin)."""
+    a = acquire(cli, "a")
+    b = acquire(cli, "b", key="run-b")
+    cli.ok("lease", "release", "--lease-id", b["lease_id"], "--execution-key", "run-b")
+    acquire(cli, "c", key="run-c", principal="bob")
+    mine = cli.ok("lease", "list")["leases"]
+    assert [x["lease_id"] for x in mine] == [a["lease_id"]]
+    everything = cli.ok("lease", "list", "--owner", "*", "--all", role="admin")["leases"]
+    assert len(everything) == 3
+    table = cli("lease", "list", fmt="table")
+    assert table.code == 0
+    assert a["lease_id"] in table.stdout
+
+
+def test_list_of_an_empty_org_in_table_mode_says_none(cli: Cli) -> None:
+    """An empty list prints a readable 'none' line."""
+    run = cli("lease", "list", fmt="table")
+    assert run.code == 0
+    assert "none" in run.stdout
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_conflict_exits_3_with_only_the_expiry(cli: Cli) -> None:
+    """Another principal's acquire exits 3; the error gives the expiry, never the holder."""
+    lease = acquire(cli)
+    run = cli("lease", "acquire", "deploy", "svc", "--ttl-seconds", "60",
+              "--purpose", "mine", principal="bob")  # fmt: skip
+    assert run.code == 3
+    receipt = run.json
+    assert receipt["ok"] is False
+    assert receipt["action"] == "lease.acquire"
+    assert receipt["error"]["code"] == "CONFLICT"
+    assert receipt["error"]["expires_at"].startswith(lease["expires_at"][:19])
+    assert "alice" not in run.stdout
+    assert "run-1" not in run.stdout
+
+
+def test_conflict_in_table_mode_is_one_line_on_stderr(cli: Cli) -> None:
+    """Table mode reports the error as one readable line on stderr, nothing on stdout."""
+    acquire(cli)
+    run = cli("lease", "acquire", "deploy", "svc", "--ttl-seconds", "60",
+              principal="bob", fmt="table")  # fmt: skip
+    assert run.code == 3
+    assert run.stdout == ""
+    assert run.stderr.count("\n") == 1
+    assert "CONFLICT" in run.stderr
+    assert "Traceback" not in run.text
+
+
+def test_version_conflict_exits_4_with_both_versions(cli: Cli) -> None:
+    """A stale --expected-version exits 4 with current_version and expected_version."""
+    run = cli("lease", "acquire", "deploy", "svc", "--ttl-seconds", "60",
+              "--expected-version", "3")  # fmt: skip
+    assert run.code == 4
+    error = run.json["error"]
+    assert error["code"] == "VERSION_CONFLICT"
+    assert (error["current_version"], error["expected_version"]) == (0, 3)
+
+
+def test_not_found_exits_5(cli: Cli) -> None:
+    """Renewing an unknown lease id exits 5 NOT_FOUND."""
+    run = cli("lease", "renew", "--lease-id", "lease_nope", "--execution-key", "k")
+    assert run.code == 5
+    assert run.json["error"]["code"] == "NOT_FOUND"
+
+
+def test_another_principals_lease_id_is_not_found(cli: Cli) -> None:
+    """Another principal cannot build a proof from someone else's lease id: exit 5."""
+    lease = acquire(cli)
+    run = cli("lease", "release", "--lease-id", lease["lease_id"], "--execution-key", "run-1",
+              principal="bob")  # fmt: skip
+    assert run.code == 5
+
+
+def test_force_release_as_agent_exits_6(cli: Cli) -> None:
+    """Force release needs owner/admin: an agent gets FORBIDDEN, exit 6."""
+    lease = acquire(cli)
+    run = cli("lease", "force-release", lease["lease_id"], principal="bob")
+    assert run.code == 6
+    assert run.json["error"]["code"] == "FORBIDDEN"
+
+
+def test_listing_others_leases_as_agent_exits_6(cli: Cli) -> None:
+    """An agent listing everyone's leases is FORBIDDEN."""
+    assert cli("lease", "list", "--owner", "*").code == 6
+
+
+def test_changed_request_under_the_same_key_exits_7(cli: Cli) -> None:
+    """Reusing an execution key for a different request is IDEMPOTENCY_MISMATCH, exit 7."""
+    acquire(cli)
+    run = cli("lease", "acquire", "deploy", "svc", "--ttl-seconds", "90",
+              "--idempotency-key", "run-1")  # fmt: skip
+    assert run.code == 7
+    assert run.json["error"]["code"] == "IDEMPOTENCY_MISMATCH"
+
+
+def test_in_flight_duplicate_exits_8(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An IDEMPOTENCY_IN_FLIGHT error from the client maps to exit 8 with its JSON shape."""
+
+    def in_flight(self: LeaseAPI, *args: object, **kwargs: object) -> None:
+        raise IdempotencyInFlightError("a request with this key is still being processed")
+
+    monkeypatch.setattr(LeaseAPI, "acquire", in_flight)
+    run = cli("lease", "acquire", "deploy", "svc", "--ttl-seconds", "60",
+              "--idempotency-key", "k")  # fmt: skip
+    assert run.code == 8
+    assert run.json == {
+        "ok": False,
+        "action": "lease.acquire",
+        "error": {
+            "code": "IDEMPOTENCY_IN_FLIGHT",
+            "message": "a request with this key is still being processed",
+        },
+    }
+
+
+def test_wrong_execution_key_exits_9(cli: Cli) -> None:
+    """Renewing with another execution's key is LEASE_LOST, exit 9 (never corrected)."""
+    lease = acquire(cli)
+    run = cli("lease", "renew", "--lease-id", lease["lease_id"], "--execution-key", "other")
+    assert run.code == 9
+    assert run.json["error"]["code"] == "LEASE_LOST"
+
+
+def test_release_after_transfer_exits_9(cli: Cli) -> None:
+    """The sender's release after a transfer is LEASE_LOST and touches nothing."""
+    lease = acquire(cli)
+    cli.ok("lease", "transfer", "--lease-id", lease["lease_id"], "--execution-key", "run-1",
+           "--to-principal", "bob", "--new-execution-key", "run-2",
+           "--ttl-seconds", "60")  # fmt: skip
+    run = cli("lease", "release", "--lease-id", lease["lease_id"], "--execution-key", "run-1")
+    assert run.code == 9
+    assert cli.ok("lease", "inspect", "deploy", "svc")["info"]["held"] is True
+
+
+def test_unreachable_ledger_exits_11(cli: Cli) -> None:
+    """A ledger that does not answer is UNAVAILABLE, exit 11, without a traceback."""
+    down = Cli("postgresql://nobody@127.0.0.1:1/none", cli.org)
+    run = down("lease", "list")
+    assert run.code == 11
+    assert run.json["error"]["code"] == "UNAVAILABLE"
+    table = down("lease", "list", fmt="table")
+    assert table.code == 11
+    assert table.stderr.count("\n") == 1
+    assert "Traceback" not in table.text
+
+
+def test_ttl_out_of_range_exits_2(cli: Cli) -> None:
+    """A TTL of 5 or 86,401 seconds is VALIDATION_ERROR, exit 2, and nothing is written."""
+    for ttl in ("5", "86401"):
+        run = cli("lease", "acquire", "deploy", "svc", "--ttl-seconds", ttl)
+        assert run.code == 2
+        assert run.json["error"]["code"] == "VALIDATION_ERROR"
+        assert "ttl_seconds" in run.json["error"]["message"]
+    assert cli.ok("lease", "inspect", "deploy", "svc")["info"]["version"] == 0

@@ -1,0 +1,321 @@
+"""Write-scope globs (``prefect_baton._scopes``): overlap of two globs and literal prefixes.
+
+The oracle for "does this path match this glob" is wcmatch's ``globmatch`` with ``GLOBSTAR``
+and ``DOTGLOB``. One deliberate difference: the design says a whole ``**`` segment matches
+*zero* or more segments, so ``src/**`` also covers ``src`` itself (wcmatch requires at least
+one segment after a trailing ``/**``). The oracle adds that case explicitly.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from wcmatch import glob as wglob
+
+from prefect_baton._scopes import literal_prefix, normalize_scope, scopes_overlap, sets_overlap
+
+FLAGS = wglob.GLOBSTAR | wglob.DOTGLOB
+
+
+def oracle_match(path: str, pattern: str) -> bool:
+    """Whether ``path`` matches ``pattern``, trailing ``/**`` also matching zero segments."""
+    pat = normalize_scope(pattern)
+    variants = [pat]
+    while pat.endswith("/**"):
+        pat = pat[: -len("/**")]
+        variants.append(pat)
+    return any(wglob.globmatch(path, v, flags=FLAGS) for v in variants if v)
+
+
+def _segments(s: str) -> list[str]:
+    return s.split("/") if s else []
+
+
+# --------------------------------------------------------------------------- strategies
+
+TOKENS = ["a", "b", "c", ".", "*", "?", "[ab]", "[!a]", "[a-b]", "[!ab]", "[b.]"]
+
+
+def glob_segment(tokens: list[str], max_tokens: int) -> st.SearchStrategy[str]:
+    plain = st.lists(st.sampled_from(tokens), min_size=1, max_size=max_tokens).map("".join)
+    return st.one_of(st.just("**"), plain, plain)
+
+
+def _usable(pattern: str) -> bool:
+    return bool(pattern) and ".." not in pattern.split("/")
+
+
+def globs(
+    tokens: list[str] = TOKENS, max_segments: int = 4, max_tokens: int = 3
+) -> st.SearchStrategy[str]:
+    """Normalised globs of a few segments built from ``tokens`` (``**`` as a whole segment)."""
+    return (
+        st.lists(glob_segment(tokens, max_tokens), min_size=1, max_size=max_segments)
+        .map(lambda segs: normalize_scope("/".join(segs)))
+        .filter(_usable)
+    )
+
+
+literal_segment = st.text("abc.", min_size=1, max_size=4).filter(lambda s: s not in (".", ".."))
+literal_paths = st.lists(literal_segment, min_size=1, max_size=4).map("/".join)
+
+
+@st.composite
+def path_from_glob(draw: st.DrawFn, pattern: str) -> str:
+    """A concrete path that matches ``pattern`` (each wildcard filled in at random)."""
+    out: list[str] = []
+    for seg in pattern.split("/"):
+        if seg == "**":
+            out.extend(draw(st.lists(literal_segment, max_size=2)))
+            continue
+        chars: list[str] = []
+        i = 0
+        while i < len(seg):
+            c = seg[i]
+            if c == "*":
+                chars.append(draw(st.text("abc.", max_size=2)))
+                i += 1
+            elif c == "?":
+                chars.append(draw(st.sampled_from("abc.")))
+                i += 1
+            elif c == "[":
+                j = seg.index("]", i + 2)
+                body = seg[i + 1 : j]
+                if body.startswith("!"):
+                    pool = [x for x in "abc." if x not in body[1:]]
+                elif "-" in body:
+                    lo, hi = body[0], body[2]
+                    pool = [x for x in "abc." if lo <= x <= hi]
+                else:
+                    pool = list(body)
+                chars.append(draw(st.sampled_from(pool)))
+                i = j + 1
+            else:
+                chars.append(c)
+                i += 1
+        s = "".join(chars) or "c"  # only stars, all empty: any one character fits
+        assume(s not in (".", ".."))  # not a file name
+        out.append(s)
+    assume(out)  # `**` alone may have drawn no segment at all
+    return "/".join(out)
+
+
+@st.composite
+def glob_matching(draw: st.DrawFn, path: str) -> str:
+    """A glob built by generalising ``path``, so that ``path`` matches it."""
+    segs = path.split("/")
+    out: list[str] = []
+    i = 0
+    while i < len(segs):
+        hows = ["keep", "chars", "chars", "star"]
+        if not out or out[-1] != "**":
+            hows.append("globstar")
+        how = draw(st.sampled_from(hows))
+        if how == "globstar":
+            out.append("**")
+            i += draw(st.integers(0, len(segs) - i))
+            continue
+        seg = segs[i]
+        i += 1
+        if how == "keep":
+            out.append(seg)
+            continue
+        if how == "star":
+            out.append("*")
+            continue
+        toks: list[str] = []
+        j = 0
+        while j < len(seg):
+            c = seg[j]
+            kind = draw(st.sampled_from(["lit", "any", "class", "neg", "star", "star_lit"]))
+            if kind == "star":
+                toks.append("*")
+                j += draw(st.integers(1, len(seg) - j))
+                continue
+            if kind == "lit":
+                toks.append(c)
+            elif kind == "star_lit":
+                toks.append("*" + c)
+            elif kind == "any":
+                toks.append("?")
+            elif kind == "class":
+                extra = draw(st.sampled_from(["", "a", "bc", "."]))
+                toks.append("[" + "".join(sorted(set(c + extra))) + "]")
+            else:
+                others = [x for x in "abcxy." if x != c]
+                toks.append("[!" + draw(st.sampled_from(others)) + "]")
+            j += 1
+        out.append("".join(toks))
+    return "/".join(out)
+
+
+# --------------------------------------------------------------------------- properties
+
+
+@settings(max_examples=300, deadline=None)
+@given(globs(), globs())
+def test_overlap_is_symmetric(a: str, b: str) -> None:
+    """Whether two leases' scopes clash does not depend on which one asks."""
+    assert scopes_overlap(a, b) == scopes_overlap(b, a)
+
+
+@settings(max_examples=400, deadline=None)
+@given(globs(), literal_paths)
+def test_glob_overlaps_literal_iff_it_matches(pattern: str, path: str) -> None:
+    """A glob scope clashes with a literal file scope exactly when the file matches the glob."""
+    assert scopes_overlap(pattern, path) == oracle_match(path, pattern), (pattern, path)
+    assert scopes_overlap(path, pattern) == oracle_match(path, pattern), (pattern, path)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), globs())
+def test_path_drawn_from_glob_overlaps_it(data: st.DataObject, pattern: str) -> None:
+    """Any file a glob covers clashes with that glob."""
+    path = data.draw(path_from_glob(pattern))
+    assert oracle_match(path, pattern), (pattern, path)
+    assert scopes_overlap(pattern, path), (pattern, path)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data(), globs())
+def test_common_match_implies_overlap(data: st.DataObject, a: str) -> None:
+    """Two globs that can both match one file always clash (no missed conflict)."""
+    path = data.draw(path_from_glob(a))
+    b = data.draw(glob_matching(path))
+    assert oracle_match(path, a), (a, path)
+    assert oracle_match(path, b), (b, path)
+    assert scopes_overlap(a, b), (a, b, path)
+    assert scopes_overlap(b, a), (a, b, path)
+
+
+@settings(max_examples=300, deadline=None)
+@given(globs(), globs())
+def test_overlap_implies_literal_prefixes_nest(a: str, b: str) -> None:
+    """Overlapping scopes have literal prefixes where one is a segment-prefix of the other."""
+    if not scopes_overlap(a, b):
+        return
+    pa, pb = _segments(literal_prefix(a)), _segments(literal_prefix(b))
+    n = min(len(pa), len(pb))
+    assert pa[:n] == pb[:n], (a, b)
+
+
+# Small globs over letters a, b and "other" c: a common path, if any, has at most two
+# segments of at most two characters, so trying every such path decides overlap exactly.
+SMALL_TOKENS = ["a", "b", "c", "*", "?", "[ab]", "[!a]", "[a-b]", "[!ab]", "[b]"]
+_SMALL_SEGS = ["".join(p) for n in (1, 2) for p in itertools.product("abc", repeat=n)]
+SMALL_PATHS = _SMALL_SEGS + [f"{x}/{y}" for x in _SMALL_SEGS for y in _SMALL_SEGS]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    globs(SMALL_TOKENS, max_segments=2, max_tokens=2),
+    globs(SMALL_TOKENS, max_segments=2, max_tokens=2),
+)
+def test_small_globs_overlap_iff_some_path_matches_both(a: str, b: str) -> None:
+    """Two small globs clash exactly when some file matches both (no false alarm either)."""
+    witness = next((p for p in SMALL_PATHS if oracle_match(p, a) and oracle_match(p, b)), None)
+    assert scopes_overlap(a, b) == (witness is not None), (a, b, witness)
+
+
+# --------------------------------------------------------------------------- examples
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "overlap"),
+    [
+        ("src/**", "src/app/*.py", True),
+        ("src/*.py", "docs/**", False),
+        ("src/*.py", "src/*.md", False),
+        ("src/**", "src", True),
+        ("src/**", "srcx/a.py", False),
+        ("src/app/*.py", "src/app/main.py", True),
+        ("src/app/*.py", "src/app/sub/main.py", False),
+        ("src/**/test_*.py", "src/a/b/test_x.py", True),
+        ("src/**/test_*.py", "src/*/conftest.py", False),
+        ("**/*.py", "docs/*.md", False),
+        ("*", "a/b", False),
+        ("a/*", "a", False),
+        ("./src//app/", "src/app", True),
+        ("src/*.py", "src/*", True),
+        ("src/a*", "src/*b", True),
+        ("src/a?", "src/abc", False),
+    ],
+)
+def test_overlap_examples(a: str, b: str, overlap: bool) -> None:
+    """Documented overlap examples hold in both argument orders."""
+    assert scopes_overlap(a, b) is overlap
+    assert scopes_overlap(b, a) is overlap
+
+
+@pytest.mark.parametrize("other", ["a", "a/b/c", "src/**", "*.py", "[!x]/?", ".hidden/x", "**"])
+def test_globstar_overlaps_everything(other: str) -> None:
+    """A lease on ``**`` clashes with every other scope."""
+    assert scopes_overlap("**", other)
+    assert scopes_overlap(other, "**")
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "overlap"),
+    [
+        ("src/[ab].py", "src/a.py", True),
+        ("src/[ab].py", "src/c.py", False),
+        ("src/[!a].py", "src/a.py", False),
+        ("src/[!a].py", "src/b.py", True),
+        ("src/[^a].py", "src/a.py", False),
+        ("src/[a-c]*", "src/[x-z]*", False),
+        ("src/[a-c]*", "src/[c-e]*", True),
+        ("src/[!a]*", "src/[!b]*", True),
+        ("src/[ab]", "src/[!ab]", False),
+        ("src/[]]", "src/]", True),
+        ("src/[a-]", "src/-", True),
+        ("src/[abc", "src/[abc", True),
+        ("src/[abc", "src/a", False),
+    ],
+)
+def test_character_classes(a: str, b: str, overlap: bool) -> None:
+    """Character classes (ranges, negation, literal ``]``, unterminated ``[``) are honoured."""
+    assert scopes_overlap(a, b) is overlap
+    assert scopes_overlap(b, a) is overlap
+
+
+def test_sets_overlap_any_pair() -> None:
+    """Two leases clash when any scope of one overlaps any scope of the other."""
+    assert sets_overlap(("docs/**", "src/app/*.py"), ("src/**",))
+    assert not sets_overlap(("docs/**", "src/*.md"), ("src/*.py", "tests/**"))
+    assert not sets_overlap((), ("**",))
+
+
+@pytest.mark.parametrize(
+    ("scope", "prefix"),
+    [
+        ("src/app/*.py", "src/app"),
+        ("src/**", "src"),
+        ("**", ""),
+        ("*.py", ""),
+        ("src/app/main.py", "src/app/main.py"),
+        ("./src//app/", "src/app"),
+        ("src/a[bc]/x", "src"),
+        ("src/a?b/c", "src"),
+        ("", ""),
+    ],
+)
+def test_literal_prefix_examples(scope: str, prefix: str) -> None:
+    """The literal prefix is the leading run of segments with no glob characters."""
+    assert literal_prefix(scope) == prefix
+
+
+@pytest.mark.parametrize(
+    ("scope", "normal"),
+    [
+        ("src/", "src"),
+        ("./src/./app//x", "src/app/x"),
+        ("/abs/path", "abs/path"),
+        ("src/**", "src/**"),
+    ],
+)
+def test_normalize_scope_examples(scope: str, normal: str) -> None:
+    """Equivalent spellings of a scope normalise to one form."""
+    assert normalize_scope(scope) == normal

@@ -570,9 +570,11 @@ class Baton:
         s = settings or BatonSettings()
         self.settings = s
         self.caller = Caller(
-            org=_core.validate_id("org", org or s.org),
-            principal=_core.validate_id("principal", principal or s.principal),
-            role=_core.validate_role(role or s.role),
+            org=_core.validate_id("org", s.org if org is None else org),
+            principal=_core.validate_id(
+                "principal", s.principal if principal is None else principal
+            ),
+            role=_core.validate_role(s.role if role is None else role),
         )
         self.store = store or LedgerStore(
             ledger_url or s.ledger_url,

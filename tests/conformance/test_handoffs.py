@@ -1,0 +1,274 @@
+"""Handoffs (DESIGN.md "Handoffs"): inbox, target-only resolve, single resolution, expiry,
+attached checkpoints, and lease transfer on acceptance."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from prefect_baton import (
+    Baton,
+    ForbiddenError,
+    LeaseLostError,
+    NotFoundError,
+    StaleFenceError,
+    ValidationError,
+)
+
+from ._util import kinds
+
+SUBJ = "report-2024"
+RT = "delivery"
+RID = "weekly-report"
+EVIDENCE = [{"kind": "file", "uri": "file:///tmp/report.md"}]
+
+
+def test_create_is_pending_with_fields(baton: Baton) -> None:
+    """A created handoff is pending and keeps recipient, subject, context and message."""
+    h = baton.handoffs.create("agent-b", SUBJ, context_id="ctx-1", message="please review")
+    assert h.handoff_id
+    assert h.status == "pending"
+    assert (h.from_principal, h.to_principal, h.subject_id) == ("agent-a", "agent-b", SUBJ)
+    assert (h.context_id, h.message) == ("ctx-1", "please review")
+    assert h.resolved_at is None
+    assert h.lease_id is None
+
+
+def test_inbox_lists_only_handoffs_addressed_to_caller(baton: Baton) -> None:
+    """The target's inbox lists the handoff; the sender's and a third principal's stay empty."""
+    h = baton.handoffs.create("agent-b", SUBJ)
+    assert [x.handoff_id for x in baton.as_principal("agent-b").handoffs.inbox()] == [h.handoff_id]
+    assert baton.handoffs.inbox() == []
+    assert baton.as_principal("agent-c").handoffs.inbox() == []
+
+
+def test_handoff_to_principal_that_never_acted(baton: Baton) -> None:
+    """A handoff may name a principal that has never acted; it sees and accepts it later."""
+    h = baton.handoffs.create("brand-new-agent", SUBJ)
+    newcomer = baton.as_principal("brand-new-agent")
+    assert [x.handoff_id for x in newcomer.handoffs.inbox()] == [h.handoff_id]
+    assert newcomer.handoffs.resolve(h.handoff_id, "accepted").status == "accepted"
+
+
+def test_handoff_to_self_is_validation_error(baton: Baton) -> None:
+    """A handoff addressed to its own sender is VALIDATION_ERROR and writes nothing."""
+    with pytest.raises(ValidationError):
+        baton.handoffs.create("agent-a", SUBJ)
+    assert kinds(baton) == []
+    assert baton.handoffs.inbox() == []
+
+
+def test_accept(baton: Baton) -> None:
+    """The target accepts: status accepted, note and resolved_at kept, inbox empties."""
+    h = baton.handoffs.create("agent-b", SUBJ)
+    b = baton.as_principal("agent-b")
+    done = b.handoffs.resolve(h.handoff_id, "accepted", note="on it")
+    assert (done.handoff_id, done.status, done.note) == (h.handoff_id, "accepted", "on it")
+    assert done.resolved_at is not None
+    assert b.handoffs.inbox() == []
+    assert baton.handoffs.get(h.handoff_id).status == "accepted"
+
+
+def test_reject(baton: Baton) -> None:
+    """The target rejects: status rejected, and the sender sees it rejected."""
+    h = baton.handoffs.create("agent-b", SUBJ)
+    b = baton.as_principal("agent-b")
+    done = b.handoffs.resolve(h.handoff_id, "rejected", note="not mine")
+    assert done.status == "rejected"
+    assert b.handoffs.inbox() == []
+    assert baton.handoffs.get(h.handoff_id).status == "rejected"
+
+
+@pytest.mark.parametrize("who", ["agent-a", "agent-c"])
+def test_only_target_may_resolve(baton: Baton, who: str) -> None:
+    """The sender or a third principal resolving is FORBIDDEN and the handoff stays pending."""
+    h = baton.handoffs.create("agent-b", SUBJ)
+    other = baton.as_principal(who)
+    for status in ("accepted", "rejected"):
+        with pytest.raises(ForbiddenError) as ei:
+            other.handoffs.resolve(h.handoff_id, status)
+        assert ei.value.code == "FORBIDDEN"
+    assert baton.handoffs.get(h.handoff_id).status == "pending"
+    assert [x.handoff_id for x in baton.as_principal("agent-b").handoffs.inbox()] == [h.handoff_id]
+
+
+@pytest.mark.parametrize("status", ["done", "ACCEPTED", "pending", "expired", "", None])
+def test_unknown_status_is_validation_error(baton: Baton, status: object) -> None:
+    """Resolving to anything but accepted/rejected is VALIDATION_ERROR and changes nothing."""
+    h = baton.handoffs.create("agent-b", SUBJ)
+    events = kinds(baton)
+    with pytest.raises(ValidationError):
+        baton.as_principal("agent-b").handoffs.resolve(h.handoff_id, status)  # type: ignore[arg-type]
+    assert baton.handoffs.get(h.handoff_id).status == "pending"
+    assert kinds(baton) == events
+
+
+@pytest.mark.parametrize(("first", "second"), [("accepted", "rejected"), ("accepted", "accepted")])
+def test_second_resolve_is_not_found(baton: Baton, first: str, second: str) -> None:
+    """Resolution matches only pending handoffs: a second resolve is NOT_FOUND and flips nothing."""
+    h = baton.handoffs.create("agent-b", SUBJ)
+    b = baton.as_principal("agent-b")
+    b.handoffs.resolve(h.handoff_id, first)
+    with pytest.raises(NotFoundError):
+        b.handoffs.resolve(h.handoff_id, second)
+    assert baton.handoffs.get(h.handoff_id).status == first
+
+
+def test_resolve_unknown_is_not_found(baton: Baton) -> None:
+    """Resolving an unknown handoff id is NOT_FOUND."""
+    with pytest.raises(NotFoundError):
+        baton.handoffs.resolve("hoff_" + "0" * 32, "accepted")
+
+
+def test_get_limited_to_sender_and_recipient(baton: Baton) -> None:
+    """A handoff is readable by its sender and recipient; another agent gets NOT_FOUND."""
+    h = baton.handoffs.create("agent-b", SUBJ)
+    assert baton.as_principal("agent-b").handoffs.get(h.handoff_id).handoff_id == h.handoff_id
+    with pytest.raises(NotFoundError):
+        baton.as_principal("agent-c").handoffs.get(h.handoff_id)
+
+
+def test_expired_handoff_cannot_be_resolved(baton: Baton) -> None:
+    """A pending handoff past its expiry reads expired, leaves the inbox and cannot be resolved."""
+    h = baton.handoffs.create("agent-b", SUBJ, expires_in_seconds=1)
+    assert h.expires_at is not None
+    b = baton.as_principal("agent-b")
+    time.sleep(1.3)
+    deadline = time.monotonic() + 10
+    while baton.handoffs.get(h.handoff_id).status != "expired":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert b.handoffs.inbox() == []
+    with pytest.raises(NotFoundError):
+        b.handoffs.resolve(h.handoff_id, "accepted")
+
+
+# ------------------------------------------------------------------------------- checkpoints
+
+
+def test_recipient_reads_attached_checkpoint(baton: Baton) -> None:
+    """The recipient can read the attached checkpoint by id; a third principal cannot."""
+    ck = baton.checkpoints.save(SUBJ, "draft", {"sections": 3})
+    h = baton.handoffs.create("agent-b", SUBJ, checkpoint_id=ck.checkpoint_id)
+    assert h.checkpoint_id == ck.checkpoint_id
+    got = baton.as_principal("agent-b").checkpoints.get_by_id(ck.checkpoint_id)
+    assert (got.state, got.principal) == ({"sections": 3}, "agent-a")
+    with pytest.raises(NotFoundError):
+        baton.as_principal("agent-c").checkpoints.get_by_id(ck.checkpoint_id)
+
+
+def test_unknown_checkpoint_is_not_found(baton: Baton) -> None:
+    """Attaching an unknown checkpoint id is NOT_FOUND and creates nothing."""
+    with pytest.raises(NotFoundError):
+        baton.handoffs.create("agent-b", SUBJ, checkpoint_id="ckpt_" + "0" * 32)
+    assert baton.as_principal("agent-b").handoffs.inbox() == []
+    assert kinds(baton) == []
+
+
+# ------------------------------------------------------------------------------- leases
+
+
+def test_accept_transfers_lease(baton: Baton) -> None:
+    """Accepting a handoff carrying a lease makes the recipient the holder with epoch +1."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=60, scopes=["out/**"], idempotency_key="w1")
+    h = baton.handoffs.create("agent-b", SUBJ, lease=lease)
+    assert h.lease_id == lease.lease_id
+    b = baton.as_principal("agent-b")
+    done = b.handoffs.resolve(h.handoff_id, "accepted")
+    assert done.status == "accepted"
+    moved = done.lease
+    assert moved is not None
+    assert moved.owner == "agent-b"
+    assert moved.lease_id != lease.lease_id
+    assert moved.epoch == lease.epoch + 1
+    assert moved.execution_key not in (None, "w1")
+    assert moved.scopes == ("out/**",)
+    info = b.leases.inspect(RT, RID)
+    assert info.lease is not None
+    assert info.lease.lease_id == moved.lease_id
+    assert b.leases.renew(moved).version == moved.version + 1
+
+
+def test_accept_with_execution_key_and_ttl(baton: Baton) -> None:
+    """The recipient may name its execution key and TTL when accepting a lease."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=60, idempotency_key="w1")
+    h = baton.handoffs.create("agent-b", SUBJ, lease=lease)
+    done = baton.as_principal("agent-b").handoffs.resolve(
+        h.handoff_id, "accepted", execution_key="op-run-7", ttl_seconds=120
+    )
+    assert done.lease is not None
+    assert (done.lease.execution_key, done.lease.ttl_seconds) == ("op-run-7", 120)
+
+
+def test_accept_fences_out_old_holder(baton: Baton) -> None:
+    """After acceptance the old holder cannot renew, release, or write fenced checkpoints/outcomes."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=60, idempotency_key="w1")
+    h = baton.handoffs.create("agent-b", SUBJ, lease=lease)
+    b = baton.as_principal("agent-b")
+    moved = b.handoffs.resolve(h.handoff_id, "accepted").lease
+    assert moved is not None
+    with pytest.raises(LeaseLostError):
+        baton.leases.renew(lease)
+    with pytest.raises(LeaseLostError):
+        baton.leases.release(lease)
+    with pytest.raises(StaleFenceError):
+        baton.checkpoints.save(SUBJ, "draft", {"late": True}, fence=lease)
+    with pytest.raises(StaleFenceError):
+        baton.outcomes.record(SUBJ, "succeeded", evidence=EVIDENCE, fence=lease)
+    assert baton.checkpoints.get(SUBJ, "draft") is None
+    assert baton.outcomes.list(SUBJ) == []
+    assert b.checkpoints.save(SUBJ, "delivery", {"ok": True}, fence=moved).version == 1
+    out = b.outcomes.record(SUBJ, "succeeded", evidence=EVIDENCE, fence=moved)
+    assert out.fence_epoch == moved.epoch
+
+
+def test_reject_keeps_lease_with_sender(baton: Baton) -> None:
+    """Rejecting a handoff that carries a lease leaves the lease with the sender."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=60, idempotency_key="w1")
+    h = baton.handoffs.create("agent-b", SUBJ, lease=lease)
+    done = baton.as_principal("agent-b").handoffs.resolve(h.handoff_id, "rejected")
+    assert done.lease is None
+    info = baton.leases.inspect(RT, RID)
+    assert info.lease is not None
+    assert (info.lease.lease_id, info.epoch) == (lease.lease_id, lease.epoch)
+    assert baton.leases.renew(lease).lease_id == lease.lease_id
+
+
+def test_accept_after_sender_lost_lease(baton: Baton) -> None:
+    """If the sender no longer holds the lease, accepting is LEASE_LOST and the handoff stays
+    pending (it can still be rejected)."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=60, idempotency_key="w1")
+    h = baton.handoffs.create("agent-b", SUBJ, lease=lease)
+    baton.leases.release(lease)
+    b = baton.as_principal("agent-b")
+    with pytest.raises(LeaseLostError):
+        b.handoffs.resolve(h.handoff_id, "accepted")
+    assert baton.handoffs.get(h.handoff_id).status == "pending"
+    assert not b.leases.inspect(RT, RID).held
+    assert b.handoffs.resolve(h.handoff_id, "rejected").status == "rejected"
+
+
+def test_create_with_lease_not_held(baton: Baton) -> None:
+    """A handoff cannot carry a lease the sender does not hold (released or someone else's)."""
+    mine = baton.leases.acquire(RT, RID, ttl_seconds=60)
+    baton.leases.release(mine)
+    with pytest.raises(LeaseLostError):
+        baton.handoffs.create("agent-b", SUBJ, lease=mine)
+    theirs = baton.as_principal("agent-c").leases.acquire(RT, "other", ttl_seconds=60)
+    with pytest.raises(NotFoundError):
+        baton.handoffs.create("agent-b", SUBJ, lease=theirs)
+    assert baton.as_principal("agent-b").handoffs.inbox() == []
+
+
+def test_accept_with_lease_is_atomic_in_events(baton: Baton) -> None:
+    """Accepting a lease handoff appends lease.transferred then handoff.accepted."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=60, idempotency_key="w1")
+    h = baton.handoffs.create("agent-b", SUBJ, lease=lease)
+    baton.as_principal("agent-b").handoffs.resolve(h.handoff_id, "accepted")
+    assert kinds(baton) == [
+        "lease.acquired",
+        "handoff.created",
+        "lease.transferred",
+        "handoff.accepted",
+    ]

@@ -1,0 +1,242 @@
+"""Idempotency keys and receipts (DESIGN.md "Idempotency and receipts")."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from prefect_baton import (
+    Baton,
+    BatonError,
+    ConflictError,
+    IdempotencyMismatchError,
+    LeaseLostError,
+    ValidationError,
+)
+
+from ._util import kinds
+
+RT = "deploy"
+RID = "checkout-service"
+EVIDENCE = [{"kind": "file", "uri": "file:///tmp/report.md", "digest": "sha256:00"}]
+
+
+# ------------------------------------------------------------------------------- acquire
+
+
+def test_exact_retry_replays_acquire(baton: Baton) -> None:
+    """An exact retry of a keyed acquire replays it: same lease, replayed=True, no new event."""
+    first = baton.leases.acquire(RT, RID, ttl_seconds=30, purpose="p", idempotency_key="run-1")
+    assert not first.replayed
+    events = kinds(baton)
+    again = baton.leases.acquire(RT, RID, ttl_seconds=30, purpose="p", idempotency_key="run-1")
+    assert again.replayed
+    assert (again.lease_id, again.epoch, again.execution_key) == (
+        first.lease_id,
+        first.epoch,
+        "run-1",
+    )
+    assert kinds(baton) == events
+    assert events.count("lease.acquired") == 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"ttl_seconds": 60},
+        {"purpose": "something else"},
+        {"scopes": ["docs/**"]},
+        {"expected_version": 0},
+    ],
+    ids=["ttl", "purpose", "scopes", "expected_version"],
+)
+def test_changed_request_is_mismatch(baton: Baton, change: dict[str, Any]) -> None:
+    """Reusing an execution key for a different acquire is IDEMPOTENCY_MISMATCH, nothing written."""
+    request: dict[str, Any] = {"ttl_seconds": 30, "purpose": "p", "scopes": ["src/**"]}
+    first = baton.leases.acquire(RT, RID, idempotency_key="run-1", **request)
+    events = kinds(baton)
+    with pytest.raises(IdempotencyMismatchError) as ei:
+        baton.leases.acquire(RT, RID, idempotency_key="run-1", **{**request, **change})
+    assert ei.value.code == "IDEMPOTENCY_MISMATCH"
+    assert kinds(baton) == events
+    info = baton.leases.inspect(RT, RID)
+    assert info.lease is not None
+    assert (info.lease.lease_id, info.version) == (first.lease_id, first.version)
+
+
+def test_mismatch_after_release_writes_nothing(baton: Baton) -> None:
+    """A changed request under a used key is a mismatch even after release, and acquires nothing."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="run-1")
+    baton.leases.release(lease)
+    events = kinds(baton)
+    with pytest.raises(IdempotencyMismatchError):
+        baton.leases.acquire(RT, RID, ttl_seconds=45, idempotency_key="run-1")
+    assert kinds(baton) == events
+    assert not baton.leases.inspect(RT, RID).held
+
+
+def test_replay_does_not_revive_released_lease(baton: Baton) -> None:
+    """A replayed acquire whose lease was since released is LEASE_LOST and acquires nothing."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="run-1")
+    baton.leases.release(lease)
+    events = kinds(baton)
+    with pytest.raises(LeaseLostError) as ei:
+        baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="run-1")
+    assert ei.value.code == "LEASE_LOST"
+    assert kinds(baton) == events
+    assert not baton.leases.inspect(RT, RID).held
+
+
+def test_replay_does_not_revive_transferred_lease(baton: Baton) -> None:
+    """A replayed acquire whose lease was since transferred is LEASE_LOST; the receiver keeps it."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="run-1")
+    moved = baton.leases.transfer(
+        lease, to_principal="agent-b", new_execution_key="run-2", ttl_seconds=30
+    )
+    with pytest.raises(LeaseLostError):
+        baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="run-1")
+    info = baton.as_principal("agent-b").leases.inspect(RT, RID)
+    assert info.lease is not None
+    assert info.lease.lease_id == moved.lease_id
+
+
+def test_replay_does_not_revive_revoked_lease(baton: Baton) -> None:
+    """A replayed acquire whose lease was force-released is LEASE_LOST."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="run-1")
+    baton.as_principal("boss", role="admin").leases.force_release(lease.lease_id)
+    with pytest.raises(LeaseLostError):
+        baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="run-1")
+    assert not baton.leases.inspect(RT, RID).held
+
+
+def test_key_identity_includes_principal(baton: Baton) -> None:
+    """Another principal using the holder's key is a different identity: CONFLICT, not a replay."""
+    baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="run-1")
+    with pytest.raises(ConflictError):
+        baton.as_principal("agent-b").leases.acquire(
+            RT, RID, ttl_seconds=30, idempotency_key="run-1"
+        )
+
+
+def test_key_identity_includes_resource(baton: Baton) -> None:
+    """The same execution key on another resource is a separate acquire, not a replay."""
+    first = baton.leases.acquire(RT, "svc-1", ttl_seconds=30, idempotency_key="run-1")
+    second = baton.leases.acquire(RT, "svc-2", ttl_seconds=30, idempotency_key="run-1")
+    assert not second.replayed
+    assert second.lease_id != first.lease_id
+    assert (second.resource_id, second.epoch) == ("svc-2", 1)
+
+
+def test_failed_validation_stores_no_receipt(baton: Baton) -> None:
+    """A keyed request that failed validation stores nothing: a corrected request then runs."""
+    with pytest.raises(ValidationError):
+        baton.leases.acquire(RT, RID, ttl_seconds=5, idempotency_key="run-1")
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="run-1")
+    assert not lease.replayed
+    assert lease.version == 1
+
+
+def test_refused_acquire_stores_no_receipt(baton: Baton) -> None:
+    """A keyed acquire refused with CONFLICT stores nothing: the same request later acquires."""
+    held = baton.leases.acquire(RT, RID, ttl_seconds=30)
+    b = baton.as_principal("agent-b")
+    with pytest.raises(ConflictError):
+        b.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="run-b")
+    baton.leases.release(held)
+    lease = b.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="run-b")
+    assert not lease.replayed
+    assert lease.owner == "agent-b"
+
+
+def test_concurrent_duplicates_run_once(baton: Baton) -> None:
+    """Eight concurrent copies of one keyed acquire yield one lease and one acquired event."""
+    n = 8
+    barrier = threading.Barrier(n)
+    results: list[Any] = [None] * n
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="run-1")
+        except BatonError as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    errors = [r for r in results if isinstance(r, BatonError)]
+    # A duplicate may be refused while the first is in flight, but never run twice.
+    assert all(e.code == "IDEMPOTENCY_IN_FLIGHT" for e in errors), errors
+    leases = [r for r in results if not isinstance(r, BatonError)]
+    assert leases
+    assert len({lease.lease_id for lease in leases}) == 1
+    assert sum(not lease.replayed for lease in leases) <= 1
+    assert kinds(baton) == ["lease.acquired"]
+
+
+def test_same_key_for_different_operations(baton: Baton) -> None:
+    """An idempotency key's identity includes the operation: one key serves several operations."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="k")
+    ck = baton.checkpoints.save("subj", "progress", {"n": 1}, idempotency_key="k")
+    out = baton.outcomes.record("subj", "succeeded", evidence=EVIDENCE, idempotency_key="k")
+    assert not (lease.replayed or ck.replayed or out.replayed)
+
+
+def test_prune_keeps_fresh_receipts(baton: Baton) -> None:
+    """Pruning removes only receipts past retention: a fresh receipt still replays."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="run-1")
+    pruned = baton.prune_receipts()
+    assert isinstance(pruned, int)
+    assert pruned >= 0
+    again = baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="run-1")
+    assert again.replayed
+    assert again.lease_id == lease.lease_id
+
+
+# ------------------------------------------------------------------------------- other writes
+
+
+def test_checkpoint_save_replay_and_mismatch(baton: Baton) -> None:
+    """A keyed checkpoint save replays exactly once; a changed state under the key is a mismatch."""
+    first = baton.checkpoints.save("subj", "progress", {"n": 1}, idempotency_key="save-1")
+    again = baton.checkpoints.save("subj", "progress", {"n": 1}, idempotency_key="save-1")
+    assert again.replayed
+    assert (again.checkpoint_id, again.version) == (first.checkpoint_id, 1)
+    assert len(baton.checkpoints.history("subj", "progress")) == 1
+    assert kinds(baton) == ["checkpoint.saved"]
+    with pytest.raises(IdempotencyMismatchError):
+        baton.checkpoints.save("subj", "progress", {"n": 2}, idempotency_key="save-1")
+    current = baton.checkpoints.get("subj", "progress")
+    assert current is not None
+    assert (current.version, current.state) == (1, {"n": 1})
+
+
+def test_handoff_create_replay_and_mismatch(baton: Baton) -> None:
+    """A keyed handoff create replays (one handoff); a changed message under the key is a mismatch."""
+    first = baton.handoffs.create("agent-b", "subj", message="over to you", idempotency_key="h-1")
+    again = baton.handoffs.create("agent-b", "subj", message="over to you", idempotency_key="h-1")
+    assert again.replayed
+    assert again.handoff_id == first.handoff_id
+    with pytest.raises(IdempotencyMismatchError):
+        baton.handoffs.create("agent-b", "subj", message="changed", idempotency_key="h-1")
+    inbox = baton.as_principal("agent-b").handoffs.inbox()
+    assert [h.handoff_id for h in inbox] == [first.handoff_id]
+    assert kinds(baton) == ["handoff.created"]
+
+
+def test_outcome_record_replay_and_mismatch(baton: Baton) -> None:
+    """A keyed outcome record replays (one outcome); changed evidence under the key is a mismatch."""
+    first = baton.outcomes.record("subj", "succeeded", evidence=EVIDENCE, idempotency_key="o-1")
+    again = baton.outcomes.record("subj", "succeeded", evidence=EVIDENCE, idempotency_key="o-1")
+    assert again.replayed
+    assert again.outcome_id == first.outcome_id
+    with pytest.raises(IdempotencyMismatchError):
+        baton.outcomes.record(
+            "subj", "succeeded", evidence=[{"kind": "file", "uri": "other"}], idempotency_key="o-1"
+        )
+    assert [o.outcome_id for o in baton.outcomes.list("subj")] == [first.outcome_id]
+    assert kinds(baton) == ["outcome.recorded"]

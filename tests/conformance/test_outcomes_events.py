@@ -1,0 +1,300 @@
+"""Outcomes with evidence (DESIGN.md "Outcomes") and the event stream ("Events")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from prefect_baton import (
+    Baton,
+    ConflictError,
+    Evidence,
+    ForbiddenError,
+    NotFoundError,
+    StaleFenceError,
+    ValidationError,
+    VersionConflictError,
+)
+
+from ._util import kinds
+
+SUBJ = "file:src/app/main.py"
+EVIDENCE = [
+    {"kind": "file", "uri": "file:///src/app/main.py", "digest": "sha256:" + "a" * 64, "note": "x"},
+    {"kind": "log", "uri": "s3://bucket/run-7.log"},
+]
+
+
+# ------------------------------------------------------------------------------- outcomes
+
+
+def test_record_outcome_with_evidence(baton: Baton) -> None:
+    """A recorded outcome keeps its status, principal and every evidence item."""
+    out = baton.outcomes.record(SUBJ, "succeeded", evidence=EVIDENCE)
+    assert out.outcome_id
+    assert (out.subject_id, out.status, out.principal) == (SUBJ, "succeeded", "agent-a")
+    assert out.recorded_at.tzinfo is not None
+    assert [e.model_dump(exclude_none=True) for e in out.evidence] == EVIDENCE
+    listed = baton.outcomes.list(SUBJ)
+    assert [o.outcome_id for o in listed] == [out.outcome_id]
+    assert listed[0].evidence == out.evidence
+
+
+def test_evidence_models_accepted(baton: Baton) -> None:
+    """Evidence may be given as Evidence models as well as dicts."""
+    out = baton.outcomes.record(SUBJ, "failed", evidence=[Evidence(kind="log", uri="u://1")])
+    assert out.evidence == (Evidence(kind="log", uri="u://1"),)
+
+
+def test_list_by_subject(baton: Baton) -> None:
+    """Listing by subject returns only that subject's outcomes; without a subject, all."""
+    a = baton.outcomes.record("subj-a", "succeeded", evidence=EVIDENCE)
+    b = baton.as_principal("agent-b").outcomes.record("subj-b", "failed", evidence=[])
+    c = baton.outcomes.record("subj-a", "cancelled", evidence=[])
+    assert {o.outcome_id for o in baton.outcomes.list("subj-a")} == {a.outcome_id, c.outcome_id}
+    assert [o.outcome_id for o in baton.outcomes.list("subj-b")] == [b.outcome_id]
+    assert {o.outcome_id for o in baton.outcomes.list()} == {a.outcome_id, b.outcome_id, c.outcome_id}
+    assert baton.outcomes.list("subj-none") == []
+
+
+@pytest.mark.parametrize("status", ["failed", "cancelled"])
+def test_non_success_without_evidence(baton: Baton, status: str) -> None:
+    """A failed or cancelled outcome may carry no evidence."""
+    assert baton.outcomes.record(SUBJ, status, evidence=[]).evidence == ()
+
+
+def test_success_needs_evidence(baton: Baton) -> None:
+    """A succeeded outcome without evidence is VALIDATION_ERROR."""
+    with pytest.raises(ValidationError):
+        baton.outcomes.record(SUBJ, "succeeded", evidence=[])
+    assert baton.outcomes.list(SUBJ) == []
+
+
+@pytest.mark.parametrize("status", ["done", "SUCCEEDED", "", None, 1])
+def test_bad_status(baton: Baton, status: object) -> None:
+    """An outcome status other than succeeded/failed/cancelled is VALIDATION_ERROR."""
+    with pytest.raises(ValidationError):
+        baton.outcomes.record(SUBJ, status, evidence=EVIDENCE)  # type: ignore[arg-type]
+    assert baton.outcomes.list(SUBJ) == []
+    assert kinds(baton) == []
+
+
+@pytest.mark.parametrize(
+    "evidence",
+    [
+        {"kind": "file", "uri": "u"},
+        "file:///x",
+        None,
+        [{"kind": "file"}],
+        [{"uri": "u"}],
+        [{"kind": "", "uri": "u"}],
+        [{"kind": "file", "uri": ""}],
+        [{"kind": "file", "uri": "u", "secret": 1}],
+        ["file:///x"],
+        [42],
+        [{"kind": "f", "uri": "u"}] * 1001,
+    ],
+    ids=[
+        "dict",
+        "str",
+        "none",
+        "no-uri",
+        "no-kind",
+        "empty-kind",
+        "empty-uri",
+        "extra-field",
+        "str-item",
+        "int-item",
+        "too-many",
+    ],
+)
+def test_bad_evidence(baton: Baton, evidence: Any) -> None:
+    """Malformed evidence is VALIDATION_ERROR and records nothing."""
+    with pytest.raises(ValidationError):
+        baton.outcomes.record(SUBJ, "failed", evidence=evidence)
+    assert baton.outcomes.list(SUBJ) == []
+    assert kinds(baton) == []
+
+
+def test_outcome_links_trace_back(baton: Baton) -> None:
+    """An outcome links to its lease, handoff and checkpoint, which a reviewer can follow."""
+    lease = baton.leases.acquire("file", "main.py", ttl_seconds=30)
+    ck = baton.checkpoints.save(SUBJ, "analysis", {"lines": 120})
+    h = baton.handoffs.create("reviewer", SUBJ, checkpoint_id=ck.checkpoint_id)
+    out = baton.outcomes.record(
+        SUBJ,
+        "succeeded",
+        evidence=EVIDENCE,
+        lease_id=lease.lease_id,
+        handoff_id=h.handoff_id,
+        checkpoint_id=ck.checkpoint_id,
+    )
+    reviewer = baton.as_principal("reviewer")
+    seen = reviewer.outcomes.list(SUBJ)[0]
+    assert (seen.lease_id, seen.handoff_id, seen.checkpoint_id) == (
+        lease.lease_id,
+        h.handoff_id,
+        ck.checkpoint_id,
+    )
+    assert seen.outcome_id == out.outcome_id
+    assert reviewer.checkpoints.get_by_id(seen.checkpoint_id).state == {"lines": 120}
+    assert reviewer.handoffs.get(seen.handoff_id).checkpoint_id == ck.checkpoint_id
+
+
+@pytest.mark.parametrize("link", ["lease_id", "handoff_id", "checkpoint_id"])
+def test_unknown_link_is_not_found(baton: Baton, link: str) -> None:
+    """An outcome linking to an unknown lease, handoff or checkpoint is NOT_FOUND, nothing recorded."""
+    with pytest.raises(NotFoundError):
+        baton.outcomes.record(SUBJ, "failed", evidence=[], **{link: "x_" + "0" * 32})
+    assert baton.outcomes.list(SUBJ) == []
+
+
+def test_fenced_outcome(baton: Baton) -> None:
+    """An outcome fenced by the current lease records the fence's lease and epoch."""
+    lease = baton.leases.acquire("file", "main.py", ttl_seconds=30)
+    out = baton.outcomes.record(SUBJ, "succeeded", evidence=EVIDENCE, fence=lease)
+    assert out.fence_epoch == lease.epoch
+    assert out.lease_id == lease.lease_id
+
+
+def test_fenced_outcome_after_takeover_is_stale(baton: Baton) -> None:
+    """An outcome fenced by a lease someone else has since taken over is STALE_FENCE."""
+    lease = baton.leases.acquire("file", "main.py", ttl_seconds=30)
+    baton.as_principal("boss", role="owner").leases.force_release(lease.lease_id)
+    baton.as_principal("agent-b").leases.acquire("file", "main.py", ttl_seconds=30)
+    events = kinds(baton)
+    with pytest.raises(StaleFenceError):
+        baton.outcomes.record(SUBJ, "succeeded", evidence=EVIDENCE, fence=lease)
+    assert baton.outcomes.list(SUBJ) == []
+    assert kinds(baton) == events
+
+
+# ------------------------------------------------------------------------------- events
+
+
+def test_lease_transitions_append_events_in_order(baton: Baton) -> None:
+    """Acquire, renew, transfer and release append their events in order with rising seq."""
+    lease = baton.leases.acquire("deploy", "svc", ttl_seconds=30, idempotency_key="r1")
+    renewed = baton.leases.renew(lease)
+    moved = baton.leases.transfer(
+        renewed, to_principal="agent-b", new_execution_key="r2", ttl_seconds=30
+    )
+    baton.as_principal("agent-b").leases.release(moved)
+    events = baton.events.list()
+    assert [e.kind for e in events] == [
+        "lease.acquired",
+        "lease.renewed",
+        "lease.transferred",
+        "lease.released",
+    ]
+    seqs = [e.seq for e in events]
+    assert seqs == sorted(set(seqs))
+    assert len({e.event_id for e in events}) == 4
+    assert [e.principal for e in events] == ["agent-a", "agent-a", "agent-a", "agent-b"]
+    assert events[0].payload["lease_id"] == lease.lease_id
+    assert events[0].payload["epoch"] == lease.epoch
+    assert events[1].payload["version"] == renewed.version
+    assert events[2].payload["lease_id"] == moved.lease_id
+    assert events[2].payload["epoch"] == moved.epoch
+    assert events[3].payload["lease_id"] == moved.lease_id
+    assert all(e.occurred_at.tzinfo is not None for e in events)
+
+
+def test_supersede_appends_acquired(baton: Baton) -> None:
+    """A re-acquire by the holder appends one lease.acquired for the new generation."""
+    first = baton.leases.acquire("deploy", "svc", ttl_seconds=30)
+    second = baton.leases.acquire("deploy", "svc", ttl_seconds=30)
+    events = baton.events.list()
+    assert [e.kind for e in events] == ["lease.acquired", "lease.acquired"]
+    assert [e.payload["lease_id"] for e in events] == [first.lease_id, second.lease_id]
+
+
+def test_other_transitions_append_events(baton: Baton) -> None:
+    """Checkpoint, handoff and outcome writes append their documented events in order."""
+    ck = baton.checkpoints.save(SUBJ, "progress", {"n": 1})
+    h1 = baton.handoffs.create("agent-b", SUBJ, checkpoint_id=ck.checkpoint_id)
+    h2 = baton.handoffs.create("agent-b", "other")
+    b = baton.as_principal("agent-b")
+    b.handoffs.resolve(h1.handoff_id, "accepted")
+    b.handoffs.resolve(h2.handoff_id, "rejected")
+    b.outcomes.record(SUBJ, "succeeded", evidence=EVIDENCE)
+    events = baton.events.list()
+    assert [e.kind for e in events] == [
+        "checkpoint.saved",
+        "handoff.created",
+        "handoff.created",
+        "handoff.accepted",
+        "handoff.rejected",
+        "outcome.recorded",
+    ]
+    assert events[0].payload["checkpoint_id"] == ck.checkpoint_id
+    assert events[1].payload["handoff_id"] == h1.handoff_id
+    assert events[3].payload["handoff_id"] == h1.handoff_id
+    assert events[4].payload["handoff_id"] == h2.handoff_id
+    assert [e.subject for e in events][-1] == SUBJ
+
+
+def test_force_release_event_names_who_forced(baton: Baton) -> None:
+    """A force release appends lease.released recording who forced it."""
+    lease = baton.leases.acquire("deploy", "svc", ttl_seconds=30)
+    baton.as_principal("boss", role="admin").leases.force_release(lease.lease_id)
+    last = baton.events.list()[-1]
+    assert last.kind == "lease.released"
+    assert last.principal == "boss"
+    assert last.payload["forced_by"] == "boss"
+
+
+def test_refused_operations_append_nothing(baton: Baton) -> None:
+    """Refused operations (conflict, version conflict, forbidden) append no event."""
+    lease = baton.leases.acquire("deploy", "svc", ttl_seconds=30)
+    before = kinds(baton)
+    b = baton.as_principal("agent-b")
+    with pytest.raises(ConflictError):
+        b.leases.acquire("deploy", "svc", ttl_seconds=30)
+    with pytest.raises(VersionConflictError):
+        baton.leases.renew(lease, expected_version=99)
+    with pytest.raises(ForbiddenError):
+        b.leases.force_release(lease.lease_id)
+    with pytest.raises(NotFoundError):
+        b.leases.release_by_id(lease.lease_id)
+    assert kinds(baton) == before
+
+
+def test_paging(baton: Baton) -> None:
+    """Pages by after_seq and limit cover the stream exactly once, in order."""
+    for i in range(7):
+        baton.checkpoints.save(SUBJ, "progress", {"n": i})
+    everything = baton.events.list()
+    assert len(everything) == 7
+    pages: list[int] = []
+    after = 0
+    while True:
+        page = baton.events.list(after_seq=after, limit=3)
+        assert len(page) <= 3
+        if not page:
+            break
+        assert all(e.seq > after for e in page)
+        pages.extend(e.seq for e in page)
+        after = page[-1].seq
+    assert pages == [e.seq for e in everything]
+    assert [e.payload["version"] for e in everything] == list(range(1, 8))
+    assert baton.events.list(after_seq=everything[-1].seq) == []
+
+
+def test_filter_by_kind(baton: Baton) -> None:
+    """Events can be filtered by kind."""
+    lease = baton.leases.acquire("deploy", "svc", ttl_seconds=30)
+    baton.leases.renew(lease)
+    baton.leases.renew(lease)
+    baton.checkpoints.save(SUBJ, "progress", {"n": 1})
+    assert [e.kind for e in baton.events.list(kind="lease.renewed")] == ["lease.renewed"] * 2
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"after_seq": -1}, {"limit": 0}, {"limit": 1001}, {"after_seq": "1"}]
+)
+def test_bad_paging_arguments(baton: Baton, kwargs: dict[str, Any]) -> None:
+    """A negative after_seq or a limit outside 1..1000 is VALIDATION_ERROR."""
+    with pytest.raises(ValidationError):
+        baton.events.list(**kwargs)

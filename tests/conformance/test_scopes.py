@@ -1,0 +1,113 @@
+"""Write scopes (DESIGN.md "Leases"): overlapping globs on other principals' effective leases
+conflict; the same principal, disjoint globs and unscoped leases do not."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefect_baton import Baton, ConflictError, ValidationError
+
+from ._util import kinds
+
+RT = "task"
+
+
+@pytest.mark.parametrize(
+    ("held", "wanted"),
+    [
+        (["src/**"], ["src/app/*.py"]),
+        (["src/app/*.py"], ["src/**"]),
+        (["src/**"], ["**"]),
+        (["src/*/main.py"], ["src/app/*"]),
+        (["src/app/[a-m]*.py"], ["src/app/b?.py"]),
+        (["docs/**", "src/lib/**"], ["src/**/util.py"]),
+    ],
+)
+def test_overlapping_scopes_conflict_across_principals(
+    baton: Baton, held: list[str], wanted: list[str]
+) -> None:
+    """Another principal's acquire with a scope overlapping an effective lease's scope conflicts."""
+    lease = baton.leases.acquire(RT, "t1", ttl_seconds=30, scopes=held)
+    b = baton.as_principal("agent-b")
+    events = kinds(baton)
+    with pytest.raises(ConflictError) as ei:
+        b.leases.acquire(RT, "t2", ttl_seconds=30, scopes=wanted)
+    err = ei.value
+    assert err.expires_at is not None
+    assert abs((err.expires_at - lease.expires_at).total_seconds()) <= 0.001
+    text = f"{err} {err.to_dict()!r}"
+    assert "agent-a" not in text
+    for scope in held:
+        assert scope not in text
+    assert not b.leases.inspect(RT, "t2").held
+    assert kinds(baton) == events
+
+
+@pytest.mark.parametrize(
+    ("held", "wanted"),
+    [
+        (["src/**"], ["docs/**"]),
+        (["src/*.py"], ["src/app/*.py"]),
+        (["src/*.py"], ["src/*.md"]),
+        (["src/app/[a-m]*.py"], ["src/app/[n-z]*.py"]),
+        (["src/app"], ["src/application/**"]),
+    ],
+)
+def test_disjoint_scopes_do_not_conflict(baton: Baton, held: list[str], wanted: list[str]) -> None:
+    """Scopes that no single path can match both never conflict."""
+    baton.leases.acquire(RT, "t1", ttl_seconds=30, scopes=held)
+    lease = baton.as_principal("agent-b").leases.acquire(RT, "t2", ttl_seconds=30, scopes=wanted)
+    assert lease.owner == "agent-b"
+
+
+def test_overlapping_scopes_same_principal_allowed(baton: Baton) -> None:
+    """The same principal may hold overlapping scopes on different resources."""
+    baton.leases.acquire(RT, "t1", ttl_seconds=30, scopes=["src/**"])
+    lease = baton.leases.acquire(RT, "t2", ttl_seconds=30, scopes=["src/app/*.py"])
+    assert lease.scopes == ("src/app/*.py",)
+
+
+def test_unscoped_lease_does_not_conflict_with_scopes(baton: Baton) -> None:
+    """A lease without scopes claims no paths: it neither blocks nor is blocked by scoped leases."""
+    baton.leases.acquire(RT, "t1", ttl_seconds=30, scopes=["**"])
+    b = baton.as_principal("agent-b")
+    assert b.leases.acquire(RT, "t2", ttl_seconds=30).scopes == ()
+    assert baton.leases.acquire(RT, "t3", ttl_seconds=30, scopes=["src/**"]).scopes == ("src/**",)
+
+
+def test_released_scope_is_free(baton: Baton) -> None:
+    """Once the scoped lease is released, another principal can claim an overlapping scope."""
+    lease = baton.leases.acquire(RT, "t1", ttl_seconds=30, scopes=["src/**"])
+    b = baton.as_principal("agent-b")
+    with pytest.raises(ConflictError):
+        b.leases.acquire(RT, "t2", ttl_seconds=30, scopes=["src/app/*.py"])
+    baton.leases.release(lease)
+    assert b.leases.acquire(RT, "t2", ttl_seconds=30, scopes=["src/app/*.py"]).owner == "agent-b"
+
+
+def test_transfer_keeps_scopes_and_checks_receiver(baton: Baton) -> None:
+    """A transfer whose kept scopes overlap another principal's lease (here the sender's) conflicts."""
+    lease = baton.leases.acquire(RT, "t1", ttl_seconds=30, scopes=["src/**"], idempotency_key="r1")
+    baton.leases.acquire(RT, "t2", ttl_seconds=30, scopes=["src/app/**"])
+    with pytest.raises(ConflictError):
+        baton.leases.transfer(lease, to_principal="agent-b", new_execution_key="r2", ttl_seconds=30)
+    info = baton.leases.inspect(RT, "t1")
+    assert info.lease is not None
+    assert info.lease.lease_id == lease.lease_id
+
+
+def test_scopes_are_normalised(baton: Baton) -> None:
+    """Scopes come back normalised, de-duplicated and sorted."""
+    lease = baton.leases.acquire(
+        RT, "t1", ttl_seconds=30, scopes=["./src/**/", "src/**", "docs//*.md"]
+    )
+    assert lease.scopes == ("docs/*.md", "src/**")
+
+
+@pytest.mark.parametrize("scopes", ["src/**", [""], ["/"], [3], [None], ["a\nb"]])
+def test_bad_scopes_are_validation_errors(baton: Baton, scopes: object) -> None:
+    """A bare string, an empty scope, a non-string or a control character is VALIDATION_ERROR."""
+    with pytest.raises(ValidationError):
+        baton.leases.acquire(RT, "t1", ttl_seconds=30, scopes=scopes)  # type: ignore[arg-type]
+    assert not baton.leases.inspect(RT, "t1").held
+    assert kinds(baton) == []

@@ -214,7 +214,9 @@ def test_fenced_save_after_takeover_is_stale(baton: Baton) -> None:
 def test_fenced_save_after_transfer_or_release_is_stale(baton: Baton) -> None:
     """A save fenced by a transferred, superseded or released lease is STALE_FENCE."""
     transferred = baton.leases.acquire("file", "a", ttl_seconds=30, idempotency_key="r1")
-    baton.leases.transfer(transferred, to_principal="agent-b", new_execution_key="r2", ttl_seconds=30)
+    baton.leases.transfer(
+        transferred, to_principal="agent-b", new_execution_key="r2", ttl_seconds=30
+    )
     superseded = baton.leases.acquire("file", "b", ttl_seconds=30)
     baton.leases.acquire("file", "b", ttl_seconds=30)
     released = baton.leases.acquire("file", "c", ttl_seconds=30)

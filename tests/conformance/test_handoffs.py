@@ -202,7 +202,7 @@ def test_accept_with_execution_key_and_ttl(baton: Baton) -> None:
 
 
 def test_accept_fences_out_old_holder(baton: Baton) -> None:
-    """After acceptance the old holder cannot renew, release, or write fenced checkpoints/outcomes."""
+    """After acceptance the old holder cannot renew, release, or write fenced records."""
     lease = baton.leases.acquire(RT, RID, ttl_seconds=60, idempotency_key="w1")
     h = baton.handoffs.create("agent-b", SUBJ, lease=lease)
     b = baton.as_principal("agent-b")

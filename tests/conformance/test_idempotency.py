@@ -183,7 +183,7 @@ def test_same_key_for_different_operations(baton: Baton) -> None:
     lease = baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="k")
     ck = baton.checkpoints.save("subj", "progress", {"n": 1}, idempotency_key="k")
     out = baton.outcomes.record("subj", "succeeded", evidence=EVIDENCE, idempotency_key="k")
-    assert not (lease.replayed or ck.replayed or out.replayed)
+    assert [lease.replayed, ck.replayed, out.replayed] == [False, False, False]
 
 
 def test_prune_keeps_fresh_receipts(baton: Baton) -> None:
@@ -216,7 +216,7 @@ def test_checkpoint_save_replay_and_mismatch(baton: Baton) -> None:
 
 
 def test_handoff_create_replay_and_mismatch(baton: Baton) -> None:
-    """A keyed handoff create replays (one handoff); a changed message under the key is a mismatch."""
+    """A keyed handoff create replays (one handoff); a changed message is a mismatch."""
     first = baton.handoffs.create("agent-b", "subj", message="over to you", idempotency_key="h-1")
     again = baton.handoffs.create("agent-b", "subj", message="over to you", idempotency_key="h-1")
     assert again.replayed
@@ -229,7 +229,7 @@ def test_handoff_create_replay_and_mismatch(baton: Baton) -> None:
 
 
 def test_outcome_record_replay_and_mismatch(baton: Baton) -> None:
-    """A keyed outcome record replays (one outcome); changed evidence under the key is a mismatch."""
+    """A keyed outcome record replays (one outcome); changed evidence is a mismatch."""
     first = baton.outcomes.record("subj", "succeeded", evidence=EVIDENCE, idempotency_key="o-1")
     again = baton.outcomes.record("subj", "succeeded", evidence=EVIDENCE, idempotency_key="o-1")
     assert again.replayed

@@ -54,7 +54,8 @@ def test_list_by_subject(baton: Baton) -> None:
     c = baton.outcomes.record("subj-a", "cancelled", evidence=[])
     assert {o.outcome_id for o in baton.outcomes.list("subj-a")} == {a.outcome_id, c.outcome_id}
     assert [o.outcome_id for o in baton.outcomes.list("subj-b")] == [b.outcome_id]
-    assert {o.outcome_id for o in baton.outcomes.list()} == {a.outcome_id, b.outcome_id, c.outcome_id}
+    everything = {o.outcome_id for o in baton.outcomes.list()}
+    assert everything == {a.outcome_id, b.outcome_id, c.outcome_id}
     assert baton.outcomes.list("subj-none") == []
 
 
@@ -144,7 +145,7 @@ def test_outcome_links_trace_back(baton: Baton) -> None:
 
 @pytest.mark.parametrize("link", ["lease_id", "handoff_id", "checkpoint_id"])
 def test_unknown_link_is_not_found(baton: Baton, link: str) -> None:
-    """An outcome linking to an unknown lease, handoff or checkpoint is NOT_FOUND, nothing recorded."""
+    """An outcome linking an unknown lease, handoff or checkpoint is NOT_FOUND, no record."""
     with pytest.raises(NotFoundError):
         baton.outcomes.record(SUBJ, "failed", evidence=[], **{link: "x_" + "0" * 32})
     assert baton.outcomes.list(SUBJ) == []

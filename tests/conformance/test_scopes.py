@@ -86,7 +86,7 @@ def test_released_scope_is_free(baton: Baton) -> None:
 
 
 def test_transfer_keeps_scopes_and_checks_receiver(baton: Baton) -> None:
-    """A transfer whose kept scopes overlap another principal's lease (here the sender's) conflicts."""
+    """A transfer whose kept scopes overlap another principal's lease (the sender's) conflicts."""
     lease = baton.leases.acquire(RT, "t1", ttl_seconds=30, scopes=["src/**"], idempotency_key="r1")
     baton.leases.acquire(RT, "t2", ttl_seconds=30, scopes=["src/app/**"])
     with pytest.raises(ConflictError):

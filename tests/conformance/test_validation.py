@@ -113,7 +113,12 @@ def _writes(b: Baton, bad: Any) -> list[tuple[str, Callable[[], object]]]:
         ("handoff context", lambda: b.handoffs.create("agent-b", "s", context_id=bad)),
         ("outcome subject", lambda: b.outcomes.record(bad, "succeeded", evidence=ev)),
         ("outcome key", lambda: b.outcomes.record("s", "failed", evidence=[], idempotency_key=bad)),
-        ("transfer to", lambda: b.leases.transfer(_lease(b), to_principal=bad, new_execution_key="n", ttl_seconds=30)),  # noqa: E501
+        (
+            "transfer to",
+            lambda: b.leases.transfer(
+                _lease(b), to_principal=bad, new_execution_key="n", ttl_seconds=30
+            ),
+        ),
     ]
 
 
@@ -128,7 +133,7 @@ def _lease(b: Baton) -> Any:
     "bad", ["", "  ", "x" * 10_000, "ctl\x01"], ids=["empty", "blank", "10k", "ctl"]
 )
 def test_bad_ids_on_other_writes(baton: Baton, bad: str) -> None:
-    """Bad ids on checkpoint, handoff, outcome and transfer writes are VALIDATION_ERROR, no write."""
+    """Bad ids on checkpoint, handoff, outcome and transfer writes: VALIDATION_ERROR, no write."""
     lease = _lease(baton)
     events = kinds(baton)
     for name, call in _writes(baton, bad):

@@ -1,0 +1,43 @@
+"""Prefect 3 integration: ``@leased`` tasks and flows, handoffs between deployments, Prefect
+events for every ledger transition, a board artifact and a Block.
+
+Importing this module needs Prefect (``pip install 'prefect-baton[prefect]'``); the core
+``prefect_baton`` package never imports Prefect. Prefect loads this module through the
+``prefect.collections`` entry point, which registers :class:`BatonBlock`.
+"""
+
+from __future__ import annotations
+
+from ._block import BatonBlock
+from ._board import board_rows, publish_board
+from ._context import RunIdentity, current_lease, run_identity
+from ._decorators import leased
+from ._events import can_emit, relay_events
+from ._handoff import (
+    AcceptedHandoff,
+    HandoffRejected,
+    SentHandoff,
+    accept_handoff,
+    ahandoff_to,
+    handoff_to,
+    start_recipient,
+)
+
+__all__ = [
+    "AcceptedHandoff",
+    "BatonBlock",
+    "HandoffRejected",
+    "RunIdentity",
+    "SentHandoff",
+    "accept_handoff",
+    "ahandoff_to",
+    "board_rows",
+    "can_emit",
+    "current_lease",
+    "handoff_to",
+    "leased",
+    "publish_board",
+    "relay_events",
+    "run_identity",
+    "start_recipient",
+]

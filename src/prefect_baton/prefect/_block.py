@@ -1,0 +1,68 @@
+"""``BatonBlock``: an optional Prefect Block holding the ledger and Redis URLs.
+
+``Baton.from_settings()`` (``BATON_*`` variables) stays the primary configuration; the block
+is for teams that keep connection strings in Prefect. The URLs are ``SecretStr`` because
+they usually embed passwords.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from prefect.blocks.core import Block
+from pydantic import Field, SecretStr
+
+from .._client import Baton
+from .._settings import BatonSettings
+
+__all__ = ["BatonBlock"]
+
+
+class BatonBlock(Block):
+    """Where prefect-baton's ledger (and optional Redis fast path) live.
+
+    Attributes:
+        ledger_url: SQLAlchemy URL of the ledger (``SecretStr``; ``sqlite:///...`` or
+            ``postgresql://user:password@host/db``).
+        org: the organization (``str``, default ``default``).
+        redis_url: ``redis://...`` of the lease fast path (``SecretStr``), or ``None``.
+        role: ``agent``, ``owner`` or ``admin`` for clients built from the block.
+
+    Example::
+
+        BatonBlock(ledger_url="postgresql://...", org="acme").save("prod")
+        b = BatonBlock.load("prod").baton(principal="writer")
+    """
+
+    _block_type_name: ClassVar[str] = "Baton"
+    _block_type_slug: ClassVar[str] = "baton"
+    _description: ClassVar[str] = (
+        "Ledger and Redis connection for prefect-baton leases, checkpoints and handoffs."
+    )
+
+    ledger_url: SecretStr = Field(description="SQLAlchemy URL of the prefect-baton ledger.")
+    org: str = Field(default="default", description="Organization id.")
+    redis_url: SecretStr | None = Field(default=None, description="Redis URL (fast path).")
+    role: str = Field(default="agent", description="Role: agent, owner or admin.")
+
+    def settings(self, **overrides: object) -> BatonSettings:
+        """:class:`BatonSettings` from this block (``BATON_*`` variables fill the rest)."""
+        values: dict[str, object] = {
+            "ledger_url": self.ledger_url.get_secret_value(),
+            "org": self.org,
+            "role": self.role,
+        }
+        if self.redis_url is not None:
+            values["redis_url"] = self.redis_url.get_secret_value()
+        values.update(overrides)
+        return BatonSettings(**values)  # type: ignore[arg-type]
+
+    def baton(self, principal: str | None = None) -> Baton:
+        """A :class:`Baton` client acting as ``principal`` (default ``BATON_PRINCIPAL``).
+
+        Raises:
+            ValidationError: a bad id or role. UnavailableError: the ledger is unreachable.
+        """
+        if principal is None:
+            return Baton(settings=self.settings())
+        return Baton(settings=self.settings(principal=principal))

@@ -1,0 +1,307 @@
+"""Run identity and the current lease.
+
+Inside a Prefect run the identity that prefect-baton acts under is derived from the run:
+
+- principal: the deployment's full name ``"<flow name>/<deployment name>"`` (the string
+  :func:`prefect.deployments.run_deployment` takes) when the flow run came from a deployment,
+  else the flow's name (a task run outside any flow: the task's name);
+- execution key: the task run id for tasks, the flow run id for flows. A Prefect retry keeps
+  the run id, so a retried run *replays* its own acquire instead of conflicting with itself,
+  while a different run of the same deployment conflicts (DESIGN.md "Leases": a different
+  execution key conflicts even for the same principal).
+
+Outside any run the principal comes from ``BATON_PRINCIPAL`` (:class:`BatonSettings`) and each
+call gets a fresh random execution key.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from prefect.context import FlowRunContext, TaskRunContext
+
+from .._client import AsyncBaton, Baton
+from .._keeper import LeaseKeeper
+from .._settings import BatonSettings
+
+__all__ = [
+    "BatonLike",
+    "RunIdentity",
+    "current_lease",
+    "resolve_baton",
+    "retry_follows",
+    "run_identity",
+]
+
+RunKind = Literal["task", "flow", "none"]
+
+#: What ``baton=`` accepts: a client, or a factory called with the run's default principal.
+BatonLike = Baton | AsyncBaton | Callable[[str], Baton]
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """Who is acting, as derived from the Prefect run context (no I/O but a cached
+    deployment-name lookup).
+
+    Attributes:
+        kind: ``"task"``, ``"flow"`` or ``"none"`` (outside any run).
+        principal: default principal (``str``), see the module docstring.
+        execution_key: task run id, flow run id, or a random key outside a run (``str``).
+        run_count: the run's attempt number, 1 on the first try (``int``; 1 outside a run).
+        retries: how many retries the task or flow allows (``int``; 0 outside a run).
+        flow_run_id, task_run_id: the run ids as strings, or ``None``.
+        flow_name, deployment_name: names, or ``None``.
+        retry_condition: the task's ``retry_condition_fn`` (``None`` for flows).
+        task: the Prefect task object (for ``retry_condition_fn``), or ``None``.
+        task_run: the Prefect task run object, or ``None``.
+    """
+
+    kind: RunKind
+    principal: str
+    execution_key: str
+    run_count: int = 1
+    retries: int = 0
+    flow_run_id: str | None = None
+    task_run_id: str | None = None
+    flow_name: str | None = None
+    deployment_name: str | None = None
+    retry_condition: Callable[..., Any] | None = field(default=None, repr=False)
+    task: Any = field(default=None, repr=False)
+    task_run: Any = field(default=None, repr=False)
+
+    @property
+    def in_run(self) -> bool:
+        """``True`` inside a Prefect task or flow run."""
+        return self.kind != "none"
+
+    @property
+    def retries_left(self) -> int:
+        """Retries Prefect still allows after the current attempt (``int``, >= 0)."""
+        return max(0, self.retries - (self.run_count - 1))
+
+
+_deployment_names: dict[str, str | None] = {}
+_deployment_lock = threading.Lock()
+
+
+def _deployment_full_name(deployment_id: Any, flow_name: str) -> str | None:
+    """``"<flow>/<deployment>"`` for a deployment id, read once per process from the API."""
+    key = str(deployment_id)
+    with _deployment_lock:
+        if key in _deployment_names:
+            return _deployment_names[key]
+    name: str | None = None
+    try:
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            name = f"{flow_name}/{client.read_deployment(deployment_id).name}"
+    except Exception:  # the API is unreachable: fall back to the flow name
+        name = None
+    with _deployment_lock:
+        _deployment_names[key] = name
+    return name
+
+
+def run_identity(prefer: RunKind | None = None) -> RunIdentity:
+    """The identity of the current Prefect run (see the module docstring).
+
+    Args:
+        prefer: ``"flow"`` to describe the flow run even when called inside a task run (used
+            for ``@leased`` flows), ``"task"``/``None`` to prefer the innermost task run.
+
+    Returns:
+        A :class:`RunIdentity`; ``kind == "none"`` outside any run, with the principal from
+        ``BATON_PRINCIPAL`` and a fresh random execution key.
+    """
+    flow_ctx = FlowRunContext.get()
+    task_ctx = TaskRunContext.get()
+    flow_name = deployment = None
+    principal: str | None = None
+    if flow_ctx is not None and flow_ctx.flow_run is not None:
+        flow_name = flow_ctx.flow.name if flow_ctx.flow is not None else flow_ctx.flow_run.name
+        dep_id = flow_ctx.flow_run.deployment_id
+        if dep_id is not None:
+            deployment = _deployment_full_name(dep_id, flow_name)
+        principal = deployment or flow_name
+    use_task = task_ctx is not None and prefer != "flow"
+    if use_task and task_ctx is not None and flow_ctx is not None and flow_ctx.flow_run:
+        # a flow called inside a task: the flow run is the inner one
+        use_task = task_ctx.task_run.flow_run_id == flow_ctx.flow_run.id
+    if use_task and task_ctx is not None:
+        tr = task_ctx.task_run
+        return RunIdentity(
+            kind="task",
+            principal=principal or task_ctx.task.name,
+            execution_key=str(tr.id),
+            run_count=max(1, int(tr.run_count)),
+            retries=int(task_ctx.task.retries or 0),
+            flow_run_id=str(tr.flow_run_id) if tr.flow_run_id else None,
+            task_run_id=str(tr.id),
+            flow_name=flow_name,
+            deployment_name=deployment,
+            retry_condition=task_ctx.task.retry_condition_fn,
+            task=task_ctx.task,
+            task_run=tr,
+        )
+    if flow_ctx is not None and flow_ctx.flow_run is not None:
+        fr = flow_ctx.flow_run
+        retries = flow_ctx.flow.retries if flow_ctx.flow is not None else 0
+        return RunIdentity(
+            kind="flow",
+            principal=principal or str(fr.name),
+            execution_key=str(fr.id),
+            run_count=max(1, int(fr.run_count)),
+            retries=int(retries or 0),
+            flow_run_id=str(fr.id),
+            flow_name=flow_name,
+            deployment_name=deployment,
+        )
+    return RunIdentity(
+        kind="none", principal=BatonSettings().principal, execution_key=uuid.uuid4().hex
+    )
+
+
+def retry_follows(ident: RunIdentity, exc: BaseException) -> bool:
+    """Whether Prefect will retry the run of ``ident`` after it fails with ``exc``.
+
+    True when the task or flow has retries left (``run_count <= retries``) and, for a task
+    with a ``retry_condition_fn``, that function (called here as Prefect calls it) says so.
+    A loss of the lease, a ``BaseException`` (cancellation) or an async/failing retry
+    condition count as "no retry", so the caller releases rather than strands the lease.
+    """
+    from ..errors import LeaseLostError
+
+    if not isinstance(exc, Exception) or isinstance(exc, LeaseLostError):
+        return False
+    if not ident.in_run or ident.retries_left <= 0:
+        return False
+    cond = ident.retry_condition
+    if cond is None:
+        return True
+    try:
+        from prefect.states import Failed
+
+        verdict = cond(ident.task, ident.task_run, Failed(data=exc))
+    except Exception:
+        return False
+    if inspect.isawaitable(verdict):
+        if inspect.iscoroutine(verdict):
+            verdict.close()
+        return False
+    return bool(verdict)
+
+
+# --------------------------------------------------------------------------- clients
+
+_bases: dict[tuple[Any, ...], Baton] = {}
+_derived: dict[tuple[int, str], Baton] = {}
+_clients_lock = threading.Lock()
+
+
+def _default_baton(principal: str) -> Baton:
+    s = BatonSettings()
+    key = (s.ledger_url, s.org, s.role, s.receipt_retention_seconds, s.state_max_bytes)
+    with _clients_lock:
+        base = _bases.get(key)
+    if base is None:
+        base = Baton(settings=s)
+        with _clients_lock:
+            base = _bases.setdefault(key, base)
+    if base.principal == principal:
+        return base
+    dkey = (id(base), principal)
+    with _clients_lock:
+        b = _derived.get(dkey)
+        if b is None:
+            b = _derived[dkey] = base.as_principal(principal, base.role)
+    return b
+
+
+def resolve_baton(baton: BatonLike | None, principal: str) -> Baton:
+    """The client to act with.
+
+    Args:
+        baton: a :class:`Baton` or :class:`AsyncBaton` (used as given, with its own
+            principal), a factory ``principal -> Baton`` (called with the run's default
+            principal), or ``None``: ``Baton.from_settings()`` (``BATON_*`` variables,
+            cached per process) acting as ``principal``.
+        principal: the default principal of the run (``str``).
+
+    Raises:
+        ValidationError: a bad principal or setting. TypeError: ``baton`` is none of these.
+    """
+    if baton is None:
+        return _default_baton(principal)
+    if isinstance(baton, Baton):
+        return baton
+    if isinstance(baton, AsyncBaton):
+        return baton.sync
+    if callable(baton):
+        made = baton(principal)
+        if isinstance(made, AsyncBaton):
+            return made.sync
+        if not isinstance(made, Baton):
+            raise TypeError(f"the baton factory returned {type(made).__name__}, not a Baton")
+        return made
+    raise TypeError(f"baton must be a Baton, an AsyncBaton or a factory, not {type(baton)!r}")
+
+
+# --------------------------------------------------------------------------- current lease
+
+
+@dataclass
+class LeaseSlot:
+    """What the active ``@leased`` / :func:`accept_handoff` block knows about its lease.
+
+    Attributes:
+        keeper: the :class:`LeaseKeeper` holding the lease.
+        baton: the client that acquired it.
+        identity: the run identity it was acquired under.
+        handed_off: set by :func:`handoff_to` when the lease rides on a handoff: the block
+            then neither releases it nor treats its later loss as a failure.
+    """
+
+    keeper: LeaseKeeper
+    baton: Baton
+    identity: RunIdentity
+    handed_off: bool = False
+
+
+_CURRENT: contextvars.ContextVar[LeaseSlot | None] = contextvars.ContextVar(
+    "prefect_baton_current_lease", default=None
+)
+
+
+def current_lease() -> LeaseKeeper | None:
+    """The lease held by the innermost active ``@leased`` function or
+    :func:`accept_handoff` block, or ``None``.
+
+    Pass it as ``fence=`` to checkpoint and outcome writes, so they are rejected with
+    :class:`~prefect_baton.errors.StaleFenceError` once this lease generation is no longer
+    current (DESIGN.md "Leases": ledger writes made under a lease carry it as a fence).
+    """
+    slot = _CURRENT.get()
+    return slot.keeper if slot is not None else None
+
+
+def current_slot() -> LeaseSlot | None:
+    """The :class:`LeaseSlot` of the innermost active block, or ``None``."""
+    return _CURRENT.get()
+
+
+def push_slot(slot: LeaseSlot) -> contextvars.Token[LeaseSlot | None]:
+    """Make ``slot`` current; reset with :func:`pop_slot`."""
+    return _CURRENT.set(slot)
+
+
+def pop_slot(token: contextvars.Token[LeaseSlot | None]) -> None:
+    """Undo :func:`push_slot`."""
+    _CURRENT.reset(token)

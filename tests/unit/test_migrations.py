@@ -1,0 +1,180 @@
+"""The Alembic migrations shipped in the package build exactly the schema of ``tables.py``, on
+SQLite and PostgreSQL, and many processes may apply them to one fresh database at once."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect
+from sqlalchemy.engine import make_url
+
+from prefect_baton._ledger.engine import (
+    VERSION_TABLE,
+    current_revision,
+    head_revision,
+    make_engines,
+    upgrade,
+)
+from prefect_baton._ledger.tables import metadata
+
+
+def _schema_diff(url: str) -> list[Any]:
+    """Differences between the database at ``url`` and the models, as Alembic sees them."""
+    engines = make_engines(url)
+    try:
+        with engines.read.connect() as conn:
+            ctx = MigrationContext.configure(
+                conn,
+                opts={
+                    "version_table": VERSION_TABLE,
+                    "compare_type": True,
+                    "target_metadata": metadata,
+                },
+            )
+            return list(compare_metadata(ctx, metadata))
+    finally:
+        engines.dispose()
+
+
+def _partial_indexes(url: str) -> dict[str, str]:
+    """Index name -> SQL definition, for the indexes the models declare partial."""
+    names = [
+        ix.name
+        for table in metadata.tables.values()
+        for ix in table.indexes
+        if ix.dialect_options["sqlite"].get("where") is not None
+    ]
+    engines = make_engines(url)
+    try:
+        with engines.read.connect() as conn:
+            if engines.is_sqlite:
+                sql = "SELECT name, sql FROM sqlite_master WHERE type = 'index'"
+            else:
+                sql = "SELECT indexname, indexdef FROM pg_indexes"
+            found = {row[0]: row[1] for row in conn.exec_driver_sql(sql)}
+        return {n: found.get(n) or "" for n in names if n}
+    finally:
+        engines.dispose()
+
+
+def _assert_partial_indexes(url: str) -> None:
+    """Alembic's comparison ignores index predicates, so check them here."""
+    defs = _partial_indexes(url)
+    assert set(defs) >= {"uq_lease_active", "ix_lease_active_scoped"}
+    for name, sql in defs.items():
+        assert "WHERE" in sql.upper(), (name, sql)
+        assert "active" in sql, (name, sql)
+    assert "has_scopes" in defs["ix_lease_active_scoped"]
+    assert "UNIQUE" in defs["uq_lease_active"].upper()
+
+
+def _tables(url: str) -> set[str]:
+    engines = make_engines(url)
+    try:
+        return set(inspect(engines.read).get_table_names())
+    finally:
+        engines.dispose()
+
+
+def _upgrade_fresh(url: str) -> str | None:
+    engines = make_engines(url)
+    try:
+        assert current_revision(engines) is None
+        rev = upgrade(engines)
+        assert upgrade(engines) == rev  # a second run is a no-op
+        return rev
+    finally:
+        engines.dispose()
+
+
+def test_sqlite_migration_matches_models(tmp_path: Path) -> None:
+    """A fresh SQLite ledger upgraded by the shipped migrations has exactly the model schema."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    assert _upgrade_fresh(url) == head_revision()
+    assert _schema_diff(url) == []
+    assert _tables(url) == set(metadata.tables) | {VERSION_TABLE}
+    _assert_partial_indexes(url)
+
+
+@pytest.fixture
+def pg_fresh_url(pg_url: str) -> Iterator[str]:
+    """A throwaway PostgreSQL database on the test server, dropped afterwards."""
+    import psycopg
+
+    name = f"baton_migr_{uuid.uuid4().hex[:12]}"
+    admin = make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_url(pg_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_postgresql_migration_matches_models(pg_fresh_url: str) -> None:
+    """A fresh PostgreSQL ledger upgraded by the shipped migrations has exactly the model
+    schema."""
+    assert _upgrade_fresh(pg_fresh_url) == head_revision()
+    assert _schema_diff(pg_fresh_url) == []
+    assert _tables(pg_fresh_url) == set(metadata.tables) | {VERSION_TABLE}
+    _assert_partial_indexes(pg_fresh_url)
+
+
+_UPGRADER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from prefect_baton._ledger.engine import make_engines, upgrade
+
+    url, go, ready = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    engines = make_engines(url)
+    ready.touch()
+    deadline = time.monotonic() + 60
+    while not go.exists() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    print(upgrade(engines))
+    engines.dispose()
+    """
+)
+
+
+def test_two_processes_upgrade_one_fresh_sqlite_file(tmp_path: Path) -> None:
+    """Two processes starting on the same new ledger file both migrate it without error."""
+    db = tmp_path / "shared.db"
+    url = f"sqlite:///{db}"
+    go = tmp_path / "go"
+    ready = [tmp_path / f"ready-{i}" for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _UPGRADER, url, str(go), str(r)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in ready
+    ]
+    # start both at once, after each has imported everything and opened its engines
+    deadline = time.monotonic() + 60
+    while not all(r.exists() for r in ready) and time.monotonic() < deadline:
+        if any(p.poll() is not None for p in procs):
+            break
+        time.sleep(0.01)
+    go.touch()
+    results = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, results, strict=True):
+        assert p.returncode == 0, err
+        assert out.strip() == head_revision()
+    assert _schema_diff(url) == []
+    _assert_partial_indexes(url)
+    assert _tables(url) == set(metadata.tables) | {VERSION_TABLE}

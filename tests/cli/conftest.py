@@ -17,9 +17,8 @@ from typer.testing import CliRunner
 from prefect_baton.cli import app
 
 # Variables the runner clears so the developer's environment cannot change a test.
-CLEAN_ENV: dict[str, str | None] = {
-    name: None
-    for name in (
+CLEAN_ENV: dict[str, str | None] = dict.fromkeys(
+    (
         "BATON_ORG",
         "BATON_PRINCIPAL",
         "BATON_ROLE",
@@ -28,7 +27,7 @@ CLEAN_ENV: dict[str, str | None] = {
         "BATON_FORMAT",
         "BATON_CLI_TRACEBACK",
     )
-}
+)
 BATON_SCRIPT = Path(sys.executable).with_name("baton")
 
 

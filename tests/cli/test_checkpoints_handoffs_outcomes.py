@@ -10,8 +10,9 @@ from .conftest import Cli
 
 
 def acquire(cli: Cli, rid: str = "svc", key: str = "run-1", **kw: Any) -> dict[str, Any]:
-    receipt = cli.ok("lease", "acquire", "deploy", rid, "--ttl-seconds", "60",
-                     "--idempotency-key", key, **kw)  # fmt: skip
+    receipt = cli.ok(
+        "lease", "acquire", "deploy", rid, "--ttl-seconds", "60", "--idempotency-key", key, **kw
+    )
     lease: dict[str, Any] = receipt["lease"]
     return lease
 
@@ -119,15 +120,33 @@ def test_handoff_with_lease_and_checkpoint_moves_both_to_the_recipient(cli: Cli)
     """Create, inbox, accept: the recipient holds the lease and reads the checkpoint."""
     lease = acquire(cli)
     ck = cli.ok("checkpoint", "save", "doc-1", "progress", '{"n": 7}')["checkpoint"]
-    created = cli.ok("handoff", "create", "bob", "doc-1", "--checkpoint-id", ck["checkpoint_id"],
-                     "--message", "your turn", "--lease-id", lease["lease_id"],
-                     "--execution-key", "run-1")["handoff"]  # fmt: skip
+    created = cli.ok(
+        "handoff",
+        "create",
+        "bob",
+        "doc-1",
+        "--checkpoint-id",
+        ck["checkpoint_id"],
+        "--message",
+        "your turn",
+        "--lease-id",
+        lease["lease_id"],
+        "--execution-key",
+        "run-1",
+    )["handoff"]
     assert created["status"] == "pending"
     assert cli.ok("handoff", "inbox")["handoffs"] == []
     inbox = cli.ok("handoff", "inbox", principal="bob")["handoffs"]
     assert [h["handoff_id"] for h in inbox] == [created["handoff_id"]]
-    accepted = cli.ok("handoff", "resolve", created["handoff_id"], "accepted",
-                      "--execution-key", "bob-run", principal="bob")["handoff"]  # fmt: skip
+    accepted = cli.ok(
+        "handoff",
+        "resolve",
+        created["handoff_id"],
+        "accepted",
+        "--execution-key",
+        "bob-run",
+        principal="bob",
+    )["handoff"]
     assert accepted["status"] == "accepted"
     assert (accepted["lease"]["owner"], accepted["lease"]["execution_key"]) == ("bob", "bob-run")
     state = cli.ok("checkpoint", "get", "--id", ck["checkpoint_id"], principal="bob")
@@ -170,9 +189,16 @@ def test_handoff_inbox_table_lists_pending_handoffs(cli: Cli) -> None:
 
 def test_outcome_record_with_key_value_evidence_and_list(cli: Cli) -> None:
     """Evidence as repeated kind=...,uri=...,digest=... is recorded and listed."""
-    out = cli.ok("outcome", "record", "doc-1", "succeeded",
-                 "--evidence", "kind=file,uri=file:///tmp/a,b.py,digest=sha256:ab",
-                 "--evidence", "kind=log,uri=s3://bucket/log.txt,note=run log")["outcome"]  # fmt: skip
+    out = cli.ok(
+        "outcome",
+        "record",
+        "doc-1",
+        "succeeded",
+        "--evidence",
+        "kind=file,uri=file:///tmp/a,b.py,digest=sha256:ab",
+        "--evidence",
+        "kind=log,uri=s3://bucket/log.txt,note=run log",
+    )["outcome"]
     assert out["status"] == "succeeded"
     assert out["evidence"] == [
         {"kind": "file", "uri": "file:///tmp/a,b.py", "digest": "sha256:ab", "note": None},
@@ -187,8 +213,18 @@ def test_outcome_record_with_json_evidence_and_fence(cli: Cli) -> None:
     """Evidence as a JSON list works, and a current fence records its epoch."""
     lease = acquire(cli)
     evidence = json.dumps([{"kind": "file", "uri": "a.py"}, {"kind": "file", "uri": "b.py"}])
-    out = cli.ok("outcome", "record", "doc-1", "failed", "--evidence", evidence,
-                 "--fence", lease["lease_id"], "--lease-id", lease["lease_id"])["outcome"]  # fmt: skip
+    out = cli.ok(
+        "outcome",
+        "record",
+        "doc-1",
+        "failed",
+        "--evidence",
+        evidence,
+        "--fence",
+        lease["lease_id"],
+        "--lease-id",
+        lease["lease_id"],
+    )["outcome"]
     assert [e["uri"] for e in out["evidence"]] == ["a.py", "b.py"]
     assert out["fence_epoch"] == lease["epoch"]
 
@@ -205,9 +241,20 @@ def test_succeeded_without_evidence_and_bad_evidence_exit_2(cli: Cli) -> None:
 def test_fenced_outcome_after_transfer_exits_10(cli: Cli) -> None:
     """An outcome fenced by a lease the sender transferred away is STALE_FENCE, exit 10."""
     lease = acquire(cli)
-    cli.ok("lease", "transfer", "--lease-id", lease["lease_id"], "--execution-key", "run-1",
-           "--to-principal", "bob", "--new-execution-key", "run-2",
-           "--ttl-seconds", "60")  # fmt: skip
+    cli.ok(
+        "lease",
+        "transfer",
+        "--lease-id",
+        lease["lease_id"],
+        "--execution-key",
+        "run-1",
+        "--to-principal",
+        "bob",
+        "--new-execution-key",
+        "run-2",
+        "--ttl-seconds",
+        "60",
+    )
     run = cli("outcome", "record", "doc-1", "failed", "--fence", lease["lease_id"])
     assert run.code == 10
     assert run.json["error"]["code"] == "STALE_FENCE"

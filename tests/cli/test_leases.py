@@ -13,17 +13,31 @@ from .conftest import Cli
 
 
 def acquire(cli: Cli, rid: str = "svc", key: str = "run-1", **kw: Any) -> dict[str, Any]:
-    receipt = cli.ok("lease", "acquire", "deploy", rid, "--ttl-seconds", "60",
-                     "--idempotency-key", key, **kw)  # fmt: skip
+    receipt = cli.ok(
+        "lease", "acquire", "deploy", rid, "--ttl-seconds", "60", "--idempotency-key", key, **kw
+    )
     lease: dict[str, Any] = receipt["lease"]
     return lease
 
 
 def test_acquire_prints_a_json_receipt_with_the_lease(cli: Cli) -> None:
     """A JSON acquire is an ok receipt carrying the lease with version, epoch and expiry."""
-    receipt = cli.ok("lease", "acquire", "deploy", "svc", "--ttl-seconds", "60",
-                     "--idempotency-key", "run-1", "--purpose", "ship",
-                     "--scope", "src/**", "--scope", "docs/*")  # fmt: skip
+    receipt = cli.ok(
+        "lease",
+        "acquire",
+        "deploy",
+        "svc",
+        "--ttl-seconds",
+        "60",
+        "--idempotency-key",
+        "run-1",
+        "--purpose",
+        "ship",
+        "--scope",
+        "src/**",
+        "--scope",
+        "docs/*",
+    )
     assert receipt["action"] == "lease.acquire"
     assert receipt["status"] == "ok"
     lease = receipt["lease"]
@@ -47,8 +61,9 @@ def test_acquire_in_table_mode_prints_a_table(cli: Cli) -> None:
 def test_acquire_retry_with_the_same_key_is_replayed(cli: Cli) -> None:
     """The same execution key and request gives status 'replayed' and the same lease."""
     first = acquire(cli)
-    again = cli.ok("lease", "acquire", "deploy", "svc", "--ttl-seconds", "60",
-                   "--idempotency-key", "run-1")  # fmt: skip
+    again = cli.ok(
+        "lease", "acquire", "deploy", "svc", "--ttl-seconds", "60", "--idempotency-key", "run-1"
+    )
     assert again["status"] == "replayed"
     assert again["lease"]["lease_id"] == first["lease_id"]
 
@@ -74,9 +89,18 @@ def test_inspect_of_a_never_leased_resource_is_version_zero(cli: Cli) -> None:
 def test_renew_bumps_the_version_and_keeps_id_and_epoch(cli: Cli) -> None:
     """Renew by --lease-id/--execution-key: version +1, same id and epoch."""
     lease = acquire(cli)
-    renewed = cli.ok("lease", "renew", "--lease-id", lease["lease_id"],
-                     "--execution-key", "run-1", "--ttl-seconds", "120",
-                     "--expected-version", "1")["lease"]  # fmt: skip
+    renewed = cli.ok(
+        "lease",
+        "renew",
+        "--lease-id",
+        lease["lease_id"],
+        "--execution-key",
+        "run-1",
+        "--ttl-seconds",
+        "120",
+        "--expected-version",
+        "1",
+    )["lease"]
     assert renewed["lease_id"] == lease["lease_id"]
     assert (renewed["version"], renewed["epoch"], renewed["ttl_seconds"]) == (2, 1, 120)
 
@@ -84,23 +108,52 @@ def test_renew_bumps_the_version_and_keeps_id_and_epoch(cli: Cli) -> None:
 def test_transfer_hands_the_lease_to_another_principal(cli: Cli) -> None:
     """Transfer gives a new lease id to the receiver with version and epoch +1."""
     lease = acquire(cli)
-    moved = cli.ok("lease", "transfer", "--lease-id", lease["lease_id"],
-                   "--execution-key", "run-1", "--to-principal", "bob",
-                   "--new-execution-key", "run-2", "--ttl-seconds", "60")["lease"]  # fmt: skip
+    moved = cli.ok(
+        "lease",
+        "transfer",
+        "--lease-id",
+        lease["lease_id"],
+        "--execution-key",
+        "run-1",
+        "--to-principal",
+        "bob",
+        "--new-execution-key",
+        "run-2",
+        "--ttl-seconds",
+        "60",
+    )["lease"]
     assert moved["lease_id"] != lease["lease_id"]
     assert (moved["owner"], moved["execution_key"]) == ("bob", "run-2")
     assert (moved["version"], moved["epoch"]) == (2, 2)
-    renewed = cli.ok("lease", "renew", "--lease-id", moved["lease_id"],
-                     "--execution-key", "run-2", principal="bob")["lease"]  # fmt: skip
+    renewed = cli.ok(
+        "lease",
+        "renew",
+        "--lease-id",
+        moved["lease_id"],
+        "--execution-key",
+        "run-2",
+        principal="bob",
+    )["lease"]
     assert renewed["version"] == 3
 
 
 def test_transfer_accepts_the_seed_flag_names(cli: Cli) -> None:
     """--new-owner and --new-idempotency-key are aliases (seed 004 task-lease style)."""
     lease = acquire(cli)
-    moved = cli.ok("lease", "transfer", "--lease-id", lease["lease_id"],
-                   "--execution-key", "run-1", "--new-owner", "bob",
-                   "--new-idempotency-key", "run-2", "--ttl-seconds", "60")["lease"]  # fmt: skip
+    moved = cli.ok(
+        "lease",
+        "transfer",
+        "--lease-id",
+        lease["lease_id"],
+        "--execution-key",
+        "run-1",
+        "--new-owner",
+        "bob",
+        "--new-idempotency-key",
+        "run-2",
+        "--ttl-seconds",
+        "60",
+    )["lease"]
     assert moved["owner"] == "bob"
 
 
@@ -154,8 +207,17 @@ def test_list_of_an_empty_org_in_table_mode_says_none(cli: Cli) -> None:
 def test_conflict_exits_3_with_only_the_expiry(cli: Cli) -> None:
     """Another principal's acquire exits 3; the error gives the expiry, never the holder."""
     lease = acquire(cli)
-    run = cli("lease", "acquire", "deploy", "svc", "--ttl-seconds", "60",
-              "--purpose", "mine", principal="bob")  # fmt: skip
+    run = cli(
+        "lease",
+        "acquire",
+        "deploy",
+        "svc",
+        "--ttl-seconds",
+        "60",
+        "--purpose",
+        "mine",
+        principal="bob",
+    )
     assert run.code == 3
     receipt = run.json
     assert receipt["ok"] is False
@@ -169,8 +231,9 @@ def test_conflict_exits_3_with_only_the_expiry(cli: Cli) -> None:
 def test_conflict_in_table_mode_is_one_line_on_stderr(cli: Cli) -> None:
     """Table mode reports the error as one readable line on stderr, nothing on stdout."""
     acquire(cli)
-    run = cli("lease", "acquire", "deploy", "svc", "--ttl-seconds", "60",
-              principal="bob", fmt="table")  # fmt: skip
+    run = cli(
+        "lease", "acquire", "deploy", "svc", "--ttl-seconds", "60", principal="bob", fmt="table"
+    )
     assert run.code == 3
     assert run.stdout == ""
     assert run.stderr.count("\n") == 1
@@ -180,8 +243,7 @@ def test_conflict_in_table_mode_is_one_line_on_stderr(cli: Cli) -> None:
 
 def test_version_conflict_exits_4_with_both_versions(cli: Cli) -> None:
     """A stale --expected-version exits 4 with current_version and expected_version."""
-    run = cli("lease", "acquire", "deploy", "svc", "--ttl-seconds", "60",
-              "--expected-version", "3")  # fmt: skip
+    run = cli("lease", "acquire", "deploy", "svc", "--ttl-seconds", "60", "--expected-version", "3")
     assert run.code == 4
     error = run.json["error"]
     assert error["code"] == "VERSION_CONFLICT"
@@ -198,8 +260,15 @@ def test_not_found_exits_5(cli: Cli) -> None:
 def test_another_principals_lease_id_is_not_found(cli: Cli) -> None:
     """Another principal cannot build a proof from someone else's lease id: exit 5."""
     lease = acquire(cli)
-    run = cli("lease", "release", "--lease-id", lease["lease_id"], "--execution-key", "run-1",
-              principal="bob")  # fmt: skip
+    run = cli(
+        "lease",
+        "release",
+        "--lease-id",
+        lease["lease_id"],
+        "--execution-key",
+        "run-1",
+        principal="bob",
+    )
     assert run.code == 5
 
 
@@ -219,8 +288,9 @@ def test_listing_others_leases_as_agent_exits_6(cli: Cli) -> None:
 def test_changed_request_under_the_same_key_exits_7(cli: Cli) -> None:
     """Reusing an execution key for a different request is IDEMPOTENCY_MISMATCH, exit 7."""
     acquire(cli)
-    run = cli("lease", "acquire", "deploy", "svc", "--ttl-seconds", "90",
-              "--idempotency-key", "run-1")  # fmt: skip
+    run = cli(
+        "lease", "acquire", "deploy", "svc", "--ttl-seconds", "90", "--idempotency-key", "run-1"
+    )
     assert run.code == 7
     assert run.json["error"]["code"] == "IDEMPOTENCY_MISMATCH"
 
@@ -232,8 +302,7 @@ def test_in_flight_duplicate_exits_8(cli: Cli, monkeypatch: pytest.MonkeyPatch) 
         raise IdempotencyInFlightError("a request with this key is still being processed")
 
     monkeypatch.setattr(LeaseAPI, "acquire", in_flight)
-    run = cli("lease", "acquire", "deploy", "svc", "--ttl-seconds", "60",
-              "--idempotency-key", "k")  # fmt: skip
+    run = cli("lease", "acquire", "deploy", "svc", "--ttl-seconds", "60", "--idempotency-key", "k")
     assert run.code == 8
     assert run.json == {
         "ok": False,
@@ -256,9 +325,20 @@ def test_wrong_execution_key_exits_9(cli: Cli) -> None:
 def test_release_after_transfer_exits_9(cli: Cli) -> None:
     """The sender's release after a transfer is LEASE_LOST and touches nothing."""
     lease = acquire(cli)
-    cli.ok("lease", "transfer", "--lease-id", lease["lease_id"], "--execution-key", "run-1",
-           "--to-principal", "bob", "--new-execution-key", "run-2",
-           "--ttl-seconds", "60")  # fmt: skip
+    cli.ok(
+        "lease",
+        "transfer",
+        "--lease-id",
+        lease["lease_id"],
+        "--execution-key",
+        "run-1",
+        "--to-principal",
+        "bob",
+        "--new-execution-key",
+        "run-2",
+        "--ttl-seconds",
+        "60",
+    )
     run = cli("lease", "release", "--lease-id", lease["lease_id"], "--execution-key", "run-1")
     assert run.code == 9
     assert cli.ok("lease", "inspect", "deploy", "svc")["info"]["held"] is True

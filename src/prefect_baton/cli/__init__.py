@@ -100,9 +100,9 @@ class BatonGroup(TyperGroup):
             return emit_error(_format_from_argv(argv), "baton", exc.to_dict())
         except BrokenPipeError:
             return _stdout_gone()
-        except SystemExit as exc:  # Typer exits on EPIPE even when not standalone
-            if isinstance(exc.code, int):
-                return _stdout_gone() if exc.code else 0
+        except SystemExit as exc:  # Typer exits (1) on EPIPE even when not standalone
+            if exc.code is None or isinstance(exc.code, int):
+                return int(exc.code or 0)
             return EXIT_FAILURE
         except Exception as exc:
             if os.environ.get("BATON_CLI_TRACEBACK") == "1":

@@ -39,15 +39,16 @@ def _forwarded_globals(ctx: typer.Context, args: list[str]) -> list[str]:
 
 
 def demo(ctx: typer.Context) -> None:
-    """Run the four-role scenario (researchers, writer, operator, reviewer) as separate
-    processes on real files, with real crashes and pauses, and print a summary.
+    """Run the four-role scenario (researchers, writer, operator, reviewer) on real files.
 
-    Options (forwarded to the demo): --workers N (researcher processes), --input DIR,
-    --crash N (researchers SIGKILLed mid-file), --pause N (researchers SIGSTOPped past their
-    TTL), --ttl SECONDS (lease TTL, integer seconds), --format table|json,
-    --ledger-url URL, --keep (keep the ledger). `baton demo --help` shows the demo's own
-    help. Exits non-zero if a file is completed twice or left undone, or the verdict is
-    not accepted.
+    Separate OS processes share one ledger, with real crashes and pauses; prints a summary.
+
+    Options, forwarded unchanged to the demo: --workers N (researcher processes),
+    --input DIR (repeatable), --crash N (researchers SIGKILLed mid-file), --pause N
+    (researchers SIGSTOPped past their TTL), --ttl SECONDS (file lease TTL, integer
+    seconds), --format table|json, --ledger-url URL; `baton demo --help` lists them all.
+    A global --ledger-url or --format given before `demo` is passed on too. Exits non-zero
+    if a file is completed twice or left undone, or the verdict is not accepted.
     """
     args = list(ctx.args)
     argv = _forwarded_globals(ctx, args) + args
@@ -62,5 +63,16 @@ def demo(ctx: typer.Context) -> None:
                 {"code": "DEMO_UNAVAILABLE", "message": f"baton demo is not available: {exc}"},
             )
         ) from None
-    code = module.main(argv)
-    raise typer.Exit(int(code) if isinstance(code, int) else EXIT_FAILURE if code else 0)
+    try:
+        code = module.main(argv)
+    except SystemExit as exc:  # argparse exits on --help and on bad arguments
+        code = exc.code
+    raise typer.Exit(_exit_status(code))
+
+
+def _exit_status(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return int(code)
+    return EXIT_FAILURE

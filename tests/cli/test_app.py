@@ -1,0 +1,288 @@
+"""The ``baton`` app as a whole: help, exit code table, usage errors, events, db, audit,
+demo forwarding, and that no failure ever prints a traceback."""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from prefect_baton.cli import COMMANDS, EXIT_CODES, SUB_APPS, app
+from prefect_baton.errors import ERROR_CODES
+
+from .conftest import CLEAN_ENV, Cli
+
+
+def test_every_error_code_has_a_distinct_exit_code() -> None:
+    """Each design error code maps to its own fixed non-zero exit code (2 shared with usage)."""
+    assert set(ERROR_CODES) <= set(EXIT_CODES)
+    codes = [EXIT_CODES[c] for c in ERROR_CODES]
+    assert len(set(codes)) == len(codes)
+    assert EXIT_CODES == {
+        "OK": 0,
+        "VALIDATION_ERROR": 2,
+        "CONFLICT": 3,
+        "VERSION_CONFLICT": 4,
+        "NOT_FOUND": 5,
+        "FORBIDDEN": 6,
+        "IDEMPOTENCY_MISMATCH": 7,
+        "IDEMPOTENCY_IN_FLIGHT": 8,
+        "LEASE_LOST": 9,
+        "STALE_FENCE": 10,
+        "UNAVAILABLE": 11,
+    }
+
+
+def test_help_lists_commands_and_exit_codes() -> None:
+    """`baton --help` lists every command group and the exit code of every error code."""
+    result = CliRunner().invoke(app, ["--help"], env=CLEAN_ENV)
+    assert result.exit_code == 0
+    for name, _ in SUB_APPS:
+        assert name in result.stdout
+    for name, _, _ in COMMANDS:
+        assert name in result.stdout
+    for code, number in EXIT_CODES.items():
+        assert f"{number:>3}  {code}" in result.stdout
+
+
+def test_every_command_has_help_text() -> None:
+    """Each sub-command's --help renders, with text for every option."""
+    runner = CliRunner()
+    for group, sub in SUB_APPS:
+        for info in sub.registered_commands:
+            result = runner.invoke(app, [group, str(info.name), "--help"], env=CLEAN_ENV)
+            assert result.exit_code == 0, (group, info.name)
+            assert "Usage:" in result.stdout
+
+
+def test_version_flag_prints_the_version() -> None:
+    """`baton --version` prints the package version and exits 0."""
+    result = CliRunner().invoke(app, ["--version"], env=CLEAN_ENV)
+    assert result.exit_code == 0
+    assert "prefect-baton" in result.stdout
+
+
+def test_missing_option_is_a_readable_usage_error(cli: Cli) -> None:
+    """A missing --ttl-seconds exits 2 with one line naming it; JSON mode gets a receipt."""
+    run = cli("lease", "acquire", "deploy", "svc", fmt="table")
+    assert run.code == 2
+    assert "Missing option '--ttl-seconds'" in run.stderr
+    assert run.stderr.count("\n") == 1
+    assert "Traceback" not in run.text
+    as_json = cli("lease", "acquire", "deploy", "svc")
+    assert as_json.code == 2
+    assert as_json.json["ok"] is False
+    assert as_json.json["action"] == "lease.acquire"
+    assert as_json.json["error"]["code"] == "VALIDATION_ERROR"
+    assert "--ttl-seconds" in as_json.json["error"]["message"]
+
+
+def test_negative_ttl_is_a_readable_validation_error(cli: Cli) -> None:
+    """--ttl-seconds -5 exits 2 with a message giving the allowed range, no traceback."""
+    run = cli("lease", "acquire", "deploy", "svc", "--ttl-seconds", "-5", fmt="table")
+    assert run.code == 2
+    assert "from 10 to 86400 seconds" in run.stderr
+    assert "Traceback" not in run.text
+
+
+def test_non_integer_ttl_and_bad_format_are_usage_errors(cli: Cli) -> None:
+    """A non-integer TTL and an unknown --format both exit 2 with a message."""
+    run = cli("lease", "acquire", "deploy", "svc", "--ttl-seconds", "1.5")
+    assert run.code == 2
+    assert run.json["error"]["code"] == "VALIDATION_ERROR"
+    bad_format = cli("lease", "list", fmt="yaml")
+    assert bad_format.code == 2
+    assert "yaml" in bad_format.stderr
+
+
+def test_unknown_command_is_a_usage_error(cli: Cli) -> None:
+    """An unknown command exits 2 with a readable message."""
+    run = cli("lease", "grab", fmt="table")
+    assert run.code == 2
+    assert "No such command" in run.stderr
+
+
+def test_bad_role_and_bad_ledger_url_are_validation_errors(cli: Cli) -> None:
+    """An unknown --role or a non-SQL ledger URL exits 2 before anything is written."""
+    assert cli("lease", "list", role="king").code == 2
+    run = Cli("mysql://x@localhost/db", cli.org)("lease", "list")
+    assert run.code == 2
+    assert "sqlite:// or postgresql://" in run.json["error"]["message"]
+
+
+def test_unexpected_failure_is_one_line_without_traceback(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unexpected exception exits 1 with one line (INTERNAL_ERROR), not a traceback."""
+    from prefect_baton._client import LeaseAPI
+
+    def boom(self: LeaseAPI, *args: object, **kwargs: object) -> None:
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(LeaseAPI, "list", boom)
+    run = cli("lease", "list", fmt="table")
+    assert run.code == 1
+    assert "disk on fire" in run.stderr
+    assert "Traceback" not in run.text
+    as_json = cli("lease", "list")
+    assert as_json.json["error"]["code"] == "INTERNAL_ERROR"
+
+
+def test_environment_supplies_the_global_options(sqlite_ledger: str) -> None:
+    """BATON_LEDGER_URL, BATON_ORG, BATON_PRINCIPAL and BATON_FORMAT are the defaults."""
+    env = {
+        **CLEAN_ENV,
+        "BATON_LEDGER_URL": sqlite_ledger,
+        "BATON_ORG": "env-org",
+        "BATON_PRINCIPAL": "env-agent",
+        "BATON_FORMAT": "json",
+    }
+    runner = CliRunner()
+    result = runner.invoke(
+        app, ["lease", "acquire", "deploy", "svc", "--ttl-seconds", "60"], env=env
+    )
+    assert result.exit_code == 0, result.output
+    assert '"owner": "env-agent"' in result.stdout
+    other_org = Cli(sqlite_ledger, "another-org")
+    assert other_org.ok("lease", "inspect", "deploy", "svc")["info"]["held"] is False
+
+
+# ----------------------------------------------------------------------------- events
+
+
+def test_events_tail_pages_with_after_and_next_after(cli: Cli) -> None:
+    """events tail returns events after --after in order, and next_after for the next page."""
+    cli.ok("lease", "acquire", "deploy", "a", "--ttl-seconds", "60")
+    cli.ok("checkpoint", "save", "doc", "progress", '{"n": 1}')
+    cli.ok("handoff", "create", "bob", "doc")
+    first = cli.ok("events", "tail", "--limit", "2")
+    kinds = [e["kind"] for e in first["events"]]
+    assert kinds == ["lease.acquired", "checkpoint.saved"]
+    rest = cli.ok("events", "tail", "--after", str(first["next_after"]))
+    assert [e["kind"] for e in rest["events"]] == ["handoff.created"]
+    empty = cli.ok("events", "tail", "--after", str(rest["next_after"]))
+    assert empty["events"] == []
+    assert empty["next_after"] == rest["next_after"]
+    only = cli.ok("events", "tail", "--kind", "handoff.created")["events"]
+    assert len(only) == 1
+    assert cli("events", "tail", fmt="table").code == 0
+
+
+def test_events_tail_rejects_bad_paging(cli: Cli) -> None:
+    """A negative --after, a zero --limit and a zero --interval exit 2."""
+    assert cli("events", "tail", "--after", "-1").code == 2
+    assert cli("events", "tail", "--limit", "0").code == 2
+    assert cli("events", "tail", "--follow", "--interval", "0").code == 2
+
+
+# ----------------------------------------------------------------------------- db, audit
+
+
+def test_db_current_then_upgrade(cli: Cli) -> None:
+    """A fresh ledger has no revision; db upgrade brings it to head; a second is no_change."""
+    before = cli.ok("db", "current")["info"]
+    assert before["revision"] is None
+    assert before["up_to_date"] is False
+    up = cli.ok("db", "upgrade")
+    assert up["info"]["revision"] == up["info"]["head"]
+    assert up["status"] == "ok"
+    assert cli.ok("db", "upgrade")["status"] == "no_change"
+    after = cli.ok("db", "current")["info"]
+    assert after["up_to_date"] is True
+    assert cli("db", "current", fmt="table").code == 0
+
+
+def test_db_current_hides_the_password(pg_cli: Cli) -> None:
+    """db current on PostgreSQL never prints the URL's password."""
+    url = pg_cli.ledger_url.replace("postgres@", "postgres:s3cret@")
+    run = Cli(url, pg_cli.org)("db", "current")
+    assert "s3cret" not in run.text
+
+
+def test_audit_of_a_clean_ledger_exits_0(cli: Cli) -> None:
+    """audit of a ledger with a normal lease history reports no violation."""
+    lease = cli.ok(
+        "lease", "acquire", "deploy", "a", "--ttl-seconds", "60", "--idempotency-key", "k"
+    )["lease"]
+    cli.ok("lease", "renew", "--lease-id", lease["lease_id"], "--execution-key", "k")
+    cli.ok("lease", "release", "--lease-id", lease["lease_id"], "--execution-key", "k")
+    report = cli.ok("audit")["audit"]
+    assert report["violations"] == []
+    assert (report["org"], report["generations"], report["transitions"]) == (cli.org, 1, 3)
+    assert cli("audit", fmt="table").code == 0
+
+
+def test_audit_prints_violations_and_exits_1(cli: Cli, sqlite_ledger: str) -> None:
+    """A corrupted history (a renewal skipping versions) is reported; exit 1."""
+    lease = cli.ok(
+        "lease", "acquire", "deploy", "a", "--ttl-seconds", "60", "--idempotency-key", "k"
+    )["lease"]
+    cli.ok("lease", "renew", "--lease-id", lease["lease_id"], "--execution-key", "k")
+    path = sqlite_ledger.removeprefix("sqlite:///")
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE baton_lease_transitions SET version = 7 WHERE action = 'renew'")
+    run = cli("audit")
+    assert run.code == 1
+    receipt = run.json
+    assert receipt["ok"] is False
+    assert receipt["error"]["code"] == "AUDIT_VIOLATIONS"
+    assert any("version 7" in v for v in receipt["audit"]["violations"])
+    table = cli("audit", fmt="table")
+    assert table.code == 1
+    assert "VIOLATION" in table.stdout
+    assert "Traceback" not in table.text
+
+
+# ----------------------------------------------------------------------------- demo
+
+
+def test_demo_forwards_its_options_and_exit_code(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`baton demo ...` passes its arguments unchanged to prefect_baton.demo.main."""
+    seen: list[list[str]] = []
+
+    def fake_main(argv: list[str]) -> int:
+        seen.append(argv)
+        return 3
+
+    monkeypatch.setitem(sys.modules, "prefect_baton.demo", types.SimpleNamespace(main=fake_main))
+    argv = [
+        "demo",
+        "--workers",
+        "3",
+        "--input",
+        "/src",
+        "--crash",
+        "1",
+        "--pause",
+        "1",
+        "--ttl",
+        "10",
+        "--format",
+        "json",
+        "--keep",
+        "--help",
+    ]
+    result = CliRunner().invoke(app, argv, env=CLEAN_ENV)
+    assert result.exit_code == 3
+    assert seen == [argv[1:]]
+    result = CliRunner().invoke(app, ["--ledger-url", cli.ledger_url, "demo"], env=CLEAN_ENV)
+    assert seen[-1] == ["--ledger-url", cli.ledger_url]
+
+
+def test_demo_reports_a_missing_module_readably(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If prefect_baton.demo cannot be imported, `baton demo` exits 1 with one line."""
+    monkeypatch.setitem(sys.modules, "prefect_baton.demo", None)
+    result = CliRunner().invoke(app, ["demo"], env=CLEAN_ENV)
+    assert result.exit_code == 1
+    assert "not available" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_sqlite_ledger_file_is_created_under_tmp(cli: Cli, sqlite_ledger: str) -> None:
+    """Commands create the SQLite ledger file at the given path."""
+    cli.ok("lease", "list")
+    assert Path(sqlite_ledger.removeprefix("sqlite:///")).exists()

@@ -18,8 +18,12 @@ app = typer.Typer(
 
 HISTORY_COLUMNS = ("version", "state_hash", "updated_at", "checkpoint_id", "principal")
 
-SubjectId = Annotated[str, typer.Argument(help="Subject id (text, 1-256 characters).")]
-Kind = Annotated[str, typer.Argument(help="Checkpoint kind (text, 1-256 characters).")]
+SubjectId = Annotated[
+    str, typer.Argument(metavar="SUBJECT_ID", help="Subject id (text, 1-256 characters).")
+]
+Kind = Annotated[
+    str, typer.Argument(metavar="KIND", help="Checkpoint kind (text, 1-256 characters).")
+]
 Principal = Annotated[
     str | None,
     typer.Option("--owner", help="Whose checkpoint to read (principal, text; default: yours)."),
@@ -87,10 +91,13 @@ def save(
 def get(
     ctx: typer.Context,
     subject_id: Annotated[
-        str | None, typer.Argument(help="Subject id (text); omit with --id.", show_default=False)
+        str | None,
+        typer.Argument(
+            metavar="SUBJECT_ID", help="Subject id (text); omit with --id.", show_default=False
+        ),
     ] = None,
     kind: Annotated[
-        str | None, typer.Argument(help="Checkpoint kind (text); omit with --id.")
+        str | None, typer.Argument(metavar="KIND", help="Checkpoint kind (text); omit with --id.")
     ] = None,
     principal: Principal = None,
     checkpoint_id: Annotated[

@@ -34,16 +34,23 @@ class Resolution(enum.StrEnum):
     rejected = "rejected"
 
 
-HandoffId = Annotated[str, typer.Argument(help="Handoff id (text, 'handoff_...').")]
+HandoffId = Annotated[
+    str, typer.Argument(metavar="HANDOFF_ID", help="Handoff id (text, 'handoff_...').")
+]
 
 
 @app.command("create")
 def create(
     ctx: typer.Context,
     to_principal: Annotated[
-        str, typer.Argument(help="Recipient principal (text); need not have acted yet.")
+        str,
+        typer.Argument(
+            metavar="TO_PRINCIPAL", help="Recipient principal (text); need not have acted yet."
+        ),
     ],
-    subject_id: Annotated[str, typer.Argument(help="Subject id (text, 1-256 characters).")],
+    subject_id: Annotated[
+        str, typer.Argument(metavar="SUBJECT_ID", help="Subject id (text, 1-256 characters).")
+    ],
     checkpoint_id: Annotated[
         str | None,
         typer.Option("--checkpoint-id", help="Checkpoint id (text) the recipient may read."),
@@ -112,7 +119,8 @@ def resolve(
     ctx: typer.Context,
     handoff_id: HandoffId,
     status: Annotated[
-        Resolution, typer.Argument(help="'accepted' or 'rejected'.", case_sensitive=False)
+        Resolution,
+        typer.Argument(metavar="STATUS", help="'accepted' or 'rejected'.", case_sensitive=False),
     ],
     note: Annotated[str | None, typer.Option("--note", help="Note (text) kept with it.")] = None,
     execution_key: Annotated[

@@ -33,10 +33,16 @@ LEASE_COLUMNS = (
 )
 
 ResourceType = Annotated[
-    str, typer.Argument(help="Resource type (text, 1-256 characters), e.g. 'deploy'.")
+    str,
+    typer.Argument(
+        metavar="RESOURCE_TYPE", help="Resource type (text, 1-256 characters), e.g. 'deploy'."
+    ),
 ]
 ResourceId = Annotated[
-    str, typer.Argument(help="Resource id (text, 1-256 characters), e.g. 'checkout-service'.")
+    str,
+    typer.Argument(
+        metavar="RESOURCE_ID", help="Resource id (text, 1-256 characters), e.g. 'checkout-service'."
+    ),
 ]
 LeaseId = Annotated[
     str, typer.Option("--lease-id", help="Lease id (text, 'lease_...') returned by acquire.")
@@ -223,7 +229,9 @@ def release(
 @app.command("force-release")
 def force_release(
     ctx: typer.Context,
-    lease_id: Annotated[str, typer.Argument(help="Lease id (text, 'lease_...') to release.")],
+    lease_id: Annotated[
+        str, typer.Argument(metavar="LEASE_ID", help="Lease id (text, 'lease_...') to release.")
+    ],
 ) -> None:
     """Release anyone's lease of the org. Needs --role owner or admin (else exit 6)."""
     with guard(ctx, "lease.force-release") as st:

@@ -37,10 +37,14 @@ class OutcomeStatus(enum.StrEnum):
 @app.command("record")
 def record(
     ctx: typer.Context,
-    subject_id: Annotated[str, typer.Argument(help="Subject id (text, 1-256 characters).")],
+    subject_id: Annotated[
+        str, typer.Argument(metavar="SUBJECT_ID", help="Subject id (text, 1-256 characters).")
+    ],
     status: Annotated[
         OutcomeStatus,
-        typer.Argument(help="'succeeded', 'failed' or 'cancelled'.", case_sensitive=False),
+        typer.Argument(
+            metavar="STATUS", help="'succeeded', 'failed' or 'cancelled'.", case_sensitive=False
+        ),
     ],
     evidence: Annotated[
         list[str] | None,
@@ -94,7 +98,10 @@ def record(
 def list_(
     ctx: typer.Context,
     subject_id: Annotated[
-        str | None, typer.Argument(help="Only this subject (text); default: all of the org.")
+        str | None,
+        typer.Argument(
+            metavar="SUBJECT_ID", help="Only this subject (text); default: all of the org."
+        ),
     ] = None,
     limit: Annotated[
         int, typer.Option("--limit", help="At most this many rows (integer, 1 to 100000).")

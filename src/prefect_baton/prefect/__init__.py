@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ._block import BatonBlock
 from ._board import board_rows, publish_board
-from ._context import RunIdentity, current_lease, run_identity
+from ._context import RunIdentity, current_baton, current_lease, run_identity
 from ._decorators import leased
 from ._events import can_emit, relay_events
 from ._handoff import (
@@ -22,6 +22,7 @@ from ._handoff import (
     handoff_to,
     start_recipient,
 )
+from ._serve import prefect_api, serving, wait_for_run
 
 __all__ = [
     "AcceptedHandoff",
@@ -33,11 +34,15 @@ __all__ = [
     "ahandoff_to",
     "board_rows",
     "can_emit",
+    "current_baton",
     "current_lease",
     "handoff_to",
     "leased",
+    "prefect_api",
     "publish_board",
     "relay_events",
     "run_identity",
+    "serving",
     "start_recipient",
+    "wait_for_run",
 ]

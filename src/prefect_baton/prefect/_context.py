@@ -33,6 +33,7 @@ from .._settings import BatonSettings
 __all__ = [
     "BatonLike",
     "RunIdentity",
+    "current_baton",
     "current_lease",
     "resolve_baton",
     "retry_follows",
@@ -290,6 +291,13 @@ def current_lease() -> LeaseKeeper | None:
     """
     slot = _CURRENT.get()
     return slot.keeper if slot is not None else None
+
+
+def current_baton() -> Baton | None:
+    """The client of the innermost active ``@leased`` function or :func:`accept_handoff`
+    block (acting as the run's principal), or ``None`` outside one."""
+    slot = _CURRENT.get()
+    return slot.baton if slot is not None else None
 
 
 def current_slot() -> LeaseSlot | None:

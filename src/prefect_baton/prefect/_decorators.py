@@ -1,8 +1,7 @@
 """``@leased``: hold a lease for the duration of a function, task or flow run.
 
-One core (:class:`_LeaseCall`: no I/O, decides what happens after each acquire attempt and at
-exit) and two thin drivers (:func:`_run_sync`, :func:`_run_async`) that only do I/O and
-sleep, as STYLE.md section 2 asks.
+The decisions live in :class:`._plan.LeaseCall` (no I/O); :func:`_run_sync` and
+:func:`_run_async` are the two thin drivers that do the I/O and sleeping (STYLE.md 2).
 """
 
 from __future__ import annotations
@@ -10,21 +9,16 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import random
-import string
-import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import anyio
 import anyio.to_thread
 from prefect import Flow, Task
 
-from .._core import validate_id, validate_text, validate_ttl
 from .._keeper import LeaseKeeper
-from ..errors import BatonError, ConflictError, LeaseLostError, ValidationError
+from ..errors import BatonError, LeaseLostError, ValidationError
 from ._context import (
     BatonLike,
     LeaseSlot,
@@ -32,205 +26,21 @@ from ._context import (
     pop_slot,
     push_slot,
     resolve_baton,
-    retry_follows,
     run_identity,
 )
 from ._events import emit_lease_event
 from ._interrupt import AsyncInterrupt, LeaseInterrupt, SyncInterrupt
+from ._options import LeaseOptions, OnConflict, make_options
+from ._plan import Fail, LeaseCall, Skip, Sleep
 
 __all__ = ["leased"]
 
 log = logging.getLogger("prefect_baton.prefect")
 
 F = TypeVar("F")
-OnConflict = Literal["raise", "skip", "wait"]
-_ON_CONFLICT = ("raise", "skip", "wait")
-_WAIT_FIRST_SECONDS = 0.25
-_WAIT_CAP_SECONDS = 5.0
-
-# base execution key -> key actually holding the lease between Prefect retries (this process)
-_held_keys: dict[str, str] = {}
-_held_lock = threading.Lock()
 
 
-def _fields(template: str, what: str) -> set[str]:
-    try:
-        parsed = list(string.Formatter().parse(template))
-    except ValueError as exc:
-        raise ValidationError(f"{what} template {template!r} is malformed: {exc}") from None
-    roots = set()
-    for _text, name, _spec, _conv in parsed:
-        if name is None:
-            continue
-        root = name.split(".", 1)[0].split("[", 1)[0]
-        if not root or root.isdigit():
-            raise ValidationError(f"{what} template {template!r}: use parameter names, not {{}}")
-        roots.add(root)
-    return roots
-
-
-@dataclass(frozen=True)
-class LeaseOptions:
-    """The validated options of one ``@leased(...)``."""
-
-    resource_type: str
-    resource_id: str
-    ttl_seconds: int
-    purpose: str | None
-    scopes: tuple[str, ...]
-    on_conflict: OnConflict
-    wait_timeout_seconds: float | None
-    cancel_on_loss: bool
-    baton: BatonLike | None
-    principal: str | None
-
-    def check_function(self, fn: Callable[..., Any]) -> inspect.Signature:
-        """Reject templates naming parameters ``fn`` does not have (names the function)."""
-        sig = inspect.signature(fn)
-        params = sig.parameters
-        var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
-        name = getattr(fn, "__qualname__", repr(fn))
-        for what, tpl in [("resource_id", self.resource_id)] + [("scope", s) for s in self.scopes]:
-            missing = sorted(f for f in _fields(tpl, what) if f not in params)
-            if missing and not var_kw:
-                raise ValidationError(
-                    f"@leased on {name}: {what} template {tpl!r} names "
-                    f"{', '.join(missing)}, which {name} has no parameter for"
-                )
-        return sig
-
-    def render(self, sig: inspect.Signature, args: Any, kwargs: Any) -> tuple[str, list[str]]:
-        """``(resource_id, scopes)`` with templates filled from the call's arguments."""
-        if not any("{" in t for t in (self.resource_id, *self.scopes)):
-            return self.resource_id, list(self.scopes)
-        bound = sig.bind(*args, **kwargs)
-        bound.apply_defaults()
-        values = dict(bound.arguments)
-        for p in sig.parameters.values():
-            if p.kind is p.VAR_KEYWORD:
-                values.update(values.pop(p.name, {}))
-        try:
-            return self.resource_id.format_map(values), [s.format_map(values) for s in self.scopes]
-        except (KeyError, AttributeError, IndexError) as exc:
-            raise ValidationError(f"cannot fill the lease templates: {exc!r}") from None
-
-
-# ----------------------------------------------------------------------------- the core
-
-
-@dataclass(frozen=True)
-class _Sleep:
-    seconds: float
-
-
-@dataclass(frozen=True)
-class _Skip:
-    message: str
-
-
-@dataclass(frozen=True)
-class _Again:
-    pass
-
-
-@dataclass(frozen=True)
-class _Fail:
-    error: BaseException
-
-
-_Step = _Sleep | _Skip | _Again | _Fail
-
-
-class _LeaseCall:
-    """One call of a ``@leased`` function. No I/O: the drivers ask it what to do next."""
-
-    def __init__(
-        self,
-        opts: LeaseOptions,
-        fn_name: str,
-        ident: RunIdentity,
-        resource: tuple[str, list[str]],
-        now: float,
-    ) -> None:
-        self.opts = opts
-        self.fn_name = fn_name
-        self.ident = ident
-        self.resource_id, self.scopes = resource
-        self.base_key = ident.execution_key
-        with _held_lock:
-            self.key = _held_keys.get(self.base_key, self.base_key)
-        self.rekeyed = False
-        self.attempts = 0
-        timeout = opts.wait_timeout_seconds
-        self.deadline = None if timeout is None else now + timeout
-        self.started = now
-
-    @property
-    def what(self) -> str:
-        return f"{self.opts.resource_type}/{self.resource_id}"
-
-    def on_acquire_error(self, exc: BatonError, now: float) -> _Step:
-        """Decide after a failed acquire: sleep and retry (``wait``), skip, re-key, or fail."""
-        self.attempts += 1
-        if isinstance(exc, LeaseLostError) and self.ident.run_count > 1 and not self.rekeyed:
-            # A retry whose earlier attempt's lease lapsed meanwhile (retry delay > TTL): the
-            # old receipt cannot revive it, so this attempt acquires under a key of its own.
-            self.rekeyed = True
-            self.key = f"{self.base_key}:attempt-{self.ident.run_count}"
-            log.warning("%s: the lease of the previous attempt lapsed (%s)", self.what, exc)
-            return _Again()
-        if not isinstance(exc, ConflictError) or self.opts.on_conflict == "raise":
-            return _Fail(exc)
-        until = exc.expires_at.isoformat(timespec="seconds") if exc.expires_at else "unknown"
-        if self.opts.on_conflict == "skip":
-            return _Skip(
-                f"Skipped {self.fn_name}: {self.what} is leased by another holder until "
-                f"{until} (on_conflict='skip')."
-            )
-        if self.deadline is not None and now >= self.deadline:
-            return _Fail(
-                ConflictError(
-                    f"{self.what} is still leased by another holder (until {until}) after "
-                    f"waiting {now - self.started:.1f} s (wait_timeout_seconds="
-                    f"{self.opts.wait_timeout_seconds})",
-                    expires_at=exc.expires_at,
-                )
-            )
-        delay = min(_WAIT_CAP_SECONDS, _WAIT_FIRST_SECONDS * 2 ** min(self.attempts - 1, 8))
-        delay *= random.uniform(0.5, 1.5)  # jitter, so waiters do not retry in lockstep
-        if self.deadline is not None:
-            delay = min(delay, max(0.0, self.deadline - now))
-        return _Sleep(delay)
-
-    def release_at_exit(self, slot: LeaseSlot, exc: BaseException | None) -> bool:
-        """Release on success, final failure, cancellation; keep it when a Prefect retry
-        follows (that retry then replays this acquire: same lease, same epoch), and never
-        release a lease handed off with :func:`handoff_to`."""
-        if slot.handed_off:
-            return False
-        keep = exc is not None and retry_follows(self.ident, exc)
-        with _held_lock:
-            if keep:
-                _held_keys[self.base_key] = self.key
-            else:
-                _held_keys.pop(self.base_key, None)
-        return not keep
-
-    def keeper(self, slot_on_lost: Callable[[LeaseKeeper], Any] | None, b: Any) -> LeaseKeeper:
-        """A keeper for the next acquire attempt."""
-        lease: LeaseKeeper = b.lease(
-            self.opts.resource_type,
-            self.resource_id,
-            ttl_seconds=self.opts.ttl_seconds,
-            purpose=self.opts.purpose,
-            scopes=self.scopes,
-            idempotency_key=self.key,
-            on_lost=slot_on_lost,
-        )
-        return lease
-
-
-def _skip_result(step: _Skip, ident: RunIdentity) -> Any:
+def _skip_result(step: Skip, ident: RunIdentity) -> Any:
     if not ident.in_run:
         log.info(step.message)
         return None
@@ -248,10 +58,10 @@ def _after_stop(b: Any, keeper: LeaseKeeper, slot: LeaseSlot) -> None:
 
 def _prepare(
     opts: LeaseOptions, sig: inspect.Signature, fn_name: str, prefer: Any, a: Any, kw: Any
-) -> tuple[_LeaseCall, Any]:
+) -> tuple[LeaseCall, Any]:
     ident = run_identity(prefer)
     b = resolve_baton(opts.baton, opts.principal or ident.principal)
-    call = _LeaseCall(opts, fn_name, ident, opts.render(sig, a, kw), time.monotonic())
+    call = LeaseCall(opts, fn_name, ident, opts.render(sig, a, kw), time.monotonic())
     return call, b
 
 
@@ -279,11 +89,11 @@ def _run_sync(
             break
         except BatonError as exc:
             step = call.on_acquire_error(exc, time.monotonic())
-            if isinstance(step, _Sleep):
+            if isinstance(step, Sleep):
                 time.sleep(step.seconds)
-            elif isinstance(step, _Skip):
+            elif isinstance(step, Skip):
                 return _skip_result(step, call.ident)
-            elif isinstance(step, _Fail):
+            elif isinstance(step, Fail):
                 raise step.error from (None if step.error is exc else exc)
     if not keeper.lease.replayed:
         emit_lease_event(b, "lease.acquired", keeper.lease)
@@ -330,11 +140,11 @@ async def _run_async(
             break
         except BatonError as exc:
             step = call.on_acquire_error(exc, time.monotonic())
-            if isinstance(step, _Sleep):
+            if isinstance(step, Sleep):
                 await anyio.sleep(step.seconds)
-            elif isinstance(step, _Skip):
+            elif isinstance(step, Skip):
                 return _skip_result(step, call.ident)
-            elif isinstance(step, _Fail):
+            elif isinstance(step, Fail):
                 raise step.error from (None if step.error is exc else exc)
     if not keeper.lease.replayed:
         emit_lease_event(b, "lease.acquired", keeper.lease)
@@ -456,32 +266,15 @@ def leased(
         ``LEASE_LOST`` or the TTL passed without a renewal; raised at the latest when the
         body returns), and what the body raises.
     """
-    validate_id("resource_type", resource_type)
-    if not isinstance(resource_id, str) or not resource_id:
-        raise ValidationError("resource_id must be a non-empty string (or template)")
-    validate_ttl(ttl_seconds)
-    validate_text("purpose", purpose)
-    if isinstance(scopes, str | bytes):
-        raise ValidationError("scopes must be a list of glob strings, not a single string")
-    scopes_ = tuple(scopes)
-    if on_conflict not in _ON_CONFLICT:
-        raise ValidationError(f"on_conflict must be one of {_ON_CONFLICT}, got {on_conflict!r}")
-    if wait_timeout_seconds is not None:
-        if on_conflict != "wait":
-            raise ValidationError("wait_timeout_seconds only applies to on_conflict='wait'")
-        if isinstance(wait_timeout_seconds, bool) or not wait_timeout_seconds >= 0:
-            raise ValidationError("wait_timeout_seconds must be a number of seconds >= 0")
-    if principal is not None:
-        validate_id("principal", principal)
-    opts = LeaseOptions(
-        resource_type=resource_type,
-        resource_id=resource_id,
-        ttl_seconds=int(ttl_seconds),
+    opts = make_options(
+        resource_type,
+        resource_id,
+        ttl_seconds=ttl_seconds,
         purpose=purpose,
-        scopes=scopes_,
+        scopes=scopes,
         on_conflict=on_conflict,
         wait_timeout_seconds=wait_timeout_seconds,
-        cancel_on_loss=bool(cancel_on_loss),
+        cancel_on_loss=cancel_on_loss,
         baton=baton,
         principal=principal,
     )

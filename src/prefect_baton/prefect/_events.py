@@ -290,4 +290,3 @@ def relay_events(
     if cursor != start:
         relay.checkpoints.save(_RELAY_SUBJECT, "cursor", {"seq": cursor})
     return RelayResult(emitted=emitted, cursor=cursor)
-

@@ -1,0 +1,129 @@
+"""The options of ``@leased``: validation when the decorator is applied, and templates."""
+
+from __future__ import annotations
+
+import inspect
+import string
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .._core import validate_id, validate_text, validate_ttl
+from ..errors import ValidationError
+from ._context import BatonLike
+
+__all__ = ["LeaseOptions", "OnConflict", "make_options"]
+
+OnConflict = Literal["raise", "skip", "wait"]
+_ON_CONFLICT = ("raise", "skip", "wait")
+
+
+def _fields(template: str, what: str) -> set[str]:
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ValidationError(f"{what} template {template!r} is malformed: {exc}") from None
+    roots = set()
+    for _text, name, _spec, _conv in parsed:
+        if name is None:
+            continue
+        root = name.split(".", 1)[0].split("[", 1)[0]
+        if not root or root.isdigit():
+            raise ValidationError(f"{what} template {template!r}: use parameter names, not {{}}")
+        roots.add(root)
+    return roots
+
+
+@dataclass(frozen=True)
+class LeaseOptions:
+    """The validated options of one ``@leased(...)``."""
+
+    resource_type: str
+    resource_id: str
+    ttl_seconds: int
+    purpose: str | None
+    scopes: tuple[str, ...]
+    on_conflict: OnConflict
+    wait_timeout_seconds: float | None
+    cancel_on_loss: bool
+    baton: BatonLike | None
+    principal: str | None
+
+    def check_function(self, fn: Callable[..., Any]) -> inspect.Signature:
+        """Reject templates naming parameters ``fn`` does not have (names the function)."""
+        sig = inspect.signature(fn)
+        params = sig.parameters
+        var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        name = getattr(fn, "__qualname__", repr(fn))
+        for what, tpl in [("resource_id", self.resource_id)] + [("scope", s) for s in self.scopes]:
+            missing = sorted(f for f in _fields(tpl, what) if f not in params)
+            if missing and not var_kw:
+                raise ValidationError(
+                    f"@leased on {name}: {what} template {tpl!r} names "
+                    f"{', '.join(missing)}, which {name} has no parameter for"
+                )
+        return sig
+
+    def render(self, sig: inspect.Signature, args: Any, kwargs: Any) -> tuple[str, list[str]]:
+        """``(resource_id, scopes)`` with templates filled from the call's arguments."""
+        if not any("{" in t for t in (self.resource_id, *self.scopes)):
+            return self.resource_id, list(self.scopes)
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        for p in sig.parameters.values():
+            if p.kind is p.VAR_KEYWORD:
+                values.update(values.pop(p.name, {}))
+        try:
+            return self.resource_id.format_map(values), [s.format_map(values) for s in self.scopes]
+        except (KeyError, AttributeError, IndexError) as exc:
+            raise ValidationError(f"cannot fill the lease templates: {exc!r}") from None
+
+
+def make_options(
+    resource_type: str,
+    resource_id: str,
+    *,
+    ttl_seconds: int,
+    purpose: str | None,
+    scopes: Iterable[str],
+    on_conflict: OnConflict,
+    wait_timeout_seconds: float | None,
+    cancel_on_loss: bool,
+    baton: BatonLike | None,
+    principal: str | None,
+) -> LeaseOptions:
+    """Validate ``@leased``'s arguments (see :func:`prefect_baton.prefect.leased`).
+
+    Raises:
+        ValidationError: a bad id, TTL (10..86,400 s), ``on_conflict`` or option mix.
+    """
+    validate_id("resource_type", resource_type)
+    if not isinstance(resource_id, str) or not resource_id:
+        raise ValidationError("resource_id must be a non-empty string (or template)")
+    validate_ttl(ttl_seconds)
+    validate_text("purpose", purpose)
+    if isinstance(scopes, str | bytes):
+        raise ValidationError("scopes must be a list of glob strings, not a single string")
+    scopes_ = tuple(scopes)
+    if on_conflict not in _ON_CONFLICT:
+        raise ValidationError(f"on_conflict must be one of {_ON_CONFLICT}, got {on_conflict!r}")
+    if wait_timeout_seconds is not None:
+        if on_conflict != "wait":
+            raise ValidationError("wait_timeout_seconds only applies to on_conflict='wait'")
+        if isinstance(wait_timeout_seconds, bool) or not wait_timeout_seconds >= 0:
+            raise ValidationError("wait_timeout_seconds must be a number of seconds >= 0")
+    if principal is not None:
+        validate_id("principal", principal)
+    return LeaseOptions(
+        resource_type=resource_type,
+        resource_id=resource_id,
+        ttl_seconds=int(ttl_seconds),
+        purpose=purpose,
+        scopes=scopes_,
+        on_conflict=on_conflict,
+        wait_timeout_seconds=wait_timeout_seconds,
+        cancel_on_loss=bool(cancel_on_loss),
+        baton=baton,
+        principal=principal,
+    )

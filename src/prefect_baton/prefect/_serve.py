@@ -1,0 +1,134 @@
+"""``serving(...)``: serve deployments from a background thread while the caller goes on.
+
+``flow.serve()`` / ``prefect.serve()`` block the calling thread; examples, the four-role
+scenario and tests need to serve the receiving deployments *and* start the first run from the
+same script. The served flow runs execute in subprocesses, as with ``prefect.serve``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = ["prefect_api", "serving", "wait_for_run"]
+
+
+@contextmanager
+def serving(*deployments: Any, poll_seconds: float = 1.0) -> Iterator[Any]:
+    """Serve ``deployments`` (from ``flow.to_deployment(name=...)``) while the block runs.
+
+    Args:
+        deployments: ``prefect.deployments.runner.RunnerDeployment`` objects; they are
+            registered with the Prefect API before the block starts.
+        poll_seconds: how often the runner looks for scheduled runs (seconds, ``float``).
+
+    Yields:
+        The ``prefect.runner.Runner``.
+
+    Raises:
+        RuntimeError: the runner did not start within 60 s. Prefect API errors.
+    """
+    from prefect.runner import Runner
+
+    runner = Runner(query_seconds=poll_seconds, limit=None, pause_on_shutdown=False)
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    failure: list[BaseException] = []
+
+    async def main() -> None:
+        try:
+            for d in deployments:
+                await runner.aadd_deployment(d)
+        except BaseException as exc:
+            failure.append(exc)
+            ready.set()
+            return
+        ready.set()
+        await runner.start()
+
+    thread = threading.Thread(
+        target=loop.run_until_complete, args=(main(),), name="baton-serve", daemon=True
+    )
+    thread.start()
+    if not ready.wait(60):
+        raise RuntimeError("the Prefect runner did not start within 60 s")
+    if failure:
+        thread.join(5)
+        raise failure[0]
+    try:
+        yield runner
+    finally:
+        if runner.started:
+            asyncio.run_coroutine_threadsafe(runner.astop(), loop).result(30)
+        thread.join(30)
+        if not thread.is_alive():
+            loop.close()
+
+
+@contextmanager
+def prefect_api(startup_timeout_seconds: int = 120) -> Iterator[str]:
+    """Make sure a Prefect API is reachable for the block; yields its URL.
+
+    With ``PREFECT_API_URL`` set, that server is used. Otherwise Prefect's embedded server is
+    started once for the block (about 20 s here) and ``PREFECT_API_URL`` points at it, also
+    for the subprocesses that served flow runs execute in (else each would start its own).
+
+    Raises:
+        RuntimeError: the embedded server did not start in ``startup_timeout_seconds``.
+    """
+    import os
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    url = PREFECT_API_URL.value()
+    if url:
+        yield str(url)
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()
+    server.start(timeout=startup_timeout_seconds)
+    old = os.environ.get("PREFECT_API_URL")
+    os.environ["PREFECT_API_URL"] = server.api_url
+    try:
+        with temporary_settings({PREFECT_API_URL: server.api_url}):
+            yield server.api_url
+    finally:
+        if old is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = old
+        server.stop()
+
+
+def wait_for_run(
+    flow_run_id: Any, timeout_seconds: float = 300.0, poll_seconds: float = 0.5
+) -> Any:
+    """Wait until a flow run reaches a final state; returns the ``FlowRun``.
+
+    Args:
+        flow_run_id: the run's id (``uuid.UUID`` or ``str``).
+        timeout_seconds: give up after this long (``float`` seconds).
+        poll_seconds: how often to ask the API (``float`` seconds).
+
+    Raises:
+        TimeoutError: the run is not final after ``timeout_seconds``.
+    """
+    import time
+    import uuid
+
+    from prefect.client.orchestration import get_client
+
+    run_id = flow_run_id if isinstance(flow_run_id, uuid.UUID) else uuid.UUID(str(flow_run_id))
+    deadline = time.monotonic() + timeout_seconds
+    with get_client(sync_client=True) as client:
+        while True:
+            run = client.read_flow_run(run_id)
+            if run.state is not None and run.state.is_final():
+                return run
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"flow run {run_id} not final after {timeout_seconds} s")
+            time.sleep(poll_seconds)

@@ -136,7 +136,7 @@ def validate_scopes(scopes: object) -> tuple[str, ...]:
             raise ValidationError("each scope must be a string")
         if len(s) > MAX_SCOPE_LENGTH:
             raise ValidationError(f"a scope is longer than {MAX_SCOPE_LENGTH} characters")
-        if any(ord(c) < 32 for c in s):
+        if any(ord(c) < 32 or ord(c) == 127 for c in s):
             raise ValidationError("a scope must not contain control characters")
         norm = _scopes.normalize_scope(s)
         if not norm:
@@ -178,12 +178,28 @@ def validate_state(
     """
     if not isinstance(state, Mapping):
         raise ValidationError(f"state must be a JSON object, got {type(state).__name__}")
+    _check_keys(state)
     text = canonical_json(dict(state))
     size = len(text.encode("utf-8"))
     if size > max_bytes:
         raise ValidationError(f"state is {size} bytes of JSON; at most {max_bytes}")
     parsed: dict[str, Any] = json.loads(text)
     return parsed, text, "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _check_keys(value: object, depth: int = 0) -> None:
+    """JSON object keys are strings: reject ``{1: ...}`` rather than silently turning it
+    into ``{"1": ...}`` (two different states would then share one hash)."""
+    if depth > 200:
+        raise ValidationError("state is nested more than 200 levels deep")
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ValidationError(f"state object keys must be strings, got {k!r}")
+            _check_keys(v, depth + 1)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _check_keys(v, depth + 1)
 
 
 def request_digest(operation: str, fields: Mapping[str, object]) -> str:

@@ -241,7 +241,7 @@ def test_audit_prints_violations_and_exits_1(cli: Cli, sqlite_ledger: str) -> No
 
 
 def test_demo_forwards_its_options_and_exit_code(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`baton demo ...` passes its arguments unchanged to prefect_baton.demo.main."""
+    """`baton demo` forwards its arguments and a global --ledger-url/--format to demo.main."""
     seen: list[list[str]] = []
 
     def fake_main(argv: list[str]) -> int:
@@ -269,8 +269,11 @@ def test_demo_forwards_its_options_and_exit_code(cli: Cli, monkeypatch: pytest.M
     result = CliRunner().invoke(app, argv, env=CLEAN_ENV)
     assert result.exit_code == 3
     assert seen == [argv[1:]]
-    result = CliRunner().invoke(app, ["--ledger-url", cli.ledger_url, "demo"], env=CLEAN_ENV)
-    assert seen[-1] == ["--ledger-url", cli.ledger_url]
+    root = ["--ledger-url", cli.ledger_url, "--format", "json", "demo", "--workers", "2"]
+    result = CliRunner().invoke(app, root, env=CLEAN_ENV)
+    assert seen[-1] == ["--ledger-url", cli.ledger_url, "--format", "json", "--workers", "2"]
+    result = CliRunner().invoke(app, [*root, "--format", "table"], env=CLEAN_ENV)
+    assert seen[-1] == ["--ledger-url", cli.ledger_url, "--workers", "2", "--format", "table"]
 
 
 def test_demo_reports_a_missing_module_readably(monkeypatch: pytest.MonkeyPatch) -> None:

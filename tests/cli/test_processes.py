@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -111,6 +112,35 @@ def test_events_tail_follow_streams_lines_and_stops_on_ctrl_c(cli: Cli) -> None:
             proc.wait()
     assert proc.returncode == 0
     assert "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_demo_runs_for_real_with_forwarded_options(tmp_path: Path) -> None:
+    """`baton --format json demo --workers 1 --input DIR` runs the scenario and exits 0."""
+    src = tmp_path / "input"
+    src.mkdir()
+    (src / "a.py").write_text("def f():\n    return 1\n", encoding="utf-8")
+    (src / "b.py").write_text("class C:\n    pass\n", encoding="utf-8")
+    run = run_process(
+        [
+            sys.executable,
+            "-m",
+            "prefect_baton.cli",
+            "--format",
+            "json",
+            "demo",
+            "--workers",
+            "1",
+            "--input",
+            str(src),
+            "--run-dir",
+            str(tmp_path / "run"),
+        ]
+    )
+    assert run.code == 0, run.text
+    summary = run.json
+    assert summary["ok"] is True
+    assert summary["verdict"] == "accepted"
 
 
 def race(cli: Cli) -> list[int]:

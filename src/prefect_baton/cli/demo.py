@@ -20,7 +20,7 @@ DEMO_CONTEXT = {
 }
 
 # Global options given explicitly before `demo` that the demo also understands.
-_FORWARDED_GLOBALS = (("ledger_url", "--ledger-url"), ("format", "--format"))
+_FORWARDED_GLOBALS = (("ledger_url", "--ledger-url"), ("fmt", "--format"))
 
 
 def _forwarded_globals(ctx: typer.Context, args: list[str]) -> list[str]:

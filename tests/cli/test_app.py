@@ -3,6 +3,7 @@ demo forwarding, and that no failure ever prints a traceback."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import sys
 import types
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from prefect_baton.cli import COMMANDS, EXIT_CODES, SUB_APPS, app
+from prefect_baton.cli import COMMANDS, EXIT_CODES, SUB_APPS, app, hoist_global_options
 from prefect_baton.errors import ERROR_CODES
 
 from .conftest import CLEAN_ENV, Cli
@@ -289,3 +290,47 @@ def test_sqlite_ledger_file_is_created_under_tmp(cli: Cli, sqlite_ledger: str) -
     """Commands create the SQLite ledger file at the given path."""
     cli.ok("lease", "list")
     assert Path(sqlite_ledger.removeprefix("sqlite:///")).exists()
+
+
+def test_global_options_may_follow_the_command(cli: Cli) -> None:
+    """`--format json` and `--principal` after the command work as in the seed CLI style."""
+    result = CliRunner().invoke(
+        app,
+        [
+            "lease",
+            "acquire",
+            "deploy",
+            "svc",
+            "--ttl-seconds",
+            "60",
+            "--ledger-url",
+            cli.ledger_url,
+            "--org",
+            cli.org,
+            "--principal",
+            "bob",
+            "--format=json",
+        ],
+        env=CLEAN_ENV,
+    )
+    assert result.exit_code == 0, result.output
+    receipt = json.loads(result.stdout)
+    assert receipt["lease"]["owner"] == "bob"
+    audit = cli.ok("audit", "--org", cli.org)
+    assert audit["audit"]["org"] == cli.org
+
+
+def test_hoisting_leaves_demo_arguments_and_double_dash_alone() -> None:
+    """Global options are moved before the command, except for demo and after `--`."""
+    assert hoist_global_options(["--org", "o", "lease", "list", "--format", "json"]) == [
+        "--org",
+        "o",
+        "--format",
+        "json",
+        "lease",
+        "list",
+    ]
+    demo_args = ["demo", "--format", "json", "--ledger-url", "x"]
+    assert hoist_global_options(demo_args) == demo_args
+    tail = ["checkpoint", "save", "s", "k", "--", "--format"]
+    assert hoist_global_options(tail) == tail

@@ -30,7 +30,7 @@ from ._output import (
 )
 from ._state import CliState
 
-__all__ = ["COMMANDS", "EXIT_CODES", "SUB_APPS", "app", "main"]
+__all__ = ["COMMANDS", "EXIT_CODES", "SUB_APPS", "app", "hoist_global_options", "main"]
 
 
 def _click_exceptions() -> Any:
@@ -60,6 +60,53 @@ def _format_from_argv(args: Sequence[str]) -> OutputFormat:
     return OutputFormat.json if fmt.lower() == "json" else OutputFormat.table
 
 
+#: Global options that take a value; they may also follow the command (seed 004 style:
+#: ``baton lease inspect deploy svc --format json``) and are moved in front of it.
+GLOBAL_VALUE_OPTIONS = frozenset(
+    {"--org", "--principal", "--role", "--ledger-url", "--redis-url", "--format"}
+)
+
+
+def hoist_global_options(argv: list[str]) -> list[str]:
+    """Move global options given after the command in front of it (later ones win).
+
+    Commands that forward their arguments (``demo``) are left alone, and so is anything
+    after ``--``.
+    """
+    i = 0
+    while i < len(argv) and argv[i].startswith("-") and argv[i] != "--":
+        i += 2 if argv[i] in GLOBAL_VALUE_OPTIONS else 1
+    if i >= len(argv) or argv[i] in _pass_through_commands():
+        return argv
+    hoisted: list[str] = []
+    kept: list[str] = []
+    rest = argv[i + 1 :]
+    j = 0
+    while j < len(rest):
+        tok = rest[j]
+        if tok == "--":
+            kept += rest[j:]
+            break
+        if tok in GLOBAL_VALUE_OPTIONS and j + 1 < len(rest):
+            hoisted += rest[j : j + 2]
+            j += 2
+            continue
+        if "=" in tok and tok.split("=", 1)[0] in GLOBAL_VALUE_OPTIONS:
+            hoisted.append(tok)
+        else:
+            kept.append(tok)
+        j += 1
+    return [*argv[:i], *hoisted, argv[i], *kept]
+
+
+def _pass_through_commands() -> set[str]:
+    return {
+        name
+        for name, _fn, settings in COMMANDS
+        if settings and settings.get("ignore_unknown_options")
+    }
+
+
 class BatonGroup(TyperGroup):
     """The root command: turns every failure into an error receipt and a fixed exit
     status (never a traceback), in the Typer runner and on the real command line alike."""
@@ -72,7 +119,7 @@ class BatonGroup(TyperGroup):
         standalone_mode: bool = True,
         **extra: Any,
     ) -> Any:
-        argv = list(sys.argv[1:] if args is None else args)
+        argv = hoist_global_options(list(sys.argv[1:] if args is None else args))
         code = self._run(argv, prog_name or "baton", complete_var, **extra)
         if standalone_mode:
             sys.exit(code)
@@ -142,7 +189,8 @@ app = typer.Typer(
     cls=BatonGroup,
     help="Leases with fencing tokens, checkpoints, handoffs and outcomes on a shared ledger.\n\n"
     "Global options default to the BATON_* environment (BATON_ORG, BATON_PRINCIPAL, "
-    "BATON_ROLE, BATON_LEDGER_URL, BATON_REDIS_URL, BATON_FORMAT).",
+    "BATON_ROLE, BATON_LEDGER_URL, BATON_REDIS_URL, BATON_FORMAT) and may also follow the "
+    "command: baton lease inspect deploy svc --format json.",
     epilog=exit_codes_help(),
     no_args_is_help=True,
     add_completion=False,

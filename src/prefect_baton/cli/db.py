@@ -80,21 +80,16 @@ def db_current(ctx: typer.Context) -> None:
         emit_ok(st.format, "db.current", "info", info)
 
 
-def audit(
-    ctx: typer.Context,
-    org: Annotated[
-        str | None,
-        typer.Option("--org", help="Organization (text) to audit; default: the global --org."),
-    ] = None,
-) -> None:
+def audit(ctx: typer.Context) -> None:
     """Check the ledger's lease history against the lease invariants.
 
     No two effective holdings of a resource overlap in time, epochs strictly rise, versions
     rise by one, at most one active generation, every acquire receipt points at an existing
-    transition. Prints the violations and exits 1 if there are any.
+    transition. Prints the violations and exits 1 if there are any. Audits the org of
+    --org (or BATON_ORG).
     """
     with guard(ctx, "audit") as st:
-        target = org or st.resolved_org()
+        target = st.resolved_org()
         report = audit_ledger(st.client().store, target)
         data: dict[str, Any] = dataclasses.asdict(report)
         if report.ok:

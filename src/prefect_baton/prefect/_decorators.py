@@ -65,7 +65,7 @@ def _prepare(
     return call, b
 
 
-def _interrupt_error(keeper: LeaseKeeper, exc: BaseException) -> LeaseLostError:
+def _interrupt_error(keeper: LeaseKeeper) -> LeaseLostError:
     return LeaseLostError(
         f"lease {keeper.lease_id} on {keeper.resource_type}/{keeper.resource_id} was lost "
         f"({keeper.lost_reason}); the body was interrupted (cancel_on_loss=True)"
@@ -114,10 +114,15 @@ def _run_sync(
     finally:
         pop_slot(token)
     keeper.release_on_exit = call.release_at_exit(slot, failure)
-    keeper.stop(failure)
+    try:
+        keeper.stop(failure)
+    except LeaseLostError:
+        if isinstance(failure, LeaseInterrupt):
+            raise _interrupt_error(keeper) from None
+        raise
     _after_stop(b, keeper, slot)
     if isinstance(failure, LeaseInterrupt):
-        raise _interrupt_error(keeper, failure) from None
+        raise _interrupt_error(keeper) from None
     if failure is not None:
         raise failure
     return result
@@ -165,10 +170,15 @@ async def _run_async(
     finally:
         pop_slot(token)
     keeper.release_on_exit = call.release_at_exit(slot, failure)
-    await anyio.to_thread.run_sync(keeper.stop, failure)
+    try:
+        await anyio.to_thread.run_sync(keeper.stop, failure)
+    except LeaseLostError:
+        if isinstance(failure, LeaseInterrupt):
+            raise _interrupt_error(keeper) from None
+        raise
     _after_stop(b, keeper, slot)
     if isinstance(failure, LeaseInterrupt):
-        raise _interrupt_error(keeper, failure) from None
+        raise _interrupt_error(keeper) from None
     if failure is not None:
         raise failure
     return result

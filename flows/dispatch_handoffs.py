@@ -1,0 +1,84 @@
+"""Deployable flow ``baton-dispatch-handoffs``: start the recipient of each pending handoff.
+
+A handoff's recipient principal is, for a Prefect recipient, its deployment's full name
+``"<flow>/<deployment>"`` (the principal its runs act as). For every pending handoff the flow
+starts that deployment with ``handoff_id`` among its parameters, using the handoff id as
+Prefect's idempotency key, so dispatching twice starts one run. Useful when the sender did not
+name a deployment, or its start failed.
+
+Run once: ``python flows/dispatch_handoffs.py``; serve it: add ``--serve``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from prefect_baton import Baton
+from prefect_baton.prefect import start_recipient
+
+
+def recipients_from_events(b: Baton, scan_limit: int = 10_000) -> list[str]:
+    """Every principal a handoff was ever addressed to in ``b``'s org (from the events)."""
+    names: set[str] = set()
+    after = 0
+    while after < scan_limit:
+        page = b.events.list(after_seq=after, limit=1000, kind="handoff.created")
+        if not page:
+            break
+        for ev in page:
+            to = ev.payload.get("to_principal")
+            if isinstance(to, str):
+                names.add(to)
+        after = page[-1].seq
+    return sorted(names)
+
+
+@flow(name="baton-dispatch-handoffs", persist_result=True)
+def dispatch_handoffs(recipients: list[str] | None = None) -> dict[str, Any]:
+    """Start the deployment of every pending handoff's recipient.
+
+    Args:
+        recipients: recipient principals (deployment names) to serve; default: every
+            recipient found in the org's ``handoff.created`` events.
+
+    Returns:
+        ``{"started": [{"handoff_id", "deployment", "flow_run_id"}], "skipped": [...]}``.
+
+    Raises:
+        UnavailableError: the ledger cannot be reached.
+    """
+    log = get_run_logger()
+    b = Baton.from_settings(principal="prefect-baton.dispatcher")
+    started: list[dict[str, str]] = []
+    skipped: list[dict[str, str]] = []
+    for name in recipients or recipients_from_events(b):
+        inbox = b.as_principal(name).handoffs.inbox(limit=1000)
+        if inbox and "/" not in name:
+            skipped += [
+                {"handoff_id": h.handoff_id, "reason": f"{name!r} names no deployment"}
+                for h in inbox
+            ]
+            continue
+        for h in inbox:
+            try:
+                run = start_recipient(h.handoff_id, name)
+            except Exception as exc:  # unknown deployment, API error: report, go on
+                skipped.append(
+                    {"handoff_id": h.handoff_id, "reason": f"{type(exc).__name__}: {exc}"}
+                )
+                continue
+            started.append(
+                {"handoff_id": h.handoff_id, "deployment": name, "flow_run_id": str(run.id)}
+            )
+    log.info("started %d recipient runs, skipped %d handoffs", len(started), len(skipped))
+    return {"started": started, "skipped": skipped}
+
+
+if __name__ == "__main__":
+    if "--serve" in sys.argv:
+        dispatch_handoffs.serve(name="dispatch-handoffs", interval=60)
+    else:
+        print(dispatch_handoffs())

@@ -1,0 +1,85 @@
+"""Deployable flow ``baton-report-expired``: report leases found past their TTL.
+
+A crashed holder's lease stays ``active`` in the ledger until someone acts on the resource
+(no sweeper is needed for correctness: DESIGN.md "Leases"). This flow finds such leases,
+emits ``prefect-baton.lease.expired`` for each (the same event id the ledger's own
+``lease.expired`` gets when a takeover observes it, so Automations see it once) and adds a
+table artifact. It changes nothing in the ledger.
+
+Run once: ``python flows/report_expired.py``; serve it: ``python flows/report_expired.py --serve``.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
+
+from prefect_baton import Baton
+from prefect_baton.models import from_ms
+from prefect_baton.prefect._events import emit_ledger_event
+
+REPORTER = "prefect-baton.report-expired"
+
+
+@flow(name="baton-report-expired", persist_result=True)
+def report_expired(limit: int = 10_000) -> dict[str, Any]:
+    """Find active leases of the org (``BATON_ORG``) whose TTL has passed.
+
+    Args:
+        limit: how many of the newest lease generations to look at (1..10,000).
+
+    Returns:
+        ``{"expired": [{"lease_id", "resource", "owner", "epoch", "expired_at"}, ...]}``.
+
+    Raises:
+        UnavailableError: the ledger cannot be reached.
+    """
+    log = get_run_logger()
+    b = Baton.from_settings(principal=REPORTER, role="admin")
+    now = from_ms(b.store.now_ms()) or datetime.now(UTC)  # the authority's clock
+    rows = b.leases.list(owner="*", include_ended=True, limit=limit)
+    expired = [lease for lease in rows if lease.status == "active" and lease.expires_at <= now]
+    found = []
+    for lease in expired:
+        payload = {
+            "lease_id": lease.lease_id,
+            "resource_type": lease.resource_type,
+            "resource_id": lease.resource_id,
+            "owner": lease.owner,
+            "version": lease.version,
+            "epoch": lease.epoch,
+            "expires_at_ms": round(lease.expires_at.timestamp() * 1000),
+        }
+        emit_ledger_event(
+            "lease.expired",
+            f"{lease.resource_type}/{lease.resource_id}",
+            payload,
+            org=b.org,
+            principal=REPORTER,
+        )
+        found.append(
+            {
+                "lease_id": lease.lease_id,
+                "resource": f"{lease.resource_type}/{lease.resource_id}",
+                "owner": lease.owner,
+                "epoch": lease.epoch,
+                "expired_at": lease.expires_at.isoformat(timespec="seconds"),
+            }
+        )
+    log.info("%d expired leases found among %d generations", len(found), len(rows))
+    if found:
+        create_table_artifact(
+            table=found, key="baton-expired-leases", description="Leases past their TTL"
+        )
+    return {"expired": found}
+
+
+if __name__ == "__main__":
+    if "--serve" in sys.argv:
+        report_expired.serve(name="report-expired", interval=300)
+    else:
+        print(report_expired())

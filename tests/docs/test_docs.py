@@ -3,12 +3,12 @@
 Every fenced ``python`` block of ``docs/*.md`` runs (the blocks of one page in order, as one
 script, in a fresh temporary directory) unless the line before it is ``<!-- not-run -->``.
 Every ``sh`` / ``console`` block whose first command starts with ``baton `` runs (again one
-script per page) against a temporary SQLite ledger. ``mkdocs build --strict`` must succeed.
+script per page, with ``set -euo pipefail``) against a temporary SQLite ledger.
+``mkdocs build --strict`` must succeed.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -28,7 +28,6 @@ SHELL = {"sh", "console"}
 #: Languages of blocks that are shown but never run (diagrams, config, output).
 INERT = {"text", "mermaid", "yaml", "toml", "json"}
 BIN = Path(sys.executable).parent
-HAS_CLI = importlib.util.find_spec("prefect_baton.cli") is not None
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})\s*(?P<lang>[\w+-]*)(?P<rest>.*)$")
 
@@ -152,7 +151,6 @@ def test_python_blocks_run(page: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, f"{page.name} blocks failed:\n{proc.stdout}\n{proc.stderr}"
 
 
-@pytest.mark.skipif(not HAS_CLI, reason="the baton CLI (prefect_baton.cli) is not installed")
 @pytest.mark.parametrize("page", _pages_with("baton"), ids=lambda p: p.name)
 def test_baton_blocks_run(page: Path, tmp_path: Path) -> None:
     """The page's baton shell blocks, in order as one bash script, exit 0 on a temp ledger."""
@@ -203,13 +201,12 @@ def test_error_page_lists_every_code_and_exit_status() -> None:
 
     text = (DOCS / "errors.md").read_text(encoding="utf-8")
     table = dict(re.findall(r"^\| `([A-Z_]+)` \| (\d+) \|", text, flags=re.M))
-    assert set(ERROR_CODES) <= set(table)
-    if HAS_CLI:
-        from prefect_baton.cli._output import EXIT_CODES
+    from prefect_baton.cli._output import EXIT_CODES
 
-        for code, status in EXIT_CODES.items():
-            if code != "OK":
-                assert table.get(code) == str(status), code
+    assert set(ERROR_CODES) <= set(table)
+    for code, status in EXIT_CODES.items():
+        if code != "OK":
+            assert table.get(code) == str(status), code
 
 
 def test_mkdocs_build_strict(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -92,3 +93,21 @@ def baton_env(monkeypatch: pytest.MonkeyPatch, ledger_db: str, org: str) -> dict
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for s in _stores.values():
         s.close()
+
+
+def load_script(relative: str) -> Any:
+    """Import a script of the repository (``examples/...``, ``flows/...``) by path."""
+    import importlib.util
+    import sys
+
+    path = REPO / relative
+    name = "baton_script_" + path.stem
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -270,12 +270,14 @@ def relay_events(
     if not can_emit():
         return RelayResult(emitted=0, cursor=cursor, skipped=True)
     emitted = 0
-    start = cursor
     while emitted < max_events:
         page = baton.events.list(after_seq=cursor, limit=max(1, min(page_size, 1000)))
         if not page:
             break
         for ev in page:
+            cursor = ev.seq
+            if ev.principal == RELAY_PRINCIPAL:
+                continue  # the relay's own cursor writes
             emit_ledger_event(
                 ev.kind,
                 ev.subject,
@@ -285,8 +287,7 @@ def relay_events(
                 event_id=ev.event_id,
                 occurred=ev.occurred_at,
             )
-            cursor = ev.seq
             emitted += 1
-    if cursor != start:
+    if emitted:  # saving the cursor is itself an event: only when something was relayed
         relay.checkpoints.save(_RELAY_SUBJECT, "cursor", {"seq": cursor})
     return RelayResult(emitted=emitted, cursor=cursor)

@@ -1,0 +1,87 @@
+"""Handoffs between deployments served in the test, and the receiving side's rules."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from prefect import flow
+
+from prefect_baton import Baton
+from prefect_baton.prefect import HandoffRejected, accept_handoff, current_lease, handoff_to
+
+from .conftest import load_script
+
+MakeBaton = Callable[..., Baton]
+
+
+def test_handoff_between_two_served_deployments(
+    baton_env: dict[str, str], make_baton: MakeBaton
+) -> None:
+    """Sender's lease moves to the receiver's run, the checkpoint resumes, old writes fail."""
+    example = load_script("examples/prefect_handoff.py")
+    out = example.main(report="weekly-e2e")
+    sent, recv = out["sender"], out["receiver"]
+    assert out["states"] == {"sender": "Completed", "receiver": "Completed"}
+    assert recv["lease_owner"] == example.RECEIVER
+    assert recv["lease_execution_key"] == recv["flow_run_id"]  # the receiver's run holds it
+    assert recv["epoch"] == sent["epoch"] + 1
+    assert recv["resumed_from"] == {"sections_done": 2, "next": "charts"}
+    assert recv["sections_done"] == 3
+    assert sent["stale_write_rejected"] is True
+    sender = make_baton(example.SENDER)
+    assert sender.leases.get(sent["lease_id"]).status == "transferred"
+    assert sender.handoffs.get(sent["handoff_id"]).status == "accepted"
+    assert make_baton(example.RECEIVER).leases.get(recv["lease_id"]).status == "released"
+
+
+def test_rejection_before_acceptance_keeps_the_senders_lease(make_baton: MakeBaton) -> None:
+    """Raising HandoffRejected before accepting rejects it; the sender keeps its lease."""
+    sender, receiver = make_baton("sender"), make_baton("receiver")
+    held = sender.leases.acquire("report", "r1", ttl_seconds=30, idempotency_key="s1")
+    sent = handoff_to("receiver", "r1", checkpoint={"step": 1}, lease=held, baton=sender)
+
+    @flow(name="baton-test-reject")
+    def reject(handoff_id: str) -> str:
+        with accept_handoff(handoff_id, defer=True, baton=receiver) as h:
+            assert h.state == {"step": 1}
+            raise HandoffRejected("cannot take reports today")
+        return h.status
+
+    assert reject(sent.handoff_id) == "rejected"
+    assert sender.handoffs.get(sent.handoff_id).note == "cannot take reports today"
+    assert sender.leases.get(held.lease_id).status == "active"
+
+
+def test_accept_in_a_flow_then_retry_resumes(make_baton: MakeBaton) -> None:
+    """A flow retry after acceptance resumes the accepted handoff and its lease."""
+    sender = make_baton("sender")
+    held = sender.leases.acquire("report", "r2", ttl_seconds=30, idempotency_key="s2")
+    sent = handoff_to("baton-test-resume", "r2", lease=held, baton=sender)
+    seen: list[tuple[str, int]] = []
+
+    @flow(name="baton-test-resume", retries=1, retry_delay_seconds=0)
+    def receive(handoff_id: str) -> list[tuple[str, int]]:
+        with accept_handoff(handoff_id, baton=make_baton) as h:
+            lease = current_lease()
+            assert lease is h.lease
+            assert lease is not None
+            seen.append((lease.lease_id, lease.epoch))
+            if len(seen) == 1:
+                raise RuntimeError("crash after accepting")
+        return seen
+
+    first, second = receive(sent.handoff_id)
+    assert first == second
+    assert first[1] == held.epoch + 1
+    lease: Any = make_baton("baton-test-resume").leases.get(first[0])
+    assert lease.status == "released"
+
+
+def test_handoff_to_needs_a_recipient(make_baton: MakeBaton) -> None:
+    """Neither principal nor deployment: a validation error before anything is written."""
+    from prefect_baton import ValidationError
+
+    with pytest.raises(ValidationError):
+        handoff_to(None, "x", baton=make_baton("a"))

@@ -227,6 +227,19 @@ def test_fenced_save_after_transfer_or_release_is_stale(baton: Baton) -> None:
     assert baton.checkpoints.get(SUBJ, KIND) is None
 
 
+def test_fence_with_wrong_epoch_is_stale(baton: Baton) -> None:
+    """A fence naming the current lease id with another epoch is STALE_FENCE."""
+    lease = baton.leases.acquire("file", "main.py", ttl_seconds=30)
+    for epoch in (lease.epoch - 1, lease.epoch + 1):
+        forged = lease.model_copy(update={"epoch": epoch})
+        with pytest.raises(StaleFenceError):
+            baton.checkpoints.save(SUBJ, KIND, {"n": 1}, fence=forged)
+        with pytest.raises(StaleFenceError):
+            baton.outcomes.record(SUBJ, "failed", evidence=[], fence=forged)
+    assert baton.checkpoints.get(SUBJ, KIND) is None
+    assert baton.outcomes.list(SUBJ) == []
+
+
 def test_fence_must_be_a_lease(baton: Baton) -> None:
     """A fence that is not a lease is VALIDATION_ERROR."""
     with pytest.raises(ValidationError):

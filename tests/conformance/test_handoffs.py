@@ -272,3 +272,19 @@ def test_accept_with_lease_is_atomic_in_events(baton: Baton) -> None:
         "lease.transferred",
         "handoff.accepted",
     ]
+
+
+def test_lease_moves_only_once(baton: Baton) -> None:
+    """Of two handoffs carrying one lease, only the first accepted transfers it; the other is
+    LEASE_LOST and stays pending."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=60, idempotency_key="w1")
+    h1 = baton.handoffs.create("agent-b", SUBJ, lease=lease)
+    h2 = baton.handoffs.create("agent-c", SUBJ, lease=lease)
+    moved = baton.as_principal("agent-b").handoffs.resolve(h1.handoff_id, "accepted").lease
+    assert moved is not None
+    with pytest.raises(LeaseLostError):
+        baton.as_principal("agent-c").handoffs.resolve(h2.handoff_id, "accepted")
+    assert baton.handoffs.get(h2.handoff_id).status == "pending"
+    info = baton.as_principal("agent-b").leases.inspect(RT, RID)
+    assert info.lease is not None
+    assert info.lease.lease_id == moved.lease_id

@@ -554,3 +554,22 @@ def test_expires_at_is_utc(baton: Baton) -> None:
     assert lease.expires_at.tzinfo is not None
     assert lease.expires_at.astimezone(UTC) == lease.expires_at
     assert lease.expires_at.utcoffset() == timedelta(0)
+
+
+def test_list_leases(baton: Baton) -> None:
+    """An agent lists its own effective leases; listing others' needs the owner or admin role."""
+    mine = baton.leases.acquire(RT, "one", ttl_seconds=30)
+    ended = baton.leases.acquire(RT, "two", ttl_seconds=30)
+    baton.leases.release(ended)
+    theirs = baton.as_principal("agent-b").leases.acquire(RT, "three", ttl_seconds=30)
+    assert [x.lease_id for x in baton.leases.list()] == [mine.lease_id]
+    assert {x.lease_id for x in baton.leases.list(include_ended=True)} == {
+        mine.lease_id,
+        ended.lease_id,
+    }
+    with pytest.raises(ForbiddenError):
+        baton.leases.list(owner="*")
+    with pytest.raises(ForbiddenError):
+        baton.leases.list(owner="agent-b")
+    everyone = baton.as_principal("boss", role="owner").leases.list(owner="*")
+    assert {x.lease_id for x in everyone} == {mine.lease_id, theirs.lease_id}

@@ -42,6 +42,25 @@ def test_exact_retry_replays_acquire(baton: Baton) -> None:
     assert events.count("lease.acquired") == 1
 
 
+def test_retry_of_cas_acquire_replays(baton: Baton) -> None:
+    """An exact retry of an expected_version=0 acquire replays instead of failing its own CAS."""
+    first = baton.leases.acquire(RT, RID, ttl_seconds=30, expected_version=0, idempotency_key="r")
+    again = baton.leases.acquire(RT, RID, ttl_seconds=30, expected_version=0, idempotency_key="r")
+    assert again.replayed
+    assert again.lease_id == first.lease_id
+
+
+def test_replay_after_renewal_reports_current_lease(baton: Baton) -> None:
+    """A replay after renewals returns the lease as it now stands (current version and expiry)."""
+    first = baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="run-1")
+    renewed = baton.leases.renew(baton.leases.renew(first))
+    again = baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="run-1")
+    assert again.replayed
+    assert (again.lease_id, again.epoch) == (first.lease_id, first.epoch)
+    assert again.version == renewed.version
+    assert again.expires_at == renewed.expires_at
+
+
 @pytest.mark.parametrize(
     "change",
     [

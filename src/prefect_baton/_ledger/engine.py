@@ -146,7 +146,7 @@ def head_revision() -> str:
 
 def current_revision(engines: Engines) -> str | None:
     """The revision the database is at, ``None`` for an empty database."""
-    with engines.read.connect() as conn:
+    with _db_errors(), engines.read.connect() as conn:
         ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
         return ctx.get_current_revision()
 

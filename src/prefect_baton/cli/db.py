@@ -4,40 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Annotated, Any
 
 import typer
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
 
-from .._ledger.engine import Engines, current_revision, head_revision, make_engines, upgrade
 from ..audit import audit_ledger
-from ..errors import UnavailableError
+from ..ledger import ledger_revision, upgrade_ledger
 from ._output import EXIT_FAILURE, emit_error, emit_ok
-from ._state import CliState, guard
+from ._state import guard
 
 app = typer.Typer(
     name="db",
     help="Ledger database migrations (Alembic).",
     no_args_is_help=True,
 )
-
-
-def _safe_url(url: str) -> str:
-    return make_url(url).render_as_string(hide_password=True)
-
-
-@contextmanager
-def _engines(st: CliState) -> Iterator[Engines]:
-    engines = make_engines(st.resolved_ledger_url())
-    try:
-        yield engines
-    except OperationalError as exc:
-        raise UnavailableError(f"ledger database unavailable: {exc.orig}") from None
-    finally:
-        engines.dispose()
 
 
 @app.command("upgrade")
@@ -51,31 +31,28 @@ def db_upgrade(
 
     Other commands also migrate on first use; this makes it an explicit deployment step.
     """
-    with guard(ctx, "db.upgrade") as st, _engines(st) as engines:
-        before = current_revision(engines)
-        after = upgrade(engines, revision)
+    with guard(ctx, "db.upgrade") as st:
+        r = upgrade_ledger(st.resolved_ledger_url(), revision)
         info = {
-            "ledger_url": _safe_url(engines.url),
-            "previous_revision": before,
-            "revision": after,
-            "head": head_revision(),
+            "ledger_url": r.ledger_url,
+            "previous_revision": r.previous_revision,
+            "revision": r.revision,
+            "head": r.head,
         }
-        emit_ok(
-            st.format, "db.upgrade", "info", info, status="ok" if before != after else "no_change"
-        )
+        status = "ok" if r.previous_revision != r.revision else "no_change"
+        emit_ok(st.format, "db.upgrade", "info", info, status=status)
 
 
 @app.command("current")
 def db_current(ctx: typer.Context) -> None:
     """Show the ledger's migration revision and the newest one this package ships."""
-    with guard(ctx, "db.current") as st, _engines(st) as engines:
-        rev = current_revision(engines)
-        head = head_revision()
+    with guard(ctx, "db.current") as st:
+        r = ledger_revision(st.resolved_ledger_url())
         info = {
-            "ledger_url": _safe_url(engines.url),
-            "revision": rev,
-            "head": head,
-            "up_to_date": rev == head,
+            "ledger_url": r.ledger_url,
+            "revision": r.revision,
+            "head": r.head,
+            "up_to_date": r.up_to_date,
         }
         emit_ok(st.format, "db.current", "info", info)
 

@@ -1,0 +1,119 @@
+"""flows/ (reconcile, dispatch_handoffs, report_expired, the four-role scenario), the
+leased-task example, the board artifact and the Block."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from prefect_baton import Baton
+from prefect_baton.prefect import BatonBlock, board_rows, serving, wait_for_run
+
+from .conftest import REPO, load_script
+
+MakeBaton = Callable[..., Baton]
+
+
+def test_reconcile_is_a_noop_without_redis(
+    baton_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without BATON_REDIS_URL the reconcile flow completes with a clear message."""
+    monkeypatch.delenv("BATON_REDIS_URL", raising=False)
+    out = load_script("flows/reconcile.py").reconcile()
+    assert out["status"] == "skipped"
+    assert "BATON_REDIS_URL is unset" in out["reason"]
+
+
+def test_report_expired_finds_a_crashed_holders_lease(
+    baton_env: dict[str, str], make_baton: MakeBaton
+) -> None:
+    """A lease whose holder stopped renewing is reported once its TTL has passed."""
+    b = make_baton("crashed-worker")
+    lease = b.leases.acquire("file", "a.py", ttl_seconds=10, idempotency_key="k")
+    live = b.leases.acquire("file", "b.py", ttl_seconds=600, idempotency_key="k2")
+    time.sleep(10.5)  # let the TTL pass (there is no clock to inject across processes)
+    out = load_script("flows/report_expired.py").report_expired()
+    ids = [row["lease_id"] for row in out["expired"]]
+    assert lease.lease_id in ids
+    assert live.lease_id not in ids
+
+
+def test_dispatch_starts_the_recipients_deployment(
+    baton_env: dict[str, str], make_baton: MakeBaton
+) -> None:
+    """A pending handoff to a deployment's principal starts that deployment, once."""
+    example = load_script("examples/prefect_automation.py")
+    dispatch = load_script("flows/dispatch_handoffs.py").dispatch_handoffs
+    to = "baton-example-inbox/inbox"
+    h = make_baton("sender").handoffs.create(to, "ticket-7")
+    with serving(example.inbox.to_deployment(name="inbox")):
+        first = dispatch()
+        again = dispatch()
+        assert [s["handoff_id"] for s in first["started"]] == [h.handoff_id]
+        assert again["started"][0]["flow_run_id"] == first["started"][0]["flow_run_id"]
+        run = wait_for_run(first["started"][0]["flow_run_id"], timeout_seconds=120)
+        assert run.parameters["handoff_id"] == h.handoff_id
+        assert run.state is not None
+        assert run.state.is_completed()
+
+
+def test_four_role_scenario_hands_off_by_deployment(
+    baton_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Researcher -> writer -> operator -> reviewer run as four deployments; verdict accepted."""
+    import json as stdlib_json
+
+    scenario = load_script("flows/scenario.py")
+    inputs = [str(Path(stdlib_json.__file__).parent)]
+    out = scenario.main(inputs=inputs, workers=2, out_dir=str(tmp_path / "out"))
+    assert set(out) == {"researcher", "writer", "operator", "reviewer"}
+    files = sum(w["completed"] for w in out["researcher"]["workers"])
+    assert files == len(list(Path(inputs[0]).rglob("*.py")))
+    assert out["reviewer"]["verdict"] == "accepted", out["reviewer"]["problems"]
+
+
+def test_leased_task_example_runs_as_a_script(baton_env: dict[str, str], prefect_api: str) -> None:
+    """``python examples/prefect_leased_task.py``: the retry replays the same lease."""
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    proc = subprocess.run(
+        [sys.executable, "examples/prefect_leased_task.py"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout[proc.stdout.index("{") :])
+    first, second = out["attempts"]
+    assert (first["run_count"], second["run_count"]) == (1, 2)
+    assert (first["lease_id"], first["epoch"]) == (second["lease_id"], second["epoch"])
+    assert second["replayed"] is True
+
+
+def test_board_rows_list_leases_and_inbox(make_baton: MakeBaton) -> None:
+    """The board lists the principal's leases and the handoffs waiting for it."""
+    b = make_baton("flow-x")
+    b.leases.acquire("deploy", "svc", ttl_seconds=30, idempotency_key="k")
+    make_baton("flow-y").handoffs.create("flow-x", "subject-1", message="over to you")
+    kinds = sorted(row["kind"] for row in board_rows(b))
+    assert kinds == ["handoff (pending)", "lease"]
+
+
+def test_block_builds_a_client_and_keeps_urls_secret(ledger_db: str, org: str) -> None:
+    """BatonBlock holds URLs as secrets and builds a Baton for a principal."""
+    block = BatonBlock(ledger_url=ledger_db, org=org, redis_url="redis://:pw@localhost:6379/0")
+    assert "pw" not in repr(block)
+    b = block.baton(principal="from-block")
+    assert (b.org, b.principal) == (org, "from-block")
+    from prefect.plugins import load_prefect_collections
+
+    assert "prefect_baton" in load_prefect_collections()

@@ -226,5 +226,5 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     for command in ("baton lease acquire", "baton handoff resolve", "baton checkpoint save"):
         assert command in cli
     api = (site / "api" / "index.html").read_text(encoding="utf-8")
-    for name in ("LeaseAPI", "CheckpointAPI", "LeaseKeeper", "StaleFenceError"):
+    for name in ("LeaseAPI", "CheckpointAPI", "LeaseKeeper", "StaleFenceError", "accept_handoff"):
         assert name in api

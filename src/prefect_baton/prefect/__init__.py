@@ -8,20 +8,13 @@ Importing this module needs Prefect (``pip install 'prefect-baton[prefect]'``); 
 
 from __future__ import annotations
 
+from ._accept import AcceptedHandoff, accept_handoff
 from ._block import BatonBlock
 from ._board import board_rows, publish_board
 from ._context import RunIdentity, current_baton, current_lease, run_identity
 from ._decorators import leased
 from ._events import can_emit, relay_events
-from ._handoff import (
-    AcceptedHandoff,
-    HandoffRejected,
-    SentHandoff,
-    accept_handoff,
-    ahandoff_to,
-    handoff_to,
-    start_recipient,
-)
+from ._handoff import HandoffRejected, SentHandoff, ahandoff_to, handoff_to, start_recipient
 from ._serve import prefect_api, serving, wait_for_run
 
 __all__ = [

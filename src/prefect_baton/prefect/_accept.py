@@ -1,0 +1,252 @@
+"""The receiving side of a handoff: :func:`accept_handoff` (``with`` / ``async with``)."""
+
+from __future__ import annotations
+
+import logging
+from types import TracebackType
+from typing import Any
+
+import anyio.to_thread
+
+from .._client import Baton
+from .._keeper import LeaseKeeper
+from ..errors import LeaseLostError, NotFoundError, ValidationError
+from ..models import Checkpoint, Handoff, Lease
+from ._context import (
+    BatonLike,
+    LeaseSlot,
+    RunIdentity,
+    pop_slot,
+    push_slot,
+    resolve_baton,
+    retry_follows,
+    run_identity,
+)
+from ._events import emit_handoff_event, emit_lease_event
+from ._handoff import HandoffRejected
+
+__all__ = ["AcceptedHandoff", "accept_handoff"]
+
+log = logging.getLogger("prefect_baton.prefect")
+
+
+class AcceptedHandoff:
+    """The receiving side of a handoff; use as ``with`` or ``async with`` (see
+    :func:`accept_handoff`).
+
+    Attributes:
+        handoff: the :class:`Handoff` (as read on entry; after acceptance, as accepted).
+        checkpoint: the attached :class:`Checkpoint`, or ``None``.
+        status: ``"pending"`` until accepted, then ``"accepted"`` or ``"rejected"``.
+    """
+
+    def __init__(
+        self,
+        handoff_id: str,
+        *,
+        defer: bool = False,
+        ttl_seconds: int | None = None,
+        baton: BatonLike | None = None,
+        note: str | None = None,
+    ) -> None:
+        self.handoff_id = handoff_id
+        self._defer = defer
+        self._ttl = ttl_seconds
+        self._baton = baton
+        self._note = note
+        self._b: Baton | None = None
+        self._ident: RunIdentity | None = None
+        self._slot: LeaseSlot | None = None
+        self._token: Any = None
+        self.handoff: Handoff | None = None
+        self.checkpoint: Checkpoint | None = None
+        self.status = "pending"
+
+    @property
+    def state(self) -> dict[str, Any] | None:
+        """The attached checkpoint's state (a JSON object), or ``None``."""
+        return dict(self.checkpoint.state) if self.checkpoint is not None else None
+
+    @property
+    def lease(self) -> LeaseKeeper | None:
+        """The taken-over lease (renewed in the background), once accepted; else ``None``."""
+        return self._slot.keeper if self._slot is not None else None
+
+    # ------------------------------------------------------------------ sync I/O
+
+    def _open(self) -> None:
+        ident = self._ident = run_identity()
+        b = self._b = resolve_baton(self._baton, ident.principal)
+        h = self.handoff = b.handoffs.get(self.handoff_id)
+        if h.to_principal != b.principal:
+            raise ValidationError(
+                f"handoff {h.handoff_id} is addressed to {h.to_principal!r}, not {b.principal!r}"
+            )
+        if h.checkpoint_id is not None:
+            self.checkpoint = b.checkpoints.get_by_id(h.checkpoint_id)
+        if h.status == "accepted":  # a retry of the run that accepted it: resume
+            lease = h.lease
+            if h.lease_id is not None and (
+                lease is None or lease.execution_key != ident.execution_key
+            ):
+                raise LeaseLostError(
+                    f"handoff {h.handoff_id} was accepted by another execution; its lease is "
+                    "not held by this run"
+                )
+            self.status = "accepted"
+            if lease is not None:
+                self._hold(lease)
+        elif h.status != "pending":
+            raise NotFoundError(f"pending handoff {h.handoff_id} not found ({h.status})")
+        elif not self._defer:
+            self._accept()
+
+    def _hold(self, lease: Lease) -> None:
+        assert self._b is not None and self._ident is not None
+        keeper = self._b.lease(
+            lease.resource_type,
+            lease.resource_id,
+            ttl_seconds=self._ttl or lease.ttl_seconds,
+            idempotency_key=self._ident.execution_key,
+        )
+        keeper.start()  # same principal and execution key: adopts the generation (no-op)
+        self._slot = LeaseSlot(keeper=keeper, baton=self._b, identity=self._ident)
+
+    def _accept(self) -> None:
+        assert self._b is not None and self._ident is not None
+        h = self._b.handoffs.resolve(
+            self.handoff_id,
+            "accepted",
+            self._note,
+            execution_key=self._ident.execution_key,
+            ttl_seconds=self._ttl,
+        )
+        self.handoff = h
+        self.status = "accepted"
+        emit_handoff_event(self._b, "handoff.accepted", h)
+        if h.lease is not None:
+            emit_lease_event(self._b, "lease.transferred", h.lease)
+            self._hold(h.lease)
+
+    def _reject(self, reason: str) -> None:
+        assert self._b is not None
+        h = self._b.handoffs.resolve(self.handoff_id, "rejected", reason)
+        self.handoff = h
+        self.status = "rejected"
+        emit_handoff_event(self._b, "handoff.rejected", h)
+
+    def _close(self, exc: BaseException | None) -> bool:
+        """Finish; returns ``True`` to swallow ``exc`` (a rejection before acceptance)."""
+        if self.status == "pending":
+            if isinstance(exc, HandoffRejected):
+                self._reject(exc.reason)
+                return True
+            if exc is not None:
+                return False  # stays pending for another attempt
+            self._accept()  # deferred and never accepted explicitly: the work is done
+        slot = self._slot
+        if slot is None:
+            return False
+        keeper = slot.keeper
+        if isinstance(exc, HandoffRejected):
+            log.error("HandoffRejected after %s was accepted: releasing its lease", self.handoff_id)
+        assert self._ident is not None
+        keep = exc is not None and retry_follows(self._ident, exc)
+        keeper.release_on_exit = not keep and not slot.handed_off
+        keeper.stop(exc)
+        if keeper.receipt_status in ("released", "expired"):
+            emit_lease_event(
+                slot.baton, "lease.released", keeper.lease, status=keeper.receipt_status
+            )
+        return False
+
+    # ------------------------------------------------------------------ public
+
+    def accept(self) -> LeaseKeeper | None:
+        """Accept now (with ``defer=True``); returns the taken-over lease or ``None``.
+
+        Raises:
+            LeaseLostError: the sender no longer holds the attached lease (it expired
+            before acceptance); the handoff stays pending. NotFoundError: already resolved.
+        """
+        if self.status == "pending":
+            self._accept()
+            self._push()
+        return self.lease
+
+    async def aaccept(self) -> LeaseKeeper | None:
+        """:meth:`accept` for async code."""
+        if self.status == "pending":
+            await anyio.to_thread.run_sync(self._accept)
+            self._push()
+        return self.lease
+
+    def _push(self) -> None:
+        if self._slot is not None and self._token is None:
+            self._token = push_slot(self._slot)
+
+    def _pop(self) -> None:
+        if self._token is not None:
+            pop_slot(self._token)
+            self._token = None
+
+    def __enter__(self) -> AcceptedHandoff:
+        self._open()
+        self._push()
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        self._pop()
+        return self._close(exc)
+
+    async def __aenter__(self) -> AcceptedHandoff:
+        await anyio.to_thread.run_sync(self._open)
+        self._push()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        self._pop()
+        return await anyio.to_thread.run_sync(self._close, exc)
+
+
+def accept_handoff(
+    handoff_id: str,
+    *,
+    defer: bool = False,
+    ttl_seconds: int | None = None,
+    baton: BatonLike | None = None,
+    note: str | None = None,
+) -> AcceptedHandoff:
+    """Receive a handoff: ``with accept_handoff(handoff_id) as h:`` (or ``async with``).
+
+    On entry it reads the handoff (it must be addressed to this run's principal) and its
+    checkpoint (``h.checkpoint``, ``h.state``), then accepts it: the attached lease moves to
+    this run under its execution key (the flow run id) in the same ledger transaction, and
+    a heartbeat renews it for the block; ``h.lease`` and :func:`current_lease` return it.
+    A Prefect retry of the run that accepted resumes the accepted handoff and its lease.
+
+    With ``defer=True`` entry only reads; call ``h.accept()`` / ``await h.aaccept()`` when
+    ready (a block that ends without either accepts at exit). Raising
+    :class:`HandoffRejected` before acceptance rejects the handoff (the sender keeps its
+    lease) and ends the block cleanly; another exception before acceptance leaves it
+    pending.
+
+    On exit the lease is released, except when a Prefect retry follows a failure (kept for
+    the retry, as ``@leased``) or it was handed on with :func:`handoff_to`.
+
+    Args:
+        handoff_id: the handoff (``str``). defer: accept explicitly later (``bool``).
+        ttl_seconds: TTL of the taken-over lease (10..86,400 s; default the sender's).
+        baton: client or factory (see :func:`leased`). note: the acceptance note.
+
+    Raises:
+        NotFoundError: unknown, expired or already resolved (by someone else).
+        ValidationError: addressed to another principal. LeaseLostError: the sender's lease
+        lapsed before acceptance (the handoff stays pending), or the lease was lost during
+        the block (at exit).
+    """
+    return AcceptedHandoff(handoff_id, defer=defer, ttl_seconds=ttl_seconds, baton=baton, note=note)

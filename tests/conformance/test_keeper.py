@@ -216,3 +216,40 @@ def test_expired_inside_block_raises_at_exit(baton: Baton) -> None:
         wait_until_expired(baton, held.lease)
     assert held.lost
     assert not baton.leases.inspect(RT, RID).held
+
+
+def test_async_client_mirrors_sync(baton: Baton) -> None:
+    """AsyncBaton offers the same operations as coroutines, with the same results and errors."""
+    ab = AsyncBaton(sync=baton)
+    ab_b = ab.as_principal("agent-b")
+    evidence = [{"kind": "file", "uri": "u"}]
+
+    async def main() -> list[str]:
+        lease = await ab.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="run-1")
+        with pytest.raises(ConflictError):
+            await ab_b.leases.acquire(RT, RID, ttl_seconds=30)
+        renewed = await ab.leases.renew(lease)
+        assert renewed.version == lease.version + 1
+        ck = await ab.checkpoints.save("subj", "draft", {"n": 1}, fence=renewed)
+        h = await ab.handoffs.create("agent-b", "subj", checkpoint_id=ck.checkpoint_id, lease=lease)
+        assert [x.handoff_id for x in await ab_b.handoffs.inbox()] == [h.handoff_id]
+        assert (await ab_b.checkpoints.get_by_id(ck.checkpoint_id)).state == {"n": 1}
+        done = await ab_b.handoffs.resolve(h.handoff_id, "accepted")
+        assert done.lease is not None
+        with pytest.raises(LeaseLostError):
+            await ab.leases.renew(renewed)
+        await ab_b.outcomes.record("subj", "succeeded", evidence=evidence, fence=done.lease)
+        receipt = await ab_b.leases.release(done.lease)
+        assert receipt.status == "released"
+        return [e.kind for e in await ab.events.list()]
+
+    assert asyncio.run(main()) == [
+        "lease.acquired",
+        "lease.renewed",
+        "checkpoint.saved",
+        "handoff.created",
+        "lease.transferred",
+        "handoff.accepted",
+        "outcome.recorded",
+        "lease.released",
+    ]

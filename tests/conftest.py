@@ -4,6 +4,11 @@ Ledger arms: ``sqlite`` (a file per test session) and ``postgresql`` (the server
 127.0.0.1:5432, database ``test``). Every test gets its own organization, so arms share one
 database without seeing each other's rows. With ``BATON_REQUIRE_SERVICES=1`` (as in CI) a
 missing server fails the test instead of skipping it.
+
+Redis arms (the lease authority on Redis, the SQLite ledger behind it): ``fakeredis``
+(fakeredis with Lua, ``ack="ledger"``) and ``redis`` (the server on 127.0.0.1:6379,
+``BATON_TEST_REDIS_URL``, ``ack="redis"`` with the drain thread); each test's own
+organization is its own Redis hash tag, so tests share the server without seeing each other.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import os
 import socket
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -22,7 +28,8 @@ PG_URL = os.environ.get("BATON_TEST_PG_URL", "postgresql://postgres@127.0.0.1:54
 REDIS_URL = os.environ.get("BATON_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 REQUIRE = os.environ.get("BATON_REQUIRE_SERVICES") == "1"
 
-LEDGER_ARMS = ["sqlite", "postgresql"]
+LEDGER_ARMS = ["sqlite", "postgresql", "fakeredis", "redis"]
+REDIS_ARMS = ("fakeredis", "redis")
 
 
 def _answers(host: str, port: int) -> bool:
@@ -66,8 +73,8 @@ def store_for(url: str) -> LedgerStore:
 
 @pytest.fixture(params=LEDGER_ARMS)
 def ledger_url(request: pytest.FixtureRequest) -> str:
-    """The URL of each ledger arm in turn."""
-    if request.param == "sqlite":
+    """The URL of each ledger arm in turn (the Redis arms keep their ledger on SQLite)."""
+    if request.param in ("sqlite", *REDIS_ARMS):
         return str(request.getfixturevalue("sqlite_url"))
     return str(request.getfixturevalue("pg_url"))
 
@@ -78,12 +85,35 @@ def org() -> str:
     return f"org-{uuid.uuid4().hex[:12]}"
 
 
+def redis_authority(arm: str, store: LedgerStore) -> Any:
+    """A Redis lease authority for a Redis arm: fakeredis (``ack="ledger"``) or the real
+    server (``ack="redis"``)."""
+    from prefect_baton._redis.authority import RedisAuthority, connect
+
+    if arm == "fakeredis":
+        import fakeredis
+
+        client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+        return RedisAuthority(client, store, ack="ledger", owns_client=True)
+    require_service("Redis", "127.0.0.1", 6379)
+    return RedisAuthority(connect(REDIS_URL), store, ack="redis", owns_client=True)
+
+
 @pytest.fixture
-def baton(ledger_url: str, org: str) -> Iterator[Baton]:
+def baton(request: pytest.FixtureRequest, ledger_url: str, org: str) -> Iterator[Baton]:
     """A client for principal ``agent-a`` (role agent) in a fresh org, on each ledger arm.
 
     ``baton.as_principal("agent-b")`` gives another identity of the same org.
     """
+    arm = request.node.callspec.params.get("ledger_url")
+    if arm in REDIS_ARMS:
+        store = store_for(ledger_url)
+        authority = redis_authority(arm, store)
+        yield Baton(
+            org=org, principal="agent-a", role="agent", store=store, lease_authority=authority
+        )
+        authority.close()
+        return
     yield Baton(org=org, principal="agent-a", role="agent", store=store_for(ledger_url))
 
 

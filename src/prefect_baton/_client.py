@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast, runtime_checkable
 
 import anyio.to_thread
 
@@ -20,6 +20,9 @@ from ._ledger.store import Fence, LedgerStore
 from ._settings import BatonSettings
 from .errors import ValidationError
 from .models import Checkpoint, Event, Evidence, Handoff, Lease, LeaseInfo, Outcome, Receipt
+
+if TYPE_CHECKING:
+    from ._redis.authority import RedisAuthority
 
 T = TypeVar("T")
 
@@ -74,6 +77,7 @@ class _API:
 
     @property
     def _store(self) -> LedgerStore:
+        self._b._ledger_barrier()
         return self._b.store
 
 
@@ -135,6 +139,44 @@ class LeaseAPI(_API):
             expected_version=ev,
             idempotency_key=key,
         )
+
+    def acquire_many(
+        self,
+        resources: Iterable[tuple[str, str] | dict[str, Any]],
+        *,
+        ttl_seconds: int,
+        purpose: str | None = None,
+        scopes: Iterable[str] = (),
+        idempotency_key: str | None = None,
+    ) -> list[Lease]:
+        """Acquire several resources all-or-nothing, in one round trip (one Redis script, or
+        one ledger transaction).
+
+        Args:
+            resources: ``(resource_type, resource_id)`` pairs, or mappings with those keys
+                and optionally ``ttl_seconds``, ``purpose``, ``scopes``, ``expected_version``
+                (overriding the defaults below); 1..1,000 distinct resources.
+            ttl_seconds, purpose, scopes: defaults for every resource (as :meth:`acquire`).
+            idempotency_key: the execution key for every resource (each resource's receipt
+                is its own, as if acquired one by one).
+
+        Returns:
+            The leases in the order given; a resource this execution already held, or an
+            exact retry, comes back ``replayed``.
+
+        Raises:
+            The error :meth:`acquire` would raise for the first resource that is refused
+            (``ConflictError``, ``VersionConflictError``, ...); then nothing was acquired.
+            ValidationError: bad input (also a resource listed twice).
+        """
+        from ._many import ledger_acquire_many, requests_of
+
+        reqs = requests_of(resources, ttl_seconds=ttl_seconds, purpose=purpose, scopes=scopes)
+        key = _core.validate_optional_id("idempotency_key", idempotency_key)
+        redis_ = self._b._redis
+        if redis_ is not None:
+            return redis_.acquire_many(self._caller, reqs, idempotency_key=key)
+        return ledger_acquire_many(self._b.store, self._caller, reqs, idempotency_key=key)
 
     def _proof(self, lease: object) -> Proof:
         lease_ = _lease_of(lease)
@@ -314,7 +356,7 @@ class CheckpointAPI(_API):
             state_text=text,
             state_hash=digest,
             expected_version=ev,
-            fence=_fence_of(fence),
+            fence=self._b._fence(fence),
             idempotency_key=key,
             ttl_ms=ttl_ms,
         )
@@ -447,6 +489,13 @@ class HandoffAPI(_API):
         note_ = _core.validate_text("note", note)
         key = _core.validate_optional_id("execution_key", execution_key)
         ttl_ms = _core.validate_ttl(ttl_seconds) if ttl_seconds is not None else None
+        redis_ = self._b._redis
+        if redis_ is not None:
+            from ._redis.handoffs import resolve_handoff
+
+            return resolve_handoff(
+                redis_, self._caller, hid, status, note=note_, execution_key=key, ttl_ms=ttl_ms
+            )
         return self._store.handoff_resolve(
             self._caller, hid, status, note=note_, execution_key=key, ttl_ms=ttl_ms
         )
@@ -503,7 +552,7 @@ class OutcomeAPI(_API):
             subject,
             status,
             evidence=items,
-            fence=_fence_of(fence),
+            fence=self._b._fence(fence),
             lease_id=_core.validate_optional_id("lease_id", lease_id),
             handoff_id=_core.validate_optional_id("handoff_id", handoff_id),
             checkpoint_id=_core.validate_optional_id("checkpoint_id", checkpoint_id),
@@ -545,10 +594,28 @@ class Baton:
             registered on first use.
         role: ``agent`` (default), ``owner`` or ``admin``.
         settings: a :class:`BatonSettings` to take the defaults from.
+        redis_url: Redis URL of the lease authority (default ``BATON_REDIS_URL``; none: the
+            ledger is the authority and nothing about Redis applies).
+        ack: with Redis, ``"redis"`` (default, ``BATON_REDIS_ACK``: a call returns once
+            Redis has the transition; a thread drains the journal into the ledger) or
+            ``"ledger"`` (a call returns once the ledger has it).
+        lease_authority: an authority to share (e.g. a
+            :class:`~prefect_baton._redis.authority.RedisAuthority`); overrides
+            ``redis_url``.
+
+    With Redis as the authority, the ledger-backed writes that carry a lease keep their
+    guarantees: a fenced checkpoint save or outcome record checks the lease against Redis
+    inside its ledger transaction, holding the resource's ledger lock, so fenced writes of a
+    resource are judged and committed one at a time and a stale generation is refused
+    (``STALE_FENCE``); accepting a lease-carrying handoff transfers the lease in Redis and
+    records the acceptance in the ledger through the journal, so that a crash at any point
+    ends in (pending, sender holds) or (accepted, recipient holds) (see
+    :mod:`prefect_baton._redis.handoffs`). Other ledger operations first drain the journal,
+    so they see this client's own lease transitions.
 
     Raises:
-        ValidationError: a bad id, role or URL. UnavailableError: the ledger cannot be
-            reached.
+        ValidationError: a bad id, role, URL or ``ack``. UnavailableError: the ledger cannot
+            be reached.
 
     Example::
 
@@ -566,6 +633,9 @@ class Baton:
         *,
         settings: BatonSettings | None = None,
         store: LedgerStore | None = None,
+        redis_url: str | None = None,
+        ack: str | None = None,
+        lease_authority: LeaseAuthority | None = None,
     ) -> None:
         s = settings or BatonSettings()
         self.settings = s
@@ -581,7 +651,16 @@ class Baton:
             receipt_retention_seconds=s.receipt_retention_seconds,
             state_max_bytes=s.state_max_bytes,
         )
-        self.authority: LeaseAuthority = self.store
+        self.authority: LeaseAuthority = lease_authority or self.store
+        self._owns_authority = False
+        url = redis_url or (s.redis_url.get_secret_value() if s.redis_url else None)
+        if lease_authority is None and url:
+            from ._redis.authority import RedisAuthority
+
+            self.authority = RedisAuthority.from_url(
+                url, self.store, ack=ack or s.redis_ack, post_loss=s.redis_post_loss
+            )
+            self._owns_authority = True
         self.leases = LeaseAPI(self)
         self.checkpoints = CheckpointAPI(self)
         self.handoffs = HandoffAPI(self)
@@ -609,7 +688,12 @@ class Baton:
     def as_principal(self, principal: str, role: str = "agent") -> Baton:
         """Another identity of the same org sharing this client's ledger connections."""
         return Baton(
-            org=self.org, principal=principal, role=role, settings=self.settings, store=self.store
+            org=self.org,
+            principal=principal,
+            role=role,
+            settings=self.settings,
+            store=self.store,
+            lease_authority=self.authority,
         )
 
     def lease(
@@ -649,8 +733,42 @@ class Baton:
         """Delete idempotency receipts older than the retention; returns the count."""
         return self.store.prune_receipts(self.caller)
 
+    @property
+    def _redis(self) -> RedisAuthority | None:
+        if getattr(self.authority, "_baton_redis", False):
+            return cast("RedisAuthority", self.authority)
+        return None
+
+    def _ledger_barrier(self) -> None:
+        redis_ = self._redis
+        if redis_ is not None:
+            redis_.sync_ledger(self.caller.org)
+
+    def _fence(self, fence: object) -> Fence | None:
+        """The store's fence for ``fence``; with Redis as the authority it carries the
+        resource (whose ledger lock serialises fenced writes) and a check that reads the
+        generation from Redis inside the write transaction."""
+        plain = _fence_of(fence)
+        redis_ = self._redis
+        if plain is None or redis_ is None:
+            return plain
+        lease = _lease_of(fence)
+        resource = (lease.resource_type, lease.resource_id)
+        caller = self.caller
+        redis_.ensure_ready(caller.org)
+        return Fence(
+            plain.lease_id,
+            plain.epoch,
+            resource,
+            lambda: redis_.fence_check(caller, plain.lease_id, resource),
+        )
+
     def close(self) -> None:
-        """Close the ledger connections."""
+        """Close the ledger connections (and the Redis authority this client created)."""
+        if self._owns_authority:
+            redis_ = self._redis
+            if redis_ is not None:
+                redis_.close()
         self.store.close()
 
     def __enter__(self) -> Baton:
@@ -694,8 +812,12 @@ class AsyncBaton:
         *,
         settings: BatonSettings | None = None,
         sync: Baton | None = None,
+        redis_url: str | None = None,
+        ack: str | None = None,
     ) -> None:
-        self.sync = sync or Baton(ledger_url, org, principal, role, settings=settings)
+        self.sync = sync or Baton(
+            ledger_url, org, principal, role, settings=settings, redis_url=redis_url, ack=ack
+        )
         self.leases: Any = _AsyncAPI(self.sync.leases)
         self.checkpoints: Any = _AsyncAPI(self.sync.checkpoints)
         self.handoffs: Any = _AsyncAPI(self.sync.handoffs)

@@ -34,6 +34,10 @@ class BatonSettings(BaseSettings):
         principal: ``BATON_PRINCIPAL``; the acting identity (default ``user@host``).
         role: ``BATON_ROLE``; ``agent``, ``owner`` or ``admin`` (default ``agent``).
         redis_url: ``BATON_REDIS_URL``; Redis fast path for leases (default: none).
+        redis_ack: ``BATON_REDIS_ACK``; ``redis`` (default) or ``ledger``: when a lease call
+            on Redis returns (see :class:`prefect_baton.Baton`).
+        redis_post_loss: ``BATON_REDIS_POST_LOSS``; ``fence_only`` (default) or
+            ``lock_delay``: the grant policy after Redis lost its data.
         receipt_retention_seconds: ``BATON_RECEIPT_RETENTION_SECONDS`` (default 86,400).
         state_max_bytes: ``BATON_STATE_MAX_BYTES``, checkpoint state cap (default 1 MiB).
     """
@@ -45,5 +49,7 @@ class BatonSettings(BaseSettings):
     principal: str = Field(default_factory=default_principal)
     role: str = "agent"
     redis_url: SecretStr | None = None
+    redis_ack: str = "redis"
+    redis_post_loss: str = "fence_only"
     receipt_retention_seconds: int = Field(default=86_400, ge=60)
     state_max_bytes: int = Field(default=1024 * 1024, ge=1024)

@@ -200,10 +200,18 @@ class Tx:
 
 @dataclass(frozen=True)
 class Fence:
-    """A lease presented as a fencing token: its id and epoch."""
+    """A lease presented as a fencing token: its id and epoch.
+
+    When another authority than the ledger holds the leases (Redis), ``resource`` names the
+    lease's resource (its lock serialises fenced writes of that resource) and ``check``
+    reads the generation and the authority's clock inside the write transaction, so the
+    fence is judged by the authority, not by the ledger's copy.
+    """
 
     lease_id: str
     epoch: int
+    resource: tuple[str, str] | None = None
+    check: Callable[[], tuple[Holding | None, int]] | None = None
 
 
 class LedgerStore:
@@ -830,6 +838,11 @@ class LedgerStore:
     def _check_fence(self, tx: Tx, fence: Fence | None) -> Holding | None:
         if fence is None:
             return None
+        if fence.check is not None:
+            held, now_ms = fence.check()
+            return _core.check_fence(
+                held, lease_id=fence.lease_id, epoch=fence.epoch, now_ms=now_ms
+            )
         row = self._row_by_id(tx.session, tx.caller.org, fence.lease_id)
         return _core.check_fence(
             row_to_holding(row) if row else None,
@@ -841,6 +854,8 @@ class LedgerStore:
     def _fence_locks(self, caller: Caller, fence: Fence | None) -> list[str]:
         if fence is None:
             return []
+        if fence.resource is not None:
+            return [f"res:{caller.org}:{resource_key(*fence.resource)}"]
         located = self._resource_of(caller, fence.lease_id)
         if located is None:
             return []

@@ -1,0 +1,1 @@
+"""Redis fast path for leases."""

@@ -1,0 +1,754 @@
+"""The Redis lease authority: every lease operation is one Lua script, one round trip.
+
+:class:`RedisAuthority` implements :class:`prefect_baton._authority.LeaseAuthority` with the
+rules of :mod:`prefect_baton._core` mirrored in ``scripts/*.lua`` (expiry on Redis ``TIME``,
+never the client's clock), keeps acquire receipts in Redis with the ledger's identity and
+digest, checks write scopes through an index of literal scope prefixes (so the cost does not
+grow with unrelated leases), and appends each transition to the org's journal stream, which
+the :mod:`reconciler <prefect_baton._redis.reconciler>` drains into the ledger.
+
+Acknowledgement (``ack=``):
+
+* ``"redis"`` (default): a call returns once Redis has the transition; a daemon thread of the
+  client drains the journal into the ledger (lag: milliseconds under normal load). Ledger
+  operations of the same client drain the journal first, so they see the client's own
+  transitions (read-your-writes). See :mod:`prefect_baton._redis.rebuild` for what this mode
+  can lose when Redis loses its data, and what it cannot.
+* ``"ledger"``: a call returns after the ledger has committed the transition (the call
+  drains the journal up to its own entry).
+
+A connection error or timeout raises :class:`UnavailableError`: the operation may or may not
+have been applied; retry it with the same idempotency key (a retried release is
+``no_change``, a retried keyed acquire replays). The client made by :func:`connect` never
+retries a script on its own, so a script runs at most once per call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from redis import Redis
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from .. import _core
+from .._authority import Caller
+from .._core import Decision, Holding, Proof
+from .._ledger.store import LedgerStore, holding_to_lease, row_to_holding
+from ..errors import BatonError, ForbiddenError, NotFoundError, UnavailableError, ValidationError
+from ..models import Lease, LeaseInfo, Receipt, from_ms
+from .codec import from_gen, opt, scope_meta
+from .keys import ORGS_KEY, org_keys, resource_digest
+from .rebuild import recover, rotate
+from .reconciler import Drainer, Reconciler
+from .scripts import NO_INCARNATION, NOOP, OK, REPLAY, ROTATE, UNKNOWN, Scripts, raise_for
+
+__all__ = ["AcquireRequest", "RedisAuthority", "connect"]
+
+log = logging.getLogger("prefect_baton.redis")
+
+AckMode = Literal["redis", "ledger"]
+PostLossPolicy = Literal["fence_only", "lock_delay"]
+ACK_MODES = ("redis", "ledger")
+POST_LOSS_POLICIES = ("fence_only", "lock_delay")
+HANDOFF_KEY_TTL_MS = 7 * 86_400_000
+MAX_MANY = 1000
+_BUSY = (
+    "BUSY",
+    "LOADING",
+    "OOM",
+    "MASTERDOWN",
+    "NOREPLICAS",
+    "CLUSTERDOWN",
+    "TRYAGAIN",
+    "READONLY",
+)
+
+
+def connect(url: str, **kwargs: Any) -> Redis:
+    """A ``redis.Redis`` client for the authority: 5 s socket timeout, 2 s connect timeout,
+    and no automatic retries (a retried script could run twice).
+
+    Args:
+        url: ``redis://host:port/db`` (or ``rediss://``, ``unix://``).
+        kwargs: overrides passed to ``redis.Redis.from_url``.
+    """
+    opts: dict[str, Any] = {
+        "socket_timeout": 5.0,
+        "socket_connect_timeout": 2.0,
+        "retry": Retry(NoBackoff(), 0),
+        "health_check_interval": 15,
+    }
+    opts.update(kwargs)
+    return Redis.from_url(url, **opts)
+
+
+def _unavailable(exc: RedisError) -> BatonError:
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError):
+        return UnavailableError(f"Redis unavailable: {exc}")
+    if isinstance(exc, ResponseError) and str(exc).split(" ", 1)[0].upper() in _BUSY:
+        return UnavailableError(f"Redis unavailable: {exc}")
+    if isinstance(exc, ResponseError):
+        return BatonError(f"Redis lease authority error: {exc}")
+    return UnavailableError(f"Redis unavailable: {exc}")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True)
+class AcquireRequest:
+    """One resource of :meth:`RedisAuthority.acquire_many` (validated by the client).
+
+    Attributes: ``resource_type``, ``resource_id`` (``str``), ``ttl_ms`` (``int``,
+    milliseconds), ``scopes`` (normalised globs), ``purpose``, ``expected_version``.
+    """
+
+    resource_type: str
+    resource_id: str
+    ttl_ms: int
+    scopes: tuple[str, ...] = ()
+    purpose: str | None = None
+    expected_version: int | None = None
+
+
+class RedisAuthority:
+    """Leases on Redis, reconciled into the ledger.
+
+    Args:
+        client: a ``redis.Redis`` client (see :func:`connect`; a client with automatic
+            retries may run a script twice after a timeout).
+        store: the ledger the journal is drained into.
+        ack: ``"redis"`` (default) or ``"ledger"``, see the module docstring.
+        post_loss: ``"fence_only"`` (default) or ``"lock_delay"``: the grant policy after
+            Redis lost its data (see :mod:`prefect_baton._redis.rebuild`).
+        lock_delay_seconds: with ``lock_delay``, how long after a loss no new grant is
+            made (``int`` seconds, default 86,400: the largest legal TTL).
+        auto_rebuild: rebuild from the ledger when the incarnation marker is missing
+            (default ``True``); with ``False`` operations fail with ``UNAVAILABLE`` until
+            :meth:`rebuild` is called.
+        rebuild_wait_seconds: how long an operation waits for another client's rebuild
+            before failing with ``UNAVAILABLE`` (``float`` seconds, default 10).
+        reconcile_interval_seconds: pause of the ``ack="redis"`` drain thread when the
+            journal is empty (``float``, default 0.05 s).
+        batch_size: journal entries per ledger transaction (default 500).
+        owns_client: close ``client`` in :meth:`close`.
+
+    Raises:
+        ValidationError: an unknown ``ack`` or ``post_loss`` value.
+    """
+
+    _baton_redis = True
+
+    def __init__(
+        self,
+        client: Redis,
+        store: LedgerStore,
+        *,
+        ack: str = "redis",
+        post_loss: str = "fence_only",
+        lock_delay_seconds: int = _core.TTL_MAX_SECONDS,
+        auto_rebuild: bool = True,
+        rebuild_wait_seconds: float = 10.0,
+        reconcile_interval_seconds: float = 0.05,
+        batch_size: int = 500,
+        owns_client: bool = False,
+    ) -> None:
+        if ack not in ACK_MODES:
+            raise ValidationError(f"ack must be 'redis' or 'ledger', got {ack!r}")
+        if post_loss not in POST_LOSS_POLICIES:
+            raise ValidationError(
+                f"post_loss must be 'fence_only' or 'lock_delay', got {post_loss!r}"
+            )
+        self.client = client
+        self.store = store
+        self.ack = ack
+        self.post_loss = post_loss
+        self.lock_delay_ms = int(lock_delay_seconds) * 1000
+        self.auto_rebuild = auto_rebuild
+        self.rebuild_wait_seconds = rebuild_wait_seconds
+        self.receipt_ttl_ms = store.receipt_retention_ms
+        self.old_retention_ms = max(store.receipt_retention_ms, 3_600_000)
+        self.scripts = Scripts(client)
+        self.reconciler = Reconciler(client, store, batch_size=batch_size)
+        self._interval = reconcile_interval_seconds
+        self._drainer: Drainer | None = None
+        self._drainer_pid = 0
+        self._lock = threading.Lock()
+        self._owns_client = owns_client
+        self._known: set[str] = set()
+
+    @classmethod
+    def from_url(cls, url: str, store: LedgerStore, **kwargs: Any) -> RedisAuthority:
+        """Connect to ``url`` with :func:`connect` and build an authority owning the client
+        (keyword arguments as the constructor's)."""
+        return cls(connect(url), store, owns_client=True, **kwargs)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _run(
+        self,
+        org: str,
+        name: str,
+        args: Sequence[Any],
+        extra_keys: Sequence[str] = (),
+        *,
+        rebuild: bool = True,
+    ) -> list[Any]:
+        keys = [*org_keys(org).base, *extra_keys]
+        for _attempt in range(4):
+            try:
+                reply: list[Any] = self.scripts[name](keys=keys, args=args)
+            except RedisError as exc:
+                raise _unavailable(exc) from exc
+            code = int(reply[0])
+            if code == NO_INCARNATION:
+                self._known.discard(org)
+                if not rebuild:
+                    raise UnavailableError(
+                        f"the Redis lease state of org {org!r} is missing; it is rebuilt "
+                        "from the ledger by the next lease operation"
+                    )
+                recover(self, org)
+                continue
+            if code == ROTATE:
+                rotate(self, org)
+                continue
+            if org not in self._known:
+                self._register(org)
+            return reply
+        raise UnavailableError(f"the Redis lease state of org {org!r} did not settle; retry")
+
+    def _register(self, org: str) -> None:
+        try:
+            self.client.sadd(ORGS_KEY, org)
+            self._known.add(org)
+        except RedisError as exc:
+            log.info("could not register org %r for reconcilers: %s", org, exc)
+
+    def _acked(self, org: str, entry_id: Any) -> None:
+        if self.ack == "ledger":
+            self.reconciler.drain(org, until=_text(entry_id))
+            return
+        drainer = self._drainer
+        if drainer is None or not drainer.alive() or self._drainer_pid != os.getpid():
+            with self._lock:
+                drainer = self._drainer
+                if drainer is None or not drainer.alive() or self._drainer_pid != os.getpid():
+                    drainer = Drainer(self.reconciler, interval_seconds=self._interval)
+                    self._drainer = drainer
+                    self._drainer_pid = os.getpid()
+        drainer.add(org)
+
+    def sync_ledger(self, org: str, *, strict: bool = False) -> None:
+        """Drain the org's journal up to its newest entry, so the ledger shows every
+        transition made so far (a read-your-writes barrier for ledger operations).
+
+        Args:
+            strict: raise :class:`UnavailableError` when Redis cannot be reached (default:
+                log and return, leaving the ledger as it is).
+        """
+        journal = org_keys(org).journal
+        try:
+            last = self.client.xrevrange(journal, count=1)
+        except RedisError as exc:
+            if strict:
+                raise _unavailable(exc) from exc
+            log.debug("ledger barrier skipped for %r: %s", org, exc)
+            return
+        if last:
+            self.reconciler.drain(org, until=_text(last[0][0]))
+
+    def ensure_ready(self, org: str) -> None:
+        """Make sure the org's Redis state exists (rebuilding it if it is missing) before a
+        ledger transaction that will consult Redis (a fenced write); a no-op once this
+        authority has seen the org."""
+        if org not in self._known:
+            self._run(org, "inspect", ["-"])
+
+    def rebuild(self, org: str) -> int:
+        """Rebuild the org's Redis state from the ledger now (see
+        :func:`prefect_baton._redis.rebuild.rebuild`); returns the incarnation number."""
+        from .rebuild import rebuild
+
+        return rebuild(self, org)
+
+    def close(self) -> None:
+        """Stop the drain thread after a last drain of the orgs it served, and close the
+        client when this authority owns it."""
+        drainer, self._drainer = self._drainer, None
+        if drainer is not None and self._drainer_pid == os.getpid():
+            drainer.stop()
+            for org in drainer.orgs:
+                try:
+                    self.reconciler.drain(org)
+                except BatonError as exc:
+                    log.warning("final reconcile of %r failed: %s", org, exc)
+        if self._owns_client:
+            self.client.close()
+
+    def _unknown(
+        self, caller: Caller, lease_id: str, decide: Callable[[Holding | None, int], Decision]
+    ) -> Decision:
+        """A lease id Redis does not know (never seen, or a generation pruned after the
+        retention): the ledger's history decides which error it is. Only a read-only
+        outcome (``no_change``) can come back; anything else is not found."""
+        self.sync_ledger(caller.org)
+        with self.store._read() as (s, now):
+            row = self.store._row_by_id(s, caller.org, lease_id)
+            held = row_to_holding(row) if row is not None else None
+        d = decide(held, now)
+        if d.noop:
+            return d
+        raise NotFoundError(f"lease {lease_id} not found")
+
+    # ------------------------------------------------------------------ acquire
+
+    def _item(
+        self, caller: Caller, req: AcquireRequest, key: str | None
+    ) -> tuple[list[str], str | None]:
+        rt, rid = req.resource_type, req.resource_id
+        digest = _core.request_digest(
+            "acquire",
+            {
+                "expected_version": req.expected_version,
+                "ttl_ms": req.ttl_ms,
+                "scopes": list(req.scopes),
+                "purpose": req.purpose,
+            },
+        )
+        scopes_json = meta = ""
+        if req.scopes:
+            scopes_json = json.dumps(list(req.scopes), ensure_ascii=False)
+            meta = scope_meta(rt, rid, req.scopes)
+        args = [
+            resource_digest(rt, rid),
+            rt,
+            rid,
+            str(req.ttl_ms),
+            opt(req.purpose),
+            opt(req.expected_version),
+            f"lease_{uuid.uuid4().hex}",
+            digest,
+            scopes_json,
+            meta,
+            str(self.receipt_ttl_ms),
+        ]
+        rkey = org_keys(caller.org).receipt(caller.principal, key, rt, rid) if key else None
+        return args, rkey
+
+    def acquire(
+        self,
+        caller: Caller,
+        resource_type: str,
+        resource_id: str,
+        *,
+        ttl_ms: int,
+        scopes: tuple[str, ...],
+        purpose: str | None,
+        expected_version: int | None,
+        idempotency_key: str | None,
+    ) -> Lease:
+        """Acquire or take over a resource in one script (rules:
+        :func:`prefect_baton._core.decide_acquire`; receipts as the ledger's).
+
+        Raises:
+            ConflictError, VersionConflictError, IdempotencyMismatchError, LeaseLostError
+            (a replay whose lease was lost), ValidationError (counters exhausted),
+            UnavailableError (Redis unreachable or rebuilding).
+        """
+        req = AcquireRequest(resource_type, resource_id, ttl_ms, scopes, purpose, expected_version)
+        args, rkey = self._item(caller, req, idempotency_key)
+        reply = self._run(
+            caller.org,
+            "acquire",
+            [caller.principal, caller.role, opt(idempotency_key), *args],
+            [rkey] if rkey else (),
+        )
+        code = int(reply[0])
+        if code == OK:
+            lease = holding_to_lease(from_gen(reply[2]))
+            self._acked(caller.org, reply[1])
+            return lease
+        if code in (NOOP, REPLAY):
+            return holding_to_lease(from_gen(reply[1]), replayed=True)
+        raise_for(reply)
+        raise AssertionError("unreachable")
+
+    def acquire_many(
+        self,
+        caller: Caller,
+        requests: Sequence[AcquireRequest],
+        *,
+        idempotency_key: str | None,
+    ) -> list[Lease]:
+        """Acquire every resource of ``requests`` or none, in one script.
+
+        Each request is decided exactly as :meth:`acquire` decides it (with
+        ``idempotency_key`` as the execution key of each); if any is refused, nothing is
+        written and that request's error is raised. Returns the leases in request order
+        (``replayed`` for those already held by this execution or replayed).
+
+        Raises:
+            ValidationError: more than 1,000 requests, or the error of the first refused
+                request (as :meth:`acquire`).
+        """
+        if not 1 <= len(requests) <= MAX_MANY:
+            raise ValidationError(f"acquire_many takes 1 to {MAX_MANY} resources")
+        args: list[str] = [caller.principal, caller.role, opt(idempotency_key), str(len(requests))]
+        extra: list[str] = []
+        for req in requests:
+            item, rkey = self._item(caller, req, idempotency_key)
+            args += item
+            if rkey:
+                extra.append(rkey)
+        reply = self._run(caller.org, "acquire_many", args, extra)
+        code = int(reply[0])
+        if code != OK:
+            raise_for([reply[0], *reply[2:]])
+        out = []
+        for i in range(len(requests)):
+            sub, gen = int(reply[2 + 2 * i]), reply[3 + 2 * i]
+            out.append(holding_to_lease(from_gen(gen), replayed=sub != OK))
+        if _text(reply[1]):
+            self._acked(caller.org, reply[1])
+        return out
+
+    # ------------------------------------------------------------------ by proof
+
+    def renew(
+        self, caller: Caller, proof: Proof, *, ttl_ms: int, expected_version: int | None
+    ) -> Lease:
+        """Renew by proof (rules: :func:`prefect_baton._core.decide_renew`)."""
+        reply = self._run(
+            caller.org,
+            "renew",
+            [
+                caller.principal,
+                caller.role,
+                opt(proof.execution_key),
+                proof.lease_id,
+                str(ttl_ms),
+                opt(expected_version),
+            ],
+        )
+        code = int(reply[0])
+        if code == OK:
+            lease = holding_to_lease(from_gen(reply[2]))
+            self._acked(caller.org, reply[1])
+            return lease
+        if code == UNKNOWN:
+            self._unknown(
+                caller,
+                proof.lease_id,
+                lambda row, now: _core.decide_renew(
+                    row, proof, ttl_ms=ttl_ms, expected_version=expected_version, now_ms=now
+                ),
+            )
+        raise_for(reply)
+        raise AssertionError("unreachable")
+
+    def transfer(
+        self,
+        caller: Caller,
+        proof: Proof,
+        *,
+        to_principal: str,
+        new_execution_key: str,
+        ttl_ms: int,
+        expected_version: int | None,
+    ) -> Lease:
+        """Transfer by proof (rules: :func:`prefect_baton._core.decide_transfer`; the new
+        epoch is also above the incarnation's floor)."""
+        reply = self._run(
+            caller.org,
+            "transfer",
+            [
+                caller.principal,
+                caller.role,
+                opt(proof.execution_key),
+                proof.lease_id,
+                to_principal,
+                new_execution_key,
+                str(ttl_ms),
+                opt(expected_version),
+                f"lease_{uuid.uuid4().hex}",
+                caller.principal,
+                "",
+                "",
+                "",
+                str(HANDOFF_KEY_TTL_MS),
+            ],
+        )
+        code = int(reply[0])
+        if code == OK:
+            lease = holding_to_lease(from_gen(reply[2]))
+            self._acked(caller.org, reply[1])
+            return lease
+        if code == UNKNOWN:
+            self._unknown(
+                caller,
+                proof.lease_id,
+                lambda row, now: _core.decide_transfer(
+                    row,
+                    proof,
+                    to_principal=to_principal,
+                    new_execution_key=new_execution_key,
+                    ttl_ms=ttl_ms,
+                    expected_version=expected_version,
+                    now_ms=now,
+                    new_lease_id="-",
+                ),
+            )
+        raise_for(reply)
+        raise AssertionError("unreachable")
+
+    def release(self, caller: Caller, proof: Proof, *, expected_version: int | None) -> Receipt:
+        """Release by proof (rules: :func:`prefect_baton._core.decide_release`)."""
+        reply = self._run(
+            caller.org,
+            "release",
+            [
+                caller.principal,
+                caller.role,
+                opt(proof.execution_key),
+                proof.lease_id,
+                opt(expected_version),
+            ],
+        )
+        code = int(reply[0])
+        if code == OK:
+            h = from_gen(reply[2])
+            self._acked(caller.org, reply[1])
+            return Receipt(action="release", status=_end_status(h), lease=holding_to_lease(h))
+        if code == NOOP:
+            h = from_gen(reply[1])
+            return Receipt(action="release", status="no_change", lease=holding_to_lease(h))
+        if code == UNKNOWN:
+            d = self._unknown(
+                caller,
+                proof.lease_id,
+                lambda row, now: _core.decide_release(
+                    row, proof, expected_version=expected_version, now_ms=now
+                ),
+            )
+            assert d.new is not None
+            return Receipt(action="release", status="no_change", lease=holding_to_lease(d.new))
+        raise_for(reply)
+        raise AssertionError("unreachable")
+
+    def _end_by_id(self, caller: Caller, name: str, lease_id: str) -> Receipt:
+        reply = self._run(caller.org, name, [caller.principal, caller.role, lease_id])
+        if int(reply[0]) == OK:
+            h = from_gen(reply[2])
+            self._acked(caller.org, reply[1])
+            status = "released" if name == "force_release" else _end_status(h)
+            return Receipt(action=name, status=status, lease=holding_to_lease(h))
+        raise_for(reply)
+        raise AssertionError("unreachable")
+
+    def release_by_id(self, caller: Caller, lease_id: str) -> Receipt:
+        """Release by id, as its owner (rules: :func:`_core.decide_release_by_id`)."""
+        return self._end_by_id(caller, "release_by_id", lease_id)
+
+    def force_release(self, caller: Caller, lease_id: str) -> Receipt:
+        """Revoke any lease of the org, as ``owner``/``admin`` (:func:`_core.decide_force_release`).
+
+        Raises:
+            ForbiddenError: the caller is an ``agent``. NotFoundError: not active/unknown.
+        """
+        if caller.role not in ("owner", "admin"):
+            raise ForbiddenError("force release needs the owner or admin role")
+        return self._end_by_id(caller, "force_release", lease_id)
+
+    # ------------------------------------------------------------------ reads
+
+    def inspect(self, caller: Caller, resource_type: str, resource_id: str) -> LeaseInfo:
+        """What any principal of the org may see about a resource (the holder also gets its
+        lease), judged on the Redis clock."""
+        reply = self._run(caller.org, "inspect", [resource_digest(resource_type, resource_id)])
+        raw = reply[2]
+        if not raw:
+            return LeaseInfo(
+                resource_type=resource_type, resource_id=resource_id, held=False, version=0, epoch=0
+            )
+        h = from_gen(raw)
+        now = int(reply[1])
+        held = h.effective(now)
+        return LeaseInfo(
+            resource_type=resource_type,
+            resource_id=resource_id,
+            held=held,
+            version=h.version,
+            epoch=h.epoch,
+            expires_at=from_ms(h.expires_at_ms) if held else None,
+            lease=holding_to_lease(h) if held and h.owner == caller.principal else None,
+        )
+
+    def generation(
+        self, caller: Caller, lease_id: str, *, rebuild: bool = True
+    ) -> tuple[Holding | None, int]:
+        """The generation ``lease_id`` as Redis has it (``None`` when unknown to Redis) and
+        the Redis clock in epoch ms. With ``rebuild=False`` a missing incarnation marker
+        raises :class:`UnavailableError` instead of starting a rebuild."""
+        reply = self._run(caller.org, "get", [lease_id], rebuild=rebuild)
+        if int(reply[0]) == UNKNOWN:
+            return None, int(reply[1])
+        return from_gen(reply[2]), int(reply[1])
+
+    def get(self, caller: Caller, lease_id: str) -> Lease:
+        """A generation by id, for its owner (any of the org's for owner/admin).
+
+        Raises:
+            NotFoundError: unknown, another org's, or another principal's lease.
+        """
+        h, _now = self.generation(caller, lease_id)
+        if h is None:
+            self.sync_ledger(caller.org)
+            return self.store.get(caller, lease_id)
+        if h.owner != caller.principal and caller.role == "agent":
+            raise NotFoundError(f"lease {lease_id} not found")
+        return holding_to_lease(h)
+
+    def list_leases(
+        self,
+        caller: Caller,
+        *,
+        resource_type: str | None = None,
+        owner: str | None = None,
+        include_ended: bool = False,
+        limit: int = 100,
+    ) -> list[Lease]:
+        """Effective leases of the caller (``owner``: a name or ``"*"``, needs owner/admin),
+        newest first; with ``include_ended`` the ledger's history (after a drain)."""
+        who = caller.principal if owner is None else owner
+        if who != caller.principal and caller.role == "agent":
+            raise ForbiddenError("listing another principal's leases needs the owner or admin role")
+        if include_ended:
+            self.sync_ledger(caller.org)
+            return self.store.list_leases(
+                caller, resource_type=resource_type, owner=owner, include_ended=True, limit=limit
+            )
+        reply = self._run(caller.org, "list", ["" if who == "*" else who, opt(resource_type)])
+        gens = [from_gen(raw) for raw in reply[2:]]
+        gens.sort(key=lambda h: (h.acquired_at_ms, h.lease_id), reverse=True)
+        return [holding_to_lease(h) for h in gens[: max(1, min(limit, 10_000))]]
+
+    # ------------------------------------------------------------------ fences, handoffs
+
+    def fence_check(
+        self, caller: Caller, lease_id: str, resource: tuple[str, str] | None
+    ) -> tuple[Holding | None, int]:
+        """What a fenced ledger write checks, read from Redis: the generation ``lease_id``
+        (``None`` if unknown, or if it is not of ``resource``) and the Redis clock.
+
+        The ledger write calls this inside its transaction, holding the resource's lock,
+        so fenced writes of one resource are checked and committed one at a time: once a
+        newer generation has written, an older one's check can only fail. It never starts a
+        rebuild (that needs the ledger, whose write lock the caller holds): if Redis lost
+        its data the write fails closed with ``UNAVAILABLE``.
+        """
+        h, now = self.generation(caller, lease_id, rebuild=False)
+        if h is not None and resource is not None and (h.resource_type, h.resource_id) != resource:
+            h = None
+        return h, now
+
+    def handoff_mark_rejected(self, caller: Caller, handoff_id: str) -> None:
+        """Settle a lease-carrying handoff as rejected in Redis (before the ledger records
+        it), so that no accept can transfer its lease afterwards.
+
+        Raises:
+            NotFoundError: it was accepted already.
+        """
+        keys = org_keys(caller.org)
+        reply = self._run(
+            caller.org,
+            "handoff_mark",
+            [handoff_id, str(HANDOFF_KEY_TTL_MS)],
+            [keys.handoff(handoff_id)],
+        )
+        raise_for(reply)
+
+    def handoff_transfer(
+        self,
+        caller: Caller,
+        handoff_id: str,
+        *,
+        lease_id: str,
+        from_principal: str,
+        execution_key: str,
+        ttl_ms: int | None,
+        note: str | None,
+        expires_at_ms: int | None,
+    ) -> Lease:
+        """Transfer a handoff's lease to its recipient (the caller) and settle the handoff
+        as accepted in Redis, in one script; the journal entry carries the acceptance, so
+        the ledger records the transfer and the accepted handoff in one transaction. The
+        call returns once the ledger has both. An exact retry after a crash returns the
+        same generation (its lease id is derived from the handoff id).
+
+        Raises:
+            NotFoundError: the handoff was rejected, or expired; the lease is unknown.
+            LeaseLostError: the sender no longer holds the lease (the handoff stays pending).
+        """
+        keys = org_keys(caller.org)
+        new_id = (
+            "lease_"
+            + hashlib.sha256(f"handoff\x00{caller.org}\x00{handoff_id}".encode()).hexdigest()[:32]
+        )
+        reply = self._run(
+            caller.org,
+            "transfer",
+            [
+                from_principal,
+                caller.role,
+                "",
+                lease_id,
+                caller.principal,
+                execution_key,
+                "" if ttl_ms is None else str(ttl_ms),
+                "",
+                new_id,
+                caller.principal,
+                opt(handoff_id),
+                opt(note),
+                opt(expires_at_ms),
+                str(HANDOFF_KEY_TTL_MS),
+            ],
+            [keys.handoff(handoff_id)],
+        )
+        code = int(reply[0])
+        if code == OK:
+            lease = holding_to_lease(from_gen(reply[2]))
+            self.reconciler.drain(caller.org, until=_text(reply[1]))
+            return lease
+        if code == REPLAY:
+            self.sync_ledger(caller.org, strict=True)
+            return holding_to_lease(from_gen(reply[1]))
+        if code == UNKNOWN:
+            raise NotFoundError(f"lease {lease_id} not found")
+        raise_for(reply)
+        raise AssertionError("unreachable")
+
+
+def _end_status(h: Holding) -> Literal["released", "expired"]:
+    return "expired" if h.status == "expired" else "released"
+
+
+def requests_from(
+    items: Iterable[Mapping[str, Any]],
+) -> list[AcquireRequest]:
+    """Build :class:`AcquireRequest` values from validated mappings (client helper)."""
+    return [AcquireRequest(**dict(i)) for i in items]

@@ -1,0 +1,51 @@
+-- acquire_many.lua: all-or-nothing acquire of several resources: every request is decided
+-- first (as acquire.lua decides one); only when none is refused are they all applied, and
+-- one journal entry records them all.
+-- KEYS[1..10]: the per-org keys listed in _lib.lua.
+-- KEYS[10 + i]: the receipt key of request i (only passed when an execution key is given).
+-- ARGV[1] principal, ARGV[2] role, ARGV[3] execution key ("" or "=" .. key), ARGV[4] n,
+-- ARGV[5 + 11 * (i - 1) ..]: request i, the eleven fields acquire.lua takes.
+-- Returns:
+--   {0, journal entry id or "", code_1, generation_1, ..., code_n, generation_n}
+--        where code_i is 0 (granted), 1 (already held by this execution) or 2 (replayed)
+--   {code, i, ...}   request i was refused with acquire.lua's reply {code, ...}; nothing
+--                    was written
+--   {30} / {31}      as acquire.lua
+local mk = marker()
+if not mk then return {C_NO_INCARNATION} end
+local now = now_ms()
+local principal, role, key = ARGV[1], ARGV[2], opt(ARGV[3])
+local n = tonumber(ARGV[4])
+local its, replies = {}, {}
+for i = 1, n do
+  local ki = nil
+  if key then ki = 10 + i end
+  local it = read_item(5 + 11 * (i - 1), ki)
+  local r = decide_acquire(it, principal, key, now, mk)
+  if r[1] == C_OK then
+    it.plan = r[2]
+    its[i] = it
+  elseif r[1] == C_NOOP or r[1] == C_REPLAY then
+    replies[i] = r
+  elseif r[1] == C_ROTATE then
+    return r
+  else
+    local out = {r[1], i}
+    for k = 2, #r do out[#out + 1] = r[k] end
+    return out
+  end
+end
+local items, out = {}, {C_OK, ''}
+for i = 1, n do
+  local it = its[i]
+  if it then
+    items[#items + 1] = apply_acquire(it, it.plan, principal, key, now, mk)
+    out[#out + 1] = C_OK
+    out[#out + 1] = enc(it.plan.new)
+  else
+    out[#out + 1] = replies[i][1]
+    out[#out + 1] = replies[i][2]
+  end
+end
+if #items > 0 then out[2] = journal(mk, principal, role, now, items) end
+return out

@@ -1,0 +1,13 @@
+-- clear.lua: drop what is left of an org's lease state before it is rebuilt from the ledger
+-- (the journal has been drained into the ledger first).
+-- KEYS[1..10]: the per-org keys listed in _lib.lua.
+-- KEYS[11]: the rebuild lock.
+-- ARGV[1] rebuild token.
+-- Returns:
+--   {0}                                  cleared
+--   {32}                                 the rebuild lock was lost, or a marker exists
+if redis.call('GET', KEYS[11]) ~= ARGV[1] then return {C_REBUILD_LOST} end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {C_REBUILD_LOST} end
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9],
+  KEYS[10])
+return {C_OK}

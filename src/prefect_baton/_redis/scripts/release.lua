@@ -1,0 +1,37 @@
+-- release.lua: release a lease by proof (mirror of _core.decide_release): an effective lease
+-- ends "released", one past its expiry that nobody took ends "expired"; a lease already
+-- released by this proof is a durable no_change. Version and epoch are kept.
+-- KEYS[1..10]: the per-org keys listed in _lib.lua.
+-- ARGV[1] principal, ARGV[2] role, ARGV[3] execution key ("" or "=" .. key), ARGV[4] lease id,
+-- ARGV[5] expected version ("" or "=" .. n).
+-- Returns:
+--   {0, journal entry id, generation}   released (the generation's status says how)
+--   {1, generation}                      no_change: already released/expired (no write)
+--   {11, current, expected}              VERSION_CONFLICT
+--   {12, message}                        NOT_FOUND (another principal's lease)
+--   {13, message}                        LEASE_LOST (another execution, or taken since)
+--   {20}                                 lease id unknown to Redis (Python asks the ledger)
+--   {30}                                 no incarnation marker
+local mk = marker()
+if not mk then return {C_NO_INCARNATION} end
+local now = now_ms()
+local principal, key, id = ARGV[1], opt(ARGV[3]), ARGV[4]
+local g = gen_by_id(id)
+if not g then return {C_UNKNOWN} end
+if g.o ~= principal then return {C_NOT_FOUND, 'lease ' .. id .. ' not found'} end
+if g.k ~= key then return {C_LOST, 'lease ' .. id .. ' is held by another execution'} end
+local ev = opt(ARGV[5])
+if ev and tonumber(ev) ~= g.v then return {C_VERSION, I(g.v), ev} end
+if g.s == 'released' or g.s == 'expired' then return {C_NOOP, enc(g)} end
+if g.s ~= 'active' then
+  return {C_LOST, 'lease ' .. g.id .. ' is no longer held (' .. g.s .. ')'}
+end
+local sid = g.sid
+if g.x > now then g.s = 'released' else g.s = 'expired' end
+g.ea = now
+g.sid = nil
+redis.call('HSET', KEYS[2], g.rd, enc(g))
+redis.call('ZREM', KEYS[6], own_member(g))
+idx_remove(sid)
+local eid = journal(mk, principal, ARGV[2], now, {{a = 'release', n = ser(g)}})
+return {C_OK, eid, enc(g)}

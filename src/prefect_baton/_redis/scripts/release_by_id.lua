@@ -1,0 +1,26 @@
+-- release_by_id.lua: release by lease id alone, as its owner (mirror of
+-- _core.decide_release_by_id); a lease that is not active, unknown or another principal's
+-- is not found.
+-- KEYS[1..10]: the per-org keys listed in _lib.lua.
+-- ARGV[1] principal, ARGV[2] role, ARGV[3] lease id.
+-- Returns:
+--   {0, journal entry id, generation}   released ("released", or "expired" if it had run out)
+--   {12, message}                        NOT_FOUND
+--   {30}                                 no incarnation marker
+local mk = marker()
+if not mk then return {C_NO_INCARNATION} end
+local now = now_ms()
+local principal, id = ARGV[1], ARGV[3]
+local g = gen_by_id(id)
+if not g or g.o ~= principal or g.s ~= 'active' then
+  return {C_NOT_FOUND, 'lease ' .. id .. ' not found'}
+end
+local sid = g.sid
+if g.x > now then g.s = 'released' else g.s = 'expired' end
+g.ea = now
+g.sid = nil
+redis.call('HSET', KEYS[2], g.rd, enc(g))
+redis.call('ZREM', KEYS[6], own_member(g))
+idx_remove(sid)
+local eid = journal(mk, principal, ARGV[2], now, {{a = 'release', n = ser(g)}})
+return {C_OK, eid, enc(g)}

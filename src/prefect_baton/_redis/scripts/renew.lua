@@ -1,0 +1,35 @@
+-- renew.lua: extend a lease by proof (mirror of _core.decide_renew): version +1,
+-- expiry = Redis TIME + ttl; id, owner, key, epoch and scopes unchanged.
+-- KEYS[1..10]: the per-org keys listed in _lib.lua.
+-- ARGV[1] principal, ARGV[2] role, ARGV[3] execution key ("" or "=" .. key), ARGV[4] lease id,
+-- ARGV[5] ttl_ms, ARGV[6] expected version ("" or "=" .. n).
+-- Returns:
+--   {0, journal entry id, generation}   renewed
+--   {11, current, expected}              VERSION_CONFLICT
+--   {12, message}                        NOT_FOUND (another principal's lease)
+--   {13, message}                        LEASE_LOST (other execution, ended or expired)
+--   {15, message}                        VALIDATION_ERROR (version counter exhausted)
+--   {20}                                 lease id unknown to Redis (Python asks the ledger)
+--   {30}                                 no incarnation marker
+local mk = marker()
+if not mk then return {C_NO_INCARNATION} end
+local now = now_ms()
+local principal, key, id = ARGV[1], opt(ARGV[3]), ARGV[4]
+local g = gen_by_id(id)
+if not g then return {C_UNKNOWN} end
+if g.o ~= principal then return {C_NOT_FOUND, 'lease ' .. id .. ' not found'} end
+if g.k ~= key then return {C_LOST, 'lease ' .. id .. ' is held by another execution'} end
+if not effective(g, now) then
+  return {C_LOST, 'lease ' .. g.id .. ' is no longer held (' .. lost_reason(g, now) .. ')'}
+end
+local ev = opt(ARGV[6])
+if ev and tonumber(ev) ~= g.v then return {C_VERSION, I(g.v), ev} end
+if g.v >= MAX_SAFE then return {C_INVALID, EXHAUSTED} end
+local ttl = tonumber(ARGV[5])
+g.v = g.v + 1
+g.x = now + ttl
+g.t = ttl
+redis.call('HSET', KEYS[2], g.rd, enc(g))
+if g.sid then redis.call('HSET', KEYS[9], g.sid, I(g.x) .. '\0' .. g.o) end
+local eid = journal(mk, principal, ARGV[2], now, {{a = 'renew', n = ser(g)}})
+return {C_OK, eid, enc(g)}

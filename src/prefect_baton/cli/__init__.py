@@ -18,7 +18,7 @@ from typer.core import TyperGroup
 
 from .. import __version__
 from ..errors import BatonError
-from . import checkpoints, db, demo, events, handoffs, leases, outcomes
+from . import checkpoints, db, demo, events, handoffs, leases, outcomes, reconcile
 from ._output import (
     EXIT_CODES,
     EXIT_FAILURE,
@@ -212,6 +212,7 @@ SUB_APPS: list[tuple[str, typer.Typer]] = [
 COMMANDS: list[tuple[str, Callable[..., None], dict[str, Any] | None]] = [
     ("audit", db.audit, None),
     ("demo", demo.demo, demo.DEMO_CONTEXT),
+    ("reconcile", reconcile.reconcile, None),
 ]
 
 for _name, _sub in SUB_APPS:

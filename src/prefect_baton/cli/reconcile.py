@@ -1,0 +1,77 @@
+"""``baton reconcile [--follow]``: drain the Redis lease journal into the ledger."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from typing import Annotated, Any
+
+import typer
+
+from ..reconcile import Lag, run_reconciler
+from ._output import emit_ok
+from ._state import guard
+
+__all__ = ["reconcile"]
+
+
+def _lag(lag: Lag) -> dict[str, Any]:
+    return {"entries": lag.entries, "seconds": round(lag.seconds, 3), "oldest_id": lag.oldest_id}
+
+
+def reconcile(
+    ctx: typer.Context,
+    follow: Annotated[
+        bool, typer.Option("--follow", help="Keep draining until interrupted (a service).")
+    ] = False,
+    interval: Annotated[
+        float,
+        typer.Option("--interval", min=0.01, help="Seconds between rounds that found nothing."),
+    ] = 0.5,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", min=1, help="Journal entries per ledger transaction.")
+    ] = 500,
+) -> None:
+    """Drain the Redis lease journal into the ledger and report the lag.
+
+    Drains the org of --org when given, else every org that used Redis. Needs a Redis URL
+    (--redis-url or BATON_REDIS_URL). With --follow it runs until SIGINT or SIGTERM.
+    """
+    with guard(ctx, "reconcile") as st:
+        redis_url = st.redis_url or (
+            st.settings().redis_url.get_secret_value() if st.settings().redis_url else None
+        )
+        stop = threading.Event()
+        handlers: dict[int, Any] = {}
+        if follow and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                handlers[sig] = signal.signal(sig, lambda *_a: stop.set())
+
+        def progress(org: str, applied: int, lag: Lag) -> None:
+            if not st.json:
+                sys.stderr.write(
+                    f"reconcile: {org}: applied {applied}, lag {lag.entries} entries "
+                    f"/ {lag.seconds:.3f} s\n"
+                )
+
+        try:
+            report = run_reconciler(
+                redis_url,
+                st.resolved_ledger_url(),
+                orgs=[st.org] if st.org else None,
+                follow=follow,
+                interval_seconds=interval,
+                batch_size=batch_size,
+                stop=stop,
+                on_batch=progress if follow else None,
+            )
+        finally:
+            for sig, old in handlers.items():
+                signal.signal(sig, old)
+        data = {
+            "orgs": report.orgs,
+            "applied": report.applied,
+            "lag": {org: _lag(lag) for org, lag in report.lag.items()},
+        }
+        emit_ok(st.format, "reconcile", "reconcile", data)

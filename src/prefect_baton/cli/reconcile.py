@@ -39,11 +39,10 @@ def reconcile(
     (--redis-url or BATON_REDIS_URL). With --follow it runs until SIGINT or SIGTERM.
     """
     with guard(ctx, "reconcile") as st:
-        redis_url = st.redis_url or (
-            st.settings().redis_url.get_secret_value() if st.settings().redis_url else None
-        )
+        secret = st.settings().redis_url
+        redis_url = st.redis_url or (secret.get_secret_value() if secret else None)
         stop = threading.Event()
-        handlers: dict[int, Any] = {}
+        handlers: dict[signal.Signals, Any] = {}
         if follow and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 handlers[sig] = signal.signal(sig, lambda *_a: stop.set())

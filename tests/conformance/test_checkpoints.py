@@ -49,8 +49,7 @@ def test_save_upserts_and_bumps_version(baton: Baton) -> None:
 
 
 def test_state_hash_is_canonical(baton: Baton) -> None:
-    """The hash depends on content only: key order does not change it; an identical write
-    still bumps the version."""
+    """The hash ignores key order; an identical write keeps the hash but bumps the version."""
     a = baton.checkpoints.save(SUBJ, KIND, {"a": 1, "b": {"x": [1, 2], "y": "é"}})
     b = baton.checkpoints.save(SUBJ, KIND, {"b": {"y": "é", "x": [1, 2]}, "a": 1})
     assert b.state_hash == a.state_hash

@@ -236,8 +236,7 @@ def test_reject_keeps_lease_with_sender(baton: Baton) -> None:
 
 
 def test_accept_after_sender_lost_lease(baton: Baton) -> None:
-    """If the sender no longer holds the lease, accepting is LEASE_LOST and the handoff stays
-    pending (it can still be rejected)."""
+    """If the sender lost the lease, accepting is LEASE_LOST and the handoff stays pending."""
     lease = baton.leases.acquire(RT, RID, ttl_seconds=60, idempotency_key="w1")
     h = baton.handoffs.create("agent-b", SUBJ, lease=lease)
     baton.leases.release(lease)
@@ -275,8 +274,7 @@ def test_accept_with_lease_is_atomic_in_events(baton: Baton) -> None:
 
 
 def test_lease_moves_only_once(baton: Baton) -> None:
-    """Of two handoffs carrying one lease, only the first accepted transfers it; the other is
-    LEASE_LOST and stays pending."""
+    """Of two handoffs carrying one lease only the first accepted moves it; the other is lost."""
     lease = baton.leases.acquire(RT, RID, ttl_seconds=60, idempotency_key="w1")
     h1 = baton.handoffs.create("agent-b", SUBJ, lease=lease)
     h2 = baton.handoffs.create("agent-c", SUBJ, lease=lease)

@@ -273,3 +273,37 @@ def test_raised_errors_have_codes(baton: Baton) -> None:
     ]
     for err in raised:
         assert CODES[type(err)] == err.code
+
+
+def test_longest_ids_work_end_to_end(baton: Baton) -> None:
+    """Ids of the documented maximum (256 characters) and long texts work through every write."""
+    n = 256
+    a = baton.as_principal("a" * n)
+    rt, rid = "t" * n, "i" * n
+    lease = a.leases.acquire(
+        rt, rid, ttl_seconds=30, idempotency_key="k" * n, purpose="p" * 4096, scopes=["s" * 1000]
+    )
+    lease = a.leases.renew(lease)
+    moved = a.leases.transfer(
+        lease, to_principal="b" * n, new_execution_key="x" * n, ttl_seconds=30
+    )
+    b = baton.as_principal("b" * n)
+    ck = b.checkpoints.save("s" * n, "k" * n, {"n": 1}, idempotency_key="q" * n, fence=moved)
+    h = b.handoffs.create(
+        "c" * n,
+        "s" * n,
+        checkpoint_id=ck.checkpoint_id,
+        context_id="c" * n,
+        message="m" * 4096,
+        lease=moved,
+        idempotency_key="h" * n,
+    )
+    c = baton.as_principal("c" * n)
+    done = c.handoffs.resolve(h.handoff_id, "accepted", note="n" * 4096, execution_key="e" * n)
+    assert done.lease is not None
+    item = {"kind": "k" * 256, "uri": "u" * 4096, "digest": "d" * 512, "note": "n" * 4096}
+    out = c.outcomes.record("s" * n, "succeeded", evidence=[item], fence=done.lease)
+    assert out.evidence[0].uri == "u" * 4096
+    receipt = baton.as_principal("boss", role="admin").leases.force_release(done.lease.lease_id)
+    assert receipt.lease.resource_id == rid
+    assert len(kinds(baton)) == 9

@@ -174,6 +174,8 @@ class LeaseKeeper:
             try:
                 lease = self._api.renew(self.lease, ttl_seconds=int(self._ttl))
             except _LOST_ERRORS as exc:
+                if self._handoff_accepted is not None and self._handoff_accepted():
+                    return  # the lease moved on through an accepted handoff: not a loss
                 self._mark_lost(f"{exc.code}: {exc.message}")
                 return
             except (UnavailableError, OSError, Exception) as exc:  # transient: retry

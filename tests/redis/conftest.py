@@ -13,7 +13,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -140,7 +140,7 @@ def ledger(tmp_path: Path) -> Iterator[LedgerStore]:
 @pytest.fixture
 def make_authority(
     redis_server: RedisServer, ledger: LedgerStore
-) -> Iterator[type[RedisAuthority] | object]:
+) -> Iterator[Callable[..., RedisAuthority]]:
     """``make_authority(**kwargs)``: an authority on the test's server and ledger, with a
     1 s socket timeout; all are closed at the end."""
     made: list[RedisAuthority] = []

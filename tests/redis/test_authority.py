@@ -1,0 +1,454 @@
+"""The Redis authority beyond the conformance suite: the Lua overlap check against Python,
+keys, the post-loss grant policies, epoch ranges, the reconciler, handoff crash recovery and
+acquire_many (all-or-nothing on every arm)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import fakeredis
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import text
+
+import redis
+from prefect_baton import (
+    Baton,
+    ConflictError,
+    IdempotencyMismatchError,
+    LeaseLostError,
+    NotFoundError,
+    UnavailableError,
+    ValidationError,
+)
+from prefect_baton._ledger.store import LedgerStore
+from prefect_baton._ledger.tables import HandoffRow
+from prefect_baton._redis.authority import RedisAuthority
+from prefect_baton._redis.codec import scope_tokens
+from prefect_baton._redis.keys import org_keys, resource_digest
+from prefect_baton._redis.rebuild import EPOCH_RANGE
+from prefect_baton._redis.scripts import source
+from prefect_baton._scopes import normalize_scope, sets_overlap
+from prefect_baton.audit import audit_ledger
+from prefect_baton.reconcile import run_reconciler
+from tests.conftest import REDIS_URL, _answers
+
+from ._util import kinds_of
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture
+def fake() -> fakeredis.FakeRedis:
+    """A fakeredis client (Lua 5.1) on a server of its own."""
+    return fakeredis.FakeRedis(server=fakeredis.FakeServer())
+
+
+@pytest.fixture
+def auth(fake: fakeredis.FakeRedis, ledger: LedgerStore) -> Iterator[RedisAuthority]:
+    """An authority on fakeredis with ``ack="ledger"``."""
+    a = RedisAuthority(fake, ledger, ack="ledger")
+    yield a
+    a.close()
+
+
+def _baton(a: RedisAuthority, org: str | None = None, principal: str = "agent-a") -> Baton:
+    org = org or f"org-{uuid.uuid4().hex[:12]}"
+    return Baton(org=org, principal=principal, store=a.store, lease_authority=a)
+
+
+# --------------------------------------------------------------------------- overlap parity
+
+SEGMENT_TOKENS = ["a", "b", "é", ".", "*", "?", "[ab]", "[!a]", "[a-b]", "[!ab]", "[é-ê]", "[z-a]"]
+segment = st.one_of(
+    st.just("**"),
+    st.lists(st.sampled_from(SEGMENT_TOKENS), min_size=1, max_size=3).map("".join),
+)
+glob = (
+    st.lists(segment, min_size=1, max_size=4)
+    .map(lambda s: normalize_scope("/".join(s)))
+    .filter(bool)
+)
+glob_sets = st.lists(glob, min_size=1, max_size=3)
+
+
+def _overlap_clients() -> list[Any]:
+    clients: list[Any] = [fakeredis.FakeRedis(server=fakeredis.FakeServer())]
+    if _answers("127.0.0.1", 6379):
+        clients.append(redis.Redis.from_url(REDIS_URL))
+    return clients
+
+
+OVERLAP_SCRIPT = (
+    source("inspect").split("-- inspect.lua")[0]
+    + "\nreturn sets_overlap(cjson.decode(ARGV[1]), cjson.decode(ARGV[2])) and 1 or 0\n"
+)
+CLIENTS = _overlap_clients()
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(a=glob_sets, b=glob_sets)
+def test_lua_overlap_matches_python(a: list[str], b: list[str]) -> None:
+    """The scripts' scope overlap check answers exactly as prefect_baton._scopes does."""
+    want = sets_overlap(tuple(a), tuple(b))
+    ta = json.dumps([scope_tokens(s) for s in a])
+    tb = json.dumps([scope_tokens(s) for s in b])
+    for client in CLIENTS:
+        got = client.eval(OVERLAP_SCRIPT, 0, ta, tb)
+        assert bool(got) == want, (client, a, b)
+
+
+@pytest.mark.parametrize(
+    ("mine", "theirs", "conflict"),
+    [
+        (["src/**"], ["src/app/*.py"], True),
+        (["src/*.py"], ["src/*.md"], False),
+        (["docs/**"], ["src/**"], False),
+        (["**/*.py"], ["src/app/main.py"], True),
+        (["src/a[0-9]/x"], ["src/a5/*"], True),
+        (["src/a[!0-9]/x"], ["src/a5/*"], False),
+        (["a/b/c"], ["a/b"], False),
+        (["a/b"], ["a/b/**"], True),
+    ],
+)
+def test_scoped_acquire_conflicts_exactly(
+    auth: RedisAuthority, mine: list[str], theirs: list[str], conflict: bool
+) -> None:
+    """A scoped acquire conflicts exactly when a scope overlaps another principal's lease."""
+    a = _baton(auth)
+    a.leases.acquire("res", "one", ttl_seconds=30, scopes=theirs)
+    b = a.as_principal("agent-b")
+    if conflict:
+        with pytest.raises(ConflictError):
+            b.leases.acquire("res", "two", ttl_seconds=30, scopes=mine)
+    else:
+        b.leases.acquire("res", "two", ttl_seconds=30, scopes=mine)
+
+
+def test_scope_index_forgets_released_and_expired(auth: RedisAuthority) -> None:
+    """Released leases leave the scope index; unrelated prefixes are never candidates."""
+    a = _baton(auth)
+    lease = a.leases.acquire("res", "one", ttl_seconds=30, scopes=["src/**", "docs/x"])
+    sx = org_keys(a.org).base[6]
+    assert auth.client.zcard(sx) == 2
+    a.leases.release(lease)
+    assert auth.client.zcard(sx) == 0
+    a.leases.acquire("res", "two", ttl_seconds=30, scopes=["lib/**"])
+    a.as_principal("agent-b").leases.acquire("res", "three", ttl_seconds=30, scopes=["src/**"])
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def test_keys_share_one_hash_tag_and_hide_ids() -> None:
+    """Every key of an org carries one hash tag; ids never appear in key names."""
+    org = "acme:{evil}:baton"
+    keys = org_keys(org)
+    tag = keys.prefix.split("{")[1].split("}")[0]
+    names = [*keys.base, keys.rebuild, keys.receipt("p:x", "k}", "a:b", "c"), keys.handoff("h")]
+    for name in names:
+        assert name.split("{")[1].split("}")[0] == tag
+        assert "evil" not in name
+        assert "a:b" not in name
+    assert org_keys("acme") != org_keys("acme ")
+    assert resource_digest("a:b", "c") != resource_digest("a", "b:c")
+
+
+# --------------------------------------------------------------------------- data loss
+
+
+def test_lock_delay_refuses_new_grants_after_loss(fake: Any, ledger: LedgerStore) -> None:
+    """With lock_delay, after a loss no new grant is made until the delay has passed; the
+    restored lease can still be renewed and released."""
+    auth = RedisAuthority(fake, ledger, ack="ledger", post_loss="lock_delay", lock_delay_seconds=1)
+    a = _baton(auth)
+    held = a.leases.acquire("res", "r0", ttl_seconds=30)
+    fake.flushall()
+    b = a.as_principal("agent-b")
+    with pytest.raises(ConflictError) as ei:
+        b.leases.acquire("res", "r1", ttl_seconds=30)
+    assert ei.value.expires_at is not None
+    renewed = a.leases.renew(held)
+    assert renewed.epoch == held.epoch
+    deadline = ei.value.expires_at
+    while True:
+        try:
+            fresh = b.leases.acquire("res", "r1", ttl_seconds=30)
+            break
+        except ConflictError:
+            time.sleep(0.1)
+    assert fresh.epoch == EPOCH_RANGE + 1
+    assert fresh.acquired_at >= deadline
+    assert a.leases.release(renewed).status == "released"
+    auth.close()
+
+
+def test_fence_only_grants_at_once_with_higher_epochs(auth: RedisAuthority) -> None:
+    """With fence_only, a loss is followed by grants at once, above every earlier epoch."""
+    a = _baton(auth)
+    for _ in range(3):
+        a.leases.acquire("res", "r0", ttl_seconds=30)
+    auth.client.flushall()
+    lease = a.leases.acquire("res", "r1", ttl_seconds=30)
+    assert lease.epoch == EPOCH_RANGE + 1
+    again = a.leases.acquire("res", "r0", ttl_seconds=30)
+    assert again.epoch == EPOCH_RANGE + 1
+    assert again.version == 4
+    assert audit_ledger(auth.store, a.org).ok
+
+
+def test_replay_survives_loss(auth: RedisAuthority) -> None:
+    """Acquire receipts are rebuilt from the ledger: an exact retry still replays, and a
+    changed request is still a mismatch."""
+    a = _baton(auth)
+    lease = a.leases.acquire("res", "r0", ttl_seconds=30, idempotency_key="run-1")
+    auth.client.flushall()
+    again = a.leases.acquire("res", "r0", ttl_seconds=30, idempotency_key="run-1")
+    assert again.replayed
+    assert again.lease_id == lease.lease_id
+    with pytest.raises(IdempotencyMismatchError):
+        a.leases.acquire("res", "r0", ttl_seconds=60, idempotency_key="run-1")
+
+
+def test_epoch_range_rotates_when_used_up(auth: RedisAuthority) -> None:
+    """When an incarnation's epoch range is used up the org moves to the next range."""
+    a = _baton(auth)
+    first = a.leases.acquire("res", "r0", ttl_seconds=30)
+    inc = org_keys(a.org).inc
+    auth.client.hset(inc, "ceil", str(first.epoch + 1))
+    nxt = a.leases.acquire("res", "r0", ttl_seconds=30)
+    assert nxt.epoch == EPOCH_RANGE + 1
+    assert int(auth.client.hget(inc, "floor")) == EPOCH_RANGE
+    assert audit_ledger(auth.store, a.org).ok
+
+
+# --------------------------------------------------------------------------- reconciler
+
+
+def test_lag_and_run_reconciler(fake: Any, ledger: LedgerStore) -> None:
+    """With ack='redis' and no drain yet, the lag counts the entries; run_reconciler applies
+    them all once, and the ledger then has every transition and event."""
+    auth = RedisAuthority(fake, ledger, ack="redis", reconcile_interval_seconds=3600)
+    a = _baton(auth)
+    auth._acked = lambda org, eid: None  # type: ignore[method-assign]
+    lease = a.leases.acquire("res", "r0", ttl_seconds=30)
+    a.leases.renew(lease)
+    a.leases.release(lease)
+    lag = auth.reconciler.lag(a.org)
+    assert lag.entries == 3
+    assert lag.oldest_id is not None
+    report = run_reconciler(client=fake, store=ledger, orgs=[a.org])
+    assert report.applied == 3
+    assert report.lag[a.org].entries == 0
+    assert kinds_of(ledger, a) == ["lease.acquired", "lease.renewed", "lease.released"]
+    assert run_reconciler(client=fake, store=ledger, orgs=[a.org]).applied == 0
+    auth.close()
+
+
+def test_reapplying_the_journal_changes_nothing(
+    fake: Any, ledger: LedgerStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entries applied twice (cursor lost, stream not trimmed) leave the ledger unchanged."""
+    auth = RedisAuthority(fake, ledger, ack="ledger")
+    monkeypatch.setattr(fake, "xtrim", lambda *a, **k: 0)
+    a = _baton(auth)
+    lease = a.leases.acquire("res", "r0", ttl_seconds=30, scopes=["x/**"], idempotency_key="k")
+    moved = a.leases.transfer(lease, to_principal="agent-b", new_execution_key="k2", ttl_seconds=30)
+    a.as_principal("agent-b").leases.release(moved)
+    before = (ledger.lease_history(a.org), kinds_of(ledger, a))
+    with ledger.engines.write.begin() as conn:
+        conn.execute(
+            text("DELETE FROM baton_receipts WHERE org_id = :o AND operation = 'redis.journal'"),
+            {"o": a.org},
+        )
+    assert auth.reconciler.drain(a.org) == 3
+    after = (ledger.lease_history(a.org), kinds_of(ledger, a))
+    assert [(h.lease_id, h.status, h.version) for h in after[0][0]] == [
+        (h.lease_id, h.status, h.version) for h in before[0][0]
+    ]
+    assert len(after[0][1]) == len(before[0][1])
+    assert after[1] == before[1]
+    assert audit_ledger(ledger, a.org).ok
+    auth.close()
+
+
+def test_postgresql_ledger_behind_redis(fake: Any, pg_url: str) -> None:
+    """The reconciler writes the PostgreSQL ledger as it writes SQLite (audit passes)."""
+    from tests.conftest import store_for
+
+    store = store_for(pg_url)
+    auth = RedisAuthority(fake, store, ack="ledger")
+    a = _baton(auth)
+    lease = a.leases.acquire("res", "r0", ttl_seconds=30, scopes=["p/**"], idempotency_key="k")
+    lease = a.leases.renew(lease)
+    moved = a.leases.transfer(lease, to_principal="agent-b", new_execution_key="k2", ttl_seconds=30)
+    a.as_principal("boss", role="admin").leases.force_release(moved.lease_id)
+    a.leases.acquire("res", "r0", ttl_seconds=30)
+    assert audit_ledger(store, a.org).ok
+    assert kinds_of(store, a) == [
+        "lease.acquired",
+        "lease.renewed",
+        "lease.transferred",
+        "lease.released",
+        "lease.acquired",
+    ]
+    auth.close()
+
+
+# --------------------------------------------------------------------------- handoffs
+
+
+def _crash(*args: Any, **kwargs: Any) -> int:
+    raise UnavailableError("the ledger went away")
+
+
+def test_handoff_accept_interrupted_after_transfer_completes_on_retry(
+    auth: RedisAuthority, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash between the Redis transfer and the ledger: an exact retry finds the handoff
+    accepted (NOT_FOUND, as a second resolve on the ledger), the recipient holding."""
+    a = _baton(auth)
+    lease = a.leases.acquire("res", "r0", ttl_seconds=60, idempotency_key="w1")
+    h = a.handoffs.create("agent-b", "subject", lease=lease)
+    b = a.as_principal("agent-b")
+    real = auth.reconciler.drain
+
+    monkeypatch.setattr(auth.reconciler, "drain", _crash)
+    with pytest.raises(UnavailableError):
+        b.handoffs.resolve(h.handoff_id, "accepted")
+    monkeypatch.setattr(auth.reconciler, "drain", real)
+    with auth.store._read() as (s, _now):
+        row = s.get(HandoffRow, h.handoff_id)
+        assert row is not None
+        assert row.status == "pending"
+    with pytest.raises(NotFoundError):
+        b.handoffs.resolve(h.handoff_id, "accepted")
+    done = b.handoffs.get(h.handoff_id)
+    assert done.status == "accepted"
+    assert done.lease is not None
+    assert done.lease.owner == "agent-b"
+    with pytest.raises(LeaseLostError):
+        a.leases.renew(lease)
+    assert kinds_of(auth.store, a)[-2:] == ["lease.transferred", "handoff.accepted"]
+
+
+def test_handoff_accept_interrupted_then_redis_lost_stays_pending(
+    auth: RedisAuthority, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash after the Redis transfer, then Redis loses its data before any drain: the
+    rebuilt state is (pending, sender holds), and the handoff can then be accepted."""
+    a = _baton(auth)
+    lease = a.leases.acquire("res", "r0", ttl_seconds=60, idempotency_key="w1")
+    h = a.handoffs.create("agent-b", "subject", lease=lease)
+    b = a.as_principal("agent-b")
+
+    with monkeypatch.context() as m:
+        m.setattr(auth.reconciler, "drain", _crash)
+        with pytest.raises(UnavailableError):
+            b.handoffs.resolve(h.handoff_id, "accepted")
+    auth.client.flushall()
+    assert a.handoffs.get(h.handoff_id).status == "pending"
+    info = a.leases.inspect("res", "r0")
+    assert info.lease is not None
+    assert info.lease.lease_id == lease.lease_id
+    done = b.handoffs.resolve(h.handoff_id, "accepted")
+    assert done.lease is not None
+    assert done.lease.epoch > EPOCH_RANGE
+    assert audit_ledger(auth.store, a.org).ok
+
+
+def test_background_drain_completes_an_interrupted_accept(
+    auth: RedisAuthority, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recovery without a retry: any later drain records the acceptance in the ledger."""
+    a = _baton(auth)
+    lease = a.leases.acquire("res", "r0", ttl_seconds=60)
+    h = a.handoffs.create("agent-b", "subject", lease=lease)
+    b = a.as_principal("agent-b")
+    real = auth.reconciler.drain
+    with monkeypatch.context() as m:
+        m.setattr(auth.reconciler, "drain", _crash)
+        with pytest.raises(UnavailableError):
+            b.handoffs.resolve(h.handoff_id, "accepted")
+    real(a.org)
+    got = a.handoffs.get(h.handoff_id)
+    assert got.status == "accepted"
+    assert b.leases.inspect("res", "r0").lease is not None
+
+
+def test_reject_settles_before_a_late_accept(auth: RedisAuthority) -> None:
+    """Once a lease-carrying handoff is rejected, an accept cannot transfer its lease."""
+    a = _baton(auth)
+    lease = a.leases.acquire("res", "r0", ttl_seconds=60)
+    h = a.handoffs.create("agent-b", "subject", lease=lease)
+    b = a.as_principal("agent-b")
+    auth.handoff_mark_rejected(b.caller, h.handoff_id)  # the reject's first step, then a crash
+    with pytest.raises(NotFoundError):
+        b.handoffs.resolve(h.handoff_id, "accepted")
+    assert b.handoffs.resolve(h.handoff_id, "rejected").status == "rejected"
+    assert a.leases.inspect("res", "r0").lease is not None
+
+
+# --------------------------------------------------------------------------- acquire_many
+
+
+def test_acquire_many_grants_all(baton: Baton) -> None:
+    """acquire_many returns one lease per resource, in order, each version 1 epoch 1."""
+    leases = baton.leases.acquire_many(
+        [("res", "a"), {"resource_type": "res", "resource_id": "b", "ttl_seconds": 60}],
+        ttl_seconds=30,
+    )
+    assert [(x.resource_id, x.version, x.epoch) for x in leases] == [("a", 1, 1), ("b", 1, 1)]
+    assert [x.ttl_seconds for x in leases] == [30, 60]
+    assert all(baton.leases.inspect("res", r).held for r in ("a", "b"))
+
+
+def test_acquire_many_is_all_or_nothing(baton: Baton) -> None:
+    """If one resource is taken, acquire_many raises its conflict and acquires none."""
+    other = baton.as_principal("agent-b")
+    other.leases.acquire("res", "b", ttl_seconds=30)
+    before = [e.kind for e in baton.events.list(limit=1000)]
+    with pytest.raises(ConflictError):
+        baton.leases.acquire_many([("res", "a"), ("res", "b"), ("res", "c")], ttl_seconds=30)
+    assert not baton.leases.inspect("res", "a").held
+    assert not baton.leases.inspect("res", "c").held
+    assert [e.kind for e in baton.events.list(limit=1000)] == before
+
+
+def test_acquire_many_scope_conflict_is_all_or_nothing(baton: Baton) -> None:
+    """A scope overlap on one item refuses the whole claim."""
+    baton.as_principal("agent-b").leases.acquire("res", "x", ttl_seconds=30, scopes=["src/**"])
+    with pytest.raises(ConflictError):
+        baton.leases.acquire_many(
+            [("res", "a"), {"resource_type": "res", "resource_id": "b", "scopes": ["src/a/*"]}],
+            ttl_seconds=30,
+        )
+    assert not baton.leases.inspect("res", "a").held
+
+
+def test_acquire_many_replays_with_its_key(baton: Baton) -> None:
+    """An exact retry of a keyed acquire_many replays every lease."""
+    first = baton.leases.acquire_many(
+        [("res", "a"), ("res", "b")], ttl_seconds=30, idempotency_key="k"
+    )
+    again = baton.leases.acquire_many(
+        [("res", "a"), ("res", "b")], ttl_seconds=30, idempotency_key="k"
+    )
+    assert [x.lease_id for x in again] == [x.lease_id for x in first]
+    assert all(x.replayed for x in again)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [[], [("res", "a"), ("res", "a")], [("res",)], [{"resource_type": "res"}], "res/a"],
+)
+def test_acquire_many_validation(baton: Baton, bad: Any) -> None:
+    """Empty, duplicated or malformed resource lists are VALIDATION_ERROR."""
+    with pytest.raises(ValidationError):
+        baton.leases.acquire_many(bad, ttl_seconds=30)
+    assert baton.events.list() == []

@@ -369,3 +369,19 @@ def test_plain_function_outside_a_run(make_baton: MakeBaton) -> None:
     with other.lease("file", "a.txt", ttl_seconds=10):
         assert edit("a.txt") is None
     assert current_lease() is None
+
+
+def test_above_flow_keeps_options(make_baton: MakeBaton) -> None:
+    """Placed above ``@flow`` it keeps the flow's options and keys on the flow run id."""
+
+    @flow(name="baton-test-above-flow", retries=2)
+    def pipeline() -> str | None:
+        held = current_lease()
+        assert held is not None
+        return held.execution_key
+
+    wrapped = leased("pipeline", "weekly", ttl_seconds=10, baton=make_baton)(pipeline)
+    assert wrapped.retries == 2
+    assert wrapped.name == "baton-test-above-flow"
+    state = wrapped(return_state=True)
+    assert state.result() == str(state.state_details.flow_run_id)

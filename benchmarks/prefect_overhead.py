@@ -1,13 +1,14 @@
 """Added wall time per task run: ``@leased`` vs Prefect's own ``concurrency()``.
 
 One flow run executes, in turn, N plain ``@task`` runs, N ``@task`` runs under ``@leased``
-(SQLite ledger, one lease acquired and released per run) and N ``@task`` runs whose body
-takes a slot of a Prefect global concurrency limit with ``concurrency()``. Each call is timed
+on the SQLite ledger (one lease acquired and released per run), the same on the Redis
+authority (when ``--redis-url`` answers), and N ``@task`` runs whose body takes a slot of a
+Prefect global concurrency limit with ``concurrency()``. Each call is timed
 from the flow; the *added* time of a variant is its median minus the plain task's median.
 
-Usage: ``python benchmarks/prefect_overhead.py [--tasks 200] [--json-only]`` (on
+Usage: ``python benchmarks/prefect_overhead.py [--tasks 200] [--redis-url URL] [--json-only]`` (on
 ``PREFECT_API_URL``, or Prefect's embedded server started for the run). Prints a table, then
-one JSON object with the figures and the ratio ``leased_added / concurrency_added``.
+one JSON object with the figures and the ratios ``leased_added / concurrency_added``.
 """
 
 from __future__ import annotations
@@ -41,10 +42,29 @@ def _timed(call: Callable[[int], Any], n: int) -> list[float]:
     return out
 
 
-def run(n: int) -> dict[str, Any]:
-    """Run the three variants ``n`` times each inside one flow run; return the figures."""
-    ledger = os.path.join(tempfile.mkdtemp(prefix="baton-bench-"), "ledger.db")
-    base = Baton(ledger_url=f"sqlite:///{ledger}", org="bench", principal="bench")
+def _redis_answers(url: str | None) -> bool:
+    if not url:
+        return False
+    try:
+        import redis
+
+        return bool(redis.Redis.from_url(url, socket_timeout=1).ping())
+    except Exception:
+        return False
+
+
+def run(n: int, redis_url: str | None = None) -> dict[str, Any]:
+    """Run the variants ``n`` times each inside one flow run; return the figures."""
+    tmp = tempfile.mkdtemp(prefix="baton-bench-")
+    org = f"bench-{uuid.uuid4().hex[:6]}"
+    base = Baton(ledger_url=f"sqlite:///{tmp}/ledger.db", org=org, principal="bench")
+    rbase = (
+        Baton(
+            ledger_url=f"sqlite:///{tmp}/ledger-r.db", org=org, principal="b", redis_url=redis_url
+        )
+        if _redis_answers(redis_url)
+        else None
+    )
 
     @task
     def plain(i: int) -> int:
@@ -56,19 +76,24 @@ def run(n: int) -> dict[str, Any]:
         return i
 
     @task
+    @leased("bench", "{i}", ttl_seconds=60, baton=lambda p: (rbase or base).as_principal(p))
+    def with_lease_redis(i: int) -> int:
+        return i
+
+    @task
     def with_concurrency(i: int) -> int:
         with concurrency(LIMIT_NAME, occupy=1):
             return i
 
     @flow(name="baton-bench-overhead")
     def bench() -> dict[str, list[float]]:
-        for warm in (plain, with_lease, with_concurrency):  # warm caches and connections
+        variants: dict[str, Any] = {"plain": plain, "leased": with_lease}
+        if rbase is not None:
+            variants["leased_redis"] = with_lease_redis
+        variants["concurrency"] = with_concurrency
+        for warm in variants.values():  # warm caches and connections
             warm(-1)
-        return {
-            "plain": _timed(plain, n),
-            "leased": _timed(with_lease, n),
-            "concurrency": _timed(with_concurrency, n),
-        }
+        return {name: _timed(fn, n) for name, fn in variants.items()}
 
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
@@ -84,17 +109,18 @@ def run(n: int) -> dict[str, Any]:
             client.delete_global_concurrency_limit_by_name(LIMIT_NAME)
     s = samples
     med = {k: statistics.median(v) * 1000 for k, v in s.items()}
-    leased_added = med["leased"] - med["plain"]
-    conc_added = med["concurrency"] - med["plain"]
+    added = {k: v - med["plain"] for k, v in med.items() if k != "plain"}
+    conc = added["concurrency"]
     return {
         "tasks_per_variant": n,
         "median_ms": {k: round(v, 2) for k, v in med.items()},
-        "p90_ms": {
-            k: round(statistics.quantiles(v, n=10)[-1] * 1000, 2) for k, v in samples.items()
+        "p90_ms": {k: round(statistics.quantiles(v, n=10)[-1] * 1000, 2) for k, v in s.items()},
+        "added_ms": {k: round(v, 2) for k, v in added.items()},
+        "ratio_to_concurrency": {
+            k: round(v / conc, 4) for k, v in added.items() if k != "concurrency" and conc
         },
-        "added_ms": {"leased": round(leased_added, 2), "concurrency": round(conc_added, 2)},
-        "ratio_leased_to_concurrency": round(leased_added / conc_added, 4) if conc_added else None,
         "target_ratio_max": 0.1,
+        "redis": rbase is not None,
         "ledger": "sqlite",
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
@@ -105,16 +131,24 @@ def main() -> None:
     """Parse arguments, run, print the table and the JSON."""
     p = argparse.ArgumentParser(description="@leased overhead vs Prefect concurrency()")
     p.add_argument("--tasks", type=int, default=200)
+    p.add_argument(
+        "--redis-url",
+        default=os.environ.get("BATON_BENCH_REDIS_URL", "redis://127.0.0.1:6379/15"),
+        help="Redis for the leased_redis variant (skipped when it does not answer)",
+    )
     p.add_argument("--json-only", action="store_true")
     a = p.parse_args()
     with prefect_api():
-        res = run(a.tasks)
+        res = run(a.tasks, a.redis_url)
     if not a.json_only:
-        print(f"{'variant':<14}{'median ms':>12}{'p90 ms':>10}{'added ms':>10}")
-        for k in ("plain", "leased", "concurrency"):
+        print(f"{'variant':<14}{'median ms':>12}{'p90 ms':>10}{'added ms':>10}{'ratio':>9}")
+        for k in res["median_ms"]:
             added = res["added_ms"].get(k, 0.0)
-            print(f"{k:<14}{res['median_ms'][k]:>12.2f}{res['p90_ms'][k]:>10.2f}{added:>10.2f}")
-        print(f"ratio leased/concurrency added time: {res['ratio_leased_to_concurrency']}")
+            ratio = res["ratio_to_concurrency"].get(k, "")
+            print(
+                f"{k:<14}{res['median_ms'][k]:>12.2f}{res['p90_ms'][k]:>10.2f}"
+                f"{added:>10.2f}{ratio!s:>9}"
+            )
     print(json.dumps(res, sort_keys=True))
 
 

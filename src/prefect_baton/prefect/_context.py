@@ -209,7 +209,8 @@ _clients_lock = threading.Lock()
 
 def _default_baton(principal: str) -> Baton:
     s = BatonSettings()
-    key = (s.ledger_url, s.org, s.role, s.receipt_retention_seconds, s.state_max_bytes)
+    redis = s.redis_url.get_secret_value() if s.redis_url else None
+    key = (s.ledger_url, redis, s.org, s.role, s.receipt_retention_seconds, s.state_max_bytes)
     with _clients_lock:
         base = _bases.get(key)
     if base is None:

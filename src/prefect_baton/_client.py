@@ -372,10 +372,12 @@ class CheckpointAPI(_API):
         )
 
     def get_by_id(self, checkpoint_id: str) -> Checkpoint:
-        """A checkpoint by id: yours, or one attached to a handoff addressed to you.
+        """A checkpoint by id. Checkpoints are readable by every principal of the org (a
+        handoff's recipient reads the one attached to it; a reviewer follows an outcome's
+        ``checkpoint_id``); only their writer changes them.
 
         Raises:
-            NotFoundError: unknown, expired, another org's, or not readable by you.
+            NotFoundError: unknown, expired, or another org's.
         """
         return self._store.checkpoint_get_by_id(
             self._caller, _core.validate_id("checkpoint_id", checkpoint_id)

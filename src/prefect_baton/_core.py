@@ -510,14 +510,23 @@ def decide_force_release(
     return Decision(action="force_release", new=ended, receipt_status="released")
 
 
-def check_fence(row: Holding | None, *, lease_id: str, epoch: int, now_ms: int) -> Holding:
-    """Check a write fenced by a lease: the generation must still be the effective one.
+def check_fence(
+    row: Holding | None,
+    *,
+    lease_id: str,
+    epoch: int,
+    now_ms: int,
+    principal: str | None = None,
+) -> Holding:
+    """Check a write fenced by a lease: the generation must still be the effective one, and
+    (when ``principal`` is given) held by the writer: a write is fenced by *its own* lease.
 
     Raises:
-        StaleFenceError: the lease ended, expired, or its epoch is not the one presented.
+        StaleFenceError: the lease is unknown, another principal's, ended, expired, or its
+            epoch is not the one presented.
     """
-    if row is None:
-        raise StaleFenceError(f"fence lease {lease_id} is not a current lease")
+    if row is None or (principal is not None and row.owner != principal):
+        raise StaleFenceError(f"fence lease {lease_id} is not a current lease of the writer")
     if row.epoch != epoch or not row.effective(now_ms):
         raise StaleFenceError(
             f"fence lease {lease_id} (epoch {epoch}) is no longer the effective lease of "

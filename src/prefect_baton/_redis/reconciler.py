@@ -30,13 +30,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis import Redis
 from redis.exceptions import RedisError
-from sqlalchemy import Connection, and_, or_, select, text, update
+from sqlalchemy import Connection, and_, bindparam, or_, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import OperationalError
 from sqlmodel import col
+
+from redis import Redis
 
 from .._core import Holding, canonical_json
 from .._ledger.store import LedgerStore, _lease_payload, holding_to_lease, resource_key
@@ -184,11 +185,10 @@ class Reconciler:
                 entries = self.client.xrange(journal, min=start, count=self.batch_size)
                 if not entries:
                     return 0, None
-                seen: set[tuple[str, str]] = set()
+                batch = _Batch()
                 for raw_id, fields in entries:
-                    eid = _text(raw_id)
-                    payload = _payload(fields)
-                    self._apply(conn, org, eid, payload, seen)
+                    self._collect(conn, org, _text(raw_id), _payload(fields), batch)
+                self._flush(conn, org, batch)
                 last = _text(entries[-1][0])
                 self._set_cursor(conn, org, stream_inc, last)
         except RedisError as exc:
@@ -275,98 +275,15 @@ class Reconciler:
             conn, org, "redis.journal", {"inc": inc, "id": entry_id}, id_tuple(entry_id)[0]
         )
 
-    def _register(
-        self, conn: Connection, org: str, actor: str, role: str, at: int, seen: set[Any]
+    def _collect(
+        self, conn: Connection, org: str, eid: str, p: dict[str, Any], batch: _Batch
     ) -> None:
-        if (actor, role) in seen:
-            return
-        seen.add((actor, role))
-        conn.execute(
-            self._insert(Organization).values(org_id=org, created_at_ms=at).on_conflict_do_nothing()
-        )
-        conn.execute(
-            self._insert(Principal)
-            .values(org_id=org, name=actor, role=role, created_at_ms=at)
-            .on_conflict_do_nothing()
-        )
-        conn.execute(
-            update(Principal)
-            .where(col(Principal.org_id) == org, col(Principal.name) == actor)
-            .where(col(Principal.role) != role)
-            .values(role=role)
-        )
-
-    def _upsert(self, conn: Connection, org: str, h: Holding) -> None:
-        conn.execute(
-            self._insert(LeaseRow)
-            .values(
-                lease_id=h.lease_id,
-                org_id=org,
-                resource_type=h.resource_type,
-                resource_id=h.resource_id,
-                owner=h.owner,
-                execution_key=h.execution_key,
-                purpose=h.purpose,
-                scopes=json.dumps(list(h.scopes)),
-                has_scopes=1 if h.scopes else 0,
-                version=h.version,
-                epoch=h.epoch,
-                status=h.status,
-                acquired_at_ms=h.acquired_at_ms,
-                expires_at_ms=h.expires_at_ms,
-                ttl_ms=h.ttl_ms,
-                ended_at_ms=h.ended_at_ms,
-                ended_by=h.ended_by,
-            )
-            .on_conflict_do_nothing(index_elements=["lease_id"])
-        )
-        newer = col(LeaseRow.version) < h.version
-        if h.status != "active":
-            newer = or_(
-                newer, and_(col(LeaseRow.version) == h.version, col(LeaseRow.status) == "active")
-            )
-        conn.execute(
-            update(LeaseRow)
-            .where(col(LeaseRow.lease_id) == h.lease_id, newer)
-            .values(
-                version=h.version,
-                expires_at_ms=h.expires_at_ms,
-                ttl_ms=h.ttl_ms,
-                status=h.status,
-                ended_at_ms=h.ended_at_ms,
-                ended_by=h.ended_by,
-            )
-        )
-
-    def _transition(
-        self, conn: Connection, org: str, h: Holding, action: str, at: int, actor: str
-    ) -> None:
-        conn.execute(
-            self._insert(LeaseTransition)
-            .values(
-                org_id=org,
-                resource_type=h.resource_type,
-                resource_id=h.resource_id,
-                lease_id=h.lease_id,
-                action=action,
-                version=h.version,
-                epoch=h.epoch,
-                owner=h.owner,
-                execution_key=h.execution_key,
-                status=h.status,
-                at_ms=at,
-                expires_at_ms=h.expires_at_ms,
-                actor=actor,
-            )
-            .on_conflict_do_nothing(index_elements=["lease_id", "version", "action"])
-        )
-
-    def _apply(
-        self, conn: Connection, org: str, eid: str, p: dict[str, Any], seen: set[Any]
-    ) -> None:
+        """Add one journal entry's rows to ``batch`` (in journal order); nothing is written
+        yet except what :meth:`_accept_handoff` reads."""
         at = int(p["at"])
         actor = str(p["ac"])
-        self._register(conn, org, actor, str(p["ro"]), at, seen)
+        batch.actors[actor] = str(p["ro"])
+        batch.first_at = at if batch.first_at is None else batch.first_at
         events: list[tuple[str, str, dict[str, Any]]] = []
         last: Holding | None = None
         for item in p["it"]:
@@ -376,12 +293,12 @@ class Reconciler:
             ended = from_gen(item["x"]) if item.get("x") else None
             action = str(item["a"])
             if ended is not None:
-                self._upsert(conn, org, ended)
-                self._transition(conn, org, ended, ended.status, at, actor)
+                batch.lease(ended)
+                batch.transition(org, ended, ended.status, at, actor)
                 if ended.status == "taken_over":
                     events.append(("lease.expired", subject, _lease_payload(ended, resource)))
-            self._upsert(conn, org, new)
-            self._transition(conn, org, new, action, at, actor)
+            batch.lease(new)
+            batch.transition(org, new, action, at, actor)
             payload = _lease_payload(new, resource)
             if action in ("takeover", "supersede"):
                 payload["previous_lease_id"] = ended.lease_id if ended else None
@@ -392,54 +309,113 @@ class Reconciler:
             events.append((_KIND[action], subject, payload))
             rc = item.get("rc")
             if rc and new.execution_key is not None:
-                self._receipt(conn, org, actor, new, rc, at)
+                batch.receipts[
+                    (actor, new.execution_key, resource_key(new.resource_type, new.resource_id))
+                ] = {
+                    "request_digest": str(rc["d"]),
+                    "response": json.dumps(holding_to_lease(new).model_dump(mode="json")),
+                    "created_at_ms": at,
+                    "expires_at_ms": int(rc["ex"]),
+                }
             last = new
         ho = p.get("ho")
         if ho and last is not None:
             events += self._accept_handoff(conn, org, ho, last, at)
-        if events:
-            self._lock(conn, f"events:{org}")
-            for n, (kind, subject, payload) in enumerate(events):
-                conn.execute(
-                    self._insert(EventRow)
-                    .values(
-                        event_id="evt_" + _event_digest(p["i"], eid, n),
-                        org_id=org,
-                        kind=kind,
-                        principal=actor,
-                        subject=subject,
-                        payload=canonical_json(payload),
-                        occurred_at_ms=at,
-                    )
-                    .on_conflict_do_nothing(index_elements=["event_id"])
-                )
+        for n, (kind, subject, payload) in enumerate(events):
+            batch.events.append(
+                {
+                    "event_id": "evt_" + _event_digest(str(p["i"]), eid, n),
+                    "org_id": org,
+                    "kind": kind,
+                    "principal": actor,
+                    "subject": subject,
+                    "payload": canonical_json(payload),
+                    "occurred_at_ms": at,
+                }
+            )
 
-    def _receipt(
-        self, conn: Connection, org: str, actor: str, h: Holding, rc: dict[str, Any], at: int
-    ) -> None:
-        response = json.dumps(holding_to_lease(h).model_dump(mode="json"))
-        values = {
-            "request_digest": str(rc["d"]),
-            "response": response,
-            "created_at_ms": at,
-            "expires_at_ms": int(rc["ex"]),
-        }
-        assert h.execution_key is not None
+    def _flush(self, conn: Connection, org: str, batch: _Batch) -> None:
+        """Write a batch: principals, lease rows (update towards the newer state, then
+        insert-or-ignore), transitions and events (insert-or-ignore, in journal order),
+        receipts (upsert). Each kind is one executemany."""
+        at = batch.first_at or 0
         conn.execute(
-            self._insert(ReceiptRow)
-            .values(
-                org_id=org,
-                principal=actor,
-                operation="acquire",
-                idem_key=h.execution_key,
-                scope_key=resource_key(h.resource_type, h.resource_id),
-                **values,
-            )
-            .on_conflict_do_update(
-                index_elements=["org_id", "principal", "operation", "idem_key", "scope_key"],
-                set_=values,
-            )
+            self._insert(Organization).values(org_id=org, created_at_ms=at).on_conflict_do_nothing()
         )
+        for actor, role in batch.actors.items():
+            conn.execute(
+                self._insert(Principal)
+                .values(org_id=org, name=actor, role=role, created_at_ms=at)
+                .on_conflict_do_nothing()
+            )
+            conn.execute(
+                update(Principal)
+                .where(col(Principal.org_id) == org, col(Principal.name) == actor)
+                .where(col(Principal.role) != role)
+                .values(role=role)
+            )
+        active = [_row_params(h) for h in batch.leases.values() if h.status == "active"]
+        ended = [_row_params(h) for h in batch.leases.values() if h.status != "active"]
+        for rows, newer in (
+            (active, col(LeaseRow.version) < bindparam("b_version")),
+            (
+                ended,
+                or_(
+                    col(LeaseRow.version) < bindparam("b_version"),
+                    and_(
+                        col(LeaseRow.version) == bindparam("b_version"),
+                        col(LeaseRow.status) == "active",
+                    ),
+                ),
+            ),
+        ):
+            if rows:
+                conn.execute(
+                    update(LeaseRow)
+                    .where(col(LeaseRow.lease_id) == bindparam("b_lease_id"), newer)
+                    .values({c: bindparam(f"b_{c}") for c in _UPDATED}),
+                    rows,
+                )
+        conn.execute(
+            self._insert(LeaseRow).on_conflict_do_nothing(index_elements=["lease_id"]),
+            [_insert_params(org, h) for h in batch.leases.values()],
+        )
+        conn.execute(
+            self._insert(LeaseTransition).on_conflict_do_nothing(
+                index_elements=["lease_id", "version", "action"]
+            ),
+            batch.transitions,
+        )
+        if batch.receipts:
+            stmt = self._insert(ReceiptRow)
+            conn.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=["org_id", "principal", "operation", "idem_key", "scope_key"],
+                    set_={
+                        "request_digest": stmt.excluded.request_digest,
+                        "response": stmt.excluded.response,
+                        "created_at_ms": stmt.excluded.created_at_ms,
+                        "expires_at_ms": stmt.excluded.expires_at_ms,
+                    },
+                ),
+                [
+                    {
+                        "org_id": org,
+                        "principal": actor,
+                        "operation": "acquire",
+                        "idem_key": key,
+                        "scope_key": scope,
+                        **values,
+                    }
+                    for (actor, key, scope), values in batch.receipts.items()
+                ],
+            )
+        if batch.events:
+            self._lock(conn, f"events:{org}")
+            conn.execute(
+                self._insert(EventRow).on_conflict_do_nothing(index_elements=["event_id"]),
+                batch.events,
+            )
 
     def _accept_handoff(
         self, conn: Connection, org: str, ho: dict[str, Any], lease: Holding, at: int
@@ -470,6 +446,87 @@ class Reconciler:
             "epoch": lease.epoch,
         }
         return [("handoff.accepted", str(row.subject_id), payload)]
+
+
+_UPDATED = ("version", "expires_at_ms", "ttl_ms", "status", "ended_at_ms", "ended_by")
+
+
+def _row_params(h: Holding) -> dict[str, Any]:
+    return {
+        "b_lease_id": h.lease_id,
+        "b_version": h.version,
+        "b_expires_at_ms": h.expires_at_ms,
+        "b_ttl_ms": h.ttl_ms,
+        "b_status": h.status,
+        "b_ended_at_ms": h.ended_at_ms,
+        "b_ended_by": h.ended_by,
+    }
+
+
+def _insert_params(org: str, h: Holding) -> dict[str, Any]:
+    return {
+        "lease_id": h.lease_id,
+        "org_id": org,
+        "resource_type": h.resource_type,
+        "resource_id": h.resource_id,
+        "owner": h.owner,
+        "execution_key": h.execution_key,
+        "purpose": h.purpose,
+        "scopes": json.dumps(list(h.scopes)),
+        "has_scopes": 1 if h.scopes else 0,
+        "version": h.version,
+        "epoch": h.epoch,
+        "status": h.status,
+        "acquired_at_ms": h.acquired_at_ms,
+        "expires_at_ms": h.expires_at_ms,
+        "ttl_ms": h.ttl_ms,
+        "ended_at_ms": h.ended_at_ms,
+        "ended_by": h.ended_by,
+    }
+
+
+@dataclass
+class _Batch:
+    """The rows of one drain transaction, gathered in journal order: each lease's newest
+    state, the transitions, events and receipts, the actors to register."""
+
+    leases: dict[str, Holding] = field(default_factory=dict)
+    transitions: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    receipts: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+    actors: dict[str, str] = field(default_factory=dict)
+    first_at: int | None = None
+
+    def lease(self, h: Holding) -> None:
+        """Keep ``h`` if it is newer than the state already gathered for its lease: a
+        higher version, or the end of the same version (states only move that way)."""
+        cur = self.leases.get(h.lease_id)
+        if (
+            cur is None
+            or h.version > cur.version
+            or (h.version == cur.version and cur.status == "active" and h.status != "active")
+        ):
+            self.leases[h.lease_id] = h
+
+    def transition(self, org: str, h: Holding, action: str, at: int, actor: str) -> None:
+        """Add the transition row of ``h``."""
+        self.transitions.append(
+            {
+                "org_id": org,
+                "resource_type": h.resource_type,
+                "resource_id": h.resource_id,
+                "lease_id": h.lease_id,
+                "action": action,
+                "version": h.version,
+                "epoch": h.epoch,
+                "owner": h.owner,
+                "execution_key": h.execution_key,
+                "status": h.status,
+                "at_ms": at,
+                "expires_at_ms": h.expires_at_ms,
+                "actor": actor,
+            }
+        )
 
 
 def _event_digest(inc: str, eid: str, n: int) -> str:

@@ -12,8 +12,9 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from redis import Redis
 from redis.commands.core import Script
+
+from redis import Redis
 
 from .. import _core
 from ..errors import (
@@ -103,10 +104,16 @@ def raise_for(reply: Sequence[Any]) -> None:
 
 @cache
 def source(name: str) -> str:
-    """The full text registered for operation ``name``: ``_lib.lua`` + ``<name>.lua``."""
+    """The full text registered for operation ``name``: ``_lib.lua``, the files its first
+    line names (``-- uses: _acquire.lua``), then ``<name>.lua``."""
     folder = resources.files(__package__).joinpath("scripts")
-    lib = folder.joinpath("_lib.lua").read_text(encoding="utf-8")
-    return lib + "\n" + folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    own = folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    parts = [folder.joinpath("_lib.lua").read_text(encoding="utf-8")]
+    first = own.split("\n", 1)[0]
+    if first.startswith("-- uses:"):
+        for extra in first.removeprefix("-- uses:").split(","):
+            parts.append(folder.joinpath(extra.strip()).read_text(encoding="utf-8"))
+    return "\n".join([*parts, own])
 
 
 class Scripts:

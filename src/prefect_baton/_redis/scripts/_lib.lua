@@ -98,205 +98,216 @@ local function gen_by_id(id)
   return dec(redis.call('HGET', KEYS[4], id)), false
 end
 
--- ------------------------------------------------------------------ write-scope overlap
--- A mirror of prefect_baton._scopes.scopes_overlap over tokens that Python computed with
--- the same tokenizer: a scope is a list of segments; a segment is the string "**" or a list
--- of tokens {0, codepoint} (literal), {1} (?), {2} (*), {3, negated, lo, hi, lo, hi, ...}.
-
-local function in_class(ch, tok)
-  local hit = false
-  for i = 3, #tok, 2 do
-    if tok[i] <= ch and ch <= tok[i + 1] then hit = true; break end
+-- ------------------------------------------------------------------ write scopes (lazy)
+-- The overlap check and the scope index are built on first use only, so calls that touch no
+-- scoped lease do not pay for defining them.
+local _scopes_lib = nil
+local function S()
+  if _scopes_lib then return _scopes_lib end
+  -- ------------------------------------------------------------------ write-scope overlap
+  -- A mirror of prefect_baton._scopes.scopes_overlap over tokens that Python computed with
+  -- the same tokenizer: a scope is a list of segments; a segment is the string "**" or a list
+  -- of tokens {0, codepoint} (literal), {1} (?), {2} (*), {3, negated, lo, hi, lo, hi, ...}.
+  
+  local function in_class(ch, tok)
+    local hit = false
+    for i = 3, #tok, 2 do
+      if tok[i] <= ch and ch <= tok[i + 1] then hit = true; break end
+    end
+    return hit ~= (tok[2] == 1)
   end
-  return hit ~= (tok[2] == 1)
-end
-
-local function enumerable(tok)
-  if tok[2] == 1 then return false end
-  for i = 3, #tok, 2 do
-    if tok[i + 1] - tok[i] > 4096 then return false end
+  
+  local function enumerable(tok)
+    if tok[2] == 1 then return false end
+    for i = 3, #tok, 2 do
+      if tok[i + 1] - tok[i] > 4096 then return false end
+    end
+    return true
   end
-  return true
-end
-
--- Whether some character of the positive class x lies in class y.
-local function class_meets(x, y)
-  for i = 3, #x, 2 do
-    local lo, hi = x[i], x[i + 1]
-    if lo <= hi then
-      if y[2] == 1 then
-        local c, moved = lo, true
-        while c <= hi and moved do
-          moved = false
+  
+  -- Whether some character of the positive class x lies in class y.
+  local function class_meets(x, y)
+    for i = 3, #x, 2 do
+      local lo, hi = x[i], x[i + 1]
+      if lo <= hi then
+        if y[2] == 1 then
+          local c, moved = lo, true
+          while c <= hi and moved do
+            moved = false
+            for k = 3, #y, 2 do
+              if y[k] <= c and c <= y[k + 1] then c = y[k + 1] + 1; moved = true; break end
+            end
+          end
+          if c <= hi then return true end
+        else
           for k = 3, #y, 2 do
-            if y[k] <= c and c <= y[k + 1] then c = y[k + 1] + 1; moved = true; break end
+            if math.max(lo, y[k]) <= math.min(hi, y[k + 1]) then return true end
           end
         end
-        if c <= hi then return true end
+      end
+    end
+    return false
+  end
+  
+  local function chars_compatible(a, b)
+    if a[1] == 1 or b[1] == 1 then return true end
+    if a[1] == 0 and b[1] == 0 then return a[2] == b[2] end
+    if a[1] == 0 then return in_class(a[2], b) end
+    if b[1] == 0 then return in_class(b[2], a) end
+    if enumerable(a) then return class_meets(a, b) end
+    if enumerable(b) then return class_meets(b, a) end
+    return true
+  end
+  
+  local function seg_overlap(ta, tb)
+    local na, nb = #ta, #tb
+    local memo = {}
+    local function go(i, j)
+      local key = i * (nb + 1) + j
+      local m = memo[key]
+      if m ~= nil then return m end
+      local r
+      if i == na and j == nb then
+        r = true
+      elseif i < na and ta[i + 1][1] == 2 then
+        r = go(i + 1, j) or (j < nb and go(i, j + 1))
+      elseif j < nb and tb[j + 1][1] == 2 then
+        r = go(i, j + 1) or (i < na and go(i + 1, j))
+      elseif i == na or j == nb then
+        r = false
       else
-        for k = 3, #y, 2 do
-          if math.max(lo, y[k]) <= math.min(hi, y[k + 1]) then return true end
-        end
+        r = chars_compatible(ta[i + 1], tb[j + 1]) and go(i + 1, j + 1)
+      end
+      memo[key] = r
+      return r
+    end
+    return go(0, 0)
+  end
+  
+  local function scope_overlap(sa, sb)
+    local na, nb = #sa, #sb
+    local memo = {}
+    local function go(i, j)
+      local key = i * (nb + 1) + j
+      local m = memo[key]
+      if m ~= nil then return m end
+      local r
+      if i == na and j == nb then
+        r = true
+      elseif i < na and sa[i + 1] == '**' then
+        r = go(i + 1, j) or (j < nb and go(i, j + 1))
+      elseif j < nb and sb[j + 1] == '**' then
+        r = go(i, j + 1) or (i < na and go(i + 1, j))
+      elseif i == na or j == nb then
+        r = false
+      else
+        r = seg_overlap(sa[i + 1], sb[j + 1]) and go(i + 1, j + 1)
+      end
+      memo[key] = r
+      return r
+    end
+    return go(0, 0)
+  end
+  
+  local function sets_overlap(A, B)
+    for _, a in ipairs(A) do
+      for _, b in ipairs(B) do
+        if scope_overlap(a, b) then return true end
       end
     end
+    return false
   end
-  return false
-end
-
-local function chars_compatible(a, b)
-  if a[1] == 1 or b[1] == 1 then return true end
-  if a[1] == 0 and b[1] == 0 then return a[2] == b[2] end
-  if a[1] == 0 then return in_class(a[2], b) end
-  if b[1] == 0 then return in_class(b[2], a) end
-  if enumerable(a) then return class_meets(a, b) end
-  if enumerable(b) then return class_meets(b, a) end
-  return true
-end
-
-local function seg_overlap(ta, tb)
-  local na, nb = #ta, #tb
-  local memo = {}
-  local function go(i, j)
-    local key = i * (nb + 1) + j
-    local m = memo[key]
-    if m ~= nil then return m end
-    local r
-    if i == na and j == nb then
-      r = true
-    elseif i < na and ta[i + 1][1] == 2 then
-      r = go(i + 1, j) or (j < nb and go(i, j + 1))
-    elseif j < nb and tb[j + 1][1] == 2 then
-      r = go(i, j + 1) or (i < na and go(i + 1, j))
-    elseif i == na or j == nb then
-      r = false
-    else
-      r = chars_compatible(ta[i + 1], tb[j + 1]) and go(i + 1, j + 1)
+  
+  -- ------------------------------------------------------------------ the scope index
+  
+  local function ancestors(p)
+    local out = {''}
+    if p == '' then return out end
+    local pos = 1
+    while true do
+      local s = string.find(p, '/', pos, true)
+      if not s then out[#out + 1] = p; break end
+      out[#out + 1] = string.sub(p, 1, s - 1)
+      pos = s + 1
     end
-    memo[key] = r
-    return r
+    return out
   end
-  return go(0, 0)
-end
-
-local function scope_overlap(sa, sb)
-  local na, nb = #sa, #sb
-  local memo = {}
-  local function go(i, j)
-    local key = i * (nb + 1) + j
-    local m = memo[key]
-    if m ~= nil then return m end
-    local r
-    if i == na and j == nb then
-      r = true
-    elseif i < na and sa[i + 1] == '**' then
-      r = go(i + 1, j) or (j < nb and go(i, j + 1))
-    elseif j < nb and sb[j + 1] == '**' then
-      r = go(i, j + 1) or (i < na and go(i + 1, j))
-    elseif i == na or j == nb then
-      r = false
-    else
-      r = seg_overlap(sa[i + 1], sb[j + 1]) and go(i + 1, j + 1)
+  
+  local function idx_remove(sid)
+    if not sid then return end
+    local meta = redis.call('HGET', KEYS[8], sid)
+    if meta then
+      local m = cjson.decode(meta)
+      for _, p in ipairs(m.pf) do redis.call('ZREM', KEYS[7], p .. '\0' .. sid) end
+      redis.call('HDEL', KEYS[8], sid)
     end
-    memo[key] = r
-    return r
+    redis.call('HDEL', KEYS[9], sid)
   end
-  return go(0, 0)
-end
-
-local function sets_overlap(A, B)
-  for _, a in ipairs(A) do
-    for _, b in ipairs(B) do
-      if scope_overlap(a, b) then return true end
+  
+  local function idx_add(sid, meta_json, prefixes, expires, owner)
+    for _, p in ipairs(prefixes) do redis.call('ZADD', KEYS[7], 0, p .. '\0' .. sid) end
+    redis.call('HSET', KEYS[8], sid, meta_json)
+    redis.call('HSET', KEYS[9], sid, I(expires) .. '\0' .. owner)
+  end
+  
+  -- Expiry of another principal's effective lease (not on resource `rd`) whose scopes overlap
+  -- `toks`, or nil. Candidates come from the prefix index only: a scope can overlap another
+  -- only if one's literal prefix is a segment prefix of the other's. Entries of leases that
+  -- ran out are dropped from the index on the way (they can never become effective again).
+  local function scope_conflict(prefixes, toks, principal, rd, now)
+    local seen, cands = {}, {}
+    local function take(members)
+      for _, m in ipairs(members) do
+        local z = string.find(m, '\0', 1, true)
+        local sid = string.sub(m, z + 1)
+        if not seen[sid] then seen[sid] = true; cands[#cands + 1] = sid end
+      end
     end
-  end
-  return false
-end
-
--- ------------------------------------------------------------------ the scope index
-
-local function ancestors(p)
-  local out = {''}
-  if p == '' then return out end
-  local pos = 1
-  while true do
-    local s = string.find(p, '/', pos, true)
-    if not s then out[#out + 1] = p; break end
-    out[#out + 1] = string.sub(p, 1, s - 1)
-    pos = s + 1
-  end
-  return out
-end
-
-local function idx_remove(sid)
-  if not sid then return end
-  local meta = redis.call('HGET', KEYS[8], sid)
-  if meta then
-    local m = cjson.decode(meta)
-    for _, p in ipairs(m.pf) do redis.call('ZREM', KEYS[7], p .. '\0' .. sid) end
-    redis.call('HDEL', KEYS[8], sid)
-  end
-  redis.call('HDEL', KEYS[9], sid)
-end
-
-local function idx_add(sid, meta_json, prefixes, expires, owner)
-  for _, p in ipairs(prefixes) do redis.call('ZADD', KEYS[7], 0, p .. '\0' .. sid) end
-  redis.call('HSET', KEYS[8], sid, meta_json)
-  redis.call('HSET', KEYS[9], sid, I(expires) .. '\0' .. owner)
-end
-
--- Expiry of another principal's effective lease (not on resource `rd`) whose scopes overlap
--- `toks`, or nil. Candidates come from the prefix index only: a scope can overlap another
--- only if one's literal prefix is a segment prefix of the other's. Entries of leases that
--- ran out are dropped from the index on the way (they can never become effective again).
-local function scope_conflict(prefixes, toks, principal, rd, now)
-  local seen, cands = {}, {}
-  local function take(members)
-    for _, m in ipairs(members) do
-      local z = string.find(m, '\0', 1, true)
-      local sid = string.sub(m, z + 1)
-      if not seen[sid] then seen[sid] = true; cands[#cands + 1] = sid end
-    end
-  end
-  local everything = false
-  for _, p in ipairs(prefixes) do
-    if p == '' then everything = true end
-  end
-  if everything then
-    take(redis.call('ZRANGE', KEYS[7], 0, -1))
-  else
-    local asked = {}
+    local everything = false
     for _, p in ipairs(prefixes) do
-      for _, q in ipairs(ancestors(p)) do
-        if not asked[q] then
-          asked[q] = true
-          take(redis.call('ZRANGEBYLEX', KEYS[7], '[' .. q .. '\0', '(' .. q .. '\1'))
+      if p == '' then everything = true end
+    end
+    if everything then
+      take(redis.call('ZRANGE', KEYS[7], 0, -1))
+    else
+      local asked = {}
+      for _, p in ipairs(prefixes) do
+        for _, q in ipairs(ancestors(p)) do
+          if not asked[q] then
+            asked[q] = true
+            take(redis.call('ZRANGEBYLEX', KEYS[7], '[' .. q .. '\0', '(' .. q .. '\1'))
+          end
+        end
+        take(redis.call('ZRANGEBYLEX', KEYS[7], '[' .. p .. '/', '(' .. p .. '0'))
+      end
+    end
+    local found = nil
+    for _, sid in ipairs(cands) do
+      local ev = redis.call('HGET', KEYS[9], sid)
+      if not ev then
+        idx_remove(sid)
+      else
+        local z = string.find(ev, '\0', 1, true)
+        local exp = tonumber(string.sub(ev, 1, z - 1))
+        if exp <= now then
+          idx_remove(sid)
+        elseif not found and string.sub(ev, z + 1) ~= principal then
+          local meta = cjson.decode(redis.call('HGET', KEYS[8], sid))
+          if meta.r ~= rd and sets_overlap(toks, meta.t) then found = exp end
         end
       end
-      take(redis.call('ZRANGEBYLEX', KEYS[7], '[' .. p .. '/', '(' .. p .. '0'))
     end
+    return found
   end
-  local found = nil
-  for _, sid in ipairs(cands) do
-    local ev = redis.call('HGET', KEYS[9], sid)
-    if not ev then
-      idx_remove(sid)
-    else
-      local z = string.find(ev, '\0', 1, true)
-      local exp = tonumber(string.sub(ev, 1, z - 1))
-      if exp <= now then
-        idx_remove(sid)
-      elseif not found and string.sub(ev, z + 1) ~= principal then
-        local meta = cjson.decode(redis.call('HGET', KEYS[8], sid))
-        if meta.r ~= rd and sets_overlap(toks, meta.t) then found = exp end
-      end
-    end
-  end
-  return found
+  _scopes_lib = {sets_overlap = sets_overlap, scope_conflict = scope_conflict,
+                 idx_add = idx_add, idx_remove = idx_remove}
+  return _scopes_lib
 end
 
 -- ------------------------------------------------------------------ writes
 
 local function prune_old(now, ret)
+  if now % 8 ~= 0 then return end  -- about one call in eight removes up to four
   local ids = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', I(now - ret), 'LIMIT', 0, 4)
   for _, id in ipairs(ids) do
     redis.call('HDEL', KEYS[4], id)
@@ -306,8 +317,8 @@ local function prune_old(now, ret)
 end
 
 -- Move a generation that stops being its resource's head into `old`.
-local function retire(g, now)
-  redis.call('HSET', KEYS[4], g.id, enc(g))
+local function retire(g, now, json)
+  redis.call('HSET', KEYS[4], g.id, json or enc(g))
   redis.call('ZADD', KEYS[5], g.ea or now, g.id)
 end
 
@@ -315,107 +326,20 @@ local function own_member(g)
   return g.o .. '\0' .. g.rd
 end
 
+-- Append one journal entry; `items` are JSON texts built by item(), `extra` more fields
+-- (JSON text starting with a comma) or nil. Generations are encoded once and reused.
 local function journal(mk, principal, role, now, items, extra)
-  local entry = {i = mk.id, ac = principal, ro = role, at = I(now), it = items}
-  if extra then
-    for k, val in pairs(extra) do entry[k] = val end
-  end
-  return redis.call('XADD', KEYS[10], '*', 'p', cjson.encode(entry))
+  local p = '{"i":' .. cjson.encode(mk.id) .. ',"ac":' .. cjson.encode(principal) .. ',"ro":'
+    .. cjson.encode(role) .. ',"at":"' .. I(now) .. '","it":[' .. table.concat(items, ',')
+    .. ']' .. (extra or '') .. '}'
+  return redis.call('XADD', KEYS[10], '*', 'p', p)
 end
 
--- Decide an acquire of one resource (a mirror of prefect_baton._core.decide_acquire plus
--- the ledger's receipt check). `it` holds the request; returns a reply table on refusal,
--- or {C_OK, plan} with plan = {new, ended, head, action} (or a replay/no-op reply).
-local function decide_acquire(it, principal, key, now, mk)
-  if key and it.rk then
-    local r = redis.call('GET', it.rk)
-    if r then
-      local rec = cjson.decode(r)
-      if rec.d ~= it.digest then return {C_MISMATCH, key} end
-      local g = gen_by_id(rec.id)
-      if not g or g.o ~= principal or g.k ~= key or g.e ~= tonumber(rec.e)
-          or not effective(g, now) then
-        local why = 'gone'
-        if g then why = lost_reason(g, now) end
-        return {C_LOST, 'lease ' .. rec.id .. ' acquired under this execution key is no '
-          .. 'longer held (' .. why .. '); a replayed receipt does not revive it: use a new '
-          .. 'execution key'}
-      end
-      return {C_REPLAY, enc(g)}
-    end
-  end
-  local head = dec(redis.call('HGET', KEYS[2], it.rd))
-  local ended, action = nil, 'acquire'
-  if head and effective(head, now) then
-    local same = head.o == principal
-    if same and key and head.k == key then return {C_NOOP, enc(head)} end
-    if same and not key and head.k == nil then
-      ended = copy(head); ended.s = 'superseded'; ended.ea = now; action = 'supersede'
-    else
-      return {C_CONFLICT, I(head.x), 0}
-    end
-  end
-  local cur = 0
-  if head then cur = head.v end
-  if it.ev and it.ev ~= cur then return {C_VERSION, I(cur), I(it.ev)} end
-  if it.sc then
-    local exp = scope_conflict(it.pf, it.tk, principal, it.rd, now)
-    if exp then return {C_CONFLICT, I(exp), 1} end
-  end
-  if head and (head.v >= MAX_SAFE or head.e >= MAX_SAFE) then return {C_INVALID, EXHAUSTED} end
-  if mk.delay > now then return {C_CONFLICT, I(mk.delay), 0} end
-  if head and head.s == 'active' and not ended then
-    ended = copy(head); ended.s = 'taken_over'; ended.ea = now; action = 'takeover'
-  end
-  local epoch = mk.floor
-  if head and head.e > epoch then epoch = head.e end
-  epoch = epoch + 1
-  if epoch >= mk.ceil then return {C_ROTATE} end
-  local new = {id = it.id, rt = it.rt, ri = it.ri, rd = it.rd, o = principal, k = key,
-               v = cur + 1, e = epoch, s = 'active', a = now, x = now + it.ttl, t = it.ttl,
-               sc = it.sc, p = it.p}
-  if it.sc then new.sid = it.id end
-  return {C_OK, {new = new, ended = ended, head = head, action = action}}
-end
-
--- Apply a decided acquire; returns the journal item.
-local function apply_acquire(it, plan, principal, key, now, mk)
-  local new, ended, head = plan.new, plan.ended, plan.head
-  if ended then
-    idx_remove(head.sid)
-    redis.call('ZREM', KEYS[6], own_member(head))
-    retire(ended, now)
-  elseif head then
-    retire(head, now)
-  end
-  if head then prune_old(now, mk.ret) end
-  redis.call('HSET', KEYS[2], it.rd, enc(new))
-  redis.call('HSET', KEYS[3], new.id, it.rd)
-  redis.call('ZADD', KEYS[6], 0, own_member(new))
-  if new.sid then idx_add(new.sid, it.meta, it.pf, new.x, principal) end
-  local item = {a = plan.action, n = ser(new), x = ser(ended)}
-  if key and it.rk then
-    redis.call('SET', it.rk, cjson.encode({d = it.digest, id = new.id, e = I(new.e)}),
-      'PX', it.rttl)
-    item.rc = {d = it.digest, ex = I(now + it.rttl)}
-  end
-  return item
-end
-
--- Read one acquire request from ARGV starting at index `b` (11 fields), its receipt key
--- being KEYS[ki] when keyed.
-local function read_item(b, ki)
-  local it = {rd = ARGV[b], rt = ARGV[b + 1], ri = ARGV[b + 2], ttl = tonumber(ARGV[b + 3]),
-              p = opt(ARGV[b + 4]), id = ARGV[b + 6], digest = ARGV[b + 7]}
-  local ev = opt(ARGV[b + 5])
-  if ev then it.ev = tonumber(ev) end
-  if ARGV[b + 8] ~= '' then
-    it.sc = cjson.decode(ARGV[b + 8])
-    it.meta = ARGV[b + 9]
-    local m = cjson.decode(it.meta)
-    it.pf, it.tk = m.pf, m.t
-  end
-  if ki then it.rk = KEYS[ki] end
-  it.rttl = tonumber(ARGV[b + 10])
-  return it
+-- One journal item: the action, the new state (JSON), the ended generation (JSON or nil)
+-- and the receipt fields (JSON or nil).
+local function item(action, new_json, ended_json, rc_json)
+  local t = '{"a":"' .. action .. '","n":' .. new_json
+  if ended_json then t = t .. ',"x":' .. ended_json end
+  if rc_json then t = t .. ',"rc":' .. rc_json end
+  return t .. '}'
 end

@@ -1,3 +1,4 @@
+-- uses: _acquire.lua
 -- acquire.lua: acquire or take over one resource (mirror of _core.decide_acquire plus the
 -- ledger's receipt check), register its write scopes, append the transition to the journal.
 -- KEYS[1..10]: the per-org keys listed in _lib.lua.
@@ -26,6 +27,6 @@ if key then ki = 11 end
 local it = read_item(4, ki)
 local r = decide_acquire(it, principal, key, now, mk)
 if r[1] ~= C_OK then return r end
-local item = apply_acquire(it, r[2], principal, key, now, mk)
-local eid = journal(mk, principal, role, now, {item})
-return {C_OK, eid, enc(r[2].new)}
+local entry, new_json = apply_acquire(it, r[2], principal, key, now, mk)
+local eid = journal(mk, principal, role, now, {entry})
+return {C_OK, eid, new_json}

@@ -1,3 +1,4 @@
+-- uses: _acquire.lua
 -- acquire_many.lua: all-or-nothing acquire of several resources: every request is decided
 -- first (as acquire.lua decides one); only when none is refused are they all applied, and
 -- one journal entry records them all.
@@ -39,9 +40,10 @@ local items, out = {}, {C_OK, ''}
 for i = 1, n do
   local it = its[i]
   if it then
-    items[#items + 1] = apply_acquire(it, it.plan, principal, key, now, mk)
+    local entry, new_json = apply_acquire(it, it.plan, principal, key, now, mk)
+    items[#items + 1] = entry
     out[#out + 1] = C_OK
-    out[#out + 1] = enc(it.plan.new)
+    out[#out + 1] = new_json
   else
     out[#out + 1] = replies[i][1]
     out[#out + 1] = replies[i][2]

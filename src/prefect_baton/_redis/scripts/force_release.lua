@@ -21,8 +21,9 @@ g.s = 'revoked'
 g.ea = now
 g.eb = ARGV[1]
 g.sid = nil
-redis.call('HSET', KEYS[2], g.rd, enc(g))
+local json = enc(g)
+redis.call('HSET', KEYS[2], g.rd, json)
 redis.call('ZREM', KEYS[6], own_member(g))
-idx_remove(sid)
-local eid = journal(mk, ARGV[1], ARGV[2], now, {{a = 'force_release', n = ser(g)}})
-return {C_OK, eid, enc(g)}
+if sid then S().idx_remove(sid) end
+local eid = journal(mk, ARGV[1], ARGV[2], now, {item('force_release', json)})
+return {C_OK, eid, json}

@@ -30,8 +30,9 @@ local sid = g.sid
 if g.x > now then g.s = 'released' else g.s = 'expired' end
 g.ea = now
 g.sid = nil
-redis.call('HSET', KEYS[2], g.rd, enc(g))
+local json = enc(g)
+redis.call('HSET', KEYS[2], g.rd, json)
 redis.call('ZREM', KEYS[6], own_member(g))
-idx_remove(sid)
-local eid = journal(mk, principal, ARGV[2], now, {{a = 'release', n = ser(g)}})
-return {C_OK, eid, enc(g)}
+if sid then S().idx_remove(sid) end
+local eid = journal(mk, principal, ARGV[2], now, {item('release', json)})
+return {C_OK, eid, json}

@@ -29,7 +29,8 @@ local ttl = tonumber(ARGV[5])
 g.v = g.v + 1
 g.x = now + ttl
 g.t = ttl
-redis.call('HSET', KEYS[2], g.rd, enc(g))
+local json = enc(g)
+redis.call('HSET', KEYS[2], g.rd, json)
 if g.sid then redis.call('HSET', KEYS[9], g.sid, I(g.x) .. '\0' .. g.o) end
-local eid = journal(mk, principal, ARGV[2], now, {{a = 'renew', n = ser(g)}})
-return {C_OK, eid, enc(g)}
+local eid = journal(mk, principal, ARGV[2], now, {item('renew', json)})
+return {C_OK, eid, json}

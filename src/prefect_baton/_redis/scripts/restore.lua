@@ -17,7 +17,7 @@ for i = 2, #ARGV, 2 do
     redis.call('ZADD', KEYS[6], 0, own_member(g))
     if ARGV[i + 1] ~= '' then
       local m = cjson.decode(ARGV[i + 1])
-      idx_add(g.sid, ARGV[i + 1], m.pf, g.x, g.o)
+      S().idx_add(g.sid, ARGV[i + 1], m.pf, g.x, g.o)
     end
   end
 end

@@ -57,7 +57,7 @@ if nkey == g.k then
 end
 if g.sid then
   local m = cjson.decode(redis.call('HGET', KEYS[8], g.sid))
-  local exp = scope_conflict(m.pf, m.t, to, g.rd, now)
+  local exp = S().scope_conflict(m.pf, m.t, to, g.rd, now)
   if exp then return {C_CONFLICT, I(exp), 1} end
 end
 if g.v >= MAX_SAFE or g.e >= MAX_SAFE then return {C_INVALID, EXHAUSTED} end
@@ -83,9 +83,10 @@ new.t = ttl
 new.s = 'active'
 new.ea = nil
 new.eb = nil
-retire(ended, now)
+local ended_json, new_json = enc(ended), enc(new)
+retire(ended, now, ended_json)
 prune_old(now, mk.ret)
-redis.call('HSET', KEYS[2], g.rd, enc(new))
+redis.call('HSET', KEYS[2], g.rd, new_json)
 redis.call('HSET', KEYS[3], nid, g.rd)
 redis.call('ZREM', KEYS[6], own_member(g))
 redis.call('ZADD', KEYS[6], 0, own_member(new))
@@ -93,8 +94,7 @@ if g.sid then redis.call('HSET', KEYS[9], g.sid, I(new.x) .. '\0' .. to) end
 local extra = nil
 if hid then
   redis.call('SET', KEYS[11], 'a:' .. nid, 'PX', tonumber(ARGV[14]))
-  extra = {ho = {id = hid, nt = opt(ARGV[12])}}
+  extra = ',"ho":' .. cjson.encode({id = hid, nt = opt(ARGV[12])})
 end
-local eid = journal(mk, ARGV[10], ARGV[2], now,
-  {{a = 'transfer', n = ser(new), x = ser(ended)}}, extra)
-return {C_OK, eid, enc(new)}
+local eid = journal(mk, ARGV[10], ARGV[2], now, {item('transfer', new_json, ended_json)}, extra)
+return {C_OK, eid, new_json}

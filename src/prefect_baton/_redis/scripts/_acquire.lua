@@ -1,0 +1,103 @@
+-- _acquire.lua: the acquire decision and its writes, shared by acquire.lua and
+-- acquire_many.lua (prepended after _lib.lua to those two scripts only).
+
+-- Decide an acquire of one resource (a mirror of prefect_baton._core.decide_acquire plus
+-- the ledger's receipt check). `it` holds the request; returns a reply table on refusal,
+-- or {C_OK, plan} with plan = {new, ended, head, action} (or a replay/no-op reply).
+local function decide_acquire(it, principal, key, now, mk)
+  if key and it.rk then
+    local r = redis.call('GET', it.rk)
+    if r then
+      local rec = cjson.decode(r)
+      if rec.d ~= it.digest then return {C_MISMATCH, key} end
+      local g = gen_by_id(rec.id)
+      if not g or g.o ~= principal or g.k ~= key or g.e ~= tonumber(rec.e)
+          or not effective(g, now) then
+        local why = 'gone'
+        if g then why = lost_reason(g, now) end
+        return {C_LOST, 'lease ' .. rec.id .. ' acquired under this execution key is no '
+          .. 'longer held (' .. why .. '); a replayed receipt does not revive it: use a new '
+          .. 'execution key'}
+      end
+      return {C_REPLAY, enc(g)}
+    end
+  end
+  local head = dec(redis.call('HGET', KEYS[2], it.rd))
+  local ended, action = nil, 'acquire'
+  if head and effective(head, now) then
+    local same = head.o == principal
+    if same and key and head.k == key then return {C_NOOP, enc(head)} end
+    if same and not key and head.k == nil then
+      ended = copy(head); ended.s = 'superseded'; ended.ea = now; action = 'supersede'
+    else
+      return {C_CONFLICT, I(head.x), 0}
+    end
+  end
+  local cur = 0
+  if head then cur = head.v end
+  if it.ev and it.ev ~= cur then return {C_VERSION, I(cur), I(it.ev)} end
+  if it.sc then
+    local exp = S().scope_conflict(it.pf, it.tk, principal, it.rd, now)
+    if exp then return {C_CONFLICT, I(exp), 1} end
+  end
+  if head and (head.v >= MAX_SAFE or head.e >= MAX_SAFE) then return {C_INVALID, EXHAUSTED} end
+  if mk.delay > now then return {C_CONFLICT, I(mk.delay), 0} end
+  if head and head.s == 'active' and not ended then
+    ended = copy(head); ended.s = 'taken_over'; ended.ea = now; action = 'takeover'
+  end
+  local epoch = mk.floor
+  if head and head.e > epoch then epoch = head.e end
+  epoch = epoch + 1
+  if epoch >= mk.ceil then return {C_ROTATE} end
+  local new = {id = it.id, rt = it.rt, ri = it.ri, rd = it.rd, o = principal, k = key,
+               v = cur + 1, e = epoch, s = 'active', a = now, x = now + it.ttl, t = it.ttl,
+               sc = it.sc, p = it.p}
+  if it.sc then new.sid = it.id end
+  return {C_OK, {new = new, ended = ended, head = head, action = action}}
+end
+
+-- Apply a decided acquire; returns the journal item (JSON text) and the new generation's
+-- JSON text.
+local function apply_acquire(it, plan, principal, key, now, mk)
+  local new, ended, head = plan.new, plan.ended, plan.head
+  local ended_json = nil
+  if ended then
+    if head.sid then S().idx_remove(head.sid) end
+    redis.call('ZREM', KEYS[6], own_member(head))
+    ended_json = enc(ended)
+    retire(ended, now, ended_json)
+  elseif head then
+    retire(head, now, nil)
+  end
+  if head then prune_old(now, mk.ret) end
+  local new_json = enc(new)
+  redis.call('HSET', KEYS[2], it.rd, new_json)
+  redis.call('HSET', KEYS[3], new.id, it.rd)
+  redis.call('ZADD', KEYS[6], 0, own_member(new))
+  if new.sid then S().idx_add(new.sid, it.meta, it.pf, new.x, principal) end
+  local rc_json = nil
+  if key and it.rk then
+    redis.call('SET', it.rk, '{"d":"' .. it.digest .. '","id":"' .. new.id .. '","e":"'
+      .. I(new.e) .. '"}', 'PX', it.rttl)
+    rc_json = '{"d":"' .. it.digest .. '","ex":"' .. I(now + it.rttl) .. '"}'
+  end
+  return item(plan.action, new_json, ended_json, rc_json), new_json
+end
+
+-- Read one acquire request from ARGV starting at index `b` (11 fields), its receipt key
+-- being KEYS[ki] when keyed.
+local function read_item(b, ki)
+  local it = {rd = ARGV[b], rt = ARGV[b + 1], ri = ARGV[b + 2], ttl = tonumber(ARGV[b + 3]),
+              p = opt(ARGV[b + 4]), id = ARGV[b + 6], digest = ARGV[b + 7]}
+  local ev = opt(ARGV[b + 5])
+  if ev then it.ev = tonumber(ev) end
+  if ARGV[b + 8] ~= '' then
+    it.sc = cjson.decode(ARGV[b + 8])
+    it.meta = ARGV[b + 9]
+    local m = cjson.decode(it.meta)
+    it.pf, it.tk = m.pf, m.t
+  end
+  if ki then it.rk = KEYS[ki] end
+  it.rttl = tonumber(ARGV[b + 10])
+  return it
+end

@@ -144,6 +144,9 @@ class RedisAuthority:
             before failing with ``UNAVAILABLE`` (``float`` seconds, default 10).
         reconcile_interval_seconds: pause of the ``ack="redis"`` drain thread when the
             journal is empty (``float``, default 0.05 s).
+        reconcile_in_client: with ``ack="redis"``, drain on a thread of this client
+            (default ``True``); ``False`` when a ``baton reconcile --follow`` service drains
+            (the client then spends no CPU on ledger writes).
         batch_size: journal entries per ledger transaction (default 500).
         owns_client: close ``client`` in :meth:`close`.
 
@@ -164,6 +167,7 @@ class RedisAuthority:
         auto_rebuild: bool = True,
         rebuild_wait_seconds: float = 10.0,
         reconcile_interval_seconds: float = 0.05,
+        reconcile_in_client: bool = True,
         batch_size: int = 500,
         owns_client: bool = False,
     ) -> None:
@@ -185,6 +189,7 @@ class RedisAuthority:
         self.scripts = Scripts(client)
         self.reconciler = Reconciler(client, store, batch_size=batch_size)
         self._interval = reconcile_interval_seconds
+        self._drain_here = reconcile_in_client
         self._drainer: Drainer | None = None
         self._drainer_pid = 0
         self._lock = threading.Lock()
@@ -242,6 +247,8 @@ class RedisAuthority:
     def _acked(self, org: str, entry_id: Any) -> None:
         if self.ack == "ledger":
             self.reconciler.drain(org, until=_text(entry_id))
+            return
+        if not self._drain_here:
             return
         drainer = self._drainer
         if drainer is None or not drainer.alive() or self._drainer_pid != os.getpid():

@@ -85,3 +85,34 @@ def test_handoff_to_needs_a_recipient(make_baton: MakeBaton) -> None:
 
     with pytest.raises(ValidationError):
         handoff_to(None, "x", baton=make_baton("a"))
+
+
+def test_async_handoff_and_accept(make_baton: MakeBaton) -> None:
+    """``ahandoff_to`` and ``async with accept_handoff`` move the lease in async flows."""
+    import asyncio
+
+    from prefect_baton.prefect import ahandoff_to, leased
+
+    box: dict[str, Any] = {}
+
+    @flow(name="baton-test-async-sender")
+    @leased("report", "async-r", ttl_seconds=30, baton=make_baton)
+    async def send() -> str:
+        sent = await ahandoff_to(
+            "baton-test-async-receiver", "async-r", checkpoint={"n": 1}, lease=current_lease()
+        )
+        return sent.handoff_id
+
+    @flow(name="baton-test-async-receiver")
+    async def receive(handoff_id: str) -> tuple[int, int]:
+        async with accept_handoff(handoff_id, baton=make_baton) as h:
+            assert h.lease is not None
+            assert current_lease() is h.lease
+            box["state"] = h.state
+            return h.lease.epoch, h.lease.renewals
+
+    handoff_id = asyncio.run(send())
+    epoch, _ = asyncio.run(receive(handoff_id))
+    assert epoch == 2
+    assert box["state"] == {"n": 1}
+    assert make_baton("baton-test-async-receiver").handoffs.get(handoff_id).status == "accepted"

@@ -31,7 +31,7 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -760,10 +760,3 @@ def _receipt(
     action: str, status: Literal["released", "expired", "no_change"], lease: Lease
 ) -> Receipt:
     return Receipt.model_construct(action=action, status=status, lease=lease, replayed=False)
-
-
-def requests_from(
-    items: Iterable[Mapping[str, Any]],
-) -> list[AcquireRequest]:
-    """Build :class:`AcquireRequest` values from validated mappings (client helper)."""
-    return [AcquireRequest(**dict(i)) for i in items]

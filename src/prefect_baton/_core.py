@@ -462,7 +462,9 @@ def decide_release(
     - effective lease: ``released``;
     - own lease past expiry that nobody took: cleaned up, receipt status ``expired``;
     - already released by the same proof: durable ``no_change``;
-    - taken over, transferred, superseded or revoked: :class:`LeaseLostError`.
+    - superseded by the holder's own re-acquire: :class:`NotFoundError` (seed service: the
+      old id is not found);
+    - taken over, transferred or revoked: :class:`LeaseLostError`.
 
     Version and epoch are kept. Raises :class:`NotFoundError` for an unknown or foreign
     lease and :class:`VersionConflictError` for a wrong ``expected_version``.
@@ -471,6 +473,9 @@ def decide_release(
     _check_version(row.version, expected_version)
     if row.status in ("released", "expired"):
         return Decision(action="release", new=row, receipt_status="no_change", noop=True)
+    if row.status == "superseded":
+        # Re-acquire is not renew: the old id is then not found (seed service rule).
+        raise NotFoundError(f"lease {row.lease_id} not found")
     if row.status != "active":
         raise LeaseLostError(f"lease {row.lease_id} is no longer held ({row.status})")
     return _end_by_holder(row, now_ms, action="release")

@@ -323,6 +323,8 @@ class Model:
             return VersionConflictError
         if m.status in ("released", "expired"):
             return Ok(m, "release", receipt="no_change", noop=True)
+        if m.status == "superseded":
+            return NotFoundError
         if m.status != "active":
             return LeaseLostError
         return self._end(m, now, "release")

@@ -8,7 +8,7 @@
 --   {0, journal entry id, generation}   released (the generation's status says how)
 --   {1, generation}                      no_change: already released/expired (no write)
 --   {11, current, expected}              VERSION_CONFLICT
---   {12, message}                        NOT_FOUND (another principal's lease)
+--   {12, message}                        NOT_FOUND (another principal's, or superseded)
 --   {13, message}                        LEASE_LOST (another execution, or taken since)
 --   {20}                                 lease id unknown to Redis (Python asks the ledger)
 --   {30}                                 no incarnation marker
@@ -23,6 +23,7 @@ if g.k ~= key then return {C_LOST, 'lease ' .. id .. ' is held by another execut
 local ev = opt(ARGV[5])
 if ev and tonumber(ev) ~= g.v then return {C_VERSION, I(g.v), ev} end
 if g.s == 'released' or g.s == 'expired' then return {C_NOOP, enc(g)} end
+if g.s == 'superseded' then return {C_NOT_FOUND, 'lease ' .. id .. ' not found'} end
 if g.s ~= 'active' then
   return {C_LOST, 'lease ' .. g.id .. ' is no longer held (' .. g.s .. ')'}
 end

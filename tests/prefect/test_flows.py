@@ -117,3 +117,12 @@ def test_block_builds_a_client_and_keeps_urls_secret(ledger_db: str, org: str) -
     from prefect.plugins import load_prefect_collections
 
     assert "prefect_baton" in load_prefect_collections()
+
+
+def test_relay_flow_mirrors_ledger_events(baton_env: dict[str, str], make_baton: MakeBaton) -> None:
+    """The relay flow emits the org's ledger events once and then has nothing left."""
+    make_baton("cli-user").handoffs.create("someone", "ticket-9")
+    relay = load_script("flows/relay_events.py").relay
+    first = relay()
+    assert first["emitted"] >= 1
+    assert relay()["emitted"] == 0

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import func, select
 
 from prefect_baton import Baton
-from prefect_baton._ledger import store as store_mod
+from prefect_baton._ledger import base as store_mod
 from prefect_baton._ledger.store import LedgerStore
 from prefect_baton._ledger.tables import ReceiptRow
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._authority import Caller
-from .._ledger.store import _handoff_model
+from .._ledger.store import handoff_model
 from .._ledger.tables import HandoffRow
 from ..errors import ForbiddenError, NotFoundError
 from ..models import Handoff
@@ -97,4 +97,4 @@ def resolve_handoff(
     with store._read() as (s, now):
         done = s.get(HandoffRow, handoff_id)
         assert done is not None
-        return _handoff_model(done, now, lease)
+        return handoff_model(done, now, lease)

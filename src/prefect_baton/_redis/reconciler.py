@@ -40,7 +40,7 @@ from sqlmodel import col
 from redis import Redis
 
 from .._core import Holding, canonical_json
-from .._ledger.store import LedgerStore, _lease_payload, holding_to_lease, resource_key
+from .._ledger.store import LedgerStore, holding_to_lease, lease_payload, resource_key
 from .._ledger.tables import (
     EventRow,
     HandoffRow,
@@ -296,10 +296,10 @@ class Reconciler:
                 batch.lease(ended)
                 batch.transition(org, ended, ended.status, at, actor)
                 if ended.status == "taken_over":
-                    events.append(("lease.expired", subject, _lease_payload(ended, resource)))
+                    events.append(("lease.expired", subject, lease_payload(ended, resource)))
             batch.lease(new)
             batch.transition(org, new, action, at, actor)
-            payload = _lease_payload(new, resource)
+            payload = lease_payload(new, resource)
             if action in ("takeover", "supersede"):
                 payload["previous_lease_id"] = ended.lease_id if ended else None
             if action in ("release", "force_release"):

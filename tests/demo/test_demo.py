@@ -13,6 +13,8 @@ from prefect_baton import Baton
 from prefect_baton.audit import audit_ledger
 from prefect_baton.demo import analysis
 
+from ..conftest import REDIS_URL, require_service
+
 
 def _json_pkg() -> Path:
     return analysis.default_inputs()[0]
@@ -60,6 +62,34 @@ def test_demo_survives_crash_and_pause(
     b.close()
 
 
+@pytest.mark.slow
+def test_demo_on_the_redis_authority(tmp_path: Path) -> None:
+    """With --redis the leases live on Redis; the crash and pause are still survived and the
+    ledger, brought up to date from the journal, passes the audit."""
+    require_service("Redis", "127.0.0.1", 6379)
+    extra = ["--input", str(_json_pkg()), "--workers", "3", "--crash", "1", "--pause", "1"]
+    code, data, err = _run(tmp_path, *extra, "--redis", REDIS_URL)
+    assert code == 0, err
+    assert data["completed"] == data["files"]
+    assert data["duplicate_completions"] == 0
+    assert (data["crashes"], data["pauses"]) == (1, 1)
+    assert data["takeovers"] >= 2
+    assert data["stale_writes_rejected"] >= 1
+    assert data["audit_violations"] == []
+
+
+@pytest.mark.slow
+def test_demo_on_prefect(tmp_path: Path) -> None:
+    """--engine prefect runs the four roles as Prefect flows handing off by deployment, on
+    Prefect's embedded server, with the same checks."""
+    code, data, err = _run(tmp_path, "--engine", "prefect", "--input", str(_json_pkg()))
+    assert code == 0, err
+    assert data["completed"] == data["files"] == len(analysis.list_files([_json_pkg()]))
+    assert data["duplicate_completions"] == 0
+    assert data["verdict"] == "accepted"
+    assert data["handoffs_accepted"] >= 2
+
+
 def test_demo_rejects_bad_arguments(tmp_path: Path) -> None:
     """Bad demo options exit 2 with a readable message and start nothing."""
     for args in (
@@ -67,6 +97,7 @@ def test_demo_rejects_bad_arguments(tmp_path: Path) -> None:
         ["--workers", "2", "--crash", "2"],
         ["--ttl", "5"],
         ["--input", str(tmp_path / "missing")],
+        ["--engine", "prefect", "--crash", "1"],
     ):
         code, _data, err = _run(tmp_path, *args)
         assert code == 2, args

@@ -90,6 +90,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--work-ms", type=int, default=20, help="simulated work per chunk (ms)")
     p.add_argument("--timeout", type=int, default=600, help="give up after this many seconds")
     p.add_argument("--run-dir", type=Path, help="where the ledger, logs and report go")
+    p.add_argument(
+        "--redis",
+        dest="redis_url",
+        help="Redis URL: hold the leases on the Redis fast path (default: the ledger holds them)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("processes", "prefect"),
+        default="processes",
+        help="processes: each role an OS process (default); prefect: the four roles as Prefect "
+        "flows and deployments, on PREFECT_API_URL or Prefect's embedded server",
+    )
     return p
 
 
@@ -141,9 +153,12 @@ def run_demo(args: argparse.Namespace) -> DemoResult:
     org = f"demo-{uuid.uuid4().hex[:10]}"
     files = analysis.list_files(args.input or analysis.default_inputs())
     result = DemoResult(files=len(files), ledger=ledger_url, org=org)
-    b = Baton(ledger_url=ledger_url, org=org, principal="orchestrator")
+    b = Baton(ledger_url=ledger_url, org=org, principal="orchestrator", redis_url=args.redis_url)
+    if args.engine == "prefect":
+        return _run_on_prefect(args, b, files, run_dir, result, t0)
     base = {
         "ledger_url": ledger_url,
+        "redis_url": args.redis_url,
         "org": org,
         "files": {k: str(v) for k, v in files.items()},
         "ttl": args.ttl,
@@ -234,14 +249,60 @@ def run_demo(args: argparse.Namespace) -> DemoResult:
             stats = json.loads(out[-1])
             result.resumed_from_checkpoint += int(stats.get("resumed", 0))
             result.stale_writes_rejected += int(stats.get("stale_rejected", 0))
-    _summarise(b, files, result)
+    _summarise(b, files, result, args.redis_url)
     result.report = str(run_dir / "report.json")
     result.elapsed_seconds = round(time.monotonic() - t0, 2)
     b.close()
     return result
 
 
-def _summarise(b: Baton, files: dict[str, Path], result: DemoResult) -> None:
+def _run_on_prefect(
+    args: argparse.Namespace,
+    b: Baton,
+    files: dict[str, Path],
+    run_dir: Path,
+    result: DemoResult,
+    t0: float,
+) -> DemoResult:
+    """The same scenario as four Prefect flows handing off by deployment
+    (:func:`prefect_baton.prefect.scenario.run_scenario`), on this run's ledger and org."""
+    env = {"BATON_LEDGER_URL": b.store.url, "BATON_ORG": b.org}
+    if args.redis_url:
+        env["BATON_REDIS_URL"] = args.redis_url
+    env.setdefault(
+        "PREFECT_SERVER_ANALYTICS_ENABLED",
+        os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED", "false"),
+    )
+    env.setdefault("PREFECT_LOGGING_LEVEL", os.environ.get("PREFECT_LOGGING_LEVEL", "WARNING"))
+    env.setdefault(
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS",
+        os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"),
+    )
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        from ..prefect.scenario import run_scenario
+
+        inputs = [str(p) for p in args.input] if args.input else None
+        run_scenario(inputs, workers=args.workers, out_dir=str(run_dir))
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    _summarise(b, files, result, args.redis_url)
+    result.report = str(run_dir / "report.json")
+    result.elapsed_seconds = round(time.monotonic() - t0, 2)
+    b.close()
+    return result
+
+
+def _summarise(b: Baton, files: dict[str, Path], result: DemoResult, redis_url: str | None) -> None:
+    if redis_url:  # bring the ledger up to date with the Redis journal before reading it
+        from ..reconcile import run_reconciler
+
+        run_reconciler(redis_url, b.store.url, orgs=[b.org], store=b.store)
     succeeded = Counter(
         o.subject_id for o in b.outcomes.list(limit=100_000) if o.status == "succeeded"
     )
@@ -306,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         problems.append("--crash and --pause must not be negative")
     if args.crash + args.pause > args.workers - 1:
         problems.append("--crash + --pause must leave at least one healthy researcher")
+    if args.engine == "prefect" and (args.crash or args.pause):
+        problems.append("--crash and --pause apply to --engine processes only")
     if not 10 <= args.ttl <= 86_400:
         problems.append("--ttl must be from 10 to 86400 seconds")
     for d in args.input or []:

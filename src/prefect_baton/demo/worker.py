@@ -49,7 +49,12 @@ def _fault_hook(cfg: dict[str, Any]) -> roles.FaultHook | None:
 
 def run(cfg: dict[str, Any]) -> dict[str, Any]:
     """Run the role named in ``cfg["role"]`` and return its result (JSON-able)."""
-    b = Baton(ledger_url=cfg["ledger_url"], org=cfg["org"], principal=cfg["principal"])
+    b = Baton(
+        ledger_url=cfg["ledger_url"],
+        org=cfg["org"],
+        principal=cfg["principal"],
+        redis_url=cfg.get("redis_url"),
+    )
     files = {k: Path(v) for k, v in cfg["files"].items()}
     role = cfg["role"]
     try:

@@ -262,7 +262,8 @@ def root(
         typer.Option(
             "--redis-url",
             envvar="BATON_REDIS_URL",
-            help="Redis URL for the lease fast path (accepted; not used by these commands yet).",
+            help="Redis URL: hold leases on the Redis fast path (redis://host:port/db); "
+            "without it the ledger holds them.",
         ),
     ] = None,
     fmt: Annotated[

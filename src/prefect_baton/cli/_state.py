@@ -32,7 +32,7 @@ class CliState:
     principal: str | None = None
     role: str | None = None
     ledger_url: str | None = None
-    redis_url: str | None = None  # accepted for the Redis fast path; not used yet
+    redis_url: str | None = None  # the Redis fast path for leases (None: BATON_REDIS_URL)
     format: OutputFormat = OutputFormat.table
     _settings: BatonSettings | None = field(default=None, repr=False)
     _client: Baton | None = field(default=None, repr=False)
@@ -70,6 +70,7 @@ class CliState:
                 principal=self.principal,
                 role=self.role,
                 settings=self.settings(),
+                redis_url=self.redis_url,
             )
         return self._client
 

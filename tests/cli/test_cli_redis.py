@@ -1,0 +1,64 @@
+"""The command line with ``--redis-url``: leases live on the Redis fast path."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from prefect_baton import Baton
+from prefect_baton.cli import app
+
+from ..conftest import REDIS_URL, require_service
+
+
+def _run(*args: str) -> tuple[int, dict[str, object]]:
+    res = CliRunner().invoke(app, list(args))
+    return res.exit_code, json.loads(res.stdout)
+
+
+def test_redis_url_option_puts_leases_on_redis(tmp_path: Path) -> None:
+    """With --redis-url a lease acquired on the command line conflicts with a Redis-backed
+    client and is released through Redis."""
+    require_service("Redis", "127.0.0.1", 6379)
+    ledger = f"sqlite:///{tmp_path / 'l.db'}"
+    org = f"cli-{uuid.uuid4().hex[:8]}"
+    base = ["--ledger-url", ledger, "--redis-url", REDIS_URL, "--org", org, "--format", "json"]
+    code, out = _run(
+        *base,
+        "--principal",
+        "a",
+        "lease",
+        "acquire",
+        "deploy",
+        "svc",
+        "--ttl-seconds",
+        "30",
+        "--idempotency-key",
+        "run-1",
+    )
+    assert code == 0, out
+    lease = out["lease"]
+    assert isinstance(lease, dict)
+    other = Baton(ledger_url=ledger, org=org, principal="b", redis_url=REDIS_URL, ack="ledger")
+    assert other.leases.inspect("deploy", "svc").held
+    code, out = _run(
+        *base, "--principal", "b", "lease", "acquire", "deploy", "svc", "--ttl-seconds", "30"
+    )
+    assert code == 3
+    code, out = _run(
+        *base,
+        "--principal",
+        "a",
+        "lease",
+        "release",
+        "--lease-id",
+        str(lease["lease_id"]),
+        "--execution-key",
+        "run-1",
+    )
+    assert code == 0, out
+    assert not other.leases.inspect("deploy", "svc").held
+    other.close()

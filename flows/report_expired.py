@@ -1,10 +1,10 @@
 """Deployable flow ``baton-report-expired``: report leases found past their TTL.
 
 A crashed holder's lease stays ``active`` in the ledger until someone acts on the resource
-(no sweeper is needed for correctness: DESIGN.md "Leases"). This flow finds such leases,
-emits ``prefect-baton.lease.expired`` for each (the same event id the ledger's own
-``lease.expired`` gets when a takeover observes it, so Automations see it once) and adds a
-table artifact. It changes nothing in the ledger.
+(no sweeper is needed for correctness: DESIGN.md "Leases"). This flow calls
+``b.leases.report_expired()``, which records ``lease.expired`` in the ledger's event stream
+once for each such lease (a later takeover does not record it again) and changes nothing
+else; it also emits ``prefect-baton.lease.expired`` for each and adds a table artifact.
 
 Run once: ``python flows/report_expired.py``; serve it: ``python flows/report_expired.py --serve``.
 """
@@ -12,14 +12,12 @@ Run once: ``python flows/report_expired.py``; serve it: ``python flows/report_ex
 from __future__ import annotations
 
 import sys
-from datetime import UTC, datetime
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
 from prefect_baton import Baton
-from prefect_baton.models import from_ms
 from prefect_baton.prefect._events import emit_ledger_event
 
 REPORTER = "prefect-baton.report-expired"
@@ -27,10 +25,11 @@ REPORTER = "prefect-baton.report-expired"
 
 @flow(name="baton-report-expired", persist_result=True)
 def report_expired(limit: int = 10_000) -> dict[str, Any]:
-    """Find active leases of the org (``BATON_ORG``) whose TTL has passed.
+    """Record `lease.expired` once for each active lease of the org (``BATON_ORG``) whose
+    TTL has passed.
 
     Args:
-        limit: how many of the newest lease generations to look at (1..10,000).
+        limit: at most this many leases per run (1..10,000), oldest expiry first.
 
     Returns:
         ``{"expired": [{"lease_id", "resource", "owner", "epoch", "expired_at"}, ...]}``.
@@ -40,9 +39,7 @@ def report_expired(limit: int = 10_000) -> dict[str, Any]:
     """
     log = get_run_logger()
     b = Baton.from_settings(principal=REPORTER, role="admin")
-    now = from_ms(b.store.now_ms()) or datetime.now(UTC)  # the authority's clock
-    rows = b.leases.list(owner="*", include_ended=True, limit=limit)
-    expired = [lease for lease in rows if lease.status == "active" and lease.expires_at <= now]
+    expired = b.leases.report_expired(limit=limit)
     found = []
     for lease in expired:
         payload = {
@@ -70,7 +67,7 @@ def report_expired(limit: int = 10_000) -> dict[str, Any]:
                 "expired_at": lease.expires_at.isoformat(timespec="seconds"),
             }
         )
-    log.info("%d expired leases found among %d generations", len(found), len(rows))
+    log.info("%d expired leases reported", len(found))
     if found:
         create_table_artifact(
             table=found, key="baton-expired-leases", description="Leases past their TTL"

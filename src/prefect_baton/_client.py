@@ -279,6 +279,17 @@ class LeaseAPI(_API):
         """
         return self._authority.get(self._caller, _core.validate_id("lease_id", lease_id))
 
+    def report_expired(self, *, limit: int = 1000) -> list[Lease]:
+        """Record ``lease.expired`` in the event stream once for each lease of the org found
+        past its TTL that nobody has acted on since (e.g. a crashed holder's); returns the
+        leases newly reported. Nothing about the leases changes: expiry is judged when
+        someone next acts (no sweeper is needed for correctness).
+
+        Args:
+            limit: at most this many leases per call (1..10,000), oldest expiry first.
+        """
+        return self._store.report_expired(self._caller, limit=_limit(limit, 10_000))
+
     def list(
         self,
         *,

@@ -573,3 +573,24 @@ def test_list_leases(baton: Baton) -> None:
         baton.leases.list(owner="agent-b")
     everyone = baton.as_principal("boss", role="owner").leases.list(owner="*")
     assert {x.lease_id for x in everyone} == {mine.lease_id, theirs.lease_id}
+
+
+@pytest.mark.slow
+def test_report_expired_records_lease_expired_once(baton: Baton) -> None:
+    """A lapsed lease is reported once as lease.expired, is left as it was (its holder's
+    release says expired), and a later takeover does not report it again."""
+    crashed = baton.leases.acquire(RT, RID, ttl_seconds=10)
+    kept = baton.leases.acquire(RT, "other", ttl_seconds=60)
+    assert baton.leases.report_expired() == []
+    wait_until_expired(baton, crashed)
+    reporter = baton.as_principal("reporter")
+    reported = reporter.leases.report_expired()
+    assert [lease.lease_id for lease in reported] == [crashed.lease_id]
+    assert reporter.leases.report_expired() == []
+    assert kinds(baton).count("lease.expired") == 1
+    taker = baton.as_principal("agent-b").leases.acquire(RT, RID, ttl_seconds=30)
+    assert taker.epoch == crashed.epoch + 1
+    assert kinds(baton).count("lease.expired") == 1
+    with pytest.raises(LeaseLostError):
+        baton.leases.release(crashed)
+    assert baton.leases.release(kept).status == "released"

@@ -43,6 +43,9 @@ def test_report_expired_finds_a_crashed_holders_lease(
     ids = [row["lease_id"] for row in out["expired"]]
     assert lease.lease_id in ids
     assert live.lease_id not in ids
+    assert [e.kind for e in b.events.list(limit=1000)].count("lease.expired") == 1
+    again = load_script("flows/report_expired.py").report_expired()
+    assert again["expired"] == []
 
 
 def test_dispatch_starts_the_recipients_deployment(

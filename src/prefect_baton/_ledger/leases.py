@@ -94,7 +94,7 @@ class LeaseOps(StoreBase):
             )
             s.flush()
             self._transition(tx, e, org, resource, action=e.status, actor=actor)
-            if e.status == "taken_over":
+            if e.status == "taken_over" and not self._expiry_reported(tx, e):
                 tx.emit("lease.expired", subject_of(resource), lease_payload(e, resource))
         n = decision.new
         if n is None:
@@ -481,6 +481,69 @@ class LeaseOps(StoreBase):
         if located is None:
             return []
         return [f"res:{caller.org}:{resource_key(located[0], located[1])}"]
+
+    def _expiry_reported(self, tx: Tx, h: Holding) -> bool:
+        found = tx.session.execute(
+            select(col(LeaseTransition.seq)).where(
+                col(LeaseTransition.lease_id) == h.lease_id,
+                col(LeaseTransition.version) == h.version,
+                col(LeaseTransition.action) == "expired",
+            )
+        ).first()
+        return found is not None
+
+    def report_expired(self, caller: Caller, *, limit: int = 1000) -> list[Lease]:
+        """Record ``lease.expired`` once for each active lease of the org whose TTL has
+        passed and that nobody has acted on since (a crashed holder's, typically).
+
+        Nothing about the lease changes: no sweeper is needed for correctness (expiry is
+        judged when someone next acts), its holder's release still answers ``expired``, and a
+        later takeover does not record ``lease.expired`` a second time.
+
+        Args:
+            limit: at most this many leases per call (1..10,000), oldest expiry first.
+
+        Returns:
+            The leases newly reported by this call.
+        """
+        with self._read() as (s, now):
+            candidates = [
+                (r.lease_id, r.resource_type, r.resource_id)
+                for r in s.execute(
+                    select(LeaseRow)
+                    .where(
+                        col(LeaseRow.org_id) == caller.org,
+                        col(LeaseRow.status) == "active",
+                        col(LeaseRow.expires_at_ms) <= now,
+                    )
+                    .order_by(col(LeaseRow.expires_at_ms))
+                    .limit(max(1, min(limit, 10_000)))
+                ).scalars()
+            ]
+
+        def op(tx: Tx) -> list[Lease]:
+            out: list[Lease] = []
+            for lease_id, rtype, rid in candidates:
+                self._lock(tx.session, f"res:{caller.org}:{resource_key(rtype, rid)}")
+                row = self._row_by_id(tx.session, caller.org, lease_id)
+                if row is None:
+                    continue
+                h = row_to_holding(row)
+                if h.status != "active" or h.expires_at_ms > tx.now_ms:
+                    continue  # renewed or ended meanwhile
+                if self._expiry_reported(tx, h):
+                    continue
+                resource = (rtype, rid)
+                self._transition(
+                    tx, h, caller.org, resource, action="expired", actor=caller.principal
+                )
+                tx.emit("lease.expired", subject_of(resource), lease_payload(h, resource))
+                out.append(holding_to_lease(h))
+            return out
+
+        if not candidates:
+            return []
+        return self._write(caller, [f"expiry:{caller.org}"], op)
 
     def lease_history(self, org: str) -> tuple[list[Holding], list[LeaseTransition]]:
         """Every lease generation and transition of ``org`` (for the audit)."""

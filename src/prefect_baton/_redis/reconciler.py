@@ -275,6 +275,17 @@ class Reconciler:
             conn, org, "redis.journal", {"inc": inc, "id": entry_id}, id_tuple(entry_id)[0]
         )
 
+    def _expiry_reported(self, conn: Connection, h: Holding) -> bool:
+        """Whether ``report_expired`` already recorded ``lease.expired`` for this generation."""
+        found = conn.execute(
+            select(col(LeaseTransition.seq)).where(
+                col(LeaseTransition.lease_id) == h.lease_id,
+                col(LeaseTransition.version) == h.version,
+                col(LeaseTransition.action) == "expired",
+            )
+        ).first()
+        return found is not None
+
     def _collect(
         self, conn: Connection, org: str, eid: str, p: dict[str, Any], batch: _Batch
     ) -> None:
@@ -295,7 +306,7 @@ class Reconciler:
             if ended is not None:
                 batch.lease(ended)
                 batch.transition(org, ended, ended.status, at, actor)
-                if ended.status == "taken_over":
+                if ended.status == "taken_over" and not self._expiry_reported(conn, ended):
                     events.append(("lease.expired", subject, lease_payload(ended, resource)))
             batch.lease(new)
             batch.transition(org, new, action, at, actor)

@@ -47,12 +47,26 @@ def reconcile(
             for sig in (signal.SIGINT, signal.SIGTERM):
                 handlers[sig] = signal.signal(sig, lambda *_a: stop.set())
 
+        bar: Any = None
+        if not st.json and sys.stderr.isatty():  # a live line on a terminal, plain when piped
+            from rich.console import Console
+            from rich.progress import Progress, SpinnerColumn, TextColumn
+
+            bar = Progress(
+                SpinnerColumn(), TextColumn("{task.description}"), console=Console(stderr=True)
+            )
+            bar.start()
+            task = bar.add_task("reconcile: waiting for journal entries")
+
         def progress(org: str, applied: int, lag: Lag) -> None:
-            if not st.json:
-                sys.stderr.write(
-                    f"reconcile: {org}: applied {applied}, lag {lag.entries} entries "
-                    f"/ {lag.seconds:.3f} s\n"
-                )
+            line = (
+                f"reconcile: {org}: applied {applied}, lag {lag.entries} entries "
+                f"/ {lag.seconds:.3f} s"
+            )
+            if bar is not None:
+                bar.update(task, description=line)
+            elif not st.json:
+                sys.stderr.write(line + "\n")
 
         try:
             report = run_reconciler(
@@ -63,9 +77,11 @@ def reconcile(
                 interval_seconds=interval,
                 batch_size=batch_size,
                 stop=stop,
-                on_batch=progress if follow else None,
+                on_batch=progress,
             )
         finally:
+            if bar is not None:
+                bar.stop()
             for sig, old in handlers.items():
                 signal.signal(sig, old)
         data = {

@@ -1,0 +1,84 @@
+"""``baton reconcile`` drains the Redis journal into the ledger and reports progress."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from sqlalchemy import func, select
+
+from prefect_baton import Baton
+from prefect_baton._ledger.store import LedgerStore
+from prefect_baton._ledger.tables import LeaseTransition
+from prefect_baton._redis.authority import RedisAuthority
+
+from ..conftest import REDIS_URL, require_service
+
+
+def _transitions(store: LedgerStore, org: str) -> int:
+    with store._read() as (s, _now):
+        q = select(func.count()).select_from(LeaseTransition).where(LeaseTransition.org_id == org)
+        return int(s.execute(q).scalar_one())
+
+
+def test_reconcile_drains_the_journal_with_plain_progress_when_piped(tmp_path: Path) -> None:
+    """Transitions held only in the Redis journal reach the ledger after `baton reconcile`;
+    piped, it reports progress as plain lines on stderr and a JSON receipt on stdout."""
+    require_service("Redis", "127.0.0.1", 6379)
+    ledger = f"sqlite:///{tmp_path / 'l.db'}"
+    org = f"rec-{uuid.uuid4().hex[:8]}"
+    store = LedgerStore(ledger)
+    authority = RedisAuthority.from_url(REDIS_URL, store, ack="redis", reconcile_in_client=False)
+    b = Baton(org=org, principal="a", store=store, lease_authority=authority)
+    for i in range(5):
+        lease = b.leases.acquire("file", f"f{i}", ttl_seconds=30)
+        b.leases.release(lease)
+    assert _transitions(store, org) == 0
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "prefect_baton.cli",
+            "--ledger-url",
+            ledger,
+            "--redis-url",
+            REDIS_URL,
+            "--org",
+            org,
+            "reconcile",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert f"reconcile: {org}: applied" in proc.stderr
+    assert _transitions(store, org) == 10
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "prefect_baton.cli",
+            "--ledger-url",
+            ledger,
+            "--redis-url",
+            REDIS_URL,
+            "--org",
+            org,
+            "--format",
+            "json",
+            "reconcile",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = json.loads(proc.stdout)
+    assert out["ok"] is True
+    assert out["reconcile"]["lag"][org]["entries"] == 0
+    authority.close()
+    store.close()

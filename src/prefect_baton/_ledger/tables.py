@@ -234,7 +234,24 @@ class EventRow(SQLModel, table=True):
     occurred_at_ms: int = Field(sa_column=_ms())
 
 
+class ApiKeyRow(SQLModel, table=True):
+    """A REST/MCP bearer key: only the SHA-256 of the secret is stored, mapped to an org,
+    principal, role and scopes (JSON list); a revoked key has ``revoked_at_ms``."""
+
+    __tablename__ = "baton_api_keys"
+    __table_args__ = (Index("ix_api_key_org", "org_id"),)
+    key_id: str = Field(primary_key=True, max_length=64)
+    key_hash: str = Field(max_length=64, unique=True)
+    org_id: str = Field(max_length=256)
+    principal: str = Field(max_length=256)
+    role: str = Field(max_length=16)
+    scopes: str = Field(sa_column=Column(Text, nullable=False))
+    created_at_ms: int = Field(sa_column=_ms())
+    revoked_at_ms: int | None = Field(default=None, sa_column=_ms(True))
+
+
 __all__ = [
+    "ApiKeyRow",
     "CheckpointRow",
     "CheckpointVersion",
     "EventRow",

@@ -1,0 +1,208 @@
+"""Envelopes, error statuses and the ASGI middleware (body limit, bearer auth, request id).
+
+Every error body is ``{"error": {"code": ..., "message": ...}}`` plus the error's own
+fields (``expires_at`` of a lease conflict, ``current_version``/``expected_version`` of a
+version conflict). The HTTP status of each code is fixed by :data:`STATUS_BY_CODE`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import anyio.to_thread
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .._authority import Caller
+from .._ledger.engine import Engines
+from ..errors import BatonError
+from .keys import AREAS, ApiKey, authenticate
+
+__all__ = [
+    "MAX_BODY_BYTES",
+    "STATUS_BY_CODE",
+    "BatonMiddleware",
+    "error_response",
+    "ok",
+]
+
+#: Largest request body accepted, in bytes (2 MiB); a larger one gets ``413``.
+MAX_BODY_BYTES = 2 * 1024 * 1024
+
+#: HTTP status of every error code. Conflicts of every kind, idempotency clashes and the
+#: lease-state codes ``LEASE_LOST`` and ``STALE_FENCE`` are all ``409``: the request was
+#: well formed and authorised, but the state it presumed no longer holds.
+STATUS_BY_CODE: dict[str, int] = {
+    "VALIDATION_ERROR": 400,
+    "UNAUTHENTICATED": 401,
+    "FORBIDDEN": 403,
+    "NOT_FOUND": 404,
+    "METHOD_NOT_ALLOWED": 405,
+    "CONFLICT": 409,
+    "VERSION_CONFLICT": 409,
+    "IDEMPOTENCY_MISMATCH": 409,
+    "IDEMPOTENCY_IN_FLIGHT": 409,
+    "LEASE_LOST": 409,
+    "STALE_FENCE": 409,
+    "PAYLOAD_TOO_LARGE": 413,
+    "INTERNAL": 500,
+    "UNAVAILABLE": 503,
+}
+
+
+def error_response(
+    code: str, message: str, *, extra: Mapping[str, Any] | None = None, status: int | None = None
+) -> JSONResponse:
+    """The error envelope for ``code`` (``str``) and ``message`` (``str``), with the status
+    of :data:`STATUS_BY_CODE` (500 for an unknown code) unless ``status`` is given."""
+    body: dict[str, Any] = {"code": code, "message": message}
+    if extra:
+        body.update(extra)
+    headers = {"WWW-Authenticate": "Bearer"} if code == "UNAUTHENTICATED" else None
+    return JSONResponse(
+        {"error": body},
+        status_code=status or STATUS_BY_CODE.get(code, 500),
+        headers=headers,
+    )
+
+
+def baton_error_response(exc: BatonError) -> JSONResponse:
+    """The error envelope of a :class:`~prefect_baton.errors.BatonError`."""
+    d = exc.to_dict()
+    code = str(d.pop("code"))
+    message = str(d.pop("message"))
+    return error_response(code, message, extra=d)
+
+
+def ok(data: Any, request_id: str, *, replayed: bool = False, status: int = 200) -> JSONResponse:
+    """The success envelope ``{"data": data, "meta": {"request_id", "replayed"}}``."""
+    return JSONResponse(
+        {"data": data, "meta": {"request_id": request_id, "replayed": replayed}},
+        status_code=status,
+    )
+
+
+def _area(path: str) -> str | None:
+    parts = path.split("/")
+    if len(parts) >= 3 and parts[1] == "v1" and parts[2] in AREAS:
+        return parts[2]
+    return None
+
+
+class BatonMiddleware:
+    """ASGI middleware in front of every route.
+
+    * gives each request an id (``scope["state"]["request_id"]``, header ``X-Request-ID``);
+    * under ``/v1``: authenticates the bearer key (``401`` when missing, unknown or
+      revoked) and checks the route's scope (``<area>:read`` for ``GET``, else
+      ``<area>:write``; ``403`` when missing), before the body is parsed; the caller is
+      put in ``scope["state"]["caller"]``;
+    * refuses bodies over ``max_body_bytes`` with ``413`` (by ``Content-Length`` or by
+      counting a streamed body) before any route runs.
+
+    Args:
+        app: the wrapped ASGI app. engines: callable returning the ledger's engines (keys).
+        max_body_bytes: the body limit (``int``, default :data:`MAX_BODY_BYTES`).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        engines: Callable[[], Engines],
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ) -> None:
+        self.app = app
+        self.engines = engines
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = "req_" + uuid.uuid4().hex
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_id.encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        path: str = scope.get("path", "")
+        method: str = scope.get("method", "GET")
+        if path == "/v1" or path.startswith("/v1/"):
+            denied = await self._authorize(scope, state, path, method)
+            if denied is not None:
+                await denied(scope, receive, send_with_id)
+                return
+        body = await self._read_body(scope, receive)
+        if body is None:
+            resp = error_response(
+                "PAYLOAD_TOO_LARGE",
+                f"request body is over the limit of {self.max_body_bytes} bytes",
+            )
+            await resp(scope, receive, send_with_id)
+            return
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send_with_id)
+
+    async def _authorize(
+        self, scope: Scope, state: dict[str, Any], path: str, method: str
+    ) -> JSONResponse | None:
+        headers = dict(scope.get("headers", []))
+        raw = headers.get(b"authorization", b"").decode("latin-1")
+        scheme, _, secret = raw.partition(" ")
+        if scheme.lower() != "bearer" or not secret.strip():
+            return error_response("UNAUTHENTICATED", "a bearer key is required")
+        try:
+            key: ApiKey | None = await anyio.to_thread.run_sync(
+                authenticate, self.engines(), secret.strip()
+            )
+        except BatonError as exc:
+            return baton_error_response(exc)
+        if key is None:
+            return error_response("UNAUTHENTICATED", "the bearer key is unknown or revoked")
+        area = _area(path)
+        if area is not None:
+            need = f"{area}:{'read' if method in ('GET', 'HEAD') else 'write'}"
+            if need not in key.scopes:
+                return error_response("FORBIDDEN", f"this key lacks the scope {need}")
+        state["caller"] = Caller(org=key.org, principal=key.principal, role=key.role)
+        state["key_id"] = key.key_id
+        return None
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
+        headers = dict(scope.get("headers", []))
+        length = headers.get(b"content-length")
+        if length is not None:
+            try:
+                if int(length) > self.max_body_bytes:
+                    return None
+            except ValueError:
+                return None
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return None
+            chunks.append(chunk)
+            more = bool(message.get("more_body", False))
+        return b"".join(chunks)

@@ -1,0 +1,346 @@
+"""The REST API: :func:`create_app` builds a FastAPI app over the ledger (and optionally
+Redis as the lease authority), with the seed service's routes under ``/v1``.
+
+Every ``/v1`` request carries ``Authorization: Bearer bk_...`` (see
+:mod:`prefect_baton.rest.keys`); the key decides org, principal and role. Responses:
+
+* success: ``{"data": ..., "meta": {"request_id": "req_...", "replayed": bool}}``;
+* error: ``{"error": {"code": ..., "message": ...}}`` (+ ``expires_at`` on a lease
+  ``CONFLICT``, ``current_version``/``expected_version`` on ``VERSION_CONFLICT``).
+
+Fixed statuses: ``400 VALIDATION_ERROR`` (bad values, malformed JSON, wrong types, unknown
+fields: FastAPI's 422 is replaced), ``401 UNAUTHENTICATED`` (no, unknown or revoked key),
+``403 FORBIDDEN`` (role or missing scope), ``404 NOT_FOUND`` (also another org's ids),
+``409`` for ``CONFLICT``, ``VERSION_CONFLICT``, ``IDEMPOTENCY_MISMATCH``,
+``IDEMPOTENCY_IN_FLIGHT``, ``LEASE_LOST`` and ``STALE_FENCE`` (all say: the state the request
+presumed no longer holds; the code tells them apart), ``413 PAYLOAD_TOO_LARGE`` (body over
+2 MiB, :data:`~prefect_baton.rest._http.MAX_BODY_BYTES`), ``503 UNAVAILABLE``.
+
+``Idempotency-Key`` is honoured (passed as ``idempotency_key``, replays give
+``meta.replayed = true``) on acquire, handoff create, checkpoint save and outcome record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, Response
+
+from .._authority import Caller, LeaseAuthority
+from .._client import Baton
+from .._ledger.store import LedgerStore
+from .._settings import BatonSettings
+from ..errors import BatonError, NotFoundError
+from ..models import Lease
+from . import _schemas as s
+from ._http import BatonMiddleware, baton_error_response, error_response, ok
+
+__all__ = ["create_app"]
+
+IdemKey = Annotated[str | None, Header(alias="Idempotency-Key")]
+
+
+def _dump(obj: Any) -> Any:
+    if isinstance(obj, BaseModel):
+        d = obj.model_dump(mode="json")
+        d.pop("replayed", None)
+        return d
+    if isinstance(obj, list):
+        return [_dump(o) for o in obj]
+    return obj
+
+
+def _rid(request: Request) -> str:
+    return str(request.state.request_id)
+
+
+def _reply(request: Request, obj: Any, *, status: int = 200, key: str = "") -> JSONResponse:
+    data = {key: _dump(obj)} if key else _dump(obj)
+    return ok(data, _rid(request), replayed=bool(getattr(obj, "replayed", False)), status=status)
+
+
+def _baton(request: Request) -> Baton:
+    caller: Caller = request.state.caller
+    state = request.app.state
+    return Baton(
+        org=caller.org,
+        principal=caller.principal,
+        role=caller.role,
+        settings=state.settings,
+        store=state.store,
+        lease_authority=state.authority,
+    )
+
+
+B = Annotated[Baton, Depends(_baton)]
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+        parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request"
+
+
+def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> FastAPI:
+    """Build the REST API app.
+
+    Args:
+        ledger_url: SQLAlchemy URL of the ledger (``str``; default ``BATON_LEDGER_URL``);
+            migrated on start, and holding the bearer keys.
+        redis_url: Redis URL of the lease authority (``str``; default none: the ledger is
+            the authority).
+
+    Returns:
+        A :class:`fastapi.FastAPI` app; ``app.state.store`` is its
+        :class:`~prefect_baton._ledger.store.LedgerStore`. Shutting the app down closes it.
+
+    Raises:
+        ValidationError: a malformed URL. UnavailableError: the ledger cannot be reached.
+    """
+    settings = BatonSettings()
+    store = LedgerStore(
+        ledger_url or settings.ledger_url,
+        receipt_retention_seconds=settings.receipt_retention_seconds,
+        state_max_bytes=settings.state_max_bytes,
+    )
+    authority: LeaseAuthority = store
+    redis_close: Callable[[], None] | None = None
+    if redis_url:
+        from .._redis.authority import RedisAuthority
+
+        redis_ = RedisAuthority.from_url(
+            redis_url, store, ack=settings.redis_ack, post_loss=settings.redis_post_loss
+        )
+        authority, redis_close = redis_, redis_.close
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        if redis_close is not None:
+            redis_close()
+        store.close()
+
+    app = FastAPI(title="prefect-baton", version="1", lifespan=lifespan)
+    app.state.store = store
+    app.state.settings = settings
+    app.state.authority = authority
+    app.add_middleware(BatonMiddleware, engines=lambda: store.engines)
+
+    @app.exception_handler(BatonError)
+    async def _on_baton(_r: Request, exc: BatonError) -> Response:
+        return baton_error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _on_invalid(_r: Request, exc: RequestValidationError) -> Response:
+        return error_response("VALIDATION_ERROR", _validation_message(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _on_http(_r: Request, exc: StarletteHTTPException) -> Response:
+        codes = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 400: "VALIDATION_ERROR"}
+        code = codes.get(exc.status_code, "INTERNAL")
+        return error_response(code, str(exc.detail), status=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _on_other(_r: Request, _exc: Exception) -> Response:
+        return error_response("INTERNAL", "internal error")
+
+    def held(b: Baton, lease_id: str | None) -> Lease | None:
+        return None if lease_id is None else b.leases.get(lease_id)
+
+    # ------------------------------------------------------------------ leases
+
+    @app.post("/v1/leases", status_code=201, tags=["leases"])
+    def acquire(request: Request, body: s.AcquireIn, b: B, key: IdemKey = None) -> Response:
+        """Acquire a lease; 409 CONFLICT (expiry only) while another holds it."""
+        lease = b.leases.acquire(
+            body.resource_type,
+            body.resource_id,
+            ttl_seconds=body.ttl_seconds,
+            purpose=body.purpose,
+            scopes=body.scopes,
+            expected_version=body.expected_version,
+            idempotency_key=key,
+        )
+        return _reply(request, lease, status=201)
+
+    @app.get("/v1/leases", tags=["leases"])
+    def list_leases(
+        request: Request,
+        b: B,
+        resource_type: str | None = None,
+        owner: str | None = None,
+        include_ended: bool = False,
+        limit: Annotated[int, Query()] = 100,
+    ) -> Response:
+        """Your effective leases (``owner`` needs owner/admin), newest first."""
+        leases = b.leases.list(
+            resource_type=resource_type, owner=owner, include_ended=include_ended, limit=limit
+        )
+        return _reply(request, leases, key="leases")
+
+    @app.get("/v1/leases/inspect", tags=["leases"])
+    def inspect(request: Request, b: B, resource_type: str, resource_id: str) -> Response:
+        """Whether a resource is held, until when; holder details only for the holder."""
+        return _reply(request, b.leases.inspect(resource_type, resource_id))
+
+    @app.delete("/v1/leases/{lease_id}", tags=["leases"])
+    def release(request: Request, lease_id: str, b: B) -> Response:
+        """Release by id as its holder; 404 when released, unknown or not yours."""
+        receipt = b.leases.release_by_id(lease_id)
+        if receipt.status == "no_change":
+            raise NotFoundError("no active lease with that id")
+        data = {
+            "lease_id": receipt.lease.lease_id,
+            "released_at": _dump(receipt.lease).get("released_at"),
+            "status": receipt.status,
+            "lease": _dump(receipt.lease),
+        }
+        return ok(data, _rid(request), replayed=receipt.replayed)
+
+    @app.post("/v1/leases/{lease_id}/renew", tags=["leases"])
+    def renew(request: Request, lease_id: str, b: B, body: s.RenewIn | None = None) -> Response:
+        """Extend a lease you hold; 409 LEASE_LOST once it has ended or expired."""
+        body = body or s.RenewIn()
+        lease = b.leases.get(lease_id)
+        renewed = b.leases.renew(
+            lease, ttl_seconds=body.ttl_seconds, expected_version=body.expected_version
+        )
+        return _reply(request, renewed)
+
+    @app.post("/v1/leases/{lease_id}/transfer", tags=["leases"])
+    def transfer(request: Request, lease_id: str, body: s.TransferIn, b: B) -> Response:
+        """Hand a lease you hold to another principal; returns the receiver's lease."""
+        lease = b.leases.get(lease_id)
+        moved = b.leases.transfer(
+            lease,
+            to_principal=body.to_principal,
+            new_execution_key=body.new_execution_key,
+            ttl_seconds=body.ttl_seconds,
+            expected_version=body.expected_version,
+        )
+        return _reply(request, moved)
+
+    @app.post("/v1/leases/{lease_id}/force-release", tags=["leases"])
+    def force_release(request: Request, lease_id: str, b: B) -> Response:
+        """Release anyone's lease of the org (owner/admin); 403 for an agent."""
+        receipt = b.leases.force_release(lease_id)
+        return _reply(request, receipt)
+
+    # ------------------------------------------------------------------ handoffs
+
+    @app.post("/v1/handoffs", status_code=201, tags=["handoffs"])
+    def create_handoff(request: Request, body: s.HandoffIn, b: B, key: IdemKey = None) -> Response:
+        """Create a pending handoff addressed to ``to_principal``."""
+        handoff = b.handoffs.create(
+            body.to_principal,
+            body.subject_id,
+            checkpoint_id=body.checkpoint_id,
+            context_id=body.context_id,
+            message=body.message,
+            lease=held(b, body.lease_id),
+            idempotency_key=key,
+            expires_in_seconds=body.expires_in_seconds,
+        )
+        return _reply(request, handoff, status=201)
+
+    @app.get("/v1/handoffs", tags=["handoffs"])
+    def inbox(request: Request, b: B, limit: int = 100) -> Response:
+        """Pending handoffs addressed to the caller."""
+        return _reply(request, b.handoffs.inbox(limit=limit), key="handoffs")
+
+    @app.get("/v1/handoffs/{handoff_id}", tags=["handoffs"])
+    def show_handoff(request: Request, handoff_id: str, b: B) -> Response:
+        """A handoff you sent or received."""
+        return _reply(request, b.handoffs.get(handoff_id))
+
+    @app.post("/v1/handoffs/{handoff_id}/resolve", tags=["handoffs"])
+    def resolve(request: Request, handoff_id: str, body: s.ResolveIn, b: B) -> Response:
+        """Accept or reject a pending handoff addressed to you; a second resolve is 404."""
+        handoff = b.handoffs.resolve(
+            handoff_id,
+            body.status,
+            body.note,
+            execution_key=body.execution_key,
+            ttl_seconds=body.ttl_seconds,
+        )
+        return _reply(request, handoff)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    @app.put("/v1/checkpoints", tags=["checkpoints"])
+    def save(request: Request, body: s.CheckpointIn, b: B, key: IdemKey = None) -> Response:
+        """Write your checkpoint of ``(subject_id, kind)``; version +1 per write."""
+        ck = b.checkpoints.save(
+            body.subject_id,
+            body.kind,
+            body.state,
+            expected_version=body.expected_version,
+            fence=held(b, body.fence_lease_id),
+            idempotency_key=key,
+            ttl_seconds=body.ttl_seconds,
+        )
+        return _reply(request, ck)
+
+    @app.get("/v1/checkpoints", tags=["checkpoints"])
+    def get_checkpoint(
+        request: Request, b: B, subject_id: str, kind: str, principal: str | None = None
+    ) -> Response:
+        """The current checkpoint of ``(subject_id, principal or you, kind)``; 404 if none."""
+        ck = b.checkpoints.get(subject_id, kind, principal)
+        if ck is None:
+            raise NotFoundError("no checkpoint for that subject and kind")
+        return _reply(request, ck)
+
+    @app.get("/v1/checkpoints/history", tags=["checkpoints"])
+    def history(
+        request: Request, b: B, subject_id: str, kind: str, principal: str | None = None
+    ) -> Response:
+        """Every version of a checkpoint, oldest first."""
+        versions = b.checkpoints.history(subject_id, kind, principal)
+        return _reply(request, versions, key="checkpoints")
+
+    @app.get("/v1/checkpoints/{checkpoint_id}", tags=["checkpoints"])
+    def get_checkpoint_by_id(request: Request, checkpoint_id: str, b: B) -> Response:
+        """A checkpoint of the org by id (e.g. the one attached to a handoff)."""
+        return _reply(request, b.checkpoints.get_by_id(checkpoint_id))
+
+    # ------------------------------------------------------------------ outcomes, events
+
+    @app.post("/v1/outcomes", status_code=201, tags=["outcomes"])
+    def record(request: Request, body: s.OutcomeIn, b: B, key: IdemKey = None) -> Response:
+        """Record ``succeeded``, ``failed`` or ``cancelled`` for a subject."""
+        outcome = b.outcomes.record(
+            body.subject_id,
+            body.status,
+            evidence=[e.model_dump() for e in body.evidence],
+            fence=held(b, body.fence_lease_id),
+            lease_id=body.lease_id,
+            handoff_id=body.handoff_id,
+            checkpoint_id=body.checkpoint_id,
+            idempotency_key=key,
+        )
+        return _reply(request, outcome, status=201)
+
+    @app.get("/v1/outcomes", tags=["outcomes"])
+    def outcomes(
+        request: Request, b: B, subject_id: str | None = None, limit: int = 1000
+    ) -> Response:
+        """Outcomes of the org, of one subject when given."""
+        return _reply(request, b.outcomes.list(subject_id, limit=limit), key="outcomes")
+
+    @app.get("/v1/events", tags=["events"])
+    def events(
+        request: Request, b: B, after: int = 0, limit: int = 100, kind: str | None = None
+    ) -> Response:
+        """Events with ``seq > after`` in commit order."""
+        return _reply(request, b.events.list(after, limit, kind), key="events")
+
+    return app

@@ -1,0 +1,247 @@
+"""Bearer keys of the REST API.
+
+A key is ``bk_<random>`` (43 URL-safe characters of :func:`secrets.token_urlsafe`). It is
+shown once, by :func:`create_key`; the ledger keeps only its SHA-256 (table
+``baton_api_keys``), mapped to an org, a principal, a role and scopes. :func:`authenticate`
+looks a presented secret up by that hash; a revoked key no longer authenticates. No
+function here logs a secret or a hash.
+
+Scopes are ``<area>:read`` / ``<area>:write`` for the areas ``leases``, ``handoffs``,
+``checkpoints``, ``outcomes`` and ``events``; a REST route needs the scope of its area
+(``GET`` reads, anything else writes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import time
+import uuid
+from collections.abc import Iterable
+
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import update
+from sqlalchemy.exc import OperationalError
+from sqlmodel import Session, col, select
+
+from .. import _core
+from .._ledger.engine import Engines, make_engines, upgrade
+from .._ledger.tables import ApiKeyRow
+from .._settings import BatonSettings
+from ..errors import NotFoundError, UnavailableError, ValidationError
+
+__all__ = [
+    "ALL_SCOPES",
+    "AREAS",
+    "KEY_PREFIX",
+    "ApiKey",
+    "authenticate",
+    "create_key",
+    "hash_key",
+    "list_keys",
+    "revoke_key",
+]
+
+KEY_PREFIX = "bk_"
+AREAS = ("leases", "handoffs", "checkpoints", "outcomes", "events")
+ALL_SCOPES: tuple[str, ...] = tuple(f"{a}:{m}" for a in AREAS for m in ("read", "write"))
+
+
+class ApiKey(BaseModel):
+    """A stored key, without its secret.
+
+    Attributes:
+        key_id: public id of the key (``key_<hex>``), used to revoke it.
+        org, principal, role: the identity the key authenticates as.
+        scopes: the scopes it grants (subset of :data:`ALL_SCOPES`).
+        created_at_ms, revoked_at_ms: epoch milliseconds; ``revoked_at_ms`` is ``None``
+            while the key is valid.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    key_id: str
+    org: str
+    principal: str
+    role: str
+    scopes: tuple[str, ...]
+    created_at_ms: int
+    revoked_at_ms: int | None = None
+
+    @property
+    def revoked(self) -> bool:
+        """Whether the key has been revoked."""
+        return self.revoked_at_ms is not None
+
+
+def hash_key(secret: str) -> str:
+    """The stored form of a key: the SHA-256 hex digest of ``secret`` (``str``)."""
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+def _engines(ledger_url: str | None) -> Engines:
+    engines = make_engines(ledger_url or BatonSettings().ledger_url)
+    upgrade(engines)
+    return engines
+
+
+def _to_model(row: ApiKeyRow) -> ApiKey:
+    return ApiKey(
+        key_id=row.key_id,
+        org=row.org_id,
+        principal=row.principal,
+        role=row.role,
+        scopes=tuple(json.loads(row.scopes)),
+        created_at_ms=row.created_at_ms,
+        revoked_at_ms=row.revoked_at_ms,
+    )
+
+
+def _validate_scopes(scopes: Iterable[str] | None) -> tuple[str, ...]:
+    if scopes is None:
+        return ALL_SCOPES
+    if isinstance(scopes, str):
+        raise ValidationError("scopes must be a list of scope names, not one string")
+    out: list[str] = []
+    for s in scopes:
+        if s not in ALL_SCOPES:
+            raise ValidationError(f"unknown scope {s!r}; known: {', '.join(ALL_SCOPES)}")
+        if s not in out:
+            out.append(s)
+    return tuple(out)
+
+
+def create_key(
+    ledger_url: str | None = None,
+    *,
+    org: str,
+    principal: str,
+    role: str = "agent",
+    scopes: Iterable[str] | None = None,
+    engines: Engines | None = None,
+) -> tuple[str, ApiKey]:
+    """Create a bearer key and store only its hash.
+
+    Args:
+        ledger_url: the ledger (``str``; default ``BATON_LEDGER_URL``), migrated if needed.
+        org, principal: the identity (``str`` ids, 1..256 characters).
+        role: ``agent`` (default), ``owner`` or ``admin``.
+        scopes: scope names (``Iterable[str]``) from :data:`ALL_SCOPES`; ``None`` grants all.
+        engines: an open ledger to use instead of ``ledger_url``.
+
+    Returns:
+        ``(secret, key)``: the secret (``bk_...``, shown only now) and the stored
+        :class:`ApiKey`.
+
+    Raises:
+        ValidationError: a bad id, role or scope. UnavailableError: the ledger is down.
+    """
+    org_ = _core.validate_id("org", org)
+    principal_ = _core.validate_id("principal", principal)
+    role_ = _core.validate_role(role)
+    scopes_ = _validate_scopes(scopes)
+    secret = KEY_PREFIX + secrets.token_urlsafe(32)
+    row = ApiKeyRow(
+        key_id="key_" + uuid.uuid4().hex,
+        key_hash=hash_key(secret),
+        org_id=org_,
+        principal=principal_,
+        role=role_,
+        scopes=json.dumps(list(scopes_)),
+        created_at_ms=int(time.time() * 1000),
+    )
+    own = engines is None
+    eng = engines or _engines(ledger_url)
+    try:
+        with Session(eng.write, expire_on_commit=False) as session, session.begin():
+            session.add(row)
+        return secret, _to_model(row)
+    finally:
+        if own:
+            eng.dispose()
+
+
+def list_keys(
+    ledger_url: str | None = None,
+    *,
+    org: str | None = None,
+    include_revoked: bool = False,
+    engines: Engines | None = None,
+) -> list[ApiKey]:
+    """The stored keys (never their secrets), oldest first.
+
+    Args:
+        ledger_url: the ledger (``str``; default ``BATON_LEDGER_URL``).
+        org: only this org's keys (``str``). include_revoked: also revoked keys (``bool``).
+        engines: an open ledger to use instead of ``ledger_url``.
+
+    Raises:
+        ValidationError: a bad org id. UnavailableError: the ledger is down.
+    """
+    org_ = _core.validate_optional_id("org", org)
+    own = engines is None
+    eng = engines or _engines(ledger_url)
+    try:
+        with Session(eng.read) as session:
+            q = select(ApiKeyRow)
+            if org_ is not None:
+                q = q.where(col(ApiKeyRow.org_id) == org_)
+            if not include_revoked:
+                q = q.where(col(ApiKeyRow.revoked_at_ms).is_(None))
+            q = q.order_by(col(ApiKeyRow.created_at_ms), col(ApiKeyRow.key_id))
+            return [_to_model(r) for r in session.exec(q).all()]
+    finally:
+        if own:
+            eng.dispose()
+
+
+def revoke_key(
+    ledger_url: str | None = None, *, key_id: str, engines: Engines | None = None
+) -> ApiKey:
+    """Revoke a key by its ``key_id`` (``str``); revoking twice keeps the first time.
+
+    Returns the revoked :class:`ApiKey`.
+
+    Raises:
+        NotFoundError: no key has that id. ValidationError: a bad id.
+        UnavailableError: the ledger is down.
+    """
+    kid = _core.validate_id("key_id", key_id)
+    own = engines is None
+    eng = engines or _engines(ledger_url)
+    try:
+        with Session(eng.write, expire_on_commit=False) as session, session.begin():
+            session.execute(
+                update(ApiKeyRow)
+                .where(col(ApiKeyRow.key_id) == kid, col(ApiKeyRow.revoked_at_ms).is_(None))
+                .values(revoked_at_ms=int(time.time() * 1000))
+            )
+            row = session.get(ApiKeyRow, kid)
+            if row is None:
+                raise NotFoundError(f"no API key {kid}")
+            return _to_model(row)
+    finally:
+        if own:
+            eng.dispose()
+
+
+def authenticate(engines: Engines, secret: str) -> ApiKey | None:
+    """The valid (unrevoked) key whose hash matches ``secret`` (``str``), else ``None``.
+
+    Raises:
+        UnavailableError: the ledger is down.
+    """
+    if not secret.startswith(KEY_PREFIX) or len(secret) > 512:
+        return None
+    digest = hash_key(secret)
+    try:
+        with Session(engines.read) as session:
+            row = session.exec(
+                select(ApiKeyRow).where(
+                    col(ApiKeyRow.key_hash) == digest, col(ApiKeyRow.revoked_at_ms).is_(None)
+                )
+            ).first()
+    except OperationalError as exc:
+        raise UnavailableError("ledger database unavailable") from exc
+    return None if row is None else _to_model(row)

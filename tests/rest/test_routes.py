@@ -1,0 +1,168 @@
+"""Success paths of every REST route, through FastAPI's TestClient."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from .conftest import MakeKey, data
+
+LEASE = {"resource_type": "deploy", "resource_id": "checkout", "ttl_seconds": 60}
+
+
+def test_acquire_inspect_list_release(client: TestClient, make_key: MakeKey) -> None:
+    """Acquire is 201 with the lease; inspect and list show it; DELETE releases it once."""
+    h = make_key("agent-a")
+    r = client.post("/v1/leases", json={**LEASE, "purpose": "smoke"}, headers=h)
+    assert r.status_code == 201
+    lease = data(r)
+    assert lease["lease_id"].startswith("lease_")
+    assert lease["owner"] == "agent-a"
+    info = data(
+        client.get(
+            "/v1/leases/inspect",
+            params={"resource_type": "deploy", "resource_id": "checkout"},
+            headers=h,
+        )
+    )
+    assert info["held"] is True
+    assert info["lease"]["lease_id"] == lease["lease_id"]
+    listed = data(client.get("/v1/leases", headers=h))["leases"]
+    assert [x["lease_id"] for x in listed] == [lease["lease_id"]]
+    r = client.delete(f"/v1/leases/{lease['lease_id']}", headers=h)
+    assert r.status_code == 200
+    out = data(r)
+    assert out["lease_id"] == lease["lease_id"]
+    assert out["released_at"] is not None
+    assert client.delete(f"/v1/leases/{lease['lease_id']}", headers=h).status_code == 404
+
+
+def test_acquire_replays_with_idempotency_key(client: TestClient, make_key: MakeKey) -> None:
+    """The same Idempotency-Key and body replay the lease with meta.replayed true."""
+    h = {**make_key("agent-a"), "Idempotency-Key": "run-1"}
+    first = client.post("/v1/leases", json=LEASE, headers=h)
+    again = client.post("/v1/leases", json=LEASE, headers=h)
+    assert first.status_code == again.status_code == 201
+    assert first.json()["meta"]["replayed"] is False
+    assert again.json()["meta"]["replayed"] is True
+    assert data(again)["lease_id"] == data(first)["lease_id"]
+
+
+def test_renew_transfer_force_release(client: TestClient, make_key: MakeKey) -> None:
+    """Renew keeps the id, transfer gives the receiver a new lease, an owner force-releases."""
+    h = make_key("agent-a")
+    lease = data(client.post("/v1/leases", json=LEASE, headers=h))
+    renewed = data(
+        client.post(f"/v1/leases/{lease['lease_id']}/renew", json={"ttl_seconds": 120}, headers=h)
+    )
+    assert renewed["lease_id"] == lease["lease_id"]
+    assert renewed["ttl_seconds"] == 120
+    assert renewed["version"] == lease["version"] + 1
+    body = {"to_principal": "agent-b", "new_execution_key": "exec-b", "ttl_seconds": 60}
+    moved = data(client.post(f"/v1/leases/{lease['lease_id']}/transfer", json=body, headers=h))
+    assert moved["owner"] == "agent-b"
+    assert moved["lease_id"] != lease["lease_id"]
+    owner = make_key("boss", role="owner")
+    r = client.post(f"/v1/leases/{moved['lease_id']}/force-release", headers=owner)
+    assert r.status_code == 200
+    assert data(r)["status"] == "released"
+
+
+def test_renew_without_body(client: TestClient, make_key: MakeKey) -> None:
+    """Renew with no body uses the lease's own TTL."""
+    h = make_key("agent-a")
+    lease = data(client.post("/v1/leases", json=LEASE, headers=h))
+    r = client.post(f"/v1/leases/{lease['lease_id']}/renew", headers=h)
+    assert r.status_code == 200
+    assert data(r)["ttl_seconds"] == 60
+
+
+def test_handoff_create_inbox_show_resolve(client: TestClient, make_key: MakeKey) -> None:
+    """A handoff is in the recipient's inbox only, visible to both, resolved by the recipient."""
+    a, b = make_key("agent-a"), make_key("agent-b")
+    body = {"to_principal": "agent-b", "subject_id": "ticket-1", "message": "please review"}
+    r = client.post("/v1/handoffs", json=body, headers=a)
+    assert r.status_code == 201
+    hid = data(r)["handoff_id"]
+    assert data(r)["status"] == "pending"
+    assert data(client.get("/v1/handoffs", headers=a))["handoffs"] == []
+    inbox = data(client.get("/v1/handoffs", headers=b))["handoffs"]
+    assert [h["handoff_id"] for h in inbox] == [hid]
+    assert data(client.get(f"/v1/handoffs/{hid}", headers=a))["to_principal"] == "agent-b"
+    r = client.post(f"/v1/handoffs/{hid}/resolve", json={"status": "accepted"}, headers=b)
+    assert r.status_code == 200
+    assert data(r)["status"] == "accepted"
+
+
+def test_handoff_carrying_a_lease(client: TestClient, make_key: MakeKey) -> None:
+    """Accepting a handoff with lease_id moves the lease to the recipient."""
+    a, b = make_key("agent-a"), make_key("agent-b")
+    lease = data(client.post("/v1/leases", json=LEASE, headers=a))
+    body = {"to_principal": "agent-b", "subject_id": "s", "lease_id": lease["lease_id"]}
+    hid = data(client.post("/v1/handoffs", json=body, headers=a))["handoff_id"]
+    out = data(client.post(f"/v1/handoffs/{hid}/resolve", json={"status": "accepted"}, headers=b))
+    assert out["lease"]["owner"] == "agent-b"
+
+
+def test_checkpoint_save_get_by_id_history(client: TestClient, make_key: MakeKey) -> None:
+    """PUT saves versions; GET by subject/kind, by id (another principal) and history work."""
+    a, b = make_key("agent-a"), make_key("agent-b")
+    body = {"subject_id": "ticket-1", "kind": "progress", "state": {"step": 1}}
+    first = data(client.put("/v1/checkpoints", json=body, headers=a))
+    second = data(client.put("/v1/checkpoints", json={**body, "state": {"step": 2}}, headers=a))
+    assert (first["version"], second["version"]) == (1, 2)
+    params = {"subject_id": "ticket-1", "kind": "progress"}
+    got = data(client.get("/v1/checkpoints", params=params, headers=a))
+    assert got["state"] == {"step": 2}
+    by_id = data(client.get(f"/v1/checkpoints/{got['checkpoint_id']}", headers=b))
+    assert by_id["state"] == {"step": 2}
+    hist = data(client.get("/v1/checkpoints/history", params=params, headers=a))["checkpoints"]
+    assert [c["version"] for c in hist] == [1, 2]
+
+
+def test_checkpoint_fenced_by_lease(client: TestClient, make_key: MakeKey) -> None:
+    """A save fenced by a held lease succeeds."""
+    h = make_key("agent-a")
+    lease = data(client.post("/v1/leases", json=LEASE, headers=h))
+    body = {"subject_id": "s", "kind": "k", "state": {}, "fence_lease_id": lease["lease_id"]}
+    assert client.put("/v1/checkpoints", json=body, headers=h).status_code == 200
+
+
+def test_outcomes_record_and_list(client: TestClient, make_key: MakeKey) -> None:
+    """An outcome is recorded (201) and listed by subject."""
+    h = make_key("agent-a")
+    body = {
+        "subject_id": "ticket-1",
+        "status": "succeeded",
+        "evidence": [{"kind": "ci", "uri": "https://ci/1"}],
+    }
+    r = client.post("/v1/outcomes", json=body, headers=h)
+    assert r.status_code == 201
+    assert data(r)["status"] == "succeeded"
+    listed = data(client.get("/v1/outcomes", params={"subject_id": "ticket-1"}, headers=h))
+    assert [o["outcome_id"] for o in listed["outcomes"]] == [data(r)["outcome_id"]]
+
+
+def test_events_after_limit_kind(client: TestClient, make_key: MakeKey) -> None:
+    """Events come in order; after, limit and kind filter them."""
+    h = make_key("agent-a")
+    client.post("/v1/leases", json=LEASE, headers=h)
+    client.post("/v1/handoffs", json={"to_principal": "agent-b", "subject_id": "s"}, headers=h)
+    events = data(client.get("/v1/events", headers=h))["events"]
+    kinds = [e["kind"] for e in events]
+    assert "lease.acquired" in kinds
+    assert "handoff.created" in kinds
+    first = events[0]["seq"]
+    later = data(client.get("/v1/events", params={"after": first}, headers=h))["events"]
+    assert all(e["seq"] > first for e in later)
+    assert len(later) == len(events) - 1
+    one = data(client.get("/v1/events", params={"limit": 1}, headers=h))["events"]
+    assert len(one) == 1
+    only = data(client.get("/v1/events", params={"kind": "handoff.created"}, headers=h))
+    assert {e["kind"] for e in only["events"]} == {"handoff.created"}
+
+
+def test_openapi_is_served(client: TestClient) -> None:
+    """The OpenAPI document is served without a key and lists the /v1 routes."""
+    doc = client.get("/openapi.json").json()
+    assert "/v1/leases" in doc["paths"]
+    assert "/v1/events" in doc["paths"]

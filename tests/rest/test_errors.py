@@ -1,0 +1,236 @@
+"""Error statuses and bodies of the REST API, and bad requests that must write nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from prefect_baton import errors
+from prefect_baton._client import LeaseAPI
+from prefect_baton.rest import MAX_BODY_BYTES, STATUS_BY_CODE
+
+from .conftest import MakeKey, data, error, row_counts
+
+LEASE = {"resource_type": "deploy", "resource_id": "checkout", "ttl_seconds": 60}
+
+
+def test_every_design_code_has_a_fixed_status() -> None:
+    """Each error code of the design maps to its documented HTTP status."""
+    expected = {
+        "VALIDATION_ERROR": 400,
+        "FORBIDDEN": 403,
+        "NOT_FOUND": 404,
+        "CONFLICT": 409,
+        "VERSION_CONFLICT": 409,
+        "IDEMPOTENCY_MISMATCH": 409,
+        "IDEMPOTENCY_IN_FLIGHT": 409,
+        "LEASE_LOST": 409,
+        "STALE_FENCE": 409,
+        "UNAVAILABLE": 503,
+    }
+    assert {c: STATUS_BY_CODE[c] for c in errors.ERROR_CODES} == expected
+
+
+def _raise(exc: Exception) -> Any:
+    def fake(*_a: Any, **_k: Any) -> Any:
+        raise exc
+
+    return fake
+
+
+@pytest.mark.parametrize("code", errors.ERROR_CODES)
+def test_each_error_class_reaches_the_client(
+    client: TestClient, make_key: MakeKey, monkeypatch: pytest.MonkeyPatch, code: str
+) -> None:
+    """An error raised by the Python API comes back with its code, message and status."""
+    exc = errors.error_for_code(code, f"boom {code}", current_version=3, expected_version=2)
+    monkeypatch.setattr(LeaseAPI, "acquire", _raise(exc))
+    r = client.post("/v1/leases", json=LEASE, headers=make_key())
+    err = error(r, STATUS_BY_CODE[code], code)
+    assert err["message"] == f"boom {code}"
+    if code == "VERSION_CONFLICT":
+        assert (err["current_version"], err["expected_version"]) == (3, 2)
+
+
+@pytest.fixture
+def two(client: TestClient, make_key: MakeKey) -> Iterator[tuple[dict[str, str], ...]]:
+    """Headers of agent-a and agent-b of one org."""
+    return make_key("agent-a"), make_key("agent-b")
+
+
+def test_conflict_gives_only_the_expiry(
+    client: TestClient, two: tuple[dict[str, str], ...]
+) -> None:
+    """A held lease answers 409 CONFLICT with expires_at and no holder or purpose."""
+    a, b = two
+    won = data(client.post("/v1/leases", json={**LEASE, "purpose": "secret-plan"}, headers=a))
+    err = error(client.post("/v1/leases", json=LEASE, headers=b), 409, "CONFLICT")
+    assert err["expires_at"][:19] == won["expires_at"][:19]
+    assert "agent-a" not in err["message"]
+    assert "secret-plan" not in err["message"]
+
+
+def test_version_conflict(client: TestClient, make_key: MakeKey) -> None:
+    """A stale expected_version is 409 VERSION_CONFLICT with both versions."""
+    h = make_key()
+    r = client.post("/v1/leases", json={**LEASE, "expected_version": 5}, headers=h)
+    err = error(r, 409, "VERSION_CONFLICT")
+    assert (err["current_version"], err["expected_version"]) == (0, 5)
+
+
+def test_idempotency_mismatch(client: TestClient, make_key: MakeKey) -> None:
+    """Reusing an Idempotency-Key for another body is 409 IDEMPOTENCY_MISMATCH."""
+    h = {**make_key(), "Idempotency-Key": "k1"}
+    body = {"subject_id": "s", "kind": "k", "state": {"a": 1}}
+    assert client.put("/v1/checkpoints", json=body, headers=h).status_code == 200
+    r = client.put("/v1/checkpoints", json={**body, "state": {"a": 2}}, headers=h)
+    error(r, 409, "IDEMPOTENCY_MISMATCH")
+
+
+def test_lease_lost_on_renew_after_release(client: TestClient, make_key: MakeKey) -> None:
+    """Renewing a released lease is 409 LEASE_LOST."""
+    h = make_key()
+    lease = data(client.post("/v1/leases", json=LEASE, headers=h))
+    client.delete(f"/v1/leases/{lease['lease_id']}", headers=h)
+    error(client.post(f"/v1/leases/{lease['lease_id']}/renew", headers=h), 409, "LEASE_LOST")
+
+
+def test_stale_fence(client: TestClient, make_key: MakeKey) -> None:
+    """A checkpoint fenced by a released lease is 409 STALE_FENCE and writes nothing."""
+    h = make_key()
+    lease = data(client.post("/v1/leases", json=LEASE, headers=h))
+    client.delete(f"/v1/leases/{lease['lease_id']}", headers=h)
+    body = {"subject_id": "s", "kind": "k", "state": {}, "fence_lease_id": lease["lease_id"]}
+    r = client.put("/v1/checkpoints", json=body, headers=h)
+    error(r, 409, "STALE_FENCE")
+    params = {"subject_id": "s", "kind": "k"}
+    error(client.get("/v1/checkpoints", params=params, headers=h), 404, "NOT_FOUND")
+
+
+def test_forbidden_role_and_recipient(client: TestClient, two: tuple[dict[str, str], ...]) -> None:
+    """An agent's force-release and a non-recipient's resolve are 403 FORBIDDEN."""
+    a, b = two
+    lease = data(client.post("/v1/leases", json=LEASE, headers=a))
+    error(client.post(f"/v1/leases/{lease['lease_id']}/force-release", headers=b), 403, "FORBIDDEN")
+    body = {"to_principal": "agent-b", "subject_id": "s"}
+    hid = data(client.post("/v1/handoffs", json=body, headers=a))["handoff_id"]
+    r = client.post(f"/v1/handoffs/{hid}/resolve", json={"status": "accepted"}, headers=a)
+    error(r, 403, "FORBIDDEN")
+
+
+def test_not_found(client: TestClient, make_key: MakeKey) -> None:
+    """Unknown ids, a second resolve and unknown routes are 404 NOT_FOUND."""
+    a, b = make_key("agent-a"), make_key("agent-b")
+    error(client.delete("/v1/leases/lease_nope", headers=a), 404, "NOT_FOUND")
+    error(client.get("/v1/handoffs/hoff_nope", headers=a), 404, "NOT_FOUND")
+    error(client.get("/v1/checkpoints/ckpt_nope", headers=a), 404, "NOT_FOUND")
+    hid = data(
+        client.post("/v1/handoffs", json={"to_principal": "agent-b", "subject_id": "s"}, headers=a)
+    )["handoff_id"]
+    ok = client.post(f"/v1/handoffs/{hid}/resolve", json={"status": "accepted"}, headers=b)
+    assert ok.status_code == 200
+    again = client.post(f"/v1/handoffs/{hid}/resolve", json={"status": "rejected"}, headers=b)
+    error(again, 404, "NOT_FOUND")
+    error(client.get("/nowhere"), 404, "NOT_FOUND")
+
+
+def test_another_orgs_ids_are_not_found(client: TestClient, make_key: MakeKey) -> None:
+    """Ids of another org are 404 for every route that takes one, and nothing changes."""
+    mine = make_key("agent-a")
+    other = make_key("agent-a", role="admin", org_="other-org")
+    lease = data(client.post("/v1/leases", json=LEASE, headers=mine))
+    ck = data(
+        client.put(
+            "/v1/checkpoints", json={"subject_id": "s", "kind": "k", "state": {}}, headers=mine
+        )
+    )
+    body = {"to_principal": "agent-a", "subject_id": "s"}
+    hid = data(client.post("/v1/handoffs", json=body, headers=make_key("agent-b")))["handoff_id"]
+    lid = lease["lease_id"]
+    before = row_counts(client.app.state.store.url)
+    error(client.delete(f"/v1/leases/{lid}", headers=other), 404, "NOT_FOUND")
+    error(client.post(f"/v1/leases/{lid}/renew", headers=other), 404, "NOT_FOUND")
+    error(client.post(f"/v1/leases/{lid}/force-release", headers=other), 404, "NOT_FOUND")
+    error(client.get(f"/v1/checkpoints/{ck['checkpoint_id']}", headers=other), 404, "NOT_FOUND")
+    error(client.get(f"/v1/handoffs/{hid}", headers=other), 404, "NOT_FOUND")
+    r = client.post(f"/v1/handoffs/{hid}/resolve", json={"status": "accepted"}, headers=other)
+    error(r, 404, "NOT_FOUND")
+    assert row_counts(client.app.state.store.url) == before
+
+
+BAD_BODIES: list[tuple[str, bytes]] = [
+    ("malformed json", b'{"resource_type": "deploy",'),
+    ("not an object", b"[1, 2]"),
+    ("wrong type", b'{"resource_type": "deploy", "resource_id": "x", "ttl_seconds": "60"}'),
+    ("unknown field", b'{"resource_type": "d", "resource_id": "x", "ttl_seconds": 60, "who": 1}'),
+    ("missing field", b'{"resource_type": "deploy", "ttl_seconds": 60}'),
+    ("ttl out of range", b'{"resource_type": "deploy", "resource_id": "x", "ttl_seconds": 5}'),
+    ("empty id", b'{"resource_type": "", "resource_id": "x", "ttl_seconds": 60}'),
+    ("empty body", b""),
+]
+
+
+@pytest.mark.parametrize(("label", "raw"), BAD_BODIES, ids=[b[0] for b in BAD_BODIES])
+def test_bad_bodies_are_400_and_write_nothing(
+    client: TestClient, make_key: MakeKey, ledger_url: str, label: str, raw: bytes
+) -> None:
+    """Malformed JSON, wrong types, unknown or missing fields are 400 and write nothing."""
+    h = {**make_key(), "content-type": "application/json"}
+    before = row_counts(ledger_url)
+    error(client.post("/v1/leases", content=raw, headers=h), 400, "VALIDATION_ERROR")
+    assert row_counts(ledger_url) == before, label
+
+
+def test_bad_query_parameters_are_400(client: TestClient, make_key: MakeKey) -> None:
+    """A non-integer or out-of-range query parameter is 400 VALIDATION_ERROR."""
+    h = make_key()
+    error(client.get("/v1/events", params={"limit": "many"}, headers=h), 400, "VALIDATION_ERROR")
+    error(client.get("/v1/events", params={"limit": 0}, headers=h), 400, "VALIDATION_ERROR")
+    error(client.get("/v1/events", params={"after": -1}, headers=h), 400, "VALIDATION_ERROR")
+    error(client.get("/v1/leases/inspect", headers=h), 400, "VALIDATION_ERROR")
+
+
+def test_bad_nested_and_checkpoint_bodies(
+    client: TestClient, make_key: MakeKey, ledger_url: str
+) -> None:
+    """Unknown fields in evidence, a non-object state and a bad status write nothing."""
+    h = make_key()
+    before = row_counts(ledger_url)
+    ev = {"subject_id": "s", "status": "succeeded", "evidence": [{"kind": "k", "uri": "u", "x": 1}]}
+    error(client.post("/v1/outcomes", json=ev, headers=h), 400, "VALIDATION_ERROR")
+    bad_status = {"subject_id": "s", "status": "done", "evidence": []}
+    error(client.post("/v1/outcomes", json=bad_status, headers=h), 400, "VALIDATION_ERROR")
+    state = {"subject_id": "s", "kind": "k", "state": [1]}
+    error(client.put("/v1/checkpoints", json=state, headers=h), 400, "VALIDATION_ERROR")
+    hand = {"to_principal": "agent-a", "subject_id": "s"}
+    error(client.post("/v1/handoffs", json=hand, headers=h), 400, "VALIDATION_ERROR")
+    assert row_counts(ledger_url) == before
+
+
+def test_oversized_body_is_413(client: TestClient, make_key: MakeKey, ledger_url: str) -> None:
+    """A body over MAX_BODY_BYTES is 413, by Content-Length or streamed, and writes nothing."""
+    h = {**make_key(), "content-type": "application/json"}
+    before = row_counts(ledger_url)
+    big = b'{"subject_id": "s", "kind": "k", "state": {"x": "' + b"a" * MAX_BODY_BYTES + b'"}}'
+    error(client.put("/v1/checkpoints", content=big, headers=h), 413, "PAYLOAD_TOO_LARGE")
+
+    def chunks() -> Iterator[bytes]:
+        for i in range(0, len(big), 65536):
+            yield big[i : i + 65536]
+
+    r = client.put("/v1/checkpoints", content=chunks(), headers=h)
+    error(r, 413, "PAYLOAD_TOO_LARGE")
+    assert row_counts(ledger_url) == before
+
+
+def test_unavailable_while_authenticating_is_503(
+    client: TestClient, make_key: MakeKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ledger that cannot be reached while the key is checked is 503 UNAVAILABLE."""
+    h = make_key()
+    down = errors.UnavailableError("ledger database unavailable")
+    monkeypatch.setattr("prefect_baton.rest._http.authenticate", _raise(down))
+    error(client.get("/v1/leases", headers=h), 503, "UNAVAILABLE")

@@ -1,0 +1,132 @@
+"""Bearer keys: stored only as hashes, listed without secrets, revocable; 401 and 403."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+
+from prefect_baton import errors
+from prefect_baton.rest import ALL_SCOPES, create_key, list_keys, revoke_key
+
+from .conftest import MakeKey, data, error, row_counts
+
+LEASE = {"resource_type": "deploy", "resource_id": "checkout", "ttl_seconds": 60}
+
+
+def test_key_is_shown_once_and_only_its_hash_is_stored(ledger_url: str) -> None:
+    """create_key returns bk_<random>; the ledger holds its SHA-256, never the secret."""
+    secret, key = create_key(ledger_url, org="acme", principal="agent-a", scopes=["leases:read"])
+    assert secret.startswith("bk_")
+    assert len(secret) > 40
+    assert key.scopes == ("leases:read",)
+    engine = create_engine(ledger_url)
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT * FROM baton_api_keys")).all()
+    engine.dispose()
+    assert len(rows) == 1
+    assert secret not in repr(rows)
+    assert secret not in repr(key)
+    assert secret not in repr(list_keys(ledger_url))
+
+
+def test_list_and_revoke(ledger_url: str) -> None:
+    """list_keys filters by org and hides revoked keys; revoke_key marks a key revoked."""
+    _s1, k1 = create_key(ledger_url, org="acme", principal="a")
+    _s2, k2 = create_key(ledger_url, org="acme", principal="b", role="owner")
+    create_key(ledger_url, org="other", principal="c")
+    assert [k.key_id for k in list_keys(ledger_url, org="acme")] == [k1.key_id, k2.key_id]
+    assert k1.scopes == ALL_SCOPES
+    revoked = revoke_key(ledger_url, key_id=k1.key_id)
+    assert revoked.revoked
+    assert [k.key_id for k in list_keys(ledger_url, org="acme")] == [k2.key_id]
+    listed = list_keys(ledger_url, org="acme", include_revoked=True)
+    assert [k.key_id for k in listed] == [k1.key_id, k2.key_id]
+    with pytest.raises(errors.NotFoundError):
+        revoke_key(ledger_url, key_id="key_nope")
+
+
+def test_bad_key_arguments(ledger_url: str) -> None:
+    """An unknown scope, a bad role or an empty principal is a ValidationError."""
+    with pytest.raises(errors.ValidationError):
+        create_key(ledger_url, org="acme", principal="a", scopes=["leases:admin"])
+    with pytest.raises(errors.ValidationError):
+        create_key(ledger_url, org="acme", principal="a", role="root")
+    with pytest.raises(errors.ValidationError):
+        create_key(ledger_url, org="acme", principal="")
+
+
+@pytest.mark.parametrize(
+    "auth",
+    [None, "Bearer", "Bearer ", "Basic abc", "Bearer bk_unknown", "Bearer not-a-key", "bk_x"],
+)
+def test_missing_or_bad_key_is_401_and_writes_nothing(
+    client: TestClient, ledger_url: str, auth: str | None
+) -> None:
+    """Without a valid bearer key every /v1 route is 401 and nothing is written."""
+    headers = {} if auth is None else {"Authorization": auth}
+    before = row_counts(ledger_url)
+    r = client.post("/v1/leases", json=LEASE, headers=headers)
+    error(r, 401, "UNAUTHENTICATED")
+    assert r.headers["www-authenticate"] == "Bearer"
+    error(client.get("/v1/events", headers=headers), 401, "UNAUTHENTICATED")
+    assert row_counts(ledger_url) == before
+
+
+def test_malformed_body_without_key_is_401(client: TestClient) -> None:
+    """Authentication comes before body parsing: no key and bad JSON is 401."""
+    h = {"content-type": "application/json"}
+    error(client.post("/v1/leases", content=b"{", headers=h), 401, "UNAUTHENTICATED")
+
+
+def test_revoked_key_is_401(client: TestClient, ledger_url: str, org: str) -> None:
+    """A key works until revoked, then is 401 and writes nothing."""
+    secret, key = create_key(ledger_url, org=org, principal="agent-a")
+    h = {"Authorization": f"Bearer {secret}"}
+    assert client.get("/v1/leases", headers=h).status_code == 200
+    revoke_key(ledger_url, key_id=key.key_id)
+    before = row_counts(ledger_url)
+    error(client.post("/v1/leases", json=LEASE, headers=h), 401, "UNAUTHENTICATED")
+    assert row_counts(ledger_url) == before
+
+
+def test_missing_scope_is_403_and_writes_nothing(
+    client: TestClient, make_key: MakeKey, ledger_url: str
+) -> None:
+    """A key without the route's scope is 403; read and write scopes are separate."""
+    reader = make_key(scopes=["leases:read", "handoffs:read"])
+    before = row_counts(ledger_url)
+    error(client.post("/v1/leases", json=LEASE, headers=reader), 403, "FORBIDDEN")
+    error(client.delete("/v1/leases/lease_x", headers=reader), 403, "FORBIDDEN")
+    body = {"subject_id": "s", "kind": "k", "state": {}}
+    error(client.put("/v1/checkpoints", json=body, headers=reader), 403, "FORBIDDEN")
+    error(client.get("/v1/events", headers=reader), 403, "FORBIDDEN")
+    assert row_counts(ledger_url) == before
+    assert data(client.get("/v1/leases", headers=reader)) == {"leases": []}
+    assert data(client.get("/v1/handoffs", headers=reader)) == {"handoffs": []}
+
+
+def test_key_decides_the_principal(client: TestClient, make_key: MakeKey) -> None:
+    """The lease is owned by the key's principal; the body cannot name another."""
+    h = make_key("agent-z")
+    lease = data(client.post("/v1/leases", json=LEASE, headers=h))
+    assert lease["owner"] == "agent-z"
+    r = client.post("/v1/leases", json={**LEASE, "owner": "agent-y"}, headers=h)
+    error(r, 400, "VALIDATION_ERROR")
+
+
+def test_keys_never_appear_in_logs(
+    client: TestClient, ledger_url: str, org: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Neither a valid nor a rejected secret is written to any log record."""
+    caplog.set_level(logging.DEBUG)
+    secret, key = create_key(ledger_url, org=org, principal="agent-a")
+    h = {"Authorization": f"Bearer {secret}"}
+    client.post("/v1/leases", json=LEASE, headers=h)
+    client.post("/v1/leases", json={"bad": 1}, headers=h)
+    revoke_key(ledger_url, key_id=key.key_id)
+    client.get("/v1/leases", headers=h)
+    assert secret not in caplog.text
+    assert secret[3:] not in caplog.text

@@ -16,8 +16,12 @@ fields: FastAPI's 422 is replaced), ``401 UNAUTHENTICATED`` (no, unknown or revo
 presumed no longer holds; the code tells them apart), ``413 PAYLOAD_TOO_LARGE`` (body over
 2 MiB, :data:`~prefect_baton.rest._http.MAX_BODY_BYTES`), ``503 UNAVAILABLE``.
 
-``Idempotency-Key`` is honoured (passed as ``idempotency_key``, replays give
-``meta.replayed = true``) on acquire, handoff create, checkpoint save and outcome record.
+``Idempotency-Key`` is honoured (passed as ``idempotency_key``, with the receipt semantics
+of DESIGN.md; a replay gives ``meta.replayed = true``) on acquire, handoff create,
+checkpoint save and outcome record. Release, renew, transfer, force-release and resolve keep
+no receipt in the Python API, so the header is refused there (``400``) rather than
+silently ignored; a retry of them answers by their own rules (a second release or resolve
+is ``404``, a second transfer ``409 LEASE_LOST``, a renew extends again).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from .._authority import Caller, LeaseAuthority
 from .._client import Baton
 from .._ledger.store import LedgerStore
 from .._settings import BatonSettings
-from ..errors import BatonError, NotFoundError
+from ..errors import BatonError, NotFoundError, ValidationError
 from ..models import Lease
 from . import _schemas as s
 from ._http import BatonMiddleware, baton_error_response, error_response, ok
@@ -46,11 +50,27 @@ __all__ = ["create_app"]
 IdemKey = Annotated[str | None, Header(alias="Idempotency-Key")]
 
 
+def _strip(value: Any) -> Any:
+    """``value`` without the ``replayed`` flags of models (``meta.replayed`` carries it)."""
+    if isinstance(value, dict):
+        return {k: _strip(v) for k, v in value.items() if k != "replayed"}
+    if isinstance(value, list):
+        return [_strip(v) for v in value]
+    return value
+
+
+def _no_idempotency_key(key: IdemKey = None) -> None:
+    """Refuse ``Idempotency-Key`` on routes whose operation keeps no receipt (yet)."""
+    if key is not None:
+        raise ValidationError("Idempotency-Key is not supported on this route")
+
+
+NoKey = [Depends(_no_idempotency_key)]
+
+
 def _dump(obj: Any) -> Any:
     if isinstance(obj, BaseModel):
-        d = obj.model_dump(mode="json")
-        d.pop("replayed", None)
-        return d
+        return _strip(obj.model_dump(mode="json"))
     if isinstance(obj, list):
         return [_dump(o) for o in obj]
     return obj
@@ -191,7 +211,7 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         """Whether a resource is held, until when; holder details only for the holder."""
         return _reply(request, b.leases.inspect(resource_type, resource_id))
 
-    @app.delete("/v1/leases/{lease_id}", tags=["leases"])
+    @app.delete("/v1/leases/{lease_id}", tags=["leases"], dependencies=NoKey)
     def release(request: Request, lease_id: str, b: B) -> Response:
         """Release by id as its holder; 404 when released, unknown or not yours."""
         receipt = b.leases.release_by_id(lease_id)
@@ -205,7 +225,7 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         }
         return ok(data, _rid(request), replayed=receipt.replayed)
 
-    @app.post("/v1/leases/{lease_id}/renew", tags=["leases"])
+    @app.post("/v1/leases/{lease_id}/renew", tags=["leases"], dependencies=NoKey)
     def renew(request: Request, lease_id: str, b: B, body: s.RenewIn | None = None) -> Response:
         """Extend a lease you hold; 409 LEASE_LOST once it has ended or expired."""
         body = body or s.RenewIn()
@@ -215,7 +235,7 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         )
         return _reply(request, renewed)
 
-    @app.post("/v1/leases/{lease_id}/transfer", tags=["leases"])
+    @app.post("/v1/leases/{lease_id}/transfer", tags=["leases"], dependencies=NoKey)
     def transfer(request: Request, lease_id: str, body: s.TransferIn, b: B) -> Response:
         """Hand a lease you hold to another principal; returns the receiver's lease."""
         lease = b.leases.get(lease_id)
@@ -228,7 +248,7 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         )
         return _reply(request, moved)
 
-    @app.post("/v1/leases/{lease_id}/force-release", tags=["leases"])
+    @app.post("/v1/leases/{lease_id}/force-release", tags=["leases"], dependencies=NoKey)
     def force_release(request: Request, lease_id: str, b: B) -> Response:
         """Release anyone's lease of the org (owner/admin); 403 for an agent."""
         receipt = b.leases.force_release(lease_id)
@@ -261,7 +281,7 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         """A handoff you sent or received."""
         return _reply(request, b.handoffs.get(handoff_id))
 
-    @app.post("/v1/handoffs/{handoff_id}/resolve", tags=["handoffs"])
+    @app.post("/v1/handoffs/{handoff_id}/resolve", tags=["handoffs"], dependencies=NoKey)
     def resolve(request: Request, handoff_id: str, body: s.ResolveIn, b: B) -> Response:
         """Accept or reject a pending handoff addressed to you; a second resolve is 404."""
         handoff = b.handoffs.resolve(

@@ -1,0 +1,40 @@
+"""The REST API with Redis as the lease authority (the server on 127.0.0.1:6379)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from prefect_baton.rest import create_app
+from tests.conftest import REDIS_URL, require_service
+
+from .conftest import MakeKey, data, error
+
+LEASE = {"resource_type": "deploy", "resource_id": "checkout", "ttl_seconds": 60}
+
+
+@pytest.fixture
+def redis_client(ledger_url: str) -> Iterator[TestClient]:
+    """The app with ``redis_url`` set, in a TestClient."""
+    require_service("redis", "127.0.0.1", 6379)
+    with TestClient(create_app(ledger_url, REDIS_URL), raise_server_exceptions=False) as c:
+        yield c
+
+
+def test_leases_on_redis(redis_client: TestClient, make_key: MakeKey) -> None:
+    """Acquire, conflict, a loser's 404 release, a fenced save and the holder's release."""
+    a, b = make_key("agent-a"), make_key("agent-b")
+    r = redis_client.post("/v1/leases", json=LEASE, headers=a)
+    assert r.status_code == 201
+    lid = data(r)["lease_id"]
+    err = error(redis_client.post("/v1/leases", json=LEASE, headers=b), 409, "CONFLICT")
+    assert "expires_at" in err
+    error(redis_client.delete(f"/v1/leases/{lid}", headers=b), 404, "NOT_FOUND")
+    body = {"subject_id": "s", "kind": "k", "state": {"n": 1}, "fence_lease_id": lid}
+    assert redis_client.put("/v1/checkpoints", json=body, headers=a).status_code == 200
+    renewed = redis_client.post(f"/v1/leases/{lid}/renew", json={"ttl_seconds": 90}, headers=a)
+    assert data(renewed)["ttl_seconds"] == 90
+    assert redis_client.delete(f"/v1/leases/{lid}", headers=a).status_code == 200
+    error(redis_client.put("/v1/checkpoints", json=body, headers=a), 409, "STALE_FENCE")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import socket
+import subprocess
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -153,3 +155,37 @@ def test_served_app_keeps_keys_out_of_logs(
         assert r.status_code == 400
     assert "/v1/leases" in caplog.text
     assert secret not in caplog.text
+
+
+def test_module_entry_point_serves(ledger_url: str, org: str) -> None:
+    """``python -m prefect_baton.rest --port P`` serves the API until terminated."""
+    port = _free_port()
+    secret, _ = create_key(ledger_url, org=org, principal="agent-a")
+    argv = ["-m", "prefect_baton.rest", "--port", str(port), "--ledger-url", ledger_url]
+    proc = subprocess.Popen(
+        [sys.executable, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        pause = threading.Event()
+        up = False
+        for _ in range(1500):
+            if proc.poll() is not None:
+                break
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    up = True
+                    break
+            except OSError:
+                pause.wait(0.02)
+        assert up, "the server did not come up"
+        h = {"Authorization": f"Bearer {secret}"}
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=h, timeout=60) as c:
+            assert c.post("/v1/leases", json=LEASE).status_code == 201
+            assert c.get("/v1/leases").json()["data"]["leases"][0]["owner"] == "agent-a"
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=60)
+    assert secret not in out

@@ -166,3 +166,13 @@ def test_openapi_is_served(client: TestClient) -> None:
     doc = client.get("/openapi.json").json()
     assert "/v1/leases" in doc["paths"]
     assert "/v1/events" in doc["paths"]
+
+
+def test_openapi_declares_errors_not_422(client: TestClient) -> None:
+    """Every /v1 operation documents the error envelope statuses, none documents 422."""
+    doc = client.get("/openapi.json").json()
+    for path, item in doc["paths"].items():
+        for op in item.values():
+            assert "422" not in op["responses"], path
+            assert {"400", "401", "403", "404", "409", "413", "503"} <= set(op["responses"])
+            assert op["security"] == [{"bearer": []}]

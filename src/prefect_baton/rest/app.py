@@ -44,6 +44,7 @@ from ..errors import BatonError, NotFoundError, ValidationError
 from ..models import Lease
 from . import _schemas as s
 from ._http import BatonMiddleware, baton_error_response, error_response, ok
+from ._openapi import install_openapi
 
 __all__ = ["create_app"]
 
@@ -363,4 +364,5 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         """Events with ``seq > after`` in commit order."""
         return _reply(request, b.events.list(after, limit, kind), key="events")
 
+    install_openapi(app)
     return app

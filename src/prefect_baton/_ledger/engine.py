@@ -4,7 +4,9 @@ up front) and PostgreSQL (psycopg 3), plus Alembic migrations applied on first u
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -84,6 +86,22 @@ def normalize_url(url: str) -> str:
     return u.render_as_string(hide_password=False)
 
 
+def _set_wal(cur: Any) -> None:
+    """Switch to WAL mode. Two processes opening a new file at once can see SQLITE_BUSY here
+    without the busy handler being consulted, so retry for up to the busy timeout."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    delay = 0.005
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc).lower() or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+
+
 def _sqlite_engine(url: str, *, immediate: bool) -> Engine:
     eng = create_engine(
         url,
@@ -96,7 +114,7 @@ def _sqlite_engine(url: str, *, immediate: bool) -> Engine:
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-        cur.execute("PRAGMA journal_mode = WAL")
+        _set_wal(cur)
         cur.execute("PRAGMA synchronous = NORMAL")
         cur.close()
 

@@ -587,8 +587,12 @@ class EventAPI(_API):
 
     def list(self, after_seq: int = 0, limit: int = 100, kind: str | None = None) -> list[Event]:
         """Events with ``seq > after_seq`` in commit order (``limit`` 1..1000)."""
-        if isinstance(after_seq, bool) or not isinstance(after_seq, int) or after_seq < 0:
-            raise ValidationError("after_seq must be a non-negative integer")
+        if (
+            isinstance(after_seq, bool)
+            or not isinstance(after_seq, int)
+            or not 0 <= after_seq <= 2**63 - 1
+        ):
+            raise ValidationError("after_seq must be an integer from 0 to 2**63 - 1")
         return self._store.events_list(
             self._caller,
             after_seq=after_seq,
@@ -700,7 +704,13 @@ class Baton:
         return self.caller.role
 
     def as_principal(self, principal: str, role: str = "agent") -> Baton:
-        """Another identity of the same org sharing this client's ledger connections."""
+        """Another identity of the same org sharing this client's ledger connections.
+
+        Raises:
+            ValidationError: ``principal`` or ``role`` is not valid (``None`` included).
+        """
+        _core.validate_id("principal", principal)
+        _core.validate_role(role)
         return Baton(
             org=self.org,
             principal=principal,

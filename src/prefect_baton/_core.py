@@ -69,7 +69,17 @@ def validate_id(name: str, value: object) -> str:
         raise ValidationError(f"{name} is {len(value)} characters long; at most {MAX_ID_LENGTH}")
     if any(ord(c) < 32 or ord(c) == 127 for c in value):
         raise ValidationError(f"{name} must not contain control characters")
+    _check_utf8(name, value)
     return value
+
+
+def _check_utf8(name: str, value: str) -> None:
+    """Reject strings that are not valid Unicode text (lone surrogates, e.g. from
+    undecodable command-line bytes): no database or Redis can store them."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValidationError(f"{name} is not valid UTF-8 text") from None
 
 
 def validate_optional_id(name: str, value: object) -> str | None:
@@ -86,6 +96,9 @@ def validate_text(name: str, value: object, limit: int = MAX_TEXT_LENGTH) -> str
         raise ValidationError(f"{name} must be a string, got {type(value).__name__}")
     if len(value) > limit:
         raise ValidationError(f"{name} is {len(value)} characters long; at most {limit}")
+    if "\x00" in value:
+        raise ValidationError(f"{name} must not contain NUL characters")
+    _check_utf8(name, value)
     return value
 
 
@@ -138,6 +151,7 @@ def validate_scopes(scopes: object) -> tuple[str, ...]:
             raise ValidationError(f"a scope is longer than {MAX_SCOPE_LENGTH} characters")
         if any(ord(c) < 32 or ord(c) == 127 for c in s):
             raise ValidationError("a scope must not contain control characters")
+        _check_utf8("scope", s)
         norm = _scopes.normalize_scope(s)
         if not norm:
             raise ValidationError("a scope must not be empty")
@@ -180,7 +194,10 @@ def validate_state(
         raise ValidationError(f"state must be a JSON object, got {type(state).__name__}")
     _check_keys(state)
     text = canonical_json(dict(state))
-    size = len(text.encode("utf-8"))
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValidationError("state is not valid UTF-8 text (lone surrogate)") from None
     if size > max_bytes:
         raise ValidationError(f"state is {size} bytes of JSON; at most {max_bytes}")
     parsed: dict[str, Any] = json.loads(text)
@@ -262,12 +279,13 @@ class Decision:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def conflict(expires_at_ms: int, what: str = "Resource") -> ConflictError:
-    """The conflict error: says only that the resource is taken and until when."""
+def conflict(expires_at_ms: int, what: str = "Resource", *, by: str = "principal") -> ConflictError:
+    """The conflict error: says only that the resource is taken and until when (``by`` is
+    ``execution`` when the holder is another execution of the caller's own principal)."""
     exp = from_ms(expires_at_ms)
     assert exp is not None
     stamp = exp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    return ConflictError(f"{what} is leased by another principal until {stamp}.", expires_at=exp)
+    return ConflictError(f"{what} is leased by another {by} until {stamp}.", expires_at=exp)
 
 
 def _check_counters(head: Holding | None, *, epoch_too: bool) -> None:
@@ -335,7 +353,7 @@ def decide_acquire(
             ended = replace(head, status="superseded", ended_at_ms=now_ms)
             action = "supersede"
         else:
-            raise conflict(head.expires_at_ms)
+            raise conflict(head.expires_at_ms, by="execution" if same_owner else "principal")
     current_version = head.version if head is not None else 0
     _check_version(current_version, expected_version)
     if scope_conflict_expires_ms is not None:

@@ -81,13 +81,26 @@ class LeaseKeeper:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._valid_until = 0.0  # time.monotonic() deadline of the last confirmed grant
-        self.lost = False
+        self._lost = False
+        self._running = False
         self.lost_reason: str | None = None
         self.renewals = 0
         self.receipt_status: str | None = None
         self._handoff_accepted: Callable[[], bool] | None = None
 
     # ------------------------------------------------------------------ lease view
+
+    @property
+    def lost(self) -> bool:
+        """``True`` once the lease is known or presumed lost: a renewal was answered
+        ``LEASE_LOST``, or the TTL has run out (by the local estimate) without a successful
+        renewal, even while a renewal call is still blocked on the network."""
+        if self._lost:
+            return True
+        if self._running and time.monotonic() >= self._valid_until:
+            self._mark_lost("the TTL passed without a successful renewal")
+            return True
+        return False
 
     @property
     def lease(self) -> Lease:
@@ -142,6 +155,7 @@ class LeaseKeeper:
         sent = time.monotonic()
         self._lease = self._api.acquire(**self._args)
         self._valid_until = sent + self._ttl
+        self._running = True
         self._thread = threading.Thread(
             target=self._heartbeat, name=f"baton-heartbeat-{self._lease.lease_id}", daemon=True
         )
@@ -150,10 +164,12 @@ class LeaseKeeper:
 
     def _mark_lost(self, reason: str) -> None:
         with self._lock:
-            if self.lost:
+            if self._lost:
                 return
-            self.lost = True
+            self._lost = True
             self.lost_reason = reason
+        if self._handoff_accepted is not None and self._handoff_accepted():
+            return  # moved on through an accepted handoff: not worth a warning
         log.warning("lease %s lost: %s", self._lease.lease_id if self._lease else "?", reason)
         if self._on_lost is not None:
             try:
@@ -200,11 +216,21 @@ class LeaseKeeper:
         self._stop.set()
         if os.getpid() != self._pid:
             return  # a forked child neither renews nor releases the parent's lease
+        _ = self.lost  # judge the local TTL estimate before the heartbeat stops
+        self._running = False
+        stuck = False
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
+            # A renewal blocked on an unresponsive server must not hold the block's exit
+            # forever: wait at most until the lease would have run out (plus a margin).
+            self._thread.join(timeout=max(1.0, self._valid_until - time.monotonic()) + 1.0)
+            stuck = self._thread.is_alive()
+            if stuck and time.monotonic() >= self._valid_until:
+                self._mark_lost("the TTL passed while a renewal was still blocked")
         if self._lease is None:
             return
-        if not self.lost and self.release_on_exit:
+        # Releasing by proof is safe even when the lease is presumed lost: it cleans up an
+        # expired lease nobody took, and answers LEASE_LOST without touching a new holder's.
+        if self.release_on_exit and not stuck:
             try:
                 receipt = self._release_with_retry()
                 self.receipt_status = receipt
@@ -212,11 +238,11 @@ class LeaseKeeper:
                     self._mark_lost("the lease had expired before it was released")
             except _LOST_ERRORS as err:
                 self._mark_lost(f"{err.code}: {err.message}")
-        if self.lost and self._handoff_accepted is not None and self._handoff_accepted():
-            self.lost = False
+        if self._lost and self._handoff_accepted is not None and self._handoff_accepted():
+            self._lost = False
             self.receipt_status = "handed_off"
             return
-        if self.lost:
+        if self._lost:
             raise LeaseLostError(
                 f"lease {self._lease.lease_id} on {self._lease.resource_type}/"
                 f"{self._lease.resource_id} was lost: {self.lost_reason}"

@@ -138,7 +138,7 @@ def test_two_concurrent_flow_runs_one_conflicts(make_baton: MakeBaton, mode: str
     assert out1[0].is_completed()
     if mode == "raise":
         assert state.is_failed()
-        with pytest.raises(ConflictError, match="leased by another principal"):
+        with pytest.raises(ConflictError, match="leased by another"):
             state.result()
     else:
         assert state.is_completed()

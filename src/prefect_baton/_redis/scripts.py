@@ -59,7 +59,12 @@ def _text(value: Any) -> str:
 
 
 def _conflict(args: Sequence[Any]) -> BatonError:
-    return _core.conflict(int(args[0]), "A write scope" if int(args[1]) else "Resource")
+    kind = int(args[1])  # 0: another principal, 1: a write scope, 2: another execution
+    return _core.conflict(
+        int(args[0]),
+        "A write scope" if kind == 1 else "Resource",
+        by="execution" if kind == 2 else "principal",
+    )
 
 
 def _version(args: Sequence[Any]) -> BatonError:

@@ -29,6 +29,8 @@ local function decide_acquire(it, principal, key, now, mk)
     if same and key and head.k == key then return {C_NOOP, enc(head)} end
     if same and not key and head.k == nil then
       ended = copy(head); ended.s = 'superseded'; ended.ea = now; action = 'supersede'
+    elseif same then
+      return {C_CONFLICT, I(head.x), 2}
     else
       return {C_CONFLICT, I(head.x), 0}
     end

@@ -675,9 +675,12 @@ class Baton:
         if lease_authority is None and url:
             from ._redis.authority import RedisAuthority
 
-            self.authority = RedisAuthority.from_url(
-                url, self.store, ack=ack or s.redis_ack, post_loss=s.redis_post_loss
-            )
+            try:
+                self.authority = RedisAuthority.from_url(
+                    url, self.store, ack=ack or s.redis_ack, post_loss=s.redis_post_loss
+                )
+            except ValueError as exc:  # redis-py's verdict on a malformed URL
+                raise ValidationError(f"bad Redis URL: {exc}") from None
             self._owns_authority = True
         self.leases = LeaseAPI(self)
         self.checkpoints = CheckpointAPI(self)

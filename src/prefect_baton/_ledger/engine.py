@@ -28,6 +28,17 @@ VERSION_TABLE = "baton_alembic_version"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 _MIGRATION_LOCK_KEY = 0x62A70_0001  # pg advisory lock id for migrations
 
+#: libpq settings applied unless the URL sets them: connect within 5 s, and notice a peer
+#: that stops answering within about 15 s (TCP keepalives and tcp_user_timeout).
+PG_CONNECT_DEFAULTS: dict[str, int] = {
+    "connect_timeout": 5,
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 15_000,
+}
+
 _engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
@@ -79,8 +90,22 @@ def normalize_url(url: str) -> str:
         u = u.set(drivername="postgresql+psycopg")
     elif backend == "sqlite":
         db = u.database
-        if db and db != ":memory:" and not db.startswith("file:"):
-            Path(db).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
+        if not db or db == ":memory:" or "mode=memory" in str(u.query):
+            raise ValidationError(
+                "an in-memory SQLite ledger is not supported (every connection would see its "
+                "own empty database): use a file, e.g. sqlite:///.baton/ledger.db"
+            )
+        if not db.startswith("file:"):
+            folder = Path(db).expanduser().resolve().parent
+            if not folder.exists():
+                if not folder.parent.is_dir():
+                    raise ValidationError(f"ledger folder {folder.parent} does not exist")
+                try:
+                    folder.mkdir(exist_ok=True)  # one level, e.g. ./.baton: never a whole tree
+                except OSError as exc:
+                    raise ValidationError(f"cannot create ledger folder {folder}: {exc}") from None
+            elif not folder.is_dir():
+                raise ValidationError(f"{folder} is not a folder")
     else:
         raise ValidationError(f"ledger URL must be sqlite:// or postgresql://, got {backend}://")
     return u.render_as_string(hide_password=False)
@@ -133,7 +158,12 @@ def make_engines(url: str) -> Engines:
         write = _sqlite_engine(url, immediate=True)
         read = _sqlite_engine(url, immediate=False)
     else:
-        write = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+        query = make_url(url).query
+        # Fail fast on an unreachable or frozen server instead of hanging on the TCP stack.
+        connect_args = {k: v for k, v in PG_CONNECT_DEFAULTS.items() if k not in query}
+        write = create_engine(
+            url, pool_pre_ping=True, pool_size=5, max_overflow=10, connect_args=connect_args
+        )
         read = write
     _engines.add(write)
     _engines.add(read)
@@ -171,12 +201,24 @@ def current_revision(engines: Engines) -> str | None:
 
 @contextmanager
 def _db_errors() -> Iterator[None]:
-    from sqlalchemy.exc import OperationalError
+    from alembic.util.exc import CommandError
+    from sqlalchemy.exc import DatabaseError, InterfaceError, OperationalError, ProgrammingError
 
     try:
         yield
     except OperationalError as exc:
         raise UnavailableError(f"ledger database unavailable: {exc.orig}") from exc
+    except (ProgrammingError, InterfaceError) as exc:
+        raise ValidationError(f"ledger URL or database rejected: {exc.orig}") from None
+    except DatabaseError as exc:
+        raise ValidationError(f"not a usable ledger database: {exc.orig}") from None
+    except CommandError as exc:
+        raise ValidationError(
+            f"the ledger's schema is not one this version of prefect-baton knows "
+            f"(newest shipped: {head_revision()}); upgrade prefect-baton: {exc}"
+        ) from None
+    except OSError as exc:
+        raise ValidationError(f"cannot open the ledger: {exc}") from None
 
 
 def upgrade(engines: Engines, revision: str = "head") -> str | None:

@@ -1,0 +1,66 @@
+"""Bad ledger and Redis URLs get a coded error, never a raw exception or a hang."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from prefect_baton import Baton, UnavailableError, ValidationError
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", "mysql://u@127.0.0.1/x"])
+def test_unsupported_ledger_urls_are_validation_errors(url: str) -> None:
+    """In-memory SQLite and other databases are refused with VALIDATION_ERROR."""
+    with pytest.raises(ValidationError):
+        Baton(ledger_url=url, org="o", principal="a")
+
+
+def test_sqlite_path_problems_are_validation_errors(tmp_path: Path) -> None:
+    """A file where a folder should be, a missing folder tree, or a non-database file are
+    VALIDATION_ERROR, and no folder tree is created."""
+    not_db = tmp_path / "notes.txt"
+    not_db.write_text("hello")
+    for url in (
+        f"sqlite:///{not_db}/x.db",
+        f"sqlite:///{tmp_path}/a/b/c/x.db",
+        f"sqlite:///{not_db}",
+    ):
+        with pytest.raises(ValidationError):
+            Baton(ledger_url=url, org="o", principal="a")
+    assert not (tmp_path / "a").exists()
+
+
+def test_newer_schema_is_a_validation_error(tmp_path: Path) -> None:
+    """A ledger at a migration revision this package does not ship is refused clearly."""
+    import sqlite3
+
+    db = tmp_path / "l.db"
+    Baton(ledger_url=f"sqlite:///{db}", org="o", principal="a").close()
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE baton_alembic_version SET version_num = '0099'")
+    conn.commit()
+    conn.close()
+    with pytest.raises(ValidationError, match="schema"):
+        Baton(ledger_url=f"sqlite:///{db}", org="o", principal="a")
+
+
+def test_postgres_port_that_never_answers_is_unavailable() -> None:
+    """A PostgreSQL URL pointing at a server that accepts but never speaks the protocol
+    (here Redis's port) is UNAVAILABLE after the connect timeout, not a hang."""
+    from ..conftest import require_service
+
+    require_service("Redis", "127.0.0.1", 6379)
+    with pytest.raises(UnavailableError):
+        Baton(ledger_url="postgresql://postgres@127.0.0.1:6379/test", org="o", principal="a")
+
+
+def test_malformed_redis_url_is_a_validation_error(tmp_path: Path) -> None:
+    """A Redis URL with the wrong scheme is VALIDATION_ERROR."""
+    with pytest.raises(ValidationError):
+        Baton(
+            ledger_url=f"sqlite:///{tmp_path / 'l.db'}",
+            org="o",
+            principal="a",
+            redis_url="http://127.0.0.1:6379",
+        )

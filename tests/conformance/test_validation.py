@@ -307,3 +307,37 @@ def test_longest_ids_work_end_to_end(baton: Baton) -> None:
     receipt = baton.as_principal("boss", role="admin").leases.force_release(done.lease.lease_id)
     assert receipt.lease.resource_id == rid
     assert len(kinds(baton)) == 9
+
+
+@pytest.mark.parametrize("bad", ["\ud800", "a\udcffb"])
+def test_lone_surrogates_are_validation_errors(baton: Baton, bad: str) -> None:
+    """Text that is not valid UTF-8 (lone surrogates) is VALIDATION_ERROR everywhere and
+    writes nothing."""
+    calls = [
+        lambda: baton.leases.acquire("t", bad, ttl_seconds=10),
+        lambda: baton.leases.acquire("t", "x", ttl_seconds=10, purpose=bad),
+        lambda: baton.leases.acquire("t", "x", ttl_seconds=10, idempotency_key=bad),
+        lambda: baton.checkpoints.save("s", "k", {"a": bad}),
+        lambda: baton.checkpoints.save("s", "k", {bad: 1}),
+        lambda: baton.handoffs.create("agent-b", "s", message=bad),
+    ]
+    for call in calls:
+        with pytest.raises(ValidationError):
+            call()
+    assert baton.events.list() == []
+
+
+def test_nul_in_free_text_is_a_validation_error(baton: Baton) -> None:
+    """A NUL character in purpose, message or note is VALIDATION_ERROR on every backend."""
+    with pytest.raises(ValidationError):
+        baton.leases.acquire("t", "x", ttl_seconds=10, purpose="a\x00b")
+    with pytest.raises(ValidationError):
+        baton.handoffs.create("agent-b", "s", message="hi\x00")
+    assert baton.events.list() == []
+
+
+def test_event_cursor_past_the_range_is_a_validation_error(baton: Baton) -> None:
+    """after_seq beyond 2**63 - 1 is VALIDATION_ERROR; 2**63 - 1 itself reads nothing."""
+    with pytest.raises(ValidationError):
+        baton.events.list(after_seq=2**63)
+    assert baton.events.list(after_seq=2**63 - 1) == []

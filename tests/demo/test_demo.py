@@ -98,6 +98,7 @@ def test_demo_rejects_bad_arguments(tmp_path: Path) -> None:
         ["--ttl", "5"],
         ["--input", str(tmp_path / "missing")],
         ["--engine", "prefect", "--crash", "1"],
+        ["--work-ms", "-5"],
     ):
         code, _data, err = _run(tmp_path, *args)
         assert code == 2, args

@@ -142,6 +142,8 @@ def _load_json(text: str, what: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValidationError(f"{what} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ValidationError(f"{what} is nested too deeply") from None
 
 
 def read_json_object(source: str, what: str = "state") -> dict[str, Any]:

@@ -369,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         problems.append("--crash + --pause must leave at least one healthy researcher")
     if args.engine == "prefect" and (args.crash or args.pause):
         problems.append("--crash and --pause apply to --engine processes only")
+    if args.work_ms < 0 or args.lines_per_chunk < 1 or args.timeout < 1:
+        problems.append("--work-ms must be >= 0, --lines-per-chunk and --timeout >= 1")
     if not 10 <= args.ttl <= 86_400:
         problems.append("--ttl must be from 10 to 86400 seconds")
     for d in args.input or []:
@@ -378,7 +380,11 @@ def main(argv: list[str] | None = None) -> int:
         for msg in problems:
             print(f"baton demo: {msg}", file=sys.stderr)
         return 2
-    result = run_demo(args)
+    try:
+        result = run_demo(args)
+    except TimeoutError as exc:
+        print(f"baton demo: {exc} (after --timeout {args.timeout} s)", file=sys.stderr)
+        return 1
     if args.format == "json":
         print(json.dumps({"ok": result.ok, **asdict(result)}, indent=2))
     else:

@@ -6,11 +6,8 @@ writes nothing), then hands one atomic operation to the store.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast, runtime_checkable
-
-import anyio.to_thread
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, cast
 
 from . import _core
 from ._authority import Caller, LeaseAuthority
@@ -19,66 +16,22 @@ from ._keeper import LeaseKeeper
 from ._ledger.store import Fence, LedgerStore
 from ._settings import BatonSettings
 from .errors import ValidationError
-from .models import Checkpoint, Event, Evidence, Handoff, Lease, LeaseInfo, Outcome, Receipt
+from .models import Lease, LeaseInfo, Receipt
 
 if TYPE_CHECKING:
     from ._redis.authority import RedisAuthority
-
-T = TypeVar("T")
-
-HANDOFF_RESOLUTIONS = ("accepted", "rejected")
-OUTCOME_STATUSES = ("succeeded", "failed", "cancelled")
-CHECKPOINT_TTL_MAX_SECONDS = 366 * 86_400
-
-
-@runtime_checkable
-class FenceLike(Protocol):
-    """Anything that names a lease generation: a :class:`Lease` or a :class:`LeaseKeeper`."""
-
-    @property
-    def lease_id(self) -> str: ...
-
-    @property
-    def epoch(self) -> int: ...
-
-
-LeaseLike = Lease | LeaseKeeper
-
-
-def _lease_of(lease: object) -> Lease:
-    if isinstance(lease, LeaseKeeper):
-        return lease.lease
-    if isinstance(lease, Lease):
-        return lease
-    raise ValidationError(f"expected a Lease, got {type(lease).__name__}")
-
-
-def _fence_of(fence: object) -> Fence | None:
-    if fence is None:
-        return None
-    if isinstance(fence, Lease | LeaseKeeper):
-        return Fence(fence.lease_id, fence.epoch)
-    raise ValidationError(f"fence must be a Lease (or the lease block), got {type(fence).__name__}")
-
-
-def _limit(limit: object, maximum: int) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= maximum:
-        raise ValidationError(f"limit must be an integer from 1 to {maximum}")
-    return limit
-
-
-class _API:
-    def __init__(self, baton: Baton) -> None:
-        self._b = baton
-
-    @property
-    def _caller(self) -> Caller:
-        return self._b.caller
-
-    @property
-    def _store(self) -> LedgerStore:
-        self._b._ledger_barrier()
-        return self._b.store
+from ._api_base import (
+    _API,
+    CHECKPOINT_TTL_MAX_SECONDS,
+    HANDOFF_RESOLUTIONS,
+    OUTCOME_STATUSES,
+    FenceLike,
+    LeaseLike,
+    _fence_of,
+    _lease_of,
+    _limit,
+)
+from ._api_records import CheckpointAPI, EventAPI, HandoffAPI, OutcomeAPI
 
 
 class LeaseAPI(_API):
@@ -313,294 +266,6 @@ class LeaseAPI(_API):
         )
 
 
-class CheckpointAPI(_API):
-    """Checkpoints (``b.checkpoints``): resumable progress per (subject, principal, kind)."""
-
-    def save(
-        self,
-        subject_id: str,
-        kind: str,
-        state: dict[str, Any],
-        *,
-        expected_version: int | None = None,
-        fence: LeaseLike | None = None,
-        idempotency_key: str | None = None,
-        ttl_seconds: int | None = None,
-    ) -> Checkpoint:
-        """Write your checkpoint of ``(subject_id, kind)``; version +1 per write.
-
-        Args:
-            state: a JSON object, at most ``state_max_bytes`` (default 1 MiB) of JSON.
-            expected_version: compare-and-swap (0 = must not exist yet); without it the
-                last write wins and the new ``state_hash`` tells readers it moved.
-            fence: a lease (or lease block); the write is rejected once that generation is
-                no longer the effective lease of its resource.
-            ttl_seconds: after this many seconds (1..31,622,400) the checkpoint is no
-                longer returned.
-
-        Raises:
-            VersionConflictError, StaleFenceError, IdempotencyMismatchError,
-            ValidationError (non-JSON or oversized state, bad ids).
-        """
-        subject = _core.validate_id("subject_id", subject_id)
-        kind_ = _core.validate_id("kind", kind)
-        state_, text, digest = _core.validate_state(state, self._store.state_max_bytes)
-        ev = _core.validate_version("expected_version", expected_version)
-        key = _core.validate_optional_id("idempotency_key", idempotency_key)
-        ttl_ms = None
-        if ttl_seconds is not None:
-            if (
-                isinstance(ttl_seconds, bool)
-                or not isinstance(ttl_seconds, int)
-                or not 1 <= ttl_seconds <= CHECKPOINT_TTL_MAX_SECONDS
-            ):
-                raise ValidationError(
-                    f"checkpoint ttl_seconds must be an integer from 1 to "
-                    f"{CHECKPOINT_TTL_MAX_SECONDS}"
-                )
-            ttl_ms = ttl_seconds * 1000
-        return self._store.checkpoint_save(
-            self._caller,
-            subject,
-            kind_,
-            state_,
-            state_text=text,
-            state_hash=digest,
-            expected_version=ev,
-            fence=self._b._fence(fence),
-            idempotency_key=key,
-            ttl_ms=ttl_ms,
-        )
-
-    def get(self, subject_id: str, kind: str, principal: str | None = None) -> Checkpoint | None:
-        """The current checkpoint of ``(subject_id, principal, kind)`` (``principal``
-        defaults to you), or ``None`` if there is none or it expired."""
-        return self._store.checkpoint_get(
-            self._caller,
-            _core.validate_id("subject_id", subject_id),
-            _core.validate_id("kind", kind),
-            _core.validate_optional_id("principal", principal),
-        )
-
-    def get_by_id(self, checkpoint_id: str) -> Checkpoint:
-        """A checkpoint by id. Checkpoints are readable by every principal of the org (a
-        handoff's recipient reads the one attached to it; a reviewer follows an outcome's
-        ``checkpoint_id``); only their writer changes them.
-
-        Raises:
-            NotFoundError: unknown, expired, or another org's.
-        """
-        return self._store.checkpoint_get_by_id(
-            self._caller, _core.validate_id("checkpoint_id", checkpoint_id)
-        )
-
-    def history(self, subject_id: str, kind: str, principal: str | None = None) -> list[Checkpoint]:
-        """Every version of the checkpoint, oldest first."""
-        return self._store.checkpoint_history(
-            self._caller,
-            _core.validate_id("subject_id", subject_id),
-            _core.validate_id("kind", kind),
-            _core.validate_optional_id("principal", principal),
-        )
-
-
-class HandoffAPI(_API):
-    """Handoffs (``b.handoffs``): explicit transfers of a subject to another principal."""
-
-    def create(
-        self,
-        to_principal: str,
-        subject_id: str,
-        *,
-        checkpoint_id: str | None = None,
-        context_id: str | None = None,
-        message: str | None = None,
-        lease: LeaseLike | None = None,
-        idempotency_key: str | None = None,
-        expires_in_seconds: int | None = None,
-    ) -> Handoff:
-        """Create a pending handoff to ``to_principal`` (who need not have acted yet).
-
-        Args:
-            checkpoint_id: a checkpoint of this org the recipient may then read.
-            lease: a lease you hold; accepting the handoff transfers it to the recipient.
-                When it is the lease block itself (``with b.lease(...) as held``), the block
-                then ends cleanly once the recipient has accepted.
-            expires_in_seconds: after this (1..31,622,400 s) it reads as ``expired``.
-
-        Raises:
-            NotFoundError: unknown checkpoint. LeaseLostError: the lease is not held.
-            ValidationError: bad ids, a handoff to yourself.
-        """
-        to = _core.validate_id("to_principal", to_principal)
-        subject = _core.validate_id("subject_id", subject_id)
-        ck = _core.validate_optional_id("checkpoint_id", checkpoint_id)
-        ctx = _core.validate_optional_id("context_id", context_id)
-        msg = _core.validate_text("message", message)
-        key = _core.validate_optional_id("idempotency_key", idempotency_key)
-        exp_ms = None
-        if expires_in_seconds is not None:
-            if (
-                isinstance(expires_in_seconds, bool)
-                or not isinstance(expires_in_seconds, int)
-                or not 1 <= expires_in_seconds <= CHECKPOINT_TTL_MAX_SECONDS
-            ):
-                raise ValidationError("expires_in_seconds must be a positive integer")
-            exp_ms = expires_in_seconds * 1000
-        proof = None
-        if lease is not None:
-            lease_ = _lease_of(lease)
-            proof = Proof(lease_.lease_id, self._caller.principal, lease_.execution_key)
-        handoff = self._store.handoff_create(
-            self._caller,
-            to,
-            subject,
-            checkpoint_id=ck,
-            context_id=ctx,
-            message=msg,
-            lease=proof,
-            expires_in_ms=exp_ms,
-            idempotency_key=key,
-        )
-        if isinstance(lease, LeaseKeeper):
-            hid = handoff.handoff_id
-            lease.attach_handoff(lambda: self.get(hid).status == "accepted")
-        return handoff
-
-    def inbox(self, *, limit: int = 100) -> list[Handoff]:
-        """Pending handoffs addressed to you (a sender's own inbox stays empty)."""
-        return self._store.handoff_inbox(self._caller, limit=_limit(limit, 10_000))
-
-    def get(self, handoff_id: str) -> Handoff:
-        """A handoff you sent or received. Raises :class:`NotFoundError` otherwise."""
-        return self._store.handoff_get(self._caller, _core.validate_id("handoff_id", handoff_id))
-
-    def resolve(
-        self,
-        handoff_id: str,
-        status: str,
-        note: str | None = None,
-        *,
-        execution_key: str | None = None,
-        ttl_seconds: int | None = None,
-    ) -> Handoff:
-        """Accept or reject a pending handoff addressed to you.
-
-        Accepting one that carries a lease transfers the lease to you under
-        ``execution_key`` (default ``handoff:<handoff_id>``) for ``ttl_seconds`` (default:
-        the sender's TTL), atomically with the status change; the result's ``lease`` is it.
-
-        Raises:
-            ValidationError: ``status`` is not ``accepted``/``rejected``.
-            NotFoundError: unknown, already resolved (a second resolve), or expired.
-            ForbiddenError: you are not its target. LeaseLostError: the sender no longer
-                holds the attached lease (the handoff stays pending; reject it).
-        """
-        hid = _core.validate_id("handoff_id", handoff_id)
-        if status not in HANDOFF_RESOLUTIONS:
-            raise ValidationError(f"status must be 'accepted' or 'rejected', got {status!r}")
-        note_ = _core.validate_text("note", note)
-        key = _core.validate_optional_id("execution_key", execution_key)
-        ttl_ms = _core.validate_ttl(ttl_seconds) if ttl_seconds is not None else None
-        redis_ = self._b._redis
-        if redis_ is not None:
-            from ._redis.handoffs import resolve_handoff
-
-            return resolve_handoff(
-                redis_, self._caller, hid, status, note=note_, execution_key=key, ttl_ms=ttl_ms
-            )
-        return self._store.handoff_resolve(
-            self._caller, hid, status, note=note_, execution_key=key, ttl_ms=ttl_ms
-        )
-
-
-class OutcomeAPI(_API):
-    """Outcomes (``b.outcomes``): completion or failure of a subject, with evidence."""
-
-    def record(
-        self,
-        subject_id: str,
-        status: str,
-        *,
-        evidence: Sequence[Evidence | dict[str, Any]],
-        fence: LeaseLike | None = None,
-        lease_id: str | None = None,
-        handoff_id: str | None = None,
-        checkpoint_id: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> Outcome:
-        """Record ``succeeded``, ``failed`` or ``cancelled`` for ``subject_id``.
-
-        Args:
-            evidence: items ``{"kind", "uri", "digest"?, "note"?}`` (at most 1,000; at
-                least one for ``succeeded``).
-            fence: a lease; rejected with :class:`StaleFenceError` once it is not current.
-
-        Raises:
-            ValidationError, StaleFenceError, NotFoundError (a linked id does not exist),
-            IdempotencyMismatchError.
-        """
-        subject = _core.validate_id("subject_id", subject_id)
-        if status not in OUTCOME_STATUSES:
-            raise ValidationError(
-                f"status must be one of {', '.join(OUTCOME_STATUSES)}, got {status!r}"
-            )
-        if isinstance(evidence, str | bytes | dict) or not isinstance(evidence, Sequence):
-            raise ValidationError("evidence must be a list of evidence items")
-        if len(evidence) > 1000:
-            raise ValidationError("at most 1,000 evidence items")
-        items: list[Evidence] = []
-        for item in evidence:
-            if isinstance(item, Evidence):
-                items.append(item)
-                continue
-            try:
-                items.append(Evidence.model_validate(item))
-            except Exception as exc:
-                raise ValidationError(f"bad evidence item: {exc}") from None
-        if status == "succeeded" and not items:
-            raise ValidationError("a succeeded outcome needs at least one evidence item")
-        return self._store.outcome_record(
-            self._caller,
-            subject,
-            status,
-            evidence=items,
-            fence=self._b._fence(fence),
-            lease_id=_core.validate_optional_id("lease_id", lease_id),
-            handoff_id=_core.validate_optional_id("handoff_id", handoff_id),
-            checkpoint_id=_core.validate_optional_id("checkpoint_id", checkpoint_id),
-            idempotency_key=_core.validate_optional_id("idempotency_key", idempotency_key),
-        )
-
-    def list(self, subject_id: str | None = None, *, limit: int = 1000) -> list[Outcome]:
-        """Outcomes of the org, of one subject when given, oldest first by the
-        ledger clock (outcomes recorded in the same millisecond come in no fixed order)."""
-        return self._store.outcome_list(
-            self._caller,
-            _core.validate_optional_id("subject_id", subject_id),
-            limit=_limit(limit, 100_000),
-        )
-
-
-class EventAPI(_API):
-    """The event stream (``b.events``)."""
-
-    def list(self, after_seq: int = 0, limit: int = 100, kind: str | None = None) -> list[Event]:
-        """Events with ``seq > after_seq`` in commit order (``limit`` 1..1000)."""
-        if (
-            isinstance(after_seq, bool)
-            or not isinstance(after_seq, int)
-            or not 0 <= after_seq <= 2**63 - 1
-        ):
-            raise ValidationError("after_seq must be an integer from 0 to 2**63 - 1")
-        return self._store.events_list(
-            self._caller,
-            after_seq=after_seq,
-            limit=_limit(limit, 1000),
-            kind=_core.validate_optional_id("kind", kind),
-        )
-
-
 class Baton:
     """The synchronous client.
 
@@ -805,73 +470,19 @@ class Baton:
         self.close()
 
 
-class _AsyncAPI:
-    """Runs the wrapped sync API's methods on a worker thread, as coroutines."""
+from ._async_client import AsyncBaton  # noqa: E402  (re-export; it builds on Baton)
 
-    def __init__(self, api: object) -> None:
-        self._api = api
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        fn = getattr(self._api, name)
-        if not callable(fn):
-            return fn  # type: ignore[no-any-return]
-
-        @functools.wraps(fn)
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
-
-        return call
-
-
-class AsyncBaton:
-    """The asynchronous client: the same methods as :class:`Baton`, as coroutines
-    (``await ab.leases.acquire(...)``), and ``async with ab.lease(...)``.
-
-    Blocking database calls run on worker threads (anyio), so the event loop stays free.
-    """
-
-    def __init__(
-        self,
-        ledger_url: str | None = None,
-        org: str | None = None,
-        principal: str | None = None,
-        role: str | None = None,
-        *,
-        settings: BatonSettings | None = None,
-        sync: Baton | None = None,
-        redis_url: str | None = None,
-        ack: str | None = None,
-    ) -> None:
-        self.sync = sync or Baton(
-            ledger_url, org, principal, role, settings=settings, redis_url=redis_url, ack=ack
-        )
-        self.leases: Any = _AsyncAPI(self.sync.leases)
-        self.checkpoints: Any = _AsyncAPI(self.sync.checkpoints)
-        self.handoffs: Any = _AsyncAPI(self.sync.handoffs)
-        self.outcomes: Any = _AsyncAPI(self.sync.outcomes)
-        self.events: Any = _AsyncAPI(self.sync.events)
-
-    @classmethod
-    def from_settings(cls, **overrides: Any) -> AsyncBaton:
-        """As :meth:`Baton.from_settings`."""
-        return cls(sync=Baton.from_settings(**overrides))
-
-    @property
-    def org(self) -> str:
-        return self.sync.org
-
-    @property
-    def principal(self) -> str:
-        return self.sync.principal
-
-    def as_principal(self, principal: str, role: str = "agent") -> AsyncBaton:
-        """Another identity of the same org sharing this client's connections."""
-        return AsyncBaton(sync=self.sync.as_principal(principal, role))
-
-    def lease(self, resource_type: str, resource_id: str, **kwargs: Any) -> LeaseKeeper:
-        """As :meth:`Baton.lease`; use with ``async with``."""
-        return self.sync.lease(resource_type, resource_id, **kwargs)
-
-    async def aclose(self) -> None:
-        """Close the ledger connections."""
-        await anyio.to_thread.run_sync(self.sync.close)
+__all__ = [
+    "CHECKPOINT_TTL_MAX_SECONDS",
+    "HANDOFF_RESOLUTIONS",
+    "OUTCOME_STATUSES",
+    "AsyncBaton",
+    "Baton",
+    "CheckpointAPI",
+    "EventAPI",
+    "FenceLike",
+    "HandoffAPI",
+    "LeaseAPI",
+    "LeaseLike",
+    "OutcomeAPI",
+]

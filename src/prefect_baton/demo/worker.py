@@ -26,7 +26,7 @@ def _fault_hook(cfg: dict[str, Any]) -> roles.FaultHook | None:
 
     def hook(file_id: str, held: LeaseKeeper, started: int) -> None:
         nonlocal fired
-        if fired or started < 2:
+        if fired or started < 1:
             return
         fired = True
         if fault == "crash":

@@ -1,5 +1,7 @@
-"""The OpenAPI document of the REST API: the error envelope is declared for the statuses the
-app really returns, and FastAPI's default ``422`` (replaced by ``400``) is removed."""
+"""The OpenAPI document of the REST API: the success envelope of every ``/v1`` operation
+(``data`` with the real model's schema, see :mod:`._responses`), the error envelope for the
+statuses the app really returns, and FastAPI's default ``422`` (replaced by ``400``)
+removed."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+
+from ._responses import success_schemas
 
 __all__ = ["install_openapi"]
 
@@ -40,6 +44,15 @@ _STATUSES = {
 }
 
 
+def _declare_success(responses: dict[str, Any], envelope: dict[str, Any] | None) -> None:
+    """Put ``envelope`` as the JSON schema of the operation's 2xx response(s)."""
+    if envelope is None:
+        return
+    for status, response in responses.items():
+        if status.startswith("2"):
+            response["content"] = {"application/json": {"schema": envelope}}
+
+
 def install_openapi(app: FastAPI) -> None:
     """Make ``app.openapi()`` (``FastAPI``) return the corrected document (built once)."""
 
@@ -52,15 +65,19 @@ def install_openapi(app: FastAPI) -> None:
         schemas.pop("ValidationError", None)
         schemas["ErrorEnvelope"] = _ERROR_SCHEMA
         ref = {"$ref": "#/components/schemas/ErrorEnvelope"}
+        envelopes, components = success_schemas()
+        for name, schema in components.items():
+            schemas.setdefault(name, schema)
         doc.setdefault("components", {})["securitySchemes"] = {
             "bearer": {"type": "http", "scheme": "bearer"}
         }
         for path, item in doc.get("paths", {}).items():
-            for op in item.values():
+            for method, op in item.items():
                 responses = op.setdefault("responses", {})
                 responses.pop("422", None)
                 if path.startswith("/v1/"):
                     op["security"] = [{"bearer": []}]
+                    _declare_success(responses, envelopes.get((method.upper(), path)))
                     for status, text in _STATUSES.items():
                         responses.setdefault(
                             status,

@@ -1,11 +1,27 @@
 """Request bodies of the REST API. Every model forbids unknown fields and is strict about
-types (``"600"`` is not an integer); a failure is ``400 VALIDATION_ERROR``."""
+types (``"600"`` is not an integer); a failure is ``400 VALIDATION_ERROR``.
+
+The declared limits (id lengths, TTL ranges, text lengths) are the ones the Python API
+enforces, so the OpenAPI document states what the server accepts; the Python API still
+checks everything else (control characters, state size, ...), also with ``400``.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+
+from .._api_base import CHECKPOINT_TTL_MAX_SECONDS
+from .._validation import (
+    MAX_ID_LENGTH,
+    MAX_SAFE_INTEGER,
+    MAX_SCOPE_LENGTH,
+    MAX_SCOPES,
+    MAX_TEXT_LENGTH,
+    TTL_MAX_SECONDS,
+    TTL_MIN_SECONDS,
+)
 
 __all__ = [
     "AcquireIn",
@@ -18,6 +34,21 @@ __all__ = [
     "TransferIn",
 ]
 
+#: No control characters (U+0000..U+001F, U+007F) in ids and scopes.
+NO_CONTROL = r"^[^\x00-\x1f\x7f]*$"
+#: An id (resource, subject, principal, lease, ...): 1 to 256 characters, no control
+#: characters.
+Id = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH, pattern=NO_CONTROL)]
+#: Free text (purpose, message, note): at most 4,096 characters.
+Text = Annotated[str, Field(max_length=MAX_TEXT_LENGTH)]
+#: A lease TTL in seconds, 10 to 86,400.
+Ttl = Annotated[int, Field(ge=TTL_MIN_SECONDS, le=TTL_MAX_SECONDS)]
+#: A compare-and-swap version, 0 to 2**53 - 1.
+Version = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)]
+#: A checkpoint or handoff lifetime in seconds, 1 to 31,622,400 (366 days).
+Lifetime = Annotated[int, Field(ge=1, le=CHECKPOINT_TTL_MAX_SECONDS)]
+Scope = Annotated[str, Field(min_length=1, max_length=MAX_SCOPE_LENGTH, pattern=NO_CONTROL)]
+
 
 class _In(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -26,80 +57,80 @@ class _In(BaseModel):
 class AcquireIn(_In):
     """``POST /v1/leases``: acquire a lease (TTL 10..86,400 s)."""
 
-    resource_type: str
-    resource_id: str
-    ttl_seconds: int
-    purpose: str | None = None
-    scopes: list[str] = []
-    expected_version: int | None = None
+    resource_type: Id
+    resource_id: Id
+    ttl_seconds: Ttl
+    purpose: Text | None = None
+    scopes: Annotated[list[Scope], Field(max_length=MAX_SCOPES)] = []
+    expected_version: Version | None = None
 
 
 class RenewIn(_In):
     """``POST /v1/leases/{id}/renew``: new TTL (default: the lease's own)."""
 
-    ttl_seconds: int | None = None
-    expected_version: int | None = None
+    ttl_seconds: Ttl | None = None
+    expected_version: Version | None = None
 
 
 class TransferIn(_In):
     """``POST /v1/leases/{id}/transfer``: hand the lease to another principal."""
 
-    to_principal: str
-    new_execution_key: str
-    ttl_seconds: int
-    expected_version: int | None = None
+    to_principal: Id
+    new_execution_key: Id
+    ttl_seconds: Ttl
+    expected_version: Version | None = None
 
 
 class HandoffIn(_In):
     """``POST /v1/handoffs``: a pending handoff; ``lease_id`` names a lease you hold that
     accepting transfers to the recipient."""
 
-    to_principal: str
-    subject_id: str
-    checkpoint_id: str | None = None
-    context_id: str | None = None
-    message: str | None = None
-    lease_id: str | None = None
-    expires_in_seconds: int | None = None
+    to_principal: Id
+    subject_id: Id
+    checkpoint_id: Id | None = None
+    context_id: Id | None = None
+    message: Text | None = None
+    lease_id: Id | None = None
+    expires_in_seconds: Lifetime | None = None
 
 
 class ResolveIn(_In):
     """``POST /v1/handoffs/{id}/resolve``: ``accepted`` or ``rejected``."""
 
-    status: str
-    note: str | None = None
-    execution_key: str | None = None
-    ttl_seconds: int | None = None
+    status: Literal["accepted", "rejected"]
+    note: Text | None = None
+    execution_key: Id | None = None
+    ttl_seconds: Ttl | None = None
 
 
 class CheckpointIn(_In):
     """``PUT /v1/checkpoints``: save your checkpoint of ``(subject_id, kind)``;
     ``fence_lease_id`` names a lease you hold that must still be current."""
 
-    subject_id: str
-    kind: str
+    subject_id: Id
+    kind: Id
     state: dict[str, Any]
-    expected_version: int | None = None
-    fence_lease_id: str | None = None
-    ttl_seconds: int | None = None
+    expected_version: Version | None = None
+    fence_lease_id: Id | None = None
+    ttl_seconds: Lifetime | None = None
 
 
 class EvidenceIn(_In):
     """One evidence item of an outcome."""
 
-    kind: str
-    uri: str
-    digest: str | None = None
-    note: str | None = None
+    kind: Annotated[str, Field(min_length=1, max_length=256)]
+    uri: Annotated[str, Field(min_length=1, max_length=4096)]
+    digest: Annotated[str, Field(max_length=512)] | None = None
+    note: Text | None = None
 
 
 class OutcomeIn(_In):
     """``POST /v1/outcomes``: ``succeeded``, ``failed`` or ``cancelled`` with evidence."""
 
-    subject_id: str
-    status: str
+    subject_id: Id
+    status: Literal["succeeded", "failed", "cancelled"]
     evidence: list[EvidenceIn] = []
-    fence_lease_id: str | None = None
-    lease_id: str | None = None
-    handoff_id: str | None = None
-    checkpoint_id: str | None = None
+    fence_lease_id: Id | None = None
+    lease_id: Id | None = None
+    handoff_id: Id | None = None
+    checkpoint_id: Id | None = None

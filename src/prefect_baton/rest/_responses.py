@@ -1,0 +1,152 @@
+"""Success response schemas of the REST API, for the OpenAPI document.
+
+Every ``/v1`` route answers ``{"data": <data>, "meta": {"request_id": str, "replayed":
+bool}}``. :data:`DATA_BY_OPERATION` names the model of ``data`` for each operation
+(``(method, path)``); :func:`success_schemas` turns them into JSON schemas built from the
+real models of :mod:`prefect_baton.models`, without their ``replayed`` field (the app moves
+that flag into ``meta``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.json_schema import models_json_schema
+
+from ..models import Checkpoint, Event, Handoff, Lease, LeaseInfo, Outcome, Receipt
+
+__all__ = [
+    "DATA_BY_OPERATION",
+    "CheckpointList",
+    "EventList",
+    "HandoffList",
+    "LeaseList",
+    "Meta",
+    "OutcomeList",
+    "Released",
+    "success_schemas",
+]
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Meta(_Out):
+    """``meta`` of every success envelope: the request id (also the ``X-Request-ID``
+    header) and whether the result was replayed from a stored idempotency receipt."""
+
+    request_id: str
+    replayed: bool
+
+
+class LeaseList(_Out):
+    """``GET /v1/leases``."""
+
+    leases: list[Lease]
+
+
+class HandoffList(_Out):
+    """``GET /v1/handoffs``: the caller's inbox."""
+
+    handoffs: list[Handoff]
+
+
+class CheckpointList(_Out):
+    """``GET /v1/checkpoints/history``: every version, oldest first."""
+
+    checkpoints: list[Checkpoint]
+
+
+class OutcomeList(_Out):
+    """``GET /v1/outcomes``."""
+
+    outcomes: list[Outcome]
+
+
+class EventList(_Out):
+    """``GET /v1/events``: events in commit order."""
+
+    events: list[Event]
+
+
+class Released(_Out):
+    """``DELETE /v1/leases/{lease_id}``: the released lease and how it ended
+    (``released``, or ``expired`` when it had already run out)."""
+
+    lease_id: str
+    released_at: datetime | None
+    status: Literal["released", "expired"]
+    lease: Lease
+
+
+#: Model of ``data`` per ``(METHOD, path)`` of every ``/v1`` operation.
+DATA_BY_OPERATION: dict[tuple[str, str], type[BaseModel]] = {
+    ("POST", "/v1/leases"): Lease,
+    ("GET", "/v1/leases"): LeaseList,
+    ("GET", "/v1/leases/inspect"): LeaseInfo,
+    ("DELETE", "/v1/leases/{lease_id}"): Released,
+    ("POST", "/v1/leases/{lease_id}/renew"): Lease,
+    ("POST", "/v1/leases/{lease_id}/transfer"): Lease,
+    ("POST", "/v1/leases/{lease_id}/force-release"): Receipt,
+    ("POST", "/v1/handoffs"): Handoff,
+    ("GET", "/v1/handoffs"): HandoffList,
+    ("GET", "/v1/handoffs/{handoff_id}"): Handoff,
+    ("POST", "/v1/handoffs/{handoff_id}/resolve"): Handoff,
+    ("PUT", "/v1/checkpoints"): Checkpoint,
+    ("GET", "/v1/checkpoints"): Checkpoint,
+    ("GET", "/v1/checkpoints/history"): CheckpointList,
+    ("GET", "/v1/checkpoints/{checkpoint_id}"): Checkpoint,
+    ("POST", "/v1/outcomes"): Outcome,
+    ("GET", "/v1/outcomes"): OutcomeList,
+    ("GET", "/v1/events"): EventList,
+}
+
+_REF = "#/components/schemas/{model}"
+
+
+def _drop_replayed(schema: dict[str, Any]) -> None:
+    props = schema.get("properties")
+    if isinstance(props, dict) and "replayed" in props:
+        del props["replayed"]
+        required = [r for r in schema.get("required", []) if r != "replayed"]
+        if required:
+            schema["required"] = required
+        else:
+            schema.pop("required", None)
+
+
+def success_schemas(
+    models: dict[tuple[str, str], type[BaseModel]] | None = None,
+) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, Any]]:
+    """The success envelope schema of every operation, and the component schemas it uses.
+
+    Args:
+        models: ``{(METHOD, path): model of data}`` (default :data:`DATA_BY_OPERATION`).
+
+    Returns:
+        ``(envelopes, components)``: ``envelopes[(METHOD, path)]`` is the JSON schema of
+        ``{"data": ..., "meta": ...}`` (referring to ``#/components/schemas/...``);
+        ``components`` maps schema names to the schemas of the models, serialised as the
+        app sends them (``replayed`` removed).
+    """
+    chosen = DATA_BY_OPERATION if models is None else models
+    unique: list[type[BaseModel]] = list(dict.fromkeys([Meta, *chosen.values()]))
+    keys, top = models_json_schema([(m, "serialization") for m in unique], ref_template=_REF)
+    components: dict[str, Any] = dict(top.get("$defs", {}))
+    meta_ref = keys[(Meta, "serialization")]
+    meta_name = meta_ref["$ref"].rsplit("/", 1)[-1]
+    for name, schema in components.items():
+        if name != meta_name:
+            _drop_replayed(schema)
+    envelopes: dict[tuple[str, str], dict[str, Any]] = {}
+    for op, model in chosen.items():
+        envelopes[op] = {
+            "type": "object",
+            "required": ["data", "meta"],
+            "additionalProperties": False,
+            "properties": {"data": keys[(model, "serialization")], "meta": meta_ref},
+        }
+    return envelopes, components

@@ -1,0 +1,56 @@
+"""``baton mcp``: serve the coordination tools to MCP clients over stdio or streamable HTTP."""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated
+
+import typer
+
+from ._state import guard
+
+__all__ = ["Transport", "mcp"]
+
+
+class Transport(enum.StrEnum):
+    """How ``baton mcp`` talks to its clients."""
+
+    stdio = "stdio"
+    http = "http"
+
+
+def mcp(
+    ctx: typer.Context,
+    transport: Annotated[
+        Transport,
+        typer.Option(
+            "--transport",
+            case_sensitive=False,
+            help="'stdio' (one client, the process's stdin/stdout, acting as --principal) or "
+            "'http' (streamable HTTP at /mcp; each request's bearer key decides the identity).",
+        ),
+    ] = Transport.stdio,
+    host: Annotated[
+        str, typer.Option("--host", help="HTTP only: interface to bind (text).")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option("--port", min=1, max=65535, help="HTTP only: TCP port (integer).")
+    ] = 8788,
+) -> None:
+    """Serve the MCP tools (leases, checkpoints, handoffs, outcomes) until stopped.
+
+    Over stdio every tool call acts as the global --org/--principal/--role (or BATON_*), like
+    every other baton command. Over HTTP those are ignored: each request's
+    'Authorization: Bearer' key (created with prefect_baton.rest.keys.create_key) decides
+    org, principal and role, and a missing, unknown or revoked key gets HTTP 401. Errors of
+    the ledger URL or Redis URL exit before serving (VALIDATION_ERROR, UNAVAILABLE).
+    """
+    from ..mcp import serve_http, serve_stdio
+
+    with guard(ctx, "mcp") as st:
+        if transport is Transport.stdio:
+            serve_stdio(st.client())
+            return
+        secret = st.settings().redis_url
+        redis_url = st.redis_url or (secret.get_secret_value() if secret else None)
+        serve_http(host, port, ledger_url=st.resolved_ledger_url(), redis_url=redis_url)

@@ -1,0 +1,34 @@
+"""The MCP server of prefect-baton: the coordination loop as MCP tools (``mcp`` package,
+2.x), served over stdio or streamable HTTP by ``baton mcp``.
+
+Tools: ``baton_lease_acquire``, ``baton_lease_renew``, ``baton_lease_release``,
+``baton_lease_inspect``, ``baton_checkpoint_save``, ``baton_checkpoint_get``,
+``baton_handoff_create``, ``baton_handoff_inbox``, ``baton_handoff_resolve``,
+``baton_handoff_show``, ``baton_outcome_record``. Each input schema rejects unknown fields;
+a result is the JSON form of what the Python API returns; an error is a tool error whose
+text is ``{"error": {"code": ..., "message": ...}}`` with the codes of
+:mod:`prefect_baton.errors`.
+
+Over stdio every call acts as the configured principal; over HTTP each request's bearer
+key (:func:`prefect_baton.rest.keys.create_key`) decides org, principal and role.
+
+This package is named like the ``mcp`` package it builds on, as
+:mod:`prefect_baton.prefect` is named like Prefect: imports are absolute, so
+``import mcp`` inside it is the SDK.
+"""
+
+from __future__ import annotations
+
+from ._server import Identity, build_server, http_app, serve_http, serve_stdio, tool_error
+from ._tools import TOOLS, ToolSpec
+
+__all__ = [
+    "TOOLS",
+    "Identity",
+    "ToolSpec",
+    "build_server",
+    "http_app",
+    "serve_http",
+    "serve_stdio",
+    "tool_error",
+]

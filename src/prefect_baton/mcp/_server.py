@@ -1,0 +1,340 @@
+"""The MCP server: the tools of :mod:`._tools` on the ``mcp`` package's low-level
+:class:`~mcp.server.lowlevel.Server`, served over stdio or streamable HTTP.
+
+The low-level server is used rather than :class:`~mcp.server.MCPServer` because the latter
+derives each tool's argument model from a function signature, and that model ignores
+unknown fields; here each tool's ``inputSchema`` is its pydantic model's JSON schema
+(``additionalProperties: false``) and the same model validates the call.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Collection
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pydantic
+from mcp import types
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .. import __version__
+from .._authority import LeaseAuthority
+from .._client import Baton
+from .._ledger.engine import Engines
+from .._ledger.store import LedgerStore
+from .._settings import BatonSettings
+from ..errors import BatonError, ForbiddenError, UnavailableError, ValidationError
+from ._tools import TOOLS, ToolSpec
+
+__all__ = ["Identity", "build_server", "http_app", "serve_http", "serve_stdio", "tool_error"]
+
+logger = logging.getLogger("prefect_baton.mcp")
+
+#: ``identity(ctx) -> (baton, scopes)``: the client acting for one tool call and the
+#: scopes it was granted (``None``: every tool). Called on a worker thread.
+Identity = Callable[[ServerRequestContext[Any, Any]], tuple[Baton, Collection[str] | None]]
+
+SERVER_NAME = "prefect-baton"
+INSTRUCTIONS = (
+    "Coordination for agents sharing work: claim a resource with baton_lease_acquire before "
+    "destructive work, save progress with baton_checkpoint_save (fenced by lease_id + epoch), "
+    "pass unfinished work with baton_handoff_create, and record the result with evidence "
+    "with baton_outcome_record. Errors are tool errors whose text is "
+    '{"error": {"code": ..., "message": ...}}.'
+)
+
+
+def _text_result(body: dict[str, Any], *, is_error: bool) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=json.dumps(body))],
+        structured_content=body,
+        is_error=is_error,
+    )
+
+
+def tool_error(error: dict[str, Any]) -> types.CallToolResult:
+    """A tool error (``isError: true``) carrying ``{"error": error}`` as JSON text and as
+    structured content; ``error`` has ``code`` and ``message`` (plus the error's fields,
+    e.g. ``expires_at`` of a lease ``CONFLICT``)."""
+    return _text_result({"error": error}, is_error=True)
+
+
+def _validation_message(exc: pydantic.ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        parts.append(f"{loc or 'arguments'}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid arguments"
+
+
+def _tool(spec: ToolSpec) -> types.Tool:
+    return types.Tool(
+        name=spec.name,
+        description=spec.description,
+        input_schema=spec.model.model_json_schema(),
+        annotations=types.ToolAnnotations(
+            read_only_hint=spec.read_only,
+            destructive_hint=False,
+            open_world_hint=False,
+        ),
+    )
+
+
+def _call(
+    identity: Identity, ctx: ServerRequestContext[Any, Any], spec: ToolSpec, args: Any
+) -> Any:
+    baton, scopes = identity(ctx)
+    if scopes is not None and spec.scope not in scopes:
+        raise ForbiddenError(f"this key lacks the scope {spec.scope}")
+    return spec.run(baton, args)
+
+
+def build_server(identity: Identity, *, on_close: Callable[[], None] | None = None) -> Server[Any]:
+    """The MCP server with every tool of :data:`~prefect_baton.mcp.TOOLS`.
+
+    Args:
+        identity: gives the :class:`~prefect_baton.Baton` acting for a call (and the
+            scopes granted, or ``None`` for all), see :data:`Identity`.
+        on_close: called once when the server's lifespan ends (e.g. to close the ledger).
+
+    Returns:
+        A :class:`mcp.server.lowlevel.Server`. A call with unknown or badly typed arguments
+        is a tool error with ``VALIDATION_ERROR`` and writes nothing; a
+        :class:`~prefect_baton.errors.BatonError` is a tool error with its ``code`` and
+        ``message``; any other failure is a tool error with code ``INTERNAL`` (logged).
+    """
+    tools = [_tool(spec) for spec in TOOLS.values()]
+
+    async def list_tools(
+        _ctx: ServerRequestContext[Any, Any], _params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=tools)
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        spec = TOOLS.get(params.name)
+        if spec is None:
+            return tool_error({"code": "NOT_FOUND", "message": f"unknown tool {params.name!r}"})
+        try:
+            args = spec.model.model_validate(params.arguments or {})
+        except pydantic.ValidationError as exc:
+            return tool_error({"code": "VALIDATION_ERROR", "message": _validation_message(exc)})
+        try:
+            data = await anyio.to_thread.run_sync(partial(_call, identity, ctx, spec, args))
+        except BatonError as exc:
+            return tool_error(exc.to_dict())
+        except Exception:
+            logger.exception("tool %s failed", spec.name)
+            return tool_error({"code": "INTERNAL", "message": "internal error"})
+        return _text_result(data, is_error=False)
+
+    @asynccontextmanager
+    async def lifespan(_server: Server[Any]) -> AsyncIterator[dict[str, Any]]:
+        try:
+            yield {}
+        finally:
+            if on_close is not None:
+                on_close()
+
+    return Server(
+        SERVER_NAME,
+        version=__version__,
+        instructions=INSTRUCTIONS,
+        lifespan=lifespan,
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+    )
+
+
+async def _run_stdio(server: Server[Any]) -> None:
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+def serve_stdio(baton: Baton) -> None:
+    """Serve the tools over stdin/stdout until the client closes stdin.
+
+    Every call acts as ``baton``'s identity (its org, principal and role): over stdio the
+    process is trusted with the identity it was configured with, as every ``baton``
+    command is.
+
+    Args:
+        baton: the client (:class:`~prefect_baton.Baton`); the caller closes it.
+    """
+    server = build_server(lambda _ctx: (baton, None))
+    anyio.run(_run_stdio, server)
+
+
+class _KeyVerifier:
+    """The ``mcp`` package's token-verifier hook over the REST API's bearer keys: a key
+    that is unknown or revoked is refused (HTTP 401) before any tool runs."""
+
+    def __init__(self, engines: Callable[[], Engines]) -> None:
+        self._engines = engines
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        from ..rest.keys import authenticate
+
+        key = await anyio.to_thread.run_sync(authenticate, self._engines(), token)
+        if key is None:
+            return None
+        # The secret itself is not kept: ``token`` holds the key's public id.
+        return AccessToken(
+            token=key.key_id,
+            client_id=key.key_id,
+            scopes=list(key.scopes),
+            subject=key.principal,
+            claims={"org": key.org, "principal": key.principal, "role": key.role},
+        )
+
+
+class _UnavailableAs503:
+    """ASGI middleware: a ledger that cannot be reached while a key is checked gives
+    ``503 {"error": {"code": "UNAVAILABLE", ...}}`` instead of a bare 500."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except UnavailableError as exc:
+            if started or scope["type"] != "http":
+                raise
+            body = {"error": {"code": exc.code, "message": exc.message}}
+            await JSONResponse(body, status_code=503)(scope, receive, send)
+
+
+def _key_identity(
+    store: LedgerStore, authority: LeaseAuthority, settings: BatonSettings
+) -> Identity:
+    def identity(ctx: ServerRequestContext[Any, Any]) -> tuple[Baton, Collection[str] | None]:
+        scope = getattr(ctx.request, "scope", None)
+        user = scope.get("user") if isinstance(scope, dict) else None
+        if not isinstance(user, AuthenticatedUser):
+            raise ForbiddenError("this request carries no authenticated key")
+        token = user.access_token
+        claims = token.claims or {}
+        baton = Baton(
+            org=str(claims["org"]),
+            principal=str(claims["principal"]),
+            role=str(claims["role"]),
+            settings=settings,
+            store=store,
+            lease_authority=authority,
+        )
+        return baton, frozenset(token.scopes)
+
+    return identity
+
+
+def _issuer(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def http_app(
+    ledger_url: str | None = None,
+    redis_url: str | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8788,
+) -> Starlette:
+    """The streamable HTTP app (endpoint ``/mcp``), authenticated by bearer keys.
+
+    Each request's ``Authorization: Bearer bk_...`` key (see
+    :func:`prefect_baton.rest.keys.create_key`) decides the org, principal and role of the
+    tool calls it carries; a tool needs the key's scope of its area (``leases:write`` for
+    ``baton_lease_acquire``, ``handoffs:read`` for ``baton_handoff_inbox``, ...), else it is a
+    ``FORBIDDEN`` tool error. A missing, unknown or revoked key is answered ``401`` before
+    any tool runs; a ledger that cannot be reached then, ``503``. Keys are never logged.
+
+    Args:
+        ledger_url: SQLAlchemy URL of the ledger (``str``; default ``BATON_LEDGER_URL``),
+            holding the keys.
+        redis_url: Redis URL of the lease authority (``str``; default none: the ledger).
+        host, port: where it will be served (``str``, ``int``); a loopback host turns on
+            the ``mcp`` package's DNS-rebinding protection (``Host``/``Origin`` checks).
+
+    Returns:
+        A Starlette app; its lifespan runs the MCP session manager and closes the ledger
+        (and the Redis authority) on shutdown.
+
+    Raises:
+        ValidationError: a malformed ledger or Redis URL. UnavailableError: the ledger
+            cannot be reached.
+    """
+    settings = BatonSettings()
+    store = LedgerStore(
+        ledger_url or settings.ledger_url,
+        receipt_retention_seconds=settings.receipt_retention_seconds,
+        state_max_bytes=settings.state_max_bytes,
+    )
+    authority: LeaseAuthority = store
+    closers: list[Callable[[], None]] = [store.close]
+    if redis_url:
+        from .._redis.authority import RedisAuthority
+
+        try:
+            redis_ = RedisAuthority.from_url(
+                redis_url, store, ack=settings.redis_ack, post_loss=settings.redis_post_loss
+            )
+        except ValueError as exc:
+            store.close()
+            raise ValidationError(f"bad Redis URL: {exc}") from None
+        authority = redis_
+        closers.insert(0, redis_.close)
+
+    def close() -> None:
+        for fn in closers:
+            fn()
+
+    server = build_server(_key_identity(store, authority, settings), on_close=close)
+    app = server.streamable_http_app(
+        host=host,
+        auth=AuthSettings(issuer_url=_issuer(host, port), resource_server_url=None),
+        token_verifier=_KeyVerifier(lambda: store.engines),
+    )
+    app.add_middleware(_UnavailableAs503)
+    return app
+
+
+def serve_http(
+    host: str = "127.0.0.1",
+    port: int = 8788,
+    ledger_url: str | None = None,
+    redis_url: str | None = None,
+) -> None:
+    """Serve :func:`http_app` with uvicorn until interrupted (SIGINT/SIGTERM).
+
+    Args:
+        host: interface to bind (``str``, default loopback). port: TCP port (``int``).
+        ledger_url, redis_url: as :func:`http_app`.
+
+    Raises:
+        ValidationError: a malformed URL. UnavailableError: the ledger cannot be reached.
+    """
+    import uvicorn
+
+    uvicorn.run(http_app(ledger_url, redis_url, host=host, port=port), host=host, port=port)

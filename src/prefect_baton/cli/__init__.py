@@ -18,7 +18,7 @@ from typer.core import TyperGroup
 
 from .. import __version__
 from ..errors import BatonError
-from . import checkpoints, db, demo, events, handoffs, leases, outcomes, reconcile
+from . import checkpoints, db, demo, events, handoffs, keys, leases, outcomes, reconcile, serve
 from ._output import (
     EXIT_CODES,
     EXIT_FAILURE,
@@ -29,6 +29,7 @@ from ._output import (
     one_line,
 )
 from ._state import CliState
+from .mcp import mcp as mcp_command
 
 __all__ = ["COMMANDS", "EXIT_CODES", "SUB_APPS", "app", "hoist_global_options", "main"]
 
@@ -206,6 +207,7 @@ SUB_APPS: list[tuple[str, typer.Typer]] = [
     ("outcome", outcomes.app),
     ("events", events.app),
     ("db", db.app),
+    ("keys", keys.app),
 ]
 
 #: ``(name, function, context_settings)`` of every top-level command.
@@ -213,6 +215,8 @@ COMMANDS: list[tuple[str, Callable[..., None], dict[str, Any] | None]] = [
     ("audit", db.audit, None),
     ("demo", demo.demo, demo.DEMO_CONTEXT),
     ("reconcile", reconcile.reconcile, None),
+    ("serve", serve.serve, None),
+    ("mcp", mcp_command, None),
 ]
 
 for _name, _sub in SUB_APPS:

@@ -1,0 +1,45 @@
+"""``baton serve``: the REST API over HTTP (uvicorn), on loopback by default."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ._state import fail, guard
+
+__all__ = ["serve"]
+
+
+def serve(
+    ctx: typer.Context,
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host",
+            help="Interface to bind (text). The default serves this machine only; bind "
+            "another address only behind TLS.",
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option("--port", min=1, max=65535, help="TCP port (integer, 1-65535).")
+    ] = 8787,
+) -> None:
+    """Serve the REST API (/v1 routes, OpenAPI document at /openapi.json) until stopped.
+
+    The ledger is --ledger-url (or BATON_LEDGER_URL) and, with --redis-url, Redis is the
+    lease authority. Every /v1 request needs a bearer key made by 'baton keys create'; the
+    key decides org, principal and role, so --org, --principal and --role do not apply.
+    Log lines never contain Authorization headers or keys. SIGINT or SIGTERM stop it
+    after the requests in flight finish. Exit status: VALIDATION_ERROR (2) for a malformed
+    URL or port, UNAVAILABLE (11) when the ledger cannot be reached or the port cannot be
+    bound.
+    """
+    with guard(ctx, "serve") as st:
+        from ..rest.__main__ import serve as run
+
+        try:
+            run(host, port, st.resolved_ledger_url(), st.redis_url)
+        except SystemExit as exc:
+            if exc.code not in (None, 0):
+                fail(st, "serve", "UNAVAILABLE", f"cannot serve on {host}:{port}; see the log")

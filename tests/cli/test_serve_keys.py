@@ -1,0 +1,230 @@
+"""``baton serve`` and ``baton keys``: a real server process answering a key made by
+``baton keys create`` until ``baton keys revoke``; bad input is VALIDATION_ERROR and stores
+nothing; neither secrets nor their hashes are listed or logged."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+from typer.testing import CliRunner
+
+from prefect_baton.cli import app
+from prefect_baton.rest.__main__ import RedactKeys, log_config
+from prefect_baton.rest.keys import list_keys
+
+from .conftest import BATON_SCRIPT, CLEAN_ENV, Cli, process_env
+
+LEASE = {"resource_type": "deploy", "resource_id": "checkout", "ttl_seconds": 60}
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_until_listening(proc: subprocess.Popen[str], port: int) -> None:
+    pause = threading.Event()
+    for _ in range(3000):
+        assert proc.poll() is None, "baton serve exited before listening"
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            pause.wait(0.02)
+    raise AssertionError("baton serve did not start listening")
+
+
+@pytest.fixture
+def served(cli: Cli) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """``baton serve --port P`` on the test's ledger as a real process, stopped by pid."""
+    port = _free_port()
+    argv = [str(BATON_SCRIPT), "serve", "--port", str(port), "--ledger-url", cli.ledger_url]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=process_env()
+    )
+    try:
+        _wait_until_listening(proc, port)
+        yield f"http://127.0.0.1:{port}", proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.communicate(timeout=60)
+
+
+def test_serve_answers_a_created_key_until_it_is_revoked(
+    cli: Cli, served: tuple[str, subprocess.Popen[str]]
+) -> None:
+    """A key from `baton keys create` acquires over HTTP; after `baton keys revoke` it is 401;
+    the server's log holds neither the secret nor the Authorization header."""
+    url, proc = served
+    made = cli.ok("keys", "create", "--scope", "leases:read", "--scope", "leases:write")
+    secret, key_id = made["secret"], made["key"]["key_id"]
+    assert secret.startswith("bk_")
+    assert made["key"]["org"] == cli.org
+    assert made["key"]["principal"] == "alice"
+    h = {"Authorization": f"Bearer {secret}"}
+    with httpx.Client(base_url=url, timeout=60) as c:
+        r = c.post("/v1/leases", json=LEASE, headers=h)
+        assert r.status_code == 201, r.text
+        assert r.json()["data"]["owner"] == "alice"
+        r = c.get("/v1/events", headers=h)
+        assert r.status_code == 403
+        assert r.json()["error"]["code"] == "FORBIDDEN"
+        revoked = cli.ok("keys", "revoke", key_id)
+        assert revoked["key"]["revoked_at"] is not None
+        r = c.get("/v1/leases", headers=h)
+        assert r.status_code == 401
+        assert r.json()["error"]["code"] == "UNAUTHENTICATED"
+        c.get(f"/v1/leases?api_key={secret}")
+    proc.terminate()
+    out, _ = proc.communicate(timeout=60)
+    assert "/v1/leases" in out
+    assert secret not in out
+    assert secret[3:] not in out
+    assert "Bearer" not in out
+
+
+def test_keys_create_prints_the_secret_once_with_a_warning(cli: Cli) -> None:
+    """Table output shows the secret and warns on stderr; only the hash is stored."""
+    run = cli("keys", "create", "--role", "owner", fmt="table")
+    assert run.code == 0, run.text
+    secret = next(w for w in run.stdout.split() if w.startswith("bk_"))
+    assert "not shown again" in run.stderr
+    engine = create_engine(cli.ledger_url)
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT * FROM baton_api_keys")).all()
+    engine.dispose()
+    assert len(rows) == 1
+    assert secret not in repr(rows)
+    (key,) = list_keys(cli.ledger_url)
+    assert (key.org, key.principal, key.role) == (cli.org, "alice", "owner")
+
+
+def test_keys_list_shows_no_secret_and_marks_revoked(cli: Cli) -> None:
+    """List gives id, org, principal, role, scopes, created, revoked; never secret or hash."""
+    first = cli.ok("keys", "create", principal="agent-a")
+    second = cli.ok("keys", "create", "--scope", "events:read", principal="agent-b")
+    cli.ok("keys", "revoke", first["key"]["key_id"])
+    listed = cli.ok("keys", "list")
+    rows = listed["keys"]
+    assert [r["key_id"] for r in rows] == [first["key"]["key_id"], second["key"]["key_id"]]
+    assert set(rows[0]) == {
+        "key_id",
+        "org",
+        "principal",
+        "role",
+        "scopes",
+        "created_at",
+        "revoked_at",
+    }
+    assert rows[0]["revoked_at"] is not None
+    assert rows[1]["revoked_at"] is None
+    assert rows[1]["scopes"] == ["events:read"]
+    active = cli.ok("keys", "list", "--active-only")["keys"]
+    assert [r["key_id"] for r in active] == [second["key"]["key_id"]]
+    for run in (cli("keys", "list"), cli("keys", "list", fmt="table")):
+        for made in (first, second):
+            assert made["secret"] not in run.text
+            assert made["secret"][3:] not in run.text
+    other_org = Cli(cli.ledger_url, "another-org")
+    assert other_org.ok("keys", "list")["keys"] == []
+
+
+@pytest.mark.parametrize(
+    ("args", "principal", "role"),
+    [
+        (("--scope", "leases:admin"), "alice", "agent"),
+        (("--scope", ""), "alice", "agent"),
+        ((), "alice", "root"),
+        ((), "", "agent"),
+        ((), "x" * 300, "agent"),
+        ((), "bad\x01name", "agent"),
+    ],
+    ids=["unknown-scope", "empty-scope", "bad-role", "empty-principal", "long-principal", "ctrl"],
+)
+def test_keys_create_bad_input_is_validation_error(
+    cli: Cli, args: tuple[str, ...], principal: str, role: str
+) -> None:
+    """A bad scope, role or principal exits 2 with VALIDATION_ERROR and stores no key."""
+    run = cli("keys", "create", *args, principal=principal, role=role)
+    assert run.code == 2, run.text
+    assert run.json["error"]["code"] == "VALIDATION_ERROR"
+    assert list_keys(cli.ledger_url, include_revoked=True) == []
+
+
+def test_keys_create_needs_org_and_principal(sqlite_ledger: str) -> None:
+    """Without --org or --principal (and no BATON_ORG/BATON_PRINCIPAL) nothing is created."""
+    runner = CliRunner()
+    for argv in (
+        ["--ledger-url", sqlite_ledger, "--format", "json", "keys", "create", "--org", "acme"],
+        ["--ledger-url", sqlite_ledger, "--format", "json", "keys", "create", "--principal", "a"],
+    ):
+        result = runner.invoke(app, argv, env=CLEAN_ENV)
+        assert result.exit_code == 2, result.stdout
+        assert '"VALIDATION_ERROR"' in result.stdout
+    assert list_keys(sqlite_ledger, include_revoked=True) == []
+
+
+def test_keys_revoke_unknown_or_bad_id(cli: Cli) -> None:
+    """An unknown key id is NOT_FOUND (exit 5); an empty one VALIDATION_ERROR (exit 2)."""
+    run = cli("keys", "revoke", "key_nope")
+    assert (run.code, run.json["error"]["code"]) == (5, "NOT_FOUND")
+    run = cli("keys", "revoke", "")
+    assert (run.code, run.json["error"]["code"]) == (2, "VALIDATION_ERROR")
+
+
+@pytest.mark.parametrize("port", ["0", "65536", "http"])
+def test_serve_bad_port_is_validation_error(cli: Cli, port: str) -> None:
+    """A port outside 1..65535 or not a number exits 2 before anything is served."""
+    run = cli("serve", "--port", port)
+    assert run.code == 2, run.text
+    assert run.json["error"]["code"] == "VALIDATION_ERROR"
+
+
+def test_serve_bad_ledger_url_is_validation_error(cli: Cli) -> None:
+    """An unusable ledger URL exits 2 with VALIDATION_ERROR."""
+    bad = Cli("mysql://nowhere/db", cli.org)
+    run = bad("serve", "--port", str(_free_port()))
+    assert run.code == 2, run.text
+    assert run.json["error"]["code"] == "VALIDATION_ERROR"
+
+
+def test_serve_on_a_taken_port_is_unavailable(cli: Cli) -> None:
+    """A port another socket listens on exits 11 with UNAVAILABLE (a real process)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = cli.proc("serve", "--port", str(port))
+    assert run.code == 11, run.text
+    assert run.json["error"]["code"] == "UNAVAILABLE"
+
+
+def test_log_filter_redacts_keys(caplog: pytest.LogCaptureFixture) -> None:
+    """RedactKeys removes bk_ keys and Bearer tokens from messages and arguments, and
+    every handler of the served log configuration carries it."""
+    record = logging.LogRecord(
+        "uvicorn.access",
+        logging.INFO,
+        __file__,
+        1,
+        '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:1", "GET", "/v1/leases?k=bk_SECRETsecret-_1&a=Bearer%20tok", "1.1", 401),
+        None,
+    )
+    assert RedactKeys().filter(record)
+    message = record.getMessage()
+    assert "bk_SECRET" not in message
+    assert "tok" not in message
+    assert message.endswith('"GET /v1/leases?k=[redacted]&a=[redacted] HTTP/1.1" 401')
+    cfg = log_config()
+    assert cfg["handlers"]
+    assert all("redact_keys" in h["filters"] for h in cfg["handlers"].values())

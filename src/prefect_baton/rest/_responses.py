@@ -19,10 +19,12 @@ from ..models import Checkpoint, Event, Handoff, Lease, LeaseInfo, Outcome, Rece
 
 __all__ = [
     "DATA_BY_OPERATION",
+    "BatchAcquired",
     "CheckpointList",
     "EventList",
     "HandoffList",
     "LeaseList",
+    "Me",
     "Meta",
     "OutcomeList",
     "Released",
@@ -72,6 +74,26 @@ class EventList(_Out):
     events: list[Event]
 
 
+class BatchAcquired(_Out):
+    """``POST /v1/leases/batch``: the leases acquired, in request order, and per lease
+    whether it came back from a stored receipt."""
+
+    leases: list[Lease]
+    replayed: list[bool]
+
+
+class Me(_Out):
+    """``GET /v1/me``: the identity of the bearer key and the server's checkpoint state
+    limit (``state_max_bytes``, bytes of canonical JSON)."""
+
+    org: str
+    principal: str
+    role: str
+    scopes: list[str]
+    key_id: str
+    state_max_bytes: int
+
+
 class Released(_Out):
     """``DELETE /v1/leases/{lease_id}``: the released lease and how it ended
     (``released``, or ``expired`` when it had already run out)."""
@@ -87,7 +109,11 @@ DATA_BY_OPERATION: dict[tuple[str, str], type[BaseModel]] = {
     ("POST", "/v1/leases"): Lease,
     ("GET", "/v1/leases"): LeaseList,
     ("GET", "/v1/leases/inspect"): LeaseInfo,
+    ("GET", "/v1/leases/{lease_id}"): Lease,
     ("DELETE", "/v1/leases/{lease_id}"): Released,
+    ("POST", "/v1/leases/{lease_id}/release"): Receipt,
+    ("POST", "/v1/leases/batch"): BatchAcquired,
+    ("POST", "/v1/leases/report-expired"): LeaseList,
     ("POST", "/v1/leases/{lease_id}/renew"): Lease,
     ("POST", "/v1/leases/{lease_id}/transfer"): Lease,
     ("POST", "/v1/leases/{lease_id}/force-release"): Receipt,
@@ -102,6 +128,7 @@ DATA_BY_OPERATION: dict[tuple[str, str], type[BaseModel]] = {
     ("POST", "/v1/outcomes"): Outcome,
     ("GET", "/v1/outcomes"): OutcomeList,
     ("GET", "/v1/events"): EventList,
+    ("GET", "/v1/me"): Me,
 }
 
 _REF = "#/components/schemas/{model}"

@@ -1,0 +1,174 @@
+"""The OpenAPI document states what the app really does: every /v1 operation declares its
+success envelope with the real model's schema, real responses validate against it, and
+schemathesis' generated requests (in-process, a few operations) never get a 5xx or a
+response outside the document."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import schemathesis
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from schemathesis import GenerationMode
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from prefect_baton.rest import MAX_BODY_BYTES, create_app, create_key
+from prefect_baton.rest._responses import DATA_BY_OPERATION
+
+from .conftest import MakeKey, data
+
+CHECKS = [
+    not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
+    content_type_conformance,
+]
+LEASE = {"resource_type": "deploy", "resource_id": "checkout", "ttl_seconds": 60}
+
+
+def _operations(doc: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    return [
+        (method.upper(), path, op)
+        for path, item in doc["paths"].items()
+        if path.startswith("/v1/")
+        for method, op in item.items()
+    ]
+
+
+def test_every_v1_operation_declares_its_success_envelope(client: TestClient) -> None:
+    """Each /v1 operation's 2xx is {"data": <its model>, "meta": {request_id, replayed}},
+    its errors are the error envelope, and it needs a bearer key."""
+    doc = client.app.openapi()
+    components = doc["components"]["schemas"]
+    ops = _operations(doc)
+    assert len(ops) >= 18
+    for method, path, op in ops:
+        assert (method, path) in DATA_BY_OPERATION, f"{method} {path} has no success schema"
+        ok = [s for s in op["responses"] if s.startswith("2")]
+        assert len(ok) == 1, (method, path, ok)
+        schema = op["responses"][ok[0]]["content"]["application/json"]["schema"]
+        assert schema["required"] == ["data", "meta"], (method, path)
+        data_ref = schema["properties"]["data"]["$ref"].rsplit("/", 1)[-1]
+        assert data_ref == DATA_BY_OPERATION[(method, path)].__name__
+        assert data_ref in components
+        meta = components[schema["properties"]["meta"]["$ref"].rsplit("/", 1)[-1]]
+        assert meta["required"] == ["request_id", "replayed"]
+        assert {"400", "401", "403", "404", "409", "413", "503"} <= set(op["responses"])
+        assert "422" not in op["responses"]
+        assert op["security"] == [{"bearer": []}]
+    assert "replayed" not in components["Lease"]["properties"]
+    assert str(MAX_BODY_BYTES // 1024 // 1024) + " MiB" in str(doc["paths"])
+
+
+def test_real_responses_match_the_document(client: TestClient, make_key: MakeKey) -> None:
+    """Responses of a whole coordination loop validate against their operations' schemas."""
+    schema = schemathesis.openapi.from_asgi("/openapi.json", client.app)
+    a, b = make_key("agent-a"), make_key("agent-b")
+
+    def check(method: str, path: str, resp: Any) -> Any:
+        assert resp.status_code < 300, resp.text
+        schema[path][method].validate_response(resp)
+        return data(resp)
+
+    lease = check("POST", "/v1/leases", client.post("/v1/leases", json=LEASE, headers=a))
+    lid = lease["lease_id"]
+    check("GET", "/v1/leases", client.get("/v1/leases", headers=a))
+    inspect = client.get("/v1/leases/inspect", params=LEASE, headers=b)
+    check("GET", "/v1/leases/inspect", inspect)
+    check("POST", "/v1/leases/{lease_id}/renew", client.post(f"/v1/leases/{lid}/renew", headers=a))
+    body = {"subject_id": "s", "kind": "k", "state": {"step": 1}, "fence_lease_id": lid}
+    ck = check("PUT", "/v1/checkpoints", client.put("/v1/checkpoints", json=body, headers=a))
+    q = {"subject_id": "s", "kind": "k"}
+    check("GET", "/v1/checkpoints", client.get("/v1/checkpoints", params=q, headers=a))
+    check(
+        "GET", "/v1/checkpoints/history", client.get("/v1/checkpoints/history", params=q, headers=a)
+    )
+    by_id = client.get(f"/v1/checkpoints/{ck['checkpoint_id']}", headers=a)
+    check("GET", "/v1/checkpoints/{checkpoint_id}", by_id)
+    hand = {
+        "to_principal": "agent-b",
+        "subject_id": "s",
+        "checkpoint_id": ck["checkpoint_id"],
+        "lease_id": lid,
+    }
+    hid = check("POST", "/v1/handoffs", client.post("/v1/handoffs", json=hand, headers=a))[
+        "handoff_id"
+    ]
+    check("GET", "/v1/handoffs", client.get("/v1/handoffs", headers=b))
+    check("GET", "/v1/handoffs/{handoff_id}", client.get(f"/v1/handoffs/{hid}", headers=b))
+    resolved = client.post(f"/v1/handoffs/{hid}/resolve", json={"status": "accepted"}, headers=b)
+    moved = check("POST", "/v1/handoffs/{handoff_id}/resolve", resolved)["lease"]
+    outcome = {
+        "subject_id": "s",
+        "status": "succeeded",
+        "evidence": [{"kind": "log", "uri": "file:///x"}],
+        "fence_lease_id": moved["lease_id"],
+    }
+    check("POST", "/v1/outcomes", client.post("/v1/outcomes", json=outcome, headers=b))
+    check("GET", "/v1/outcomes", client.get("/v1/outcomes", headers=b))
+    check("GET", "/v1/events", client.get("/v1/events", headers=a))
+    mid = moved["lease_id"]
+    check("DELETE", "/v1/leases/{lease_id}", client.delete(f"/v1/leases/{mid}", headers=b))
+    again = client.post("/v1/leases", json=LEASE, headers=a)
+    owner = make_key("boss", role="owner")
+    forced = client.post(f"/v1/leases/{data(again)['lease_id']}/force-release", headers=owner)
+    check("POST", "/v1/leases/{lease_id}/force-release", forced)
+    took = client.post("/v1/leases", json=LEASE, headers=a)
+    body = {"to_principal": "agent-b", "new_execution_key": "exec-b", "ttl_seconds": 60}
+    moved_to = client.post(f"/v1/leases/{data(took)['lease_id']}/transfer", json=body, headers=a)
+    check("POST", "/v1/leases/{lease_id}/transfer", moved_to)
+
+
+#: A few operations fuzzed in-process by every `make test` (the whole API is fuzzed over
+#: HTTP by .ci/schemathesis).
+FUZZED = [
+    ("POST", "/v1/leases"),
+    ("GET", "/v1/leases/inspect"),
+    ("DELETE", "/v1/leases/{lease_id}"),
+    ("PUT", "/v1/checkpoints"),
+    ("POST", "/v1/handoffs"),
+    ("POST", "/v1/handoffs/{handoff_id}/resolve"),
+    ("POST", "/v1/outcomes"),
+    ("GET", "/v1/events"),
+]
+
+
+@pytest.fixture(scope="module")
+def fuzz_target(tmp_path_factory: pytest.TempPathFactory) -> tuple[FastAPI, dict[str, str]]:
+    """One app over a fresh ledger and an owner's key, shared by the fuzz cases."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('fuzz') / 'ledger.db'}"
+    app = create_app(url)
+    secret, _ = create_key(url, org="fuzz", principal="fuzzer", role="owner")
+    return app, {"Authorization": f"Bearer {secret}"}
+
+
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+@pytest.mark.parametrize(("method", "path"), FUZZED, ids=[f"{m} {p}" for m, p in FUZZED])
+def test_schemathesis_finds_no_5xx_and_no_schema_violation(
+    fuzz_target: tuple[FastAPI, dict[str, str]], method: str, path: str, mode: GenerationMode
+) -> None:
+    """Generated valid and invalid requests get documented statuses, content types and
+    bodies that match their schemas, never a 5xx."""
+    app, auth = fuzz_target
+    operation = schemathesis.openapi.from_asgi("/openapi.json", app)[path][method]
+
+    @settings(
+        max_examples=25,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case=operation.as_strategy(generation_mode=mode))
+    def run(case: Any) -> None:
+        case.call_and_validate(headers=auth, checks=CHECKS)
+
+    run()

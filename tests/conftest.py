@@ -9,12 +9,17 @@ Redis arms (the lease authority on Redis, the SQLite ledger behind it): ``fakere
 (fakeredis with Lua, ``ack="ledger"``) and ``redis`` (the server on 127.0.0.1:6379,
 ``BATON_TEST_REDIS_URL``, ``ack="redis"`` with the drain thread); each test's own
 organization is its own Redis hash tag, so tests share the server without seeing each other.
+
+REST arm ``rest``: the REST API served by uvicorn (real HTTP) on a free 127.0.0.1 port in a
+background thread, once per session, over the session's SQLite ledger; ``baton`` is
+``Baton(api_url=..., api_key=...)`` with a key made for (org, ``agent-a``, agent).
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -28,8 +33,9 @@ PG_URL = os.environ.get("BATON_TEST_PG_URL", "postgresql://postgres@127.0.0.1:54
 REDIS_URL = os.environ.get("BATON_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 REQUIRE = os.environ.get("BATON_REQUIRE_SERVICES") == "1"
 
-LEDGER_ARMS = ["sqlite", "postgresql", "fakeredis", "redis"]
+LEDGER_ARMS = ["sqlite", "postgresql", "fakeredis", "redis", "rest"]
 REDIS_ARMS = ("fakeredis", "redis")
+REST_ARM = "rest"
 
 
 def _answers(host: str, port: int) -> bool:
@@ -74,7 +80,7 @@ def store_for(url: str) -> LedgerStore:
 @pytest.fixture(params=LEDGER_ARMS)
 def ledger_url(request: pytest.FixtureRequest) -> str:
     """The URL of each ledger arm in turn (the Redis arms keep their ledger on SQLite)."""
-    if request.param in ("sqlite", *REDIS_ARMS):
+    if request.param in ("sqlite", *REDIS_ARMS, REST_ARM):
         return str(request.getfixturevalue("sqlite_url"))
     return str(request.getfixturevalue("pg_url"))
 
@@ -99,13 +105,92 @@ def redis_authority(arm: str, store: LedgerStore) -> Any:
     return RedisAuthority(connect(REDIS_URL), store, ack="redis", owns_client=True)
 
 
+def arm_of(request: pytest.FixtureRequest) -> str | None:
+    """The ledger arm of the running test (``None`` outside the arms)."""
+    callspec = getattr(request.node, "callspec", None)
+    return None if callspec is None else callspec.params.get("ledger_url")
+
+
+def not_on_rest(request: pytest.FixtureRequest, reason: str) -> None:
+    """Skip the running test on the REST arm, which cannot do what it inspects."""
+    if arm_of(request) == REST_ARM:
+        pytest.skip(f"not applicable over REST: {reason}")
+
+
+@pytest.fixture(scope="session")
+def rest_api(sqlite_url: str) -> Iterator[str]:
+    """Base URL of the REST API served by uvicorn on 127.0.0.1 (a free port) in a
+    background thread over the session's SQLite ledger; stopped at the session's end."""
+    import uvicorn
+
+    from prefect_baton.rest import create_app
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    config = uvicorn.Config(
+        create_app(sqlite_url), host="127.0.0.1", port=port, log_level="warning", lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="rest-arm-uvicorn", daemon=True)
+    thread.start()
+    started = threading.Event()
+    while thread.is_alive() and not server.started:
+        started.wait(0.02)
+    assert server.started, "uvicorn did not start"
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+class RestBaton(Baton):
+    """Test-only REST client whose :meth:`as_principal` mints a key for the identity
+    (the library's remote client refuses to: its identity is its key's)."""
+
+    mint: Callable[[str, str, str], str]
+
+    def as_principal(self, principal: str, role: str = "agent") -> Baton:
+        """A client for ``principal`` of this org, on a key minted for it."""
+        return self.for_identity(self.org, principal, role)
+
+    def for_identity(self, org: str, principal: str, role: str = "agent") -> RestBaton:
+        """A client sharing this one's connection pool, on a new key for the identity."""
+        remote = self._remote
+        assert remote is not None
+        other = RestBaton(lease_authority=remote.with_key(self.mint(org, principal, role)))
+        other.mint = self.mint
+        return other
+
+
+def rest_baton(api_url: str, ledger_url: str, org: str) -> RestBaton:
+    """A :class:`RestBaton` for (``org``, ``agent-a``, agent) at ``api_url``."""
+    from prefect_baton.rest import create_key
+
+    engines = store_for(ledger_url).engines
+
+    def mint(org_: str, principal: str, role: str) -> str:
+        return create_key(org=org_, principal=principal, role=role, engines=engines)[0]
+
+    b = RestBaton(api_url=api_url, api_key=mint(org, "agent-a", "agent"))
+    b.mint = mint
+    return b
+
+
 @pytest.fixture
 def baton(request: pytest.FixtureRequest, ledger_url: str, org: str) -> Iterator[Baton]:
     """A client for principal ``agent-a`` (role agent) in a fresh org, on each ledger arm.
 
-    ``baton.as_principal("agent-b")`` gives another identity of the same org.
+    ``baton.as_principal("agent-b")`` gives another identity of the same org (on the REST
+    arm: a client on a key minted for it).
     """
-    arm = request.node.callspec.params.get("ledger_url")
+    arm = arm_of(request)
+    if arm == REST_ARM:
+        b = rest_baton(str(request.getfixturevalue("rest_api")), ledger_url, org)
+        yield b
+        b.close()
+        return
     if arm in REDIS_ARMS:
         store = store_for(ledger_url)
         authority = redis_authority(arm, store)
@@ -124,6 +209,8 @@ def baton_in_org(baton: Baton) -> Callable[..., Baton]:
     An arm that gives ``baton`` another authority must give these clients the same one."""
 
     def make(org_id: str, principal: str = "agent-a", role: str = "agent") -> Baton:
+        if isinstance(baton, RestBaton):
+            return baton.for_identity(org_id, principal, role)
         other = Baton(
             org=org_id, principal=principal, role=role, settings=baton.settings, store=baton.store
         )

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from ._authority import Caller
+from ._core import Proof
 from ._keeper import LeaseKeeper
-from ._ledger.store import Fence, LedgerStore
+from ._ledger.store import Fence
 from .errors import ValidationError
-from .models import Lease
+from .models import Checkpoint, Event, Evidence, Handoff, Lease, Outcome
 
 if TYPE_CHECKING:
     from ._client import Baton
@@ -32,6 +34,98 @@ class FenceLike(Protocol):
 
 
 LeaseLike = Lease | LeaseKeeper
+
+
+class RecordStore(Protocol):
+    """The store operations the client surface calls besides the lease authority's: the
+    ledger (:class:`~prefect_baton._ledger.store.LedgerStore`) or the REST API
+    (:class:`~prefect_baton._remote.RemoteBackend`). Arguments arrive validated; every
+    method raises the :mod:`prefect_baton.errors` of its rule."""
+
+    @property
+    def state_max_bytes(self) -> int: ...
+
+    def checkpoint_save(
+        self,
+        caller: Caller,
+        subject_id: str,
+        kind: str,
+        state: dict[str, Any],
+        *,
+        state_text: str,
+        state_hash: str,
+        expected_version: int | None,
+        fence: Fence | None,
+        idempotency_key: str | None,
+        ttl_ms: int | None,
+    ) -> Checkpoint: ...
+
+    def checkpoint_get(
+        self, caller: Caller, subject_id: str, kind: str, principal: str | None = None
+    ) -> Checkpoint | None: ...
+
+    def checkpoint_get_by_id(self, caller: Caller, checkpoint_id: str) -> Checkpoint: ...
+
+    def checkpoint_history(
+        self, caller: Caller, subject_id: str, kind: str, principal: str | None = None
+    ) -> list[Checkpoint]: ...
+
+    def handoff_create(
+        self,
+        caller: Caller,
+        to_principal: str,
+        subject_id: str,
+        *,
+        checkpoint_id: str | None,
+        context_id: str | None,
+        message: str | None,
+        lease: Proof | None,
+        expires_in_ms: int | None,
+        idempotency_key: str | None,
+    ) -> Handoff: ...
+
+    def handoff_inbox(self, caller: Caller, *, limit: int = 100) -> list[Handoff]: ...
+
+    def handoff_get(self, caller: Caller, handoff_id: str) -> Handoff: ...
+
+    def handoff_resolve(
+        self,
+        caller: Caller,
+        handoff_id: str,
+        status: str,
+        *,
+        note: str | None,
+        execution_key: str | None,
+        ttl_ms: int | None,
+    ) -> Handoff: ...
+
+    def outcome_record(
+        self,
+        caller: Caller,
+        subject_id: str,
+        status: str,
+        *,
+        evidence: Sequence[Evidence],
+        fence: Fence | None,
+        lease_id: str | None,
+        handoff_id: str | None,
+        checkpoint_id: str | None,
+        idempotency_key: str | None,
+    ) -> Outcome: ...
+
+    def outcome_list(
+        self, caller: Caller, subject_id: str | None = None, *, limit: int = 1000
+    ) -> list[Outcome]: ...
+
+    def events_list(
+        self, caller: Caller, *, after_seq: int = 0, limit: int = 100, kind: str | None = None
+    ) -> list[Event]: ...
+
+    def report_expired(self, caller: Caller, *, limit: int = 1000) -> list[Lease]: ...
+
+    def prune_receipts(self, caller: Caller) -> int: ...
+
+    def close(self) -> None: ...
 
 
 def _lease_of(lease: object) -> Lease:
@@ -65,6 +159,6 @@ class _API:
         return self._b.caller
 
     @property
-    def _store(self) -> LedgerStore:
+    def _store(self) -> RecordStore:
         self._b._ledger_barrier()
-        return self._b.store
+        return self._b._records

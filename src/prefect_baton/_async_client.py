@@ -38,7 +38,9 @@ class AsyncBaton:
     """The asynchronous client: the same methods as :class:`Baton`, as coroutines
     (``await ab.leases.acquire(...)``), and ``async with ab.lease(...)``.
 
-    Blocking database calls run on worker threads (anyio), so the event loop stays free.
+    Blocking database (or HTTP) calls run on worker threads (anyio), so the event loop
+    stays free. Arguments as :class:`Baton` (``api_url``/``api_key`` run it through the REST
+    API); ``sync`` wraps an existing :class:`Baton` instead.
     """
 
     def __init__(
@@ -52,9 +54,19 @@ class AsyncBaton:
         sync: Baton | None = None,
         redis_url: str | None = None,
         ack: str | None = None,
+        api_url: str | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.sync = sync or Baton(
-            ledger_url, org, principal, role, settings=settings, redis_url=redis_url, ack=ack
+            ledger_url,
+            org,
+            principal,
+            role,
+            settings=settings,
+            redis_url=redis_url,
+            ack=ack,
+            api_url=api_url,
+            api_key=api_key,
         )
         self.leases: Any = _AsyncAPI(self.sync.leases)
         self.checkpoints: Any = _AsyncAPI(self.sync.checkpoints)
@@ -76,7 +88,8 @@ class AsyncBaton:
         return self.sync.principal
 
     def as_principal(self, principal: str, role: str = "agent") -> AsyncBaton:
-        """Another identity of the same org sharing this client's connections."""
+        """Another identity of the same org sharing this client's connections (as
+        :meth:`Baton.as_principal`; ``FORBIDDEN`` on a REST API client)."""
         return AsyncBaton(sync=self.sync.as_principal(principal, role))
 
     def lease(self, resource_type: str, resource_id: str, **kwargs: Any) -> LeaseKeeper:
@@ -84,5 +97,5 @@ class AsyncBaton:
         return self.sync.lease(resource_type, resource_id, **kwargs)
 
     async def aclose(self) -> None:
-        """Close the ledger connections."""
+        """Close the ledger connections (or the REST connection pool)."""
         await anyio.to_thread.run_sync(self.sync.close)

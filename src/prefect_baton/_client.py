@@ -15,11 +15,12 @@ from ._core import Proof
 from ._keeper import LeaseKeeper
 from ._ledger.store import Fence, LedgerStore
 from ._settings import BatonSettings
-from .errors import ValidationError
+from .errors import ForbiddenError, ValidationError
 from .models import Lease, LeaseInfo, Receipt
 
 if TYPE_CHECKING:
     from ._redis.authority import RedisAuthority
+    from ._remote import RemoteBackend
 from ._api_base import (
     _API,
     CHECKPOINT_TTL_MAX_SECONDS,
@@ -27,6 +28,7 @@ from ._api_base import (
     OUTCOME_STATUSES,
     FenceLike,
     LeaseLike,
+    RecordStore,
     _fence_of,
     _lease_of,
     _limit,
@@ -129,6 +131,9 @@ class LeaseAPI(_API):
         redis_ = self._b._redis
         if redis_ is not None:
             return redis_.acquire_many(self._caller, reqs, idempotency_key=key)
+        remote = self._b._remote
+        if remote is not None:
+            return remote.acquire_many(self._caller, reqs, idempotency_key=key)
         return ledger_acquire_many(self._b.store, self._caller, reqs, idempotency_key=key)
 
     def _proof(self, lease: object) -> Proof:
@@ -285,6 +290,21 @@ class Baton:
         lease_authority: an authority to share (e.g. a
             :class:`~prefect_baton._redis.authority.RedisAuthority`); overrides
             ``redis_url``.
+        api_url: base URL of the REST API (``str``, e.g. ``http://127.0.0.1:8787``; default
+            ``BATON_API_URL`` when no ``ledger_url``, ``store``, ``redis_url`` or
+            ``lease_authority`` is given). Every operation then runs through the API over
+            HTTP (httpx, one connection pool, ``BATON_API_TIMEOUT_SECONDS`` per request),
+            with the same results and errors; no ledger or Redis is opened here.
+        api_key: the bearer key for ``api_url`` (``str``; default ``BATON_API_KEY``). It
+            decides org, principal and role (asked once, ``GET /v1/me``); an explicit
+            ``org``, ``principal`` or ``role`` that differs from the key's raises
+            :class:`ForbiddenError`. The key never appears in logs, reprs or messages.
+
+    A remote client (``api_url``) cannot mint identities: :meth:`as_principal` raises
+    :class:`ForbiddenError` (make a key per identity instead), so does
+    :meth:`prune_receipts` (an operator task on the ledger), and :attr:`store` does not
+    exist. Connection failures and timeouts raise :class:`UnavailableError`, a refused key
+    ``UNAUTHENTICATED`` (:class:`prefect_baton._remote.UnauthenticatedError`).
 
     With Redis as the authority, the ledger-backed writes that carry a lease keep their
     guarantees: a fenced checkpoint save or outcome record checks the lease against Redis
@@ -297,12 +317,14 @@ class Baton:
     so they see this client's own lease transitions.
 
     Raises:
-        ValidationError: a bad id, role, URL or ``ack``. UnavailableError: the ledger cannot
-            be reached.
+        ValidationError: a bad id, role, URL, key or ``ack``, or both ``api_url`` and a
+            ledger. UnavailableError: the ledger (or the REST API) cannot be reached.
+        ForbiddenError: ``org``/``principal``/``role`` disagree with the API key's.
 
     Example::
 
         b = Baton(org="acme", principal="agent-a")
+        remote = Baton(api_url="http://127.0.0.1:8787", api_key="bk_...")
         with b.lease("deploy", "checkout-service", ttl_seconds=60) as held:
             ...  # pass fence=held to checkpoint/outcome writes
     """
@@ -319,9 +341,20 @@ class Baton:
         redis_url: str | None = None,
         ack: str | None = None,
         lease_authority: LeaseAuthority | None = None,
+        api_url: str | None = None,
+        api_key: str | None = None,
     ) -> None:
         s = settings or BatonSettings()
         self.settings = s
+        self._ledger: LedgerStore | None = None
+        self._owns_authority = False
+        remote = self._remote_of(
+            s, api_url, api_key, local=(ledger_url, store, redis_url, lease_authority)
+        )
+        if remote is not None:
+            owned = remote is not lease_authority
+            self._init_remote(remote, org, principal, role, owned=owned)
+            return
         self.caller = Caller(
             org=_core.validate_id("org", s.org if org is None else org),
             principal=_core.validate_id(
@@ -329,13 +362,13 @@ class Baton:
             ),
             role=_core.validate_role(s.role if role is None else role),
         )
-        self.store = store or LedgerStore(
+        self._ledger = store or LedgerStore(
             ledger_url or s.ledger_url,
             receipt_retention_seconds=s.receipt_retention_seconds,
             state_max_bytes=s.state_max_bytes,
         )
-        self.authority: LeaseAuthority = lease_authority or self.store
-        self._owns_authority = False
+        self._records: RecordStore = self._ledger
+        self.authority: LeaseAuthority = lease_authority or self._ledger
         url = redis_url or (s.redis_url.get_secret_value() if s.redis_url else None)
         if lease_authority is None and url:
             from ._redis.authority import RedisAuthority
@@ -347,11 +380,82 @@ class Baton:
             except ValueError as exc:  # redis-py's verdict on a malformed URL
                 raise ValidationError(f"bad Redis URL: {exc}") from None
             self._owns_authority = True
+        self._apis()
+
+    def _apis(self) -> None:
         self.leases = LeaseAPI(self)
         self.checkpoints = CheckpointAPI(self)
         self.handoffs = HandoffAPI(self)
         self.outcomes = OutcomeAPI(self)
         self.events = EventAPI(self)
+
+    @staticmethod
+    def _remote_of(
+        s: BatonSettings,
+        api_url: str | None,
+        api_key: str | None,
+        *,
+        local: tuple[object, ...],
+    ) -> RemoteBackend | None:
+        """The REST backend this client runs on, or ``None`` for a local client."""
+        authority = local[3]
+        if getattr(authority, "_baton_remote", False):
+            if api_url is not None or api_key is not None:
+                raise ValidationError("pass either a remote lease_authority or api_url/api_key")
+            return cast("RemoteBackend", authority)
+        if api_url is None and any(x is not None for x in local):
+            if api_key is not None:
+                raise ValidationError("api_key needs api_url (a REST API), not a ledger")
+            return None
+        if api_url is not None and any(x is not None for x in local):
+            raise ValidationError(
+                "api_url runs every operation through the REST API; do not also pass "
+                "ledger_url, store, redis_url or lease_authority"
+            )
+        url = api_url if api_url is not None else s.api_url
+        if url is None:
+            if api_key is not None:
+                raise ValidationError("api_key needs api_url (a REST API), not a ledger")
+            return None
+        key = api_key if api_key is not None else s.api_key
+        if key is None:
+            raise ValidationError("api_url needs an api_key (or BATON_API_KEY)")
+        try:
+            from ._remote import RemoteBackend
+        except ImportError:  # pragma: no cover - depends on the installed extras
+            raise ValidationError("api_url needs httpx: install prefect-baton[rest]") from None
+        return RemoteBackend(url, key, timeout_seconds=s.api_timeout_seconds)
+
+    def _init_remote(
+        self,
+        remote: RemoteBackend,
+        org: str | None,
+        principal: str | None,
+        role: str | None,
+        *,
+        owned: bool,
+    ) -> None:
+        self._owns_authority = owned
+        try:
+            me = remote.identity()
+            for name, given, actual in (
+                ("org", org, me.org),
+                ("principal", principal, me.principal),
+                ("role", role, me.role),
+            ):
+                if given is not None and given != actual:
+                    raise ForbiddenError(
+                        f"the API key acts as {name} {actual!r}, not {given!r}; a remote "
+                        f"client's identity is its key's"
+                    )
+        except BaseException:
+            if owned:
+                remote.close()
+            raise
+        self.caller = Caller(org=me.org, principal=me.principal, role=me.role)
+        self._records = remote
+        self.authority = remote
+        self._apis()
 
     @classmethod
     def from_settings(cls, **overrides: Any) -> Baton:
@@ -371,14 +475,36 @@ class Baton:
     def role(self) -> str:
         return self.caller.role
 
+    @property
+    def store(self) -> LedgerStore:
+        """The ledger store of a local client.
+
+        Raises:
+            ForbiddenError: a remote client (``api_url``) has no ledger store.
+        """
+        if self._ledger is None:
+            raise ForbiddenError(
+                "a REST API client (api_url) has no ledger store; its operations run "
+                "through the API"
+            )
+        return self._ledger
+
     def as_principal(self, principal: str, role: str = "agent") -> Baton:
         """Another identity of the same org sharing this client's ledger connections.
 
         Raises:
             ValidationError: ``principal`` or ``role`` is not valid (``None`` included).
+            ForbiddenError: a remote client (``api_url``): its identity is its API key's,
+                so it cannot act as anyone else; create a key for that identity
+                (``baton keys create``) and a client with it.
         """
         _core.validate_id("principal", principal)
         _core.validate_role(role)
+        if self._remote is not None:
+            raise ForbiddenError(
+                "a REST API client cannot act as another principal: its identity is its API "
+                "key's; use a key created for that principal"
+            )
         return Baton(
             org=self.org,
             principal=principal,
@@ -422,13 +548,23 @@ class Baton:
         )
 
     def prune_receipts(self) -> int:
-        """Delete idempotency receipts older than the retention; returns the count."""
-        return self.store.prune_receipts(self.caller)
+        """Delete idempotency receipts older than the retention; returns the count.
+
+        Raises:
+            ForbiddenError: on a remote client (``api_url``): not offered over REST.
+        """
+        return self._records.prune_receipts(self.caller)
 
     @property
     def _redis(self) -> RedisAuthority | None:
         if getattr(self.authority, "_baton_redis", False):
             return cast("RedisAuthority", self.authority)
+        return None
+
+    @property
+    def _remote(self) -> RemoteBackend | None:
+        if getattr(self.authority, "_baton_remote", False):
+            return cast("RemoteBackend", self.authority)
         return None
 
     def _ledger_barrier(self) -> None:
@@ -456,7 +592,13 @@ class Baton:
         )
 
     def close(self) -> None:
-        """Close the ledger connections (and the Redis authority this client created)."""
+        """Close the ledger connections (and the Redis authority or REST connection pool
+        this client created)."""
+        remote = self._remote
+        if remote is not None:
+            if self._owns_authority:
+                remote.close()
+            return
         if self._owns_authority:
             redis_ = self._redis
             if redis_ is not None:

@@ -40,6 +40,13 @@ class BatonSettings(BaseSettings):
             ``lock_delay``: the grant policy after Redis lost its data.
         receipt_retention_seconds: ``BATON_RECEIPT_RETENTION_SECONDS`` (default 86,400).
         state_max_bytes: ``BATON_STATE_MAX_BYTES``, checkpoint state cap (default 1 MiB).
+        api_url: ``BATON_API_URL``; base URL of the REST API (e.g.
+            ``http://127.0.0.1:8787``). When set (and no ledger is passed explicitly), a
+            :class:`prefect_baton.Baton` runs every operation through the API.
+        api_key: ``BATON_API_KEY``; the bearer key for ``api_url`` (a secret: masked in
+            reprs).
+        api_timeout_seconds: ``BATON_API_TIMEOUT_SECONDS``; per-request timeout of the REST
+            client in seconds (default 30).
     """
 
     model_config = SettingsConfigDict(env_prefix="BATON_", extra="ignore")
@@ -53,3 +60,6 @@ class BatonSettings(BaseSettings):
     redis_post_loss: str = "fence_only"
     receipt_retention_seconds: int = Field(default=86_400, ge=60)
     state_max_bytes: int = Field(default=1024 * 1024, ge=1024)
+    api_url: str | None = None
+    api_key: SecretStr | None = None
+    api_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)

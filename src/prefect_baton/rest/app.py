@@ -26,21 +26,26 @@ is ``404``, a second transfer ``409 LEASE_LOST``, a renew extends again).
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy.exc import OperationalError
+from sqlmodel import Session
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
+from .. import _core
 from .._authority import Caller, LeaseAuthority
 from .._client import Baton
 from .._ledger.store import LedgerStore
+from .._ledger.tables import ApiKeyRow
 from .._settings import BatonSettings
-from ..errors import BatonError, NotFoundError, ValidationError
+from ..errors import BatonError, NotFoundError, UnavailableError, ValidationError
 from ..models import Lease
 from . import _schemas as s
 from ._http import BatonMiddleware, baton_error_response, error_response, ok
@@ -67,6 +72,99 @@ def _no_idempotency_key(key: IdemKey = None) -> None:
 
 
 NoKey = [Depends(_no_idempotency_key)]
+
+
+class _ProofIn(BaseModel):
+    """The execution key of a lease proof. Absent: the lease's own (the seed service's
+    behaviour); present (``null`` included): exactly the key the Python client presents."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    execution_key: str | None = None
+
+
+class RenewProofIn(s.RenewIn):
+    """``POST /v1/leases/{id}/renew``, optionally with the proof's ``execution_key``."""
+
+    execution_key: str | None = None
+
+
+class TransferProofIn(s.TransferIn):
+    """``POST /v1/leases/{id}/transfer``, optionally with the proof's ``execution_key``."""
+
+    execution_key: str | None = None
+
+
+class ReleaseIn(_ProofIn):
+    """``POST /v1/leases/{id}/release``: release by proof (``no_change`` on a repeat)."""
+
+    expected_version: int | None = None
+
+
+class BatchItemIn(BaseModel):
+    """One resource of ``POST /v1/leases/batch``; unset fields take the call's defaults."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    resource_type: str
+    resource_id: str
+    ttl_seconds: int | None = None
+    purpose: str | None = None
+    scopes: list[str] | None = None
+    expected_version: int | None = None
+
+
+class BatchIn(BaseModel):
+    """``POST /v1/leases/batch``: acquire every resource or none (1..1,000)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    resources: list[BatchItemIn]
+    ttl_seconds: int
+    purpose: str | None = None
+    scopes: list[str] = []
+
+
+class FencedCheckpointIn(s.CheckpointIn):
+    """``PUT /v1/checkpoints``; ``fence_epoch`` is the epoch the writer presents with
+    ``fence_lease_id`` (default: that lease's own)."""
+
+    fence_epoch: int | None = None
+
+
+class FencedOutcomeIn(s.OutcomeIn):
+    """``POST /v1/outcomes``; ``fence_epoch`` as for checkpoints."""
+
+    fence_epoch: int | None = None
+
+
+def _proof_lease(b: Baton, lease_id: str, body: BaseModel) -> Lease:
+    """The caller's lease ``lease_id`` with the execution key of the presented proof."""
+    lease = b.leases.get(lease_id)
+    if "execution_key" in body.model_fields_set:
+        lease = lease.model_copy(update={"execution_key": getattr(body, "execution_key", None)})
+    return lease
+
+
+def _fence(b: Baton, lease_id: str | None, epoch: int | None) -> Lease | None:
+    """The lease presented as a fence: the caller's lease ``lease_id`` at ``epoch``.
+
+    Raises:
+        StaleFenceError: the lease is unknown, another principal's or another org's (as
+            the Python API refuses such a fence).
+    """
+    if lease_id is None:
+        return None
+    try:
+        lease = b.leases.get(lease_id)
+    except NotFoundError:
+        lease = None
+    if lease is None or lease.owner != b.principal:
+        _core.check_fence(None, lease_id=lease_id, epoch=epoch or 0, now_ms=0)
+    assert lease is not None
+    if epoch is not None and epoch != lease.epoch:
+        lease = lease.model_copy(update={"epoch": epoch})
+    return lease
 
 
 def _dump(obj: Any) -> Any:
@@ -227,19 +325,19 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         return ok(data, _rid(request), replayed=receipt.replayed)
 
     @app.post("/v1/leases/{lease_id}/renew", tags=["leases"], dependencies=NoKey)
-    def renew(request: Request, lease_id: str, b: B, body: s.RenewIn | None = None) -> Response:
+    def renew(request: Request, lease_id: str, b: B, body: RenewProofIn | None = None) -> Response:
         """Extend a lease you hold; 409 LEASE_LOST once it has ended or expired."""
-        body = body or s.RenewIn()
-        lease = b.leases.get(lease_id)
+        body = body or RenewProofIn()
+        lease = _proof_lease(b, lease_id, body)
         renewed = b.leases.renew(
             lease, ttl_seconds=body.ttl_seconds, expected_version=body.expected_version
         )
         return _reply(request, renewed)
 
     @app.post("/v1/leases/{lease_id}/transfer", tags=["leases"], dependencies=NoKey)
-    def transfer(request: Request, lease_id: str, body: s.TransferIn, b: B) -> Response:
+    def transfer(request: Request, lease_id: str, body: TransferProofIn, b: B) -> Response:
         """Hand a lease you hold to another principal; returns the receiver's lease."""
-        lease = b.leases.get(lease_id)
+        lease = _proof_lease(b, lease_id, body)
         moved = b.leases.transfer(
             lease,
             to_principal=body.to_principal,
@@ -248,6 +346,45 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
             expected_version=body.expected_version,
         )
         return _reply(request, moved)
+
+    @app.post("/v1/leases/{lease_id}/release", tags=["leases"], dependencies=NoKey)
+    def release_by_proof(
+        request: Request, lease_id: str, b: B, body: ReleaseIn | None = None
+    ) -> Response:
+        """Release a lease you hold by proof (id, you, execution key): ``released``,
+        ``expired`` (it had run out) or ``no_change`` (already released by this proof);
+        409 LEASE_LOST once another holder has it."""
+        body = body or ReleaseIn()
+        receipt = b.leases.release(
+            _proof_lease(b, lease_id, body), expected_version=body.expected_version
+        )
+        return _reply(request, receipt)
+
+    @app.post("/v1/leases/batch", status_code=201, tags=["leases"])
+    def acquire_many(request: Request, body: BatchIn, b: B, key: IdemKey = None) -> Response:
+        """Acquire several resources all-or-nothing; the first refusal's error otherwise
+        (nothing acquired). ``data.replayed`` flags each lease that came back replayed."""
+        items = [item.model_dump(exclude_none=True) for item in body.resources]
+        leases = b.leases.acquire_many(
+            items,
+            ttl_seconds=body.ttl_seconds,
+            purpose=body.purpose,
+            scopes=body.scopes,
+            idempotency_key=key,
+        )
+        data = {"leases": _dump(leases), "replayed": [lease.replayed for lease in leases]}
+        replayed = bool(leases) and all(lease.replayed for lease in leases)
+        return ok(data, _rid(request), replayed=replayed, status=201)
+
+    @app.post("/v1/leases/report-expired", tags=["leases"], dependencies=NoKey)
+    def report_expired(request: Request, b: B, limit: int = 1000) -> Response:
+        """Record ``lease.expired`` once per lapsed lease of the org; the leases reported."""
+        return _reply(request, b.leases.report_expired(limit=limit), key="leases")
+
+    @app.get("/v1/leases/{lease_id}", tags=["leases"])
+    def get_lease(request: Request, lease_id: str, b: B) -> Response:
+        """A lease generation by id (yours; any of the org's for owner/admin)."""
+        return _reply(request, b.leases.get(lease_id))
 
     @app.post("/v1/leases/{lease_id}/force-release", tags=["leases"], dependencies=NoKey)
     def force_release(request: Request, lease_id: str, b: B) -> Response:
@@ -297,14 +434,14 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
     # ------------------------------------------------------------------ checkpoints
 
     @app.put("/v1/checkpoints", tags=["checkpoints"])
-    def save(request: Request, body: s.CheckpointIn, b: B, key: IdemKey = None) -> Response:
+    def save(request: Request, body: FencedCheckpointIn, b: B, key: IdemKey = None) -> Response:
         """Write your checkpoint of ``(subject_id, kind)``; version +1 per write."""
         ck = b.checkpoints.save(
             body.subject_id,
             body.kind,
             body.state,
             expected_version=body.expected_version,
-            fence=held(b, body.fence_lease_id),
+            fence=_fence(b, body.fence_lease_id, body.fence_epoch),
             idempotency_key=key,
             ttl_seconds=body.ttl_seconds,
         )
@@ -336,13 +473,13 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
     # ------------------------------------------------------------------ outcomes, events
 
     @app.post("/v1/outcomes", status_code=201, tags=["outcomes"])
-    def record(request: Request, body: s.OutcomeIn, b: B, key: IdemKey = None) -> Response:
+    def record(request: Request, body: FencedOutcomeIn, b: B, key: IdemKey = None) -> Response:
         """Record ``succeeded``, ``failed`` or ``cancelled`` for a subject."""
         outcome = b.outcomes.record(
             body.subject_id,
             body.status,
             evidence=[e.model_dump() for e in body.evidence],
-            fence=held(b, body.fence_lease_id),
+            fence=_fence(b, body.fence_lease_id, body.fence_epoch),
             lease_id=body.lease_id,
             handoff_id=body.handoff_id,
             checkpoint_id=body.checkpoint_id,
@@ -363,6 +500,29 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
     ) -> Response:
         """Events with ``seq > after`` in commit order."""
         return _reply(request, b.events.list(after, limit, kind), key="events")
+
+    # ------------------------------------------------------------------ identity
+
+    @app.get("/v1/me", tags=["identity"])
+    def me(request: Request) -> Response:
+        """The identity of the bearer key: ``org``, ``principal``, ``role``, ``scopes``,
+        ``key_id``, and the server's checkpoint ``state_max_bytes``. Needs no scope."""
+        caller: Caller = request.state.caller
+        key_id: str = request.state.key_id
+        try:
+            with Session(store.engines.read) as session:
+                row = session.get(ApiKeyRow, key_id)
+        except OperationalError as exc:
+            raise UnavailableError("ledger database unavailable") from exc
+        data = {
+            "org": caller.org,
+            "principal": caller.principal,
+            "role": caller.role,
+            "scopes": json.loads(row.scopes) if row is not None else [],
+            "key_id": key_id,
+            "state_max_bytes": store.state_max_bytes,
+        }
+        return ok(data, _rid(request))
 
     install_openapi(app)
     return app

@@ -18,8 +18,8 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+import mcp.types as types
 import pydantic
-from mcp import types
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings

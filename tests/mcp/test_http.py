@@ -1,0 +1,262 @@
+"""``baton mcp --transport http`` served in a subprocess on a free 127.0.0.1 port, driven by
+the ``mcp`` package's streamable HTTP client and client session: each request's bearer key
+decides org, principal and role."""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from mcp.client.session import ClientSession
+from mcp.shared.exceptions import MCPError
+
+from prefect_baton.rest.keys import create_key, revoke_key
+
+from ..conftest import REDIS_URL, require_service
+from .conftest import LEASE, HttpServer, ok, race, row_counts, run, start_http, stop, tool_error
+from .test_stdio import TOOL_NAMES
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"},
+    },
+}
+MCP_HEADERS = {"Accept": "application/json, text/event-stream"}
+
+
+def _raw_initialize(url: str, authorization: str | None) -> httpx.Response:
+    headers = dict(MCP_HEADERS)
+    if authorization is not None:
+        headers["Authorization"] = authorization
+    return httpx.post(url, json=INITIALIZE, headers=headers, timeout=30)
+
+
+def test_lists_the_tools_over_http(http_server: HttpServer) -> None:
+    """An authenticated client session lists every coordination tool."""
+    key = http_server.key("agent-a")
+
+    async def main() -> None:
+        async with http_server.session(key) as s:
+            assert {t.name for t in (await s.list_tools()).tools} == TOOL_NAMES
+
+    run(main)
+
+
+def _race_for_one_lease(server: HttpServer) -> None:
+    keys = [server.key("agent-a"), server.key("agent-b")]
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            sessions: list[ClientSession] = [
+                await stack.enter_async_context(server.session(k)) for k in keys
+            ]
+
+            def acquire(s: ClientSession) -> Any:
+                return lambda: s.call_tool("baton_lease_acquire", LEASE)
+
+            results = await race([acquire(s) for s in sessions])
+            winners = [i for i, r in enumerate(results) if not r.is_error]
+            assert len(winners) == 1
+            w = winners[0]
+            lease = ok(results[w])
+            assert lease["owner"] == ["agent-a", "agent-b"][w]
+            err = tool_error(results[1 - w], "CONFLICT")
+            assert "agent-" not in err["message"]
+            lost = await sessions[1 - w].call_tool(
+                "baton_lease_release", {"lease_id": lease["lease_id"]}
+            )
+            tool_error(lost, "NOT_FOUND")
+            mine = await sessions[w].call_tool(
+                "baton_lease_release", {"lease_id": lease["lease_id"]}
+            )
+            assert ok(mine)["status"] == "released"
+
+    run(main)
+
+
+def test_two_clients_race_for_one_lease_over_http(http_server: HttpServer) -> None:
+    """Two keys acquire one resource at once: exactly one wins, the other gets CONFLICT
+    and a NOT_FOUND releasing the winner's lease."""
+    _race_for_one_lease(http_server)
+    assert row_counts(http_server.ledger_url)["baton_leases"] == 1
+
+
+def test_race_with_redis_as_the_lease_authority(ledger_url: str, org: str, tmp_path: Path) -> None:
+    """With --redis-url the same race has the same answer (Redis on 127.0.0.1:6379)."""
+    require_service("Redis", "127.0.0.1", 6379)
+    log = tmp_path / "mcp-redis.log"
+    proc, url = start_http(ledger_url, log, redis_url=REDIS_URL)
+    try:
+        _race_for_one_lease(HttpServer(url=url, log=log, ledger_url=ledger_url, org=org))
+    finally:
+        stop(proc)
+
+
+def test_handoff_created_by_one_key_is_resolved_by_the_other(http_server: HttpServer) -> None:
+    """A handoff created with Alice's key is in the inbox of Bob's key and accepted there;
+    Alice's inbox stays empty."""
+    alice_key, bob_key = http_server.key("alice"), http_server.key("bob")
+
+    async def main() -> None:
+        async with http_server.session(alice_key) as alice, http_server.session(bob_key) as bob:
+            lease = ok(await alice.call_tool("baton_lease_acquire", LEASE))
+            handoff = ok(
+                await alice.call_tool(
+                    "baton_handoff_create",
+                    {"to_principal": "bob", "subject_id": "svc", "lease_id": lease["lease_id"]},
+                )
+            )
+            assert handoff["from_principal"] == "alice"
+            assert ok(await alice.call_tool("baton_handoff_inbox", {})) == {"handoffs": []}
+            inbox = ok(await bob.call_tool("baton_handoff_inbox", {}))["handoffs"]
+            assert [h["handoff_id"] for h in inbox] == [handoff["handoff_id"]]
+            accepted = ok(
+                await bob.call_tool(
+                    "baton_handoff_resolve",
+                    {"handoff_id": handoff["handoff_id"], "status": "accepted"},
+                )
+            )
+            assert accepted["lease"]["owner"] == "bob"
+            stale = await alice.call_tool(
+                "baton_outcome_record",
+                {
+                    "subject_id": "svc",
+                    "status": "failed",
+                    "lease_id": lease["lease_id"],
+                    "epoch": lease["epoch"],
+                },
+            )
+            tool_error(stale, "STALE_FENCE")
+
+    run(main)
+
+
+@pytest.mark.parametrize("case", ["missing", "not-bearer", "unknown", "revoked"])
+def test_bad_keys_are_refused_before_any_tool_runs(http_server: HttpServer, case: str) -> None:
+    """A missing, malformed, unknown or revoked key gets HTTP 401 (with WWW-Authenticate),
+    the client session cannot start, and nothing is written."""
+    before = row_counts(http_server.ledger_url)
+    secret = http_server.key("agent-a")
+    authorization: str | None
+    if case == "missing":
+        authorization = None
+    elif case == "not-bearer":
+        authorization = f"Basic {secret}"
+    elif case == "unknown":
+        authorization = "Bearer bk_" + "x" * 43
+    else:
+        secret, key = create_key(http_server.ledger_url, org=http_server.org, principal="gone")
+        revoke_key(http_server.ledger_url, key_id=key.key_id)
+        authorization = f"Bearer {secret}"
+
+    resp = _raw_initialize(http_server.url, authorization)
+    assert resp.status_code == 401
+    assert resp.headers["www-authenticate"].startswith("Bearer")
+
+    if case != "not-bearer":  # the client session always sends a Bearer header
+        token = authorization.split(" ", 1)[1] if authorization else None
+
+        async def main() -> None:
+            async with http_server.session(token) as s:
+                await s.call_tool("baton_lease_acquire", LEASE)
+
+        with pytest.raises(BaseExceptionGroup) as raised:
+            run(main)
+        assert raised.value.subgroup(MCPError) is not None, raised.value
+    assert row_counts(http_server.ledger_url) == before
+
+
+def test_the_principal_is_the_keys_not_the_clients(http_server: HttpServer) -> None:
+    """The server was started with --principal mallory and the client asserts other
+    identities, yet every call acts as the key's principal: a `principal` argument is an
+    unknown field, and identity headers are ignored."""
+    key = http_server.key("alice")
+
+    async def main() -> None:
+        async with http_server.session(key) as s:
+            claimed = await s.call_tool("baton_lease_acquire", {**LEASE, "principal": "mallory"})
+            tool_error(claimed, "VALIDATION_ERROR")
+            lease = ok(await s.call_tool("baton_lease_acquire", LEASE))
+            assert lease["owner"] == "alice"
+            ckpt = ok(
+                await s.call_tool(
+                    "baton_checkpoint_save", {"subject_id": "svc", "kind": "k", "state": {"a": 1}}
+                )
+            )
+            assert ckpt["principal"] == "alice"
+
+    run(main)
+    raw = _raw_initialize(http_server.url, f"Bearer {key}")
+    assert raw.status_code == 200
+
+
+def test_a_key_without_the_scope_gets_forbidden(http_server: HttpServer) -> None:
+    """A read-only key may inspect but not acquire (FORBIDDEN tool error, nothing written)."""
+    key = http_server.key("reader", scopes=["leases:read"])
+    before = row_counts(http_server.ledger_url)
+
+    async def main() -> None:
+        async with http_server.session(key) as s:
+            err = tool_error(await s.call_tool("baton_lease_acquire", LEASE), "FORBIDDEN")
+            assert "leases:write" in err["message"]
+            info = ok(
+                await s.call_tool(
+                    "baton_lease_inspect",
+                    {"resource_type": LEASE["resource_type"], "resource_id": LEASE["resource_id"]},
+                )
+            )
+            assert info["held"] is False
+
+    run(main)
+    assert row_counts(http_server.ledger_url) == before
+
+
+def test_another_orgs_key_sees_nothing(http_server: HttpServer) -> None:
+    """A key of another org gets NOT_FOUND for this org's handoff and lease ids."""
+    mine = http_server.key("alice")
+    other, _ = create_key(http_server.ledger_url, org=http_server.org + "-x", principal="bob")
+
+    async def main() -> None:
+        async with http_server.session(mine) as a, http_server.session(other) as b:
+            lease = ok(await a.call_tool("baton_lease_acquire", LEASE))
+            handoff = ok(
+                await a.call_tool(
+                    "baton_handoff_create", {"to_principal": "bob", "subject_id": "s"}
+                )
+            )
+            assert ok(await b.call_tool("baton_handoff_inbox", {})) == {"handoffs": []}
+            tool_error(
+                await b.call_tool("baton_handoff_show", {"handoff_id": handoff["handoff_id"]}),
+                "NOT_FOUND",
+            )
+            tool_error(
+                await b.call_tool("baton_lease_release", {"lease_id": lease["lease_id"]}),
+                "NOT_FOUND",
+            )
+
+    run(main)
+
+
+def test_keys_never_reach_the_server_log(http_server: HttpServer) -> None:
+    """Neither an accepted nor a refused key appears in the server's output."""
+    good = http_server.key("alice")
+    bad = "bk_" + "y" * 43
+
+    async def main() -> None:
+        async with http_server.session(good) as s:
+            ok(await s.call_tool("baton_lease_acquire", LEASE))
+
+    run(main)
+    assert _raw_initialize(http_server.url, f"Bearer {bad}").status_code == 401
+    log = http_server.log.read_text(encoding="utf-8", errors="replace")
+    assert "POST /mcp" in log
+    assert good not in log
+    assert bad not in log

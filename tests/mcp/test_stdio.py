@@ -1,0 +1,300 @@
+"""``baton mcp`` over stdio, driven by the ``mcp`` package's own client session: each
+client is a ``baton mcp`` subprocess acting as the principal it was started with."""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+from typing import Any
+
+from mcp.client.session import ClientSession
+
+from .conftest import LEASE, ok, race, row_counts, run, tool_error
+
+TOOL_NAMES = {
+    "baton_lease_acquire",
+    "baton_lease_renew",
+    "baton_lease_release",
+    "baton_lease_inspect",
+    "baton_checkpoint_save",
+    "baton_checkpoint_get",
+    "baton_handoff_create",
+    "baton_handoff_inbox",
+    "baton_handoff_resolve",
+    "baton_handoff_show",
+    "baton_outcome_record",
+}
+
+
+def test_lists_the_coordination_tools(stdio_session: Any) -> None:
+    """The server lists every coordination tool; each input schema forbids unknown fields."""
+
+    async def main() -> None:
+        async with stdio_session("agent-a") as s:
+            listed = (await s.list_tools()).tools
+            assert {t.name for t in listed} == TOOL_NAMES
+            for tool in listed:
+                assert tool.input_schema["type"] == "object"
+                assert tool.input_schema["additionalProperties"] is False, tool.name
+                assert tool.description
+            by_name = {t.name: t for t in listed}
+            assert by_name["baton_lease_inspect"].annotations.read_only_hint is True
+            assert by_name["baton_lease_acquire"].annotations.read_only_hint is False
+
+    run(main)
+
+
+def test_two_clients_race_for_one_lease(stdio_session: Any, ledger_url: str) -> None:
+    """Two clients acquire one resource at once: exactly one wins, the other gets a
+    CONFLICT tool error naming only the expiry, and cannot release the winner's lease."""
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            a = await stack.enter_async_context(stdio_session("agent-a"))
+            b = await stack.enter_async_context(stdio_session("agent-b"))
+            sessions: list[ClientSession] = [a, b]
+
+            def acquire(s: ClientSession) -> Any:
+                return lambda: s.call_tool("baton_lease_acquire", dict(LEASE, purpose="rollback"))
+
+            results = await race([acquire(s) for s in sessions])
+            winners = [i for i, r in enumerate(results) if not r.is_error]
+            assert len(winners) == 1
+            w = winners[0]
+            lease = ok(results[w])
+            assert lease["owner"] == ["agent-a", "agent-b"][w]
+            assert lease["epoch"] == 1
+            err = tool_error(results[1 - w], "CONFLICT")
+            assert "expires_at" in err
+            for secret in ("agent-a", "agent-b", "rollback"):
+                assert secret not in err["message"]
+            loser = sessions[1 - w]
+            release = await loser.call_tool("baton_lease_release", {"lease_id": lease["lease_id"]})
+            tool_error(release, "NOT_FOUND")
+            mine = await sessions[w].call_tool(
+                "baton_lease_release", {"lease_id": lease["lease_id"]}
+            )
+            assert ok(mine)["status"] == "released"
+
+    run(main)
+    assert row_counts(ledger_url)["baton_leases"] == 1
+
+
+def test_handoff_created_by_one_is_resolved_by_the_other(stdio_session: Any) -> None:
+    """A handoff carrying a checkpoint and a lease is in the recipient's inbox (not the
+    sender's); accepting it there moves the lease, so the sender's fence goes stale."""
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            alice = await stack.enter_async_context(stdio_session("alice"))
+            bob = await stack.enter_async_context(stdio_session("bob"))
+            lease = ok(await alice.call_tool("baton_lease_acquire", LEASE))
+            fence = {"lease_id": lease["lease_id"], "epoch": lease["epoch"]}
+            ckpt = ok(
+                await alice.call_tool(
+                    "baton_checkpoint_save",
+                    {"subject_id": "svc", "kind": "rollback", "state": {"step": 2}, **fence},
+                )
+            )
+            handoff = ok(
+                await alice.call_tool(
+                    "baton_handoff_create",
+                    {
+                        "to_principal": "bob",
+                        "subject_id": "svc",
+                        "checkpoint_id": ckpt["checkpoint_id"],
+                        "lease_id": lease["lease_id"],
+                        "message": "step 2 done",
+                    },
+                )
+            )
+            assert handoff["status"] == "pending"
+            assert ok(await alice.call_tool("baton_handoff_inbox", {})) == {"handoffs": []}
+            inbox = ok(await bob.call_tool("baton_handoff_inbox", {}))["handoffs"]
+            assert [h["handoff_id"] for h in inbox] == [handoff["handoff_id"]]
+            assert inbox[0]["from_principal"] == "alice"
+
+            tool_error(
+                await alice.call_tool(
+                    "baton_handoff_resolve",
+                    {"handoff_id": handoff["handoff_id"], "status": "accepted"},
+                ),
+                "FORBIDDEN",
+            )
+            accepted = ok(
+                await bob.call_tool(
+                    "baton_handoff_resolve",
+                    {"handoff_id": handoff["handoff_id"], "status": "accepted"},
+                )
+            )
+            assert accepted["status"] == "accepted"
+            moved = accepted["lease"]
+            assert moved["owner"] == "bob"
+            assert moved["epoch"] == lease["epoch"] + 1
+            again = await bob.call_tool(
+                "baton_handoff_resolve", {"handoff_id": handoff["handoff_id"], "status": "rejected"}
+            )
+            tool_error(again, "NOT_FOUND")
+            assert ok(await bob.call_tool("baton_handoff_inbox", {})) == {"handoffs": []}
+            shown = ok(
+                await alice.call_tool("baton_handoff_show", {"handoff_id": handoff["handoff_id"]})
+            )
+            assert shown["status"] == "accepted"
+
+            stale = await alice.call_tool(
+                "baton_checkpoint_save",
+                {"subject_id": "svc", "kind": "rollback", "state": {"step": 3}, **fence},
+            )
+            tool_error(stale, "STALE_FENCE")
+            read = ok(
+                await bob.call_tool(
+                    "baton_checkpoint_get", {"checkpoint_id": ckpt["checkpoint_id"]}
+                )
+            )
+            assert read["state"] == {"step": 2}
+            outcome = ok(
+                await bob.call_tool(
+                    "baton_outcome_record",
+                    {
+                        "subject_id": "svc",
+                        "status": "succeeded",
+                        "evidence": [{"kind": "log", "uri": "https://ci.example/run/42"}],
+                        "lease_id": moved["lease_id"],
+                        "epoch": moved["epoch"],
+                        "handoff_id": handoff["handoff_id"],
+                        "checkpoint_id": ckpt["checkpoint_id"],
+                    },
+                )
+            )
+            assert outcome["principal"] == "bob"
+            released = ok(
+                await bob.call_tool("baton_lease_release", {"lease_id": moved["lease_id"]})
+            )
+            assert released["status"] == "released"
+
+    run(main)
+
+
+def test_lease_lifecycle_renew_inspect_release(stdio_session: Any) -> None:
+    """Renew keeps id and epoch; inspect shows the holder its lease; a second release is
+    no_change; renewing a released lease is LEASE_LOST; a wrong epoch fence is STALE_FENCE."""
+
+    async def main() -> None:
+        async with stdio_session("agent-a") as s:
+            lease = ok(await s.call_tool("baton_lease_acquire", LEASE))
+            renewed = ok(
+                await s.call_tool(
+                    "baton_lease_renew", {"lease_id": lease["lease_id"], "ttl_seconds": 900}
+                )
+            )
+            assert (renewed["lease_id"], renewed["epoch"]) == (lease["lease_id"], lease["epoch"])
+            assert renewed["version"] == lease["version"] + 1
+            assert renewed["ttl_seconds"] == 900
+            info = ok(
+                await s.call_tool(
+                    "baton_lease_inspect",
+                    {"resource_type": LEASE["resource_type"], "resource_id": LEASE["resource_id"]},
+                )
+            )
+            assert info["held"] is True
+            assert info["lease"]["lease_id"] == lease["lease_id"]
+            wrong = await s.call_tool(
+                "baton_checkpoint_save",
+                {
+                    "subject_id": "svc",
+                    "kind": "k",
+                    "state": {},
+                    "lease_id": lease["lease_id"],
+                    "epoch": lease["epoch"] + 1,
+                },
+            )
+            tool_error(wrong, "STALE_FENCE")
+            first = ok(await s.call_tool("baton_lease_release", {"lease_id": lease["lease_id"]}))
+            assert first["status"] == "released"
+            second = ok(await s.call_tool("baton_lease_release", {"lease_id": lease["lease_id"]}))
+            assert second["status"] == "no_change"
+            lost = await s.call_tool("baton_lease_renew", {"lease_id": lease["lease_id"]})
+            tool_error(lost, "LEASE_LOST")
+            missing = await s.call_tool(
+                "baton_checkpoint_get", {"subject_id": "nothing", "kind": "here"}
+            )
+            tool_error(missing, "NOT_FOUND")
+
+    run(main)
+
+
+BAD_CALLS: list[tuple[str, dict[str, Any]]] = [
+    ("baton_lease_acquire", {**LEASE, "holder": "someone-else"}),
+    ("baton_lease_acquire", {**LEASE, "ttl_seconds": "600"}),
+    ("baton_lease_acquire", {**LEASE, "ttl_seconds": 5}),
+    ("baton_lease_acquire", {"resource_type": "deploy", "ttl_seconds": 600}),
+    ("baton_checkpoint_save", {"subject_id": "s", "kind": "k", "state": {}, "principal": "bob"}),
+    ("baton_checkpoint_save", {"subject_id": "s", "kind": "k", "state": [1]}),
+    ("baton_checkpoint_save", {"subject_id": "s", "kind": "k", "state": {}, "lease_id": "x"}),
+    ("baton_handoff_create", {"to_principal": "bob", "subject_id": "s", "priority": 1}),
+    ("baton_handoff_create", {"to_principal": "agent-a", "subject_id": "s"}),
+    ("baton_handoff_resolve", {"handoff_id": "h", "status": "maybe"}),
+    ("baton_outcome_record", {"subject_id": "s", "status": "succeeded", "evidence": []}),
+    (
+        "baton_outcome_record",
+        {"subject_id": "s", "status": "failed", "evidence": [{"kind": "a", "uri": "b", "x": 1}]},
+    ),
+    ("baton_checkpoint_get", {"subject_id": "s"}),
+    ("baton_handoff_inbox", {"limit": 0}),
+]
+
+
+def test_bad_arguments_are_validation_errors_and_write_nothing(
+    stdio_session: Any, ledger_url: str
+) -> None:
+    """Unknown fields, wrong types, out-of-range values and bad combinations are tool
+    errors with VALIDATION_ERROR, and the ledger is unchanged."""
+    before = row_counts(ledger_url)
+
+    async def main() -> None:
+        async with stdio_session("agent-a") as s:
+            for name, args in BAD_CALLS:
+                err = tool_error(await s.call_tool(name, args), "VALIDATION_ERROR")
+                assert err["message"], (name, args)
+            unknown = await s.call_tool("baton_no_such_tool", {})
+            tool_error(unknown, "NOT_FOUND")
+
+    run(main)
+    assert row_counts(ledger_url) == before
+
+
+def test_unknown_field_message_names_the_field(stdio_session: Any) -> None:
+    """The VALIDATION_ERROR of an unknown field names it."""
+
+    async def main() -> None:
+        async with stdio_session("agent-a") as s:
+            err = tool_error(
+                await s.call_tool("baton_lease_acquire", {**LEASE, "holder": "x"}),
+                "VALIDATION_ERROR",
+            )
+            assert "holder" in err["message"]
+
+    run(main)
+
+
+def test_stdio_acts_as_the_configured_principal(stdio_session: Any, org: str) -> None:
+    """Over stdio the owner is the --principal the server was started with, and another
+    org's client sees nothing of this org's leases."""
+
+    async def main() -> None:
+        async with stdio_session("carol", role="owner") as s:
+            lease = ok(await s.call_tool("baton_lease_acquire", LEASE))
+            assert lease["owner"] == "carol"
+        async with stdio_session("carol", org_=org + "-other") as other:
+            info = ok(
+                await other.call_tool(
+                    "baton_lease_inspect",
+                    {"resource_type": LEASE["resource_type"], "resource_id": LEASE["resource_id"]},
+                )
+            )
+            assert info["held"] is False
+            tool_error(
+                await other.call_tool("baton_lease_release", {"lease_id": lease["lease_id"]}),
+                "NOT_FOUND",
+            )
+
+    run(main)

@@ -234,3 +234,155 @@ def test_unavailable_while_authenticating_is_503(
     down = errors.UnavailableError("ledger database unavailable")
     monkeypatch.setattr("prefect_baton.rest._http.authenticate", _raise(down))
     error(client.get("/v1/leases", headers=h), 503, "UNAVAILABLE")
+
+
+def _json(h: dict[str, str]) -> dict[str, str]:
+    return {**h, "content-type": "application/json"}
+
+
+def test_body_limit_boundary(client: TestClient, make_key: MakeKey, ledger_url: str) -> None:
+    """A body of exactly MAX_BODY_BYTES reaches the route (here: 400, the state is over its
+    own 1 MiB limit); one byte more is 413 on every body route; nothing is written."""
+    h = _json(make_key())
+    before = row_counts(ledger_url)
+    head, tail = b'{"subject_id": "s", "kind": "k", "state": {"x": "', b'"}}'
+    exact = head + b"a" * (MAX_BODY_BYTES - len(head) - len(tail)) + tail
+    assert len(exact) == MAX_BODY_BYTES
+    error(client.put("/v1/checkpoints", content=exact, headers=h), 400, "VALIDATION_ERROR")
+    over = exact[: -len(tail)] + b"a" + tail
+    for method, path in [
+        ("PUT", "/v1/checkpoints"),
+        ("POST", "/v1/leases"),
+        ("POST", "/v1/handoffs"),
+        ("POST", "/v1/outcomes"),
+        ("POST", "/v1/leases/lease_x/renew"),
+        ("POST", "/v1/handoffs/hoff_x/resolve"),
+    ]:
+        r = client.request(method, path, content=over, headers=h)
+        err = error(r, 413, "PAYLOAD_TOO_LARGE")
+        assert str(MAX_BODY_BYTES) in err["message"]
+    assert row_counts(ledger_url) == before
+
+
+def test_oversized_body_without_a_key_is_401(client: TestClient, ledger_url: str) -> None:
+    """The key is checked before the body: no key and a body over the limit is 401."""
+    before = row_counts(ledger_url)
+    big = b"{" + b" " * MAX_BODY_BYTES + b"}"
+    h = {"content-type": "application/json"}
+    error(client.put("/v1/checkpoints", content=big, headers=h), 401, "UNAUTHENTICATED")
+    assert row_counts(ledger_url) == before
+
+
+def test_unknown_fields_on_every_body_route(
+    client: TestClient, make_key: MakeKey, ledger_url: str
+) -> None:
+    """An unknown field is 400 VALIDATION_ERROR on every route with a body, even next to
+    otherwise valid fields and real ids, and writes nothing."""
+    a, b = make_key("agent-a"), make_key("agent-b")
+    lid = data(client.post("/v1/leases", json=LEASE, headers=a))["lease_id"]
+    hand = {"to_principal": "agent-b", "subject_id": "s"}
+    hid = data(client.post("/v1/handoffs", json=hand, headers=a))["handoff_id"]
+    before = row_counts(ledger_url)
+    cases: list[tuple[str, str, dict[str, Any], dict[str, str]]] = [
+        ("POST", "/v1/leases", {**LEASE, "resource_id": "other", "holder": "x"}, a),
+        ("POST", f"/v1/leases/{lid}/renew", {"ttl_seconds": 60, "force": True}, a),
+        (
+            "POST",
+            f"/v1/leases/{lid}/transfer",
+            {"to_principal": "agent-b", "new_execution_key": "e", "ttl_seconds": 60, "x": 1},
+            a,
+        ),
+        ("POST", "/v1/handoffs", {**hand, "priority": 1}, a),
+        ("POST", f"/v1/handoffs/{hid}/resolve", {"status": "accepted", "as": "agent-a"}, b),
+        ("PUT", "/v1/checkpoints", {"subject_id": "s", "kind": "k", "state": {}, "v": 2}, a),
+        ("POST", "/v1/outcomes", {"subject_id": "s", "status": "failed", "principal": "z"}, a),
+    ]
+    for method, path, body, h in cases:
+        r = client.request(method, path, json=body, headers=h)
+        err = error(r, 400, "VALIDATION_ERROR")
+        assert "xtra" in err["message"] or "not permitted" in err["message"], (path, err)
+    assert row_counts(ledger_url) == before
+
+
+@pytest.mark.parametrize(
+    ("label", "content_type", "raw"),
+    [
+        (
+            "text/plain",
+            "text/plain",
+            b'{"resource_type": "d", "resource_id": "x", "ttl_seconds": 60}',
+        ),
+        ("not utf-8", "application/json", b'{"resource_type": "\xff", "resource_id": "x"}'),
+        ("integer too long", "application/json", b'{"ttl_seconds": 1' + b"0" * 5000 + b"}"),
+        ("nested too deep", "application/json", b"[" * 100_000 + b"]" * 100_000),
+    ],
+)
+def test_unparseable_bodies_are_400(
+    client: TestClient,
+    make_key: MakeKey,
+    ledger_url: str,
+    label: str,
+    content_type: str,
+    raw: bytes,
+) -> None:
+    """A non-JSON content type, invalid UTF-8, an absurd integer or absurd nesting is 400
+    VALIDATION_ERROR (never 5xx) and writes nothing."""
+    h = {**make_key(), "content-type": content_type}
+    before = row_counts(ledger_url)
+    error(client.post("/v1/leases", content=raw, headers=h), 400, "VALIDATION_ERROR")
+    assert row_counts(ledger_url) == before, label
+
+
+def test_revoked_key_is_401_on_every_route(
+    client: TestClient, make_key: MakeKey, ledger_url: str, org: str
+) -> None:
+    """Once revoked, a key gets 401 on reads and writes of every area; nothing is written."""
+    from prefect_baton.rest import create_key, revoke_key
+
+    secret, key = create_key(ledger_url, org=org, principal="agent-a")
+    h = {"Authorization": f"Bearer {secret}"}
+    lid = data(client.post("/v1/leases", json=LEASE, headers=h))["lease_id"]
+    revoke_key(ledger_url, key_id=key.key_id)
+    before = row_counts(ledger_url)
+    calls: list[tuple[str, str, dict[str, Any] | None]] = [
+        ("POST", "/v1/leases", {**LEASE, "resource_id": "other"}),
+        ("DELETE", f"/v1/leases/{lid}", None),
+        ("POST", f"/v1/leases/{lid}/renew", None),
+        ("POST", "/v1/handoffs", {"to_principal": "agent-b", "subject_id": "s"}),
+        ("PUT", "/v1/checkpoints", {"subject_id": "s", "kind": "k", "state": {}}),
+        ("POST", "/v1/outcomes", {"subject_id": "s", "status": "failed"}),
+        ("GET", "/v1/leases", None),
+        ("GET", "/v1/events", None),
+    ]
+    for method, path, body in calls:
+        r = client.request(method, path, json=body, headers=h)
+        error(r, 401, "UNAUTHENTICATED")
+    assert row_counts(ledger_url) == before
+    active = make_key("agent-a")
+    assert data(client.get("/v1/leases", headers=active))["leases"][0]["lease_id"] == lid
+
+
+def test_another_orgs_key_sees_and_replays_nothing_of_this_org(
+    client: TestClient, make_key: MakeKey, ledger_url: str
+) -> None:
+    """A key of another org (same principal name, same Idempotency-Key) gets its own lease,
+    never this org's receipt, and lists none of this org's leases, handoffs or events."""
+    mine = {**make_key("agent-a"), "Idempotency-Key": "run-1"}
+    theirs = {**make_key("agent-a", org_="other-org"), "Idempotency-Key": "run-1"}
+    first = client.post("/v1/leases", json=LEASE, headers=mine)
+    assert first.status_code == 201
+    client.post("/v1/handoffs", json={"to_principal": "agent-a", "subject_id": "s"}, headers=mine)
+    other = client.post("/v1/leases", json=LEASE, headers=theirs)
+    assert other.status_code == 201
+    assert other.json()["meta"]["replayed"] is False
+    assert data(other)["lease_id"] != data(first)["lease_id"]
+    plain = {"Authorization": theirs["Authorization"]}
+    leases = data(client.get("/v1/leases", headers=plain))["leases"]
+    assert [x["lease_id"] for x in leases] == [data(other)["lease_id"]]
+    assert data(client.get("/v1/handoffs", headers=plain))["handoffs"] == []
+    events = data(client.get("/v1/events", headers=plain))["events"]
+    assert {e["payload"].get("lease_id") for e in events} == {data(other)["lease_id"]}
+    before = row_counts(ledger_url)
+    lid = data(first)["lease_id"]
+    error(client.delete(f"/v1/leases/{lid}", headers=plain), 404, "NOT_FOUND")
+    assert row_counts(ledger_url) == before

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import pytest
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.types import CallToolResult
 from sqlalchemy import func, select
 from sqlmodel import Session
@@ -170,7 +170,7 @@ class HttpServer:
         """An initialised client session sending ``Authorization: Bearer <secret>``."""
         headers = {"Authorization": f"Bearer {secret}"} if secret is not None else None
         async with (
-            create_mcp_http_client(headers=headers) as http,
+            httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60, read=300)) as http,
             streamable_http_client(self.url, http_client=http) as (read, write),
             ClientSession(read, write) as session,
         ):

@@ -260,3 +260,27 @@ def test_keys_never_reach_the_server_log(http_server: HttpServer) -> None:
     assert "POST /mcp" in log
     assert good not in log
     assert bad not in log
+
+
+def test_an_unavailable_ledger_during_key_lookup_is_503(
+    ledger_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the ledger cannot be reached while a key is checked, the answer is 503 with
+    the UNAVAILABLE envelope (not a bare 500), before any tool runs."""
+    from starlette.testclient import TestClient
+
+    from prefect_baton.errors import UnavailableError
+    from prefect_baton.mcp import http_app
+    from prefect_baton.rest import keys
+
+    def down(*_args: object) -> None:
+        raise UnavailableError("ledger database unavailable")
+
+    monkeypatch.setattr(keys, "authenticate", down)
+    with TestClient(http_app(ledger_url), base_url="http://127.0.0.1:8788") as client:
+        headers = {**MCP_HEADERS, "Authorization": "Bearer bk_" + "z" * 43}
+        resp = client.post("/mcp", json=INITIALIZE, headers=headers)
+    assert resp.status_code == 503
+    assert resp.json() == {
+        "error": {"code": "UNAVAILABLE", "message": "ledger database unavailable"}
+    }

@@ -3,12 +3,13 @@ client is a ``baton mcp`` subprocess acting as the principal it was started with
 
 from __future__ import annotations
 
+import subprocess
 from contextlib import AsyncExitStack
 from typing import Any
 
 from mcp.client.session import ClientSession
 
-from .conftest import LEASE, ok, race, row_counts, run, tool_error
+from .conftest import BATON, LEASE, ok, race, row_counts, run, tool_error
 
 TOOL_NAMES = {
     "baton_lease_acquire",
@@ -298,3 +299,19 @@ def test_stdio_acts_as_the_configured_principal(stdio_session: Any, org: str) ->
             )
 
     run(main)
+
+
+def test_a_bad_ledger_url_exits_before_serving() -> None:
+    """`baton mcp` with a malformed ledger URL exits 2 with VALIDATION_ERROR on stderr and
+    writes nothing to stdout (the protocol channel)."""
+    proc = subprocess.run(
+        [BATON, "--ledger-url", "bogus://x", "mcp"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert "VALIDATION_ERROR" in proc.stderr

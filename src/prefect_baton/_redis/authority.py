@@ -49,6 +49,7 @@ from .._core import Decision, Holding, Proof
 from .._ledger.store import LedgerStore, holding_to_lease, row_to_holding
 from ..errors import BatonError, ForbiddenError, NotFoundError, UnavailableError, ValidationError
 from ..models import Lease, LeaseInfo, Receipt, from_ms
+from .cluster import RedisClient, connect_cluster, is_cluster_url
 from .codec import from_gen, lease_from_gen, opt, scope_meta
 from .keys import ORGS_KEY, org_keys, resource_digest
 from .rebuild import recover, rotate
@@ -77,13 +78,22 @@ _BUSY = (
 )
 
 
-def connect(url: str, **kwargs: Any) -> Redis:
-    """A ``redis.Redis`` client for the authority: 5 s socket timeout, 2 s connect timeout,
-    and no automatic retries (a retried script could run twice).
+def connect(url: str, **kwargs: Any) -> RedisClient:
+    """A Redis client for the authority: 5 s socket timeout, 2 s connect timeout, and no
+    automatic retries (a retried script could run twice).
 
     Args:
-        url: ``redis://host:port/db`` (or ``rediss://``, ``unix://``).
-        kwargs: overrides passed to ``redis.Redis.from_url``.
+        url: ``redis://host:port/db`` (or ``rediss://``, ``unix://``): one server, a lazy
+            ``redis.Redis`` client. ``redis+cluster://host:port`` (or
+            ``rediss+cluster://``): Redis Cluster, any one node of it; a
+            ``redis.cluster.RedisCluster`` client that connects at once and routes each
+            org's scripts to the node of its hash tag (see
+            :mod:`prefect_baton._redis.cluster`).
+        kwargs: overrides passed to ``from_url`` of the client class.
+
+    Raises:
+        ValueError: a malformed URL (``Baton`` reports it as ``VALIDATION_ERROR``).
+        UnavailableError: a cluster URL whose nodes do not answer.
     """
     opts: dict[str, Any] = {
         "socket_timeout": 5.0,
@@ -92,13 +102,16 @@ def connect(url: str, **kwargs: Any) -> Redis:
         "health_check_interval": 15,
     }
     opts.update(kwargs)
+    if is_cluster_url(url):
+        return connect_cluster(url, **opts)
     return Redis.from_url(url, **opts)
 
 
 def _unavailable(exc: RedisError) -> BatonError:
     if isinstance(exc, RedisConnectionError | RedisTimeoutError):
         return UnavailableError(f"Redis unavailable: {exc}")
-    if isinstance(exc, ResponseError) and str(exc).split(" ", 1)[0].upper() in _BUSY:
+    code = exc.status_code or str(exc).split(" ", 1)[0]  # redis-py strips known codes
+    if isinstance(exc, ResponseError) and code.upper() in _BUSY:
         return UnavailableError(f"Redis unavailable: {exc}")
     if isinstance(exc, ResponseError):
         return BatonError(f"Redis lease authority error: {exc}")
@@ -158,7 +171,7 @@ class RedisAuthority:
 
     def __init__(
         self,
-        client: Redis,
+        client: RedisClient,
         store: LedgerStore,
         *,
         ack: str = "redis",

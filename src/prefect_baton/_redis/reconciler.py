@@ -37,8 +37,6 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import OperationalError
 from sqlmodel import col
 
-from redis import Redis
-
 from .._core import Holding, canonical_json
 from .._ledger.store import LedgerStore, holding_to_lease, lease_payload, resource_key
 from .._ledger.tables import (
@@ -51,6 +49,7 @@ from .._ledger.tables import (
     ReceiptRow,
 )
 from ..errors import UnavailableError
+from .cluster import RedisClient
 from .codec import from_gen
 from .keys import ORGS_KEY, org_keys
 
@@ -133,7 +132,7 @@ class Reconciler:
     reached; nothing is acknowledged (trimmed) that the ledger has not committed.
     """
 
-    def __init__(self, client: Redis, store: LedgerStore, *, batch_size: int = DEFAULT_BATCH):
+    def __init__(self, client: RedisClient, store: LedgerStore, *, batch_size: int = DEFAULT_BATCH):
         self.client = client
         self.store = store
         self.batch_size = max(1, int(batch_size))
@@ -544,7 +543,7 @@ def _event_digest(inc: str, eid: str, n: int) -> str:
     return hashlib.sha256(f"{inc}\x00{eid}\x00{n}".encode()).hexdigest()[:32]
 
 
-def registered_orgs(client: Redis) -> list[str]:
+def registered_orgs(client: RedisClient) -> list[str]:
     """The orgs whose Redis lease state was ever set up (the ``baton:orgs`` set)."""
     try:
         return sorted(_text(m) for m in client.smembers(ORGS_KEY))
@@ -562,7 +561,7 @@ def run_reconciler(
     batch_size: int = DEFAULT_BATCH,
     stop: threading.Event | None = None,
     on_batch: Callable[[str, int, Lag], None] | None = None,
-    client: Redis | None = None,
+    client: RedisClient | None = None,
     store: LedgerStore | None = None,
 ) -> ReconcileReport:
     """Drain Redis lease journals into the ledger (what ``baton reconcile`` runs).

@@ -14,8 +14,6 @@ from typing import Any
 
 from redis.commands.core import Script
 
-from redis import Redis
-
 from .. import _core
 from ..errors import (
     BatonError,
@@ -26,6 +24,7 @@ from ..errors import (
     ValidationError,
     VersionConflictError,
 )
+from .cluster import RedisClient
 
 __all__ = ["CODES", "OPERATIONS", "Scripts", "raise_for"]
 
@@ -128,7 +127,7 @@ class Scripts:
         client: a ``redis.Redis`` client (``decode_responses`` either way).
     """
 
-    def __init__(self, client: Redis) -> None:
+    def __init__(self, client: RedisClient) -> None:
         self._by_name: dict[str, Script] = {
             name: client.register_script(source(name)) for name in OPERATIONS
         }

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import httpx2
 import pytest
 from mcp.client.session import ClientSession
 from mcp.shared.exceptions import MCPError
@@ -284,3 +285,25 @@ def test_an_unavailable_ledger_during_key_lookup_is_503(
     assert resp.json() == {
         "error": {"code": "UNAVAILABLE", "message": "ledger database unavailable"}
     }
+
+
+def test_the_modern_protocol_path_also_uses_the_key(http_server: HttpServer) -> None:
+    """The package's high-level Client negotiates the 2026-07-28 per-request protocol; its
+    calls too act as the key's principal, and a tool error comes back the same way."""
+    from mcp.client.client import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    key = http_server.key("alice")
+
+    async def main() -> None:
+        async with (
+            httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=60) as http,
+            Client(streamable_http_client(http_server.url, http_client=http)) as client,
+        ):
+            assert client.session.protocol_version == "2026-07-28"
+            lease = ok(await client.call_tool("baton_lease_acquire", LEASE))
+            assert lease["owner"] == "alice"
+            bad = await client.call_tool("baton_lease_acquire", {**LEASE, "x": 1})
+            tool_error(bad, "VALIDATION_ERROR")
+
+    run(main)

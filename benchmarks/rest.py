@@ -26,7 +26,12 @@ round.
 Usage::
 
     python benchmarks/rest.py [--seconds 10] [--clients 16] [--rounds 3] \\
-        [--redis-url redis://127.0.0.1:6379/13] [--only ledger,redis]
+        [--redis-url redis://127.0.0.1:6379/13] [--only ledger,redis] [--servers 1]
+
+``--servers N`` runs N server processes of one worker each on ports of their own, client
+``i`` talking to server ``i % N``. (Not ``uvicorn --workers N``: uvicorn 0.54's
+multi-process mode leaves Nagle's algorithm on for accepted sockets, Kludex/uvicorn#3149,
+which adds about 40 ms to every keep-alive request here.)
 
 Loopback servers only. The Redis database given is flushed at the start and at the end.
 """
@@ -72,8 +77,8 @@ def _free_port() -> int:
 
 
 class Server:
-    """``python -m prefect_baton.rest`` in a process of its own on a free loopback port;
-    :meth:`stop` ends it by its process id."""
+    """``python -m prefect_baton.rest`` (uvicorn, one worker) in a process of its own on a
+    free loopback port; :meth:`stop` ends it by its process id."""
 
     def __init__(self, ledger_url: str, redis_url: str | None, log_path: str) -> None:
         self.port = _free_port()
@@ -299,14 +304,17 @@ class Setup:
             create_key(self.ledger_url, org=self.org["rest"], principal=f"rest-{i}")[0]
             for i in range(args.clients)
         ]
-        self.server = Server(self.ledger_url, self.redis_url, os.path.join(tmp, authority + ".log"))
+        self.servers = [
+            Server(self.ledger_url, self.redis_url, os.path.join(tmp, f"{authority}-{n}.log"))
+            for n in range(args.servers)
+        ]
 
     def cfgs(self, arm: str, clients: int) -> list[dict[str, Any]]:
         """The per-client configuration of ``arm`` (``rest`` or ``inproc``)."""
         return [
             {
                 "arm": arm,
-                "base_url": self.server.base_url,
+                "base_url": self.servers[i % len(self.servers)].base_url,
                 "secret": self.secrets[i],
                 "ledger_url": self.ledger_url,
                 "redis_url": self.redis_url,
@@ -347,7 +355,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if pool is not None:
             pool.close()
         for s in setups:
-            s.server.stop()
+            for server in s.servers:
+                server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     return _summarise(per_round)
 
@@ -423,12 +432,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
     ap.add_argument("--only", default=",".join(AUTHORITIES), help="ledger,redis")
+    ap.add_argument(
+        "--servers", type=int, default=1, help="server processes; client i uses server i %% N"
+    )
     args = ap.parse_args(argv)
     args.only = [x.strip() for x in args.only.split(",") if x.strip()]
     if not args.only or any(x not in AUTHORITIES for x in args.only):
         ap.error(f"--only takes a comma-separated subset of {','.join(AUTHORITIES)}")
-    if args.seconds <= 0 or args.clients < 1 or args.rounds < 1:
-        ap.error("--seconds, --clients and --rounds must be positive")
+    if args.seconds <= 0 or args.clients < 1 or args.rounds < 1 or args.servers < 1:
+        ap.error("--seconds, --clients, --rounds and --servers must be positive")
     r: redis.Redis | None = None
     if "redis" in args.only:
         host = redis.Redis.from_url(args.redis_url).connection_pool.connection_kwargs.get("host")
@@ -446,7 +458,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "concurrency": "processes",
-        "server": "python -m prefect_baton.rest (uvicorn, 1 worker)",
+        "server": f"python -m prefect_baton.rest (uvicorn, 1 worker) x {args.servers}",
         "versions": {p: version(p) for p in ("fastapi", "uvicorn", "httpx", "redis")},
         "args": vars(args),
         "prefect_baton": _source(),

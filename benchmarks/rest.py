@@ -449,6 +449,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         r = redis.Redis.from_url(args.redis_url)
         r.flushdb()
     t0 = time.perf_counter()
+    load_start = os.getloadavg()
     try:
         results = run(args)
     finally:
@@ -463,6 +464,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "args": vars(args),
         "prefect_baton": _source(),
         "seconds_total": round(time.perf_counter() - t0, 1),
+        "loadavg_1min": {"start": round(load_start[0], 2), "end": round(os.getloadavg()[0], 2)},
         "results": results,
     }
     if r is not None:

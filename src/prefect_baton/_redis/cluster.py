@@ -124,7 +124,8 @@ def connect_cluster(url: str, **opts: Any) -> BatonRedisCluster:
     if not is_cluster_url(url):
         raise ValueError("a Redis Cluster URL starts with redis+cluster:// or rediss+cluster://")
     plain = _plain_url(url)
-    if parse_url(plain).get("db", 0) != 0:  # parse_url raises ValueError when malformed
+    options = parse_url(plain)  # type: ignore[no-untyped-call]  # ValueError when malformed
+    if options.get("db", 0) != 0:
         raise ValueError("a Redis Cluster has only database 0")
     retry = opts.pop("retry", None) or Retry(NoBackoff(), 0)
     try:

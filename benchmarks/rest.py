@@ -450,6 +450,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         r.flushdb()
     t0 = time.perf_counter()
     load_start = os.getloadavg()
+    source = _source()
     try:
         results = run(args)
     finally:
@@ -462,7 +463,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "server": f"python -m prefect_baton.rest (uvicorn, 1 worker) x {args.servers}",
         "versions": {p: version(p) for p in ("fastapi", "uvicorn", "httpx", "redis")},
         "args": vars(args),
-        "prefect_baton": _source(),
+        "prefect_baton": source,
         "seconds_total": round(time.perf_counter() - t0, 1),
         "loadavg_1min": {"start": round(load_start[0], 2), "end": round(os.getloadavg()[0], 2)},
         "results": results,

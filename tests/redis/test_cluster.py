@@ -286,6 +286,28 @@ def test_baton_with_a_cluster_url(redis_cluster: RedisClusterNodes, ledger: Ledg
         b.close()
 
 
+def test_unserved_slot_is_unavailable(
+    redis_cluster: RedisClusterNodes, make_cluster_authority: MakeAuthority
+) -> None:
+    """While the org's slot is not served (CLUSTERDOWN), calls fail with UNAVAILABLE and write
+    nothing; once the slot is served again they succeed."""
+    auth = make_cluster_authority(ack="ledger")
+    (org,) = orgs_by_port(redis_cluster)[redis_cluster.ports[2]]
+    a = _client(auth, org)
+    a.leases.acquire("deploy", "svc", ttl_seconds=30)
+    slot = key_slot(org_keys(org).inc.encode())
+    node = redis_cluster.admin(redis_cluster.ports[2])
+    node.execute_command("CLUSTER", "DELSLOTS", slot)
+    try:
+        with pytest.raises(UnavailableError):
+            _client(auth, org, "bob").leases.acquire("deploy", "db", ttl_seconds=30)
+    finally:
+        node.execute_command("CLUSTER", "ADDSLOTS", slot)
+        redis_cluster.wait_ok()
+    assert not a.leases.inspect("deploy", "db").held
+    assert a.leases.inspect("deploy", "svc").held
+
+
 # ------------------------------------------------------------------------------ data loss
 
 
@@ -312,6 +334,9 @@ def test_one_master_loses_its_data(
         a.leases.release(a.leases.acquire("res", "r1", ttl_seconds=30))
         held[org] = first
         before[org] = a.leases.inspect("res", "r1").epoch
+    keyed = _client(strict, lost_org).leases.acquire(
+        "res", "r3", ttl_seconds=60, idempotency_key="run-7"
+    )
 
     old_id = redis_cluster.node_id(victim_port)
     ranges = redis_cluster.slot_ranges(victim_port)
@@ -338,6 +363,11 @@ def test_one_master_loses_its_data(
     lost_bob = _client(healing, lost_org, "bob")
     with pytest.raises(ConflictError):  # restored from the ledger: still held by alice
         lost_bob.leases.acquire("res", "r0", ttl_seconds=30)
+    replay = _client(healing, lost_org).leases.acquire(
+        "res", "r3", ttl_seconds=60, idempotency_key="run-7"
+    )  # its receipt was restored from the ledger (a pipeline on the cluster)
+    assert replay.replayed
+    assert (replay.lease_id, replay.epoch) == (keyed.lease_id, keyed.epoch)
     renewed = _client(healing, lost_org).leases.renew(held[lost_org], ttl_seconds=30)  # type: ignore[arg-type]
     assert renewed.epoch == 1
     fresh = lost_bob.leases.acquire("res", "r1", ttl_seconds=30)

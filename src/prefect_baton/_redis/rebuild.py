@@ -64,6 +64,7 @@ from sqlmodel import col
 from .._ledger.store import row_to_holding
 from .._ledger.tables import LeaseRow, ReceiptRow
 from ..errors import UnavailableError
+from .cluster import node_time_ms
 from .codec import scope_meta, to_gen
 from .keys import ORGS_KEY, org_keys
 from .scripts import OK, REBUILD_LOST
@@ -233,8 +234,7 @@ def rebuild(auth: RedisAuthority, org: str) -> int:
                 _check(auth.scripts["restore"](keys=lock_keys, args=[token, *batch]), org)
                 restored += len(batch) // 2
             receipts = _restore_receipts(auth, org)
-            sec, usec = client.time()
-            now = int(sec) * 1000 + int(usec) // 1000
+            now = node_time_ms(client, keys.inc)  # the clock of the org's node
             delay = 0
             if existed and auth.post_loss == "lock_delay":
                 delay = now + auth.lock_delay_ms

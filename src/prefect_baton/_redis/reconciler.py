@@ -49,7 +49,7 @@ from .._ledger.tables import (
     ReceiptRow,
 )
 from ..errors import UnavailableError
-from .cluster import RedisClient
+from .cluster import RedisClient, node_time_ms
 from .codec import from_gen
 from .keys import ORGS_KEY, org_keys
 
@@ -209,13 +209,12 @@ class Reconciler:
             if n == 0:
                 return Lag(0, 0.0, None)
             first = self.client.xrange(journal, count=1)
-            sec, usec = self.client.time()
+            now_ms = node_time_ms(self.client, journal)
         except RedisError as exc:
             raise _unavailable(exc) from exc
         if not first:
             return Lag(0, 0.0, None)
         oldest = _text(first[0][0])
-        now_ms = int(sec) * 1000 + int(usec) // 1000
         return Lag(n, max(0.0, (now_ms - id_tuple(oldest)[0]) / 1000.0), oldest)
 
     # ------------------------------------------------------------------ internals

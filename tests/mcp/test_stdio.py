@@ -27,7 +27,9 @@ TOOL_NAMES = {
 
 
 def test_lists_the_coordination_tools(stdio_session: Any) -> None:
-    """The server lists every coordination tool; each input schema forbids unknown fields."""
+    """The server lists every coordination tool; each input schema forbids unknown fields
+    and each declares an output schema (which the client session checks every result
+    against)."""
 
     async def main() -> None:
         async with stdio_session("agent-a") as s:
@@ -36,6 +38,8 @@ def test_lists_the_coordination_tools(stdio_session: Any) -> None:
             for tool in listed:
                 assert tool.input_schema["type"] == "object"
                 assert tool.input_schema["additionalProperties"] is False, tool.name
+                assert tool.output_schema is not None
+                assert tool.output_schema["type"] == "object", tool.name
                 assert tool.description
             by_name = {t.name: t for t in listed}
             assert by_name["baton_lease_inspect"].annotations.read_only_hint is True

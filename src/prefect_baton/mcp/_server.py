@@ -85,6 +85,7 @@ def _tool(spec: ToolSpec) -> types.Tool:
         name=spec.name,
         description=spec.description,
         input_schema=spec.model.model_json_schema(),
+        output_schema=spec.output.model_json_schema(mode="serialization"),
         annotations=types.ToolAnnotations(
             read_only_hint=spec.read_only,
             destructive_hint=False,

@@ -26,7 +26,7 @@ from .._validation import (
     TTL_MIN_SECONDS,
 )
 from ..errors import NotFoundError, StaleFenceError
-from ..models import Lease
+from ..models import Checkpoint, Handoff, Lease, LeaseInfo, Outcome, Receipt
 
 __all__ = ["TOOLS", "ToolSpec"]
 
@@ -226,6 +226,12 @@ class OutcomeRecordIn(_Fenced):
     idempotency_key: IdempotencyKey | None = None
 
 
+class HandoffList(BaseModel):
+    """The result of ``baton_handoff_inbox``."""
+
+    handoffs: list[Handoff]
+
+
 def _json(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(mode="json")
 
@@ -362,6 +368,8 @@ class ToolSpec:
         model: the input model (its JSON schema is the tool's ``inputSchema``).
         run: ``run(baton, args) -> dict``, the thin call into the Python API; raises
             :class:`~prefect_baton.errors.BatonError` subclasses.
+        output: the model whose JSON form ``run`` returns (its serialization schema is
+            the tool's ``outputSchema``).
         scope: the bearer-key scope it needs over HTTP (``<area>:read`` / ``<area>:write``).
         read_only: whether it changes nothing (the ``readOnlyHint`` annotation).
     """
@@ -370,6 +378,7 @@ class ToolSpec:
     description: str
     model: type[_In]
     run: Callable[[Baton, Any], dict[str, Any]]
+    output: type[BaseModel]
     scope: str
     read_only: bool = False
 
@@ -383,6 +392,7 @@ _SPECS = (
         "IDEMPOTENCY_MISMATCH, LEASE_LOST (a replayed acquire whose lease has ended).",
         LeaseAcquireIn,
         _lease_acquire,
+        Lease,
         "leases:write",
     ),
     ToolSpec(
@@ -392,6 +402,7 @@ _SPECS = (
         "for a lease that is not yours.",
         LeaseByIdIn,
         _lease_renew,
+        Lease,
         "leases:write",
     ),
     ToolSpec(
@@ -401,6 +412,7 @@ _SPECS = (
         "LEASE_LOST when someone else has taken it since, NOT_FOUND when not yours.",
         LeaseReleaseIn,
         _lease_release,
+        Receipt,
         "leases:write",
     ),
     ToolSpec(
@@ -409,6 +421,7 @@ _SPECS = (
         "holder sees the full lease.",
         ResourceIn,
         _lease_inspect,
+        LeaseInfo,
         "leases:read",
         read_only=True,
     ),
@@ -419,6 +432,7 @@ _SPECS = (
         "VERSION_CONFLICT (expected_version differs), IDEMPOTENCY_MISMATCH.",
         CheckpointSaveIn,
         _checkpoint_save,
+        Checkpoint,
         "checkpoints:write",
     ),
     ToolSpec(
@@ -427,6 +441,7 @@ _SPECS = (
         "given), or one by checkpoint_id (e.g. attached to a handoff). Errors: NOT_FOUND.",
         CheckpointGetIn,
         _checkpoint_get,
+        Checkpoint,
         "checkpoints:read",
         read_only=True,
     ),
@@ -437,6 +452,7 @@ _SPECS = (
         "checkpoint or lease), LEASE_LOST, VALIDATION_ERROR (a handoff to yourself).",
         HandoffCreateIn,
         _handoff_create,
+        Handoff,
         "handoffs:write",
     ),
     ToolSpec(
@@ -445,6 +461,7 @@ _SPECS = (
         "inbox stays empty).",
         HandoffInboxIn,
         _handoff_inbox,
+        HandoffList,
         "handoffs:read",
         read_only=True,
     ),
@@ -456,6 +473,7 @@ _SPECS = (
         "sender no longer holds the lease).",
         HandoffResolveIn,
         _handoff_resolve,
+        Handoff,
         "handoffs:write",
     ),
     ToolSpec(
@@ -463,6 +481,7 @@ _SPECS = (
         "One handoff you sent or received, with its status. Errors: NOT_FOUND.",
         HandoffShowIn,
         _handoff_show,
+        Handoff,
         "handoffs:read",
         read_only=True,
     ),
@@ -473,6 +492,7 @@ _SPECS = (
         "hold. Errors: STALE_FENCE, NOT_FOUND (a linked id), IDEMPOTENCY_MISMATCH.",
         OutcomeRecordIn,
         _outcome_record,
+        Outcome,
         "outcomes:write",
     ),
 )

@@ -205,9 +205,9 @@ class RemoteBackend:
         params: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
     ) -> tuple[Any, bool]:
-        headers = {"Authorization": f"Bearer {self._key.get_secret_value()}"}
-        if idempotency_key is not None:
-            headers["Idempotency-Key"] = idempotency_key
+        headers = {b"Authorization": f"Bearer {self._key.get_secret_value()}".encode("ascii")}
+        if idempotency_key is not None:  # sent as UTF-8 bytes; the app reads them so
+            headers[b"Idempotency-Key"] = idempotency_key.encode("utf-8")
         try:
             resp = self._http.request(method, path, json=json, params=params, headers=headers)
         except httpx.TimeoutException:

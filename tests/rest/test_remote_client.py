@@ -240,6 +240,17 @@ def test_idempotency_key_travels_and_replays(remote: Baton) -> None:
     assert again.checkpoint_id == first.checkpoint_id
 
 
+def test_non_ascii_idempotency_key_replays(remote: Baton, sqlite_url: str, org: str) -> None:
+    """A key outside ASCII travels as UTF-8 and is the same key as in Python: a local
+    client's retry with it replays the REST client's acquire."""
+    lease = remote.leases.acquire("file", "a.py", ttl_seconds=30, idempotency_key="clé-1")
+    local = Baton(ledger_url=sqlite_url, org=org, principal="agent-a")
+    again = local.leases.acquire("file", "a.py", ttl_seconds=30, idempotency_key="clé-1")
+    assert again.replayed
+    assert again.lease_id == lease.lease_id
+    local.close()
+
+
 @pytest.mark.parametrize(
     ("status", "body", "error"),
     [

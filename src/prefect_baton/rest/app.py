@@ -38,6 +38,7 @@ from sqlalchemy.exc import OperationalError
 from sqlmodel import Session
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Match
 
 from .. import _core
 from .._authority import Caller, LeaseAuthority
@@ -63,6 +64,17 @@ def _strip(value: Any) -> Any:
     if isinstance(value, list):
         return [_strip(v) for v in value]
     return value
+
+
+def _utf8(key: str | None) -> str | None:
+    """The ``Idempotency-Key`` header as sent: its bytes read as UTF-8 (Starlette hands
+    header values over as Latin-1), so keys outside ASCII work as in Python."""
+    if key is None:
+        return None
+    try:
+        return key.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return key
 
 
 def _no_idempotency_key(key: IdemKey = None) -> None:
@@ -200,6 +212,16 @@ def _baton(request: Request) -> Baton:
 B = Annotated[Baton, Depends(_baton)]
 
 
+def _allowed_methods(request: Request) -> str:
+    """The methods of every route whose path matches ``request``'s, for a 405's Allow."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _child = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return ", ".join(sorted(methods))
+
+
 def _validation_message(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors()[:5]:
@@ -265,7 +287,11 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
     async def _on_http(_r: Request, exc: StarletteHTTPException) -> Response:
         codes = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 400: "VALIDATION_ERROR"}
         code = codes.get(exc.status_code, "INTERNAL")
-        return error_response(code, str(exc.detail), status=exc.status_code)
+        resp = error_response(code, str(exc.detail), status=exc.status_code)
+        resp.headers.update(exc.headers or {})
+        if exc.status_code == 405:  # Allow lists every route of the path (RFC 9110)
+            resp.headers["Allow"] = _allowed_methods(_r)
+        return resp
 
     @app.exception_handler(Exception)
     async def _on_other(_r: Request, _exc: Exception) -> Response:
@@ -286,7 +312,7 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
             purpose=body.purpose,
             scopes=body.scopes,
             expected_version=body.expected_version,
-            idempotency_key=key,
+            idempotency_key=_utf8(key),
         )
         return _reply(request, lease, status=201)
 
@@ -370,7 +396,7 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
             ttl_seconds=body.ttl_seconds,
             purpose=body.purpose,
             scopes=body.scopes,
-            idempotency_key=key,
+            idempotency_key=_utf8(key),
         )
         data = {"leases": _dump(leases), "replayed": [lease.replayed for lease in leases]}
         replayed = bool(leases) and all(lease.replayed for lease in leases)
@@ -404,7 +430,7 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
             context_id=body.context_id,
             message=body.message,
             lease=held(b, body.lease_id),
-            idempotency_key=key,
+            idempotency_key=_utf8(key),
             expires_in_seconds=body.expires_in_seconds,
         )
         return _reply(request, handoff, status=201)
@@ -442,7 +468,7 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
             body.state,
             expected_version=body.expected_version,
             fence=_fence(b, body.fence_lease_id, body.fence_epoch),
-            idempotency_key=key,
+            idempotency_key=_utf8(key),
             ttl_seconds=body.ttl_seconds,
         )
         return _reply(request, ck)
@@ -483,7 +509,7 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
             lease_id=body.lease_id,
             handoff_id=body.handoff_id,
             checkpoint_id=body.checkpoint_id,
-            idempotency_key=key,
+            idempotency_key=_utf8(key),
         )
         return _reply(request, outcome, status=201)
 

@@ -23,7 +23,7 @@ from schemathesis.specs.openapi.checks import (
 from prefect_baton.rest import MAX_BODY_BYTES, create_app, create_key
 from prefect_baton.rest._responses import DATA_BY_OPERATION
 
-from .conftest import MakeKey, data
+from .conftest import MakeKey, data, error
 
 CHECKS = [
     not_a_server_error,
@@ -172,3 +172,60 @@ def test_schemathesis_finds_no_5xx_and_no_schema_violation(
         case.call_and_validate(headers=auth, checks=CHECKS)
 
     run()
+
+
+def test_parameter_bounds_in_the_document_hold(client: TestClient, make_key: MakeKey) -> None:
+    """Each stated ``limit`` maximum is accepted and one more is 400; an empty id parameter
+    (below the stated minLength) is 400."""
+    h = make_key("agent-a", role="owner")
+    doc = client.app.openapi()
+    checked = 0
+    for method, path, op in _operations(doc):
+        for param in op.get("parameters", []):
+            if param["name"] != "limit":
+                continue
+            top = param["schema"]["maximum"]
+            ok = client.request(method, path, params={"limit": top}, headers=h)
+            assert ok.status_code < 300, (method, path, ok.text)
+            over = client.request(method, path, params={"limit": top + 1}, headers=h)
+            error(over, 400, "VALIDATION_ERROR")
+            checked += 1
+    assert checked >= 5
+    params = {"resource_type": "", "resource_id": "x"}
+    error(client.get("/v1/leases/inspect", params=params, headers=h), 400, "VALIDATION_ERROR")
+
+
+def test_idempotency_key_is_documented_only_where_it_is_honoured(
+    client: TestClient, make_key: MakeKey
+) -> None:
+    """Routes that keep a receipt declare Idempotency-Key; the others do not, and refuse it."""
+    doc = client.app.openapi()
+    declared = {
+        (method, path)
+        for method, path, op in _operations(doc)
+        if any(p["name"] == "Idempotency-Key" for p in op.get("parameters", []))
+    }
+    assert {
+        ("POST", "/v1/leases"),
+        ("POST", "/v1/handoffs"),
+        ("PUT", "/v1/checkpoints"),
+        ("POST", "/v1/outcomes"),
+    } <= declared
+    assert ("DELETE", "/v1/leases/{lease_id}") not in declared
+    assert ("POST", "/v1/handoffs/{handoff_id}/resolve") not in declared
+    h = make_key()
+    lid = data(client.post("/v1/leases", json=LEASE, headers=h))["lease_id"]
+    r = client.post(f"/v1/leases/{lid}/renew", headers={**h, "Idempotency-Key": "k"})
+    error(r, 400, "VALIDATION_ERROR")
+
+
+def test_method_not_allowed_lists_the_allowed_methods(
+    client: TestClient, make_key: MakeKey
+) -> None:
+    """A known path with another method is 405 with an Allow header of the path's methods."""
+    h = make_key()
+    r = client.request("PATCH", "/v1/leases", headers=h)
+    error(r, 405, "METHOD_NOT_ALLOWED")
+    assert r.headers["allow"] == "GET, POST"
+    r = client.request("PUT", "/v1/leases/lease_x", headers=h)
+    assert r.headers["allow"] == "DELETE, GET"

@@ -1,7 +1,8 @@
 """The OpenAPI document of the REST API: the success envelope of every ``/v1`` operation
 (``data`` with the real model's schema, see :mod:`._responses`), the error envelope for the
-statuses the app really returns, and FastAPI's default ``422`` (replaced by ``400``)
-removed."""
+statuses the app really returns, FastAPI's default ``422`` (replaced by ``400``) removed,
+the bounds of path and query parameters stated, and ``Idempotency-Key`` documented only on
+the routes that honour it."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
 
+from .._validation import MAX_ID_LENGTH
 from ._responses import success_schemas
+from ._schemas import NO_CONTROL
 
 __all__ = ["install_openapi"]
 
@@ -44,6 +48,43 @@ _STATUSES = {
 }
 
 
+#: Largest ``limit`` per operation (the Python API's bounds); 10,000 where not listed.
+LIMIT_MAX: dict[tuple[str, str], int] = {
+    ("GET", "/v1/events"): 1_000,
+    ("GET", "/v1/outcomes"): 100_000,
+}
+_ID_PARAM: dict[str, Any] = {"minLength": 1, "maxLength": MAX_ID_LENGTH, "pattern": NO_CONTROL}
+
+
+def _constrain_parameters(op_key: tuple[str, str], params: list[dict[str, Any]]) -> None:
+    """State the Python API's bounds on path and query parameters: every string one is an
+    id (1..256 characters, no control characters), as is ``Idempotency-Key``; ``limit`` is
+    1..max, ``after`` 0..2**63-1."""
+    for param in params:
+        if param.get("in") not in ("path", "query") and param.get("name") != "Idempotency-Key":
+            continue
+        schema = param.get("schema", {})
+        for branch in schema.get("anyOf", [schema]):
+            if branch.get("type") == "string":
+                branch.update(_ID_PARAM)
+            elif branch.get("type") == "integer" and param.get("name") == "limit":
+                branch.update(minimum=1, maximum=LIMIT_MAX.get(op_key, 10_000))
+            elif branch.get("type") == "integer" and param.get("name") == "after":
+                branch.update(minimum=0, maximum=2**63 - 1)
+
+
+def _no_receipt_operations(app: FastAPI) -> set[tuple[str, str]]:
+    """``(METHOD, path)`` of the routes that refuse ``Idempotency-Key`` (no receipt)."""
+    out: set[tuple[str, str]] = set()
+    for route in app.routes:
+        if not isinstance(route, APIRoute):
+            continue
+        names = {getattr(d.call, "__name__", "") for d in route.dependant.dependencies}
+        if "_no_idempotency_key" in names:
+            out |= {(m, route.path) for m in route.methods or ()}
+    return out
+
+
 def _declare_success(responses: dict[str, Any], envelope: dict[str, Any] | None) -> None:
     """Put ``envelope`` as the JSON schema of the operation's 2xx response(s)."""
     if envelope is None:
@@ -71,13 +112,20 @@ def install_openapi(app: FastAPI) -> None:
         doc.setdefault("components", {})["securitySchemes"] = {
             "bearer": {"type": "http", "scheme": "bearer"}
         }
+        no_receipt = _no_receipt_operations(app)
         for path, item in doc.get("paths", {}).items():
             for method, op in item.items():
+                key = (method.upper(), path)
                 responses = op.setdefault("responses", {})
                 responses.pop("422", None)
+                if key in no_receipt:  # the header is refused there (400), not a parameter
+                    op["parameters"] = [
+                        p for p in op.get("parameters", []) if p.get("name") != "Idempotency-Key"
+                    ]
+                _constrain_parameters(key, op.get("parameters", []))
                 if path.startswith("/v1/"):
                     op["security"] = [{"bearer": []}]
-                    _declare_success(responses, envelopes.get((method.upper(), path)))
+                    _declare_success(responses, envelopes.get(key))
                     for status, text in _STATUSES.items():
                         responses.setdefault(
                             status,

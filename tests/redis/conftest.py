@@ -1,8 +1,9 @@
 """Fixtures of the Redis authority tests: a ``redis-server`` of the test's own (on a free
-loopback port, no persistence), stopped by process id; a SQLite ledger per test.
+loopback port, no persistence), stopped by process id; a SQLite ledger per test; and a
+session's three-master Redis Cluster (``redis_cluster``, ports in 7200..7299).
 
-Without a ``redis-server`` binary the tests that need one are skipped, or fail with
-``BATON_REQUIRE_SERVICES=1`` (as in CI).
+Without a ``redis-server`` binary (and ``redis-cli`` for the cluster) the tests that need one
+are skipped, or fail with ``BATON_REQUIRE_SERVICES=1`` (as in CI).
 """
 
 from __future__ import annotations

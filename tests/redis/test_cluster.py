@@ -6,6 +6,9 @@ epochs. A slice of the conformance suite runs on the cluster too (bottom of this
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -246,6 +249,53 @@ def test_reconciler_drains_every_nodes_journal_into_sqlite(
         assert [r.status for r in rows] == ["released"]
     again = run_reconciler(client=auth.client, store=ledger, orgs=orgs)
     assert again.applied == 0
+
+
+def test_baton_reconcile_cli_with_a_cluster_url(
+    redis_cluster: RedisClusterNodes, make_cluster_authority: MakeAuthority, tmp_path: Path
+) -> None:
+    """`baton --redis-url redis+cluster://... reconcile` drains an org's journal into the ledger."""
+    ledger_url = f"sqlite:///{tmp_path / 'cli.db'}"
+    store = LedgerStore(ledger_url)
+    try:
+        auth = RedisAuthority(
+            connect(redis_cluster.url),
+            store,
+            ack="redis",
+            owns_client=True,
+            reconcile_in_client=False,
+        )
+        org = _new_org()
+        a = _client(auth, org)
+        a.leases.release(a.leases.acquire("file", "f1", ttl_seconds=30))
+        auth.close()
+        assert store.lease_history(org) == ([], [])
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "prefect_baton.cli",
+                "--ledger-url",
+                ledger_url,
+                "--redis-url",
+                redis_cluster.url,
+                "--org",
+                org,
+                "--format",
+                "json",
+                "reconcile",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)
+        assert out["reconcile"]["lag"][org]["entries"] == 0
+        _rows, transitions = store.lease_history(org)
+        assert [t.action for t in transitions] == ["acquire", "release"]
+    finally:
+        store.close()
 
 
 # ------------------------------------------------------------------------------ bad input

@@ -142,8 +142,9 @@ class RedisAuthority:
     """Leases on Redis, reconciled into the ledger.
 
     Args:
-        client: a ``redis.Redis`` client (see :func:`connect`; a client with automatic
-            retries may run a script twice after a timeout).
+        client: a ``redis.Redis`` or ``redis.cluster.RedisCluster`` client (see
+            :func:`connect`; a client with automatic retries may run a script twice after
+            a timeout).
         store: the ledger the journal is drained into.
         ack: ``"redis"`` (default) or ``"ledger"``, see the module docstring.
         post_loss: ``"fence_only"`` (default) or ``"lock_delay"``: the grant policy after

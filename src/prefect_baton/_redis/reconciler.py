@@ -124,7 +124,8 @@ class Reconciler:
     """Drains Redis journals into one ledger.
 
     Args:
-        client: the ``redis.Redis`` client of the authority.
+        client: the Redis client of the authority (``redis.Redis`` or
+            ``redis.cluster.RedisCluster``).
         store: the ledger (:class:`prefect_baton._ledger.store.LedgerStore`).
         batch_size: entries per ledger transaction (``int``, default 500).
 

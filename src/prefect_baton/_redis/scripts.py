@@ -124,7 +124,8 @@ class Scripts:
     """The registered scripts of one Redis client, one attribute per operation.
 
     Args:
-        client: a ``redis.Redis`` client (``decode_responses`` either way).
+        client: a ``redis.Redis`` or ``redis.cluster.RedisCluster`` client
+            (``decode_responses`` either way).
     """
 
     def __init__(self, client: RedisClient) -> None:

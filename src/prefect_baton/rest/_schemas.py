@@ -48,6 +48,8 @@ Version = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)]
 #: A checkpoint or handoff lifetime in seconds, 1 to 31,622,400 (366 days).
 Lifetime = Annotated[int, Field(ge=1, le=CHECKPOINT_TTL_MAX_SECONDS)]
 Scope = Annotated[str, Field(min_length=1, max_length=MAX_SCOPE_LENGTH, pattern=NO_CONTROL)]
+#: Write-scope patterns of a lease: at most 64, each 1 to 1,024 characters.
+Scopes = Annotated[list[Scope], Field(max_length=MAX_SCOPES)]
 
 
 class _In(BaseModel):
@@ -61,7 +63,7 @@ class AcquireIn(_In):
     resource_id: Id
     ttl_seconds: Ttl
     purpose: Text | None = None
-    scopes: Annotated[list[Scope], Field(max_length=MAX_SCOPES)] = []
+    scopes: Scopes = []
     expected_version: Version | None = None
 
 

@@ -33,7 +33,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -110,7 +110,7 @@ class TransferProofIn(s.TransferIn):
 class ReleaseIn(_ProofIn):
     """``POST /v1/leases/{id}/release``: release by proof (``no_change`` on a repeat)."""
 
-    expected_version: int | None = None
+    expected_version: s.Version | None = None
 
 
 class BatchItemIn(BaseModel):
@@ -118,12 +118,12 @@ class BatchItemIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    resource_type: str
-    resource_id: str
-    ttl_seconds: int | None = None
-    purpose: str | None = None
-    scopes: list[str] | None = None
-    expected_version: int | None = None
+    resource_type: s.Id
+    resource_id: s.Id
+    ttl_seconds: s.Ttl | None = None
+    purpose: s.Text | None = None
+    scopes: s.Scopes | None = None
+    expected_version: s.Version | None = None
 
 
 class BatchIn(BaseModel):
@@ -131,10 +131,10 @@ class BatchIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    resources: list[BatchItemIn]
-    ttl_seconds: int
-    purpose: str | None = None
-    scopes: list[str] = []
+    resources: Annotated[list[BatchItemIn], Field(min_length=1, max_length=1000)]
+    ttl_seconds: s.Ttl
+    purpose: s.Text | None = None
+    scopes: s.Scopes = []
 
 
 class FencedCheckpointIn(s.CheckpointIn):
@@ -213,11 +213,15 @@ B = Annotated[Baton, Depends(_baton)]
 
 
 def _allowed_methods(request: Request) -> str:
-    """The methods of every route whose path matches ``request``'s, for a 405's Allow."""
+    """The methods of the path template ``request`` falls under in the OpenAPI document (a
+    literal path before a templated one), for a 405's Allow."""
+    routes = request.app.router.routes
+    matching = [r for r in routes if r.matches(request.scope)[0] is not Match.NONE]
+    literal = [r for r in matching if getattr(r, "path", None) == request.url.path]
+    path = getattr((literal or matching or [None])[0], "path", None)
     methods: set[str] = set()
-    for route in request.app.router.routes:
-        match, _child = route.matches(request.scope)
-        if match is not Match.NONE:
+    for route in routes:
+        if path is not None and getattr(route, "path", None) == path:
             methods |= set(getattr(route, "methods", None) or ())
     return ", ".join(sorted(methods))
 

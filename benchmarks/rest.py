@@ -9,8 +9,8 @@ the server's own thread, the default). Then, in every round and for every author
 phases of ``--seconds`` each, in alternating order:
 
 * ``rest``: ``--clients`` client processes, one ``httpx.Client`` each (keep-alive, its own
-  bearer key), each doing ``POST /v1/leases`` + ``DELETE /v1/leases/{lease_id}`` on a resource of
-  its own (uncontended);
+  bearer key), each doing ``POST /v1/leases`` + ``DELETE /v1/leases/{lease_id}`` on a
+  resource of its own (uncontended);
 * ``inproc``: the same number of processes, one ``Baton`` each (same ledger kind, same
   Redis, ``ack="redis"`` with the client's own drain thread, the default), doing
   ``b.leases.acquire`` + ``b.leases.release`` on a resource of its own.
@@ -139,13 +139,16 @@ class RestClient:
 
     def pair(self) -> str | None:
         """One acquire+release; ``None`` when both succeeded, else an error label."""
-        r = self.http.post("/v1/leases", json=self.body)
-        if r.status_code != 201:
-            return f"acquire {r.status_code} {_code(r)}"
-        lease_id = r.json()["data"]["lease_id"]
-        r = self.http.delete(f"/v1/leases/{lease_id}")
-        if r.status_code != 200:
-            return f"release {r.status_code} {_code(r)}"
+        try:
+            r = self.http.post("/v1/leases", json=self.body)
+            if r.status_code != 201:
+                return f"acquire {r.status_code} {_code(r)}"
+            lease_id = r.json()["data"]["lease_id"]
+            r = self.http.delete(f"/v1/leases/{lease_id}")
+            if r.status_code != 200:
+                return f"release {r.status_code} {_code(r)}"
+        except httpx.HTTPError as exc:
+            return f"transport {type(exc).__name__}"
         return None
 
     def close(self) -> None:
@@ -192,8 +195,8 @@ class InprocClient:
 
 def _worker(conn: Connection) -> None:
     """One client process: per phase, build the client, warm it up, report ``ready``, wait
-    for ``(start, end)`` epoch seconds, run pairs from start until end, report counts and
-    latencies. ``None`` ends the process."""
+    for ``(start, end)`` epoch seconds, run pairs from start until end, report the pairs
+    completed by ``end``, their latencies and the errors. ``None`` ends the process."""
     while True:
         cfg = conn.recv()
         if cfg is None:
@@ -211,6 +214,8 @@ def _worker(conn: Connection) -> None:
         while time.time() < end:
             t0 = time.perf_counter()
             err = client.pair()
+            if time.time() > end:
+                break  # count only pairs completed within the window
             if err is None:
                 lat.append(time.perf_counter() - t0)
                 ok += 1

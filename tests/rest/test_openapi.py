@@ -121,6 +121,9 @@ def test_real_responses_match_the_document(client: TestClient, make_key: MakeKey
     owner = make_key("boss", role="owner")
     forced = client.post(f"/v1/leases/{data(again)['lease_id']}/force-release", headers=owner)
     check("POST", "/v1/leases/{lease_id}/force-release", forced)
+    batch = {"resources": [{"resource_type": "file", "resource_id": "a.py"}], "ttl_seconds": 30}
+    check("POST", "/v1/leases/batch", client.post("/v1/leases/batch", json=batch, headers=a))
+    check("GET", "/v1/me", client.get("/v1/me", headers=a))
     took = client.post("/v1/leases", json=LEASE, headers=a)
     body = {"to_principal": "agent-b", "new_execution_key": "exec-b", "ttl_seconds": 60}
     moved_to = client.post(f"/v1/leases/{data(took)['lease_id']}/transfer", json=body, headers=a)
@@ -131,6 +134,7 @@ def test_real_responses_match_the_document(client: TestClient, make_key: MakeKey
 #: HTTP by .ci/schemathesis).
 FUZZED = [
     ("POST", "/v1/leases"),
+    ("POST", "/v1/leases/batch"),
     ("GET", "/v1/leases/inspect"),
     ("DELETE", "/v1/leases/{lease_id}"),
     ("PUT", "/v1/checkpoints"),

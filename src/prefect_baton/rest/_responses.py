@@ -164,9 +164,15 @@ def success_schemas(
     keys, top = models_json_schema([(m, "serialization") for m in unique], ref_template=_REF)
     components: dict[str, Any] = dict(top.get("$defs", {}))
     meta_ref = keys[(Meta, "serialization")]
-    meta_name = meta_ref["$ref"].rsplit("/", 1)[-1]
+    # Only the models of prefect_baton.models carry a ``replayed`` flag the app drops; the
+    # envelopes of this module (``Meta``, ``BatchAcquired``) send theirs.
+    own = {
+        keys[(m, "serialization")]["$ref"].rsplit("/", 1)[-1]
+        for m in unique
+        if m.__module__ == __name__
+    }
     for name, schema in components.items():
-        if name != meta_name:
+        if name not in own:
             _drop_replayed(schema)
     envelopes: dict[tuple[str, str], dict[str, Any]] = {}
     for op, model in chosen.items():

@@ -37,11 +37,11 @@ from typing import Any, Literal
 
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from redis import Redis
+from redis import ConnectionPool, Redis
 
 from .. import _core
 from .._authority import Caller
@@ -50,10 +50,10 @@ from .._ledger.store import LedgerStore, holding_to_lease, row_to_holding
 from ..errors import BatonError, ForbiddenError, NotFoundError, UnavailableError, ValidationError
 from ..models import Lease, LeaseInfo, Receipt, from_ms
 from .cluster import RedisClient, connect_cluster, is_cluster_url
-from .codec import from_gen, lease_from_gen, opt, scope_meta
+from .codec import construct, from_gen, lease_from_gen, opt, scope_meta
 from .keys import ORGS_KEY, org_keys, resource_digest
 from .rebuild import recover, rotate
-from .reconciler import Drainer, Reconciler
+from .reconciler import DEFAULT_BATCH, Drainer, Reconciler
 from .scripts import NO_INCARNATION, NOOP, OK, REPLAY, ROTATE, UNKNOWN, Scripts, raise_for
 
 __all__ = ["AcquireRequest", "RedisAuthority", "connect"]
@@ -161,7 +161,7 @@ class RedisAuthority:
         reconcile_in_client: with ``ack="redis"``, drain on a thread of this client
             (default ``True``); ``False`` when a ``baton reconcile --follow`` service drains
             (the client then spends no CPU on ledger writes).
-        batch_size: journal entries per ledger transaction (default 500).
+        batch_size: journal entries per ledger transaction (default 2,000).
         owns_client: close ``client`` in :meth:`close`.
 
     Raises:
@@ -182,7 +182,7 @@ class RedisAuthority:
         rebuild_wait_seconds: float = 10.0,
         reconcile_interval_seconds: float = 0.05,
         reconcile_in_client: bool = True,
-        batch_size: int = 500,
+        batch_size: int = DEFAULT_BATCH,
         owns_client: bool = False,
     ) -> None:
         if ack not in ACK_MODES:
@@ -199,8 +199,15 @@ class RedisAuthority:
         self.auto_rebuild = auto_rebuild
         self.rebuild_wait_seconds = rebuild_wait_seconds
         self.receipt_ttl_ms = store.receipt_retention_ms
+        self._receipt_ttl = str(self.receipt_ttl_ms)
         self.old_retention_ms = max(store.receipt_retention_ms, 3_600_000)
         self.scripts = Scripts(client)
+        # The direct EVALSHA path (see _evalsha) applies to a plain redis.Redis client only.
+        self._pool: ConnectionPool | None = (
+            client.connection_pool
+            if isinstance(client, Redis) and client.connection is None
+            else None
+        )
         self.reconciler = Reconciler(client, store, batch_size=batch_size)
         self._interval = reconcile_interval_seconds
         self._drain_here = reconcile_in_client
@@ -230,7 +237,7 @@ class RedisAuthority:
         keys = [*org_keys(org).base, *extra_keys]
         for _attempt in range(4):
             try:
-                reply: list[Any] = self.scripts[name](keys=keys, args=args)
+                reply: list[Any] = self._evalsha(name, keys, args)
             except RedisError as exc:
                 raise _unavailable(exc) from exc
             code = int(reply[0])
@@ -250,6 +257,29 @@ class RedisAuthority:
                 self._register(org)
             return reply
         raise UnavailableError(f"the Redis lease state of org {org!r} did not settle; retry")
+
+    def _evalsha(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
+        """Run script ``name`` once: ``EVALSHA`` on a pooled connection of a plain
+        ``redis.Redis`` client (redis-py's own steps for one command, without its per-command
+        bookkeeping), through the registered script otherwise. On ``NOSCRIPT`` the script
+        did not run; the registered script loads it and runs it."""
+        script = self.scripts[name]
+        pool = self._pool
+        if pool is None:
+            reply: list[Any] = script(keys=keys, args=args)
+            return reply
+        conn: Any = pool.get_connection()
+        try:
+            conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            reply = conn.read_response()
+        except NoScriptError:
+            reply = script(keys=keys, args=args)
+        except (RedisConnectionError, RedisTimeoutError):
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+        return reply
 
     def _register(self, org: str) -> None:
         try:
@@ -339,7 +369,7 @@ class RedisAuthority:
     # ------------------------------------------------------------------ acquire
 
     def _item(
-        self, caller: Caller, req: AcquireRequest, key: str | None
+        self, caller: Caller, req: AcquireRequest, key: str | None, lease_id: str | None = None
     ) -> tuple[list[str], str | None]:
         rt, rid = req.resource_type, req.resource_id
         digest = ""
@@ -364,11 +394,11 @@ class RedisAuthority:
             str(req.ttl_ms),
             opt(req.purpose),
             opt(req.expected_version),
-            f"lease_{uuid.uuid4().hex}",
+            lease_id or f"lease_{uuid.uuid4().hex}",
             digest,
             scopes_json,
             meta,
-            str(self.receipt_ttl_ms),
+            self._receipt_ttl,
         ]
         rkey = org_keys(caller.org).receipt(caller.principal, key, rt, rid) if key else None
         return args, rkey
@@ -433,8 +463,10 @@ class RedisAuthority:
             raise ValidationError(f"acquire_many takes 1 to {MAX_MANY} resources")
         args: list[str] = [caller.principal, caller.role, opt(idempotency_key), str(len(requests))]
         extra: list[str] = []
-        for req in requests:
-            item, rkey = self._item(caller, req, idempotency_key)
+        # One random id for the call, numbered per resource: 32 hex digits as uuid4's.
+        base = uuid.uuid4().hex[:26]
+        for i, req in enumerate(requests):
+            item, rkey = self._item(caller, req, idempotency_key, f"lease_{base}{i:06x}")
             args += item
             if rkey:
                 extra.append(rkey)
@@ -442,10 +474,8 @@ class RedisAuthority:
         code = int(reply[0])
         if code != OK:
             raise_for([reply[0], *reply[2:]])
-        out = []
-        for i in range(len(requests)):
-            sub, gen = int(reply[2 + 2 * i]), reply[3 + 2 * i]
-            out.append(lease_from_gen(gen, replayed=sub != OK))
+        subs, gens = reply[2::2], reply[3::2]
+        out = [lease_from_gen(gen, replayed=sub != OK) for sub, gen in zip(subs, gens, strict=True)]
         if _text(reply[1]):
             self._acked(caller.org, reply[1])
         return out
@@ -773,4 +803,6 @@ def _end_status(status: str) -> Literal["released", "expired"]:
 def _receipt(
     action: str, status: Literal["released", "expired", "no_change"], lease: Lease
 ) -> Receipt:
-    return Receipt.model_construct(action=action, status=status, lease=lease, replayed=False)
+    return construct(
+        Receipt, {"action": action, "status": status, "lease": lease, "replayed": False}
+    )

@@ -1,23 +1,44 @@
-"""Conversions between the scripts' JSON generations and :class:`prefect_baton._core.Holding`,
-and the scope tokens the scripts' overlap check reads.
+"""Conversions between the scripts' generations and journal entries and
+:class:`prefect_baton._core.Holding` / :class:`prefect_baton.models.Lease`, and the scope
+tokens the scripts' overlap check reads.
 
-A generation is a JSON object whose integers are decimal strings (``cjson`` prints numbers
-with 14 significant digits; strings keep every integer up to 2**53 exact). Field names are
-listed in ``scripts/_lib.lua``.
+A generation is one string of 17 NUL-separated fields (no id, free text or scope can hold a
+NUL): ``id, rt, ri, rd, o, k, v, e, s, a, x, t, sc, p, ea, eb, sid`` (see
+``scripts/_lib.lua``). An empty field is ``None``, except the purpose, stored as
+``"=" + purpose``; integers are decimal; the scopes are a JSON list. Generations written by
+earlier versions as JSON objects (first character ``{``) are still read, as are JSON
+journal entries.
 """
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from .. import _scopes
 from .._core import Holding
 from ..models import Lease
 from .keys import resource_digest
 
-__all__ = ["from_gen", "lease_from_gen", "opt", "scope_meta", "to_gen"]
+__all__ = [
+    "GEN_FIELDS",
+    "construct",
+    "encode_gen",
+    "from_gen",
+    "journal_payload",
+    "lease_from_gen",
+    "opt",
+    "scope_meta",
+    "to_gen",
+]
+
+GEN_FIELDS = 17
+"""Fields of a generation string."""
+_HEADER = 7
+_ITEM = 3 + 2 * GEN_FIELDS
 
 
 def opt(value: str | int | None) -> str:
@@ -29,63 +50,154 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def from_gen(raw: str | bytes | dict[str, Any]) -> Holding:
-    """Build a :class:`Holding` from a script's generation (JSON text or parsed object)."""
-    g: dict[str, Any] = json.loads(raw) if isinstance(raw, str | bytes) else raw
-    scopes = g.get("sc") or ()
-    ended = g.get("ea")
+def _fields(raw: str | bytes | dict[str, Any] | list[str]) -> list[str]:
+    """The 17 fields of a generation in either format (a legacy JSON object is converted)."""
+    if isinstance(raw, list):
+        return raw
+    if isinstance(raw, bytes):
+        raw = raw.decode()
+    if isinstance(raw, str):
+        if not raw.startswith("{"):
+            f = raw.split("\x00")
+            if len(f) != GEN_FIELDS:
+                raise ValueError(f"not a lease generation ({len(f)} fields)")
+            return f
+        raw = json.loads(raw)
+    assert isinstance(raw, dict)
+    g = raw
+    sc = g.get("sc")
+    p = g.get("p")
+    return [
+        g["id"],
+        g["rt"],
+        g["ri"],
+        g.get("rd", ""),
+        g["o"],
+        g.get("k") or "",
+        str(g["v"]),
+        str(g["e"]),
+        g["s"],
+        str(g["a"]),
+        str(g["x"]),
+        str(g["t"]),
+        json.dumps(sc, ensure_ascii=False) if sc else "",
+        "" if p is None else "=" + p,
+        "" if g.get("ea") is None else str(g["ea"]),
+        g.get("eb") or "",
+        g.get("sid") or "",
+    ]
+
+
+def _scopes_of(text: str) -> tuple[str, ...]:
+    if not text:
+        return ()
+    value = json.loads(text)
+    return tuple(value) if isinstance(value, list) else ()
+
+
+def from_gen(raw: str | bytes | dict[str, Any] | list[str]) -> Holding:
+    """Build a :class:`Holding` from a script's generation (text in either format, a parsed
+    legacy JSON object, or the 17 fields).
+
+    Raises:
+        ValueError: ``raw`` is not a generation.
+    """
+    f = _fields(raw)
     return Holding(
-        lease_id=g["id"],
-        resource_type=g["rt"],
-        resource_id=g["ri"],
-        owner=g["o"],
-        execution_key=g.get("k"),
-        version=int(g["v"]),
-        epoch=int(g["e"]),
-        status=g["s"],
-        acquired_at_ms=int(g["a"]),
-        expires_at_ms=int(g["x"]),
-        ttl_ms=int(g["t"]),
-        scopes=tuple(scopes) if isinstance(scopes, list) else (),
-        purpose=g.get("p"),
-        ended_at_ms=None if ended is None else int(ended),
-        ended_by=g.get("eb"),
+        lease_id=f[0],
+        resource_type=f[1],
+        resource_id=f[2],
+        owner=f[4],
+        execution_key=f[5] or None,
+        version=int(f[6]),
+        epoch=int(f[7]),
+        status=f[8],  # type: ignore[arg-type]
+        acquired_at_ms=int(f[9]),
+        expires_at_ms=int(f[10]),
+        ttl_ms=int(f[11]),
+        scopes=_scopes_of(f[12]),
+        purpose=f[13][1:] if f[13] else None,
+        ended_at_ms=int(f[14]) if f[14] else None,
+        ended_by=f[15] or None,
     )
 
 
-def _dt(ms: Any) -> datetime:
-    return datetime.fromtimestamp(int(ms) / 1000.0, tz=UTC)
+_fromts = datetime.fromtimestamp
+_setattr = object.__setattr__
+M = TypeVar("M", bound=BaseModel)
 
 
-def lease_from_gen(raw: str | bytes, *, replayed: bool = False) -> Lease:
-    """The :class:`Lease` of a script's generation (JSON text), built without re-validating
-    what the script produced: equal, field for field, to
-    ``holding_to_lease(from_gen(raw), replayed=replayed)``."""
-    g: dict[str, Any] = json.loads(raw)
-    scopes = g.get("sc")
-    ended = g.get("ea")
-    return Lease.model_construct(
-        lease_id=g["id"],
-        resource_type=g["rt"],
-        resource_id=g["ri"],
-        owner=g["o"],
-        execution_key=g.get("k"),
-        version=int(g["v"]),
-        epoch=int(g["e"]),
-        scopes=tuple(scopes) if isinstance(scopes, list) else (),
-        status=g["s"],
-        purpose=g.get("p"),
-        acquired_at=_dt(g["a"]),
-        expires_at=_dt(g["x"]),
-        ttl_seconds=int(g["t"]) // 1000,
-        released_at=None if ended is None else _dt(ended),
-        replayed=replayed,
+def construct(cls: type[M], values: dict[str, Any]) -> M:
+    """``cls.model_construct(**values)`` for a complete set of trusted field values (every
+    field given, in declaration order), without its per-call bookkeeping."""
+    m = cls.__new__(cls)
+    _setattr(m, "__dict__", values)
+    _setattr(m, "__pydantic_fields_set__", set(values))
+    _setattr(m, "__pydantic_extra__", None)
+    _setattr(m, "__pydantic_private__", None)
+    return m
+
+
+def lease_from_gen(raw: str | bytes | list[str], *, replayed: bool = False) -> Lease:
+    """The :class:`Lease` of a script's generation, built without re-validating what the
+    script produced: equal, field for field, to
+    ``holding_to_lease(from_gen(raw), replayed=replayed)``.
+
+    Raises:
+        ValueError: ``raw`` is not a generation.
+    """
+    f = _fields(raw)
+    ended = f[14]
+    return construct(
+        Lease,
+        {
+            "lease_id": f[0],
+            "resource_type": f[1],
+            "resource_id": f[2],
+            "owner": f[4],
+            "execution_key": f[5] or None,
+            "version": int(f[6]),
+            "epoch": int(f[7]),
+            "scopes": _scopes_of(f[12]),
+            "status": f[8],
+            "purpose": f[13][1:] if f[13] else None,
+            "acquired_at": _fromts(int(f[9]) / 1000.0, tz=UTC),
+            "expires_at": _fromts(int(f[10]) / 1000.0, tz=UTC),
+            "ttl_seconds": int(f[11]) // 1000,
+            "released_at": _fromts(int(ended) / 1000.0, tz=UTC) if ended else None,
+            "replayed": replayed,
+        },
+    )
+
+
+def encode_gen(h: Holding, *, sid: str | None = None) -> str:
+    """The script form of ``h`` (the inverse of :func:`from_gen`) as text, with its resource
+    digest and, for a scoped active lease, its scope registration id ``sid``."""
+    return "\x00".join(
+        [
+            h.lease_id,
+            h.resource_type,
+            h.resource_id,
+            resource_digest(h.resource_type, h.resource_id),
+            h.owner,
+            h.execution_key or "",
+            str(h.version),
+            str(h.epoch),
+            h.status,
+            str(h.acquired_at_ms),
+            str(h.expires_at_ms),
+            str(h.ttl_ms),
+            json.dumps(list(h.scopes), ensure_ascii=False) if h.scopes else "",
+            "" if h.purpose is None else "=" + h.purpose,
+            "" if h.ended_at_ms is None else str(h.ended_at_ms),
+            h.ended_by or "",
+            sid or "",
+        ]
     )
 
 
 def to_gen(h: Holding, *, sid: str | None = None) -> dict[str, Any]:
-    """The script form of ``h`` (the inverse of :func:`from_gen`), with its resource digest
-    and, for a scoped active lease, its scope registration id ``sid``."""
+    """The legacy JSON-object form of ``h`` (what :func:`from_gen` also reads)."""
     g: dict[str, Any] = {
         "id": h.lease_id,
         "rt": h.resource_type,
@@ -112,6 +224,38 @@ def to_gen(h: Holding, *, sid: str | None = None) -> dict[str, Any]:
     if sid is not None:
         g["sid"] = sid
     return g
+
+
+def journal_payload(raw: str | bytes) -> dict[str, Any]:
+    """A journal entry's ``p`` field as a dict: ``i`` (incarnation id), ``ac`` (actor),
+    ``ro`` (role), ``at`` (ms), ``it`` (items: ``a`` action, ``n`` new generation, ``x``
+    ended generation or absent, ``rc`` receipt ``{"d", "ex"}`` or absent, generations as
+    field lists) and ``ho`` (``{"id", "nt"}`` of an accepted handoff) when present.
+
+    Raises:
+        ValueError: ``raw`` is not a journal entry.
+    """
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    if text.startswith("{"):
+        legacy: dict[str, Any] = json.loads(text)
+        return legacy
+    f = text.split("\x00")
+    n = int(f[6])
+    if len(f) != _HEADER + n * _ITEM:
+        raise ValueError("malformed journal entry")
+    items: list[dict[str, Any]] = []
+    for b in range(_HEADER, len(f), _ITEM):
+        it: dict[str, Any] = {"a": f[b], "n": f[b + 3 : b + 3 + GEN_FIELDS]}
+        if f[b + 1]:
+            it["rc"] = {"d": f[b + 1], "ex": f[b + 2]}
+        ended = f[b + 3 + GEN_FIELDS : b + _ITEM]
+        if ended[0]:
+            it["x"] = ended
+        items.append(it)
+    out: dict[str, Any] = {"i": f[0], "ac": f[1], "ro": f[2], "at": f[3], "it": items}
+    if f[4]:
+        out["ho"] = {"id": f[4], "nt": f[5][1:] if f[5] else None}
+    return out
 
 
 def _token(tok: tuple[object, ...]) -> list[int]:

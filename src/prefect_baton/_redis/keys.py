@@ -12,7 +12,7 @@ key                type   content
 =================  =====  ==============================================================
 ``P inc``          hash   incarnation marker: ``id``, ``n``, ``floor``, ``ceil``,
                           ``delay``, ``ret`` (missing = Redis lost its data)
-``P heads``        hash   resource digest -> newest generation (JSON)
+``P heads``        hash   resource digest -> newest generation (``_lib.lua`` text)
 ``P lid``          hash   lease id -> resource digest
 ``P old``          hash   lease id -> a generation that is no longer its resource's head
 ``P oldx``         zset   lease ids of ``old`` by ``ended_at_ms`` (pruning)

@@ -65,7 +65,7 @@ from .._ledger.store import row_to_holding
 from .._ledger.tables import LeaseRow, ReceiptRow
 from ..errors import UnavailableError
 from .cluster import node_time_ms
-from .codec import scope_meta, to_gen
+from .codec import encode_gen, scope_meta
 from .keys import ORGS_KEY, org_keys
 from .scripts import OK, REBUILD_LOST
 
@@ -161,9 +161,9 @@ def _heads(auth: RedisAuthority, org: str) -> Iterator[LeaseRow]:
 def _restore_args(row: LeaseRow) -> tuple[str, str]:
     h = row_to_holding(row)
     scoped = bool(h.scopes) and h.status == "active"
-    gen = to_gen(h, sid=h.lease_id if scoped else None)
+    gen = encode_gen(h, sid=h.lease_id if scoped else None)
     meta = scope_meta(h.resource_type, h.resource_id, h.scopes) if scoped else ""
-    return json.dumps(gen, separators=(",", ":"), ensure_ascii=False), meta
+    return gen, meta
 
 
 def _restore_receipts(auth: RedisAuthority, org: str) -> int:

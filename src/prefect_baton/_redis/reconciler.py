@@ -28,10 +28,11 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from redis.exceptions import RedisError
-from sqlalchemy import Connection, and_, bindparam, or_, select, text, update
+from sqlalchemy import Connection, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import OperationalError
@@ -50,7 +51,7 @@ from .._ledger.tables import (
 )
 from ..errors import UnavailableError
 from .cluster import RedisClient, node_time_ms
-from .codec import from_gen
+from .codec import from_gen, journal_payload
 from .keys import ORGS_KEY, org_keys
 
 __all__ = ["Lag", "ReconcileReport", "Reconciler", "run_reconciler"]
@@ -61,7 +62,7 @@ SYSTEM_PRINCIPAL = "__baton_authority__"
 """The principal name under which the authority keeps its own records in the ledger's
 receipts table (the journal cursor and the incarnation counter); never a real caller."""
 FOREVER_MS = 2**53 - 1
-DEFAULT_BATCH = 500
+DEFAULT_BATCH = 2000
 
 _KIND = {
     "acquire": "lease.acquired",
@@ -85,9 +86,7 @@ def id_tuple(entry_id: str) -> tuple[int, int]:
 
 
 def _payload(fields: Any) -> dict[str, Any]:
-    raw = fields[b"p"] if b"p" in fields else fields["p"]
-    value: dict[str, Any] = json.loads(raw)
-    return value
+    return journal_payload(fields[b"p"] if b"p" in fields else fields["p"])
 
 
 def _unavailable(exc: Exception) -> UnavailableError:
@@ -127,7 +126,7 @@ class Reconciler:
         client: the Redis client of the authority (``redis.Redis`` or
             ``redis.cluster.RedisCluster``).
         store: the ledger (:class:`prefect_baton._ledger.store.LedgerStore`).
-        batch_size: entries per ledger transaction (``int``, default 500).
+        batch_size: entries per ledger transaction (``int``, default 2,000).
 
     Every method may raise :class:`UnavailableError` when Redis or the ledger cannot be
     reached; nothing is acknowledged (trimmed) that the ledger has not committed.
@@ -364,37 +363,21 @@ class Reconciler:
                 .where(col(Principal.role) != role)
                 .values(role=role)
             )
-        active = [_row_params(h) for h in batch.leases.values() if h.status == "active"]
-        ended = [_row_params(h) for h in batch.leases.values() if h.status != "active"]
-        for rows, newer in (
-            (active, col(LeaseRow.version) < bindparam("b_version")),
-            (
-                ended,
-                or_(
-                    col(LeaseRow.version) < bindparam("b_version"),
-                    and_(
-                        col(LeaseRow.version) == bindparam("b_version"),
-                        col(LeaseRow.status) == "active",
-                    ),
-                ),
-            ),
-        ):
-            if rows:
-                conn.execute(
-                    update(LeaseRow)
-                    .where(col(LeaseRow.lease_id) == bindparam("b_lease_id"), newer)
-                    .values({c: bindparam(f"b_{c}") for c in _UPDATED}),
-                    rows,
-                )
-        conn.execute(
-            self._insert(LeaseRow).on_conflict_do_nothing(index_elements=["lease_id"]),
+        self._bulk(
+            conn,
+            LeaseRow,
             [_insert_params(org, h) for h in batch.leases.values()],
+            "ON CONFLICT (lease_id) DO UPDATE SET "
+            + ", ".join(f"{c} = excluded.{c}" for c in _UPDATED)
+            # only towards a newer state: a higher version, or the end of the same version
+            + f" WHERE {_LEASES}.version < excluded.version OR ({_LEASES}.version = "
+            f"excluded.version AND {_LEASES}.status = 'active' AND excluded.status <> 'active')",
         )
-        conn.execute(
-            self._insert(LeaseTransition).on_conflict_do_nothing(
-                index_elements=["lease_id", "version", "action"]
-            ),
+        self._bulk(
+            conn,
+            LeaseTransition,
             batch.transitions,
+            "ON CONFLICT (lease_id, version, action) DO NOTHING",
         )
         if batch.receipts:
             stmt = self._insert(ReceiptRow)
@@ -422,10 +405,36 @@ class Reconciler:
             )
         if batch.events:
             self._lock(conn, f"events:{org}")
-            conn.execute(
-                self._insert(EventRow).on_conflict_do_nothing(index_elements=["event_id"]),
-                batch.events,
-            )
+            self._bulk(conn, EventRow, batch.events, "ON CONFLICT (event_id) DO NOTHING")
+
+    def _bulk(
+        self, conn: Connection, table: Any, rows: list[dict[str, Any]], conflict: str
+    ) -> None:
+        """Insert ``rows`` (dicts with the same keys, in this order) into ``table`` with the
+        ``ON CONFLICT`` clause ``conflict``, in row order (serial ``seq`` columns follow it).
+
+        PostgreSQL: one statement for the whole list (``INSERT ... SELECT FROM unnest`` of
+        one array per column, ordered by position). SQLite: one prepared statement run by
+        the driver's ``executemany``."""
+        if not rows:
+            return
+        cols = list(rows[0])
+        name = table.__tablename__
+        columns = table.__table__.c
+        if self._sqlite:
+            marks = ", ".join("?" * len(cols))
+            sql = f"INSERT INTO {name} ({', '.join(cols)}) VALUES ({marks}) {conflict}"
+            conn.exec_driver_sql(sql, list(map(itemgetter(*cols), rows)))
+            return
+        dialect = conn.dialect
+        arrays = ", ".join(f"%b::{columns[c].type.compile(dialect=dialect)}[]" for c in cols)
+        sql = (
+            f"INSERT INTO {name} ({', '.join(cols)}) SELECT {', '.join(cols)} "
+            f"FROM unnest({arrays}) WITH ORDINALITY AS u({', '.join(cols)}, n) "
+            f"ORDER BY n {conflict}"
+        )
+        with conn.connection.driver_connection.cursor() as cur:  # type: ignore[union-attr]
+            cur.execute(sql, tuple(list(map(itemgetter(c), rows)) for c in cols), binary=True)
 
     def _accept_handoff(
         self, conn: Connection, org: str, ho: dict[str, Any], lease: Holding, at: int
@@ -459,18 +468,7 @@ class Reconciler:
 
 
 _UPDATED = ("version", "expires_at_ms", "ttl_ms", "status", "ended_at_ms", "ended_by")
-
-
-def _row_params(h: Holding) -> dict[str, Any]:
-    return {
-        "b_lease_id": h.lease_id,
-        "b_version": h.version,
-        "b_expires_at_ms": h.expires_at_ms,
-        "b_ttl_ms": h.ttl_ms,
-        "b_status": h.status,
-        "b_ended_at_ms": h.ended_at_ms,
-        "b_ended_by": h.ended_by,
-    }
+_LEASES = LeaseRow.__tablename__
 
 
 def _insert_params(org: str, h: Holding) -> dict[str, Any]:

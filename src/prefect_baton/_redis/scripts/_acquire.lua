@@ -2,9 +2,10 @@
 -- acquire_many.lua (prepended after _lib.lua to those two scripts only).
 
 -- Decide an acquire of one resource (a mirror of prefect_baton._core.decide_acquire plus
--- the ledger's receipt check). `it` holds the request; returns a reply table on refusal,
--- or {C_OK, plan} with plan = {new, ended, head, action} (or a replay/no-op reply).
-local function decide_acquire(it, principal, key, now, mk)
+-- the ledger's receipt check). `it` holds the request, `raw` the resource's head as stored
+-- (or nil); returns a reply table on refusal, or {C_OK, plan} with
+-- plan = {new, ended, head, raw, action} (or a replay/no-op reply).
+local function decide_acquire(it, principal, key, now, mk, raw)
   if key and it.rk then
     local r = redis.call('GET', it.rk)
     if r then
@@ -22,11 +23,11 @@ local function decide_acquire(it, principal, key, now, mk)
       return {C_REPLAY, enc(g)}
     end
   end
-  local head = dec(redis.call('HGET', KEYS[2], it.rd))
+  local head = dec(raw)
   local ended, action = nil, 'acquire'
   if head and effective(head, now) then
     local same = head.o == principal
-    if same and key and head.k == key then return {C_NOOP, enc(head)} end
+    if same and key and head.k == key then return {C_NOOP, raw} end
     if same and not key and head.k == nil then
       ended = copy(head); ended.s = 'superseded'; ended.ea = now; action = 'supersede'
     elseif same then
@@ -55,35 +56,44 @@ local function decide_acquire(it, principal, key, now, mk)
                v = cur + 1, e = epoch, s = 'active', a = now, x = now + it.ttl, t = it.ttl,
                sc = it.sc, p = it.p}
   if it.sc then new.sid = it.id end
-  return {C_OK, {new = new, ended = ended, head = head, action = action}}
+  return {C_OK, {new = new, ended = ended, head = head, raw = raw, action = action}}
 end
 
--- Apply a decided acquire; returns the journal item (JSON text) and the new generation's
--- JSON text.
-local function apply_acquire(it, plan, principal, key, now, mk)
+-- Apply a decided acquire; returns the journal item and the new generation (texts). The
+-- writes to the heads, lease-id and owner indexes are gathered in `w` ({h = {}, l = {},
+-- o = {}}) and written by flush_acquired(w), so that several acquires write each key once.
+local function apply_acquire(it, plan, principal, key, now, mk, w)
   local new, ended, head = plan.new, plan.ended, plan.head
-  local ended_json = nil
+  local ended_s = nil
   if ended then
     if head.sid then S().idx_remove(head.sid) end
     redis.call('ZREM', KEYS[6], own_member(head))
-    ended_json = enc(ended)
-    retire(ended, now, ended_json)
+    ended_s = enc(ended)
+    retire(ended, now, ended_s)
   elseif head then
-    retire(head, now, nil)
+    retire(head, now, plan.raw)
   end
   if head then prune_old(now, mk.ret) end
-  local new_json = enc(new)
-  redis.call('HSET', KEYS[2], it.rd, new_json)
-  redis.call('HSET', KEYS[3], new.id, it.rd)
-  redis.call('ZADD', KEYS[6], 0, own_member(new))
+  local new_s = enc(new)
+  local h, l, o = w.h, w.l, w.o
+  h[#h + 1] = it.rd; h[#h + 1] = new_s
+  l[#l + 1] = new.id; l[#l + 1] = it.rd
+  o[#o + 1] = 0; o[#o + 1] = own_member(new)
   if new.sid then S().idx_add(new.sid, it.meta, it.pf, new.x, principal) end
-  local rc_json = nil
+  local rc_d, rc_ex = nil, nil
   if key and it.rk then
     redis.call('SET', it.rk, '{"d":"' .. it.digest .. '","id":"' .. new.id .. '","e":"'
       .. I(new.e) .. '"}', 'PX', it.rttl)
-    rc_json = '{"d":"' .. it.digest .. '","ex":"' .. I(now + it.rttl) .. '"}'
+    rc_d, rc_ex = it.digest, I(now + it.rttl)
   end
-  return item(plan.action, new_json, ended_json, rc_json), new_json
+  return item(plan.action, new_s, ended_s, rc_d, rc_ex), new_s
+end
+
+local function flush_acquired(w)
+  if #w.h == 0 then return end
+  redis.call('HSET', KEYS[2], unpack(w.h))
+  redis.call('HSET', KEYS[3], unpack(w.l))
+  redis.call('ZADD', KEYS[6], unpack(w.o))
 end
 
 -- Read one acquire request from ARGV starting at index `b` (11 fields), its receipt key
@@ -94,7 +104,7 @@ local function read_item(b, ki)
   local ev = opt(ARGV[b + 5])
   if ev then it.ev = tonumber(ev) end
   if ARGV[b + 8] ~= '' then
-    it.sc = cjson.decode(ARGV[b + 8])
+    it.sc = ARGV[b + 8]
     it.meta = ARGV[b + 9]
     local m = cjson.decode(it.meta)
     it.pf, it.tk = m.pf, m.t

@@ -4,7 +4,7 @@
 -- Every operation script receives the same ten per-org keys first (all share the org's hash
 -- tag, so the scripts run unchanged on Redis Cluster):
 --   KEYS[1]  inc    hash: incarnation marker (id, n, floor, ceil, delay, ret)
---   KEYS[2]  heads  hash: resource digest -> newest generation of the resource (JSON)
+--   KEYS[2]  heads  hash: resource digest -> newest generation of the resource
 --   KEYS[3]  lid    hash: lease id -> resource digest (every generation not yet pruned)
 --   KEYS[4]  old    hash: lease id -> a generation that is no longer its resource's head
 --   KEYS[5]  oldx   zset: lease id of `old` by ended_at_ms (pruning)
@@ -14,12 +14,19 @@
 --   KEYS[9]  se     hash: sid -> expires_at_ms .. "\0" .. owner
 --   KEYS[10] j      stream: the journal the reconciler drains into the ledger
 --
--- Generations are JSON objects whose integers are decimal strings (exact up to 2**53 on
--- every cjson build): id, rt, ri, rd (resource digest), o (owner), k (execution key),
--- v (version), e (epoch), s (status), a (acquired_at_ms), x (expires_at_ms), t (ttl_ms),
--- sc (scopes), p (purpose), ea (ended_at_ms), eb (ended_by), sid (scope registration id).
--- Absent optional fields mean None. Optional string ARGV use "" for None and "=" .. value
--- otherwise.
+-- A generation is one string of 17 fields separated by NUL ("\0"; no id, free text or
+-- scope may contain NUL), in this order: id, rt, ri, rd (resource digest), o (owner),
+-- k (execution key), v (version), e (epoch), s (status), a (acquired_at_ms),
+-- x (expires_at_ms), t (ttl_ms), sc (scopes as a JSON list), p (purpose), ea (ended_at_ms),
+-- eb (ended_by), sid (scope registration id). Integers are decimal; an empty field means
+-- None, except p, which is "=" .. purpose when set (a purpose may be ""). Generations
+-- written by earlier versions as JSON objects (first byte "{") are still read.
+-- Optional string ARGV use "" for None and "=" .. value otherwise.
+--
+-- A journal entry is one stream field "p": NUL-separated fields, the header (incarnation id,
+-- actor, role, at_ms, handoff id or "", handoff note ("" or "=" .. note), item count), then
+-- per item: action, receipt request digest or "", receipt expires_at_ms or "", the new
+-- generation's 17 fields, the ended generation's 17 fields (all empty when none).
 --
 -- Scripts decide everything before their first write, so a refused request writes nothing.
 
@@ -52,26 +59,43 @@ local function marker()
           delay = tonumber(m[4]) or 0, ret = tonumber(m[5]) or 86400000}
 end
 
-local function dec(s)
-  if not s then return nil end
+local F = {'id', 'rt', 'ri', 'rd', 'o', 'k', 'v', 'e', 's', 'a', 'x', 't', 'sc', 'p', 'ea',
+           'eb', 'sid'}
+local NO_GEN = string.rep('\0', 16)
+
+-- A generation written as JSON by an earlier version.
+local function dec_json(s)
   local g = cjson.decode(s)
   for _, f in ipairs(NUMS) do
     if g[f] ~= nil then g[f] = tonumber(g[f]) end
   end
+  if type(g.sc) == 'table' then g.sc = cjson.encode(g.sc) end
   return g
 end
 
-local function ser(g)
-  if not g then return nil end
-  local o = {}
-  for k, val in pairs(g) do
-    if type(val) == 'number' then o[k] = I(val) else o[k] = val end
+local function dec(s)
+  if not s then return nil end
+  if string.byte(s, 1) == 123 then return dec_json(s) end
+  local g, pos = {}, 1
+  for i = 1, 16 do
+    local z = string.find(s, '\0', pos, true)
+    if z > pos then g[F[i]] = string.sub(s, pos, z - 1) end
+    pos = z + 1
   end
-  return o
+  if pos <= #s then g.sid = string.sub(s, pos) end
+  g.v, g.e, g.a, g.x, g.t = tonumber(g.v), tonumber(g.e), tonumber(g.a), tonumber(g.x),
+    tonumber(g.t)
+  if g.ea then g.ea = tonumber(g.ea) end
+  if g.p then g.p = string.sub(g.p, 2) end
+  return g
 end
 
 local function enc(g)
-  return cjson.encode(ser(g))
+  local p, ea = '', ''
+  if g.p then p = '=' .. g.p end
+  if g.ea then ea = I(g.ea) end
+  return table.concat({g.id, g.rt, g.ri, g.rd, g.o, g.k or '', I(g.v), I(g.e), g.s, I(g.a),
+    I(g.x), I(g.t), g.sc or '', p, ea, g.eb or '', g.sid or ''}, '\0')
 end
 
 local function copy(g)
@@ -326,20 +350,17 @@ local function own_member(g)
   return g.o .. '\0' .. g.rd
 end
 
--- Append one journal entry; `items` are JSON texts built by item(), `extra` more fields
--- (JSON text starting with a comma) or nil. Generations are encoded once and reused.
-local function journal(mk, principal, role, now, items, extra)
-  local p = '{"i":' .. cjson.encode(mk.id) .. ',"ac":' .. cjson.encode(principal) .. ',"ro":'
-    .. cjson.encode(role) .. ',"at":"' .. I(now) .. '","it":[' .. table.concat(items, ',')
-    .. ']' .. (extra or '') .. '}'
-  return redis.call('XADD', KEYS[10], '*', 'p', p)
+-- Append one journal entry; `items` are texts built by item(), `ho` the handoff id and
+-- `note` its note (nil when none). Generations are encoded once and reused.
+local function journal(mk, principal, role, now, items, ho, note)
+  local nt = ''
+  if note then nt = '=' .. note end
+  return redis.call('XADD', KEYS[10], '*', 'p', table.concat({mk.id, principal, role, I(now),
+    ho or '', nt, #items, table.concat(items, '\0')}, '\0'))
 end
 
--- One journal item: the action, the new state (JSON), the ended generation (JSON or nil)
--- and the receipt fields (JSON or nil).
-local function item(action, new_json, ended_json, rc_json)
-  local t = '{"a":"' .. action .. '","n":' .. new_json
-  if ended_json then t = t .. ',"x":' .. ended_json end
-  if rc_json then t = t .. ',"rc":' .. rc_json end
-  return t .. '}'
+-- One journal item: the action, the new generation, the ended generation (or nil) and the
+-- receipt's request digest and expires_at_ms (or nil).
+local function item(action, new_s, ended_s, rc_digest, rc_ex)
+  return table.concat({action, rc_digest or '', rc_ex or '', new_s, ended_s or NO_GEN}, '\0')
 end

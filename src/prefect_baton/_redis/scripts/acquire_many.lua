@@ -17,12 +17,15 @@ if not mk then return {C_NO_INCARNATION} end
 local now = now_ms()
 local principal, role, key = ARGV[1], ARGV[2], opt(ARGV[3])
 local n = tonumber(ARGV[4])
+local rds = {}
+for i = 1, n do rds[i] = ARGV[5 + 11 * (i - 1)] end
+local heads = redis.call('HMGET', KEYS[2], unpack(rds))
 local its, replies = {}, {}
 for i = 1, n do
   local ki = nil
   if key then ki = 10 + i end
   local it = read_item(5 + 11 * (i - 1), ki)
-  local r = decide_acquire(it, principal, key, now, mk)
+  local r = decide_acquire(it, principal, key, now, mk, heads[i] or nil)
   if r[1] == C_OK then
     it.plan = r[2]
     its[i] = it
@@ -37,17 +40,19 @@ for i = 1, n do
   end
 end
 local items, out = {}, {C_OK, ''}
+local w = {h = {}, l = {}, o = {}}
 for i = 1, n do
   local it = its[i]
   if it then
-    local entry, new_json = apply_acquire(it, it.plan, principal, key, now, mk)
+    local entry, new_s = apply_acquire(it, it.plan, principal, key, now, mk, w)
     items[#items + 1] = entry
     out[#out + 1] = C_OK
-    out[#out + 1] = new_json
+    out[#out + 1] = new_s
   else
     out[#out + 1] = replies[i][1]
     out[#out + 1] = replies[i][2]
   end
 end
+flush_acquired(w)
 if #items > 0 then out[2] = journal(mk, principal, role, now, items) end
 return out

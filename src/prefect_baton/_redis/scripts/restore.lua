@@ -2,8 +2,9 @@
 -- Runs only while the caller holds the rebuild lock and no incarnation marker exists.
 -- KEYS[1..10]: the per-org keys listed in _lib.lua.
 -- KEYS[11]: the rebuild lock.
--- ARGV[1] rebuild token, then pairs ARGV[2i], ARGV[2i+1]: a head generation (JSON, with rd
--- and, when scoped and active, sid) and its scope meta JSON {r, t, pf} ("" when unscoped).
+-- ARGV[1] rebuild token, then pairs ARGV[2i], ARGV[2i+1]: a head generation (the text form
+-- of _lib.lua, with rd and, when scoped and active, sid) and its scope meta JSON {r, t, pf}
+-- ("" when unscoped).
 -- Returns:
 --   {0}                                  loaded
 --   {32}                                 the rebuild lock was lost (someone else rebuilds)

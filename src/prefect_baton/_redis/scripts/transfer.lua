@@ -91,10 +91,7 @@ redis.call('HSET', KEYS[3], nid, g.rd)
 redis.call('ZREM', KEYS[6], own_member(g))
 redis.call('ZADD', KEYS[6], 0, own_member(new))
 if g.sid then redis.call('HSET', KEYS[9], g.sid, I(new.x) .. '\0' .. to) end
-local extra = nil
-if hid then
-  redis.call('SET', KEYS[11], 'a:' .. nid, 'PX', tonumber(ARGV[14]))
-  extra = ',"ho":' .. cjson.encode({id = hid, nt = opt(ARGV[12])})
-end
-local eid = journal(mk, ARGV[10], ARGV[2], now, {item('transfer', new_json, ended_json)}, extra)
+if hid then redis.call('SET', KEYS[11], 'a:' .. nid, 'PX', tonumber(ARGV[14])) end
+local eid = journal(mk, ARGV[10], ARGV[2], now, {item('transfer', new_json, ended_json)}, hid,
+  opt(ARGV[12]))
 return {C_OK, eid, new_json}

@@ -23,7 +23,7 @@ from schemathesis.specs.openapi.checks import (
 from prefect_baton.rest import MAX_BODY_BYTES, create_app, create_key
 from prefect_baton.rest._responses import DATA_BY_OPERATION
 
-from .conftest import MakeKey, data, error
+from .conftest import MakeKey, data, error, row_counts
 
 CHECKS = [
     not_a_server_error,
@@ -233,3 +233,20 @@ def test_method_not_allowed_lists_the_allowed_methods(
     assert r.headers["allow"] == "GET, POST"
     r = client.request("PUT", "/v1/leases/lease_x", headers=h)
     assert r.headers["allow"] == "DELETE, GET"
+
+
+def test_integers_are_json_schema_integers(
+    client: TestClient, make_key: MakeKey, ledger_url: str
+) -> None:
+    """``60.0`` is the integer the document allows; ``60.5``, ``"60"`` and ``true`` are 400
+    and write nothing."""
+    h = {**make_key(), "content-type": "application/json"}
+    ok = b'{"resource_type": "deploy", "resource_id": "a", "ttl_seconds": 60.0}'
+    r = client.post("/v1/leases", content=ok, headers=h)
+    assert r.status_code == 201, r.text
+    assert data(r)["ttl_seconds"] == 60
+    before = row_counts(ledger_url)
+    for bad in (b"60.5", b'"60"', b"true"):
+        raw = b'{"resource_type": "deploy", "resource_id": "b", "ttl_seconds": ' + bad + b"}"
+        error(client.post("/v1/leases", content=raw, headers=h), 400, "VALIDATION_ERROR")
+    assert row_counts(ledger_url) == before

@@ -1,5 +1,6 @@
 """Request bodies of the REST API. Every model forbids unknown fields and is strict about
-types (``"600"`` is not an integer); a failure is ``400 VALIDATION_ERROR``.
+types (``"600"`` is not an integer; ``600.0`` is, as JSON Schema has it); a failure is
+``400 VALIDATION_ERROR``.
 
 The declared limits (id lengths, TTL ranges, text lengths) are the ones the Python API
 enforces, so the OpenAPI document states what the server accepts; the Python API still
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from .._api_base import CHECKPOINT_TTL_MAX_SECONDS
 from .._validation import (
@@ -41,12 +42,24 @@ NO_CONTROL = r"^[^\x00-\x1f\x7f]*$"
 Id = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH, pattern=NO_CONTROL)]
 #: Free text (purpose, message, note): at most 4,096 characters.
 Text = Annotated[str, Field(max_length=MAX_TEXT_LENGTH)]
+
+
+def _integral(value: Any) -> Any:
+    """``60.0`` is the JSON integer 60 (JSON Schema says so); ``60.5``, ``"60"`` and
+    ``true`` stay what they are and fail the strict integer check."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: A JSON integer (``60`` or ``60.0``, never ``"60"``).
+Integer = Annotated[int, BeforeValidator(_integral)]
 #: A lease TTL in seconds, 10 to 86,400.
-Ttl = Annotated[int, Field(ge=TTL_MIN_SECONDS, le=TTL_MAX_SECONDS)]
+Ttl = Annotated[Integer, Field(ge=TTL_MIN_SECONDS, le=TTL_MAX_SECONDS)]
 #: A compare-and-swap version, 0 to 2**53 - 1.
-Version = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)]
+Version = Annotated[Integer, Field(ge=0, le=MAX_SAFE_INTEGER)]
 #: A checkpoint or handoff lifetime in seconds, 1 to 31,622,400 (366 days).
-Lifetime = Annotated[int, Field(ge=1, le=CHECKPOINT_TTL_MAX_SECONDS)]
+Lifetime = Annotated[Integer, Field(ge=1, le=CHECKPOINT_TTL_MAX_SECONDS)]
 Scope = Annotated[str, Field(min_length=1, max_length=MAX_SCOPE_LENGTH, pattern=NO_CONTROL)]
 #: Write-scope patterns of a lease: at most 64, each 1 to 1,024 characters.
 Scopes = Annotated[list[Scope], Field(max_length=MAX_SCOPES)]

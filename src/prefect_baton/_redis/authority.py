@@ -110,7 +110,7 @@ def connect(url: str, **kwargs: Any) -> RedisClient:
 def _unavailable(exc: RedisError) -> BatonError:
     if isinstance(exc, RedisConnectionError | RedisTimeoutError):
         return UnavailableError(f"Redis unavailable: {exc}")
-    code = exc.status_code or str(exc).split(" ", 1)[0]  # redis-py strips known codes
+    code = getattr(exc, "status_code", None) or str(exc).split(" ", 1)[0]  # stripped by redis-py
     if isinstance(exc, ResponseError) and code.upper() in _BUSY:
         return UnavailableError(f"Redis unavailable: {exc}")
     if isinstance(exc, ResponseError):

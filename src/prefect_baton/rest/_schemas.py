@@ -40,8 +40,14 @@ NO_CONTROL = r"^[^\x00-\x1f\x7f]*$"
 #: An id (resource, subject, principal, lease, ...): 1 to 256 characters, no control
 #: characters.
 Id = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH, pattern=NO_CONTROL)]
-#: Free text (purpose, message, note): at most 4,096 characters.
-Text = Annotated[str, Field(max_length=MAX_TEXT_LENGTH)]
+NO_NUL = r"^[^\x00]*$"
+#: Free text (purpose, message, note): at most 4,096 characters, no NUL.
+Text = Annotated[str, Field(max_length=MAX_TEXT_LENGTH, pattern=NO_NUL)]
+#: The message of a value that does not match one of these patterns.
+PATTERN_MESSAGES = {
+    NO_CONTROL: "must not contain control characters",
+    NO_NUL: "must not contain NUL characters",
+}
 
 
 def _integral(value: Any) -> Any:
@@ -52,14 +58,13 @@ def _integral(value: Any) -> Any:
     return value
 
 
-#: A JSON integer (``60`` or ``60.0``, never ``"60"``).
-Integer = Annotated[int, BeforeValidator(_integral)]
+_INTEGER = BeforeValidator(_integral)  # a JSON integer: 60 or 60.0, never "60"
 #: A lease TTL in seconds, 10 to 86,400.
-Ttl = Annotated[Integer, Field(ge=TTL_MIN_SECONDS, le=TTL_MAX_SECONDS)]
+Ttl = Annotated[int, Field(ge=TTL_MIN_SECONDS, le=TTL_MAX_SECONDS), _INTEGER]
 #: A compare-and-swap version, 0 to 2**53 - 1.
-Version = Annotated[Integer, Field(ge=0, le=MAX_SAFE_INTEGER)]
+Version = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER), _INTEGER]
 #: A checkpoint or handoff lifetime in seconds, 1 to 31,622,400 (366 days).
-Lifetime = Annotated[Integer, Field(ge=1, le=CHECKPOINT_TTL_MAX_SECONDS)]
+Lifetime = Annotated[int, Field(ge=1, le=CHECKPOINT_TTL_MAX_SECONDS), _INTEGER]
 Scope = Annotated[str, Field(min_length=1, max_length=MAX_SCOPE_LENGTH, pattern=NO_CONTROL)]
 #: Write-scope patterns of a lease: at most 64, each 1 to 1,024 characters.
 Scopes = Annotated[list[Scope], Field(max_length=MAX_SCOPES)]

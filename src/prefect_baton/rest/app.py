@@ -230,7 +230,8 @@ def _validation_message(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors()[:5]:
         loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
-        parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
+        msg = s.PATTERN_MESSAGES.get(str(err.get("ctx", {}).get("pattern")), err.get("msg"))
+        parts.append(f"{loc or 'body'}: {msg or 'invalid'}")
     return "; ".join(parts) or "invalid request"
 
 

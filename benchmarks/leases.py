@@ -366,11 +366,14 @@ def section_concurrent(args: argparse.Namespace) -> dict[str, Any]:
         end_at.value = end
         go.set()
         max_entries, max_seconds = 0, 0.0
+        halves = [0.0, 0.0]  # largest lag (s) in the first and second half of the burst
         while time.time() < end + 0.5:
             if rec is not None:
                 lag = rec.lag(org)
                 max_entries = max(max_entries, lag.entries)
                 max_seconds = max(max_seconds, lag.seconds)
+                half = 0 if time.time() < end - args.seconds / 2 else 1
+                halves[half] = max(halves[half], lag.seconds)
             time.sleep(0.2)
         results = [q.get(timeout=120) for _ in procs]
         for p in procs:
@@ -400,6 +403,7 @@ def section_concurrent(args: argparse.Namespace) -> dict[str, Any]:
                     "transitions": len(transitions),
                     "max_lag_entries": max_entries,
                     "max_lag_seconds": round(max_seconds, 3),
+                    "max_lag_seconds_by_half": [round(x, 3) for x in halves],
                 }
             )
             store.close()
@@ -587,6 +591,7 @@ def _targets(res: dict[str, Any]) -> dict[str, Any]:
                         "load_entries_per_s": need,
                         "max_lag_entries": row["max_lag_entries"],
                         "max_lag_seconds": row["max_lag_seconds"],
+                        "max_lag_seconds_by_half": row.get("max_lag_seconds_by_half"),
                     },
                     "met": res["drain"][db]["entries_per_s"] > need
                     and row["max_lag_seconds"] < 5.0,
@@ -672,11 +677,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "redis_py": redis.__version__,
         "cpus": os.cpu_count(),
         "args": {k: v for k, v in vars(args).items() if k not in ("pg_url",)},
+        "loadavg_1min_start": round(os.getloadavg()[0], 2),
     }
     for name in args.only.split(","):
         t0 = time.perf_counter()
         results[name] = SECTIONS[name](args)
         results.setdefault("section_seconds", {})[name] = round(time.perf_counter() - t0, 1)
+    results["loadavg_1min_end"] = round(os.getloadavg()[0], 2)
     results["targets"] = _targets(results)
     _print_table(results)
     print("\n" + json.dumps(results, sort_keys=True))

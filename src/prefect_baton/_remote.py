@@ -495,6 +495,8 @@ class RemoteBackend:
             "lease_id": lease.lease_id if lease else None,
             "expires_in_seconds": expires_in_ms // 1000 if expires_in_ms is not None else None,
         }
+        if lease is not None:
+            body["lease_execution_key"] = lease.execution_key
         data, replayed = self._call(
             "POST", "/v1/handoffs", json=body, idempotency_key=idempotency_key
         )

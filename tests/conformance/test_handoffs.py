@@ -261,6 +261,18 @@ def test_create_with_lease_not_held(baton: Baton) -> None:
     assert baton.as_principal("agent-b").handoffs.inbox() == []
 
 
+def test_create_with_forged_execution_key_is_lost(baton: Baton) -> None:
+    """A handoff carrying the sender's lease under another execution key is LEASE_LOST."""
+    mine = baton.leases.acquire(RT, RID, ttl_seconds=60, idempotency_key="run-1")
+    for key in ("run-x", None):
+        with pytest.raises(LeaseLostError):
+            baton.handoffs.create(
+                "agent-b", SUBJ, lease=mine.model_copy(update={"execution_key": key})
+            )
+    assert baton.as_principal("agent-b").handoffs.inbox() == []
+    assert kinds(baton) == ["lease.acquired"]
+
+
 def test_accept_with_lease_is_atomic_in_events(baton: Baton) -> None:
     """Accepting a lease handoff appends lease.transferred then handoff.accepted."""
     lease = baton.leases.acquire(RT, RID, ttl_seconds=60, idempotency_key="w1")

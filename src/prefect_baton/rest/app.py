@@ -137,6 +137,13 @@ class BatchIn(BaseModel):
     scopes: s.Scopes = []
 
 
+class HandoffProofIn(s.HandoffIn):
+    """``POST /v1/handoffs``; ``lease_execution_key`` is the execution key presented with
+    ``lease_id`` (absent: the lease's own)."""
+
+    lease_execution_key: str | None = None
+
+
 class FencedCheckpointIn(s.CheckpointIn):
     """``PUT /v1/checkpoints``; ``fence_epoch`` is the epoch the writer presents with
     ``fence_lease_id`` (default: that lease's own)."""
@@ -426,15 +433,20 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
     # ------------------------------------------------------------------ handoffs
 
     @app.post("/v1/handoffs", status_code=201, tags=["handoffs"])
-    def create_handoff(request: Request, body: s.HandoffIn, b: B, key: IdemKey = None) -> Response:
+    def create_handoff(
+        request: Request, body: HandoffProofIn, b: B, key: IdemKey = None
+    ) -> Response:
         """Create a pending handoff addressed to ``to_principal``."""
+        lease = held(b, body.lease_id)
+        if lease is not None and "lease_execution_key" in body.model_fields_set:
+            lease = lease.model_copy(update={"execution_key": body.lease_execution_key})
         handoff = b.handoffs.create(
             body.to_principal,
             body.subject_id,
             checkpoint_id=body.checkpoint_id,
             context_id=body.context_id,
             message=body.message,
-            lease=held(b, body.lease_id),
+            lease=lease,
             idempotency_key=_utf8(key),
             expires_in_seconds=body.expires_in_seconds,
         )

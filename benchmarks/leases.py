@@ -7,7 +7,8 @@ Sections (``--only`` picks some):
   floor (``SET NX PX`` + a Lua compare-and-delete), redis-py ``Lock``, python-redis-lock,
   pottery ``Redlock`` with one master, prefect-baton on Redis (``ack="redis"`` with the
   journal drained by a ``run_reconciler`` process, ``ack="redis"`` drained by the client's
-  own thread, ``ack="ledger"``), prefect-baton on the SQLite ledger and on PostgreSQL.
+  own thread, ``ack="redis"`` drained only after the timing, ``ack="ledger"``),
+  prefect-baton on the SQLite ledger and on PostgreSQL.
 * ``many``: ``acquire_many`` of 100 resources against the floor's acquire (``SET NX PX``),
   per lease.
 * ``concurrent``: 16 client processes on 100 resources for a fixed time: throughput, and
@@ -171,7 +172,9 @@ def baton_redis(
     redis_url: str, ledger_url: str, *, ack: str, drain: str, principal: str = "bench"
 ) -> BatonVariant:
     """prefect-baton on Redis; ``drain`` is ``process`` (a reconciler process), ``thread``
-    (the client's own drain thread) or ``none``."""
+    (the client's own drain thread), ``after`` (nothing drains while the variant runs; the
+    journal is drained when it closes: the client's cost when the reconciler runs on another
+    host) or ``none``."""
     store = LedgerStore(ledger_url)
     auth = RedisAuthority(connect(redis_url), store, ack=ack, reconcile_in_client=drain == "thread")
     org = _org()
@@ -180,6 +183,8 @@ def baton_redis(
     if drain == "process":
         proc = reconciler_process(redis_url, ledger_url, org)
         closers.append(lambda: (proc.terminate(), proc.wait(10)))
+    if drain == "after":
+        closers.append(lambda: auth.reconciler.drain(org) and None)
     closers += [auth.close, store.close]
     label = f"prefect-baton Redis ack={ack}" + (f" (drain: {drain})" if ack == "redis" else "")
     return BatonVariant(label, b, closers)
@@ -204,6 +209,7 @@ def section_pairs(args: argparse.Namespace) -> dict[str, Any]:
         lambda: PotteryRedlock(ru),
         lambda: baton_redis(ru, _sqlite_url("pairs-p"), ack="redis", drain="process"),
         lambda: baton_redis(ru, _sqlite_url("pairs-t"), ack="redis", drain="thread"),
+        lambda: baton_redis(ru, _sqlite_url("pairs-a"), ack="redis", drain="after"),
         lambda: baton_redis(ru, _sqlite_url("pairs-l"), ack="ledger", drain="none"),
         lambda: baton_ledger("prefect-baton SQLite ledger", _sqlite_url("pairs-s")),
     ]

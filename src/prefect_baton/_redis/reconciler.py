@@ -149,6 +149,9 @@ class Reconciler:
             until: stop once this entry id (``"<ms>-<seq>"``) is applied (``None``: drain
                 everything pending).
             max_batches: stop after this many batches (``None``: no limit).
+
+        A batch shorter than ``batch_size`` reached the end of the journal: the drain stops
+        there (entries appended since are left for the next drain).
         """
         if until is not None and self._applied(org, until):
             return 0
@@ -158,7 +161,7 @@ class Reconciler:
             n, last = self.drain_once(org)
             total += n
             batches += 1
-            if n == 0:
+            if n < self.batch_size:
                 break
             if until is not None and last is not None and id_tuple(last) >= id_tuple(until):
                 break
@@ -571,7 +574,8 @@ def run_reconciler(
             each round when following).
         follow: keep draining until ``stop`` is set (or the process is interrupted);
             otherwise drain what is pending once and return.
-        interval_seconds: pause between rounds that found nothing (``float``, seconds).
+        interval_seconds: pause between rounds that applied less than one batch per org
+            (``float``, seconds): entries gather into larger batches meanwhile.
         batch_size: entries per ledger transaction.
         stop: an event that ends ``follow`` mode.
         on_batch: called as ``on_batch(org, applied, lag)`` after each round of an org that
@@ -619,7 +623,7 @@ def run_reconciler(
                     log.warning("reconcile of %s failed, will retry: %s", org, exc)
                     continue
                 report.applied += n
-                busy = busy or n > 0
+                busy = busy or n >= rec.batch_size
                 if n and on_batch is not None:
                     on_batch(org, n, rec.lag(org))
             if not follow or stop.is_set():
@@ -644,7 +648,8 @@ class Drainer:
 
     Args:
         reconciler: the :class:`Reconciler` to drive.
-        interval_seconds: pause when nothing was pending (``float``, default 0.05 s).
+        interval_seconds: pause after a round that caught up with every journal
+            (``float``, default 0.05 s).
     """
 
     def __init__(self, reconciler: Reconciler, *, interval_seconds: float = 0.05) -> None:
@@ -674,7 +679,8 @@ class Drainer:
             failed = False
             for org in list(self.orgs):
                 try:
-                    busy = self.reconciler.drain(org, max_batches=8) > 0 or busy
+                    n = self.reconciler.drain(org, max_batches=8)
+                    busy = busy or n >= 8 * self.reconciler.batch_size
                 except Exception as exc:
                     failed = True
                     log.warning("background reconcile of %s failed: %s", org, exc)

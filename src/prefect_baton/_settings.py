@@ -47,6 +47,11 @@ class BatonSettings(BaseSettings):
             reprs).
         api_timeout_seconds: ``BATON_API_TIMEOUT_SECONDS``; per-request timeout of the REST
             client in seconds (default 30).
+        key_cache_seconds: ``BATON_KEY_CACHE_SECONDS``; how long the REST server keeps a
+            valid bearer key it has looked up, in seconds (default 2, 0 to 300; ``0``
+            disables the cache). A key revoked by another process (``baton keys revoke``)
+            is refused at the latest this long after the revocation; revoked in the
+            server's own process, at once.
     """
 
     model_config = SettingsConfigDict(env_prefix="BATON_", extra="ignore")
@@ -63,3 +68,4 @@ class BatonSettings(BaseSettings):
     api_url: str | None = None
     api_key: SecretStr | None = None
     api_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    key_cache_seconds: float = Field(default=2.0, ge=0, le=300)

@@ -47,8 +47,11 @@ def served(cli: Cli) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     """``baton serve --port P`` on the test's ledger as a real process, stopped by pid."""
     port = _free_port()
     argv = [str(BATON_SCRIPT), "serve", "--port", str(port), "--ledger-url", cli.ledger_url]
+    # Key cache off: a `baton keys revoke` (another process) is then refused at once; with
+    # the cache on, within BATON_KEY_CACHE_SECONDS (tests/rest/test_server_perf_rules.py).
+    env = {**process_env(), "BATON_KEY_CACHE_SECONDS": "0"}
     proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=process_env()
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
     try:
         _wait_until_listening(proc, port)

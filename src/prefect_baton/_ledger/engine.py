@@ -26,6 +26,11 @@ from ..errors import UnavailableError, ValidationError
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 VERSION_TABLE = "baton_alembic_version"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+#: Connections each SQLite engine keeps open once opened (10 more may be opened, and are
+#: closed on return): AnyIO's default worker-thread limit, so a REST server running that
+#: many requests on the ledger at once neither reopens connections (with their PRAGMAs)
+#: nor waits for one. Opened on demand: a single-threaded client still holds one.
+SQLITE_POOL_SIZE = 40
 _MIGRATION_LOCK_KEY = 0x62A70_0001  # pg advisory lock id for migrations
 
 #: libpq settings applied unless the URL sets them: connect within 5 s, and notice a peer
@@ -132,6 +137,8 @@ def _sqlite_engine(url: str, *, immediate: bool) -> Engine:
         url,
         connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
         pool_pre_ping=False,
+        pool_size=SQLITE_POOL_SIZE,
+        max_overflow=10,
     )
 
     @event.listens_for(eng, "connect")

@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .._authority import Caller
 from .._ledger.engine import Engines
 from ..errors import BatonError
-from .keys import AREAS, ApiKey, authenticate
+from .keys import AREAS, ApiKey, KeyCache, authenticate
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -98,13 +98,18 @@ class BatonMiddleware:
     * under ``/v1``: authenticates the bearer key (``401`` when missing, unknown or
       revoked) and checks the route's scope (``<area>:read`` for ``GET``, else
       ``<area>:write``; ``403`` when missing), before the body is parsed; the caller is
-      put in ``scope["state"]["caller"]``;
+      put in ``scope["state"]["caller"]``. A key found in ``key_cache`` is answered on the
+      event loop; otherwise the ledger is asked on a worker thread and a valid key is
+      cached (see :class:`~prefect_baton.rest.keys.KeyCache` for when a revocation
+      applies);
     * refuses bodies over ``max_body_bytes`` with ``413`` (by ``Content-Length`` or by
       counting a streamed body) before any route runs.
 
     Args:
         app: the wrapped ASGI app. engines: callable returning the ledger's engines (keys).
         max_body_bytes: the body limit (``int``, default :data:`MAX_BODY_BYTES`).
+        key_cache: the cache of looked-up keys (:class:`~prefect_baton.rest.keys.KeyCache`;
+            default: none, every request asks the ledger).
     """
 
     def __init__(
@@ -112,10 +117,12 @@ class BatonMiddleware:
         app: ASGIApp,
         engines: Callable[[], Engines],
         max_body_bytes: int = MAX_BODY_BYTES,
+        key_cache: KeyCache | None = None,
     ) -> None:
         self.app = app
         self.engines = engines
         self.max_body_bytes = max_body_bytes
+        self.key_cache = key_cache or KeyCache(0)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -166,12 +173,15 @@ class BatonMiddleware:
         scheme, _, secret = raw.partition(" ")
         if scheme.lower() != "bearer" or not secret.strip():
             return error_response("UNAUTHENTICATED", "a bearer key is required")
-        try:
-            key: ApiKey | None = await anyio.to_thread.run_sync(
-                authenticate, self.engines(), secret.strip()
-            )
-        except BatonError as exc:
-            return baton_error_response(exc)
+        secret = secret.strip()
+        key: ApiKey | None = self.key_cache.get(secret)
+        if key is None:
+            token = self.key_cache.start()
+            try:
+                key = await anyio.to_thread.run_sync(authenticate, self.engines(), secret)
+            except BatonError as exc:
+                return baton_error_response(exc)
+            self.key_cache.put(secret, key, token)
         if key is None:
             return error_response("UNAUTHENTICATED", "the bearer key is unknown or revoked")
         area = _area(path)

@@ -34,6 +34,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ValidationError as PydanticValidationError
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -51,6 +52,7 @@ from ..models import Lease
 from . import _schemas as s
 from ._http import BatonMiddleware, baton_error_response, error_response, ok
 from ._openapi import install_openapi
+from .keys import KeyCache
 
 __all__ = ["create_app"]
 
@@ -248,17 +250,28 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
     Args:
         ledger_url: SQLAlchemy URL of the ledger (``str``; default ``BATON_LEDGER_URL``);
             migrated on start, and holding the bearer keys.
-        redis_url: Redis URL of the lease authority (``str``; default none: the ledger is
-            the authority).
+        redis_url: Redis URL of the lease authority (``str``; default ``BATON_REDIS_URL``;
+            neither set: the ledger is the authority). ``BATON_REDIS_ACK`` and
+            ``BATON_REDIS_POST_LOSS`` apply to it.
+
+    Bearer keys looked up are cached for ``BATON_KEY_CACHE_SECONDS`` (see
+    :class:`~prefect_baton.rest.keys.KeyCache`; ``app.state.key_cache``).
 
     Returns:
         A :class:`fastapi.FastAPI` app; ``app.state.store`` is its
         :class:`~prefect_baton._ledger.store.LedgerStore`. Shutting the app down closes it.
 
     Raises:
-        ValidationError: a malformed URL. UnavailableError: the ledger cannot be reached.
+        ValidationError: a malformed URL or a bad ``BATON_*`` variable (nothing is opened
+            then). UnavailableError: the ledger cannot be reached.
     """
-    settings = BatonSettings()
+    try:
+        settings = BatonSettings()
+    except PydanticValidationError as exc:
+        problems = "; ".join(
+            f"BATON_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}" for e in exc.errors()
+        )
+        raise ValidationError(f"bad environment setting: {problems}") from None
     store = LedgerStore(
         ledger_url or settings.ledger_url,
         receipt_retention_seconds=settings.receipt_retention_seconds,
@@ -266,6 +279,8 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
     )
     authority: LeaseAuthority = store
     redis_close: Callable[[], None] | None = None
+    if redis_url is None and settings.redis_url is not None:
+        redis_url = settings.redis_url.get_secret_value()
     if redis_url:
         from .._redis.authority import RedisAuthority
 
@@ -285,7 +300,10 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
     app.state.store = store
     app.state.settings = settings
     app.state.authority = authority
-    app.add_middleware(BatonMiddleware, engines=lambda: store.engines)
+    app.state.key_cache = KeyCache(settings.key_cache_seconds)
+    app.add_middleware(
+        BatonMiddleware, engines=lambda: store.engines, key_cache=app.state.key_cache
+    )
 
     @app.exception_handler(BatonError)
     async def _on_baton(_r: Request, exc: BatonError) -> Response:

@@ -6,6 +6,13 @@ shown once, by :func:`create_key`; the ledger keeps only its SHA-256 (table
 looks a presented secret up by that hash; a revoked key no longer authenticates. No
 function here logs a secret or a hash.
 
+The REST server keeps the valid keys it has looked up in a :class:`KeyCache` for
+``BATON_KEY_CACHE_SECONDS`` (default 2 s; ``0`` disables it). :func:`revoke_key` empties
+every cache of its own process once the revocation is committed, so there a revoked key is
+refused at once; a revocation made by another process (``baton keys revoke``) is seen when
+the cached entry ages out, at most ``BATON_KEY_CACHE_SECONDS`` later. Unknown and revoked
+keys are never cached.
+
 Scopes are ``<area>:read`` / ``<area>:write`` for the areas ``leases``, ``handoffs``,
 ``checkpoints``, ``outcomes`` and ``events``; a REST route needs the scope of its area
 (``GET`` reads, anything else writes).
@@ -16,9 +23,10 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import update
@@ -36,6 +44,7 @@ __all__ = [
     "AREAS",
     "KEY_PREFIX",
     "ApiKey",
+    "KeyCache",
     "authenticate",
     "create_key",
     "hash_key",
@@ -46,6 +55,17 @@ __all__ = [
 KEY_PREFIX = "bk_"
 AREAS = ("leases", "handoffs", "checkpoints", "outcomes", "events")
 ALL_SCOPES: tuple[str, ...] = tuple(f"{a}:{m}" for a in AREAS for m in ("read", "write"))
+
+# Bumped (under the lock) after every committed revocation in this process; a cache entry
+# made from a lookup that started under an older value is no longer used.
+_revocations = 0
+_revocations_lock = threading.Lock()
+
+
+def _revoked_here() -> None:
+    global _revocations
+    with _revocations_lock:
+        _revocations += 1
 
 
 class ApiKey(BaseModel):
@@ -201,6 +221,9 @@ def revoke_key(
 ) -> ApiKey:
     """Revoke a key by its ``key_id`` (``str``); revoking twice keeps the first time.
 
+    Once committed, every :class:`KeyCache` of this process stops answering cached keys
+    (a server in another process sees it within its ``BATON_KEY_CACHE_SECONDS``).
+
     Returns the revoked :class:`ApiKey`.
 
     Raises:
@@ -220,7 +243,9 @@ def revoke_key(
             row = session.get(ApiKeyRow, kid)
             if row is None:
                 raise NotFoundError(f"no API key {kid}")
-            return _to_model(row)
+            revoked = _to_model(row)
+        _revoked_here()
+        return revoked
     finally:
         if own:
             eng.dispose()
@@ -245,3 +270,99 @@ def authenticate(engines: Engines, secret: str) -> ApiKey | None:
     except OperationalError as exc:
         raise UnavailableError("ledger database unavailable") from exc
     return None if row is None else _to_model(row)
+
+
+class KeyCache:
+    """Valid keys recently looked up, by the SHA-256 of their secret, for
+    ``ttl_seconds``: what the REST server checks before it asks the ledger.
+
+    Only valid keys are stored (an unknown or revoked secret is looked up every time). An
+    entry is used while it is younger than ``ttl_seconds`` and no :func:`revoke_key` of
+    this process has committed since its lookup started, so a revocation in this process
+    applies at once and one made elsewhere within ``ttl_seconds``. Safe to use from several
+    threads; :meth:`get` does no I/O (it may run on the event loop).
+
+    Args:
+        ttl_seconds: how long an entry is used (``float`` seconds, ``>= 0``; ``0``
+            disables the cache: :meth:`get` always misses).
+        max_entries: entries kept at most (``int``, default 10,000); the oldest goes first.
+        clock: monotonic clock in seconds (``Callable[[], float]``; default
+            :func:`time.monotonic`), replaceable in tests.
+
+    Raises:
+        ValidationError: a negative ``ttl_seconds`` or a ``max_entries`` below 1.
+    """
+
+    def __init__(
+        self,
+        ttl_seconds: float,
+        *,
+        max_entries: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not ttl_seconds >= 0:
+            raise ValidationError(f"ttl_seconds must be >= 0, got {ttl_seconds!r}")
+        if max_entries < 1:
+            raise ValidationError(f"max_entries must be >= 1, got {max_entries!r}")
+        self.ttl_seconds = float(ttl_seconds)
+        self.max_entries = max_entries
+        self._clock = clock
+        self._lock = threading.Lock()
+        # digest -> (key, monotonic time of the lookup's start, revocation count then)
+        self._entries: dict[str, tuple[ApiKey, float, int]] = {}
+
+    def start(self) -> tuple[float, int]:
+        """A token to take just before looking a key up in the ledger and to hand to
+        :meth:`put` (``(clock reading, revocation count)``)."""
+        return self._clock(), _revocations
+
+    def get(self, secret: str) -> ApiKey | None:
+        """The cached valid key for ``secret`` (``str``), or ``None`` (not cached, aged
+        out, or a revocation in this process since it was looked up)."""
+        if self.ttl_seconds <= 0:
+            return None
+        digest = hash_key(secret)
+        with self._lock:
+            entry = self._entries.get(digest)
+            if entry is None:
+                return None
+            key, started, revocations = entry
+            if revocations != _revocations or self._clock() - started >= self.ttl_seconds:
+                del self._entries[digest]
+                return None
+            return key
+
+    def put(self, secret: str, key: ApiKey | None, token: tuple[float, int]) -> None:
+        """Remember ``key`` (:class:`ApiKey`; ``None`` is not stored) for ``secret``
+        (``str``), looked up after :meth:`start` returned ``token``."""
+        if key is None or key.revoked or self.ttl_seconds <= 0:
+            return
+        started, revocations = token
+        digest = hash_key(secret)
+        with self._lock:
+            if revocations != _revocations:
+                return
+            self._entries.pop(digest, None)
+            while len(self._entries) >= self.max_entries:
+                del self._entries[next(iter(self._entries))]
+            self._entries[digest] = (key, started, revocations)
+
+    def clear(self) -> None:
+        """Forget every entry."""
+        with self._lock:
+            self._entries.clear()
+
+    def lookup(self, engines: Engines, secret: str) -> ApiKey | None:
+        """:meth:`get`, else :func:`authenticate` on ``engines`` (:class:`Engines`) and
+        :meth:`put`: the valid key for ``secret`` (``str``) or ``None``.
+
+        Raises:
+            UnavailableError: the ledger is down (on a miss).
+        """
+        key = self.get(secret)
+        if key is not None:
+            return key
+        token = self.start()
+        key = authenticate(engines, secret)
+        self.put(secret, key, token)
+        return key

@@ -304,7 +304,7 @@ class Baton:
     :class:`ForbiddenError` (make a key per identity instead), so does
     :meth:`prune_receipts` (an operator task on the ledger), and :attr:`store` does not
     exist. Connection failures and timeouts raise :class:`UnavailableError`, a refused key
-    ``UNAUTHENTICATED`` (:class:`prefect_baton._remote.UnauthenticatedError`).
+    ``UNAUTHENTICATED`` (:class:`prefect_baton.errors.UnauthenticatedError`).
 
     With Redis as the authority, the ledger-backed writes that carry a lease keep their
     guarantees: a fenced checkpoint save or outcome record checks the lease against Redis

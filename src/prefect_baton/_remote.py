@@ -38,6 +38,7 @@ from .errors import (
     BatonError,
     ForbiddenError,
     NotFoundError,
+    UnauthenticatedError,
     UnavailableError,
     ValidationError,
     error_for_code,
@@ -50,12 +51,6 @@ __all__ = ["DEFAULT_TIMEOUT_SECONDS", "Identity", "RemoteBackend", "Unauthentica
 DEFAULT_TIMEOUT_SECONDS = 30.0
 
 _KEY_CHARS = frozenset(string.ascii_letters + string.digits + string.punctuation)
-
-
-class UnauthenticatedError(BatonError):
-    """The REST API refused the API key (``401``: missing, unknown or revoked)."""
-
-    code = "UNAUTHENTICATED"
 
 
 class Identity(BaseModel):

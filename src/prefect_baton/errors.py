@@ -4,6 +4,11 @@ Every error derives from :class:`BatonError` and carries a stable ``code`` taken
 design's list (``VALIDATION_ERROR``, ``CONFLICT``, ``VERSION_CONFLICT``, ``NOT_FOUND``,
 ``FORBIDDEN``, ``IDEMPOTENCY_MISMATCH``, ``IDEMPOTENCY_IN_FLIGHT``, ``LEASE_LOST``,
 ``STALE_FENCE``, ``UNAVAILABLE``). Every surface (Python, CLI, REST) reports the same codes.
+
+One more code belongs to the network surface only: ``UNAUTHENTICATED``
+(:class:`UnauthenticatedError`), raised by a client of the REST API whose bearer key is
+missing, unknown or revoked (HTTP ``401``). It is not in :data:`ERROR_CODES`, which lists the
+outcomes of coordination operations.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ __all__ = [
     "LeaseLostError",
     "NotFoundError",
     "StaleFenceError",
+    "UnauthenticatedError",
     "UnavailableError",
     "ValidationError",
     "VersionConflictError",
@@ -159,6 +165,13 @@ class UnavailableError(BatonError):
     code = "UNAVAILABLE"
 
 
+class UnauthenticatedError(BatonError):
+    """The REST API refused the bearer key (HTTP ``401``: missing, unknown or revoked).
+    Raised by a client built with ``Baton(api_url=..., api_key=...)``; nothing was done."""
+
+    code = "UNAUTHENTICATED"
+
+
 _BY_CODE: dict[str, type[BatonError]] = {
     cls.code: cls
     for cls in (
@@ -183,6 +196,8 @@ def error_for_code(code: str, message: str, **fields: Any) -> BatonError:
     """Build the error class for ``code`` (``str``) with ``message``; unknown codes give a
     plain :class:`BatonError`. Used to re-raise errors stored in receipts or sent over HTTP."""
     cls = _BY_CODE.get(code)
+    if code == UnauthenticatedError.code:
+        cls = UnauthenticatedError
     if cls is None:
         return BatonError(message)
     if cls is VersionConflictError:

@@ -35,6 +35,7 @@ def test_every_error_code_has_a_distinct_exit_code() -> None:
         "LEASE_LOST": 9,
         "STALE_FENCE": 10,
         "UNAVAILABLE": 11,
+        "UNAUTHENTICATED": 12,
     }
 
 

@@ -67,6 +67,7 @@ EXIT_CODES: dict[str, int] = {
     "LEASE_LOST": 9,
     "STALE_FENCE": 10,
     "UNAVAILABLE": 11,
+    "UNAUTHENTICATED": 12,
 }
 
 

@@ -33,6 +33,7 @@ import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 from redis.backoff import NoBackoff
@@ -475,7 +476,11 @@ class RedisAuthority:
         if code != OK:
             raise_for([reply[0], *reply[2:]])
         subs, gens = reply[2::2], reply[3::2]
-        out = [lease_from_gen(gen, replayed=sub != OK) for sub, gen in zip(subs, gens, strict=True)]
+        times: dict[str, datetime] = {}
+        out = [
+            lease_from_gen(gen, replayed=sub != OK, times=times)
+            for sub, gen in zip(subs, gens, strict=True)
+        ]
         if _text(reply[1]):
             self._acked(caller.org, reply[1])
         return out

@@ -38,8 +38,16 @@ local MAX_SAFE = 9007199254740991
 local EXHAUSTED = 'lease generation counters are exhausted (2**53 - 1); only release is allowed'
 local NUMS = {'v', 'e', 'a', 'x', 't', 'ea'}
 
+-- An integer as decimal text (exact up to 2**53), remembered for the call: the scripts
+-- format the same times (now, expiries) again and again.
+local _ints = {}
 local function I(n)
-  return string.format('%.0f', n)
+  local t = _ints[n]
+  if not t then
+    t = string.format('%.0f', n)
+    _ints[n] = t
+  end
+  return t
 end
 
 local function opt(s)

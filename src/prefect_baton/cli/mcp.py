@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ._state import guard
+from ._state import fail, guard
 
 __all__ = ["Transport", "mcp"]
 
@@ -43,7 +43,8 @@ def mcp(
     every other baton command. Over HTTP those are ignored: each request's
     'Authorization: Bearer' key (created with prefect_baton.rest.keys.create_key) decides
     org, principal and role, and a missing, unknown or revoked key gets HTTP 401. Errors of
-    the ledger URL or Redis URL exit before serving (VALIDATION_ERROR, UNAVAILABLE).
+    the ledger URL, Redis URL or --host exit before serving (VALIDATION_ERROR, exit 2); a
+    ledger that cannot be reached or a port that cannot be bound exits with UNAVAILABLE (11).
     """
     from ..mcp import serve_http, serve_stdio
 
@@ -53,4 +54,8 @@ def mcp(
             return
         secret = st.settings().redis_url
         redis_url = st.redis_url or (secret.get_secret_value() if secret else None)
-        serve_http(host, port, ledger_url=st.resolved_ledger_url(), redis_url=redis_url)
+        try:
+            serve_http(host, port, ledger_url=st.resolved_ledger_url(), redis_url=redis_url)
+        except SystemExit as exc:  # uvicorn could not bind: its own status would read as a code
+            if exc.code not in (None, 0):
+                fail(st, "mcp", "UNAVAILABLE", f"cannot serve on {host}:{port}; see the log")

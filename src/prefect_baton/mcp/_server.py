@@ -283,9 +283,15 @@ def http_app(
         (and the Redis authority) on shutdown.
 
     Raises:
-        ValidationError: a malformed ledger or Redis URL. UnavailableError: the ledger
-            cannot be reached.
+        ValidationError: a malformed ledger or Redis URL, or a ``host`` that is neither a
+            host name nor an IP address. UnavailableError: the ledger cannot be reached.
     """
+    try:
+        auth = AuthSettings(issuer_url=_issuer(host, port), resource_server_url=None)
+    except pydantic.ValidationError:
+        raise ValidationError(
+            f"bad host {host!r} (--host): not a host name or an IP address"
+        ) from None
     settings = BatonSettings()
     store = LedgerStore(
         ledger_url or settings.ledger_url,
@@ -314,7 +320,7 @@ def http_app(
     server = build_server(_key_identity(store, authority, settings), on_close=close)
     app = server.streamable_http_app(
         host=host,
-        auth=AuthSettings(issuer_url=_issuer(host, port), resource_server_url=None),
+        auth=auth,
         token_verifier=_KeyVerifier(lambda: store.engines),
     )
     app.add_middleware(_UnavailableAs503)

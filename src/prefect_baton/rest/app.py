@@ -70,13 +70,18 @@ def _strip(value: Any) -> Any:
 
 def _utf8(key: str | None) -> str | None:
     """The ``Idempotency-Key`` header as sent: its bytes read as UTF-8 (Starlette hands
-    header values over as Latin-1), so keys outside ASCII work as in Python."""
+    header values over as Latin-1), so keys outside ASCII work as in Python.
+
+    Raises:
+        ValidationError: the bytes are not UTF-8 (read as Latin-1 instead, two different
+            keys could become one).
+    """
     if key is None:
         return None
     try:
         return key.encode("latin-1").decode("utf-8")
     except (UnicodeEncodeError, UnicodeDecodeError):
-        return key
+        raise ValidationError("Idempotency-Key must be UTF-8 text") from None
 
 
 def _no_idempotency_key(key: IdemKey = None) -> None:
@@ -87,6 +92,13 @@ def _no_idempotency_key(key: IdemKey = None) -> None:
 
 NoKey = [Depends(_no_idempotency_key)]
 
+#: The execution key of a lease proof: an id (1 to 256 characters, no control characters),
+#: as every execution key the Python API accepts; a malformed one is 400, not LEASE_LOST.
+ExecutionKey = s.Id
+#: A fencing token presented with ``fence_lease_id``: 0 to 2**53 - 1, as a version is (and
+#: as the MCP tools' ``epoch``); out of range is 400, not STALE_FENCE.
+Epoch = s.Version
+
 
 class _ProofIn(BaseModel):
     """The execution key of a lease proof. Absent: the lease's own (the seed service's
@@ -94,19 +106,19 @@ class _ProofIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    execution_key: str | None = None
+    execution_key: ExecutionKey | None = None
 
 
 class RenewProofIn(s.RenewIn):
     """``POST /v1/leases/{id}/renew``, optionally with the proof's ``execution_key``."""
 
-    execution_key: str | None = None
+    execution_key: ExecutionKey | None = None
 
 
 class TransferProofIn(s.TransferIn):
     """``POST /v1/leases/{id}/transfer``, optionally with the proof's ``execution_key``."""
 
-    execution_key: str | None = None
+    execution_key: ExecutionKey | None = None
 
 
 class ReleaseIn(_ProofIn):
@@ -143,20 +155,20 @@ class HandoffProofIn(s.HandoffIn):
     """``POST /v1/handoffs``; ``lease_execution_key`` is the execution key presented with
     ``lease_id`` (absent: the lease's own)."""
 
-    lease_execution_key: str | None = None
+    lease_execution_key: ExecutionKey | None = None
 
 
 class FencedCheckpointIn(s.CheckpointIn):
     """``PUT /v1/checkpoints``; ``fence_epoch`` is the epoch the writer presents with
     ``fence_lease_id`` (default: that lease's own)."""
 
-    fence_epoch: int | None = None
+    fence_epoch: Epoch | None = None
 
 
 class FencedOutcomeIn(s.OutcomeIn):
     """``POST /v1/outcomes``; ``fence_epoch`` as for checkpoints."""
 
-    fence_epoch: int | None = None
+    fence_epoch: Epoch | None = None
 
 
 def _proof_lease(b: Baton, lease_id: str, body: BaseModel) -> Lease:

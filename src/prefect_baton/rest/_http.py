@@ -7,7 +7,7 @@ version conflict). The HTTP status of each code is fixed by :data:`STATUS_BY_COD
 
 from __future__ import annotations
 
-import uuid
+import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -128,7 +128,9 @@ class BatonMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = "req_" + uuid.uuid4().hex
+        # 128 random bits from the process's PRNG (reseeded after fork): an id to correlate,
+        # not a secret, so no system-entropy call per request.
+        request_id = f"req_{random.getrandbits(128):032x}"
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
 

@@ -13,7 +13,11 @@ Mapping of what is not an error envelope of the API:
 * no connection, a timeout or another transport failure: :class:`UnavailableError`;
 * ``401``: :class:`UnauthenticatedError` (code ``UNAUTHENTICATED``); ``403``:
   :class:`ForbiddenError`; ``413``: :class:`ValidationError`; ``502``/``503``/``504`` or any
-  other ``5xx`` without an envelope: :class:`UnavailableError`.
+  other ``5xx`` without an envelope: :class:`UnavailableError`;
+* an answer this client cannot read (a body that does not match the model, an error with an
+  unknown code or malformed fields, another status, a redirect, which is never followed):
+  :class:`UnavailableError` for an operation; for ``GET /v1/me`` (when the client is made)
+  :class:`ValidationError`, "does not serve the prefect-baton REST API".
 
 The key decides the identity: the caller passed to each method is the one the key
 authenticated as (:meth:`RemoteBackend.identity`, ``GET /v1/me``), whatever it says. The
@@ -24,11 +28,12 @@ from __future__ import annotations
 
 import string
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, ConfigDict, SecretStr
+from pydantic import ValidationError as PydanticValidationError
 
 from ._authority import Caller
 from ._core import Proof
@@ -51,6 +56,13 @@ __all__ = ["DEFAULT_TIMEOUT_SECONDS", "Identity", "RemoteBackend", "Unauthentica
 DEFAULT_TIMEOUT_SECONDS = 30.0
 
 _KEY_CHARS = frozenset(string.ascii_letters + string.digits + string.punctuation)
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+class _UnreadableAnswer(UnavailableError):
+    """An answer that is not this REST API's (wrong shape, unknown status or code, a
+    redirect): ``UNAVAILABLE`` for an operation, ``VALIDATION_ERROR`` for ``GET /v1/me``."""
 
 
 class Identity(BaseModel):
@@ -113,7 +125,10 @@ def _error(status: int, body: Any) -> BatonError:
             return UnauthenticatedError(message)
         if code == "PAYLOAD_TOO_LARGE":
             return ValidationError(message)
-        built = error_for_code(code, message, **fields)
+        try:
+            built = error_for_code(code, message, **fields)
+        except (TypeError, ValueError):
+            return _UnreadableAnswer(f"the REST API sent a malformed {code} error: {message}")
         if type(built) is not BatonError:
             return built
     else:
@@ -128,7 +143,7 @@ def _error(status: int, body: Any) -> BatonError:
         return ValidationError(message)
     if status >= 500:
         return UnavailableError(f"the REST API failed (HTTP {status}): {message}")
-    return BatonError(f"unexpected HTTP {status} from the REST API: {message}")
+    return _UnreadableAnswer(f"unexpected HTTP {status} from the REST API: {message}")
 
 
 class RemoteBackend:
@@ -222,24 +237,53 @@ class RemoteBackend:
             replayed = bool(meta.get("replayed", False)) if isinstance(meta, dict) else False
             return body["data"], replayed
         if resp.is_success:
-            raise UnavailableError(f"the REST API at {self.url} sent no data envelope")
+            raise _UnreadableAnswer(f"the REST API at {self.url} sent no data envelope")
+        if resp.is_redirect:  # never followed: the key would go wherever Location says
+            raise _UnreadableAnswer(
+                f"{self.url} redirects {method} {path} (HTTP {resp.status_code}); set api_url "
+                "to the URL the API is served at"
+            )
         raise _error(resp.status_code, body)
+
+    def _parse(self, model: type[_M], value: Any, **extra: Any) -> _M:
+        """``value`` (plus ``extra`` fields) as ``model``; an answer of another shape is
+        :class:`UnavailableError`."""
+        try:
+            return model.model_validate({**value, **extra} if extra else value)
+        except (PydanticValidationError, TypeError, ValueError):
+            raise _UnreadableAnswer(
+                f"the REST API at {self.url} sent an answer that is not a valid {model.__name__}"
+            ) from None
+
+    def _list(self, model: type[_M], data: Any, field: str) -> list[_M]:
+        """The list ``data[field]`` of ``model`` items (:class:`UnavailableError` if not)."""
+        items = data.get(field) if isinstance(data, dict) else None
+        if not isinstance(items, list):
+            raise _UnreadableAnswer(
+                f"the REST API at {self.url} sent an answer without a list of {field}"
+            )
+        return [self._parse(model, x) for x in items]
 
     def identity(self) -> Identity:
         """Who the key acts as (``GET /v1/me``, asked once and kept).
 
         Raises:
             UnauthenticatedError: the key is unknown or revoked. UnavailableError: no
-            answer. ValidationError: ``api_url`` does not serve this API (``404``).
+            answer. ValidationError: ``api_url`` does not serve this API (``GET /v1/me``
+            is ``404``, a redirect, another status or not an identity).
         """
         if self._identity is None:
             try:
                 data, _ = self._call("GET", "/v1/me")
+                self._identity = self._parse(Identity, data)
             except NotFoundError:
                 raise ValidationError(
                     f"{self.url} does not serve the prefect-baton REST API (GET /v1/me is 404)"
                 ) from None
-            self._identity = Identity.model_validate(data)
+            except _UnreadableAnswer as exc:
+                raise ValidationError(
+                    f"{self.url} does not serve the prefect-baton REST API ({exc.message})"
+                ) from None
         return self._identity
 
     @property
@@ -247,13 +291,8 @@ class RemoteBackend:
         """The server's checkpoint state cap in bytes."""
         return self.identity().state_max_bytes
 
-    @staticmethod
-    def _lease(data: Any, replayed: bool = False) -> Lease:
-        return Lease.model_validate({**data, "replayed": replayed})
-
-    @staticmethod
-    def _leases(items: Any) -> list[Lease]:
-        return [Lease.model_validate(x) for x in items]
+    def _lease(self, data: Any, replayed: bool = False) -> Lease:
+        return self._parse(Lease, data, replayed=replayed)
 
     # ------------------------------------------------------------------ leases
 
@@ -304,8 +343,12 @@ class RemoteBackend:
         ]
         body = {"resources": items, "ttl_seconds": items[0]["ttl_seconds"] if items else 10}
         data, _ = self._call("POST", "/v1/leases/batch", json=body, idempotency_key=idempotency_key)
-        flags = data.get("replayed") or [False] * len(data["leases"])
-        return [self._lease(x, bool(f)) for x, f in zip(data["leases"], flags, strict=False)]
+        leases = self._list(Lease, data, "leases")
+        flags = data.get("replayed")
+        if not isinstance(flags, list) or len(flags) != len(leases):
+            flags = [False] * len(leases)
+        pairs = zip(leases, flags, strict=True)
+        return [lease.model_copy(update={"replayed": bool(f)}) for lease, f in pairs]
 
     def renew(
         self, caller: Caller, proof: Proof, *, ttl_ms: int, expected_version: int | None
@@ -344,22 +387,20 @@ class RemoteBackend:
         """``POST /v1/leases/{id}/release`` (by proof)."""
         body = {"execution_key": proof.execution_key, "expected_version": expected_version}
         data, replayed = self._call("POST", f"/v1/leases/{_seg(proof.lease_id)}/release", json=body)
-        return Receipt.model_validate({**data, "replayed": replayed})
+        return self._parse(Receipt, data, replayed=replayed)
 
     def release_by_id(self, caller: Caller, lease_id: str) -> Receipt:
         """``DELETE /v1/leases/{id}``."""
         data, replayed = self._call("DELETE", f"/v1/leases/{_seg(lease_id)}")
-        return Receipt(
-            action="release_by_id",
-            status=data["status"],
-            lease=Lease.model_validate(data["lease"]),
-            replayed=replayed,
-        )
+        receipt = {"action": "release_by_id", "replayed": replayed}
+        if isinstance(data, dict):
+            receipt |= {"status": data.get("status"), "lease": data.get("lease")}
+        return self._parse(Receipt, receipt)
 
     def force_release(self, caller: Caller, lease_id: str) -> Receipt:
         """``POST /v1/leases/{id}/force-release``."""
         data, replayed = self._call("POST", f"/v1/leases/{_seg(lease_id)}/force-release")
-        return Receipt.model_validate({**data, "replayed": replayed})
+        return self._parse(Receipt, data, replayed=replayed)
 
     def inspect(self, caller: Caller, resource_type: str, resource_id: str) -> LeaseInfo:
         """``GET /v1/leases/inspect``."""
@@ -368,7 +409,7 @@ class RemoteBackend:
             "/v1/leases/inspect",
             params={"resource_type": resource_type, "resource_id": resource_id},
         )
-        return LeaseInfo.model_validate(data)
+        return self._parse(LeaseInfo, data)
 
     def get(self, caller: Caller, lease_id: str) -> Lease:
         """``GET /v1/leases/{id}``."""
@@ -392,12 +433,12 @@ class RemoteBackend:
             limit=limit,
         )
         data, _ = self._call("GET", "/v1/leases", params=params)
-        return self._leases(data["leases"])
+        return self._list(Lease, data, "leases")
 
     def report_expired(self, caller: Caller, *, limit: int = 1000) -> list[Lease]:
         """``POST /v1/leases/report-expired``."""
         data, _ = self._call("POST", "/v1/leases/report-expired", params={"limit": limit})
-        return self._leases(data["leases"])
+        return self._list(Lease, data, "leases")
 
     def prune_receipts(self, caller: Caller) -> int:
         """Not offered over REST (it deletes receipts of every org of the ledger).
@@ -439,7 +480,7 @@ class RemoteBackend:
         data, replayed = self._call(
             "PUT", "/v1/checkpoints", json=body, idempotency_key=idempotency_key
         )
-        return Checkpoint.model_validate({**data, "replayed": replayed})
+        return self._parse(Checkpoint, data, replayed=replayed)
 
     def checkpoint_get(
         self, caller: Caller, subject_id: str, kind: str, principal: str | None = None
@@ -450,12 +491,12 @@ class RemoteBackend:
             data, _ = self._call("GET", "/v1/checkpoints", params=params)
         except NotFoundError:
             return None
-        return Checkpoint.model_validate(data)
+        return self._parse(Checkpoint, data)
 
     def checkpoint_get_by_id(self, caller: Caller, checkpoint_id: str) -> Checkpoint:
         """``GET /v1/checkpoints/{id}``."""
         data, _ = self._call("GET", f"/v1/checkpoints/{_seg(checkpoint_id)}")
-        return Checkpoint.model_validate(data)
+        return self._parse(Checkpoint, data)
 
     def checkpoint_history(
         self, caller: Caller, subject_id: str, kind: str, principal: str | None = None
@@ -463,7 +504,7 @@ class RemoteBackend:
         """``GET /v1/checkpoints/history``."""
         params = _params(subject_id=subject_id, kind=kind, principal=principal)
         data, _ = self._call("GET", "/v1/checkpoints/history", params=params)
-        return [Checkpoint.model_validate(x) for x in data["checkpoints"]]
+        return self._list(Checkpoint, data, "checkpoints")
 
     # ------------------------------------------------------------------ handoffs
 
@@ -495,17 +536,17 @@ class RemoteBackend:
         data, replayed = self._call(
             "POST", "/v1/handoffs", json=body, idempotency_key=idempotency_key
         )
-        return Handoff.model_validate({**data, "replayed": replayed})
+        return self._parse(Handoff, data, replayed=replayed)
 
     def handoff_inbox(self, caller: Caller, *, limit: int = 100) -> list[Handoff]:
         """``GET /v1/handoffs``."""
         data, _ = self._call("GET", "/v1/handoffs", params={"limit": limit})
-        return [Handoff.model_validate(x) for x in data["handoffs"]]
+        return self._list(Handoff, data, "handoffs")
 
     def handoff_get(self, caller: Caller, handoff_id: str) -> Handoff:
         """``GET /v1/handoffs/{id}``."""
         data, _ = self._call("GET", f"/v1/handoffs/{_seg(handoff_id)}")
-        return Handoff.model_validate(data)
+        return self._parse(Handoff, data)
 
     def handoff_resolve(
         self,
@@ -525,7 +566,7 @@ class RemoteBackend:
             "ttl_seconds": ttl_ms // 1000 if ttl_ms is not None else None,
         }
         data, _ = self._call("POST", f"/v1/handoffs/{_seg(handoff_id)}/resolve", json=body)
-        return Handoff.model_validate(data)
+        return self._parse(Handoff, data)
 
     # ------------------------------------------------------------------ outcomes, events
 
@@ -556,7 +597,7 @@ class RemoteBackend:
         data, replayed = self._call(
             "POST", "/v1/outcomes", json=body, idempotency_key=idempotency_key
         )
-        return Outcome.model_validate({**data, "replayed": replayed})
+        return self._parse(Outcome, data, replayed=replayed)
 
     def outcome_list(
         self, caller: Caller, subject_id: str | None = None, *, limit: int = 1000
@@ -564,7 +605,7 @@ class RemoteBackend:
         """``GET /v1/outcomes``."""
         params = _params(subject_id=subject_id, limit=limit)
         data, _ = self._call("GET", "/v1/outcomes", params=params)
-        return [Outcome.model_validate(x) for x in data["outcomes"]]
+        return self._list(Outcome, data, "outcomes")
 
     def events_list(
         self, caller: Caller, *, after_seq: int = 0, limit: int = 100, kind: str | None = None
@@ -572,4 +613,4 @@ class RemoteBackend:
         """``GET /v1/events``."""
         params = _params(after=after_seq, limit=limit, kind=kind)
         data, _ = self._call("GET", "/v1/events", params=params)
-        return [Event.model_validate(x) for x in data["events"]]
+        return self._list(Event, data, "events")

@@ -238,6 +238,12 @@ class LeaseKeeper:
                     self._mark_lost("the lease had expired before it was released")
             except _LOST_ERRORS as err:
                 self._mark_lost(f"{err.code}: {err.message}")
+            except BatonError as err:
+                # A lease already known lost stays a LEASE_LOST at exit even when the
+                # clean-up release is refused for another reason (e.g. a revoked API key).
+                if not self._lost:
+                    raise
+                log.info("release of lost lease %s refused: %s", self._lease.lease_id, err)
         if self._lost and self._handoff_accepted is not None and self._handoff_accepted():
             self._lost = False
             self.receipt_status = "handed_off"

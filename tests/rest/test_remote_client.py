@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -24,8 +25,9 @@ from prefect_baton import (
     ValidationError,
     VersionConflictError,
 )
-from prefect_baton._remote import RemoteBackend, UnauthenticatedError
+from prefect_baton._remote import RemoteBackend
 from prefect_baton._settings import BatonSettings
+from prefect_baton.errors import LeaseLostError, UnauthenticatedError
 from prefect_baton.rest import create_key, revoke_key
 
 from .conftest import row_counts
@@ -200,6 +202,27 @@ def test_unknown_or_revoked_key_is_unauthenticated(
     revoke_key(sqlite_url, key_id=key.key_id)
     with pytest.raises(UnauthenticatedError):
         b.leases.acquire("file", "a.py", ttl_seconds=30)
+    b.close()
+
+
+@pytest.mark.slow
+def test_key_revoked_inside_a_lease_block_ends_it_as_lease_lost(
+    rest_api: str, sqlite_url: str, org: str
+) -> None:
+    """Revoking the key while a remote lease block runs: renewals are refused, the handle
+    turns lost once the TTL has passed, and leaving the block raises LEASE_LOST (what a
+    lost lease always raises), not the clean-up release's UNAUTHENTICATED."""
+    secret, key = create_key(sqlite_url, org=org, principal="agent-a")
+    b = Baton(api_url=rest_api, api_key=secret)
+    with (  # noqa: PT012
+        pytest.raises(LeaseLostError),
+        b.lease("file", "revoked.py", ttl_seconds=10, renew_every_seconds=1.0) as held,
+    ):
+        revoke_key(sqlite_url, key_id=key.key_id)
+        deadline = time.monotonic() + 25
+        while not held.lost and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert held.lost
     b.close()
 
 

@@ -14,7 +14,7 @@ from ._authority import Caller, LeaseAuthority
 from ._core import Proof
 from ._keeper import LeaseKeeper
 from ._ledger.store import Fence, LedgerStore
-from ._settings import BatonSettings
+from ._settings import BatonSettings, load_settings
 from .errors import ForbiddenError, ValidationError
 from .models import Lease, LeaseInfo, Receipt
 
@@ -317,7 +317,7 @@ class Baton:
     so they see this client's own lease transitions.
 
     Raises:
-        ValidationError: a bad id, role, URL, key or ``ack``, or both ``api_url`` and a
+        ValidationError: a bad ``BATON_*`` variable, a bad id, role, URL, key or ``ack``, or both ``api_url`` and a
             ledger. UnavailableError: the ledger (or the REST API) cannot be reached.
         ForbiddenError: ``org``/``principal``/``role`` disagree with the API key's.
 
@@ -344,7 +344,7 @@ class Baton:
         api_url: str | None = None,
         api_key: str | None = None,
     ) -> None:
-        s = settings or BatonSettings()
+        s = settings or load_settings()
         self.settings = s
         self._ledger: LedgerStore | None = None
         self._owns_authority = False
@@ -461,7 +461,7 @@ class Baton:
     def from_settings(cls, **overrides: Any) -> Baton:
         """Build a client from ``BATON_*`` environment variables; keyword arguments
         override individual settings (``org=``, ``principal=``, ``ledger_url=`` ...)."""
-        return cls(settings=BatonSettings(**overrides))
+        return cls(settings=load_settings(**overrides))
 
     @property
     def org(self) -> str:

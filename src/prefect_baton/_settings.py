@@ -7,6 +7,7 @@ import socket
 from pathlib import Path
 
 from pydantic import Field, SecretStr
+from pydantic import ValidationError as PydanticValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -69,3 +70,21 @@ class BatonSettings(BaseSettings):
     api_key: SecretStr | None = None
     api_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
     key_cache_seconds: float = Field(default=2.0, ge=0, le=300)
+
+
+def load_settings(**overrides: object) -> BatonSettings:
+    """The ``BATON_*`` settings, with ``overrides`` (keyword: value) taking precedence.
+
+    Raises:
+        ValidationError: a variable or override has a bad value (``VALIDATION_ERROR``,
+            naming the variable), instead of pydantic's own error.
+    """
+    from .errors import ValidationError
+
+    try:
+        return BatonSettings(**overrides)  # type: ignore[arg-type]
+    except PydanticValidationError as exc:
+        problems = "; ".join(
+            f"BATON_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}" for e in exc.errors()
+        )
+        raise ValidationError(f"bad setting: {problems}") from None

@@ -12,11 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-import pydantic
 import typer
 
 from .._client import Baton
-from .._settings import BatonSettings
+from .._settings import BatonSettings, load_settings
 from ..errors import BatonError, ValidationError
 from ..models import Lease
 from ._output import EXIT_USAGE, OutputFormat, emit_error
@@ -44,14 +43,7 @@ class CliState:
     def settings(self) -> BatonSettings:
         """The ``BATON_*`` settings. Raises :class:`ValidationError` on a bad variable."""
         if self._settings is None:
-            try:
-                self._settings = BatonSettings()
-            except pydantic.ValidationError as exc:
-                problems = "; ".join(
-                    f"BATON_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}"
-                    for e in exc.errors()
-                )
-                raise ValidationError(f"bad environment setting: {problems}") from None
+            self._settings = load_settings()
         return self._settings
 
     def resolved_ledger_url(self) -> str:

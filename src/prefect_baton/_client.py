@@ -317,8 +317,9 @@ class Baton:
     so they see this client's own lease transitions.
 
     Raises:
-        ValidationError: a bad ``BATON_*`` variable, a bad id, role, URL, key or ``ack``, or both ``api_url`` and a
-            ledger. UnavailableError: the ledger (or the REST API) cannot be reached.
+        ValidationError: a bad ``BATON_*`` variable; a bad id, role, URL, key or ``ack``;
+            or both ``api_url`` and a ledger.
+        UnavailableError: the ledger (or the REST API) cannot be reached.
         ForbiddenError: ``org``/``principal``/``role`` disagree with the API key's.
 
     Example::

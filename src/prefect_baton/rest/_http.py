@@ -7,6 +7,7 @@ version conflict). The HTTP status of each code is fixed by :data:`STATUS_BY_COD
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -84,6 +85,12 @@ def ok(data: Any, request_id: str, *, replayed: bool = False, status: int = 200)
     )
 
 
+# Request ids: 128 bits from a PRNG of this module, seeded from the OS at import and again
+# in a forked child. An id to correlate, not a secret: no entropy syscall per request.
+_request_ids = random.Random()
+os.register_at_fork(after_in_child=_request_ids.seed)
+
+
 def _area(path: str) -> str | None:
     parts = path.split("/")
     if len(parts) >= 3 and parts[1] == "v1" and parts[2] in AREAS:
@@ -128,9 +135,7 @@ class BatonMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        # 128 random bits from the process's PRNG (reseeded after fork): an id to correlate,
-        # not a secret, so no system-entropy call per request.
-        request_id = f"req_{random.getrandbits(128):032x}"
+        request_id = f"req_{_request_ids.getrandbits(128):032x}"
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
 

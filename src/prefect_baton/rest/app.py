@@ -34,7 +34,6 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
-from pydantic import ValidationError as PydanticValidationError
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -46,7 +45,7 @@ from .._authority import Caller, LeaseAuthority
 from .._client import Baton
 from .._ledger.store import LedgerStore
 from .._ledger.tables import ApiKeyRow
-from .._settings import BatonSettings
+from .._settings import load_settings
 from ..errors import BatonError, NotFoundError, UnavailableError, ValidationError
 from ..models import Lease
 from . import _schemas as s
@@ -277,13 +276,7 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         ValidationError: a malformed URL or a bad ``BATON_*`` variable (nothing is opened
             then). UnavailableError: the ledger cannot be reached.
     """
-    try:
-        settings = BatonSettings()
-    except PydanticValidationError as exc:
-        problems = "; ".join(
-            f"BATON_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}" for e in exc.errors()
-        )
-        raise ValidationError(f"bad environment setting: {problems}") from None
+    settings = load_settings()
     store = LedgerStore(
         ledger_url or settings.ledger_url,
         receipt_retention_seconds=settings.receipt_retention_seconds,

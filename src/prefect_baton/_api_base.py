@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+
+from pydantic import BaseModel
 
 from ._authority import Caller
 from ._core import Proof
@@ -16,6 +18,7 @@ if TYPE_CHECKING:
     from ._client import Baton
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 HANDOFF_RESOLUTIONS = ("accepted", "rejected")
 OUTCOME_STATUSES = ("succeeded", "failed", "cancelled")
@@ -162,3 +165,23 @@ class _API:
     def _store(self) -> RecordStore:
         self._b._ledger_barrier()
         return self._b._records
+
+    def _once(
+        self,
+        operation: str,
+        key: str | None,
+        scope: str,
+        fields: Mapping[str, object],
+        model: type[M],
+        run: Callable[[], M],
+    ) -> M:
+        """``run()`` under the idempotency receipt of ``key`` in the ledger (see
+        :func:`prefect_baton._ledger.receipts.run_once`); plain ``run()`` without a key.
+        The operation itself goes through the authority as without a key (with Redis, the
+        ledger barrier/drain rules of the operation are unchanged); the receipt
+        transactions touch only the receipts table."""
+        if key is None:
+            return run()
+        from ._ledger.receipts import run_once
+
+        return run_once(self._b.store, self._caller, operation, key, scope, fields, model, run)

@@ -194,6 +194,7 @@ class HandoffAPI(_API):
         *,
         execution_key: str | None = None,
         ttl_seconds: int | None = None,
+        idempotency_key: str | None = None,
     ) -> Handoff:
         """Accept or reject a pending handoff addressed to you.
 
@@ -201,11 +202,20 @@ class HandoffAPI(_API):
         ``execution_key`` (default ``handoff:<handoff_id>``) for ``ttl_seconds`` (default:
         the sender's TTL), atomically with the status change; the result's ``lease`` is it.
 
+        ``idempotency_key`` (``str``, 1..256 characters, optional): an exact retry returns
+        the stored :class:`Handoff` with ``replayed`` true and changes nothing; the receipt
+        is kept per (org, principal, ``resolve``, key, handoff id). A claim whose process
+        died before storing the result lapses after
+        :data:`~prefect_baton._ledger.receipts.CLAIM_TIMEOUT_SECONDS`; a retry then resolves
+        again, which is ``NOT_FOUND``.
+
         Raises:
             ValidationError: ``status`` is not ``accepted``/``rejected``.
             NotFoundError: unknown, already resolved (a second resolve), or expired.
             ForbiddenError: you are not its target. LeaseLostError: the sender no longer
                 holds the attached lease (the handoff stays pending; reject it).
+            IdempotencyMismatchError: the key was used for a different request (nothing
+                done). IdempotencyInFlightError: a request under the key is still running.
         """
         hid = _core.validate_id("handoff_id", handoff_id)
         if status not in HANDOFF_RESOLUTIONS:
@@ -213,16 +223,39 @@ class HandoffAPI(_API):
         note_ = _core.validate_text("note", note)
         key = _core.validate_optional_id("execution_key", execution_key)
         ttl_ms = _core.validate_ttl(ttl_seconds) if ttl_seconds is not None else None
-        redis_ = self._b._redis
-        if redis_ is not None:
-            from ._redis.handoffs import resolve_handoff
-
-            return resolve_handoff(
-                redis_, self._caller, hid, status, note=note_, execution_key=key, ttl_ms=ttl_ms
+        idem = _core.validate_optional_id("idempotency_key", idempotency_key)
+        remote = self._b._remote
+        if remote is not None and idem is not None:
+            return remote.handoff_resolve(
+                self._caller,
+                hid,
+                status,
+                note=note_,
+                execution_key=key,
+                ttl_ms=ttl_ms,
+                idempotency_key=idem,
             )
-        return self._store.handoff_resolve(
-            self._caller, hid, status, note=note_, execution_key=key, ttl_ms=ttl_ms
-        )
+
+        def run() -> Handoff:
+            redis_ = self._b._redis
+            if redis_ is not None:
+                from ._redis.handoffs import resolve_handoff
+
+                return resolve_handoff(
+                    redis_, self._caller, hid, status, note=note_, execution_key=key, ttl_ms=ttl_ms
+                )
+            return self._store.handoff_resolve(
+                self._caller, hid, status, note=note_, execution_key=key, ttl_ms=ttl_ms
+            )
+
+        fields = {
+            "handoff_id": hid,
+            "status": status,
+            "note": note_,
+            "execution_key": key,
+            "ttl_seconds": ttl_seconds,
+        }
+        return self._once("resolve", idem, f"handoff:{hid}", fields, Handoff, run)
 
 
 class OutcomeAPI(_API):

@@ -36,6 +36,14 @@ from ._api_base import (
 from ._api_records import CheckpointAPI, EventAPI, HandoffAPI, OutcomeAPI
 
 
+def _resource_scope(lease: Lease) -> str:
+    """The receipt scope of a keyed operation on a lease presented by proof: its resource
+    (DESIGN.md: a lease operation's key identity includes the resource)."""
+    from ._ledger.convert import resource_key
+
+    return resource_key(lease.resource_type, lease.resource_id)
+
+
 class LeaseAPI(_API):
     """Lease operations (``b.leases``). Rules: DESIGN.md "Leases" (seeds 000/003 and 004)."""
 
@@ -146,20 +154,54 @@ class LeaseAPI(_API):
         *,
         ttl_seconds: int | None = None,
         expected_version: int | None = None,
+        idempotency_key: str | None = None,
     ) -> Lease:
         """Extend a lease you hold: expiry = authority's now + ``ttl_seconds`` (default: the
         lease's TTL); version +1; id, owner, key, epoch and scopes unchanged.
+
+        Args:
+            lease: the :class:`Lease` (or lease block) you hold.
+            ttl_seconds: new duration, integer seconds from 10 to 86,400.
+            expected_version: compare-and-swap on the lease version.
+            idempotency_key: optional key (``str``, 1..256 characters). An exact retry under
+                the same key returns the stored result with ``replayed`` true and changes
+                nothing; the receipt is kept per (org, principal, operation, key, resource),
+                so the same key on another lease of the resource is a different request
+                (``IDEMPOTENCY_MISMATCH``).
+                A claim whose process died before storing the result lapses after
+                :data:`~prefect_baton._ledger.receipts.CLAIM_TIMEOUT_SECONDS`; a retry then
+                renews again.
 
         Raises:
             LeaseLostError: the lease ended or already expired (an expired lease is never
                 silently re-acquired). NotFoundError: not your lease.
             VersionConflictError: ``expected_version`` differs. ValidationError: bad TTL.
+            IdempotencyMismatchError: the key was used for a different request (nothing
+                done). IdempotencyInFlightError: a request under the key is still running.
         """
         lease_ = _lease_of(lease)
         ttl_ms = _core.validate_ttl(ttl_seconds if ttl_seconds is not None else lease_.ttl_seconds)
         ev = _core.validate_version("expected_version", expected_version)
-        return self._authority.renew(
-            self._caller, self._proof(lease_), ttl_ms=ttl_ms, expected_version=ev
+        idem = _core.validate_optional_id("idempotency_key", idempotency_key)
+        proof = self._proof(lease_)
+        remote = self._b._remote
+        if remote is not None and idem is not None:
+            return remote.renew(
+                self._caller, proof, ttl_ms=ttl_ms, expected_version=ev, idempotency_key=idem
+            )
+        fields = {
+            "lease_id": proof.lease_id,
+            "execution_key": proof.execution_key,
+            "ttl_seconds": ttl_seconds,
+            "expected_version": ev,
+        }
+        return self._once(
+            "renew",
+            idem,
+            _resource_scope(lease_),
+            fields,
+            Lease,
+            lambda: self._authority.renew(self._caller, proof, ttl_ms=ttl_ms, expected_version=ev),
         )
 
     def transfer(
@@ -170,9 +212,14 @@ class LeaseAPI(_API):
         new_execution_key: str,
         ttl_seconds: int,
         expected_version: int | None = None,
+        idempotency_key: str | None = None,
     ) -> Lease:
         """Hand a lease you hold to ``to_principal`` under ``new_execution_key``: new
         ``lease_id``, version +1, epoch +1, scopes kept (seed 004 transfer).
+
+        ``idempotency_key`` (``str``, 1..256 characters, optional): an exact retry returns
+        the stored receiver's lease with ``replayed`` true; receipts as :meth:`renew` (a
+        retry after a lapsed claim transfers again, which is ``LEASE_LOST``).
 
         Returns the receiver's :class:`Lease`. Raises as :meth:`renew`, plus
         :class:`ValidationError` when the execution key is not new.
@@ -181,17 +228,56 @@ class LeaseAPI(_API):
         key = _core.validate_id("new_execution_key", new_execution_key)
         ttl_ms = _core.validate_ttl(ttl_seconds)
         ev = _core.validate_version("expected_version", expected_version)
-        return self._authority.transfer(
-            self._caller,
-            self._proof(lease),
-            to_principal=to,
-            new_execution_key=key,
-            ttl_ms=ttl_ms,
-            expected_version=ev,
+        idem = _core.validate_optional_id("idempotency_key", idempotency_key)
+        lease_ = _lease_of(lease)
+        proof = self._proof(lease_)
+        remote = self._b._remote
+        if remote is not None and idem is not None:
+            return remote.transfer(
+                self._caller,
+                proof,
+                to_principal=to,
+                new_execution_key=key,
+                ttl_ms=ttl_ms,
+                expected_version=ev,
+                idempotency_key=idem,
+            )
+        fields = {
+            "lease_id": proof.lease_id,
+            "execution_key": proof.execution_key,
+            "to_principal": to,
+            "new_execution_key": key,
+            "ttl_seconds": ttl_seconds,
+            "expected_version": ev,
+        }
+        return self._once(
+            "transfer",
+            idem,
+            _resource_scope(lease_),
+            fields,
+            Lease,
+            lambda: self._authority.transfer(
+                self._caller,
+                proof,
+                to_principal=to,
+                new_execution_key=key,
+                ttl_ms=ttl_ms,
+                expected_version=ev,
+            ),
         )
 
-    def release(self, lease: LeaseLike, *, expected_version: int | None = None) -> Receipt:
+    def release(
+        self,
+        lease: LeaseLike,
+        *,
+        expected_version: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Receipt:
         """Release a lease you hold, by proof (id + your identity + execution key).
+
+        ``idempotency_key`` (``str``, 1..256 characters, optional): an exact retry returns
+        the stored :class:`Receipt` with ``replayed`` true; receipts as :meth:`renew` (a
+        retry after a lapsed claim releases again, which is ``no_change``).
 
         Returns a :class:`Receipt` with status ``released``, ``expired`` (it had run out:
         your protection lapsed) or ``no_change`` (already released by this proof; safe to
@@ -200,25 +286,83 @@ class LeaseAPI(_API):
         Raises:
             LeaseLostError: someone else has taken it since. NotFoundError: not your lease.
             VersionConflictError: ``expected_version`` differs.
+            IdempotencyMismatchError: the key was used for a different request (nothing
+                done). IdempotencyInFlightError: a request under the key is still running.
         """
         ev = _core.validate_version("expected_version", expected_version)
-        return self._authority.release(self._caller, self._proof(lease), expected_version=ev)
+        idem = _core.validate_optional_id("idempotency_key", idempotency_key)
+        lease_ = _lease_of(lease)
+        proof = self._proof(lease_)
+        remote = self._b._remote
+        if remote is not None and idem is not None:
+            return remote.release(self._caller, proof, expected_version=ev, idempotency_key=idem)
+        fields = {
+            "lease_id": proof.lease_id,
+            "execution_key": proof.execution_key,
+            "expected_version": ev,
+        }
+        return self._once(
+            "release",
+            idem,
+            _resource_scope(lease_),
+            fields,
+            Receipt,
+            lambda: self._authority.release(self._caller, proof, expected_version=ev),
+        )
 
-    def release_by_id(self, lease_id: str) -> Receipt:
+    def release_by_id(self, lease_id: str, *, idempotency_key: str | None = None) -> Receipt:
         """Release by id alone (the seed service's ``DELETE /v1/leases/:id``), as its holder.
+
+        ``idempotency_key`` (``str``, 1..256 characters, optional): an exact retry returns
+        the stored :class:`Receipt` with ``replayed`` true; the receipt is kept per (org,
+        principal, operation, key) and binds the lease id, so the key on another lease id is
+        ``IDEMPOTENCY_MISMATCH``; otherwise receipts as :meth:`renew`.
 
         Raises:
             NotFoundError: released, unknown, another principal's or another org's lease.
+            IdempotencyMismatchError: the key was used for a different request (nothing
+                done). IdempotencyInFlightError: a request under the key is still running.
         """
-        return self._authority.release_by_id(self._caller, _core.validate_id("lease_id", lease_id))
+        lid = _core.validate_id("lease_id", lease_id)
+        idem = _core.validate_optional_id("idempotency_key", idempotency_key)
+        remote = self._b._remote
+        if remote is not None and idem is not None:
+            return remote.release_by_id(self._caller, lid, idempotency_key=idem)
+        return self._once(
+            "release_by_id",
+            idem,
+            "",
+            {"lease_id": lid},
+            Receipt,
+            lambda: self._authority.release_by_id(self._caller, lid),
+        )
 
-    def force_release(self, lease_id: str) -> Receipt:
+    def force_release(self, lease_id: str, *, idempotency_key: str | None = None) -> Receipt:
         """Release anyone's lease of the org; needs the ``owner`` or ``admin`` role.
+
+        ``idempotency_key`` (``str``, 1..256 characters, optional): an exact retry returns
+        the stored :class:`Receipt` with ``replayed`` true; the receipt is kept per (org,
+        principal, operation, key) and binds the lease id, so the key on another lease id is
+        ``IDEMPOTENCY_MISMATCH``; otherwise receipts as :meth:`renew`.
 
         Raises:
             ForbiddenError: the caller is an ``agent``. NotFoundError: not active/unknown.
+            IdempotencyMismatchError: the key was used for a different request (nothing
+                done). IdempotencyInFlightError: a request under the key is still running.
         """
-        return self._authority.force_release(self._caller, _core.validate_id("lease_id", lease_id))
+        lid = _core.validate_id("lease_id", lease_id)
+        idem = _core.validate_optional_id("idempotency_key", idempotency_key)
+        remote = self._b._remote
+        if remote is not None and idem is not None:
+            return remote.force_release(self._caller, lid, idempotency_key=idem)
+        return self._once(
+            "force_release",
+            idem,
+            "",
+            {"lease_id": lid},
+            Receipt,
+            lambda: self._authority.force_release(self._caller, lid),
+        )
 
     def inspect(self, resource_type: str, resource_id: str) -> LeaseInfo:
         """Whether a resource is held, until when, and its version and epoch. The holder

@@ -351,16 +351,28 @@ class RemoteBackend:
         return [lease.model_copy(update={"replayed": bool(f)}) for lease, f in pairs]
 
     def renew(
-        self, caller: Caller, proof: Proof, *, ttl_ms: int, expected_version: int | None
+        self,
+        caller: Caller,
+        proof: Proof,
+        *,
+        ttl_ms: int,
+        expected_version: int | None,
+        idempotency_key: str | None = None,
     ) -> Lease:
-        """``POST /v1/leases/{id}/renew`` with the proof's execution key."""
+        """``POST /v1/leases/{id}/renew`` with the proof's execution key (and the
+        ``Idempotency-Key`` header when a key is given)."""
         body = {
             "ttl_seconds": ttl_ms // 1000,
             "expected_version": expected_version,
             "execution_key": proof.execution_key,
         }
-        data, _ = self._call("POST", f"/v1/leases/{_seg(proof.lease_id)}/renew", json=body)
-        return self._lease(data)
+        data, replayed = self._call(
+            "POST",
+            f"/v1/leases/{_seg(proof.lease_id)}/renew",
+            json=body,
+            idempotency_key=idempotency_key,
+        )
+        return self._lease(data, replayed)
 
     def transfer(
         self,
@@ -371,8 +383,10 @@ class RemoteBackend:
         new_execution_key: str,
         ttl_ms: int,
         expected_version: int | None,
+        idempotency_key: str | None = None,
     ) -> Lease:
-        """``POST /v1/leases/{id}/transfer`` with the proof's execution key."""
+        """``POST /v1/leases/{id}/transfer`` with the proof's execution key (and the
+        ``Idempotency-Key`` header when a key is given)."""
         body = {
             "to_principal": to_principal,
             "new_execution_key": new_execution_key,
@@ -380,26 +394,51 @@ class RemoteBackend:
             "expected_version": expected_version,
             "execution_key": proof.execution_key,
         }
-        data, _ = self._call("POST", f"/v1/leases/{_seg(proof.lease_id)}/transfer", json=body)
-        return self._lease(data)
+        data, replayed = self._call(
+            "POST",
+            f"/v1/leases/{_seg(proof.lease_id)}/transfer",
+            json=body,
+            idempotency_key=idempotency_key,
+        )
+        return self._lease(data, replayed)
 
-    def release(self, caller: Caller, proof: Proof, *, expected_version: int | None) -> Receipt:
-        """``POST /v1/leases/{id}/release`` (by proof)."""
+    def release(
+        self,
+        caller: Caller,
+        proof: Proof,
+        *,
+        expected_version: int | None,
+        idempotency_key: str | None = None,
+    ) -> Receipt:
+        """``POST /v1/leases/{id}/release`` (by proof; ``Idempotency-Key`` when given)."""
         body = {"execution_key": proof.execution_key, "expected_version": expected_version}
-        data, replayed = self._call("POST", f"/v1/leases/{_seg(proof.lease_id)}/release", json=body)
+        data, replayed = self._call(
+            "POST",
+            f"/v1/leases/{_seg(proof.lease_id)}/release",
+            json=body,
+            idempotency_key=idempotency_key,
+        )
         return self._parse(Receipt, data, replayed=replayed)
 
-    def release_by_id(self, caller: Caller, lease_id: str) -> Receipt:
-        """``DELETE /v1/leases/{id}``."""
-        data, replayed = self._call("DELETE", f"/v1/leases/{_seg(lease_id)}")
+    def release_by_id(
+        self, caller: Caller, lease_id: str, *, idempotency_key: str | None = None
+    ) -> Receipt:
+        """``DELETE /v1/leases/{id}`` (``Idempotency-Key`` when given)."""
+        data, replayed = self._call(
+            "DELETE", f"/v1/leases/{_seg(lease_id)}", idempotency_key=idempotency_key
+        )
         receipt = {"action": "release_by_id", "replayed": replayed}
         if isinstance(data, dict):
             receipt |= {"status": data.get("status"), "lease": data.get("lease")}
         return self._parse(Receipt, receipt)
 
-    def force_release(self, caller: Caller, lease_id: str) -> Receipt:
-        """``POST /v1/leases/{id}/force-release``."""
-        data, replayed = self._call("POST", f"/v1/leases/{_seg(lease_id)}/force-release")
+    def force_release(
+        self, caller: Caller, lease_id: str, *, idempotency_key: str | None = None
+    ) -> Receipt:
+        """``POST /v1/leases/{id}/force-release`` (``Idempotency-Key`` when given)."""
+        data, replayed = self._call(
+            "POST", f"/v1/leases/{_seg(lease_id)}/force-release", idempotency_key=idempotency_key
+        )
         return self._parse(Receipt, data, replayed=replayed)
 
     def inspect(self, caller: Caller, resource_type: str, resource_id: str) -> LeaseInfo:
@@ -557,16 +596,22 @@ class RemoteBackend:
         note: str | None,
         execution_key: str | None,
         ttl_ms: int | None,
+        idempotency_key: str | None = None,
     ) -> Handoff:
-        """``POST /v1/handoffs/{id}/resolve``."""
+        """``POST /v1/handoffs/{id}/resolve`` (``Idempotency-Key`` when given)."""
         body = {
             "status": status,
             "note": note,
             "execution_key": execution_key,
             "ttl_seconds": ttl_ms // 1000 if ttl_ms is not None else None,
         }
-        data, _ = self._call("POST", f"/v1/handoffs/{_seg(handoff_id)}/resolve", json=body)
-        return self._parse(Handoff, data)
+        data, replayed = self._call(
+            "POST",
+            f"/v1/handoffs/{_seg(handoff_id)}/resolve",
+            json=body,
+            idempotency_key=idempotency_key,
+        )
+        return self._parse(Handoff, data, replayed=replayed)
 
     # ------------------------------------------------------------------ outcomes, events
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -12,10 +14,13 @@ from prefect_baton import (
     BatonError,
     ConflictError,
     ForbiddenError,
+    IdempotencyInFlightError,
     IdempotencyMismatchError,
     LeaseLostError,
+    NotFoundError,
     ValidationError,
 )
+from prefect_baton._ledger import receipts
 
 from ._util import kinds
 
@@ -265,3 +270,306 @@ def test_outcome_record_replay_and_mismatch(baton: Baton) -> None:
         )
     assert [o.outcome_id for o in baton.outcomes.list("subj")] == [first.outcome_id]
     assert kinds(baton) == ["outcome.recorded"]
+
+
+# ------------------------------------------------------------ release, renew, transfer, resolve
+#
+# Each case sets up one operation and gives ``call(key, variant)``: ``"ok"`` the request,
+# ``"changed"`` a different request under the same key, ``"bad"`` a request that fails
+# (VERSION_CONFLICT, NOT_FOUND or VALIDATION_ERROR).
+
+
+@dataclass
+class Case:
+    """One keyed operation under test."""
+
+    actor: Baton
+    call: Callable[[str | None, str], Any]
+    rerun: Callable[[str], None]  # checks the answer of running "ok" again under a key
+    other: Callable[[str], Any]  # the "ok" request by another principal under ``key``
+
+
+def _release(b: Baton) -> Case:
+    lease = b.leases.acquire(RT, RID, ttl_seconds=30)
+    bad_version = lease.version + 7
+
+    def call(key: str | None, variant: str) -> Any:
+        ev = {"ok": None, "changed": lease.version, "bad": bad_version}[variant]
+        return b.leases.release(lease, expected_version=ev, idempotency_key=key)
+
+    def rerun(key: str) -> None:
+        again = b.leases.release(lease, idempotency_key=key)
+        assert (again.status, again.replayed) == ("no_change", False)
+
+    def other(key: str) -> Any:
+        return b.as_principal("agent-b").leases.release(lease, idempotency_key=key)
+
+    return Case(b, call, rerun, other)
+
+
+def _release_by_id(b: Baton) -> Case:
+    one = b.leases.acquire(RT, RID, ttl_seconds=30)
+    two = b.leases.acquire(RT, "svc-2", ttl_seconds=30)
+
+    def call(key: str | None, variant: str) -> Any:
+        lid = {"ok": one.lease_id, "changed": two.lease_id, "bad": "lease-unknown"}[variant]
+        return b.leases.release_by_id(lid, idempotency_key=key)
+
+    def rerun(key: str) -> None:
+        try:
+            receipt = b.leases.release_by_id(one.lease_id, idempotency_key=key)
+        except NotFoundError:
+            return
+        assert receipt.status == "no_change"
+
+    def other(key: str) -> Any:
+        return b.as_principal("agent-b").leases.release_by_id(one.lease_id, idempotency_key=key)
+
+    return Case(b, call, rerun, other)
+
+
+def _force_release(b: Baton) -> Case:
+    one = b.leases.acquire(RT, RID, ttl_seconds=30)
+    two = b.leases.acquire(RT, "svc-2", ttl_seconds=30)
+    boss = b.as_principal("boss", role="admin")
+
+    def call(key: str | None, variant: str) -> Any:
+        lid = {"ok": one.lease_id, "changed": two.lease_id, "bad": "lease-unknown"}[variant]
+        return boss.leases.force_release(lid, idempotency_key=key)
+
+    def rerun(key: str) -> None:
+        with pytest.raises(NotFoundError):
+            boss.leases.force_release(one.lease_id, idempotency_key=key)
+
+    def other(key: str) -> Any:
+        return b.as_principal("boss-2", role="admin").leases.force_release(
+            one.lease_id, idempotency_key=key
+        )
+
+    return Case(boss, call, rerun, other)
+
+
+def _renew(b: Baton) -> Case:
+    lease = b.leases.acquire(RT, RID, ttl_seconds=30)
+    bad_version = lease.version + 7
+
+    def call(key: str | None, variant: str) -> Any:
+        ttl, ev = {"ok": (40, None), "changed": (50, None), "bad": (40, bad_version)}[variant]
+        return b.leases.renew(lease, ttl_seconds=ttl, expected_version=ev, idempotency_key=key)
+
+    def rerun(key: str) -> None:
+        before = b.leases.inspect(RT, RID).version
+        again = b.leases.renew(lease, ttl_seconds=40, idempotency_key=key)
+        assert not again.replayed
+        assert again.version == before + 1
+
+    def other(key: str) -> Any:
+        return b.as_principal("agent-b").leases.renew(lease, ttl_seconds=40, idempotency_key=key)
+
+    return Case(b, call, rerun, other)
+
+
+def _transfer(b: Baton) -> Case:
+    lease = b.leases.acquire(RT, RID, ttl_seconds=30)
+    bad_version = lease.version + 7
+
+    def call(key: str | None, variant: str) -> Any:
+        to, ev = {"ok": ("agent-b", None), "changed": ("agent-c", None)}.get(
+            variant, ("agent-b", bad_version)
+        )
+        return b.leases.transfer(
+            lease,
+            to_principal=to,
+            new_execution_key="moved-1",
+            ttl_seconds=30,
+            expected_version=ev,
+            idempotency_key=key,
+        )
+
+    def rerun(key: str) -> None:
+        with pytest.raises(LeaseLostError):
+            call(key, "ok")
+
+    def other(key: str) -> Any:
+        return b.as_principal("agent-c").leases.transfer(
+            lease,
+            to_principal="agent-b",
+            new_execution_key="moved-1",
+            ttl_seconds=30,
+            idempotency_key=key,
+        )
+
+    return Case(b, call, rerun, other)
+
+
+def _resolve(b: Baton) -> Case:
+    handoff = b.handoffs.create("agent-b", "subj", message="over to you")
+    target = b.as_principal("agent-b")
+
+    def call(key: str | None, variant: str) -> Any:
+        if variant == "bad":  # a TTL below the minimum: VALIDATION_ERROR
+            return target.handoffs.resolve(
+                handoff.handoff_id, "accepted", "n", ttl_seconds=5, idempotency_key=key
+            )
+        status = "accepted" if variant == "ok" else "rejected"
+        return target.handoffs.resolve(handoff.handoff_id, status, "n", idempotency_key=key)
+
+    def rerun(key: str) -> None:
+        with pytest.raises(NotFoundError):
+            call(key, "ok")
+
+    def other(key: str) -> Any:
+        return b.as_principal("agent-c").handoffs.resolve(
+            handoff.handoff_id, "accepted", "n", idempotency_key=key
+        )
+
+    return Case(target, call, rerun, other)
+
+
+CASES = {
+    "release": _release,
+    "release_by_id": _release_by_id,
+    "force_release": _force_release,
+    "renew": _renew,
+    "transfer": _transfer,
+    "resolve": _resolve,
+}
+OPS = pytest.mark.parametrize("make", list(CASES.values()), ids=list(CASES))
+
+
+def _state(b: Baton) -> tuple[list[str], Any, Any]:
+    """The org's event kinds and the two resources' lease info (what an operation changes)."""
+    return kinds(b), b.leases.inspect(RT, RID), b.leases.inspect(RT, "svc-2")
+
+
+@OPS
+def test_exact_retry_replays(baton: Baton, make: Callable[[Baton], Case]) -> None:
+    """An exact retry of a keyed release/renew/transfer/force release/resolve returns the
+    stored result marked replayed, and changes nothing (no second transition or event)."""
+    case = make(baton)
+    first = case.call("op-1", "ok")
+    assert not first.replayed
+    state = _state(baton)
+    again = case.call("op-1", "ok")
+    assert again.replayed
+    assert again.model_dump(exclude={"replayed"}) == first.model_dump(exclude={"replayed"})
+    assert _state(baton) == state
+
+
+@OPS
+def test_changed_request_under_key_is_mismatch(baton: Baton, make: Callable[[Baton], Case]) -> None:
+    """A different request under a used key is IDEMPOTENCY_MISMATCH and writes nothing."""
+    case = make(baton)
+    case.call("op-1", "ok")
+    state = _state(baton)
+    with pytest.raises(IdempotencyMismatchError) as ei:
+        case.call("op-1", "changed")
+    assert ei.value.code == "IDEMPOTENCY_MISMATCH"
+    assert _state(baton) == state
+
+
+@OPS
+def test_failed_operation_stores_nothing(baton: Baton, make: Callable[[Baton], Case]) -> None:
+    """A keyed request that fails keeps no receipt: the corrected request under the same key
+    then really runs (not replayed, not a mismatch)."""
+    case = make(baton)
+    state = _state(baton)
+    with pytest.raises(BatonError) as ei:
+        case.call("op-1", "bad")
+    assert ei.value.code in ("VERSION_CONFLICT", "NOT_FOUND", "VALIDATION_ERROR")
+    assert _state(baton) == state
+    result = case.call("op-1", "ok")
+    assert not result.replayed
+    assert _state(baton) != state
+
+
+@OPS
+def test_other_principal_same_key_is_independent(
+    baton: Baton, make: Callable[[Baton], Case]
+) -> None:
+    """Another principal's request under the same key is not a replay of the first
+    principal's receipt: it gets its own answer (here a refusal, as without a key)."""
+    case = make(baton)
+    first = case.call("op-1", "ok")
+    assert not first.replayed
+    with pytest.raises((NotFoundError, LeaseLostError, ForbiddenError)):
+        case.other("op-1")
+
+
+@OPS
+def test_duplicate_in_flight_is_refused(
+    baton: Baton, make: Callable[[Baton], Case], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A duplicate sent while the first request under the key is still in flight (done, its
+    receipt not yet stored) is IDEMPOTENCY_IN_FLIGHT and runs nothing; afterwards the
+    retry replays."""
+    case = make(baton)
+    seen: list[BaseException | Any] = []
+    complete = receipts._complete
+
+    def hooked(*args: Any) -> None:
+        if not seen:
+            try:
+                seen.append(case.call("op-1", "ok"))
+            except BatonError as exc:
+                seen.append(exc)
+        complete(*args)
+
+    monkeypatch.setattr(receipts, "_complete", hooked)
+    first = case.call("op-1", "ok")
+    monkeypatch.undo()
+    assert len(seen) == 1
+    assert isinstance(seen[0], IdempotencyInFlightError), seen
+    assert seen[0].code == "IDEMPOTENCY_IN_FLIGHT"
+    state = _state(baton)
+    again = case.call("op-1", "ok")
+    assert again.replayed
+    assert again.model_dump(exclude={"replayed"}) == first.model_dump(exclude={"replayed"})
+    assert _state(baton) == state
+
+
+@OPS
+def test_lapsed_claim_lets_retry_run(
+    baton: Baton, make: Callable[[Baton], Case], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The crash window: a process that dies after the operation but before storing the
+    receipt leaves a claim; once it has lapsed, a retry runs the operation again and gets
+    that operation's own answer (no_change, extends again, LEASE_LOST, NOT_FOUND)."""
+    case = make(baton)
+
+    def died(*_args: Any) -> None:
+        """The receipt is never stored (the claim stays behind, as after a crash)."""
+
+    monkeypatch.setattr(receipts, "CLAIM_TIMEOUT_SECONDS", 0)  # the claim lapses at once
+    monkeypatch.setattr(receipts, "_complete", died)
+    case.call("op-1", "ok")
+    monkeypatch.undo()
+    case.rerun("op-1")
+
+
+@OPS
+def test_malformed_key_is_refused(baton: Baton, make: Callable[[Baton], Case]) -> None:
+    """An empty or over-long idempotency key is VALIDATION_ERROR and writes nothing."""
+    case = make(baton)
+    state = _state(baton)
+    for key in ("", "k" * 257):
+        with pytest.raises(ValidationError):
+            case.call(key, "ok")
+    assert _state(baton) == state
+    assert not case.call("op-1", "ok").replayed
+
+
+def test_claim_left_by_crash_blocks_until_lapsed(
+    baton: Baton, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Until a claim left by a crashed request lapses, a retry under its key is
+    IDEMPOTENCY_IN_FLIGHT and runs nothing."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=30)
+    monkeypatch.setattr(receipts, "_complete", lambda *_args: None)
+    baton.leases.renew(lease, ttl_seconds=40, idempotency_key="op-1")
+    monkeypatch.undo()
+    state = _state(baton)
+    with pytest.raises(IdempotencyInFlightError) as ei:
+        baton.leases.renew(lease, ttl_seconds=40, idempotency_key="op-1")
+    assert ei.value.code == "IDEMPOTENCY_IN_FLIGHT"
+    assert _state(baton) == state

@@ -17,11 +17,12 @@ presumed no longer holds; the code tells them apart), ``413 PAYLOAD_TOO_LARGE`` 
 2 MiB, :data:`~prefect_baton.rest._http.MAX_BODY_BYTES`), ``503 UNAVAILABLE``.
 
 ``Idempotency-Key`` is honoured (passed as ``idempotency_key``, with the receipt semantics
-of DESIGN.md; a replay gives ``meta.replayed = true``) on acquire, handoff create,
-checkpoint save and outcome record. Release, renew, transfer, force-release and resolve keep
-no receipt in the Python API, so the header is refused there (``400``) rather than
-silently ignored; a retry of them answers by their own rules (a second release or resolve
-is ``404``, a second transfer ``409 LEASE_LOST``, a renew extends again).
+of DESIGN.md; a replay gives ``meta.replayed = true``) on every mutating route: acquire
+(single and batch), release (``DELETE /v1/leases/{id}`` and ``POST .../release``), renew,
+transfer, force-release, handoff create and resolve, checkpoint save and outcome record.
+A request under a key still in flight is ``409 IDEMPOTENCY_IN_FLIGHT``. Only
+``POST /v1/leases/report-expired`` (which records events, not a transition) refuses the
+header with ``400`` rather than silently ignoring it.
 """
 
 from __future__ import annotations
@@ -371,10 +372,10 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         """Whether a resource is held, until when; holder details only for the holder."""
         return _reply(request, b.leases.inspect(resource_type, resource_id))
 
-    @app.delete("/v1/leases/{lease_id}", tags=["leases"], dependencies=NoKey)
-    def release(request: Request, lease_id: str, b: B) -> Response:
+    @app.delete("/v1/leases/{lease_id}", tags=["leases"])
+    def release(request: Request, lease_id: str, b: B, key: IdemKey = None) -> Response:
         """Release by id as its holder; 404 when released, unknown or not yours."""
-        receipt = b.leases.release_by_id(lease_id)
+        receipt = b.leases.release_by_id(lease_id, idempotency_key=_utf8(key))
         if receipt.status == "no_change":
             raise NotFoundError("no active lease with that id")
         data = {
@@ -385,18 +386,29 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         }
         return ok(data, _rid(request), replayed=receipt.replayed)
 
-    @app.post("/v1/leases/{lease_id}/renew", tags=["leases"], dependencies=NoKey)
-    def renew(request: Request, lease_id: str, b: B, body: RenewProofIn | None = None) -> Response:
+    @app.post("/v1/leases/{lease_id}/renew", tags=["leases"])
+    def renew(
+        request: Request,
+        lease_id: str,
+        b: B,
+        body: RenewProofIn | None = None,
+        key: IdemKey = None,
+    ) -> Response:
         """Extend a lease you hold; 409 LEASE_LOST once it has ended or expired."""
         body = body or RenewProofIn()
         lease = _proof_lease(b, lease_id, body)
         renewed = b.leases.renew(
-            lease, ttl_seconds=body.ttl_seconds, expected_version=body.expected_version
+            lease,
+            ttl_seconds=body.ttl_seconds,
+            expected_version=body.expected_version,
+            idempotency_key=_utf8(key),
         )
         return _reply(request, renewed)
 
-    @app.post("/v1/leases/{lease_id}/transfer", tags=["leases"], dependencies=NoKey)
-    def transfer(request: Request, lease_id: str, body: TransferProofIn, b: B) -> Response:
+    @app.post("/v1/leases/{lease_id}/transfer", tags=["leases"])
+    def transfer(
+        request: Request, lease_id: str, body: TransferProofIn, b: B, key: IdemKey = None
+    ) -> Response:
         """Hand a lease you hold to another principal; returns the receiver's lease."""
         lease = _proof_lease(b, lease_id, body)
         moved = b.leases.transfer(
@@ -405,19 +417,22 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
             new_execution_key=body.new_execution_key,
             ttl_seconds=body.ttl_seconds,
             expected_version=body.expected_version,
+            idempotency_key=_utf8(key),
         )
         return _reply(request, moved)
 
-    @app.post("/v1/leases/{lease_id}/release", tags=["leases"], dependencies=NoKey)
+    @app.post("/v1/leases/{lease_id}/release", tags=["leases"])
     def release_by_proof(
-        request: Request, lease_id: str, b: B, body: ReleaseIn | None = None
+        request: Request, lease_id: str, b: B, body: ReleaseIn | None = None, key: IdemKey = None
     ) -> Response:
         """Release a lease you hold by proof (id, you, execution key): ``released``,
         ``expired`` (it had run out) or ``no_change`` (already released by this proof);
         409 LEASE_LOST once another holder has it."""
         body = body or ReleaseIn()
         receipt = b.leases.release(
-            _proof_lease(b, lease_id, body), expected_version=body.expected_version
+            _proof_lease(b, lease_id, body),
+            expected_version=body.expected_version,
+            idempotency_key=_utf8(key),
         )
         return _reply(request, receipt)
 
@@ -447,10 +462,10 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         """A lease generation by id (yours; any of the org's for owner/admin)."""
         return _reply(request, b.leases.get(lease_id))
 
-    @app.post("/v1/leases/{lease_id}/force-release", tags=["leases"], dependencies=NoKey)
-    def force_release(request: Request, lease_id: str, b: B) -> Response:
+    @app.post("/v1/leases/{lease_id}/force-release", tags=["leases"])
+    def force_release(request: Request, lease_id: str, b: B, key: IdemKey = None) -> Response:
         """Release anyone's lease of the org (owner/admin); 403 for an agent."""
-        receipt = b.leases.force_release(lease_id)
+        receipt = b.leases.force_release(lease_id, idempotency_key=_utf8(key))
         return _reply(request, receipt)
 
     # ------------------------------------------------------------------ handoffs
@@ -485,8 +500,10 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         """A handoff you sent or received."""
         return _reply(request, b.handoffs.get(handoff_id))
 
-    @app.post("/v1/handoffs/{handoff_id}/resolve", tags=["handoffs"], dependencies=NoKey)
-    def resolve(request: Request, handoff_id: str, body: s.ResolveIn, b: B) -> Response:
+    @app.post("/v1/handoffs/{handoff_id}/resolve", tags=["handoffs"])
+    def resolve(
+        request: Request, handoff_id: str, body: s.ResolveIn, b: B, key: IdemKey = None
+    ) -> Response:
         """Accept or reject a pending handoff addressed to you; a second resolve is 404."""
         handoff = b.handoffs.resolve(
             handoff_id,
@@ -494,6 +511,7 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
             body.note,
             execution_key=body.execution_key,
             ttl_seconds=body.ttl_seconds,
+            idempotency_key=_utf8(key),
         )
         return _reply(request, handoff)
 

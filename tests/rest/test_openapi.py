@@ -202,7 +202,8 @@ def test_parameter_bounds_in_the_document_hold(client: TestClient, make_key: Mak
 def test_idempotency_key_is_documented_only_where_it_is_honoured(
     client: TestClient, make_key: MakeKey
 ) -> None:
-    """Routes that keep a receipt declare Idempotency-Key; the others do not, and refuse it."""
+    """Every mutating route declares Idempotency-Key; report-expired (no receipt) does not,
+    and refuses it."""
     doc = client.app.openapi()
     declared = {
         (method, path)
@@ -214,12 +215,16 @@ def test_idempotency_key_is_documented_only_where_it_is_honoured(
         ("POST", "/v1/handoffs"),
         ("PUT", "/v1/checkpoints"),
         ("POST", "/v1/outcomes"),
+        ("DELETE", "/v1/leases/{lease_id}"),
+        ("POST", "/v1/leases/{lease_id}/release"),
+        ("POST", "/v1/leases/{lease_id}/renew"),
+        ("POST", "/v1/leases/{lease_id}/transfer"),
+        ("POST", "/v1/leases/{lease_id}/force-release"),
+        ("POST", "/v1/handoffs/{handoff_id}/resolve"),
     } <= declared
-    assert ("DELETE", "/v1/leases/{lease_id}") not in declared
-    assert ("POST", "/v1/handoffs/{handoff_id}/resolve") not in declared
+    assert ("POST", "/v1/leases/report-expired") not in declared
     h = make_key()
-    lid = data(client.post("/v1/leases", json=LEASE, headers=h))["lease_id"]
-    r = client.post(f"/v1/leases/{lid}/renew", headers={**h, "Idempotency-Key": "k"})
+    r = client.post("/v1/leases/report-expired", headers={**h, "Idempotency-Key": "k"})
     error(r, 400, "VALIDATION_ERROR")
 
 

@@ -138,6 +138,13 @@ def resolve(
             "the sender's TTL).",
         ),
     ] = None,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(
+            "--idempotency-key",
+            help="Idempotency key (text); a retry replays instead of exiting 5 (NOT_FOUND).",
+        ),
+    ] = None,
 ) -> None:
     """Accept or reject a pending handoff addressed to you.
 
@@ -146,7 +153,12 @@ def resolve(
     """
     with guard(ctx, "handoff.resolve") as st:
         handoff = st.client().handoffs.resolve(
-            handoff_id, status.value, note, execution_key=execution_key, ttl_seconds=ttl_seconds
+            handoff_id,
+            status.value,
+            note,
+            execution_key=execution_key,
+            ttl_seconds=ttl_seconds,
+            idempotency_key=idempotency_key,
         )
         emit_ok(st.format, "handoff.resolve", "handoff", handoff)
 

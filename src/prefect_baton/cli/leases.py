@@ -2,7 +2,9 @@
 
 The command line is stateless between invocations, so lease operations after acquire take
 the proof by flags: ``--lease-id`` and ``--execution-key`` (the ``--idempotency-key`` used at
-acquire), plus an optional ``--expected-version`` compare-and-swap.
+acquire), plus an optional ``--expected-version`` compare-and-swap. On renew, transfer,
+release and force-release, ``--idempotency-key`` is a retry key (not the execution key): a
+retry of the same command with the same key replays the stored result (``replayed``).
 """
 
 from __future__ import annotations
@@ -53,6 +55,15 @@ ExecutionKey = Annotated[
         "--execution-key",
         help="Execution key (text) given as --idempotency-key at acquire; omit only for a "
         "lease acquired without one.",
+    ),
+]
+RetryKey = Annotated[
+    str | None,
+    typer.Option(
+        "--idempotency-key",
+        help="Retry key (text, 1-256 characters): rerunning the same command with the same "
+        "key replays the stored result ('replayed') instead of acting twice; the key with "
+        "another request exits 7 (IDEMPOTENCY_MISMATCH).",
     ),
 ]
 ExpectedVersion = Annotated[
@@ -147,6 +158,7 @@ def renew(
         ),
     ] = None,
     expected_version: ExpectedVersion = None,
+    idempotency_key: RetryKey = None,
 ) -> None:
     """Extend a lease you hold: version +1, new expiry; id, epoch and scopes unchanged.
 
@@ -158,6 +170,7 @@ def renew(
             lease_proof(b, lease_id, execution_key),
             ttl_seconds=ttl_seconds,
             expected_version=expected_version,
+            idempotency_key=idempotency_key,
         )
         emit_ok(st.format, "lease.renew", "lease", lease)
 
@@ -190,6 +203,7 @@ def transfer(
     ],
     execution_key: ExecutionKey = None,
     expected_version: ExpectedVersion = None,
+    idempotency_key: RetryKey = None,
 ) -> None:
     """Hand a lease you hold to another principal: new lease id, version +1, epoch +1."""
     with guard(ctx, "lease.transfer") as st:
@@ -200,6 +214,7 @@ def transfer(
             new_execution_key=new_execution_key,
             ttl_seconds=ttl_seconds,
             expected_version=expected_version,
+            idempotency_key=idempotency_key,
         )
         emit_ok(st.format, "lease.transfer", "lease", lease)
 
@@ -210,6 +225,7 @@ def release(
     lease_id: LeaseId,
     execution_key: ExecutionKey = None,
     expected_version: ExpectedVersion = None,
+    idempotency_key: RetryKey = None,
 ) -> None:
     """Release a lease you hold, by proof. Safe to retry: a second release is 'no_change'.
 
@@ -219,7 +235,9 @@ def release(
     with guard(ctx, "lease.release") as st:
         b = st.client()
         receipt = b.leases.release(
-            lease_proof(b, lease_id, execution_key), expected_version=expected_version
+            lease_proof(b, lease_id, execution_key),
+            expected_version=expected_version,
+            idempotency_key=idempotency_key,
         )
         emit_ok(st.format, "lease.release", "receipt", receipt)
         if receipt.status == "expired" and not st.json:
@@ -232,10 +250,11 @@ def force_release(
     lease_id: Annotated[
         str, typer.Argument(metavar="LEASE_ID", help="Lease id (text, 'lease_...') to release.")
     ],
+    idempotency_key: RetryKey = None,
 ) -> None:
     """Release anyone's lease of the org. Needs --role owner or admin (else exit 6)."""
     with guard(ctx, "lease.force-release") as st:
-        receipt = st.client().leases.force_release(lease_id)
+        receipt = st.client().leases.force_release(lease_id, idempotency_key=idempotency_key)
         emit_ok(st.format, "lease.force-release", "receipt", receipt)
 
 

@@ -104,6 +104,7 @@ class LeaseByIdIn(_In):
     lease_id: Id = Field(description="The lease id returned by baton_lease_acquire.")
     ttl_seconds: Ttl | None = Field(None, description="New TTL (default: the lease's own).")
     expected_version: Version | None = None
+    idempotency_key: IdempotencyKey | None = None
 
 
 class LeaseReleaseIn(_In):
@@ -111,6 +112,7 @@ class LeaseReleaseIn(_In):
 
     lease_id: Id = Field(description="The lease id returned by baton_lease_acquire.")
     expected_version: Version | None = None
+    idempotency_key: IdempotencyKey | None = None
 
 
 class ResourceIn(_In):
@@ -194,6 +196,7 @@ class HandoffResolveIn(_In):
     ttl_seconds: Ttl | None = Field(
         None, description="TTL of the lease you receive (default: the sender's)."
     )
+    idempotency_key: IdempotencyKey | None = None
 
 
 class HandoffShowIn(_In):
@@ -271,13 +274,22 @@ def _lease_acquire(b: Baton, a: LeaseAcquireIn) -> dict[str, Any]:
 def _lease_renew(b: Baton, a: LeaseByIdIn) -> dict[str, Any]:
     lease = b.leases.get(a.lease_id)
     return _json(
-        b.leases.renew(lease, ttl_seconds=a.ttl_seconds, expected_version=a.expected_version)
+        b.leases.renew(
+            lease,
+            ttl_seconds=a.ttl_seconds,
+            expected_version=a.expected_version,
+            idempotency_key=a.idempotency_key,
+        )
     )
 
 
 def _lease_release(b: Baton, a: LeaseReleaseIn) -> dict[str, Any]:
     lease = b.leases.get(a.lease_id)
-    return _json(b.leases.release(lease, expected_version=a.expected_version))
+    return _json(
+        b.leases.release(
+            lease, expected_version=a.expected_version, idempotency_key=a.idempotency_key
+        )
+    )
 
 
 def _lease_inspect(b: Baton, a: ResourceIn) -> dict[str, Any]:
@@ -335,6 +347,7 @@ def _handoff_resolve(b: Baton, a: HandoffResolveIn) -> dict[str, Any]:
             a.note,
             execution_key=a.execution_key,
             ttl_seconds=a.ttl_seconds,
+            idempotency_key=a.idempotency_key,
         )
     )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -28,6 +29,9 @@ ROLES = ("agent", "owner", "admin")
 # --------------------------------------------------------------------------- validation
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
 def validate_id(name: str, value: object) -> str:
     """Check an identifier (org, principal, resource type/id, subject, kind, key).
 
@@ -44,7 +48,7 @@ def validate_id(name: str, value: object) -> str:
         raise ValidationError(f"{name} must not be empty")
     if len(value) > MAX_ID_LENGTH:
         raise ValidationError(f"{name} is {len(value)} characters long; at most {MAX_ID_LENGTH}")
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+    if _CONTROL.search(value) is not None:
         raise ValidationError(f"{name} must not contain control characters")
     _check_utf8(name, value)
     return value

@@ -9,6 +9,20 @@ keep the ledger current when clients come and go.
 
 from __future__ import annotations
 
-from ._redis.reconciler import Lag, Reconciler, ReconcileReport, registered_orgs, run_reconciler
+from ._redis.reconciler import (
+    DEFAULT_BATCH,
+    Lag,
+    Reconciler,
+    ReconcileReport,
+    registered_orgs,
+    run_reconciler,
+)
 
-__all__ = ["Lag", "ReconcileReport", "Reconciler", "registered_orgs", "run_reconciler"]
+__all__ = [
+    "DEFAULT_BATCH",
+    "Lag",
+    "ReconcileReport",
+    "Reconciler",
+    "registered_orgs",
+    "run_reconciler",
+]

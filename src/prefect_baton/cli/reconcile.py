@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..reconcile import Lag, run_reconciler
+from ..reconcile import DEFAULT_BATCH, Lag, run_reconciler
 from ._output import emit_ok
 from ._state import guard
 
@@ -27,11 +27,15 @@ def reconcile(
     ] = False,
     interval: Annotated[
         float,
-        typer.Option("--interval", min=0.01, help="Seconds between rounds that found nothing."),
+        typer.Option(
+            "--interval",
+            min=0.01,
+            help="Seconds to pause after a round that applied less than one full batch per org.",
+        ),
     ] = 0.5,
     batch_size: Annotated[
         int, typer.Option("--batch-size", min=1, help="Journal entries per ledger transaction.")
-    ] = 500,
+    ] = DEFAULT_BATCH,
 ) -> None:
     """Drain the Redis lease journal into the ledger and report the lag.
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -211,3 +212,10 @@ def test_server_without_cache_refuses_a_key_revoked_elsewhere_at_once(
         assert client.get("/v1/leases", headers=h).status_code == 200
         client.app.state.key_cache.clear()  # type: ignore[attr-defined]
         error(client.get("/v1/leases", headers=h), 401, "UNAUTHENTICATED")
+
+
+def test_bad_redis_url_is_validation_error(tmp_path: Path) -> None:
+    """create_app with a malformed Redis URL is VALIDATION_ERROR,
+    not redis-py's ValueError."""
+    with pytest.raises(errors.ValidationError, match="bad Redis URL"):
+        create_app(f"sqlite:///{tmp_path / 'l.db'}", redis_url="nonsense://x")

@@ -32,6 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import __version__
 from .._authority import LeaseAuthority
+from .._backend import open_backend
 from .._client import Baton
 from .._ledger.engine import Engines
 from .._ledger.store import LedgerStore
@@ -292,30 +293,9 @@ def http_app(
         raise ValidationError(
             f"bad host {host!r} (--host): not a host name or an IP address"
         ) from None
-    settings = BatonSettings()
-    store = LedgerStore(
-        ledger_url or settings.ledger_url,
-        receipt_retention_seconds=settings.receipt_retention_seconds,
-        state_max_bytes=settings.state_max_bytes,
-    )
-    authority: LeaseAuthority = store
-    closers: list[Callable[[], None]] = [store.close]
-    if redis_url:
-        from .._redis.authority import RedisAuthority
-
-        try:
-            redis_ = RedisAuthority.from_url(
-                redis_url, store, ack=settings.redis_ack, post_loss=settings.redis_post_loss
-            )
-        except ValueError as exc:
-            store.close()
-            raise ValidationError(f"bad Redis URL: {exc}") from None
-        authority = redis_
-        closers.insert(0, redis_.close)
-
-    def close() -> None:
-        for fn in closers:
-            fn()
+    backend = open_backend(ledger_url, redis_url)
+    settings, store, authority = backend.settings, backend.store, backend.authority
+    close = backend.close
 
     server = build_server(_key_identity(store, authority, settings), on_close=close)
     app = server.streamable_http_app(

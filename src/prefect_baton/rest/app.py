@@ -28,7 +28,7 @@ header with ``400`` rather than silently ignoring it.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
@@ -42,11 +42,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Match
 
 from .. import _core
-from .._authority import Caller, LeaseAuthority
+from .._authority import Caller
+from .._backend import open_backend
 from .._client import Baton
-from .._ledger.store import LedgerStore
 from .._ledger.tables import ApiKeyRow
-from .._settings import load_settings
 from ..errors import BatonError, NotFoundError, UnavailableError, ValidationError
 from ..models import Lease
 from . import _schemas as s
@@ -277,30 +276,13 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         ValidationError: a malformed URL or a bad ``BATON_*`` variable (nothing is opened
             then). UnavailableError: the ledger cannot be reached.
     """
-    settings = load_settings()
-    store = LedgerStore(
-        ledger_url or settings.ledger_url,
-        receipt_retention_seconds=settings.receipt_retention_seconds,
-        state_max_bytes=settings.state_max_bytes,
-    )
-    authority: LeaseAuthority = store
-    redis_close: Callable[[], None] | None = None
-    if redis_url is None and settings.redis_url is not None:
-        redis_url = settings.redis_url.get_secret_value()
-    if redis_url:
-        from .._redis.authority import RedisAuthority
-
-        redis_ = RedisAuthority.from_url(
-            redis_url, store, ack=settings.redis_ack, post_loss=settings.redis_post_loss
-        )
-        authority, redis_close = redis_, redis_.close
+    backend = open_backend(ledger_url, redis_url)
+    settings, store, authority = backend.settings, backend.store, backend.authority
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
-        if redis_close is not None:
-            redis_close()
-        store.close()
+        backend.close()
 
     app = FastAPI(title="prefect-baton", version="1", lifespan=lifespan)
     app.state.store = store

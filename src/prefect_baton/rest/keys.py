@@ -36,7 +36,7 @@ from sqlmodel import Session, col, select
 from .. import _core
 from .._ledger.engine import Engines, make_engines, upgrade
 from .._ledger.tables import ApiKeyRow
-from .._settings import BatonSettings
+from .._settings import load_settings
 from ..errors import NotFoundError, UnavailableError, ValidationError
 
 __all__ = [
@@ -101,7 +101,7 @@ def hash_key(secret: str) -> str:
 
 
 def _engines(ledger_url: str | None) -> Engines:
-    engines = make_engines(ledger_url or BatonSettings().ledger_url)
+    engines = make_engines(ledger_url or load_settings().ledger_url)
     upgrade(engines)
     return engines
 

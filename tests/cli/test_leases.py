@@ -364,3 +364,26 @@ def test_ttl_out_of_range_exits_2(cli: Cli) -> None:
         assert run.json["error"]["code"] == "VALIDATION_ERROR"
         assert "ttl_seconds" in run.json["error"]["message"]
     assert cli.ok("lease", "inspect", "deploy", "svc")["info"]["version"] == 0
+
+
+def test_renew_and_release_with_a_retry_key_replay_and_refuse_another_request(cli: Cli) -> None:
+    """--idempotency-key on renew and release is a retry key: the same command again is
+    'replayed' with the same result (the lease is not extended twice); the key with another
+    request exits 7 (IDEMPOTENCY_MISMATCH) and changes nothing."""
+    lease = acquire(cli)
+    proof = ("--lease-id", lease["lease_id"], "--execution-key", "run-1")
+    renew = ("lease", "renew", *proof, "--ttl-seconds", "90", "--idempotency-key", "r-1")
+    first = cli.ok(*renew)
+    again = cli.ok(*renew)
+    assert again["status"] == "replayed"
+    assert again["lease"]["version"] == first["lease"]["version"] == 2
+    assert again["lease"]["expires_at"] == first["lease"]["expires_at"]
+    other = cli("lease", "renew", *proof, "--ttl-seconds", "120", "--idempotency-key", "r-1")
+    assert other.code == 7, other.text
+    assert other.json["error"]["code"] == "IDEMPOTENCY_MISMATCH"
+    assert cli.ok("lease", "inspect", "deploy", "svc")["info"]["lease"]["version"] == 2
+    release = ("lease", "release", *proof, "--idempotency-key", "rel-1")
+    done = cli.ok(*release)
+    replay = cli.ok(*release)
+    assert replay["status"] == "replayed"
+    assert replay["receipt"] == {**done["receipt"], "replayed": True}

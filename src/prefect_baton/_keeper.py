@@ -27,7 +27,7 @@ from .errors import BatonError, LeaseLostError, NotFoundError, StaleFenceError, 
 from .models import Lease
 
 if TYPE_CHECKING:
-    from ._client import LeaseAPI
+    from ._api_leases import LeaseAPI
 
 log = logging.getLogger("prefect_baton.lease")
 

@@ -21,106 +21,38 @@ A connection error or timeout raises :class:`UnavailableError`: the operation ma
 have been applied; retry it with the same idempotency key (a retried release is
 ``no_change``, a retried keyed acquire replays). The client made by :func:`connect` never
 retries a script on its own, so a script runs at most once per call.
+
+This module holds the lease operations; the shared state, the script call loop and the
+drain are in :mod:`prefect_baton._redis.base`, the connection and error plumbing in
+:mod:`prefect_baton._redis.connection` (:func:`connect` is importable from both).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
-import os
-import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.retry import Retry
-
-from redis import ConnectionPool, Redis
-
 from .. import _core
 from .._authority import Caller
-from .._core import Decision, Holding, Proof
-from .._ledger.store import LedgerStore, holding_to_lease, row_to_holding
-from ..errors import BatonError, ForbiddenError, NotFoundError, UnavailableError, ValidationError
+from .._core import Holding, Proof
+from .._ledger.store import LedgerStore, holding_to_lease
+from ..errors import ForbiddenError, NotFoundError, ValidationError
 from ..models import Lease, LeaseInfo, Receipt, from_ms
-from .cluster import RedisClient, connect_cluster, is_cluster_url
+from .base import AuthorityBase
 from .codec import construct, from_gen, lease_from_gen, opt, scope_meta
-from .keys import ORGS_KEY, org_keys, resource_digest
-from .rebuild import recover, rotate
-from .reconciler import DEFAULT_BATCH, Drainer, Reconciler
-from .scripts import NO_INCARNATION, NOOP, OK, REPLAY, ROTATE, UNKNOWN, Scripts, raise_for
+from .connection import as_text, connect
+from .keys import org_keys, resource_digest
+from .scripts import NOOP, OK, REPLAY, UNKNOWN, raise_for
 
 __all__ = ["AcquireRequest", "RedisAuthority", "connect"]
 
-log = logging.getLogger("prefect_baton.redis")
-
-AckMode = Literal["redis", "ledger"]
-PostLossPolicy = Literal["fence_only", "lock_delay"]
-ACK_MODES = ("redis", "ledger")
-POST_LOSS_POLICIES = ("fence_only", "lock_delay")
 HANDOFF_KEY_TTL_MS = 7 * 86_400_000
 MAX_MANY = 1000
-_BUSY = (
-    "BUSY",
-    "LOADING",
-    "OOM",
-    "MASTERDOWN",
-    "NOREPLICAS",
-    "CLUSTERDOWN",
-    "TRYAGAIN",
-    "READONLY",
-)
-
-
-def connect(url: str, **kwargs: Any) -> RedisClient:
-    """A Redis client for the authority: 5 s socket timeout, 2 s connect timeout, and no
-    automatic retries (a retried script could run twice).
-
-    Args:
-        url: ``redis://host:port/db`` (or ``rediss://``, ``unix://``): one server, a lazy
-            ``redis.Redis`` client. ``redis+cluster://host:port`` (or
-            ``rediss+cluster://``): Redis Cluster, any one node of it; a
-            ``redis.cluster.RedisCluster`` client that connects at once and routes each
-            org's scripts to the node of its hash tag (see
-            :mod:`prefect_baton._redis.cluster`).
-        kwargs: overrides passed to ``from_url`` of the client class.
-
-    Raises:
-        ValueError: a malformed URL (``Baton`` reports it as ``VALIDATION_ERROR``).
-        UnavailableError: a cluster URL whose nodes do not answer.
-    """
-    opts: dict[str, Any] = {
-        "socket_timeout": 5.0,
-        "socket_connect_timeout": 2.0,
-        "retry": Retry(NoBackoff(), 0),
-        "health_check_interval": 15,
-    }
-    opts.update(kwargs)
-    if is_cluster_url(url):
-        return connect_cluster(url, **opts)
-    return Redis.from_url(url, **opts)
-
-
-def _unavailable(exc: RedisError) -> BatonError:
-    if isinstance(exc, RedisConnectionError | RedisTimeoutError):
-        return UnavailableError(f"Redis unavailable: {exc}")
-    code = getattr(exc, "status_code", None) or str(exc).split(" ", 1)[0]  # stripped by redis-py
-    if isinstance(exc, ResponseError) and code.upper() in _BUSY:
-        return UnavailableError(f"Redis unavailable: {exc}")
-    if isinstance(exc, ResponseError):
-        return BatonError(f"Redis lease authority error: {exc}")
-    return UnavailableError(f"Redis unavailable: {exc}")
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @dataclass(frozen=True)
@@ -139,7 +71,7 @@ class AcquireRequest:
     expected_version: int | None = None
 
 
-class RedisAuthority:
+class RedisAuthority(AuthorityBase):
     """Leases on Redis, reconciled into the ledger.
 
     Args:
@@ -171,201 +103,11 @@ class RedisAuthority:
 
     _baton_redis = True
 
-    def __init__(
-        self,
-        client: RedisClient,
-        store: LedgerStore,
-        *,
-        ack: str = "redis",
-        post_loss: str = "fence_only",
-        lock_delay_seconds: int = _core.TTL_MAX_SECONDS,
-        auto_rebuild: bool = True,
-        rebuild_wait_seconds: float = 10.0,
-        reconcile_interval_seconds: float = 0.05,
-        reconcile_in_client: bool = True,
-        batch_size: int = DEFAULT_BATCH,
-        owns_client: bool = False,
-    ) -> None:
-        if ack not in ACK_MODES:
-            raise ValidationError(f"ack must be 'redis' or 'ledger', got {ack!r}")
-        if post_loss not in POST_LOSS_POLICIES:
-            raise ValidationError(
-                f"post_loss must be 'fence_only' or 'lock_delay', got {post_loss!r}"
-            )
-        self.client = client
-        self.store = store
-        self.ack = ack
-        self.post_loss = post_loss
-        self.lock_delay_ms = int(lock_delay_seconds) * 1000
-        self.auto_rebuild = auto_rebuild
-        self.rebuild_wait_seconds = rebuild_wait_seconds
-        self.receipt_ttl_ms = store.receipt_retention_ms
-        self._receipt_ttl = str(self.receipt_ttl_ms)
-        self.old_retention_ms = max(store.receipt_retention_ms, 3_600_000)
-        self.scripts = Scripts(client)
-        # The direct EVALSHA path (see _evalsha) applies to a plain redis.Redis client only.
-        self._pool: ConnectionPool | None = (
-            client.connection_pool
-            if isinstance(client, Redis) and client.connection is None
-            else None
-        )
-        self.reconciler = Reconciler(client, store, batch_size=batch_size)
-        self._interval = reconcile_interval_seconds
-        self._drain_here = reconcile_in_client
-        self._drainer: Drainer | None = None
-        self._drainer_pid = 0
-        self._lock = threading.Lock()
-        self._owns_client = owns_client
-        self._known: set[str] = set()
-
     @classmethod
     def from_url(cls, url: str, store: LedgerStore, **kwargs: Any) -> RedisAuthority:
         """Connect to ``url`` with :func:`connect` and build an authority owning the client
         (keyword arguments as the constructor's)."""
         return cls(connect(url), store, owns_client=True, **kwargs)
-
-    # ------------------------------------------------------------------ plumbing
-
-    def _run(
-        self,
-        org: str,
-        name: str,
-        args: Sequence[Any],
-        extra_keys: Sequence[str] = (),
-        *,
-        rebuild: bool = True,
-    ) -> list[Any]:
-        keys = [*org_keys(org).base, *extra_keys]
-        for _attempt in range(4):
-            try:
-                reply: list[Any] = self._evalsha(name, keys, args)
-            except RedisError as exc:
-                raise _unavailable(exc) from exc
-            code = int(reply[0])
-            if code == NO_INCARNATION:
-                self._known.discard(org)
-                if not rebuild:
-                    raise UnavailableError(
-                        f"the Redis lease state of org {org!r} is missing; it is rebuilt "
-                        "from the ledger by the next lease operation"
-                    )
-                recover(self, org)
-                continue
-            if code == ROTATE:
-                rotate(self, org)
-                continue
-            if org not in self._known:
-                self._register(org)
-            return reply
-        raise UnavailableError(f"the Redis lease state of org {org!r} did not settle; retry")
-
-    def _evalsha(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
-        """Run script ``name`` once: ``EVALSHA`` on a pooled connection of a plain
-        ``redis.Redis`` client (redis-py's own steps for one command, without its per-command
-        bookkeeping), through the registered script otherwise. On ``NOSCRIPT`` the script
-        did not run; the registered script loads it and runs it."""
-        script = self.scripts[name]
-        pool = self._pool
-        if pool is None:
-            reply: list[Any] = script(keys=keys, args=args)
-            return reply
-        conn: Any = pool.get_connection()
-        try:
-            conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-            reply = conn.read_response()
-        except NoScriptError:
-            reply = script(keys=keys, args=args)
-        except (RedisConnectionError, RedisTimeoutError):
-            conn.disconnect()
-            raise
-        finally:
-            pool.release(conn)
-        return reply
-
-    def _register(self, org: str) -> None:
-        try:
-            self.client.sadd(ORGS_KEY, org)
-            self._known.add(org)
-        except RedisError as exc:
-            log.info("could not register org %r for reconcilers: %s", org, exc)
-
-    def _acked(self, org: str, entry_id: Any) -> None:
-        if self.ack == "ledger":
-            self.reconciler.drain(org, until=_text(entry_id))
-            return
-        if not self._drain_here:
-            return
-        drainer = self._drainer
-        if drainer is None or not drainer.alive() or self._drainer_pid != os.getpid():
-            with self._lock:
-                drainer = self._drainer
-                if drainer is None or not drainer.alive() or self._drainer_pid != os.getpid():
-                    drainer = Drainer(self.reconciler, interval_seconds=self._interval)
-                    self._drainer = drainer
-                    self._drainer_pid = os.getpid()
-        drainer.add(org)
-
-    def sync_ledger(self, org: str, *, strict: bool = False) -> None:
-        """Drain the org's journal up to its newest entry, so the ledger shows every
-        transition made so far (a read-your-writes barrier for ledger operations).
-
-        Args:
-            strict: raise :class:`UnavailableError` when Redis cannot be reached (default:
-                log and return, leaving the ledger as it is).
-        """
-        journal = org_keys(org).journal
-        try:
-            last = self.client.xrevrange(journal, count=1)
-        except RedisError as exc:
-            if strict:
-                raise _unavailable(exc) from exc
-            log.debug("ledger barrier skipped for %r: %s", org, exc)
-            return
-        if last:
-            self.reconciler.drain(org, until=_text(last[0][0]))
-
-    def ensure_ready(self, org: str) -> None:
-        """Make sure the org's Redis state exists (rebuilding it if it is missing) before a
-        ledger transaction that will consult Redis (a fenced write); a no-op once this
-        authority has seen the org."""
-        if org not in self._known:
-            self._run(org, "inspect", ["-"])
-
-    def rebuild(self, org: str) -> int:
-        """Rebuild the org's Redis state from the ledger now (see
-        :func:`prefect_baton._redis.rebuild.rebuild`); returns the incarnation number."""
-        from .rebuild import rebuild
-
-        return rebuild(self, org)
-
-    def close(self) -> None:
-        """Stop the drain thread after a last drain of the orgs it served, and close the
-        client when this authority owns it."""
-        drainer, self._drainer = self._drainer, None
-        if drainer is not None and self._drainer_pid == os.getpid():
-            drainer.stop()
-            for org in drainer.orgs:
-                try:
-                    self.reconciler.drain(org)
-                except BatonError as exc:
-                    log.warning("final reconcile of %r failed: %s", org, exc)
-        if self._owns_client:
-            self.client.close()
-
-    def _unknown(
-        self, caller: Caller, lease_id: str, decide: Callable[[Holding | None, int], Decision]
-    ) -> Decision:
-        """A lease id Redis does not know (never seen, or a generation pruned after the
-        retention): the ledger's history decides which error it is. Only a read-only
-        outcome (``no_change``) can come back; anything else is not found."""
-        self.sync_ledger(caller.org)
-        with self.store._read() as (s, now):
-            row = self.store._row_by_id(s, caller.org, lease_id)
-            held = row_to_holding(row) if row is not None else None
-        d = decide(held, now)
-        if d.noop:
-            return d
-        raise NotFoundError(f"lease {lease_id} not found")
 
     # ------------------------------------------------------------------ acquire
 
@@ -481,7 +223,7 @@ class RedisAuthority:
             lease_from_gen(gen, replayed=sub != OK, times=times)
             for sub, gen in zip(subs, gens, strict=True)
         ]
-        if _text(reply[1]):
+        if as_text(reply[1]):
             self._acked(caller.org, reply[1])
         return out
 
@@ -790,7 +532,7 @@ class RedisAuthority:
         code = int(reply[0])
         if code == OK:
             lease = lease_from_gen(reply[2])
-            self.reconciler.drain(caller.org, until=_text(reply[1]))
+            self.reconciler.drain(caller.org, until=as_text(reply[1]))
             return lease
         if code == REPLAY:
             self.sync_ledger(caller.org, strict=True)

@@ -1,0 +1,216 @@
+"""The Redis lease authority's plumbing: construction, the script call loop, the drain.
+
+:class:`AuthorityBase` holds what every lease operation of
+:class:`~prefect_baton._redis.authority.RedisAuthority` shares: its settings and clients,
+:meth:`~AuthorityBase._run` (one script, one round trip; it rebuilds the org's Redis state
+from the ledger when it is missing and rotates it when asked, see
+:mod:`prefect_baton._redis.rebuild`), the acknowledgement of each transition (``ack=``:
+the drain thread, or a drain up to the call's own entry), the read-your-writes barrier
+:meth:`~AuthorityBase.sync_ledger`, and :meth:`~AuthorityBase.close`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+from redis.exceptions import RedisError
+
+from .. import _core
+from .._authority import Caller
+from .._core import Decision, Holding
+from .._ledger.store import LedgerStore, row_to_holding
+from ..errors import BatonError, NotFoundError, UnavailableError, ValidationError
+from .cluster import RedisClient
+from .connection import as_text, direct_pool, evalsha, redis_unavailable
+from .keys import ORGS_KEY, org_keys
+from .rebuild import recover, rotate
+from .reconciler import DEFAULT_BATCH, Drainer, Reconciler
+from .scripts import NO_INCARNATION, ROTATE, Scripts
+
+if TYPE_CHECKING:
+    from .authority import RedisAuthority
+
+__all__ = ["ACK_MODES", "POST_LOSS_POLICIES", "AckMode", "AuthorityBase", "PostLossPolicy"]
+
+log = logging.getLogger("prefect_baton.redis")
+
+AckMode = Literal["redis", "ledger"]
+PostLossPolicy = Literal["fence_only", "lock_delay"]
+ACK_MODES = ("redis", "ledger")
+POST_LOSS_POLICIES = ("fence_only", "lock_delay")
+
+
+class AuthorityBase:
+    """The shared state and plumbing of :class:`~prefect_baton._redis.authority.RedisAuthority`
+    (arguments and errors: see that class)."""
+
+    def __init__(
+        self,
+        client: RedisClient,
+        store: LedgerStore,
+        *,
+        ack: str = "redis",
+        post_loss: str = "fence_only",
+        lock_delay_seconds: int = _core.TTL_MAX_SECONDS,
+        auto_rebuild: bool = True,
+        rebuild_wait_seconds: float = 10.0,
+        reconcile_interval_seconds: float = 0.05,
+        reconcile_in_client: bool = True,
+        batch_size: int = DEFAULT_BATCH,
+        owns_client: bool = False,
+    ) -> None:
+        if ack not in ACK_MODES:
+            raise ValidationError(f"ack must be 'redis' or 'ledger', got {ack!r}")
+        if post_loss not in POST_LOSS_POLICIES:
+            raise ValidationError(
+                f"post_loss must be 'fence_only' or 'lock_delay', got {post_loss!r}"
+            )
+        self.client = client
+        self.store = store
+        self.ack = ack
+        self.post_loss = post_loss
+        self.lock_delay_ms = int(lock_delay_seconds) * 1000
+        self.auto_rebuild = auto_rebuild
+        self.rebuild_wait_seconds = rebuild_wait_seconds
+        self.receipt_ttl_ms = store.receipt_retention_ms
+        self._receipt_ttl = str(self.receipt_ttl_ms)
+        self.old_retention_ms = max(store.receipt_retention_ms, 3_600_000)
+        self.scripts = Scripts(client)
+        # The direct EVALSHA path (see _evalsha) applies to a plain redis.Redis client only.
+        self._pool = direct_pool(client)
+        self.reconciler = Reconciler(client, store, batch_size=batch_size)
+        self._interval = reconcile_interval_seconds
+        self._drain_here = reconcile_in_client
+        self._drainer: Drainer | None = None
+        self._drainer_pid = 0
+        self._lock = threading.Lock()
+        self._owns_client = owns_client
+        self._known: set[str] = set()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _run(
+        self,
+        org: str,
+        name: str,
+        args: Sequence[Any],
+        extra_keys: Sequence[str] = (),
+        *,
+        rebuild: bool = True,
+    ) -> list[Any]:
+        keys = [*org_keys(org).base, *extra_keys]
+        for _attempt in range(4):
+            try:
+                reply: list[Any] = self._evalsha(name, keys, args)
+            except RedisError as exc:
+                raise redis_unavailable(exc) from exc
+            code = int(reply[0])
+            if code == NO_INCARNATION:
+                self._known.discard(org)
+                if not rebuild:
+                    raise UnavailableError(
+                        f"the Redis lease state of org {org!r} is missing; it is rebuilt "
+                        "from the ledger by the next lease operation"
+                    )
+                recover(cast("RedisAuthority", self), org)
+                continue
+            if code == ROTATE:
+                rotate(cast("RedisAuthority", self), org)
+                continue
+            if org not in self._known:
+                self._register(org)
+            return reply
+        raise UnavailableError(f"the Redis lease state of org {org!r} did not settle; retry")
+
+    def _evalsha(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
+        """Run script ``name`` once (see :func:`prefect_baton._redis.connection.evalsha`)."""
+        return evalsha(self.scripts, self._pool, name, keys, args)
+
+    def _register(self, org: str) -> None:
+        try:
+            self.client.sadd(ORGS_KEY, org)
+            self._known.add(org)
+        except RedisError as exc:
+            log.info("could not register org %r for reconcilers: %s", org, exc)
+
+    def _acked(self, org: str, entry_id: Any) -> None:
+        if self.ack == "ledger":
+            self.reconciler.drain(org, until=as_text(entry_id))
+            return
+        if not self._drain_here:
+            return
+        drainer = self._drainer
+        if drainer is None or not drainer.alive() or self._drainer_pid != os.getpid():
+            with self._lock:
+                drainer = self._drainer
+                if drainer is None or not drainer.alive() or self._drainer_pid != os.getpid():
+                    drainer = Drainer(self.reconciler, interval_seconds=self._interval)
+                    self._drainer = drainer
+                    self._drainer_pid = os.getpid()
+        drainer.add(org)
+
+    def sync_ledger(self, org: str, *, strict: bool = False) -> None:
+        """Drain the org's journal up to its newest entry, so the ledger shows every
+        transition made so far (a read-your-writes barrier for ledger operations).
+
+        Args:
+            strict: raise :class:`UnavailableError` when Redis cannot be reached (default:
+                log and return, leaving the ledger as it is).
+        """
+        journal = org_keys(org).journal
+        try:
+            last = self.client.xrevrange(journal, count=1)
+        except RedisError as exc:
+            if strict:
+                raise redis_unavailable(exc) from exc
+            log.debug("ledger barrier skipped for %r: %s", org, exc)
+            return
+        if last:
+            self.reconciler.drain(org, until=as_text(last[0][0]))
+
+    def ensure_ready(self, org: str) -> None:
+        """Make sure the org's Redis state exists (rebuilding it if it is missing) before a
+        ledger transaction that will consult Redis (a fenced write); a no-op once this
+        authority has seen the org."""
+        if org not in self._known:
+            self._run(org, "inspect", ["-"])
+
+    def rebuild(self, org: str) -> int:
+        """Rebuild the org's Redis state from the ledger now (see
+        :func:`prefect_baton._redis.rebuild.rebuild`); returns the incarnation number."""
+        from .rebuild import rebuild
+
+        return rebuild(cast("RedisAuthority", self), org)
+
+    def close(self) -> None:
+        """Stop the drain thread after a last drain of the orgs it served, and close the
+        client when this authority owns it."""
+        drainer, self._drainer = self._drainer, None
+        if drainer is not None and self._drainer_pid == os.getpid():
+            drainer.stop()
+            for org in drainer.orgs:
+                try:
+                    self.reconciler.drain(org)
+                except BatonError as exc:
+                    log.warning("final reconcile of %r failed: %s", org, exc)
+        if self._owns_client:
+            self.client.close()
+
+    def _unknown(
+        self, caller: Caller, lease_id: str, decide: Callable[[Holding | None, int], Decision]
+    ) -> Decision:
+        """A lease id Redis does not know (never seen, or a generation pruned after the
+        retention): the ledger's history decides which error it is. Only a read-only
+        outcome (``no_change``) can come back; anything else is not found."""
+        self.sync_ledger(caller.org)
+        with self.store._read() as (s, now):
+            row = self.store._row_by_id(s, caller.org, lease_id)
+            held = row_to_holding(row) if row is not None else None
+        d = decide(held, now)
+        if d.noop:
+            return d
+        raise NotFoundError(f"lease {lease_id} not found")

@@ -1,0 +1,125 @@
+"""Request plumbing shared by the route modules of :mod:`prefect_baton.rest.app`: the
+:class:`~prefect_baton.Baton` of the request's caller (``B``), the ``Idempotency-Key``
+header (``IdemKey``, ``NoKey``), the lease a proof or fence presents, and the success
+envelope of a reply."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Depends, Header, Request
+from pydantic import BaseModel
+from starlette.responses import JSONResponse
+
+from .. import _core
+from .._authority import Caller
+from .._client import Baton
+from ..errors import NotFoundError, ValidationError
+from ..models import Lease
+from . import _schemas as s
+from ._http import ok
+
+IdemKey = Annotated[str | None, Header(alias="Idempotency-Key")]
+
+
+def _strip(value: Any) -> Any:
+    """``value`` without the ``replayed`` flags of models (``meta.replayed`` carries it)."""
+    if isinstance(value, dict):
+        return {k: _strip(v) for k, v in value.items() if k != "replayed"}
+    if isinstance(value, list):
+        return [_strip(v) for v in value]
+    return value
+
+
+def _utf8(key: str | None) -> str | None:
+    """The ``Idempotency-Key`` header as sent: its bytes read as UTF-8 (Starlette hands
+    header values over as Latin-1), so keys outside ASCII work as in Python.
+
+    Raises:
+        ValidationError: the bytes are not UTF-8 (read as Latin-1 instead, two different
+            keys could become one).
+    """
+    if key is None:
+        return None
+    try:
+        return key.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        raise ValidationError("Idempotency-Key must be UTF-8 text") from None
+
+
+def _no_idempotency_key(key: IdemKey = None) -> None:
+    """Refuse ``Idempotency-Key`` on routes whose operation keeps no receipt (yet)."""
+    if key is not None:
+        raise ValidationError("Idempotency-Key is not supported on this route")
+
+
+NoKey = [Depends(_no_idempotency_key)]
+
+#: The execution key of a lease proof: an id (1 to 256 characters, no control characters),
+#: as every execution key the Python API accepts; a malformed one is 400, not LEASE_LOST.
+ExecutionKey = s.Id
+#: A fencing token presented with ``fence_lease_id``: 0 to 2**53 - 1, as a version is (and
+#: as the MCP tools' ``epoch``); out of range is 400, not STALE_FENCE.
+Epoch = s.Version
+
+
+def _proof_lease(b: Baton, lease_id: str, body: BaseModel) -> Lease:
+    """The caller's lease ``lease_id`` with the execution key of the presented proof."""
+    lease = b.leases.get(lease_id)
+    if "execution_key" in body.model_fields_set:
+        lease = lease.model_copy(update={"execution_key": getattr(body, "execution_key", None)})
+    return lease
+
+
+def _fence(b: Baton, lease_id: str | None, epoch: int | None) -> Lease | None:
+    """The lease presented as a fence: the caller's lease ``lease_id`` at ``epoch``.
+
+    Raises:
+        StaleFenceError: the lease is unknown, another principal's or another org's (as
+            the Python API refuses such a fence).
+    """
+    if lease_id is None:
+        return None
+    try:
+        lease = b.leases.get(lease_id)
+    except NotFoundError:
+        lease = None
+    if lease is None or lease.owner != b.principal:
+        _core.check_fence(None, lease_id=lease_id, epoch=epoch or 0, now_ms=0)
+    assert lease is not None
+    if epoch is not None and epoch != lease.epoch:
+        lease = lease.model_copy(update={"epoch": epoch})
+    return lease
+
+
+def _dump(obj: Any) -> Any:
+    if isinstance(obj, BaseModel):
+        return _strip(obj.model_dump(mode="json"))
+    if isinstance(obj, list):
+        return [_dump(o) for o in obj]
+    return obj
+
+
+def _rid(request: Request) -> str:
+    return str(request.state.request_id)
+
+
+def _reply(request: Request, obj: Any, *, status: int = 200, key: str = "") -> JSONResponse:
+    data = {key: _dump(obj)} if key else _dump(obj)
+    return ok(data, _rid(request), replayed=bool(getattr(obj, "replayed", False)), status=status)
+
+
+def _baton(request: Request) -> Baton:
+    caller: Caller = request.state.caller
+    state = request.app.state
+    return Baton(
+        org=caller.org,
+        principal=caller.principal,
+        role=caller.role,
+        settings=state.settings,
+        store=state.store,
+        lease_authority=state.authority,
+    )
+
+
+B = Annotated[Baton, Depends(_baton)]

@@ -1,0 +1,201 @@
+"""The lease routes of the REST API (``/v1/leases...``) and their request bodies,
+registered on the app by :func:`add_routes`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import FastAPI, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import Response
+
+from ..errors import NotFoundError
+from . import _schemas as s
+from ._deps import B, ExecutionKey, IdemKey, NoKey, _dump, _proof_lease, _reply, _rid, _utf8
+from ._http import ok
+
+
+class _ProofIn(BaseModel):
+    """The execution key of a lease proof. Absent: the lease's own (the seed service's
+    behaviour); present (``null`` included): exactly the key the Python client presents."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    execution_key: ExecutionKey | None = None
+
+
+class RenewProofIn(s.RenewIn):
+    """``POST /v1/leases/{id}/renew``, optionally with the proof's ``execution_key``."""
+
+    execution_key: ExecutionKey | None = None
+
+
+class TransferProofIn(s.TransferIn):
+    """``POST /v1/leases/{id}/transfer``, optionally with the proof's ``execution_key``."""
+
+    execution_key: ExecutionKey | None = None
+
+
+class ReleaseIn(_ProofIn):
+    """``POST /v1/leases/{id}/release``: release by proof (``no_change`` on a repeat)."""
+
+    expected_version: s.Version | None = None
+
+
+class BatchItemIn(BaseModel):
+    """One resource of ``POST /v1/leases/batch``; unset fields take the call's defaults."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    resource_type: s.Id
+    resource_id: s.Id
+    ttl_seconds: s.Ttl | None = None
+    purpose: s.Text | None = None
+    scopes: s.Scopes | None = None
+    expected_version: s.Version | None = None
+
+
+class BatchIn(BaseModel):
+    """``POST /v1/leases/batch``: acquire every resource or none (1..1,000)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    resources: Annotated[list[BatchItemIn], Field(min_length=1, max_length=1000)]
+    ttl_seconds: s.Ttl
+    purpose: s.Text | None = None
+    scopes: s.Scopes = []
+
+
+def add_routes(app: FastAPI) -> None:
+    """Register the lease routes on ``app`` (called once by
+    :func:`~prefect_baton.rest.app.create_app`)."""
+
+    @app.post("/v1/leases", status_code=201, tags=["leases"])
+    def acquire(request: Request, body: s.AcquireIn, b: B, key: IdemKey = None) -> Response:
+        """Acquire a lease; 409 CONFLICT (expiry only) while another holds it."""
+        lease = b.leases.acquire(
+            body.resource_type,
+            body.resource_id,
+            ttl_seconds=body.ttl_seconds,
+            purpose=body.purpose,
+            scopes=body.scopes,
+            expected_version=body.expected_version,
+            idempotency_key=_utf8(key),
+        )
+        return _reply(request, lease, status=201)
+
+    @app.get("/v1/leases", tags=["leases"])
+    def list_leases(
+        request: Request,
+        b: B,
+        resource_type: str | None = None,
+        owner: str | None = None,
+        include_ended: bool = False,
+        limit: Annotated[int, Query()] = 100,
+    ) -> Response:
+        """Your effective leases (``owner`` needs owner/admin), newest first."""
+        leases = b.leases.list(
+            resource_type=resource_type, owner=owner, include_ended=include_ended, limit=limit
+        )
+        return _reply(request, leases, key="leases")
+
+    @app.get("/v1/leases/inspect", tags=["leases"])
+    def inspect(request: Request, b: B, resource_type: str, resource_id: str) -> Response:
+        """Whether a resource is held, until when; holder details only for the holder."""
+        return _reply(request, b.leases.inspect(resource_type, resource_id))
+
+    @app.delete("/v1/leases/{lease_id}", tags=["leases"])
+    def release(request: Request, lease_id: str, b: B, key: IdemKey = None) -> Response:
+        """Release by id as its holder; 404 when released, unknown or not yours."""
+        receipt = b.leases.release_by_id(lease_id, idempotency_key=_utf8(key))
+        if receipt.status == "no_change":
+            raise NotFoundError("no active lease with that id")
+        data = {
+            "lease_id": receipt.lease.lease_id,
+            "released_at": _dump(receipt.lease).get("released_at"),
+            "status": receipt.status,
+            "lease": _dump(receipt.lease),
+        }
+        return ok(data, _rid(request), replayed=receipt.replayed)
+
+    @app.post("/v1/leases/{lease_id}/renew", tags=["leases"])
+    def renew(
+        request: Request,
+        lease_id: str,
+        b: B,
+        body: RenewProofIn | None = None,
+        key: IdemKey = None,
+    ) -> Response:
+        """Extend a lease you hold; 409 LEASE_LOST once it has ended or expired."""
+        body = body or RenewProofIn()
+        lease = _proof_lease(b, lease_id, body)
+        renewed = b.leases.renew(
+            lease,
+            ttl_seconds=body.ttl_seconds,
+            expected_version=body.expected_version,
+            idempotency_key=_utf8(key),
+        )
+        return _reply(request, renewed)
+
+    @app.post("/v1/leases/{lease_id}/transfer", tags=["leases"])
+    def transfer(
+        request: Request, lease_id: str, body: TransferProofIn, b: B, key: IdemKey = None
+    ) -> Response:
+        """Hand a lease you hold to another principal; returns the receiver's lease."""
+        lease = _proof_lease(b, lease_id, body)
+        moved = b.leases.transfer(
+            lease,
+            to_principal=body.to_principal,
+            new_execution_key=body.new_execution_key,
+            ttl_seconds=body.ttl_seconds,
+            expected_version=body.expected_version,
+            idempotency_key=_utf8(key),
+        )
+        return _reply(request, moved)
+
+    @app.post("/v1/leases/{lease_id}/release", tags=["leases"])
+    def release_by_proof(
+        request: Request, lease_id: str, b: B, body: ReleaseIn | None = None, key: IdemKey = None
+    ) -> Response:
+        """Release a lease you hold by proof (id, you, execution key): ``released``,
+        ``expired`` (it had run out) or ``no_change`` (already released by this proof);
+        409 LEASE_LOST once another holder has it."""
+        body = body or ReleaseIn()
+        receipt = b.leases.release(
+            _proof_lease(b, lease_id, body),
+            expected_version=body.expected_version,
+            idempotency_key=_utf8(key),
+        )
+        return _reply(request, receipt)
+
+    @app.post("/v1/leases/batch", status_code=201, tags=["leases"])
+    def acquire_many(request: Request, body: BatchIn, b: B, key: IdemKey = None) -> Response:
+        """Acquire several resources all-or-nothing; the first refusal's error otherwise
+        (nothing acquired). ``data.replayed`` flags each lease that came back replayed."""
+        items = [item.model_dump(exclude_none=True) for item in body.resources]
+        leases = b.leases.acquire_many(
+            items,
+            ttl_seconds=body.ttl_seconds,
+            purpose=body.purpose,
+            scopes=body.scopes,
+            idempotency_key=_utf8(key),
+        )
+        data = {"leases": _dump(leases), "replayed": [lease.replayed for lease in leases]}
+        replayed = bool(leases) and all(lease.replayed for lease in leases)
+        return ok(data, _rid(request), replayed=replayed, status=201)
+
+    @app.post("/v1/leases/report-expired", tags=["leases"], dependencies=NoKey)
+    def report_expired(request: Request, b: B, limit: int = 1000) -> Response:
+        """Record ``lease.expired`` once per lapsed lease of the org; the leases reported."""
+        return _reply(request, b.leases.report_expired(limit=limit), key="leases")
+
+    @app.get("/v1/leases/{lease_id}", tags=["leases"])
+    def get_lease(request: Request, lease_id: str, b: B) -> Response:
+        """A lease generation by id (yours; any of the org's for owner/admin)."""
+        return _reply(request, b.leases.get(lease_id))
+
+    @app.post("/v1/leases/{lease_id}/force-release", tags=["leases"])
+    def force_release(request: Request, lease_id: str, b: B, key: IdemKey = None) -> Response:
+        """Release anyone's lease of the org (owner/admin); 403 for an agent."""
+        receipt = b.leases.force_release(lease_id, idempotency_key=_utf8(key))
+        return _reply(request, receipt)

@@ -1,0 +1,156 @@
+"""The record routes of the REST API: handoffs, checkpoints, outcomes and events
+(with their request bodies), registered on the app by :func:`add_routes`."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from starlette.responses import Response
+
+from .._client import Baton
+from ..errors import NotFoundError
+from ..models import Lease
+from . import _schemas as s
+from ._deps import B, Epoch, ExecutionKey, IdemKey, _fence, _reply, _utf8
+
+
+class HandoffProofIn(s.HandoffIn):
+    """``POST /v1/handoffs``; ``lease_execution_key`` is the execution key presented with
+    ``lease_id`` (absent: the lease's own)."""
+
+    lease_execution_key: ExecutionKey | None = None
+
+
+class FencedCheckpointIn(s.CheckpointIn):
+    """``PUT /v1/checkpoints``; ``fence_epoch`` is the epoch the writer presents with
+    ``fence_lease_id`` (default: that lease's own)."""
+
+    fence_epoch: Epoch | None = None
+
+
+class FencedOutcomeIn(s.OutcomeIn):
+    """``POST /v1/outcomes``; ``fence_epoch`` as for checkpoints."""
+
+    fence_epoch: Epoch | None = None
+
+
+def add_routes(app: FastAPI) -> None:
+    """Register the handoff, checkpoint, outcome and event routes on ``app`` (called once by
+    :func:`~prefect_baton.rest.app.create_app`)."""
+
+    def held(b: Baton, lease_id: str | None) -> Lease | None:
+        return None if lease_id is None else b.leases.get(lease_id)
+
+    @app.post("/v1/handoffs", status_code=201, tags=["handoffs"])
+    def create_handoff(
+        request: Request, body: HandoffProofIn, b: B, key: IdemKey = None
+    ) -> Response:
+        """Create a pending handoff addressed to ``to_principal``."""
+        lease = held(b, body.lease_id)
+        if lease is not None and "lease_execution_key" in body.model_fields_set:
+            lease = lease.model_copy(update={"execution_key": body.lease_execution_key})
+        handoff = b.handoffs.create(
+            body.to_principal,
+            body.subject_id,
+            checkpoint_id=body.checkpoint_id,
+            context_id=body.context_id,
+            message=body.message,
+            lease=lease,
+            idempotency_key=_utf8(key),
+            expires_in_seconds=body.expires_in_seconds,
+        )
+        return _reply(request, handoff, status=201)
+
+    @app.get("/v1/handoffs", tags=["handoffs"])
+    def inbox(request: Request, b: B, limit: int = 100) -> Response:
+        """Pending handoffs addressed to the caller."""
+        return _reply(request, b.handoffs.inbox(limit=limit), key="handoffs")
+
+    @app.get("/v1/handoffs/{handoff_id}", tags=["handoffs"])
+    def show_handoff(request: Request, handoff_id: str, b: B) -> Response:
+        """A handoff you sent or received."""
+        return _reply(request, b.handoffs.get(handoff_id))
+
+    @app.post("/v1/handoffs/{handoff_id}/resolve", tags=["handoffs"])
+    def resolve(
+        request: Request, handoff_id: str, body: s.ResolveIn, b: B, key: IdemKey = None
+    ) -> Response:
+        """Accept or reject a pending handoff addressed to you; a second resolve is 404."""
+        handoff = b.handoffs.resolve(
+            handoff_id,
+            body.status,
+            body.note,
+            execution_key=body.execution_key,
+            ttl_seconds=body.ttl_seconds,
+            idempotency_key=_utf8(key),
+        )
+        return _reply(request, handoff)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    @app.put("/v1/checkpoints", tags=["checkpoints"])
+    def save(request: Request, body: FencedCheckpointIn, b: B, key: IdemKey = None) -> Response:
+        """Write your checkpoint of ``(subject_id, kind)``; version +1 per write."""
+        ck = b.checkpoints.save(
+            body.subject_id,
+            body.kind,
+            body.state,
+            expected_version=body.expected_version,
+            fence=_fence(b, body.fence_lease_id, body.fence_epoch),
+            idempotency_key=_utf8(key),
+            ttl_seconds=body.ttl_seconds,
+        )
+        return _reply(request, ck)
+
+    @app.get("/v1/checkpoints", tags=["checkpoints"])
+    def get_checkpoint(
+        request: Request, b: B, subject_id: str, kind: str, principal: str | None = None
+    ) -> Response:
+        """The current checkpoint of ``(subject_id, principal or you, kind)``; 404 if none."""
+        ck = b.checkpoints.get(subject_id, kind, principal)
+        if ck is None:
+            raise NotFoundError("no checkpoint for that subject and kind")
+        return _reply(request, ck)
+
+    @app.get("/v1/checkpoints/history", tags=["checkpoints"])
+    def history(
+        request: Request, b: B, subject_id: str, kind: str, principal: str | None = None
+    ) -> Response:
+        """Every version of a checkpoint, oldest first."""
+        versions = b.checkpoints.history(subject_id, kind, principal)
+        return _reply(request, versions, key="checkpoints")
+
+    @app.get("/v1/checkpoints/{checkpoint_id}", tags=["checkpoints"])
+    def get_checkpoint_by_id(request: Request, checkpoint_id: str, b: B) -> Response:
+        """A checkpoint of the org by id (e.g. the one attached to a handoff)."""
+        return _reply(request, b.checkpoints.get_by_id(checkpoint_id))
+
+    # ------------------------------------------------------------------ outcomes, events
+
+    @app.post("/v1/outcomes", status_code=201, tags=["outcomes"])
+    def record(request: Request, body: FencedOutcomeIn, b: B, key: IdemKey = None) -> Response:
+        """Record ``succeeded``, ``failed`` or ``cancelled`` for a subject."""
+        outcome = b.outcomes.record(
+            body.subject_id,
+            body.status,
+            evidence=[e.model_dump() for e in body.evidence],
+            fence=_fence(b, body.fence_lease_id, body.fence_epoch),
+            lease_id=body.lease_id,
+            handoff_id=body.handoff_id,
+            checkpoint_id=body.checkpoint_id,
+            idempotency_key=_utf8(key),
+        )
+        return _reply(request, outcome, status=201)
+
+    @app.get("/v1/outcomes", tags=["outcomes"])
+    def outcomes(
+        request: Request, b: B, subject_id: str | None = None, limit: int = 1000
+    ) -> Response:
+        """Outcomes of the org, of one subject when given."""
+        return _reply(request, b.outcomes.list(subject_id, limit=limit), key="outcomes")
+
+    @app.get("/v1/events", tags=["events"])
+    def events(
+        request: Request, b: B, after: int = 0, limit: int = 100, kind: str | None = None
+    ) -> Response:
+        """Events with ``seq > after`` in commit order."""
+        return _reply(request, b.events.list(after, limit, kind), key="events")

@@ -16,6 +16,7 @@ from .models import Checkpoint, Event, Evidence, Handoff, Lease, Outcome
 
 if TYPE_CHECKING:
     from ._client import Baton
+    from ._remote import RemoteBackend
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -174,14 +175,19 @@ class _API:
         fields: Mapping[str, object],
         model: type[M],
         run: Callable[[], M],
+        remote_run: Callable[[RemoteBackend, str], M],
     ) -> M:
         """``run()`` under the idempotency receipt of ``key`` in the ledger (see
         :func:`prefect_baton._ledger.receipts.run_once`); plain ``run()`` without a key.
         The operation itself goes through the authority as without a key (with Redis, the
         ledger barrier/drain rules of the operation are unchanged); the receipt
-        transactions touch only the receipts table."""
+        transactions touch only the receipts table. On a remote client a keyed call is
+        ``remote_run(backend, key)``: the REST server keeps the receipt."""
         if key is None:
             return run()
+        remote = self._b._remote
+        if remote is not None:
+            return remote_run(remote, key)
         from ._ledger.receipts import run_once
 
         return run_once(self._b.store, self._caller, operation, key, scope, fields, model, run)

@@ -160,11 +160,6 @@ class LeaseAPI(_API):
         ev = _core.validate_version("expected_version", expected_version)
         idem = _core.validate_optional_id("idempotency_key", idempotency_key)
         proof = self._proof(lease_)
-        remote = self._b._remote
-        if remote is not None and idem is not None:
-            return remote.renew(
-                self._caller, proof, ttl_ms=ttl_ms, expected_version=ev, idempotency_key=idem
-            )
         fields = {
             "lease_id": proof.lease_id,
             "execution_key": proof.execution_key,
@@ -178,6 +173,9 @@ class LeaseAPI(_API):
             fields,
             Lease,
             lambda: self._authority.renew(self._caller, proof, ttl_ms=ttl_ms, expected_version=ev),
+            remote_run=lambda r, k: r.renew(
+                self._caller, proof, ttl_ms=ttl_ms, expected_version=ev, idempotency_key=k
+            ),
         )
 
     def transfer(
@@ -207,17 +205,6 @@ class LeaseAPI(_API):
         idem = _core.validate_optional_id("idempotency_key", idempotency_key)
         lease_ = _lease_of(lease)
         proof = self._proof(lease_)
-        remote = self._b._remote
-        if remote is not None and idem is not None:
-            return remote.transfer(
-                self._caller,
-                proof,
-                to_principal=to,
-                new_execution_key=key,
-                ttl_ms=ttl_ms,
-                expected_version=ev,
-                idempotency_key=idem,
-            )
         fields = {
             "lease_id": proof.lease_id,
             "execution_key": proof.execution_key,
@@ -239,6 +226,15 @@ class LeaseAPI(_API):
                 new_execution_key=key,
                 ttl_ms=ttl_ms,
                 expected_version=ev,
+            ),
+            remote_run=lambda r, k: r.transfer(
+                self._caller,
+                proof,
+                to_principal=to,
+                new_execution_key=key,
+                ttl_ms=ttl_ms,
+                expected_version=ev,
+                idempotency_key=k,
             ),
         )
 
@@ -269,9 +265,6 @@ class LeaseAPI(_API):
         idem = _core.validate_optional_id("idempotency_key", idempotency_key)
         lease_ = _lease_of(lease)
         proof = self._proof(lease_)
-        remote = self._b._remote
-        if remote is not None and idem is not None:
-            return remote.release(self._caller, proof, expected_version=ev, idempotency_key=idem)
         fields = {
             "lease_id": proof.lease_id,
             "execution_key": proof.execution_key,
@@ -284,6 +277,9 @@ class LeaseAPI(_API):
             fields,
             Receipt,
             lambda: self._authority.release(self._caller, proof, expected_version=ev),
+            remote_run=lambda r, k: r.release(
+                self._caller, proof, expected_version=ev, idempotency_key=k
+            ),
         )
 
     def release_by_id(self, lease_id: str, *, idempotency_key: str | None = None) -> Receipt:
@@ -301,9 +297,6 @@ class LeaseAPI(_API):
         """
         lid = _core.validate_id("lease_id", lease_id)
         idem = _core.validate_optional_id("idempotency_key", idempotency_key)
-        remote = self._b._remote
-        if remote is not None and idem is not None:
-            return remote.release_by_id(self._caller, lid, idempotency_key=idem)
         return self._once(
             "release_by_id",
             idem,
@@ -311,6 +304,7 @@ class LeaseAPI(_API):
             {"lease_id": lid},
             Receipt,
             lambda: self._authority.release_by_id(self._caller, lid),
+            remote_run=lambda r, k: r.release_by_id(self._caller, lid, idempotency_key=k),
         )
 
     def force_release(self, lease_id: str, *, idempotency_key: str | None = None) -> Receipt:
@@ -328,9 +322,6 @@ class LeaseAPI(_API):
         """
         lid = _core.validate_id("lease_id", lease_id)
         idem = _core.validate_optional_id("idempotency_key", idempotency_key)
-        remote = self._b._remote
-        if remote is not None and idem is not None:
-            return remote.force_release(self._caller, lid, idempotency_key=idem)
         return self._once(
             "force_release",
             idem,
@@ -338,6 +329,7 @@ class LeaseAPI(_API):
             {"lease_id": lid},
             Receipt,
             lambda: self._authority.force_release(self._caller, lid),
+            remote_run=lambda r, k: r.force_release(self._caller, lid, idempotency_key=k),
         )
 
     def inspect(self, resource_type: str, resource_id: str) -> LeaseInfo:

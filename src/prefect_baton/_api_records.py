@@ -224,17 +224,6 @@ class HandoffAPI(_API):
         key = _core.validate_optional_id("execution_key", execution_key)
         ttl_ms = _core.validate_ttl(ttl_seconds) if ttl_seconds is not None else None
         idem = _core.validate_optional_id("idempotency_key", idempotency_key)
-        remote = self._b._remote
-        if remote is not None and idem is not None:
-            return remote.handoff_resolve(
-                self._caller,
-                hid,
-                status,
-                note=note_,
-                execution_key=key,
-                ttl_ms=ttl_ms,
-                idempotency_key=idem,
-            )
 
         def run() -> Handoff:
             redis_ = self._b._redis
@@ -255,7 +244,23 @@ class HandoffAPI(_API):
             "execution_key": key,
             "ttl_seconds": ttl_seconds,
         }
-        return self._once("resolve", idem, f"handoff:{hid}", fields, Handoff, run)
+        return self._once(
+            "resolve",
+            idem,
+            f"handoff:{hid}",
+            fields,
+            Handoff,
+            run,
+            remote_run=lambda r, k: r.handoff_resolve(
+                self._caller,
+                hid,
+                status,
+                note=note_,
+                execution_key=key,
+                ttl_ms=ttl_ms,
+                idempotency_key=k,
+            ),
+        )
 
 
 class OutcomeAPI(_API):

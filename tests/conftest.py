@@ -6,8 +6,9 @@ database without seeing each other's rows. With ``BATON_REQUIRE_SERVICES=1`` (as
 missing server fails the test instead of skipping it.
 
 Redis arms (the lease authority on Redis, the SQLite ledger behind it): ``fakeredis``
-(fakeredis with Lua, ``ack="ledger"``) and ``redis`` (the server on 127.0.0.1:6379,
-``BATON_TEST_REDIS_URL``, ``ack="redis"`` with the drain thread); each test's own
+(fakeredis with Lua, ``ack="ledger"``, operations run as scripts with ``EVALSHA``) and
+``redis`` (the server on 127.0.0.1:6379, ``BATON_TEST_REDIS_URL``, ``ack="redis"`` with the
+drain thread, operations run through the function library with ``FCALL``); each test's own
 organization is its own Redis hash tag, so tests share the server without seeing each other.
 
 REST arm ``rest``: the REST API served by uvicorn (real HTTP) on a free 127.0.0.1 port in a
@@ -100,7 +101,7 @@ def redis_authority(arm: str, store: LedgerStore) -> Any:
         import fakeredis
 
         client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
-        return RedisAuthority(client, store, ack="ledger", owns_client=True)
+        return RedisAuthority(client, store, ack="ledger", owns_client=True, functions=False)
     require_service("Redis", "127.0.0.1", 6379)
     return RedisAuthority(connect(REDIS_URL), store, ack="redis", owns_client=True)
 

@@ -96,6 +96,10 @@ class RedisAuthority(AuthorityBase):
             (the client then spends no CPU on ledger writes).
         batch_size: journal entries per ledger transaction (default 2,000).
         owns_client: close ``client`` in :meth:`close`.
+        functions: run the operations through the Redis function library where the server
+            has functions (Redis 7+; default ``True``; see
+            :mod:`prefect_baton._redis.scripts`); ``False`` always runs them as scripts
+            (``EVALSHA``). A cluster client always runs scripts.
 
     Raises:
         ValidationError: an unknown ``ack`` or ``post_loss`` value.

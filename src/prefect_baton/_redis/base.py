@@ -62,6 +62,7 @@ class AuthorityBase:
         reconcile_in_client: bool = True,
         batch_size: int = DEFAULT_BATCH,
         owns_client: bool = False,
+        functions: bool = True,
     ) -> None:
         if ack not in ACK_MODES:
             raise ValidationError(f"ack must be 'redis' or 'ledger', got {ack!r}")
@@ -79,7 +80,7 @@ class AuthorityBase:
         self.receipt_ttl_ms = store.receipt_retention_ms
         self._receipt_ttl = str(self.receipt_ttl_ms)
         self.old_retention_ms = max(store.receipt_retention_ms, 3_600_000)
-        self.scripts = Scripts(client)
+        self.scripts = Scripts(client, functions=functions)
         # The direct EVALSHA path (see _evalsha) applies to a plain redis.Redis client only.
         self._pool = direct_pool(client)
         self.reconciler = Reconciler(client, store, batch_size=batch_size)

@@ -3,7 +3,8 @@
 :func:`connect` makes the client (no automatic retries, so a script runs at most once per
 call), :func:`redis_unavailable` maps a Redis error to :class:`UnavailableError` (connection
 errors, timeouts and the busy/failover replies) or a plain :class:`BatonError`,
-:func:`direct_pool` and :func:`evalsha` are the direct ``EVALSHA`` call path, and
+:func:`direct_pool` and :func:`evalsha` are the direct call path (``FCALL`` of the function
+library, or ``EVALSHA``), and
 :func:`as_text` reads a reply field as ``str``.
 """
 
@@ -14,7 +15,7 @@ from typing import Any
 
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import NoPermissionError, NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
@@ -22,7 +23,7 @@ from redis import ConnectionPool, Redis
 
 from ..errors import BatonError, UnavailableError
 from .cluster import RedisClient, connect_cluster, is_cluster_url
-from .scripts import Scripts
+from .scripts import Scripts, library
 
 __all__ = ["as_text", "connect", "direct_pool", "evalsha", "redis_unavailable"]
 
@@ -95,6 +96,40 @@ def direct_pool(client: RedisClient) -> ConnectionPool | None:
     )
 
 
+def _fcall(scripts: Scripts, conn: Any, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    """Call operation ``name`` through the function library on ``conn``; load the library
+    when the server does not have it (first use, restart, ``FUNCTION FLUSH``) and call
+    again. Returns ``_SCRIPTS`` when the server refuses functions (the operation did not
+    run): the caller runs the script instead, as it will from then on."""
+    lib = library()
+    function = lib.functions[name]
+    for attempt in range(2):
+        conn.send_command("FCALL", function, len(keys), *keys, *args)
+        try:
+            reply = conn.read_response()
+        except NoPermissionError:
+            break
+        except ResponseError as exc:
+            text = str(exc)
+            if text.startswith("unknown command"):
+                break
+            if not text.startswith("Function not found") or attempt:
+                raise
+            try:
+                conn.send_command("FUNCTION", "LOAD", "REPLACE", lib.text)
+                conn.read_response()
+            except ResponseError:
+                break
+            continue
+        scripts.functions = True
+        return reply
+    scripts.functions = False
+    return _SCRIPTS
+
+
+_SCRIPTS = object()
+
+
 def evalsha(
     scripts: Scripts,
     pool: ConnectionPool | None,
@@ -102,16 +137,21 @@ def evalsha(
     keys: Sequence[str],
     args: Sequence[Any],
 ) -> list[Any]:
-    """Run script ``name`` once: ``EVALSHA`` on a pooled connection of a plain
-    ``redis.Redis`` client (redis-py's own steps for one command, without its per-command
-    bookkeeping), through the registered script otherwise. On ``NOSCRIPT`` the script
-    did not run; the registered script loads it and runs it."""
+    """Run operation ``name`` once on a pooled connection of a plain ``redis.Redis`` client
+    (redis-py's own steps for one command, without its per-command bookkeeping): ``FCALL``
+    of the function library where the server has functions, ``EVALSHA`` otherwise (on
+    ``NOSCRIPT`` the script did not run; the registered script loads it and runs it).
+    Through the registered script when ``pool`` is ``None`` (a cluster client)."""
     script = scripts[name]
     if pool is None:
         reply: list[Any] = script(keys=keys, args=args)
         return reply
     conn: Any = pool.get_connection()
     try:
+        if scripts.functions is not False:
+            reply = _fcall(scripts, conn, name, keys, args)
+            if reply is not _SCRIPTS:
+                return reply
         conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
         reply = conn.read_response()
     except NoScriptError:

@@ -73,17 +73,17 @@ local function apply_acquire(it, plan, principal, key, now, mk, w)
   elseif head then
     retire(head, now, plan.raw)
   end
-  if head then prune_old(now, mk.ret) end
+  if head then prune_old(now, mk) end
   local new_s = enc(new)
   local h, l, o = w.h, w.l, w.o
   h[#h + 1] = it.rd; h[#h + 1] = new_s
   l[#l + 1] = new.id; l[#l + 1] = it.rd
-  o[#o + 1] = 0; o[#o + 1] = own_member(new)
+  o[#o + 1] = '0'; o[#o + 1] = own_member(new)
   if new.sid then S().idx_add(new.sid, it.meta, it.pf, new.x, principal) end
   local rc_d, rc_ex = nil, nil
   if key and it.rk then
     redis.call('SET', it.rk, '{"d":"' .. it.digest .. '","id":"' .. new.id .. '","e":"'
-      .. I(new.e) .. '"}', 'PX', it.rttl)
+      .. I(new.e) .. '"}', 'PX', it.rttl_s)
     rc_d, rc_ex = it.digest, I(now + it.rttl)
   end
   return item(plan.action, new_s, ended_s, rc_d, rc_ex), new_s
@@ -110,6 +110,7 @@ local function read_item(b, ki)
     it.pf, it.tk = m.pf, m.t
   end
   if ki then it.rk = KEYS[ki] end
-  it.rttl = tonumber(ARGV[b + 10])
+  it.rttl_s = ARGV[b + 10]
+  it.rttl = tonumber(it.rttl_s)
   return it
 end

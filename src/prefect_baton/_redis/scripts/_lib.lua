@@ -1,5 +1,8 @@
 -- _lib.lua: helpers shared by every prefect-baton script. Python prepends this file to each
--- operation script before registering it, so each registered script is self-contained.
+-- operation script before registering it, so each registered script is self-contained; the
+-- function library (FUNCTION LOAD) holds it once, with each operation as a function (see
+-- scripts.py). Top-level statements here must not call library functions: Redis runs them
+-- when it loads the library, where only redis.register_function is available.
 --
 -- Every operation script receives the same ten per-org keys first (all share the org's hash
 -- tag, so the scripts run unchanged on Redis Cluster):
@@ -44,7 +47,7 @@ local _ints = {}
 local function I(n)
   local t = _ints[n]
   if not t then
-    t = string.format('%.0f', n)
+    t = string.format('%d', n)
     _ints[n] = t
   end
   return t
@@ -60,16 +63,23 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local function marker()
+-- The incarnation marker, or nil when Redis lost the org's state. Operations that grant
+-- (full = true) read its numbers too; the others only its id.
+local function marker(full)
+  if not full then
+    local id = redis.call('HGET', KEYS[1], 'id')
+    if not id then return nil end
+    return {id = id}
+  end
   local m = redis.call('HMGET', KEYS[1], 'id', 'floor', 'ceil', 'delay', 'ret')
   if not m[1] then return nil end
   return {id = m[1], floor = tonumber(m[2]), ceil = tonumber(m[3]),
-          delay = tonumber(m[4]) or 0, ret = tonumber(m[5]) or 86400000}
+          delay = tonumber(m[4]) or 0, ret = m[5]}
 end
 
 local F = {'id', 'rt', 'ri', 'rd', 'o', 'k', 'v', 'e', 's', 'a', 'x', 't', 'sc', 'p', 'ea',
            'eb', 'sid'}
-local NO_GEN = string.rep('\0', 16)
+local NO_GEN = '\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0'
 
 -- A generation written as JSON by an earlier version.
 local function dec_json(s)
@@ -81,21 +91,28 @@ local function dec_json(s)
   return g
 end
 
+-- The 17 fields of a generation (Lua 5.1 patterns match NUL as %z).
+local GEN_PAT = '^([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z(.*)$'
+
+-- A numeric field: the number, with its text remembered for I() (formatting is costly).
+local function N(text)
+  local n = tonumber(text)
+  _ints[n] = text
+  return n
+end
+
 local function dec(s)
   if not s then return nil end
   if string.byte(s, 1) == 123 then return dec_json(s) end
-  local g, pos = {}, 1
-  for i = 1, 16 do
-    local z = string.find(s, '\0', pos, true)
-    if z > pos then g[F[i]] = string.sub(s, pos, z - 1) end
-    pos = z + 1
-  end
-  if pos <= #s then g.sid = string.sub(s, pos) end
-  g.v, g.e, g.a, g.x, g.t = tonumber(g.v), tonumber(g.e), tonumber(g.a), tonumber(g.x),
-    tonumber(g.t)
-  if g.ea then g.ea = tonumber(g.ea) end
-  if g.p then g.p = string.sub(g.p, 2) end
-  return g
+  local id, rt, ri, rd, o, k, v, e, st, a, x, t, sc, p, ea, eb, sid = string.match(s, GEN_PAT)
+  if k == '' then k = nil end
+  if sc == '' then sc = nil end
+  if p == '' then p = nil else p = string.sub(p, 2) end
+  if ea == '' then ea = nil else ea = N(ea) end
+  if eb == '' then eb = nil end
+  if sid == '' then sid = nil end
+  return {id = id, rt = rt, ri = ri, rd = rd, o = o, k = k, v = N(v), e = N(e), s = st,
+          a = N(a), x = N(x), t = N(t), sc = sc, p = p, ea = ea, eb = eb, sid = sid}
 end
 
 local function enc(g)
@@ -277,7 +294,7 @@ local function S()
   end
   
   local function idx_add(sid, meta_json, prefixes, expires, owner)
-    for _, p in ipairs(prefixes) do redis.call('ZADD', KEYS[7], 0, p .. '\0' .. sid) end
+    for _, p in ipairs(prefixes) do redis.call('ZADD', KEYS[7], '0', p .. '\0' .. sid) end
     redis.call('HSET', KEYS[8], sid, meta_json)
     redis.call('HSET', KEYS[9], sid, I(expires) .. '\0' .. owner)
   end
@@ -338,8 +355,9 @@ end
 
 -- ------------------------------------------------------------------ writes
 
-local function prune_old(now, ret)
+local function prune_old(now, mk)
   if now % 8 ~= 0 then return end  -- about one call in eight removes up to four
+  local ret = tonumber(mk.ret) or 86400000
   local ids = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', I(now - ret), 'LIMIT', 0, 4)
   for _, id in ipairs(ids) do
     redis.call('HDEL', KEYS[4], id)

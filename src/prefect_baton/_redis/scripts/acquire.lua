@@ -18,7 +18,7 @@
 --   {15, message}                        VALIDATION_ERROR (counters exhausted)
 --   {30}                                 no incarnation marker: Redis lost its data
 --   {31}                                 the incarnation's epoch range is used up
-local mk = marker()
+local mk = marker(true)
 if not mk then return {C_NO_INCARNATION} end
 local now = now_ms()
 local principal, role, key = ARGV[1], ARGV[2], opt(ARGV[3])

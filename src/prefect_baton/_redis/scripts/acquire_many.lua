@@ -12,7 +12,7 @@
 --   {code, i, ...}   request i was refused with acquire.lua's reply {code, ...}; nothing
 --                    was written
 --   {30} / {31}      as acquire.lua
-local mk = marker()
+local mk = marker(true)
 if not mk then return {C_NO_INCARNATION} end
 local now = now_ms()
 local principal, role, key = ARGV[1], ARGV[2], opt(ARGV[3])

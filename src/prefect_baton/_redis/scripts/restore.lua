@@ -15,7 +15,7 @@ for i = 2, #ARGV, 2 do
   redis.call('HSET', KEYS[2], g.rd, ARGV[i])
   redis.call('HSET', KEYS[3], g.id, g.rd)
   if g.s == 'active' then
-    redis.call('ZADD', KEYS[6], 0, own_member(g))
+    redis.call('ZADD', KEYS[6], '0', own_member(g))
     if ARGV[i + 1] ~= '' then
       local m = cjson.decode(ARGV[i + 1])
       S().idx_add(g.sid, ARGV[i + 1], m.pf, g.x, g.o)

@@ -22,7 +22,7 @@
 --   {15, message}                        VALIDATION_ERROR
 --   {20}                                 lease id unknown to Redis
 --   {30} / {31}                          as acquire.lua
-local mk = marker()
+local mk = marker(true)
 if not mk then return {C_NO_INCARNATION} end
 local now = now_ms()
 local principal, id, to, nkey, nid = ARGV[1], ARGV[4], ARGV[5], ARGV[6], ARGV[9]
@@ -85,11 +85,11 @@ new.ea = nil
 new.eb = nil
 local ended_json, new_json = enc(ended), enc(new)
 retire(ended, now, ended_json)
-prune_old(now, mk.ret)
+prune_old(now, mk)
 redis.call('HSET', KEYS[2], g.rd, new_json)
 redis.call('HSET', KEYS[3], nid, g.rd)
 redis.call('ZREM', KEYS[6], own_member(g))
-redis.call('ZADD', KEYS[6], 0, own_member(new))
+redis.call('ZADD', KEYS[6], '0', own_member(new))
 if g.sid then redis.call('HSET', KEYS[9], g.sid, I(new.x) .. '\0' .. to) end
 if hid then redis.call('SET', KEYS[11], 'a:' .. nid, 'PX', tonumber(ARGV[14])) end
 local eid = journal(mk, ARGV[10], ARGV[2], now, {item('transfer', new_json, ended_json)}, hid,

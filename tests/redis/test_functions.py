@@ -1,0 +1,127 @@
+"""The function library (``FUNCTION LOAD`` / ``FCALL``) against a redis-server of the test's
+own: operations run through it where the server has functions, reload it when the server
+lost it, fall back to the scripts (``EVALSHA``) where functions are refused, and clients of
+either kind share one state."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+import redis
+from prefect_baton import Baton
+from prefect_baton._redis.authority import RedisAuthority, connect
+from prefect_baton._redis.scripts import library
+from prefect_baton.errors import ConflictError
+from tests.redis.conftest import RedisServer
+
+
+def _baton(a: RedisAuthority, org: str = "org-fn", principal: str = "agent-a") -> Baton:
+    return Baton(org=org, principal=principal, store=a.store, lease_authority=a)
+
+
+def _libraries(url: str) -> list[str]:
+    r = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        # RESP2: each library is a flat list of alternating names and values.
+        return [dict(zip(e[::2], e[1::2], strict=True))["library_name"] for e in r.function_list()]
+    finally:
+        r.close()
+
+
+def test_operations_run_through_the_library(
+    redis_server: RedisServer, make_authority: Callable[..., RedisAuthority]
+) -> None:
+    auth = make_authority()
+    b = _baton(auth)
+    lease = b.leases.acquire("db", "orders", ttl_seconds=30)
+    assert auth.scripts.functions is True
+    assert _libraries(redis_server.url) == [library().name]
+    with pytest.raises(ConflictError):
+        _baton(auth, principal="agent-b").leases.acquire("db", "orders", ttl_seconds=30)
+    assert b.leases.release(lease).status == "released"
+
+
+def test_a_deleted_library_is_loaded_again(
+    redis_server: RedisServer, make_authority: Callable[..., RedisAuthority]
+) -> None:
+    auth = make_authority()
+    b = _baton(auth)
+    lease = b.leases.acquire("db", "orders", ttl_seconds=30)
+    r = redis.Redis.from_url(redis_server.url)
+    r.function_delete(library().name)
+    r.close()
+    assert _libraries(redis_server.url) == []
+    # The lease state is untouched; the next call finds no function, loads the library
+    # and runs the operation once.
+    renewed = b.leases.renew(lease, ttl_seconds=60)
+    assert renewed.version == lease.version + 1
+    assert _libraries(redis_server.url) == [library().name]
+    assert b.leases.release(renewed).status == "released"
+    auth.reconciler.drain("org-fn")
+    _rows, transitions = auth.store.lease_history("org-fn")
+    assert [t.action for t in transitions] == ["acquire", "renew", "release"]
+
+
+def test_a_restarted_empty_server_gets_the_library_and_a_rebuild(
+    redis_server: RedisServer, make_authority: Callable[..., RedisAuthority]
+) -> None:
+    auth = make_authority(ack="ledger")
+    b = _baton(auth)
+    first = b.leases.acquire("db", "orders", ttl_seconds=30)
+    redis_server.kill()
+    redis_server.start()
+    # Functions and lease state are both gone: the library is loaded again, the missing
+    # incarnation marker makes the authority rebuild from the ledger, and the lease held
+    # before the loss still refuses another principal.
+    with pytest.raises(ConflictError):
+        _baton(auth, principal="agent-b").leases.acquire("db", "orders", ttl_seconds=30)
+    assert _libraries(redis_server.url) == [library().name]
+    assert b.leases.release(first).status == "released"
+
+
+def test_refused_functions_fall_back_to_scripts(
+    redis_server: RedisServer, make_authority: Callable[..., RedisAuthority]
+) -> None:
+    admin = redis.Redis.from_url(redis_server.url)
+    admin.acl_setuser(
+        "nofunctions",
+        enabled=True,
+        passwords=["+secret"],
+        keys=["*"],
+        channels=["*"],
+        commands=["+@all", "-fcall", "-fcall_ro", "-function"],
+    )
+    admin.close()
+    url = f"redis://nofunctions:secret@127.0.0.1:{redis_server.port}/0"
+    auth = RedisAuthority(connect(url), make_authority().store, ack="ledger", owns_client=True)
+    try:
+        b = _baton(auth)
+        lease = b.leases.acquire("db", "orders", ttl_seconds=30)
+        assert auth.scripts.functions is False
+        assert _libraries(redis_server.url) == []
+        assert b.leases.release(lease).status == "released"
+    finally:
+        auth.close()
+
+
+def test_scripts_and_functions_share_one_state(
+    redis_server: RedisServer, make_authority: Callable[..., RedisAuthority]
+) -> None:
+    """A client running scripts (an older version, or functions refused) and one running
+    the library work on the same leases: a rolling upgrade changes nothing."""
+    with_functions = make_authority()
+    with_scripts = make_authority(functions=False)
+    a = _baton(with_functions)
+    lease = a.leases.acquire("db", "orders", ttl_seconds=30)
+    with pytest.raises(ConflictError):
+        _baton(with_scripts, principal="agent-b").leases.acquire("db", "orders", ttl_seconds=30)
+    released = _baton(with_scripts).leases.release(lease)
+    assert released.status == "released"
+    assert with_scripts.scripts.functions is False
+    again = _baton(with_scripts, principal="agent-b").leases.acquire("db", "orders", ttl_seconds=30)
+    assert again.epoch > lease.epoch
+    with_functions.reconciler.drain("org-fn")
+    _rows, transitions = with_functions.store.lease_history("org-fn")
+    assert [t.action for t in transitions] == ["acquire", "release", "acquire"]

@@ -5,10 +5,28 @@
 transitions, the events with ids derived from the entry, the acquire receipts, a handoff's
 acceptance) and writes them in one transaction (:meth:`~LedgerWriter._flush`): lease rows
 as an upsert that only moves towards a newer state, transitions and events as
-insert-or-ignore, receipts as an upsert; each kind is one statement (PostgreSQL:
-``INSERT ... SELECT FROM unnest``) or one ``executemany`` (SQLite). It also keeps the
-authority's own records (the journal cursor) in the receipts table under
-:data:`SYSTEM_PRINCIPAL`. The drain loop that drives it is
+insert-or-ignore, receipts as an upsert, then the journal cursor. A lease acquired and
+released within one batch is one lease row written once (its newest state), with both
+transitions and both events.
+
+Statements and round trips of a batch:
+
+* PostgreSQL: each kind of row is one statement (``INSERT ... SELECT FROM unnest`` of one
+  text-format array per column, ``ORDER BY`` the position so that serial ``seq`` columns
+  follow journal order), and all the statements of a batch (lease rows, transitions,
+  receipts, the ``events:<org>`` lock, events, cursor) go to the server in one pipeline: one
+  round trip. The journal lock and the cursor read are another pipeline of two statements
+  (each statement still takes its own snapshot, so the cursor is read after the lock is
+  held).
+* SQLite: each kind is one prepared statement run by ``executemany``.
+
+The org and the actors (principals with their role) are registered in the batch's
+transaction the first time this writer sees them, and remembered once that transaction has
+committed (:meth:`~LedgerWriter._committed`), as the ledger store registers its callers;
+a principal whose role differs from the remembered one is written again.
+
+The authority's own records (the journal cursor and the incarnation counter) are kept in the
+receipts table under :data:`SYSTEM_PRINCIPAL`. The drain loop that drives this is
 :class:`prefect_baton._redis.reconciler.Reconciler`.
 """
 
@@ -17,8 +35,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import Connection, select, text, update
@@ -26,7 +44,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import col
 
-from .._core import Holding, canonical_json
+from .._core import Holding
 from .._ledger.store import LedgerStore, holding_to_lease, lease_payload, resource_key
 from .._ledger.tables import (
     EventRow,
@@ -47,6 +65,8 @@ SYSTEM_PRINCIPAL = "__baton_authority__"
 """The principal name under which the authority keeps its own records in the ledger's
 receipts table (the journal cursor and the incarnation counter); never a real caller."""
 FOREVER_MS = 2**53 - 1
+JOURNAL_OP = "redis.journal"
+"""The receipts-table operation under which an org's journal cursor is kept."""
 
 _KIND = {
     "acquire": "lease.acquired",
@@ -58,6 +78,12 @@ _KIND = {
     "force_release": "lease.released",
 }
 
+# The same text as prefect_baton._validation.canonical_json (sorted keys, no spaces, UTF-8,
+# no NaN), without building an encoder per call.
+_canonical = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+).encode
+
 
 class LedgerWriter:
     """The ledger side of a drain: row gathering and bulk writes into ``store``
@@ -67,6 +93,9 @@ class LedgerWriter:
         self.store = store
         self._sqlite = store.engines.is_sqlite
         self._insert = sqlite_insert if self._sqlite else pg_insert
+        # (org, principal, role) and orgs registered by a committed batch of this writer
+        self._known_actors: set[tuple[str, str, str]] = set()
+        self._known_orgs: set[str] = set()
 
     def _lock(self, conn: Connection, key: str) -> None:
         if not self._sqlite:
@@ -105,6 +134,27 @@ class LedgerWriter:
                 set_={"response": response, "expires_at_ms": FOREVER_MS},
             )
         )
+
+    def _lock_and_read_cursor(self, conn: Connection, org: str) -> tuple[str, str] | None:
+        """Take the org's journal lock (PostgreSQL: ``journal:<org>`` advisory lock; SQLite:
+        the transaction's ``BEGIN IMMEDIATE``) and read the org's journal cursor
+        ``(incarnation id, last applied entry id)`` (``None``: nothing applied yet).
+        PostgreSQL: one round trip (a pipeline of the lock and the read)."""
+        args = (org, SYSTEM_PRINCIPAL, JOURNAL_OP)
+        if self._sqlite:
+            raw = conn.exec_driver_sql(_CURSOR_SQL.replace("%s", "?"), args).scalar()
+        else:
+            pg = conn.connection.driver_connection
+            assert pg is not None
+            with pg.pipeline(), pg.cursor() as lock, pg.cursor() as cur:
+                lock.execute(_LOCK_SQL, (f"journal:{org}",))
+                cur.execute(_CURSOR_SQL, args)
+                row = cur.fetchone()
+            raw = None if row is None else row[0]
+        if raw is None:
+            return None
+        value = json.loads(raw)
+        return str(value["inc"]), str(value["id"])
 
     def _expiry_reported(self, conn: Connection, h: Holding) -> bool:
         """Whether ``report_expired`` already recorded ``lease.expired`` for this generation."""
@@ -153,121 +203,127 @@ class LedgerWriter:
             if rc and new.execution_key is not None:
                 batch.receipts[
                     (actor, new.execution_key, resource_key(new.resource_type, new.resource_id))
-                ] = {
-                    "request_digest": str(rc["d"]),
-                    "response": json.dumps(holding_to_lease(new).model_dump(mode="json")),
-                    "created_at_ms": at,
-                    "expires_at_ms": int(rc["ex"]),
-                }
+                ] = (
+                    str(rc["d"]),
+                    json.dumps(holding_to_lease(new).model_dump(mode="json")),
+                    at,
+                    int(rc["ex"]),
+                )
             last = new
         ho = p.get("ho")
         if ho and last is not None:
             events += self._accept_handoff(conn, org, ho, last, at)
+        inc = str(p["i"])
+        append = batch.events.append
         for n, (kind, subject, payload) in enumerate(events):
-            batch.events.append(
-                {
-                    "event_id": "evt_" + _event_digest(str(p["i"]), eid, n),
-                    "org_id": org,
-                    "kind": kind,
-                    "principal": actor,
-                    "subject": subject,
-                    "payload": canonical_json(payload),
-                    "occurred_at_ms": at,
-                }
+            append(
+                (
+                    "evt_" + _event_digest(inc, eid, n),
+                    org,
+                    kind,
+                    actor,
+                    subject,
+                    _canonical(payload),
+                    at,
+                )
             )
 
-    def _flush(self, conn: Connection, org: str, batch: Batch) -> None:
-        """Write a batch: principals, lease rows (update towards the newer state, then
-        insert-or-ignore), transitions and events (insert-or-ignore, in journal order),
-        receipts (upsert). Each kind is one executemany."""
+    def _flush(self, conn: Connection, org: str, batch: Batch, cursor: tuple[str, str]) -> None:
+        """Write a batch and move the org's journal cursor to ``cursor`` (``(incarnation
+        id, last entry id)``): the org and actors not registered yet, lease rows (update
+        towards the newer state, else insert), transitions and events (insert-or-ignore, in
+        journal order, events under the ``events:<org>`` lock), receipts (upsert), cursor
+        (upsert). PostgreSQL: one pipeline (one round trip); SQLite: one ``executemany``
+        per kind."""
         at = batch.first_at or 0
-        conn.execute(
-            self._insert(Organization).values(org_id=org, created_at_ms=at).on_conflict_do_nothing()
-        )
-        for actor, role in batch.actors.items():
-            conn.execute(
-                self._insert(Principal)
-                .values(org_id=org, name=actor, role=role, created_at_ms=at)
-                .on_conflict_do_nothing()
-            )
-            conn.execute(
-                update(Principal)
-                .where(col(Principal.org_id) == org, col(Principal.name) == actor)
-                .where(col(Principal.role) != role)
-                .values(role=role)
-            )
-        self._bulk(
-            conn,
-            LeaseRow,
-            [_insert_params(org, h) for h in batch.leases.values()],
-            "ON CONFLICT (lease_id) DO UPDATE SET "
-            + ", ".join(f"{c} = excluded.{c}" for c in _UPDATED)
-            # only towards a newer state: a higher version, or the end of the same version
-            + f" WHERE {_LEASES}.version < excluded.version OR ({_LEASES}.version = "
-            f"excluded.version AND {_LEASES}.status = 'active' AND excluded.status <> 'active')",
-        )
-        self._bulk(
-            conn,
-            LeaseTransition,
-            batch.transitions,
-            "ON CONFLICT (lease_id, version, action) DO NOTHING",
-        )
+        inc, last = cursor
+        stmts: list[tuple[str, Any, bool]] = []  # (sql, params, many)
+        if org not in self._known_orgs:
+            stmts.append((_ORG_SQL, (org, at), False))
+        actors = [
+            (name, role)
+            for name, role in batch.actors.items()
+            if (org, name, role) not in self._known_actors
+        ]
+        if actors:
+            stmts.append(self._principals(org, actors, at))
+        if batch.leases:
+            leases = [_lease_row(org, h) for h in batch.leases.values()]
+            stmts.append(self._bulk(_LEASE_TABLE, leases, _LEASE_CONFLICT))
+        if batch.transitions:
+            stmts.append(self._bulk(_TRANSITION_TABLE, batch.transitions, _TRANSITION_CONFLICT))
         if batch.receipts:
-            stmt = self._insert(ReceiptRow)
-            conn.execute(
-                stmt.on_conflict_do_update(
-                    index_elements=["org_id", "principal", "operation", "idem_key", "scope_key"],
-                    set_={
-                        "request_digest": stmt.excluded.request_digest,
-                        "response": stmt.excluded.response,
-                        "created_at_ms": stmt.excluded.created_at_ms,
-                        "expires_at_ms": stmt.excluded.expires_at_ms,
-                    },
-                ),
-                [
-                    {
-                        "org_id": org,
-                        "principal": actor,
-                        "operation": "acquire",
-                        "idem_key": key,
-                        "scope_key": scope,
-                        **values,
-                    }
-                    for (actor, key, scope), values in batch.receipts.items()
-                ],
-            )
+            receipts = [
+                (org, actor, "acquire", key, scope, *values)
+                for (actor, key, scope), values in batch.receipts.items()
+            ]
+            stmts.append(self._bulk(_RECEIPT_TABLE, receipts, _RECEIPT_CONFLICT))
         if batch.events:
-            self._lock(conn, f"events:{org}")
-            self._bulk(conn, EventRow, batch.events, "ON CONFLICT (event_id) DO NOTHING")
+            if not self._sqlite:
+                stmts.append((_LOCK_SQL, (f"events:{org}",), False))
+            stmts.append(self._bulk(_EVENT_TABLE, batch.events, _EVENT_CONFLICT))
+        response = json.dumps({"inc": inc, "id": last})
+        created = int(last.partition("-")[0])
+        stmts.append(
+            (_CURSOR_SET_SQL, (org, SYSTEM_PRINCIPAL, JOURNAL_OP, response, created), False)
+        )
+        if self._sqlite:
+            for sql, params, many in stmts:
+                sql = sql.replace("%s", "?")
+                conn.exec_driver_sql(sql, params if many else tuple(params))
+            return
+        pg = conn.connection.driver_connection
+        assert pg is not None
+        with pg.pipeline(), pg.cursor() as cur:
+            for sql, params, _many in stmts:
+                cur.execute(sql, params)
+
+    def _committed(self, org: str, batch: Batch) -> None:
+        """Remember the org and actors of ``batch``, whose transaction has committed: later
+        batches do not register them again."""
+        self._known_orgs.add(org)
+        self._known_actors.update((org, name, role) for name, role in batch.actors.items())
+
+    def _principals(
+        self, org: str, actors: list[tuple[str, str]], at: int
+    ) -> tuple[str, Any, bool]:
+        """The statement registering ``actors`` (``(name, role)`` pairs) in ``org``: insert,
+        or set the role where it differs."""
+        conflict = (
+            f"ON CONFLICT (org_id, name) DO UPDATE SET role = excluded.role "
+            f"WHERE {_PRINCIPALS}.role <> excluded.role"
+        )
+        if self._sqlite:
+            sql = (
+                f"INSERT INTO {_PRINCIPALS} (org_id, name, role, created_at_ms) "
+                f"VALUES (%s, %s, %s, %s) {conflict}"
+            )
+            return sql, [(org, name, role, at) for name, role in actors], True
+        sql = (
+            f"INSERT INTO {_PRINCIPALS} (org_id, name, role, created_at_ms) "
+            f"SELECT %s, name, role, %s FROM unnest(%s::varchar[], %s::varchar[]) "
+            f"AS u(name, role) {conflict}"
+        )
+        names = _text_array([n for n, _ in actors])
+        roles = _text_array([r for _, r in actors])
+        return sql, (org, at, names, roles), False
 
     def _bulk(
-        self, conn: Connection, table: Any, rows: list[dict[str, Any]], conflict: str
-    ) -> None:
-        """Insert ``rows`` (dicts with the same keys, in this order) into ``table`` with the
+        self, table: _Table, rows: Sequence[tuple[Any, ...]], conflict: str
+    ) -> tuple[str, Any, bool]:
+        """The statement inserting ``rows`` (tuples in ``table``'s column order) with the
         ``ON CONFLICT`` clause ``conflict``, in row order (serial ``seq`` columns follow it).
 
         PostgreSQL: one statement for the whole list (``INSERT ... SELECT FROM unnest`` of
-        one array per column, ordered by position). SQLite: one prepared statement run by
-        the driver's ``executemany``."""
-        if not rows:
-            return
-        cols = list(rows[0])
-        name = table.__tablename__
-        columns = table.__table__.c
+        one text-format array literal per column, ordered by position). SQLite: one
+        prepared statement for ``executemany``."""
         if self._sqlite:
-            marks = ", ".join("?" * len(cols))
-            sql = f"INSERT INTO {name} ({', '.join(cols)}) VALUES ({marks}) {conflict}"
-            conn.exec_driver_sql(sql, list(map(itemgetter(*cols), rows)))
-            return
-        dialect = conn.dialect
-        arrays = ", ".join(f"%b::{columns[c].type.compile(dialect=dialect)}[]" for c in cols)
-        sql = (
-            f"INSERT INTO {name} ({', '.join(cols)}) SELECT {', '.join(cols)} "
-            f"FROM unnest({arrays}) WITH ORDINALITY AS u({', '.join(cols)}, n) "
-            f"ORDER BY n {conflict}"
+            return table.sqlite_sql + " " + conflict, list(rows), True
+        arrays = tuple(
+            (_int_array if is_int else _text_array)(list(column))
+            for column, is_int in zip(zip(*rows, strict=True), table.is_int, strict=True)
         )
-        with conn.connection.driver_connection.cursor() as cur:  # type: ignore[union-attr]
-            cur.execute(sql, tuple(list(map(itemgetter(c), rows)) for c in cols), binary=True)
+        return table.pg_sql + " " + conflict, arrays, False
 
     def _accept_handoff(
         self, conn: Connection, org: str, ho: dict[str, Any], lease: Holding, at: int
@@ -300,41 +356,181 @@ class LedgerWriter:
         return [("handoff.accepted", str(row.subject_id), payload)]
 
 
+class _Table:
+    """A bulk-written table: its columns in tuple order, which are integers, and the
+    ``INSERT`` text (without the conflict clause) for PostgreSQL and SQLite."""
+
+    def __init__(self, model: Any, cols: tuple[str, ...]) -> None:
+        from sqlalchemy.dialects import postgresql
+
+        name = model.__tablename__
+        columns = model.__table__.c
+        self.cols = cols
+        self.is_int = tuple(columns[c].type.python_type is int for c in cols)
+        dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+        types = [columns[c].type.compile(dialect=dialect) for c in cols]
+        names = ", ".join(cols)
+        arrays = ", ".join(f"%s::{t}[]" for t in types)
+        self.pg_sql = (
+            f"INSERT INTO {name} ({names}) SELECT {names} "
+            f"FROM unnest({arrays}) WITH ORDINALITY AS u({names}, n) ORDER BY n"
+        )
+        self.sqlite_sql = f"INSERT INTO {name} ({names}) VALUES ({', '.join('?' * len(cols))})"
+
+
+_LEASE_TABLE = _Table(
+    LeaseRow,
+    (
+        "lease_id",
+        "org_id",
+        "resource_type",
+        "resource_id",
+        "owner",
+        "execution_key",
+        "purpose",
+        "scopes",
+        "has_scopes",
+        "version",
+        "epoch",
+        "status",
+        "acquired_at_ms",
+        "expires_at_ms",
+        "ttl_ms",
+        "ended_at_ms",
+        "ended_by",
+    ),
+)
+_TRANSITION_TABLE = _Table(
+    LeaseTransition,
+    (
+        "org_id",
+        "resource_type",
+        "resource_id",
+        "lease_id",
+        "action",
+        "version",
+        "epoch",
+        "owner",
+        "execution_key",
+        "status",
+        "at_ms",
+        "expires_at_ms",
+        "actor",
+    ),
+)
+_EVENT_TABLE = _Table(
+    EventRow,
+    ("event_id", "org_id", "kind", "principal", "subject", "payload", "occurred_at_ms"),
+)
+_RECEIPT_TABLE = _Table(
+    ReceiptRow,
+    (
+        "org_id",
+        "principal",
+        "operation",
+        "idem_key",
+        "scope_key",
+        "request_digest",
+        "response",
+        "created_at_ms",
+        "expires_at_ms",
+    ),
+)
+
 _UPDATED = ("version", "expires_at_ms", "ttl_ms", "status", "ended_at_ms", "ended_by")
 _LEASES = LeaseRow.__tablename__
+_PRINCIPALS = Principal.__tablename__
+_RECEIPTS = ReceiptRow.__tablename__
+_RECEIPT_KEY = "(org_id, principal, operation, idem_key, scope_key)"
+_LEASE_CONFLICT = (
+    "ON CONFLICT (lease_id) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in _UPDATED)
+    # only towards a newer state: a higher version, or the end of the same version
+    + f" WHERE {_LEASES}.version < excluded.version OR ({_LEASES}.version = "
+    f"excluded.version AND {_LEASES}.status = 'active' AND excluded.status <> 'active')"
+)
+_TRANSITION_CONFLICT = "ON CONFLICT (lease_id, version, action) DO NOTHING"
+_EVENT_CONFLICT = "ON CONFLICT (event_id) DO NOTHING"
+_RECEIPT_CONFLICT = f"ON CONFLICT {_RECEIPT_KEY} DO UPDATE SET " + ", ".join(
+    f"{c} = excluded.{c}" for c in ("request_digest", "response", "created_at_ms", "expires_at_ms")
+)
+_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
+_ORG_SQL = (
+    f"INSERT INTO {Organization.__tablename__} (org_id, created_at_ms) VALUES (%s, %s) "
+    "ON CONFLICT DO NOTHING"
+)
+_CURSOR_SQL = (
+    f"SELECT response FROM {_RECEIPTS} WHERE org_id = %s AND principal = %s "
+    "AND operation = %s AND idem_key = 'state' AND scope_key = ''"
+)
+_CURSOR_SET_SQL = (
+    f"INSERT INTO {_RECEIPTS} (org_id, principal, operation, idem_key, scope_key, "
+    "request_digest, response, created_at_ms, expires_at_ms) "
+    f"VALUES (%s, %s, %s, 'state', '', '-', %s, %s, {FOREVER_MS}) "
+    f"ON CONFLICT {_RECEIPT_KEY} DO UPDATE SET response = excluded.response, "
+    "expires_at_ms = excluded.expires_at_ms"
+)
 
 
-def _insert_params(org: str, h: Holding) -> dict[str, Any]:
-    return {
-        "lease_id": h.lease_id,
-        "org_id": org,
-        "resource_type": h.resource_type,
-        "resource_id": h.resource_id,
-        "owner": h.owner,
-        "execution_key": h.execution_key,
-        "purpose": h.purpose,
-        "scopes": json.dumps(list(h.scopes)),
-        "has_scopes": 1 if h.scopes else 0,
-        "version": h.version,
-        "epoch": h.epoch,
-        "status": h.status,
-        "acquired_at_ms": h.acquired_at_ms,
-        "expires_at_ms": h.expires_at_ms,
-        "ttl_ms": h.ttl_ms,
-        "ended_at_ms": h.ended_at_ms,
-        "ended_by": h.ended_by,
-    }
+def _element(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, int):
+        return str(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _text_array(values: list[Any]) -> str:
+    """A PostgreSQL array literal (text format) of strings and ``None`` (``NULL``): every
+    element double-quoted, ``\\`` and ``"`` escaped."""
+    try:
+        body = '","'.join(values)
+    except TypeError:  # a None among them
+        return "{" + ",".join(map(_element, values)) + "}"
+    if '"' in body or "\\" in body:
+        return "{" + ",".join(map(_element, values)) + "}"
+    return '{"' + body + '"}'
+
+
+def _int_array(values: list[Any]) -> str:
+    """A PostgreSQL array literal (text format) of integers and ``None`` (``NULL``)."""
+    if None in values:
+        return "{" + ",".join(map(_element, values)) + "}"
+    return "{" + ",".join(map(str, values)) + "}"
+
+
+def _lease_row(org: str, h: Holding) -> tuple[Any, ...]:
+    return (
+        h.lease_id,
+        org,
+        h.resource_type,
+        h.resource_id,
+        h.owner,
+        h.execution_key,
+        h.purpose,
+        json.dumps(list(h.scopes)),
+        1 if h.scopes else 0,
+        h.version,
+        h.epoch,
+        h.status,
+        h.acquired_at_ms,
+        h.expires_at_ms,
+        h.ttl_ms,
+        h.ended_at_ms,
+        h.ended_by,
+    )
 
 
 @dataclass
 class Batch:
     """The rows of one drain transaction, gathered in journal order: each lease's newest
-    state, the transitions, events and receipts, the actors to register."""
+    state, the transitions, events and receipts (tuples in the bulk column order), the
+    actors to register."""
 
     leases: dict[str, Holding] = field(default_factory=dict)
-    transitions: list[dict[str, Any]] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
-    receipts: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+    transitions: list[tuple[Any, ...]] = field(default_factory=list)
+    events: list[tuple[Any, ...]] = field(default_factory=list)
+    receipts: dict[tuple[str, str, str], tuple[str, str, int, int]] = field(default_factory=dict)
     actors: dict[str, str] = field(default_factory=dict)
     first_at: int | None = None
 
@@ -352,21 +548,21 @@ class Batch:
     def transition(self, org: str, h: Holding, action: str, at: int, actor: str) -> None:
         """Add the transition row of ``h``."""
         self.transitions.append(
-            {
-                "org_id": org,
-                "resource_type": h.resource_type,
-                "resource_id": h.resource_id,
-                "lease_id": h.lease_id,
-                "action": action,
-                "version": h.version,
-                "epoch": h.epoch,
-                "owner": h.owner,
-                "execution_key": h.execution_key,
-                "status": h.status,
-                "at_ms": at,
-                "expires_at_ms": h.expires_at_ms,
-                "actor": actor,
-            }
+            (
+                org,
+                h.resource_type,
+                h.resource_id,
+                h.lease_id,
+                action,
+                h.version,
+                h.epoch,
+                h.owner,
+                h.execution_key,
+                h.status,
+                at,
+                h.expires_at_ms,
+                actor,
+            )
         )
 
 

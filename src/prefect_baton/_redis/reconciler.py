@@ -32,8 +32,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from redis.exceptions import RedisError
-from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 
 from .._ledger.store import LedgerStore
@@ -148,34 +148,48 @@ class Reconciler(LedgerWriter):
         journal = org_keys(org).journal
         try:
             with self.store.engines.write.begin() as conn:
-                self._lock(conn, f"journal:{org}")
-                cursor = self._cursor(conn, org)
-                first = self.client.xrange(journal, count=1)
-                if not first:
-                    return 0, None
-                stream_inc = str(_payload(first[0][1])["i"])
-                start = "-"
-                if cursor is not None and cursor[0] == stream_inc:
-                    start = "(" + cursor[1]
-                entries = self.client.xrange(journal, min=start, count=self.batch_size)
+                cursor = self._lock_and_read_cursor(conn, org)
+                stream_inc, entries = self._read(journal, cursor)
                 if not entries:
                     return 0, None
                 batch = Batch()
                 for raw_id, fields in entries:
                     self._collect(conn, org, _text(raw_id), _payload(fields), batch)
-                self._flush(conn, org, batch)
                 last = _text(entries[-1][0])
-                self._set_cursor(conn, org, stream_inc, last)
+                self._flush(conn, org, batch, (stream_inc, last))
         except RedisError as exc:
             raise _unavailable(exc) from exc
-        except OperationalError as exc:
-            raise UnavailableError(f"ledger database unavailable: {exc.orig}") from exc
+        except (OperationalError, psycopg.OperationalError) as exc:
+            raise UnavailableError(
+                f"ledger database unavailable: {getattr(exc, 'orig', None) or exc}"
+            ) from exc
+        self._committed(org, batch)
         ms, seq = id_tuple(last)
         try:
             self.client.xtrim(journal, minid=f"{ms}-{seq + 1}", approximate=False)
         except RedisError as exc:  # applied and committed; trimmed by the next drain
             log.info("could not trim the journal of %s: %s", org, exc)
         return len(entries), last
+
+    def _read(
+        self, journal: str, cursor: tuple[str, str] | None
+    ) -> tuple[str, list[tuple[Any, Any]]]:
+        """The journal's incarnation id and up to ``batch_size`` entries after ``cursor``
+        (all from the start when the cursor is of another incarnation, or ``None``): one
+        Redis round trip (two XRANGEs in a pipeline), two when the incarnation changed."""
+        if cursor is None:
+            entries: Any = self.client.xrange(journal, min="-", count=self.batch_size)
+            return ("", []) if not entries else (str(_payload(entries[0][1])["i"]), entries)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xrange(journal, count=1)
+        pipe.xrange(journal, min="(" + cursor[1], count=self.batch_size)
+        first, entries = pipe.execute()
+        if not first:
+            return "", []
+        stream_inc = str(_payload(first[0][1])["i"])
+        if stream_inc != cursor[0]:
+            entries = self.client.xrange(journal, min="-", count=self.batch_size)
+        return stream_inc, entries
 
     def lag(self, org: str) -> Lag:
         """The org's current :class:`Lag` (two Redis commands)."""
@@ -201,15 +215,6 @@ class Reconciler(LedgerWriter):
         except RedisError as exc:
             raise _unavailable(exc) from exc
         return not first or id_tuple(_text(first[0][0])) > id_tuple(entry_id)
-
-    def _cursor(self, conn: Connection, org: str) -> tuple[str, str] | None:
-        row = self._system_row(conn, org, "redis.journal")
-        return None if row is None else (str(row["inc"]), str(row["id"]))
-
-    def _set_cursor(self, conn: Connection, org: str, inc: str, entry_id: str) -> None:
-        self._set_system_row(
-            conn, org, "redis.journal", {"inc": inc, "id": entry_id}, id_tuple(entry_id)[0]
-        )
 
 
 def registered_orgs(client: RedisClient) -> list[str]:

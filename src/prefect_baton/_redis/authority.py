@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Literal
 
 from .. import _core
@@ -141,7 +141,7 @@ class RedisAuthority(AuthorityBase):
             str(req.ttl_ms),
             opt(req.purpose),
             opt(req.expected_version),
-            lease_id or f"lease_{uuid.uuid4().hex}",
+            lease_id or f"lease_{os.urandom(16).hex()}",
             digest,
             scopes_json,
             meta,
@@ -222,11 +222,7 @@ class RedisAuthority(AuthorityBase):
         if code != OK:
             raise_for([reply[0], *reply[2:]])
         subs, gens = reply[2::2], reply[3::2]
-        times: dict[str, datetime] = {}
-        out = [
-            lease_from_gen(gen, replayed=sub != OK, times=times)
-            for sub, gen in zip(subs, gens, strict=True)
-        ]
+        out = [lease_from_gen(gen, replayed=sub != OK) for sub, gen in zip(subs, gens, strict=True)]
         if as_text(reply[1]):
             self._acked(caller.org, reply[1])
         return out

@@ -138,9 +138,17 @@ def construct(cls: type[M], values: dict[str, Any]) -> M:
     return m
 
 
+_TIMES: dict[str, datetime] = {}
+"""Recently converted times (``{ms text: datetime}``): a lease's acquire, renew and release
+replies carry the same times. Emptied when it reaches :data:`_TIMES_MAX` entries."""
+_TIMES_MAX = 4096
+
+
 def _dt(ms: str, cache: dict[str, datetime]) -> datetime:
     dt = cache.get(ms)
     if dt is None:
+        if len(cache) >= _TIMES_MAX:
+            cache.clear()
         dt = cache[ms] = _fromts(int(ms) / 1000.0, tz=UTC)
     return dt
 
@@ -156,15 +164,20 @@ def lease_from_gen(
     ``holding_to_lease(from_gen(raw), replayed=replayed)``.
 
     Args:
-        times: a cache of converted times (``{ms text: datetime}``) shared by the
-            generations of one reply, which mostly carry the same times.
+        times: a cache of converted times (``{ms text: datetime}``); by default the
+            module's own cache of recent times.
 
     Raises:
         ValueError: ``raw`` is not a generation.
     """
-    f = _fields(raw)
+    if type(raw) is str and not raw.startswith("{"):
+        f = raw.split("\x00")
+        if len(f) != GEN_FIELDS:
+            raise ValueError(f"not a lease generation ({len(f)} fields)")
+    else:
+        f = _fields(raw)
     ended = f[14]
-    t = {} if times is None else times
+    t = _TIMES if times is None else times
     return construct(
         Lease,
         {

@@ -45,8 +45,10 @@ def _digest(text: str, n: int = 32) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:n]
 
 
+@lru_cache(maxsize=4096)
 def resource_digest(resource_type: str, resource_id: str) -> str:
-    """The digest naming a resource inside its org (``str``, 32 hex digits).
+    """The digest naming a resource inside its org (``str``, 32 hex digits; the most recent
+    4,096 are remembered, as workloads come back to the same resources).
 
     The resource is length-prefixed before hashing (``"<len>:<type>:<id>"``, as the ledger's
     ``resource_key``), so ``("a:b", "c")`` and ``("a", "b:c")`` differ.

@@ -125,3 +125,22 @@ def test_scripts_and_functions_share_one_state(
     with_functions.reconciler.drain("org-fn")
     _rows, transitions = with_functions.store.lease_history("org-fn")
     assert [t.action for t in transitions] == ["acquire", "release", "acquire"]
+
+
+@pytest.mark.parametrize("functions", [True, False])
+def test_operations_without_hiredis(
+    make_authority: Callable[..., RedisAuthority],
+    monkeypatch: pytest.MonkeyPatch,
+    functions: bool,
+) -> None:
+    """Without hiredis the commands are packed by redis-py's own packer, with the same
+    results."""
+    from prefect_baton._redis import connection
+
+    monkeypatch.setattr(connection, "_pack", None)
+    auth = make_authority(functions=functions)
+    b = _baton(auth)
+    leases = b.leases.acquire_many([("db", "a"), ("db", "b")], ttl_seconds=30)
+    assert [x.resource_id for x in leases] == ["a", "b"]
+    assert auth.scripts.functions is functions
+    assert all(b.leases.release(x).status == "released" for x in leases)

@@ -144,3 +144,61 @@ def test_operations_without_hiredis(
     assert [x.resource_id for x in leases] == ["a", "b"]
     assert auth.scripts.functions is functions
     assert all(b.leases.release(x).status == "released" for x in leases)
+
+
+def test_each_thread_uses_its_own_connection(
+    redis_server: RedisServer, make_authority: Callable[..., RedisAuthority]
+) -> None:
+    """The direct call path keeps one connection per thread: concurrent threads never
+    read each other's replies, and close() disconnects them all."""
+    import threading
+
+    auth = make_authority()
+    errors: list[BaseException] = []
+    seen: list[object] = []
+
+    def work(n: int) -> None:
+        try:
+            b = _baton(auth, principal=f"agent-{n}")
+            for i in range(30):
+                lease = b.leases.acquire("db", f"t{n}-{i % 3}", ttl_seconds=30)
+                assert lease.owner == f"agent-{n}"
+                assert lease.resource_id == f"t{n}-{i % 3}"
+                assert b.leases.release(lease).status == "released"
+            assert auth._pool is not None
+            seen.append(auth._pool.get())
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    assert len({id(c) for c in seen}) == 6
+    assert auth._pool is not None
+    auth._pool.close()
+    assert all(not c.is_connected for c in seen)  # type: ignore[attr-defined]
+
+
+def test_a_forked_child_makes_its_own_connection(
+    make_authority: Callable[..., RedisAuthority],
+) -> None:
+    import os
+
+    auth = make_authority(ack="ledger")
+    b = _baton(auth)
+    lease = b.leases.acquire("db", "parent", ttl_seconds=30)
+    pid = os.fork()
+    if pid == 0:  # the child: its own connection, then a clean exit code
+        code = 1
+        try:
+            child = b.leases.acquire("db", "child", ttl_seconds=30)
+            code = 0 if b.leases.release(child).status == "released" else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    # The parent's connection was not disturbed by the child's use.
+    assert b.leases.release(lease).status == "released"

@@ -198,6 +198,8 @@ class AuthorityBase:
                     self.reconciler.drain(org)
                 except BatonError as exc:
                     log.warning("final reconcile of %r failed: %s", org, exc)
+        if self._pool is not None:
+            self._pool.close()
         if self._owns_client:
             self.client.close()
 

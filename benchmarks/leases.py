@@ -260,7 +260,7 @@ def section_many(args: argparse.Namespace) -> dict[str, Any]:
     """acquire_many of 100 resources vs the floor's SET NX PX, per lease."""
     floor = Floor(args.redis_url)
     v = baton_redis(args.redis_url, _sqlite_url("many"), ack="redis", drain="process")
-    batches = max(5, args.pairs // 200)
+    batches = max(20, args.pairs // 60)  # 50 batches of 100 (5,000 leases) per round at 3,000
     out: dict[str, list[float]] = {"floor": [], "many": []}
     try:
         v.b.leases.acquire_many([("w", f"x{i}") for i in range(100)], ttl_seconds=10)

@@ -81,7 +81,8 @@ class AuthorityBase:
         self._receipt_ttl = str(self.receipt_ttl_ms)
         self.old_retention_ms = max(store.receipt_retention_ms, 3_600_000)
         self.scripts = Scripts(client, functions=functions)
-        # The direct EVALSHA path (see _evalsha) applies to a plain redis.Redis client only.
+        # The direct call path (FCALL or EVALSHA, see _evalsha) applies to a plain
+        # redis.Redis client only.
         self._pool = direct_pool(client)
         self.reconciler = Reconciler(client, store, batch_size=batch_size)
         self._interval = reconcile_interval_seconds
@@ -128,7 +129,7 @@ class AuthorityBase:
         raise UnavailableError(f"the Redis lease state of org {org!r} did not settle; retry")
 
     def _evalsha(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
-        """Run script ``name`` once (see :func:`prefect_baton._redis.connection.evalsha`)."""
+        """Run operation ``name`` once (see :func:`prefect_baton._redis.connection.evalsha`)."""
         return evalsha(self.scripts, self._pool, name, keys, args)
 
     def _register(self, org: str) -> None:

@@ -147,29 +147,43 @@ class Reconciler(LedgerWriter):
         """
         journal = org_keys(org).journal
         try:
-            with self.store.engines.write.begin() as conn:
-                cursor = self._lock_and_read_cursor(conn, org)
-                stream_inc, entries = self._read(journal, cursor)
-                if not entries:
-                    return 0, None
-                batch = Batch()
-                for raw_id, fields in entries:
-                    self._collect(conn, org, _text(raw_id), _payload(fields), batch)
-                last = _text(entries[-1][0])
-                self._flush(conn, org, batch, (stream_inc, last))
+            try:
+                n, last, batch = self._apply(org, journal, copy=not self._sqlite)
+            except psycopg.errors.UniqueViolation:
+                # some of the batch is in the ledger already (a lost cursor, say): COPY
+                # cannot skip it, so write the batch again with insert-or-ignore
+                log.info("journal entries of %s already in the ledger; re-applying", org)
+                n, last, batch = self._apply(org, journal, copy=False)
         except RedisError as exc:
             raise _unavailable(exc) from exc
         except (OperationalError, psycopg.OperationalError) as exc:
             raise UnavailableError(
                 f"ledger database unavailable: {getattr(exc, 'orig', None) or exc}"
             ) from exc
+        if last is None:
+            return 0, None
         self._committed(org, batch)
         ms, seq = id_tuple(last)
         try:
             self.client.xtrim(journal, minid=f"{ms}-{seq + 1}", approximate=False)
         except RedisError as exc:  # applied and committed; trimmed by the next drain
             log.info("could not trim the journal of %s: %s", org, exc)
-        return len(entries), last
+        return n, last
+
+    def _apply(self, org: str, journal: str, *, copy: bool) -> tuple[int, str | None, Batch]:
+        """Steps 1 and 2 of a batch, committed: ``(entries applied, last entry id or None,
+        the batch)``."""
+        batch = Batch()
+        with self.store.engines.write.begin() as conn:
+            cursor = self._lock_and_read_cursor(conn, org)
+            stream_inc, entries = self._read(journal, cursor)
+            if not entries:
+                return 0, None, batch
+            for raw_id, fields in entries:
+                self._collect(conn, org, _text(raw_id), _payload(fields), batch)
+            last = _text(entries[-1][0])
+            self._flush(conn, org, batch, (stream_inc, last), copy=copy)
+        return len(entries), last, batch
 
     def _read(
         self, journal: str, cursor: tuple[str, str] | None

@@ -8,6 +8,7 @@ Sub-commands are registered in :data:`SUB_APPS` and :data:`COMMANDS`; adding one
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -219,10 +220,35 @@ COMMANDS: list[tuple[str, Callable[..., None], dict[str, Any] | None]] = [
     ("mcp", mcp_command, None),
 ]
 
+
+
+def reflow(doc: str | None) -> str | None:
+    """A docstring as command help: the lines of each paragraph joined into one, so Rich
+    wraps them to the terminal (in ``rich`` markup mode every line break of a docstring is
+    kept, which left source-width lines broken again at 80 columns). Lines starting a list
+    item (``-``, ``*``) stay on their own line."""
+    if not doc:
+        return doc
+    paragraphs = []
+    for block in inspect.cleandoc(doc).split("\n\n"):
+        lines: list[str] = []
+        for line in block.splitlines():
+            text = line.strip()
+            if lines and not text.startswith(("- ", "* ")):
+                lines[-1] += " " + text
+            else:
+                lines.append(text)
+        paragraphs.append("\n".join(lines))
+    return "\n\n".join(paragraphs)
+
+
 for _name, _sub in SUB_APPS:
+    for _info in _sub.registered_commands:
+        if _info.help is None and _info.callback is not None:
+            _info.help = reflow(_info.callback.__doc__)
     app.add_typer(_sub, name=_name)
 for _name, _fn, _settings in COMMANDS:
-    app.command(_name, context_settings=_settings)(_fn)
+    app.command(_name, context_settings=_settings, help=reflow(_fn.__doc__))(_fn)
 
 
 def _version(value: bool) -> None:

@@ -41,7 +41,7 @@ def mcp(
 
     Over stdio every tool call acts as the global --org/--principal/--role (or BATON_*), like
     every other baton command. Over HTTP those are ignored: each request's
-    'Authorization: Bearer' key (created with prefect_baton.rest.keys.create_key) decides
+    'Authorization: Bearer' key (created with `baton keys create`) decides
     org, principal and role, and a missing, unknown or revoked key gets HTTP 401. Errors of
     the ledger URL, Redis URL or --host exit before serving (VALIDATION_ERROR, exit 2); a
     ledger that cannot be reached or a port that cannot be bound exits with UNAVAILABLE (11).

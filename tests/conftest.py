@@ -24,6 +24,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -47,6 +48,21 @@ def _answers(host: str, port: int) -> bool:
         return False
 
 
+def _host_port(url: str, default_port: int) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or default_port
+
+
+def require_redis() -> None:
+    """:func:`require_service` for the Redis of ``BATON_TEST_REDIS_URL``."""
+    require_service("Redis", *_host_port(REDIS_URL, 6379))
+
+
+def require_postgresql() -> None:
+    """:func:`require_service` for the PostgreSQL of ``BATON_TEST_PG_URL``."""
+    require_service("PostgreSQL", *_host_port(PG_URL, 5432))
+
+
 def require_service(name: str, host: str, port: int) -> None:
     """Skip (locally) or fail (CI, ``BATON_REQUIRE_SERVICES=1``) when a server is down."""
     if _answers(host, port):
@@ -64,7 +80,7 @@ def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="session")
 def pg_url() -> str:
-    require_service("PostgreSQL", "127.0.0.1", 5432)
+    require_postgresql()
     return PG_URL
 
 
@@ -102,7 +118,7 @@ def redis_authority(arm: str, store: LedgerStore) -> Any:
 
         client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
         return RedisAuthority(client, store, ack="ledger", owns_client=True, functions=False)
-    require_service("Redis", "127.0.0.1", 6379)
+    require_redis()
     return RedisAuthority(connect(REDIS_URL), store, ack="redis", owns_client=True)
 
 

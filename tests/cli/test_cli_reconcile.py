@@ -15,7 +15,7 @@ from prefect_baton._ledger.store import LedgerStore
 from prefect_baton._ledger.tables import LeaseTransition
 from prefect_baton._redis.authority import RedisAuthority
 
-from ..conftest import REDIS_URL, require_service
+from ..conftest import REDIS_URL, require_redis
 
 
 def _transitions(store: LedgerStore, org: str) -> int:
@@ -27,7 +27,7 @@ def _transitions(store: LedgerStore, org: str) -> int:
 def test_reconcile_drains_the_journal_with_plain_progress_when_piped(tmp_path: Path) -> None:
     """Transitions held only in the Redis journal reach the ledger after `baton reconcile`;
     piped, it reports progress as plain lines on stderr and a JSON receipt on stdout."""
-    require_service("Redis", "127.0.0.1", 6379)
+    require_redis()
     ledger = f"sqlite:///{tmp_path / 'l.db'}"
     org = f"rec-{uuid.uuid4().hex[:8]}"
     store = LedgerStore(ledger)

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from prefect_baton import Baton
 from prefect_baton.cli import app
 
-from ..conftest import REDIS_URL, require_service
+from ..conftest import REDIS_URL, require_redis
 
 
 def _run(*args: str) -> tuple[int, dict[str, object]]:
@@ -22,7 +22,7 @@ def _run(*args: str) -> tuple[int, dict[str, object]]:
 def test_redis_url_option_puts_leases_on_redis(tmp_path: Path) -> None:
     """With --redis-url a lease acquired on the command line conflicts with a Redis-backed
     client and is released through Redis."""
-    require_service("Redis", "127.0.0.1", 6379)
+    require_redis()
     ledger = f"sqlite:///{tmp_path / 'l.db'}"
     org = f"cli-{uuid.uuid4().hex[:8]}"
     base = ["--ledger-url", ledger, "--redis-url", REDIS_URL, "--org", org, "--format", "json"]

@@ -13,7 +13,7 @@ from prefect_baton import Baton
 from prefect_baton.audit import audit_ledger
 from prefect_baton.demo import analysis
 
-from ..conftest import REDIS_URL, require_service
+from ..conftest import REDIS_URL, require_redis
 
 
 def _json_pkg() -> Path:
@@ -66,7 +66,7 @@ def test_demo_survives_crash_and_pause(
 def test_demo_on_the_redis_authority(tmp_path: Path) -> None:
     """With --redis the leases live on Redis; the crash and pause are still survived and the
     ledger, brought up to date from the journal, passes the audit."""
-    require_service("Redis", "127.0.0.1", 6379)
+    require_redis()
     extra = ["--input", str(_json_pkg()), "--workers", "3", "--crash", "1", "--pause", "1"]
     code, data, err = _run(tmp_path, *extra, "--redis", REDIS_URL)
     assert code == 0, err

@@ -16,7 +16,7 @@ from mcp.shared.exceptions import MCPError
 
 from prefect_baton.rest.keys import create_key, revoke_key
 
-from ..conftest import REDIS_URL, require_service
+from ..conftest import REDIS_URL, require_redis
 from .conftest import LEASE, HttpServer, ok, race, row_counts, run, start_http, stop, tool_error
 from .test_stdio import TOOL_NAMES
 
@@ -92,7 +92,7 @@ def test_two_clients_race_for_one_lease_over_http(http_server: HttpServer) -> No
 
 def test_race_with_redis_as_the_lease_authority(ledger_url: str, org: str, tmp_path: Path) -> None:
     """With --redis-url the same race has the same answer (Redis on 127.0.0.1:6379)."""
-    require_service("Redis", "127.0.0.1", 6379)
+    require_redis()
     log = tmp_path / "mcp-redis.log"
     proc, url = start_http(ledger_url, log, redis_url=REDIS_URL)
     try:

@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from prefect_baton.rest import create_app
-from tests.conftest import REDIS_URL, require_service
+from tests.conftest import REDIS_URL, require_redis
 
 from .conftest import MakeKey, data, error
 
@@ -18,7 +18,7 @@ LEASE = {"resource_type": "deploy", "resource_id": "checkout", "ttl_seconds": 60
 @pytest.fixture
 def redis_client(ledger_url: str) -> Iterator[TestClient]:
     """The app with ``redis_url`` set, in a TestClient."""
-    require_service("redis", "127.0.0.1", 6379)
+    require_redis()
     with TestClient(create_app(ledger_url, REDIS_URL), raise_server_exceptions=False) as c:
         yield c
 

@@ -17,7 +17,7 @@ from prefect_baton import errors
 from prefect_baton._ledger.store import LedgerStore
 from prefect_baton.rest import create_app, create_key, revoke_key
 from prefect_baton.rest.keys import KeyCache
-from tests.conftest import REDIS_URL, require_service
+from tests.conftest import REDIS_URL, require_redis
 
 from .conftest import error, row_counts
 
@@ -58,7 +58,7 @@ def test_create_app_takes_the_redis_url_from_the_environment(
     ``Baton``), with ``BATON_REDIS_ACK``; without either the ledger is the authority."""
     from prefect_baton._redis.authority import RedisAuthority
 
-    require_service("redis", "127.0.0.1", 6379)
+    require_redis()
     monkeypatch.delenv("BATON_REDIS_URL", raising=False)
     plain = create_app(ledger_url)
     assert isinstance(plain.state.authority, LedgerStore)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,8 +44,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import col
 
-from .._core import Holding
-from .._ledger.store import LedgerStore, holding_to_lease, lease_payload, resource_key
+from .._ledger.store import LedgerStore, holding_to_lease, resource_key
 from .._ledger.tables import (
     EventRow,
     HandoffRow,
@@ -55,7 +54,7 @@ from .._ledger.tables import (
     Principal,
     ReceiptRow,
 )
-from .codec import from_gen
+from .codec import encode_gen, from_gen
 
 __all__ = ["FOREVER_MS", "SYSTEM_PRINCIPAL", "Batch", "LedgerWriter"]
 
@@ -78,11 +77,20 @@ _KIND = {
     "force_release": "lease.released",
 }
 
-# The same text as prefect_baton._validation.canonical_json (sorted keys, no spaces, UTF-8,
-# no NaN), without building an encoder per call.
-_canonical = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-).encode
+
+def _make_canonical() -> Callable[[Any], str]:
+    """The same text as :func:`prefect_baton._validation.canonical_json` (sorted keys, no
+    spaces, UTF-8, no NaN) from an encoder built once (the C one when there is one)."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - CPython has it
+        return json.JSONEncoder(
+            sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        ).encode
+    enc = make(None, None, json.encoder.encode_basestring, None, ":", ",", True, False, False)
+    return lambda value: "".join(enc(value, 0))
+
+
+_canonical = _make_canonical()
 
 
 class LedgerWriter:
@@ -156,12 +164,12 @@ class LedgerWriter:
         value = json.loads(raw)
         return str(value["inc"]), str(value["id"])
 
-    def _expiry_reported(self, conn: Connection, h: Holding) -> bool:
+    def _expiry_reported(self, conn: Connection, lease_id: str, version: int) -> bool:
         """Whether ``report_expired`` already recorded ``lease.expired`` for this generation."""
         found = conn.execute(
             select(col(LeaseTransition.seq)).where(
-                col(LeaseTransition.lease_id) == h.lease_id,
-                col(LeaseTransition.version) == h.version,
+                col(LeaseTransition.lease_id) == lease_id,
+                col(LeaseTransition.version) == version,
                 col(LeaseTransition.action) == "expired",
             )
         ).first()
@@ -171,41 +179,44 @@ class LedgerWriter:
         self, conn: Connection, org: str, eid: str, p: dict[str, Any], batch: Batch
     ) -> None:
         """Add one journal entry's rows to ``batch`` (in journal order); nothing is written
-        yet except what :meth:`_accept_handoff` reads."""
+        yet except what :meth:`_accept_handoff` reads. Generations are handled as their
+        17 fields (see :mod:`prefect_baton._redis.codec`)."""
         at = int(p["at"])
         actor = str(p["ac"])
         batch.actors[actor] = str(p["ro"])
-        batch.first_at = at if batch.first_at is None else batch.first_at
+        if batch.first_at is None:
+            batch.first_at = at
         events: list[tuple[str, str, dict[str, Any]]] = []
-        last: Holding | None = None
+        last: list[str] | None = None
         for item in p["it"]:
-            new = from_gen(item["n"])
-            resource = (new.resource_type, new.resource_id)
-            subject = f"{resource[0]}/{resource[1]}"
-            ended = from_gen(item["x"]) if item.get("x") else None
+            new = _fields(item["n"])
+            subject = f"{new[1]}/{new[2]}"
+            x = item.get("x")
+            ended = _fields(x) if x else None
             action = str(item["a"])
             if ended is not None:
                 batch.lease(ended)
-                batch.transition(org, ended, ended.status, at, actor)
-                if ended.status == "taken_over" and not self._expiry_reported(conn, ended):
-                    events.append(("lease.expired", subject, lease_payload(ended, resource)))
+                batch.transition(org, ended, ended[8], at, actor)
+                if ended[8] == "taken_over" and not self._expiry_reported(
+                    conn, ended[0], int(ended[6])
+                ):
+                    events.append(("lease.expired", subject, _event_payload(ended)))
             batch.lease(new)
             batch.transition(org, new, action, at, actor)
-            payload = lease_payload(new, resource)
+            payload = _event_payload(new)
             if action in ("takeover", "supersede"):
-                payload["previous_lease_id"] = ended.lease_id if ended else None
-            if action in ("release", "force_release"):
-                payload["status"] = new.status
-                if new.ended_by:
-                    payload["forced_by"] = new.ended_by
+                payload["previous_lease_id"] = ended[0] if ended else None
+            elif action in ("release", "force_release"):
+                payload["status"] = new[8]
+                if new[15]:
+                    payload["forced_by"] = new[15]
             events.append((_KIND[action], subject, payload))
             rc = item.get("rc")
-            if rc and new.execution_key is not None:
-                batch.receipts[
-                    (actor, new.execution_key, resource_key(new.resource_type, new.resource_id))
-                ] = (
+            if rc and new[5]:
+                h = from_gen(new)
+                batch.receipts[(actor, new[5], resource_key(new[1], new[2]))] = (
                     str(rc["d"]),
-                    json.dumps(holding_to_lease(new).model_dump(mode="json")),
+                    json.dumps(holding_to_lease(h).model_dump(mode="json")),
                     at,
                     int(rc["ex"]),
                 )
@@ -337,12 +348,13 @@ class LedgerWriter:
         return table.pg_sql + " " + conflict, tuple(map(list, zip(*rows, strict=True))), False
 
     def _accept_handoff(
-        self, conn: Connection, org: str, ho: dict[str, Any], lease: Holding, at: int
+        self, conn: Connection, org: str, ho: dict[str, Any], gen: list[str], at: int
     ) -> list[tuple[str, str, dict[str, Any]]]:
+        lease_id, epoch = gen[0], int(gen[7])
         hid = str(ho["id"])
         row = conn.execute(select(HandoffRow).where(col(HandoffRow.handoff_id) == hid)).first()
         if row is None or row.org_id != org or row.status != "pending":
-            if row is None or row.accepted_lease_id != lease.lease_id:
+            if row is None or row.accepted_lease_id != lease_id:
                 log.warning("journal accepts handoff %s, which is not pending in the ledger", hid)
             return []
         conn.execute(
@@ -352,7 +364,7 @@ class LedgerWriter:
                 status="accepted",
                 note=ho.get("nt"),
                 resolved_at_ms=at,
-                accepted_lease_id=lease.lease_id,
+                accepted_lease_id=lease_id,
             )
         )
         payload = {
@@ -361,8 +373,8 @@ class LedgerWriter:
             "to_principal": row.to_principal,
             "checkpoint_id": row.checkpoint_id,
             "lease_id": row.lease_id,
-            "accepted_lease_id": lease.lease_id,
-            "epoch": lease.epoch,
+            "accepted_lease_id": lease_id,
+            "epoch": epoch,
         }
         return [("handoff.accepted", str(row.subject_id), payload)]
 
@@ -485,68 +497,95 @@ _CURSOR_SET_SQL = (
 )
 
 
-def _lease_row(org: str, h: Holding) -> tuple[Any, ...]:
+def _fields(raw: Any) -> list[str]:
+    """A generation's 17 fields (a journal entry's generations are field lists already;
+    an earlier JSON form is converted)."""
+    if isinstance(raw, list):
+        return raw
+    return encode_gen(from_gen(raw)).split("\x00")
+
+
+def _event_payload(f: list[str]) -> dict[str, Any]:
+    """The lease part of an event payload (as ``lease_payload`` of the ledger store)."""
+    return {
+        "lease_id": f[0],
+        "resource_type": f[1],
+        "resource_id": f[2],
+        "owner": f[4],
+        "version": int(f[6]),
+        "epoch": int(f[7]),
+        "expires_at_ms": int(f[10]),
+    }
+
+
+def _lease_row(org: str, f: list[str]) -> tuple[Any, ...]:
+    """The ``baton_leases`` row of a generation's fields (in :data:`_LEASE_TABLE` order)."""
+    scopes = json.loads(f[12]) if f[12] else []
+    if not isinstance(scopes, list):
+        scopes = []
     return (
-        h.lease_id,
+        f[0],
         org,
-        h.resource_type,
-        h.resource_id,
-        h.owner,
-        h.execution_key,
-        h.purpose,
-        json.dumps(list(h.scopes)),
-        1 if h.scopes else 0,
-        h.version,
-        h.epoch,
-        h.status,
-        h.acquired_at_ms,
-        h.expires_at_ms,
-        h.ttl_ms,
-        h.ended_at_ms,
-        h.ended_by,
+        f[1],
+        f[2],
+        f[4],
+        f[5] or None,
+        f[13][1:] if f[13] else None,
+        json.dumps(scopes),
+        1 if scopes else 0,
+        int(f[6]),
+        int(f[7]),
+        f[8],
+        int(f[9]),
+        int(f[10]),
+        int(f[11]),
+        int(f[14]) if f[14] else None,
+        f[15] or None,
     )
 
 
 @dataclass
 class Batch:
     """The rows of one drain transaction, gathered in journal order: each lease's newest
-    state, the transitions, events and receipts (tuples in the bulk column order), the
-    actors to register."""
+    state (a generation's 17 fields), the transitions, events and receipts (tuples in the
+    bulk column order), the actors to register."""
 
-    leases: dict[str, Holding] = field(default_factory=dict)
+    leases: dict[str, list[str]] = field(default_factory=dict)
     transitions: list[tuple[Any, ...]] = field(default_factory=list)
     events: list[tuple[Any, ...]] = field(default_factory=list)
     receipts: dict[tuple[str, str, str], tuple[str, str, int, int]] = field(default_factory=dict)
     actors: dict[str, str] = field(default_factory=dict)
     first_at: int | None = None
 
-    def lease(self, h: Holding) -> None:
-        """Keep ``h`` if it is newer than the state already gathered for its lease: a
-        higher version, or the end of the same version (states only move that way)."""
-        cur = self.leases.get(h.lease_id)
-        if (
-            cur is None
-            or h.version > cur.version
-            or (h.version == cur.version and cur.status == "active" and h.status != "active")
-        ):
-            self.leases[h.lease_id] = h
+    def lease(self, f: list[str]) -> None:
+        """Keep generation ``f`` if it is newer than the state already gathered for its
+        lease: a higher version, or the end of the same version (states only move that
+        way)."""
+        cur = self.leases.get(f[0])
+        if cur is not None:
+            version, cur_version = int(f[6]), int(cur[6])
+            if version < cur_version or (
+                version == cur_version and (cur[8] != "active" or f[8] == "active")
+            ):
+                return
+        self.leases[f[0]] = f
 
-    def transition(self, org: str, h: Holding, action: str, at: int, actor: str) -> None:
-        """Add the transition row of ``h``."""
+    def transition(self, org: str, f: list[str], action: str, at: int, actor: str) -> None:
+        """Add the transition row of generation ``f``."""
         self.transitions.append(
             (
                 org,
-                h.resource_type,
-                h.resource_id,
-                h.lease_id,
+                f[1],
+                f[2],
+                f[0],
                 action,
-                h.version,
-                h.epoch,
-                h.owner,
-                h.execution_key,
-                h.status,
+                int(f[6]),
+                int(f[7]),
+                f[4],
+                f[5] or None,
+                f[8],
                 at,
-                h.expires_at_ms,
+                int(f[10]),
                 actor,
             )
         )

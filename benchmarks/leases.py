@@ -163,7 +163,11 @@ def reconciler_process(
 ) -> subprocess.Popen[bytes]:
     """A ``run_reconciler(follow=True)`` process draining ``org`` (stopped by its pid), at
     scheduling priority ``nice`` (negative: ahead of the client processes, standing in for a
-    reconciler with a CPU of its own; needs root)."""
+    reconciler with a CPU of its own; needs root). On PostgreSQL its connection carries the
+    application name :func:`_app_name` of ``org``, so that its server process can be found."""
+    if ledger_url.startswith("postgres"):
+        sep = "&" if "?" in ledger_url else "?"
+        ledger_url = f"{ledger_url}{sep}application_name={_app_name(org)}"
     code = (
         "from prefect_baton.reconcile import run_reconciler\n"
         f"run_reconciler({redis_url!r}, {ledger_url!r}, orgs=[{org!r}], follow=True, "
@@ -175,6 +179,36 @@ def reconciler_process(
             os.setpriority(os.PRIO_PROCESS, 0, nice)
 
     return subprocess.Popen([sys.executable, "-c", code], preexec_fn=set_priority)
+
+
+def _app_name(org: str) -> str:
+    return "rec-" + org
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``; ``None``
+    elsewhere or when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _server_cpu_seconds(store: LedgerStore, org: str) -> float | None:
+    """CPU seconds of the PostgreSQL server process serving the reconciler of ``org``
+    (found by its application name; the server runs on this machine), or ``None``."""
+    from sqlalchemy import text
+
+    if store.engines.is_sqlite:
+        return None
+    with store.engines.read.connect() as conn:
+        pid = conn.execute(
+            text("SELECT pid FROM pg_stat_activity WHERE application_name = :a"),
+            {"a": _app_name(org)},
+        ).scalar()
+    return None if pid is None else _cpu_seconds(int(pid))
 
 
 def baton_redis(
@@ -411,6 +445,8 @@ def section_concurrent(args: argparse.Namespace) -> dict[str, Any]:
             deadline = time.time() + 60
             while rec.lag(org).entries and time.time() < deadline:
                 time.sleep(0.2)
+            rec_cpu = _cpu_seconds(rec_proc.pid)
+            server_cpu = _server_cpu_seconds(store, org)
             rec_proc.terminate()
             rec_proc.wait(10)
             rec.drain(org)
@@ -427,6 +463,11 @@ def section_concurrent(args: argparse.Namespace) -> dict[str, Any]:
                     "max_lag_seconds_by_half": [round(x, 3) for x in halves],
                 }
             )
+            # CPU of the reconciler process and of its database server process, over the
+            # whole run (burst and catch-up), per transition written
+            for name, spent in (("reconciler", rec_cpu), ("db_server", server_cpu)):
+                if spent is not None and transitions:
+                    row[f"{name}_cpu_us_per_transition"] = round(1e6 * spent / len(transitions), 1)
             store.close()
         if nice:
             row["reconciler_nice"] = nice
@@ -547,13 +588,15 @@ def section_drain(args: argparse.Namespace) -> dict[str, Any]:
             rec = v.b._redis.reconciler if v.b._redis else None
             assert rec is not None
             pending = rec.lag(v.b.org).entries
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             applied = rec.drain(v.b.org)
-            dt = time.perf_counter() - t0
+            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
             out[name] = {
                 "entries": applied,
                 "pending_before": pending,
                 "entries_per_s": round(applied / dt, 1),
+                # CPU of this (the reconciler's) process; the database server's is not in it
+                "reconciler_cpu_us_per_entry": round(1e6 * cpu / max(applied, 1), 1),
                 "audit_ok": audit_ledger(v.b.store, v.b.org).ok,
             }
         finally:

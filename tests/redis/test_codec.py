@@ -23,6 +23,7 @@ from prefect_baton._redis.codec import (
 )
 from prefect_baton._redis.keys import org_keys, resource_digest
 from prefect_baton.audit import audit_ledger
+from prefect_baton.errors import LeaseLostError
 
 from ._util import kinds_of
 
@@ -181,5 +182,38 @@ def test_state_written_as_json_by_an_earlier_version_is_served(
         "lease.released",
         "lease.acquired",
     ]
+    assert audit_ledger(ledger, b.org).ok
+    auth.close()
+
+
+@pytest.mark.parametrize("functions", [True, False])
+def test_a_json_head_is_released_and_taken_over_directly(
+    ledger: LedgerStore, functions: bool
+) -> None:
+    """A JSON head (earlier format) released without being rewritten first, and another
+    JSON head whose lease ran out taken over: both end with the right status and times."""
+    fake = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    auth = RedisAuthority(fake, ledger, ack="ledger", functions=functions)
+    b = _baton(auth)
+    keys = org_keys(b.org)
+    first = b.leases.acquire("res", "r1", ttl_seconds=30)
+    second = b.leases.acquire("res", "r2", ttl_seconds=30)
+    for lease, expires in ((first, None), (second, 1)):
+        rd = resource_digest("res", lease.resource_id)
+        gen = to_gen(from_gen(fake.hget(keys.base[1], rd)))
+        if expires is not None:
+            gen["x"] = expires  # ran out long ago
+        fake.hset(keys.base[1], rd, json.dumps(gen))
+
+    receipt = b.leases.release(first)
+    assert receipt.status == "released"
+    assert receipt.lease.released_at is not None
+    assert receipt.lease.epoch == first.epoch
+    assert b.leases.release(first).status == "no_change"
+
+    other = b.as_principal("agent-b").leases.acquire("res", "r2", ttl_seconds=30)
+    assert other.epoch > second.epoch
+    with pytest.raises(LeaseLostError):
+        b.leases.release(second)
     assert audit_ledger(ledger, b.org).ok
     auth.close()

@@ -23,13 +23,13 @@ local function decide_acquire(it, principal, key, now, mk, raw)
       return {C_REPLAY, enc(g)}
     end
   end
-  local head = dec(raw)
+  local head = peek(raw)
   local ended, action = nil, 'acquire'
   if head and effective(head, now) then
     local same = head.o == principal
     if same and key and head.k == key then return {C_NOOP, raw} end
     if same and not key and head.k == nil then
-      ended = copy(head); ended.s = 'superseded'; ended.ea = now; action = 'supersede'
+      ended = dec(raw); ended.s = 'superseded'; ended.ea = now; action = 'supersede'
     elseif same then
       return {C_CONFLICT, I(head.x), 2}
     else
@@ -46,7 +46,7 @@ local function decide_acquire(it, principal, key, now, mk, raw)
   if head and (head.v >= MAX_SAFE or head.e >= MAX_SAFE) then return {C_INVALID, EXHAUSTED} end
   if mk.delay > now then return {C_CONFLICT, I(mk.delay), 0} end
   if head and head.s == 'active' and not ended then
-    ended = copy(head); ended.s = 'taken_over'; ended.ea = now; action = 'takeover'
+    ended = dec(raw); ended.s = 'taken_over'; ended.ea = now; action = 'takeover'
   end
   local epoch = mk.floor
   if head and head.e > epoch then epoch = head.e end

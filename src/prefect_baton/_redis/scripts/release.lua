@@ -16,22 +16,27 @@ local mk = marker()
 if not mk then return {C_NO_INCARNATION} end
 local now = now_ms()
 local principal, key, id = ARGV[1], opt(ARGV[3]), ARGV[4]
-local g = gen_by_id(id)
+local g = gen_by_id(id, true)
 if not g then return {C_UNKNOWN} end
 if g.o ~= principal then return {C_NOT_FOUND, 'lease ' .. id .. ' not found'} end
 if g.k ~= key then return {C_LOST, 'lease ' .. id .. ' is held by another execution'} end
 local ev = opt(ARGV[5])
 if ev and tonumber(ev) ~= g.v then return {C_VERSION, I(g.v), ev} end
-if g.s == 'released' or g.s == 'expired' then return {C_NOOP, enc(g)} end
+if g.s == 'released' or g.s == 'expired' then return {C_NOOP, g.raw or enc(g)} end
 if g.s == 'superseded' then return {C_NOT_FOUND, 'lease ' .. id .. ' not found'} end
 if g.s ~= 'active' then
   return {C_LOST, 'lease ' .. g.id .. ' is no longer held (' .. g.s .. ')'}
 end
 local sid = g.sid
-if g.x > now then g.s = 'released' else g.s = 'expired' end
-g.ea = now
-g.sid = nil
-local json = enc(g)
+local st = 'expired'
+if g.x > now then st = 'released' end
+local json
+if g.raw then
+  json = ended_text(g, st, now)
+else  -- a legacy JSON generation
+  g.s, g.ea, g.sid = st, now, nil
+  json = enc(g)
+end
 redis.call('HSET', KEYS[2], g.rd, json)
 redis.call('ZREM', KEYS[6], own_member(g))
 if sid then S().idx_remove(sid) end

@@ -52,37 +52,57 @@ def requests_of(
     if isinstance(resources, str | bytes | Mapping) or not isinstance(resources, Iterable):
         raise ValidationError("resources must be a list of (resource_type, resource_id) pairs")
     default_scopes = _core.validate_scopes(scopes)
+    # The call's ttl and purpose are checked when an item first uses them (an item may
+    # override both), then reused.
+    defaults: dict[str, Any] = {}
+
+    def default(name: str) -> Any:
+        if name not in defaults:
+            if name == "ttl":
+                defaults[name] = _core.validate_ttl(ttl_seconds)
+            else:
+                defaults[name] = _core.validate_text("purpose", purpose)
+        return defaults[name]
+
     out: list[AcquireRequest] = []
     seen: set[tuple[str, str]] = set()
     for item in resources:
-        if isinstance(item, Mapping):
+        if isinstance(item, tuple | list) and len(item) == 2:
+            rt = _core.validate_id("resource_type", item[0])
+            rid = _core.validate_id("resource_id", item[1])
+            req = AcquireRequest(rt, rid, default("ttl"), default_scopes, default("purpose"), None)
+        elif isinstance(item, Mapping):
             unknown = set(item) - _ITEM_FIELDS
             if unknown:
                 raise ValidationError(f"unknown acquire_many fields: {', '.join(sorted(unknown))}")
-            spec = dict(item)
-        elif isinstance(item, tuple | list) and len(item) == 2:
-            spec = {"resource_type": item[0], "resource_id": item[1]}
+            rt = _core.validate_id("resource_type", item.get("resource_type"))
+            rid = _core.validate_id("resource_id", item.get("resource_id"))
+            req = AcquireRequest(
+                resource_type=rt,
+                resource_id=rid,
+                ttl_ms=(
+                    _core.validate_ttl(item["ttl_seconds"])
+                    if "ttl_seconds" in item
+                    else default("ttl")
+                ),
+                scopes=(
+                    _core.validate_scopes(item["scopes"]) if "scopes" in item else default_scopes
+                ),
+                purpose=(
+                    _core.validate_text("purpose", item["purpose"])
+                    if "purpose" in item
+                    else default("purpose")
+                ),
+                expected_version=_core.validate_version(
+                    "expected_version", item.get("expected_version")
+                ),
+            )
         else:
             raise ValidationError("each resource must be a (resource_type, resource_id) pair")
-        rt = _core.validate_id("resource_type", spec.get("resource_type"))
-        rid = _core.validate_id("resource_id", spec.get("resource_id"))
         if (rt, rid) in seen:
             raise ValidationError(f"resource {rt}/{rid} is listed twice")
         seen.add((rt, rid))
-        out.append(
-            AcquireRequest(
-                resource_type=rt,
-                resource_id=rid,
-                ttl_ms=_core.validate_ttl(spec.get("ttl_seconds", ttl_seconds)),
-                scopes=(
-                    _core.validate_scopes(spec["scopes"]) if "scopes" in spec else default_scopes
-                ),
-                purpose=_core.validate_text("purpose", spec.get("purpose", purpose)),
-                expected_version=_core.validate_version(
-                    "expected_version", spec.get("expected_version")
-                ),
-            )
-        )
+        out.append(req)
     if not 1 <= len(out) <= MAX_MANY:
         raise ValidationError(f"acquire_many takes 1 to {MAX_MANY} resources")
     return out

@@ -170,6 +170,8 @@ def lease_from_gen(
     Raises:
         ValueError: ``raw`` is not a generation.
     """
+    if type(raw) is bytes:
+        raw = raw.decode()
     if type(raw) is str and not raw.startswith("{"):
         f = raw.split("\x00")
         if len(f) != GEN_FIELDS:

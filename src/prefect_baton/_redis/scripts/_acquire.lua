@@ -61,7 +61,8 @@ end
 
 -- Apply a decided acquire; returns the journal item and the new generation (texts). The
 -- writes to the heads, lease-id and owner indexes are gathered in `w` ({h = {}, l = {},
--- o = {}}) and written by flush_acquired(w), so that several acquires write each key once.
+-- o = {}}) and written by flush_acquired(w), so that several acquires write each key once;
+-- without `w` (one acquire) they are written at once.
 local function apply_acquire(it, plan, principal, key, now, mk, w)
   local new, ended, head = plan.new, plan.ended, plan.head
   local ended_s = nil
@@ -75,16 +76,22 @@ local function apply_acquire(it, plan, principal, key, now, mk, w)
   end
   if head then prune_old(now, mk) end
   local new_s = enc(new)
-  local h, l, o = w.h, w.l, w.o
-  h[#h + 1] = it.rd; h[#h + 1] = new_s
-  l[#l + 1] = new.id; l[#l + 1] = it.rd
-  o[#o + 1] = '0'; o[#o + 1] = own_member(new)
+  if w then
+    local h, l, o = w.h, w.l, w.o
+    h[#h + 1] = it.rd; h[#h + 1] = new_s
+    l[#l + 1] = new.id; l[#l + 1] = it.rd
+    o[#o + 1] = '0'; o[#o + 1] = own_member(new)
+  else
+    redis.call('HSET', KEYS[2], it.rd, new_s)
+    redis.call('HSET', KEYS[3], new.id, it.rd)
+    redis.call('ZADD', KEYS[6], '0', own_member(new))
+  end
   if new.sid then S().idx_add(new.sid, it.meta, it.pf, new.x, principal) end
   local rc_d, rc_ex = nil, nil
   if key and it.rk then
     redis.call('SET', it.rk, '{"d":"' .. it.digest .. '","id":"' .. new.id .. '","e":"'
       .. I(new.e) .. '"}', 'PX', it.rttl_s)
-    rc_d, rc_ex = it.digest, I(now + it.rttl)
+    rc_d, rc_ex = it.digest, I(now + tonumber(it.rttl_s))
   end
   return item(plan.action, new_s, ended_s, rc_d, rc_ex), new_s
 end
@@ -99,18 +106,16 @@ end
 -- Read one acquire request from ARGV starting at index `b` (11 fields), its receipt key
 -- being KEYS[ki] when keyed.
 local function read_item(b, ki)
-  local it = {rd = ARGV[b], rt = ARGV[b + 1], ri = ARGV[b + 2], ttl = tonumber(ARGV[b + 3]),
-              p = opt(ARGV[b + 4]), id = ARGV[b + 6], digest = ARGV[b + 7]}
-  local ev = opt(ARGV[b + 5])
-  if ev then it.ev = tonumber(ev) end
+  local ev, sc, meta, pf, tk, rk = opt(ARGV[b + 5]), nil, nil, nil, nil, nil
+  if ev then ev = tonumber(ev) end
   if ARGV[b + 8] ~= '' then
-    it.sc = ARGV[b + 8]
-    it.meta = ARGV[b + 9]
-    local m = cjson.decode(it.meta)
-    it.pf, it.tk = m.pf, m.t
+    sc, meta = ARGV[b + 8], ARGV[b + 9]
+    local m = cjson.decode(meta)
+    pf, tk = m.pf, m.t
   end
-  if ki then it.rk = KEYS[ki] end
-  it.rttl_s = ARGV[b + 10]
-  it.rttl = tonumber(it.rttl_s)
-  return it
+  if ki then rk = KEYS[ki] end
+  -- The receipt TTL is used as text (PX); the lease TTL's text is remembered by N().
+  return {rd = ARGV[b], rt = ARGV[b + 1], ri = ARGV[b + 2], ttl = N(ARGV[b + 3]),
+          p = opt(ARGV[b + 4]), ev = ev, id = ARGV[b + 6], digest = ARGV[b + 7], sc = sc,
+          meta = meta, pf = pf, tk = tk, rk = rk, rttl_s = ARGV[b + 10]}
 end

@@ -404,17 +404,30 @@ local function own_member(g)
   return g.o .. '\0' .. g.rd
 end
 
--- Append one journal entry; `items` are texts built by item(), `ho` the handoff id and
--- `note` its note (nil when none). Generations are encoded once and reused.
+-- Append one journal entry; `items` are built by item(), `ho` the handoff id and `note` its
+-- note (nil when none). Generations are encoded once and reused; the entry's text is made
+-- by one concatenation of all the pieces.
 local function journal(mk, principal, role, now, items, ho, note)
   local nt = ''
   if note then nt = '=' .. note end
-  return redis.call('XADD', KEYS[10], '*', 'p', table.concat({mk.id, principal, role, I(now),
-    ho or '', nt, #items, table.concat(items, '\0')}, '\0'))
+  local parts
+  if #items == 1 then
+    local it = items[1]
+    parts = {mk.id, principal, role, I(now), ho or '', nt, 1, it[1], it[2], it[3], it[4], it[5]}
+  else
+    parts = {mk.id, principal, role, I(now), ho or '', nt, #items}
+    local n = 7
+    for _, it in ipairs(items) do
+      parts[n + 1], parts[n + 2], parts[n + 3], parts[n + 4], parts[n + 5] =
+        it[1], it[2], it[3], it[4], it[5]
+      n = n + 5
+    end
+  end
+  return redis.call('XADD', KEYS[10], '*', 'p', table.concat(parts, '\0'))
 end
 
--- One journal item: the action, the new generation, the ended generation (or nil) and the
--- receipt's request digest and expires_at_ms (or nil).
+-- One journal item (its five pieces): the action, the new generation, the ended generation
+-- (or nil) and the receipt's request digest and expires_at_ms (or nil).
 local function item(action, new_s, ended_s, rc_digest, rc_ex)
-  return table.concat({action, rc_digest or '', rc_ex or '', new_s, ended_s or NO_GEN}, '\0')
+  return {action, rc_digest or '', rc_ex or '', new_s, ended_s or NO_GEN}
 end

@@ -27,8 +27,6 @@ if key then ki = 11 end
 local it = read_item(4, ki)
 local r = decide_acquire(it, principal, key, now, mk, redis.call('HGET', KEYS[2], it.rd))
 if r[1] ~= C_OK then return r end
-local w = {h = {}, l = {}, o = {}}
-local entry, new_s = apply_acquire(it, r[2], principal, key, now, mk, w)
-flush_acquired(w)
+local entry, new_s = apply_acquire(it, r[2], principal, key, now, mk, nil)
 local eid = journal(mk, principal, role, now, {entry})
 return {C_OK, eid, new_s}

@@ -67,6 +67,8 @@ FOREVER_MS = 2**53 - 1
 JOURNAL_OP = "redis.journal"
 """The receipts-table operation under which an org's journal cursor is kept."""
 
+_CREATES = frozenset(("acquire", "takeover", "supersede"))
+"""Journal actions whose new generation is a new lease (a new lease id)."""
 _KIND = {
     "acquire": "lease.acquired",
     "takeover": "lease.acquired",
@@ -204,6 +206,8 @@ class LedgerWriter:
             batch.lease(new)
             batch.transition(org, new, action, at, actor)
             payload = _event_payload(new)
+            if action in _CREATES:
+                batch.created.add(new[0])
             if action in ("takeover", "supersede"):
                 payload["previous_lease_id"] = ended[0] if ended else None
             elif action in ("release", "force_release"):
@@ -255,11 +259,13 @@ class LedgerWriter:
         ``events:<org>`` lock).
 
         PostgreSQL: one pipeline (one round trip). With ``copy`` (PostgreSQL only), the
-        transitions and events are instead written with ``COPY``, which inserts rows at
-        about two thirds of the server's cost but cannot ignore a row that is already
-        there: a transition or event already in the ledger raises
-        :class:`psycopg.errors.UniqueViolation`, and the caller rolls the transaction back
-        and writes the batch again without ``copy``. SQLite: one ``executemany`` per kind.
+        transitions, the events and the rows of the leases created in this batch (by an
+        acquire, takeover or supersede entry, so not in the ledger unless the entry was
+        applied before) are instead written with ``COPY``, which inserts rows at about two
+        thirds of the server's cost but cannot ignore or update a row that is already
+        there: such a row raises :class:`psycopg.errors.UniqueViolation`, and the caller
+        rolls the transaction back and writes the batch again without ``copy``. SQLite:
+        one ``executemany`` per kind.
         """
         copy = copy and not self._sqlite
         at = batch.first_at or 0
@@ -274,8 +280,14 @@ class LedgerWriter:
         ]
         if actors:
             stmts.append(self._principals(org, actors, at))
-        if batch.leases:
-            leases = [_lease_row(org, h) for h in batch.leases.values()]
+        # with copy, the leases created in this batch are new to the ledger: COPYed after
+        # the upsert of the others (which may end the resource's previous active lease)
+        fresh: list[list[str]] = []
+        upserts: list[list[str]] = []
+        for f in batch.leases.values():
+            (fresh if copy and f[0] in batch.created else upserts).append(f)
+        if upserts:
+            leases = [_lease_row(org, f) for f in upserts]
             stmts.append(self._bulk(_LEASE_TABLE, leases, _LEASE_CONFLICT))
         if batch.receipts:
             receipts = [
@@ -307,10 +319,12 @@ class LedgerWriter:
                 for sql, params, _many in stmts:
                     cur.execute(sql, params)
             if copy:
-                for table, rows in (
+                copies = (
+                    (_LEASE_TABLE, [_lease_row(org, f) for f in fresh]),
                     (_TRANSITION_TABLE, batch.transitions),
                     (_EVENT_TABLE, batch.events),
-                ):
+                )
+                for table, rows in copies:
                     if rows:
                         with cur.copy(table.copy_sql) as cp:
                             for row in rows:
@@ -556,6 +570,8 @@ class Batch:
     receipts: dict[tuple[str, str, str], tuple[str, str, int, int]] = field(default_factory=dict)
     actors: dict[str, str] = field(default_factory=dict)
     first_at: int | None = None
+    created: set[str] = field(default_factory=set)
+    """Ids of the leases an entry of this batch created (acquire, takeover, supersede)."""
 
     def lease(self, f: list[str]) -> None:
         """Keep generation ``f`` if it is newer than the state already gathered for its

@@ -7,6 +7,7 @@ registered."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 from sqlalchemy import text
 
 from prefect_baton import Baton
+from prefect_baton._core import canonical_json
 from prefect_baton._ledger.store import LedgerStore
 from prefect_baton._redis.authority import RedisAuthority
 from prefect_baton._redis.reconciler import Reconciler
@@ -46,8 +48,15 @@ def journal(monkeypatch: pytest.MonkeyPatch) -> fakeredis.FakeRedis:
     return client
 
 
+PAIRS = 40
+"""Acquire+release pairs of the workload besides its 9 other entries: with them a batch of
+the whole journal is large enough for the ``COPY`` path (``COPY_MIN_ENTRIES``)."""
+ENTRIES = 9 + 2 * PAIRS
+
+
 def _workload(auth: RedisAuthority) -> Baton:
-    """Leases of every kind of transition, left in the journal (nothing drained)."""
+    """Leases of every kind of transition, left in the journal (nothing drained), and
+    :data:`PAIRS` acquire+release pairs of other principals."""
     a = Baton(
         org=f"org-{uuid.uuid4().hex[:12]}",
         principal="agent-a",
@@ -63,6 +72,9 @@ def _workload(auth: RedisAuthority) -> Baton:
     scoped = a.leases.acquire("res", "r2", ttl_seconds=30, scopes=["p/**"], purpose='say "hi"\\')
     a.as_principal("boss", role="admin").leases.force_release(scoped.lease_id)
     a.leases.acquire("res", "r0", ttl_seconds=30)
+    for i in range(PAIRS):
+        other = a.as_principal(f"agent-{i % 3}")
+        other.leases.release(other.leases.acquire("res", f"p{i % 7}-é", ttl_seconds=30))
     return a
 
 
@@ -114,10 +126,10 @@ def test_one_batch_writes_the_rows_of_one_entry_per_batch(
     rows, transitions, events (same ids, payloads and order) and receipts."""
     auth = RedisAuthority(journal, store, ack="redis", reconcile_in_client=False)
     a = _workload(auth)
-    assert Reconciler(journal, store, batch_size=1000).drain(a.org) == 9
+    assert Reconciler(journal, store, batch_size=1000).drain(a.org) == ENTRIES
     whole = _rows(store, a.org)
     _forget(store, a.org)
-    assert Reconciler(journal, store, batch_size=1).drain(a.org) == 9
+    assert Reconciler(journal, store, batch_size=1).drain(a.org) == ENTRIES
     assert _rows(store, a.org) == whole
     assert audit_ledger(store, a.org).ok
 
@@ -128,7 +140,8 @@ def test_one_batch_writes_the_rows_of_one_entry_per_batch(
     actions = [t["action"] for t in whole["transitions"] if t["lease_id"] == first]
     assert actions == ["acquire", "release"]
     kinds = [e["kind"] for e in whole["events"]]
-    assert kinds == [
+    assert kinds[9:] == ["lease.acquired", "lease.released"] * PAIRS
+    assert kinds[:9] == [
         "lease.acquired",
         "lease.released",
         "lease.acquired",
@@ -140,11 +153,17 @@ def test_one_batch_writes_the_rows_of_one_entry_per_batch(
         "lease.acquired",
     ]
     assert [(p["name"], p["role"]) for p in whole["principals"]] == [
+        ("agent-0", "agent"),
+        ("agent-1", "agent"),
+        ("agent-2", "agent"),
         ("agent-a", "agent"),
         ("agent-b", "agent"),
         ("boss", "admin"),
     ]
     assert whole["orgs"] == [{"org_id": a.org}]
+    # payloads are canonical JSON, as the ledger store writes them
+    assert all(e["payload"] == canonical_json(json.loads(e["payload"])) for e in whole["events"])
+    assert any("é" in e["payload"] for e in whole["events"])
     assert [r["idem_key"] for r in whole["receipts"]] == ["k1"]
 
 
@@ -157,12 +176,13 @@ def test_reapplying_entries_changes_nothing(
     batch are written."""
     auth = RedisAuthority(journal, store, ack="redis", reconcile_in_client=False)
     a = _workload(auth)
-    rec = Reconciler(journal, store, batch_size=4)
-    assert rec.drain(a.org) == 9
+    rec = Reconciler(journal, store, batch_size=1000)
+    assert rec.drain(a.org) == ENTRIES
     before = _rows(store, a.org)
-    _forget_cursor(store, a.org)
-    assert rec.drain(a.org) == 9
-    assert _rows(store, a.org) == before
+    for batch_size in (1000, 4):  # one batch (COPY on PostgreSQL), small batches
+        _forget_cursor(store, a.org)
+        assert Reconciler(journal, store, batch_size=batch_size).drain(a.org) == ENTRIES
+        assert _rows(store, a.org) == before
     # part of a batch already there: the last transition and event are missing
     _forget_cursor(store, a.org)
     with store.engines.write.begin() as conn:
@@ -174,8 +194,8 @@ def test_reapplying_entries_changes_nothing(
                 ),
                 {"o": a.org},
             )
-    assert len(_rows(store, a.org)["events"]) == 8
-    assert Reconciler(journal, store, batch_size=1000).drain(a.org) == 9
+    assert len(_rows(store, a.org)["events"]) == ENTRIES - 1
+    assert Reconciler(journal, store, batch_size=1000).drain(a.org) == ENTRIES
     assert _rows(store, a.org) == before
     assert audit_ledger(store, a.org).ok
 

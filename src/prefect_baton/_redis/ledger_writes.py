@@ -12,12 +12,14 @@ transitions and both events.
 Statements and round trips of a batch:
 
 * PostgreSQL: each kind of row is one statement (``INSERT ... SELECT FROM unnest`` of one
-  text-format array per column, ``ORDER BY`` the position so that serial ``seq`` columns
+  binary array per column, ``ORDER BY`` the position so that serial ``seq`` columns
   follow journal order), and all the statements of a batch (lease rows, transitions,
-  receipts, the ``events:<org>`` lock, events, cursor) go to the server in one pipeline: one
-  round trip. The journal lock and the cursor read are another pipeline of two statements
-  (each statement still takes its own snapshot, so the cursor is read after the lock is
-  held).
+  receipts, cursor, the ``events:<org>`` lock, events) go to the server in one pipeline:
+  one round trip. The journal lock and the cursor read are another pipeline of two
+  statements (each statement still takes its own snapshot, so the cursor is read after
+  the lock is held). In ``copy`` mode (large batches, see :meth:`LedgerWriter._flush`) the
+  transitions, the events and the rows of leases created in the batch are written with
+  ``COPY`` (in journal order) after that pipeline instead.
 * SQLite: each kind is one prepared statement run by ``executemany``.
 
 The org and the actors (principals with their role) are registered in the batch's

@@ -207,16 +207,19 @@ class RedisAuthority(AuthorityBase):
         """
         if not 1 <= len(requests) <= MAX_MANY:
             raise ValidationError(f"acquire_many takes 1 to {MAX_MANY} resources")
-        args: list[str] = [caller.principal, caller.role, opt(idempotency_key), str(len(requests))]
-        extra: list[str] = []
         # One random id for the call, numbered per resource: 32 hex digits as uuid4's.
-        base = uuid.uuid4().hex[:26]
-        for i, req in enumerate(requests):
-            item, rkey = self._item(caller, req, idempotency_key, f"lease_{base}{i:06x}")
-            args += item
-            if rkey:
-                extra.append(rkey)
-        reply = self._run(caller.org, "acquire_many", args, extra)
+        base = os.urandom(13).hex()
+        if self._plain(requests, idempotency_key):
+            reply = self._run(caller.org, "acquire_plain", self._plain_args(caller, requests, base))
+        else:
+            args = [caller.principal, caller.role, opt(idempotency_key), str(len(requests))]
+            extra: list[str] = []
+            for i, req in enumerate(requests):
+                item, rkey = self._item(caller, req, idempotency_key, f"lease_{base}{i:06x}")
+                args += item
+                if rkey:
+                    extra.append(rkey)
+            reply = self._run(caller.org, "acquire_many", args, extra)
         code = int(reply[0])
         if code != OK:
             raise_for([reply[0], *reply[2:]])
@@ -225,6 +228,35 @@ class RedisAuthority(AuthorityBase):
         if as_text(reply[1]):
             self._acked(caller.org, reply[1])
         return out
+
+    @staticmethod
+    def _plain(requests: Sequence[AcquireRequest], idempotency_key: str | None) -> bool:
+        """Whether ``acquire_plain.lua`` takes the call: no execution key, no scopes, no
+        expected version, one TTL and one purpose (the same decisions, less work)."""
+        first = requests[0]
+        return idempotency_key is None and all(
+            not r.scopes
+            and r.expected_version is None
+            and r.ttl_ms == first.ttl_ms
+            and r.purpose == first.purpose
+            for r in requests
+        )
+
+    @staticmethod
+    def _plain_args(caller: Caller, requests: Sequence[AcquireRequest], base: str) -> list[str]:
+        """ARGV of ``acquire_plain.lua``: requests without an execution key, scopes or
+        expected version, all with the first one's TTL and purpose. Each resource sends the
+        start of its new generation (id, type, id, digest, owner, no execution key)."""
+        first = requests[0]
+        args = [caller.principal, caller.role, str(len(requests)), str(first.ttl_ms)]
+        args.append(opt(first.purpose))
+        owner = caller.principal
+        for i, req in enumerate(requests):
+            lease_id = f"lease_{base}{i:06x}"
+            rd = resource_digest(req.resource_type, req.resource_id)
+            prefix = "\x00".join((lease_id, req.resource_type, req.resource_id, rd, owner, ""))
+            args += (prefix, rd, lease_id)
+        return args
 
     # ------------------------------------------------------------------ by proof
 

@@ -44,6 +44,7 @@ NO_INCARNATION, ROTATE, REBUILD_LOST = 30, 31, 32
 OPERATIONS = (
     "acquire",
     "acquire_many",
+    "acquire_plain",
     "renew",
     "transfer",
     "release",

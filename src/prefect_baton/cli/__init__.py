@@ -221,7 +221,6 @@ COMMANDS: list[tuple[str, Callable[..., None], dict[str, Any] | None]] = [
 ]
 
 
-
 def reflow(doc: str | None) -> str | None:
     """A docstring as command help: the lines of each paragraph joined into one, so Rich
     wraps them to the terminal (in ``rich`` markup mode every line break of a docstring is

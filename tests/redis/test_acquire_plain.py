@@ -1,0 +1,147 @@
+"""``acquire_plain.lua`` (acquire_many without keys, scopes or versions, one TTL and purpose)
+decides exactly as ``acquire_many.lua``: each scenario runs twice on a redis-server of the
+test's own, once through each script, in two organizations with the same history, and the
+outcomes (leases, refusals, ledger history) must be equal."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from prefect_baton import Baton
+from prefect_baton._redis.authority import RedisAuthority
+from prefect_baton._redis.codec import encode_gen, from_gen
+from prefect_baton._redis.keys import org_keys, resource_digest
+from prefect_baton.audit import audit_ledger
+from prefect_baton.errors import BatonError
+
+
+def _expire(auth: RedisAuthority, org: str, resource_id: str) -> None:
+    """Make the head of ("res", resource_id) run out long ago, still marked active."""
+    heads = org_keys(org).base[1]
+    rd = resource_digest("res", resource_id)
+    head = from_gen(auth.client.hget(heads, rd))
+    sid = head.lease_id if head.scopes else None
+    ran_out = dataclasses.replace(head, expires_at_ms=head.acquired_at_ms + 1)
+    auth.client.hset(heads, rd, encode_gen(ran_out, sid=sid))
+
+
+def _fresh(b: Baton, other: Baton, auth: RedisAuthority) -> None:
+    pass
+
+
+def _released_heads(b: Baton, other: Baton, auth: RedisAuthority) -> None:
+    for rid in ("a", "b"):
+        b.leases.release(b.leases.acquire("res", rid, ttl_seconds=30))
+    other.leases.release(other.leases.acquire("res", "a", ttl_seconds=30))
+
+
+def _held_by_other(b: Baton, other: Baton, auth: RedisAuthority) -> None:
+    b.leases.release(b.leases.acquire("res", "a", ttl_seconds=30))
+    other.leases.acquire("res", "b", ttl_seconds=30)
+
+
+def _held_by_self(b: Baton, other: Baton, auth: RedisAuthority) -> None:
+    b.leases.acquire("res", "b", ttl_seconds=30)  # unkeyed: a new acquire supersedes it
+
+
+def _held_by_self_keyed(b: Baton, other: Baton, auth: RedisAuthority) -> None:
+    b.leases.acquire("res", "c", ttl_seconds=30, idempotency_key="run-1")
+
+
+def _ran_out(b: Baton, other: Baton, auth: RedisAuthority) -> None:
+    other.leases.acquire("res", "a", ttl_seconds=30)
+    b.leases.acquire("res", "c", ttl_seconds=30, scopes=["src/**"])
+    _expire(auth, b.org, "a")
+    _expire(auth, b.org, "c")
+
+
+SCENARIOS: dict[str, Callable[[Baton, Baton, RedisAuthority], None]] = {
+    "fresh": _fresh,
+    "released_heads": _released_heads,
+    "held_by_other": _held_by_other,
+    "held_by_self": _held_by_self,
+    "held_by_self_keyed": _held_by_self_keyed,
+    "ran_out": _ran_out,
+}
+
+
+def _outcome(b: Baton, auth: RedisAuthority, request: list[Any]) -> dict[str, Any]:
+    try:
+        leases = b.leases.acquire_many(request, ttl_seconds=45, purpose="batch")
+        got: Any = [
+            (x.resource_id, x.version, x.epoch, x.status, x.replayed, x.ttl_seconds, x.purpose)
+            for x in leases
+        ]
+    except BatonError as exc:
+        got = (exc.code, type(exc).__name__)
+    auth.reconciler.drain(b.org)
+    _rows, transitions = auth.store.lease_history(b.org)
+    held = {rid: b.leases.inspect("res", rid).held for rid in ("a", "b", "c")}
+    assert audit_ledger(auth.store, b.org).ok
+    return {
+        "result": got,
+        "history": [(t.action, t.version, t.epoch) for t in transitions],
+        "held": held,
+    }
+
+
+@pytest.mark.parametrize("functions", [True, False], ids=["fcall", "evalsha"])
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_plain_and_general_scripts_decide_alike(
+    make_authority: Callable[..., RedisAuthority],
+    monkeypatch: pytest.MonkeyPatch,
+    scenario: str,
+    functions: bool,
+) -> None:
+    auth = make_authority(ack="ledger", functions=functions)
+    request = [("res", "a"), ("res", "b"), ("res", "c")]
+    used: list[str] = []
+    run = auth._run
+
+    def spy(org: str, name: str, *args: Any, **kwargs: Any) -> list[Any]:
+        used.append(name)
+        return run(org, name, *args, **kwargs)
+
+    monkeypatch.setattr(auth, "_run", spy)
+    outcomes = []
+    for plain in (True, False):
+        monkeypatch.setattr(RedisAuthority, "_plain", staticmethod(lambda r, k, p=plain: p))
+        b = Baton(
+            org=f"org-{scenario}-{plain}",
+            principal="agent-a",
+            store=auth.store,
+            lease_authority=auth,
+        )
+        other = b.as_principal("agent-b")
+        SCENARIOS[scenario](b, other, auth)
+        used.clear()
+        outcomes.append(_outcome(b, auth, request))
+        assert ("acquire_plain" if plain else "acquire_many") in used
+    assert outcomes[0] == outcomes[1]
+
+
+def test_lock_delay_refuses_a_plain_claim(make_authority: Callable[..., RedisAuthority]) -> None:
+    auth = make_authority(ack="ledger", post_loss="lock_delay", lock_delay_seconds=60)
+    b = Baton(org="org-delay", principal="agent-a", store=auth.store, lease_authority=auth)
+    b.leases.acquire("res", "a", ttl_seconds=30)
+    auth.client.flushall()
+    with pytest.raises(BatonError) as ei:
+        b.leases.acquire_many([("res", "b"), ("res", "c")], ttl_seconds=30)
+    assert ei.value.code == "CONFLICT"
+    assert not b.leases.inspect("res", "b").held
+
+
+def test_plain_claim_is_chosen_only_for_plain_requests() -> None:
+    from prefect_baton._redis.authority import AcquireRequest
+
+    plain = [AcquireRequest("res", "a", 30_000), AcquireRequest("res", "b", 30_000)]
+    assert RedisAuthority._plain(plain, None)
+    assert not RedisAuthority._plain(plain, "key")
+    assert not RedisAuthority._plain([*plain, AcquireRequest("res", "c", 60_000)], None)
+    assert not RedisAuthority._plain([AcquireRequest("res", "a", 30_000, ("src/**",))], None)
+    assert not RedisAuthority._plain([AcquireRequest("res", "a", 30_000, (), None, 3)], None)
+    assert not RedisAuthority._plain([*plain, AcquireRequest("res", "c", 30_000, (), "p")], None)

@@ -13,7 +13,7 @@ import pytest
 
 from prefect_baton import Baton
 from prefect_baton._redis.authority import RedisAuthority
-from prefect_baton._redis.codec import encode_gen, from_gen
+from prefect_baton._redis.codec import encode_gen, from_gen, lease_from_gen
 from prefect_baton._redis.keys import org_keys, resource_digest
 from prefect_baton.audit import audit_ledger
 from prefect_baton.errors import BatonError
@@ -76,6 +76,11 @@ def _outcome(b: Baton, auth: RedisAuthority, request: list[Any]) -> dict[str, An
             (x.resource_id, x.version, x.epoch, x.status, x.replayed, x.ttl_seconds, x.purpose)
             for x in leases
         ]
+        # Each returned lease is, field for field, the generation Redis stored.
+        heads = org_keys(b.org).base[1]
+        for x in leases:
+            stored = auth.client.hget(heads, resource_digest("res", x.resource_id))
+            assert lease_from_gen(stored, replayed=x.replayed) == x
     except BatonError as exc:
         got = (exc.code, type(exc).__name__)
     auth.reconciler.drain(b.org)

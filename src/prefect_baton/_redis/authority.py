@@ -43,7 +43,7 @@ from .._ledger.store import LedgerStore, holding_to_lease
 from ..errors import ForbiddenError, NotFoundError, ValidationError
 from ..models import Lease, LeaseInfo, Receipt, from_ms
 from .base import AuthorityBase
-from .codec import construct, from_gen, lease_from_gen, opt, scope_meta
+from .codec import construct, from_gen, lease_from_gen, opt, plain_leases, scope_meta
 from .connection import as_text, connect
 from .keys import org_keys, resource_digest
 from .scripts import NOOP, OK, REPLAY, UNKNOWN, raise_for
@@ -210,7 +210,11 @@ class RedisAuthority(AuthorityBase):
         # One random id for the call, numbered per resource: 32 hex digits as uuid4's.
         base = os.urandom(13).hex()
         if self._plain(requests, idempotency_key):
-            reply = self._run(caller.org, "acquire_plain", self._plain_args(caller, requests, base))
+            args = self._plain_args(caller, requests, base)
+            reply = self._run(caller.org, "acquire_plain", args)
+            if int(reply[0]) != OK:
+                raise_for([reply[0], *reply[2:]])
+            out = plain_leases(caller.principal, requests, base, reply)
         else:
             args = [caller.principal, caller.role, opt(idempotency_key), str(len(requests))]
             extra: list[str] = []
@@ -220,11 +224,10 @@ class RedisAuthority(AuthorityBase):
                 if rkey:
                     extra.append(rkey)
             reply = self._run(caller.org, "acquire_many", args, extra)
-        code = int(reply[0])
-        if code != OK:
-            raise_for([reply[0], *reply[2:]])
-        subs, gens = reply[2::2], reply[3::2]
-        out = [lease_from_gen(gen, replayed=sub != OK) for sub, gen in zip(subs, gens, strict=True)]
+            if int(reply[0]) != OK:
+                raise_for([reply[0], *reply[2:]])
+            subs, gens = reply[2::2], reply[3::2]
+            out = [lease_from_gen(g, replayed=sub != OK) for sub, g in zip(subs, gens, strict=True)]
         if as_text(reply[1]):
             self._acked(caller.org, reply[1])
         return out

@@ -13,6 +13,7 @@ journal entries.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -31,6 +32,7 @@ __all__ = [
     "journal_payload",
     "lease_from_gen",
     "opt",
+    "plain_leases",
     "scope_meta",
     "to_gen",
 ]
@@ -200,6 +202,54 @@ def lease_from_gen(
             "replayed": replayed,
         },
     )
+
+
+def plain_leases(
+    owner: str, requests: Sequence[Any], base: str, reply: Sequence[Any]
+) -> list[Lease]:
+    """The leases of an ``acquire_plain.lua`` reply (``[0, entry id, now_ms, then a
+    (kind, a, b) triple per request]``): kind 3 is a grant made there, with ``a`` the version
+    and ``b`` the epoch, the rest being the request's (lease id ``lease_<base><i as 6 hex
+    digits>``, ``owner``, the request's TTL and purpose, acquired at ``now_ms``); kinds 0, 1
+    and 2 carry the generation text in ``a`` (1 and 2: ``replayed``).
+
+    Raises:
+        ValueError: a malformed reply.
+    """
+    now = int(reply[2])
+    t = _TIMES
+    acquired = _dt(str(now), t)
+    out: list[Lease] = []
+    for i, req in enumerate(requests):
+        kind, a, b = reply[3 + 3 * i : 6 + 3 * i]
+        kind = int(kind)
+        if kind != 3:
+            out.append(lease_from_gen(a, replayed=kind != 0))
+            continue
+        ttl_ms = req.ttl_ms
+        out.append(
+            construct(
+                Lease,
+                {
+                    "lease_id": f"lease_{base}{i:06x}",
+                    "resource_type": req.resource_type,
+                    "resource_id": req.resource_id,
+                    "owner": owner,
+                    "execution_key": None,
+                    "version": int(a),
+                    "epoch": int(b),
+                    "scopes": (),
+                    "status": "active",
+                    "purpose": req.purpose,
+                    "acquired_at": acquired,
+                    "expires_at": _dt(str(now + ttl_ms), t),
+                    "ttl_seconds": ttl_ms // 1000,
+                    "released_at": None,
+                    "replayed": False,
+                },
+            )
+        )
+    return out
 
 
 def encode_gen(h: Holding, *, sid: str | None = None) -> str:

@@ -11,8 +11,13 @@
 -- ARGV[1] principal, ARGV[2] role, ARGV[3] n, ARGV[4] ttl_ms, ARGV[5] purpose ("" or
 -- "=" .. purpose), then per resource i, from ARGV[6 + 3 * (i - 1)]: the generation prefix,
 -- the resource digest, the new lease id.
--- Returns: as acquire_many.lua ({0, journal entry id, code_1, generation_1, ...} or
--- {code, i, ...} or {30} / {31}).
+-- Returns:
+--   {0, journal entry id or "", now_ms, then per resource three values:
+--        3, version, epoch       granted here (the client knows the rest of the generation)
+--        code, generation, ""    decided by decide_acquire: 0 granted, 1 or 2 as acquire.lua}
+--   {code, i, ...}   request i was refused (acquire.lua's reply after the index); nothing
+--                    was written
+--   {30} / {31}      as acquire.lua
 local mk = marker(true)
 if not mk then return {C_NO_INCARNATION} end
 local now = now_ms()
@@ -59,7 +64,7 @@ for i = 1, n do
     plans[i] = {v = v, e = e, head = head, raw = raw}
   end
 end
-local items, out = {}, {C_OK, ''}
+local items, out = {}, {C_OK, '', now}
 local w = {h = {}, l = {}, o = {}}
 local h, l, o = w.h, w.l, w.o
 for i = 1, n do
@@ -69,6 +74,7 @@ for i = 1, n do
     items[#items + 1] = entry
     out[#out + 1] = C_OK
     out[#out + 1] = new_s
+    out[#out + 1] = ''
   elseif pl then
     local b = 3 + 3 * i
     local rd, id = ARGV[b + 1], ARGV[b + 2]
@@ -78,11 +84,13 @@ for i = 1, n do
     l[#l + 1] = id; l[#l + 1] = rd
     o[#o + 1] = '0'; o[#o + 1] = principal .. '\0' .. rd
     items[#items + 1] = item('acquire', new_s)
-    out[#out + 1] = C_OK
-    out[#out + 1] = new_s
+    out[#out + 1] = 3
+    out[#out + 1] = pl.v
+    out[#out + 1] = pl.e
   else
     out[#out + 1] = replies[i][1]
     out[#out + 1] = replies[i][2]
+    out[#out + 1] = ''
   end
 end
 if retired then prune_old(now, mk) end

@@ -211,6 +211,12 @@ def _server_cpu_seconds(store: LedgerStore, org: str) -> float | None:
     return None if pid is None else _cpu_seconds(int(pid))
 
 
+def _cpus(pid: int, store: LedgerStore, org: str) -> tuple[float | None, float | None]:
+    """CPU seconds so far of the reconciler process ``pid`` and of its database server
+    process (``None`` where unknown)."""
+    return _cpu_seconds(pid), _server_cpu_seconds(store, org)
+
+
 def baton_redis(
     redis_url: str, ledger_url: str, *, ack: str, drain: str, principal: str = "bench"
 ) -> BatonVariant:
@@ -417,6 +423,9 @@ def section_concurrent(args: argparse.Namespace) -> dict[str, Any]:
             p.start()
         for _ in procs:
             assert q.get(timeout=120) == "ready"
+        cpu_at_start = (
+            None if rec_proc is None or store is None else _cpus(rec_proc.pid, store, org)
+        )
         end = time.time() + args.seconds
         end_at.value = end
         go.set()
@@ -445,8 +454,7 @@ def section_concurrent(args: argparse.Namespace) -> dict[str, Any]:
             deadline = time.time() + 60
             while rec.lag(org).entries and time.time() < deadline:
                 time.sleep(0.2)
-            rec_cpu = _cpu_seconds(rec_proc.pid)
-            server_cpu = _server_cpu_seconds(store, org)
+            cpu_at_end = _cpus(rec_proc.pid, store, org)
             rec_proc.terminate()
             rec_proc.wait(10)
             rec.drain(org)
@@ -463,10 +471,12 @@ def section_concurrent(args: argparse.Namespace) -> dict[str, Any]:
                     "max_lag_seconds_by_half": [round(x, 3) for x in halves],
                 }
             )
-            # CPU of the reconciler process and of its database server process, over the
-            # whole run (burst and catch-up), per transition written
-            for name, spent in (("reconciler", rec_cpu), ("db_server", server_cpu)):
-                if spent is not None and transitions:
+            # CPU of the reconciler process and of its database server process from the
+            # start of the burst to the end of the catch-up, per transition written
+            for i, name in enumerate(("reconciler", "db_server")):
+                first, last = (cpu_at_start or (None, None))[i], cpu_at_end[i]
+                if first is not None and last is not None and transitions:
+                    spent = last - first
                     row[f"{name}_cpu_us_per_transition"] = round(1e6 * spent / len(transitions), 1)
             store.close()
         if nice:

@@ -202,3 +202,25 @@ def test_a_forked_child_makes_its_own_connection(
     assert os.waitstatus_to_exitcode(status) == 0
     # The parent's connection was not disturbed by the child's use.
     assert b.leases.release(lease).status == "released"
+
+
+@pytest.mark.parametrize("functions", [True, False], ids=["fcall", "evalsha"])
+def test_retired_generations_are_pruned_as_fast_as_they_come(
+    make_authority: Callable[..., RedisAuthority], functions: bool
+) -> None:
+    """Under a steady acquire/release load every acquire retires the previous generation;
+    once older than the retention they are pruned faster than they come, so `old` stays
+    small (it grew by about one per two acquires when each pruning removed four)."""
+    from prefect_baton._redis.keys import org_keys
+
+    auth = make_authority(functions=functions, reconcile_in_client=False)
+    b = _baton(auth, org="org-prune")
+    keys = org_keys("org-prune")
+    b.leases.release(b.leases.acquire("db", "r0", ttl_seconds=30))
+    auth.client.hset(keys.inc, "ret", "1")  # retention 1 ms: every retired one is due
+    for i in range(800):
+        b.leases.release(b.leases.acquire("db", f"r{i % 10}", ttl_seconds=30))
+    old, lid = keys.base[3], keys.base[2]
+    assert auth.client.hlen(old) < 100
+    assert auth.client.zcard(keys.base[4]) == auth.client.hlen(old)
+    assert auth.client.hlen(lid) < 120  # the ten heads and the old ones not pruned yet

@@ -74,7 +74,7 @@ local function apply_acquire(it, plan, principal, key, now, mk, w)
   elseif head then
     retire(head, now, plan.raw)
   end
-  if head then prune_old(now, mk) end
+  if head then prune_old(now, mk, 1) end
   local new_s = enc(new)
   if w then
     local h, l, o = w.h, w.l, w.o

@@ -383,14 +383,20 @@ end
 
 -- ------------------------------------------------------------------ writes
 
-local function prune_old(now, mk)
-  if now % 8 ~= 0 then return end  -- about one call in eight removes up to four
+-- Drop generations retired longer ago than the retention (`old`, `oldx` and their `lid`
+-- entries). About one call in eight (by the clock) does it, for up to 16 + 8 * `retired`
+-- generations (the number this call retired): twice as many as the calls in between
+-- retire on average, so `old` stays bounded under any steady load.
+local function prune_old(now, mk, retired)
+  if now % 8 ~= 0 then return end
   local ret = tonumber(mk.ret) or 86400000
-  local ids = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', I(now - ret), 'LIMIT', 0, 4)
-  for _, id in ipairs(ids) do
-    redis.call('HDEL', KEYS[4], id)
-    redis.call('HDEL', KEYS[3], id)
-    redis.call('ZREM', KEYS[5], id)
+  local ids = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', I(now - ret), 'LIMIT', 0,
+    16 + 8 * retired)
+  for first = 1, #ids, 256 do
+    local chunk = {unpack(ids, first, math.min(first + 255, #ids))}
+    redis.call('HDEL', KEYS[4], unpack(chunk))
+    redis.call('HDEL', KEYS[3], unpack(chunk))
+    redis.call('ZREM', KEYS[5], unpack(chunk))
   end
 end
 

@@ -28,7 +28,7 @@ for i = 1, n do rds[i] = ARGV[4 + 3 * i] end
 local heads = redis.call('HMGET', KEYS[2], unpack(rds))
 -- Everything after the version and epoch is the same for every plain grant of this call.
 local tail = table.concat({'active', I(now), I(now + ttl), I(ttl), '', p, '', '', ''}, '\0')
-local plans, replies, retired = {}, {}, false
+local plans, replies, retired = {}, {}, 0
 for i = 1, n do
   local b = 3 + 3 * i
   local raw = heads[i] or nil
@@ -56,7 +56,7 @@ for i = 1, n do
       if head.v >= MAX_SAFE or head.e >= MAX_SAFE then return {C_INVALID, i, EXHAUSTED} end
       v = head.v + 1
       if head.e > e then e = head.e end
-      retired = true
+      retired = retired + 1
     end
     if mk.delay > now then return {C_CONFLICT, i, I(mk.delay), 0} end
     e = e + 1
@@ -93,7 +93,7 @@ for i = 1, n do
     out[#out + 1] = ''
   end
 end
-if retired then prune_old(now, mk) end
+if retired > 0 then prune_old(now, mk, retired) end
 flush_acquired(w)
 if #items > 0 then out[2] = journal(mk, principal, role, now, items) end
 return out

@@ -85,7 +85,7 @@ new.ea = nil
 new.eb = nil
 local ended_json, new_json = enc(ended), enc(new)
 retire(ended, now, ended_json)
-prune_old(now, mk)
+prune_old(now, mk, 1)
 redis.call('HSET', KEYS[2], g.rd, new_json)
 redis.call('HSET', KEYS[3], nid, g.rd)
 redis.call('ZREM', KEYS[6], own_member(g))

@@ -536,9 +536,9 @@ def _event_payload(f: list[str]) -> dict[str, Any]:
 
 def _lease_row(org: str, f: list[str]) -> tuple[Any, ...]:
     """The ``baton_leases`` row of a generation's fields (in :data:`_LEASE_TABLE` order)."""
-    scopes = json.loads(f[12]) if f[12] else []
-    if not isinstance(scopes, list):
-        scopes = []
+    scopes = json.loads(f[12]) if f[12] else None
+    if not scopes or not isinstance(scopes, list):
+        scopes = None
     return (
         f[0],
         org,
@@ -547,8 +547,8 @@ def _lease_row(org: str, f: list[str]) -> tuple[Any, ...]:
         f[4],
         f[5] or None,
         f[13][1:] if f[13] else None,
-        json.dumps(scopes),
-        1 if scopes else 0,
+        "[]" if scopes is None else json.dumps(scopes),
+        0 if scopes is None else 1,
         int(f[6]),
         int(f[7]),
         f[8],

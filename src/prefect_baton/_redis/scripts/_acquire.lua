@@ -103,6 +103,18 @@ local function flush_acquired(w)
   redis.call('ZADD', KEYS[6], unpack(w.o))
 end
 
+-- What a call deciding several acquires does with request i's decision r: nil when r
+-- grants, is a no-op or a replay (the caller keeps it); otherwise the reply to return at
+-- once ({31}, or the refusal with the index: {code, i, ...}).
+local function stop_at(r, i)
+  local code = r[1]
+  if code == C_OK or code == C_NOOP or code == C_REPLAY then return nil end
+  if code == C_ROTATE then return r end
+  local out = {code, i}
+  for k = 2, #r do out[#out + 1] = r[k] end
+  return out
+end
+
 -- Read one acquire request from ARGV starting at index `b` (11 fields), its receipt key
 -- being KEYS[ki] when keyed.
 local function read_item(b, ki)

@@ -26,17 +26,13 @@ for i = 1, n do
   if key then ki = 10 + i end
   local it = read_item(5 + 11 * (i - 1), ki)
   local r = decide_acquire(it, principal, key, now, mk, heads[i] or nil)
+  local stop = stop_at(r, i)
+  if stop then return stop end
   if r[1] == C_OK then
     it.plan = r[2]
     its[i] = it
-  elseif r[1] == C_NOOP or r[1] == C_REPLAY then
-    replies[i] = r
-  elseif r[1] == C_ROTATE then
-    return r
   else
-    local out = {r[1], i}
-    for k = 2, #r do out[#out + 1] = r[k] end
-    return out
+    replies[i] = r
   end
 end
 local items, out = {}, {C_OK, ''}

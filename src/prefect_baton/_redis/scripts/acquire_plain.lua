@@ -39,16 +39,12 @@ for i = 1, n do
     local it = {rd = ARGV[b + 1], rt = rt, ri = ri, ttl = ttl, p = opt(p), id = ARGV[b + 2],
                 digest = ''}
     local r = decide_acquire(it, principal, nil, now, mk, raw)
+    local stop = stop_at(r, i)
+    if stop then return stop end
     if r[1] == C_OK then
       plans[i] = {it = it, plan = r[2]}
-    elseif r[1] == C_NOOP or r[1] == C_REPLAY then
-      replies[i] = r
-    elseif r[1] == C_ROTATE then
-      return r
     else
-      local out = {r[1], i}
-      for k = 2, #r do out[#out + 1] = r[k] end
-      return out
+      replies[i] = r
     end
   else
     local v, e = 1, mk.floor

@@ -224,3 +224,118 @@ def test_retired_generations_are_pruned_as_fast_as_they_come(
     assert auth.client.hlen(old) < 100
     assert auth.client.zcard(keys.base[4]) == auth.client.hlen(old)
     assert auth.client.hlen(lid) < 120  # the ten heads and the old ones not pruned yet
+
+
+def test_a_library_flushed_at_every_attempt_is_unavailable_and_runs_nothing(
+    redis_server: RedisServer,
+    make_authority: Callable[..., RedisAuthority],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """FUNCTION FLUSH right before every FCALL: the call gives up with UNAVAILABLE (the
+    operation never ran, a retry is safe); one flush is absorbed by loading again."""
+    from prefect_baton._redis import connection
+    from prefect_baton.errors import UnavailableError
+
+    auth = make_authority(ack="ledger")
+    b = _baton(auth)
+    b.leases.release(b.leases.acquire("db", "warm", ttl_seconds=30))
+    admin = redis.Redis.from_url(redis_server.url)
+    send = connection._send
+    flushes = {"left": 0}
+
+    def flushing_send(conn: object, *args: object) -> None:
+        if args[0] == "FCALL" and flushes["left"]:
+            flushes["left"] -= 1
+            admin.function_flush()
+        send(conn, *args)
+
+    monkeypatch.setattr(connection, "_send", flushing_send)
+    flushes["left"] = 1000
+    with pytest.raises(UnavailableError):
+        b.leases.acquire("db", "orders", ttl_seconds=30)
+    flushes["left"] = 0
+    assert not b.leases.inspect("db", "orders").held
+    flushes["left"] = 1
+    lease = b.leases.acquire("db", "orders", ttl_seconds=30)
+    assert auth.scripts.functions is True
+    assert b.leases.release(lease).status == "released"
+    admin.close()
+
+
+def test_a_script_cache_flushed_during_the_call_is_unavailable(
+    redis_server: RedisServer,
+    make_authority: Callable[..., RedisAuthority],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On the scripts path, SCRIPT FLUSH between redis-py's reload and its second EVALSHA:
+    UNAVAILABLE (nothing ran), not a generic error."""
+    from prefect_baton.errors import UnavailableError
+
+    auth = make_authority(ack="ledger", functions=False)
+    b = _baton(auth)
+    admin = redis.Redis.from_url(redis_server.url)
+    admin.script_flush()
+    load = redis.Redis.script_load
+
+    def load_then_flush(self: redis.Redis, script: str) -> str:
+        sha: str = load(self, script)
+        admin.script_flush()
+        return sha
+
+    monkeypatch.setattr(redis.Redis, "script_load", load_then_flush)
+    with pytest.raises(UnavailableError):
+        b.leases.acquire("db", "orders", ttl_seconds=30)
+    monkeypatch.setattr(redis.Redis, "script_load", load)
+    assert not b.leases.inspect("db", "orders").held
+    assert b.leases.acquire("db", "orders", ttl_seconds=30).status == "active"
+    admin.close()
+
+
+def test_out_of_memory_does_not_turn_functions_off(
+    redis_server: RedisServer, make_authority: Callable[..., RedisAuthority]
+) -> None:
+    """An error that would refuse the script too (here: out of memory while loading the
+    library) is UNAVAILABLE for that call; the library is used again afterwards."""
+    from prefect_baton.errors import UnavailableError
+
+    auth = make_authority(ack="ledger")
+    b = _baton(auth)
+    b.leases.release(b.leases.acquire("db", "warm", ttl_seconds=30))
+    admin = redis.Redis.from_url(redis_server.url)
+    admin.function_flush()
+    admin.config_set("maxmemory", "1")
+    try:
+        with pytest.raises(UnavailableError):
+            b.leases.acquire("db", "orders", ttl_seconds=30)
+    finally:
+        admin.config_set("maxmemory", "0")
+    lease = b.leases.acquire("db", "orders", ttl_seconds=30)
+    assert auth.scripts.functions is True
+    assert _libraries(redis_server.url) == [library().name]
+    assert b.leases.release(lease).status == "released"
+    admin.close()
+
+
+def test_connections_of_finished_threads_are_closed(
+    make_authority: Callable[..., RedisAuthority],
+) -> None:
+    """Threads that come and go do not leave sockets open until a garbage collection."""
+    import gc
+    import threading
+
+    auth = make_authority(ack="ledger")
+    b = _baton(auth)
+    b.leases.inspect("db", "warm")
+    pool = auth._pool
+    assert pool is not None
+    gc.disable()
+    try:
+        for n in range(40):
+            t = threading.Thread(target=b.leases.inspect, args=("db", f"t{n}"))
+            t.start()
+            t.join()
+        connected = [c for c in list(pool._all) if c.is_connected]
+    finally:
+        gc.enable()
+    # this thread's and the last finished thread's (closed when the next one starts)
+    assert len(connected) <= 2

@@ -80,10 +80,14 @@ def connect(url: str, **kwargs: Any) -> RedisClient:
 
 def redis_unavailable(exc: RedisError) -> BatonError:
     """The error to raise for ``exc``: :class:`UnavailableError` for a connection error, a
-    timeout or a busy/failover reply (``BUSY``, ``LOADING``, ``READONLY``, ...), a plain
-    :class:`BatonError` for any other error reply."""
+    timeout, a busy/failover reply (``BUSY``, ``LOADING``, ``READONLY``, ...) or a script
+    flushed during the call, a plain :class:`BatonError` for any other error reply."""
     if isinstance(exc, RedisConnectionError | RedisTimeoutError):
         return UnavailableError(f"Redis unavailable: {exc}")
+    if isinstance(exc, NoScriptError) or str(exc).startswith("Function not found"):
+        # flushed (SCRIPT FLUSH, FUNCTION FLUSH) again after the client loaded it: the
+        # operation did not run
+        return UnavailableError(f"Redis unavailable: the script was flushed during the call: {exc}")
     code = getattr(exc, "status_code", None) or str(exc).split(" ", 1)[0]  # stripped by redis-py
     if isinstance(exc, ResponseError) and code.upper() in _BUSY:
         return UnavailableError(f"Redis unavailable: {exc}")
@@ -100,9 +104,8 @@ def as_text(value: Any) -> str:
 class DirectConnections:
     """One connection per thread for the direct call path, made like the pool's own and kept
     by the thread (redis-py's pool spends about 7 µs per command taking a connection and
-    giving it back). A connection is dropped when its thread ends (it closes its socket
-    when collected), when the process forks (the child makes its own), and by
-    :meth:`close`.
+    giving it back). A finished thread's connection is closed when another thread makes one
+    (or when it is collected), a forked child makes its own, and :meth:`close` closes all.
 
     Args:
         pool: the ``redis.Redis`` client's connection pool (its connection class and
@@ -113,6 +116,7 @@ class DirectConnections:
         self.pool = pool
         self._local = threading.local()
         self._all: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._owners: list[tuple[weakref.ref[threading.Thread], Any]] = []
         self._lock = threading.Lock()
 
     def get(self) -> Any:
@@ -130,6 +134,17 @@ class DirectConnections:
             local.conn, local.pid = conn, os.getpid()
             with self._lock:
                 self._all.add(conn)
+                # A finished thread's connection would stay open until the garbage collector
+                # finds it: close those now, so threads that come and go hold no sockets.
+                alive = []
+                for owner, owned in self._owners:
+                    thread = owner()
+                    if thread is not None and thread.is_alive():
+                        alive.append((owner, owned))
+                    elif getattr(owned, "pid", None) == os.getpid():
+                        owned.disconnect()
+                alive.append((weakref.ref(threading.current_thread()), conn))
+                self._owners = alive
         try:
             conn.connect()
             if conn.can_read():
@@ -178,35 +193,60 @@ def _send(conn: Any, *args: Any) -> None:
         conn.send_packed_command([_pack(args)])
 
 
+def _refuses_functions(exc: ResponseError) -> bool:
+    """Whether ``exc`` (the reply to ``FCALL`` or ``FUNCTION LOAD``) says this server or
+    user cannot run functions at all: an unknown command (before Redis 7) or an ACL without
+    those commands. Other errors (out of memory, a read-only replica, a key the user may not
+    touch) are raised: they would refuse the script as well."""
+    text = str(exc)
+    if text.startswith("unknown command"):
+        return True
+    return isinstance(exc, NoPermissionError) and ("'fcall'" in text or "'function" in text)
+
+
+#: How many times a call loads the library again when it finds it gone before giving up
+#: with ``UNAVAILABLE`` (someone runs ``FUNCTION FLUSH`` again and again).
+LOADS_PER_CALL = 3
+
+
 def _fcall(scripts: Scripts, conn: Any, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
     """Call operation ``name`` through the function library on ``conn``; load the library
     when the server does not have it (first use, restart, ``FUNCTION FLUSH``) and call
-    again. Returns ``_SCRIPTS`` when the server refuses functions (the operation did not
-    run): the caller runs the script instead, as it will from then on."""
+    again, up to :data:`LOADS_PER_CALL` times. Returns ``_SCRIPTS`` when the server refuses
+    functions (the operation did not run): the caller runs the script instead, as it will
+    from then on.
+
+    Raises:
+        UnavailableError: the library was gone at every attempt (the operation never ran).
+        redis.exceptions.RedisError: any other error.
+    """
     lib = library()
     function = lib.functions[name]
-    for attempt in range(2):
+    for _attempt in range(LOADS_PER_CALL + 1):
         _send(conn, "FCALL", function, str(len(keys)), *keys, *args)
         try:
             reply = conn.read_response()
-        except NoPermissionError:
-            break
         except ResponseError as exc:
-            text = str(exc)
-            if text.startswith("unknown command"):
-                break
-            if not text.startswith("Function not found") or attempt:
+            if _refuses_functions(exc):
+                scripts.functions = False
+                return _SCRIPTS
+            if not str(exc).startswith("Function not found"):
                 raise
             try:
                 conn.send_command("FUNCTION", "LOAD", "REPLACE", lib.text)
                 conn.read_response()
-            except ResponseError:
-                break
+            except ResponseError as load_error:
+                if _refuses_functions(load_error):
+                    scripts.functions = False
+                    return _SCRIPTS
+                raise
             continue
         scripts.functions = True
         return reply
-    scripts.functions = False
-    return _SCRIPTS
+    raise UnavailableError(
+        f"the Redis function library {lib.name} was removed {LOADS_PER_CALL + 1} times during "
+        "one call (FUNCTION FLUSH); the operation did not run: retry"
+    )
 
 
 _SCRIPTS = object()
@@ -240,7 +280,13 @@ def evalsha(
         _send(conn, "EVALSHA", script.sha, str(len(keys)), *keys, *args)
         reply = conn.read_response()
     except NoScriptError:
-        reply = script(keys=keys, args=args)
+        try:
+            reply = script(keys=keys, args=args)
+        except NoScriptError as exc:  # flushed again between the load and the call
+            raise UnavailableError(
+                "the Redis script cache was flushed during the call (SCRIPT FLUSH); the "
+                "operation did not run: retry"
+            ) from exc
     except ResponseError:
         raise
     except BaseException:

@@ -29,16 +29,15 @@ a principal whose role differs from the remembered one is written again.
 
 The authority's own records (the journal cursor and the incarnation counter) are kept in the
 receipts table under :data:`SYSTEM_PRINCIPAL`. The drain loop that drives this is
-:class:`prefect_baton._redis.reconciler.Reconciler`.
+:class:`prefect_baton._redis.reconciler.Reconciler`; the rows and statements are in
+:mod:`prefect_baton._redis.ledger_rows`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, select, text, update
@@ -48,15 +47,34 @@ from sqlmodel import col
 
 from .._ledger.store import LedgerStore, holding_to_lease, resource_key
 from .._ledger.tables import (
-    EventRow,
     HandoffRow,
-    LeaseRow,
     LeaseTransition,
-    Organization,
-    Principal,
     ReceiptRow,
 )
-from .codec import encode_gen, from_gen
+from .codec import from_gen
+from .ledger_rows import (
+    CURSOR_SET_SQL,
+    CURSOR_SQL,
+    EVENT_CONFLICT,
+    EVENT_TABLE,
+    FOREVER_MS,
+    LEASE_CONFLICT,
+    LEASE_TABLE,
+    LOCK_SQL,
+    ORG_SQL,
+    PRINCIPAL_TABLE,
+    PRINCIPALS,
+    RECEIPT_CONFLICT,
+    RECEIPT_TABLE,
+    TRANSITION_CONFLICT,
+    TRANSITION_TABLE,
+    Batch,
+    BulkTable,
+    event_digest,
+    event_payload,
+    gen_fields,
+    lease_row,
+)
 
 __all__ = ["FOREVER_MS", "SYSTEM_PRINCIPAL", "Batch", "LedgerWriter"]
 
@@ -65,7 +83,6 @@ log = logging.getLogger("prefect_baton.reconciler")
 SYSTEM_PRINCIPAL = "__baton_authority__"
 """The principal name under which the authority keeps its own records in the ledger's
 receipts table (the journal cursor and the incarnation counter); never a real caller."""
-FOREVER_MS = 2**53 - 1
 JOURNAL_OP = "redis.journal"
 """The receipts-table operation under which an org's journal cursor is kept."""
 
@@ -154,13 +171,13 @@ class LedgerWriter:
         PostgreSQL: one round trip (a pipeline of the lock and the read)."""
         args = (org, SYSTEM_PRINCIPAL, JOURNAL_OP)
         if self._sqlite:
-            raw = conn.exec_driver_sql(_CURSOR_SQL.replace("%s", "?"), args).scalar()
+            raw = conn.exec_driver_sql(CURSOR_SQL.replace("%s", "?"), args).scalar()
         else:
             pg = conn.connection.driver_connection
             assert pg is not None
             with pg.pipeline(), pg.cursor() as lock, pg.cursor() as cur:
-                lock.execute(_LOCK_SQL, (f"journal:{org}",))
-                cur.execute(_CURSOR_SQL, args)
+                lock.execute(LOCK_SQL, (f"journal:{org}",))
+                cur.execute(CURSOR_SQL, args)
                 row = cur.fetchone()
             raw = None if row is None else row[0]
         if raw is None:
@@ -193,10 +210,10 @@ class LedgerWriter:
         events: list[tuple[str, str, dict[str, Any]]] = []
         last: list[str] | None = None
         for item in p["it"]:
-            new = _fields(item["n"])
+            new = gen_fields(item["n"])
             subject = f"{new[1]}/{new[2]}"
             x = item.get("x")
-            ended = _fields(x) if x else None
+            ended = gen_fields(x) if x else None
             action = str(item["a"])
             if ended is not None:
                 batch.lease(ended)
@@ -204,10 +221,10 @@ class LedgerWriter:
                 if ended[8] == "taken_over" and not self._expiry_reported(
                     conn, ended[0], int(ended[6])
                 ):
-                    events.append(("lease.expired", subject, _event_payload(ended)))
+                    events.append(("lease.expired", subject, event_payload(ended)))
             batch.lease(new)
             batch.transition(org, new, action, at, actor)
-            payload = _event_payload(new)
+            payload = event_payload(new)
             if action in _CREATES:
                 batch.created.add(new[0])
             if action in ("takeover", "supersede"):
@@ -235,7 +252,7 @@ class LedgerWriter:
         for n, (kind, subject, payload) in enumerate(events):
             append(
                 (
-                    "evt_" + _event_digest(inc, eid, n),
+                    "evt_" + event_digest(inc, eid, n),
                     org,
                     kind,
                     actor,
@@ -274,7 +291,7 @@ class LedgerWriter:
         inc, last = cursor
         stmts: list[tuple[str, Any, bool]] = []  # (sql, params, many)
         if org not in self._known_orgs:
-            stmts.append((_ORG_SQL, (org, at), False))
+            stmts.append((ORG_SQL, (org, at), False))
         actors = [
             (name, role)
             for name, role in batch.actors.items()
@@ -289,26 +306,26 @@ class LedgerWriter:
         for f in batch.leases.values():
             (fresh if copy and f[0] in batch.created else upserts).append(f)
         if upserts:
-            leases = [_lease_row(org, f) for f in upserts]
-            stmts.append(self._bulk(_LEASE_TABLE, leases, _LEASE_CONFLICT))
+            leases = [lease_row(org, f) for f in upserts]
+            stmts.append(self._bulk(LEASE_TABLE, leases, LEASE_CONFLICT))
         if batch.receipts:
             receipts = [
                 (org, actor, "acquire", key, scope, *values)
                 for (actor, key, scope), values in batch.receipts.items()
             ]
-            stmts.append(self._bulk(_RECEIPT_TABLE, receipts, _RECEIPT_CONFLICT))
+            stmts.append(self._bulk(RECEIPT_TABLE, receipts, RECEIPT_CONFLICT))
         response = json.dumps({"inc": inc, "id": last})
         created = int(last.partition("-")[0])
         stmts.append(
-            (_CURSOR_SET_SQL, (org, SYSTEM_PRINCIPAL, JOURNAL_OP, response, created), False)
+            (CURSOR_SET_SQL, (org, SYSTEM_PRINCIPAL, JOURNAL_OP, response, created), False)
         )
         if batch.transitions and not copy:
-            stmts.append(self._bulk(_TRANSITION_TABLE, batch.transitions, _TRANSITION_CONFLICT))
+            stmts.append(self._bulk(TRANSITION_TABLE, batch.transitions, TRANSITION_CONFLICT))
         if batch.events:
             if not self._sqlite:
-                stmts.append((_LOCK_SQL, (f"events:{org}",), False))
+                stmts.append((LOCK_SQL, (f"events:{org}",), False))
             if not copy:
-                stmts.append(self._bulk(_EVENT_TABLE, batch.events, _EVENT_CONFLICT))
+                stmts.append(self._bulk(EVENT_TABLE, batch.events, EVENT_CONFLICT))
         if self._sqlite:
             for sql, params, many in stmts:
                 sql = sql.replace("%s", "?")
@@ -322,9 +339,9 @@ class LedgerWriter:
                     cur.execute(sql, params)
             if copy:
                 copies = (
-                    (_LEASE_TABLE, [_lease_row(org, f) for f in fresh]),
-                    (_TRANSITION_TABLE, batch.transitions),
-                    (_EVENT_TABLE, batch.events),
+                    (LEASE_TABLE, [lease_row(org, f) for f in fresh]),
+                    (TRANSITION_TABLE, batch.transitions),
+                    (EVENT_TABLE, batch.events),
                 )
                 for table, rows in copies:
                     if rows:
@@ -344,14 +361,14 @@ class LedgerWriter:
         """The statement registering ``actors`` (``(name, role)`` pairs) in ``org``: insert,
         or set the role where it differs."""
         return self._bulk(
-            _PRINCIPAL_TABLE,
+            PRINCIPAL_TABLE,
             [(org, name, role, at) for name, role in actors],
             f"ON CONFLICT (org_id, name) DO UPDATE SET role = excluded.role "
-            f"WHERE {_PRINCIPALS}.role <> excluded.role",
+            f"WHERE {PRINCIPALS}.role <> excluded.role",
         )
 
     def _bulk(
-        self, table: _Table, rows: Sequence[tuple[Any, ...]], conflict: str
+        self, table: BulkTable, rows: Sequence[tuple[Any, ...]], conflict: str
     ) -> tuple[str, Any, bool]:
         """The statement inserting ``rows`` (tuples in ``table``'s column order) with the
         ``ON CONFLICT`` clause ``conflict``, in row order (serial ``seq`` columns follow it).
@@ -393,221 +410,3 @@ class LedgerWriter:
             "epoch": epoch,
         }
         return [("handoff.accepted", str(row.subject_id), payload)]
-
-
-class _Table:
-    """A bulk-written table: its columns in tuple order, which are integers, and the
-    ``INSERT`` text (without the conflict clause) for PostgreSQL and SQLite."""
-
-    def __init__(self, model: Any, cols: tuple[str, ...]) -> None:
-        from sqlalchemy.dialects import postgresql
-
-        name = model.__tablename__
-        columns = model.__table__.c
-        self.cols = cols
-        self.is_int = tuple(columns[c].type.python_type is int for c in cols)
-        dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
-        types = [columns[c].type.compile(dialect=dialect) for c in cols]
-        names = ", ".join(cols)
-        arrays = ", ".join(f"%b::{t}[]" for t in types)
-        self.pg_sql = (
-            f"INSERT INTO {name} ({names}) SELECT {names} "
-            f"FROM unnest({arrays}) WITH ORDINALITY AS u({names}, n) ORDER BY n"
-        )
-        self.sqlite_sql = f"INSERT INTO {name} ({names}) VALUES ({', '.join('?' * len(cols))})"
-        self.copy_sql = f"COPY {name} ({names}) FROM STDIN"
-
-
-_LEASE_TABLE = _Table(
-    LeaseRow,
-    (
-        "lease_id",
-        "org_id",
-        "resource_type",
-        "resource_id",
-        "owner",
-        "execution_key",
-        "purpose",
-        "scopes",
-        "has_scopes",
-        "version",
-        "epoch",
-        "status",
-        "acquired_at_ms",
-        "expires_at_ms",
-        "ttl_ms",
-        "ended_at_ms",
-        "ended_by",
-    ),
-)
-_TRANSITION_TABLE = _Table(
-    LeaseTransition,
-    (
-        "org_id",
-        "resource_type",
-        "resource_id",
-        "lease_id",
-        "action",
-        "version",
-        "epoch",
-        "owner",
-        "execution_key",
-        "status",
-        "at_ms",
-        "expires_at_ms",
-        "actor",
-    ),
-)
-_EVENT_TABLE = _Table(
-    EventRow,
-    ("event_id", "org_id", "kind", "principal", "subject", "payload", "occurred_at_ms"),
-)
-_PRINCIPAL_TABLE = _Table(Principal, ("org_id", "name", "role", "created_at_ms"))
-_RECEIPT_TABLE = _Table(
-    ReceiptRow,
-    (
-        "org_id",
-        "principal",
-        "operation",
-        "idem_key",
-        "scope_key",
-        "request_digest",
-        "response",
-        "created_at_ms",
-        "expires_at_ms",
-    ),
-)
-
-_UPDATED = ("version", "expires_at_ms", "ttl_ms", "status", "ended_at_ms", "ended_by")
-_LEASES = LeaseRow.__tablename__
-_PRINCIPALS = Principal.__tablename__
-_RECEIPTS = ReceiptRow.__tablename__
-_RECEIPT_KEY = "(org_id, principal, operation, idem_key, scope_key)"
-_LEASE_CONFLICT = (
-    "ON CONFLICT (lease_id) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in _UPDATED)
-    # only towards a newer state: a higher version, or the end of the same version
-    + f" WHERE {_LEASES}.version < excluded.version OR ({_LEASES}.version = "
-    f"excluded.version AND {_LEASES}.status = 'active' AND excluded.status <> 'active')"
-)
-_TRANSITION_CONFLICT = "ON CONFLICT (lease_id, version, action) DO NOTHING"
-_EVENT_CONFLICT = "ON CONFLICT (event_id) DO NOTHING"
-_RECEIPT_CONFLICT = f"ON CONFLICT {_RECEIPT_KEY} DO UPDATE SET " + ", ".join(
-    f"{c} = excluded.{c}" for c in ("request_digest", "response", "created_at_ms", "expires_at_ms")
-)
-_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
-_ORG_SQL = (
-    f"INSERT INTO {Organization.__tablename__} (org_id, created_at_ms) VALUES (%s, %s) "
-    "ON CONFLICT DO NOTHING"
-)
-_CURSOR_SQL = (
-    f"SELECT response FROM {_RECEIPTS} WHERE org_id = %s AND principal = %s "
-    "AND operation = %s AND idem_key = 'state' AND scope_key = ''"
-)
-_CURSOR_SET_SQL = (
-    f"INSERT INTO {_RECEIPTS} (org_id, principal, operation, idem_key, scope_key, "
-    "request_digest, response, created_at_ms, expires_at_ms) "
-    f"VALUES (%s, %s, %s, 'state', '', '-', %s, %s, {FOREVER_MS}) "
-    f"ON CONFLICT {_RECEIPT_KEY} DO UPDATE SET response = excluded.response, "
-    "expires_at_ms = excluded.expires_at_ms"
-)
-
-
-def _fields(raw: Any) -> list[str]:
-    """A generation's 17 fields (a journal entry's generations are field lists already;
-    an earlier JSON form is converted)."""
-    if isinstance(raw, list):
-        return raw
-    return encode_gen(from_gen(raw)).split("\x00")
-
-
-def _event_payload(f: list[str]) -> dict[str, Any]:
-    """The lease part of an event payload (as ``lease_payload`` of the ledger store)."""
-    return {
-        "lease_id": f[0],
-        "resource_type": f[1],
-        "resource_id": f[2],
-        "owner": f[4],
-        "version": int(f[6]),
-        "epoch": int(f[7]),
-        "expires_at_ms": int(f[10]),
-    }
-
-
-def _lease_row(org: str, f: list[str]) -> tuple[Any, ...]:
-    """The ``baton_leases`` row of a generation's fields (in :data:`_LEASE_TABLE` order)."""
-    scopes = json.loads(f[12]) if f[12] else None
-    if not scopes or not isinstance(scopes, list):
-        scopes = None
-    return (
-        f[0],
-        org,
-        f[1],
-        f[2],
-        f[4],
-        f[5] or None,
-        f[13][1:] if f[13] else None,
-        "[]" if scopes is None else json.dumps(scopes),
-        0 if scopes is None else 1,
-        int(f[6]),
-        int(f[7]),
-        f[8],
-        int(f[9]),
-        int(f[10]),
-        int(f[11]),
-        int(f[14]) if f[14] else None,
-        f[15] or None,
-    )
-
-
-@dataclass
-class Batch:
-    """The rows of one drain transaction, gathered in journal order: each lease's newest
-    state (a generation's 17 fields), the transitions, events and receipts (tuples in the
-    bulk column order), the actors to register."""
-
-    leases: dict[str, list[str]] = field(default_factory=dict)
-    transitions: list[tuple[Any, ...]] = field(default_factory=list)
-    events: list[tuple[Any, ...]] = field(default_factory=list)
-    receipts: dict[tuple[str, str, str], tuple[str, str, int, int]] = field(default_factory=dict)
-    actors: dict[str, str] = field(default_factory=dict)
-    first_at: int | None = None
-    created: set[str] = field(default_factory=set)
-    """Ids of the leases an entry of this batch created (acquire, takeover, supersede)."""
-
-    def lease(self, f: list[str]) -> None:
-        """Keep generation ``f`` if it is newer than the state already gathered for its
-        lease: a higher version, or the end of the same version (states only move that
-        way)."""
-        cur = self.leases.get(f[0])
-        if cur is not None:
-            version, cur_version = int(f[6]), int(cur[6])
-            if version < cur_version or (
-                version == cur_version and (cur[8] != "active" or f[8] == "active")
-            ):
-                return
-        self.leases[f[0]] = f
-
-    def transition(self, org: str, f: list[str], action: str, at: int, actor: str) -> None:
-        """Add the transition row of generation ``f``."""
-        self.transitions.append(
-            (
-                org,
-                f[1],
-                f[2],
-                f[0],
-                action,
-                int(f[6]),
-                int(f[7]),
-                f[4],
-                f[5] or None,
-                f[8],
-                at,
-                int(f[10]),
-                actor,
-            )
-        )
-
-
-def _event_digest(inc: str, eid: str, n: int) -> str:
-    return hashlib.sha256(f"{inc}\x00{eid}\x00{n}".encode()).hexdigest()[:32]

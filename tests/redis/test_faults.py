@@ -271,7 +271,10 @@ def test_sigstop_holder_past_ttl(
     proc, lease = _spawn_holder(cfg)
     os.kill(proc.pid, signal.SIGSTOP)
     try:
-        auth = make_authority(ack="ledger")
+        # The holder may be stopped inside a ledger transaction, holding SQLite's write
+        # lock until it resumes: the taker works on Redis alone (ack="redis", no drain
+        # thread) while the holder is stopped, and drains once it has resumed.
+        auth = make_authority(ack="redis", reconcile_in_client=False)
         (b,) = _clients(auth, ledger, org, 1)
         _wait_not_held(b, "r0")
         taken = b.leases.acquire("res", "r0", ttl_seconds=60)
@@ -294,4 +297,5 @@ def test_sigstop_holder_past_ttl(
     with pytest.raises(StaleFenceError):
         as_holder.checkpoints.save("subject", "progress", {"late": True}, fence=stale)
     acked = [(lease["lease_id"], v) for v in range(lease["version"], stale.version + 1)]
+    auth.reconciler.drain(org)
     _assert_ledger_ok(ledger, org, [*acked, (taken.lease_id, taken.version)])

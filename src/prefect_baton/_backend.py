@@ -59,7 +59,11 @@ def open_backend(ledger_url: str | None = None, redis_url: str | None = None) ->
 
     try:
         redis_ = RedisAuthority.from_url(
-            redis_url, store, ack=settings.redis_ack, post_loss=settings.redis_post_loss
+            redis_url,
+            store,
+            ack=settings.redis_ack,
+            post_loss=settings.redis_post_loss,
+            max_lag_entries=settings.redis_max_lag_entries,
         )
     except ValueError as exc:  # redis-py's verdict on a malformed URL
         store.close()

@@ -141,7 +141,11 @@ class Baton:
 
             try:
                 self.authority = RedisAuthority.from_url(
-                    url, self.store, ack=ack or s.redis_ack, post_loss=s.redis_post_loss
+                    url,
+                    self.store,
+                    ack=ack or s.redis_ack,
+                    post_loss=s.redis_post_loss,
+                    max_lag_entries=s.redis_max_lag_entries,
                 )
             except ValueError as exc:  # redis-py's verdict on a malformed URL
                 raise ValidationError(f"bad Redis URL: {exc}") from None

@@ -39,6 +39,10 @@ class BatonSettings(BaseSettings):
             on Redis returns (see :class:`prefect_baton.Baton`).
         redis_post_loss: ``BATON_REDIS_POST_LOSS``; ``fence_only`` (default) or
             ``lock_delay``: the grant policy after Redis lost its data.
+        redis_max_lag_entries: ``BATON_REDIS_MAX_LAG_ENTRIES``; with ``redis_ack=redis``,
+            the most journal entries of an org that may wait for the ledger before acquires
+            drain it themselves (default 10,000; ``0``: no limit; see
+            :class:`prefect_baton._redis.authority.RedisAuthority`).
         receipt_retention_seconds: ``BATON_RECEIPT_RETENTION_SECONDS`` (default 86,400).
         state_max_bytes: ``BATON_STATE_MAX_BYTES``, checkpoint state cap (default 1 MiB).
         api_url: ``BATON_API_URL``; base URL of the REST API (e.g.
@@ -64,6 +68,7 @@ class BatonSettings(BaseSettings):
     redis_url: SecretStr | None = None
     redis_ack: str = "redis"
     redis_post_loss: str = "fence_only"
+    redis_max_lag_entries: int = Field(default=10_000, ge=0)
     receipt_retention_seconds: int = Field(default=86_400, ge=60)
     state_max_bytes: int = Field(default=1024 * 1024, ge=1024)
     api_url: str | None = None

@@ -94,6 +94,13 @@ class RedisAuthority(AuthorityBase):
             (default ``True``); ``False`` when a ``baton reconcile --follow`` service drains
             (the client then spends no CPU on ledger writes).
         batch_size: journal entries per ledger transaction (default 2,000).
+        max_lag_entries: with ``ack="redis"``, the most journal entries of an org that may
+            wait for the ledger (``int``, default 10,000; ``0``: no limit). Over it, an
+            ``acquire``/``acquire_many`` first drains the journal itself (so producers slow
+            to the rate the ledger takes); if the ledger cannot be written it raises
+            ``UNAVAILABLE`` before granting anything. Renew, release and transfer are
+            never held back. The length is read at most every 0.1 s per org, so the
+            journal can pass the limit by what the clients add in that time.
         owns_client: close ``client`` in :meth:`close`.
         functions: run the operations through the Redis function library where the server
             has functions (Redis 7+; default ``True``; see
@@ -101,7 +108,8 @@ class RedisAuthority(AuthorityBase):
             (``EVALSHA``). A cluster client always runs scripts.
 
     Raises:
-        ValidationError: an unknown ``ack`` or ``post_loss`` value.
+        ValidationError: an unknown ``ack`` or ``post_loss`` value, a negative or
+            non-integer ``max_lag_entries``.
     """
 
     _baton_redis = True
@@ -167,8 +175,11 @@ class RedisAuthority(AuthorityBase):
         Raises:
             ConflictError, VersionConflictError, IdempotencyMismatchError, LeaseLostError
             (a replay whose lease was lost), ValidationError (counters exhausted),
-            UnavailableError (Redis unreachable or rebuilding).
+            UnavailableError (Redis unreachable or rebuilding; or the ledger unreachable
+            while more than ``max_lag_entries`` journal entries wait for it: nothing was
+            granted).
         """
+        self._backpressure(caller.org)
         req = AcquireRequest(resource_type, resource_id, ttl_ms, scopes, purpose, expected_version)
         args, rkey = self._item(caller, req, idempotency_key)
         reply = self._run(
@@ -204,9 +215,11 @@ class RedisAuthority(AuthorityBase):
         Raises:
             ValidationError: more than 1,000 requests, or the error of the first refused
                 request (as :meth:`acquire`).
+            UnavailableError: as :meth:`acquire`.
         """
         if not 1 <= len(requests) <= MAX_MANY:
             raise ValidationError(f"acquire_many takes 1 to {MAX_MANY} resources")
+        self._backpressure(caller.org)
         # One random id for the call, numbered per resource: 32 hex digits as uuid4's.
         base = os.urandom(13).hex()
         if self._plain(requests, idempotency_key):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -41,6 +42,10 @@ log = logging.getLogger("prefect_baton.redis")
 AckMode = Literal["redis", "ledger"]
 PostLossPolicy = Literal["fence_only", "lock_delay"]
 ACK_MODES = ("redis", "ledger")
+DEFAULT_MAX_LAG_ENTRIES = 10_000
+"""Default limit of an org's unapplied journal entries before acquires help drain it."""
+LAG_CHECK_SECONDS = 0.1
+"""How often (seconds, per org and client) an acquire reads the journal's length."""
 POST_LOSS_POLICIES = ("fence_only", "lock_delay")
 
 
@@ -61,9 +66,14 @@ class AuthorityBase:
         reconcile_interval_seconds: float = 0.05,
         reconcile_in_client: bool = True,
         batch_size: int = DEFAULT_BATCH,
+        max_lag_entries: int = DEFAULT_MAX_LAG_ENTRIES,
         owns_client: bool = False,
         functions: bool = True,
     ) -> None:
+        if isinstance(max_lag_entries, bool) or not isinstance(max_lag_entries, int):
+            raise ValidationError(f"max_lag_entries must be an integer, got {max_lag_entries!r}")
+        if max_lag_entries < 0:
+            raise ValidationError(f"max_lag_entries must be 0 or more, got {max_lag_entries}")
         if ack not in ACK_MODES:
             raise ValidationError(f"ack must be 'redis' or 'ledger', got {ack!r}")
         if post_loss not in POST_LOSS_POLICIES:
@@ -92,6 +102,8 @@ class AuthorityBase:
         self._lock = threading.Lock()
         self._owns_client = owns_client
         self._known: set[str] = set()
+        self.max_lag_entries = max_lag_entries
+        self._lag_due: dict[str, float] = {}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -138,6 +150,47 @@ class AuthorityBase:
             self._known.add(org)
         except RedisError as exc:
             log.info("could not register org %r for reconcilers: %s", org, exc)
+
+    def _backpressure(self, org: str) -> None:
+        """Before an acquire with ``ack="redis"``: at most every :data:`LAG_CHECK_SECONDS`
+        per org, read the journal's length (one ``XLEN``) and, while more than
+        ``max_lag_entries`` entries are not in the ledger, drain a batch in this call
+        (waiting for the journal lock while another client or ``baton reconcile``
+        drains). Producers are slowed to the rate the ledger takes, so the lag, the
+        journal's memory in Redis and what a Redis data loss could take away stay bounded.
+
+        Raises:
+            UnavailableError: the ledger could not be written while over the limit; the
+                acquire did not run (nothing was granted), a retry is safe.
+        """
+        limit = self.max_lag_entries
+        if not limit or self.ack != "redis":
+            return
+        now = time.monotonic()
+        if now < self._lag_due.get(org, 0.0):
+            return
+        self._lag_due[org] = now + LAG_CHECK_SECONDS
+        journal = org_keys(org).journal
+        try:
+            pending = int(self.client.xlen(journal))
+        except RedisError:
+            return  # the operation itself reports Redis being unreachable
+        while pending > limit:
+            try:
+                applied = self.reconciler.drain(org, max_batches=1)
+            except UnavailableError as exc:
+                self._lag_due.pop(org, None)
+                raise UnavailableError(
+                    f"the ledger is {pending} journal entries behind Redis (limit "
+                    f"{limit}, max_lag_entries) and cannot be written, so no lease is "
+                    f"granted until it catches up: {exc}"
+                ) from exc
+            try:
+                pending = int(self.client.xlen(journal))
+            except RedisError:
+                return
+            if not applied:
+                return
 
     def _acked(self, org: str, entry_id: Any) -> None:
         if self.ack == "ledger":

@@ -105,7 +105,9 @@ class LeaseAPI(_API):
 
         Raises:
             The error :meth:`acquire` would raise for the first resource that is refused
-            (``ConflictError``, ``VersionConflictError``, ...); then nothing was acquired.
+            (``ConflictError``, ``VersionConflictError``, ...), its message ending
+            ``(acquire_many item <index>: <type>/<id>)`` (index from 0); then nothing was
+            acquired.
             ValidationError: bad input (also a resource listed twice).
         """
         from ._many import ledger_acquire_many, requests_of

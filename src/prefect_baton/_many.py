@@ -17,10 +17,10 @@ from . import _core
 from ._authority import Caller
 from ._ledger.store import LedgerStore, Tx, holding_to_lease, new_id, resource_key, row_to_holding
 from ._redis.authority import MAX_MANY, AcquireRequest
-from .errors import ValidationError
+from .errors import BatonError, ValidationError
 from .models import Lease
 
-__all__ = ["ledger_acquire_many", "requests_of"]
+__all__ = ["ledger_acquire_many", "refused", "requests_of"]
 
 _ITEM_FIELDS = {
     "resource_type",
@@ -108,6 +108,16 @@ def requests_of(
     return out
 
 
+def refused(exc: BatonError, index: int, req: AcquireRequest) -> BatonError:
+    """``exc``, the refusal of request ``index`` (0-based) of an ``acquire_many`` call, with
+    its message naming that request: ``"<message> (acquire_many item <index>:
+    <resource_type>/<resource_id>)"``. The same on every authority."""
+    where = f"{req.resource_type}/{req.resource_id}"
+    exc.message = f"{exc.message} (acquire_many item {index}: {where})"
+    exc.args = (exc.message,)
+    return exc
+
+
 def _acquire_in_tx(
     store: LedgerStore, tx: Tx, caller: Caller, req: AcquireRequest, key: str | None
 ) -> Lease:
@@ -170,13 +180,20 @@ def ledger_acquire_many(
     """Acquire every request on the ledger authority in one transaction, or none.
 
     Returns the leases in request order. Raises the error of the first refused request
-    (as :meth:`LedgerStore.acquire`); then nothing is written.
+    (as :meth:`LedgerStore.acquire`, its message naming the request: :func:`refused`); then
+    nothing is written.
     """
     locks: list[str] = []
     for req in requests:
         locks += store._lease_locks(caller, req.resource_type, req.resource_id, bool(req.scopes))
 
     def op(tx: Tx) -> list[Lease]:
-        return [_acquire_in_tx(store, tx, caller, req, idempotency_key) for req in requests]
+        out: list[Lease] = []
+        for i, req in enumerate(requests):
+            try:
+                out.append(_acquire_in_tx(store, tx, caller, req, idempotency_key))
+            except BatonError as exc:
+                raise refused(exc, i, req) from None
+        return out
 
     return store._write(caller, locks, op)

@@ -25,6 +25,7 @@ from prefect_baton import (
     NotFoundError,
     UnavailableError,
     ValidationError,
+    VersionConflictError,
 )
 from prefect_baton._ledger.store import LedgerStore
 from prefect_baton._ledger.tables import HandoffRow
@@ -413,8 +414,9 @@ def test_acquire_many_is_all_or_nothing(baton: Baton) -> None:
     other = baton.as_principal("agent-b")
     other.leases.acquire("res", "b", ttl_seconds=30)
     before = [e.kind for e in baton.events.list(limit=1000)]
-    with pytest.raises(ConflictError):
+    with pytest.raises(ConflictError, match=r"\(acquire_many item 1: res/b\)$") as err:
         baton.leases.acquire_many([("res", "a"), ("res", "b"), ("res", "c")], ttl_seconds=30)
+    assert err.value.expires_at is not None
     assert not baton.leases.inspect("res", "a").held
     assert not baton.leases.inspect("res", "c").held
     assert [e.kind for e in baton.events.list(limit=1000)] == before
@@ -423,11 +425,28 @@ def test_acquire_many_is_all_or_nothing(baton: Baton) -> None:
 def test_acquire_many_scope_conflict_is_all_or_nothing(baton: Baton) -> None:
     """A scope overlap on one item refuses the whole claim."""
     baton.as_principal("agent-b").leases.acquire("res", "x", ttl_seconds=30, scopes=["src/**"])
-    with pytest.raises(ConflictError):
+    with pytest.raises(ConflictError, match=r"write scope.*\(acquire_many item 1: res/b\)$"):
         baton.leases.acquire_many(
             [("res", "a"), {"resource_type": "res", "resource_id": "b", "scopes": ["src/a/*"]}],
             ttl_seconds=30,
         )
+    assert not baton.leases.inspect("res", "a").held
+
+
+def test_acquire_many_version_conflict_names_the_item(baton: Baton) -> None:
+    """A compare-and-swap refusal keeps its versions and names the refused item."""
+    receipt = baton.leases.release(baton.leases.acquire("res", "v", ttl_seconds=30))
+    with pytest.raises(VersionConflictError, match=r"\(acquire_many item 2: res/v\)$") as err:
+        baton.leases.acquire_many(
+            [
+                ("res", "a"),
+                ("res", "b"),
+                {"resource_type": "res", "resource_id": "v", "expected_version": 7},
+            ],
+            ttl_seconds=30,
+        )
+    assert err.value.current_version == receipt.lease.version
+    assert err.value.expected_version == 7
     assert not baton.leases.inspect("res", "a").held
 
 

@@ -40,7 +40,7 @@ from .. import _core
 from .._authority import Caller
 from .._core import Holding, Proof
 from .._ledger.store import LedgerStore, holding_to_lease
-from ..errors import ForbiddenError, NotFoundError, ValidationError
+from ..errors import BatonError, ForbiddenError, NotFoundError, ValidationError
 from ..models import Lease, LeaseInfo, Receipt, from_ms
 from .base import AuthorityBase
 from .codec import construct, from_gen, lease_from_gen, opt, plain_leases, scope_meta
@@ -226,7 +226,7 @@ class RedisAuthority(AuthorityBase):
             args = self._plain_args(caller, requests, base)
             reply = self._run(caller.org, "acquire_plain", args)
             if int(reply[0]) != OK:
-                raise_for([reply[0], *reply[2:]])
+                _refuse(reply, requests)
             out = plain_leases(caller.principal, requests, base, reply)
         else:
             args = [caller.principal, caller.role, opt(idempotency_key), str(len(requests))]
@@ -238,7 +238,7 @@ class RedisAuthority(AuthorityBase):
                     extra.append(rkey)
             reply = self._run(caller.org, "acquire_many", args, extra)
             if int(reply[0]) != OK:
-                raise_for([reply[0], *reply[2:]])
+                _refuse(reply, requests)
             subs, gens = reply[2::2], reply[3::2]
             out = [lease_from_gen(g, replayed=sub != OK) for sub, g in zip(subs, gens, strict=True)]
         if as_text(reply[1]):
@@ -588,6 +588,19 @@ class RedisAuthority(AuthorityBase):
             raise NotFoundError(f"lease {lease_id} not found")
         raise_for(reply)
         raise AssertionError("unreachable")
+
+
+def _refuse(reply: Sequence[Any], requests: Sequence[AcquireRequest]) -> None:
+    """Raise the refusal of an ``acquire_many`` script (``[code, 1-based index, *args]``),
+    naming the refused request (:func:`prefect_baton._many.refused`)."""
+    from .._many import refused
+
+    index = int(reply[1]) - 1
+    try:
+        raise_for([reply[0], *reply[2:]])
+    except BatonError as exc:
+        raise refused(exc, index, requests[index]) from None
+    raise AssertionError("unreachable")
 
 
 def _end_status(status: str) -> Literal["released", "expired"]:

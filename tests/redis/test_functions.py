@@ -226,6 +226,27 @@ def test_retired_generations_are_pruned_as_fast_as_they_come(
     assert auth.client.hlen(lid) < 120  # the ten heads and the old ones not pruned yet
 
 
+@pytest.mark.parametrize("functions", [True, False], ids=["fcall", "evalsha"])
+def test_marker_and_lease_id_index_are_hash_tables(
+    make_authority: Callable[..., RedisAuthority], functions: bool
+) -> None:
+    """`inc` and `lid` are read on every call: they are kept as hash tables (a lookup)
+    rather than listpacks (a scan of up to 512 entries), from the first rebuild on, and the
+    padding field changes no result (release by a lease id, pruning, inspect)."""
+    from prefect_baton._redis.keys import org_keys
+
+    auth = make_authority(functions=functions, reconcile_in_client=False)
+    b = _baton(auth, org="org-enc")
+    keys = org_keys("org-enc")
+    leases = [b.leases.acquire("db", f"r{i}", ttl_seconds=30) for i in range(3)]
+    for k in (keys.inc, keys.base[2]):
+        assert auth.client.object("encoding", k) == b"hashtable"
+    assert auth.client.hlen(keys.base[2]) == 4  # three lease ids and the padding
+    assert b.leases.release(leases[0]).status == "released"
+    assert b.leases.release_by_id(leases[1].lease_id).status == "released"
+    assert b.leases.inspect("db", "r2").lease == leases[2]
+
+
 def test_a_library_flushed_at_every_attempt_is_unavailable_and_runs_nothing(
     redis_server: RedisServer,
     make_authority: Callable[..., RedisAuthority],

@@ -6,9 +6,10 @@
 --
 -- Every operation script receives the same ten per-org keys first (all share the org's hash
 -- tag, so the scripts run unchanged on Redis Cluster):
---   KEYS[1]  inc    hash: incarnation marker (id, n, floor, ceil, delay, ret)
+--   KEYS[1]  inc    hash: incarnation marker (id, n, floor, ceil, delay, ret, PAD_FIELD)
 --   KEYS[2]  heads  hash: resource digest -> newest generation of the resource
---   KEYS[3]  lid    hash: lease id -> resource digest (every generation not yet pruned)
+--   KEYS[3]  lid    hash: lease id -> resource digest (every generation not yet pruned),
+--                   and PAD_FIELD
 --   KEYS[4]  old    hash: lease id -> a generation that is no longer its resource's head
 --   KEYS[5]  oldx   zset: lease id of `old` by ended_at_ms (pruning)
 --   KEYS[6]  own    zset (lex): owner .. "\0" .. resource digest of every active head
@@ -40,6 +41,12 @@ local C_NO_INCARNATION, C_ROTATE, C_REBUILD_LOST = 30, 31, 32
 local MAX_SAFE = 9007199254740991
 local EXHAUSTED = 'lease generation counters are exhausted (2**53 - 1); only release is allowed'
 local NUMS = {'v', 'e', 'a', 'x', 't', 'ea'}
+-- install.lua gives `inc` and `lid` one field (no lease id contains NUL) whose value is longer
+-- than hash-max-listpack-value (64 bytes by default), so Redis keeps them as hash tables:
+-- as listpacks (up to hash-max-listpack-entries, 512 by default) every read of `lid` scanned
+-- the list, up to 45,000 instructions in an org with a few hundred generations.
+local PAD_FIELD = '\0pad'
+local PAD = 'a value longer than 64 bytes keeps this hash a hash table, not a listpack'
 
 -- An integer as decimal text (exact up to 2**53), remembered for the call: the scripts
 -- format the same times (now, expiries) again and again.

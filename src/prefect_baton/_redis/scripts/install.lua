@@ -11,6 +11,7 @@
 if redis.call('GET', KEYS[11]) ~= ARGV[1] then return {C_REBUILD_LOST} end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {C_REBUILD_LOST} end
 redis.call('HSET', KEYS[1], 'id', ARGV[2], 'n', ARGV[3], 'floor', ARGV[4], 'ceil', ARGV[5],
-  'delay', ARGV[6], 'ret', ARGV[7])
+  'delay', ARGV[6], 'ret', ARGV[7], PAD_FIELD, PAD)
+redis.call('HSET', KEYS[3], PAD_FIELD, PAD)
 redis.call('DEL', KEYS[11])
 return {C_OK}

@@ -127,7 +127,9 @@ def test_ledger_down_over_the_limit_fails_closed(
 ) -> None:
     """The ledger cannot be written (its drain raises UNAVAILABLE): acquire and
     acquire_many fail before granting anything (the resource stays free, the journal
-    unchanged); renew and release of a lease already held still work."""
+    unchanged), each time and not only when the length is due to be read again; renew and
+    release of a lease already held still work. Once the ledger is back, the next acquire
+    drains and is granted."""
     filler, journal = _backlog(make)
     held = filler.leases.acquire("res", "held", ttl_seconds=30)
     auth = make(max_lag_entries=20)
@@ -151,6 +153,10 @@ def test_ledger_down_over_the_limit_fails_closed(
     assert renewed.version > held.version
     assert limited.leases.release(renewed).status == "released"
     assert client.xlen(journal) == before + 2
+    # The ledger is back: the next acquire drains everything first, then grants.
+    monkeypatch.undo()
+    limited.leases.acquire("res", "blocked", ttl_seconds=30)
+    assert client.xlen(journal) == 1
 
 
 def test_length_is_read_at_most_every_interval(

@@ -103,7 +103,10 @@ class AuthorityBase:
         self._owns_client = owns_client
         self._known: set[str] = set()
         self.max_lag_entries = max_lag_entries
+        # org -> when its journal length is read next (monotonic seconds); orgs found over
+        # the limit are in _lag_over until a read finds them under it again
         self._lag_due: dict[str, float] = {}
+        self._lag_over: set[str] = set()
 
     # ------------------------------------------------------------------ plumbing
 
@@ -167,30 +170,30 @@ class AuthorityBase:
         if not limit or self.ack != "redis":
             return
         now = time.monotonic()
-        if now < self._lag_due.get(org, 0.0):
+        if now < self._lag_due.get(org, 0.0) and org not in self._lag_over:
             return
         self._lag_due[org] = now + LAG_CHECK_SECONDS
         journal = org_keys(org).journal
         try:
             pending = int(self.client.xlen(journal))
+            while pending > limit:
+                # every acquire of this client waits and helps until a read finds the
+                # journal under the limit (not only the one whose turn it was to read)
+                self._lag_over.add(org)
+                try:
+                    applied = self.reconciler.drain(org, max_batches=1)
+                except UnavailableError as exc:
+                    raise UnavailableError(
+                        f"{pending} journal entries wait for the ledger (limit {limit}, "
+                        f"max_lag_entries) and draining them failed, so no lease is "
+                        f"granted until the ledger catches up: {exc}"
+                    ) from exc
+                pending = int(self.client.xlen(journal))
+                if not applied:
+                    break
         except RedisError:
             return  # the operation itself reports Redis being unreachable
-        while pending > limit:
-            try:
-                applied = self.reconciler.drain(org, max_batches=1)
-            except UnavailableError as exc:
-                self._lag_due.pop(org, None)
-                raise UnavailableError(
-                    f"the ledger is {pending} journal entries behind Redis (limit "
-                    f"{limit}, max_lag_entries) and cannot be written, so no lease is "
-                    f"granted until it catches up: {exc}"
-                ) from exc
-            try:
-                pending = int(self.client.xlen(journal))
-            except RedisError:
-                return
-            if not applied:
-                return
+        self._lag_over.discard(org)
 
     def _acked(self, org: str, entry_id: Any) -> None:
         if self.ack == "ledger":

@@ -417,18 +417,26 @@ local function own_member(g)
   return g.o .. '\0' .. g.rd
 end
 
--- Append one journal entry; `items` are built by item(), `ho` the handoff id and `note` its
--- note (nil when none). Generations are encoded once and reused; the entry's text is made
--- by one concatenation of all the pieces.
-local function journal(mk, principal, role, now, items, ho, note)
+-- Append one journal entry made of `parts`: seven slots for the header (filled here), then
+-- the five pieces of each of `count` items. `ho` is the handoff id and `note` its note (nil
+-- when none). The entry's text is made by one concatenation of all the pieces.
+local function journal_parts(mk, principal, role, now, parts, count, ho, note)
   local nt = ''
   if note then nt = '=' .. note end
+  parts[1], parts[2], parts[3], parts[4], parts[5], parts[6], parts[7] =
+    mk.id, principal, role, I(now), ho or '', nt, count
+  return redis.call('XADD', KEYS[10], '*', 'p', table.concat(parts, '\0'))
+end
+
+-- Append one journal entry; `items` are built by item(). Generations are encoded once and
+-- reused.
+local function journal(mk, principal, role, now, items, ho, note)
   local parts
   if #items == 1 then
     local it = items[1]
-    parts = {mk.id, principal, role, I(now), ho or '', nt, 1, it[1], it[2], it[3], it[4], it[5]}
+    parts = {false, false, false, false, false, false, false, it[1], it[2], it[3], it[4], it[5]}
   else
-    parts = {mk.id, principal, role, I(now), ho or '', nt, #items}
+    parts = {false, false, false, false, false, false, false}
     local n = 7
     for _, it in ipairs(items) do
       parts[n + 1], parts[n + 2], parts[n + 3], parts[n + 4], parts[n + 5] =
@@ -436,7 +444,7 @@ local function journal(mk, principal, role, now, items, ho, note)
       n = n + 5
     end
   end
-  return redis.call('XADD', KEYS[10], '*', 'p', table.concat(parts, '\0'))
+  return journal_parts(mk, principal, role, now, parts, #items, ho, note)
 end
 
 -- One journal item (its five pieces): the action, the new generation, the ended generation

@@ -28,7 +28,10 @@ for i = 1, n do rds[i] = ARGV[4 + 3 * i] end
 local heads = redis.call('HMGET', KEYS[2], unpack(rds))
 -- Everything after the version and epoch is the same for every plain grant of this call.
 local tail = table.concat({'active', I(now), I(now + ttl), I(ttl), '', p, '', '', ''}, '\0')
-local plans, replies, retired = {}, {}, 0
+-- Decisions, in arrays rather than a table per resource (fewer allocations per lease):
+-- a free resource gets its version and epoch in pv/pe (and its retired head in ph/praw);
+-- one decided by decide_acquire gets its item and plan in full, or its reply in replies.
+local pv, pe, ph, praw, full, replies, retired = {}, {}, {}, {}, {}, {}, 0
 for i = 1, n do
   local b = 3 + 3 * i
   local raw = heads[i] or nil
@@ -42,7 +45,7 @@ for i = 1, n do
     local stop = stop_at(r, i)
     if stop then return stop end
     if r[1] == C_OK then
-      plans[i] = {it = it, plan = r[2]}
+      full[i] = {it, r[2]}
     else
       replies[i] = r
     end
@@ -53,36 +56,45 @@ for i = 1, n do
       v = head.v + 1
       if head.e > e then e = head.e end
       retired = retired + 1
+      ph[i], praw[i] = head, raw
     end
     if mk.delay > now then return {C_CONFLICT, i, I(mk.delay), 0} end
     e = e + 1
     if e >= mk.ceil then return {C_ROTATE} end
-    plans[i] = {v = v, e = e, head = head, raw = raw}
+    pv[i], pe[i] = v, e
   end
 end
-local items, out = {}, {C_OK, '', now}
+-- The journal entry's pieces: seven header slots, then five per granted resource.
+local parts, count, out = {false, false, false, false, false, false, false}, 0, {C_OK, '', now}
 local w = {h = {}, l = {}, o = {}}
 local h, l, o = w.h, w.l, w.o
+local np, nh, no = 7, 0, 0
 for i = 1, n do
-  local pl = plans[i]
-  if pl and pl.plan then
-    local entry, new_s = apply_acquire(pl.it, pl.plan, principal, nil, now, mk, w)
-    items[#items + 1] = entry
+  local v = pv[i]
+  if v then
+    local b = 3 + 3 * i
+    local rd = ARGV[b + 1]
+    if ph[i] then retire(ph[i], now, praw[i]) end
+    local e = pe[i]
+    local new_s = ARGV[b] .. '\0' .. I(v) .. '\0' .. I(e) .. '\0' .. tail
+    h[nh + 1], h[nh + 2], l[nh + 1], l[nh + 2] = rd, new_s, ARGV[b + 2], rd
+    o[no + 1], o[no + 2] = '0', principal .. '\0' .. rd
+    nh, no = nh + 2, no + 2
+    parts[np + 1], parts[np + 2], parts[np + 3], parts[np + 4], parts[np + 5] =
+      'acquire', '', '', new_s, NO_GEN
+    np, count = np + 5, count + 1
+    out[#out + 1] = 3
+    out[#out + 1] = v
+    out[#out + 1] = e
+  elseif full[i] then
+    local entry, new_s = apply_acquire(full[i][1], full[i][2], principal, nil, now, mk, w)
+    nh, no = #h, #o
+    parts[np + 1], parts[np + 2], parts[np + 3], parts[np + 4], parts[np + 5] =
+      entry[1], entry[2], entry[3], entry[4], entry[5]
+    np, count = np + 5, count + 1
     out[#out + 1] = C_OK
     out[#out + 1] = new_s
     out[#out + 1] = ''
-  elseif pl then
-    local b = 3 + 3 * i
-    local rd, id = ARGV[b + 1], ARGV[b + 2]
-    if pl.head then retire(pl.head, now, pl.raw) end
-    local new_s = table.concat({ARGV[b], I(pl.v), I(pl.e), tail}, '\0')
-    h[#h + 1] = rd; h[#h + 1] = new_s
-    l[#l + 1] = id; l[#l + 1] = rd
-    o[#o + 1] = '0'; o[#o + 1] = principal .. '\0' .. rd
-    items[#items + 1] = item('acquire', new_s)
-    out[#out + 1] = 3
-    out[#out + 1] = pl.v
-    out[#out + 1] = pl.e
   else
     out[#out + 1] = replies[i][1]
     out[#out + 1] = replies[i][2]
@@ -91,5 +103,5 @@ for i = 1, n do
 end
 if retired > 0 then prune_old(now, mk, retired) end
 flush_acquired(w)
-if #items > 0 then out[2] = journal(mk, principal, role, now, items) end
+if count > 0 then out[2] = journal_parts(mk, principal, role, now, parts, count) end
 return out

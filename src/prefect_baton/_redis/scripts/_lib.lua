@@ -99,7 +99,7 @@ local function dec_json(s)
 end
 
 -- The 17 fields of a generation (Lua 5.1 patterns match NUL as %z).
-local GEN_PAT = '^([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z(.*)$'
+local GEN_PAT = '^(%Z*)%z(%Z*)%z(%Z*)%z(%Z*)%z(%Z*)%z(%Z*)%z(%Z*)%z(%Z*)%z(%Z*)%z(%Z*)%z(%Z*)%z(%Z*)%z(%Z*)%z(%Z*)%z(%Z*)%z(%Z*)%z(.*)$'
 
 -- A numeric field: the number, with its text remembered for I() (formatting is costly).
 local function N(text)
@@ -126,7 +126,7 @@ end
 -- about as much as a command): id, rd, o, k, v, e, s, x, ea (text), eb, sid, plus `raw` and
 -- the positions around s (ps, pe) and of ea (pea), from which released() rebuilds the text.
 -- A legacy JSON generation is decoded in full (it has no positions).
-local PEEK_PAT = '^([^%z]*)%z[^%z]*%z[^%z]*%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z([^%z]*)%z()([^%z]*)()%z[^%z]*%z([^%z]*)%z[^%z]*%z[^%z]*%z[^%z]*%z()([^%z]*)%z([^%z]*)%z(.*)$'
+local PEEK_PAT = '^(%Z*)%z%Z*%z%Z*%z(%Z*)%z(%Z*)%z(%Z*)%z(%Z*)%z(%Z*)%z()(%Z*)()%z%Z*%z(%Z*)%z%Z*%z%Z*%z%Z*%z()(%Z*)%z(%Z*)%z(.*)$'
 
 local function peek(s)
   if not s then return nil end

@@ -38,7 +38,7 @@ for i = 1, n do
   local head = peek(raw)
   if head and head.s == 'active' then
     -- Held or run out: the full decision (takeover, supersede, conflict, no-op).
-    local rt, ri = string.match(ARGV[b], '^[^%z]*%z([^%z]*)%z([^%z]*)%z')
+    local rt, ri = string.match(ARGV[b], '^%Z*%z(%Z*)%z(%Z*)%z')
     local it = {rd = ARGV[b + 1], rt = rt, ri = ri, ttl = ttl, p = opt(p), id = ARGV[b + 2],
                 digest = ''}
     local r = decide_acquire(it, principal, nil, now, mk, raw)

@@ -13,7 +13,7 @@ import pytest
 
 from prefect_baton import Baton
 from prefect_baton._redis.authority import RedisAuthority
-from prefect_baton._redis.codec import encode_gen, from_gen, lease_from_gen
+from prefect_baton._redis.codec import encode_gen, from_gen, is_plain, lease_from_gen
 from prefect_baton._redis.keys import org_keys, resource_digest
 from prefect_baton.audit import audit_ledger
 from prefect_baton.errors import BatonError
@@ -144,9 +144,9 @@ def test_plain_claim_is_chosen_only_for_plain_requests() -> None:
     from prefect_baton._redis.authority import AcquireRequest
 
     plain = [AcquireRequest("res", "a", 30_000), AcquireRequest("res", "b", 30_000)]
-    assert RedisAuthority._plain(plain, None)
-    assert not RedisAuthority._plain(plain, "key")
-    assert not RedisAuthority._plain([*plain, AcquireRequest("res", "c", 60_000)], None)
-    assert not RedisAuthority._plain([AcquireRequest("res", "a", 30_000, ("src/**",))], None)
-    assert not RedisAuthority._plain([AcquireRequest("res", "a", 30_000, (), None, 3)], None)
-    assert not RedisAuthority._plain([*plain, AcquireRequest("res", "c", 30_000, (), "p")], None)
+    assert is_plain(plain, None)
+    assert not is_plain(plain, "key")
+    assert not is_plain([*plain, AcquireRequest("res", "c", 60_000)], None)
+    assert not is_plain([AcquireRequest("res", "a", 30_000, ("src/**",))], None)
+    assert not is_plain([AcquireRequest("res", "a", 30_000, (), None, 3)], None)
+    assert not is_plain([*plain, AcquireRequest("res", "c", 30_000, (), "p")], None)

@@ -43,7 +43,16 @@ from .._ledger.store import LedgerStore, holding_to_lease
 from ..errors import BatonError, ForbiddenError, NotFoundError, ValidationError
 from ..models import Lease, LeaseInfo, Receipt, from_ms
 from .base import AuthorityBase
-from .codec import construct, from_gen, lease_from_gen, opt, plain_leases, scope_meta
+from .codec import (
+    construct,
+    from_gen,
+    is_plain,
+    lease_from_gen,
+    opt,
+    plain_args,
+    plain_leases,
+    scope_meta,
+)
 from .connection import as_text, connect
 from .keys import org_keys, resource_digest
 from .scripts import NOOP, OK, REPLAY, UNKNOWN, raise_for
@@ -222,8 +231,8 @@ class RedisAuthority(AuthorityBase):
         self._backpressure(caller.org)
         # One random id for the call, numbered per resource: 32 hex digits as uuid4's.
         base = os.urandom(13).hex()
-        if self._plain(requests, idempotency_key):
-            args = self._plain_args(caller, requests, base)
+        if is_plain(requests, idempotency_key):
+            args = plain_args(caller.principal, caller.role, requests, base)
             reply = self._run(caller.org, "acquire_plain", args)
             if int(reply[0]) != OK:
                 _refuse(reply, requests)
@@ -244,35 +253,6 @@ class RedisAuthority(AuthorityBase):
         if as_text(reply[1]):
             self._acked(caller.org, reply[1])
         return out
-
-    @staticmethod
-    def _plain(requests: Sequence[AcquireRequest], idempotency_key: str | None) -> bool:
-        """Whether ``acquire_plain.lua`` takes the call: no execution key, no scopes, no
-        expected version, one TTL and one purpose (the same decisions, less work)."""
-        first = requests[0]
-        return idempotency_key is None and all(
-            not r.scopes
-            and r.expected_version is None
-            and r.ttl_ms == first.ttl_ms
-            and r.purpose == first.purpose
-            for r in requests
-        )
-
-    @staticmethod
-    def _plain_args(caller: Caller, requests: Sequence[AcquireRequest], base: str) -> list[str]:
-        """ARGV of ``acquire_plain.lua``: requests without an execution key, scopes or
-        expected version, all with the first one's TTL and purpose. Each resource sends the
-        start of its new generation (id, type, id, digest, owner, no execution key)."""
-        first = requests[0]
-        args = [caller.principal, caller.role, str(len(requests)), str(first.ttl_ms)]
-        args.append(opt(first.purpose))
-        owner = caller.principal
-        for i, req in enumerate(requests):
-            lease_id = f"lease_{base}{i:06x}"
-            rd = resource_digest(req.resource_type, req.resource_id)
-            prefix = "\x00".join((lease_id, req.resource_type, req.resource_id, rd, owner, ""))
-            args += (prefix, rd, lease_id)
-        return args
 
     # ------------------------------------------------------------------ by proof
 

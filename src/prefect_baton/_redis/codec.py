@@ -204,6 +204,34 @@ def lease_from_gen(
     )
 
 
+def is_plain(requests: Sequence[Any], idempotency_key: str | None) -> bool:
+    """Whether ``acquire_plain.lua`` takes an ``acquire_many`` call of ``requests``
+    (:class:`~prefect_baton._redis.authority.AcquireRequest` values): no execution key, no
+    scopes, no expected version, one TTL and one purpose (the same decisions, less work)."""
+    first = requests[0]
+    return idempotency_key is None and all(
+        not r.scopes
+        and r.expected_version is None
+        and r.ttl_ms == first.ttl_ms
+        and r.purpose == first.purpose
+        for r in requests
+    )
+
+
+def plain_args(principal: str, role: str, requests: Sequence[Any], base: str) -> list[str]:
+    """ARGV of ``acquire_plain.lua`` for ``requests`` that :func:`is_plain` accepts, with
+    lease ids ``lease_<base><i as 6 hex digits>``. Each resource sends the start of its new
+    generation (id, type, id, digest, owner, no execution key), its digest and its id."""
+    first = requests[0]
+    args = [principal, role, str(len(requests)), str(first.ttl_ms), opt(first.purpose)]
+    for i, req in enumerate(requests):
+        lease_id = f"lease_{base}{i:06x}"
+        rd = resource_digest(req.resource_type, req.resource_id)
+        prefix = "\x00".join((lease_id, req.resource_type, req.resource_id, rd, principal, ""))
+        args += (prefix, rd, lease_id)
+    return args
+
+
 def plain_leases(
     owner: str, requests: Sequence[Any], base: str, reply: Sequence[Any]
 ) -> list[Lease]:

@@ -114,7 +114,7 @@ def test_plain_and_general_scripts_decide_alike(
     monkeypatch.setattr(auth, "_run", spy)
     outcomes = []
     for plain in (True, False):
-        monkeypatch.setattr(RedisAuthority, "_plain", staticmethod(lambda r, k, p=plain: p))
+        monkeypatch.setattr("prefect_baton._redis.authority.is_plain", lambda r, k, p=plain: p)
         b = Baton(
             org=f"org-{scenario}-{plain}",
             principal="agent-a",

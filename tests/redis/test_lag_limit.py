@@ -216,3 +216,68 @@ def test_setting_from_the_environment(
         assert b.authority.max_lag_entries == 7
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("ledger_kind", ["sqlite", "postgresql"])
+def test_a_stuck_drainer_holding_the_journal_lock_bounds_the_wait(
+    request: pytest.FixtureRequest, client: Any, tmp_path: Any, ledger_kind: str
+) -> None:
+    """Another process holds the org's journal lock and does not let go (a drainer stopped
+    mid-batch): an acquire over the limit gives up after the lock timeout with UNAVAILABLE,
+    granting nothing, instead of waiting for ever; it succeeds once the lock is free. On
+    PostgreSQL the lock is the ``journal:<org>`` advisory lock, on SQLite the write lock."""
+    import sqlite3
+
+    import psycopg
+
+    from tests.conftest import store_for
+
+    if ledger_kind == "sqlite":
+        store = LedgerStore(f"sqlite:///{tmp_path / 'stuck.db'}")
+    else:
+        store = store_for(str(request.getfixturevalue("pg_url")))
+    org = f"org-{uuid.uuid4().hex[:12]}"
+    filler = _baton(
+        RedisAuthority(client, store, ack="redis", reconcile_in_client=False, max_lag_entries=0),
+        org,
+    )
+    for i in range(PAIRS):
+        filler.leases.release(filler.leases.acquire("res", f"p{i}", ttl_seconds=30))
+    auth = RedisAuthority(client, store, ack="redis", reconcile_in_client=False, max_lag_entries=20)
+    auth.reconciler.lock_timeout_seconds = 0.5
+    limited = _baton(auth, org)
+    journal = org_keys(org).journal
+    holder: Any
+    if ledger_kind == "sqlite":
+        holder = sqlite3.connect(str(tmp_path / "stuck.db"), isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        holder.execute("PRAGMA busy_timeout = 0")
+        # SQLite waits its own busy timeout (30 s); shorten it for this engine's new
+        # connections by disposing the pool and setting the pragma on connect
+        from sqlalchemy import event
+
+        store.engines.write.dispose()
+        event.listen(
+            store.engines.write,
+            "connect",
+            lambda c, _r: c.execute("PRAGMA busy_timeout = 500"),
+        )
+    else:
+        holder = psycopg.connect(str(request.getfixturevalue("pg_url")), autocommit=True)
+        holder.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (f"journal:{org}",))
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(UnavailableError, match="max_lag_entries"):
+            limited.leases.acquire("res", "stuck", ttl_seconds=30)
+        assert time.monotonic() - t0 < 15
+        assert client.xlen(journal) == 2 * PAIRS
+        assert limited.leases.inspect("res", "stuck").lease is None
+    finally:
+        if ledger_kind == "sqlite":
+            holder.execute("ROLLBACK")
+        holder.close()
+    limited.leases.acquire("res", "stuck", ttl_seconds=30)
+    assert client.xlen(journal) == 1
+    auth.close()
+    if ledger_kind == "sqlite":
+        store.close()

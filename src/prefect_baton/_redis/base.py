@@ -184,9 +184,9 @@ class AuthorityBase:
                     applied = self.reconciler.drain(org, max_batches=1)
                 except UnavailableError as exc:
                     raise UnavailableError(
-                        f"{pending} journal entries wait for the ledger (limit {limit}, "
-                        f"max_lag_entries) and draining them failed, so no lease is "
-                        f"granted until the ledger catches up: {exc}"
+                        f"{pending} journal entries wait for the ledger (limit {limit}: "
+                        "max_lag_entries, BATON_REDIS_MAX_LAG_ENTRIES) and draining them "
+                        f"failed, so no lease is granted until the ledger catches up: {exc}"
                     ) from exc
                 pending = int(self.client.xlen(journal))
                 if not applied:

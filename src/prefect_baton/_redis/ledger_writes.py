@@ -45,6 +45,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import col
 
+from .._ledger.engine import SQLITE_BUSY_TIMEOUT_MS
 from .._ledger.store import LedgerStore, holding_to_lease, resource_key
 from .._ledger.tables import (
     HandoffRow,
@@ -125,6 +126,10 @@ class LedgerWriter:
         # {(org, principal): role} and orgs written by a committed batch of this writer
         self._known_actors: dict[tuple[str, str], str] = {}
         self._known_orgs: set[str] = set()
+        #: how long a drain waits for the org's journal lock on PostgreSQL before giving up
+        #: (``lock_timeout``; seconds): SQLite's busy timeout, so a drainer stopped while
+        #: holding the lock blocks the others for a bounded time on both databases
+        self.lock_timeout_seconds: float = SQLITE_BUSY_TIMEOUT_MS / 1000
 
     def _lock(self, conn: Connection, key: str) -> None:
         if not self._sqlite:
@@ -165,8 +170,9 @@ class LedgerWriter:
         )
 
     def _lock_and_read_cursor(self, conn: Connection, org: str) -> tuple[str, str] | None:
-        """Take the org's journal lock (PostgreSQL: ``journal:<org>`` advisory lock; SQLite:
-        the transaction's ``BEGIN IMMEDIATE``) and read the org's journal cursor
+        """Take the org's journal lock (PostgreSQL: ``journal:<org>`` advisory lock, waiting
+        at most :attr:`lock_timeout_seconds`; SQLite: the transaction's ``BEGIN IMMEDIATE``,
+        waiting at most the busy timeout) and read the org's journal cursor
         ``(incarnation id, last applied entry id)`` (``None``: nothing applied yet).
         PostgreSQL: one round trip (a pipeline of the lock and the read)."""
         args = (org, SYSTEM_PRINCIPAL, JOURNAL_OP)
@@ -176,6 +182,8 @@ class LedgerWriter:
             pg = conn.connection.driver_connection
             assert pg is not None
             with pg.pipeline(), pg.cursor() as lock, pg.cursor() as cur:
+                ms = max(1, int(self.lock_timeout_seconds * 1000))
+                lock.execute(f"SET LOCAL lock_timeout = {ms}")
                 lock.execute(LOCK_SQL, (f"journal:{org}",))
                 cur.execute(CURSOR_SQL, args)
                 row = cur.fetchone()

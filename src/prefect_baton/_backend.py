@@ -38,21 +38,26 @@ def open_backend(ledger_url: str | None = None, redis_url: str | None = None) ->
         ledger_url: SQLAlchemy URL of the ledger (``str``; default ``BATON_LEDGER_URL``, else
             ``./.baton/ledger.db``); migrated on first use.
         redis_url: Redis URL of the lease authority (``str``; default ``BATON_REDIS_URL``;
-            none: the ledger is the authority). ``BATON_REDIS_ACK`` and
-            ``BATON_REDIS_POST_LOSS`` apply.
+            none: the ledger is the authority). ``BATON_REDIS_ACK``,
+            ``BATON_REDIS_POST_LOSS`` and ``BATON_REDIS_MAX_LAG_ENTRIES`` apply.
 
     Raises:
         ValidationError: a bad ``BATON_*`` variable, a malformed ledger or Redis URL (nothing
             is left open). UnavailableError: the ledger (or a Redis Cluster) cannot be reached.
     """
     settings = load_settings()
+    if redis_url is None and settings.redis_url is not None:
+        redis_url = settings.redis_url.get_secret_value()
+    if redis_url:
+        from ._redis.base import check_options
+
+        # refused before a ledger file is created or opened
+        check_options(settings.redis_ack, settings.redis_post_loss, settings.redis_max_lag_entries)
     store = LedgerStore(
         ledger_url or settings.ledger_url,
         receipt_retention_seconds=settings.receipt_retention_seconds,
         state_max_bytes=settings.state_max_bytes,
     )
-    if redis_url is None and settings.redis_url is not None:
-        redis_url = settings.redis_url.get_secret_value()
     if not redis_url:
         return Backend(settings, store, store)
     from ._redis.authority import RedisAuthority

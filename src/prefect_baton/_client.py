@@ -128,6 +128,12 @@ class Baton:
             ),
             role=_core.validate_role(s.role if role is None else role),
         )
+        url = redis_url or (s.redis_url.get_secret_value() if s.redis_url else None)
+        if lease_authority is None and url:
+            from ._redis.base import check_options
+
+            # refused before a ledger file is created or opened
+            check_options(ack or s.redis_ack, s.redis_post_loss, s.redis_max_lag_entries)
         self._ledger = store or LedgerStore(
             ledger_url or s.ledger_url,
             receipt_retention_seconds=s.receipt_retention_seconds,
@@ -135,7 +141,6 @@ class Baton:
         )
         self._records: RecordStore = self._ledger
         self.authority: LeaseAuthority = lease_authority or self._ledger
-        url = redis_url or (s.redis_url.get_secret_value() if s.redis_url else None)
         if lease_authority is None and url:
             from ._redis.authority import RedisAuthority
 
@@ -147,8 +152,12 @@ class Baton:
                     post_loss=s.redis_post_loss,
                     max_lag_entries=s.redis_max_lag_entries,
                 )
-            except ValueError as exc:  # redis-py's verdict on a malformed URL
-                raise ValidationError(f"bad Redis URL: {exc}") from None
+            except BaseException as exc:
+                if store is None:  # the ledger this call opened
+                    self._ledger.close()
+                if isinstance(exc, ValueError):  # redis-py's verdict on a malformed URL
+                    raise ValidationError(f"bad Redis URL: {exc}") from None
+                raise
             self._owns_authority = True
         self._apis()
 

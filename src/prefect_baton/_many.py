@@ -10,7 +10,7 @@ refused.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from . import _core
@@ -46,8 +46,9 @@ def requests_of(
     call's defaults.
 
     Raises:
-        ValidationError: a bad item, an unknown field, a resource listed twice, no item, or
-            more than 1,000 items. Nothing is written.
+        ValidationError: a bad item or an unknown field (the message ends ``(acquire_many
+            item <index>)``, index from 0), a resource listed twice, no item, or more than
+            1,000 items. Nothing is written.
     """
     if isinstance(resources, str | bytes | Mapping) or not isinstance(resources, Iterable):
         raise ValidationError("resources must be a list of (resource_type, resource_id) pairs")
@@ -58,47 +59,27 @@ def requests_of(
 
     def default(name: str) -> Any:
         if name not in defaults:
-            if name == "ttl":
-                defaults[name] = _core.validate_ttl(ttl_seconds)
-            else:
-                defaults[name] = _core.validate_text("purpose", purpose)
+            try:
+                if name == "ttl":
+                    defaults[name] = _core.validate_ttl(ttl_seconds)
+                else:
+                    defaults[name] = _core.validate_text("purpose", purpose)
+            except ValidationError as exc:
+                exc.call_level = True  # type: ignore[attr-defined]  # the call's, no item's
+                raise
         return defaults[name]
 
     out: list[AcquireRequest] = []
     seen: set[tuple[str, str]] = set()
-    for item in resources:
-        if isinstance(item, tuple | list) and len(item) == 2:
-            rt = _core.validate_id("resource_type", item[0])
-            rid = _core.validate_id("resource_id", item[1])
-            req = AcquireRequest(rt, rid, default("ttl"), default_scopes, default("purpose"), None)
-        elif isinstance(item, Mapping):
-            unknown = set(item) - _ITEM_FIELDS
-            if unknown:
-                raise ValidationError(f"unknown acquire_many fields: {', '.join(sorted(unknown))}")
-            rt = _core.validate_id("resource_type", item.get("resource_type"))
-            rid = _core.validate_id("resource_id", item.get("resource_id"))
-            req = AcquireRequest(
-                resource_type=rt,
-                resource_id=rid,
-                ttl_ms=(
-                    _core.validate_ttl(item["ttl_seconds"])
-                    if "ttl_seconds" in item
-                    else default("ttl")
-                ),
-                scopes=(
-                    _core.validate_scopes(item["scopes"]) if "scopes" in item else default_scopes
-                ),
-                purpose=(
-                    _core.validate_text("purpose", item["purpose"])
-                    if "purpose" in item
-                    else default("purpose")
-                ),
-                expected_version=_core.validate_version(
-                    "expected_version", item.get("expected_version")
-                ),
-            )
-        else:
-            raise ValidationError("each resource must be a (resource_type, resource_id) pair")
+    for index, item in enumerate(resources):
+        try:
+            req = _request(item, default, default_scopes)
+        except ValidationError as exc:
+            if not getattr(exc, "call_level", False):
+                exc.message = f"{exc.message} (acquire_many item {index})"
+                exc.args = (exc.message,)
+            raise
+        rt, rid = req.resource_type, req.resource_id
         if (rt, rid) in seen:
             raise ValidationError(f"resource {rt}/{rid} is listed twice")
         seen.add((rt, rid))
@@ -106,6 +87,46 @@ def requests_of(
     if not 1 <= len(out) <= MAX_MANY:
         raise ValidationError(f"acquire_many takes 1 to {MAX_MANY} resources")
     return out
+
+
+def _request(
+    item: Any, default: Callable[[str], Any], default_scopes: tuple[str, ...]
+) -> AcquireRequest:
+    """One ``acquire_many`` item as an :class:`AcquireRequest` (``default(name)`` gives the
+    call's validated ``"ttl"`` or ``"purpose"``).
+
+    Raises:
+        ValidationError: a bad item or an unknown field.
+    """
+    if isinstance(item, tuple | list) and len(item) == 2:
+        rt = _core.validate_id("resource_type", item[0])
+        rid = _core.validate_id("resource_id", item[1])
+        req = AcquireRequest(rt, rid, default("ttl"), default_scopes, default("purpose"), None)
+    elif isinstance(item, Mapping):
+        unknown = set(item) - _ITEM_FIELDS
+        if unknown:
+            raise ValidationError(f"unknown acquire_many fields: {', '.join(sorted(unknown))}")
+        rt = _core.validate_id("resource_type", item.get("resource_type"))
+        rid = _core.validate_id("resource_id", item.get("resource_id"))
+        req = AcquireRequest(
+            resource_type=rt,
+            resource_id=rid,
+            ttl_ms=(
+                _core.validate_ttl(item["ttl_seconds"]) if "ttl_seconds" in item else default("ttl")
+            ),
+            scopes=(_core.validate_scopes(item["scopes"]) if "scopes" in item else default_scopes),
+            purpose=(
+                _core.validate_text("purpose", item["purpose"])
+                if "purpose" in item
+                else default("purpose")
+            ),
+            expected_version=_core.validate_version(
+                "expected_version", item.get("expected_version")
+            ),
+        )
+    else:
+        raise ValidationError("each resource must be a (resource_type, resource_id) pair")
+    return req
 
 
 def refused(exc: BatonError, index: int, req: AcquireRequest) -> BatonError:

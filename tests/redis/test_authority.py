@@ -463,6 +463,25 @@ def test_acquire_many_replays_with_its_key(baton: Baton) -> None:
 
 
 @pytest.mark.parametrize(
+    ("item", "call_ttl"),
+    [
+        ({"resource_type": "res", "resource_id": "b", "ttl_seconds": 5}, 30),
+        (("res", ""), 30),
+        ({"resource_type": "res", "resource_id": "b", "colour": "red"}, 30),
+    ],
+)
+def test_acquire_many_bad_item_names_its_index(baton: Baton, item: Any, call_ttl: int) -> None:
+    """A bad item is a VALIDATION_ERROR naming its index (the REST server's own check
+    names it as ``resources.1``); a bad call-level TTL names no item."""
+    with pytest.raises(ValidationError, match=r"\(acquire_many item 1\)$|resources\.1\b"):
+        baton.leases.acquire_many([("res", "a"), item], ttl_seconds=call_ttl)
+    with pytest.raises(ValidationError) as err:
+        baton.leases.acquire_many([("res", "a")], ttl_seconds=5)
+    assert "item" not in err.value.message
+    assert not baton.leases.inspect("res", "a").held
+
+
+@pytest.mark.parametrize(
     "bad",
     [[], [("res", "a"), ("res", "a")], [("res",)], [{"resource_type": "res"}], "res/a"],
 )

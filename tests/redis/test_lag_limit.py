@@ -281,3 +281,31 @@ def test_a_stuck_drainer_holding_the_journal_lock_bounds_the_wait(
     auth.close()
     if ledger_kind == "sqlite":
         store.close()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("BATON_REDIS_ACK", "bogus"),
+        ("BATON_REDIS_POST_LOSS", "never"),
+    ],
+)
+def test_bad_redis_options_are_refused_before_the_ledger_is_created(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, variable: str, value: str
+) -> None:
+    """A Baton and a server backend refuse a bad Redis option with VALIDATION_ERROR before
+    they create (or migrate) the SQLite ledger file; no connection to Redis is needed."""
+    from prefect_baton._backend import open_backend
+
+    monkeypatch.setenv(variable, value)
+    path = tmp_path / "never.db"
+    with pytest.raises(ValidationError):
+        Baton(
+            org="o",
+            principal="p",
+            ledger_url=f"sqlite:///{path}",
+            redis_url="redis://127.0.0.1:1/0",
+        )
+    with pytest.raises(ValidationError):
+        open_backend(f"sqlite:///{path}", "redis://127.0.0.1:1/0")
+    assert not path.exists()

@@ -49,6 +49,24 @@ LAG_CHECK_SECONDS = 0.1
 POST_LOSS_POLICIES = ("fence_only", "lock_delay")
 
 
+def check_options(ack: str, post_loss: str, max_lag_entries: Any) -> None:
+    """Validate the options of :class:`~prefect_baton._redis.authority.RedisAuthority` that
+    come from settings, so that a caller can refuse them before opening a ledger.
+
+    Raises:
+        ValidationError: an unknown ``ack`` or ``post_loss``, or a ``max_lag_entries`` that
+            is not an integer of 0 or more.
+    """
+    if ack not in ACK_MODES:
+        raise ValidationError(f"ack must be 'redis' or 'ledger', got {ack!r}")
+    if post_loss not in POST_LOSS_POLICIES:
+        raise ValidationError(f"post_loss must be 'fence_only' or 'lock_delay', got {post_loss!r}")
+    if isinstance(max_lag_entries, bool) or not isinstance(max_lag_entries, int):
+        raise ValidationError(f"max_lag_entries must be an integer, got {max_lag_entries!r}")
+    if max_lag_entries < 0:
+        raise ValidationError(f"max_lag_entries must be 0 or more, got {max_lag_entries}")
+
+
 class AuthorityBase:
     """The shared state and plumbing of :class:`~prefect_baton._redis.authority.RedisAuthority`
     (arguments and errors: see that class)."""
@@ -70,16 +88,7 @@ class AuthorityBase:
         owns_client: bool = False,
         functions: bool = True,
     ) -> None:
-        if isinstance(max_lag_entries, bool) or not isinstance(max_lag_entries, int):
-            raise ValidationError(f"max_lag_entries must be an integer, got {max_lag_entries!r}")
-        if max_lag_entries < 0:
-            raise ValidationError(f"max_lag_entries must be 0 or more, got {max_lag_entries}")
-        if ack not in ACK_MODES:
-            raise ValidationError(f"ack must be 'redis' or 'ledger', got {ack!r}")
-        if post_loss not in POST_LOSS_POLICIES:
-            raise ValidationError(
-                f"post_loss must be 'fence_only' or 'lock_delay', got {post_loss!r}"
-            )
+        check_options(ack, post_loss, max_lag_entries)
         self.client = client
         self.store = store
         self.ack = ack

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ._authority import LeaseAuthority
 from ._ledger.store import LedgerStore
@@ -48,11 +49,12 @@ def open_backend(ledger_url: str | None = None, redis_url: str | None = None) ->
     settings = load_settings()
     if redis_url is None and settings.redis_url is not None:
         redis_url = settings.redis_url.get_secret_value()
+    redis_options: dict[str, Any] = {}
     if redis_url:
-        from ._redis.base import check_options
+        from ._redis.base import options_from
 
         # refused before a ledger file is created or opened
-        check_options(settings.redis_ack, settings.redis_post_loss, settings.redis_max_lag_entries)
+        redis_options = options_from(settings)
     store = LedgerStore(
         ledger_url or settings.ledger_url,
         receipt_retention_seconds=settings.receipt_retention_seconds,
@@ -63,13 +65,7 @@ def open_backend(ledger_url: str | None = None, redis_url: str | None = None) ->
     from ._redis.authority import RedisAuthority
 
     try:
-        redis_ = RedisAuthority.from_url(
-            redis_url,
-            store,
-            ack=settings.redis_ack,
-            post_loss=settings.redis_post_loss,
-            max_lag_entries=settings.redis_max_lag_entries,
-        )
+        redis_ = RedisAuthority.from_url(redis_url, store, **redis_options)
     except ValueError as exc:  # redis-py's verdict on a malformed URL
         store.close()
         raise ValidationError(f"bad Redis URL: {exc}") from None

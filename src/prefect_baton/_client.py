@@ -129,11 +129,12 @@ class Baton:
             role=_core.validate_role(s.role if role is None else role),
         )
         url = redis_url or (s.redis_url.get_secret_value() if s.redis_url else None)
+        redis_options: dict[str, Any] = {}
         if lease_authority is None and url:
-            from ._redis.base import check_options
+            from ._redis.base import options_from
 
             # refused before a ledger file is created or opened
-            check_options(ack or s.redis_ack, s.redis_post_loss, s.redis_max_lag_entries)
+            redis_options = options_from(s, ack=ack)
         self._ledger = store or LedgerStore(
             ledger_url or s.ledger_url,
             receipt_retention_seconds=s.receipt_retention_seconds,
@@ -145,13 +146,7 @@ class Baton:
             from ._redis.authority import RedisAuthority
 
             try:
-                self.authority = RedisAuthority.from_url(
-                    url,
-                    self.store,
-                    ack=ack or s.redis_ack,
-                    post_loss=s.redis_post_loss,
-                    max_lag_entries=s.redis_max_lag_entries,
-                )
+                self.authority = RedisAuthority.from_url(url, self.store, **redis_options)
             except BaseException as exc:
                 if store is None:  # the ledger this call opened
                     self._ledger.close()

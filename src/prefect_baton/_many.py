@@ -76,8 +76,7 @@ def requests_of(
             req = _request(item, default, default_scopes)
         except ValidationError as exc:
             if not getattr(exc, "call_level", False):
-                exc.message = f"{exc.message} (acquire_many item {index})"
-                exc.args = (exc.message,)
+                _name_item(exc, f"acquire_many item {index}")
             raise
         rt, rid = req.resource_type, req.resource_id
         if (rt, rid) in seen:
@@ -133,8 +132,12 @@ def refused(exc: BatonError, index: int, req: AcquireRequest) -> BatonError:
     """``exc``, the refusal of request ``index`` (0-based) of an ``acquire_many`` call, with
     its message naming that request: ``"<message> (acquire_many item <index>:
     <resource_type>/<resource_id>)"``. The same on every authority."""
-    where = f"{req.resource_type}/{req.resource_id}"
-    exc.message = f"{exc.message} (acquire_many item {index}: {where})"
+    return _name_item(exc, f"acquire_many item {index}: {req.resource_type}/{req.resource_id}")
+
+
+def _name_item(exc: BatonError, where: str) -> BatonError:
+    """``exc`` with ``" (<where>)"`` appended to its message (and its ``args``)."""
+    exc.message = f"{exc.message} ({where})"
     exc.args = (exc.message,)
     return exc
 

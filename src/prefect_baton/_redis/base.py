@@ -33,6 +33,7 @@ from .reconciler import DEFAULT_BATCH, Drainer, Reconciler
 from .scripts import NO_INCARNATION, ROTATE, Scripts
 
 if TYPE_CHECKING:
+    from .._settings import BatonSettings
     from .authority import RedisAuthority
 
 __all__ = ["ACK_MODES", "POST_LOSS_POLICIES", "AckMode", "AuthorityBase", "PostLossPolicy"]
@@ -65,6 +66,23 @@ def check_options(ack: str, post_loss: str, max_lag_entries: Any) -> None:
         raise ValidationError(f"max_lag_entries must be an integer, got {max_lag_entries!r}")
     if max_lag_entries < 0:
         raise ValidationError(f"max_lag_entries must be 0 or more, got {max_lag_entries}")
+
+
+def options_from(settings: BatonSettings, *, ack: str | None = None) -> dict[str, Any]:
+    """The :class:`~prefect_baton._redis.authority.RedisAuthority` keyword arguments that the
+    ``BATON_REDIS_*`` settings give (``ack`` overrides ``BATON_REDIS_ACK``), checked by
+    :func:`check_options`, so a caller can refuse them before it opens a ledger.
+
+    Raises:
+        ValidationError: as :func:`check_options`.
+    """
+    opts: dict[str, Any] = {
+        "ack": ack or settings.redis_ack,
+        "post_loss": settings.redis_post_loss,
+        "max_lag_entries": settings.redis_max_lag_entries,
+    }
+    check_options(**opts)
+    return opts
 
 
 class AuthorityBase:

@@ -45,11 +45,11 @@ from typing import Any
 
 import redis
 from prefect_baton import Baton, BatonError
-from prefect_baton._ledger.store import LedgerStore
-from prefect_baton._redis.authority import RedisAuthority, connect
-from prefect_baton._redis.base import DEFAULT_MAX_LAG_ENTRIES
-from prefect_baton._redis.keys import org_keys
-from prefect_baton._redis.reconciler import Reconciler
+from prefect_baton._stores.ledger.store import LedgerStore
+from prefect_baton._stores.redis.authority import RedisAuthority, connect
+from prefect_baton._stores.redis.base import DEFAULT_MAX_LAG_ENTRIES
+from prefect_baton._stores.redis.keys import org_keys
+from prefect_baton._stores.redis.reconciler import Reconciler
 from prefect_baton.audit import audit_ledger
 
 CAD = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"

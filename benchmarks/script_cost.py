@@ -38,8 +38,8 @@ from collections.abc import Callable
 
 import redis
 from prefect_baton import Baton
-from prefect_baton._ledger.store import LedgerStore
-from prefect_baton._redis.authority import RedisAuthority, connect
+from prefect_baton._stores.ledger.store import LedgerStore
+from prefect_baton._stores.redis.authority import RedisAuthority, connect
 
 CAD = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 

@@ -41,7 +41,7 @@ def reconcile(orgs: list[str] | None = None, batch_size: int = 500) -> dict[str,
     if settings.redis_url is None:
         log.info(NO_REDIS)
         return {"status": "skipped", "reason": NO_REDIS}
-    from prefect_baton._redis.reconciler import run_reconciler
+    from prefect_baton._stores.redis.reconciler import run_reconciler
 
     report = run_reconciler(
         settings.redis_url.get_secret_value(),

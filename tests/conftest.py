@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from prefect_baton import Baton
-from prefect_baton._ledger.store import LedgerStore
+from prefect_baton._stores.ledger.store import LedgerStore
 
 PG_URL = os.environ.get("BATON_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("BATON_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -111,7 +111,7 @@ def org() -> str:
 def redis_authority(arm: str, store: LedgerStore) -> Any:
     """A Redis lease authority for a Redis arm: fakeredis (``ack="ledger"``) or the real
     server (``ack="redis"``)."""
-    from prefect_baton._redis.authority import RedisAuthority, connect
+    from prefect_baton._stores.redis.authority import RedisAuthority, connect
 
     if arm == "fakeredis":
         import fakeredis

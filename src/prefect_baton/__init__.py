@@ -1,10 +1,18 @@
 """prefect-baton: leases with fencing tokens, checkpoints, handoffs and outcomes for Prefect
 flows and plain agent code, on a SQL ledger (SQLite by default, PostgreSQL at scale)."""
 
-from ._client import AsyncBaton, Baton, CheckpointAPI, EventAPI, HandoffAPI, LeaseAPI, OutcomeAPI
-from ._keeper import LeaseKeeper
-from ._settings import BatonSettings
-from .errors import (
+from prefect_baton._client.keeper import LeaseKeeper
+from prefect_baton._client.sync import (
+    AsyncBaton,
+    Baton,
+    CheckpointAPI,
+    EventAPI,
+    HandoffAPI,
+    LeaseAPI,
+    OutcomeAPI,
+)
+from prefect_baton._settings import BatonSettings
+from prefect_baton.errors import (
     BatonError,
     ConflictError,
     ForbiddenError,
@@ -18,7 +26,16 @@ from .errors import (
     ValidationError,
     VersionConflictError,
 )
-from .models import Checkpoint, Event, Evidence, Handoff, Lease, LeaseInfo, Outcome, Receipt
+from prefect_baton.models import (
+    Checkpoint,
+    Event,
+    Evidence,
+    Handoff,
+    Lease,
+    LeaseInfo,
+    Outcome,
+    Receipt,
+)
 
 __version__ = "0.1.0"
 

@@ -42,7 +42,7 @@ class BatonSettings(BaseSettings):
         redis_max_lag_entries: ``BATON_REDIS_MAX_LAG_ENTRIES``; with ``redis_ack=redis``,
             the most journal entries of an org that may wait for the ledger before acquires
             drain it themselves (default 10,000; ``0``: no limit; see
-            :class:`prefect_baton._redis.authority.RedisAuthority`).
+            :class:`prefect_baton._stores.redis.authority.RedisAuthority`).
         receipt_retention_seconds: ``BATON_RECEIPT_RETENTION_SECONDS`` (default 86,400).
         state_max_bytes: ``BATON_STATE_MAX_BYTES``, checkpoint state cap (default 1 MiB).
         api_url: ``BATON_API_URL``; base URL of the REST API (e.g.
@@ -84,7 +84,7 @@ def load_settings(**overrides: object) -> BatonSettings:
         ValidationError: a variable or override has a bad value (``VALIDATION_ERROR``,
             naming the variable), instead of pydantic's own error.
     """
-    from .errors import ValidationError
+    from prefect_baton.errors import ValidationError
 
     try:
         return BatonSettings(**overrides)  # type: ignore[arg-type]

@@ -22,9 +22,9 @@ from itertools import pairwise
 from sqlalchemy import select
 from sqlmodel import col
 
-from ._core import Holding
-from ._ledger.store import LedgerStore
-from ._ledger.tables import LeaseTransition, ReceiptRow
+from prefect_baton._rules.core import Holding
+from prefect_baton._stores.ledger.store import LedgerStore
+from prefect_baton._stores.ledger.tables import LeaseTransition, ReceiptRow
 
 __all__ = ["AuditReport", "audit_ledger"]
 

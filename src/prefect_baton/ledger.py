@@ -9,7 +9,12 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import make_url
 
-from ._ledger.engine import current_revision, head_revision, make_engines, upgrade
+from prefect_baton._stores.ledger.engine import (
+    current_revision,
+    head_revision,
+    make_engines,
+    upgrade,
+)
 
 __all__ = ["LedgerRevision", "ledger_revision", "upgrade_ledger"]
 

@@ -9,7 +9,7 @@ keep the ledger current when clients come and go.
 
 from __future__ import annotations
 
-from ._redis.reconciler import (
+from prefect_baton._stores.redis.reconciler import (
     DEFAULT_BATCH,
     Lag,
     Reconciler,

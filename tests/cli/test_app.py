@@ -120,7 +120,7 @@ def test_unexpected_failure_is_one_line_without_traceback(
     cli: Cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An unexpected exception exits 1 with one line (INTERNAL_ERROR), not a traceback."""
-    from prefect_baton._client import LeaseAPI
+    from prefect_baton._client.sync import LeaseAPI
 
     def boom(self: LeaseAPI, *args: object, **kwargs: object) -> None:
         raise RuntimeError("disk on fire")

@@ -11,9 +11,9 @@ from pathlib import Path
 from sqlalchemy import func, select
 
 from prefect_baton import Baton
-from prefect_baton._ledger.store import LedgerStore
-from prefect_baton._ledger.tables import LeaseTransition
-from prefect_baton._redis.authority import RedisAuthority
+from prefect_baton._stores.ledger.store import LedgerStore
+from prefect_baton._stores.ledger.tables import LeaseTransition
+from prefect_baton._stores.redis.authority import RedisAuthority
 
 from ..conftest import REDIS_URL, require_redis
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from prefect_baton import IdempotencyInFlightError
-from prefect_baton._client import LeaseAPI
+from prefect_baton._client.sync import LeaseAPI
 
 from .conftest import Cli
 

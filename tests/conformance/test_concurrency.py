@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from prefect_baton._scopes import sets_overlap
+from prefect_baton._rules.scopes import sets_overlap
 from prefect_baton.audit import audit_ledger
 from tests.conftest import store_for
 

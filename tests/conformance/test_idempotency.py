@@ -20,7 +20,7 @@ from prefect_baton import (
     NotFoundError,
     ValidationError,
 )
-from prefect_baton._ledger import receipts
+from prefect_baton._stores.ledger import receipts
 
 from ._util import kinds
 

@@ -30,8 +30,8 @@ from mcp.types import CallToolResult
 from sqlalchemy import func, select
 from sqlmodel import Session
 
-from prefect_baton._ledger import tables
-from prefect_baton._ledger.store import LedgerStore
+from prefect_baton._stores.ledger import tables
+from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton.rest.keys import create_key
 
 BATON = str(Path(sys.executable).parent / "baton")
@@ -67,7 +67,7 @@ def org() -> str:
 
 def row_counts(ledger_url: str) -> dict[str, int]:
     """Rows per write table of the ledger (to show a call wrote nothing)."""
-    from prefect_baton._ledger.engine import make_engines
+    from prefect_baton._stores.ledger.engine import make_engines
 
     engines = make_engines(ledger_url)
     try:

@@ -28,7 +28,7 @@ os.environ["PREFECT_RUNNER_POLL_FREQUENCY"] = "1"
 os.environ.pop("PREFECT_API_URL", None)
 
 from prefect_baton import Baton  # noqa: E402
-from prefect_baton._ledger.store import LedgerStore  # noqa: E402
+from prefect_baton._stores.ledger.store import LedgerStore  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from prefect_baton import Baton
-from prefect_baton._ledger.store import LedgerStore
+from prefect_baton._stores.ledger.store import LedgerStore
 
 
 def kinds_of(store: LedgerStore, b: Baton) -> list[str]:

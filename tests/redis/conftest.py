@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from prefect_baton._ledger.store import LedgerStore
-from prefect_baton._redis.authority import RedisAuthority, connect
+from prefect_baton._stores.ledger.store import LedgerStore
+from prefect_baton._stores.redis.authority import RedisAuthority, connect
 from tests.conftest import REQUIRE
 
 HOST = "127.0.0.1"

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from prefect_baton import Baton
-from prefect_baton._redis.authority import RedisAuthority
-from prefect_baton._redis.codec import encode_gen, from_gen, is_plain, lease_from_gen
-from prefect_baton._redis.keys import org_keys, resource_digest
+from prefect_baton._stores.redis.authority import RedisAuthority
+from prefect_baton._stores.redis.codec import encode_gen, from_gen, is_plain, lease_from_gen
+from prefect_baton._stores.redis.keys import org_keys, resource_digest
 from prefect_baton.audit import audit_ledger
 from prefect_baton.errors import BatonError
 
@@ -114,7 +114,9 @@ def test_plain_and_general_scripts_decide_alike(
     monkeypatch.setattr(auth, "_run", spy)
     outcomes = []
     for plain in (True, False):
-        monkeypatch.setattr("prefect_baton._redis.authority.is_plain", lambda r, k, p=plain: p)
+        monkeypatch.setattr(
+            "prefect_baton._stores.redis.authority.is_plain", lambda r, k, p=plain: p
+        )
         b = Baton(
             org=f"org-{scenario}-{plain}",
             principal="agent-a",
@@ -141,7 +143,7 @@ def test_lock_delay_refuses_a_plain_claim(make_authority: Callable[..., RedisAut
 
 
 def test_plain_claim_is_chosen_only_for_plain_requests() -> None:
-    from prefect_baton._redis.authority import AcquireRequest
+    from prefect_baton._stores.redis.authority import AcquireRequest
 
     plain = [AcquireRequest("res", "a", 30_000), AcquireRequest("res", "b", 30_000)]
     assert is_plain(plain, None)

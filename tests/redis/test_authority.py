@@ -27,14 +27,14 @@ from prefect_baton import (
     ValidationError,
     VersionConflictError,
 )
-from prefect_baton._ledger.store import LedgerStore
-from prefect_baton._ledger.tables import HandoffRow
-from prefect_baton._redis.authority import RedisAuthority
-from prefect_baton._redis.codec import scope_tokens
-from prefect_baton._redis.keys import org_keys, resource_digest
-from prefect_baton._redis.rebuild import EPOCH_RANGE
-from prefect_baton._redis.scripts import source
-from prefect_baton._scopes import normalize_scope, sets_overlap
+from prefect_baton._rules.scopes import normalize_scope, sets_overlap
+from prefect_baton._stores.ledger.store import LedgerStore
+from prefect_baton._stores.ledger.tables import HandoffRow
+from prefect_baton._stores.redis.authority import RedisAuthority
+from prefect_baton._stores.redis.codec import scope_tokens
+from prefect_baton._stores.redis.keys import org_keys, resource_digest
+from prefect_baton._stores.redis.rebuild import EPOCH_RANGE
+from prefect_baton._stores.redis.scripts import source
 from prefect_baton.audit import audit_ledger
 from prefect_baton.reconcile import run_reconciler
 from tests.conftest import REDIS_URL, _answers
@@ -95,7 +95,7 @@ CLIENTS = _overlap_clients()
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(a=glob_sets, b=glob_sets)
 def test_lua_overlap_matches_python(a: list[str], b: list[str]) -> None:
-    """The scripts' scope overlap check answers exactly as prefect_baton._scopes does."""
+    """The scripts' scope overlap check answers exactly as prefect_baton._rules.scopes does."""
     want = sets_overlap(tuple(a), tuple(b))
     ta = json.dumps([scope_tokens(s) for s in a])
     tb = json.dumps([scope_tokens(s) for s in b])

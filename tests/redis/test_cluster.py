@@ -26,12 +26,12 @@ from prefect_baton import (
     UnavailableError,
     ValidationError,
 )
-from prefect_baton._ledger.store import LedgerStore
-from prefect_baton._redis.authority import RedisAuthority, connect
-from prefect_baton._redis.cluster import BatonRedisCluster, is_cluster_url, node_time_ms
-from prefect_baton._redis.keys import ORGS_KEY, org_keys
-from prefect_baton._redis.rebuild import EPOCH_RANGE
-from prefect_baton._redis.reconciler import registered_orgs, run_reconciler
+from prefect_baton._stores.ledger.store import LedgerStore
+from prefect_baton._stores.redis.authority import RedisAuthority, connect
+from prefect_baton._stores.redis.cluster import BatonRedisCluster, is_cluster_url, node_time_ms
+from prefect_baton._stores.redis.keys import ORGS_KEY, org_keys
+from prefect_baton._stores.redis.rebuild import EPOCH_RANGE
+from prefect_baton._stores.redis.reconciler import registered_orgs, run_reconciler
 from prefect_baton.audit import audit_ledger
 from tests.conformance import (
     test_handoffs,

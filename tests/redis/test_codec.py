@@ -11,17 +11,17 @@ import fakeredis
 import pytest
 
 from prefect_baton import Baton
-from prefect_baton._core import Holding
-from prefect_baton._ledger.store import LedgerStore, holding_to_lease
-from prefect_baton._redis.authority import RedisAuthority
-from prefect_baton._redis.codec import (
+from prefect_baton._rules.core import Holding
+from prefect_baton._stores.ledger.store import LedgerStore, holding_to_lease
+from prefect_baton._stores.redis.authority import RedisAuthority
+from prefect_baton._stores.redis.codec import (
     encode_gen,
     from_gen,
     journal_payload,
     lease_from_gen,
     to_gen,
 )
-from prefect_baton._redis.keys import org_keys, resource_digest
+from prefect_baton._stores.redis.keys import org_keys, resource_digest
 from prefect_baton.audit import audit_ledger
 from prefect_baton.errors import LeaseLostError
 

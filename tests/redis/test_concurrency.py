@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from prefect_baton._ledger.store import LedgerStore
-from prefect_baton._scopes import sets_overlap
+from prefect_baton._rules.scopes import sets_overlap
+from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton.audit import audit_ledger
 
 from .conftest import RedisServer

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from prefect_baton import Baton, ConflictError, LeaseLostError, StaleFenceError, UnavailableError
-from prefect_baton._ledger.store import LedgerStore
-from prefect_baton._redis.authority import RedisAuthority
-from prefect_baton._redis.keys import org_keys
-from prefect_baton._redis.rebuild import EPOCH_RANGE
+from prefect_baton._stores.ledger.store import LedgerStore
+from prefect_baton._stores.redis.authority import RedisAuthority
+from prefect_baton._stores.redis.keys import org_keys
+from prefect_baton._stores.redis.rebuild import EPOCH_RANGE
 from prefect_baton.audit import audit_ledger
 
 from . import _workload

@@ -11,8 +11,8 @@ import pytest
 
 import redis
 from prefect_baton import Baton
-from prefect_baton._redis.authority import RedisAuthority, connect
-from prefect_baton._redis.scripts import library
+from prefect_baton._stores.redis.authority import RedisAuthority, connect
+from prefect_baton._stores.redis.scripts import library
 from prefect_baton.errors import ConflictError
 from tests.redis.conftest import RedisServer
 
@@ -135,7 +135,7 @@ def test_operations_without_hiredis(
 ) -> None:
     """Without hiredis the commands are packed by redis-py's own packer, with the same
     results."""
-    from prefect_baton._redis import connection
+    from prefect_baton._stores.redis import connection
 
     monkeypatch.setattr(connection, "_pack", None)
     auth = make_authority(functions=functions)
@@ -211,7 +211,7 @@ def test_retired_generations_are_pruned_as_fast_as_they_come(
     """Under a steady acquire/release load every acquire retires the previous generation;
     once older than the retention they are pruned faster than they come, so `old` stays
     small (it grew by about one per two acquires when each pruning removed four)."""
-    from prefect_baton._redis.keys import org_keys
+    from prefect_baton._stores.redis.keys import org_keys
 
     auth = make_authority(functions=functions, reconcile_in_client=False)
     b = _baton(auth, org="org-prune")
@@ -233,7 +233,7 @@ def test_marker_and_lease_id_index_are_hash_tables(
     """`inc` and `lid` are read on every call: they are kept as hash tables (a lookup)
     rather than listpacks (a scan of up to 512 entries), from the first rebuild on, and the
     padding field changes no result (release by a lease id, pruning, inspect)."""
-    from prefect_baton._redis.keys import org_keys
+    from prefect_baton._stores.redis.keys import org_keys
 
     auth = make_authority(functions=functions, reconcile_in_client=False)
     b = _baton(auth, org="org-enc")
@@ -254,7 +254,7 @@ def test_a_library_flushed_at_every_attempt_is_unavailable_and_runs_nothing(
 ) -> None:
     """FUNCTION FLUSH right before every FCALL: the call gives up with UNAVAILABLE (the
     operation never ran, a retry is safe); one flush is absorbed by loading again."""
-    from prefect_baton._redis import connection
+    from prefect_baton._stores.redis import connection
     from prefect_baton.errors import UnavailableError
 
     auth = make_authority(ack="ledger")

@@ -16,11 +16,11 @@ import fakeredis
 import pytest
 
 from prefect_baton import Baton, UnavailableError, ValidationError
-from prefect_baton._ledger.store import LedgerStore
-from prefect_baton._redis.authority import RedisAuthority, connect
-from prefect_baton._redis.base import LAG_CHECK_SECONDS
-from prefect_baton._redis.keys import org_keys
 from prefect_baton._settings import load_settings
+from prefect_baton._stores.ledger.store import LedgerStore
+from prefect_baton._stores.redis.authority import RedisAuthority, connect
+from prefect_baton._stores.redis.base import LAG_CHECK_SECONDS
+from prefect_baton._stores.redis.keys import org_keys
 from tests.conftest import REDIS_URL, require_redis
 
 from ._util import kinds_of
@@ -295,7 +295,7 @@ def test_bad_redis_options_are_refused_before_the_ledger_is_created(
 ) -> None:
     """A Baton and a server backend refuse a bad Redis option with VALIDATION_ERROR before
     they create (or migrate) the SQLite ledger file; no connection to Redis is needed."""
-    from prefect_baton._backend import open_backend
+    from prefect_baton._stores.factory import open_backend
 
     monkeypatch.setenv(variable, value)
     path = tmp_path / "never.db"

@@ -18,10 +18,10 @@ import pytest
 from sqlalchemy import text
 
 from prefect_baton import Baton
-from prefect_baton._core import canonical_json
-from prefect_baton._ledger.store import LedgerStore
-from prefect_baton._redis.authority import RedisAuthority
-from prefect_baton._redis.reconciler import Reconciler
+from prefect_baton._rules.core import canonical_json
+from prefect_baton._stores.ledger.store import LedgerStore
+from prefect_baton._stores.redis.authority import RedisAuthority
+from prefect_baton._stores.redis.reconciler import Reconciler
 from prefect_baton.audit import audit_ledger
 
 # --------------------------------------------------------------------------- fixtures

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlmodel import Session
 
-from prefect_baton._ledger import tables
+from prefect_baton._stores.ledger import tables
 from prefect_baton.rest import create_app, create_key
 
 Headers = dict[str, str]
@@ -71,7 +71,7 @@ def make_key(ledger_url: str, org: str) -> MakeKey:
 
 def row_counts(ledger_url: str) -> dict[str, int]:
     """Rows per write table of the ledger (to show a request wrote nothing)."""
-    from prefect_baton._ledger.engine import make_engines
+    from prefect_baton._stores.ledger.engine import make_engines
 
     engines = make_engines(ledger_url)
     try:

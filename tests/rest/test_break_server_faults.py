@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from prefect_baton import Baton, LeaseLostError, StaleFenceError
-from prefect_baton._keeper import LeaseKeeper
+from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton.rest import create_key
 
 BATON = str(Path(sys.executable).with_name("baton"))

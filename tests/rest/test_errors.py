@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from prefect_baton import errors
-from prefect_baton._client import LeaseAPI
+from prefect_baton._client.sync import LeaseAPI
 from prefect_baton.rest import MAX_BODY_BYTES, STATUS_BY_CODE
 
 from .conftest import MakeKey, data, error, row_counts

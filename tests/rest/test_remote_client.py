@@ -25,8 +25,8 @@ from prefect_baton import (
     ValidationError,
     VersionConflictError,
 )
-from prefect_baton._remote import RemoteBackend
 from prefect_baton._settings import BatonSettings
+from prefect_baton._stores.rest.client import RemoteBackend
 from prefect_baton.errors import LeaseLostError, UnauthenticatedError
 from prefect_baton.rest import create_key, revoke_key
 

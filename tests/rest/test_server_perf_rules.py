@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from prefect_baton import errors
-from prefect_baton._ledger.store import LedgerStore
+from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton.rest import create_app, create_key, revoke_key
 from prefect_baton.rest.keys import KeyCache
 from tests.conftest import REDIS_URL, require_redis
@@ -56,7 +56,7 @@ def test_create_app_takes_the_redis_url_from_the_environment(
 ) -> None:
     """Without ``redis_url``, ``BATON_REDIS_URL`` chooses Redis as the authority (as for
     ``Baton``), with ``BATON_REDIS_ACK``; without either the ledger is the authority."""
-    from prefect_baton._redis.authority import RedisAuthority
+    from prefect_baton._stores.redis.authority import RedisAuthority
 
     require_redis()
     monkeypatch.delenv("BATON_REDIS_URL", raising=False)

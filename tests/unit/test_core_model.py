@@ -1,4 +1,4 @@
-"""The lease decision core (``prefect_baton._core``) against a simple reference model.
+"""The lease decision core (``prefect_baton._rules.core``) against a simple reference model.
 
 A hypothesis state machine drives the pure decision functions with an injected clock over a
 few resources, principals and execution keys. Each decision is applied to an in-memory table
@@ -21,8 +21,9 @@ from hypothesis.stateful import (
     rule,
 )
 
-from prefect_baton import _core, _scopes
-from prefect_baton._core import Decision, Holding, Proof
+from prefect_baton._rules import core as _core
+from prefect_baton._rules import scopes as _scopes
+from prefect_baton._rules.core import Decision, Holding, Proof
 from prefect_baton.errors import (
     BatonError,
     ConflictError,

@@ -18,14 +18,14 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
 
-from prefect_baton._ledger.engine import (
+from prefect_baton._stores.ledger.engine import (
     VERSION_TABLE,
     current_revision,
     head_revision,
     make_engines,
     upgrade,
 )
-from prefect_baton._ledger.tables import metadata
+from prefect_baton._stores.ledger.tables import metadata
 
 
 def _schema_diff(url: str) -> list[Any]:
@@ -135,7 +135,7 @@ _UPGRADER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from prefect_baton._ledger.engine import make_engines, upgrade
+    from prefect_baton._stores.ledger.engine import make_engines, upgrade
 
     url, go, ready = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     engines = make_engines(url)

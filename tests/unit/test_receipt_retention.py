@@ -8,9 +8,9 @@ import pytest
 from sqlalchemy import func, select
 
 from prefect_baton import Baton
-from prefect_baton._ledger import base as store_mod
-from prefect_baton._ledger.store import LedgerStore
-from prefect_baton._ledger.tables import ReceiptRow
+from prefect_baton._stores.ledger import base as store_mod
+from prefect_baton._stores.ledger.store import LedgerStore
+from prefect_baton._stores.ledger.tables import ReceiptRow
 
 
 def _count(store: LedgerStore, org: str) -> int:

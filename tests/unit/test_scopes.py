@@ -1,4 +1,4 @@
-"""Write-scope globs (``prefect_baton._scopes``): overlap of two globs and literal prefixes.
+"""Write-scope globs (``prefect_baton._rules.scopes``): overlap of two globs and literal prefixes.
 
 The oracle for "does this path match this glob" is wcmatch's ``globmatch`` with ``GLOBSTAR``
 and ``DOTGLOB``. One deliberate difference: the design says a whole ``**`` segment matches
@@ -15,7 +15,12 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from wcmatch import glob as wglob
 
-from prefect_baton._scopes import literal_prefix, normalize_scope, scopes_overlap, sets_overlap
+from prefect_baton._rules.scopes import (
+    literal_prefix,
+    normalize_scope,
+    scopes_overlap,
+    sets_overlap,
+)
 
 FLAGS = wglob.GLOBSTAR | wglob.DOTGLOB
 

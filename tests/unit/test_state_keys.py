@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefect_baton._core import validate_scopes, validate_state
+from prefect_baton._rules.core import validate_scopes, validate_state
 from prefect_baton.errors import ValidationError
 
 

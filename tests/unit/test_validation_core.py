@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefect_baton._core import (
+from prefect_baton._rules.core import (
     MAX_ID_LENGTH,
     MAX_SCOPE_LENGTH,
     MAX_SCOPES,

@@ -17,10 +17,20 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from .. import __version__
-from ..errors import BatonError
-from . import checkpoints, db, demo, events, handoffs, keys, leases, outcomes, reconcile, serve
-from ._output import (
+from prefect_baton import __version__
+from prefect_baton.cli import (
+    checkpoints,
+    db,
+    demo,
+    events,
+    handoffs,
+    keys,
+    leases,
+    outcomes,
+    reconcile,
+    serve,
+)
+from prefect_baton.cli._output import (
     EXIT_CODES,
     EXIT_FAILURE,
     EXIT_USAGE,
@@ -29,8 +39,9 @@ from ._output import (
     exit_codes_help,
     one_line,
 )
-from ._state import CliState
-from .mcp import mcp as mcp_command
+from prefect_baton.cli._state import CliState
+from prefect_baton.cli.mcp import mcp as mcp_command
+from prefect_baton.errors import BatonError
 
 __all__ = ["COMMANDS", "EXIT_CODES", "SUB_APPS", "app", "hoist_global_options", "main"]
 

@@ -14,11 +14,11 @@ from typing import Any, NoReturn
 
 import typer
 
-from .._client import Baton
-from .._settings import BatonSettings, load_settings
-from ..errors import BatonError, ValidationError
-from ..models import Lease
-from ._output import EXIT_USAGE, OutputFormat, emit_error
+from prefect_baton._client.sync import Baton
+from prefect_baton._settings import BatonSettings, load_settings
+from prefect_baton.cli._output import EXIT_USAGE, OutputFormat, emit_error
+from prefect_baton.errors import BatonError, ValidationError
+from prefect_baton.models import Lease
 
 __all__ = ["CliState", "fail", "guard", "lease_proof", "parse_evidence", "read_json_object"]
 

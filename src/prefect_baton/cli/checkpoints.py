@@ -6,9 +6,9 @@ from typing import Annotated
 
 import typer
 
-from ..errors import NotFoundError
-from ._output import emit_ok
-from ._state import guard, read_json_object, usage_error
+from prefect_baton.cli._output import emit_ok
+from prefect_baton.cli._state import guard, read_json_object, usage_error
+from prefect_baton.errors import NotFoundError
 
 app = typer.Typer(
     name="checkpoint",

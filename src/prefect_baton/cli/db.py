@@ -8,10 +8,10 @@ from typing import Annotated, Any
 
 import typer
 
-from ..audit import audit_ledger
-from ..ledger import ledger_revision, upgrade_ledger
-from ._output import EXIT_FAILURE, emit_error, emit_ok
-from ._state import guard
+from prefect_baton.audit import audit_ledger
+from prefect_baton.cli._output import EXIT_FAILURE, emit_error, emit_ok
+from prefect_baton.cli._state import guard
+from prefect_baton.ledger import ledger_revision, upgrade_ledger
 
 app = typer.Typer(
     name="db",

@@ -10,8 +10,8 @@ import importlib
 
 import typer
 
-from ._output import EXIT_FAILURE, emit_error
-from ._state import state
+from prefect_baton.cli._output import EXIT_FAILURE, emit_error
+from prefect_baton.cli._state import state
 
 DEMO_CONTEXT = {
     "allow_extra_args": True,

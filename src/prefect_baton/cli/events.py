@@ -11,9 +11,9 @@ from typing import Annotated
 
 import typer
 
-from ..models import Event
-from ._output import emit_ok
-from ._state import CliState, guard, usage_error
+from prefect_baton.cli._output import emit_ok
+from prefect_baton.cli._state import CliState, guard, usage_error
+from prefect_baton.models import Event
 
 app = typer.Typer(
     name="events",

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from ._output import emit_ok
-from ._state import guard, lease_proof
+from prefect_baton.cli._output import emit_ok
+from prefect_baton.cli._state import guard, lease_proof
 
 app = typer.Typer(
     name="handoff",

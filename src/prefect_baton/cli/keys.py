@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..models import from_ms
-from ._output import emit_ok
-from ._state import CliState, guard, usage_error
+from prefect_baton.cli._output import emit_ok
+from prefect_baton.cli._state import CliState, guard, usage_error
+from prefect_baton.models import from_ms
 
 if TYPE_CHECKING:  # the REST package (FastAPI) is imported only when a command runs
-    from ..rest.keys import ApiKey
+    from prefect_baton.rest.keys import ApiKey
 
 __all__ = ["KEY_COLUMNS", "app", "key_row"]
 
@@ -75,7 +75,7 @@ def create(
     the JSON receipt carries it as "secret". Exit status 2 (VALIDATION_ERROR) for a
     missing or bad org, principal, role or scope; nothing is stored then.
     """
-    from ..rest.keys import create_key
+    from prefect_baton.rest.keys import create_key
 
     with guard(ctx, "keys.create") as st:
         org, principal, role = _identity(st)
@@ -96,7 +96,7 @@ def list_(
 ) -> None:
     """List keys (of --org when given, else of every org), oldest first, revoked ones too
     unless --active-only. Never shows a secret or a hash."""
-    from ..rest.keys import list_keys
+    from prefect_baton.rest.keys import list_keys
 
     with guard(ctx, "keys.list") as st:
         keys = list_keys(st.resolved_ledger_url(), org=st.org, include_revoked=not active_only)
@@ -112,7 +112,7 @@ def revoke(
 ) -> None:
     """Revoke a key: it stops authenticating at once (401). Revoking again keeps the first
     time. Exit status 5 (NOT_FOUND) for an unknown id."""
-    from ..rest.keys import revoke_key
+    from prefect_baton.rest.keys import revoke_key
 
     with guard(ctx, "keys.revoke") as st:
         key = revoke_key(st.resolved_ledger_url(), key_id=key_id)

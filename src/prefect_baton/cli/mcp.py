@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ._state import fail, guard
+from prefect_baton.cli._state import fail, guard
 
 __all__ = ["Transport", "mcp"]
 
@@ -46,7 +46,7 @@ def mcp(
     the ledger URL, Redis URL or --host exit before serving (VALIDATION_ERROR, exit 2); a
     ledger that cannot be reached or a port that cannot be bound exits with UNAVAILABLE (11).
     """
-    from ..mcp import serve_http, serve_stdio
+    from prefect_baton.mcp import serve_http, serve_stdio
 
     with guard(ctx, "mcp") as st:
         if transport is Transport.stdio:

@@ -9,9 +9,9 @@ from typing import Annotated, Any
 
 import typer
 
-from ..reconcile import DEFAULT_BATCH, Lag, run_reconciler
-from ._output import emit_ok
-from ._state import guard
+from prefect_baton.cli._output import emit_ok
+from prefect_baton.cli._state import guard
+from prefect_baton.reconcile import DEFAULT_BATCH, Lag, run_reconciler
 
 __all__ = ["reconcile"]
 

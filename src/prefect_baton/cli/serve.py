@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from ._state import fail, guard
+from prefect_baton.cli._state import fail, guard
 
 __all__ = ["serve"]
 
@@ -36,7 +36,7 @@ def serve(
     bound.
     """
     with guard(ctx, "serve") as st:
-        from ..rest.__main__ import serve as run
+        from prefect_baton.rest.__main__ import serve as run
 
         try:
             run(host, port, st.resolved_ledger_url(), st.redis_url)

@@ -27,9 +27,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
-from .. import Baton
-from ..audit import audit_ledger
-from . import analysis
+from prefect_baton import Baton
+from prefect_baton.audit import audit_ledger
+from prefect_baton.demo import analysis
 
 __all__ = ["DemoResult", "main", "run_demo"]
 
@@ -281,7 +281,7 @@ def _run_on_prefect(
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        from ..prefect.scenario import run_scenario
+        from prefect_baton.prefect.scenario import run_scenario
 
         inputs = [str(p) for p in args.input] if args.input else None
         run_scenario(inputs, workers=args.workers, out_dir=str(run_dir))
@@ -300,7 +300,7 @@ def _run_on_prefect(
 
 def _summarise(b: Baton, files: dict[str, Path], result: DemoResult, redis_url: str | None) -> None:
     if redis_url:  # bring the ledger up to date with the Redis journal before reading it
-        from ..reconcile import run_reconciler
+        from prefect_baton.reconcile import run_reconciler
 
         run_reconciler(redis_url, b.store.url, orgs=[b.org], store=b.store)
     succeeded = Counter(

@@ -2,6 +2,6 @@
 
 import sys
 
-from . import main
+from prefect_baton.demo import main
 
 sys.exit(main())

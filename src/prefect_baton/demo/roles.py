@@ -24,8 +24,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from .. import Baton, ConflictError, Handoff, LeaseKeeper, LeaseLostError, StaleFenceError
-from . import analysis
+from prefect_baton import (
+    Baton,
+    ConflictError,
+    Handoff,
+    LeaseKeeper,
+    LeaseLostError,
+    StaleFenceError,
+)
+from prefect_baton.demo import analysis
 
 FILE = "file"
 ANALYSIS = "analysis"

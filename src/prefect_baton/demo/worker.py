@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .. import Baton, LeaseKeeper
-from . import roles
+from prefect_baton import Baton, LeaseKeeper
+from prefect_baton.demo import roles
 
 
 def _fault_hook(cfg: dict[str, Any]) -> roles.FaultHook | None:

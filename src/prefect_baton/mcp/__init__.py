@@ -19,8 +19,15 @@ This package is named like the ``mcp`` package it builds on, as
 
 from __future__ import annotations
 
-from ._server import Identity, build_server, http_app, serve_http, serve_stdio, tool_error
-from ._tools import TOOLS, ToolSpec
+from prefect_baton.mcp._server import (
+    Identity,
+    build_server,
+    http_app,
+    serve_http,
+    serve_stdio,
+    tool_error,
+)
+from prefect_baton.mcp._tools import TOOLS, ToolSpec
 
 __all__ = [
     "TOOLS",

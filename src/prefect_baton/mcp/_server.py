@@ -30,15 +30,15 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .. import __version__
-from .._authority import LeaseAuthority
-from .._backend import open_backend
-from .._client import Baton
-from .._ledger.engine import Engines
-from .._ledger.store import LedgerStore
-from .._settings import BatonSettings
-from ..errors import BatonError, ForbiddenError, UnavailableError, ValidationError
-from ._tools import TOOLS, ToolSpec
+from prefect_baton import __version__
+from prefect_baton._client.sync import Baton
+from prefect_baton._settings import BatonSettings
+from prefect_baton._stores.factory import open_backend
+from prefect_baton._stores.ledger.engine import Engines
+from prefect_baton._stores.ledger.store import LedgerStore
+from prefect_baton._stores.protocol import LeaseAuthority
+from prefect_baton.errors import BatonError, ForbiddenError, UnavailableError, ValidationError
+from prefect_baton.mcp._tools import TOOLS, ToolSpec
 
 __all__ = ["Identity", "build_server", "http_app", "serve_http", "serve_stdio", "tool_error"]
 
@@ -189,7 +189,7 @@ class _KeyVerifier:
         self._engines = engines
 
     async def verify_token(self, token: str) -> AccessToken | None:
-        from ..rest.keys import authenticate
+        from prefect_baton.rest.keys import authenticate
 
         key = await anyio.to_thread.run_sync(authenticate, self._engines(), token)
         if key is None:

@@ -14,9 +14,9 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .._api_base import CHECKPOINT_TTL_MAX_SECONDS
-from .._client import Baton
-from .._validation import (
+from prefect_baton._client.api_base import CHECKPOINT_TTL_MAX_SECONDS
+from prefect_baton._client.sync import Baton
+from prefect_baton._rules.validation import (
     MAX_ID_LENGTH,
     MAX_SAFE_INTEGER,
     MAX_SCOPE_LENGTH,
@@ -25,8 +25,8 @@ from .._validation import (
     TTL_MAX_SECONDS,
     TTL_MIN_SECONDS,
 )
-from ..errors import NotFoundError, StaleFenceError
-from ..models import Checkpoint, Handoff, Lease, LeaseInfo, Outcome, Receipt
+from prefect_baton.errors import NotFoundError, StaleFenceError
+from prefect_baton.models import Checkpoint, Handoff, Lease, LeaseInfo, Outcome, Receipt
 
 __all__ = ["TOOLS", "ToolSpec"]
 

@@ -8,14 +8,20 @@ Importing this module needs Prefect (``pip install 'prefect-baton[prefect]'``); 
 
 from __future__ import annotations
 
-from ._accept import AcceptedHandoff, accept_handoff
-from ._block import BatonBlock
-from ._board import board_rows, publish_board
-from ._context import RunIdentity, current_baton, current_lease, run_identity
-from ._decorators import leased
-from ._events import can_emit, relay_events
-from ._handoff import HandoffRejected, SentHandoff, ahandoff_to, handoff_to, start_recipient
-from ._serve import prefect_api, serving, wait_for_run
+from prefect_baton.prefect._accept import AcceptedHandoff, accept_handoff
+from prefect_baton.prefect._block import BatonBlock
+from prefect_baton.prefect._board import board_rows, publish_board
+from prefect_baton.prefect._context import RunIdentity, current_baton, current_lease, run_identity
+from prefect_baton.prefect._decorators import leased
+from prefect_baton.prefect._events import can_emit, relay_events
+from prefect_baton.prefect._handoff import (
+    HandoffRejected,
+    SentHandoff,
+    ahandoff_to,
+    handoff_to,
+    start_recipient,
+)
+from prefect_baton.prefect._serve import prefect_api, serving, wait_for_run
 
 __all__ = [
     "AcceptedHandoff",

@@ -8,11 +8,11 @@ from typing import Any
 
 import anyio.to_thread
 
-from .._client import Baton
-from .._keeper import LeaseKeeper
-from ..errors import LeaseLostError, NotFoundError, ValidationError
-from ..models import Checkpoint, Handoff, Lease
-from ._context import (
+from prefect_baton._client.keeper import LeaseKeeper
+from prefect_baton._client.sync import Baton
+from prefect_baton.errors import LeaseLostError, NotFoundError, ValidationError
+from prefect_baton.models import Checkpoint, Handoff, Lease
+from prefect_baton.prefect._context import (
     BatonLike,
     LeaseSlot,
     RunIdentity,
@@ -22,8 +22,8 @@ from ._context import (
     retry_follows,
     run_identity,
 )
-from ._events import emit_handoff_event, emit_lease_event
-from ._handoff import HandoffRejected
+from prefect_baton.prefect._events import emit_handoff_event, emit_lease_event
+from prefect_baton.prefect._handoff import HandoffRejected
 
 __all__ = ["AcceptedHandoff", "accept_handoff"]
 

@@ -12,8 +12,8 @@ from typing import ClassVar
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
 
-from .._client import Baton
-from .._settings import BatonSettings
+from prefect_baton._client.sync import Baton
+from prefect_baton._settings import BatonSettings
 
 __all__ = ["BatonBlock"]
 

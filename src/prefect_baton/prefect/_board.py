@@ -6,9 +6,9 @@ import logging
 import re
 from typing import Any
 
-from .._client import Baton
-from ._context import BatonLike, current_slot, resolve_baton, run_identity
-from ._events import can_emit
+from prefect_baton._client.sync import Baton
+from prefect_baton.prefect._context import BatonLike, current_slot, resolve_baton, run_identity
+from prefect_baton.prefect._events import can_emit
 
 __all__ = ["board_rows", "publish_board"]
 

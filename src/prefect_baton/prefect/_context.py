@@ -26,9 +26,9 @@ from typing import Any, Literal
 
 from prefect.context import FlowRunContext, TaskRunContext
 
-from .._client import AsyncBaton, Baton
-from .._keeper import LeaseKeeper
-from .._settings import BatonSettings
+from prefect_baton._client.keeper import LeaseKeeper
+from prefect_baton._client.sync import AsyncBaton, Baton
+from prefect_baton._settings import BatonSettings
 
 __all__ = [
     "BatonLike",
@@ -178,7 +178,7 @@ def retry_follows(ident: RunIdentity, exc: BaseException) -> bool:
     A loss of the lease, a ``BaseException`` (cancellation) or an async/failing retry
     condition count as "no retry", so the caller releases rather than strands the lease.
     """
-    from ..errors import LeaseLostError
+    from prefect_baton.errors import LeaseLostError
 
     if not isinstance(exc, Exception) or isinstance(exc, LeaseLostError):
         return False

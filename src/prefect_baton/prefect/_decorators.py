@@ -17,9 +17,9 @@ import anyio
 import anyio.to_thread
 from prefect import Flow, Task
 
-from .._keeper import LeaseKeeper
-from ..errors import BatonError, LeaseLostError, ValidationError
-from ._context import (
+from prefect_baton._client.keeper import LeaseKeeper
+from prefect_baton.errors import BatonError, LeaseLostError, ValidationError
+from prefect_baton.prefect._context import (
     BatonLike,
     LeaseSlot,
     RunIdentity,
@@ -28,10 +28,10 @@ from ._context import (
     resolve_baton,
     run_identity,
 )
-from ._events import emit_lease_event
-from ._interrupt import AsyncInterrupt, LeaseInterrupt, SyncInterrupt
-from ._options import LeaseOptions, OnConflict, make_options
-from ._plan import Fail, LeaseCall, Skip, Sleep
+from prefect_baton.prefect._events import emit_lease_event
+from prefect_baton.prefect._interrupt import AsyncInterrupt, LeaseInterrupt, SyncInterrupt
+from prefect_baton.prefect._options import LeaseOptions, OnConflict, make_options
+from prefect_baton.prefect._plan import Fail, LeaseCall, Skip, Sleep
 
 __all__ = ["leased"]
 

@@ -40,8 +40,8 @@ from typing import Any
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.settings import PREFECT_API_URL
 
-from .._client import Baton
-from ..models import Handoff, Lease
+from prefect_baton._client.sync import Baton
+from prefect_baton.models import Handoff, Lease
 
 __all__ = [
     "EVENT_PREFIX",

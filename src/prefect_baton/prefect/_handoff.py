@@ -15,11 +15,11 @@ from typing import Any
 
 import anyio.to_thread
 
-from .._client import Baton
-from .._keeper import LeaseKeeper
-from ..errors import ValidationError
-from ..models import Checkpoint, Handoff, Lease
-from ._context import (
+from prefect_baton._client.keeper import LeaseKeeper
+from prefect_baton._client.sync import Baton
+from prefect_baton.errors import ValidationError
+from prefect_baton.models import Checkpoint, Handoff, Lease
+from prefect_baton.prefect._context import (
     BatonLike,
     LeaseSlot,
     RunIdentity,
@@ -27,7 +27,7 @@ from ._context import (
     resolve_baton,
     run_identity,
 )
-from ._events import emit_handoff_event
+from prefect_baton.prefect._events import emit_handoff_event
 
 __all__ = ["HandoffRejected", "SentHandoff", "ahandoff_to", "handoff_to", "start_recipient"]
 

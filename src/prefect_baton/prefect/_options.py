@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .._core import validate_id, validate_text, validate_ttl
-from ..errors import ValidationError
-from ._context import BatonLike
+from prefect_baton._rules.core import validate_id, validate_text, validate_ttl
+from prefect_baton.errors import ValidationError
+from prefect_baton.prefect._context import BatonLike
 
 __all__ = ["LeaseOptions", "OnConflict", "make_options"]
 

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .._keeper import LeaseKeeper
-from ..errors import BatonError, ConflictError, LeaseLostError
-from ._context import LeaseSlot, RunIdentity, retry_follows
-from ._options import LeaseOptions
+from prefect_baton._client.keeper import LeaseKeeper
+from prefect_baton.errors import BatonError, ConflictError, LeaseLostError
+from prefect_baton.prefect._context import LeaseSlot, RunIdentity, retry_follows
+from prefect_baton.prefect._options import LeaseOptions
 
 __all__ = ["Again", "Fail", "LeaseCall", "Skip", "Sleep", "Step"]
 

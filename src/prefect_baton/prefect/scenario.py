@@ -29,7 +29,7 @@ from prefect import flow, task
 from prefect.deployments import run_deployment
 
 # Absolute imports: Prefect loads deployment entrypoints by file path, as a script.
-from prefect_baton._client import Baton
+from prefect_baton._client.sync import Baton
 from prefect_baton.demo import analysis, roles
 from prefect_baton.prefect._accept import accept_handoff
 from prefect_baton.prefect._handoff import handoff_to, start_recipient

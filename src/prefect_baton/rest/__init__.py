@@ -7,9 +7,9 @@ Install with the ``rest`` extra (``fastapi``, ``uvicorn``, ``httpx``). See
 
 from __future__ import annotations
 
-from ._http import MAX_BODY_BYTES, STATUS_BY_CODE
-from .app import create_app
-from .keys import ALL_SCOPES, ApiKey, create_key, list_keys, revoke_key
+from prefect_baton.rest._http import MAX_BODY_BYTES, STATUS_BY_CODE
+from prefect_baton.rest.app import create_app
+from prefect_baton.rest.keys import ALL_SCOPES, ApiKey, create_key, list_keys, revoke_key
 
 __all__ = [
     "ALL_SCOPES",

@@ -69,7 +69,7 @@ def serve(
     """
     import uvicorn
 
-    from .app import create_app
+    from prefect_baton.rest.app import create_app
 
     uvicorn.run(
         create_app(ledger_url, redis_url),

@@ -11,13 +11,13 @@ from fastapi import Depends, Header, Request
 from pydantic import BaseModel
 from starlette.responses import JSONResponse
 
-from .. import _core
-from .._authority import Caller
-from .._client import Baton
-from ..errors import NotFoundError, ValidationError
-from ..models import Lease
-from . import _schemas as s
-from ._http import ok
+from prefect_baton._client.sync import Baton
+from prefect_baton._rules import core as _core
+from prefect_baton._stores.protocol import Caller
+from prefect_baton.errors import NotFoundError, ValidationError
+from prefect_baton.models import Lease
+from prefect_baton.rest import _schemas as s
+from prefect_baton.rest._http import ok
 
 IdemKey = Annotated[str | None, Header(alias="Idempotency-Key")]
 

@@ -16,10 +16,10 @@ import anyio.to_thread
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .._authority import Caller
-from .._ledger.engine import Engines
-from ..errors import BatonError
-from .keys import AREAS, ApiKey, KeyCache, authenticate
+from prefect_baton._stores.ledger.engine import Engines
+from prefect_baton._stores.protocol import Caller
+from prefect_baton.errors import BatonError
+from prefect_baton.rest.keys import AREAS, ApiKey, KeyCache, authenticate
 
 __all__ = [
     "MAX_BODY_BYTES",

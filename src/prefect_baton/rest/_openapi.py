@@ -12,9 +12,9 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
-from .._validation import MAX_ID_LENGTH
-from ._responses import success_schemas
-from ._schemas import NO_CONTROL
+from prefect_baton._rules.validation import MAX_ID_LENGTH
+from prefect_baton.rest._responses import success_schemas
+from prefect_baton.rest._schemas import NO_CONTROL
 
 __all__ = ["install_openapi"]
 

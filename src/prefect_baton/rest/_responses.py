@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 from pydantic.json_schema import models_json_schema
 
-from ..models import Checkpoint, Event, Handoff, Lease, LeaseInfo, Outcome, Receipt
+from prefect_baton.models import Checkpoint, Event, Handoff, Lease, LeaseInfo, Outcome, Receipt
 
 __all__ = [
     "DATA_BY_OPERATION",

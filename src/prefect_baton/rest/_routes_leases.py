@@ -9,10 +9,20 @@ from fastapi import FastAPI, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
-from ..errors import NotFoundError
-from . import _schemas as s
-from ._deps import B, ExecutionKey, IdemKey, NoKey, _dump, _proof_lease, _reply, _rid, _utf8
-from ._http import ok
+from prefect_baton.errors import NotFoundError
+from prefect_baton.rest import _schemas as s
+from prefect_baton.rest._deps import (
+    B,
+    ExecutionKey,
+    IdemKey,
+    NoKey,
+    _dump,
+    _proof_lease,
+    _reply,
+    _rid,
+    _utf8,
+)
+from prefect_baton.rest._http import ok
 
 
 class _ProofIn(BaseModel):

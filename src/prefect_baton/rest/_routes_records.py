@@ -6,11 +6,11 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from .._client import Baton
-from ..errors import NotFoundError
-from ..models import Lease
-from . import _schemas as s
-from ._deps import B, Epoch, ExecutionKey, IdemKey, _fence, _reply, _utf8
+from prefect_baton._client.sync import Baton
+from prefect_baton.errors import NotFoundError
+from prefect_baton.models import Lease
+from prefect_baton.rest import _schemas as s
+from prefect_baton.rest._deps import B, Epoch, ExecutionKey, IdemKey, _fence, _reply, _utf8
 
 
 class HandoffProofIn(s.HandoffIn):

@@ -44,16 +44,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import Match
 
-from .._authority import Caller
-from .._backend import open_backend
-from .._ledger.tables import ApiKeyRow
-from ..errors import BatonError, UnavailableError
-from . import _routes_leases, _routes_records
-from . import _schemas as s
-from ._deps import _rid
-from ._http import BatonMiddleware, baton_error_response, error_response, ok
-from ._openapi import install_openapi
-from .keys import KeyCache
+from prefect_baton._stores.factory import open_backend
+from prefect_baton._stores.ledger.tables import ApiKeyRow
+from prefect_baton._stores.protocol import Caller
+from prefect_baton.errors import BatonError, UnavailableError
+from prefect_baton.rest import _routes_leases, _routes_records
+from prefect_baton.rest import _schemas as s
+from prefect_baton.rest._deps import _rid
+from prefect_baton.rest._http import BatonMiddleware, baton_error_response, error_response, ok
+from prefect_baton.rest._openapi import install_openapi
+from prefect_baton.rest.keys import KeyCache
 
 __all__ = ["create_app"]
 
@@ -96,7 +96,7 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
 
     Returns:
         A :class:`fastapi.FastAPI` app; ``app.state.store`` is its
-        :class:`~prefect_baton._ledger.store.LedgerStore`. Shutting the app down closes it.
+        :class:`~prefect_baton._stores.ledger.store.LedgerStore`. Shutting the app down closes it.
 
     Raises:
         ValidationError: a malformed URL or a bad ``BATON_*`` variable (nothing is opened

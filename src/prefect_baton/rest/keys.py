@@ -33,11 +33,11 @@ from sqlalchemy import update
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, col, select
 
-from .. import _core
-from .._ledger.engine import Engines, make_engines, upgrade
-from .._ledger.tables import ApiKeyRow
-from .._settings import load_settings
-from ..errors import NotFoundError, UnavailableError, ValidationError
+from prefect_baton._rules import core as _core
+from prefect_baton._settings import load_settings
+from prefect_baton._stores.ledger.engine import Engines, make_engines, upgrade
+from prefect_baton._stores.ledger.tables import ApiKeyRow
+from prefect_baton.errors import NotFoundError, UnavailableError, ValidationError
 
 __all__ = [
     "ALL_SCOPES",

@@ -1,0 +1,1 @@
+"""The sync and async client surfaces (``Baton``, ``AsyncBaton``) and the lease keeper."""

@@ -1,0 +1,297 @@
+"""``with b.lease(...)``: acquire, keep renewing on a thread of its own, release on exit.
+
+The heartbeat runs on a dedicated daemon thread for sync and async bodies alike, so a busy
+event loop cannot starve it. It renews every third of the TTL, without a cap on the number of
+renewals; a transient error (``UNAVAILABLE``, a dropped connection) is retried with backoff
+only while the lease is still valid by a conservative local estimate (the time the last
+successful renewal was *sent* plus the TTL). A renewal answered ``LEASE_LOST``, or a TTL that
+runs out without a successful renewal, marks the lease lost: :attr:`LeaseKeeper.lost` turns
+true, the ``on_lost`` callback runs, and leaving the block raises :class:`LeaseLostError`.
+A keeper inherited by a ``fork()``-ed child neither renews nor releases there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import anyio.to_thread
+
+from prefect_baton.errors import (
+    BatonError,
+    LeaseLostError,
+    NotFoundError,
+    StaleFenceError,
+    UnavailableError,
+)
+from prefect_baton.models import Lease
+
+if TYPE_CHECKING:
+    from prefect_baton._client.leases import LeaseAPI
+
+log = logging.getLogger("prefect_baton.lease")
+
+_LOST_ERRORS: tuple[type[BatonError], ...] = (LeaseLostError, NotFoundError, StaleFenceError)
+
+
+class LeaseKeeper:
+    """A lease held for the duration of a ``with`` / ``async with`` block.
+
+    Create it with :meth:`prefect_baton.Baton.lease`. Inside the block it behaves like the
+    current :class:`Lease` (``lease_id``, ``epoch``, ``version``, ``expires_at`` ...) and can
+    be passed as ``fence=`` to checkpoint and outcome writes.
+
+    Attributes:
+        lost: ``True`` once the lease is known to be lost (``bool``).
+        renewals: how many renewals succeeded (``int``).
+    """
+
+    def __init__(
+        self,
+        api: LeaseAPI,
+        resource_type: str,
+        resource_id: str,
+        *,
+        ttl_seconds: int,
+        purpose: str | None = None,
+        scopes: tuple[str, ...] | list[str] = (),
+        expected_version: int | None = None,
+        idempotency_key: str | None = None,
+        renew_every_seconds: float | None = None,
+        on_lost: Callable[[LeaseKeeper], Any] | None = None,
+        release_on_exit: bool = True,
+    ) -> None:
+        self._api = api
+        self._args: dict[str, Any] = {
+            "resource_type": resource_type,
+            "resource_id": resource_id,
+            "ttl_seconds": ttl_seconds,
+            "purpose": purpose,
+            "scopes": scopes,
+            "expected_version": expected_version,
+            "idempotency_key": idempotency_key,
+        }
+        self._ttl = float(ttl_seconds)
+        self._interval = renew_every_seconds if renew_every_seconds else self._ttl / 3.0
+        self._on_lost = on_lost
+        self.release_on_exit = release_on_exit
+        self._lease: Lease | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        self._valid_until = 0.0  # time.monotonic() deadline of the last confirmed grant
+        self._lost = False
+        self._running = False
+        self.lost_reason: str | None = None
+        self.renewals = 0
+        self.receipt_status: str | None = None
+        self._handoff_accepted: Callable[[], bool] | None = None
+
+    # ------------------------------------------------------------------ lease view
+
+    @property
+    def lost(self) -> bool:
+        """``True`` once the lease is known or presumed lost: a renewal was answered
+        ``LEASE_LOST``, or the TTL has run out (by the local estimate) without a successful
+        renewal, even while a renewal call is still blocked on the network."""
+        if self._lost:
+            return True
+        if self._running and time.monotonic() >= self._valid_until:
+            self._mark_lost("the TTL passed without a successful renewal")
+            return True
+        return False
+
+    @property
+    def lease(self) -> Lease:
+        """The newest :class:`Lease` of this block (updated by every renewal)."""
+        if self._lease is None:
+            raise RuntimeError("the lease is not acquired yet: enter the block first")
+        return self._lease
+
+    @property
+    def lease_id(self) -> str:
+        return self.lease.lease_id
+
+    @property
+    def epoch(self) -> int:
+        """The fencing token."""
+        return self.lease.epoch
+
+    @property
+    def version(self) -> int:
+        return self.lease.version
+
+    @property
+    def expires_at(self) -> datetime:
+        return self.lease.expires_at
+
+    @property
+    def resource_type(self) -> str:
+        return self.lease.resource_type
+
+    @property
+    def resource_id(self) -> str:
+        return self.lease.resource_id
+
+    @property
+    def owner(self) -> str:
+        return self.lease.owner
+
+    @property
+    def execution_key(self) -> str | None:
+        return self.lease.execution_key
+
+    def attach_handoff(self, accepted: Callable[[], bool]) -> None:
+        """Note that this lease rides on a handoff; ``accepted()`` tells whether the recipient
+        accepted it. A lease that moved on through an accepted handoff ends the block cleanly
+        (``receipt_status == "handed_off"``) instead of raising :class:`LeaseLostError`."""
+        self._handoff_accepted = accepted
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> LeaseKeeper:
+        """Acquire the lease and start the heartbeat thread (what ``__enter__`` does)."""
+        sent = time.monotonic()
+        self._lease = self._api.acquire(**self._args)
+        self._valid_until = sent + self._ttl
+        self._running = True
+        self._thread = threading.Thread(
+            target=self._heartbeat, name=f"baton-heartbeat-{self._lease.lease_id}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def _mark_lost(self, reason: str) -> None:
+        with self._lock:
+            if self._lost:
+                return
+            self._lost = True
+            self.lost_reason = reason
+        if self._handoff_accepted is not None and self._handoff_accepted():
+            return  # moved on through an accepted handoff: not worth a warning
+        log.warning("lease %s lost: %s", self._lease.lease_id if self._lease else "?", reason)
+        if self._on_lost is not None:
+            try:
+                self._on_lost(self)
+            except Exception:
+                log.exception("on_lost callback failed")
+
+    def _heartbeat(self) -> None:
+        backoff = 0.2
+        wait = self._interval
+        while not self._stop.wait(wait):
+            if os.getpid() != self._pid:
+                return
+            if time.monotonic() >= self._valid_until:
+                self._mark_lost("the TTL passed without a successful renewal")
+                return
+            sent = time.monotonic()
+            try:
+                lease = self._api.renew(self.lease, ttl_seconds=int(self._ttl))
+            except _LOST_ERRORS as exc:
+                if self._handoff_accepted is not None and self._handoff_accepted():
+                    return  # the lease moved on through an accepted handoff: not a loss
+                self._mark_lost(f"{exc.code}: {exc.message}")
+                return
+            except (UnavailableError, OSError, Exception) as exc:  # transient: retry
+                log.info("renewal of %s failed, retrying: %s", self.lease.lease_id, exc)
+                wait = min(backoff, max(0.05, self._valid_until - time.monotonic()))
+                backoff = min(backoff * 2, 2.0)
+                continue
+            with self._lock:
+                self._lease = lease
+                self._valid_until = sent + self._ttl
+                self.renewals += 1
+            backoff = 0.2
+            wait = self._interval
+
+    def stop(self, exc: BaseException | None = None) -> None:
+        """Stop the heartbeat and release (what ``__exit__`` does).
+
+        Raises:
+            LeaseLostError: the lease was lost during the block, or had already run out
+                when released (``expired`` receipt).
+        """
+        self._stop.set()
+        if os.getpid() != self._pid:
+            return  # a forked child neither renews nor releases the parent's lease
+        _ = self.lost  # judge the local TTL estimate before the heartbeat stops
+        self._running = False
+        stuck = False
+        if self._thread is not None and self._thread is not threading.current_thread():
+            # A renewal blocked on an unresponsive server must not hold the block's exit
+            # forever: wait at most until the lease would have run out (plus a margin).
+            self._thread.join(timeout=max(1.0, self._valid_until - time.monotonic()) + 1.0)
+            stuck = self._thread.is_alive()
+            if stuck and time.monotonic() >= self._valid_until:
+                self._mark_lost("the TTL passed while a renewal was still blocked")
+        if self._lease is None:
+            return
+        # Releasing by proof is safe even when the lease is presumed lost: it cleans up an
+        # expired lease nobody took, and answers LEASE_LOST without touching a new holder's.
+        if self.release_on_exit and not stuck:
+            try:
+                receipt = self._release_with_retry()
+                self.receipt_status = receipt
+                if receipt == "expired":
+                    self._mark_lost("the lease had expired before it was released")
+            except _LOST_ERRORS as err:
+                self._mark_lost(f"{err.code}: {err.message}")
+            except BatonError as err:
+                # A lease already known lost stays a LEASE_LOST at exit even when the
+                # clean-up release is refused for another reason (e.g. a revoked API key).
+                if not self._lost:
+                    raise
+                log.info("release of lost lease %s refused: %s", self._lease.lease_id, err)
+        if self._lost and self._handoff_accepted is not None and self._handoff_accepted():
+            self._lost = False
+            self.receipt_status = "handed_off"
+            return
+        if self._lost:
+            raise LeaseLostError(
+                f"lease {self._lease.lease_id} on {self._lease.resource_type}/"
+                f"{self._lease.resource_id} was lost: {self.lost_reason}"
+            ) from exc
+
+    def _release_with_retry(self) -> str:
+        # The handle keeps its proof until the authority confirms, so a release cut off by
+        # a connection error can be retried (a retry of a completed release is no_change).
+        delay = 0.1
+        deadline = time.monotonic() + 10.0
+        while True:
+            try:
+                return self._api.release(self.lease).status
+            except UnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    def __enter__(self) -> LeaseKeeper:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop(exc)
+
+    async def __aenter__(self) -> LeaseKeeper:
+        return await anyio.to_thread.run_sync(self.start)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await anyio.to_thread.run_sync(self.stop, exc)

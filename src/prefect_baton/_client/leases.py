@@ -1,0 +1,387 @@
+"""Lease operations of the client surface (``b.leases``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from prefect_baton._client.api_base import _API, LeaseLike, _lease_of, _limit
+from prefect_baton._rules import core as _core
+from prefect_baton._rules.core import Proof
+from prefect_baton._stores.protocol import LeaseAuthority
+from prefect_baton.models import Lease, LeaseInfo, Receipt
+
+
+def _resource_scope(lease: Lease) -> str:
+    """The receipt scope of a keyed operation on a lease presented by proof: its resource
+    (DESIGN.md: a lease operation's key identity includes the resource)."""
+    from prefect_baton._stores.ledger.convert import resource_key
+
+    return resource_key(lease.resource_type, lease.resource_id)
+
+
+class LeaseAPI(_API):
+    """Lease operations (``b.leases``). Rules: DESIGN.md "Leases" (seeds 000/003 and 004)."""
+
+    @property
+    def _authority(self) -> LeaseAuthority:
+        return self._b.authority
+
+    def acquire(
+        self,
+        resource_type: str,
+        resource_id: str,
+        *,
+        ttl_seconds: int,
+        purpose: str | None = None,
+        scopes: Iterable[str] = (),
+        expected_version: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Lease:
+        """Acquire (or take over after expiry) the lease on ``(resource_type, resource_id)``.
+
+        Args:
+            resource_type, resource_id: the resource (``str``, 1..256 characters).
+            ttl_seconds: lease duration, integer seconds from 10 to 86,400.
+            purpose: free text kept with the lease, shown to the holder only.
+            scopes: write-scope globs (e.g. ``["src/**"]``); overlapping scopes on another
+                principal's effective lease conflict (seed 004 rule).
+            expected_version: compare-and-swap on the resource version (0 = never leased).
+            idempotency_key: the execution key. Retrying with the same key and request
+                replays the receipt (``lease.replayed``); a replay does not revive a lease that
+                was since lost. Acquiring under another key while the lease is effective
+                conflicts, even for the same principal.
+
+        Returns:
+            The new :class:`Lease` (new ``lease_id``, version +1, epoch +1).
+
+        Raises:
+            ConflictError: held by another holder (the message gives only the expiry) or a
+                scope overlaps. VersionConflictError: ``expected_version`` is stale.
+            IdempotencyMismatchError: the key was used for a different request.
+            LeaseLostError: a replay whose lease was since lost. ValidationError: bad input.
+        """
+        rt = _core.validate_id("resource_type", resource_type)
+        rid = _core.validate_id("resource_id", resource_id)
+        ttl_ms = _core.validate_ttl(ttl_seconds)
+        purpose_ = _core.validate_text("purpose", purpose)
+        scopes_ = _core.validate_scopes(scopes)
+        ev = _core.validate_version("expected_version", expected_version)
+        key = _core.validate_optional_id("idempotency_key", idempotency_key)
+        return self._authority.acquire(
+            self._caller,
+            rt,
+            rid,
+            ttl_ms=ttl_ms,
+            scopes=scopes_,
+            purpose=purpose_,
+            expected_version=ev,
+            idempotency_key=key,
+        )
+
+    def acquire_many(
+        self,
+        resources: Iterable[tuple[str, str] | dict[str, Any]],
+        *,
+        ttl_seconds: int,
+        purpose: str | None = None,
+        scopes: Iterable[str] = (),
+        idempotency_key: str | None = None,
+    ) -> list[Lease]:
+        """Acquire several resources all-or-nothing, in one round trip (one Redis script, or
+        one ledger transaction).
+
+        Args:
+            resources: ``(resource_type, resource_id)`` pairs, or mappings with those keys
+                and optionally ``ttl_seconds``, ``purpose``, ``scopes``, ``expected_version``
+                (overriding the defaults below); 1..1,000 distinct resources.
+            ttl_seconds, purpose, scopes: defaults for every resource (as :meth:`acquire`).
+            idempotency_key: the execution key for every resource (each resource's receipt
+                is its own, as if acquired one by one).
+
+        Returns:
+            The leases in the order given; a resource this execution already held, or an
+            exact retry, comes back ``replayed``.
+
+        Raises:
+            The error :meth:`acquire` would raise for the first resource that is refused
+            (``ConflictError``, ``VersionConflictError``, ...), its message ending
+            ``(acquire_many item <index>: <type>/<id>)`` (index from 0); then nothing was
+            acquired.
+            ValidationError: bad input (also a resource listed twice).
+        """
+        from prefect_baton._stores.ledger.many import ledger_acquire_many, requests_of
+
+        reqs = requests_of(resources, ttl_seconds=ttl_seconds, purpose=purpose, scopes=scopes)
+        key = _core.validate_optional_id("idempotency_key", idempotency_key)
+        redis_ = self._b._redis
+        if redis_ is not None:
+            return redis_.acquire_many(self._caller, reqs, idempotency_key=key)
+        remote = self._b._remote
+        if remote is not None:
+            return remote.acquire_many(self._caller, reqs, idempotency_key=key)
+        return ledger_acquire_many(self._b.store, self._caller, reqs, idempotency_key=key)
+
+    def _proof(self, lease: object) -> Proof:
+        lease_ = _lease_of(lease)
+        return Proof(lease_.lease_id, self._caller.principal, lease_.execution_key)
+
+    def renew(
+        self,
+        lease: LeaseLike,
+        *,
+        ttl_seconds: int | None = None,
+        expected_version: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Lease:
+        """Extend a lease you hold: expiry = authority's now + ``ttl_seconds`` (default: the
+        lease's TTL); version +1; id, owner, key, epoch and scopes unchanged.
+
+        Args:
+            lease: the :class:`Lease` (or lease block) you hold.
+            ttl_seconds: new duration, integer seconds from 10 to 86,400.
+            expected_version: compare-and-swap on the lease version.
+            idempotency_key: optional key (``str``, 1..256 characters). An exact retry under
+                the same key returns the stored result with ``replayed`` true and changes
+                nothing; the receipt is kept per (org, principal, operation, key, resource),
+                so the same key on another lease of the resource is a different request
+                (``IDEMPOTENCY_MISMATCH``).
+                A claim whose process died before storing the result lapses after
+                :data:`~prefect_baton._stores.ledger.receipts.CLAIM_TIMEOUT_SECONDS`; a retry then
+                renews again.
+
+        Raises:
+            LeaseLostError: the lease ended or already expired (an expired lease is never
+                silently re-acquired). NotFoundError: not your lease.
+            VersionConflictError: ``expected_version`` differs. ValidationError: bad TTL.
+            IdempotencyMismatchError: the key was used for a different request (nothing
+                done). IdempotencyInFlightError: a request under the key is still running.
+        """
+        lease_ = _lease_of(lease)
+        ttl_ms = _core.validate_ttl(ttl_seconds if ttl_seconds is not None else lease_.ttl_seconds)
+        ev = _core.validate_version("expected_version", expected_version)
+        idem = _core.validate_optional_id("idempotency_key", idempotency_key)
+        proof = self._proof(lease_)
+        fields = {
+            "lease_id": proof.lease_id,
+            "execution_key": proof.execution_key,
+            "ttl_seconds": ttl_seconds,
+            "expected_version": ev,
+        }
+        return self._once(
+            "renew",
+            idem,
+            _resource_scope(lease_),
+            fields,
+            Lease,
+            lambda: self._authority.renew(self._caller, proof, ttl_ms=ttl_ms, expected_version=ev),
+            remote_run=lambda r, k: r.renew(
+                self._caller, proof, ttl_ms=ttl_ms, expected_version=ev, idempotency_key=k
+            ),
+        )
+
+    def transfer(
+        self,
+        lease: LeaseLike,
+        *,
+        to_principal: str,
+        new_execution_key: str,
+        ttl_seconds: int,
+        expected_version: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Lease:
+        """Hand a lease you hold to ``to_principal`` under ``new_execution_key``: new
+        ``lease_id``, version +1, epoch +1, scopes kept (seed 004 transfer).
+
+        ``idempotency_key`` (``str``, 1..256 characters, optional): an exact retry returns
+        the stored receiver's lease with ``replayed`` true; receipts as :meth:`renew` (a
+        retry after a lapsed claim transfers again, which is ``LEASE_LOST``).
+
+        Returns the receiver's :class:`Lease`. Raises as :meth:`renew`, plus
+        :class:`ValidationError` when the execution key is not new.
+        """
+        to = _core.validate_id("to_principal", to_principal)
+        key = _core.validate_id("new_execution_key", new_execution_key)
+        ttl_ms = _core.validate_ttl(ttl_seconds)
+        ev = _core.validate_version("expected_version", expected_version)
+        idem = _core.validate_optional_id("idempotency_key", idempotency_key)
+        lease_ = _lease_of(lease)
+        proof = self._proof(lease_)
+        fields = {
+            "lease_id": proof.lease_id,
+            "execution_key": proof.execution_key,
+            "to_principal": to,
+            "new_execution_key": key,
+            "ttl_seconds": ttl_seconds,
+            "expected_version": ev,
+        }
+        return self._once(
+            "transfer",
+            idem,
+            _resource_scope(lease_),
+            fields,
+            Lease,
+            lambda: self._authority.transfer(
+                self._caller,
+                proof,
+                to_principal=to,
+                new_execution_key=key,
+                ttl_ms=ttl_ms,
+                expected_version=ev,
+            ),
+            remote_run=lambda r, k: r.transfer(
+                self._caller,
+                proof,
+                to_principal=to,
+                new_execution_key=key,
+                ttl_ms=ttl_ms,
+                expected_version=ev,
+                idempotency_key=k,
+            ),
+        )
+
+    def release(
+        self,
+        lease: LeaseLike,
+        *,
+        expected_version: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Receipt:
+        """Release a lease you hold, by proof (id + your identity + execution key).
+
+        ``idempotency_key`` (``str``, 1..256 characters, optional): an exact retry returns
+        the stored :class:`Receipt` with ``replayed`` true; receipts as :meth:`renew` (a
+        retry after a lapsed claim releases again, which is ``no_change``).
+
+        Returns a :class:`Receipt` with status ``released``, ``expired`` (it had run out:
+        your protection lapsed) or ``no_change`` (already released by this proof; safe to
+        retry after a connection error).
+
+        Raises:
+            LeaseLostError: someone else has taken it since. NotFoundError: not your lease.
+            VersionConflictError: ``expected_version`` differs.
+            IdempotencyMismatchError: the key was used for a different request (nothing
+                done). IdempotencyInFlightError: a request under the key is still running.
+        """
+        ev = _core.validate_version("expected_version", expected_version)
+        idem = _core.validate_optional_id("idempotency_key", idempotency_key)
+        lease_ = _lease_of(lease)
+        proof = self._proof(lease_)
+        if idem is None:
+            return self._authority.release(self._caller, proof, expected_version=ev)
+        fields = {
+            "lease_id": proof.lease_id,
+            "execution_key": proof.execution_key,
+            "expected_version": ev,
+        }
+        return self._once(
+            "release",
+            idem,
+            _resource_scope(lease_),
+            fields,
+            Receipt,
+            lambda: self._authority.release(self._caller, proof, expected_version=ev),
+            remote_run=lambda r, k: r.release(
+                self._caller, proof, expected_version=ev, idempotency_key=k
+            ),
+        )
+
+    def release_by_id(self, lease_id: str, *, idempotency_key: str | None = None) -> Receipt:
+        """Release by id alone (the seed service's ``DELETE /v1/leases/:id``), as its holder.
+
+        ``idempotency_key`` (``str``, 1..256 characters, optional): an exact retry returns
+        the stored :class:`Receipt` with ``replayed`` true; the receipt is kept per (org,
+        principal, operation, key) and binds the lease id, so the key on another lease id is
+        ``IDEMPOTENCY_MISMATCH``; otherwise receipts as :meth:`renew`.
+
+        Raises:
+            NotFoundError: released, unknown, another principal's or another org's lease.
+            IdempotencyMismatchError: the key was used for a different request (nothing
+                done). IdempotencyInFlightError: a request under the key is still running.
+        """
+        lid = _core.validate_id("lease_id", lease_id)
+        idem = _core.validate_optional_id("idempotency_key", idempotency_key)
+        return self._once(
+            "release_by_id",
+            idem,
+            "",
+            {"lease_id": lid},
+            Receipt,
+            lambda: self._authority.release_by_id(self._caller, lid),
+            remote_run=lambda r, k: r.release_by_id(self._caller, lid, idempotency_key=k),
+        )
+
+    def force_release(self, lease_id: str, *, idempotency_key: str | None = None) -> Receipt:
+        """Release anyone's lease of the org; needs the ``owner`` or ``admin`` role.
+
+        ``idempotency_key`` (``str``, 1..256 characters, optional): an exact retry returns
+        the stored :class:`Receipt` with ``replayed`` true; the receipt is kept per (org,
+        principal, operation, key) and binds the lease id, so the key on another lease id is
+        ``IDEMPOTENCY_MISMATCH``; otherwise receipts as :meth:`renew`.
+
+        Raises:
+            ForbiddenError: the caller is an ``agent``. NotFoundError: not active/unknown.
+            IdempotencyMismatchError: the key was used for a different request (nothing
+                done). IdempotencyInFlightError: a request under the key is still running.
+        """
+        lid = _core.validate_id("lease_id", lease_id)
+        idem = _core.validate_optional_id("idempotency_key", idempotency_key)
+        return self._once(
+            "force_release",
+            idem,
+            "",
+            {"lease_id": lid},
+            Receipt,
+            lambda: self._authority.force_release(self._caller, lid),
+            remote_run=lambda r, k: r.force_release(self._caller, lid, idempotency_key=k),
+        )
+
+    def inspect(self, resource_type: str, resource_id: str) -> LeaseInfo:
+        """Whether a resource is held, until when, and its version and epoch. The holder
+        also gets its full :class:`Lease`; others never see holder, purpose or scopes."""
+        return self._authority.inspect(
+            self._caller,
+            _core.validate_id("resource_type", resource_type),
+            _core.validate_id("resource_id", resource_id),
+        )
+
+    def get(self, lease_id: str) -> Lease:
+        """A lease generation by id (yours; any of the org's for owner/admin).
+
+        Raises:
+            NotFoundError: unknown, another org's, or another principal's.
+        """
+        return self._authority.get(self._caller, _core.validate_id("lease_id", lease_id))
+
+    def report_expired(self, *, limit: int = 1000) -> list[Lease]:
+        """Record ``lease.expired`` in the event stream once for each lease of the org found
+        past its TTL that nobody has acted on since (e.g. a crashed holder's); returns the
+        leases newly reported. Nothing about the leases changes: expiry is judged when
+        someone next acts (no sweeper is needed for correctness).
+
+        Args:
+            limit: at most this many leases per call (1..10,000), oldest expiry first.
+        """
+        return self._store.report_expired(self._caller, limit=_limit(limit, 10_000))
+
+    def list(
+        self,
+        *,
+        resource_type: str | None = None,
+        owner: str | None = None,
+        include_ended: bool = False,
+        limit: int = 100,
+    ) -> list[Lease]:
+        """Your effective leases (``owner="*"`` or a name needs owner/admin), newest first.
+
+        Args:
+            resource_type: only this type. include_ended: also ended generations.
+            limit: 1..10,000 rows.
+        """
+        return self._authority.list_leases(
+            self._caller,
+            resource_type=_core.validate_optional_id("resource_type", resource_type),
+            owner=_core.validate_optional_id("owner", owner),
+            include_ended=bool(include_ended),
+            limit=_limit(limit, 10_000),
+        )

@@ -1,0 +1,350 @@
+"""Checkpoints, handoffs, outcomes and the event stream of the client surface."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from prefect_baton._client.keeper import LeaseKeeper
+from prefect_baton._rules import core as _core
+from prefect_baton._rules.core import Proof
+from prefect_baton.errors import ValidationError
+from prefect_baton.models import Checkpoint, Event, Evidence, Handoff, Outcome
+
+if TYPE_CHECKING:
+    pass
+from prefect_baton._client.api_base import (
+    _API,
+    CHECKPOINT_TTL_MAX_SECONDS,
+    HANDOFF_RESOLUTIONS,
+    OUTCOME_STATUSES,
+    LeaseLike,
+    _lease_of,
+    _limit,
+)
+
+
+class CheckpointAPI(_API):
+    """Checkpoints (``b.checkpoints``): resumable progress per (subject, principal, kind)."""
+
+    def save(
+        self,
+        subject_id: str,
+        kind: str,
+        state: dict[str, Any],
+        *,
+        expected_version: int | None = None,
+        fence: LeaseLike | None = None,
+        idempotency_key: str | None = None,
+        ttl_seconds: int | None = None,
+    ) -> Checkpoint:
+        """Write your checkpoint of ``(subject_id, kind)``; version +1 per write.
+
+        Args:
+            state: a JSON object, at most ``state_max_bytes`` (default 1 MiB) of JSON.
+            expected_version: compare-and-swap (0 = must not exist yet); without it the
+                last write wins and the new ``state_hash`` tells readers it moved.
+            fence: a lease (or lease block); the write is rejected once that generation is
+                no longer the effective lease of its resource.
+            ttl_seconds: after this many seconds (1..31,622,400) the checkpoint is no
+                longer returned.
+
+        Raises:
+            VersionConflictError, StaleFenceError, IdempotencyMismatchError,
+            ValidationError (non-JSON or oversized state, bad ids).
+        """
+        subject = _core.validate_id("subject_id", subject_id)
+        kind_ = _core.validate_id("kind", kind)
+        state_, text, digest = _core.validate_state(state, self._store.state_max_bytes)
+        ev = _core.validate_version("expected_version", expected_version)
+        key = _core.validate_optional_id("idempotency_key", idempotency_key)
+        ttl_ms = None
+        if ttl_seconds is not None:
+            if (
+                isinstance(ttl_seconds, bool)
+                or not isinstance(ttl_seconds, int)
+                or not 1 <= ttl_seconds <= CHECKPOINT_TTL_MAX_SECONDS
+            ):
+                raise ValidationError(
+                    f"checkpoint ttl_seconds must be an integer from 1 to "
+                    f"{CHECKPOINT_TTL_MAX_SECONDS}"
+                )
+            ttl_ms = ttl_seconds * 1000
+        return self._store.checkpoint_save(
+            self._caller,
+            subject,
+            kind_,
+            state_,
+            state_text=text,
+            state_hash=digest,
+            expected_version=ev,
+            fence=self._b._fence(fence),
+            idempotency_key=key,
+            ttl_ms=ttl_ms,
+        )
+
+    def get(self, subject_id: str, kind: str, principal: str | None = None) -> Checkpoint | None:
+        """The current checkpoint of ``(subject_id, principal, kind)`` (``principal``
+        defaults to you), or ``None`` if there is none or it expired."""
+        return self._store.checkpoint_get(
+            self._caller,
+            _core.validate_id("subject_id", subject_id),
+            _core.validate_id("kind", kind),
+            _core.validate_optional_id("principal", principal),
+        )
+
+    def get_by_id(self, checkpoint_id: str) -> Checkpoint:
+        """A checkpoint by id. Checkpoints are readable by every principal of the org (a
+        handoff's recipient reads the one attached to it; a reviewer follows an outcome's
+        ``checkpoint_id``); only their writer changes them.
+
+        Raises:
+            NotFoundError: unknown, expired, or another org's.
+        """
+        return self._store.checkpoint_get_by_id(
+            self._caller, _core.validate_id("checkpoint_id", checkpoint_id)
+        )
+
+    def history(self, subject_id: str, kind: str, principal: str | None = None) -> list[Checkpoint]:
+        """Every version of the checkpoint, oldest first."""
+        return self._store.checkpoint_history(
+            self._caller,
+            _core.validate_id("subject_id", subject_id),
+            _core.validate_id("kind", kind),
+            _core.validate_optional_id("principal", principal),
+        )
+
+
+class HandoffAPI(_API):
+    """Handoffs (``b.handoffs``): explicit transfers of a subject to another principal."""
+
+    def create(
+        self,
+        to_principal: str,
+        subject_id: str,
+        *,
+        checkpoint_id: str | None = None,
+        context_id: str | None = None,
+        message: str | None = None,
+        lease: LeaseLike | None = None,
+        idempotency_key: str | None = None,
+        expires_in_seconds: int | None = None,
+    ) -> Handoff:
+        """Create a pending handoff to ``to_principal`` (who need not have acted yet).
+
+        Args:
+            checkpoint_id: a checkpoint of this org the recipient may then read.
+            lease: a lease you hold; accepting the handoff transfers it to the recipient.
+                When it is the lease block itself (``with b.lease(...) as held``), the block
+                then ends cleanly once the recipient has accepted.
+            expires_in_seconds: after this (1..31,622,400 s) it reads as ``expired``.
+
+        Raises:
+            NotFoundError: unknown checkpoint. LeaseLostError: the lease is not held.
+            ValidationError: bad ids, a handoff to yourself.
+        """
+        to = _core.validate_id("to_principal", to_principal)
+        subject = _core.validate_id("subject_id", subject_id)
+        ck = _core.validate_optional_id("checkpoint_id", checkpoint_id)
+        ctx = _core.validate_optional_id("context_id", context_id)
+        msg = _core.validate_text("message", message)
+        key = _core.validate_optional_id("idempotency_key", idempotency_key)
+        exp_ms = None
+        if expires_in_seconds is not None:
+            if (
+                isinstance(expires_in_seconds, bool)
+                or not isinstance(expires_in_seconds, int)
+                or not 1 <= expires_in_seconds <= CHECKPOINT_TTL_MAX_SECONDS
+            ):
+                raise ValidationError("expires_in_seconds must be a positive integer")
+            exp_ms = expires_in_seconds * 1000
+        proof = None
+        if lease is not None:
+            lease_ = _lease_of(lease)
+            proof = Proof(lease_.lease_id, self._caller.principal, lease_.execution_key)
+        handoff = self._store.handoff_create(
+            self._caller,
+            to,
+            subject,
+            checkpoint_id=ck,
+            context_id=ctx,
+            message=msg,
+            lease=proof,
+            expires_in_ms=exp_ms,
+            idempotency_key=key,
+        )
+        if isinstance(lease, LeaseKeeper):
+            hid = handoff.handoff_id
+            lease.attach_handoff(lambda: self.get(hid).status == "accepted")
+        return handoff
+
+    def inbox(self, *, limit: int = 100) -> list[Handoff]:
+        """Pending handoffs addressed to you (a sender's own inbox stays empty)."""
+        return self._store.handoff_inbox(self._caller, limit=_limit(limit, 10_000))
+
+    def get(self, handoff_id: str) -> Handoff:
+        """A handoff you sent or received. Raises :class:`NotFoundError` otherwise."""
+        return self._store.handoff_get(self._caller, _core.validate_id("handoff_id", handoff_id))
+
+    def resolve(
+        self,
+        handoff_id: str,
+        status: str,
+        note: str | None = None,
+        *,
+        execution_key: str | None = None,
+        ttl_seconds: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Handoff:
+        """Accept or reject a pending handoff addressed to you.
+
+        Accepting one that carries a lease transfers the lease to you under
+        ``execution_key`` (default ``handoff:<handoff_id>``) for ``ttl_seconds`` (default:
+        the sender's TTL), atomically with the status change; the result's ``lease`` is it.
+
+        ``idempotency_key`` (``str``, 1..256 characters, optional): an exact retry returns
+        the stored :class:`Handoff` with ``replayed`` true and changes nothing; the receipt
+        is kept per (org, principal, ``resolve``, key, handoff id). A claim whose process
+        died before storing the result lapses after
+        :data:`~prefect_baton._stores.ledger.receipts.CLAIM_TIMEOUT_SECONDS`; a retry then resolves
+        again, which is ``NOT_FOUND``.
+
+        Raises:
+            ValidationError: ``status`` is not ``accepted``/``rejected``.
+            NotFoundError: unknown, already resolved (a second resolve), or expired.
+            ForbiddenError: you are not its target. LeaseLostError: the sender no longer
+                holds the attached lease (the handoff stays pending; reject it).
+            IdempotencyMismatchError: the key was used for a different request (nothing
+                done). IdempotencyInFlightError: a request under the key is still running.
+        """
+        hid = _core.validate_id("handoff_id", handoff_id)
+        if status not in HANDOFF_RESOLUTIONS:
+            raise ValidationError(f"status must be 'accepted' or 'rejected', got {status!r}")
+        note_ = _core.validate_text("note", note)
+        key = _core.validate_optional_id("execution_key", execution_key)
+        ttl_ms = _core.validate_ttl(ttl_seconds) if ttl_seconds is not None else None
+        idem = _core.validate_optional_id("idempotency_key", idempotency_key)
+
+        def run() -> Handoff:
+            redis_ = self._b._redis
+            if redis_ is not None:
+                from prefect_baton._stores.redis.handoffs import resolve_handoff
+
+                return resolve_handoff(
+                    redis_, self._caller, hid, status, note=note_, execution_key=key, ttl_ms=ttl_ms
+                )
+            return self._store.handoff_resolve(
+                self._caller, hid, status, note=note_, execution_key=key, ttl_ms=ttl_ms
+            )
+
+        fields = {
+            "handoff_id": hid,
+            "status": status,
+            "note": note_,
+            "execution_key": key,
+            "ttl_seconds": ttl_seconds,
+        }
+        return self._once(
+            "resolve",
+            idem,
+            f"handoff:{hid}",
+            fields,
+            Handoff,
+            run,
+            remote_run=lambda r, k: r.handoff_resolve(
+                self._caller,
+                hid,
+                status,
+                note=note_,
+                execution_key=key,
+                ttl_ms=ttl_ms,
+                idempotency_key=k,
+            ),
+        )
+
+
+class OutcomeAPI(_API):
+    """Outcomes (``b.outcomes``): completion or failure of a subject, with evidence."""
+
+    def record(
+        self,
+        subject_id: str,
+        status: str,
+        *,
+        evidence: Sequence[Evidence | dict[str, Any]],
+        fence: LeaseLike | None = None,
+        lease_id: str | None = None,
+        handoff_id: str | None = None,
+        checkpoint_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Outcome:
+        """Record ``succeeded``, ``failed`` or ``cancelled`` for ``subject_id``.
+
+        Args:
+            evidence: items ``{"kind", "uri", "digest"?, "note"?}`` (at most 1,000; at
+                least one for ``succeeded``).
+            fence: a lease; rejected with :class:`StaleFenceError` once it is not current.
+
+        Raises:
+            ValidationError, StaleFenceError, NotFoundError (a linked id does not exist),
+            IdempotencyMismatchError.
+        """
+        subject = _core.validate_id("subject_id", subject_id)
+        if status not in OUTCOME_STATUSES:
+            raise ValidationError(
+                f"status must be one of {', '.join(OUTCOME_STATUSES)}, got {status!r}"
+            )
+        if isinstance(evidence, str | bytes | dict) or not isinstance(evidence, Sequence):
+            raise ValidationError("evidence must be a list of evidence items")
+        if len(evidence) > 1000:
+            raise ValidationError("at most 1,000 evidence items")
+        items: list[Evidence] = []
+        for item in evidence:
+            if isinstance(item, Evidence):
+                items.append(item)
+                continue
+            try:
+                items.append(Evidence.model_validate(item))
+            except Exception as exc:
+                raise ValidationError(f"bad evidence item: {exc}") from None
+        if status == "succeeded" and not items:
+            raise ValidationError("a succeeded outcome needs at least one evidence item")
+        return self._store.outcome_record(
+            self._caller,
+            subject,
+            status,
+            evidence=items,
+            fence=self._b._fence(fence),
+            lease_id=_core.validate_optional_id("lease_id", lease_id),
+            handoff_id=_core.validate_optional_id("handoff_id", handoff_id),
+            checkpoint_id=_core.validate_optional_id("checkpoint_id", checkpoint_id),
+            idempotency_key=_core.validate_optional_id("idempotency_key", idempotency_key),
+        )
+
+    def list(self, subject_id: str | None = None, *, limit: int = 1000) -> list[Outcome]:
+        """Outcomes of the org, of one subject when given, oldest first by the
+        ledger clock (outcomes recorded in the same millisecond come in no fixed order)."""
+        return self._store.outcome_list(
+            self._caller,
+            _core.validate_optional_id("subject_id", subject_id),
+            limit=_limit(limit, 100_000),
+        )
+
+
+class EventAPI(_API):
+    """The event stream (``b.events``)."""
+
+    def list(self, after_seq: int = 0, limit: int = 100, kind: str | None = None) -> list[Event]:
+        """Events with ``seq > after_seq`` in commit order (``limit`` 1..1000)."""
+        if (
+            isinstance(after_seq, bool)
+            or not isinstance(after_seq, int)
+            or not 0 <= after_seq <= 2**63 - 1
+        ):
+            raise ValidationError("after_seq must be an integer from 0 to 2**63 - 1")
+        return self._store.events_list(
+            self._caller,
+            after_seq=after_seq,
+            limit=_limit(limit, 1000),
+            kind=_core.validate_optional_id("kind", kind),
+        )

@@ -1,0 +1,1 @@
+"""The decision core: every lease rule, validation and scope rule, with no I/O."""

@@ -1,0 +1,466 @@
+"""The pure decision core: input validation and the lease state machine.
+
+No I/O and no clock: every function takes ``now_ms`` (epoch milliseconds read from the
+authority) and the rows it needs, and returns a decision or raises a :class:`BatonError`.
+The ledger store and the Redis scripts apply these rules; the Lua scripts mirror them and
+the conformance suite holds both to the same results.
+
+Rules come from ``DESIGN.md`` ("Leases"), which merges the seed coordination service
+(seed 000/003: TTL 10..86,400 s, conflicts name only the expiry, re-acquire is not renew,
+release by id of a released lease is not found) and the task-lease lifecycle (seed 004:
+versions, epochs, execution keys, write scopes, proof-bearing renew/transfer/release,
+durable ``no_change`` release receipts, safe-integer exhaustion).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from prefect_baton._rules.validation import (
+    DEFAULT_STATE_MAX_BYTES,
+    MAX_ID_LENGTH,
+    MAX_SAFE_INTEGER,
+    MAX_SCOPE_LENGTH,
+    MAX_SCOPES,
+    MAX_TEXT_LENGTH,
+    ROLES,
+    TTL_MAX_SECONDS,
+    TTL_MIN_SECONDS,
+    canonical_json,
+    request_digest,
+    validate_id,
+    validate_optional_id,
+    validate_role,
+    validate_scopes,
+    validate_state,
+    validate_text,
+    validate_ttl,
+    validate_version,
+)
+from prefect_baton.errors import (
+    ConflictError,
+    ForbiddenError,
+    LeaseLostError,
+    NotFoundError,
+    StaleFenceError,
+    ValidationError,
+    VersionConflictError,
+)
+from prefect_baton.models import from_ms
+
+__all__ = [  # the decision core, plus the validation it re-exports for its callers
+    "DEFAULT_STATE_MAX_BYTES",
+    "MAX_ID_LENGTH",
+    "MAX_SAFE_INTEGER",
+    "MAX_SCOPES",
+    "MAX_SCOPE_LENGTH",
+    "MAX_TEXT_LENGTH",
+    "ROLES",
+    "TTL_MAX_SECONDS",
+    "TTL_MIN_SECONDS",
+    "Decision",
+    "Holding",
+    "Proof",
+    "Status",
+    "canonical_json",
+    "check_checkpoint_version",
+    "check_fence",
+    "conflict",
+    "decide_acquire",
+    "decide_force_release",
+    "decide_release",
+    "decide_release_by_id",
+    "decide_renew",
+    "decide_transfer",
+    "replay_check",
+    "request_digest",
+    "validate_id",
+    "validate_optional_id",
+    "validate_role",
+    "validate_scopes",
+    "validate_state",
+    "validate_text",
+    "validate_ttl",
+    "validate_version",
+]
+
+Status = Literal[
+    "active", "released", "expired", "taken_over", "transferred", "superseded", "revoked"
+]
+
+
+# --------------------------------------------------------------------------- lease rows
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """A lease generation as the core sees it (one ledger row, one Redis hash)."""
+
+    lease_id: str
+    resource_type: str
+    resource_id: str
+    owner: str
+    execution_key: str | None
+    version: int
+    epoch: int
+    status: Status
+    acquired_at_ms: int
+    expires_at_ms: int
+    ttl_ms: int = 0
+    scopes: tuple[str, ...] = ()
+    purpose: str | None = None
+    ended_at_ms: int | None = None
+    ended_by: str | None = None
+
+    def effective(self, now_ms: int) -> bool:
+        """Active and not yet expired on the authority's clock."""
+        return self.status == "active" and self.expires_at_ms > now_ms
+
+
+@dataclass(frozen=True, slots=True)
+class Proof:
+    """What a caller presents to act on its lease: id, owner, execution key, version."""
+
+    lease_id: str
+    owner: str
+    execution_key: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The outcome of a lease decision.
+
+    ``ended`` is the previous generation with its new terminal status (to be written back),
+    ``new`` the generation to insert or update, ``action`` the transition's name for the
+    history and the event stream, and ``noop`` true when nothing must be written.
+    """
+
+    action: str
+    new: Holding | None = None
+    ended: Holding | None = None
+    receipt_status: Literal["ok", "released", "expired", "no_change"] = "ok"
+    noop: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def conflict(expires_at_ms: int, what: str = "Resource", *, by: str = "principal") -> ConflictError:
+    """The conflict error: says only that the resource is taken and until when (``by`` is
+    ``execution`` when the holder is another execution of the caller's own principal)."""
+    exp = from_ms(expires_at_ms)
+    assert exp is not None
+    stamp = exp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return ConflictError(f"{what} is leased by another {by} until {stamp}.", expires_at=exp)
+
+
+def _check_counters(head: Holding | None, *, epoch_too: bool) -> None:
+    if head is None:
+        return
+    if head.version >= MAX_SAFE_INTEGER or (epoch_too and head.epoch >= MAX_SAFE_INTEGER):
+        raise ValidationError(
+            "lease generation counters are exhausted (2**53 - 1); only release is allowed"
+        )
+
+
+def _check_version(current: int, expected: int | None) -> None:
+    if expected is not None and expected != current:
+        raise VersionConflictError(
+            f"expected version {expected}, current version is {current}",
+            current_version=current,
+            expected_version=expected,
+        )
+
+
+def decide_acquire(
+    head: Holding | None,
+    *,
+    resource_type: str,
+    resource_id: str,
+    principal: str,
+    execution_key: str | None,
+    ttl_ms: int,
+    scopes: tuple[str, ...],
+    purpose: str | None,
+    expected_version: int | None,
+    now_ms: int,
+    new_lease_id: str,
+    scope_conflict_expires_ms: int | None = None,
+    epoch_floor: int = 0,
+) -> Decision:
+    """Decide an acquire or takeover of the resource whose newest generation is ``head``.
+
+    Args:
+        head: newest generation of the resource (any status), ``None`` if never leased.
+        scope_conflict_expires_ms: expiry of another principal's effective lease whose scopes
+            overlap ``scopes`` (computed by the store), or ``None``.
+        epoch_floor: the new epoch is at least ``epoch_floor + 1`` (used after Redis data
+            loss, so fencing tokens keep rising).
+
+    Returns:
+        A :class:`Decision`: ``noop`` when the same execution already holds it (``new`` is
+        the current generation), else ``new`` is the generation to insert and ``ended`` the
+        previous one with status ``superseded`` or ``taken_over``.
+
+    Raises:
+        ConflictError: another holder (or another execution of the same principal) holds an
+            effective lease, or a scope overlaps another principal's effective lease.
+        VersionConflictError: ``expected_version`` differs from the current version (0 when
+            never leased).
+        ValidationError: counters exhausted.
+    """
+    ended: Holding | None = None
+    action = "acquire"
+    if head is not None and head.effective(now_ms):
+        same_owner = head.owner == principal
+        if same_owner and execution_key is not None and head.execution_key == execution_key:
+            return Decision(action="acquire", new=head, noop=True)
+        if same_owner and execution_key is None and head.execution_key is None:
+            ended = replace(head, status="superseded", ended_at_ms=now_ms)
+            action = "supersede"
+        else:
+            raise conflict(head.expires_at_ms, by="execution" if same_owner else "principal")
+    current_version = head.version if head is not None else 0
+    _check_version(current_version, expected_version)
+    if scope_conflict_expires_ms is not None:
+        raise conflict(scope_conflict_expires_ms, "A write scope")
+    _check_counters(head, epoch_too=True)
+    if head is not None and head.status == "active" and ended is None:
+        ended = replace(head, status="taken_over", ended_at_ms=now_ms)
+        action = "takeover"
+    epoch = max(head.epoch if head is not None else 0, epoch_floor) + 1
+    new = Holding(
+        lease_id=new_lease_id,
+        resource_type=resource_type,
+        resource_id=resource_id,
+        owner=principal,
+        execution_key=execution_key,
+        version=current_version + 1,
+        epoch=epoch,
+        status="active",
+        acquired_at_ms=now_ms,
+        expires_at_ms=now_ms + ttl_ms,
+        ttl_ms=ttl_ms,
+        scopes=scopes,
+        purpose=purpose,
+    )
+    return Decision(action=action, new=new, ended=ended)
+
+
+def _check_proof(row: Holding | None, proof: Proof) -> Holding:
+    """Common proof check: unknown or another principal's lease is not found; a wrong
+    execution key is a lost lease (the generation belongs to another execution)."""
+    if row is None or row.owner != proof.owner:
+        raise NotFoundError(f"lease {proof.lease_id} not found")
+    if row.execution_key != proof.execution_key:
+        raise LeaseLostError(f"lease {proof.lease_id} is held by another execution")
+    return row
+
+
+def decide_renew(
+    row: Holding | None,
+    proof: Proof,
+    *,
+    ttl_ms: int,
+    expected_version: int | None,
+    now_ms: int,
+) -> Decision:
+    """Decide a renewal: version +1, expiry = now + ttl; id, owner, key, epoch, scopes kept.
+
+    Raises:
+        NotFoundError: unknown lease id, or owned by another principal.
+        LeaseLostError: the generation ended or expired (an expired lease is never silently
+            re-acquired by a renew).
+        VersionConflictError: ``expected_version`` differs from the lease's version.
+    """
+    row = _check_proof(row, proof)
+    if not row.effective(now_ms):
+        raise LeaseLostError(
+            f"lease {row.lease_id} is no longer held ({_lost_reason(row, now_ms)})"
+        )
+    _check_version(row.version, expected_version)
+    _check_counters(row, epoch_too=False)
+    new = replace(row, version=row.version + 1, expires_at_ms=now_ms + ttl_ms, ttl_ms=ttl_ms)
+    return Decision(action="renew", new=new)
+
+
+def decide_transfer(
+    row: Holding | None,
+    proof: Proof,
+    *,
+    to_principal: str,
+    new_execution_key: str,
+    ttl_ms: int,
+    expected_version: int | None,
+    now_ms: int,
+    new_lease_id: str,
+    scope_conflict_expires_ms: int | None = None,
+) -> Decision:
+    """Decide a transfer: new generation for ``to_principal`` under ``new_execution_key``;
+    version +1, epoch +1, scopes kept (seed 004 transfer rule).
+
+    Raises:
+        NotFoundError, LeaseLostError, VersionConflictError: as :func:`decide_renew`.
+        ValidationError: the new execution key equals the current one.
+        ConflictError: the kept scopes overlap another effective lease of the receiver's
+            competitors.
+    """
+    row = _check_proof(row, proof)
+    if not row.effective(now_ms):
+        raise LeaseLostError(
+            f"lease {row.lease_id} is no longer held ({_lost_reason(row, now_ms)})"
+        )
+    _check_version(row.version, expected_version)
+    if new_execution_key == row.execution_key:
+        raise ValidationError("transfer needs a new execution key for the receiver")
+    if scope_conflict_expires_ms is not None:
+        raise conflict(scope_conflict_expires_ms, "A write scope")
+    _check_counters(row, epoch_too=True)
+    ended = replace(row, status="transferred", ended_at_ms=now_ms)
+    new = replace(
+        row,
+        lease_id=new_lease_id,
+        owner=to_principal,
+        execution_key=new_execution_key,
+        version=row.version + 1,
+        epoch=row.epoch + 1,
+        acquired_at_ms=now_ms,
+        expires_at_ms=now_ms + ttl_ms,
+        ttl_ms=ttl_ms,
+        status="active",
+        ended_at_ms=None,
+        ended_by=None,
+    )
+    return Decision(action="transfer", new=new, ended=ended)
+
+
+def decide_release(
+    row: Holding | None,
+    proof: Proof,
+    *,
+    expected_version: int | None,
+    now_ms: int,
+) -> Decision:
+    """Decide a release by proof (seed 004 release rule, with DESIGN.md's receipts).
+
+    - effective lease: ``released``;
+    - own lease past expiry that nobody took: cleaned up, receipt status ``expired``;
+    - already released by the same proof: durable ``no_change``;
+    - superseded by the holder's own re-acquire: :class:`NotFoundError` (seed service: the
+      old id is not found);
+    - taken over, transferred or revoked: :class:`LeaseLostError`.
+
+    Version and epoch are kept. Raises :class:`NotFoundError` for an unknown or foreign
+    lease and :class:`VersionConflictError` for a wrong ``expected_version``.
+    """
+    row = _check_proof(row, proof)
+    _check_version(row.version, expected_version)
+    if row.status in ("released", "expired"):
+        return Decision(action="release", new=row, receipt_status="no_change", noop=True)
+    if row.status == "superseded":
+        # Re-acquire is not renew: the old id is then not found (seed service rule).
+        raise NotFoundError(f"lease {row.lease_id} not found")
+    if row.status != "active":
+        raise LeaseLostError(f"lease {row.lease_id} is no longer held ({row.status})")
+    return _end_by_holder(row, now_ms, action="release")
+
+
+def _end_by_holder(row: Holding, now_ms: int, *, action: str) -> Decision:
+    if row.expires_at_ms > now_ms:
+        ended = replace(row, status="released", ended_at_ms=now_ms)
+        return Decision(action=action, new=ended, receipt_status="released")
+    ended = replace(row, status="expired", ended_at_ms=now_ms)
+    return Decision(action=action, new=ended, receipt_status="expired")
+
+
+def decide_release_by_id(
+    row: Holding | None, *, principal: str, lease_id: str, now_ms: int
+) -> Decision:
+    """Decide a release by lease id alone (the seed service's ``DELETE /v1/leases/:id``).
+
+    Only the owner may release this way; a lease that is released, unknown, another
+    principal's or in another org is not found (seed service rule).
+    """
+    if row is None or row.owner != principal or row.status != "active":
+        raise NotFoundError(f"lease {lease_id} not found")
+    return _end_by_holder(row, now_ms, action="release")
+
+
+def decide_force_release(
+    row: Holding | None, *, principal: str, role: str, lease_id: str, now_ms: int
+) -> Decision:
+    """Decide a force release: only an ``owner`` or ``admin`` of the org; the lease ends as
+    ``revoked`` with who forced it. A lease that is not active is not found."""
+    if role not in ("owner", "admin"):
+        raise ForbiddenError("force release needs the owner or admin role")
+    if row is None or row.status != "active":
+        raise NotFoundError(f"lease {lease_id} not found")
+    ended = replace(row, status="revoked", ended_at_ms=now_ms, ended_by=principal)
+    return Decision(action="force_release", new=ended, receipt_status="released")
+
+
+def check_fence(
+    row: Holding | None,
+    *,
+    lease_id: str,
+    epoch: int,
+    now_ms: int,
+    principal: str | None = None,
+) -> Holding:
+    """Check a write fenced by a lease: the generation must still be the effective one, and
+    (when ``principal`` is given) held by the writer: a write is fenced by *its own* lease.
+
+    Raises:
+        StaleFenceError: the lease is unknown, another principal's, ended, expired, or its
+            epoch is not the one presented.
+    """
+    if row is None or (principal is not None and row.owner != principal):
+        raise StaleFenceError(f"fence lease {lease_id} is not a current lease of the writer")
+    if row.epoch != epoch or not row.effective(now_ms):
+        raise StaleFenceError(
+            f"fence lease {lease_id} (epoch {epoch}) is no longer the effective lease of "
+            f"{row.resource_type}/{row.resource_id}"
+        )
+    return row
+
+
+def _lost_reason(row: Holding, now_ms: int) -> str:
+    if row.status == "active" and row.expires_at_ms <= now_ms:
+        return "expired"
+    return row.status
+
+
+def replay_check(
+    row: Holding | None,
+    *,
+    lease_id: str,
+    owner: str,
+    execution_key: str | None,
+    epoch: int,
+    now_ms: int,
+) -> Holding:
+    """Check that a replayed acquire's lease is still held by the same execution.
+
+    A receipt is history, not authority: a replay whose lease was since transferred,
+    released or expired does not revive it (seed 004 replay rule).
+
+    Raises:
+        LeaseLostError: the generation is no longer effective.
+    """
+    if (
+        row is None
+        or row.owner != owner
+        or row.execution_key != execution_key
+        or row.epoch != epoch
+        or not row.effective(now_ms)
+    ):
+        why = "gone" if row is None else _lost_reason(row, now_ms)
+        raise LeaseLostError(
+            f"lease {lease_id} acquired under this execution key is no longer held ({why}); "
+            "a replayed receipt does not revive it: use a new execution key"
+        )
+    return row
+
+
+def check_checkpoint_version(current: int, expected: int | None) -> None:
+    """Compare-and-swap on a checkpoint: ``expected`` must equal ``current`` (0 if none)."""
+    _check_version(current, expected)

@@ -1,0 +1,206 @@
+"""Input validation and canonical JSON: every public call checks its arguments here
+before anything is written (a bad request raises ``ValidationError`` and stores nothing)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from prefect_baton._rules import scopes as _scopes
+from prefect_baton.errors import (
+    ValidationError,
+)
+
+TTL_MIN_SECONDS = 10
+TTL_MAX_SECONDS = 86_400
+MAX_SAFE_INTEGER = 2**53 - 1
+MAX_ID_LENGTH = 256
+MAX_TEXT_LENGTH = 4096
+MAX_SCOPES = 64
+MAX_SCOPE_LENGTH = 1024
+DEFAULT_STATE_MAX_BYTES = 1024 * 1024
+ROLES = ("agent", "owner", "admin")
+
+
+# --------------------------------------------------------------------------- validation
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
+def validate_id(name: str, value: object) -> str:
+    """Check an identifier (org, principal, resource type/id, subject, kind, key).
+
+    Args:
+        name: the argument's name, for the message.
+        value: must be a ``str`` of 1..256 characters with no control characters.
+
+    Raises:
+        ValidationError: otherwise.
+    """
+    if not isinstance(value, str):
+        raise ValidationError(f"{name} must be a string, got {type(value).__name__}")
+    if not value or not value.strip():
+        raise ValidationError(f"{name} must not be empty")
+    if len(value) > MAX_ID_LENGTH:
+        raise ValidationError(f"{name} is {len(value)} characters long; at most {MAX_ID_LENGTH}")
+    if _CONTROL.search(value) is not None:
+        raise ValidationError(f"{name} must not contain control characters")
+    _check_utf8(name, value)
+    return value
+
+
+def _check_utf8(name: str, value: str) -> None:
+    """Reject strings that are not valid Unicode text (lone surrogates, e.g. from
+    undecodable command-line bytes): no database or Redis can store them."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValidationError(f"{name} is not valid UTF-8 text") from None
+
+
+def validate_optional_id(name: str, value: object) -> str | None:
+    """Like :func:`validate_id` but ``None`` passes through."""
+    return None if value is None else validate_id(name, value)
+
+
+def validate_text(name: str, value: object, limit: int = MAX_TEXT_LENGTH) -> str | None:
+    """Check a free-text field (purpose, message, note): ``None`` or a ``str`` of at most
+    ``limit`` characters. Raises :class:`ValidationError` otherwise."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValidationError(f"{name} must be a string, got {type(value).__name__}")
+    if len(value) > limit:
+        raise ValidationError(f"{name} is {len(value)} characters long; at most {limit}")
+    if "\x00" in value:
+        raise ValidationError(f"{name} must not contain NUL characters")
+    _check_utf8(name, value)
+    return value
+
+
+def validate_ttl(ttl_seconds: object, name: str = "ttl_seconds") -> int:
+    """Check a lease TTL: an integer number of seconds from 10 to 86,400 (seed service rule).
+
+    Returns the TTL in milliseconds. Floats with no fractional part are accepted; ``bool``,
+    fractions, strings and out-of-range values raise :class:`ValidationError`.
+    """
+    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int | float):
+        raise ValidationError(f"{name} must be an integer number of seconds")
+    if isinstance(ttl_seconds, float) and (
+        not math.isfinite(ttl_seconds) or not ttl_seconds.is_integer()
+    ):
+        raise ValidationError(f"{name} must be an integer number of seconds")
+    ttl = int(ttl_seconds)
+    if not TTL_MIN_SECONDS <= ttl <= TTL_MAX_SECONDS:
+        raise ValidationError(
+            f"{name} must be from {TTL_MIN_SECONDS} to {TTL_MAX_SECONDS} seconds, got {ttl}"
+        )
+    return ttl * 1000
+
+
+def validate_version(name: str, value: object) -> int | None:
+    """Check an expected version: ``None`` or an ``int`` from 0 to 2**53 - 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(f"{name} must be an integer")
+    if not 0 <= value <= MAX_SAFE_INTEGER:
+        raise ValidationError(f"{name} must be from 0 to {MAX_SAFE_INTEGER}")
+    return value
+
+
+def validate_scopes(scopes: object) -> tuple[str, ...]:
+    """Check write scopes: an iterable of up to 64 glob strings of up to 1,024 characters.
+
+    Returns them normalised, de-duplicated and sorted. A bare string is rejected (a common
+    mistake: ``scopes="src/**"`` instead of ``scopes=["src/**"]``).
+    """
+    if scopes is None:
+        return ()
+    if isinstance(scopes, str | bytes) or not isinstance(scopes, Iterable):
+        raise ValidationError("scopes must be a list of glob strings, not a single string")
+    out: set[str] = set()
+    for s in scopes:
+        if not isinstance(s, str):
+            raise ValidationError("each scope must be a string")
+        if len(s) > MAX_SCOPE_LENGTH:
+            raise ValidationError(f"a scope is longer than {MAX_SCOPE_LENGTH} characters")
+        if any(ord(c) < 32 or ord(c) == 127 for c in s):
+            raise ValidationError("a scope must not contain control characters")
+        _check_utf8("scope", s)
+        norm = _scopes.normalize_scope(s)
+        if not norm:
+            raise ValidationError("a scope must not be empty")
+        out.add(norm)
+    if len(out) > MAX_SCOPES:
+        raise ValidationError(f"at most {MAX_SCOPES} scopes per lease")
+    return tuple(sorted(out))
+
+
+def validate_role(role: object) -> str:
+    """Check a role: one of ``agent``, ``owner``, ``admin``."""
+    if role not in ROLES:
+        raise ValidationError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    return str(role)
+
+
+def canonical_json(value: object) -> str:
+    """Canonical JSON text of ``value`` (sorted keys, no spaces, UTF-8, no NaN/Infinity).
+
+    Raises:
+        ValidationError: ``value`` is not representable as JSON.
+    """
+    try:
+        return json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+    except (TypeError, ValueError) as exc:
+        raise ValidationError(f"value is not JSON-serialisable: {exc}") from None
+
+
+def validate_state(
+    state: object, max_bytes: int = DEFAULT_STATE_MAX_BYTES
+) -> tuple[dict[str, Any], str, str]:
+    """Check checkpoint state: a JSON object of at most ``max_bytes`` bytes (UTF-8).
+
+    Returns ``(state, canonical_text, state_hash)`` where ``state_hash`` is
+    ``"sha256:" + hex digest`` of the canonical JSON.
+    """
+    if not isinstance(state, Mapping):
+        raise ValidationError(f"state must be a JSON object, got {type(state).__name__}")
+    _check_keys(state)
+    text = canonical_json(dict(state))
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValidationError("state is not valid UTF-8 text (lone surrogate)") from None
+    if size > max_bytes:
+        raise ValidationError(f"state is {size} bytes of JSON; at most {max_bytes}")
+    parsed: dict[str, Any] = json.loads(text)
+    return parsed, text, "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _check_keys(value: object, depth: int = 0) -> None:
+    """JSON object keys are strings: reject ``{1: ...}`` rather than silently turning it
+    into ``{"1": ...}`` (two different states would then share one hash)."""
+    if depth > 200:
+        raise ValidationError("state is nested more than 200 levels deep")
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ValidationError(f"state object keys must be strings, got {k!r}")
+            _check_keys(v, depth + 1)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _check_keys(v, depth + 1)
+
+
+def request_digest(operation: str, fields: Mapping[str, object]) -> str:
+    """SHA-256 hex digest of the canonical request (idempotency receipts bind it)."""
+    text = canonical_json({"op": operation, **fields})
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()

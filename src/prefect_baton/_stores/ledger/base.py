@@ -1,0 +1,292 @@
+"""The ledger store's plumbing: transactions, locks, receipts, the outbox.
+
+The ledger store applies the core's decisions to the SQL ledger, one transaction each.
+
+Every mutation runs in one database transaction that (1) takes its locks up front (SQLite:
+``BEGIN IMMEDIATE``; PostgreSQL: transaction advisory locks on the resource, on the org's
+write scopes when scopes are involved, and on the org's event stream just before the outbox
+insert, so event sequence numbers are handed out in commit order), (2) reads the database
+clock, (3) checks the idempotency receipt, (4) decides with :mod:`prefect_baton._rules.core`,
+(5) writes the rows, the transition history, the events and the receipt, and commits.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from sqlalchemy import delete, select, text, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlmodel import Session, col
+
+from prefect_baton._rules import core as _core
+from prefect_baton._rules.core import Holding
+from prefect_baton._stores.ledger.convert import new_id
+from prefect_baton._stores.ledger.engine import Engines, make_engines, upgrade
+from prefect_baton._stores.ledger.tables import (
+    EventRow,
+    Organization,
+    Principal,
+    ReceiptRow,
+)
+from prefect_baton._stores.protocol import Caller
+from prefect_baton.errors import (
+    BatonError,
+    IdempotencyMismatchError,
+    UnavailableError,
+)
+
+T = TypeVar("T")
+MAX_ATTEMPTS = 8
+DEFAULT_RECEIPT_RETENTION_SECONDS = 24 * 3600
+PRUNE_EVERY_WRITES = 500  # every this many writes, also delete expired receipts ...
+PRUNE_BATCH = 1000  # ... at most this many at a time
+
+
+@dataclass
+class Tx:
+    """One open write transaction: the session, the database clock, pending events."""
+
+    session: Session
+    now_ms: int
+    caller: Caller
+    events: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    registered: tuple[str, str, str] | None = None
+
+    def emit(self, kind: str, subject: str, payload: dict[str, Any]) -> None:
+        self.events.append((kind, subject, payload))
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A lease presented as a fencing token: its id and epoch.
+
+    When another authority than the ledger holds the leases (Redis), ``resource`` names the
+    lease's resource (its lock serialises fenced writes of that resource) and ``check``
+    reads the generation and the authority's clock inside the write transaction, so the
+    fence is judged by the authority, not by the ledger's copy.
+    """
+
+    lease_id: str
+    epoch: int
+    resource: tuple[str, str] | None = None
+    check: Callable[[], tuple[Holding | None, int]] | None = None
+
+
+class StoreBase:
+    """The SQL ledger and the embedded lease authority.
+
+    Args:
+        url: SQLAlchemy URL, ``sqlite:///path`` or ``postgresql://...`` (psycopg 3).
+        receipt_retention_seconds: how long idempotency receipts are kept (default 24 h).
+        state_max_bytes: the checkpoint state cap in bytes (default 1 MiB).
+        migrate: apply the shipped Alembic migrations on first use (default ``True``).
+
+    Raises:
+        ValidationError: a malformed URL. UnavailableError: the database cannot be reached.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        receipt_retention_seconds: int = DEFAULT_RECEIPT_RETENTION_SECONDS,
+        state_max_bytes: int = _core.DEFAULT_STATE_MAX_BYTES,
+        migrate: bool = True,
+    ) -> None:
+        self.engines: Engines = make_engines(url)
+        self.url = self.engines.url
+        self.receipt_retention_ms = receipt_retention_seconds * 1000
+        self.state_max_bytes = state_max_bytes
+        self._registered: set[tuple[str, str, str]] = set()
+        self._writes = 0
+        self._now_sql = text(self.engines.now_sql())
+        if migrate:
+            upgrade(self.engines)
+
+    def close(self) -> None:
+        """Dispose of the connection pools."""
+        self.engines.dispose()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _lock(self, session: Session, key: str) -> None:
+        if not self.engines.is_sqlite:
+            session.execute(
+                text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"), {"k": key}
+            )
+
+    def _write(self, caller: Caller, locks: Sequence[str], fn: Callable[[Tx], T]) -> T:
+        """Run ``fn`` in a write transaction, retrying on serialization/unique races."""
+        last: Exception | None = None
+        for _attempt in range(MAX_ATTEMPTS):
+            try:
+                with Session(self.engines.write, expire_on_commit=False) as session:
+                    with session.begin():
+                        for key in sorted(set(locks)):
+                            self._lock(session, key)
+                        now_ms = int(session.execute(self._now_sql).scalar_one())
+                        tx = Tx(session=session, now_ms=now_ms, caller=caller)
+                        self._register(tx)
+                        result = fn(tx)
+                        self._flush_events(tx)
+                        self._writes += 1
+                        if self._writes % PRUNE_EVERY_WRITES == 0:
+                            self._prune(session, now_ms)
+                    if tx.registered is not None:
+                        self._registered.add(tx.registered)
+                    return result
+            except BatonError:
+                raise
+            except IntegrityError as exc:
+                last = exc
+                continue
+            except OperationalError as exc:
+                last = exc
+                if self.engines.is_sqlite and "locked" in str(exc.orig).lower():
+                    continue
+                raise UnavailableError(f"ledger database unavailable: {exc.orig}") from exc
+            except DBAPIError as exc:
+                if getattr(exc.orig, "sqlstate", None) in ("40001", "40P01"):
+                    last = exc
+                    continue
+                raise
+        raise UnavailableError(f"ledger write did not settle after {MAX_ATTEMPTS} tries: {last}")
+
+    @contextmanager
+    def _read(self) -> Iterator[tuple[Session, int]]:
+        try:
+            with (
+                Session(self.engines.read, expire_on_commit=False) as session,
+                session.begin(),
+            ):
+                now_ms = int(session.execute(self._now_sql).scalar_one())
+                yield session, now_ms
+        except OperationalError as exc:
+            raise UnavailableError(f"ledger database unavailable: {exc.orig}") from exc
+
+    def now_ms(self) -> int:
+        """The database clock in epoch milliseconds."""
+        with self._read() as (_s, now):
+            return now
+
+    def _insert_ignore(self, session: Session, model: type[Any], values: dict[str, Any]) -> None:
+        ins = sqlite_insert if self.engines.is_sqlite else pg_insert
+        stmt = ins(model).values(**values).on_conflict_do_nothing()
+        session.execute(stmt)
+
+    def _register(self, tx: Tx) -> None:
+        """Register the caller's org and principal in this transaction (first use only;
+        remembered once the transaction commits, so a rolled-back first write retries)."""
+        c = tx.caller
+        key = (c.org, c.principal, c.role)
+        if key in self._registered:
+            return
+        self._insert_ignore(tx.session, Organization, {"org_id": c.org, "created_at_ms": tx.now_ms})
+        self._insert_ignore(
+            tx.session,
+            Principal,
+            {"org_id": c.org, "name": c.principal, "role": c.role, "created_at_ms": tx.now_ms},
+        )
+        tx.session.execute(
+            update(Principal)
+            .where(col(Principal.org_id) == c.org, col(Principal.name) == c.principal)
+            .where(col(Principal.role) != c.role)
+            .values(role=c.role)
+        )
+        tx.registered = key
+
+    def _flush_events(self, tx: Tx) -> None:
+        if not tx.events:
+            return
+        self._lock(tx.session, f"events:{tx.caller.org}")
+        for kind, subject, payload in tx.events:
+            tx.session.add(
+                EventRow(
+                    event_id=new_id("evt"),
+                    org_id=tx.caller.org,
+                    kind=kind,
+                    principal=tx.caller.principal,
+                    subject=subject,
+                    payload=_core.canonical_json(payload),
+                    occurred_at_ms=tx.now_ms,
+                )
+            )
+        tx.session.flush()
+
+    # ------------------------------------------------------------------ receipts
+
+    def _receipt(
+        self, tx: Tx, operation: str, key: str | None, scope: str, digest: str
+    ) -> dict[str, Any] | None:
+        """Return the stored response for an exact retry, raise on a changed request."""
+        if key is None:
+            return None
+        c = tx.caller
+        row = tx.session.execute(
+            select(ReceiptRow).where(
+                col(ReceiptRow.org_id) == c.org,
+                col(ReceiptRow.principal) == c.principal,
+                col(ReceiptRow.operation) == operation,
+                col(ReceiptRow.idem_key) == key,
+                col(ReceiptRow.scope_key) == scope,
+            )
+        ).scalar_one_or_none()
+        if row is None:
+            return None
+        if row.expires_at_ms <= tx.now_ms:
+            tx.session.delete(row)
+            tx.session.flush()
+            return None
+        if row.request_digest != digest:
+            raise IdempotencyMismatchError(
+                f"idempotency key {key!r} was used for a different {operation} request"
+            )
+        result: dict[str, Any] = json.loads(row.response)
+        return result
+
+    def _store_receipt(
+        self, tx: Tx, operation: str, key: str | None, scope: str, digest: str, response: Any
+    ) -> None:
+        if key is None:
+            return
+        c = tx.caller
+        tx.session.add(
+            ReceiptRow(
+                org_id=c.org,
+                principal=c.principal,
+                operation=operation,
+                idem_key=key,
+                scope_key=scope,
+                request_digest=digest,
+                response=json.dumps(response),
+                created_at_ms=tx.now_ms,
+                expires_at_ms=tx.now_ms + self.receipt_retention_ms,
+            )
+        )
+        tx.session.flush()
+
+    def _prune(self, session: Session, now_ms: int) -> int:
+        ids = select(col(ReceiptRow.id)).where(col(ReceiptRow.expires_at_ms) <= now_ms)
+        res = session.execute(
+            delete(ReceiptRow).where(
+                col(ReceiptRow.id).in_(ids.limit(PRUNE_BATCH).scalar_subquery())
+            )
+        )
+        return int(res.rowcount or 0)  # type: ignore[attr-defined]
+
+    def prune_receipts(self, caller: Caller) -> int:
+        """Delete idempotency receipts past their retention; returns how many (``int``)."""
+
+        def op(tx: Tx) -> int:
+            res = tx.session.execute(
+                delete(ReceiptRow).where(col(ReceiptRow.expires_at_ms) <= tx.now_ms)
+            )
+            return int(res.rowcount or 0)  # type: ignore[attr-defined]
+
+        return self._write(caller, [], op)

@@ -1,0 +1,180 @@
+"""Conversions between ledger rows, core holdings and public models; event payloads."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from prefect_baton._rules.core import Holding
+from prefect_baton._stores.ledger.tables import (
+    CheckpointRow,
+    HandoffRow,
+    LeaseRow,
+    OutcomeRow,
+)
+from prefect_baton._stores.protocol import Caller
+from prefect_baton.models import (
+    Checkpoint,
+    Evidence,
+    Handoff,
+    Lease,
+    LeaseInfo,
+    Outcome,
+    from_ms,
+)
+
+
+def new_id(prefix: str) -> str:
+    """A fresh id: ``prefix_`` + 32 hex digits."""
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def resource_key(resource_type: str, resource_id: str) -> str:
+    """Unambiguous key of a resource (length-prefixed, so ids cannot forge separators)."""
+    return f"{len(resource_type)}:{resource_type}:{resource_id}"
+
+
+def row_to_holding(row: LeaseRow) -> Holding:
+    return Holding(
+        lease_id=row.lease_id,
+        resource_type=row.resource_type,
+        resource_id=row.resource_id,
+        owner=row.owner,
+        execution_key=row.execution_key,
+        version=row.version,
+        epoch=row.epoch,
+        status=row.status,  # type: ignore[arg-type,unused-ignore]
+        acquired_at_ms=row.acquired_at_ms,
+        expires_at_ms=row.expires_at_ms,
+        ttl_ms=row.ttl_ms,
+        scopes=tuple(json.loads(row.scopes)),
+        purpose=row.purpose,
+        ended_at_ms=row.ended_at_ms,
+        ended_by=row.ended_by,
+    )
+
+
+def holding_to_lease(h: Holding, *, replayed: bool = False) -> Lease:
+    acquired = from_ms(h.acquired_at_ms)
+    expires = from_ms(h.expires_at_ms)
+    assert acquired is not None and expires is not None
+    return Lease(
+        lease_id=h.lease_id,
+        resource_type=h.resource_type,
+        resource_id=h.resource_id,
+        owner=h.owner,
+        execution_key=h.execution_key,
+        version=h.version,
+        epoch=h.epoch,
+        scopes=h.scopes,
+        status=h.status,
+        purpose=h.purpose,
+        acquired_at=acquired,
+        expires_at=expires,
+        ttl_seconds=h.ttl_ms // 1000,
+        released_at=from_ms(h.ended_at_ms),
+        replayed=replayed,
+    )
+
+
+def checkpoint_model(row: CheckpointRow, *, replayed: bool = False) -> Checkpoint:
+    created, updated = from_ms(row.created_at_ms), from_ms(row.updated_at_ms)
+    assert created is not None and updated is not None
+    return Checkpoint(
+        checkpoint_id=row.checkpoint_id,
+        subject_id=row.subject_id,
+        kind=row.kind,
+        principal=row.principal,
+        version=row.version,
+        state=json.loads(row.state),
+        state_hash=row.state_hash,
+        created_at=created,
+        updated_at=updated,
+        expires_at=from_ms(row.expires_at_ms),
+        replayed=replayed,
+    )
+
+
+def handoff_model(row: HandoffRow, now_ms: int, lease: Lease | None = None) -> Handoff:
+    status = row.status
+    if status == "pending" and row.expires_at_ms is not None and row.expires_at_ms <= now_ms:
+        status = "expired"
+    created = from_ms(row.created_at_ms)
+    assert created is not None
+    return Handoff(
+        handoff_id=row.handoff_id,
+        from_principal=row.from_principal,
+        to_principal=row.to_principal,
+        subject_id=row.subject_id,
+        checkpoint_id=row.checkpoint_id,
+        context_id=row.context_id,
+        message=row.message,
+        lease_id=row.lease_id,
+        status=status,  # type: ignore[arg-type,unused-ignore]
+        created_at=created,
+        expires_at=from_ms(row.expires_at_ms),
+        resolved_at=from_ms(row.resolved_at_ms),
+        note=row.note,
+        lease=lease,
+    )
+
+
+def outcome_model(row: OutcomeRow) -> Outcome:
+    recorded = from_ms(row.recorded_at_ms)
+    assert recorded is not None
+    return Outcome(
+        outcome_id=row.outcome_id,
+        subject_id=row.subject_id,
+        principal=row.principal,
+        status=row.status,  # type: ignore[arg-type,unused-ignore]
+        evidence=tuple(Evidence(**e) for e in json.loads(row.evidence)),
+        lease_id=row.lease_id,
+        handoff_id=row.handoff_id,
+        checkpoint_id=row.checkpoint_id,
+        fence_epoch=row.fence_epoch,
+        recorded_at=recorded,
+    )
+
+
+def subject_of(resource: tuple[str, str]) -> str:
+    return f"{resource[0]}/{resource[1]}"
+
+
+def lease_payload(h: Holding, resource: tuple[str, str]) -> dict[str, Any]:
+    return {
+        "lease_id": h.lease_id,
+        "resource_type": resource[0],
+        "resource_id": resource[1],
+        "owner": h.owner,
+        "version": h.version,
+        "epoch": h.epoch,
+        "expires_at_ms": h.expires_at_ms,
+    }
+
+
+def handoff_payload(row: HandoffRow) -> dict[str, Any]:
+    return {
+        "handoff_id": row.handoff_id,
+        "from_principal": row.from_principal,
+        "to_principal": row.to_principal,
+        "checkpoint_id": row.checkpoint_id,
+        "lease_id": row.lease_id,
+    }
+
+
+def lease_info(caller: Caller, rtype: str, rid: str, row: LeaseRow | None, now: int) -> LeaseInfo:
+    if row is None:
+        return LeaseInfo(resource_type=rtype, resource_id=rid, held=False, version=0, epoch=0)
+    h = row_to_holding(row)
+    held = h.effective(now)
+    mine = held and h.owner == caller.principal
+    return LeaseInfo(
+        resource_type=rtype,
+        resource_id=rid,
+        held=held,
+        version=h.version,
+        epoch=h.epoch,
+        expires_at=from_ms(h.expires_at_ms) if held else None,
+        lease=holding_to_lease(h) if mine else None,
+    )

@@ -1,0 +1,244 @@
+"""Engines for the ledger: SQLite (WAL, busy timeout, write transactions that take the lock
+up front) and PostgreSQL (psycopg 3), plus Alembic migrations applied on first use."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+
+from prefect_baton.errors import UnavailableError, ValidationError
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+VERSION_TABLE = "baton_alembic_version"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+#: Connections each SQLite engine keeps open once opened (10 more may be opened, and are
+#: closed on return): AnyIO's default worker-thread limit, so a REST server running that
+#: many requests on the ledger at once neither reopens connections (with their PRAGMAs)
+#: nor waits for one. Opened on demand: a single-threaded client still holds one.
+SQLITE_POOL_SIZE = 40
+_MIGRATION_LOCK_KEY = 0x62A70_0001  # pg advisory lock id for migrations
+
+#: libpq settings applied unless the URL sets them: connect within 5 s, and notice a peer
+#: that stops answering within about 15 s (TCP keepalives and tcp_user_timeout).
+PG_CONNECT_DEFAULTS: dict[str, int] = {
+    "connect_timeout": 5,
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 15_000,
+}
+
+_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def _dispose_in_child() -> None:
+    for eng in list(_engines):
+        eng.dispose(close=False)
+
+
+os.register_at_fork(after_in_child=_dispose_in_child)
+
+
+@dataclass(frozen=True)
+class Engines:
+    """A write engine and a read engine over one database (the same one on PostgreSQL)."""
+
+    url: str
+    dialect: str
+    write: Engine
+    read: Engine
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.dialect == "sqlite"
+
+    def now_sql(self) -> str:
+        """SQL that reads the database clock as epoch milliseconds."""
+        if self.is_sqlite:
+            return "SELECT CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
+        return "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"
+
+    def dispose(self) -> None:
+        self.write.dispose()
+        if self.read is not self.write:
+            self.read.dispose()
+
+
+def normalize_url(url: str) -> str:
+    """Map ``postgresql://`` / ``postgres://`` to psycopg 3 and create a SQLite file's folder.
+
+    Raises:
+        ValidationError: the URL is not a SQLite or PostgreSQL SQLAlchemy URL.
+    """
+    try:
+        u = make_url(url)
+    except Exception as exc:
+        raise ValidationError(f"ledger URL {url!r} is not a database URL: {exc}") from None
+    backend = u.get_backend_name()
+    if backend in ("postgresql", "postgres"):
+        u = u.set(drivername="postgresql+psycopg")
+    elif backend == "sqlite":
+        db = u.database
+        if not db or db == ":memory:" or "mode=memory" in str(u.query):
+            raise ValidationError(
+                "an in-memory SQLite ledger is not supported (every connection would see its "
+                "own empty database): use a file, e.g. sqlite:///.baton/ledger.db"
+            )
+        if not db.startswith("file:"):
+            folder = Path(db).expanduser().resolve().parent
+            if not folder.exists():
+                if not folder.parent.is_dir():
+                    raise ValidationError(f"ledger folder {folder.parent} does not exist")
+                try:
+                    folder.mkdir(exist_ok=True)  # one level, e.g. ./.baton: never a whole tree
+                except OSError as exc:
+                    raise ValidationError(f"cannot create ledger folder {folder}: {exc}") from None
+            elif not folder.is_dir():
+                raise ValidationError(f"{folder} is not a folder")
+    else:
+        raise ValidationError(f"ledger URL must be sqlite:// or postgresql://, got {backend}://")
+    return u.render_as_string(hide_password=False)
+
+
+def _set_wal(cur: Any) -> None:
+    """Switch to WAL mode. Two processes opening a new file at once can see SQLITE_BUSY here
+    without the busy handler being consulted, so retry for up to the busy timeout."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    delay = 0.005
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc).lower() or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+
+
+def _sqlite_engine(url: str, *, immediate: bool) -> Engine:
+    eng = create_engine(
+        url,
+        connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+        pool_pre_ping=False,
+        pool_size=SQLITE_POOL_SIZE,
+        max_overflow=10,
+    )
+
+    @event.listens_for(eng, "connect")
+    def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        _set_wal(cur)
+        cur.execute("PRAGMA synchronous = NORMAL")
+        cur.close()
+
+    @event.listens_for(eng, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return eng
+
+
+def make_engines(url: str) -> Engines:
+    """Create the engines for ``url`` (see :func:`normalize_url`)."""
+    url = normalize_url(url)
+    dialect = make_url(url).get_backend_name()
+    if dialect == "sqlite":
+        write = _sqlite_engine(url, immediate=True)
+        read = _sqlite_engine(url, immediate=False)
+    else:
+        query = make_url(url).query
+        # Fail fast on an unreachable or frozen server instead of hanging on the TCP stack.
+        connect_args = {k: v for k, v in PG_CONNECT_DEFAULTS.items() if k not in query}
+        write = create_engine(
+            url, pool_pre_ping=True, pool_size=5, max_overflow=10, connect_args=connect_args
+        )
+        read = write
+    _engines.add(write)
+    _engines.add(read)
+    return Engines(url=url, dialect=dialect, write=write, read=read)
+
+
+def _alembic_config(conn: Any | None = None) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if conn is not None:
+        cfg.attributes["connection"] = conn
+    return cfg
+
+
+_head_lock = threading.Lock()
+_head: str | None = None
+
+
+def head_revision() -> str:
+    """The newest migration revision shipped in the package (``str``)."""
+    global _head
+    with _head_lock:
+        if _head is None:
+            _head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
+            assert _head is not None
+        return _head
+
+
+def current_revision(engines: Engines) -> str | None:
+    """The revision the database is at, ``None`` for an empty database."""
+    with _db_errors(), engines.read.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+        return ctx.get_current_revision()
+
+
+@contextmanager
+def _db_errors() -> Iterator[None]:
+    from alembic.util.exc import CommandError
+    from sqlalchemy.exc import DatabaseError, InterfaceError, OperationalError, ProgrammingError
+
+    try:
+        yield
+    except OperationalError as exc:
+        raise UnavailableError(f"ledger database unavailable: {exc.orig}") from exc
+    except (ProgrammingError, InterfaceError) as exc:
+        raise ValidationError(f"ledger URL or database rejected: {exc.orig}") from None
+    except DatabaseError as exc:
+        raise ValidationError(f"not a usable ledger database: {exc.orig}") from None
+    except CommandError as exc:
+        raise ValidationError(
+            f"the ledger's schema is not one this version of prefect-baton knows "
+            f"(newest shipped: {head_revision()}); upgrade prefect-baton: {exc}"
+        ) from None
+    except OSError as exc:
+        raise ValidationError(f"cannot open the ledger: {exc}") from None
+
+
+def upgrade(engines: Engines, revision: str = "head") -> str | None:
+    """Apply the Alembic migrations up to ``revision``; safe when many processes start at
+    once (SQLite's write lock or a PostgreSQL advisory lock serialises them).
+
+    Returns the revision the database is at afterwards.
+    """
+    with _db_errors():
+        if revision == "head" and current_revision(engines) == head_revision():
+            return head_revision()
+        with engines.write.begin() as conn:
+            if not engines.is_sqlite:
+                conn.execute(text(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK_KEY})"))
+            command.upgrade(_alembic_config(conn), revision)
+        return current_revision(engines)

@@ -1,0 +1,569 @@
+"""Lease operations of the ledger store: the embedded lease authority."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from sqlalchemy import select, update
+from sqlmodel import Session, col
+
+from prefect_baton._rules import core as _core
+from prefect_baton._rules import scopes as _scopes
+from prefect_baton._rules.core import Decision, Holding, Proof
+from prefect_baton._stores.ledger.base import Fence, StoreBase, T, Tx
+from prefect_baton._stores.ledger.convert import (
+    holding_to_lease,
+    lease_info,
+    lease_payload,
+    new_id,
+    resource_key,
+    row_to_holding,
+    subject_of,
+)
+from prefect_baton._stores.ledger.tables import (
+    LeaseRow,
+    LeaseTransition,
+)
+from prefect_baton._stores.protocol import Caller
+from prefect_baton.errors import (
+    ForbiddenError,
+    NotFoundError,
+)
+from prefect_baton.models import (
+    Lease,
+    LeaseInfo,
+    Receipt,
+)
+
+
+class LeaseOps(StoreBase):
+    """The lease authority half of :class:`LedgerStore` (see :mod:`prefect_baton._rules.core`)."""
+
+    # ------------------------------------------------------------------ lease rows
+
+    def _head(self, tx: Tx, rtype: str, rid: str) -> LeaseRow | None:
+        return tx.session.execute(
+            select(LeaseRow)
+            .where(
+                col(LeaseRow.org_id) == tx.caller.org,
+                col(LeaseRow.resource_type) == rtype,
+                col(LeaseRow.resource_id) == rid,
+            )
+            .order_by(col(LeaseRow.epoch).desc())
+            .limit(1)
+        ).scalar_one_or_none()
+
+    def _row_by_id(self, session: Session, org: str, lease_id: str) -> LeaseRow | None:
+        row = session.get(LeaseRow, lease_id)
+        if row is None or row.org_id != org:
+            return None
+        return row
+
+    def _scope_conflict(
+        self, tx: Tx, principal: str, scopes: tuple[str, ...], exclude: tuple[str, str]
+    ) -> int | None:
+        """Expiry of another principal's effective lease whose scopes overlap ``scopes``."""
+        if not scopes:
+            return None
+        rows = tx.session.execute(
+            select(LeaseRow).where(
+                col(LeaseRow.org_id) == tx.caller.org,
+                col(LeaseRow.status) == "active",
+                col(LeaseRow.has_scopes) == 1,
+                col(LeaseRow.expires_at_ms) > tx.now_ms,
+                col(LeaseRow.owner) != principal,
+            )
+        ).scalars()
+        for row in rows:
+            if (row.resource_type, row.resource_id) == exclude:
+                continue
+            if _scopes.sets_overlap(scopes, json.loads(row.scopes)):
+                return int(row.expires_at_ms)
+        return None
+
+    def _apply(self, tx: Tx, decision: Decision, org: str, *, resource: tuple[str, str]) -> None:
+        """Write a lease decision: ended row, new/updated row, transitions and events."""
+        s = tx.session
+        actor = tx.caller.principal
+        if decision.ended is not None:
+            e = decision.ended
+            s.execute(
+                update(LeaseRow)
+                .where(col(LeaseRow.lease_id) == e.lease_id)
+                .values(status=e.status, ended_at_ms=e.ended_at_ms, ended_by=e.ended_by)
+            )
+            s.flush()
+            self._transition(tx, e, org, resource, action=e.status, actor=actor)
+            if e.status == "taken_over" and not self._expiry_reported(tx, e):
+                tx.emit("lease.expired", subject_of(resource), lease_payload(e, resource))
+        n = decision.new
+        if n is None:
+            return
+        existing = s.get(LeaseRow, n.lease_id)
+        if existing is None:
+            s.add(
+                LeaseRow(
+                    lease_id=n.lease_id,
+                    org_id=org,
+                    resource_type=resource[0],
+                    resource_id=resource[1],
+                    owner=n.owner,
+                    execution_key=n.execution_key,
+                    purpose=n.purpose,
+                    scopes=json.dumps(list(n.scopes)),
+                    has_scopes=1 if n.scopes else 0,
+                    version=n.version,
+                    epoch=n.epoch,
+                    status=n.status,
+                    acquired_at_ms=n.acquired_at_ms,
+                    expires_at_ms=n.expires_at_ms,
+                    ttl_ms=n.ttl_ms,
+                )
+            )
+        else:
+            existing.version = n.version
+            existing.expires_at_ms = n.expires_at_ms
+            existing.ttl_ms = n.ttl_ms
+            existing.status = n.status
+            existing.ended_at_ms = n.ended_at_ms
+            existing.ended_by = n.ended_by
+            s.add(existing)
+        s.flush()
+        self._transition(tx, n, org, resource, action=decision.action, actor=actor)
+        kind = {
+            "acquire": "lease.acquired",
+            "takeover": "lease.acquired",
+            "supersede": "lease.acquired",
+            "renew": "lease.renewed",
+            "transfer": "lease.transferred",
+            "release": "lease.released",
+            "force_release": "lease.released",
+        }[decision.action]
+        payload = lease_payload(n, resource)
+        if decision.action in ("takeover", "supersede"):
+            payload["previous_lease_id"] = decision.ended.lease_id if decision.ended else None
+        if decision.action in ("release", "force_release"):
+            payload["status"] = n.status
+            if n.ended_by:
+                payload["forced_by"] = n.ended_by
+        tx.emit(kind, subject_of(resource), payload)
+
+    def _transition(
+        self, tx: Tx, h: Holding, org: str, resource: tuple[str, str], *, action: str, actor: str
+    ) -> None:
+        tx.session.add(
+            LeaseTransition(
+                org_id=org,
+                resource_type=resource[0],
+                resource_id=resource[1],
+                lease_id=h.lease_id,
+                action=action,
+                version=h.version,
+                epoch=h.epoch,
+                owner=h.owner,
+                execution_key=h.execution_key,
+                status=h.status,
+                at_ms=tx.now_ms,
+                expires_at_ms=h.expires_at_ms,
+                actor=actor,
+            )
+        )
+        tx.session.flush()
+
+    def _resource_of(self, caller: Caller, lease_id: str) -> tuple[str, str, bool] | None:
+        with self._read() as (s, _now):
+            row = self._row_by_id(s, caller.org, lease_id)
+            if row is None:
+                return None
+            return row.resource_type, row.resource_id, bool(row.has_scopes)
+
+    def _lease_locks(self, caller: Caller, rtype: str, rid: str, scoped: bool) -> list[str]:
+        locks = [f"res:{caller.org}:{resource_key(rtype, rid)}"]
+        if scoped:
+            locks.append(f"scopes:{caller.org}")
+        return locks
+
+    # ------------------------------------------------------------------ lease authority
+
+    def acquire(
+        self,
+        caller: Caller,
+        resource_type: str,
+        resource_id: str,
+        *,
+        ttl_ms: int,
+        scopes: tuple[str, ...],
+        purpose: str | None,
+        expected_version: int | None,
+        idempotency_key: str | None,
+    ) -> Lease:
+        """Acquire or take over a resource (see :func:`prefect_baton._rules.core.decide_acquire`).
+
+        With ``idempotency_key`` (the execution key) an exact retry replays its receipt,
+        unless the lease has since been lost (:class:`LeaseLostError`).
+        """
+        resource = (resource_type, resource_id)
+        scope = resource_key(resource_type, resource_id)
+        digest = _core.request_digest(
+            "acquire",
+            {
+                "expected_version": expected_version,
+                "ttl_ms": ttl_ms,
+                "scopes": list(scopes),
+                "purpose": purpose,
+            },
+        )
+
+        def op(tx: Tx) -> Lease:
+            stored = self._receipt(tx, "acquire", idempotency_key, scope, digest)
+            if stored is not None:
+                row = self._row_by_id(tx.session, caller.org, stored["lease_id"])
+                held = _core.replay_check(
+                    row_to_holding(row) if row else None,
+                    lease_id=stored["lease_id"],
+                    owner=caller.principal,
+                    execution_key=idempotency_key,
+                    epoch=int(stored["epoch"]),
+                    now_ms=tx.now_ms,
+                )
+                return holding_to_lease(held, replayed=True)
+            head_row = self._head(tx, resource_type, resource_id)
+            head = row_to_holding(head_row) if head_row else None
+            decision = _core.decide_acquire(
+                head,
+                resource_type=resource_type,
+                resource_id=resource_id,
+                principal=caller.principal,
+                execution_key=idempotency_key,
+                ttl_ms=ttl_ms,
+                scopes=scopes,
+                purpose=purpose,
+                expected_version=expected_version,
+                now_ms=tx.now_ms,
+                new_lease_id=new_id("lease"),
+                scope_conflict_expires_ms=self._scope_conflict(
+                    tx, caller.principal, scopes, resource
+                ),
+            )
+            assert decision.new is not None
+            if decision.noop:
+                return holding_to_lease(decision.new, replayed=True)
+            self._apply(tx, decision, caller.org, resource=resource)
+            lease = holding_to_lease(decision.new)
+            self._store_receipt(
+                tx, "acquire", idempotency_key, scope, digest, lease.model_dump(mode="json")
+            )
+            return lease
+
+        return self._write(
+            caller, self._lease_locks(caller, resource_type, resource_id, bool(scopes)), op
+        )
+
+    def _by_proof(
+        self,
+        caller: Caller,
+        lease_id: str,
+        fn: Callable[[Tx, Holding | None, tuple[str, str]], T],
+        *,
+        extra_scoped: bool = False,
+    ) -> T:
+        located = self._resource_of(caller, lease_id)
+        if located is None:
+            raise NotFoundError(f"lease {lease_id} not found")
+        rtype, rid, scoped = located
+
+        def op(tx: Tx) -> T:
+            row = self._row_by_id(tx.session, caller.org, lease_id)
+            return fn(tx, row_to_holding(row) if row else None, (rtype, rid))
+
+        return self._write(
+            caller, self._lease_locks(caller, rtype, rid, scoped or extra_scoped), op
+        )
+
+    def renew(
+        self, caller: Caller, proof: Proof, *, ttl_ms: int, expected_version: int | None
+    ) -> Lease:
+        """Renew a lease the caller holds (see :func:`prefect_baton._rules.core.decide_renew`)."""
+
+        def fn(tx: Tx, row: Holding | None, resource: tuple[str, str]) -> Lease:
+            d = _core.decide_renew(
+                row, proof, ttl_ms=ttl_ms, expected_version=expected_version, now_ms=tx.now_ms
+            )
+            self._apply(tx, d, caller.org, resource=resource)
+            assert d.new is not None
+            return holding_to_lease(d.new)
+
+        return self._by_proof(caller, proof.lease_id, fn)
+
+    def _transfer_in_tx(
+        self,
+        tx: Tx,
+        row: Holding | None,
+        resource: tuple[str, str],
+        proof: Proof,
+        *,
+        to_principal: str,
+        new_execution_key: str,
+        ttl_ms: int,
+        expected_version: int | None,
+    ) -> Lease:
+        scopes = row.scopes if row else ()
+        d = _core.decide_transfer(
+            row,
+            proof,
+            to_principal=to_principal,
+            new_execution_key=new_execution_key,
+            ttl_ms=ttl_ms,
+            expected_version=expected_version,
+            now_ms=tx.now_ms,
+            new_lease_id=new_id("lease"),
+            scope_conflict_expires_ms=self._scope_conflict(tx, to_principal, scopes, resource),
+        )
+        self._apply(tx, d, tx.caller.org, resource=resource)
+        assert d.new is not None
+        return holding_to_lease(d.new)
+
+    def transfer(
+        self,
+        caller: Caller,
+        proof: Proof,
+        *,
+        to_principal: str,
+        new_execution_key: str,
+        ttl_ms: int,
+        expected_version: int | None,
+    ) -> Lease:
+        """Transfer a lease to ``to_principal`` (see :func:`_core.decide_transfer`)."""
+
+        def fn(tx: Tx, row: Holding | None, resource: tuple[str, str]) -> Lease:
+            return self._transfer_in_tx(
+                tx,
+                row,
+                resource,
+                proof,
+                to_principal=to_principal,
+                new_execution_key=new_execution_key,
+                ttl_ms=ttl_ms,
+                expected_version=expected_version,
+            )
+
+        return self._by_proof(caller, proof.lease_id, fn)
+
+    def _receipt_of(self, tx: Tx, d: Decision, action: str, resource: tuple[str, str]) -> Receipt:
+        assert d.new is not None
+        if not d.noop:
+            self._apply(tx, d, tx.caller.org, resource=resource)
+        status = "no_change" if d.noop else d.receipt_status
+        return Receipt(action=action, status=status, lease=holding_to_lease(d.new))  # type: ignore[arg-type,unused-ignore]
+
+    def release(self, caller: Caller, proof: Proof, *, expected_version: int | None) -> Receipt:
+        """Release by proof (see :func:`_core.decide_release`)."""
+
+        def fn(tx: Tx, row: Holding | None, resource: tuple[str, str]) -> Receipt:
+            d = _core.decide_release(
+                row, proof, expected_version=expected_version, now_ms=tx.now_ms
+            )
+            return self._receipt_of(tx, d, "release", resource)
+
+        return self._by_proof(caller, proof.lease_id, fn)
+
+    def release_by_id(self, caller: Caller, lease_id: str) -> Receipt:
+        """Release by id alone, as the holder (see :func:`_core.decide_release_by_id`)."""
+
+        def fn(tx: Tx, row: Holding | None, resource: tuple[str, str]) -> Receipt:
+            d = _core.decide_release_by_id(
+                row, principal=caller.principal, lease_id=lease_id, now_ms=tx.now_ms
+            )
+            return self._receipt_of(tx, d, "release_by_id", resource)
+
+        return self._by_proof(caller, lease_id, fn)
+
+    def force_release(self, caller: Caller, lease_id: str) -> Receipt:
+        """Force-release any lease of the org, as ``owner`` or ``admin``."""
+        if caller.role not in ("owner", "admin"):
+            raise ForbiddenError("force release needs the owner or admin role")
+
+        def fn(tx: Tx, row: Holding | None, resource: tuple[str, str]) -> Receipt:
+            d = _core.decide_force_release(
+                row,
+                principal=caller.principal,
+                role=caller.role,
+                lease_id=lease_id,
+                now_ms=tx.now_ms,
+            )
+            return self._receipt_of(tx, d, "force_release", resource)
+
+        return self._by_proof(caller, lease_id, fn)
+
+    def inspect(self, caller: Caller, resource_type: str, resource_id: str) -> LeaseInfo:
+        """What any principal of the org may see about a resource (holder details only for
+        the holder itself)."""
+        with self._read() as (s, now):
+            row = s.execute(
+                select(LeaseRow)
+                .where(
+                    col(LeaseRow.org_id) == caller.org,
+                    col(LeaseRow.resource_type) == resource_type,
+                    col(LeaseRow.resource_id) == resource_id,
+                )
+                .order_by(col(LeaseRow.epoch).desc())
+                .limit(1)
+            ).scalar_one_or_none()
+            return lease_info(caller, resource_type, resource_id, row, now)
+
+    def get(self, caller: Caller, lease_id: str) -> Lease:
+        """The lease generation ``lease_id`` as its owner sees it.
+
+        Raises:
+            NotFoundError: unknown, another org's, or another principal's lease (unless the
+                caller is ``owner``/``admin``).
+        """
+        with self._read() as (s, _now):
+            row = self._row_by_id(s, caller.org, lease_id)
+            if row is None or (row.owner != caller.principal and caller.role == "agent"):
+                raise NotFoundError(f"lease {lease_id} not found")
+            return holding_to_lease(row_to_holding(row))
+
+    def list_leases(
+        self,
+        caller: Caller,
+        *,
+        resource_type: str | None = None,
+        owner: str | None = None,
+        include_ended: bool = False,
+        limit: int = 100,
+    ) -> list[Lease]:
+        """Leases of the org: the caller's own by default; ``owner``/``admin`` roles may list
+        anyone's (``owner="*"`` for all). Effective ones only unless ``include_ended``."""
+        who = caller.principal if owner is None else owner
+        if who != caller.principal and caller.role == "agent":
+            raise ForbiddenError("listing another principal's leases needs the owner or admin role")
+        with self._read() as (s, now):
+            q = select(LeaseRow).where(col(LeaseRow.org_id) == caller.org)
+            if who != "*":
+                q = q.where(col(LeaseRow.owner) == who)
+            if resource_type is not None:
+                q = q.where(col(LeaseRow.resource_type) == resource_type)
+            if not include_ended:
+                q = q.where(col(LeaseRow.status) == "active", col(LeaseRow.expires_at_ms) > now)
+            q = q.order_by(col(LeaseRow.acquired_at_ms).desc()).limit(max(1, min(limit, 10_000)))
+            return [holding_to_lease(row_to_holding(r)) for r in s.execute(q).scalars()]
+
+    # ------------------------------------------------------------------ fences
+
+    def _check_fence(self, tx: Tx, fence: Fence | None) -> Holding | None:
+        if fence is None:
+            return None
+        if fence.check is not None:
+            held, now_ms = fence.check()
+            return _core.check_fence(
+                held,
+                lease_id=fence.lease_id,
+                epoch=fence.epoch,
+                now_ms=now_ms,
+                principal=tx.caller.principal,
+            )
+        row = self._row_by_id(tx.session, tx.caller.org, fence.lease_id)
+        return _core.check_fence(
+            row_to_holding(row) if row else None,
+            lease_id=fence.lease_id,
+            epoch=fence.epoch,
+            now_ms=tx.now_ms,
+            principal=tx.caller.principal,
+        )
+
+    def _fence_locks(self, caller: Caller, fence: Fence | None) -> list[str]:
+        if fence is None:
+            return []
+        if fence.resource is not None:
+            return [f"res:{caller.org}:{resource_key(*fence.resource)}"]
+        located = self._resource_of(caller, fence.lease_id)
+        if located is None:
+            return []
+        return [f"res:{caller.org}:{resource_key(located[0], located[1])}"]
+
+    def _expiry_reported(self, tx: Tx, h: Holding) -> bool:
+        found = tx.session.execute(
+            select(col(LeaseTransition.seq)).where(
+                col(LeaseTransition.lease_id) == h.lease_id,
+                col(LeaseTransition.version) == h.version,
+                col(LeaseTransition.action) == "expired",
+            )
+        ).first()
+        return found is not None
+
+    def report_expired(self, caller: Caller, *, limit: int = 1000) -> list[Lease]:
+        """Record ``lease.expired`` once for each active lease of the org whose TTL has
+        passed and that nobody has acted on since (a crashed holder's, typically).
+
+        Nothing about the lease changes: no sweeper is needed for correctness (expiry is
+        judged when someone next acts), its holder's release still answers ``expired``, and a
+        later takeover does not record ``lease.expired`` a second time.
+
+        Args:
+            limit: at most this many leases per call (1..10,000), oldest expiry first.
+
+        Returns:
+            The leases newly reported by this call.
+        """
+        with self._read() as (s, now):
+            candidates = [
+                (r.lease_id, r.resource_type, r.resource_id)
+                for r in s.execute(
+                    select(LeaseRow)
+                    .where(
+                        col(LeaseRow.org_id) == caller.org,
+                        col(LeaseRow.status) == "active",
+                        col(LeaseRow.expires_at_ms) <= now,
+                    )
+                    .order_by(col(LeaseRow.expires_at_ms))
+                    .limit(max(1, min(limit, 10_000)))
+                ).scalars()
+            ]
+
+        def op(tx: Tx) -> list[Lease]:
+            out: list[Lease] = []
+            for lease_id, rtype, rid in candidates:
+                self._lock(tx.session, f"res:{caller.org}:{resource_key(rtype, rid)}")
+                row = self._row_by_id(tx.session, caller.org, lease_id)
+                if row is None:
+                    continue
+                h = row_to_holding(row)
+                if h.status != "active" or h.expires_at_ms > tx.now_ms:
+                    continue  # renewed or ended meanwhile
+                if self._expiry_reported(tx, h):
+                    continue
+                resource = (rtype, rid)
+                self._transition(
+                    tx, h, caller.org, resource, action="expired", actor=caller.principal
+                )
+                tx.emit("lease.expired", subject_of(resource), lease_payload(h, resource))
+                out.append(holding_to_lease(h))
+            return out
+
+        if not candidates:
+            return []
+        return self._write(caller, [f"expiry:{caller.org}"], op)
+
+    def lease_history(self, org: str) -> tuple[list[Holding], list[LeaseTransition]]:
+        """Every lease generation and transition of ``org`` (for the audit)."""
+        with self._read() as (s, _now):
+            rows = [
+                row_to_holding(r)
+                for r in s.execute(
+                    select(LeaseRow)
+                    .where(col(LeaseRow.org_id) == org)
+                    .order_by(
+                        LeaseRow.resource_type, col(LeaseRow.resource_id), col(LeaseRow.epoch)
+                    )
+                ).scalars()
+            ]
+            transitions = list(
+                s.execute(
+                    select(LeaseTransition)
+                    .where(col(LeaseTransition.org_id) == org)
+                    .order_by(col(LeaseTransition.seq))
+                ).scalars()
+            )
+            return rows, transitions

@@ -1,0 +1,538 @@
+"""Checkpoints, handoffs, outcomes and events of the ledger store."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import or_, select
+from sqlmodel import col
+
+from prefect_baton._rules import core as _core
+from prefect_baton._rules.core import Proof
+from prefect_baton._stores.ledger.base import Fence, Tx
+from prefect_baton._stores.ledger.convert import (
+    checkpoint_model,
+    handoff_model,
+    handoff_payload,
+    holding_to_lease,
+    new_id,
+    outcome_model,
+    row_to_holding,
+)
+from prefect_baton._stores.ledger.leases import LeaseOps
+from prefect_baton._stores.ledger.tables import (
+    CheckpointRow,
+    CheckpointVersion,
+    EventRow,
+    HandoffRow,
+    LeaseRow,
+    OutcomeRow,
+    Principal,
+)
+from prefect_baton._stores.protocol import Caller
+from prefect_baton.errors import (
+    ForbiddenError,
+    LeaseLostError,
+    NotFoundError,
+    ValidationError,
+)
+from prefect_baton.models import (
+    Checkpoint,
+    Event,
+    Evidence,
+    Handoff,
+    Lease,
+    Outcome,
+    from_ms,
+)
+
+
+class RecordOps(LeaseOps):
+    """Checkpoints, handoffs, outcomes and the event stream of :class:`LedgerStore`."""
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint_save(
+        self,
+        caller: Caller,
+        subject_id: str,
+        kind: str,
+        state: dict[str, Any],
+        *,
+        state_text: str,
+        state_hash: str,
+        expected_version: int | None,
+        fence: Fence | None,
+        idempotency_key: str | None,
+        ttl_ms: int | None,
+    ) -> Checkpoint:
+        """Upsert the checkpoint of ``(org, subject, caller, kind)``; CAS with
+        ``expected_version``; fenced by a lease when ``fence`` is given."""
+        scope = f"{len(subject_id)}:{subject_id}:{kind}"
+        digest = _core.request_digest(
+            "checkpoint.save",
+            {
+                "state_hash": state_hash,
+                "expected_version": expected_version,
+                "fence": [fence.lease_id, fence.epoch] if fence else None,
+                "ttl_ms": ttl_ms,
+            },
+        )
+
+        def op(tx: Tx) -> Checkpoint:
+            stored = self._receipt(tx, "checkpoint.save", idempotency_key, scope, digest)
+            if stored is not None:
+                return Checkpoint.model_validate({**stored, "replayed": True})
+            self._check_fence(tx, fence)
+            s = tx.session
+            row = s.execute(
+                select(CheckpointRow).where(
+                    col(CheckpointRow.org_id) == caller.org,
+                    col(CheckpointRow.subject_id) == subject_id,
+                    col(CheckpointRow.principal) == caller.principal,
+                    col(CheckpointRow.kind) == kind,
+                )
+            ).scalar_one_or_none()
+            current = row.version if row is not None else 0
+            expired = (
+                row is not None and row.expires_at_ms is not None and row.expires_at_ms <= tx.now_ms
+            )
+            # An expired checkpoint reads as absent, so a CAS against it expects version 0;
+            # versions still continue from the old row so history keeps every one.
+            _core.check_checkpoint_version(0 if expired else current, expected_version)
+            if current >= _core.MAX_SAFE_INTEGER:
+                raise ValidationError("checkpoint version counter is exhausted (2**53 - 1)")
+            expires = tx.now_ms + ttl_ms if ttl_ms is not None else None
+            if row is None:
+                row = CheckpointRow(
+                    checkpoint_id=new_id("ckpt"),
+                    org_id=caller.org,
+                    subject_id=subject_id,
+                    principal=caller.principal,
+                    kind=kind,
+                    version=1,
+                    state=state_text,
+                    state_hash=state_hash,
+                    created_at_ms=tx.now_ms,
+                    updated_at_ms=tx.now_ms,
+                    expires_at_ms=expires,
+                )
+            else:
+                row.version = current + 1
+                row.state = state_text
+                row.state_hash = state_hash
+                row.updated_at_ms = tx.now_ms
+                row.expires_at_ms = expires
+            s.add(row)
+            s.add(
+                CheckpointVersion(
+                    checkpoint_id=row.checkpoint_id,
+                    version=row.version,
+                    state=state_text,
+                    state_hash=state_hash,
+                    saved_at_ms=tx.now_ms,
+                    fence_lease_id=fence.lease_id if fence else None,
+                    fence_epoch=fence.epoch if fence else None,
+                )
+            )
+            s.flush()
+            model = checkpoint_model(row)
+            tx.emit(
+                "checkpoint.saved",
+                subject_id,
+                {
+                    "checkpoint_id": row.checkpoint_id,
+                    "kind": kind,
+                    "version": row.version,
+                    "state_hash": state_hash,
+                },
+            )
+            self._store_receipt(
+                tx, "checkpoint.save", idempotency_key, scope, digest, model.model_dump(mode="json")
+            )
+            return model
+
+        locks = [f"ckpt:{caller.org}:{scope}", *self._fence_locks(caller, fence)]
+        return self._write(caller, locks, op)
+
+    def checkpoint_get(
+        self, caller: Caller, subject_id: str, kind: str, principal: str | None = None
+    ) -> Checkpoint | None:
+        """The current checkpoint of ``(subject, principal or caller, kind)``, or ``None``
+        when there is none or its TTL has passed."""
+        with self._read() as (s, now):
+            row = s.execute(
+                select(CheckpointRow).where(
+                    col(CheckpointRow.org_id) == caller.org,
+                    col(CheckpointRow.subject_id) == subject_id,
+                    col(CheckpointRow.principal) == (principal or caller.principal),
+                    col(CheckpointRow.kind) == kind,
+                )
+            ).scalar_one_or_none()
+            if row is None or (row.expires_at_ms is not None and row.expires_at_ms <= now):
+                return None
+            return checkpoint_model(row)
+
+    def checkpoint_get_by_id(self, caller: Caller, checkpoint_id: str) -> Checkpoint:
+        """A checkpoint by id. Checkpoints are readable by every principal of their org (a
+        handoff's recipient reads the one attached to it; a reviewer traces an outcome to its
+        linked checkpoint); only the writer can change one.
+
+        Raises:
+            NotFoundError: unknown, expired, or another org's.
+        """
+        with self._read() as (s, now):
+            row = s.get(CheckpointRow, checkpoint_id)
+            if row is None or row.org_id != caller.org:
+                raise NotFoundError(f"checkpoint {checkpoint_id} not found")
+            if row.expires_at_ms is not None and row.expires_at_ms <= now:
+                raise NotFoundError(f"checkpoint {checkpoint_id} has expired")
+            return checkpoint_model(row)
+
+    def checkpoint_history(
+        self, caller: Caller, subject_id: str, kind: str, principal: str | None = None
+    ) -> list[Checkpoint]:
+        """Every version of a checkpoint, oldest first (empty when there is none)."""
+        with self._read() as (s, _now):
+            row = s.execute(
+                select(CheckpointRow).where(
+                    col(CheckpointRow.org_id) == caller.org,
+                    col(CheckpointRow.subject_id) == subject_id,
+                    col(CheckpointRow.principal) == (principal or caller.principal),
+                    col(CheckpointRow.kind) == kind,
+                )
+            ).scalar_one_or_none()
+            if row is None:
+                return []
+            versions = s.execute(
+                select(CheckpointVersion)
+                .where(col(CheckpointVersion.checkpoint_id) == row.checkpoint_id)
+                .order_by(col(CheckpointVersion.version))
+            ).scalars()
+            out = []
+            for v in versions:
+                saved = from_ms(v.saved_at_ms)
+                created = from_ms(row.created_at_ms)
+                assert saved is not None and created is not None
+                out.append(
+                    Checkpoint(
+                        checkpoint_id=row.checkpoint_id,
+                        subject_id=row.subject_id,
+                        kind=row.kind,
+                        principal=row.principal,
+                        version=v.version,
+                        state=json.loads(v.state),
+                        state_hash=v.state_hash,
+                        created_at=created,
+                        updated_at=saved,
+                    )
+                )
+            return out
+
+    # ------------------------------------------------------------------ handoffs
+
+    def handoff_create(
+        self,
+        caller: Caller,
+        to_principal: str,
+        subject_id: str,
+        *,
+        checkpoint_id: str | None,
+        context_id: str | None,
+        message: str | None,
+        lease: Proof | None,
+        expires_in_ms: int | None,
+        idempotency_key: str | None,
+    ) -> Handoff:
+        """Create a pending handoff (see :meth:`prefect_baton.Baton.handoffs`)."""
+        digest = _core.request_digest(
+            "handoff.create",
+            {
+                "to": to_principal,
+                "subject": subject_id,
+                "checkpoint_id": checkpoint_id,
+                "context_id": context_id,
+                "message": message,
+                "lease_id": lease.lease_id if lease else None,
+                "expires_in_ms": expires_in_ms,
+            },
+        )
+
+        def op(tx: Tx) -> Handoff:
+            stored = self._receipt(tx, "handoff.create", idempotency_key, "", digest)
+            if stored is not None:
+                return Handoff.model_validate({**stored, "replayed": True})
+            s = tx.session
+            if to_principal == caller.principal:
+                raise ValidationError("a handoff must name another principal")
+            if checkpoint_id is not None:
+                ck = s.get(CheckpointRow, checkpoint_id)
+                if ck is None or ck.org_id != caller.org:
+                    raise NotFoundError(f"checkpoint {checkpoint_id} not found")
+            if lease is not None:
+                row = self._row_by_id(s, caller.org, lease.lease_id)
+                held = _core._check_proof(row_to_holding(row) if row else None, lease)
+                if not held.effective(tx.now_ms):
+                    raise LeaseLostError(f"lease {lease.lease_id} is no longer held")
+            self._insert_ignore(
+                s,
+                Principal,
+                {
+                    "org_id": caller.org,
+                    "name": to_principal,
+                    "role": "agent",
+                    "created_at_ms": tx.now_ms,
+                },
+            )
+            row_h = HandoffRow(
+                handoff_id=new_id("hoff"),
+                org_id=caller.org,
+                from_principal=caller.principal,
+                to_principal=to_principal,
+                subject_id=subject_id,
+                checkpoint_id=checkpoint_id,
+                context_id=context_id,
+                message=message,
+                lease_id=lease.lease_id if lease else None,
+                status="pending",
+                created_at_ms=tx.now_ms,
+                expires_at_ms=tx.now_ms + expires_in_ms if expires_in_ms else None,
+            )
+            s.add(row_h)
+            s.flush()
+            model = handoff_model(row_h, tx.now_ms)
+            tx.emit("handoff.created", subject_id, handoff_payload(row_h))
+            self._store_receipt(
+                tx, "handoff.create", idempotency_key, "", digest, model.model_dump(mode="json")
+            )
+            return model
+
+        return self._write(caller, [], op)
+
+    def handoff_inbox(self, caller: Caller, *, limit: int = 100) -> list[Handoff]:
+        """Pending, unexpired handoffs addressed to the caller, oldest first."""
+        with self._read() as (s, now):
+            rows = s.execute(
+                select(HandoffRow)
+                .where(
+                    col(HandoffRow.org_id) == caller.org,
+                    col(HandoffRow.to_principal) == caller.principal,
+                    col(HandoffRow.status) == "pending",
+                    or_(
+                        col(HandoffRow.expires_at_ms).is_(None), col(HandoffRow.expires_at_ms) > now
+                    ),
+                )
+                .order_by(col(HandoffRow.created_at_ms))
+                .limit(max(1, min(limit, 10_000)))
+            ).scalars()
+            return [handoff_model(r, now) for r in rows]
+
+    def handoff_get(self, caller: Caller, handoff_id: str) -> Handoff:
+        """A handoff, for its sender or recipient (or an owner/admin).
+
+        Raises:
+            NotFoundError: unknown, another org's, or not the caller's.
+        """
+        with self._read() as (s, now):
+            row = s.get(HandoffRow, handoff_id)
+            if (
+                row is None
+                or row.org_id != caller.org
+                or (
+                    caller.principal not in (row.from_principal, row.to_principal)
+                    and caller.role == "agent"
+                )
+            ):
+                raise NotFoundError(f"handoff {handoff_id} not found")
+            lease = None
+            if row.accepted_lease_id:
+                lrow = s.get(LeaseRow, row.accepted_lease_id)
+                if lrow is not None and lrow.owner == caller.principal:
+                    lease = holding_to_lease(row_to_holding(lrow))
+            return handoff_model(row, now, lease)
+
+    def handoff_resolve(
+        self,
+        caller: Caller,
+        handoff_id: str,
+        status: str,
+        *,
+        note: str | None,
+        execution_key: str | None,
+        ttl_ms: int | None,
+    ) -> Handoff:
+        """Resolve a pending handoff addressed to the caller as ``accepted`` or ``rejected``.
+
+        Accepting a handoff that carries a lease transfers the lease to the caller under
+        ``execution_key`` (default ``handoff:<id>``) in the same transaction.
+        """
+        located: tuple[str, str, bool] | None = None
+        with self._read() as (s, _now):
+            h = s.get(HandoffRow, handoff_id)
+            if h is not None and h.org_id == caller.org and h.lease_id and status == "accepted":
+                located = self._resource_of(caller, h.lease_id)
+
+        def op(tx: Tx) -> Handoff:
+            s = tx.session
+            row = s.get(HandoffRow, handoff_id)
+            if row is None or row.org_id != caller.org or row.status != "pending":
+                raise NotFoundError(f"pending handoff {handoff_id} not found")
+            if row.expires_at_ms is not None and row.expires_at_ms <= tx.now_ms:
+                raise NotFoundError(f"handoff {handoff_id} has expired")
+            if row.to_principal != caller.principal:
+                raise ForbiddenError("only the target principal can resolve a handoff")
+            lease: Lease | None = None
+            if status == "accepted" and row.lease_id:
+                lrow = self._row_by_id(s, caller.org, row.lease_id)
+                held = row_to_holding(lrow) if lrow else None
+                if held is None:
+                    raise NotFoundError(f"lease {row.lease_id} not found")
+                proof = Proof(held.lease_id, row.from_principal, held.execution_key)
+                lease = self._transfer_in_tx(
+                    tx,
+                    held,
+                    (held.resource_type, held.resource_id),
+                    proof,
+                    to_principal=caller.principal,
+                    new_execution_key=execution_key or f"handoff:{handoff_id}",
+                    ttl_ms=ttl_ms or held.ttl_ms,
+                    expected_version=None,
+                )
+                row.accepted_lease_id = lease.lease_id
+            row.status = status
+            row.note = note
+            row.resolved_at_ms = tx.now_ms
+            s.add(row)
+            s.flush()
+            payload = handoff_payload(row)
+            if lease is not None:
+                payload["accepted_lease_id"] = lease.lease_id
+                payload["epoch"] = lease.epoch
+            tx.emit(f"handoff.{status}", row.subject_id, payload)
+            return handoff_model(row, tx.now_ms, lease)
+
+        locks = [f"hoff:{handoff_id}"]
+        if located is not None:
+            locks += self._lease_locks(caller, located[0], located[1], located[2])
+        return self._write(caller, locks, op)
+
+    # ------------------------------------------------------------------ outcomes
+
+    def outcome_record(
+        self,
+        caller: Caller,
+        subject_id: str,
+        status: str,
+        *,
+        evidence: Sequence[Evidence],
+        fence: Fence | None,
+        lease_id: str | None,
+        handoff_id: str | None,
+        checkpoint_id: str | None,
+        idempotency_key: str | None,
+    ) -> Outcome:
+        """Record an outcome with evidence; fenced by a lease when ``fence`` is given."""
+        ev = [e.model_dump() for e in evidence]
+        digest = _core.request_digest(
+            "outcome.record",
+            {
+                "status": status,
+                "evidence": ev,
+                "fence": [fence.lease_id, fence.epoch] if fence else None,
+                "lease_id": lease_id,
+                "handoff_id": handoff_id,
+                "checkpoint_id": checkpoint_id,
+            },
+        )
+        scope = subject_id
+
+        def op(tx: Tx) -> Outcome:
+            stored = self._receipt(tx, "outcome.record", idempotency_key, scope, digest)
+            if stored is not None:
+                return Outcome.model_validate({**stored, "replayed": True})
+            held = self._check_fence(tx, fence)
+            s = tx.session
+            for kind_, ref, model_ in (
+                ("handoff", handoff_id, HandoffRow),
+                ("checkpoint", checkpoint_id, CheckpointRow),
+                ("lease", lease_id, LeaseRow),
+            ):
+                if ref is not None:
+                    obj: Any = s.get(model_, ref)
+                    if obj is None or obj.org_id != caller.org:
+                        raise NotFoundError(f"{kind_} {ref} not found")
+            row = OutcomeRow(
+                outcome_id=new_id("out"),
+                org_id=caller.org,
+                subject_id=subject_id,
+                principal=caller.principal,
+                status=status,
+                evidence=json.dumps(ev),
+                lease_id=lease_id or (fence.lease_id if fence else None),
+                handoff_id=handoff_id,
+                checkpoint_id=checkpoint_id,
+                fence_epoch=held.epoch if held else None,
+                recorded_at_ms=tx.now_ms,
+            )
+            s.add(row)
+            s.flush()
+            model = outcome_model(row)
+            tx.emit(
+                "outcome.recorded",
+                subject_id,
+                {"outcome_id": row.outcome_id, "status": status, "evidence_count": len(ev)},
+            )
+            self._store_receipt(
+                tx, "outcome.record", idempotency_key, scope, digest, model.model_dump(mode="json")
+            )
+            return model
+
+        return self._write(caller, self._fence_locks(caller, fence), op)
+
+    def outcome_list(
+        self, caller: Caller, subject_id: str | None = None, *, limit: int = 1000
+    ) -> list[Outcome]:
+        """Outcomes of the org (of one subject when given), oldest first by the
+        ledger clock (outcomes recorded in the same millisecond come in no fixed order)."""
+        with self._read() as (s, _now):
+            q = select(OutcomeRow).where(col(OutcomeRow.org_id) == caller.org)
+            if subject_id is not None:
+                q = q.where(col(OutcomeRow.subject_id) == subject_id)
+            q = q.order_by(col(OutcomeRow.recorded_at_ms), col(OutcomeRow.outcome_id)).limit(
+                max(1, min(limit, 100_000))
+            )
+            return [outcome_model(r) for r in s.execute(q).scalars()]
+
+    # ------------------------------------------------------------------ events, history
+
+    def events_list(
+        self, caller: Caller, *, after_seq: int = 0, limit: int = 100, kind: str | None = None
+    ) -> list[Event]:
+        """Events of the caller's org with ``seq > after_seq``, in order, at most ``limit``
+        (1..1000)."""
+        with self._read() as (s, _now):
+            q = select(EventRow).where(
+                col(EventRow.org_id) == caller.org,
+                col(EventRow.seq) > after_seq,
+            )
+            if kind is not None:
+                q = q.where(col(EventRow.kind) == kind)
+            q = q.order_by(col(EventRow.seq)).limit(max(1, min(limit, 1000)))
+            out = []
+            for r in s.execute(q).scalars():
+                at = from_ms(r.occurred_at_ms)
+                assert r.seq is not None and at is not None
+                out.append(
+                    Event(
+                        seq=r.seq,
+                        event_id=r.event_id,
+                        kind=r.kind,
+                        principal=r.principal,
+                        subject=r.subject,
+                        payload=json.loads(r.payload),
+                        occurred_at=at,
+                    )
+                )
+            return out

@@ -1,0 +1,595 @@
+"""The Redis lease authority: every lease operation is one Lua script, one round trip.
+
+:class:`RedisAuthority` implements :class:`prefect_baton._stores.protocol.LeaseAuthority` with the
+rules of :mod:`prefect_baton._rules.core` mirrored in ``scripts/*.lua`` (expiry on Redis ``TIME``,
+never the client's clock), keeps acquire receipts in Redis with the ledger's identity and
+digest, checks write scopes through an index of literal scope prefixes (so the cost does not
+grow with unrelated leases), and appends each transition to the org's journal stream, which
+the :mod:`reconciler <prefect_baton._stores.redis.reconciler>` drains into the ledger.
+
+Acknowledgement (``ack=``):
+
+* ``"redis"`` (default): a call returns once Redis has the transition; a daemon thread of the
+  client drains the journal into the ledger (lag: milliseconds under normal load). Ledger
+  operations of the same client drain the journal first, so they see the client's own
+  transitions (read-your-writes). See :mod:`prefect_baton._stores.redis.rebuild` for what this mode
+  can lose when Redis loses its data, and what it cannot.
+* ``"ledger"``: a call returns after the ledger has committed the transition (the call
+  drains the journal up to its own entry).
+
+A connection error or timeout raises :class:`UnavailableError`: the operation may or may not
+have been applied; retry it with the same idempotency key (a retried release is
+``no_change``, a retried keyed acquire replays). The client made by :func:`connect` never
+retries a script on its own, so a script runs at most once per call.
+
+This module holds the lease operations; the shared state, the script call loop and the
+drain are in :mod:`prefect_baton._stores.redis.base`, the connection and error plumbing in
+:mod:`prefect_baton._stores.redis.connection` (:func:`connect` is importable from both).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from collections.abc import Sequence
+from typing import Any, Literal, NamedTuple
+
+from prefect_baton._rules import core as _core
+from prefect_baton._rules.core import Holding, Proof
+from prefect_baton._stores.ledger.store import LedgerStore, holding_to_lease
+from prefect_baton._stores.protocol import Caller
+from prefect_baton._stores.redis.base import AuthorityBase
+from prefect_baton._stores.redis.codec import (
+    construct,
+    from_gen,
+    is_plain,
+    lease_from_gen,
+    opt,
+    plain_args,
+    plain_leases,
+    scope_meta,
+)
+from prefect_baton._stores.redis.connection import as_text, connect
+from prefect_baton._stores.redis.keys import org_keys, resource_digest
+from prefect_baton._stores.redis.scripts import NOOP, OK, REPLAY, UNKNOWN, raise_for
+from prefect_baton.errors import BatonError, ForbiddenError, NotFoundError, ValidationError
+from prefect_baton.models import Lease, LeaseInfo, Receipt, from_ms
+
+__all__ = ["AcquireRequest", "RedisAuthority", "connect"]
+
+HANDOFF_KEY_TTL_MS = 7 * 86_400_000
+MAX_MANY = 1000
+
+
+class AcquireRequest(NamedTuple):
+    """One resource of :meth:`RedisAuthority.acquire_many` (validated by the client; a
+    named tuple, as cheap to make as a tuple).
+
+    Attributes: ``resource_type``, ``resource_id`` (``str``), ``ttl_ms`` (``int``,
+    milliseconds), ``scopes`` (normalised globs), ``purpose``, ``expected_version``.
+    """
+
+    resource_type: str
+    resource_id: str
+    ttl_ms: int
+    scopes: tuple[str, ...] = ()
+    purpose: str | None = None
+    expected_version: int | None = None
+
+
+class RedisAuthority(AuthorityBase):
+    """Leases on Redis, reconciled into the ledger.
+
+    Args:
+        client: a ``redis.Redis`` or ``redis.cluster.RedisCluster`` client (see
+            :func:`connect`; a client with automatic retries may run a script twice after
+            a timeout).
+        store: the ledger the journal is drained into.
+        ack: ``"redis"`` (default) or ``"ledger"``, see the module docstring.
+        post_loss: ``"fence_only"`` (default) or ``"lock_delay"``: the grant policy after
+            Redis lost its data (see :mod:`prefect_baton._stores.redis.rebuild`).
+        lock_delay_seconds: with ``lock_delay``, how long after a loss no new grant is
+            made (``int`` seconds, default 86,400: the largest legal TTL).
+        auto_rebuild: rebuild from the ledger when the incarnation marker is missing
+            (default ``True``); with ``False`` operations fail with ``UNAVAILABLE`` until
+            :meth:`rebuild` is called.
+        rebuild_wait_seconds: how long an operation waits for another client's rebuild
+            before failing with ``UNAVAILABLE`` (``float`` seconds, default 10).
+        reconcile_interval_seconds: pause of the ``ack="redis"`` drain thread when the
+            journal is empty (``float``, default 0.05 s).
+        reconcile_in_client: with ``ack="redis"``, drain on a thread of this client
+            (default ``True``); ``False`` when a ``baton reconcile --follow`` service drains
+            (the client then spends no CPU on ledger writes).
+        batch_size: journal entries per ledger transaction (default 2,000).
+        max_lag_entries: with ``ack="redis"``, the most journal entries of an org that may
+            wait for the ledger (``int``, default 10,000; ``0``: no limit). Over it, an
+            ``acquire``/``acquire_many`` first drains the journal itself (so producers slow
+            to the rate the ledger takes); if the ledger cannot be written it raises
+            ``UNAVAILABLE`` before granting anything. Renew, release and transfer are
+            never held back. The length is read at most every 0.1 s per org, so the
+            journal can pass the limit by what the clients add in that time.
+        owns_client: close ``client`` in :meth:`close`.
+        functions: run the operations through the Redis function library where the server
+            has functions (Redis 7+; default ``True``; see
+            :mod:`prefect_baton._stores.redis.scripts`); ``False`` always runs them as scripts
+            (``EVALSHA``). A cluster client always runs scripts.
+
+    Raises:
+        ValidationError: an unknown ``ack`` or ``post_loss`` value, a negative or
+            non-integer ``max_lag_entries``.
+    """
+
+    _baton_redis = True
+
+    @classmethod
+    def from_url(cls, url: str, store: LedgerStore, **kwargs: Any) -> RedisAuthority:
+        """Connect to ``url`` with :func:`connect` and build an authority owning the client
+        (keyword arguments as the constructor's)."""
+        return cls(connect(url), store, owns_client=True, **kwargs)
+
+    # ------------------------------------------------------------------ acquire
+
+    def _item(
+        self, caller: Caller, req: AcquireRequest, key: str | None, lease_id: str | None = None
+    ) -> tuple[list[str], str | None]:
+        rt, rid = req.resource_type, req.resource_id
+        digest = ""
+        if key is not None:
+            digest = _core.request_digest(
+                "acquire",
+                {
+                    "expected_version": req.expected_version,
+                    "ttl_ms": req.ttl_ms,
+                    "scopes": list(req.scopes),
+                    "purpose": req.purpose,
+                },
+            )
+        scopes_json = meta = ""
+        if req.scopes:
+            scopes_json = json.dumps(list(req.scopes), ensure_ascii=False)
+            meta = scope_meta(rt, rid, req.scopes)
+        args = [
+            resource_digest(rt, rid),
+            rt,
+            rid,
+            str(req.ttl_ms),
+            opt(req.purpose),
+            opt(req.expected_version),
+            lease_id or f"lease_{os.urandom(16).hex()}",
+            digest,
+            scopes_json,
+            meta,
+            self._receipt_ttl,
+        ]
+        rkey = org_keys(caller.org).receipt(caller.principal, key, rt, rid) if key else None
+        return args, rkey
+
+    def acquire(
+        self,
+        caller: Caller,
+        resource_type: str,
+        resource_id: str,
+        *,
+        ttl_ms: int,
+        scopes: tuple[str, ...],
+        purpose: str | None,
+        expected_version: int | None,
+        idempotency_key: str | None,
+    ) -> Lease:
+        """Acquire or take over a resource in one script (rules:
+        :func:`prefect_baton._rules.core.decide_acquire`; receipts as the ledger's).
+
+        Raises:
+            ConflictError, VersionConflictError, IdempotencyMismatchError, LeaseLostError
+            (a replay whose lease was lost), ValidationError (counters exhausted),
+            UnavailableError (Redis unreachable or rebuilding; or the ledger unreachable
+            while more than ``max_lag_entries`` journal entries wait for it: nothing was
+            granted).
+        """
+        self._backpressure(caller.org)
+        req = AcquireRequest(resource_type, resource_id, ttl_ms, scopes, purpose, expected_version)
+        args, rkey = self._item(caller, req, idempotency_key)
+        reply = self._run(
+            caller.org,
+            "acquire",
+            [caller.principal, caller.role, opt(idempotency_key), *args],
+            [rkey] if rkey else (),
+        )
+        code = int(reply[0])
+        if code == OK:
+            lease = lease_from_gen(reply[2])
+            self._acked(caller.org, reply[1])
+            return lease
+        if code in (NOOP, REPLAY):
+            return lease_from_gen(reply[1], replayed=True)
+        raise_for(reply)
+        raise AssertionError("unreachable")
+
+    def acquire_many(
+        self,
+        caller: Caller,
+        requests: Sequence[AcquireRequest],
+        *,
+        idempotency_key: str | None,
+    ) -> list[Lease]:
+        """Acquire every resource of ``requests`` or none, in one script.
+
+        Each request is decided exactly as :meth:`acquire` decides it (with
+        ``idempotency_key`` as the execution key of each); if any is refused, nothing is
+        written and that request's error is raised. Returns the leases in request order
+        (``replayed`` for those already held by this execution or replayed).
+
+        Raises:
+            ValidationError: more than 1,000 requests, or the error of the first refused
+                request (as :meth:`acquire`).
+            UnavailableError: as :meth:`acquire`.
+        """
+        if not 1 <= len(requests) <= MAX_MANY:
+            raise ValidationError(f"acquire_many takes 1 to {MAX_MANY} resources")
+        self._backpressure(caller.org)
+        # One random id for the call, numbered per resource: 32 hex digits as uuid4's.
+        base = os.urandom(13).hex()
+        if is_plain(requests, idempotency_key):
+            args = plain_args(caller.principal, caller.role, requests, base)
+            reply = self._run(caller.org, "acquire_plain", args)
+            if int(reply[0]) != OK:
+                _refuse(reply, requests)
+            out = plain_leases(caller.principal, requests, base, reply)
+        else:
+            args = [caller.principal, caller.role, opt(idempotency_key), str(len(requests))]
+            extra: list[str] = []
+            for i, req in enumerate(requests):
+                item, rkey = self._item(caller, req, idempotency_key, f"lease_{base}{i:06x}")
+                args += item
+                if rkey:
+                    extra.append(rkey)
+            reply = self._run(caller.org, "acquire_many", args, extra)
+            if int(reply[0]) != OK:
+                _refuse(reply, requests)
+            subs, gens = reply[2::2], reply[3::2]
+            out = [lease_from_gen(g, replayed=sub != OK) for sub, g in zip(subs, gens, strict=True)]
+        if as_text(reply[1]):
+            self._acked(caller.org, reply[1])
+        return out
+
+    # ------------------------------------------------------------------ by proof
+
+    def renew(
+        self, caller: Caller, proof: Proof, *, ttl_ms: int, expected_version: int | None
+    ) -> Lease:
+        """Renew by proof (rules: :func:`prefect_baton._rules.core.decide_renew`)."""
+        reply = self._run(
+            caller.org,
+            "renew",
+            [
+                caller.principal,
+                caller.role,
+                opt(proof.execution_key),
+                proof.lease_id,
+                str(ttl_ms),
+                opt(expected_version),
+            ],
+        )
+        code = int(reply[0])
+        if code == OK:
+            lease = lease_from_gen(reply[2])
+            self._acked(caller.org, reply[1])
+            return lease
+        if code == UNKNOWN:
+            self._unknown(
+                caller,
+                proof.lease_id,
+                lambda row, now: _core.decide_renew(
+                    row, proof, ttl_ms=ttl_ms, expected_version=expected_version, now_ms=now
+                ),
+            )
+        raise_for(reply)
+        raise AssertionError("unreachable")
+
+    def transfer(
+        self,
+        caller: Caller,
+        proof: Proof,
+        *,
+        to_principal: str,
+        new_execution_key: str,
+        ttl_ms: int,
+        expected_version: int | None,
+    ) -> Lease:
+        """Transfer by proof (rules: :func:`prefect_baton._rules.core.decide_transfer`; the new
+        epoch is also above the incarnation's floor)."""
+        reply = self._run(
+            caller.org,
+            "transfer",
+            [
+                caller.principal,
+                caller.role,
+                opt(proof.execution_key),
+                proof.lease_id,
+                to_principal,
+                new_execution_key,
+                str(ttl_ms),
+                opt(expected_version),
+                f"lease_{uuid.uuid4().hex}",
+                caller.principal,
+                "",
+                "",
+                "",
+                str(HANDOFF_KEY_TTL_MS),
+            ],
+        )
+        code = int(reply[0])
+        if code == OK:
+            lease = lease_from_gen(reply[2])
+            self._acked(caller.org, reply[1])
+            return lease
+        if code == UNKNOWN:
+            self._unknown(
+                caller,
+                proof.lease_id,
+                lambda row, now: _core.decide_transfer(
+                    row,
+                    proof,
+                    to_principal=to_principal,
+                    new_execution_key=new_execution_key,
+                    ttl_ms=ttl_ms,
+                    expected_version=expected_version,
+                    now_ms=now,
+                    new_lease_id="-",
+                ),
+            )
+        raise_for(reply)
+        raise AssertionError("unreachable")
+
+    def release(self, caller: Caller, proof: Proof, *, expected_version: int | None) -> Receipt:
+        """Release by proof (rules: :func:`prefect_baton._rules.core.decide_release`)."""
+        reply = self._run(
+            caller.org,
+            "release",
+            [
+                caller.principal,
+                caller.role,
+                opt(proof.execution_key),
+                proof.lease_id,
+                opt(expected_version),
+            ],
+        )
+        code = int(reply[0])
+        if code == OK:
+            lease = lease_from_gen(reply[2])
+            self._acked(caller.org, reply[1])
+            return _receipt("release", _end_status(lease.status), lease)
+        if code == NOOP:
+            return _receipt("release", "no_change", lease_from_gen(reply[1]))
+        if code == UNKNOWN:
+            d = self._unknown(
+                caller,
+                proof.lease_id,
+                lambda row, now: _core.decide_release(
+                    row, proof, expected_version=expected_version, now_ms=now
+                ),
+            )
+            assert d.new is not None
+            return Receipt(action="release", status="no_change", lease=holding_to_lease(d.new))
+        raise_for(reply)
+        raise AssertionError("unreachable")
+
+    def _end_by_id(self, caller: Caller, name: str, lease_id: str) -> Receipt:
+        reply = self._run(caller.org, name, [caller.principal, caller.role, lease_id])
+        if int(reply[0]) == OK:
+            lease = lease_from_gen(reply[2])
+            self._acked(caller.org, reply[1])
+            status = "released" if name == "force_release" else _end_status(lease.status)
+            return _receipt(name, status, lease)
+        raise_for(reply)
+        raise AssertionError("unreachable")
+
+    def release_by_id(self, caller: Caller, lease_id: str) -> Receipt:
+        """Release by id, as its owner (rules: :func:`_core.decide_release_by_id`)."""
+        return self._end_by_id(caller, "release_by_id", lease_id)
+
+    def force_release(self, caller: Caller, lease_id: str) -> Receipt:
+        """Revoke any lease of the org, as ``owner``/``admin`` (:func:`_core.decide_force_release`).
+
+        Raises:
+            ForbiddenError: the caller is an ``agent``. NotFoundError: not active/unknown.
+        """
+        if caller.role not in ("owner", "admin"):
+            raise ForbiddenError("force release needs the owner or admin role")
+        return self._end_by_id(caller, "force_release", lease_id)
+
+    # ------------------------------------------------------------------ reads
+
+    def inspect(self, caller: Caller, resource_type: str, resource_id: str) -> LeaseInfo:
+        """What any principal of the org may see about a resource (the holder also gets its
+        lease), judged on the Redis clock."""
+        reply = self._run(caller.org, "inspect", [resource_digest(resource_type, resource_id)])
+        raw = reply[2]
+        if not raw:
+            return LeaseInfo(
+                resource_type=resource_type, resource_id=resource_id, held=False, version=0, epoch=0
+            )
+        h = from_gen(raw)
+        now = int(reply[1])
+        held = h.effective(now)
+        return LeaseInfo(
+            resource_type=resource_type,
+            resource_id=resource_id,
+            held=held,
+            version=h.version,
+            epoch=h.epoch,
+            expires_at=from_ms(h.expires_at_ms) if held else None,
+            lease=holding_to_lease(h) if held and h.owner == caller.principal else None,
+        )
+
+    def generation(
+        self, caller: Caller, lease_id: str, *, rebuild: bool = True
+    ) -> tuple[Holding | None, int]:
+        """The generation ``lease_id`` as Redis has it (``None`` when unknown to Redis) and
+        the Redis clock in epoch ms. With ``rebuild=False`` a missing incarnation marker
+        raises :class:`UnavailableError` instead of starting a rebuild."""
+        reply = self._run(caller.org, "get", [lease_id], rebuild=rebuild)
+        if int(reply[0]) == UNKNOWN:
+            return None, int(reply[1])
+        return from_gen(reply[2]), int(reply[1])
+
+    def get(self, caller: Caller, lease_id: str) -> Lease:
+        """A generation by id, for its owner (any of the org's for owner/admin).
+
+        Raises:
+            NotFoundError: unknown, another org's, or another principal's lease.
+        """
+        h, _now = self.generation(caller, lease_id)
+        if h is None:
+            self.sync_ledger(caller.org)
+            return self.store.get(caller, lease_id)
+        if h.owner != caller.principal and caller.role == "agent":
+            raise NotFoundError(f"lease {lease_id} not found")
+        return holding_to_lease(h)
+
+    def list_leases(
+        self,
+        caller: Caller,
+        *,
+        resource_type: str | None = None,
+        owner: str | None = None,
+        include_ended: bool = False,
+        limit: int = 100,
+    ) -> list[Lease]:
+        """Effective leases of the caller (``owner``: a name or ``"*"``, needs owner/admin),
+        newest first; with ``include_ended`` the ledger's history (after a drain)."""
+        who = caller.principal if owner is None else owner
+        if who != caller.principal and caller.role == "agent":
+            raise ForbiddenError("listing another principal's leases needs the owner or admin role")
+        if include_ended:
+            self.sync_ledger(caller.org)
+            return self.store.list_leases(
+                caller, resource_type=resource_type, owner=owner, include_ended=True, limit=limit
+            )
+        reply = self._run(caller.org, "list", ["" if who == "*" else who, opt(resource_type)])
+        gens = [from_gen(raw) for raw in reply[2:]]
+        gens.sort(key=lambda h: (h.acquired_at_ms, h.lease_id), reverse=True)
+        return [holding_to_lease(h) for h in gens[: max(1, min(limit, 10_000))]]
+
+    # ------------------------------------------------------------------ fences, handoffs
+
+    def fence_check(
+        self, caller: Caller, lease_id: str, resource: tuple[str, str] | None
+    ) -> tuple[Holding | None, int]:
+        """What a fenced ledger write checks, read from Redis: the generation ``lease_id``
+        (``None`` if unknown, or if it is not of ``resource``) and the Redis clock.
+
+        The ledger write calls this inside its transaction, holding the resource's lock,
+        so fenced writes of one resource are checked and committed one at a time: once a
+        newer generation has written, an older one's check can only fail. It never starts a
+        rebuild (that needs the ledger, whose write lock the caller holds): if Redis lost
+        its data the write fails closed with ``UNAVAILABLE``.
+        """
+        h, now = self.generation(caller, lease_id, rebuild=False)
+        if h is not None and resource is not None and (h.resource_type, h.resource_id) != resource:
+            h = None
+        return h, now
+
+    def handoff_mark_rejected(self, caller: Caller, handoff_id: str) -> None:
+        """Settle a lease-carrying handoff as rejected in Redis (before the ledger records
+        it), so that no accept can transfer its lease afterwards.
+
+        Raises:
+            NotFoundError: it was accepted already.
+        """
+        keys = org_keys(caller.org)
+        reply = self._run(
+            caller.org,
+            "handoff_mark",
+            [handoff_id, str(HANDOFF_KEY_TTL_MS)],
+            [keys.handoff(handoff_id)],
+        )
+        raise_for(reply)
+
+    def handoff_transfer(
+        self,
+        caller: Caller,
+        handoff_id: str,
+        *,
+        lease_id: str,
+        from_principal: str,
+        execution_key: str,
+        ttl_ms: int | None,
+        note: str | None,
+        expires_at_ms: int | None,
+    ) -> Lease:
+        """Transfer a handoff's lease to its recipient (the caller) and settle the handoff
+        as accepted in Redis, in one script; the journal entry carries the acceptance, so
+        the ledger records the transfer and the accepted handoff in one transaction. The
+        call returns once the ledger has both. An exact retry after a crash returns the
+        same generation (its lease id is derived from the handoff id).
+
+        Raises:
+            NotFoundError: the handoff was rejected, or expired; the lease is unknown.
+            LeaseLostError: the sender no longer holds the lease (the handoff stays pending).
+        """
+        keys = org_keys(caller.org)
+        new_id = (
+            "lease_"
+            + hashlib.sha256(f"handoff\x00{caller.org}\x00{handoff_id}".encode()).hexdigest()[:32]
+        )
+        reply = self._run(
+            caller.org,
+            "transfer",
+            [
+                from_principal,
+                caller.role,
+                "",
+                lease_id,
+                caller.principal,
+                execution_key,
+                "" if ttl_ms is None else str(ttl_ms),
+                "",
+                new_id,
+                caller.principal,
+                opt(handoff_id),
+                opt(note),
+                opt(expires_at_ms),
+                str(HANDOFF_KEY_TTL_MS),
+            ],
+            [keys.handoff(handoff_id)],
+        )
+        code = int(reply[0])
+        if code == OK:
+            lease = lease_from_gen(reply[2])
+            self.reconciler.drain(caller.org, until=as_text(reply[1]))
+            return lease
+        if code == REPLAY:
+            self.sync_ledger(caller.org, strict=True)
+            return lease_from_gen(reply[1])
+        if code == UNKNOWN:
+            raise NotFoundError(f"lease {lease_id} not found")
+        raise_for(reply)
+        raise AssertionError("unreachable")
+
+
+def _refuse(reply: Sequence[Any], requests: Sequence[AcquireRequest]) -> None:
+    """Raise the refusal of an ``acquire_many`` script (``[code, 1-based index, *args]``),
+    naming the refused request (:func:`prefect_baton._stores.ledger.many.refused`)."""
+    from prefect_baton._stores.ledger.many import refused
+
+    index = int(reply[1]) - 1
+    try:
+        raise_for([reply[0], *reply[2:]])
+    except BatonError as exc:
+        raise refused(exc, index, requests[index]) from None
+    raise AssertionError("unreachable")
+
+
+def _end_status(status: str) -> Literal["released", "expired"]:
+    return "expired" if status == "expired" else "released"
+
+
+def _receipt(
+    action: str, status: Literal["released", "expired", "no_change"], lease: Lease
+) -> Receipt:
+    return construct(
+        Receipt, {"action": action, "status": status, "lease": lease, "replayed": False}
+    )

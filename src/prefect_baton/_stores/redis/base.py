@@ -1,0 +1,304 @@
+"""The Redis lease authority's plumbing: construction, the script call loop, the drain.
+
+:class:`AuthorityBase` holds what every lease operation of
+:class:`~prefect_baton._stores.redis.authority.RedisAuthority` shares: its settings and clients,
+:meth:`~AuthorityBase._run` (one script, one round trip; it rebuilds the org's Redis state
+from the ledger when it is missing and rotates it when asked, see
+:mod:`prefect_baton._stores.redis.rebuild`), the acknowledgement of each transition (``ack=``:
+the drain thread, or a drain up to the call's own entry), the read-your-writes barrier
+:meth:`~AuthorityBase.sync_ledger`, and :meth:`~AuthorityBase.close`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+from redis.exceptions import RedisError
+
+from prefect_baton._rules import core as _core
+from prefect_baton._rules.core import Decision, Holding
+from prefect_baton._stores.ledger.store import LedgerStore, row_to_holding
+from prefect_baton._stores.protocol import Caller
+from prefect_baton._stores.redis.cluster import RedisClient
+from prefect_baton._stores.redis.connection import as_text, direct_pool, evalsha, redis_unavailable
+from prefect_baton._stores.redis.keys import ORGS_KEY, org_keys
+from prefect_baton._stores.redis.rebuild import recover, rotate
+from prefect_baton._stores.redis.reconciler import DEFAULT_BATCH, Drainer, Reconciler
+from prefect_baton._stores.redis.scripts import NO_INCARNATION, ROTATE, Scripts
+from prefect_baton.errors import BatonError, NotFoundError, UnavailableError, ValidationError
+
+if TYPE_CHECKING:
+    from prefect_baton._settings import BatonSettings
+    from prefect_baton._stores.redis.authority import RedisAuthority
+
+__all__ = ["ACK_MODES", "POST_LOSS_POLICIES", "AckMode", "AuthorityBase", "PostLossPolicy"]
+
+log = logging.getLogger("prefect_baton.redis")
+
+AckMode = Literal["redis", "ledger"]
+PostLossPolicy = Literal["fence_only", "lock_delay"]
+ACK_MODES = ("redis", "ledger")
+DEFAULT_MAX_LAG_ENTRIES = 10_000
+"""Default limit of an org's unapplied journal entries before acquires help drain it."""
+LAG_CHECK_SECONDS = 0.1
+"""How often (seconds, per org and client) an acquire reads the journal's length."""
+POST_LOSS_POLICIES = ("fence_only", "lock_delay")
+
+
+def check_options(ack: str, post_loss: str, max_lag_entries: Any) -> None:
+    """Validate the options of :class:`~prefect_baton._stores.redis.authority.RedisAuthority` that
+    come from settings, so that a caller can refuse them before opening a ledger.
+
+    Raises:
+        ValidationError: an unknown ``ack`` or ``post_loss``, or a ``max_lag_entries`` that
+            is not an integer of 0 or more.
+    """
+    if ack not in ACK_MODES:
+        raise ValidationError(f"ack must be 'redis' or 'ledger', got {ack!r}")
+    if post_loss not in POST_LOSS_POLICIES:
+        raise ValidationError(f"post_loss must be 'fence_only' or 'lock_delay', got {post_loss!r}")
+    if isinstance(max_lag_entries, bool) or not isinstance(max_lag_entries, int):
+        raise ValidationError(f"max_lag_entries must be an integer, got {max_lag_entries!r}")
+    if max_lag_entries < 0:
+        raise ValidationError(f"max_lag_entries must be 0 or more, got {max_lag_entries}")
+
+
+def options_from(settings: BatonSettings, *, ack: str | None = None) -> dict[str, Any]:
+    """The :class:`~prefect_baton._stores.redis.authority.RedisAuthority` keyword arguments that the
+    ``BATON_REDIS_*`` settings give (``ack`` overrides ``BATON_REDIS_ACK``), checked by
+    :func:`check_options`, so a caller can refuse them before it opens a ledger.
+
+    Raises:
+        ValidationError: as :func:`check_options`.
+    """
+    opts: dict[str, Any] = {
+        "ack": ack or settings.redis_ack,
+        "post_loss": settings.redis_post_loss,
+        "max_lag_entries": settings.redis_max_lag_entries,
+    }
+    check_options(**opts)
+    return opts
+
+
+class AuthorityBase:
+    """The shared state and plumbing of
+    :class:`~prefect_baton._stores.redis.authority.RedisAuthority`
+    (arguments and errors: see that class)."""
+
+    def __init__(
+        self,
+        client: RedisClient,
+        store: LedgerStore,
+        *,
+        ack: str = "redis",
+        post_loss: str = "fence_only",
+        lock_delay_seconds: int = _core.TTL_MAX_SECONDS,
+        auto_rebuild: bool = True,
+        rebuild_wait_seconds: float = 10.0,
+        reconcile_interval_seconds: float = 0.05,
+        reconcile_in_client: bool = True,
+        batch_size: int = DEFAULT_BATCH,
+        max_lag_entries: int = DEFAULT_MAX_LAG_ENTRIES,
+        owns_client: bool = False,
+        functions: bool = True,
+    ) -> None:
+        check_options(ack, post_loss, max_lag_entries)
+        self.client = client
+        self.store = store
+        self.ack = ack
+        self.post_loss = post_loss
+        self.lock_delay_ms = int(lock_delay_seconds) * 1000
+        self.auto_rebuild = auto_rebuild
+        self.rebuild_wait_seconds = rebuild_wait_seconds
+        self.receipt_ttl_ms = store.receipt_retention_ms
+        self._receipt_ttl = str(self.receipt_ttl_ms)
+        self.old_retention_ms = max(store.receipt_retention_ms, 3_600_000)
+        self.scripts = Scripts(client, functions=functions)
+        # The direct call path (FCALL or EVALSHA, see _evalsha) applies to a plain
+        # redis.Redis client only.
+        self._pool = direct_pool(client)
+        self.reconciler = Reconciler(client, store, batch_size=batch_size)
+        self._interval = reconcile_interval_seconds
+        self._drain_here = reconcile_in_client
+        self._drainer: Drainer | None = None
+        self._drainer_pid = 0
+        self._lock = threading.Lock()
+        self._owns_client = owns_client
+        self._known: set[str] = set()
+        self.max_lag_entries = max_lag_entries
+        # org -> when its journal length is read next (monotonic seconds); orgs found over
+        # the limit are in _lag_over until a read finds them under it again
+        self._lag_due: dict[str, float] = {}
+        self._lag_over: set[str] = set()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _run(
+        self,
+        org: str,
+        name: str,
+        args: Sequence[Any],
+        extra_keys: Sequence[str] = (),
+        *,
+        rebuild: bool = True,
+    ) -> list[Any]:
+        keys = [*org_keys(org).base, *extra_keys]
+        for _attempt in range(4):
+            try:
+                reply: list[Any] = self._evalsha(name, keys, args)
+            except RedisError as exc:
+                raise redis_unavailable(exc) from exc
+            code = int(reply[0])
+            if code == NO_INCARNATION:
+                self._known.discard(org)
+                if not rebuild:
+                    raise UnavailableError(
+                        f"the Redis lease state of org {org!r} is missing; it is rebuilt "
+                        "from the ledger by the next lease operation"
+                    )
+                recover(cast("RedisAuthority", self), org)
+                continue
+            if code == ROTATE:
+                rotate(cast("RedisAuthority", self), org)
+                continue
+            if org not in self._known:
+                self._register(org)
+            return reply
+        raise UnavailableError(f"the Redis lease state of org {org!r} did not settle; retry")
+
+    def _evalsha(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
+        """Run operation ``name`` once (see :func:`.connection.evalsha`)."""
+        return evalsha(self.scripts, self._pool, name, keys, args)
+
+    def _register(self, org: str) -> None:
+        try:
+            self.client.sadd(ORGS_KEY, org)
+            self._known.add(org)
+        except RedisError as exc:
+            log.info("could not register org %r for reconcilers: %s", org, exc)
+
+    def _backpressure(self, org: str) -> None:
+        """Before an acquire with ``ack="redis"``: at most every :data:`LAG_CHECK_SECONDS`
+        per org, read the journal's length (one ``XLEN``) and, while more than
+        ``max_lag_entries`` entries are not in the ledger, drain a batch in this call
+        (waiting for the journal lock while another client or ``baton reconcile``
+        drains). Producers are slowed to the rate the ledger takes, so the lag, the
+        journal's memory in Redis and what a Redis data loss could take away stay bounded.
+
+        Raises:
+            UnavailableError: the ledger could not be written while over the limit; the
+                acquire did not run (nothing was granted), a retry is safe.
+        """
+        limit = self.max_lag_entries
+        if not limit or self.ack != "redis":
+            return
+        now = time.monotonic()
+        if now < self._lag_due.get(org, 0.0) and org not in self._lag_over:
+            return
+        self._lag_due[org] = now + LAG_CHECK_SECONDS
+        journal = org_keys(org).journal
+        try:
+            pending = int(self.client.xlen(journal))
+            while pending > limit:
+                # every acquire of this client waits and helps until a read finds the
+                # journal under the limit (not only the one whose turn it was to read)
+                self._lag_over.add(org)
+                try:
+                    applied = self.reconciler.drain(org, max_batches=1)
+                except UnavailableError as exc:
+                    raise UnavailableError(
+                        f"{pending} journal entries wait for the ledger (limit {limit}: "
+                        "max_lag_entries, BATON_REDIS_MAX_LAG_ENTRIES) and draining them "
+                        f"failed, so no lease is granted until the ledger catches up: {exc}"
+                    ) from exc
+                pending = int(self.client.xlen(journal))
+                if not applied:
+                    break
+        except RedisError:
+            return  # the operation itself reports Redis being unreachable
+        self._lag_over.discard(org)
+
+    def _acked(self, org: str, entry_id: Any) -> None:
+        if self.ack == "ledger":
+            self.reconciler.drain(org, until=as_text(entry_id))
+            return
+        if not self._drain_here:
+            return
+        drainer = self._drainer
+        if drainer is None or not drainer.alive() or self._drainer_pid != os.getpid():
+            with self._lock:
+                drainer = self._drainer
+                if drainer is None or not drainer.alive() or self._drainer_pid != os.getpid():
+                    drainer = Drainer(self.reconciler, interval_seconds=self._interval)
+                    self._drainer = drainer
+                    self._drainer_pid = os.getpid()
+        drainer.add(org)
+
+    def sync_ledger(self, org: str, *, strict: bool = False) -> None:
+        """Drain the org's journal up to its newest entry, so the ledger shows every
+        transition made so far (a read-your-writes barrier for ledger operations).
+
+        Args:
+            strict: raise :class:`UnavailableError` when Redis cannot be reached (default:
+                log and return, leaving the ledger as it is).
+        """
+        journal = org_keys(org).journal
+        try:
+            last = self.client.xrevrange(journal, count=1)
+        except RedisError as exc:
+            if strict:
+                raise redis_unavailable(exc) from exc
+            log.debug("ledger barrier skipped for %r: %s", org, exc)
+            return
+        if last:
+            self.reconciler.drain(org, until=as_text(last[0][0]))
+
+    def ensure_ready(self, org: str) -> None:
+        """Make sure the org's Redis state exists (rebuilding it if it is missing) before a
+        ledger transaction that will consult Redis (a fenced write); a no-op once this
+        authority has seen the org."""
+        if org not in self._known:
+            self._run(org, "inspect", ["-"])
+
+    def rebuild(self, org: str) -> int:
+        """Rebuild the org's Redis state from the ledger now (see
+        :func:`prefect_baton._stores.redis.rebuild.rebuild`); returns the incarnation number."""
+        from prefect_baton._stores.redis.rebuild import rebuild
+
+        return rebuild(cast("RedisAuthority", self), org)
+
+    def close(self) -> None:
+        """Stop the drain thread after a last drain of the orgs it served, and close the
+        client when this authority owns it."""
+        drainer, self._drainer = self._drainer, None
+        if drainer is not None and self._drainer_pid == os.getpid():
+            drainer.stop()
+            for org in drainer.orgs:
+                try:
+                    self.reconciler.drain(org)
+                except BatonError as exc:
+                    log.warning("final reconcile of %r failed: %s", org, exc)
+        if self._pool is not None:
+            self._pool.close()
+        if self._owns_client:
+            self.client.close()
+
+    def _unknown(
+        self, caller: Caller, lease_id: str, decide: Callable[[Holding | None, int], Decision]
+    ) -> Decision:
+        """A lease id Redis does not know (never seen, or a generation pruned after the
+        retention): the ledger's history decides which error it is. Only a read-only
+        outcome (``no_change``) can come back; anything else is not found."""
+        self.sync_ledger(caller.org)
+        with self.store._read() as (s, now):
+            row = self.store._row_by_id(s, caller.org, lease_id)
+            held = row_to_holding(row) if row is not None else None
+        d = decide(held, now)
+        if d.noop:
+            return d
+        raise NotFoundError(f"lease {lease_id} not found")

@@ -1,0 +1,100 @@
+"""Handoff resolution when Redis is the lease authority.
+
+Accepting a handoff that carries a lease spans two systems: the lease lives in Redis, the
+handoff in the ledger. The protocol keeps every crash point inside the two allowed end
+states, ``(pending, sender holds)`` and ``(accepted, recipient holds)``:
+
+1. Read the handoff from the ledger and check it as the ledger would (pending, not expired,
+   addressed to the caller).
+2. One Redis script transfers the lease to the recipient *and* settles the handoff's
+   resolution key to ``accepted`` (it refuses if the key says ``rejected``), and its journal
+   entry carries the acceptance. The new lease id is derived from the handoff id, so an
+   exact retry finds the transfer it already made instead of failing.
+3. The reconciler applies that entry in one ledger transaction: the lease transition *and*
+   the handoff's move to ``accepted`` (with ``lease.transferred`` then ``handoff.accepted``
+   events). The call drains the journal up to its entry before returning.
+
+A crash after 2 leaves Redis with the recipient holding and the ledger pending only until
+any drain runs (the client's drain thread, ``baton reconcile``, the next ledger operation of
+any client of the org, or an exact retry), which completes it as ``accepted``; if Redis loses
+its data first, the transfer is lost with it and the rebuilt state is ``(pending, sender
+holds)``. Rejecting a lease-carrying handoff first settles the resolution key to
+``rejected`` (refused once it says ``accepted``), then records the rejection in the ledger;
+a crash in between leaves ``(pending, sender holds)``, and no accept can win afterwards.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prefect_baton._stores.ledger.store import handoff_model
+from prefect_baton._stores.ledger.tables import HandoffRow
+from prefect_baton._stores.protocol import Caller
+from prefect_baton.errors import ForbiddenError, NotFoundError
+from prefect_baton.models import Handoff
+
+if TYPE_CHECKING:
+    from prefect_baton._stores.redis.authority import RedisAuthority
+
+__all__ = ["resolve_handoff"]
+
+
+def resolve_handoff(
+    auth: RedisAuthority,
+    caller: Caller,
+    handoff_id: str,
+    status: str,
+    *,
+    note: str | None,
+    execution_key: str | None,
+    ttl_ms: int | None,
+) -> Handoff:
+    """Resolve a handoff with Redis as the lease authority (see the module docstring).
+
+    Args:
+        auth: the Redis authority; its ledger holds the handoff.
+        caller: the recipient. status: ``accepted`` or ``rejected`` (validated).
+        note: kept with the resolution. execution_key: the recipient's key for the lease
+            (default ``handoff:<id>``). ttl_ms: its TTL in ms (default: the sender's).
+
+    Raises:
+        NotFoundError: unknown, not pending, expired, or another org's handoff.
+        ForbiddenError: the caller is not its target.
+        LeaseLostError: the sender no longer holds the lease (the handoff stays pending).
+        UnavailableError: Redis or the ledger is unreachable.
+    """
+    store = auth.store
+    auth.sync_ledger(caller.org)
+    with store._read() as (s, now):
+        row = s.get(HandoffRow, handoff_id)
+        lease_id = from_principal = expires_at_ms = None
+        if row is not None and row.org_id == caller.org and row.status == "pending":
+            lease_id, from_principal = row.lease_id, row.from_principal
+            expires_at_ms = row.expires_at_ms
+            if expires_at_ms is not None and expires_at_ms <= now:
+                raise NotFoundError(f"handoff {handoff_id} has expired")
+            if row.to_principal != caller.principal:
+                raise ForbiddenError("only the target principal can resolve a handoff")
+    if lease_id is None or from_principal is None:
+        return store.handoff_resolve(
+            caller, handoff_id, status, note=note, execution_key=execution_key, ttl_ms=ttl_ms
+        )
+    if status == "rejected":
+        auth.handoff_mark_rejected(caller, handoff_id)
+        return store.handoff_resolve(
+            caller, handoff_id, status, note=note, execution_key=execution_key, ttl_ms=ttl_ms
+        )
+    lease = auth.handoff_transfer(
+        caller,
+        handoff_id,
+        lease_id=lease_id,
+        from_principal=from_principal,
+        execution_key=execution_key or f"handoff:{handoff_id}",
+        ttl_ms=ttl_ms,
+        note=note,
+        expires_at_ms=expires_at_ms,
+    )
+    with store._read() as (s, now):
+        done = s.get(HandoffRow, handoff_id)
+        assert done is not None
+        return handoff_model(done, now, lease)

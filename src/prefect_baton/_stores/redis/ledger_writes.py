@@ -1,0 +1,420 @@
+"""The reconciler's ledger writes: journal entries turned into rows, and the bulk SQL.
+
+:class:`LedgerWriter` gathers the rows of a batch of journal entries in journal order
+(:meth:`~LedgerWriter._collect` into a :class:`Batch`: each lease's newest state, the
+transitions, the events with ids derived from the entry, the acquire receipts, a handoff's
+acceptance) and writes them in one transaction (:meth:`~LedgerWriter._flush`): lease rows
+as an upsert that only moves towards a newer state, transitions and events as
+insert-or-ignore, receipts as an upsert, then the journal cursor. A lease acquired and
+released within one batch is one lease row written once (its newest state), with both
+transitions and both events.
+
+Statements and round trips of a batch:
+
+* PostgreSQL: each kind of row is one statement (``INSERT ... SELECT FROM unnest`` of one
+  binary array per column, ``ORDER BY`` the position so that serial ``seq`` columns
+  follow journal order), and all the statements of a batch (lease rows, transitions,
+  receipts, cursor, the ``events:<org>`` lock, events) go to the server in one pipeline:
+  one round trip. The journal lock and the cursor read are another pipeline of two
+  statements (each statement still takes its own snapshot, so the cursor is read after
+  the lock is held). In ``copy`` mode (large batches, see :meth:`LedgerWriter._flush`) the
+  transitions, the events and the rows of leases created in the batch are written with
+  ``COPY`` (in journal order) after that pipeline instead.
+* SQLite: each kind is one prepared statement run by ``executemany``.
+
+The org and the actors (principals with their role) are registered in the batch's
+transaction the first time this writer sees them, and remembered once that transaction has
+committed (:meth:`~LedgerWriter._committed`), as the ledger store registers its callers;
+a principal whose role differs from the remembered one is written again.
+
+The authority's own records (the journal cursor and the incarnation counter) are kept in the
+receipts table under :data:`SYSTEM_PRINCIPAL`. The drain loop that drives this is
+:class:`prefect_baton._stores.redis.reconciler.Reconciler`; the rows and statements are in
+:mod:`prefect_baton._stores.redis.ledger_rows`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, select, text, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlmodel import col
+
+from prefect_baton._stores.ledger.engine import SQLITE_BUSY_TIMEOUT_MS
+from prefect_baton._stores.ledger.store import LedgerStore, holding_to_lease, resource_key
+from prefect_baton._stores.ledger.tables import (
+    HandoffRow,
+    LeaseTransition,
+    ReceiptRow,
+)
+from prefect_baton._stores.redis.codec import from_gen
+from prefect_baton._stores.redis.ledger_rows import (
+    CURSOR_SET_SQL,
+    CURSOR_SQL,
+    EVENT_CONFLICT,
+    EVENT_TABLE,
+    FOREVER_MS,
+    LEASE_CONFLICT,
+    LEASE_TABLE,
+    LOCK_SQL,
+    ORG_SQL,
+    PRINCIPAL_TABLE,
+    PRINCIPALS,
+    RECEIPT_CONFLICT,
+    RECEIPT_TABLE,
+    TRANSITION_CONFLICT,
+    TRANSITION_TABLE,
+    Batch,
+    BulkTable,
+    event_digest,
+    event_payload,
+    gen_fields,
+    lease_row,
+)
+
+__all__ = ["FOREVER_MS", "SYSTEM_PRINCIPAL", "Batch", "LedgerWriter"]
+
+log = logging.getLogger("prefect_baton.reconciler")
+
+SYSTEM_PRINCIPAL = "__baton_authority__"
+"""The principal name under which the authority keeps its own records in the ledger's
+receipts table (the journal cursor and the incarnation counter); never a real caller."""
+JOURNAL_OP = "redis.journal"
+"""The receipts-table operation under which an org's journal cursor is kept."""
+
+_CREATES = frozenset(("acquire", "takeover", "supersede"))
+"""Journal actions whose new generation is a new lease (a new lease id)."""
+_KIND = {
+    "acquire": "lease.acquired",
+    "takeover": "lease.acquired",
+    "supersede": "lease.acquired",
+    "renew": "lease.renewed",
+    "transfer": "lease.transferred",
+    "release": "lease.released",
+    "force_release": "lease.released",
+}
+
+
+def _make_canonical() -> Callable[[Any], str]:
+    """The same text as :func:`prefect_baton._rules.validation.canonical_json` (sorted keys, no
+    spaces, UTF-8, no NaN) from an encoder built once (the C one when there is one)."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - CPython has it
+        return json.JSONEncoder(
+            sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        ).encode
+    enc = make(None, None, json.encoder.encode_basestring, None, ":", ",", True, False, False)
+    return lambda value: "".join(enc(value, 0))
+
+
+_canonical = _make_canonical()
+
+
+class LedgerWriter:
+    """The ledger side of a drain: row gathering and bulk writes into ``store``
+    (:class:`prefect_baton._stores.ledger.store.LedgerStore`), in a transaction the caller opens."""
+
+    def __init__(self, store: LedgerStore) -> None:
+        self.store = store
+        self._sqlite = store.engines.is_sqlite
+        self._insert = sqlite_insert if self._sqlite else pg_insert
+        # {(org, principal): role} and orgs written by a committed batch of this writer
+        self._known_actors: dict[tuple[str, str], str] = {}
+        self._known_orgs: set[str] = set()
+        #: how long a drain waits for the org's journal lock on PostgreSQL before giving up
+        #: (``lock_timeout``; seconds): SQLite's busy timeout, so a drainer stopped while
+        #: holding the lock blocks the others for a bounded time on both databases
+        self.lock_timeout_seconds: float = SQLITE_BUSY_TIMEOUT_MS / 1000
+
+    def _lock(self, conn: Connection, key: str) -> None:
+        if not self._sqlite:
+            conn.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"), {"k": key})
+
+    def _system_row(self, conn: Connection, org: str, operation: str) -> dict[str, Any] | None:
+        raw = conn.execute(
+            select(col(ReceiptRow.response)).where(
+                col(ReceiptRow.org_id) == org,
+                col(ReceiptRow.principal) == SYSTEM_PRINCIPAL,
+                col(ReceiptRow.operation) == operation,
+                col(ReceiptRow.idem_key) == "state",
+                col(ReceiptRow.scope_key) == "",
+            )
+        ).scalar_one_or_none()
+        return None if raw is None else dict(json.loads(raw))
+
+    def _set_system_row(
+        self, conn: Connection, org: str, operation: str, value: dict[str, Any], now_ms: int
+    ) -> None:
+        response = json.dumps(value)
+        stmt = self._insert(ReceiptRow).values(
+            org_id=org,
+            principal=SYSTEM_PRINCIPAL,
+            operation=operation,
+            idem_key="state",
+            scope_key="",
+            request_digest="-",
+            response=response,
+            created_at_ms=now_ms,
+            expires_at_ms=FOREVER_MS,
+        )
+        conn.execute(
+            stmt.on_conflict_do_update(
+                index_elements=["org_id", "principal", "operation", "idem_key", "scope_key"],
+                set_={"response": response, "expires_at_ms": FOREVER_MS},
+            )
+        )
+
+    def _lock_and_read_cursor(self, conn: Connection, org: str) -> tuple[str, str] | None:
+        """Take the org's journal lock (PostgreSQL: ``journal:<org>`` advisory lock, waiting
+        at most :attr:`lock_timeout_seconds`; SQLite: the transaction's ``BEGIN IMMEDIATE``,
+        waiting at most the busy timeout) and read the org's journal cursor
+        ``(incarnation id, last applied entry id)`` (``None``: nothing applied yet).
+        PostgreSQL: one round trip (a pipeline of the lock and the read)."""
+        args = (org, SYSTEM_PRINCIPAL, JOURNAL_OP)
+        if self._sqlite:
+            raw = conn.exec_driver_sql(CURSOR_SQL.replace("%s", "?"), args).scalar()
+        else:
+            pg = conn.connection.driver_connection
+            assert pg is not None
+            with pg.pipeline(), pg.cursor() as lock, pg.cursor() as cur:
+                ms = max(1, int(self.lock_timeout_seconds * 1000))
+                lock.execute(f"SET LOCAL lock_timeout = {ms}")
+                lock.execute(LOCK_SQL, (f"journal:{org}",))
+                cur.execute(CURSOR_SQL, args)
+                row = cur.fetchone()
+            raw = None if row is None else row[0]
+        if raw is None:
+            return None
+        value = json.loads(raw)
+        return str(value["inc"]), str(value["id"])
+
+    def _expiry_reported(self, conn: Connection, lease_id: str, version: int) -> bool:
+        """Whether ``report_expired`` already recorded ``lease.expired`` for this generation."""
+        found = conn.execute(
+            select(col(LeaseTransition.seq)).where(
+                col(LeaseTransition.lease_id) == lease_id,
+                col(LeaseTransition.version) == version,
+                col(LeaseTransition.action) == "expired",
+            )
+        ).first()
+        return found is not None
+
+    def _collect(
+        self, conn: Connection, org: str, eid: str, p: dict[str, Any], batch: Batch
+    ) -> None:
+        """Add one journal entry's rows to ``batch`` (in journal order); nothing is written
+        yet except what :meth:`_accept_handoff` reads. Generations are handled as their
+        17 fields (see :mod:`prefect_baton._stores.redis.codec`)."""
+        at = int(p["at"])
+        actor = str(p["ac"])
+        batch.actors[actor] = str(p["ro"])
+        if batch.first_at is None:
+            batch.first_at = at
+        events: list[tuple[str, str, dict[str, Any]]] = []
+        last: list[str] | None = None
+        for item in p["it"]:
+            new = gen_fields(item["n"])
+            subject = f"{new[1]}/{new[2]}"
+            x = item.get("x")
+            ended = gen_fields(x) if x else None
+            action = str(item["a"])
+            if ended is not None:
+                batch.lease(ended)
+                batch.transition(org, ended, ended[8], at, actor)
+                if ended[8] == "taken_over" and not self._expiry_reported(
+                    conn, ended[0], int(ended[6])
+                ):
+                    events.append(("lease.expired", subject, event_payload(ended)))
+            batch.lease(new)
+            batch.transition(org, new, action, at, actor)
+            payload = event_payload(new)
+            if action in _CREATES:
+                batch.created.add(new[0])
+            if action in ("takeover", "supersede"):
+                payload["previous_lease_id"] = ended[0] if ended else None
+            elif action in ("release", "force_release"):
+                payload["status"] = new[8]
+                if new[15]:
+                    payload["forced_by"] = new[15]
+            events.append((_KIND[action], subject, payload))
+            rc = item.get("rc")
+            if rc and new[5]:
+                h = from_gen(new)
+                batch.receipts[(actor, new[5], resource_key(new[1], new[2]))] = (
+                    str(rc["d"]),
+                    json.dumps(holding_to_lease(h).model_dump(mode="json")),
+                    at,
+                    int(rc["ex"]),
+                )
+            last = new
+        ho = p.get("ho")
+        if ho and last is not None:
+            events += self._accept_handoff(conn, org, ho, last, at)
+        inc = str(p["i"])
+        append = batch.events.append
+        for n, (kind, subject, payload) in enumerate(events):
+            append(
+                (
+                    "evt_" + event_digest(inc, eid, n),
+                    org,
+                    kind,
+                    actor,
+                    subject,
+                    _canonical(payload),
+                    at,
+                )
+            )
+
+    def _flush(
+        self,
+        conn: Connection,
+        org: str,
+        batch: Batch,
+        cursor: tuple[str, str],
+        *,
+        copy: bool = False,
+    ) -> None:
+        """Write a batch and move the org's journal cursor to ``cursor`` (``(incarnation
+        id, last entry id)``): the org and actors not registered yet, lease rows (update
+        towards the newer state, else insert), receipts (upsert), cursor (upsert),
+        transitions and events (insert-or-ignore, in journal order, events under the
+        ``events:<org>`` lock).
+
+        PostgreSQL: one pipeline (one round trip). With ``copy`` (PostgreSQL only), the
+        transitions, the events and the rows of the leases created in this batch (by an
+        acquire, takeover or supersede entry, so not in the ledger unless the entry was
+        applied before) are instead written with ``COPY``, which inserts rows at about two
+        thirds of the server's cost but cannot ignore or update a row that is already
+        there: such a row raises :class:`psycopg.errors.UniqueViolation`, and the caller
+        rolls the transaction back and writes the batch again without ``copy``. SQLite:
+        one ``executemany`` per kind.
+        """
+        copy = copy and not self._sqlite
+        at = batch.first_at or 0
+        inc, last = cursor
+        stmts: list[tuple[str, Any, bool]] = []  # (sql, params, many)
+        if org not in self._known_orgs:
+            stmts.append((ORG_SQL, (org, at), False))
+        actors = [
+            (name, role)
+            for name, role in batch.actors.items()
+            if self._known_actors.get((org, name)) != role
+        ]
+        if actors:
+            stmts.append(self._principals(org, actors, at))
+        # with copy, the leases created in this batch are new to the ledger: COPYed after
+        # the upsert of the others (which may end the resource's previous active lease)
+        fresh: list[list[str]] = []
+        upserts: list[list[str]] = []
+        for f in batch.leases.values():
+            (fresh if copy and f[0] in batch.created else upserts).append(f)
+        if upserts:
+            leases = [lease_row(org, f) for f in upserts]
+            stmts.append(self._bulk(LEASE_TABLE, leases, LEASE_CONFLICT))
+        if batch.receipts:
+            receipts = [
+                (org, actor, "acquire", key, scope, *values)
+                for (actor, key, scope), values in batch.receipts.items()
+            ]
+            stmts.append(self._bulk(RECEIPT_TABLE, receipts, RECEIPT_CONFLICT))
+        response = json.dumps({"inc": inc, "id": last})
+        created = int(last.partition("-")[0])
+        stmts.append(
+            (CURSOR_SET_SQL, (org, SYSTEM_PRINCIPAL, JOURNAL_OP, response, created), False)
+        )
+        if batch.transitions and not copy:
+            stmts.append(self._bulk(TRANSITION_TABLE, batch.transitions, TRANSITION_CONFLICT))
+        if batch.events:
+            if not self._sqlite:
+                stmts.append((LOCK_SQL, (f"events:{org}",), False))
+            if not copy:
+                stmts.append(self._bulk(EVENT_TABLE, batch.events, EVENT_CONFLICT))
+        if self._sqlite:
+            for sql, params, many in stmts:
+                sql = sql.replace("%s", "?")
+                conn.exec_driver_sql(sql, params if many else tuple(params))
+            return
+        pg = conn.connection.driver_connection
+        assert pg is not None
+        with pg.cursor() as cur:
+            with pg.pipeline():
+                for sql, params, _many in stmts:
+                    cur.execute(sql, params)
+            if copy:
+                copies = (
+                    (LEASE_TABLE, [lease_row(org, f) for f in fresh]),
+                    (TRANSITION_TABLE, batch.transitions),
+                    (EVENT_TABLE, batch.events),
+                )
+                for table, rows in copies:
+                    if rows:
+                        with cur.copy(table.copy_sql) as cp:
+                            for row in rows:
+                                cp.write_row(row)
+
+    def _committed(self, org: str, batch: Batch) -> None:
+        """Remember the org and actors of ``batch``, whose transaction has committed: later
+        batches do not register them again."""
+        self._known_orgs.add(org)
+        self._known_actors.update(((org, name), role) for name, role in batch.actors.items())
+
+    def _principals(
+        self, org: str, actors: list[tuple[str, str]], at: int
+    ) -> tuple[str, Any, bool]:
+        """The statement registering ``actors`` (``(name, role)`` pairs) in ``org``: insert,
+        or set the role where it differs."""
+        return self._bulk(
+            PRINCIPAL_TABLE,
+            [(org, name, role, at) for name, role in actors],
+            f"ON CONFLICT (org_id, name) DO UPDATE SET role = excluded.role "
+            f"WHERE {PRINCIPALS}.role <> excluded.role",
+        )
+
+    def _bulk(
+        self, table: BulkTable, rows: Sequence[tuple[Any, ...]], conflict: str
+    ) -> tuple[str, Any, bool]:
+        """The statement inserting ``rows`` (tuples in ``table``'s column order) with the
+        ``ON CONFLICT`` clause ``conflict``, in row order (serial ``seq`` columns follow it).
+
+        PostgreSQL: one statement for the whole list (``INSERT ... SELECT FROM unnest`` of
+        one binary array per column, ordered by position; binary arrays cost the server
+        less to read than text ones). SQLite: one prepared statement for ``executemany``."""
+        if self._sqlite:
+            return table.sqlite_sql + " " + conflict, list(rows), True
+        return table.pg_sql + " " + conflict, tuple(map(list, zip(*rows, strict=True))), False
+
+    def _accept_handoff(
+        self, conn: Connection, org: str, ho: dict[str, Any], gen: list[str], at: int
+    ) -> list[tuple[str, str, dict[str, Any]]]:
+        lease_id, epoch = gen[0], int(gen[7])
+        hid = str(ho["id"])
+        row = conn.execute(select(HandoffRow).where(col(HandoffRow.handoff_id) == hid)).first()
+        if row is None or row.org_id != org or row.status != "pending":
+            if row is None or row.accepted_lease_id != lease_id:
+                log.warning("journal accepts handoff %s, which is not pending in the ledger", hid)
+            return []
+        conn.execute(
+            update(HandoffRow)
+            .where(col(HandoffRow.handoff_id) == hid, col(HandoffRow.status) == "pending")
+            .values(
+                status="accepted",
+                note=ho.get("nt"),
+                resolved_at_ms=at,
+                accepted_lease_id=lease_id,
+            )
+        )
+        payload = {
+            "handoff_id": row.handoff_id,
+            "from_principal": row.from_principal,
+            "to_principal": row.to_principal,
+            "checkpoint_id": row.checkpoint_id,
+            "lease_id": row.lease_id,
+            "accepted_lease_id": lease_id,
+            "epoch": epoch,
+        }
+        return [("handoff.accepted", str(row.subject_id), payload)]

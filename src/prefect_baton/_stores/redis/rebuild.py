@@ -1,0 +1,304 @@
+"""Surviving Redis data loss: the incarnation marker, the rebuild from the ledger, and the
+epoch floor.
+
+Every script first checks the org's incarnation marker (``inc``). Redis without persistence
+that restarts, a ``FLUSHALL``, or a failover to an empty replica removes it, and from then on
+every operation of the org is refused (fails closed, :class:`UnavailableError`) instead of
+granting from empty state. The first client that notices rebuilds:
+
+1. it takes the org's rebuild lock (other clients keep getting ``UNAVAILABLE`` meanwhile);
+2. it drains whatever is left of the journal into the ledger (after a real loss nothing is
+   left: then the ledger is all there is);
+3. it records the next incarnation number ``n`` in the ledger (a counter kept per org, taken
+   before anything is granted in that incarnation);
+4. it clears the org's remaining Redis state and loads every resource's newest generation,
+   and the unexpired acquire receipts, from the ledger;
+5. it installs a new marker with the epoch floor ``n * 2**32`` and ceiling
+   ``(n + 1) * 2**32``.
+
+Fencing tokens (epochs) granted after the loss are therefore greater than every token granted
+before it, including tokens of transitions that the reconciler had not yet written and that
+are now gone: every epoch of incarnation ``n - 1`` was below its ceiling, ``n * 2**32``, which
+is the new floor. (An incarnation that uses up its range moves to the next one the same way,
+see :func:`rotate`.) Generations restored from the ledger keep their ids and epochs, so their
+holders can renew and release them; a transfer of one takes an epoch above the floor too.
+
+Post-loss grant policy (``post_loss=``):
+
+* ``"fence_only"`` (default): grant at once, relying on the higher fencing tokens. A holder
+  whose grant was lost with Redis may still believe it holds the resource until its next
+  renewal (which fails), while a new holder already has a greater token: a fenced store
+  (the ledger's own fenced writes included) keeps only the new holder's writes.
+* ``"lock_delay"``: no new grant (acquire, takeover, supersede, transfer) in the org until
+  every TTL that might have been in force has run out (``lock_delay_seconds``, by default
+  the largest legal TTL, 86,400 s), as Chubby does after a holder's session is lost.
+  Refused grants get ``CONFLICT`` with that instant as ``expires_at``. Renewals and releases
+  of restored leases still work.
+
+What ``ack="redis"`` can lose, and what it cannot: a transition is acknowledged to the caller
+once Redis has applied it and appended it to the journal; the ledger gets it when the
+reconciler next drains (the lag, :meth:`Reconciler.lag`). If Redis loses its data before
+that, the transitions after the last drain are lost: acquires, renewals, transfers, releases
+and their receipts since then did not happen as far as the rebuilt state is concerned (a
+renewal lost this way shortens a lease to its last reconciled expiry; a lost release leaves
+the lease held until that expiry). What it cannot lose is ownership safety: no operation is
+served from empty state, epochs granted later are greater than any granted before, fenced
+ledger writes are checked against Redis (so a lost grant's holder cannot write fenced
+records), and with ``lock_delay`` no one is granted a resource while a lost grant might still
+be in force. With ``ack="ledger"`` no acknowledged transition is lost at all.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import RedisError
+from sqlalchemy import and_, func, select
+from sqlmodel import col
+
+from prefect_baton._stores.ledger.store import row_to_holding
+from prefect_baton._stores.ledger.tables import LeaseRow, ReceiptRow
+from prefect_baton._stores.redis.cluster import node_time_ms
+from prefect_baton._stores.redis.codec import encode_gen, scope_meta
+from prefect_baton._stores.redis.keys import ORGS_KEY, org_keys
+from prefect_baton._stores.redis.scripts import OK, REBUILD_LOST
+from prefect_baton.errors import UnavailableError
+
+if TYPE_CHECKING:
+    from prefect_baton._stores.redis.authority import RedisAuthority
+
+__all__ = ["EPOCH_RANGE", "rebuild", "recover", "rotate"]
+
+log = logging.getLogger("prefect_baton.redis")
+
+EPOCH_RANGE = 2**32
+"""Epochs granted in incarnation ``n`` lie in ``(n * 2**32, (n + 1) * 2**32)``."""
+REBUILD_LOCK_MS = 120_000
+RESTORE_BATCH = 200
+_INCARNATION_OP = "redis.incarnation"
+
+
+def recover(auth: RedisAuthority, org: str) -> None:
+    """Handle a missing incarnation marker: rebuild (when ``auth.auto_rebuild``) or refuse.
+
+    When another client holds the rebuild lock, wait up to ``auth.rebuild_wait_seconds`` for
+    it to finish (the caller then retries its operation); nothing is granted meanwhile.
+
+    Raises:
+        UnavailableError: rebuilding is off, another client's rebuild did not finish in
+            time, or the ledger or Redis failed during the rebuild.
+    """
+    if not auth.auto_rebuild:
+        raise UnavailableError(
+            f"the Redis lease state of org {org!r} is missing (Redis lost its data); "
+            "operations fail until it is rebuilt from the ledger"
+        )
+    deadline = time.monotonic() + auth.rebuild_wait_seconds
+    while True:
+        try:
+            rebuild(auth, org)
+            return
+        except RebuildInProgress:
+            if time.monotonic() >= deadline:
+                raise
+        time.sleep(0.02)
+        try:
+            if auth.client.exists(org_keys(org).inc):
+                return
+        except RedisError as exc:
+            raise UnavailableError(f"Redis unavailable: {exc}") from exc
+
+
+class RebuildInProgress(UnavailableError):
+    """Another client holds the org's rebuild lock (code ``UNAVAILABLE``)."""
+
+
+def bump_incarnation(auth: RedisAuthority, org: str) -> tuple[int, bool]:
+    """Record the org's next incarnation number in the ledger and return ``(n, existed)``:
+    ``n`` is 0 the first time (``existed`` false), else the recorded number + 1."""
+    rec = auth.reconciler
+    with auth.store.engines.write.begin() as conn:
+        rec._lock(conn, f"incarnation:{org}")
+        row = rec._system_row(conn, org, _INCARNATION_OP)
+        n = 0 if row is None else int(row["n"]) + 1
+        now = int(conn.execute(auth.store._now_sql).scalar_one())
+        rec._set_system_row(conn, org, _INCARNATION_OP, {"n": n}, now)
+    return n, row is not None
+
+
+def _heads(auth: RedisAuthority, org: str) -> Iterator[LeaseRow]:
+    newest = (
+        select(
+            col(LeaseRow.resource_type).label("rt"),
+            col(LeaseRow.resource_id).label("ri"),
+            func.max(col(LeaseRow.epoch)).label("e"),
+        )
+        .where(col(LeaseRow.org_id) == org)
+        .group_by(col(LeaseRow.resource_type), col(LeaseRow.resource_id))
+        .subquery()
+    )
+    q = (
+        select(LeaseRow)
+        .join(
+            newest,
+            and_(
+                col(LeaseRow.resource_type) == newest.c.rt,
+                col(LeaseRow.resource_id) == newest.c.ri,
+                col(LeaseRow.epoch) == newest.c.e,
+            ),
+        )
+        .where(col(LeaseRow.org_id) == org)
+    )
+    with auth.store._read() as (s, _now):
+        yield from s.execute(q).scalars()
+
+
+def _restore_args(row: LeaseRow) -> tuple[str, str]:
+    h = row_to_holding(row)
+    scoped = bool(h.scopes) and h.status == "active"
+    gen = encode_gen(h, sid=h.lease_id if scoped else None)
+    meta = scope_meta(h.resource_type, h.resource_id, h.scopes) if scoped else ""
+    return gen, meta
+
+
+def _restore_receipts(auth: RedisAuthority, org: str) -> int:
+    keys = org_keys(org)
+    n = 0
+    with auth.store._read() as (s, now):
+        rows = s.execute(
+            select(ReceiptRow).where(
+                col(ReceiptRow.org_id) == org,
+                col(ReceiptRow.operation) == "acquire",
+                col(ReceiptRow.expires_at_ms) > now,
+            )
+        ).scalars()
+        pipe = auth.client.pipeline(transaction=False)
+        for r in rows:
+            size, _, rest = r.scope_key.partition(":")
+            rt, rid = rest[: int(size)], rest[int(size) + 1 :]
+            resp: dict[str, Any] = json.loads(r.response)
+            value = json.dumps(
+                {"d": r.request_digest, "id": resp["lease_id"], "e": str(resp["epoch"])}
+            )
+            pipe.set(
+                keys.receipt(r.principal, r.idem_key, rt, rid), value, px=r.expires_at_ms - now
+            )
+            n += 1
+            if n % 500 == 0:
+                pipe.execute()
+        pipe.execute()
+    return n
+
+
+def rebuild(auth: RedisAuthority, org: str) -> int:
+    """Rebuild the org's Redis lease state from the ledger (see the module docstring).
+
+    Returns:
+        The new incarnation number (``int``).
+
+    Raises:
+        UnavailableError: another client holds the rebuild lock, or Redis or the ledger
+            failed; the marker stays missing, so operations keep failing closed.
+    """
+    keys = org_keys(org)
+    client = auth.client
+    token = uuid.uuid4().hex
+    lock_keys = [*keys.base, keys.rebuild]
+    try:
+        if not client.set(keys.rebuild, token, nx=True, px=REBUILD_LOCK_MS):
+            raise RebuildInProgress(
+                f"the Redis lease state of org {org!r} is being rebuilt from the ledger; retry"
+            )
+        try:
+            if client.exists(keys.inc):  # someone finished meanwhile
+                auth.scripts["unlock"](keys=[keys.rebuild], args=[token])
+                return -1
+            auth.reconciler.drain(org)
+            n, existed = bump_incarnation(auth, org)
+            _check(auth.scripts["clear"](keys=lock_keys, args=[token]), org)
+            batch: list[str] = []
+            restored = 0
+            for row in _heads(auth, org):
+                batch += _restore_args(row)
+                if len(batch) >= 2 * RESTORE_BATCH:
+                    _check(auth.scripts["restore"](keys=lock_keys, args=[token, *batch]), org)
+                    client.pexpire(keys.rebuild, REBUILD_LOCK_MS)
+                    restored += len(batch) // 2
+                    batch = []
+            if batch:
+                _check(auth.scripts["restore"](keys=lock_keys, args=[token, *batch]), org)
+                restored += len(batch) // 2
+            receipts = _restore_receipts(auth, org)
+            now = node_time_ms(client, keys.inc)  # the clock of the org's node
+            delay = 0
+            if existed and auth.post_loss == "lock_delay":
+                delay = now + auth.lock_delay_ms
+            _check(
+                auth.scripts["install"](
+                    keys=lock_keys,
+                    args=[
+                        token,
+                        uuid.uuid4().hex,
+                        n,
+                        n * EPOCH_RANGE,
+                        (n + 1) * EPOCH_RANGE,
+                        delay,
+                        auth.old_retention_ms,
+                    ],
+                ),
+                org,
+            )
+            client.sadd(ORGS_KEY, org)
+        except BaseException:
+            try:
+                auth.scripts["unlock"](keys=[keys.rebuild], args=[token])
+            except RedisError:
+                pass
+            raise
+    except RedisError as exc:
+        raise UnavailableError(f"Redis unavailable while rebuilding org {org!r}: {exc}") from exc
+    if existed:
+        log.warning(
+            "rebuilt the Redis lease state of org %r from the ledger: incarnation %d, "
+            "%d resources, %d receipts, epochs now above %d",
+            org,
+            n,
+            restored,
+            receipts,
+            n * EPOCH_RANGE,
+        )
+    return n
+
+
+def _check(reply: Any, org: str) -> None:
+    if int(reply[0]) != OK:
+        code = int(reply[0])
+        raise UnavailableError(
+            f"rebuild of org {org!r} was interrupted (code {code}"
+            f"{', lock lost' if code == REBUILD_LOST else ''}); retry"
+        )
+
+
+def rotate(auth: RedisAuthority, org: str) -> None:
+    """Move the org to a new incarnation's epoch range once its range is used up.
+
+    Raises:
+        UnavailableError: Redis or the ledger failed (nothing changed in Redis).
+    """
+    keys = org_keys(org)
+    try:
+        seen = auth.client.hget(keys.inc, "id")
+        if seen is None:
+            return  # lost meanwhile: the next call rebuilds
+        n, _existed = bump_incarnation(auth, org)
+        auth.scripts["rotate"](
+            keys=list(keys.base), args=[seen, n, n * EPOCH_RANGE, (n + 1) * EPOCH_RANGE]
+        )
+    except RedisError as exc:
+        raise UnavailableError(f"Redis unavailable while rotating org {org!r}: {exc}") from exc
+    log.info("org %r moved to incarnation %d (epoch range used up)", org, n)

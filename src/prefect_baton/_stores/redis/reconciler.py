@@ -1,0 +1,411 @@
+"""The reconciler: drains each org's Redis journal into the ledger, in order, idempotently.
+
+Every Redis script that changes a lease appends one entry to the org's journal stream (all
+the transitions of that call, the actor and the Redis time). Draining applies entries in
+journal order, a batch per ledger transaction:
+
+1. take the org's journal lock (``journal:<org>``: a PostgreSQL advisory lock; SQLite's
+   ``BEGIN IMMEDIATE`` write lock), read the org's cursor (the last applied entry id and the
+   journal's incarnation id) from the ledger;
+2. read the entries after the cursor from Redis, and for each: upsert the lease rows
+   (insert-or-ignore, then update only towards a newer state: a higher version, or the end
+   of an active generation), insert the transitions (insert-or-ignore on the unique
+   ``(lease_id, version, action)``), the acquire receipts, the handoff acceptance and the
+   events (with ids derived from the entry, insert-or-ignore), as the ledger store itself
+   writes them;
+3. move the cursor and commit; only then trim the applied entries from the stream.
+
+Applying an entry twice changes nothing, and entries are applied in the order Redis made
+them, so the history's versions and epochs rise as on the ledger authority. The lag (how many
+entries are not applied yet and how old the oldest one is) is :meth:`Reconciler.lag`.
+
+Cost of a batch. Redis: one round trip to read (two XRANGEs in a pipeline: the journal's
+first entry, for its incarnation id, and the entries after the cursor), one to trim.
+PostgreSQL: one round trip for the lock and the cursor (a pipeline), one for all the
+statements of step 2 and the cursor (a pipeline), one for the commit. A batch of at least
+:data:`COPY_MIN_ENTRIES` entries writes its transitions, events and new lease rows with
+``COPY`` instead (two round trips each; about two thirds of the server's cost of
+``INSERT ... ON CONFLICT``); ``COPY`` cannot ignore a row that is already there, so when
+some of the batch is in the ledger already (the cursor was lost, say) the transaction is
+rolled back and the batch written again with insert-or-ignore: idempotency is unchanged.
+A lease acquired and released within one batch is one lease row, written once in its final
+state. The org and the actors are registered the first time a reconciler sees them (again
+when an actor's role changes), not in every batch.
+
+The reconciler's transactions keep the server's ``synchronous_commit``. Turning it off
+would save little CPU (the server's WAL flush at commit is mostly waiting, not computing)
+and would break the rule of step 3: the commit would return before its WAL is on disk, the
+entries would be trimmed from Redis, and a crash of the database server in that window
+would lose them from both places.
+
+This module holds the drain loop (:class:`Reconciler`), :func:`run_reconciler` (``baton
+reconcile``) and the client's drain thread (:class:`Drainer`); the rows and SQL statements
+of a batch are in :mod:`prefect_baton._stores.redis.ledger_writes`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from redis.exceptions import RedisError
+from sqlalchemy.exc import OperationalError
+
+from prefect_baton._stores.ledger.store import LedgerStore
+from prefect_baton._stores.redis.cluster import RedisClient, node_time_ms
+from prefect_baton._stores.redis.codec import journal_payload
+from prefect_baton._stores.redis.keys import ORGS_KEY, org_keys
+from prefect_baton._stores.redis.ledger_writes import Batch, LedgerWriter
+from prefect_baton.errors import UnavailableError
+
+__all__ = ["Lag", "ReconcileReport", "Reconciler", "run_reconciler"]
+
+log = logging.getLogger("prefect_baton.reconciler")
+
+DEFAULT_BATCH = 2000
+COPY_MIN_ENTRIES = 64
+"""Batches of at least this many entries write their new rows with ``COPY`` on PostgreSQL
+(see :meth:`LedgerWriter._flush`); a smaller batch sends all its statements in one
+pipeline, which costs fewer round trips than the ``COPY`` commands save."""
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def id_tuple(entry_id: str) -> tuple[int, int]:
+    """A stream entry id ``"<ms>-<seq>"`` as a comparable tuple of ints."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _payload(fields: Any) -> dict[str, Any]:
+    return journal_payload(fields[b"p"] if b"p" in fields else fields["p"])
+
+
+def _unavailable(exc: Exception) -> UnavailableError:
+    return UnavailableError(f"Redis unavailable to the reconciler: {exc}")
+
+
+@dataclass(frozen=True)
+class Lag:
+    """How far the ledger is behind an org's journal.
+
+    Attributes:
+        entries: journal entries not yet trimmed (``int``; applied-but-untrimmed entries,
+            at most one batch, count too).
+        seconds: age of the oldest of them on the Redis clock (``float``, 0 when none).
+        oldest_id: its stream id (``str``) or ``None``.
+    """
+
+    entries: int
+    seconds: float
+    oldest_id: str | None = None
+
+
+@dataclass
+class ReconcileReport:
+    """What :func:`run_reconciler` did: ``applied`` entries (``int``) per org in ``orgs``
+    and the final ``lag`` of each (:class:`Lag`)."""
+
+    orgs: list[str] = field(default_factory=list)
+    applied: int = 0
+    lag: dict[str, Lag] = field(default_factory=dict)
+
+
+class Reconciler(LedgerWriter):
+    """Drains Redis journals into one ledger.
+
+    Args:
+        client: the Redis client of the authority (``redis.Redis`` or
+            ``redis.cluster.RedisCluster``).
+        store: the ledger (:class:`prefect_baton._stores.ledger.store.LedgerStore`).
+        batch_size: entries per ledger transaction (``int``, default 2,000).
+
+    Every method may raise :class:`UnavailableError` when Redis or the ledger cannot be
+    reached; nothing is acknowledged (trimmed) that the ledger has not committed.
+    """
+
+    def __init__(self, client: RedisClient, store: LedgerStore, *, batch_size: int = DEFAULT_BATCH):
+        super().__init__(store)
+        self.client = client
+        self.batch_size = max(1, int(batch_size))
+
+    # ------------------------------------------------------------------ public
+
+    def drain(self, org: str, *, until: str | None = None, max_batches: int | None = None) -> int:
+        """Apply the org's pending journal entries; returns how many were applied (``int``).
+
+        Args:
+            org: the organization.
+            until: stop once this entry id (``"<ms>-<seq>"``) is applied (``None``: drain
+                everything pending).
+            max_batches: stop after this many batches (``None``: no limit).
+
+        A batch shorter than ``batch_size`` reached the end of the journal: the drain stops
+        there (entries appended since are left for the next drain).
+        """
+        if until is not None and self._applied(org, until):
+            return 0
+        total = 0
+        batches = 0
+        while max_batches is None or batches < max_batches:
+            n, last = self.drain_once(org)
+            total += n
+            batches += 1
+            if n < self.batch_size:
+                break
+            if until is not None and last is not None and id_tuple(last) >= id_tuple(until):
+                break
+        return total
+
+    def drain_once(self, org: str) -> tuple[int, str | None]:
+        """Apply one batch (at most ``batch_size`` entries) in one ledger transaction.
+
+        Returns ``(applied, last applied entry id or None)``.
+        """
+        journal = org_keys(org).journal
+        try:
+            try:
+                n, last, batch = self._apply(org, journal, copy=not self._sqlite)
+            except psycopg.errors.UniqueViolation:
+                # some of the batch is in the ledger already (a lost cursor, say): COPY
+                # cannot skip it, so write the batch again with insert-or-ignore
+                log.info("journal entries of %s already in the ledger; re-applying", org)
+                n, last, batch = self._apply(org, journal, copy=False)
+        except RedisError as exc:
+            raise _unavailable(exc) from exc
+        except (OperationalError, psycopg.OperationalError) as exc:
+            raise UnavailableError(
+                f"ledger database unavailable: {getattr(exc, 'orig', None) or exc}"
+            ) from exc
+        if last is None:
+            return 0, None
+        self._committed(org, batch)
+        ms, seq = id_tuple(last)
+        try:
+            self.client.xtrim(journal, minid=f"{ms}-{seq + 1}", approximate=False)
+        except RedisError as exc:  # applied and committed; trimmed by the next drain
+            log.info("could not trim the journal of %s: %s", org, exc)
+        return n, last
+
+    def _apply(self, org: str, journal: str, *, copy: bool) -> tuple[int, str | None, Batch]:
+        """Steps 1 and 2 of a batch, committed: ``(entries applied, last entry id or None,
+        the batch)``."""
+        batch = Batch()
+        with self.store.engines.write.begin() as conn:
+            cursor = self._lock_and_read_cursor(conn, org)
+            stream_inc, entries = self._read(journal, cursor)
+            if not entries:
+                return 0, None, batch
+            for raw_id, fields in entries:
+                self._collect(conn, org, _text(raw_id), _payload(fields), batch)
+            last = _text(entries[-1][0])
+            copy = copy and len(entries) >= COPY_MIN_ENTRIES
+            self._flush(conn, org, batch, (stream_inc, last), copy=copy)
+        return len(entries), last, batch
+
+    def _read(
+        self, journal: str, cursor: tuple[str, str] | None
+    ) -> tuple[str, list[tuple[Any, Any]]]:
+        """The journal's incarnation id and up to ``batch_size`` entries after ``cursor``
+        (all from the start when the cursor is of another incarnation, or ``None``): one
+        Redis round trip (two XRANGEs in a pipeline), two when the incarnation changed."""
+        if cursor is None:
+            entries: Any = self.client.xrange(journal, min="-", count=self.batch_size)
+            return ("", []) if not entries else (str(_payload(entries[0][1])["i"]), entries)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xrange(journal, count=1)
+        pipe.xrange(journal, min="(" + cursor[1], count=self.batch_size)
+        first, entries = pipe.execute()
+        if not first:
+            return "", []
+        stream_inc = str(_payload(first[0][1])["i"])
+        if stream_inc != cursor[0]:
+            entries = self.client.xrange(journal, min="-", count=self.batch_size)
+        return stream_inc, entries
+
+    def lag(self, org: str) -> Lag:
+        """The org's current :class:`Lag` (two Redis commands)."""
+        journal = org_keys(org).journal
+        try:
+            n = int(self.client.xlen(journal))
+            if n == 0:
+                return Lag(0, 0.0, None)
+            first = self.client.xrange(journal, count=1)
+            now_ms = node_time_ms(self.client, journal)
+        except RedisError as exc:
+            raise _unavailable(exc) from exc
+        if not first:
+            return Lag(0, 0.0, None)
+        oldest = _text(first[0][0])
+        return Lag(n, max(0.0, (now_ms - id_tuple(oldest)[0]) / 1000.0), oldest)
+
+    # ------------------------------------------------------------------ internals
+
+    def _applied(self, org: str, entry_id: str) -> bool:
+        try:
+            first = self.client.xrange(org_keys(org).journal, count=1)
+        except RedisError as exc:
+            raise _unavailable(exc) from exc
+        return not first or id_tuple(_text(first[0][0])) > id_tuple(entry_id)
+
+
+def registered_orgs(client: RedisClient) -> list[str]:
+    """The orgs whose Redis lease state was ever set up (the ``baton:orgs`` set)."""
+    try:
+        return sorted(_text(m) for m in client.smembers(ORGS_KEY))
+    except RedisError as exc:
+        raise _unavailable(exc) from exc
+
+
+def run_reconciler(
+    redis_url: str | None = None,
+    ledger_url: str | None = None,
+    *,
+    orgs: Sequence[str] | None = None,
+    follow: bool = False,
+    interval_seconds: float = 0.5,
+    batch_size: int = DEFAULT_BATCH,
+    stop: threading.Event | None = None,
+    on_batch: Callable[[str, int, Lag], None] | None = None,
+    client: RedisClient | None = None,
+    store: LedgerStore | None = None,
+) -> ReconcileReport:
+    """Drain Redis lease journals into the ledger (what ``baton reconcile`` runs).
+
+    Args:
+        redis_url: Redis URL (default ``BATON_REDIS_URL``).
+        ledger_url: ledger URL (default ``BATON_LEDGER_URL`` or the SQLite default).
+        orgs: the orgs to drain (default: every org registered in ``baton:orgs``, re-read
+            each round when following).
+        follow: keep draining until ``stop`` is set (or the process is interrupted);
+            otherwise drain what is pending once and return.
+        interval_seconds: pause between rounds that applied less than one batch per org
+            (``float``, seconds): entries gather into larger batches meanwhile.
+        batch_size: entries per ledger transaction.
+        stop: an event that ends ``follow`` mode.
+        on_batch: called as ``on_batch(org, applied, lag)`` after each round of an org that
+            applied something.
+        client, store: use these instead of connecting from URLs.
+
+    Returns:
+        A :class:`ReconcileReport` with what was applied and the final lag of each org.
+
+    Raises:
+        ValidationError: no Redis URL configured. UnavailableError: Redis or the ledger
+            is unreachable (in ``follow`` mode only when it is so at start).
+    """
+    from prefect_baton._settings import BatonSettings
+    from prefect_baton._stores.redis.authority import connect
+    from prefect_baton.errors import ValidationError
+
+    settings = BatonSettings()
+    own_store = store is None
+    if client is None:
+        url = redis_url or (settings.redis_url.get_secret_value() if settings.redis_url else None)
+        if not url:
+            raise ValidationError("no Redis URL: pass redis_url or set BATON_REDIS_URL")
+        client = connect(url)
+    if store is None:
+        store = LedgerStore(
+            ledger_url or settings.ledger_url,
+            receipt_retention_seconds=settings.receipt_retention_seconds,
+        )
+    rec = Reconciler(client, store, batch_size=batch_size)
+    report = ReconcileReport()
+    stop = stop or threading.Event()
+    try:
+        while True:
+            targets: Iterable[str] = orgs if orgs is not None else registered_orgs(client)
+            busy = False
+            for org in targets:
+                if org not in report.orgs:
+                    report.orgs.append(org)
+                try:
+                    n = rec.drain(org)
+                except UnavailableError as exc:
+                    if not follow:
+                        raise
+                    log.warning("reconcile of %s failed, will retry: %s", org, exc)
+                    continue
+                report.applied += n
+                busy = busy or n >= rec.batch_size
+                if n and on_batch is not None:
+                    on_batch(org, n, rec.lag(org))
+            if not follow or stop.is_set():
+                break
+            if not busy:
+                stop.wait(interval_seconds)
+            if stop.is_set():
+                break
+        for org in report.orgs:
+            try:
+                report.lag[org] = rec.lag(org)
+            except UnavailableError:
+                pass
+    finally:
+        if own_store:
+            store.close()
+    return report
+
+
+class Drainer:
+    """A daemon thread that keeps draining the orgs it was given (``ack="redis"``).
+
+    Args:
+        reconciler: the :class:`Reconciler` to drive.
+        interval_seconds: pause after a round that caught up with every journal
+            (``float``, default 0.05 s).
+    """
+
+    def __init__(self, reconciler: Reconciler, *, interval_seconds: float = 0.05) -> None:
+        self.reconciler = reconciler
+        self.interval = interval_seconds
+        self.orgs: set[str] = set()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="baton-reconciler", daemon=True)
+        self._thread.start()
+
+    def add(self, org: str) -> None:
+        """Drain ``org`` too from now on (waking the thread the first time only, so that
+        entries accumulate into batches between rounds)."""
+        if org not in self.orgs:
+            self.orgs.add(org)
+            self._wake.set()
+
+    def alive(self) -> bool:
+        """Whether the thread still runs."""
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        backoff = self.interval
+        while not self._stop.is_set():
+            busy = False
+            failed = False
+            for org in list(self.orgs):
+                try:
+                    n = self.reconciler.drain(org, max_batches=8)
+                    busy = busy or n >= 8 * self.reconciler.batch_size
+                except Exception as exc:
+                    failed = True
+                    log.warning("background reconcile of %s failed: %s", org, exc)
+            if failed:
+                backoff = min(max(backoff * 2, 0.1), 5.0)
+                self._stop.wait(backoff)
+                continue
+            backoff = self.interval
+            if not busy:
+                self._wake.wait(self.interval)
+                self._wake.clear()
+
+    def stop(self, *, timeout: float = 10.0) -> None:
+        """Stop the thread (after the round in progress) and wait up to ``timeout`` s."""
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout)

@@ -1,0 +1,133 @@
+-- _acquire.lua: the acquire decision and its writes, shared by acquire.lua and
+-- acquire_many.lua (prepended after _lib.lua to those two scripts only).
+
+-- Decide an acquire of one resource (a mirror of prefect_baton._rules.core.decide_acquire plus
+-- the ledger's receipt check). `it` holds the request, `raw` the resource's head as stored
+-- (or nil); returns a reply table on refusal, or {C_OK, plan} with
+-- plan = {new, ended, head, raw, action} (or a replay/no-op reply).
+local function decide_acquire(it, principal, key, now, mk, raw)
+  if key and it.rk then
+    local r = redis.call('GET', it.rk)
+    if r then
+      local rec = cjson.decode(r)
+      if rec.d ~= it.digest then return {C_MISMATCH, key} end
+      local g = gen_by_id(rec.id)
+      if not g or g.o ~= principal or g.k ~= key or g.e ~= tonumber(rec.e)
+          or not effective(g, now) then
+        local why = 'gone'
+        if g then why = lost_reason(g, now) end
+        return {C_LOST, 'lease ' .. rec.id .. ' acquired under this execution key is no '
+          .. 'longer held (' .. why .. '); a replayed receipt does not revive it: use a new '
+          .. 'execution key'}
+      end
+      return {C_REPLAY, enc(g)}
+    end
+  end
+  local head = peek(raw)
+  local ended, action = nil, 'acquire'
+  if head and effective(head, now) then
+    local same = head.o == principal
+    if same and key and head.k == key then return {C_NOOP, raw} end
+    if same and not key and head.k == nil then
+      ended = dec(raw); ended.s = 'superseded'; ended.ea = now; action = 'supersede'
+    elseif same then
+      return {C_CONFLICT, I(head.x), 2}
+    else
+      return {C_CONFLICT, I(head.x), 0}
+    end
+  end
+  local cur = 0
+  if head then cur = head.v end
+  if it.ev and it.ev ~= cur then return {C_VERSION, I(cur), I(it.ev)} end
+  if it.sc then
+    local exp = S().scope_conflict(it.pf, it.tk, principal, it.rd, now)
+    if exp then return {C_CONFLICT, I(exp), 1} end
+  end
+  if head and (head.v >= MAX_SAFE or head.e >= MAX_SAFE) then return {C_INVALID, EXHAUSTED} end
+  if mk.delay > now then return {C_CONFLICT, I(mk.delay), 0} end
+  if head and head.s == 'active' and not ended then
+    ended = dec(raw); ended.s = 'taken_over'; ended.ea = now; action = 'takeover'
+  end
+  local epoch = mk.floor
+  if head and head.e > epoch then epoch = head.e end
+  epoch = epoch + 1
+  if epoch >= mk.ceil then return {C_ROTATE} end
+  local new = {id = it.id, rt = it.rt, ri = it.ri, rd = it.rd, o = principal, k = key,
+               v = cur + 1, e = epoch, s = 'active', a = now, x = now + it.ttl, t = it.ttl,
+               sc = it.sc, p = it.p}
+  if it.sc then new.sid = it.id end
+  return {C_OK, {new = new, ended = ended, head = head, raw = raw, action = action}}
+end
+
+-- Apply a decided acquire; returns the journal item and the new generation (texts). The
+-- writes to the heads, lease-id and owner indexes are gathered in `w` ({h = {}, l = {},
+-- o = {}}) and written by flush_acquired(w), so that several acquires write each key once;
+-- without `w` (one acquire) they are written at once.
+local function apply_acquire(it, plan, principal, key, now, mk, w)
+  local new, ended, head = plan.new, plan.ended, plan.head
+  local ended_s = nil
+  if ended then
+    if head.sid then S().idx_remove(head.sid) end
+    redis.call('ZREM', KEYS[6], own_member(head))
+    ended_s = enc(ended)
+    retire(ended, now, ended_s)
+  elseif head then
+    retire(head, now, plan.raw)
+  end
+  if head then prune_old(now, mk, 1) end
+  local new_s = enc(new)
+  if w then
+    local h, l, o = w.h, w.l, w.o
+    h[#h + 1] = it.rd; h[#h + 1] = new_s
+    l[#l + 1] = new.id; l[#l + 1] = it.rd
+    o[#o + 1] = '0'; o[#o + 1] = own_member(new)
+  else
+    redis.call('HSET', KEYS[2], it.rd, new_s)
+    redis.call('HSET', KEYS[3], new.id, it.rd)
+    redis.call('ZADD', KEYS[6], '0', own_member(new))
+  end
+  if new.sid then S().idx_add(new.sid, it.meta, it.pf, new.x, principal) end
+  local rc_d, rc_ex = nil, nil
+  if key and it.rk then
+    redis.call('SET', it.rk, '{"d":"' .. it.digest .. '","id":"' .. new.id .. '","e":"'
+      .. I(new.e) .. '"}', 'PX', it.rttl_s)
+    rc_d, rc_ex = it.digest, I(now + tonumber(it.rttl_s))
+  end
+  return item(plan.action, new_s, ended_s, rc_d, rc_ex), new_s
+end
+
+local function flush_acquired(w)
+  if #w.h == 0 then return end
+  redis.call('HSET', KEYS[2], unpack(w.h))
+  redis.call('HSET', KEYS[3], unpack(w.l))
+  redis.call('ZADD', KEYS[6], unpack(w.o))
+end
+
+-- What a call deciding several acquires does with request i's decision r: nil when r
+-- grants, is a no-op or a replay (the caller keeps it); otherwise the reply to return at
+-- once ({31}, or the refusal with the index: {code, i, ...}).
+local function stop_at(r, i)
+  local code = r[1]
+  if code == C_OK or code == C_NOOP or code == C_REPLAY then return nil end
+  if code == C_ROTATE then return r end
+  local out = {code, i}
+  for k = 2, #r do out[#out + 1] = r[k] end
+  return out
+end
+
+-- Read one acquire request from ARGV starting at index `b` (11 fields), its receipt key
+-- being KEYS[ki] when keyed.
+local function read_item(b, ki)
+  local ev, sc, meta, pf, tk, rk = opt(ARGV[b + 5]), nil, nil, nil, nil, nil
+  if ev then ev = tonumber(ev) end
+  if ARGV[b + 8] ~= '' then
+    sc, meta = ARGV[b + 8], ARGV[b + 9]
+    local m = cjson.decode(meta)
+    pf, tk = m.pf, m.t
+  end
+  if ki then rk = KEYS[ki] end
+  -- The receipt TTL is used as text (PX); the lease TTL's text is remembered by N().
+  return {rd = ARGV[b], rt = ARGV[b + 1], ri = ARGV[b + 2], ttl = N(ARGV[b + 3]),
+          p = opt(ARGV[b + 4]), ev = ev, id = ARGV[b + 6], digest = ARGV[b + 7], sc = sc,
+          meta = meta, pf = pf, tk = tk, rk = rk, rttl_s = ARGV[b + 10]}
+end

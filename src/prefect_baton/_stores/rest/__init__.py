@@ -1,0 +1,1 @@
+"""The REST client store: every operation through the REST API."""

@@ -1,0 +1,497 @@
+"""The REST API as the client's backend: ``Baton(api_url=..., api_key=...)``.
+
+:class:`RemoteBackend` implements the lease authority protocol
+(:class:`~prefect_baton._stores.protocol.LeaseAuthority`) and the record operations of the ledger
+store (:class:`~prefect_baton._client.api_base.RecordStore`) over HTTP with one pooled
+:class:`httpx.Client`. Requests go to the routes of :mod:`prefect_baton.rest.app`; answers
+come back as the same :mod:`prefect_baton.models` and failures as the same
+:class:`~prefect_baton.errors.BatonError` subclasses with the same codes and fields (a lease
+``CONFLICT`` carries ``expires_at``, ``VERSION_CONFLICT`` the current and expected versions).
+
+Transport, parsing and the mapping of failures that are not an error envelope of the API
+(:class:`UnavailableError`, ``UNAUTHENTICATED`` ...) are in :mod:`prefect_baton._stores.rest.http`.
+
+The key decides the identity: the caller passed to each method is the one the key
+authenticated as (:meth:`RemoteBackend.identity`, ``GET /v1/me``), whatever it says. The
+key is kept as a :class:`pydantic.SecretStr` and appears in no log, repr or message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, SecretStr
+
+from prefect_baton._rules.core import Proof
+from prefect_baton._stores.ledger.base import Fence
+from prefect_baton._stores.protocol import Caller
+from prefect_baton._stores.redis.authority import AcquireRequest
+from prefect_baton._stores.rest.http import (
+    DEFAULT_TIMEOUT_SECONDS,
+    _params,
+    _seg,
+    _Transport,
+    _UnreadableAnswer,
+)
+from prefect_baton.errors import (
+    ForbiddenError,
+    NotFoundError,
+    UnauthenticatedError,
+    ValidationError,
+)
+from prefect_baton.models import (
+    Checkpoint,
+    Event,
+    Evidence,
+    Handoff,
+    Lease,
+    LeaseInfo,
+    Outcome,
+    Receipt,
+)
+
+__all__ = ["DEFAULT_TIMEOUT_SECONDS", "Identity", "RemoteBackend", "UnauthenticatedError"]
+
+
+class Identity(BaseModel):
+    """Who an API key acts as (``GET /v1/me``).
+
+    Attributes:
+        org, principal, role: the identity (``str``). scopes: the key's scopes.
+        key_id: the key's public id. state_max_bytes: the server's checkpoint state cap.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    org: str
+    principal: str
+    role: str
+    scopes: tuple[str, ...] = ()
+    key_id: str | None = None
+    state_max_bytes: int = 1024 * 1024
+
+
+class RemoteBackend(_Transport):
+    """The REST API at ``api_url`` as lease authority and record store.
+
+    Args:
+        api_url: base URL of the API (``str``; e.g. ``http://127.0.0.1:8787``; the routes
+            are under ``/v1``).
+        api_key: a bearer key (``str`` or :class:`pydantic.SecretStr`, ``bk_...``).
+        timeout_seconds: per-request connect/read/write timeout (``float`` seconds > 0).
+        client: an :class:`httpx.Client` to share (its pool); the backend then does not
+            close it.
+
+    Raises:
+        ValidationError: a malformed URL or key, or a bad timeout.
+    """
+
+    _baton_remote = True
+    _identity: Identity | None = None  # GET /v1/me, asked once by identity()
+
+    def __repr__(self) -> str:
+        return f"RemoteBackend(api_url={self.url!r})"
+
+    def with_key(self, api_key: str | SecretStr) -> RemoteBackend:
+        """Another backend for ``api_key`` sharing this one's connection pool (closing it
+        leaves the pool open)."""
+        return RemoteBackend(
+            self.url, api_key, timeout_seconds=self.timeout_seconds, client=self._http
+        )
+
+    def identity(self) -> Identity:
+        """Who the key acts as (``GET /v1/me``, asked once and kept).
+
+        Raises:
+            UnauthenticatedError: the key is unknown or revoked. UnavailableError: no
+            answer. ValidationError: ``api_url`` does not serve this API (``GET /v1/me``
+            is ``404``, a redirect, another status or not an identity).
+        """
+        if self._identity is None:
+            try:
+                data, _ = self._call("GET", "/v1/me")
+                self._identity = self._parse(Identity, data)
+            except NotFoundError:
+                raise ValidationError(
+                    f"{self.url} does not serve the prefect-baton REST API (GET /v1/me is 404)"
+                ) from None
+            except _UnreadableAnswer as exc:
+                raise ValidationError(
+                    f"{self.url} does not serve the prefect-baton REST API ({exc.message})"
+                ) from None
+        return self._identity
+
+    @property
+    def state_max_bytes(self) -> int:
+        """The server's checkpoint state cap in bytes."""
+        return self.identity().state_max_bytes
+
+    def _lease(self, data: Any, replayed: bool = False) -> Lease:
+        return self._parse(Lease, data, replayed=replayed)
+
+    # ------------------------------------------------------------------ leases
+
+    def acquire(
+        self,
+        caller: Caller,
+        resource_type: str,
+        resource_id: str,
+        *,
+        ttl_ms: int,
+        scopes: tuple[str, ...],
+        purpose: str | None,
+        expected_version: int | None,
+        idempotency_key: str | None,
+    ) -> Lease:
+        """``POST /v1/leases``."""
+        body = {
+            "resource_type": resource_type,
+            "resource_id": resource_id,
+            "ttl_seconds": ttl_ms // 1000,
+            "purpose": purpose,
+            "scopes": list(scopes),
+            "expected_version": expected_version,
+        }
+        data, replayed = self._call(
+            "POST", "/v1/leases", json=body, idempotency_key=idempotency_key
+        )
+        return self._lease(data, replayed)
+
+    def acquire_many(
+        self,
+        caller: Caller,
+        requests: Sequence[AcquireRequest],
+        *,
+        idempotency_key: str | None,
+    ) -> list[Lease]:
+        """``POST /v1/leases/batch``: every request or none."""
+        items = [
+            {
+                "resource_type": r.resource_type,
+                "resource_id": r.resource_id,
+                "ttl_seconds": r.ttl_ms // 1000,
+                "purpose": r.purpose,
+                "scopes": list(r.scopes),
+                "expected_version": r.expected_version,
+            }
+            for r in requests
+        ]
+        body = {"resources": items, "ttl_seconds": items[0]["ttl_seconds"] if items else 10}
+        data, _ = self._call("POST", "/v1/leases/batch", json=body, idempotency_key=idempotency_key)
+        leases = self._list(Lease, data, "leases")
+        flags = data.get("replayed")
+        if not isinstance(flags, list) or len(flags) != len(leases):
+            flags = [False] * len(leases)
+        pairs = zip(leases, flags, strict=True)
+        return [lease.model_copy(update={"replayed": bool(f)}) for lease, f in pairs]
+
+    def renew(
+        self,
+        caller: Caller,
+        proof: Proof,
+        *,
+        ttl_ms: int,
+        expected_version: int | None,
+        idempotency_key: str | None = None,
+    ) -> Lease:
+        """``POST /v1/leases/{id}/renew`` with the proof's execution key (and the
+        ``Idempotency-Key`` header when a key is given)."""
+        body = {
+            "ttl_seconds": ttl_ms // 1000,
+            "expected_version": expected_version,
+            "execution_key": proof.execution_key,
+        }
+        data, replayed = self._call(
+            "POST",
+            f"/v1/leases/{_seg(proof.lease_id)}/renew",
+            json=body,
+            idempotency_key=idempotency_key,
+        )
+        return self._lease(data, replayed)
+
+    def transfer(
+        self,
+        caller: Caller,
+        proof: Proof,
+        *,
+        to_principal: str,
+        new_execution_key: str,
+        ttl_ms: int,
+        expected_version: int | None,
+        idempotency_key: str | None = None,
+    ) -> Lease:
+        """``POST /v1/leases/{id}/transfer`` with the proof's execution key (and the
+        ``Idempotency-Key`` header when a key is given)."""
+        body = {
+            "to_principal": to_principal,
+            "new_execution_key": new_execution_key,
+            "ttl_seconds": ttl_ms // 1000,
+            "expected_version": expected_version,
+            "execution_key": proof.execution_key,
+        }
+        data, replayed = self._call(
+            "POST",
+            f"/v1/leases/{_seg(proof.lease_id)}/transfer",
+            json=body,
+            idempotency_key=idempotency_key,
+        )
+        return self._lease(data, replayed)
+
+    def release(
+        self,
+        caller: Caller,
+        proof: Proof,
+        *,
+        expected_version: int | None,
+        idempotency_key: str | None = None,
+    ) -> Receipt:
+        """``POST /v1/leases/{id}/release`` (by proof; ``Idempotency-Key`` when given)."""
+        body = {"execution_key": proof.execution_key, "expected_version": expected_version}
+        data, replayed = self._call(
+            "POST",
+            f"/v1/leases/{_seg(proof.lease_id)}/release",
+            json=body,
+            idempotency_key=idempotency_key,
+        )
+        return self._parse(Receipt, data, replayed=replayed)
+
+    def release_by_id(
+        self, caller: Caller, lease_id: str, *, idempotency_key: str | None = None
+    ) -> Receipt:
+        """``DELETE /v1/leases/{id}`` (``Idempotency-Key`` when given)."""
+        data, replayed = self._call(
+            "DELETE", f"/v1/leases/{_seg(lease_id)}", idempotency_key=idempotency_key
+        )
+        receipt = {"action": "release_by_id", "replayed": replayed}
+        if isinstance(data, dict):
+            receipt |= {"status": data.get("status"), "lease": data.get("lease")}
+        return self._parse(Receipt, receipt)
+
+    def force_release(
+        self, caller: Caller, lease_id: str, *, idempotency_key: str | None = None
+    ) -> Receipt:
+        """``POST /v1/leases/{id}/force-release`` (``Idempotency-Key`` when given)."""
+        data, replayed = self._call(
+            "POST", f"/v1/leases/{_seg(lease_id)}/force-release", idempotency_key=idempotency_key
+        )
+        return self._parse(Receipt, data, replayed=replayed)
+
+    def inspect(self, caller: Caller, resource_type: str, resource_id: str) -> LeaseInfo:
+        """``GET /v1/leases/inspect``."""
+        data, _ = self._call(
+            "GET",
+            "/v1/leases/inspect",
+            params={"resource_type": resource_type, "resource_id": resource_id},
+        )
+        return self._parse(LeaseInfo, data)
+
+    def get(self, caller: Caller, lease_id: str) -> Lease:
+        """``GET /v1/leases/{id}``."""
+        data, _ = self._call("GET", f"/v1/leases/{_seg(lease_id)}")
+        return self._lease(data)
+
+    def list_leases(
+        self,
+        caller: Caller,
+        *,
+        resource_type: str | None = None,
+        owner: str | None = None,
+        include_ended: bool = False,
+        limit: int = 100,
+    ) -> list[Lease]:
+        """``GET /v1/leases``."""
+        params = _params(
+            resource_type=resource_type,
+            owner=owner,
+            include_ended="true" if include_ended else None,
+            limit=limit,
+        )
+        data, _ = self._call("GET", "/v1/leases", params=params)
+        return self._list(Lease, data, "leases")
+
+    def report_expired(self, caller: Caller, *, limit: int = 1000) -> list[Lease]:
+        """``POST /v1/leases/report-expired``."""
+        data, _ = self._call("POST", "/v1/leases/report-expired", params={"limit": limit})
+        return self._list(Lease, data, "leases")
+
+    def prune_receipts(self, caller: Caller) -> int:
+        """Not offered over REST (it deletes receipts of every org of the ledger).
+
+        Raises:
+            ForbiddenError: always; run it where the ledger is (a local client).
+        """
+        raise ForbiddenError(
+            "prune_receipts is not available over the REST API; run it with a client that "
+            "has the ledger URL"
+        )
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint_save(
+        self,
+        caller: Caller,
+        subject_id: str,
+        kind: str,
+        state: dict[str, Any],
+        *,
+        state_text: str,
+        state_hash: str,
+        expected_version: int | None,
+        fence: Fence | None,
+        idempotency_key: str | None,
+        ttl_ms: int | None,
+    ) -> Checkpoint:
+        """``PUT /v1/checkpoints`` (the fence as ``fence_lease_id`` + ``fence_epoch``)."""
+        body = {
+            "subject_id": subject_id,
+            "kind": kind,
+            "state": state,
+            "expected_version": expected_version,
+            "fence_lease_id": fence.lease_id if fence else None,
+            "fence_epoch": fence.epoch if fence else None,
+            "ttl_seconds": ttl_ms // 1000 if ttl_ms is not None else None,
+        }
+        data, replayed = self._call(
+            "PUT", "/v1/checkpoints", json=body, idempotency_key=idempotency_key
+        )
+        return self._parse(Checkpoint, data, replayed=replayed)
+
+    def checkpoint_get(
+        self, caller: Caller, subject_id: str, kind: str, principal: str | None = None
+    ) -> Checkpoint | None:
+        """``GET /v1/checkpoints``; ``None`` on ``404``."""
+        params = _params(subject_id=subject_id, kind=kind, principal=principal)
+        try:
+            data, _ = self._call("GET", "/v1/checkpoints", params=params)
+        except NotFoundError:
+            return None
+        return self._parse(Checkpoint, data)
+
+    def checkpoint_get_by_id(self, caller: Caller, checkpoint_id: str) -> Checkpoint:
+        """``GET /v1/checkpoints/{id}``."""
+        data, _ = self._call("GET", f"/v1/checkpoints/{_seg(checkpoint_id)}")
+        return self._parse(Checkpoint, data)
+
+    def checkpoint_history(
+        self, caller: Caller, subject_id: str, kind: str, principal: str | None = None
+    ) -> list[Checkpoint]:
+        """``GET /v1/checkpoints/history``."""
+        params = _params(subject_id=subject_id, kind=kind, principal=principal)
+        data, _ = self._call("GET", "/v1/checkpoints/history", params=params)
+        return self._list(Checkpoint, data, "checkpoints")
+
+    # ------------------------------------------------------------------ handoffs
+
+    def handoff_create(
+        self,
+        caller: Caller,
+        to_principal: str,
+        subject_id: str,
+        *,
+        checkpoint_id: str | None,
+        context_id: str | None,
+        message: str | None,
+        lease: Proof | None,
+        expires_in_ms: int | None,
+        idempotency_key: str | None,
+    ) -> Handoff:
+        """``POST /v1/handoffs``."""
+        body = {
+            "to_principal": to_principal,
+            "subject_id": subject_id,
+            "checkpoint_id": checkpoint_id,
+            "context_id": context_id,
+            "message": message,
+            "lease_id": lease.lease_id if lease else None,
+            "expires_in_seconds": expires_in_ms // 1000 if expires_in_ms is not None else None,
+        }
+        if lease is not None:
+            body["lease_execution_key"] = lease.execution_key
+        data, replayed = self._call(
+            "POST", "/v1/handoffs", json=body, idempotency_key=idempotency_key
+        )
+        return self._parse(Handoff, data, replayed=replayed)
+
+    def handoff_inbox(self, caller: Caller, *, limit: int = 100) -> list[Handoff]:
+        """``GET /v1/handoffs``."""
+        data, _ = self._call("GET", "/v1/handoffs", params={"limit": limit})
+        return self._list(Handoff, data, "handoffs")
+
+    def handoff_get(self, caller: Caller, handoff_id: str) -> Handoff:
+        """``GET /v1/handoffs/{id}``."""
+        data, _ = self._call("GET", f"/v1/handoffs/{_seg(handoff_id)}")
+        return self._parse(Handoff, data)
+
+    def handoff_resolve(
+        self,
+        caller: Caller,
+        handoff_id: str,
+        status: str,
+        *,
+        note: str | None,
+        execution_key: str | None,
+        ttl_ms: int | None,
+        idempotency_key: str | None = None,
+    ) -> Handoff:
+        """``POST /v1/handoffs/{id}/resolve`` (``Idempotency-Key`` when given)."""
+        body = {
+            "status": status,
+            "note": note,
+            "execution_key": execution_key,
+            "ttl_seconds": ttl_ms // 1000 if ttl_ms is not None else None,
+        }
+        data, replayed = self._call(
+            "POST",
+            f"/v1/handoffs/{_seg(handoff_id)}/resolve",
+            json=body,
+            idempotency_key=idempotency_key,
+        )
+        return self._parse(Handoff, data, replayed=replayed)
+
+    # ------------------------------------------------------------------ outcomes, events
+
+    def outcome_record(
+        self,
+        caller: Caller,
+        subject_id: str,
+        status: str,
+        *,
+        evidence: Sequence[Evidence],
+        fence: Fence | None,
+        lease_id: str | None,
+        handoff_id: str | None,
+        checkpoint_id: str | None,
+        idempotency_key: str | None,
+    ) -> Outcome:
+        """``POST /v1/outcomes``."""
+        body = {
+            "subject_id": subject_id,
+            "status": status,
+            "evidence": [e.model_dump() for e in evidence],
+            "fence_lease_id": fence.lease_id if fence else None,
+            "fence_epoch": fence.epoch if fence else None,
+            "lease_id": lease_id,
+            "handoff_id": handoff_id,
+            "checkpoint_id": checkpoint_id,
+        }
+        data, replayed = self._call(
+            "POST", "/v1/outcomes", json=body, idempotency_key=idempotency_key
+        )
+        return self._parse(Outcome, data, replayed=replayed)
+
+    def outcome_list(
+        self, caller: Caller, subject_id: str | None = None, *, limit: int = 1000
+    ) -> list[Outcome]:
+        """``GET /v1/outcomes``."""
+        params = _params(subject_id=subject_id, limit=limit)
+        data, _ = self._call("GET", "/v1/outcomes", params=params)
+        return self._list(Outcome, data, "outcomes")
+
+    def events_list(
+        self, caller: Caller, *, after_seq: int = 0, limit: int = 100, kind: str | None = None
+    ) -> list[Event]:
+        """``GET /v1/events``."""
+        params = _params(after=after_seq, limit=limit, kind=kind)
+        data, _ = self._call("GET", "/v1/events", params=params)
+        return self._list(Event, data, "events")

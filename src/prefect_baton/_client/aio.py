@@ -44,15 +44,17 @@ def _to_async(
     """The coroutine version of a sync ``method``, for the class body of a
     :class:`_Wrapper` of the sync class.
 
-    Awaiting it calls ``method(self.sync, ...)`` on an anyio worker thread, so the blocking
-    database or HTTP call does not hold the event loop. Parameters, docstring and
-    :func:`inspect.signature` are the sync method's (``functools.wraps``); the result and
-    the errors raised are the sync method's too.
+    Awaiting it calls the method of that name on ``self.sync`` (so a subclass's override
+    runs) on an anyio worker thread, so the blocking database or HTTP call does not hold the
+    event loop. Parameters, docstring and :func:`inspect.signature` are the sync method's
+    (``functools.wraps``); the result and the errors raised are the sync method's too.
     """
+    name = method.__name__
 
     @functools.wraps(method)
     async def call(self: _Wrapper[S], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        return await anyio.to_thread.run_sync(functools.partial(method, self.sync, *args, **kwargs))
+        bound: Callable[P, R] = getattr(self.sync, name)
+        return await anyio.to_thread.run_sync(functools.partial(bound, *args, **kwargs))
 
     return call
 
@@ -60,12 +62,15 @@ def _to_async(
 def _delegate(
     method: Callable[Concatenate[S, P], R],
 ) -> Callable[Concatenate[_Wrapper[S], P], R]:
-    """A plain (non-blocking) sync ``method`` called on ``self.sync`` with the same
-    signature and docstring (e.g. :meth:`Baton.lease`, which only builds the lease block)."""
+    """A plain (non-blocking) sync ``method``, called by name on ``self.sync`` in the
+    caller's thread, with the same signature and docstring (e.g. :meth:`Baton.lease`, which
+    only builds the lease block)."""
+    name = method.__name__
 
     @functools.wraps(method)
     def call(self: _Wrapper[S], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        return method(self.sync, *args, **kwargs)
+        bound: Callable[P, R] = getattr(self.sync, name)
+        return bound(*args, **kwargs)
 
     return call
 

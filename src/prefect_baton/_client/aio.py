@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Coroutine
 from types import TracebackType
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar
 
 import anyio.to_thread
 
@@ -253,7 +253,7 @@ class AsyncBaton(_Wrapper[Baton]):
         and the Redis authority or REST connection pool it created) on a worker thread."""
         await anyio.to_thread.run_sync(self.sync.close)
 
-    async def __aenter__(self) -> AsyncBaton:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(

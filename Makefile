@@ -26,6 +26,7 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+	MYPYPATH=src $(BIN)/mypy --strict tests/typing
 
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict

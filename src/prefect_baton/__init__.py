@@ -1,9 +1,16 @@
 """prefect-baton: leases with fencing tokens, checkpoints, handoffs and outcomes for Prefect
 flows and plain agent code, on a SQL ledger (SQLite by default, PostgreSQL at scale)."""
 
+from prefect_baton._client.aio import (
+    AsyncBaton,
+    AsyncCheckpointAPI,
+    AsyncEventAPI,
+    AsyncHandoffAPI,
+    AsyncLeaseAPI,
+    AsyncOutcomeAPI,
+)
 from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._client.sync import (
-    AsyncBaton,
     Baton,
     CheckpointAPI,
     EventAPI,
@@ -41,6 +48,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncBaton",
+    "AsyncCheckpointAPI",
+    "AsyncEventAPI",
+    "AsyncHandoffAPI",
+    "AsyncLeaseAPI",
+    "AsyncOutcomeAPI",
     "Baton",
     "BatonError",
     "BatonSettings",

@@ -1,4 +1,5 @@
-"""The Python surface: :class:`Baton` (sync) and :class:`AsyncBaton`.
+"""The synchronous Python surface: :class:`Baton` (the coroutine client, ``AsyncBaton``,
+wraps it in :mod:`prefect_baton._client.aio`).
 
 :class:`Baton` picks the backend (ledger, Redis authority or REST API) and carries the
 operation groups: :class:`~prefect_baton._client.leases.LeaseAPI` (``b.leases``) and the
@@ -386,13 +387,10 @@ class Baton:
         self.close()
 
 
-from prefect_baton._client.aio import AsyncBaton  # noqa: E402  (re-export; it builds on Baton)
-
 __all__ = [
     "CHECKPOINT_TTL_MAX_SECONDS",
     "HANDOFF_RESOLUTIONS",
     "OUTCOME_STATUSES",
-    "AsyncBaton",
     "Baton",
     "CheckpointAPI",
     "EventAPI",

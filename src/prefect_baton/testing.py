@@ -165,7 +165,8 @@ def memory_baton(
     environment variable is read. Two calls give two ledgers that do not see each other.
     Other identities of the same ledger: ``b.as_principal("worker-2", role="owner")``; an
     async client: ``AsyncBaton(sync=b)``. ``b.close()`` (or leaving ``with memory_baton()
-    as b:``) frees the ledger for every client made from ``b``.
+    as b:``) frees the ledger for every client made from ``b``; an operation after that
+    raises :class:`~prefect_baton.errors.UnavailableError`.
 
     Args:
         org: organization id (default ``"test"``).

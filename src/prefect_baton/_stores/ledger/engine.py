@@ -21,6 +21,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
 
 from prefect_baton.errors import UnavailableError, ValidationError
@@ -103,7 +104,8 @@ def normalize_url(url: str) -> str:
         if not db or db == ":memory:" or "mode=memory" in str(u.query):
             raise ValidationError(
                 "an in-memory SQLite ledger is not supported (every connection would see its "
-                "own empty database): use a file, e.g. sqlite:///.baton/ledger.db"
+                "own empty database): use a file, e.g. sqlite:///.baton/ledger.db (in "
+                "tests: prefect_baton.testing.memory_baton)"
             )
         if not db.startswith("file:"):
             folder = Path(db).expanduser().resolve().parent
@@ -167,12 +169,32 @@ class _OneAtATimePool(StaticPool):
     one checkout at a time: the others wait until it is returned, so the transactions of
     several threads never interleave on the shared connection."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, closed: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._turn = threading.Lock()
         self._holder: int | None = None
+        self._closed = closed
+
+    def recreate(self) -> _OneAtATimePool:
+        """The pool an engine keeps after :meth:`Engine.dispose`: the database went with the
+        connection, so it refuses every checkout instead of opening a new, empty one."""
+        return _OneAtATimePool(
+            creator=self._creator,
+            recycle=self._recycle,
+            reset_on_return=self._reset_on_return,
+            pre_ping=self._pre_ping,
+            echo=self.echo,
+            logging_name=self._orig_logging_name,
+            _dispatch=self.dispatch,
+            dialect=self._dialect,
+            closed=True,
+        )
 
     def _do_get(self) -> ConnectionPoolEntry:
+        if self._closed:
+            raise OperationalError(
+                None, None, sqlite3.OperationalError("the in-memory ledger was closed")
+            )
         if self._holder == threading.get_ident():
             raise RuntimeError(
                 "the in-memory ledger's connection is already checked out by this thread"

@@ -14,6 +14,11 @@ organization is its own Redis hash tag, so tests share the server without seeing
 REST arm ``rest``: the REST API served by uvicorn (real HTTP) on a free 127.0.0.1 port in a
 background thread, once per session, over the session's SQLite ledger; ``baton`` is
 ``Baton(api_url=..., api_key=...)`` with a key made for (org, ``agent-a``, agent).
+
+Memory arm ``memory``: :func:`prefect_baton.testing.memory_baton`, the ledger store on a new
+in-memory SQLite database per test, on a ticking :class:`~prefect_baton.testing.ManualClock`
+(it runs with real time, so tests that sleep work; ``wait_until_expired`` moves it past a
+lease's expiry instead of sleeping).
 """
 
 from __future__ import annotations
@@ -35,9 +40,10 @@ PG_URL = os.environ.get("BATON_TEST_PG_URL", "postgresql://postgres@127.0.0.1:54
 REDIS_URL = os.environ.get("BATON_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 REQUIRE = os.environ.get("BATON_REQUIRE_SERVICES") == "1"
 
-LEDGER_ARMS = ["sqlite", "postgresql", "fakeredis", "redis", "rest"]
+LEDGER_ARMS = ["sqlite", "postgresql", "fakeredis", "redis", "rest", "memory"]
 REDIS_ARMS = ("fakeredis", "redis")
 REST_ARM = "rest"
+MEMORY_ARM = "memory"
 
 
 def _answers(host: str, port: int) -> bool:
@@ -96,7 +102,12 @@ def store_for(url: str) -> LedgerStore:
 
 @pytest.fixture(params=LEDGER_ARMS)
 def ledger_url(request: pytest.FixtureRequest) -> str:
-    """The URL of each ledger arm in turn (the Redis arms keep their ledger on SQLite)."""
+    """The URL of each ledger arm in turn (the Redis arms keep their ledger on SQLite; the
+    memory arm's ledger has no URL to open: ``sqlite://`` names it, see ``baton``)."""
+    if request.param == MEMORY_ARM:
+        from prefect_baton._stores.ledger.engine import MEMORY_URL
+
+        return MEMORY_URL
     if request.param in ("sqlite", *REDIS_ARMS, REST_ARM):
         return str(request.getfixturevalue("sqlite_url"))
     return str(request.getfixturevalue("pg_url"))
@@ -203,6 +214,13 @@ def baton(request: pytest.FixtureRequest, ledger_url: str, org: str) -> Iterator
     arm: a client on a key minted for it).
     """
     arm = arm_of(request)
+    if arm == MEMORY_ARM:
+        from prefect_baton.testing import ManualClock, memory_baton
+
+        mem = memory_baton(org=org, principal="agent-a", clock=ManualClock(ticking=True))
+        yield mem
+        mem.close()
+        return
     if arm == REST_ARM:
         b = rest_baton(str(request.getfixturevalue("rest_api")), ledger_url, org)
         yield b

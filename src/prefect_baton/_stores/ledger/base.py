@@ -6,8 +6,9 @@ Every mutation runs in one database transaction that (1) takes its locks up fron
 ``BEGIN IMMEDIATE``; PostgreSQL: transaction advisory locks on the resource, on the org's
 write scopes when scopes are involved, and on the org's event stream just before the outbox
 insert, so event sequence numbers are handed out in commit order), (2) reads the database
-clock, (3) checks the idempotency receipt, (4) decides with :mod:`prefect_baton._rules.core`,
-(5) writes the rows, the transition history, the events and the receipt, and commits.
+clock (or the clock the store was given), (3) checks the idempotency receipt, (4) decides
+with :mod:`prefect_baton._rules.core`, (5) writes the rows, the transition history, the
+events and the receipt, and commits.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from sqlalchemy import delete, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -27,7 +28,12 @@ from sqlmodel import Session, col
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.core import Holding
 from prefect_baton._stores.ledger.convert import new_id
-from prefect_baton._stores.ledger.engine import Engines, make_engines, upgrade
+from prefect_baton._stores.ledger.engine import (
+    Engines,
+    make_engines,
+    make_memory_engines,
+    upgrade,
+)
 from prefect_baton._stores.ledger.tables import (
     EventRow,
     Organization,
@@ -50,7 +56,7 @@ PRUNE_BATCH = 1000  # ... at most this many at a time
 
 @dataclass
 class Tx:
-    """One open write transaction: the session, the database clock, pending events."""
+    """One open write transaction: the session, the store's clock, pending events."""
 
     session: Session
     now_ms: int
@@ -86,6 +92,10 @@ class StoreBase:
         receipt_retention_seconds: how long idempotency receipts are kept (default 24 h).
         state_max_bytes: the checkpoint state cap in bytes (default 1 MiB).
         migrate: apply the shipped Alembic migrations on first use (default ``True``).
+        clock: where the store reads "now": a callable returning epoch milliseconds
+            (``int``), called once per transaction. Default ``None``: the database clock,
+            read inside the transaction. Meant for tests (see :mod:`prefect_baton.testing`);
+            every process sharing a ledger must read the same clock.
 
     Raises:
         ValidationError: a malformed URL. UnavailableError: the database cannot be reached.
@@ -98,11 +108,64 @@ class StoreBase:
         receipt_retention_seconds: int = DEFAULT_RECEIPT_RETENTION_SECONDS,
         state_max_bytes: int = _core.DEFAULT_STATE_MAX_BYTES,
         migrate: bool = True,
+        clock: Callable[[], int] | None = None,
     ) -> None:
-        self.engines: Engines = make_engines(url)
+        self._setup(
+            make_engines(url),
+            receipt_retention_seconds=receipt_retention_seconds,
+            state_max_bytes=state_max_bytes,
+            migrate=migrate,
+            clock=clock,
+        )
+
+    @classmethod
+    def in_memory(
+        cls,
+        *,
+        clock: Callable[[], int] | None = None,
+        receipt_retention_seconds: int = DEFAULT_RECEIPT_RETENTION_SECONDS,
+        state_max_bytes: int = _core.DEFAULT_STATE_MAX_BYTES,
+    ) -> Self:
+        """A store on a new, private in-memory SQLite database, migrated to the newest
+        schema; every thread of this process sees it, no other process does, and
+        :meth:`close` frees it (see
+        :func:`~prefect_baton._stores.ledger.engine.make_memory_engines`).
+
+        Args:
+            clock: as for the constructor (default: the database clock, i.e. the
+                system's wall clock).
+            receipt_retention_seconds: how long idempotency receipts are kept (default 24 h).
+            state_max_bytes: the checkpoint state cap in bytes (default 1 MiB).
+        """
+        engines = make_memory_engines()
+        store = cls.__new__(cls)
+        try:
+            store._setup(
+                engines,
+                receipt_retention_seconds=receipt_retention_seconds,
+                state_max_bytes=state_max_bytes,
+                migrate=True,
+                clock=clock,
+            )
+        except BaseException:
+            engines.dispose()
+            raise
+        return store
+
+    def _setup(
+        self,
+        engines: Engines,
+        *,
+        receipt_retention_seconds: int,
+        state_max_bytes: int,
+        migrate: bool,
+        clock: Callable[[], int] | None,
+    ) -> None:
+        self.engines = engines
         self.url = self.engines.url
         self.receipt_retention_ms = receipt_retention_seconds * 1000
         self.state_max_bytes = state_max_bytes
+        self.clock = clock
         self._registered: set[tuple[str, str, str]] = set()
         self._writes = 0
         self._now_sql = text(self.engines.now_sql())
@@ -130,7 +193,11 @@ class StoreBase:
                     with session.begin():
                         for key in sorted(set(locks)):
                             self._lock(session, key)
-                        now_ms = int(session.execute(self._now_sql).scalar_one())
+                        now_ms = (
+                            int(session.execute(self._now_sql).scalar_one())
+                            if self.clock is None
+                            else int(self.clock())
+                        )
                         tx = Tx(session=session, now_ms=now_ms, caller=caller)
                         self._register(tx)
                         result = fn(tx)
@@ -165,13 +232,17 @@ class StoreBase:
                 Session(self.engines.read, expire_on_commit=False) as session,
                 session.begin(),
             ):
-                now_ms = int(session.execute(self._now_sql).scalar_one())
+                now_ms = (
+                    int(session.execute(self._now_sql).scalar_one())
+                    if self.clock is None
+                    else int(self.clock())
+                )
                 yield session, now_ms
         except OperationalError as exc:
             raise UnavailableError(f"ledger database unavailable: {exc.orig}") from exc
 
     def now_ms(self) -> int:
-        """The database clock in epoch milliseconds."""
+        """The store's clock (the database's, or ``clock``) in epoch milliseconds."""
         with self._read() as (_s, now):
             return now
 

@@ -1,5 +1,6 @@
 """Engines for the ledger: SQLite (WAL, busy timeout, write transactions that take the lock
-up front) and PostgreSQL (psycopg 3), plus Alembic migrations applied on first use."""
+up front), PostgreSQL (psycopg 3) and an in-memory SQLite database for tests
+(:func:`make_memory_engines`), plus Alembic migrations applied on first use."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
 
 from prefect_baton.errors import UnavailableError, ValidationError
 
@@ -31,6 +34,9 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: many requests on the ledger at once neither reopens connections (with their PRAGMAs)
 #: nor waits for one. Opened on demand: a single-threaded client still holds one.
 SQLITE_POOL_SIZE = 40
+#: The URL an in-memory ledger reports (:func:`make_memory_engines`); ``normalize_url`` still
+#: refuses it, since every connection of a pool would see its own empty database.
+MEMORY_URL = "sqlite://"
 _MIGRATION_LOCK_KEY = 0x62A70_0001  # pg advisory lock id for migrations
 
 #: libpq settings applied unless the URL sets them: connect within 5 s, and notice a peer
@@ -98,7 +104,8 @@ def normalize_url(url: str) -> str:
         if not db or db == ":memory:" or "mode=memory" in str(u.query):
             raise ValidationError(
                 "an in-memory SQLite ledger is not supported (every connection would see its "
-                "own empty database): use a file, e.g. sqlite:///.baton/ledger.db"
+                "own empty database): use a file, e.g. sqlite:///.baton/ledger.db (in "
+                "tests: prefect_baton.testing.memory_baton)"
             )
         if not db.startswith("file:"):
             folder = Path(db).expanduser().resolve().parent
@@ -155,6 +162,82 @@ def _sqlite_engine(url: str, *, immediate: bool) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return eng
+
+
+class _OneAtATimePool(StaticPool):
+    """A :class:`StaticPool` (one connection for every thread) that lends its connection to
+    one checkout at a time: the others wait until it is returned, so the transactions of
+    several threads never interleave on the shared connection."""
+
+    def __init__(self, *args: Any, closed: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._turn = threading.Lock()
+        self._holder: int | None = None
+        self._closed = closed
+
+    def recreate(self) -> _OneAtATimePool:
+        """The pool an engine keeps after :meth:`Engine.dispose`: the database went with the
+        connection, so it refuses every checkout instead of opening a new, empty one."""
+        return _OneAtATimePool(
+            creator=self._creator,
+            recycle=self._recycle,
+            reset_on_return=self._reset_on_return,
+            pre_ping=self._pre_ping,
+            echo=self.echo,
+            logging_name=self._orig_logging_name,
+            _dispatch=self.dispatch,
+            dialect=self._dialect,
+            closed=True,
+        )
+
+    def _do_get(self) -> ConnectionPoolEntry:
+        if self._closed:
+            raise OperationalError(
+                None, None, sqlite3.OperationalError("the in-memory ledger was closed")
+            )
+        if self._holder == threading.get_ident():
+            raise RuntimeError(
+                "the in-memory ledger's connection is already checked out by this thread"
+            )
+        self._turn.acquire()
+        self._holder = threading.get_ident()
+        try:
+            return super()._do_get()
+        except BaseException:
+            self._holder = None
+            self._turn.release()
+            raise
+
+    def _do_return_conn(self, record: ConnectionPoolEntry) -> None:
+        self._holder = None
+        self._turn.release()
+
+
+def make_memory_engines() -> Engines:
+    """Engines over a new, private in-memory SQLite database (for tests: see
+    :mod:`prefect_baton.testing`).
+
+    One connection (SQLAlchemy ``sqlite://`` on a :class:`StaticPool`,
+    ``check_same_thread=False``) serves every thread, one transaction at a time, so all
+    threads see the same database; write and read engine are the same engine. No WAL (an
+    in-memory database has no journal file). The database lives until
+    :meth:`Engines.dispose`. A forked child keeps a private copy of it.
+    """
+    eng = create_engine(
+        MEMORY_URL,
+        poolclass=_OneAtATimePool,
+        connect_args={"check_same_thread": False},
+    )
+
+    @event.listens_for(eng, "connect")
+    def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+
+    @event.listens_for(eng, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return Engines(url=MEMORY_URL, dialect="sqlite", write=eng, read=eng)
 
 
 def make_engines(url: str) -> Engines:

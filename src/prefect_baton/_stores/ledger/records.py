@@ -368,11 +368,14 @@ class RecordOps(LeaseOps):
         Accepting a handoff that carries a lease transfers the lease to the caller under
         ``execution_key`` (default ``handoff:<id>``) in the same transaction.
         """
-        located: tuple[str, str, bool] | None = None
+        lease_id: str | None = None
         with self._read() as (s, _now):
             h = s.get(HandoffRow, handoff_id)
             if h is not None and h.org_id == caller.org and h.lease_id and status == "accepted":
-                located = self._resource_of(caller, h.lease_id)
+                lease_id = h.lease_id
+        # looked up after the first read ends: one connection at a time (the in-memory
+        # ledger of prefect_baton.testing has only one)
+        located = None if lease_id is None else self._resource_of(caller, lease_id)
 
         def op(tx: Tx) -> Handoff:
             s = tx.session

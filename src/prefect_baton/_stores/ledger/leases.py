@@ -11,6 +11,7 @@ from sqlmodel import Session, col
 from prefect_baton._rules import core as _core
 from prefect_baton._rules import scopes as _scopes
 from prefect_baton._rules.core import Decision, Holding, Proof
+from prefect_baton._rules.digests import acquire_digest
 from prefect_baton._stores.ledger.base import Fence, StoreBase, T, Tx
 from prefect_baton._stores.ledger.convert import (
     holding_to_lease,
@@ -205,14 +206,8 @@ class LeaseOps(StoreBase):
         """
         resource = (resource_type, resource_id)
         scope = resource_key(resource_type, resource_id)
-        digest = _core.request_digest(
-            "acquire",
-            {
-                "expected_version": expected_version,
-                "ttl_ms": ttl_ms,
-                "scopes": list(scopes),
-                "purpose": purpose,
-            },
+        digest = acquire_digest(
+            ttl_ms=ttl_ms, scopes=scopes, purpose=purpose, expected_version=expected_version
         )
 
         def op(tx: Tx) -> Lease:

@@ -38,6 +38,7 @@ from typing import Any, Literal, NamedTuple
 
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.core import Holding, Proof
+from prefect_baton._rules.digests import acquire_digest
 from prefect_baton._stores.ledger.store import LedgerStore, holding_to_lease
 from prefect_baton._stores.protocol import Caller
 from prefect_baton._stores.redis.base import AuthorityBase
@@ -137,14 +138,11 @@ class RedisAuthority(AuthorityBase):
         rt, rid = req.resource_type, req.resource_id
         digest = ""
         if key is not None:
-            digest = _core.request_digest(
-                "acquire",
-                {
-                    "expected_version": req.expected_version,
-                    "ttl_ms": req.ttl_ms,
-                    "scopes": list(req.scopes),
-                    "purpose": req.purpose,
-                },
+            digest = acquire_digest(
+                ttl_ms=req.ttl_ms,
+                scopes=req.scopes,
+                purpose=req.purpose,
+                expected_version=req.expected_version,
             )
         scopes_json = meta = ""
         if req.scopes:

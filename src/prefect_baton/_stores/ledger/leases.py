@@ -9,6 +9,7 @@ from sqlalchemy import select, update
 from sqlmodel import Session, col
 
 from prefect_baton._rules import core as _core
+from prefect_baton._rules import events as _events
 from prefect_baton._rules import scopes as _scopes
 from prefect_baton._rules.core import Decision, Holding, Proof
 from prefect_baton._rules.digests import acquire_digest
@@ -87,8 +88,9 @@ class LeaseOps(StoreBase):
         """Write a lease decision: ended row, new/updated row, transitions and events."""
         s = tx.session
         actor = tx.caller.principal
-        if decision.ended is not None:
-            e = decision.ended
+        e = decision.ended
+        reported = False
+        if e is not None:
             s.execute(
                 update(LeaseRow)
                 .where(col(LeaseRow.lease_id) == e.lease_id)
@@ -96,10 +98,20 @@ class LeaseOps(StoreBase):
             )
             s.flush()
             self._transition(tx, e, org, resource, action=e.status, actor=actor)
-            if e.status == "taken_over" and not self._expiry_reported(tx, e):
-                tx.emit("lease.expired", subject_of(resource), lease_payload(e, resource))
+            reported = _events.reports_expiry(e.status) and self._expiry_reported(tx, e)
         n = decision.new
+        events = _events.lease_events(
+            decision.action,
+            None if n is None else lease_payload(n, resource),
+            new_status=n.status if n is not None else "",
+            forced_by=n.ended_by if n is not None else None,
+            ended=None if e is None else lease_payload(e, resource),
+            ended_status=None if e is None else e.status,
+            expiry_reported=reported,
+        )
         if n is None:
+            for kind, payload in events:
+                tx.emit(kind, subject_of(resource), payload)
             return
         existing = s.get(LeaseRow, n.lease_id)
         if existing is None:
@@ -132,23 +144,8 @@ class LeaseOps(StoreBase):
             s.add(existing)
         s.flush()
         self._transition(tx, n, org, resource, action=decision.action, actor=actor)
-        kind = {
-            "acquire": "lease.acquired",
-            "takeover": "lease.acquired",
-            "supersede": "lease.acquired",
-            "renew": "lease.renewed",
-            "transfer": "lease.transferred",
-            "release": "lease.released",
-            "force_release": "lease.released",
-        }[decision.action]
-        payload = lease_payload(n, resource)
-        if decision.action in ("takeover", "supersede"):
-            payload["previous_lease_id"] = decision.ended.lease_id if decision.ended else None
-        if decision.action in ("release", "force_release"):
-            payload["status"] = n.status
-            if n.ended_by:
-                payload["forced_by"] = n.ended_by
-        tx.emit(kind, subject_of(resource), payload)
+        for kind, payload in events:
+            tx.emit(kind, subject_of(resource), payload)
 
     def _transition(
         self, tx: Tx, h: Holding, org: str, resource: tuple[str, str], *, action: str, actor: str

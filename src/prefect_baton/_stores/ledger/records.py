@@ -405,10 +405,11 @@ class RecordOps(LeaseOps):
             row.resolved_at_ms = tx.now_ms
             s.add(row)
             s.flush()
-            payload = handoff_payload(row)
-            if lease is not None:
-                payload["accepted_lease_id"] = lease.lease_id
-                payload["epoch"] = lease.epoch
+            payload = (
+                handoff_payload(row)
+                if lease is None
+                else handoff_payload(row, accepted_lease_id=lease.lease_id, epoch=lease.epoch)
+            )
             tx.emit(f"handoff.{status}", row.subject_id, payload)
             return handoff_model(row, tx.now_ms, lease)
 

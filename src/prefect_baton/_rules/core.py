@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from prefect_baton._rules.access import check_force_release
 from prefect_baton._rules.validation import (
     DEFAULT_STATE_MAX_BYTES,
     MAX_ID_LENGTH,
@@ -40,7 +41,6 @@ from prefect_baton._rules.validation import (
 )
 from prefect_baton.errors import (
     ConflictError,
-    ForbiddenError,
     LeaseLostError,
     NotFoundError,
     StaleFenceError,
@@ -390,8 +390,7 @@ def decide_force_release(
 ) -> Decision:
     """Decide a force release: only an ``owner`` or ``admin`` of the org; the lease ends as
     ``revoked`` with who forced it. A lease that is not active is not found."""
-    if role not in ("owner", "admin"):
-        raise ForbiddenError("force release needs the owner or admin role")
+    check_force_release(role)
     if row is None or row.status != "active":
         raise NotFoundError(f"lease {lease_id} not found")
     ended = replace(row, status="revoked", ended_at_ms=now_ms, ended_by=principal)

@@ -11,6 +11,7 @@ from sqlmodel import Session, col
 from prefect_baton._rules import core as _core
 from prefect_baton._rules import events as _events
 from prefect_baton._rules import scopes as _scopes
+from prefect_baton._rules.access import check_force_release, check_list_owner, may_read
 from prefect_baton._rules.core import Decision, Holding, Proof
 from prefect_baton._rules.digests import acquire_digest
 from prefect_baton._stores.ledger.base import Fence, StoreBase, T, Tx
@@ -29,7 +30,6 @@ from prefect_baton._stores.ledger.tables import (
 )
 from prefect_baton._stores.protocol import Caller
 from prefect_baton.errors import (
-    ForbiddenError,
     NotFoundError,
 )
 from prefect_baton.models import (
@@ -373,8 +373,7 @@ class LeaseOps(StoreBase):
 
     def force_release(self, caller: Caller, lease_id: str) -> Receipt:
         """Force-release any lease of the org, as ``owner`` or ``admin``."""
-        if caller.role not in ("owner", "admin"):
-            raise ForbiddenError("force release needs the owner or admin role")
+        check_force_release(caller.role)
 
         def fn(tx: Tx, row: Holding | None, resource: tuple[str, str]) -> Receipt:
             d = _core.decide_force_release(
@@ -413,7 +412,7 @@ class LeaseOps(StoreBase):
         """
         with self._read() as (s, _now):
             row = self._row_by_id(s, caller.org, lease_id)
-            if row is None or (row.owner != caller.principal and caller.role == "agent"):
+            if row is None or not may_read(caller.role, caller.principal, (row.owner,)):
                 raise NotFoundError(f"lease {lease_id} not found")
             return holding_to_lease(row_to_holding(row))
 
@@ -429,8 +428,7 @@ class LeaseOps(StoreBase):
         """Leases of the org: the caller's own by default; ``owner``/``admin`` roles may list
         anyone's (``owner="*"`` for all). Effective ones only unless ``include_ended``."""
         who = caller.principal if owner is None else owner
-        if who != caller.principal and caller.role == "agent":
-            raise ForbiddenError("listing another principal's leases needs the owner or admin role")
+        check_list_owner(caller.role, caller.principal, who)
         with self._read() as (s, now):
             q = select(LeaseRow).where(col(LeaseRow.org_id) == caller.org)
             if who != "*":

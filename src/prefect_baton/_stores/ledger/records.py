@@ -10,6 +10,7 @@ from sqlalchemy import or_, select
 from sqlmodel import col
 
 from prefect_baton._rules import core as _core
+from prefect_baton._rules.access import may_read
 from prefect_baton._rules.core import Proof
 from prefect_baton._rules.digests import (
     checkpoint_save_digest,
@@ -339,9 +340,8 @@ class RecordOps(LeaseOps):
             if (
                 row is None
                 or row.org_id != caller.org
-                or (
-                    caller.principal not in (row.from_principal, row.to_principal)
-                    and caller.role == "agent"
+                or not may_read(
+                    caller.role, caller.principal, (row.from_principal, row.to_principal)
                 )
             ):
                 raise NotFoundError(f"handoff {handoff_id} not found")

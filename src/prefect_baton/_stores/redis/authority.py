@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from typing import Any, Literal, NamedTuple
 
 from prefect_baton._rules import core as _core
+from prefect_baton._rules.access import check_force_release, check_list_owner, may_read
 from prefect_baton._rules.core import Holding, Proof
 from prefect_baton._rules.digests import acquire_digest
 from prefect_baton._stores.ledger.store import LedgerStore, holding_to_lease
@@ -55,7 +56,7 @@ from prefect_baton._stores.redis.codec import (
 from prefect_baton._stores.redis.connection import as_text, connect
 from prefect_baton._stores.redis.keys import org_keys, resource_digest
 from prefect_baton._stores.redis.scripts import NOOP, OK, REPLAY, UNKNOWN, raise_for
-from prefect_baton.errors import BatonError, ForbiddenError, NotFoundError, ValidationError
+from prefect_baton.errors import BatonError, NotFoundError, ValidationError
 from prefect_baton.models import Lease, LeaseInfo, Receipt, from_ms
 
 __all__ = ["AcquireRequest", "RedisAuthority", "connect"]
@@ -394,8 +395,7 @@ class RedisAuthority(AuthorityBase):
         Raises:
             ForbiddenError: the caller is an ``agent``. NotFoundError: not active/unknown.
         """
-        if caller.role not in ("owner", "admin"):
-            raise ForbiddenError("force release needs the owner or admin role")
+        check_force_release(caller.role)
         return self._end_by_id(caller, "force_release", lease_id)
 
     # ------------------------------------------------------------------ reads
@@ -443,7 +443,7 @@ class RedisAuthority(AuthorityBase):
         if h is None:
             self.sync_ledger(caller.org)
             return self.store.get(caller, lease_id)
-        if h.owner != caller.principal and caller.role == "agent":
+        if not may_read(caller.role, caller.principal, (h.owner,)):
             raise NotFoundError(f"lease {lease_id} not found")
         return holding_to_lease(h)
 
@@ -459,8 +459,7 @@ class RedisAuthority(AuthorityBase):
         """Effective leases of the caller (``owner``: a name or ``"*"``, needs owner/admin),
         newest first; with ``include_ended`` the ledger's history (after a drain)."""
         who = caller.principal if owner is None else owner
-        if who != caller.principal and caller.role == "agent":
-            raise ForbiddenError("listing another principal's leases needs the owner or admin role")
+        check_list_owner(caller.role, caller.principal, who)
         if include_ended:
             self.sync_ledger(caller.org)
             return self.store.list_leases(

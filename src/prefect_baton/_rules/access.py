@@ -1,20 +1,29 @@
 """Roles and visibility: who may do and see what in an org (DESIGN.md, "Roles").
 
 An ``agent`` acts on and sees its own leases and handoffs; an ``owner`` or ``admin`` of
-the org may also read and list anyone's, and force-release any lease. No I/O.
+the org may also read and list anyone's, and force-release any lease. Anyone of the org
+may inspect a resource, but only the holder sees its lease (holder, execution key,
+purpose, scopes); others see that it is held, its counters and until when. No I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prefect_baton.errors import ForbiddenError
 
+if TYPE_CHECKING:
+    from prefect_baton._rules.core import Holding
+
 __all__ = [
     "PRIVILEGED_ROLES",
+    "InspectView",
     "can_force_release",
     "check_force_release",
     "check_list_owner",
+    "inspect_view",
     "may_read",
     "sees_everything",
 ]
@@ -56,3 +65,31 @@ def check_list_owner(role: str, principal: str, owner: str) -> None:
     """
     if owner != principal and not sees_everything(role):
         raise ForbiddenError("listing another principal's leases needs the owner or admin role")
+
+
+@dataclass(frozen=True, slots=True)
+class InspectView:
+    """What a caller sees of a resource: whether it is held, its version and epoch (0 when
+    never leased), the expiry (epoch ms, only while held) and the lease itself (only for
+    its holder)."""
+
+    held: bool
+    version: int
+    epoch: int
+    expires_at_ms: int | None
+    lease: Holding | None
+
+
+def inspect_view(head: Holding | None, *, principal: str, now_ms: int) -> InspectView:
+    """The inspect redaction: what ``principal`` may see of a resource whose newest
+    generation is ``head`` (``None`` if never leased), judged at ``now_ms``."""
+    if head is None:
+        return InspectView(held=False, version=0, epoch=0, expires_at_ms=None, lease=None)
+    held = head.effective(now_ms)
+    return InspectView(
+        held=held,
+        version=head.version,
+        epoch=head.epoch,
+        expires_at_ms=head.expires_at_ms if held else None,
+        lease=head if held and head.owner == principal else None,
+    )

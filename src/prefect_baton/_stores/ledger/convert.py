@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 
 from prefect_baton._rules import events as _events
+from prefect_baton._rules.access import inspect_view
 from prefect_baton._rules.core import Holding
 from prefect_baton._stores.ledger.tables import (
     CheckpointRow,
@@ -166,18 +167,17 @@ def handoff_payload(
     )
 
 
-def lease_info(caller: Caller, rtype: str, rid: str, row: LeaseRow | None, now: int) -> LeaseInfo:
-    if row is None:
-        return LeaseInfo(resource_type=rtype, resource_id=rid, held=False, version=0, epoch=0)
-    h = row_to_holding(row)
-    held = h.effective(now)
-    mine = held and h.owner == caller.principal
+def lease_info(caller: Caller, rtype: str, rid: str, head: Holding | None, now: int) -> LeaseInfo:
+    """What ``caller`` sees of resource ``(rtype, rid)`` whose newest generation is ``head``
+    (``None`` if never leased) at ``now`` (epoch ms): the redaction is
+    :func:`prefect_baton._rules.access.inspect_view`'s."""
+    view = inspect_view(head, principal=caller.principal, now_ms=now)
     return LeaseInfo(
         resource_type=rtype,
         resource_id=rid,
-        held=held,
-        version=h.version,
-        epoch=h.epoch,
-        expires_at=from_ms(h.expires_at_ms) if held else None,
-        lease=holding_to_lease(h) if mine else None,
+        held=view.held,
+        version=view.version,
+        epoch=view.epoch,
+        expires_at=from_ms(view.expires_at_ms),
+        lease=holding_to_lease(view.lease) if view.lease is not None else None,
     )

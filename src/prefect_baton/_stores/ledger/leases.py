@@ -401,7 +401,8 @@ class LeaseOps(StoreBase):
                 .order_by(col(LeaseRow.epoch).desc())
                 .limit(1)
             ).scalar_one_or_none()
-            return lease_info(caller, resource_type, resource_id, row, now)
+            head = row_to_holding(row) if row is not None else None
+            return lease_info(caller, resource_type, resource_id, head, now)
 
     def get(self, caller: Caller, lease_id: str) -> Lease:
         """The lease generation ``lease_id`` as its owner sees it.

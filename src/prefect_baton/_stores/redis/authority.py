@@ -40,6 +40,7 @@ from prefect_baton._rules import core as _core
 from prefect_baton._rules.access import check_force_release, check_list_owner, may_read
 from prefect_baton._rules.core import Holding, Proof
 from prefect_baton._rules.digests import acquire_digest
+from prefect_baton._stores.ledger.convert import lease_info
 from prefect_baton._stores.ledger.store import LedgerStore, holding_to_lease
 from prefect_baton._stores.protocol import Caller
 from prefect_baton._stores.redis.base import AuthorityBase
@@ -57,7 +58,7 @@ from prefect_baton._stores.redis.connection import as_text, connect
 from prefect_baton._stores.redis.keys import org_keys, resource_digest
 from prefect_baton._stores.redis.scripts import NOOP, OK, REPLAY, UNKNOWN, raise_for
 from prefect_baton.errors import BatonError, NotFoundError, ValidationError
-from prefect_baton.models import Lease, LeaseInfo, Receipt, from_ms
+from prefect_baton.models import Lease, LeaseInfo, Receipt
 
 __all__ = ["AcquireRequest", "RedisAuthority", "connect"]
 
@@ -404,23 +405,8 @@ class RedisAuthority(AuthorityBase):
         """What any principal of the org may see about a resource (the holder also gets its
         lease), judged on the Redis clock."""
         reply = self._run(caller.org, "inspect", [resource_digest(resource_type, resource_id)])
-        raw = reply[2]
-        if not raw:
-            return LeaseInfo(
-                resource_type=resource_type, resource_id=resource_id, held=False, version=0, epoch=0
-            )
-        h = from_gen(raw)
-        now = int(reply[1])
-        held = h.effective(now)
-        return LeaseInfo(
-            resource_type=resource_type,
-            resource_id=resource_id,
-            held=held,
-            version=h.version,
-            epoch=h.epoch,
-            expires_at=from_ms(h.expires_at_ms) if held else None,
-            lease=holding_to_lease(h) if held and h.owner == caller.principal else None,
-        )
+        head = from_gen(reply[2]) if reply[2] else None
+        return lease_info(caller, resource_type, resource_id, head, int(reply[1]))
 
     def generation(
         self, caller: Caller, lease_id: str, *, rebuild: bool = True

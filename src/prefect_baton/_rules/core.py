@@ -47,7 +47,7 @@ from prefect_baton.errors import (
     ValidationError,
     VersionConflictError,
 )
-from prefect_baton.models import from_ms
+from prefect_baton.models import LeaseStatus, ReceiptStatus, from_ms
 
 __all__ = [  # the decision core, plus the validation it re-exports for its callers
     "DEFAULT_STATE_MAX_BYTES",
@@ -85,9 +85,7 @@ __all__ = [  # the decision core, plus the validation it re-exports for its call
     "validate_version",
 ]
 
-Status = Literal[
-    "active", "released", "expired", "taken_over", "transferred", "superseded", "revoked"
-]
+Status = LeaseStatus
 
 
 # --------------------------------------------------------------------------- lease rows
@@ -139,7 +137,7 @@ class Decision:
     action: str
     new: Holding | None = None
     ended: Holding | None = None
-    receipt_status: Literal["ok", "released", "expired", "no_change"] = "ok"
+    receipt_status: Literal["ok", ReceiptStatus] = "ok"
     noop: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 

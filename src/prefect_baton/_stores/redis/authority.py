@@ -34,7 +34,7 @@ import json
 import os
 import uuid
 from collections.abc import Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.access import check_force_release, check_list_owner, may_read
@@ -58,7 +58,7 @@ from prefect_baton._stores.redis.connection import as_text, connect
 from prefect_baton._stores.redis.keys import org_keys, resource_digest
 from prefect_baton._stores.redis.scripts import NOOP, OK, REPLAY, UNKNOWN, raise_for
 from prefect_baton.errors import BatonError, NotFoundError, ValidationError
-from prefect_baton.models import Lease, LeaseInfo, Receipt
+from prefect_baton.models import EndStatus, Lease, LeaseInfo, Receipt, ReceiptStatus
 
 __all__ = ["AcquireRequest", "RedisAuthority", "connect"]
 
@@ -566,13 +566,11 @@ def _refuse(reply: Sequence[Any], requests: Sequence[AcquireRequest]) -> None:
     raise AssertionError("unreachable")
 
 
-def _end_status(status: str) -> Literal["released", "expired"]:
+def _end_status(status: str) -> EndStatus:
     return "expired" if status == "expired" else "released"
 
 
-def _receipt(
-    action: str, status: Literal["released", "expired", "no_change"], lease: Lease
-) -> Receipt:
+def _receipt(action: str, status: ReceiptStatus, lease: Lease) -> Receipt:
     return construct(
         Receipt, {"action": action, "status": status, "lease": lease, "replayed": False}
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlmodel import Session, col
 
 from prefect_baton._rules import core as _core
@@ -55,6 +55,18 @@ class LeaseOps(StoreBase):
             .order_by(col(LeaseRow.epoch).desc())
             .limit(1)
         ).scalar_one_or_none()
+
+    def _epoch_floor(self, tx: Tx, rtype: str, rid: str) -> int:
+        """The highest epoch the ledger ever recorded for the resource (0 if none): the
+        ledger's epoch floor (see :func:`prefect_baton._rules.core.next_epoch`)."""
+        top = tx.session.execute(
+            select(func.max(col(LeaseRow.epoch))).where(
+                col(LeaseRow.org_id) == tx.caller.org,
+                col(LeaseRow.resource_type) == rtype,
+                col(LeaseRow.resource_id) == rid,
+            )
+        ).scalar_one_or_none()
+        return int(top or 0)
 
     def _row_by_id(self, session: Session, org: str, lease_id: str) -> LeaseRow | None:
         row = session.get(LeaseRow, lease_id)
@@ -237,6 +249,8 @@ class LeaseOps(StoreBase):
                 scope_conflict_expires_ms=self._scope_conflict(
                     tx, caller.principal, scopes, resource
                 ),
+                # the head is the generation with the highest epoch: the ledger's floor
+                epoch_floor=head.epoch if head is not None else 0,
             )
             assert decision.new is not None
             if decision.noop:
@@ -311,6 +325,7 @@ class LeaseOps(StoreBase):
             now_ms=tx.now_ms,
             new_lease_id=new_id("lease"),
             scope_conflict_expires_ms=self._scope_conflict(tx, to_principal, scopes, resource),
+            epoch_floor=self._epoch_floor(tx, *resource),
         )
         self._apply(tx, d, tx.caller.org, resource=resource)
         assert d.new is not None

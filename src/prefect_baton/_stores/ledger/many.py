@@ -189,6 +189,7 @@ def _acquire_in_tx(
         now_ms=tx.now_ms,
         new_lease_id=new_id("lease"),
         scope_conflict_expires_ms=store._scope_conflict(tx, caller.principal, req.scopes, resource),
+        epoch_floor=head.epoch if head is not None else 0,
     )
     assert decision.new is not None
     if decision.noop:

@@ -28,6 +28,10 @@ LeaseStatus = Literal[
     "active", "released", "expired", "taken_over", "transferred", "superseded", "revoked"
 ]
 HandoffStatus = Literal["pending", "accepted", "rejected", "expired"]
+EndStatus = Literal["released", "expired"]
+"""How a release ended a lease: while effective, or after its TTL had run out."""
+ReceiptStatus = Literal[EndStatus, "no_change"]
+"""The status of a release receipt (:attr:`Receipt.status`)."""
 OutcomeStatus = Literal["succeeded", "failed", "cancelled"]
 
 
@@ -121,7 +125,7 @@ class Receipt(_Model):
     """
 
     action: str
-    status: Literal["released", "expired", "no_change"]
+    status: ReceiptStatus
     lease: Lease
     replayed: bool = False
 

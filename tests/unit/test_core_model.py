@@ -10,6 +10,7 @@ in DESIGN.md ("Leases").
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -20,10 +21,13 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+from sqlalchemy import text
 
 from prefect_baton._rules import core as _core
 from prefect_baton._rules import scopes as _scopes
 from prefect_baton._rules.core import Decision, Holding, Proof
+from prefect_baton._stores.ledger.store import LedgerStore
+from prefect_baton._stores.protocol import Caller
 from prefect_baton.errors import (
     BatonError,
     ConflictError,
@@ -987,3 +991,89 @@ def test_renew_at_exact_expiry_is_lost() -> None:
             expected_version=None,
             now_ms=row.expires_at_ms,
         )
+
+
+def test_next_epoch_is_above_head_and_floor() -> None:
+    """A new epoch is one above the larger of the newest generation's epoch and the floor."""
+    assert _core.next_epoch(0, 0) == 1
+    assert _core.next_epoch(5, 0) == 6
+    assert _core.next_epoch(5, 9) == 10
+    assert _core.next_epoch(12, 9) == 13
+
+
+def test_transfer_epoch_rises_above_the_floor() -> None:
+    """A transfer takes an epoch above the floor too (a generation restored after Redis
+    data loss keeps its old epoch; its transfer must still get a token above every
+    earlier one)."""
+    row = _holding()
+    proof = Proof(lease_id="L1", owner="alice", execution_key="k1")
+    kw: dict[str, object] = {
+        "to_principal": "bob",
+        "new_execution_key": "k2",
+        "ttl_ms": 10_000,
+        "expected_version": None,
+        "now_ms": T0 + 1_000,
+        "new_lease_id": "L2",
+    }
+    d = _core.decide_transfer(row, proof, **kw)
+    assert d.new is not None
+    assert d.new.epoch == 3
+    d = _core.decide_transfer(row, proof, epoch_floor=2**32, **kw)
+    assert d.new is not None
+    assert d.new.epoch == 2**32 + 1
+    assert d.new.version == row.version + 1
+    assert d.ended is not None
+    assert d.ended.epoch == row.epoch
+    d = _core.decide_transfer(row, proof, epoch_floor=1, **kw)
+    assert d.new is not None
+    assert d.new.epoch == 3
+
+
+def test_incarnation_floors_rise_across_data_loss() -> None:
+    """Each incarnation's epochs lie above the previous one's ceiling."""
+    assert _core.incarnation_epochs(0) == (0, 2**32)
+    for n in range(1, 4):
+        floor, ceiling = _core.incarnation_epochs(n)
+        assert floor == _core.incarnation_epochs(n - 1)[1]
+        assert ceiling - floor == _core.EPOCH_RANGE
+        assert _core.next_epoch(2**32 - 1, floor) > 2**32 - 1
+
+
+def test_ledger_transfer_epoch_is_above_every_recorded_epoch(tmp_path: Path) -> None:
+    """The ledger passes the highest epoch it recorded for the resource as the floor: a
+    transfer's epoch is above every earlier generation's, also one written with a higher
+    epoch than the head it transfers (as after a Redis incarnation)."""
+    store = LedgerStore(f"sqlite:///{tmp_path / 'ledger.db'}")
+    try:
+        caller = Caller(org="org-floor", principal="alice", role="agent")
+        lease = store.acquire(
+            caller,
+            "t",
+            "r",
+            ttl_ms=60_000,
+            scopes=(),
+            purpose=None,
+            expected_version=None,
+            idempotency_key="k1",
+        )
+        with store.engines.write.begin() as conn:  # an older, ended generation, epoch 2**32
+            conn.execute(
+                text(
+                    "INSERT INTO baton_leases (lease_id, org_id, resource_type, resource_id, "
+                    "owner, execution_key, purpose, scopes, has_scopes, version, epoch, status, "
+                    "acquired_at_ms, expires_at_ms, ttl_ms) VALUES ('L-old', 'org-floor', 't', "
+                    "'r', 'carol', NULL, NULL, '[]', 0, 0, 4294967296, 'released', 0, 1, 10000)"
+                )
+            )
+        moved = store.transfer(
+            caller,
+            Proof(lease_id=lease.lease_id, owner="alice", execution_key="k1"),
+            to_principal="bob",
+            new_execution_key="k2",
+            ttl_ms=60_000,
+            expected_version=None,
+        )
+        assert moved.epoch == 2**32 + 1
+        assert moved.version == lease.version + 1
+    finally:
+        store.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from prefect_baton._rules.access import check_force_release
 from prefect_baton._rules.validation import (
     DEFAULT_STATE_MAX_BYTES,
     MAX_ID_LENGTH,
@@ -40,17 +41,17 @@ from prefect_baton._rules.validation import (
 )
 from prefect_baton.errors import (
     ConflictError,
-    ForbiddenError,
     LeaseLostError,
     NotFoundError,
     StaleFenceError,
     ValidationError,
     VersionConflictError,
 )
-from prefect_baton.models import from_ms
+from prefect_baton.models import LeaseStatus, ReceiptStatus, from_ms
 
 __all__ = [  # the decision core, plus the validation it re-exports for its callers
     "DEFAULT_STATE_MAX_BYTES",
+    "EPOCH_RANGE",
     "MAX_ID_LENGTH",
     "MAX_SAFE_INTEGER",
     "MAX_SCOPES",
@@ -73,6 +74,8 @@ __all__ = [  # the decision core, plus the validation it re-exports for its call
     "decide_release_by_id",
     "decide_renew",
     "decide_transfer",
+    "incarnation_epochs",
+    "next_epoch",
     "replay_check",
     "request_digest",
     "validate_id",
@@ -85,9 +88,7 @@ __all__ = [  # the decision core, plus the validation it re-exports for its call
     "validate_version",
 ]
 
-Status = Literal[
-    "active", "released", "expired", "taken_over", "transferred", "superseded", "revoked"
-]
+Status = LeaseStatus
 
 
 # --------------------------------------------------------------------------- lease rows
@@ -139,7 +140,7 @@ class Decision:
     action: str
     new: Holding | None = None
     ended: Holding | None = None
-    receipt_status: Literal["ok", "released", "expired", "no_change"] = "ok"
+    receipt_status: Literal["ok", ReceiptStatus] = "ok"
     noop: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -151,6 +152,31 @@ def conflict(expires_at_ms: int, what: str = "Resource", *, by: str = "principal
     assert exp is not None
     stamp = exp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     return ConflictError(f"{what} is leased by another {by} until {stamp}.", expires_at=exp)
+
+
+EPOCH_RANGE = 2**32
+"""Epochs granted in incarnation ``n`` of a Redis authority lie in ``(n * 2**32, (n + 1) *
+2**32)``."""
+
+
+def next_epoch(head_epoch: int, floor: int) -> int:
+    """The epoch (fencing token) of a new generation: above the epoch of the resource's
+    newest generation ``head_epoch`` (0 if never leased) and above ``floor``.
+
+    The floor keeps fencing tokens rising when the authority may not know the newest
+    epoch: after Redis lost its data it is the incarnation's floor (see
+    :func:`incarnation_epochs`); the ledger passes the highest epoch it ever recorded
+    for the resource.
+    """
+    return max(head_epoch, floor) + 1
+
+
+def incarnation_epochs(n: int) -> tuple[int, int]:
+    """The epoch floor and ceiling of incarnation ``n`` (``int`` from 0) of an org's Redis
+    lease state: every epoch granted in it is above the floor and below the ceiling, and
+    the next incarnation's floor is this one's ceiling, so epochs keep rising across a
+    loss of Redis data."""
+    return n * EPOCH_RANGE, (n + 1) * EPOCH_RANGE
 
 
 def _check_counters(head: Holding | None, *, epoch_too: bool) -> None:
@@ -193,8 +219,9 @@ def decide_acquire(
         head: newest generation of the resource (any status), ``None`` if never leased.
         scope_conflict_expires_ms: expiry of another principal's effective lease whose scopes
             overlap ``scopes`` (computed by the store), or ``None``.
-        epoch_floor: the new epoch is at least ``epoch_floor + 1`` (used after Redis data
-            loss, so fencing tokens keep rising).
+        epoch_floor: the new epoch is at least ``epoch_floor + 1`` (see
+            :func:`next_epoch`: the incarnation's floor after Redis data loss; the ledger
+            passes the highest epoch it recorded for the resource).
 
     Returns:
         A :class:`Decision`: ``noop`` when the same execution already holds it (``new`` is
@@ -227,7 +254,7 @@ def decide_acquire(
     if head is not None and head.status == "active" and ended is None:
         ended = replace(head, status="taken_over", ended_at_ms=now_ms)
         action = "takeover"
-    epoch = max(head.epoch if head is not None else 0, epoch_floor) + 1
+    epoch = next_epoch(head.epoch if head is not None else 0, epoch_floor)
     new = Holding(
         lease_id=new_lease_id,
         resource_type=resource_type,
@@ -294,9 +321,11 @@ def decide_transfer(
     now_ms: int,
     new_lease_id: str,
     scope_conflict_expires_ms: int | None = None,
+    epoch_floor: int = 0,
 ) -> Decision:
     """Decide a transfer: new generation for ``to_principal`` under ``new_execution_key``;
-    version +1, epoch +1, scopes kept (seed 004 transfer rule).
+    version +1, epoch +1 (and above ``epoch_floor``, see :func:`next_epoch`), scopes kept
+    (seed 004 transfer rule).
 
     Raises:
         NotFoundError, LeaseLostError, VersionConflictError: as :func:`decide_renew`.
@@ -322,7 +351,7 @@ def decide_transfer(
         owner=to_principal,
         execution_key=new_execution_key,
         version=row.version + 1,
-        epoch=row.epoch + 1,
+        epoch=next_epoch(row.epoch, epoch_floor),
         acquired_at_ms=now_ms,
         expires_at_ms=now_ms + ttl_ms,
         ttl_ms=ttl_ms,
@@ -390,8 +419,7 @@ def decide_force_release(
 ) -> Decision:
     """Decide a force release: only an ``owner`` or ``admin`` of the org; the lease ends as
     ``revoked`` with who forced it. A lease that is not active is not found."""
-    if role not in ("owner", "admin"):
-        raise ForbiddenError("force release needs the owner or admin role")
+    check_force_release(role)
     if row is None or row.status != "active":
         raise NotFoundError(f"lease {lease_id} not found")
     ended = replace(row, status="revoked", ended_at_ms=now_ms, ended_by=principal)

@@ -24,6 +24,8 @@ MAX_SCOPES = 64
 MAX_SCOPE_LENGTH = 1024
 DEFAULT_STATE_MAX_BYTES = 1024 * 1024
 ROLES = ("agent", "owner", "admin")
+TTL_RANGE = f"{TTL_MIN_SECONDS} to {TTL_MAX_SECONDS}"
+"""The legal lease TTL range in seconds as messages and help texts write it."""
 
 
 # --------------------------------------------------------------------------- validation
@@ -97,9 +99,7 @@ def validate_ttl(ttl_seconds: object, name: str = "ttl_seconds") -> int:
         raise ValidationError(f"{name} must be an integer number of seconds")
     ttl = int(ttl_seconds)
     if not TTL_MIN_SECONDS <= ttl <= TTL_MAX_SECONDS:
-        raise ValidationError(
-            f"{name} must be from {TTL_MIN_SECONDS} to {TTL_MAX_SECONDS} seconds, got {ttl}"
-        )
+        raise ValidationError(f"{name} must be from {TTL_RANGE} seconds, got {ttl}")
     return ttl * 1000
 
 

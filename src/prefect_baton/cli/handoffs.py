@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from prefect_baton._rules.validation import TTL_RANGE
 from prefect_baton.cli._output import emit_ok
 from prefect_baton.cli._state import guard, lease_proof
 
@@ -134,7 +135,7 @@ def resolve(
         int | None,
         typer.Option(
             "--ttl-seconds",
-            help="Duration of a carried lease in seconds (integer, 10 to 86400; default: "
+            help=f"Duration of a carried lease in seconds (integer, {TTL_RANGE}; default: "
             "the sender's TTL).",
         ),
     ] = None,

@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from prefect_baton._rules.validation import TTL_RANGE
 from prefect_baton.cli._output import emit_ok
 from prefect_baton.cli._state import guard, lease_proof
 
@@ -85,7 +86,7 @@ def acquire(
         int,
         typer.Option(
             "--ttl-seconds",
-            help="Lease duration in seconds (integer, 10 to 86400).",
+            help=f"Lease duration in seconds (integer, {TTL_RANGE}).",
             show_default=False,
         ),
     ],
@@ -153,7 +154,7 @@ def renew(
         int | None,
         typer.Option(
             "--ttl-seconds",
-            help="New duration from now, in seconds (integer, 10 to 86400; default: the "
+            help=f"New duration from now, in seconds (integer, {TTL_RANGE}; default: the "
             "lease's TTL).",
         ),
     ] = None,
@@ -197,7 +198,7 @@ def transfer(
         int,
         typer.Option(
             "--ttl-seconds",
-            help="Duration of the receiver's lease in seconds (integer, 10 to 86400).",
+            help=f"Duration of the receiver's lease in seconds (integer, {TTL_RANGE}).",
             show_default=False,
         ),
     ],

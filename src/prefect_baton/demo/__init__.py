@@ -27,7 +27,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
-from prefect_baton import Baton
+from prefect_baton import Baton, ValidationError
+from prefect_baton._rules.validation import TTL_MIN_SECONDS, TTL_RANGE, validate_ttl
 from prefect_baton.audit import audit_ledger
 from prefect_baton.demo import analysis
 
@@ -83,7 +84,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--crash", type=int, default=0, help="researchers that SIGKILL themselves")
     p.add_argument("--pause", type=int, default=0, help="researchers SIGSTOPped past their TTL")
-    p.add_argument("--ttl", type=int, default=10, help="file lease TTL in seconds (10..86400)")
+    p.add_argument(
+        "--ttl",
+        type=int,
+        default=TTL_MIN_SECONDS,
+        help=f"file lease TTL in seconds ({TTL_RANGE}; default: {TTL_MIN_SECONDS})",
+    )
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--ledger-url", help="ledger URL (default: a fresh SQLite file in the run dir)")
     p.add_argument("--lines-per-chunk", type=int, default=60, help="lines per checkpoint")
@@ -371,8 +377,10 @@ def main(argv: list[str] | None = None) -> int:
         problems.append("--crash and --pause apply to --engine processes only")
     if args.work_ms < 0 or args.lines_per_chunk < 1 or args.timeout < 1:
         problems.append("--work-ms must be >= 0, --lines-per-chunk and --timeout >= 1")
-    if not 10 <= args.ttl <= 86_400:
-        problems.append("--ttl must be from 10 to 86400 seconds")
+    try:
+        validate_ttl(args.ttl, "--ttl")
+    except ValidationError:
+        problems.append(f"--ttl must be from {TTL_RANGE} seconds")
     for d in args.input or []:
         if not d.is_dir():
             problems.append(f"--input {d} is not a directory")

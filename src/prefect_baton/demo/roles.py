@@ -32,6 +32,7 @@ from prefect_baton import (
     LeaseLostError,
     StaleFenceError,
 )
+from prefect_baton._rules.validation import TTL_MIN_SECONDS
 from prefect_baton.demo import analysis
 
 FILE = "file"
@@ -143,7 +144,7 @@ def researcher(
     files: dict[str, Path],
     *,
     worker: str,
-    ttl_seconds: int = 10,
+    ttl_seconds: int = TTL_MIN_SECONDS,
     lines_per_chunk: int = 60,
     work_seconds: float = 0.02,
     offset: int = 0,
@@ -155,7 +156,8 @@ def researcher(
         b: the client (principal shared by all researchers, e.g. ``researcher``).
         files: resource id -> path (see :func:`analysis.list_files`).
         worker: this worker's name; execution keys are ``<worker>:<random>``.
-        ttl_seconds: lease TTL (10..86,400 s). lines_per_chunk: checkpoint granularity.
+        ttl_seconds: lease TTL in seconds (``TTL_MIN_SECONDS`` to ``TTL_MAX_SECONDS``).
+        lines_per_chunk: checkpoint granularity.
         work_seconds: pause per chunk (seconds), so a file takes long enough to be caught
             mid-way by a crash. offset: where in the file list this worker starts.
         fault: called after every checkpoint save with ``(file_id, lease, files_started)``;

@@ -24,6 +24,7 @@ from prefect_baton._rules.validation import (
     MAX_TEXT_LENGTH,
     TTL_MAX_SECONDS,
     TTL_MIN_SECONDS,
+    TTL_RANGE,
 )
 from prefect_baton.errors import NotFoundError, StaleFenceError
 from prefect_baton.models import Checkpoint, Handoff, Lease, LeaseInfo, Outcome, Receipt
@@ -34,7 +35,9 @@ Id = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH)]
 Text = Annotated[str, Field(max_length=MAX_TEXT_LENGTH)]
 Ttl = Annotated[
     int,
-    Field(ge=TTL_MIN_SECONDS, le=TTL_MAX_SECONDS, description="Lease TTL in seconds, 10 to 86400."),
+    Field(
+        ge=TTL_MIN_SECONDS, le=TTL_MAX_SECONDS, description=f"Lease TTL in seconds, {TTL_RANGE}."
+    ),
 ]
 Version = Annotated[
     int,

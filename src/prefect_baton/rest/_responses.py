@@ -10,12 +10,21 @@ that flag into ``meta``).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.json_schema import models_json_schema
 
-from prefect_baton.models import Checkpoint, Event, Handoff, Lease, LeaseInfo, Outcome, Receipt
+from prefect_baton.models import (
+    Checkpoint,
+    EndStatus,
+    Event,
+    Handoff,
+    Lease,
+    LeaseInfo,
+    Outcome,
+    Receipt,
+)
 
 __all__ = [
     "DATA_BY_OPERATION",
@@ -100,7 +109,7 @@ class Released(_Out):
 
     lease_id: str
     released_at: datetime | None
-    status: Literal["released", "expired"]
+    status: EndStatus
     lease: Lease
 
 

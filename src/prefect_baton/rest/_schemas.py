@@ -59,7 +59,7 @@ def _integral(value: Any) -> Any:
 
 
 _INTEGER = BeforeValidator(_integral)  # a JSON integer: 60 or 60.0, never "60"
-#: A lease TTL in seconds, 10 to 86,400.
+#: A lease TTL in seconds, ``TTL_MIN_SECONDS`` to ``TTL_MAX_SECONDS``.
 Ttl = Annotated[int, Field(ge=TTL_MIN_SECONDS, le=TTL_MAX_SECONDS), _INTEGER]
 #: A compare-and-swap version, 0 to 2**53 - 1.
 Version = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER), _INTEGER]

@@ -6,6 +6,8 @@ import json
 import uuid
 from typing import Any
 
+from prefect_baton._rules import events as _events
+from prefect_baton._rules.access import inspect_view
 from prefect_baton._rules.core import Holding
 from prefect_baton._stores.ledger.tables import (
     CheckpointRow,
@@ -142,39 +144,40 @@ def subject_of(resource: tuple[str, str]) -> str:
 
 
 def lease_payload(h: Holding, resource: tuple[str, str]) -> dict[str, Any]:
-    return {
-        "lease_id": h.lease_id,
-        "resource_type": resource[0],
-        "resource_id": resource[1],
-        "owner": h.owner,
-        "version": h.version,
-        "epoch": h.epoch,
-        "expires_at_ms": h.expires_at_ms,
-    }
+    """The lease part of an event payload of generation ``h`` (built by
+    :func:`prefect_baton._rules.events.lease_payload`)."""
+    return _events.lease_payload(
+        h.lease_id, resource[0], resource[1], h.owner, h.version, h.epoch, h.expires_at_ms
+    )
 
 
-def handoff_payload(row: HandoffRow) -> dict[str, Any]:
-    return {
-        "handoff_id": row.handoff_id,
-        "from_principal": row.from_principal,
-        "to_principal": row.to_principal,
-        "checkpoint_id": row.checkpoint_id,
-        "lease_id": row.lease_id,
-    }
+def handoff_payload(
+    row: HandoffRow, *, accepted_lease_id: str | None = None, epoch: int | None = None
+) -> dict[str, Any]:
+    """The payload of a ``handoff.*`` event of ``row`` (built by
+    :func:`prefect_baton._rules.events.handoff_payload`)."""
+    return _events.handoff_payload(
+        row.handoff_id,
+        row.from_principal,
+        row.to_principal,
+        row.checkpoint_id,
+        row.lease_id,
+        accepted_lease_id=accepted_lease_id,
+        epoch=epoch,
+    )
 
 
-def lease_info(caller: Caller, rtype: str, rid: str, row: LeaseRow | None, now: int) -> LeaseInfo:
-    if row is None:
-        return LeaseInfo(resource_type=rtype, resource_id=rid, held=False, version=0, epoch=0)
-    h = row_to_holding(row)
-    held = h.effective(now)
-    mine = held and h.owner == caller.principal
+def lease_info(caller: Caller, rtype: str, rid: str, head: Holding | None, now: int) -> LeaseInfo:
+    """What ``caller`` sees of resource ``(rtype, rid)`` whose newest generation is ``head``
+    (``None`` if never leased) at ``now`` (epoch ms): the redaction is
+    :func:`prefect_baton._rules.access.inspect_view`'s."""
+    view = inspect_view(head, principal=caller.principal, now_ms=now)
     return LeaseInfo(
         resource_type=rtype,
         resource_id=rid,
-        held=held,
-        version=h.version,
-        epoch=h.epoch,
-        expires_at=from_ms(h.expires_at_ms) if held else None,
-        lease=holding_to_lease(h) if mine else None,
+        held=view.held,
+        version=view.version,
+        epoch=view.epoch,
+        expires_at=from_ms(view.expires_at_ms),
+        lease=holding_to_lease(view.lease) if view.lease is not None else None,
     )

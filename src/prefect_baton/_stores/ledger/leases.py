@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlmodel import Session, col
 
 from prefect_baton._rules import core as _core
+from prefect_baton._rules import events as _events
 from prefect_baton._rules import scopes as _scopes
+from prefect_baton._rules.access import check_force_release, check_list_owner, may_read
 from prefect_baton._rules.core import Decision, Holding, Proof
+from prefect_baton._rules.digests import acquire_digest
 from prefect_baton._stores.ledger.base import Fence, StoreBase, T, Tx
 from prefect_baton._stores.ledger.convert import (
     holding_to_lease,
@@ -27,7 +30,6 @@ from prefect_baton._stores.ledger.tables import (
 )
 from prefect_baton._stores.protocol import Caller
 from prefect_baton.errors import (
-    ForbiddenError,
     NotFoundError,
 )
 from prefect_baton.models import (
@@ -53,6 +55,18 @@ class LeaseOps(StoreBase):
             .order_by(col(LeaseRow.epoch).desc())
             .limit(1)
         ).scalar_one_or_none()
+
+    def _epoch_floor(self, tx: Tx, rtype: str, rid: str) -> int:
+        """The highest epoch the ledger ever recorded for the resource (0 if none): the
+        ledger's epoch floor (see :func:`prefect_baton._rules.core.next_epoch`)."""
+        top = tx.session.execute(
+            select(func.max(col(LeaseRow.epoch))).where(
+                col(LeaseRow.org_id) == tx.caller.org,
+                col(LeaseRow.resource_type) == rtype,
+                col(LeaseRow.resource_id) == rid,
+            )
+        ).scalar_one_or_none()
+        return int(top or 0)
 
     def _row_by_id(self, session: Session, org: str, lease_id: str) -> LeaseRow | None:
         row = session.get(LeaseRow, lease_id)
@@ -86,8 +100,9 @@ class LeaseOps(StoreBase):
         """Write a lease decision: ended row, new/updated row, transitions and events."""
         s = tx.session
         actor = tx.caller.principal
-        if decision.ended is not None:
-            e = decision.ended
+        e = decision.ended
+        reported = False
+        if e is not None:
             s.execute(
                 update(LeaseRow)
                 .where(col(LeaseRow.lease_id) == e.lease_id)
@@ -95,10 +110,20 @@ class LeaseOps(StoreBase):
             )
             s.flush()
             self._transition(tx, e, org, resource, action=e.status, actor=actor)
-            if e.status == "taken_over" and not self._expiry_reported(tx, e):
-                tx.emit("lease.expired", subject_of(resource), lease_payload(e, resource))
+            reported = _events.reports_expiry(e.status) and self._expiry_reported(tx, e)
         n = decision.new
+        events = _events.lease_events(
+            decision.action,
+            None if n is None else lease_payload(n, resource),
+            new_status=n.status if n is not None else "",
+            forced_by=n.ended_by if n is not None else None,
+            ended=None if e is None else lease_payload(e, resource),
+            ended_status=None if e is None else e.status,
+            expiry_reported=reported,
+        )
         if n is None:
+            for kind, payload in events:
+                tx.emit(kind, subject_of(resource), payload)
             return
         existing = s.get(LeaseRow, n.lease_id)
         if existing is None:
@@ -131,23 +156,8 @@ class LeaseOps(StoreBase):
             s.add(existing)
         s.flush()
         self._transition(tx, n, org, resource, action=decision.action, actor=actor)
-        kind = {
-            "acquire": "lease.acquired",
-            "takeover": "lease.acquired",
-            "supersede": "lease.acquired",
-            "renew": "lease.renewed",
-            "transfer": "lease.transferred",
-            "release": "lease.released",
-            "force_release": "lease.released",
-        }[decision.action]
-        payload = lease_payload(n, resource)
-        if decision.action in ("takeover", "supersede"):
-            payload["previous_lease_id"] = decision.ended.lease_id if decision.ended else None
-        if decision.action in ("release", "force_release"):
-            payload["status"] = n.status
-            if n.ended_by:
-                payload["forced_by"] = n.ended_by
-        tx.emit(kind, subject_of(resource), payload)
+        for kind, payload in events:
+            tx.emit(kind, subject_of(resource), payload)
 
     def _transition(
         self, tx: Tx, h: Holding, org: str, resource: tuple[str, str], *, action: str, actor: str
@@ -205,14 +215,8 @@ class LeaseOps(StoreBase):
         """
         resource = (resource_type, resource_id)
         scope = resource_key(resource_type, resource_id)
-        digest = _core.request_digest(
-            "acquire",
-            {
-                "expected_version": expected_version,
-                "ttl_ms": ttl_ms,
-                "scopes": list(scopes),
-                "purpose": purpose,
-            },
+        digest = acquire_digest(
+            ttl_ms=ttl_ms, scopes=scopes, purpose=purpose, expected_version=expected_version
         )
 
         def op(tx: Tx) -> Lease:
@@ -245,6 +249,8 @@ class LeaseOps(StoreBase):
                 scope_conflict_expires_ms=self._scope_conflict(
                     tx, caller.principal, scopes, resource
                 ),
+                # the head is the generation with the highest epoch: the ledger's floor
+                epoch_floor=head.epoch if head is not None else 0,
             )
             assert decision.new is not None
             if decision.noop:
@@ -319,6 +325,7 @@ class LeaseOps(StoreBase):
             now_ms=tx.now_ms,
             new_lease_id=new_id("lease"),
             scope_conflict_expires_ms=self._scope_conflict(tx, to_principal, scopes, resource),
+            epoch_floor=self._epoch_floor(tx, *resource),
         )
         self._apply(tx, d, tx.caller.org, resource=resource)
         assert d.new is not None
@@ -381,8 +388,7 @@ class LeaseOps(StoreBase):
 
     def force_release(self, caller: Caller, lease_id: str) -> Receipt:
         """Force-release any lease of the org, as ``owner`` or ``admin``."""
-        if caller.role not in ("owner", "admin"):
-            raise ForbiddenError("force release needs the owner or admin role")
+        check_force_release(caller.role)
 
         def fn(tx: Tx, row: Holding | None, resource: tuple[str, str]) -> Receipt:
             d = _core.decide_force_release(
@@ -410,7 +416,8 @@ class LeaseOps(StoreBase):
                 .order_by(col(LeaseRow.epoch).desc())
                 .limit(1)
             ).scalar_one_or_none()
-            return lease_info(caller, resource_type, resource_id, row, now)
+            head = row_to_holding(row) if row is not None else None
+            return lease_info(caller, resource_type, resource_id, head, now)
 
     def get(self, caller: Caller, lease_id: str) -> Lease:
         """The lease generation ``lease_id`` as its owner sees it.
@@ -421,7 +428,7 @@ class LeaseOps(StoreBase):
         """
         with self._read() as (s, _now):
             row = self._row_by_id(s, caller.org, lease_id)
-            if row is None or (row.owner != caller.principal and caller.role == "agent"):
+            if row is None or not may_read(caller.role, caller.principal, (row.owner,)):
                 raise NotFoundError(f"lease {lease_id} not found")
             return holding_to_lease(row_to_holding(row))
 
@@ -437,8 +444,7 @@ class LeaseOps(StoreBase):
         """Leases of the org: the caller's own by default; ``owner``/``admin`` roles may list
         anyone's (``owner="*"`` for all). Effective ones only unless ``include_ended``."""
         who = caller.principal if owner is None else owner
-        if who != caller.principal and caller.role == "agent":
-            raise ForbiddenError("listing another principal's leases needs the owner or admin role")
+        check_list_owner(caller.role, caller.principal, who)
         with self._read() as (s, now):
             q = select(LeaseRow).where(col(LeaseRow.org_id) == caller.org)
             if who != "*":

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from prefect_baton._rules import core as _core
+from prefect_baton._rules.digests import acquire_digest
 from prefect_baton._stores.ledger.store import (
     LedgerStore,
     Tx,
@@ -155,14 +156,11 @@ def _acquire_in_tx(
     # Mirrors LedgerStore.acquire's transaction body step for step.
     resource = (req.resource_type, req.resource_id)
     scope = resource_key(*resource)
-    digest = _core.request_digest(
-        "acquire",
-        {
-            "expected_version": req.expected_version,
-            "ttl_ms": req.ttl_ms,
-            "scopes": list(req.scopes),
-            "purpose": req.purpose,
-        },
+    digest = acquire_digest(
+        ttl_ms=req.ttl_ms,
+        scopes=req.scopes,
+        purpose=req.purpose,
+        expected_version=req.expected_version,
     )
     stored = store._receipt(tx, "acquire", key, scope, digest)
     if stored is not None:
@@ -191,6 +189,7 @@ def _acquire_in_tx(
         now_ms=tx.now_ms,
         new_lease_id=new_id("lease"),
         scope_conflict_expires_ms=store._scope_conflict(tx, caller.principal, req.scopes, resource),
+        epoch_floor=head.epoch if head is not None else 0,
     )
     assert decision.new is not None
     if decision.noop:

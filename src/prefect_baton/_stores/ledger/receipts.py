@@ -32,7 +32,7 @@ from pydantic import BaseModel
 from sqlalchemy import delete, select, update
 from sqlmodel import col
 
-from prefect_baton._rules import core as _core
+from prefect_baton._rules.digests import operation_digest
 from prefect_baton._stores.ledger.tables import ReceiptRow
 from prefect_baton._stores.protocol import Caller
 from prefect_baton.errors import BatonError, IdempotencyInFlightError, IdempotencyMismatchError
@@ -157,7 +157,7 @@ def run_once(
             handoff id of a resolve, ``""`` for release/force release by id (the lease id is
             then part of the request digest).
         fields: the request as given (canonical JSON of it is digested with
-            :func:`prefect_baton._rules.core.request_digest`).
+            :func:`prefect_baton._rules.digests.operation_digest`).
         model: the result model (its JSON is the stored response).
         run: the operation.
 
@@ -172,7 +172,7 @@ def run_once(
     """
     if key is None:
         return run()
-    digest = _core.request_digest(operation, fields)
+    digest = operation_digest(operation, fields)
     claim_id, stored = _claim(store, caller, operation, key, scope, digest)
     if stored is not None:
         return model.model_validate({**stored, "replayed": True})

@@ -10,7 +10,13 @@ from sqlalchemy import or_, select
 from sqlmodel import col
 
 from prefect_baton._rules import core as _core
+from prefect_baton._rules.access import may_read
 from prefect_baton._rules.core import Proof
+from prefect_baton._rules.digests import (
+    checkpoint_save_digest,
+    handoff_create_digest,
+    outcome_record_digest,
+)
 from prefect_baton._stores.ledger.base import Fence, Tx
 from prefect_baton._stores.ledger.convert import (
     checkpoint_model,
@@ -71,14 +77,11 @@ class RecordOps(LeaseOps):
         """Upsert the checkpoint of ``(org, subject, caller, kind)``; CAS with
         ``expected_version``; fenced by a lease when ``fence`` is given."""
         scope = f"{len(subject_id)}:{subject_id}:{kind}"
-        digest = _core.request_digest(
-            "checkpoint.save",
-            {
-                "state_hash": state_hash,
-                "expected_version": expected_version,
-                "fence": [fence.lease_id, fence.epoch] if fence else None,
-                "ttl_ms": ttl_ms,
-            },
+        digest = checkpoint_save_digest(
+            state_hash=state_hash,
+            expected_version=expected_version,
+            fence=(fence.lease_id, fence.epoch) if fence else None,
+            ttl_ms=ttl_ms,
         )
 
         def op(tx: Tx) -> Checkpoint:
@@ -247,17 +250,14 @@ class RecordOps(LeaseOps):
         idempotency_key: str | None,
     ) -> Handoff:
         """Create a pending handoff (see :meth:`prefect_baton.Baton.handoffs`)."""
-        digest = _core.request_digest(
-            "handoff.create",
-            {
-                "to": to_principal,
-                "subject": subject_id,
-                "checkpoint_id": checkpoint_id,
-                "context_id": context_id,
-                "message": message,
-                "lease_id": lease.lease_id if lease else None,
-                "expires_in_ms": expires_in_ms,
-            },
+        digest = handoff_create_digest(
+            to_principal=to_principal,
+            subject_id=subject_id,
+            checkpoint_id=checkpoint_id,
+            context_id=context_id,
+            message=message,
+            lease_id=lease.lease_id if lease else None,
+            expires_in_ms=expires_in_ms,
         )
 
         def op(tx: Tx) -> Handoff:
@@ -340,9 +340,8 @@ class RecordOps(LeaseOps):
             if (
                 row is None
                 or row.org_id != caller.org
-                or (
-                    caller.principal not in (row.from_principal, row.to_principal)
-                    and caller.role == "agent"
+                or not may_read(
+                    caller.role, caller.principal, (row.from_principal, row.to_principal)
                 )
             ):
                 raise NotFoundError(f"handoff {handoff_id} not found")
@@ -409,10 +408,11 @@ class RecordOps(LeaseOps):
             row.resolved_at_ms = tx.now_ms
             s.add(row)
             s.flush()
-            payload = handoff_payload(row)
-            if lease is not None:
-                payload["accepted_lease_id"] = lease.lease_id
-                payload["epoch"] = lease.epoch
+            payload = (
+                handoff_payload(row)
+                if lease is None
+                else handoff_payload(row, accepted_lease_id=lease.lease_id, epoch=lease.epoch)
+            )
             tx.emit(f"handoff.{status}", row.subject_id, payload)
             return handoff_model(row, tx.now_ms, lease)
 
@@ -438,16 +438,13 @@ class RecordOps(LeaseOps):
     ) -> Outcome:
         """Record an outcome with evidence; fenced by a lease when ``fence`` is given."""
         ev = [e.model_dump() for e in evidence]
-        digest = _core.request_digest(
-            "outcome.record",
-            {
-                "status": status,
-                "evidence": ev,
-                "fence": [fence.lease_id, fence.epoch] if fence else None,
-                "lease_id": lease_id,
-                "handoff_id": handoff_id,
-                "checkpoint_id": checkpoint_id,
-            },
+        digest = outcome_record_digest(
+            status=status,
+            evidence=ev,
+            fence=(fence.lease_id, fence.epoch) if fence else None,
+            lease_id=lease_id,
+            handoff_id=handoff_id,
+            checkpoint_id=checkpoint_id,
         )
         scope = subject_id
 

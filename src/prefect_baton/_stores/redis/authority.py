@@ -34,10 +34,13 @@ import json
 import os
 import uuid
 from collections.abc import Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 from prefect_baton._rules import core as _core
+from prefect_baton._rules.access import check_force_release, check_list_owner, may_read
 from prefect_baton._rules.core import Holding, Proof
+from prefect_baton._rules.digests import acquire_digest
+from prefect_baton._stores.ledger.convert import lease_info
 from prefect_baton._stores.ledger.store import LedgerStore, holding_to_lease
 from prefect_baton._stores.protocol import Caller
 from prefect_baton._stores.redis.base import AuthorityBase
@@ -54,8 +57,8 @@ from prefect_baton._stores.redis.codec import (
 from prefect_baton._stores.redis.connection import as_text, connect
 from prefect_baton._stores.redis.keys import org_keys, resource_digest
 from prefect_baton._stores.redis.scripts import NOOP, OK, REPLAY, UNKNOWN, raise_for
-from prefect_baton.errors import BatonError, ForbiddenError, NotFoundError, ValidationError
-from prefect_baton.models import Lease, LeaseInfo, Receipt, from_ms
+from prefect_baton.errors import BatonError, NotFoundError, ValidationError
+from prefect_baton.models import EndStatus, Lease, LeaseInfo, Receipt, ReceiptStatus
 
 __all__ = ["AcquireRequest", "RedisAuthority", "connect"]
 
@@ -137,14 +140,11 @@ class RedisAuthority(AuthorityBase):
         rt, rid = req.resource_type, req.resource_id
         digest = ""
         if key is not None:
-            digest = _core.request_digest(
-                "acquire",
-                {
-                    "expected_version": req.expected_version,
-                    "ttl_ms": req.ttl_ms,
-                    "scopes": list(req.scopes),
-                    "purpose": req.purpose,
-                },
+            digest = acquire_digest(
+                ttl_ms=req.ttl_ms,
+                scopes=req.scopes,
+                purpose=req.purpose,
+                expected_version=req.expected_version,
             )
         scopes_json = meta = ""
         if req.scopes:
@@ -396,8 +396,7 @@ class RedisAuthority(AuthorityBase):
         Raises:
             ForbiddenError: the caller is an ``agent``. NotFoundError: not active/unknown.
         """
-        if caller.role not in ("owner", "admin"):
-            raise ForbiddenError("force release needs the owner or admin role")
+        check_force_release(caller.role)
         return self._end_by_id(caller, "force_release", lease_id)
 
     # ------------------------------------------------------------------ reads
@@ -406,23 +405,8 @@ class RedisAuthority(AuthorityBase):
         """What any principal of the org may see about a resource (the holder also gets its
         lease), judged on the Redis clock."""
         reply = self._run(caller.org, "inspect", [resource_digest(resource_type, resource_id)])
-        raw = reply[2]
-        if not raw:
-            return LeaseInfo(
-                resource_type=resource_type, resource_id=resource_id, held=False, version=0, epoch=0
-            )
-        h = from_gen(raw)
-        now = int(reply[1])
-        held = h.effective(now)
-        return LeaseInfo(
-            resource_type=resource_type,
-            resource_id=resource_id,
-            held=held,
-            version=h.version,
-            epoch=h.epoch,
-            expires_at=from_ms(h.expires_at_ms) if held else None,
-            lease=holding_to_lease(h) if held and h.owner == caller.principal else None,
-        )
+        head = from_gen(reply[2]) if reply[2] else None
+        return lease_info(caller, resource_type, resource_id, head, int(reply[1]))
 
     def generation(
         self, caller: Caller, lease_id: str, *, rebuild: bool = True
@@ -445,7 +429,7 @@ class RedisAuthority(AuthorityBase):
         if h is None:
             self.sync_ledger(caller.org)
             return self.store.get(caller, lease_id)
-        if h.owner != caller.principal and caller.role == "agent":
+        if not may_read(caller.role, caller.principal, (h.owner,)):
             raise NotFoundError(f"lease {lease_id} not found")
         return holding_to_lease(h)
 
@@ -461,8 +445,7 @@ class RedisAuthority(AuthorityBase):
         """Effective leases of the caller (``owner``: a name or ``"*"``, needs owner/admin),
         newest first; with ``include_ended`` the ledger's history (after a drain)."""
         who = caller.principal if owner is None else owner
-        if who != caller.principal and caller.role == "agent":
-            raise ForbiddenError("listing another principal's leases needs the owner or admin role")
+        check_list_owner(caller.role, caller.principal, who)
         if include_ended:
             self.sync_ledger(caller.org)
             return self.store.list_leases(
@@ -583,13 +566,11 @@ def _refuse(reply: Sequence[Any], requests: Sequence[AcquireRequest]) -> None:
     raise AssertionError("unreachable")
 
 
-def _end_status(status: str) -> Literal["released", "expired"]:
+def _end_status(status: str) -> EndStatus:
     return "expired" if status == "expired" else "released"
 
 
-def _receipt(
-    action: str, status: Literal["released", "expired", "no_change"], lease: Lease
-) -> Receipt:
+def _receipt(action: str, status: ReceiptStatus, lease: Lease) -> Receipt:
     return construct(
         Receipt, {"action": action, "status": status, "lease": lease, "replayed": False}
     )

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from prefect_baton._rules.events import lease_payload
 from prefect_baton._stores.ledger.tables import (
     EventRow,
     LeaseRow,
@@ -175,16 +176,9 @@ def gen_fields(raw: Any) -> list[str]:
 
 
 def event_payload(f: list[str]) -> dict[str, Any]:
-    """The lease part of an event payload (as ``lease_payload`` of the ledger store)."""
-    return {
-        "lease_id": f[0],
-        "resource_type": f[1],
-        "resource_id": f[2],
-        "owner": f[4],
-        "version": int(f[6]),
-        "epoch": int(f[7]),
-        "expires_at_ms": int(f[10]),
-    }
+    """The lease part of an event payload of generation fields ``f`` (built by
+    :func:`prefect_baton._rules.events.lease_payload`, as the ledger store's)."""
+    return lease_payload(f[0], f[1], f[2], f[4], int(f[6]), int(f[7]), int(f[10]))
 
 
 def lease_row(org: str, f: list[str]) -> tuple[Any, ...]:

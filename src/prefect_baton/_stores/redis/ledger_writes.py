@@ -45,6 +45,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import col
 
+from prefect_baton._rules.events import handoff_payload, lease_events, reports_expiry
 from prefect_baton._stores.ledger.engine import SQLITE_BUSY_TIMEOUT_MS
 from prefect_baton._stores.ledger.store import LedgerStore, holding_to_lease, resource_key
 from prefect_baton._stores.ledger.tables import (
@@ -89,15 +90,6 @@ JOURNAL_OP = "redis.journal"
 
 _CREATES = frozenset(("acquire", "takeover", "supersede"))
 """Journal actions whose new generation is a new lease (a new lease id)."""
-_KIND = {
-    "acquire": "lease.acquired",
-    "takeover": "lease.acquired",
-    "supersede": "lease.acquired",
-    "renew": "lease.renewed",
-    "transfer": "lease.transferred",
-    "release": "lease.released",
-    "force_release": "lease.released",
-}
 
 
 def _make_canonical() -> Callable[[Any], str]:
@@ -223,25 +215,27 @@ class LedgerWriter:
             x = item.get("x")
             ended = gen_fields(x) if x else None
             action = str(item["a"])
+            reported = False
             if ended is not None:
                 batch.lease(ended)
                 batch.transition(org, ended, ended[8], at, actor)
-                if ended[8] == "taken_over" and not self._expiry_reported(
+                reported = reports_expiry(ended[8]) and self._expiry_reported(
                     conn, ended[0], int(ended[6])
-                ):
-                    events.append(("lease.expired", subject, event_payload(ended)))
+                )
             batch.lease(new)
             batch.transition(org, new, action, at, actor)
-            payload = event_payload(new)
             if action in _CREATES:
                 batch.created.add(new[0])
-            if action in ("takeover", "supersede"):
-                payload["previous_lease_id"] = ended[0] if ended else None
-            elif action in ("release", "force_release"):
-                payload["status"] = new[8]
-                if new[15]:
-                    payload["forced_by"] = new[15]
-            events.append((_KIND[action], subject, payload))
+            for kind, payload in lease_events(
+                action,
+                event_payload(new),
+                new_status=new[8],
+                forced_by=new[15] or None,
+                ended=None if ended is None else event_payload(ended),
+                ended_status=None if ended is None else ended[8],
+                expiry_reported=reported,
+            ):
+                events.append((kind, subject, payload))
             rc = item.get("rc")
             if rc and new[5]:
                 h = from_gen(new)
@@ -408,13 +402,13 @@ class LedgerWriter:
                 accepted_lease_id=lease_id,
             )
         )
-        payload = {
-            "handoff_id": row.handoff_id,
-            "from_principal": row.from_principal,
-            "to_principal": row.to_principal,
-            "checkpoint_id": row.checkpoint_id,
-            "lease_id": row.lease_id,
-            "accepted_lease_id": lease_id,
-            "epoch": epoch,
-        }
+        payload = handoff_payload(
+            row.handoff_id,
+            row.from_principal,
+            row.to_principal,
+            row.checkpoint_id,
+            row.lease_id,
+            accepted_lease_id=lease_id,
+            epoch=epoch,
+        )
         return [("handoff.accepted", str(row.subject_id), payload)]

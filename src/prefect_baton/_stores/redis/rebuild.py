@@ -61,6 +61,7 @@ from redis.exceptions import RedisError
 from sqlalchemy import and_, func, select
 from sqlmodel import col
 
+from prefect_baton._rules.core import EPOCH_RANGE, incarnation_epochs
 from prefect_baton._stores.ledger.store import row_to_holding
 from prefect_baton._stores.ledger.tables import LeaseRow, ReceiptRow
 from prefect_baton._stores.redis.cluster import node_time_ms
@@ -76,8 +77,6 @@ __all__ = ["EPOCH_RANGE", "rebuild", "recover", "rotate"]
 
 log = logging.getLogger("prefect_baton.redis")
 
-EPOCH_RANGE = 2**32
-"""Epochs granted in incarnation ``n`` lie in ``(n * 2**32, (n + 1) * 2**32)``."""
 REBUILD_LOCK_MS = 120_000
 RESTORE_BATCH = 200
 _INCARNATION_OP = "redis.incarnation"
@@ -235,6 +234,7 @@ def rebuild(auth: RedisAuthority, org: str) -> int:
                 restored += len(batch) // 2
             receipts = _restore_receipts(auth, org)
             now = node_time_ms(client, keys.inc)  # the clock of the org's node
+            floor, ceiling = incarnation_epochs(n)
             delay = 0
             if existed and auth.post_loss == "lock_delay":
                 delay = now + auth.lock_delay_ms
@@ -245,8 +245,8 @@ def rebuild(auth: RedisAuthority, org: str) -> int:
                         token,
                         uuid.uuid4().hex,
                         n,
-                        n * EPOCH_RANGE,
-                        (n + 1) * EPOCH_RANGE,
+                        floor,
+                        ceiling,
                         delay,
                         auth.old_retention_ms,
                     ],
@@ -270,7 +270,7 @@ def rebuild(auth: RedisAuthority, org: str) -> int:
             n,
             restored,
             receipts,
-            n * EPOCH_RANGE,
+            incarnation_epochs(n)[0],
         )
     return n
 
@@ -296,9 +296,7 @@ def rotate(auth: RedisAuthority, org: str) -> None:
         if seen is None:
             return  # lost meanwhile: the next call rebuilds
         n, _existed = bump_incarnation(auth, org)
-        auth.scripts["rotate"](
-            keys=list(keys.base), args=[seen, n, n * EPOCH_RANGE, (n + 1) * EPOCH_RANGE]
-        )
+        auth.scripts["rotate"](keys=list(keys.base), args=[seen, n, *incarnation_epochs(n)])
     except RedisError as exc:
         raise UnavailableError(f"Redis unavailable while rotating org {org!r}: {exc}") from exc
     log.info("org %r moved to incarnation %d (epoch range used up)", org, n)

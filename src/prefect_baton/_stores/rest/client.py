@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from prefect_baton._rules.core import Proof
+from prefect_baton._rules.validation import TTL_MIN_SECONDS
 from prefect_baton._stores.ledger.base import Fence
 from prefect_baton._stores.protocol import Caller
 from prefect_baton._stores.redis.authority import AcquireRequest
@@ -177,7 +178,10 @@ class RemoteBackend(_Transport):
             }
             for r in requests
         ]
-        body = {"resources": items, "ttl_seconds": items[0]["ttl_seconds"] if items else 10}
+        body = {
+            "resources": items,
+            "ttl_seconds": items[0]["ttl_seconds"] if items else TTL_MIN_SECONDS,
+        }
         data, _ = self._call("POST", "/v1/leases/batch", json=body, idempotency_key=idempotency_key)
         leases = self._list(Lease, data, "leases")
         flags = data.get("replayed")

@@ -1,0 +1,95 @@
+"""Roles and visibility: who may do and see what in an org (DESIGN.md, "Roles").
+
+An ``agent`` acts on and sees its own leases and handoffs; an ``owner`` or ``admin`` of
+the org may also read and list anyone's, and force-release any lease. Anyone of the org
+may inspect a resource, but only the holder sees its lease (holder, execution key,
+purpose, scopes); others see that it is held, its counters and until when. No I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from prefect_baton.errors import ForbiddenError
+
+if TYPE_CHECKING:
+    from prefect_baton._rules.core import Holding
+
+__all__ = [
+    "PRIVILEGED_ROLES",
+    "InspectView",
+    "can_force_release",
+    "check_force_release",
+    "check_list_owner",
+    "inspect_view",
+    "may_read",
+    "sees_everything",
+]
+
+PRIVILEGED_ROLES = ("owner", "admin")
+"""The roles that see and may end every principal's leases of the org."""
+
+
+def sees_everything(role: str) -> bool:
+    """Whether ``role`` reads and lists every principal's leases and handoffs."""
+    return role in PRIVILEGED_ROLES
+
+
+def can_force_release(role: str) -> bool:
+    """Whether ``role`` may force-release another principal's lease."""
+    return role in PRIVILEGED_ROLES
+
+
+def check_force_release(role: str) -> None:
+    """Raise :class:`ForbiddenError` unless ``role`` may force-release."""
+    if not can_force_release(role):
+        raise ForbiddenError("force release needs the owner or admin role")
+
+
+def may_read(role: str, principal: str, parties: Iterable[str]) -> bool:
+    """Whether ``principal`` with ``role`` may read a record whose parties (a lease's
+    owner; a handoff's sender and recipient) are ``parties``: a party may, and so may a
+    role that :func:`sees_everything`."""
+    return principal in parties or sees_everything(role)
+
+
+def check_list_owner(role: str, principal: str, owner: str) -> None:
+    """Check a listing of ``owner``'s leases (a name, or ``"*"`` for everyone's) by
+    ``principal`` with ``role``.
+
+    Raises:
+        ForbiddenError: another principal's (or everyone's) leases, without the owner or
+            admin role.
+    """
+    if owner != principal and not sees_everything(role):
+        raise ForbiddenError("listing another principal's leases needs the owner or admin role")
+
+
+@dataclass(frozen=True, slots=True)
+class InspectView:
+    """What a caller sees of a resource: whether it is held, its version and epoch (0 when
+    never leased), the expiry (epoch ms, only while held) and the lease itself (only for
+    its holder)."""
+
+    held: bool
+    version: int
+    epoch: int
+    expires_at_ms: int | None
+    lease: Holding | None
+
+
+def inspect_view(head: Holding | None, *, principal: str, now_ms: int) -> InspectView:
+    """The inspect redaction: what ``principal`` may see of a resource whose newest
+    generation is ``head`` (``None`` if never leased), judged at ``now_ms``."""
+    if head is None:
+        return InspectView(held=False, version=0, epoch=0, expires_at_ms=None, lease=None)
+    held = head.effective(now_ms)
+    return InspectView(
+        held=held,
+        version=head.version,
+        epoch=head.epoch,
+        expires_at_ms=head.expires_at_ms if held else None,
+        lease=head if held and head.owner == principal else None,
+    )

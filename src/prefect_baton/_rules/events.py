@@ -1,0 +1,133 @@
+"""The event builder: the kind and payload of each event a lease transition or a handoff
+records (DESIGN.md, "Events"). Pure functions; the ledger store and the Redis reconciler
+both build their events here and store the payload as canonical JSON, so the two record
+the same bytes for the same transition. No I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "LEASE_EVENT_KINDS",
+    "handoff_payload",
+    "lease_events",
+    "lease_payload",
+    "reports_expiry",
+]
+
+LEASE_EVENT_KINDS = {
+    "acquire": "lease.acquired",
+    "takeover": "lease.acquired",
+    "supersede": "lease.acquired",
+    "renew": "lease.renewed",
+    "transfer": "lease.transferred",
+    "release": "lease.released",
+    "force_release": "lease.released",
+}
+"""The event kind of each lease decision's action (:attr:`Decision.action
+<prefect_baton._rules.core.Decision>`)."""
+
+
+def lease_payload(
+    lease_id: str,
+    resource_type: str,
+    resource_id: str,
+    owner: str,
+    version: int,
+    epoch: int,
+    expires_at_ms: int,
+) -> dict[str, Any]:
+    """The lease part of an event payload: one generation's identity and counters
+    (``expires_at_ms``: epoch milliseconds)."""
+    return {
+        "lease_id": lease_id,
+        "resource_type": resource_type,
+        "resource_id": resource_id,
+        "owner": owner,
+        "version": version,
+        "epoch": epoch,
+        "expires_at_ms": expires_at_ms,
+    }
+
+
+def reports_expiry(ended_status: str) -> bool:
+    """Whether a generation ended with ``ended_status`` records ``lease.expired`` (unless
+    ``report_expired`` recorded it already): a takeover ends a lease whose TTL ran out."""
+    return ended_status == "taken_over"
+
+
+def lease_events(
+    action: str,
+    new: dict[str, Any] | None,
+    *,
+    new_status: str,
+    forced_by: str | None,
+    ended: dict[str, Any] | None,
+    ended_status: str | None,
+    expiry_reported: bool,
+) -> list[tuple[str, dict[str, Any]]]:
+    """The events of one lease transition, in the order they are recorded.
+
+    Args:
+        action: the decision's action (a key of :data:`LEASE_EVENT_KINDS`).
+        new: :func:`lease_payload` of the new or updated generation (extended in place and
+            returned in the list), or ``None`` when there is none.
+        new_status: that generation's status (a release's payload carries it).
+        forced_by: who forced a release (``ended_by`` of a revoked lease), or ``None``.
+        ended: :func:`lease_payload` of the generation the transition ended, or ``None``.
+        ended_status: the ended generation's new status, or ``None``.
+        expiry_reported: ``lease.expired`` was recorded already for the ended generation
+            (only read when :func:`reports_expiry` of ``ended_status``).
+
+    Returns:
+        ``(kind, payload)`` pairs: ``lease.expired`` for a taken-over generation not yet
+        reported, then the transition's own event.
+
+    Raises:
+        KeyError: an unknown ``action``.
+    """
+    events: list[tuple[str, dict[str, Any]]] = []
+    if (
+        ended is not None
+        and ended_status is not None
+        and reports_expiry(ended_status)
+        and not expiry_reported
+    ):
+        events.append(("lease.expired", ended))
+    if new is None:
+        return events
+    if action in ("takeover", "supersede"):
+        new["previous_lease_id"] = ended["lease_id"] if ended is not None else None
+    elif action in ("release", "force_release"):
+        new["status"] = new_status
+        if forced_by:
+            new["forced_by"] = forced_by
+    events.append((LEASE_EVENT_KINDS[action], new))
+    return events
+
+
+def handoff_payload(
+    handoff_id: str,
+    from_principal: str,
+    to_principal: str,
+    checkpoint_id: str | None,
+    lease_id: str | None,
+    *,
+    accepted_lease_id: str | None = None,
+    epoch: int | None = None,
+) -> dict[str, Any]:
+    """The payload of a ``handoff.*`` event; an accepted handoff that carried a lease adds
+    the receiver's new lease id and its epoch (``accepted_lease_id`` and ``epoch``, given
+    together)."""
+    payload: dict[str, Any] = {
+        "handoff_id": handoff_id,
+        "from_principal": from_principal,
+        "to_principal": to_principal,
+        "checkpoint_id": checkpoint_id,
+        "lease_id": lease_id,
+    }
+    if accepted_lease_id is not None:
+        payload["accepted_lease_id"] = accepted_lease_id
+        payload["epoch"] = epoch
+    return payload

@@ -1,9 +1,9 @@
 """prefect-baton: leases with fencing tokens, checkpoints, handoffs and outcomes for Prefect
 flows and plain agent code, on a SQL ledger (SQLite by default, PostgreSQL at scale)."""
 
+from prefect_baton._client.aio import AsyncBaton
 from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._client.sync import (
-    AsyncBaton,
     Baton,
     CheckpointAPI,
     EventAPI,

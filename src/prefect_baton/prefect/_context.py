@@ -26,8 +26,9 @@ from typing import Any, Literal
 
 from prefect.context import FlowRunContext, TaskRunContext
 
+from prefect_baton._client.aio import AsyncBaton
 from prefect_baton._client.keeper import LeaseKeeper
-from prefect_baton._client.sync import AsyncBaton, Baton
+from prefect_baton._client.sync import Baton
 from prefect_baton._settings import BatonSettings
 
 __all__ = [

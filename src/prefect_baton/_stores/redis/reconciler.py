@@ -301,7 +301,7 @@ def run_reconciler(
             is unreachable (in ``follow`` mode only when it is so at start).
     """
     from prefect_baton._settings import BatonSettings
-    from prefect_baton._stores.redis.authority import connect
+    from prefect_baton._stores.redis.connection import connect
     from prefect_baton.errors import ValidationError
 
     settings = BatonSettings()

@@ -242,8 +242,6 @@ class LeaseAPI(_API):
         idem = _core.validate_optional_id("idempotency_key", idempotency_key)
         lease_ = _lease_of(lease)
         proof = self._proof(lease_)
-        if idem is None:
-            return self._authority.release(self._caller, proof, expected_version=ev)
         fields = {
             "lease_id": proof.lease_id,
             "execution_key": proof.execution_key,

@@ -1,4 +1,5 @@
-"""The Python surface: :class:`Baton` (sync) and :class:`AsyncBaton`.
+"""The synchronous Python surface: :class:`Baton` (:class:`~prefect_baton._client.aio.AsyncBaton`
+wraps it).
 
 :class:`Baton` opens its backend (ledger, Redis authority or REST API) with
 :func:`prefect_baton._stores.factory.open_backend` and carries the

@@ -143,11 +143,7 @@ def open_backend(
 
         # refused before a ledger file is created or opened
         redis_options = options_from(s, ack=ack)
-    ledger = store or LedgerStore(
-        ledger_url or s.ledger_url,
-        receipt_retention_seconds=s.receipt_retention_seconds,
-        state_max_bytes=s.state_max_bytes,
-    )
+    ledger = store or LedgerStore.from_settings(s, ledger_url)
     if lease_authority is not None or not url:
         return Backend(s, lease_authority or ledger, ledger, ledger, caller)
     from prefect_baton._stores.redis.authority import RedisAuthority

@@ -11,6 +11,7 @@ clock, (3) checks the idempotency receipt, (4) decides with :mod:`prefect_baton.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from prefect_baton._stores.ledger.base import (
     DEFAULT_RECEIPT_RETENTION_SECONDS,
@@ -34,6 +35,9 @@ from prefect_baton._stores.ledger.records import RecordOps
 from prefect_baton._stores.protocol import MAX_MANY, AcquireRequest, Caller, Fence
 from prefect_baton.errors import ValidationError
 from prefect_baton.models import Lease
+
+if TYPE_CHECKING:
+    from prefect_baton._settings import BatonSettings
 
 __all__ = [
     "DEFAULT_RECEIPT_RETENTION_SECONDS",
@@ -66,6 +70,21 @@ class LedgerStore(RecordOps):
     Raises:
         ValidationError: a malformed URL. UnavailableError: the database cannot be reached.
     """
+
+    @classmethod
+    def from_settings(cls, settings: BatonSettings, url: str | None = None) -> LedgerStore:
+        """Open the ledger ``settings`` name (``BATON_LEDGER_URL``, receipt retention and
+        state cap), or the one at ``url`` (``str``, SQLAlchemy URL) with those settings.
+
+        Raises:
+            ValidationError: a malformed URL. UnavailableError: the database cannot be
+                reached.
+        """
+        return cls(
+            url or settings.ledger_url,
+            receipt_retention_seconds=settings.receipt_retention_seconds,
+            state_max_bytes=settings.state_max_bytes,
+        )
 
     def bound_caller(self) -> Caller | None:
         """``None``: the ledger acts as the caller it is given."""

@@ -637,8 +637,10 @@ def section_drain(args: argparse.Namespace) -> dict[str, Any]:
             n = args.drain_entries // 2
             for i in range(n):
                 v.pair(i)
-            rec = v.b._redis.reconciler if v.b._redis else None
-            assert rec is not None
+            from prefect_baton._stores.redis.authority import RedisAuthority
+
+            assert isinstance(v.b.authority, RedisAuthority)
+            rec = v.b.authority.reconciler
             pending = rec.lag(v.b.org).entries
             t0, c0 = time.perf_counter(), time.process_time()
             applied = rec.drain(v.b.org)

@@ -185,8 +185,10 @@ class RestBaton(Baton):
 
     def for_identity(self, org: str, principal: str, role: str = "agent") -> RestBaton:
         """A client sharing this one's connection pool, on a new key for the identity."""
-        remote = self._remote
-        assert remote is not None
+        from prefect_baton._stores.rest.client import RemoteBackend
+
+        remote = self.authority
+        assert isinstance(remote, RemoteBackend)
         other = RestBaton(lease_authority=remote.with_key(self.mint(org, principal, role)))
         other.mint = self.mint
         return other

@@ -215,7 +215,7 @@ def test_prune_keeps_fresh_receipts(baton: Baton) -> None:
     """Pruning removes only receipts past retention: a fresh receipt still replays (over
     REST pruning is not offered: FORBIDDEN, and the receipt replays all the same)."""
     lease = baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="run-1")
-    if baton._remote is not None:
+    if baton.authority.bound_caller() is not None:  # the REST API
         with pytest.raises(ForbiddenError):
             baton.prune_receipts()
     else:

@@ -143,7 +143,7 @@ def test_lock_delay_refuses_a_plain_claim(make_authority: Callable[..., RedisAut
 
 
 def test_plain_claim_is_chosen_only_for_plain_requests() -> None:
-    from prefect_baton._stores.redis.authority import AcquireRequest
+    from prefect_baton._stores.protocol import AcquireRequest
 
     plain = [AcquireRequest("res", "a", 30_000), AcquireRequest("res", "b", 30_000)]
     assert is_plain(plain, None)

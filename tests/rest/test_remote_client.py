@@ -120,7 +120,7 @@ def test_environment_selects_the_rest_api(
     monkeypatch.setenv("BATON_API_KEY", secret("agent-env"))
     b = Baton()
     assert (b.org, b.principal) == (org, "agent-env")
-    assert b._remote is not None
+    assert isinstance(b.authority, RemoteBackend)
     b.close()
     monkeypatch.delenv("BATON_API_KEY")
     with pytest.raises(ValidationError, match="api_key"):

@@ -110,17 +110,11 @@ class LeaseAPI(_API):
             acquired.
             ValidationError: bad input (also a resource listed twice).
         """
-        from prefect_baton._stores.ledger.many import ledger_acquire_many, requests_of
+        from prefect_baton._stores.ledger.many import requests_of
 
         reqs = requests_of(resources, ttl_seconds=ttl_seconds, purpose=purpose, scopes=scopes)
         key = _core.validate_optional_id("idempotency_key", idempotency_key)
-        redis_ = self._b._redis
-        if redis_ is not None:
-            return redis_.acquire_many(self._caller, reqs, idempotency_key=key)
-        remote = self._b._remote
-        if remote is not None:
-            return remote.acquire_many(self._caller, reqs, idempotency_key=key)
-        return ledger_acquire_many(self._b.store, self._caller, reqs, idempotency_key=key)
+        return self._authority.acquire_many(self._caller, reqs, idempotency_key=key)
 
     def _proof(self, lease: object) -> Proof:
         lease_ = _lease_of(lease)
@@ -168,16 +162,12 @@ class LeaseAPI(_API):
             "ttl_seconds": ttl_seconds,
             "expected_version": ev,
         }
-        return self._once(
-            "renew",
-            idem,
-            _resource_scope(lease_),
-            fields,
-            Lease,
-            lambda: self._authority.renew(self._caller, proof, ttl_ms=ttl_ms, expected_version=ev),
-            remote_run=lambda r, k: r.renew(
-                self._caller, proof, ttl_ms=ttl_ms, expected_version=ev, idempotency_key=k
-            ),
+        return self._authority.renew(
+            self._caller,
+            proof,
+            ttl_ms=ttl_ms,
+            expected_version=ev,
+            idempotency=self._idempotency(idem, _resource_scope(lease_), fields),
         )
 
     def transfer(
@@ -215,29 +205,14 @@ class LeaseAPI(_API):
             "ttl_seconds": ttl_seconds,
             "expected_version": ev,
         }
-        return self._once(
-            "transfer",
-            idem,
-            _resource_scope(lease_),
-            fields,
-            Lease,
-            lambda: self._authority.transfer(
-                self._caller,
-                proof,
-                to_principal=to,
-                new_execution_key=key,
-                ttl_ms=ttl_ms,
-                expected_version=ev,
-            ),
-            remote_run=lambda r, k: r.transfer(
-                self._caller,
-                proof,
-                to_principal=to,
-                new_execution_key=key,
-                ttl_ms=ttl_ms,
-                expected_version=ev,
-                idempotency_key=k,
-            ),
+        return self._authority.transfer(
+            self._caller,
+            proof,
+            to_principal=to,
+            new_execution_key=key,
+            ttl_ms=ttl_ms,
+            expected_version=ev,
+            idempotency=self._idempotency(idem, _resource_scope(lease_), fields),
         )
 
     def release(
@@ -267,23 +242,16 @@ class LeaseAPI(_API):
         idem = _core.validate_optional_id("idempotency_key", idempotency_key)
         lease_ = _lease_of(lease)
         proof = self._proof(lease_)
-        if idem is None:
-            return self._authority.release(self._caller, proof, expected_version=ev)
         fields = {
             "lease_id": proof.lease_id,
             "execution_key": proof.execution_key,
             "expected_version": ev,
         }
-        return self._once(
-            "release",
-            idem,
-            _resource_scope(lease_),
-            fields,
-            Receipt,
-            lambda: self._authority.release(self._caller, proof, expected_version=ev),
-            remote_run=lambda r, k: r.release(
-                self._caller, proof, expected_version=ev, idempotency_key=k
-            ),
+        return self._authority.release(
+            self._caller,
+            proof,
+            expected_version=ev,
+            idempotency=self._idempotency(idem, _resource_scope(lease_), fields),
         )
 
     def release_by_id(self, lease_id: str, *, idempotency_key: str | None = None) -> Receipt:
@@ -301,14 +269,8 @@ class LeaseAPI(_API):
         """
         lid = _core.validate_id("lease_id", lease_id)
         idem = _core.validate_optional_id("idempotency_key", idempotency_key)
-        return self._once(
-            "release_by_id",
-            idem,
-            "",
-            {"lease_id": lid},
-            Receipt,
-            lambda: self._authority.release_by_id(self._caller, lid),
-            remote_run=lambda r, k: r.release_by_id(self._caller, lid, idempotency_key=k),
+        return self._authority.release_by_id(
+            self._caller, lid, idempotency=self._idempotency(idem, "", {"lease_id": lid})
         )
 
     def force_release(self, lease_id: str, *, idempotency_key: str | None = None) -> Receipt:
@@ -326,14 +288,8 @@ class LeaseAPI(_API):
         """
         lid = _core.validate_id("lease_id", lease_id)
         idem = _core.validate_optional_id("idempotency_key", idempotency_key)
-        return self._once(
-            "force_release",
-            idem,
-            "",
-            {"lease_id": lid},
-            Receipt,
-            lambda: self._authority.force_release(self._caller, lid),
-            remote_run=lambda r, k: r.force_release(self._caller, lid, idempotency_key=k),
+        return self._authority.force_release(
+            self._caller, lid, idempotency=self._idempotency(idem, "", {"lease_id": lid})
         )
 
     def inspect(self, resource_type: str, resource_id: str) -> LeaseInfo:

@@ -3,16 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from prefect_baton._client.keeper import LeaseKeeper
-from prefect_baton._rules import core as _core
-from prefect_baton._rules.core import Proof
-from prefect_baton.errors import ValidationError
-from prefect_baton.models import Checkpoint, Event, Evidence, Handoff, Outcome
-
-if TYPE_CHECKING:
-    pass
 from prefect_baton._client.api_base import (
     _API,
     CHECKPOINT_TTL_MAX_SECONDS,
@@ -22,6 +14,11 @@ from prefect_baton._client.api_base import (
     _lease_of,
     _limit,
 )
+from prefect_baton._client.keeper import LeaseKeeper
+from prefect_baton._rules import core as _core
+from prefect_baton._rules.core import Proof
+from prefect_baton.errors import ValidationError
+from prefect_baton.models import Checkpoint, Event, Evidence, Handoff, Outcome
 
 
 class CheckpointAPI(_API):
@@ -225,18 +222,6 @@ class HandoffAPI(_API):
         ttl_ms = _core.validate_ttl(ttl_seconds) if ttl_seconds is not None else None
         idem = _core.validate_optional_id("idempotency_key", idempotency_key)
 
-        def run() -> Handoff:
-            redis_ = self._b._redis
-            if redis_ is not None:
-                from prefect_baton._stores.redis.handoffs import resolve_handoff
-
-                return resolve_handoff(
-                    redis_, self._caller, hid, status, note=note_, execution_key=key, ttl_ms=ttl_ms
-                )
-            return self._store.handoff_resolve(
-                self._caller, hid, status, note=note_, execution_key=key, ttl_ms=ttl_ms
-            )
-
         fields = {
             "handoff_id": hid,
             "status": status,
@@ -244,22 +229,14 @@ class HandoffAPI(_API):
             "execution_key": key,
             "ttl_seconds": ttl_seconds,
         }
-        return self._once(
-            "resolve",
-            idem,
-            f"handoff:{hid}",
-            fields,
-            Handoff,
-            run,
-            remote_run=lambda r, k: r.handoff_resolve(
-                self._caller,
-                hid,
-                status,
-                note=note_,
-                execution_key=key,
-                ttl_ms=ttl_ms,
-                idempotency_key=k,
-            ),
+        return self._b.authority.handoff_resolve(
+            self._caller,
+            hid,
+            status,
+            note=note_,
+            execution_key=key,
+            ttl_ms=ttl_ms,
+            idempotency=self._idempotency(idem, f"handoff:{hid}", fields),
         )
 
 

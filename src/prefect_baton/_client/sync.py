@@ -1,7 +1,8 @@
-"""The synchronous Python surface: :class:`Baton` (the coroutine client, ``AsyncBaton``,
-wraps it in :mod:`prefect_baton._client.aio`).
+"""The synchronous Python surface: :class:`Baton` (:class:`~prefect_baton._client.aio.AsyncBaton`
+wraps it).
 
-:class:`Baton` picks the backend (ledger, Redis authority or REST API) and carries the
+:class:`Baton` opens its backend (ledger, Redis authority or REST API) with
+:func:`prefect_baton._stores.factory.open_backend` and carries the
 operation groups: :class:`~prefect_baton._client.leases.LeaseAPI` (``b.leases``) and the
 record APIs of :mod:`prefect_baton._client.records`. Each operation validates its input first
 (a bad request raises :class:`ValidationError` and writes nothing), then hands one atomic
@@ -11,30 +12,25 @@ operation to the store.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
-from prefect_baton._client.keeper import LeaseKeeper
-from prefect_baton._rules import core as _core
-from prefect_baton._settings import BatonSettings, load_settings
-from prefect_baton._stores.ledger.store import Fence, LedgerStore
-from prefect_baton._stores.protocol import Caller, LeaseAuthority
-from prefect_baton.errors import ForbiddenError, ValidationError
-
-if TYPE_CHECKING:
-    from prefect_baton._stores.redis.authority import RedisAuthority
-    from prefect_baton._stores.rest.client import RemoteBackend
 from prefect_baton._client.api_base import (
     CHECKPOINT_TTL_MAX_SECONDS,
     HANDOFF_RESOLUTIONS,
     OUTCOME_STATUSES,
     FenceLike,
     LeaseLike,
-    RecordStore,
-    _fence_of,
-    _lease_of,
+    _fence_lease,
 )
+from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._client.leases import LeaseAPI
 from prefect_baton._client.records import CheckpointAPI, EventAPI, HandoffAPI, OutcomeAPI
+from prefect_baton._rules import core as _core
+from prefect_baton._settings import BatonSettings, load_settings
+from prefect_baton._stores.factory import open_backend
+from prefect_baton._stores.ledger.store import LedgerStore
+from prefect_baton._stores.protocol import Caller, Fence, LeaseAuthority, RecordStore
+from prefect_baton.errors import ForbiddenError
 
 
 class Baton:
@@ -113,124 +109,27 @@ class Baton:
     ) -> None:
         s = settings or load_settings()
         self.settings = s
-        self._ledger: LedgerStore | None = None
-        self._owns_authority = False
-        remote = self._remote_of(
-            s, api_url, api_key, local=(ledger_url, store, redis_url, lease_authority)
+        backend = open_backend(
+            ledger_url,
+            redis_url,
+            settings=s,
+            ack=ack,
+            store=store,
+            lease_authority=lease_authority,
+            api_url=api_url,
+            api_key=api_key,
+            identity=(org, principal, role),
         )
-        if remote is not None:
-            owned = remote is not lease_authority
-            self._init_remote(remote, org, principal, role, owned=owned)
-            return
-        self.caller = Caller(
-            org=_core.validate_id("org", s.org if org is None else org),
-            principal=_core.validate_id(
-                "principal", s.principal if principal is None else principal
-            ),
-            role=_core.validate_role(s.role if role is None else role),
-        )
-        url = redis_url or (s.redis_url.get_secret_value() if s.redis_url else None)
-        redis_options: dict[str, Any] = {}
-        if lease_authority is None and url:
-            from prefect_baton._stores.redis.base import options_from
-
-            # refused before a ledger file is created or opened
-            redis_options = options_from(s, ack=ack)
-        self._ledger = store or LedgerStore(
-            ledger_url or s.ledger_url,
-            receipt_retention_seconds=s.receipt_retention_seconds,
-            state_max_bytes=s.state_max_bytes,
-        )
-        self._records: RecordStore = self._ledger
-        self.authority: LeaseAuthority = lease_authority or self._ledger
-        if lease_authority is None and url:
-            from prefect_baton._stores.redis.authority import RedisAuthority
-
-            try:
-                self.authority = RedisAuthority.from_url(url, self.store, **redis_options)
-            except BaseException as exc:
-                if store is None:  # the ledger this call opened
-                    self._ledger.close()
-                if isinstance(exc, ValueError):  # redis-py's verdict on a malformed URL
-                    raise ValidationError(f"bad Redis URL: {exc}") from None
-                raise
-            self._owns_authority = True
-        self._apis()
-
-    def _apis(self) -> None:
+        assert backend.caller is not None  # asked for with identity=
+        self._backend = backend
+        self.caller: Caller = backend.caller
+        self.authority: LeaseAuthority = backend.authority
+        self._records: RecordStore = backend.records
         self.leases = LeaseAPI(self)
         self.checkpoints = CheckpointAPI(self)
         self.handoffs = HandoffAPI(self)
         self.outcomes = OutcomeAPI(self)
         self.events = EventAPI(self)
-
-    @staticmethod
-    def _remote_of(
-        s: BatonSettings,
-        api_url: str | None,
-        api_key: str | None,
-        *,
-        local: tuple[object, ...],
-    ) -> RemoteBackend | None:
-        """The REST backend this client runs on, or ``None`` for a local client."""
-        authority = local[3]
-        if getattr(authority, "_baton_remote", False):
-            if api_url is not None or api_key is not None:
-                raise ValidationError("pass either a remote lease_authority or api_url/api_key")
-            return cast("RemoteBackend", authority)
-        if api_url is None and any(x is not None for x in local):
-            if api_key is not None:
-                raise ValidationError("api_key needs api_url (a REST API), not a ledger")
-            return None
-        if api_url is not None and any(x is not None for x in local):
-            raise ValidationError(
-                "api_url runs every operation through the REST API; do not also pass "
-                "ledger_url, store, redis_url or lease_authority"
-            )
-        url = api_url if api_url is not None else s.api_url
-        if url is None:
-            if api_key is not None:
-                raise ValidationError("api_key needs api_url (a REST API), not a ledger")
-            return None
-        key = api_key if api_key is not None else s.api_key
-        if key is None:
-            raise ValidationError("api_url needs an api_key (or BATON_API_KEY)")
-        try:
-            from prefect_baton._stores.rest.client import RemoteBackend
-        except ImportError:  # pragma: no cover - depends on the installed extras
-            raise ValidationError("api_url needs httpx: install prefect-baton[rest]") from None
-        return RemoteBackend(url, key, timeout_seconds=s.api_timeout_seconds)
-
-    def _init_remote(
-        self,
-        remote: RemoteBackend,
-        org: str | None,
-        principal: str | None,
-        role: str | None,
-        *,
-        owned: bool,
-    ) -> None:
-        self._owns_authority = owned
-        try:
-            me = remote.identity()
-            for name, given, actual in (
-                ("org", org, me.org),
-                ("principal", principal, me.principal),
-                ("role", role, me.role),
-            ):
-                if given is not None and given != actual:
-                    raise ForbiddenError(
-                        f"the API key acts as {name} {actual!r}, not {given!r}; a remote "
-                        f"client's identity is its key's"
-                    )
-        except BaseException:
-            if owned:
-                remote.close()
-            raise
-        self.caller = Caller(org=me.org, principal=me.principal, role=me.role)
-        self._records = remote
-        self.authority = remote
-        self._apis()
 
     @classmethod
     def from_settings(cls, **overrides: Any) -> Baton:
@@ -257,12 +156,7 @@ class Baton:
         Raises:
             ForbiddenError: a remote client (``api_url``) has no ledger store.
         """
-        if self._ledger is None:
-            raise ForbiddenError(
-                "a REST API client (api_url) has no ledger store; its operations run "
-                "through the API"
-            )
-        return self._ledger
+        return self._backend.ledger
 
     def as_principal(self, principal: str, role: str = "agent") -> Baton:
         """Another identity of the same org sharing this client's ledger connections.
@@ -275,7 +169,7 @@ class Baton:
         """
         _core.validate_id("principal", principal)
         _core.validate_role(role)
-        if self._remote is not None:
+        if self.authority.bound_caller() is not None:
             raise ForbiddenError(
                 "a REST API client cannot act as another principal: its identity is its API "
                 "key's; use a key created for that principal"
@@ -330,55 +224,24 @@ class Baton:
         """
         return self._records.prune_receipts(self.caller)
 
-    @property
-    def _redis(self) -> RedisAuthority | None:
-        if getattr(self.authority, "_baton_redis", False):
-            return cast("RedisAuthority", self.authority)
-        return None
-
-    @property
-    def _remote(self) -> RemoteBackend | None:
-        if getattr(self.authority, "_baton_remote", False):
-            return cast("RemoteBackend", self.authority)
-        return None
-
     def _ledger_barrier(self) -> None:
-        redis_ = self._redis
-        if redis_ is not None:
-            redis_.sync_ledger(self.caller.org)
+        """Let the record store see this client's lease transitions (see
+        :meth:`~prefect_baton._stores.protocol.LeaseAuthority.ledger_barrier`)."""
+        self.authority.ledger_barrier(self.caller)
 
     def _fence(self, fence: object) -> Fence | None:
-        """The store's fence for ``fence``; with Redis as the authority it carries the
-        resource (whose ledger lock serialises fenced writes) and a check that reads the
-        generation from Redis inside the write transaction."""
-        plain = _fence_of(fence)
-        redis_ = self._redis
-        if plain is None or redis_ is None:
-            return plain
-        lease = _lease_of(fence)
-        resource = (lease.resource_type, lease.resource_id)
-        caller = self.caller
-        redis_.ensure_ready(caller.org)
-        return Fence(
-            plain.lease_id,
-            plain.epoch,
-            resource,
-            lambda: redis_.fence_check(caller, plain.lease_id, resource),
-        )
+        """The authority's fence for ``fence`` (a lease or lease block, or ``None``).
+
+        Raises:
+            ValidationError: ``fence`` is not a lease.
+        """
+        lease = _fence_lease(fence)
+        return None if lease is None else self.authority.fence(self.caller, lease)
 
     def close(self) -> None:
         """Close the ledger connections (and the Redis authority or REST connection pool
         this client created)."""
-        remote = self._remote
-        if remote is not None:
-            if self._owns_authority:
-                remote.close()
-            return
-        if self._owns_authority:
-            redis_ = self._redis
-            if redis_ is not None:
-                redis_.close()
-        self.store.close()
+        self._backend.close()
 
     def __enter__(self) -> Baton:
         return self

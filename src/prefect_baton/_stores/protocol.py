@@ -1,17 +1,52 @@
-"""The caller identity and the protocol every lease authority implements.
+"""The types and protocols every store implements, so the client never asks which store it has.
 
-The ledger (:class:`prefect_baton._stores.ledger.store.LedgerStore`) is the embedded authority; the
-Redis fast path implements the same protocol, and one conformance suite holds every
-authority to the same results.
+Two protocols, both implemented by every store the client runs on:
+
+* :class:`LeaseAuthority`: the lease operations (the SQL ledger
+  :class:`~prefect_baton._stores.ledger.store.LedgerStore`, the Redis fast path
+  :class:`~prefect_baton._stores.redis.authority.RedisAuthority`, the REST API client
+  :class:`~prefect_baton._stores.rest.client.RemoteBackend`), including ``acquire_many``,
+  idempotency receipts of the operations by proof or id, the fence of a fenced record write
+  and the barrier before record operations;
+* :class:`RecordStore`: checkpoints, handoffs, outcomes and events (the ledger, or the REST
+  API).
+
+One conformance suite holds every store to the same results. Arguments arrive validated by
+the client (:mod:`prefect_baton._rules`); times are milliseconds; every method raises the
+:mod:`prefect_baton.errors` of the matching rule in :mod:`prefect_baton._rules.core`, and
+:class:`~prefect_baton.errors.UnavailableError` when its backing service cannot be reached.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, NamedTuple, Protocol
 
-from prefect_baton._rules.core import Proof
-from prefect_baton.models import Lease, LeaseInfo, Receipt
+from prefect_baton._rules.core import Holding, Proof
+from prefect_baton.models import (
+    Checkpoint,
+    Event,
+    Evidence,
+    Handoff,
+    Lease,
+    LeaseInfo,
+    Outcome,
+    Receipt,
+)
+
+__all__ = [
+    "MAX_MANY",
+    "AcquireRequest",
+    "Caller",
+    "Fence",
+    "Idempotency",
+    "LeaseAuthority",
+    "RecordStore",
+]
+
+MAX_MANY = 1000
+"""The most resources one ``acquire_many`` call takes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,9 +58,81 @@ class Caller:
     role: str = "agent"
 
 
+class AcquireRequest(NamedTuple):
+    """One resource of :meth:`LeaseAuthority.acquire_many` (validated by the client; a
+    named tuple, as cheap to make as a tuple).
+
+    Attributes: ``resource_type``, ``resource_id`` (``str``), ``ttl_ms`` (``int``,
+    milliseconds), ``scopes`` (normalised globs), ``purpose``, ``expected_version``.
+    """
+
+    resource_type: str
+    resource_id: str
+    ttl_ms: int
+    scopes: tuple[str, ...] = ()
+    purpose: str | None = None
+    expected_version: int | None = None
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A lease presented as a fencing token: its id and epoch.
+
+    When another authority than the ledger holds the leases (Redis), ``resource`` names the
+    lease's resource (its lock serialises fenced writes of that resource) and ``check``
+    reads the generation and the authority's clock inside the write transaction, so the
+    fence is judged by the authority, not by the ledger's copy. Made by
+    :meth:`LeaseAuthority.fence`.
+    """
+
+    lease_id: str
+    epoch: int
+    resource: tuple[str, str] | None = None
+    check: Callable[[], tuple[Holding | None, int]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Idempotency:
+    """The idempotency key of an operation whose authority keeps no receipt inside the
+    operation itself (renew, transfer, release, release by id, force release, handoff
+    resolve), and the request it names.
+
+    Attributes:
+        key: the validated key (``str``, 1..256 characters).
+        scope: the rest of the receipt's identity besides (org, principal, operation, key):
+            the resource key of a lease presented by proof, ``handoff:<id>`` of a resolve,
+            ``""`` for release/force release by id (the lease id is then in ``fields``).
+        fields: the request as the caller gave it (its canonical JSON is digested, so the
+            same key with another request is ``IDEMPOTENCY_MISMATCH``).
+
+    A store that keeps the receipt itself runs the operation at most once per key
+    (:func:`prefect_baton._stores.ledger.receipts.run_once`); the REST client sends ``key``
+    as the ``Idempotency-Key`` header and the server keeps the receipt.
+    """
+
+    key: str
+    scope: str
+    fields: Mapping[str, object]
+
+
 class LeaseAuthority(Protocol):
-    """Applies lease decisions atomically. Times are milliseconds; every method raises the
-    :mod:`prefect_baton.errors` of the matching rule in ``_core``."""
+    """Applies lease decisions atomically (one transaction, script or request each).
+
+    Every method takes the acting :class:`Caller` first (a REST store acts as its key's
+    identity whatever it is given). Times are milliseconds. Errors: the method's own
+    ``Raises``, plus :class:`~prefect_baton.errors.UnavailableError` when the store cannot be
+    reached (the operation may or may not have been applied: retry with the same key).
+    """
+
+    def bound_caller(self) -> Caller | None:
+        """The identity every operation of this store acts as when the store decides it
+        (a REST API key's, asked once), else ``None`` (the caller passed is the actor).
+
+        A store that decides the identity is also the :class:`RecordStore` of its
+        operations. Raises: UnauthenticatedError (a refused key), UnavailableError,
+        ValidationError (the URL serves no such API).
+        """
+        ...
 
     def acquire(
         self,
@@ -38,11 +145,62 @@ class LeaseAuthority(Protocol):
         purpose: str | None,
         expected_version: int | None,
         idempotency_key: str | None,
-    ) -> Lease: ...
+    ) -> Lease:
+        """Acquire, or take over after expiry, the lease on ``(resource_type, resource_id)``
+        for ``ttl_ms`` milliseconds (rules: :func:`prefect_baton._rules.core.decide_acquire`).
+
+        ``idempotency_key`` is the execution key: an exact retry returns the stored lease
+        with ``replayed`` true (the receipt is kept with the lease, atomically).
+
+        Raises:
+            ConflictError: held by another execution, or a write scope overlaps.
+            VersionConflictError: ``expected_version`` is stale.
+            IdempotencyMismatchError: the key was used for another request.
+            LeaseLostError: a replay whose lease was since lost.
+        """
+        ...
+
+    def acquire_many(
+        self,
+        caller: Caller,
+        requests: Sequence[AcquireRequest],
+        *,
+        idempotency_key: str | None,
+    ) -> list[Lease]:
+        """Acquire every resource of ``requests`` (1..:data:`MAX_MANY`, distinct) or none,
+        in one transaction, script or request; each decided exactly as :meth:`acquire`
+        decides it, with ``idempotency_key`` as the execution key of each.
+
+        Returns:
+            The leases in request order (``replayed`` for those already held by this
+            execution or replayed).
+
+        Raises:
+            The error :meth:`acquire` would raise for the first refused request, its
+            message ending ``(acquire_many item <index>: <type>/<id>)``; nothing is written.
+            ValidationError: no request or more than :data:`MAX_MANY`.
+        """
+        ...
 
     def renew(
-        self, caller: Caller, proof: Proof, *, ttl_ms: int, expected_version: int | None
-    ) -> Lease: ...
+        self,
+        caller: Caller,
+        proof: Proof,
+        *,
+        ttl_ms: int,
+        expected_version: int | None,
+        idempotency: Idempotency | None = None,
+    ) -> Lease:
+        """Extend the lease named by ``proof`` to the authority's now + ``ttl_ms``
+        (rules: :func:`prefect_baton._rules.core.decide_renew`); ``idempotency``: see
+        :class:`Idempotency` (operation ``renew``).
+
+        Raises:
+            LeaseLostError: ended or expired. NotFoundError: not the caller's lease.
+            VersionConflictError: ``expected_version`` differs.
+            IdempotencyMismatchError, IdempotencyInFlightError: see :class:`Idempotency`.
+        """
+        ...
 
     def transfer(
         self,
@@ -53,17 +211,69 @@ class LeaseAuthority(Protocol):
         new_execution_key: str,
         ttl_ms: int,
         expected_version: int | None,
-    ) -> Lease: ...
+        idempotency: Idempotency | None = None,
+    ) -> Lease:
+        """Hand the lease named by ``proof`` to ``to_principal`` under
+        ``new_execution_key`` for ``ttl_ms`` (rules:
+        :func:`prefect_baton._rules.core.decide_transfer`); returns the receiver's lease.
 
-    def release(self, caller: Caller, proof: Proof, *, expected_version: int | None) -> Receipt: ...
+        Raises:
+            As :meth:`renew`, plus ValidationError: the execution key is not new.
+        """
+        ...
 
-    def release_by_id(self, caller: Caller, lease_id: str) -> Receipt: ...
+    def release(
+        self,
+        caller: Caller,
+        proof: Proof,
+        *,
+        expected_version: int | None,
+        idempotency: Idempotency | None = None,
+    ) -> Receipt:
+        """Release the lease named by ``proof`` (rules:
+        :func:`prefect_baton._rules.core.decide_release`); status ``released``, ``expired``
+        or ``no_change`` (already released by this proof).
 
-    def force_release(self, caller: Caller, lease_id: str) -> Receipt: ...
+        Raises:
+            LeaseLostError: another holder took it since. NotFoundError: not the caller's.
+            VersionConflictError, IdempotencyMismatchError, IdempotencyInFlightError.
+        """
+        ...
 
-    def inspect(self, caller: Caller, resource_type: str, resource_id: str) -> LeaseInfo: ...
+    def release_by_id(
+        self, caller: Caller, lease_id: str, *, idempotency: Idempotency | None = None
+    ) -> Receipt:
+        """Release the caller's lease ``lease_id`` by id alone.
 
-    def get(self, caller: Caller, lease_id: str) -> Lease: ...
+        Raises:
+            NotFoundError: released, unknown, or another principal's or org's lease.
+            IdempotencyMismatchError, IdempotencyInFlightError.
+        """
+        ...
+
+    def force_release(
+        self, caller: Caller, lease_id: str, *, idempotency: Idempotency | None = None
+    ) -> Receipt:
+        """Release any lease of the caller's org (``owner``/``admin`` only).
+
+        Raises:
+            ForbiddenError: the caller is an ``agent``. NotFoundError: not active/unknown.
+            IdempotencyMismatchError, IdempotencyInFlightError.
+        """
+        ...
+
+    def inspect(self, caller: Caller, resource_type: str, resource_id: str) -> LeaseInfo:
+        """Whether the resource is held, until when, its version and epoch (the holder
+        also gets its lease), judged on the authority's clock."""
+        ...
+
+    def get(self, caller: Caller, lease_id: str) -> Lease:
+        """A lease generation by id: the caller's (any of the org's for owner/admin).
+
+        Raises:
+            NotFoundError: unknown, another org's, or another principal's.
+        """
+        ...
 
     def list_leases(
         self,
@@ -73,4 +283,188 @@ class LeaseAuthority(Protocol):
         owner: str | None = None,
         include_ended: bool = False,
         limit: int = 100,
-    ) -> list[Lease]: ...
+    ) -> list[Lease]:
+        """Effective leases of the caller (``owner``: a principal or ``"*"``, needs
+        owner/admin), newest first, at most ``limit``; ``include_ended`` adds ended ones.
+
+        Raises:
+            ForbiddenError: another principal's leases asked by an ``agent``.
+        """
+        ...
+
+    def handoff_resolve(
+        self,
+        caller: Caller,
+        handoff_id: str,
+        status: str,
+        *,
+        note: str | None,
+        execution_key: str | None,
+        ttl_ms: int | None,
+        idempotency: Idempotency | None = None,
+    ) -> Handoff:
+        """Accept or reject (``status``) a pending handoff addressed to the caller;
+        accepting one that carries a lease transfers it to the caller under
+        ``execution_key`` (default ``handoff:<id>``) for ``ttl_ms`` (default: the
+        sender's TTL), atomically with the status change (operation ``resolve``).
+
+        Raises:
+            NotFoundError: unknown, resolved, or expired. ForbiddenError: not its target.
+            LeaseLostError: the sender no longer holds the lease (it stays pending).
+            IdempotencyMismatchError, IdempotencyInFlightError.
+        """
+        ...
+
+    def fence(self, caller: Caller, lease: Lease) -> Fence:
+        """The fence a fenced record write (checkpoint save, outcome record) of ``lease``
+        presents to the record store: its id and epoch, and with an authority other than
+        the ledger, the check the ledger runs inside its write transaction.
+
+        Raises:
+            UnavailableError: the authority cannot be reached (or is rebuilding).
+        """
+        ...
+
+    def ledger_barrier(self, caller: Caller) -> None:
+        """Make the record store see every lease transition of ``caller.org`` this
+        authority has acknowledged (read-your-writes before a record operation); nothing
+        to do when the record store is the authority itself or behind the REST API.
+
+        Raises:
+            UnavailableError: the ledger cannot be written.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release the connections this store opened (not those it was given)."""
+        ...
+
+
+class RecordStore(Protocol):
+    """Checkpoints, handoffs, outcomes and events: the ledger
+    (:class:`~prefect_baton._stores.ledger.store.LedgerStore`) or the REST API
+    (:class:`~prefect_baton._stores.rest.client.RemoteBackend`). Arguments arrive validated;
+    times are milliseconds; every method raises the :mod:`prefect_baton.errors` of its rule.
+    """
+
+    @property
+    def state_max_bytes(self) -> int:
+        """The checkpoint state cap (``int`` bytes of JSON)."""
+        ...
+
+    def checkpoint_save(
+        self,
+        caller: Caller,
+        subject_id: str,
+        kind: str,
+        state: dict[str, Any],
+        *,
+        state_text: str,
+        state_hash: str,
+        expected_version: int | None,
+        fence: Fence | None,
+        idempotency_key: str | None,
+        ttl_ms: int | None,
+    ) -> Checkpoint:
+        """Write the caller's checkpoint of ``(subject_id, kind)`` (version +1).
+
+        Raises:
+            VersionConflictError, StaleFenceError (``fence`` is not the effective lease),
+            IdempotencyMismatchError, ValidationError.
+        """
+        ...
+
+    def checkpoint_get(
+        self, caller: Caller, subject_id: str, kind: str, principal: str | None = None
+    ) -> Checkpoint | None:
+        """The current checkpoint of ``(subject_id, principal or the caller, kind)``, or
+        ``None`` (none, or expired)."""
+        ...
+
+    def checkpoint_get_by_id(self, caller: Caller, checkpoint_id: str) -> Checkpoint:
+        """A checkpoint of the org by id. Raises NotFoundError: unknown or expired."""
+        ...
+
+    def checkpoint_history(
+        self, caller: Caller, subject_id: str, kind: str, principal: str | None = None
+    ) -> list[Checkpoint]:
+        """Every version of a checkpoint, oldest first."""
+        ...
+
+    def handoff_create(
+        self,
+        caller: Caller,
+        to_principal: str,
+        subject_id: str,
+        *,
+        checkpoint_id: str | None,
+        context_id: str | None,
+        message: str | None,
+        lease: Proof | None,
+        expires_in_ms: int | None,
+        idempotency_key: str | None,
+    ) -> Handoff:
+        """Create a pending handoff to ``to_principal``, optionally carrying ``lease``.
+
+        Raises:
+            NotFoundError: unknown checkpoint. LeaseLostError: the lease is not held.
+            ValidationError: a handoff to oneself. IdempotencyMismatchError.
+        """
+        ...
+
+    def handoff_inbox(self, caller: Caller, *, limit: int = 100) -> list[Handoff]:
+        """Pending handoffs addressed to the caller (at most ``limit``)."""
+        ...
+
+    def handoff_get(self, caller: Caller, handoff_id: str) -> Handoff:
+        """A handoff the caller sent or received. Raises NotFoundError otherwise."""
+        ...
+
+    def outcome_record(
+        self,
+        caller: Caller,
+        subject_id: str,
+        status: str,
+        *,
+        evidence: Sequence[Evidence],
+        fence: Fence | None,
+        lease_id: str | None,
+        handoff_id: str | None,
+        checkpoint_id: str | None,
+        idempotency_key: str | None,
+    ) -> Outcome:
+        """Record an outcome of ``subject_id``.
+
+        Raises:
+            StaleFenceError, NotFoundError (a linked id), IdempotencyMismatchError.
+        """
+        ...
+
+    def outcome_list(
+        self, caller: Caller, subject_id: str | None = None, *, limit: int = 1000
+    ) -> list[Outcome]:
+        """Outcomes of the org (of one subject when given), oldest first."""
+        ...
+
+    def events_list(
+        self, caller: Caller, *, after_seq: int = 0, limit: int = 100, kind: str | None = None
+    ) -> list[Event]:
+        """Events with ``seq > after_seq`` in commit order (of ``kind`` when given)."""
+        ...
+
+    def report_expired(self, caller: Caller, *, limit: int = 1000) -> list[Lease]:
+        """Record ``lease.expired`` once for each lease of the org past its TTL that nobody
+        acted on since (at most ``limit``); returns those leases."""
+        ...
+
+    def prune_receipts(self, caller: Caller) -> int:
+        """Delete idempotency receipts past retention; returns how many.
+
+        Raises:
+            ForbiddenError: not offered by this store (the REST API).
+        """
+        ...
+
+    def close(self) -> None:
+        """Release the connections this store opened."""
+        ...

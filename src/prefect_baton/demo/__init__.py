@@ -271,7 +271,7 @@ def _run_on_prefect(
     t0: float,
 ) -> DemoResult:
     """The same scenario as four Prefect flows handing off by deployment
-    (:func:`prefect_baton.prefect.scenario.run_scenario`), on this run's ledger and org."""
+    (:func:`prefect_baton.demo.scenario.run_scenario`), on this run's ledger and org."""
     env = {"BATON_LEDGER_URL": b.store.url, "BATON_ORG": b.org}
     if args.redis_url:
         env["BATON_REDIS_URL"] = args.redis_url
@@ -287,7 +287,7 @@ def _run_on_prefect(
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        from prefect_baton.prefect.scenario import run_scenario
+        from prefect_baton.demo.scenario import run_scenario
 
         inputs = [str(p) for p in args.input] if args.input else None
         run_scenario(inputs, workers=args.workers, out_dir=str(run_dir))

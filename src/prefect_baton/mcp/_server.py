@@ -294,7 +294,7 @@ def http_app(
             f"bad host {host!r} (--host): not a host name or an IP address"
         ) from None
     backend = open_backend(ledger_url, redis_url)
-    settings, store, authority = backend.settings, backend.store, backend.authority
+    settings, store, authority = backend.settings, backend.ledger, backend.authority
     close = backend.close
 
     server = build_server(_key_identity(store, authority, settings), on_close=close)

@@ -103,7 +103,7 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
             then). UnavailableError: the ledger cannot be reached.
     """
     backend = open_backend(ledger_url, redis_url)
-    settings, store, authority = backend.settings, backend.store, backend.authority
+    settings, store, authority = backend.settings, backend.ledger, backend.authority
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -26,7 +26,6 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlmodel import Session, col
 
 from prefect_baton._rules import core as _core
-from prefect_baton._rules.core import Holding
 from prefect_baton._stores.ledger.convert import new_id
 from prefect_baton._stores.ledger.engine import (
     Engines,
@@ -66,22 +65,6 @@ class Tx:
 
     def emit(self, kind: str, subject: str, payload: dict[str, Any]) -> None:
         self.events.append((kind, subject, payload))
-
-
-@dataclass(frozen=True)
-class Fence:
-    """A lease presented as a fencing token: its id and epoch.
-
-    When another authority than the ledger holds the leases (Redis), ``resource`` names the
-    lease's resource (its lock serialises fenced writes of that resource) and ``check``
-    reads the generation and the authority's clock inside the write transaction, so the
-    fence is judged by the authority, not by the ledger's copy.
-    """
-
-    lease_id: str
-    epoch: int
-    resource: tuple[str, str] | None = None
-    check: Callable[[], tuple[Holding | None, int]] | None = None
 
 
 class StoreBase:

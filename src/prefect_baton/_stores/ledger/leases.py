@@ -14,7 +14,7 @@ from prefect_baton._rules import scopes as _scopes
 from prefect_baton._rules.access import check_force_release, check_list_owner, may_read
 from prefect_baton._rules.core import Decision, Holding, Proof
 from prefect_baton._rules.digests import acquire_digest
-from prefect_baton._stores.ledger.base import Fence, StoreBase, T, Tx
+from prefect_baton._stores.ledger.base import StoreBase, T, Tx
 from prefect_baton._stores.ledger.convert import (
     holding_to_lease,
     lease_info,
@@ -24,11 +24,12 @@ from prefect_baton._stores.ledger.convert import (
     row_to_holding,
     subject_of,
 )
+from prefect_baton._stores.ledger.receipts import run_once
 from prefect_baton._stores.ledger.tables import (
     LeaseRow,
     LeaseTransition,
 )
-from prefect_baton._stores.protocol import Caller
+from prefect_baton._stores.protocol import Caller, Fence, Idempotency
 from prefect_baton.errors import (
     NotFoundError,
 )
@@ -288,9 +289,25 @@ class LeaseOps(StoreBase):
         )
 
     def renew(
-        self, caller: Caller, proof: Proof, *, ttl_ms: int, expected_version: int | None
+        self,
+        caller: Caller,
+        proof: Proof,
+        *,
+        ttl_ms: int,
+        expected_version: int | None,
+        idempotency: Idempotency | None = None,
     ) -> Lease:
-        """Renew a lease the caller holds (see :func:`prefect_baton._rules.core.decide_renew`)."""
+        """Renew a lease the caller holds (see :func:`prefect_baton._rules.core.decide_renew`;
+        ``idempotency``: the receipt is kept in this ledger, :func:`run_once`)."""
+        if idempotency is not None:
+            return run_once(
+                self,
+                caller,
+                "renew",
+                idempotency,
+                Lease,
+                lambda: self.renew(caller, proof, ttl_ms=ttl_ms, expected_version=expected_version),
+            )
 
         def fn(tx: Tx, row: Holding | None, resource: tuple[str, str]) -> Lease:
             d = _core.decide_renew(
@@ -340,8 +357,26 @@ class LeaseOps(StoreBase):
         new_execution_key: str,
         ttl_ms: int,
         expected_version: int | None,
+        idempotency: Idempotency | None = None,
     ) -> Lease:
-        """Transfer a lease to ``to_principal`` (see :func:`_core.decide_transfer`)."""
+        """Transfer a lease to ``to_principal`` (see :func:`_core.decide_transfer`;
+        ``idempotency``: the receipt is kept in this ledger, :func:`run_once`)."""
+        if idempotency is not None:
+            return run_once(
+                self,
+                caller,
+                "transfer",
+                idempotency,
+                Lease,
+                lambda: self.transfer(
+                    caller,
+                    proof,
+                    to_principal=to_principal,
+                    new_execution_key=new_execution_key,
+                    ttl_ms=ttl_ms,
+                    expected_version=expected_version,
+                ),
+            )
 
         def fn(tx: Tx, row: Holding | None, resource: tuple[str, str]) -> Lease:
             return self._transfer_in_tx(
@@ -364,8 +399,25 @@ class LeaseOps(StoreBase):
         status = "no_change" if d.noop else d.receipt_status
         return Receipt(action=action, status=status, lease=holding_to_lease(d.new))  # type: ignore[arg-type,unused-ignore]
 
-    def release(self, caller: Caller, proof: Proof, *, expected_version: int | None) -> Receipt:
-        """Release by proof (see :func:`_core.decide_release`)."""
+    def release(
+        self,
+        caller: Caller,
+        proof: Proof,
+        *,
+        expected_version: int | None,
+        idempotency: Idempotency | None = None,
+    ) -> Receipt:
+        """Release by proof (see :func:`_core.decide_release`; ``idempotency``: the receipt
+        is kept in this ledger, :func:`run_once`)."""
+        if idempotency is not None:
+            return run_once(
+                self,
+                caller,
+                "release",
+                idempotency,
+                Receipt,
+                lambda: self.release(caller, proof, expected_version=expected_version),
+            )
 
         def fn(tx: Tx, row: Holding | None, resource: tuple[str, str]) -> Receipt:
             d = _core.decide_release(
@@ -375,8 +427,20 @@ class LeaseOps(StoreBase):
 
         return self._by_proof(caller, proof.lease_id, fn)
 
-    def release_by_id(self, caller: Caller, lease_id: str) -> Receipt:
-        """Release by id alone, as the holder (see :func:`_core.decide_release_by_id`)."""
+    def release_by_id(
+        self, caller: Caller, lease_id: str, *, idempotency: Idempotency | None = None
+    ) -> Receipt:
+        """Release by id alone, as the holder (see :func:`_core.decide_release_by_id`;
+        ``idempotency``: the receipt is kept in this ledger, :func:`run_once`)."""
+        if idempotency is not None:
+            return run_once(
+                self,
+                caller,
+                "release_by_id",
+                idempotency,
+                Receipt,
+                lambda: self.release_by_id(caller, lease_id),
+            )
 
         def fn(tx: Tx, row: Holding | None, resource: tuple[str, str]) -> Receipt:
             d = _core.decide_release_by_id(
@@ -386,8 +450,20 @@ class LeaseOps(StoreBase):
 
         return self._by_proof(caller, lease_id, fn)
 
-    def force_release(self, caller: Caller, lease_id: str) -> Receipt:
-        """Force-release any lease of the org, as ``owner`` or ``admin``."""
+    def force_release(
+        self, caller: Caller, lease_id: str, *, idempotency: Idempotency | None = None
+    ) -> Receipt:
+        """Force-release any lease of the org, as ``owner`` or ``admin`` (``idempotency``:
+        the receipt is kept in this ledger, :func:`run_once`)."""
+        if idempotency is not None:
+            return run_once(
+                self,
+                caller,
+                "force_release",
+                idempotency,
+                Receipt,
+                lambda: self.force_release(caller, lease_id),
+            )
         check_force_release(caller.role)
 
         def fn(tx: Tx, row: Holding | None, resource: tuple[str, str]) -> Receipt:

@@ -15,16 +15,15 @@ from typing import Any
 
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.digests import acquire_digest
-from prefect_baton._stores.ledger.store import (
-    LedgerStore,
-    Tx,
+from prefect_baton._stores.ledger.base import Tx
+from prefect_baton._stores.ledger.convert import (
     holding_to_lease,
     new_id,
     resource_key,
     row_to_holding,
 )
-from prefect_baton._stores.protocol import Caller
-from prefect_baton._stores.redis.authority import MAX_MANY, AcquireRequest
+from prefect_baton._stores.ledger.leases import LeaseOps
+from prefect_baton._stores.protocol import MAX_MANY, AcquireRequest, Caller
 from prefect_baton.errors import BatonError, ValidationError
 from prefect_baton.models import Lease
 
@@ -151,7 +150,7 @@ def _name_item(exc: BatonError, where: str) -> BatonError:
 
 
 def _acquire_in_tx(
-    store: LedgerStore, tx: Tx, caller: Caller, req: AcquireRequest, key: str | None
+    store: LeaseOps, tx: Tx, caller: Caller, req: AcquireRequest, key: str | None
 ) -> Lease:
     # Mirrors LedgerStore.acquire's transaction body step for step.
     resource = (req.resource_type, req.resource_id)
@@ -201,7 +200,7 @@ def _acquire_in_tx(
 
 
 def ledger_acquire_many(
-    store: LedgerStore,
+    store: LeaseOps,
     caller: Caller,
     requests: Sequence[AcquireRequest],
     *,

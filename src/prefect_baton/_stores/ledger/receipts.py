@@ -25,7 +25,7 @@ a transfer is ``LEASE_LOST``, a resolve is ``NOT_FOUND``).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
@@ -34,12 +34,11 @@ from sqlmodel import col
 
 from prefect_baton._rules.digests import operation_digest
 from prefect_baton._stores.ledger.tables import ReceiptRow
-from prefect_baton._stores.protocol import Caller
+from prefect_baton._stores.protocol import Caller, Idempotency
 from prefect_baton.errors import BatonError, IdempotencyInFlightError, IdempotencyMismatchError
 
 if TYPE_CHECKING:
-    from prefect_baton._stores.ledger.base import Tx
-    from prefect_baton._stores.ledger.store import LedgerStore
+    from prefect_baton._stores.ledger.base import StoreBase, Tx
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -63,7 +62,7 @@ def _identity(caller: Caller, operation: str, key: str, scope: str) -> list[Any]
 
 
 def _claim(
-    store: LedgerStore, caller: Caller, operation: str, key: str, scope: str, digest: str
+    store: StoreBase, caller: Caller, operation: str, key: str, scope: str, digest: str
 ) -> tuple[int, None] | tuple[None, dict[str, Any]]:
     """Step 1: ``(claim row id, None)`` to run the operation, or ``(None, response)`` for
     an exact retry of a completed one."""
@@ -108,7 +107,7 @@ def _claim(
     return store._write(caller, [lock], op)
 
 
-def _complete(store: LedgerStore, caller: Caller, claim_id: int, response: str) -> None:
+def _complete(store: StoreBase, caller: Caller, claim_id: int, response: str) -> None:
     """Step 3: turn the claim into the receipt (a claim taken over meanwhile is left)."""
 
     def op(tx: Tx) -> None:
@@ -121,7 +120,7 @@ def _complete(store: LedgerStore, caller: Caller, claim_id: int, response: str) 
     store._write(caller, [], op)
 
 
-def _drop(store: LedgerStore, caller: Caller, claim_id: int) -> None:
+def _drop(store: StoreBase, caller: Caller, claim_id: int) -> None:
     """Delete the claim of an operation that failed: nothing is stored."""
 
     def op(tx: Tx) -> None:
@@ -135,12 +134,10 @@ def _drop(store: LedgerStore, caller: Caller, claim_id: int) -> None:
 
 
 def run_once(
-    store: LedgerStore,
+    store: StoreBase,
     caller: Caller,
     operation: str,
-    key: str | None,
-    scope: str,
-    fields: Mapping[str, object],
+    idempotency: Idempotency | None,
     model: type[M],
     run: Callable[[], M],
 ) -> M:
@@ -152,12 +149,12 @@ def run_once(
             identity).
         operation: the operation name (``release``, ``release_by_id``, ``renew``,
             ``transfer``, ``force_release``, ``resolve``; at most 32 characters).
-        key: the validated idempotency key, or ``None`` to just call ``run()``.
-        scope: the rest of the identity: the resource of a lease presented by proof, the
-            handoff id of a resolve, ``""`` for release/force release by id (the lease id is
-            then part of the request digest).
-        fields: the request as given (canonical JSON of it is digested with
-            :func:`prefect_baton._rules.digests.operation_digest`).
+        idempotency: the validated key, the rest of the receipt's identity (``scope``: the
+            resource of a lease presented by proof, the handoff id of a resolve, ``""`` for
+            release/force release by id, the lease id then being part of the request
+            digest) and the request as given (``fields``, digested with
+            :func:`prefect_baton._rules.digests.operation_digest`); ``None`` to just call
+            ``run()``.
         model: the result model (its JSON is the stored response).
         run: the operation.
 
@@ -170,9 +167,10 @@ def run_once(
             running (claimed less than :data:`CLAIM_TIMEOUT_SECONDS` ago). Whatever
             ``run()`` raises (then no receipt is kept). UnavailableError: the ledger.
     """
-    if key is None:
+    if idempotency is None:
         return run()
-    digest = operation_digest(operation, fields)
+    key, scope = idempotency.key, idempotency.scope
+    digest = operation_digest(operation, idempotency.fields)
     claim_id, stored = _claim(store, caller, operation, key, scope, digest)
     if stored is not None:
         return model.model_validate({**stored, "replayed": True})

@@ -17,7 +17,7 @@ from prefect_baton._rules.digests import (
     handoff_create_digest,
     outcome_record_digest,
 )
-from prefect_baton._stores.ledger.base import Fence, Tx
+from prefect_baton._stores.ledger.base import Tx
 from prefect_baton._stores.ledger.convert import (
     checkpoint_model,
     handoff_model,
@@ -28,6 +28,7 @@ from prefect_baton._stores.ledger.convert import (
     row_to_holding,
 )
 from prefect_baton._stores.ledger.leases import LeaseOps
+from prefect_baton._stores.ledger.receipts import run_once
 from prefect_baton._stores.ledger.tables import (
     CheckpointRow,
     CheckpointVersion,
@@ -37,7 +38,7 @@ from prefect_baton._stores.ledger.tables import (
     OutcomeRow,
     Principal,
 )
-from prefect_baton._stores.protocol import Caller
+from prefect_baton._stores.protocol import Caller, Fence, Idempotency
 from prefect_baton.errors import (
     ForbiddenError,
     LeaseLostError,
@@ -361,12 +362,31 @@ class RecordOps(LeaseOps):
         note: str | None,
         execution_key: str | None,
         ttl_ms: int | None,
+        idempotency: Idempotency | None = None,
     ) -> Handoff:
         """Resolve a pending handoff addressed to the caller as ``accepted`` or ``rejected``.
 
         Accepting a handoff that carries a lease transfers the lease to the caller under
         ``execution_key`` (default ``handoff:<id>``) in the same transaction.
+        ``idempotency``: the receipt is kept in this ledger (:func:`run_once`, operation
+        ``resolve``).
         """
+        if idempotency is not None:
+            return run_once(
+                self,
+                caller,
+                "resolve",
+                idempotency,
+                Handoff,
+                lambda: self.handoff_resolve(
+                    caller,
+                    handoff_id,
+                    status,
+                    note=note,
+                    execution_key=execution_key,
+                    ttl_ms=ttl_ms,
+                ),
+            )
         lease_id: str | None = None
         with self._read() as (s, _now):
             h = s.get(HandoffRow, handoff_id)

@@ -10,12 +10,14 @@ clock, (3) checks the idempotency receipt, (4) decides with :mod:`prefect_baton.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 from prefect_baton._stores.ledger.base import (
     DEFAULT_RECEIPT_RETENTION_SECONDS,
     MAX_ATTEMPTS,
     PRUNE_BATCH,
     PRUNE_EVERY_WRITES,
-    Fence,
     Tx,
 )
 from prefect_baton._stores.ledger.convert import (
@@ -28,7 +30,14 @@ from prefect_baton._stores.ledger.convert import (
     resource_key,
     row_to_holding,
 )
+from prefect_baton._stores.ledger.many import ledger_acquire_many
 from prefect_baton._stores.ledger.records import RecordOps
+from prefect_baton._stores.protocol import MAX_MANY, AcquireRequest, Caller, Fence
+from prefect_baton.errors import ValidationError
+from prefect_baton.models import Lease
+
+if TYPE_CHECKING:
+    from prefect_baton._settings import BatonSettings
 
 __all__ = [
     "DEFAULT_RECEIPT_RETENTION_SECONDS",
@@ -61,3 +70,53 @@ class LedgerStore(RecordOps):
     Raises:
         ValidationError: a malformed URL. UnavailableError: the database cannot be reached.
     """
+
+    @classmethod
+    def from_settings(cls, settings: BatonSettings, url: str | None = None) -> LedgerStore:
+        """Open the ledger ``settings`` name (``BATON_LEDGER_URL``, receipt retention and
+        state cap), or the one at ``url`` (``str``, SQLAlchemy URL) with those settings.
+
+        Raises:
+            ValidationError: a malformed URL. UnavailableError: the database cannot be
+                reached.
+        """
+        return cls(
+            url or settings.ledger_url,
+            receipt_retention_seconds=settings.receipt_retention_seconds,
+            state_max_bytes=settings.state_max_bytes,
+        )
+
+    def bound_caller(self) -> Caller | None:
+        """``None``: the ledger acts as the caller it is given."""
+        return None
+
+    def acquire_many(
+        self,
+        caller: Caller,
+        requests: Sequence[AcquireRequest],
+        *,
+        idempotency_key: str | None,
+    ) -> list[Lease]:
+        """Acquire every request in one ledger transaction, or none (see
+        :func:`prefect_baton._stores.ledger.many.ledger_acquire_many`).
+
+        Returns:
+            The leases in request order.
+
+        Raises:
+            The error :meth:`acquire` would raise for the first refused request, its message
+            naming the request (``(acquire_many item <index>: <type>/<id>)``); then nothing
+            is written. ValidationError: no request, or more than 1,000.
+            UnavailableError: the database cannot be reached.
+        """
+        if not 1 <= len(requests) <= MAX_MANY:
+            raise ValidationError(f"acquire_many takes 1 to {MAX_MANY} resources")
+        return ledger_acquire_many(self, caller, requests, idempotency_key=idempotency_key)
+
+    def fence(self, caller: Caller, lease: Lease) -> Fence:
+        """The plain fence of ``lease`` (its id and epoch): the ledger judges it in the
+        write transaction against its own lease rows. Raises nothing."""
+        return Fence(lease.lease_id, lease.epoch)
+
+    def ledger_barrier(self, caller: Caller) -> None:
+        """Nothing to wait for: the ledger is its own record store."""

@@ -34,15 +34,16 @@ import json
 import os
 import uuid
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.access import check_force_release, check_list_owner, may_read
 from prefect_baton._rules.core import Holding, Proof
 from prefect_baton._rules.digests import acquire_digest
 from prefect_baton._stores.ledger.convert import lease_info
+from prefect_baton._stores.ledger.receipts import run_once
 from prefect_baton._stores.ledger.store import LedgerStore, holding_to_lease
-from prefect_baton._stores.protocol import Caller
+from prefect_baton._stores.protocol import MAX_MANY, AcquireRequest, Caller, Fence, Idempotency
 from prefect_baton._stores.redis.base import AuthorityBase
 from prefect_baton._stores.redis.codec import (
     construct,
@@ -55,31 +56,22 @@ from prefect_baton._stores.redis.codec import (
     scope_meta,
 )
 from prefect_baton._stores.redis.connection import as_text, connect
+from prefect_baton._stores.redis.handoffs import resolve_handoff
 from prefect_baton._stores.redis.keys import org_keys, resource_digest
 from prefect_baton._stores.redis.scripts import NOOP, OK, REPLAY, UNKNOWN, raise_for
 from prefect_baton.errors import BatonError, NotFoundError, ValidationError
-from prefect_baton.models import EndStatus, Lease, LeaseInfo, Receipt, ReceiptStatus
+from prefect_baton.models import (
+    EndStatus,
+    Handoff,
+    Lease,
+    LeaseInfo,
+    Receipt,
+    ReceiptStatus,
+)
 
-__all__ = ["AcquireRequest", "RedisAuthority", "connect"]
+__all__ = ["RedisAuthority", "connect"]
 
 HANDOFF_KEY_TTL_MS = 7 * 86_400_000
-MAX_MANY = 1000
-
-
-class AcquireRequest(NamedTuple):
-    """One resource of :meth:`RedisAuthority.acquire_many` (validated by the client; a
-    named tuple, as cheap to make as a tuple).
-
-    Attributes: ``resource_type``, ``resource_id`` (``str``), ``ttl_ms`` (``int``,
-    milliseconds), ``scopes`` (normalised globs), ``purpose``, ``expected_version``.
-    """
-
-    resource_type: str
-    resource_id: str
-    ttl_ms: int
-    scopes: tuple[str, ...] = ()
-    purpose: str | None = None
-    expected_version: int | None = None
 
 
 class RedisAuthority(AuthorityBase):
@@ -124,13 +116,15 @@ class RedisAuthority(AuthorityBase):
             non-integer ``max_lag_entries``.
     """
 
-    _baton_redis = True
-
     @classmethod
     def from_url(cls, url: str, store: LedgerStore, **kwargs: Any) -> RedisAuthority:
         """Connect to ``url`` with :func:`connect` and build an authority owning the client
         (keyword arguments as the constructor's)."""
         return cls(connect(url), store, owns_client=True, **kwargs)
+
+    def bound_caller(self) -> Caller | None:
+        """``None``: the authority acts as the caller it is given."""
+        return None
 
     # ------------------------------------------------------------------ acquire
 
@@ -257,9 +251,25 @@ class RedisAuthority(AuthorityBase):
     # ------------------------------------------------------------------ by proof
 
     def renew(
-        self, caller: Caller, proof: Proof, *, ttl_ms: int, expected_version: int | None
+        self,
+        caller: Caller,
+        proof: Proof,
+        *,
+        ttl_ms: int,
+        expected_version: int | None,
+        idempotency: Idempotency | None = None,
     ) -> Lease:
-        """Renew by proof (rules: :func:`prefect_baton._rules.core.decide_renew`)."""
+        """Renew by proof (rules: :func:`prefect_baton._rules.core.decide_renew`;
+        ``idempotency``: the receipt is kept in the ledger, :func:`run_once`)."""
+        if idempotency is not None:
+            return run_once(
+                self.store,
+                caller,
+                "renew",
+                idempotency,
+                Lease,
+                lambda: self.renew(caller, proof, ttl_ms=ttl_ms, expected_version=expected_version),
+            )
         reply = self._run(
             caller.org,
             "renew",
@@ -297,9 +307,27 @@ class RedisAuthority(AuthorityBase):
         new_execution_key: str,
         ttl_ms: int,
         expected_version: int | None,
+        idempotency: Idempotency | None = None,
     ) -> Lease:
         """Transfer by proof (rules: :func:`prefect_baton._rules.core.decide_transfer`; the new
-        epoch is also above the incarnation's floor)."""
+        epoch is also above the incarnation's floor; ``idempotency``: the receipt is kept in
+        the ledger, :func:`run_once`)."""
+        if idempotency is not None:
+            return run_once(
+                self.store,
+                caller,
+                "transfer",
+                idempotency,
+                Lease,
+                lambda: self.transfer(
+                    caller,
+                    proof,
+                    to_principal=to_principal,
+                    new_execution_key=new_execution_key,
+                    ttl_ms=ttl_ms,
+                    expected_version=expected_version,
+                ),
+            )
         reply = self._run(
             caller.org,
             "transfer",
@@ -343,8 +371,25 @@ class RedisAuthority(AuthorityBase):
         raise_for(reply)
         raise AssertionError("unreachable")
 
-    def release(self, caller: Caller, proof: Proof, *, expected_version: int | None) -> Receipt:
-        """Release by proof (rules: :func:`prefect_baton._rules.core.decide_release`)."""
+    def release(
+        self,
+        caller: Caller,
+        proof: Proof,
+        *,
+        expected_version: int | None,
+        idempotency: Idempotency | None = None,
+    ) -> Receipt:
+        """Release by proof (rules: :func:`prefect_baton._rules.core.decide_release`;
+        ``idempotency``: the receipt is kept in the ledger, :func:`run_once`)."""
+        if idempotency is not None:
+            return run_once(
+                self.store,
+                caller,
+                "release",
+                idempotency,
+                Receipt,
+                lambda: self.release(caller, proof, expected_version=expected_version),
+            )
         reply = self._run(
             caller.org,
             "release",
@@ -386,18 +431,38 @@ class RedisAuthority(AuthorityBase):
         raise_for(reply)
         raise AssertionError("unreachable")
 
-    def release_by_id(self, caller: Caller, lease_id: str) -> Receipt:
-        """Release by id, as its owner (rules: :func:`_core.decide_release_by_id`)."""
-        return self._end_by_id(caller, "release_by_id", lease_id)
+    def release_by_id(
+        self, caller: Caller, lease_id: str, *, idempotency: Idempotency | None = None
+    ) -> Receipt:
+        """Release by id, as its owner (rules: :func:`_core.decide_release_by_id`;
+        ``idempotency``: the receipt is kept in the ledger, :func:`run_once`)."""
+        return run_once(
+            self.store,
+            caller,
+            "release_by_id",
+            idempotency,
+            Receipt,
+            lambda: self._end_by_id(caller, "release_by_id", lease_id),
+        )
 
-    def force_release(self, caller: Caller, lease_id: str) -> Receipt:
-        """Revoke any lease of the org, as ``owner``/``admin`` (:func:`_core.decide_force_release`).
+    def force_release(
+        self, caller: Caller, lease_id: str, *, idempotency: Idempotency | None = None
+    ) -> Receipt:
+        """Revoke any lease of the org, as ``owner``/``admin`` (:func:`_core.decide_force_release`;
+        ``idempotency``: the receipt is kept in the ledger, :func:`run_once`).
 
         Raises:
             ForbiddenError: the caller is an ``agent``. NotFoundError: not active/unknown.
         """
         check_force_release(caller.role)
-        return self._end_by_id(caller, "force_release", lease_id)
+        return run_once(
+            self.store,
+            caller,
+            "force_release",
+            idempotency,
+            Receipt,
+            lambda: self._end_by_id(caller, "force_release", lease_id),
+        )
 
     # ------------------------------------------------------------------ reads
 
@@ -457,6 +522,67 @@ class RedisAuthority(AuthorityBase):
         return [holding_to_lease(h) for h in gens[: max(1, min(limit, 10_000))]]
 
     # ------------------------------------------------------------------ fences, handoffs
+
+    def fence(self, caller: Caller, lease: Lease) -> Fence:
+        """The fence of ``lease`` for a fenced ledger write: it names the lease's resource
+        (whose ledger lock serialises fenced writes of it) and checks the generation on
+        Redis inside the write transaction (:meth:`fence_check`).
+
+        Raises:
+            UnavailableError: Redis cannot be reached or the org's state cannot be rebuilt.
+        """
+        resource = (lease.resource_type, lease.resource_id)
+        lease_id = lease.lease_id
+        self.ensure_ready(caller.org)
+        return Fence(
+            lease_id, lease.epoch, resource, lambda: self.fence_check(caller, lease_id, resource)
+        )
+
+    def ledger_barrier(self, caller: Caller) -> None:
+        """Drain the org's journal into the ledger first (:meth:`sync_ledger`), so record
+        operations see this client's lease transitions.
+
+        Raises:
+            UnavailableError: Redis or the ledger cannot be reached.
+        """
+        self.sync_ledger(caller.org)
+
+    def handoff_resolve(
+        self,
+        caller: Caller,
+        handoff_id: str,
+        status: str,
+        *,
+        note: str | None,
+        execution_key: str | None,
+        ttl_ms: int | None,
+        idempotency: Idempotency | None = None,
+    ) -> Handoff:
+        """Resolve a handoff across Redis (its lease) and the ledger (the handoff), keeping
+        every crash point in an allowed end state
+        (:func:`prefect_baton._stores.redis.handoffs.resolve_handoff`; ``idempotency``: the
+        receipt is kept in the ledger, :func:`run_once`, operation ``resolve``).
+
+        Raises:
+            NotFoundError, ForbiddenError, LeaseLostError (see the protocol),
+            IdempotencyMismatchError, IdempotencyInFlightError, UnavailableError.
+        """
+        return run_once(
+            self.store,
+            caller,
+            "resolve",
+            idempotency,
+            Handoff,
+            lambda: resolve_handoff(
+                self,
+                caller,
+                handoff_id,
+                status,
+                note=note,
+                execution_key=execution_key,
+                ttl_ms=ttl_ms,
+            ),
+        )
 
     def fence_check(
         self, caller: Caller, lease_id: str, resource: tuple[str, str] | None

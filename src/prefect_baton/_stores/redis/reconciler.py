@@ -301,7 +301,7 @@ def run_reconciler(
             is unreachable (in ``follow`` mode only when it is so at start).
     """
     from prefect_baton._settings import BatonSettings
-    from prefect_baton._stores.redis.authority import connect
+    from prefect_baton._stores.redis.connection import connect
     from prefect_baton.errors import ValidationError
 
     settings = BatonSettings()
@@ -312,10 +312,7 @@ def run_reconciler(
             raise ValidationError("no Redis URL: pass redis_url or set BATON_REDIS_URL")
         client = connect(url)
     if store is None:
-        store = LedgerStore(
-            ledger_url or settings.ledger_url,
-            receipt_retention_seconds=settings.receipt_retention_seconds,
-        )
+        store = LedgerStore.from_settings(settings, ledger_url)
     rec = Reconciler(client, store, batch_size=batch_size)
     report = ReconcileReport()
     stop = stop or threading.Event()

@@ -2,7 +2,7 @@
 
 :class:`RemoteBackend` implements the lease authority protocol
 (:class:`~prefect_baton._stores.protocol.LeaseAuthority`) and the record operations of the ledger
-store (:class:`~prefect_baton._client.api_base.RecordStore`) over HTTP with one pooled
+store (:class:`~prefect_baton._stores.protocol.RecordStore`) over HTTP with one pooled
 :class:`httpx.Client`. Requests go to the routes of :mod:`prefect_baton.rest.app`; answers
 come back as the same :mod:`prefect_baton.models` and failures as the same
 :class:`~prefect_baton.errors.BatonError` subclasses with the same codes and fields (a lease
@@ -25,9 +25,7 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 
 from prefect_baton._rules.core import Proof
 from prefect_baton._rules.validation import TTL_MIN_SECONDS
-from prefect_baton._stores.ledger.base import Fence
-from prefect_baton._stores.protocol import Caller
-from prefect_baton._stores.redis.authority import AcquireRequest
+from prefect_baton._stores.protocol import AcquireRequest, Caller, Fence, Idempotency
 from prefect_baton._stores.rest.http import (
     DEFAULT_TIMEOUT_SECONDS,
     _params,
@@ -53,6 +51,11 @@ from prefect_baton.models import (
 )
 
 __all__ = ["DEFAULT_TIMEOUT_SECONDS", "Identity", "RemoteBackend", "UnauthenticatedError"]
+
+
+def _key(idempotency: Idempotency | None) -> str | None:
+    """The ``Idempotency-Key`` header of a call (the server keeps the receipt)."""
+    return None if idempotency is None else idempotency.key
 
 
 class Identity(BaseModel):
@@ -88,7 +91,6 @@ class RemoteBackend(_Transport):
         ValidationError: a malformed URL or key, or a bad timeout.
     """
 
-    _baton_remote = True
     _identity: Identity | None = None  # GET /v1/me, asked once by identity()
 
     def __repr__(self) -> str:
@@ -122,6 +124,23 @@ class RemoteBackend(_Transport):
                     f"{self.url} does not serve the prefect-baton REST API ({exc.message})"
                 ) from None
         return self._identity
+
+    def bound_caller(self) -> Caller:
+        """The identity of the key (:meth:`identity`): every operation acts as it.
+
+        Raises:
+            As :meth:`identity`.
+        """
+        me = self.identity()
+        return Caller(org=me.org, principal=me.principal, role=me.role)
+
+    def fence(self, caller: Caller, lease: Lease) -> Fence:
+        """The plain fence of ``lease`` (its id and epoch; the server judges it). Raises
+        nothing."""
+        return Fence(lease.lease_id, lease.epoch)
+
+    def ledger_barrier(self, caller: Caller) -> None:
+        """Nothing to wait for: the server orders its own ledger and authority."""
 
     @property
     def state_max_bytes(self) -> int:
@@ -197,7 +216,7 @@ class RemoteBackend(_Transport):
         *,
         ttl_ms: int,
         expected_version: int | None,
-        idempotency_key: str | None = None,
+        idempotency: Idempotency | None = None,
     ) -> Lease:
         """``POST /v1/leases/{id}/renew`` with the proof's execution key (and the
         ``Idempotency-Key`` header when a key is given)."""
@@ -210,7 +229,7 @@ class RemoteBackend(_Transport):
             "POST",
             f"/v1/leases/{_seg(proof.lease_id)}/renew",
             json=body,
-            idempotency_key=idempotency_key,
+            idempotency_key=_key(idempotency),
         )
         return self._lease(data, replayed)
 
@@ -223,7 +242,7 @@ class RemoteBackend(_Transport):
         new_execution_key: str,
         ttl_ms: int,
         expected_version: int | None,
-        idempotency_key: str | None = None,
+        idempotency: Idempotency | None = None,
     ) -> Lease:
         """``POST /v1/leases/{id}/transfer`` with the proof's execution key (and the
         ``Idempotency-Key`` header when a key is given)."""
@@ -238,7 +257,7 @@ class RemoteBackend(_Transport):
             "POST",
             f"/v1/leases/{_seg(proof.lease_id)}/transfer",
             json=body,
-            idempotency_key=idempotency_key,
+            idempotency_key=_key(idempotency),
         )
         return self._lease(data, replayed)
 
@@ -248,7 +267,7 @@ class RemoteBackend(_Transport):
         proof: Proof,
         *,
         expected_version: int | None,
-        idempotency_key: str | None = None,
+        idempotency: Idempotency | None = None,
     ) -> Receipt:
         """``POST /v1/leases/{id}/release`` (by proof; ``Idempotency-Key`` when given)."""
         body = {"execution_key": proof.execution_key, "expected_version": expected_version}
@@ -256,16 +275,16 @@ class RemoteBackend(_Transport):
             "POST",
             f"/v1/leases/{_seg(proof.lease_id)}/release",
             json=body,
-            idempotency_key=idempotency_key,
+            idempotency_key=_key(idempotency),
         )
         return self._parse(Receipt, data, replayed=replayed)
 
     def release_by_id(
-        self, caller: Caller, lease_id: str, *, idempotency_key: str | None = None
+        self, caller: Caller, lease_id: str, *, idempotency: Idempotency | None = None
     ) -> Receipt:
         """``DELETE /v1/leases/{id}`` (``Idempotency-Key`` when given)."""
         data, replayed = self._call(
-            "DELETE", f"/v1/leases/{_seg(lease_id)}", idempotency_key=idempotency_key
+            "DELETE", f"/v1/leases/{_seg(lease_id)}", idempotency_key=_key(idempotency)
         )
         receipt = {"action": "release_by_id", "replayed": replayed}
         if isinstance(data, dict):
@@ -273,11 +292,11 @@ class RemoteBackend(_Transport):
         return self._parse(Receipt, receipt)
 
     def force_release(
-        self, caller: Caller, lease_id: str, *, idempotency_key: str | None = None
+        self, caller: Caller, lease_id: str, *, idempotency: Idempotency | None = None
     ) -> Receipt:
         """``POST /v1/leases/{id}/force-release`` (``Idempotency-Key`` when given)."""
         data, replayed = self._call(
-            "POST", f"/v1/leases/{_seg(lease_id)}/force-release", idempotency_key=idempotency_key
+            "POST", f"/v1/leases/{_seg(lease_id)}/force-release", idempotency_key=_key(idempotency)
         )
         return self._parse(Receipt, data, replayed=replayed)
 
@@ -436,7 +455,7 @@ class RemoteBackend(_Transport):
         note: str | None,
         execution_key: str | None,
         ttl_ms: int | None,
-        idempotency_key: str | None = None,
+        idempotency: Idempotency | None = None,
     ) -> Handoff:
         """``POST /v1/handoffs/{id}/resolve`` (``Idempotency-Key`` when given)."""
         body = {
@@ -449,7 +468,7 @@ class RemoteBackend(_Transport):
             "POST",
             f"/v1/handoffs/{_seg(handoff_id)}/resolve",
             json=body,
-            idempotency_key=idempotency_key,
+            idempotency_key=_key(idempotency),
         )
         return self._parse(Handoff, data, replayed=replayed)
 

@@ -5,32 +5,34 @@ Every arm is a lease authority (``LedgerStore`` or ``RedisAuthority``, called th
 :class:`~prefect_baton._stores.protocol.LeaseAuthority` protocol) plus the ledger behind it.
 
 Time. Leases live at least :data:`MIN_TTL_S` seconds, so a test cannot wait for them to run
-out; an arm is told that ``delta_ms`` of time passed by :meth:`Arm.advance`:
+out. The model keeps a clock of its own (epoch ms), and each arm follows it:
 
-* ``sqlite`` (the ledger authority): its clock is moved. The store reads the time through
-  ``_now_sql``; the test replaces that statement by the same database clock plus an offset
-  (``SELECT (<the store's own clock SQL>) + <offset>``), so every read of the clock (decisions,
-  receipts, events) sees the moved time.
-* ``fakeredis`` (the Redis authority on fakeredis, ``ack="ledger"``, ``EVALSHA``): its clock is
-  moved too. The scripts read Redis ``TIME``; the test wraps fakeredis's ``TIME`` command so
-  that it adds the offset for this arm's fake server only (other fake servers of the session
-  keep the true time), and gives the ledger behind it the same offset, so the rebuild after a
-  data loss (which reads the ledger's clock and Redis ``TIME``) sees one consistent time.
+* ``sqlite`` (the ledger authority) runs on the model's clock: the store reads the time
+  through its ``_now_sql`` statement, which the test replaces by ``SELECT <model now>``
+  (:meth:`Arm.set_time`), so every read of the clock (decisions, receipts, events) sees the
+  model's time, to the millisecond.
+* ``fakeredis`` (the Redis authority on fakeredis, ``ack="ledger"``, ``EVALSHA``) runs on the
+  model's clock too: the scripts read Redis ``TIME``, and the test wraps fakeredis's ``TIME``
+  command so that this arm's fake server answers the model's time (other fake servers of the
+  session keep the true time); the ledger behind it reads the same time, so the rebuild after
+  a data loss (which reads the ledger's clock and Redis ``TIME``) sees one consistent clock.
+  These two arms' instants (acquired, expires, released) are compared with the model's, and
+  they see a lease exactly at its expiry as the core does.
 * ``redis`` (the Redis authority on the real server at 127.0.0.1:6379, ``ack="redis"`` with
-  the drain thread, ``FCALL``): the server's clock cannot be moved. Instead the step moves the
-  stored times of the org's effective generations ``delta_ms`` into the past, consistently in
-  both places a later decision can read them: every active head generation in Redis (its
-  ``acquired_at`` and ``expires_at`` fields, and the expiry in the scope index ``se`` of a
-  scoped one) and the active rows of the ledger behind it (the rebuild after a data loss
-  restores heads from those rows). The journal is drained into the ledger first, so no
-  pending entry rewrites a row afterwards. Generations that are not active are never read
-  for their expiry, so they are left alone. For every decision of the lease rules (effective
-  means ``active`` and ``expires_at > now``), moving every active expiry back by ``delta``
-  is the same as moving the clock forward by ``delta``.
-
-The arms run on the wall clock besides, so the test keeps every lease's expiry at least
-:data:`MARGIN_MS` away from the model's "now" except when it deliberately expires it (see
-``AuthoritiesMachine.advance``); an example takes a few seconds, far below that margin.
+  the drain thread, ``FCALL``): the server's clock cannot be moved. It runs on the wall clock,
+  and when the model's clock moves forward by ``delta`` (:meth:`Arm.advance`) the test moves
+  the stored times of the org's effective generations ``delta`` into the past instead,
+  consistently in both places a later decision can read them: every active head generation
+  in Redis (its ``acquired_at`` and ``expires_at`` fields, and the expiry in the scope index
+  ``se`` of a scoped one) and the active rows of the ledger behind it (the rebuild after a
+  data loss restores heads from those rows). The journal is drained into the ledger first,
+  so no pending entry rewrites a row afterwards. Generations that are not active are never
+  read for their expiry, so they are left alone. For every decision of the lease rules
+  (effective means ``active`` and ``expires_at > now``), moving every active expiry back by
+  ``delta`` is the same as moving the clock forward by ``delta``. Since the wall clock moves
+  on as well, the test keeps every effective lease's expiry either at or before the model's
+  "now" or more than :data:`MARGIN_MS` after it (see ``AuthoritiesMachine.advance``); an
+  example takes a few seconds, far below that margin. This arm's instants are not compared.
 
 Data loss (Redis arms): the org's journal is drained into the ledger (with ``ack="redis"``,
 a loss right after a drain; what ``ack="redis"`` may lose beyond that is documented in
@@ -78,10 +80,13 @@ class Arm:
         auth: the lease authority.
         ledger: the ledger (``auth`` itself on the ledger arm).
         ids: the arm's lease id -> the model's lease id; ``back`` the reverse.
+        exact_time: the arm runs on the model's clock (:meth:`set_time`), so its instants
+            equal the model's.
     """
 
     name = "?"
     kind = "ledger"
+    exact_time = False
 
     def __init__(self, auth: Any, ledger: LedgerStore) -> None:
         self.auth = auth
@@ -104,6 +109,10 @@ class Arm:
         self.ids[arm_id] = model_id
         self.back[model_id] = arm_id
 
+    def set_time(self, now_ms: int) -> None:
+        """Set the arm's clock to the model's ``now_ms`` (arms with ``exact_time`` only; the
+        others ignore it)."""
+
     def advance(self, org: str, delta_ms: int) -> None:
         """Let ``delta_ms`` milliseconds pass for this arm (see the module docstring)."""
         raise NotImplementedError
@@ -119,24 +128,26 @@ class Arm:
         """Release the arm's resources at the end of the test."""
 
 
-def _offset_clock(store: LedgerStore, offset_ms: int) -> None:
-    """Make ``store`` read its database clock plus ``offset_ms``."""
-    store._now_sql = text(f"SELECT ({store.engines.now_sql()}) + {int(offset_ms)}")
+def _freeze_clock(store: LedgerStore, now_ms: int) -> None:
+    """Make ``store`` read ``now_ms`` as its database clock."""
+    store._now_sql = text(f"SELECT {int(now_ms)}")
 
 
 class LedgerArm(Arm):
-    """The SQLite ledger as the lease authority; time moves by a clock offset."""
+    """The SQLite ledger as the lease authority, on the model's clock."""
 
     name = "sqlite"
+    exact_time = True
 
     def __init__(self, path: Path) -> None:
         store = LedgerStore(f"sqlite:///{path}")
         super().__init__(store, store)
-        self.offset = 0
+
+    def set_time(self, now_ms: int) -> None:
+        _freeze_clock(self.ledger, now_ms)
 
     def advance(self, org: str, delta_ms: int) -> None:
-        self.offset += delta_ms
-        _offset_clock(self.ledger, self.offset)
+        """Nothing to do: :meth:`set_time` already moved the clock."""
 
     def close(self) -> None:
         self.ledger.close()
@@ -156,7 +167,7 @@ def _drop_org(client: Any, org: str) -> None:
 
 class FakeRedisArm(Arm):
     """The Redis authority on a fakeredis server of its own (``ack="ledger"``, scripts by
-    ``EVALSHA``); time moves by an offset on that server's ``TIME`` and on its ledger."""
+    ``EVALSHA``); its ``TIME`` and its ledger's clock answer the model's time."""
 
     name = "fakeredis"
     kind = "redis"
@@ -166,26 +177,27 @@ class FakeRedisArm(Arm):
         from fakeredis.commands_mixins.server_mixin import ServerCommandsMixin
 
         self.server = fakeredis.FakeServer()
-        self.server.baton_offset_ms = 0
+        self.server.baton_now_ms = None
         original: Callable[[Any], list[bytes]] = ServerCommandsMixin.time
 
-        def time_with_offset(sock: Any) -> list[bytes]:
-            secs, micros = original(sock)
-            offset = getattr(sock._server, "baton_offset_ms", 0)
-            if not offset:
-                return [secs, micros]
-            total = int(secs) * 1_000_000 + int(micros) + offset * 1000
-            return [str(total // 1_000_000).encode(), str(total % 1_000_000).encode()]
+        def model_time(sock: Any) -> list[bytes]:
+            now_ms = getattr(sock._server, "baton_now_ms", None)
+            if now_ms is None:
+                return original(sock)
+            return [str(now_ms // 1000).encode(), str(now_ms % 1000 * 1000).encode()]
 
-        monkeypatch.setattr(ServerCommandsMixin, "time", time_with_offset)
+        monkeypatch.setattr(ServerCommandsMixin, "time", model_time)
         ledger = LedgerStore(f"sqlite:///{path}")
         client = fakeredis.FakeRedis(server=self.server)
         auth = RedisAuthority(client, ledger, ack="ledger", owns_client=True, functions=False)
         super().__init__(auth, ledger)
 
+    def set_time(self, now_ms: int) -> None:
+        self.server.baton_now_ms = now_ms
+        _freeze_clock(self.ledger, now_ms)
+
     def advance(self, org: str, delta_ms: int) -> None:
-        self.server.baton_offset_ms += delta_ms
-        _offset_clock(self.ledger, self.server.baton_offset_ms)
+        """Nothing to do: :meth:`set_time` already moved the clock."""
 
     def lose(self, org: str) -> None:
         self.auth.sync_ledger(org, strict=True)

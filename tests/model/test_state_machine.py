@@ -45,6 +45,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ from prefect_baton._stores.ledger.convert import holding_to_lease
 from prefect_baton._stores.protocol import Caller
 from prefect_baton._stores.redis.rebuild import EPOCH_RANGE
 from prefect_baton.errors import BatonError, IdempotencyMismatchError
-from prefect_baton.models import Lease, LeaseInfo, Receipt
+from prefect_baton.models import Lease, LeaseInfo, Receipt, to_ms
 from tests.conftest import redis_authority, require_redis
 from tests.model._arms import (
     MARGIN_MS,
@@ -298,9 +299,16 @@ class CoreRef:
 # --------------------------------------------------------------------------- normal forms
 
 
-def norm_lease(lease: Lease, ids: Callable[[str], str], *, epochs: bool = True) -> tuple[Any, ...]:
-    """What must agree between the arms about one lease (not its instants; with
-    ``epochs=False`` not its epoch either)."""
+def _ms(t: datetime | None) -> int:
+    return -1 if t is None else to_ms(t)
+
+
+def norm_lease(
+    lease: Lease, ids: Callable[[str], str], *, epochs: bool = True, instants: bool = False
+) -> tuple[Any, ...]:
+    """What must agree between the arms about one lease: its instants (ms) only with
+    ``instants`` (arms on the model's clock), its epoch unless ``epochs=False``."""
+    times = (lease.acquired_at, lease.expires_at, lease.released_at) if instants else ()
     return (
         ids(lease.lease_id),
         lease.resource_type,
@@ -315,17 +323,21 @@ def norm_lease(lease: Lease, ids: Callable[[str], str], *, epochs: bool = True) 
         lease.ttl_seconds,
         lease.released_at is not None,
         lease.replayed,
+        *map(_ms, times),
     )
 
 
-def norm(result: Any, ids: Callable[[str], str], *, epochs: bool = True) -> Any:
-    """The normal form of an operation's result, or of the error it raised."""
+def norm(
+    result: Any, ids: Callable[[str], str], *, epochs: bool = True, instants: bool = False
+) -> Any:
+    """The normal form of an operation's result, or of the error it raised (see
+    :func:`norm_lease`)."""
     if isinstance(result, BatonError):
         return ("error", result.code)
     if isinstance(result, Lease):
-        return ("lease", norm_lease(result, ids, epochs=epochs))
+        return ("lease", norm_lease(result, ids, epochs=epochs, instants=instants))
     if isinstance(result, Receipt):
-        lease = norm_lease(result.lease, ids, epochs=epochs)
+        lease = norm_lease(result.lease, ids, epochs=epochs, instants=instants)
         return ("receipt", result.action, result.status, result.replayed, lease)
     if isinstance(result, LeaseInfo):
         return (
@@ -334,8 +346,10 @@ def norm(result: Any, ids: Callable[[str], str], *, epochs: bool = True) -> Any:
             result.held,
             result.version,
             result.epoch if epochs else "-",
-            result.expires_at is not None,
-            None if result.lease is None else norm_lease(result.lease, ids, epochs=epochs),
+            _ms(result.expires_at) if instants else result.expires_at is not None,
+            None
+            if result.lease is None
+            else norm_lease(result.lease, ids, epochs=epochs, instants=instants),
         )
     raise AssertionError(f"unexpected result {result!r}")
 
@@ -362,9 +376,10 @@ class AuthoritiesMachine(RuleBasedStateMachine):
         super().__init__()
         self.arms = arms
         self.org = new_org()
-        for arm in arms:
-            arm.start(self.org)
         self.now = T0
+        for arm in arms:
+            arm.set_time(self.now)
+            arm.start(self.org)
         self.refs = {"ledger": CoreRef("ledger"), "redis": CoreRef("redis")}
         self.issued: list[str] = []
         self.keyed: list[KeyedRequest] = []
@@ -405,8 +420,8 @@ class AuthoritiesMachine(RuleBasedStateMachine):
         self.seq += 1
         new_id = f"m{self.seq}"
         expected = {n: outcome(lambda r=ref: on_ref(r, new_id)) for n, ref in self.refs.items()}
-        forms = {name: norm(res, same) for name, res in expected.items()}
-        bare = [norm(res, same, epochs=False) for res in expected.values()]
+        forms = {name: norm(res, same, instants=True) for name, res in expected.items()}
+        bare = [norm(res, same, epochs=False, instants=True) for res in expected.values()]
         assert bare[0] == bare[1], (what, forms)
         if not self.losses:
             assert forms["ledger"] == forms["redis"], (what, forms)
@@ -420,8 +435,9 @@ class AuthoritiesMachine(RuleBasedStateMachine):
                         f"{arm.name}: {what} granted epoch {got.epoch} after a data loss, "
                         f"not above {self.top_before_loss} handed out before it"
                     )
-            want = forms[arm.kind]
-            have = norm(got, lambda aid, a=arm: a.ids.get(aid, f"<{a.name}:{aid}>"))
+            exact = arm.exact_time
+            want = norm(expected[arm.kind], same, instants=exact)
+            have = norm(got, lambda aid, a=arm: a.ids.get(aid, f"<{a.name}:{aid}>"), instants=exact)
             assert have == want, (
                 f"{arm.name} disagrees with the core on {what}:\n"
                 f"  core: {want}\n  {arm.name}: {have}"
@@ -531,6 +547,16 @@ class AuthoritiesMachine(RuleBasedStateMachine):
         )
 
     @precondition(lambda self: self.issued)
+    @rule(idx=st.integers(0, 60), ttl_s=st.sampled_from(TTLS_S), exp_mode=exp_modes)
+    def reacquire(self, idx: int, ttl_s: int, exp_mode: str) -> None:
+        """The holder of an issued generation acquires its resource again under the same
+        execution key (the same execution: no change) or without one (supersede)."""
+        h = self.model.rows[self._pick(idx)]
+        head = head_of(self.model.rows, h.resource_id)
+        expected = _expected_version(exp_mode, head.version if head else 0)
+        self._acquire(h.resource_id, h.owner, h.execution_key, ttl_s, h.scopes, h.purpose, expected)
+
+    @precondition(lambda self: self.issued)
     @rule(idx=st.integers(0, 60), alt=st.integers(0, 3), ttl_s=st.sampled_from(TTLS_S))
     def other_execution(self, idx: int, alt: int, ttl_s: int) -> None:
         """The holder's principal acquires the resource again under another execution key
@@ -590,6 +616,11 @@ class AuthoritiesMachine(RuleBasedStateMachine):
         """Transfer to another principal (or execution) with the true proof or a tampered one."""
         proof = self._proof_for(self._pick(idx), tamper, alt)
         expected = _expected_version(exp_mode, self._version_of(proof.lease_id))
+        self._transfer(proof, to, new_key, ttl_s, expected)
+
+    def _transfer(
+        self, proof: Proof, to: str, new_key: str, ttl_s: int, expected: int | None
+    ) -> None:
         self._step(
             f"transfer {proof} to {to}/{new_key} ttl={ttl_s}s expected={expected}",
             lambda ref, new_id: ref.transfer(
@@ -610,6 +641,18 @@ class AuthoritiesMachine(RuleBasedStateMachine):
                 expected_version=expected,
             ),
         )
+
+    @rule(
+        resource=st.sampled_from(RESOURCES),
+        to=st.sampled_from(PRINCIPALS),
+        new_key=st.sampled_from(TRANSFER_KEYS),
+        ttl_s=st.sampled_from(TTLS_S),
+    )
+    def transfer_head(self, resource: str, to: str, new_key: str, ttl_s: int) -> None:
+        """The newest generation of a resource is transferred with its true proof."""
+        head = head_of(self.model.rows, resource)
+        if head is not None:
+            self._transfer(self._proof_for(head.lease_id, "none", 0), to, new_key, ttl_s, None)
 
     @precondition(lambda self: self.issued)
     @rule(idx=st.integers(0, 60), tamper=tampers, alt=st.integers(0, 3), exp_mode=exp_modes)
@@ -674,6 +717,7 @@ class AuthoritiesMachine(RuleBasedStateMachine):
         delta = target - self.now
         self.now = target
         for arm in self.arms:
+            arm.set_time(target)
             arm.advance(self.org, delta)
 
     @precondition(lambda self: self.issued and self.losses < MAX_LOSSES)
@@ -703,18 +747,21 @@ class AuthoritiesMachine(RuleBasedStateMachine):
 
             for resource in RESOURCES:
                 for principal in PRINCIPALS:
-                    want = norm(ref.inspect(principal, resource, self.now), same)
-                    got = norm(arm.auth.inspect(self._caller(principal), RTYPE, resource), ids)
+                    exact = arm.exact_time
+                    want = norm(ref.inspect(principal, resource, self.now), same, instants=exact)
+                    info = arm.auth.inspect(self._caller(principal), RTYPE, resource)
+                    got = norm(info, ids, instants=exact)
                     assert got == want, f"{arm.name}: inspect {resource} as {principal}"
             viewer = self._caller("ops", "admin")
             for include_ended in (False, True):
                 want_set = sorted(
-                    norm_lease(x, same) for x in ref.leases(self.now, include_ended=include_ended)
+                    norm_lease(x, same, instants=arm.exact_time)
+                    for x in ref.leases(self.now, include_ended=include_ended)
                 )
                 got_list = arm.auth.list_leases(
                     viewer, owner="*", include_ended=include_ended, limit=10_000
                 )
-                got_set = sorted(norm_lease(x, ids) for x in got_list)
+                got_set = sorted(norm_lease(x, ids, instants=arm.exact_time) for x in got_list)
                 assert got_set == want_set, (
                     f"{arm.name}: list_leases(include_ended={include_ended})\n"
                     f"  core: {want_set}\n  {arm.name}: {got_set}"
@@ -738,6 +785,7 @@ def _settings() -> settings:
     )
 
 
+@pytest.mark.timeout(900)  # a failure's shrinking may take hypothesis up to 5 minutes
 def test_authorities_follow_the_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The SQLite ledger and the Redis authority (fakeredis and the real server) give the
     core's results and show the core's state for random operation sequences, through time

@@ -667,6 +667,9 @@ class AuthoritiesMachine(RuleBasedStateMachine):
         """Release by proof (again after a release: ``no_change``)."""
         proof = self._proof_for(self._pick(idx), tamper, alt)
         expected = _expected_version(exp_mode, self._version_of(proof.lease_id))
+        self._release(proof, expected)
+
+    def _release(self, proof: Proof, expected: int | None) -> None:
         self._step(
             f"release {proof} expected={expected}",
             lambda ref, _new: ref.release(proof, expected, self.now),
@@ -674,6 +677,39 @@ class AuthoritiesMachine(RuleBasedStateMachine):
                 self._caller(proof.owner), self._arm_proof(proof, ids), expected_version=expected
             ),
         )
+
+    @precondition(lambda self: any(h.status != "active" for h in self.model.rows.values()))
+    @rule(idx=st.integers(0, 60))
+    def release_ended(self, idx: int) -> None:
+        """A generation that has ended (superseded, taken over, transferred, revoked,
+        released, expired) is released with its own proof: NOT_FOUND, LEASE_LOST or
+        ``no_change``, by status."""
+        ended = [k for k, h in self.model.rows.items() if h.status != "active"]
+        self._release(self._proof_for(ended[idx % len(ended)], "none", 0), None)
+
+    @precondition(lambda self: self.issued)
+    @rule(idx=st.integers(0, 60), how=st.sampled_from(["release", "release_by_id", "renew"]))
+    def act_at_expiry(self, idx: int, how: str) -> None:
+        """Time moves exactly onto an effective lease's expiry and its holder then releases
+        it (``expired``), releases it by id, or renews it (LEASE_LOST)."""
+        live = [k for k, h in self.model.rows.items() if h.effective(self.now)]
+        if not live:
+            return
+        lease_id = live[idx % len(live)]
+        self.advance("onto_exactly", 0, 0, lease_id=lease_id)
+        if self.now != self.model.rows[lease_id].expires_at_ms:
+            return  # the model's clock would have to pass 20 h
+        proof = self._proof_for(lease_id, "none", 0)
+        if how == "release":
+            self._release(proof, None)
+        elif how == "renew":
+            self._renew(proof, MIN_TTL_S, "none")
+        else:
+            self._step(
+                f"release_by_id {lease_id} by {proof.owner} at its expiry",
+                lambda ref, _new: ref.release_by_id(proof.owner, lease_id, self.now),
+                lambda arm, ids: arm.auth.release_by_id(self._caller(proof.owner), ids(lease_id)),
+            )
 
     @precondition(lambda self: self.issued)
     @rule(idx=st.integers(0, 60), principal=st.sampled_from(PRINCIPALS))
@@ -706,11 +742,13 @@ class AuthoritiesMachine(RuleBasedStateMachine):
         ms=st.integers(0, 60_000),
         idx=st.integers(0, 60),
     )
-    def advance(self, kind: str, ms: int, idx: int) -> None:
+    def advance(self, kind: str, ms: int, idx: int, lease_id: str | None = None) -> None:
         """Time passes on every arm: a little, onto an issued lease's expiry, or past every
         TTL. The target is pushed onto the expiry of any effective lease that would end
         within :data:`MARGIN_MS` after it, so the wall time a step takes never decides."""
-        if kind == "tick":
+        if lease_id is not None:
+            target = max(self.now, self.model.rows[lease_id].expires_at_ms)
+        elif kind == "tick":
             target = self.now + ms // 2
         elif kind == "onto" and self.issued:
             target = max(self.now, self.model.rows[self._pick(idx)].expires_at_ms + ms % 2)

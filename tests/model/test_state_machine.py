@@ -815,7 +815,7 @@ class AuthoritiesMachine(RuleBasedStateMachine):
 
     @invariant()
     def epochs_rise(self) -> None:
-        """Within a resource every generation has its own epoch, the head the highest."""
+        """Within a resource every generation has its own epoch (in both references)."""
         for ref in self.refs.values():
             for resource in RESOURCES:
                 epochs = [h.epoch for h in ref.rows.values() if h.resource_id == resource]

@@ -39,19 +39,16 @@ model time, so no receipt lapses.
 
 Epoch floor. After the ``n``-th loss the rebuilt state grants epochs above ``n * 2**32``
 (``_stores/redis/rebuild.py``), so the ``redis`` reference passes ``epoch_floor`` to
-``decide_acquire``; and the test checks that every generation granted after a loss has an
-epoch above every epoch handed out before it. ``decide_transfer`` has no ``epoch_floor``
-parameter (issue 12 names the gap), while ``transfer.lua`` lifts a transfer's epoch above the
-floor too (``RedisAuthority.transfer``: "the new epoch is also above the incarnation's
-floor"), which the rising-epochs rule needs; :func:`transfer_decision` applies that floor to
-the core's decision, the one place where this test states a rule the core does not.
+``decide_acquire`` and ``decide_transfer`` (``transfer.lua`` lifts a transfer's epoch above the
+incarnation's floor too); and the test checks that every generation granted after a loss has an
+epoch above every epoch handed out before it.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -133,18 +130,6 @@ def acquire_digest(
         "acquire",
         {"expected_version": ev, "ttl_ms": ttl_ms, "scopes": list(scopes), "purpose": purpose},
     )
-
-
-def transfer_decision(row: Holding | None, proof: Proof, *, floor: int, **kwargs: Any) -> Decision:
-    """``decide_transfer`` with the incarnation's epoch floor applied to the new epoch, as
-    ``transfer.lua`` does (see the module docstring); with ``floor=0`` it is the core's
-    decision unchanged."""
-    d = _core.decide_transfer(row, proof, **kwargs)
-    assert d.new is not None
-    assert row is not None
-    if floor > row.epoch:
-        d = replace(d, new=replace(d.new, epoch=floor + 1))
-    return d
 
 
 class CoreRef:
@@ -237,10 +222,10 @@ class CoreRef:
         new_id: str,
     ) -> Lease:
         row = self.rows.get(proof.lease_id)
-        d = transfer_decision(
+        d = _core.decide_transfer(
             row,
             proof,
-            floor=self.floor,
+            epoch_floor=self.floor,
             to_principal=to,
             new_execution_key=new_key,
             ttl_ms=ttl_s * 1000,

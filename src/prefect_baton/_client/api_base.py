@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from prefect_baton._client.keeper import LeaseKeeper
-from prefect_baton._stores.protocol import Caller, Idempotency, RecordStore
+from prefect_baton._stores.protocol import Caller, RecordStore
 from prefect_baton.errors import ValidationError
 from prefect_baton.models import Lease
 
@@ -73,9 +72,3 @@ class _API:
         """The record store, once it sees this client's lease transitions."""
         self._b._ledger_barrier()
         return self._b._records
-
-    def _idempotency(
-        self, key: str | None, scope: str, fields: Mapping[str, object]
-    ) -> Idempotency | None:
-        """The :class:`Idempotency` of a keyed call (``None`` without a key)."""
-        return None if key is None else Idempotency(key, scope, fields)

@@ -15,6 +15,7 @@ from prefect_baton._client.api_base import (
     _limit,
 )
 from prefect_baton._client.keeper import LeaseKeeper
+from prefect_baton._client.requests import keyed, resolve_fields
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.core import Proof
 from prefect_baton.errors import ValidationError
@@ -221,14 +222,7 @@ class HandoffAPI(_API):
         key = _core.validate_optional_id("execution_key", execution_key)
         ttl_ms = _core.validate_ttl(ttl_seconds) if ttl_seconds is not None else None
         idem = _core.validate_optional_id("idempotency_key", idempotency_key)
-
-        fields = {
-            "handoff_id": hid,
-            "status": status,
-            "note": note_,
-            "execution_key": key,
-            "ttl_seconds": ttl_seconds,
-        }
+        fields = resolve_fields(hid, status, note=note_, execution_key=key, ttl_seconds=ttl_seconds)
         return self._b.authority.handoff_resolve(
             self._caller,
             hid,
@@ -236,7 +230,7 @@ class HandoffAPI(_API):
             note=note_,
             execution_key=key,
             ttl_ms=ttl_ms,
-            idempotency=self._idempotency(idem, f"handoff:{hid}", fields),
+            idempotency=keyed(idem, f"handoff:{hid}", fields),
         )
 
 

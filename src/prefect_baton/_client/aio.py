@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Coroutine
-from types import TracebackType
 from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar
 
 import anyio.to_thread
 
+from prefect_baton._client.api_base import _Identity
 from prefect_baton._client.leases import LeaseAPI
 from prefect_baton._client.records import CheckpointAPI, EventAPI, HandoffAPI, OutcomeAPI
 from prefect_baton._client.sync import Baton
@@ -151,7 +151,7 @@ class AsyncEventAPI(_Wrapper[EventAPI]):
     list = _to_async(EventAPI.list)
 
 
-class AsyncBaton(_Wrapper[Baton]):
+class AsyncBaton(_Wrapper[Baton], _Identity):
     """The asynchronous client: the operations of :class:`Baton` as coroutines
     (``await ab.leases.acquire(...)``), with the same arguments, results and errors, and
     ``async with ab.lease(...)``.
@@ -208,6 +208,7 @@ class AsyncBaton(_Wrapper[Baton]):
                 api_key=api_key,
             )
         super().__init__(sync)
+        self.caller = sync.caller
         self.leases = AsyncLeaseAPI(sync.leases)
         self.checkpoints = AsyncCheckpointAPI(sync.checkpoints)
         self.handoffs = AsyncHandoffAPI(sync.handoffs)
@@ -219,21 +220,6 @@ class AsyncBaton(_Wrapper[Baton]):
         """As :meth:`Baton.from_settings`: a client from ``BATON_*`` environment variables,
         keyword arguments overriding individual settings."""
         return cls(sync=Baton.from_settings(**overrides))
-
-    @property
-    def org(self) -> str:
-        """The organization id (``str``)."""
-        return self.sync.org
-
-    @property
-    def principal(self) -> str:
-        """The acting identity (``str``)."""
-        return self.sync.principal
-
-    @property
-    def role(self) -> str:
-        """The role: ``agent``, ``owner`` or ``admin``."""
-        return self.sync.role
 
     def as_principal(self, principal: str, role: str = "agent") -> AsyncBaton:
         """Another identity of the same org sharing this client's connections (as
@@ -256,10 +242,5 @@ class AsyncBaton(_Wrapper[Baton]):
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()

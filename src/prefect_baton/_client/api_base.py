@@ -59,6 +59,28 @@ def _limit(limit: object, maximum: int) -> int:
     return limit
 
 
+class _Identity:
+    """The identity properties of a client (:class:`Baton`, :class:`AsyncBaton`), read from
+    its :class:`Caller` (``caller``, set by the client's constructor)."""
+
+    caller: Caller
+
+    @property
+    def org(self) -> str:
+        """The organization id (``str``)."""
+        return self.caller.org
+
+    @property
+    def principal(self) -> str:
+        """The acting identity (``str``)."""
+        return self.caller.principal
+
+    @property
+    def role(self) -> str:
+        """The role: ``agent``, ``owner`` or ``admin``."""
+        return self.caller.role
+
+
 class _API:
     def __init__(self, baton: Baton) -> None:
         self._b = baton

@@ -16,7 +16,6 @@ from prefect_baton._client.requests import (
     transfer_fields,
 )
 from prefect_baton._rules import core as _core
-from prefect_baton._rules.core import Proof
 from prefect_baton._stores.protocol import LeaseAuthority
 from prefect_baton.models import Lease, LeaseInfo, Receipt
 
@@ -116,10 +115,6 @@ class LeaseAPI(_API):
         reqs = requests_of(resources, ttl_seconds=ttl_seconds, purpose=purpose, scopes=scopes)
         key = _core.validate_optional_id("idempotency_key", idempotency_key)
         return self._authority.acquire_many(self._caller, reqs, idempotency_key=key)
-
-    def _proof(self, lease: object) -> Proof:
-        lease_ = _lease_of(lease)
-        return Proof(lease_.lease_id, self._caller.principal, lease_.execution_key)
 
     def renew(
         self,

@@ -46,15 +46,11 @@ class _LeaseView(Generic[T]):
     """A read-only attribute of :class:`LeaseKeeper` that is the attribute of the same name
     of its current lease (:attr:`LeaseKeeper.lease`), so the keeper reads as its lease.
 
-    Args:
-        doc: the attribute's docstring (``str``).
-
     Reading it before the block is entered raises :class:`RuntimeError` (as
     :attr:`LeaseKeeper.lease`).
     """
 
-    def __init__(self, doc: str) -> None:
-        self.__doc__ = doc
+    def __init__(self) -> None:
         self._name = ""
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -77,8 +73,10 @@ class LeaseKeeper:
     """A lease held for the duration of a ``with`` / ``async with`` block.
 
     Create it with :meth:`prefect_baton.Baton.lease`. Inside the block it behaves like the
-    current :class:`Lease` (``lease_id``, ``epoch``, ``version``, ``expires_at`` ...) and can
-    be passed as ``fence=`` to checkpoint and outcome writes.
+    current :class:`Lease` and can be passed as ``fence=`` to checkpoint and outcome writes:
+    its ``lease_id``, ``resource_type``, ``resource_id``, ``owner``, ``execution_key``,
+    ``version``, ``epoch`` (the fencing token) and ``expires_at`` are those of the current
+    lease (:attr:`lease`).
 
     Attributes:
         lost: ``True`` once the lease is known to be lost (``bool``).
@@ -148,16 +146,14 @@ class LeaseKeeper:
             raise RuntimeError("the lease is not acquired yet: enter the block first")
         return self._lease
 
-    lease_id = _LeaseView[str]("``lease_<hex>``, the id of the lease generation.")
-    epoch = _LeaseView[int]("The fencing token.")
-    version = _LeaseView[int]("The resource version (+1 on every transition, renewals included).")
-    expires_at = _LeaseView[datetime]("When the newest grant runs out (aware UTC datetime).")
-    resource_type = _LeaseView[str]("The leased resource's type.")
-    resource_id = _LeaseView[str]("The leased resource's id.")
-    owner = _LeaseView[str]("The holding principal.")
-    execution_key = _LeaseView[str | None](
-        "The execution key the lease is held under, or ``None``."
-    )
+    lease_id = _LeaseView[str]()
+    resource_type = _LeaseView[str]()
+    resource_id = _LeaseView[str]()
+    owner = _LeaseView[str]()
+    execution_key = _LeaseView[str | None]()
+    version = _LeaseView[int]()
+    epoch = _LeaseView[int]()
+    expires_at = _LeaseView[datetime]()
 
     def attach_handoff(self, accepted: Callable[[], bool]) -> None:
         """Note that this lease rides on a handoff; ``accepted()`` tells whether the recipient

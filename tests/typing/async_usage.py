@@ -55,3 +55,6 @@ async def client() -> None:
         assert_type(ab, AsyncBaton)
         assert_type(ab.org, str)
     await AsyncBaton.from_settings(org="acme").aclose()
+    remote = AsyncBaton(api_url="http://127.0.0.1:8787", api_key="bk_x", ack="ledger")
+    assert_type(AsyncBaton(sync=remote.sync), AsyncBaton)
+    assert_type(AsyncBaton("sqlite:///l.db", "acme", "agent-a", "owner"), AsyncBaton)

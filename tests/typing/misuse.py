@@ -20,6 +20,8 @@ def sync_mistakes(b: Baton, lease: Lease) -> None:
 
 
 async def async_mistakes(ab: AsyncBaton, lease: Lease) -> None:
+    AsyncBaton(org="acme", ackk="ledger")  # type: ignore[call-overload]
+    AsyncBaton(ledger_url=1)  # type: ignore[call-overload]
     await ab.leases.acquire("deploy", "svc", ttl_secnds=60)  # type: ignore[call-arg]
     await ab.leases.acquire("deploy", "svc", ttl_seconds="60")  # type: ignore[arg-type]
     await ab.leases.renew(lease, 30)  # type: ignore[call-arg]

@@ -13,19 +13,31 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Coroutine
-from types import TracebackType
-from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
 import anyio.to_thread
 
+from prefect_baton._client.api_base import _Identity
 from prefect_baton._client.leases import LeaseAPI
 from prefect_baton._client.records import CheckpointAPI, EventAPI, HandoffAPI, OutcomeAPI
 from prefect_baton._client.sync import Baton
-from prefect_baton._settings import BatonSettings
 
 S = TypeVar("S")
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+def _parameters_of(
+    source: Callable[Concatenate[Any, P], Any],
+) -> Callable[[Callable[..., R]], Callable[Concatenate[Any, P], R]]:
+    """For the type checker: a decorator that gives a method the parameters of the method
+    ``source`` (``self`` aside), e.g. an ``@overload`` of :meth:`AsyncBaton.__init__` taking
+    :class:`Baton`'s. At run time it returns the method unchanged."""
+
+    def apply(method: Callable[..., R]) -> Callable[Concatenate[Any, P], R]:
+        return method
+
+    return apply
 
 
 class _Wrapper(Generic[S]):
@@ -151,7 +163,7 @@ class AsyncEventAPI(_Wrapper[EventAPI]):
     list = _to_async(EventAPI.list)
 
 
-class AsyncBaton(_Wrapper[Baton]):
+class AsyncBaton(_Wrapper[Baton], _Identity):
     """The asynchronous client: the operations of :class:`Baton` as coroutines
     (``await ab.leases.acquire(...)``), with the same arguments, results and errors, and
     ``async with ab.lease(...)``.
@@ -162,11 +174,10 @@ class AsyncBaton(_Wrapper[Baton]):
     :meth:`aclose`).
 
     Args:
-        ledger_url, org, principal, role, settings, redis_url, ack, api_url, api_key: as
-            :class:`Baton` (``api_url``/``api_key`` run every operation through the REST
-            API).
-        sync: a :class:`Baton` to wrap instead of building one (the other arguments are
-            then not used).
+        ledger_url, org, principal, role, settings, store, redis_url, ack,
+            lease_authority, api_url, api_key: as :class:`Baton`, whose parameters these
+            are (``api_url``/``api_key`` run every operation through the REST API).
+        sync: a :class:`Baton` to wrap instead of building one (given alone).
 
     Raises:
         ValidationError: a bad ``BATON_*`` variable, id, role, URL, key or ``ack``; or both
@@ -181,33 +192,18 @@ class AsyncBaton(_Wrapper[Baton]):
                 await ab.checkpoints.save("checkout-service", "plan", {"step": 1}, fence=held)
     """
 
-    def __init__(
-        self,
-        ledger_url: str | None = None,
-        org: str | None = None,
-        principal: str | None = None,
-        role: str | None = None,
-        *,
-        settings: BatonSettings | None = None,
-        sync: Baton | None = None,
-        redis_url: str | None = None,
-        ack: str | None = None,
-        api_url: str | None = None,
-        api_key: str | None = None,
-    ) -> None:
+    @overload
+    def __init__(self, *, sync: Baton) -> None: ...
+
+    @overload
+    @_parameters_of(Baton.__init__)
+    def __init__(self, *args: Any, **kwargs: Any) -> None: ...
+
+    def __init__(self, *args: Any, sync: Baton | None = None, **kwargs: Any) -> None:
         if sync is None:
-            sync = Baton(
-                ledger_url,
-                org,
-                principal,
-                role,
-                settings=settings,
-                redis_url=redis_url,
-                ack=ack,
-                api_url=api_url,
-                api_key=api_key,
-            )
+            sync = Baton(*args, **kwargs)
         super().__init__(sync)
+        self.caller = sync.caller
         self.leases = AsyncLeaseAPI(sync.leases)
         self.checkpoints = AsyncCheckpointAPI(sync.checkpoints)
         self.handoffs = AsyncHandoffAPI(sync.handoffs)
@@ -219,21 +215,6 @@ class AsyncBaton(_Wrapper[Baton]):
         """As :meth:`Baton.from_settings`: a client from ``BATON_*`` environment variables,
         keyword arguments overriding individual settings."""
         return cls(sync=Baton.from_settings(**overrides))
-
-    @property
-    def org(self) -> str:
-        """The organization id (``str``)."""
-        return self.sync.org
-
-    @property
-    def principal(self) -> str:
-        """The acting identity (``str``)."""
-        return self.sync.principal
-
-    @property
-    def role(self) -> str:
-        """The role: ``agent``, ``owner`` or ``admin``."""
-        return self.sync.role
 
     def as_principal(self, principal: str, role: str = "agent") -> AsyncBaton:
         """Another identity of the same org sharing this client's connections (as
@@ -256,10 +237,5 @@ class AsyncBaton(_Wrapper[Baton]):
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()

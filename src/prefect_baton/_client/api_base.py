@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from prefect_baton._client.keeper import LeaseKeeper
-from prefect_baton._stores.protocol import Caller, Idempotency, RecordStore
+from prefect_baton._rules.core import Proof
+from prefect_baton._stores.protocol import Caller, RecordStore
 from prefect_baton.errors import ValidationError
 from prefect_baton.models import Lease
 
@@ -60,6 +60,50 @@ def _limit(limit: object, maximum: int) -> int:
     return limit
 
 
+def _lifetime_ms(seconds: object, error: str) -> int | None:
+    """Milliseconds of an optional lifetime given in whole seconds (a checkpoint's
+    ``ttl_seconds``, a handoff's ``expires_in_seconds``): ``None`` for none.
+
+    Args:
+        seconds: ``None``, or an integer from 1 to :data:`CHECKPOINT_TTL_MAX_SECONDS`.
+        error: the message of the error raised otherwise.
+
+    Raises:
+        ValidationError: ``seconds`` is not ``None`` nor such an integer (``bool`` included).
+    """
+    if seconds is None:
+        return None
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int)
+        or not 1 <= seconds <= CHECKPOINT_TTL_MAX_SECONDS
+    ):
+        raise ValidationError(error)
+    return seconds * 1000
+
+
+class _Identity:
+    """The identity properties of a client (:class:`Baton`, :class:`AsyncBaton`), read from
+    its :class:`Caller` (``caller``, set by the client's constructor)."""
+
+    caller: Caller
+
+    @property
+    def org(self) -> str:
+        """The organization id (``str``)."""
+        return self.caller.org
+
+    @property
+    def principal(self) -> str:
+        """The acting identity (``str``)."""
+        return self.caller.principal
+
+    @property
+    def role(self) -> str:
+        """The role: ``agent``, ``owner`` or ``admin``."""
+        return self.caller.role
+
+
 class _API:
     def __init__(self, baton: Baton) -> None:
         self._b = baton
@@ -68,14 +112,17 @@ class _API:
     def _caller(self) -> Caller:
         return self._b.caller
 
+    def _proof(self, lease: object) -> Proof:
+        """The proof of holding ``lease`` (a :class:`Lease` or lease block) as this caller.
+
+        Raises:
+            ValidationError: ``lease`` is not a lease.
+        """
+        lease_ = _lease_of(lease)
+        return Proof(lease_.lease_id, self._caller.principal, lease_.execution_key)
+
     @property
     def _store(self) -> RecordStore:
         """The record store, once it sees this client's lease transitions."""
         self._b._ledger_barrier()
         return self._b._records
-
-    def _idempotency(
-        self, key: str | None, scope: str, fields: Mapping[str, object]
-    ) -> Idempotency | None:
-        """The :class:`Idempotency` of a keyed call (``None`` without a key)."""
-        return None if key is None else Idempotency(key, scope, fields)

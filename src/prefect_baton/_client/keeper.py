@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, overload
 
 import anyio.to_thread
 
@@ -37,15 +37,46 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("prefect_baton.lease")
 
+T = TypeVar("T")
+
 _LOST_ERRORS: tuple[type[BatonError], ...] = (LeaseLostError, NotFoundError, StaleFenceError)
+
+
+class _LeaseView(Generic[T]):
+    """A read-only attribute of :class:`LeaseKeeper` that is the attribute of the same name
+    of its current lease (:attr:`LeaseKeeper.lease`), so the keeper reads as its lease.
+
+    Reading it before the block is entered raises :class:`RuntimeError` (as
+    :attr:`LeaseKeeper.lease`).
+    """
+
+    def __init__(self) -> None:
+        self._name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, keeper: None, owner: type | None = None) -> Self: ...
+
+    @overload
+    def __get__(self, keeper: LeaseKeeper, owner: type | None = None) -> T: ...
+
+    def __get__(self, keeper: LeaseKeeper | None, owner: type | None = None) -> T | Self:
+        if keeper is None:
+            return self
+        value: T = getattr(keeper.lease, self._name)
+        return value
 
 
 class LeaseKeeper:
     """A lease held for the duration of a ``with`` / ``async with`` block.
 
     Create it with :meth:`prefect_baton.Baton.lease`. Inside the block it behaves like the
-    current :class:`Lease` (``lease_id``, ``epoch``, ``version``, ``expires_at`` ...) and can
-    be passed as ``fence=`` to checkpoint and outcome writes.
+    current :class:`Lease` and can be passed as ``fence=`` to checkpoint and outcome writes:
+    its ``lease_id``, ``resource_type``, ``resource_id``, ``owner``, ``execution_key``,
+    ``version``, ``epoch`` (the fencing token) and ``expires_at`` are those of the current
+    lease (:attr:`lease`).
 
     Attributes:
         lost: ``True`` once the lease is known to be lost (``bool``).
@@ -115,38 +146,14 @@ class LeaseKeeper:
             raise RuntimeError("the lease is not acquired yet: enter the block first")
         return self._lease
 
-    @property
-    def lease_id(self) -> str:
-        return self.lease.lease_id
-
-    @property
-    def epoch(self) -> int:
-        """The fencing token."""
-        return self.lease.epoch
-
-    @property
-    def version(self) -> int:
-        return self.lease.version
-
-    @property
-    def expires_at(self) -> datetime:
-        return self.lease.expires_at
-
-    @property
-    def resource_type(self) -> str:
-        return self.lease.resource_type
-
-    @property
-    def resource_id(self) -> str:
-        return self.lease.resource_id
-
-    @property
-    def owner(self) -> str:
-        return self.lease.owner
-
-    @property
-    def execution_key(self) -> str | None:
-        return self.lease.execution_key
+    lease_id = _LeaseView[str]()
+    resource_type = _LeaseView[str]()
+    resource_id = _LeaseView[str]()
+    owner = _LeaseView[str]()
+    execution_key = _LeaseView[str | None]()
+    version = _LeaseView[int]()
+    epoch = _LeaseView[int]()
+    expires_at = _LeaseView[datetime]()
 
     def attach_handoff(self, accepted: Callable[[], bool]) -> None:
         """Note that this lease rides on a handoff; ``accepted()`` tells whether the recipient

@@ -6,18 +6,18 @@ from collections.abc import Iterable
 from typing import Any
 
 from prefect_baton._client.api_base import _API, LeaseLike, _lease_of, _limit
+from prefect_baton._client.requests import (
+    force_release_fields,
+    keyed,
+    release_by_id_fields,
+    release_fields,
+    renew_fields,
+    resource_scope,
+    transfer_fields,
+)
 from prefect_baton._rules import core as _core
-from prefect_baton._rules.core import Proof
 from prefect_baton._stores.protocol import LeaseAuthority
 from prefect_baton.models import Lease, LeaseInfo, Receipt
-
-
-def _resource_scope(lease: Lease) -> str:
-    """The receipt scope of a keyed operation on a lease presented by proof: its resource
-    (DESIGN.md: a lease operation's key identity includes the resource)."""
-    from prefect_baton._stores.ledger.convert import resource_key
-
-    return resource_key(lease.resource_type, lease.resource_id)
 
 
 class LeaseAPI(_API):
@@ -116,10 +116,6 @@ class LeaseAPI(_API):
         key = _core.validate_optional_id("idempotency_key", idempotency_key)
         return self._authority.acquire_many(self._caller, reqs, idempotency_key=key)
 
-    def _proof(self, lease: object) -> Proof:
-        lease_ = _lease_of(lease)
-        return Proof(lease_.lease_id, self._caller.principal, lease_.execution_key)
-
     def renew(
         self,
         lease: LeaseLike,
@@ -156,18 +152,13 @@ class LeaseAPI(_API):
         ev = _core.validate_version("expected_version", expected_version)
         idem = _core.validate_optional_id("idempotency_key", idempotency_key)
         proof = self._proof(lease_)
-        fields = {
-            "lease_id": proof.lease_id,
-            "execution_key": proof.execution_key,
-            "ttl_seconds": ttl_seconds,
-            "expected_version": ev,
-        }
+        fields = renew_fields(proof, ttl_seconds=ttl_seconds, expected_version=ev)
         return self._authority.renew(
             self._caller,
             proof,
             ttl_ms=ttl_ms,
             expected_version=ev,
-            idempotency=self._idempotency(idem, _resource_scope(lease_), fields),
+            idempotency=keyed(idem, resource_scope(lease_), fields),
         )
 
     def transfer(
@@ -197,14 +188,13 @@ class LeaseAPI(_API):
         idem = _core.validate_optional_id("idempotency_key", idempotency_key)
         lease_ = _lease_of(lease)
         proof = self._proof(lease_)
-        fields = {
-            "lease_id": proof.lease_id,
-            "execution_key": proof.execution_key,
-            "to_principal": to,
-            "new_execution_key": key,
-            "ttl_seconds": ttl_seconds,
-            "expected_version": ev,
-        }
+        fields = transfer_fields(
+            proof,
+            to_principal=to,
+            new_execution_key=key,
+            ttl_seconds=ttl_seconds,
+            expected_version=ev,
+        )
         return self._authority.transfer(
             self._caller,
             proof,
@@ -212,7 +202,7 @@ class LeaseAPI(_API):
             new_execution_key=key,
             ttl_ms=ttl_ms,
             expected_version=ev,
-            idempotency=self._idempotency(idem, _resource_scope(lease_), fields),
+            idempotency=keyed(idem, resource_scope(lease_), fields),
         )
 
     def release(
@@ -242,16 +232,13 @@ class LeaseAPI(_API):
         idem = _core.validate_optional_id("idempotency_key", idempotency_key)
         lease_ = _lease_of(lease)
         proof = self._proof(lease_)
-        fields = {
-            "lease_id": proof.lease_id,
-            "execution_key": proof.execution_key,
-            "expected_version": ev,
-        }
         return self._authority.release(
             self._caller,
             proof,
             expected_version=ev,
-            idempotency=self._idempotency(idem, _resource_scope(lease_), fields),
+            idempotency=keyed(
+                idem, resource_scope(lease_), release_fields(proof, expected_version=ev)
+            ),
         )
 
     def release_by_id(self, lease_id: str, *, idempotency_key: str | None = None) -> Receipt:
@@ -270,26 +257,23 @@ class LeaseAPI(_API):
         lid = _core.validate_id("lease_id", lease_id)
         idem = _core.validate_optional_id("idempotency_key", idempotency_key)
         return self._authority.release_by_id(
-            self._caller, lid, idempotency=self._idempotency(idem, "", {"lease_id": lid})
+            self._caller, lid, idempotency=keyed(idem, "", release_by_id_fields(lid))
         )
 
     def force_release(self, lease_id: str, *, idempotency_key: str | None = None) -> Receipt:
         """Release anyone's lease of the org; needs the ``owner`` or ``admin`` role.
 
-        ``idempotency_key`` (``str``, 1..256 characters, optional): an exact retry returns
-        the stored :class:`Receipt` with ``replayed`` true; the receipt is kept per (org,
-        principal, operation, key) and binds the lease id, so the key on another lease id is
-        ``IDEMPOTENCY_MISMATCH``; otherwise receipts as :meth:`renew`.
+        ``idempotency_key`` (``str``, 1..256 characters, optional): as for
+        :meth:`release_by_id` (the receipt binds the lease id).
 
         Raises:
             ForbiddenError: the caller is an ``agent``. NotFoundError: not active/unknown.
-            IdempotencyMismatchError: the key was used for a different request (nothing
-                done). IdempotencyInFlightError: a request under the key is still running.
+            IdempotencyMismatchError, IdempotencyInFlightError: as :meth:`release_by_id`.
         """
         lid = _core.validate_id("lease_id", lease_id)
         idem = _core.validate_optional_id("idempotency_key", idempotency_key)
         return self._authority.force_release(
-            self._caller, lid, idempotency=self._idempotency(idem, "", {"lease_id": lid})
+            self._caller, lid, idempotency=keyed(idem, "", force_release_fields(lid))
         )
 
     def inspect(self, resource_type: str, resource_id: str) -> LeaseInfo:

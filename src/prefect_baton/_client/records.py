@@ -11,12 +11,12 @@ from prefect_baton._client.api_base import (
     HANDOFF_RESOLUTIONS,
     OUTCOME_STATUSES,
     LeaseLike,
-    _lease_of,
+    _lifetime_ms,
     _limit,
 )
 from prefect_baton._client.keeper import LeaseKeeper
+from prefect_baton._client.requests import keyed, resolve_fields
 from prefect_baton._rules import core as _core
-from prefect_baton._rules.core import Proof
 from prefect_baton.errors import ValidationError
 from prefect_baton.models import Checkpoint, Event, Evidence, Handoff, Outcome
 
@@ -55,18 +55,10 @@ class CheckpointAPI(_API):
         state_, text, digest = _core.validate_state(state, self._store.state_max_bytes)
         ev = _core.validate_version("expected_version", expected_version)
         key = _core.validate_optional_id("idempotency_key", idempotency_key)
-        ttl_ms = None
-        if ttl_seconds is not None:
-            if (
-                isinstance(ttl_seconds, bool)
-                or not isinstance(ttl_seconds, int)
-                or not 1 <= ttl_seconds <= CHECKPOINT_TTL_MAX_SECONDS
-            ):
-                raise ValidationError(
-                    f"checkpoint ttl_seconds must be an integer from 1 to "
-                    f"{CHECKPOINT_TTL_MAX_SECONDS}"
-                )
-            ttl_ms = ttl_seconds * 1000
+        ttl_ms = _lifetime_ms(
+            ttl_seconds,
+            f"checkpoint ttl_seconds must be an integer from 1 to {CHECKPOINT_TTL_MAX_SECONDS}",
+        )
         return self._store.checkpoint_save(
             self._caller,
             subject,
@@ -146,19 +138,8 @@ class HandoffAPI(_API):
         ctx = _core.validate_optional_id("context_id", context_id)
         msg = _core.validate_text("message", message)
         key = _core.validate_optional_id("idempotency_key", idempotency_key)
-        exp_ms = None
-        if expires_in_seconds is not None:
-            if (
-                isinstance(expires_in_seconds, bool)
-                or not isinstance(expires_in_seconds, int)
-                or not 1 <= expires_in_seconds <= CHECKPOINT_TTL_MAX_SECONDS
-            ):
-                raise ValidationError("expires_in_seconds must be a positive integer")
-            exp_ms = expires_in_seconds * 1000
-        proof = None
-        if lease is not None:
-            lease_ = _lease_of(lease)
-            proof = Proof(lease_.lease_id, self._caller.principal, lease_.execution_key)
+        exp_ms = _lifetime_ms(expires_in_seconds, "expires_in_seconds must be a positive integer")
+        proof = None if lease is None else self._proof(lease)
         handoff = self._store.handoff_create(
             self._caller,
             to,
@@ -221,14 +202,7 @@ class HandoffAPI(_API):
         key = _core.validate_optional_id("execution_key", execution_key)
         ttl_ms = _core.validate_ttl(ttl_seconds) if ttl_seconds is not None else None
         idem = _core.validate_optional_id("idempotency_key", idempotency_key)
-
-        fields = {
-            "handoff_id": hid,
-            "status": status,
-            "note": note_,
-            "execution_key": key,
-            "ttl_seconds": ttl_seconds,
-        }
+        fields = resolve_fields(hid, status, note=note_, execution_key=key, ttl_seconds=ttl_seconds)
         return self._b.authority.handoff_resolve(
             self._caller,
             hid,
@@ -236,7 +210,7 @@ class HandoffAPI(_API):
             note=note_,
             execution_key=key,
             ttl_ms=ttl_ms,
-            idempotency=self._idempotency(idem, f"handoff:{hid}", fields),
+            idempotency=keyed(idem, f"handoff:{hid}", fields),
         )
 
 

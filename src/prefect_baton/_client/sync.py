@@ -21,6 +21,7 @@ from prefect_baton._client.api_base import (
     FenceLike,
     LeaseLike,
     _fence_lease,
+    _Identity,
 )
 from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._client.leases import LeaseAPI
@@ -33,7 +34,7 @@ from prefect_baton._stores.protocol import Caller, Fence, LeaseAuthority, Record
 from prefect_baton.errors import ForbiddenError
 
 
-class Baton:
+class Baton(_Identity):
     """The synchronous client.
 
     Args:
@@ -136,18 +137,6 @@ class Baton:
         """Build a client from ``BATON_*`` environment variables; keyword arguments
         override individual settings (``org=``, ``principal=``, ``ledger_url=`` ...)."""
         return cls(settings=load_settings(**overrides))
-
-    @property
-    def org(self) -> str:
-        return self.caller.org
-
-    @property
-    def principal(self) -> str:
-        return self.caller.principal
-
-    @property
-    def role(self) -> str:
-        return self.caller.role
 
     @property
     def store(self) -> LedgerStore:

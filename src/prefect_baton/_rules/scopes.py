@@ -11,7 +11,9 @@ offers. The algorithm is a memoised walk over the product of the two patterns.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from functools import cache, lru_cache
+from typing import TypeVar
 
 __all__ = ["literal_prefix", "normalize_scope", "scopes_overlap", "sets_overlap"]
 
@@ -19,6 +21,7 @@ _GLOB_CHARS = frozenset("*?[")
 
 # A token is ("lit", ch) | ("any",) | ("star",) | ("class", negated, frozenset of ranges)
 _Token = tuple[object, ...]
+_T = TypeVar("_T")
 
 
 def normalize_scope(scope: str) -> str:
@@ -123,27 +126,35 @@ def _chars_compatible(a: _Token, b: _Token) -> bool:
     return True  # two negated (or huge) classes: some character fits both
 
 
-@lru_cache(maxsize=4096)
-def _segments_overlap(a: str, b: str) -> bool:
-    ta, tb = _tokenize(a), _tokenize(b)
+def _overlap(
+    a: Sequence[_T], b: Sequence[_T], star: _T, compatible: Callable[[_T, _T], bool]
+) -> bool:
+    """Whether some text matches both patterns ``a`` and ``b``, given as item sequences in
+    which ``star`` matches any run of items and two other items match a common item when
+    ``compatible(x, y)``: the one rule of segments (``*``) and of whole scopes (``**``)."""
 
     @cache
     def go(i: int, j: int) -> bool:
-        if i == len(ta) and j == len(tb):
+        if i == len(a) and j == len(b):
             return True
-        if i < len(ta) and ta[i] == ("star",):
+        if i < len(a) and a[i] == star:
             if go(i + 1, j):
                 return True
-            return j < len(tb) and go(i, j + 1)
-        if j < len(tb) and tb[j] == ("star",):
+            return j < len(b) and go(i, j + 1)
+        if j < len(b) and b[j] == star:
             if go(i, j + 1):
                 return True
-            return i < len(ta) and go(i + 1, j)
-        if i == len(ta) or j == len(tb):
+            return i < len(a) and go(i + 1, j)
+        if i == len(a) or j == len(b):
             return False
-        return _chars_compatible(ta[i], tb[j]) and go(i + 1, j + 1)
+        return compatible(a[i], b[j]) and go(i + 1, j + 1)
 
     return go(0, 0)
+
+
+@lru_cache(maxsize=4096)
+def _segments_overlap(a: str, b: str) -> bool:
+    return _overlap(_tokenize(a), _tokenize(b), ("star",), _chars_compatible)
 
 
 @lru_cache(maxsize=8192)
@@ -155,24 +166,7 @@ def scopes_overlap(a: str, b: str) -> bool:
     """
     sa = normalize_scope(a).split("/")
     sb = normalize_scope(b).split("/")
-
-    @cache
-    def go(i: int, j: int) -> bool:
-        if i == len(sa) and j == len(sb):
-            return True
-        if i < len(sa) and sa[i] == "**":
-            if go(i + 1, j):
-                return True
-            return j < len(sb) and go(i, j + 1)
-        if j < len(sb) and sb[j] == "**":
-            if go(i, j + 1):
-                return True
-            return i < len(sa) and go(i + 1, j)
-        if i == len(sa) or j == len(sb):
-            return False
-        return _segments_overlap(sa[i], sb[j]) and go(i + 1, j + 1)
-
-    return go(0, 0)
+    return _overlap(sa, sb, "**", _segments_overlap)
 
 
 def sets_overlap(a: tuple[str, ...] | list[str], b: tuple[str, ...] | list[str]) -> bool:

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Self, TypeVar
 
+from pydantic import BaseModel
 from sqlalchemy import delete, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -33,6 +34,7 @@ from prefect_baton._stores.ledger.engine import (
     make_memory_engines,
     upgrade,
 )
+from prefect_baton._stores.ledger.receipts import receipt_identity
 from prefect_baton._stores.ledger.tables import (
     EventRow,
     Organization,
@@ -47,6 +49,7 @@ from prefect_baton.errors import (
 )
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 MAX_ATTEMPTS = 8
 DEFAULT_RECEIPT_RETENTION_SECONDS = 24 * 3600
 PRUNE_EVERY_WRITES = 500  # every this many writes, also delete expired receipts ...
@@ -224,6 +227,11 @@ class StoreBase:
         except OperationalError as exc:
             raise UnavailableError(f"ledger database unavailable: {exc.orig}") from exc
 
+    @property
+    def receipt_ledger(self) -> StoreBase:
+        """The ledger keeping this store's idempotency receipts: itself."""
+        return self
+
     def now_ms(self) -> int:
         """The store's clock (the database's, or ``clock``) in epoch milliseconds."""
         with self._read() as (_s, now):
@@ -281,15 +289,8 @@ class StoreBase:
         """Return the stored response for an exact retry, raise on a changed request."""
         if key is None:
             return None
-        c = tx.caller
         row = tx.session.execute(
-            select(ReceiptRow).where(
-                col(ReceiptRow.org_id) == c.org,
-                col(ReceiptRow.principal) == c.principal,
-                col(ReceiptRow.operation) == operation,
-                col(ReceiptRow.idem_key) == key,
-                col(ReceiptRow.scope_key) == scope,
-            )
+            select(ReceiptRow).where(*receipt_identity(tx.caller, operation, key, scope))
         ).scalar_one_or_none()
         if row is None:
             return None
@@ -303,6 +304,33 @@ class StoreBase:
             )
         result: dict[str, Any] = json.loads(row.response)
         return result
+
+    def _write_once(
+        self,
+        caller: Caller,
+        locks: Sequence[str],
+        operation: str,
+        key: str | None,
+        scope: str,
+        digest: str,
+        model: type[M],
+        fn: Callable[[Tx], M],
+    ) -> M:
+        """One write transaction (:meth:`_write`) of an operation whose receipt is kept in
+        it: with idempotency key ``key``, an exact retry returns the stored response marked
+        ``replayed`` (a changed request, digested as ``digest``, raises
+        IdempotencyMismatchError), else ``fn(tx)`` runs and its result is kept as the
+        receipt of ``(operation, key, scope)``."""
+
+        def op(tx: Tx) -> M:
+            stored = self._receipt(tx, operation, key, scope, digest)
+            if stored is not None:
+                return model.model_validate({**stored, "replayed": True})
+            result = fn(tx)
+            self._store_receipt(tx, operation, key, scope, digest, result.model_dump(mode="json"))
+            return result
+
+        return self._write(caller, locks, op)
 
     def _store_receipt(
         self, tx: Tx, operation: str, key: str | None, scope: str, digest: str, response: Any

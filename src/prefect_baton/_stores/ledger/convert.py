@@ -11,6 +11,7 @@ from prefect_baton._rules.access import inspect_view
 from prefect_baton._rules.core import Holding
 from prefect_baton._stores.ledger.tables import (
     CheckpointRow,
+    CheckpointVersion,
     HandoffRow,
     LeaseRow,
     OutcomeRow,
@@ -80,20 +81,26 @@ def holding_to_lease(h: Holding, *, replayed: bool = False) -> Lease:
     )
 
 
-def checkpoint_model(row: CheckpointRow, *, replayed: bool = False) -> Checkpoint:
-    created, updated = from_ms(row.created_at_ms), from_ms(row.updated_at_ms)
+def checkpoint_model(
+    row: CheckpointRow, *, saved: CheckpointVersion | None = None, replayed: bool = False
+) -> Checkpoint:
+    """Checkpoint ``row`` as a model: its current version, or with ``saved`` that one of its
+    versions (its state, hash and save time; a version of the history has no expiry)."""
+    version: CheckpointRow | CheckpointVersion = row if saved is None else saved
+    created = from_ms(row.created_at_ms)
+    updated = from_ms(row.updated_at_ms if saved is None else saved.saved_at_ms)
     assert created is not None and updated is not None
     return Checkpoint(
         checkpoint_id=row.checkpoint_id,
         subject_id=row.subject_id,
         kind=row.kind,
         principal=row.principal,
-        version=row.version,
-        state=json.loads(row.state),
-        state_hash=row.state_hash,
+        version=version.version,
+        state=json.loads(version.state),
+        state_hash=version.state_hash,
         created_at=created,
         updated_at=updated,
-        expires_at=from_ms(row.expires_at_ms),
+        expires_at=from_ms(row.expires_at_ms) if saved is None else None,
         replayed=replayed,
     )
 

@@ -24,12 +24,12 @@ from prefect_baton._stores.ledger.convert import (
     row_to_holding,
     subject_of,
 )
-from prefect_baton._stores.ledger.receipts import run_once
+from prefect_baton._stores.ledger.receipts import receipted
 from prefect_baton._stores.ledger.tables import (
     LeaseRow,
     LeaseTransition,
 )
-from prefect_baton._stores.protocol import Caller, Fence, Idempotency
+from prefect_baton._stores.protocol import AcquireRequest, Caller, Fence, Idempotency
 from prefect_baton.errors import (
     NotFoundError,
 )
@@ -214,58 +214,66 @@ class LeaseOps(StoreBase):
         With ``idempotency_key`` (the execution key) an exact retry replays its receipt,
         unless the lease has since been lost (:class:`LeaseLostError`).
         """
-        resource = (resource_type, resource_id)
-        scope = resource_key(resource_type, resource_id)
-        digest = acquire_digest(
-            ttl_ms=ttl_ms, scopes=scopes, purpose=purpose, expected_version=expected_version
+        request = AcquireRequest(
+            resource_type, resource_id, ttl_ms, scopes, purpose, expected_version
         )
-
-        def op(tx: Tx) -> Lease:
-            stored = self._receipt(tx, "acquire", idempotency_key, scope, digest)
-            if stored is not None:
-                row = self._row_by_id(tx.session, caller.org, stored["lease_id"])
-                held = _core.replay_check(
-                    row_to_holding(row) if row else None,
-                    lease_id=stored["lease_id"],
-                    owner=caller.principal,
-                    execution_key=idempotency_key,
-                    epoch=int(stored["epoch"]),
-                    now_ms=tx.now_ms,
-                )
-                return holding_to_lease(held, replayed=True)
-            head_row = self._head(tx, resource_type, resource_id)
-            head = row_to_holding(head_row) if head_row else None
-            decision = _core.decide_acquire(
-                head,
-                resource_type=resource_type,
-                resource_id=resource_id,
-                principal=caller.principal,
-                execution_key=idempotency_key,
-                ttl_ms=ttl_ms,
-                scopes=scopes,
-                purpose=purpose,
-                expected_version=expected_version,
-                now_ms=tx.now_ms,
-                new_lease_id=new_id("lease"),
-                scope_conflict_expires_ms=self._scope_conflict(
-                    tx, caller.principal, scopes, resource
-                ),
-                # the head is the generation with the highest epoch: the ledger's floor
-                epoch_floor=head.epoch if head is not None else 0,
-            )
-            assert decision.new is not None
-            if decision.noop:
-                return holding_to_lease(decision.new, replayed=True)
-            self._apply(tx, decision, caller.org, resource=resource)
-            lease = holding_to_lease(decision.new)
-            self._store_receipt(
-                tx, "acquire", idempotency_key, scope, digest, lease.model_dump(mode="json")
-            )
-            return lease
-
         return self._write(
-            caller, self._lease_locks(caller, resource_type, resource_id, bool(scopes)), op
+            caller,
+            self._lease_locks(caller, resource_type, resource_id, bool(scopes)),
+            lambda tx: self._acquire_in_tx(tx, caller, request, idempotency_key),
         )
+
+    def _acquire_in_tx(self, tx: Tx, caller: Caller, req: AcquireRequest, key: str | None) -> Lease:
+        """The transaction body of :meth:`acquire` (and of each resource of
+        ``acquire_many``): replay the receipt of execution key ``key``, or decide, apply and
+        keep the receipt."""
+        resource = (req.resource_type, req.resource_id)
+        scope = resource_key(*resource)
+        digest = acquire_digest(
+            ttl_ms=req.ttl_ms,
+            scopes=req.scopes,
+            purpose=req.purpose,
+            expected_version=req.expected_version,
+        )
+        stored = self._receipt(tx, "acquire", key, scope, digest)
+        if stored is not None:
+            row = self._row_by_id(tx.session, caller.org, stored["lease_id"])
+            held = _core.replay_check(
+                row_to_holding(row) if row else None,
+                lease_id=stored["lease_id"],
+                owner=caller.principal,
+                execution_key=key,
+                epoch=int(stored["epoch"]),
+                now_ms=tx.now_ms,
+            )
+            return holding_to_lease(held, replayed=True)
+        head_row = self._head(tx, *resource)
+        head = row_to_holding(head_row) if head_row else None
+        decision = _core.decide_acquire(
+            head,
+            resource_type=req.resource_type,
+            resource_id=req.resource_id,
+            principal=caller.principal,
+            execution_key=key,
+            ttl_ms=req.ttl_ms,
+            scopes=req.scopes,
+            purpose=req.purpose,
+            expected_version=req.expected_version,
+            now_ms=tx.now_ms,
+            new_lease_id=new_id("lease"),
+            scope_conflict_expires_ms=self._scope_conflict(
+                tx, caller.principal, req.scopes, resource
+            ),
+            # the head is the generation with the highest epoch: the ledger's floor
+            epoch_floor=head.epoch if head is not None else 0,
+        )
+        assert decision.new is not None
+        if decision.noop:
+            return holding_to_lease(decision.new, replayed=True)
+        self._apply(tx, decision, caller.org, resource=resource)
+        lease = holding_to_lease(decision.new)
+        self._store_receipt(tx, "acquire", key, scope, digest, lease.model_dump(mode="json"))
+        return lease
 
     def _by_proof(
         self,
@@ -288,6 +296,7 @@ class LeaseOps(StoreBase):
             caller, self._lease_locks(caller, rtype, rid, scoped or extra_scoped), op
         )
 
+    @receipted("renew", Lease)
     def renew(
         self,
         caller: Caller,
@@ -298,16 +307,7 @@ class LeaseOps(StoreBase):
         idempotency: Idempotency | None = None,
     ) -> Lease:
         """Renew a lease the caller holds (see :func:`prefect_baton._rules.core.decide_renew`;
-        ``idempotency``: the receipt is kept in this ledger, :func:`run_once`)."""
-        if idempotency is not None:
-            return run_once(
-                self,
-                caller,
-                "renew",
-                idempotency,
-                Lease,
-                lambda: self.renew(caller, proof, ttl_ms=ttl_ms, expected_version=expected_version),
-            )
+        ``idempotency``: the receipt is kept in this ledger, :func:`receipted`)."""
 
         def fn(tx: Tx, row: Holding | None, resource: tuple[str, str]) -> Lease:
             d = _core.decide_renew(
@@ -348,6 +348,7 @@ class LeaseOps(StoreBase):
         assert d.new is not None
         return holding_to_lease(d.new)
 
+    @receipted("transfer", Lease)
     def transfer(
         self,
         caller: Caller,
@@ -360,23 +361,7 @@ class LeaseOps(StoreBase):
         idempotency: Idempotency | None = None,
     ) -> Lease:
         """Transfer a lease to ``to_principal`` (see :func:`_core.decide_transfer`;
-        ``idempotency``: the receipt is kept in this ledger, :func:`run_once`)."""
-        if idempotency is not None:
-            return run_once(
-                self,
-                caller,
-                "transfer",
-                idempotency,
-                Lease,
-                lambda: self.transfer(
-                    caller,
-                    proof,
-                    to_principal=to_principal,
-                    new_execution_key=new_execution_key,
-                    ttl_ms=ttl_ms,
-                    expected_version=expected_version,
-                ),
-            )
+        ``idempotency``: the receipt is kept in this ledger, :func:`receipted`)."""
 
         def fn(tx: Tx, row: Holding | None, resource: tuple[str, str]) -> Lease:
             return self._transfer_in_tx(
@@ -399,6 +384,7 @@ class LeaseOps(StoreBase):
         status = "no_change" if d.noop else d.receipt_status
         return Receipt(action=action, status=status, lease=holding_to_lease(d.new))  # type: ignore[arg-type,unused-ignore]
 
+    @receipted("release", Receipt)
     def release(
         self,
         caller: Caller,
@@ -408,16 +394,7 @@ class LeaseOps(StoreBase):
         idempotency: Idempotency | None = None,
     ) -> Receipt:
         """Release by proof (see :func:`_core.decide_release`; ``idempotency``: the receipt
-        is kept in this ledger, :func:`run_once`)."""
-        if idempotency is not None:
-            return run_once(
-                self,
-                caller,
-                "release",
-                idempotency,
-                Receipt,
-                lambda: self.release(caller, proof, expected_version=expected_version),
-            )
+        is kept in this ledger, :func:`receipted`)."""
 
         def fn(tx: Tx, row: Holding | None, resource: tuple[str, str]) -> Receipt:
             d = _core.decide_release(
@@ -427,20 +404,12 @@ class LeaseOps(StoreBase):
 
         return self._by_proof(caller, proof.lease_id, fn)
 
+    @receipted("release_by_id", Receipt)
     def release_by_id(
         self, caller: Caller, lease_id: str, *, idempotency: Idempotency | None = None
     ) -> Receipt:
         """Release by id alone, as the holder (see :func:`_core.decide_release_by_id`;
-        ``idempotency``: the receipt is kept in this ledger, :func:`run_once`)."""
-        if idempotency is not None:
-            return run_once(
-                self,
-                caller,
-                "release_by_id",
-                idempotency,
-                Receipt,
-                lambda: self.release_by_id(caller, lease_id),
-            )
+        ``idempotency``: the receipt is kept in this ledger, :func:`receipted`)."""
 
         def fn(tx: Tx, row: Holding | None, resource: tuple[str, str]) -> Receipt:
             d = _core.decide_release_by_id(
@@ -450,20 +419,12 @@ class LeaseOps(StoreBase):
 
         return self._by_proof(caller, lease_id, fn)
 
+    @receipted("force_release", Receipt)
     def force_release(
         self, caller: Caller, lease_id: str, *, idempotency: Idempotency | None = None
     ) -> Receipt:
         """Force-release any lease of the org, as ``owner`` or ``admin`` (``idempotency``:
-        the receipt is kept in this ledger, :func:`run_once`)."""
-        if idempotency is not None:
-            return run_once(
-                self,
-                caller,
-                "force_release",
-                idempotency,
-                Receipt,
-                lambda: self.force_release(caller, lease_id),
-            )
+        the receipt is kept in this ledger, :func:`receipted`)."""
         check_force_release(caller.role)
 
         def fn(tx: Tx, row: Holding | None, resource: tuple[str, str]) -> Receipt:

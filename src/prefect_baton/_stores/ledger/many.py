@@ -14,14 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from prefect_baton._rules import core as _core
-from prefect_baton._rules.digests import acquire_digest
 from prefect_baton._stores.ledger.base import Tx
-from prefect_baton._stores.ledger.convert import (
-    holding_to_lease,
-    new_id,
-    resource_key,
-    row_to_holding,
-)
 from prefect_baton._stores.ledger.leases import LeaseOps
 from prefect_baton._stores.protocol import MAX_MANY, AcquireRequest, Caller
 from prefect_baton.errors import BatonError, ValidationError
@@ -149,56 +142,6 @@ def _name_item(exc: BatonError, where: str) -> BatonError:
     return exc
 
 
-def _acquire_in_tx(
-    store: LeaseOps, tx: Tx, caller: Caller, req: AcquireRequest, key: str | None
-) -> Lease:
-    # Mirrors LedgerStore.acquire's transaction body step for step.
-    resource = (req.resource_type, req.resource_id)
-    scope = resource_key(*resource)
-    digest = acquire_digest(
-        ttl_ms=req.ttl_ms,
-        scopes=req.scopes,
-        purpose=req.purpose,
-        expected_version=req.expected_version,
-    )
-    stored = store._receipt(tx, "acquire", key, scope, digest)
-    if stored is not None:
-        row = store._row_by_id(tx.session, caller.org, stored["lease_id"])
-        held = _core.replay_check(
-            row_to_holding(row) if row else None,
-            lease_id=stored["lease_id"],
-            owner=caller.principal,
-            execution_key=key,
-            epoch=int(stored["epoch"]),
-            now_ms=tx.now_ms,
-        )
-        return holding_to_lease(held, replayed=True)
-    head_row = store._head(tx, *resource)
-    head = row_to_holding(head_row) if head_row else None
-    decision = _core.decide_acquire(
-        head,
-        resource_type=req.resource_type,
-        resource_id=req.resource_id,
-        principal=caller.principal,
-        execution_key=key,
-        ttl_ms=req.ttl_ms,
-        scopes=req.scopes,
-        purpose=req.purpose,
-        expected_version=req.expected_version,
-        now_ms=tx.now_ms,
-        new_lease_id=new_id("lease"),
-        scope_conflict_expires_ms=store._scope_conflict(tx, caller.principal, req.scopes, resource),
-        epoch_floor=head.epoch if head is not None else 0,
-    )
-    assert decision.new is not None
-    if decision.noop:
-        return holding_to_lease(decision.new, replayed=True)
-    store._apply(tx, decision, caller.org, resource=resource)
-    lease = holding_to_lease(decision.new)
-    store._store_receipt(tx, "acquire", key, scope, digest, lease.model_dump(mode="json"))
-    return lease
-
-
 def ledger_acquire_many(
     store: LeaseOps,
     caller: Caller,
@@ -220,7 +163,7 @@ def ledger_acquire_many(
         out: list[Lease] = []
         for i, req in enumerate(requests):
             try:
-                out.append(_acquire_in_tx(store, tx, caller, req, idempotency_key))
+                out.append(store._acquire_in_tx(tx, caller, req, idempotency_key))
             except BatonError as exc:
                 raise refused(exc, i, req) from None
         return out

@@ -24,9 +24,10 @@ a transfer is ``LEASE_LOST``, a resolve is ``NOT_FOUND``).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar, cast
 
 from pydantic import BaseModel
 from sqlalchemy import delete, select, update
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from prefect_baton._stores.ledger.base import StoreBase, Tx
 
 M = TypeVar("M", bound=BaseModel)
+P = ParamSpec("P")
 
 #: How long a claim (an operation started under a key and not yet answered) blocks a
 #: concurrent duplicate with ``IDEMPOTENCY_IN_FLIGHT``, in seconds; after that a retry may
@@ -51,7 +53,9 @@ CLAIM_TIMEOUT_SECONDS = 60
 IN_FLIGHT = ""
 
 
-def _identity(caller: Caller, operation: str, key: str, scope: str) -> list[Any]:
+def receipt_identity(caller: Caller, operation: str, key: str, scope: str) -> list[Any]:
+    """The ``WHERE`` conditions of the receipt of ``(caller.org, caller.principal,
+    operation, key, scope)`` in ``baton_receipts``."""
     return [
         col(ReceiptRow.org_id) == caller.org,
         col(ReceiptRow.principal) == caller.principal,
@@ -69,7 +73,7 @@ def _claim(
 
     def op(tx: Tx) -> tuple[int, None] | tuple[None, dict[str, Any]]:
         row = tx.session.execute(
-            select(ReceiptRow).where(*_identity(caller, operation, key, scope))
+            select(ReceiptRow).where(*receipt_identity(caller, operation, key, scope))
         ).scalar_one_or_none()
         if row is not None and row.expires_at_ms <= tx.now_ms:
             tx.session.delete(row)  # an expired receipt or a lapsed claim
@@ -182,3 +186,52 @@ def run_once(
         raise
     _complete(store, caller, claim_id, result.model_dump_json())
     return result
+
+
+class KeepsReceipts(Protocol):
+    """A lease authority whose idempotency receipts a ledger keeps (:func:`receipted`)."""
+
+    @property
+    def receipt_ledger(self) -> StoreBase:
+        """The ledger holding the receipts (the ledger store itself, or Redis's ledger)."""
+        ...
+
+
+S = TypeVar("S", bound=KeepsReceipts)
+
+
+def receipted(
+    operation: str, model: type[M]
+) -> Callable[[Callable[Concatenate[S, Caller, P], M]], Callable[Concatenate[S, Caller, P], M]]:
+    """Make a method of a :class:`KeepsReceipts` authority run at most once per idempotency
+    key: the decorated method takes ``(self, caller, ...)`` and the keyword
+    ``idempotency: Idempotency | None = None`` of its protocol signature, which this
+    decorator consumes (the method body runs without it) with :func:`run_once` in
+    ``self.receipt_ledger``.
+
+    Args:
+        operation: the receipt's operation name (see :func:`run_once`).
+        model: the method's result model (its JSON is the stored response).
+
+    Returns:
+        The decorator. The wrapped method raises what :func:`run_once` raises.
+    """
+
+    def decorate(
+        method: Callable[Concatenate[S, Caller, P], M],
+    ) -> Callable[Concatenate[S, Caller, P], M]:
+        @functools.wraps(method)
+        def wrapper(self: S, caller: Caller, /, *args: P.args, **kwargs: P.kwargs) -> M:
+            idempotency = cast("Idempotency | None", kwargs.pop("idempotency", None))
+            return run_once(
+                self.receipt_ledger,
+                caller,
+                operation,
+                idempotency,
+                model,
+                lambda: method(self, caller, *args, **kwargs),
+            )
+
+        return wrapper
+
+    return decorate

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import or_, select
-from sqlmodel import col
+from sqlmodel import Session, col
 
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.access import may_read
@@ -28,7 +28,7 @@ from prefect_baton._stores.ledger.convert import (
     row_to_holding,
 )
 from prefect_baton._stores.ledger.leases import LeaseOps
-from prefect_baton._stores.ledger.receipts import run_once
+from prefect_baton._stores.ledger.receipts import receipted
 from prefect_baton._stores.ledger.tables import (
     CheckpointRow,
     CheckpointVersion,
@@ -54,6 +54,21 @@ from prefect_baton.models import (
     Outcome,
     from_ms,
 )
+
+
+def _checkpoint_row(
+    s: Session, caller: Caller, subject_id: str, kind: str, principal: str | None = None
+) -> CheckpointRow | None:
+    """The checkpoint row of ``(caller.org, subject_id, principal or the caller, kind)``,
+    expired or not (``None`` when there is none)."""
+    return s.execute(
+        select(CheckpointRow).where(
+            col(CheckpointRow.org_id) == caller.org,
+            col(CheckpointRow.subject_id) == subject_id,
+            col(CheckpointRow.principal) == (principal or caller.principal),
+            col(CheckpointRow.kind) == kind,
+        )
+    ).scalar_one_or_none()
 
 
 class RecordOps(LeaseOps):
@@ -86,19 +101,9 @@ class RecordOps(LeaseOps):
         )
 
         def op(tx: Tx) -> Checkpoint:
-            stored = self._receipt(tx, "checkpoint.save", idempotency_key, scope, digest)
-            if stored is not None:
-                return Checkpoint.model_validate({**stored, "replayed": True})
             self._check_fence(tx, fence)
             s = tx.session
-            row = s.execute(
-                select(CheckpointRow).where(
-                    col(CheckpointRow.org_id) == caller.org,
-                    col(CheckpointRow.subject_id) == subject_id,
-                    col(CheckpointRow.principal) == caller.principal,
-                    col(CheckpointRow.kind) == kind,
-                )
-            ).scalar_one_or_none()
+            row = _checkpoint_row(s, caller, subject_id, kind)
             current = row.version if row is not None else 0
             expired = (
                 row is not None and row.expires_at_ms is not None and row.expires_at_ms <= tx.now_ms
@@ -153,13 +158,12 @@ class RecordOps(LeaseOps):
                     "state_hash": state_hash,
                 },
             )
-            self._store_receipt(
-                tx, "checkpoint.save", idempotency_key, scope, digest, model.model_dump(mode="json")
-            )
             return model
 
         locks = [f"ckpt:{caller.org}:{scope}", *self._fence_locks(caller, fence)]
-        return self._write(caller, locks, op)
+        return self._write_once(
+            caller, locks, "checkpoint.save", idempotency_key, scope, digest, Checkpoint, op
+        )
 
     def checkpoint_get(
         self, caller: Caller, subject_id: str, kind: str, principal: str | None = None
@@ -167,14 +171,7 @@ class RecordOps(LeaseOps):
         """The current checkpoint of ``(subject, principal or caller, kind)``, or ``None``
         when there is none or its TTL has passed."""
         with self._read() as (s, now):
-            row = s.execute(
-                select(CheckpointRow).where(
-                    col(CheckpointRow.org_id) == caller.org,
-                    col(CheckpointRow.subject_id) == subject_id,
-                    col(CheckpointRow.principal) == (principal or caller.principal),
-                    col(CheckpointRow.kind) == kind,
-                )
-            ).scalar_one_or_none()
+            row = _checkpoint_row(s, caller, subject_id, kind, principal)
             if row is None or (row.expires_at_ms is not None and row.expires_at_ms <= now):
                 return None
             return checkpoint_model(row)
@@ -200,14 +197,7 @@ class RecordOps(LeaseOps):
     ) -> list[Checkpoint]:
         """Every version of a checkpoint, oldest first (empty when there is none)."""
         with self._read() as (s, _now):
-            row = s.execute(
-                select(CheckpointRow).where(
-                    col(CheckpointRow.org_id) == caller.org,
-                    col(CheckpointRow.subject_id) == subject_id,
-                    col(CheckpointRow.principal) == (principal or caller.principal),
-                    col(CheckpointRow.kind) == kind,
-                )
-            ).scalar_one_or_none()
+            row = _checkpoint_row(s, caller, subject_id, kind, principal)
             if row is None:
                 return []
             versions = s.execute(
@@ -215,25 +205,7 @@ class RecordOps(LeaseOps):
                 .where(col(CheckpointVersion.checkpoint_id) == row.checkpoint_id)
                 .order_by(col(CheckpointVersion.version))
             ).scalars()
-            out = []
-            for v in versions:
-                saved = from_ms(v.saved_at_ms)
-                created = from_ms(row.created_at_ms)
-                assert saved is not None and created is not None
-                out.append(
-                    Checkpoint(
-                        checkpoint_id=row.checkpoint_id,
-                        subject_id=row.subject_id,
-                        kind=row.kind,
-                        principal=row.principal,
-                        version=v.version,
-                        state=json.loads(v.state),
-                        state_hash=v.state_hash,
-                        created_at=created,
-                        updated_at=saved,
-                    )
-                )
-            return out
+            return [checkpoint_model(row, saved=v) for v in versions]
 
     # ------------------------------------------------------------------ handoffs
 
@@ -262,9 +234,6 @@ class RecordOps(LeaseOps):
         )
 
         def op(tx: Tx) -> Handoff:
-            stored = self._receipt(tx, "handoff.create", idempotency_key, "", digest)
-            if stored is not None:
-                return Handoff.model_validate({**stored, "replayed": True})
             s = tx.session
             if to_principal == caller.principal:
                 raise ValidationError("a handoff must name another principal")
@@ -305,12 +274,11 @@ class RecordOps(LeaseOps):
             s.flush()
             model = handoff_model(row_h, tx.now_ms)
             tx.emit("handoff.created", subject_id, handoff_payload(row_h))
-            self._store_receipt(
-                tx, "handoff.create", idempotency_key, "", digest, model.model_dump(mode="json")
-            )
             return model
 
-        return self._write(caller, [], op)
+        return self._write_once(
+            caller, [], "handoff.create", idempotency_key, "", digest, Handoff, op
+        )
 
     def handoff_inbox(self, caller: Caller, *, limit: int = 100) -> list[Handoff]:
         """Pending, unexpired handoffs addressed to the caller, oldest first."""
@@ -353,6 +321,7 @@ class RecordOps(LeaseOps):
                     lease = holding_to_lease(row_to_holding(lrow))
             return handoff_model(row, now, lease)
 
+    @receipted("resolve", Handoff)
     def handoff_resolve(
         self,
         caller: Caller,
@@ -368,25 +337,9 @@ class RecordOps(LeaseOps):
 
         Accepting a handoff that carries a lease transfers the lease to the caller under
         ``execution_key`` (default ``handoff:<id>``) in the same transaction.
-        ``idempotency``: the receipt is kept in this ledger (:func:`run_once`, operation
+        ``idempotency``: the receipt is kept in this ledger (:func:`receipted`, operation
         ``resolve``).
         """
-        if idempotency is not None:
-            return run_once(
-                self,
-                caller,
-                "resolve",
-                idempotency,
-                Handoff,
-                lambda: self.handoff_resolve(
-                    caller,
-                    handoff_id,
-                    status,
-                    note=note,
-                    execution_key=execution_key,
-                    ttl_ms=ttl_ms,
-                ),
-            )
         lease_id: str | None = None
         with self._read() as (s, _now):
             h = s.get(HandoffRow, handoff_id)
@@ -469,9 +422,6 @@ class RecordOps(LeaseOps):
         scope = subject_id
 
         def op(tx: Tx) -> Outcome:
-            stored = self._receipt(tx, "outcome.record", idempotency_key, scope, digest)
-            if stored is not None:
-                return Outcome.model_validate({**stored, "replayed": True})
             held = self._check_fence(tx, fence)
             s = tx.session
             for kind_, ref, model_ in (
@@ -504,12 +454,18 @@ class RecordOps(LeaseOps):
                 subject_id,
                 {"outcome_id": row.outcome_id, "status": status, "evidence_count": len(ev)},
             )
-            self._store_receipt(
-                tx, "outcome.record", idempotency_key, scope, digest, model.model_dump(mode="json")
-            )
             return model
 
-        return self._write(caller, self._fence_locks(caller, fence), op)
+        return self._write_once(
+            caller,
+            self._fence_locks(caller, fence),
+            "outcome.record",
+            idempotency_key,
+            scope,
+            digest,
+            Outcome,
+            op,
+        )
 
     def outcome_list(
         self, caller: Caller, subject_id: str | None = None, *, limit: int = 1000

@@ -16,6 +16,13 @@ def _ms(nullable: bool = False) -> Column:  # type: ignore[type-arg]
     return Column(BigInteger, nullable=nullable)
 
 
+def _serial() -> Column:  # type: ignore[type-arg]
+    """An autoincrement primary key column (BIGINT; INTEGER on SQLite, for its rowid)."""
+    return Column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+
+
 class Organization(SQLModel, table=True):
     """An isolation boundary; registered on first use."""
 
@@ -89,12 +96,7 @@ class LeaseTransition(SQLModel, table=True):
         UniqueConstraint("lease_id", "version", "action", name="uq_transition"),
         Index("ix_transition_resource", "org_id", "resource_type", "resource_id", "seq"),
     )
-    seq: int | None = Field(
-        default=None,
-        sa_column=Column(
-            BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-        ),
-    )
+    seq: int | None = Field(default=None, sa_column=_serial())
     org_id: str = Field(max_length=256)
     resource_type: str = Field(max_length=256)
     resource_id: str = Field(max_length=256)
@@ -197,12 +199,7 @@ class ReceiptRow(SQLModel, table=True):
         ),
         Index("ix_receipt_expiry", "expires_at_ms"),
     )
-    id: int | None = Field(
-        default=None,
-        sa_column=Column(
-            BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-        ),
-    )
+    id: int | None = Field(default=None, sa_column=_serial())
     org_id: str = Field(max_length=256)
     principal: str = Field(max_length=256)
     operation: str = Field(max_length=32)
@@ -219,12 +216,7 @@ class EventRow(SQLModel, table=True):
 
     __tablename__ = "baton_events"
     __table_args__ = (Index("ix_event_org_seq", "org_id", "seq"),)
-    seq: int | None = Field(
-        default=None,
-        sa_column=Column(
-            BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-        ),
-    )
+    seq: int | None = Field(default=None, sa_column=_serial())
     event_id: str = Field(max_length=64, unique=True)
     org_id: str = Field(max_length=256)
     kind: str = Field(max_length=64)

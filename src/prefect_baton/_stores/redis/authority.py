@@ -33,15 +33,15 @@ import hashlib
 import json
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.access import check_force_release, check_list_owner, may_read
-from prefect_baton._rules.core import Holding, Proof
+from prefect_baton._rules.core import Decision, Holding, Proof
 from prefect_baton._rules.digests import acquire_digest
 from prefect_baton._stores.ledger.convert import lease_info
-from prefect_baton._stores.ledger.receipts import run_once
+from prefect_baton._stores.ledger.receipts import receipted, run_once
 from prefect_baton._stores.ledger.store import LedgerStore, holding_to_lease
 from prefect_baton._stores.protocol import MAX_MANY, AcquireRequest, Caller, Fence, Idempotency
 from prefect_baton._stores.redis.base import AuthorityBase
@@ -250,6 +250,29 @@ class RedisAuthority(AuthorityBase):
 
     # ------------------------------------------------------------------ by proof
 
+    def _by_proof(
+        self,
+        caller: Caller,
+        name: str,
+        proof: Proof,
+        args: Sequence[str],
+        decide: Callable[[Holding | None, int], Decision],
+    ) -> Lease:
+        """Run script ``name`` (``renew``, ``transfer``) on the lease named by ``proof``
+        with its own ``args``; returns the new generation. A lease id Redis does not know is
+        judged by ``decide`` on the ledger's history (:meth:`_unknown`)."""
+        reply = self._run(caller.org, name, [*_proof_args(caller, proof), *args])
+        code = int(reply[0])
+        if code == OK:
+            lease = lease_from_gen(reply[2])
+            self._acked(caller.org, reply[1])
+            return lease
+        if code == UNKNOWN:
+            self._unknown(caller, proof.lease_id, decide)
+        raise_for(reply)
+        raise AssertionError("unreachable")
+
+    @receipted("renew", Lease)
     def renew(
         self,
         caller: Caller,
@@ -260,44 +283,18 @@ class RedisAuthority(AuthorityBase):
         idempotency: Idempotency | None = None,
     ) -> Lease:
         """Renew by proof (rules: :func:`prefect_baton._rules.core.decide_renew`;
-        ``idempotency``: the receipt is kept in the ledger, :func:`run_once`)."""
-        if idempotency is not None:
-            return run_once(
-                self.store,
-                caller,
-                "renew",
-                idempotency,
-                Lease,
-                lambda: self.renew(caller, proof, ttl_ms=ttl_ms, expected_version=expected_version),
-            )
-        reply = self._run(
-            caller.org,
+        ``idempotency``: the receipt is kept in the ledger, :func:`receipted`)."""
+        return self._by_proof(
+            caller,
             "renew",
-            [
-                caller.principal,
-                caller.role,
-                opt(proof.execution_key),
-                proof.lease_id,
-                str(ttl_ms),
-                opt(expected_version),
-            ],
+            proof,
+            [str(ttl_ms), opt(expected_version)],
+            lambda row, now: _core.decide_renew(
+                row, proof, ttl_ms=ttl_ms, expected_version=expected_version, now_ms=now
+            ),
         )
-        code = int(reply[0])
-        if code == OK:
-            lease = lease_from_gen(reply[2])
-            self._acked(caller.org, reply[1])
-            return lease
-        if code == UNKNOWN:
-            self._unknown(
-                caller,
-                proof.lease_id,
-                lambda row, now: _core.decide_renew(
-                    row, proof, ttl_ms=ttl_ms, expected_version=expected_version, now_ms=now
-                ),
-            )
-        raise_for(reply)
-        raise AssertionError("unreachable")
 
+    @receipted("transfer", Lease)
     def transfer(
         self,
         caller: Caller,
@@ -311,31 +308,12 @@ class RedisAuthority(AuthorityBase):
     ) -> Lease:
         """Transfer by proof (rules: :func:`prefect_baton._rules.core.decide_transfer`; the new
         epoch is also above the incarnation's floor; ``idempotency``: the receipt is kept in
-        the ledger, :func:`run_once`)."""
-        if idempotency is not None:
-            return run_once(
-                self.store,
-                caller,
-                "transfer",
-                idempotency,
-                Lease,
-                lambda: self.transfer(
-                    caller,
-                    proof,
-                    to_principal=to_principal,
-                    new_execution_key=new_execution_key,
-                    ttl_ms=ttl_ms,
-                    expected_version=expected_version,
-                ),
-            )
-        reply = self._run(
-            caller.org,
+        the ledger, :func:`receipted`)."""
+        return self._by_proof(
+            caller,
             "transfer",
+            proof,
             [
-                caller.principal,
-                caller.role,
-                opt(proof.execution_key),
-                proof.lease_id,
                 to_principal,
                 new_execution_key,
                 str(ttl_ms),
@@ -347,30 +325,19 @@ class RedisAuthority(AuthorityBase):
                 "",
                 str(HANDOFF_KEY_TTL_MS),
             ],
+            lambda row, now: _core.decide_transfer(
+                row,
+                proof,
+                to_principal=to_principal,
+                new_execution_key=new_execution_key,
+                ttl_ms=ttl_ms,
+                expected_version=expected_version,
+                now_ms=now,
+                new_lease_id="-",
+            ),
         )
-        code = int(reply[0])
-        if code == OK:
-            lease = lease_from_gen(reply[2])
-            self._acked(caller.org, reply[1])
-            return lease
-        if code == UNKNOWN:
-            self._unknown(
-                caller,
-                proof.lease_id,
-                lambda row, now: _core.decide_transfer(
-                    row,
-                    proof,
-                    to_principal=to_principal,
-                    new_execution_key=new_execution_key,
-                    ttl_ms=ttl_ms,
-                    expected_version=expected_version,
-                    now_ms=now,
-                    new_lease_id="-",
-                ),
-            )
-        raise_for(reply)
-        raise AssertionError("unreachable")
 
+    @receipted("release", Receipt)
     def release(
         self,
         caller: Caller,
@@ -380,26 +347,9 @@ class RedisAuthority(AuthorityBase):
         idempotency: Idempotency | None = None,
     ) -> Receipt:
         """Release by proof (rules: :func:`prefect_baton._rules.core.decide_release`;
-        ``idempotency``: the receipt is kept in the ledger, :func:`run_once`)."""
-        if idempotency is not None:
-            return run_once(
-                self.store,
-                caller,
-                "release",
-                idempotency,
-                Receipt,
-                lambda: self.release(caller, proof, expected_version=expected_version),
-            )
+        ``idempotency``: the receipt is kept in the ledger, :func:`receipted`)."""
         reply = self._run(
-            caller.org,
-            "release",
-            [
-                caller.principal,
-                caller.role,
-                opt(proof.execution_key),
-                proof.lease_id,
-                opt(expected_version),
-            ],
+            caller.org, "release", [*_proof_args(caller, proof), opt(expected_version)]
         )
         code = int(reply[0])
         if code == OK:
@@ -431,19 +381,13 @@ class RedisAuthority(AuthorityBase):
         raise_for(reply)
         raise AssertionError("unreachable")
 
+    @receipted("release_by_id", Receipt)
     def release_by_id(
         self, caller: Caller, lease_id: str, *, idempotency: Idempotency | None = None
     ) -> Receipt:
         """Release by id, as its owner (rules: :func:`_core.decide_release_by_id`;
-        ``idempotency``: the receipt is kept in the ledger, :func:`run_once`)."""
-        return run_once(
-            self.store,
-            caller,
-            "release_by_id",
-            idempotency,
-            Receipt,
-            lambda: self._end_by_id(caller, "release_by_id", lease_id),
-        )
+        ``idempotency``: the receipt is kept in the ledger, :func:`receipted`)."""
+        return self._end_by_id(caller, "release_by_id", lease_id)
 
     def force_release(
         self, caller: Caller, lease_id: str, *, idempotency: Idempotency | None = None
@@ -547,6 +491,7 @@ class RedisAuthority(AuthorityBase):
         """
         self.sync_ledger(caller.org)
 
+    @receipted("resolve", Handoff)
     def handoff_resolve(
         self,
         caller: Caller,
@@ -561,27 +506,14 @@ class RedisAuthority(AuthorityBase):
         """Resolve a handoff across Redis (its lease) and the ledger (the handoff), keeping
         every crash point in an allowed end state
         (:func:`prefect_baton._stores.redis.handoffs.resolve_handoff`; ``idempotency``: the
-        receipt is kept in the ledger, :func:`run_once`, operation ``resolve``).
+        receipt is kept in the ledger, :func:`receipted`, operation ``resolve``).
 
         Raises:
             NotFoundError, ForbiddenError, LeaseLostError (see the protocol),
             IdempotencyMismatchError, IdempotencyInFlightError, UnavailableError.
         """
-        return run_once(
-            self.store,
-            caller,
-            "resolve",
-            idempotency,
-            Handoff,
-            lambda: resolve_handoff(
-                self,
-                caller,
-                handoff_id,
-                status,
-                note=note,
-                execution_key=execution_key,
-                ttl_ms=ttl_ms,
-            ),
+        return resolve_handoff(
+            self, caller, handoff_id, status, note=note, execution_key=execution_key, ttl_ms=ttl_ms
         )
 
     def fence_check(
@@ -690,6 +622,12 @@ def _refuse(reply: Sequence[Any], requests: Sequence[AcquireRequest]) -> None:
     except BatonError as exc:
         raise refused(exc, index, requests[index]) from None
     raise AssertionError("unreachable")
+
+
+def _proof_args(caller: Caller, proof: Proof) -> list[str]:
+    """The first arguments of a script run on a lease by proof: the caller's principal and
+    role, the proof's execution key and lease id."""
+    return [caller.principal, caller.role, opt(proof.execution_key), proof.lease_id]
 
 
 def _end_status(status: str) -> EndStatus:

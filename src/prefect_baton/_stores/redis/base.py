@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal
 
 from redis.exceptions import RedisError
 
@@ -34,7 +34,6 @@ from prefect_baton.errors import BatonError, NotFoundError, UnavailableError, Va
 
 if TYPE_CHECKING:
     from prefect_baton._settings import BatonSettings
-    from prefect_baton._stores.redis.authority import RedisAuthority
 
 __all__ = ["ACK_MODES", "POST_LOSS_POLICIES", "AckMode", "AuthorityBase", "PostLossPolicy"]
 
@@ -161,10 +160,10 @@ class AuthorityBase:
                         f"the Redis lease state of org {org!r} is missing; it is rebuilt "
                         "from the ledger by the next lease operation"
                     )
-                recover(cast("RedisAuthority", self), org)
+                recover(self, org)
                 continue
             if code == ROTATE:
-                rotate(cast("RedisAuthority", self), org)
+                rotate(self, org)
                 continue
             if org not in self._known:
                 self._register(org)
@@ -239,6 +238,11 @@ class AuthorityBase:
                     self._drainer_pid = os.getpid()
         drainer.add(org)
 
+    @property
+    def receipt_ledger(self) -> LedgerStore:
+        """The ledger keeping the idempotency receipts of this authority's operations."""
+        return self.store
+
     def sync_ledger(self, org: str, *, strict: bool = False) -> None:
         """Drain the org's journal up to its newest entry, so the ledger shows every
         transition made so far (a read-your-writes barrier for ledger operations).
@@ -270,7 +274,7 @@ class AuthorityBase:
         :func:`prefect_baton._stores.redis.rebuild.rebuild`); returns the incarnation number."""
         from prefect_baton._stores.redis.rebuild import rebuild
 
-        return rebuild(cast("RedisAuthority", self), org)
+        return rebuild(self, org)
 
     def close(self) -> None:
         """Stop the drain thread after a last drain of the orgs it served, and close the

@@ -71,7 +71,7 @@ from prefect_baton._stores.redis.scripts import OK, REBUILD_LOST
 from prefect_baton.errors import UnavailableError
 
 if TYPE_CHECKING:
-    from prefect_baton._stores.redis.authority import RedisAuthority
+    from prefect_baton._stores.redis.base import AuthorityBase
 
 __all__ = ["EPOCH_RANGE", "rebuild", "recover", "rotate"]
 
@@ -82,7 +82,7 @@ RESTORE_BATCH = 200
 _INCARNATION_OP = "redis.incarnation"
 
 
-def recover(auth: RedisAuthority, org: str) -> None:
+def recover(auth: AuthorityBase, org: str) -> None:
     """Handle a missing incarnation marker: rebuild (when ``auth.auto_rebuild``) or refuse.
 
     When another client holds the rebuild lock, wait up to ``auth.rebuild_wait_seconds`` for
@@ -117,7 +117,7 @@ class RebuildInProgress(UnavailableError):
     """Another client holds the org's rebuild lock (code ``UNAVAILABLE``)."""
 
 
-def bump_incarnation(auth: RedisAuthority, org: str) -> tuple[int, bool]:
+def bump_incarnation(auth: AuthorityBase, org: str) -> tuple[int, bool]:
     """Record the org's next incarnation number in the ledger and return ``(n, existed)``:
     ``n`` is 0 the first time (``existed`` false), else the recorded number + 1."""
     rec = auth.reconciler
@@ -130,7 +130,7 @@ def bump_incarnation(auth: RedisAuthority, org: str) -> tuple[int, bool]:
     return n, row is not None
 
 
-def _heads(auth: RedisAuthority, org: str) -> Iterator[LeaseRow]:
+def _heads(auth: AuthorityBase, org: str) -> Iterator[LeaseRow]:
     newest = (
         select(
             col(LeaseRow.resource_type).label("rt"),
@@ -165,7 +165,7 @@ def _restore_args(row: LeaseRow) -> tuple[str, str]:
     return gen, meta
 
 
-def _restore_receipts(auth: RedisAuthority, org: str) -> int:
+def _restore_receipts(auth: AuthorityBase, org: str) -> int:
     keys = org_keys(org)
     n = 0
     with auth.store._read() as (s, now):
@@ -194,7 +194,7 @@ def _restore_receipts(auth: RedisAuthority, org: str) -> int:
     return n
 
 
-def rebuild(auth: RedisAuthority, org: str) -> int:
+def rebuild(auth: AuthorityBase, org: str) -> int:
     """Rebuild the org's Redis lease state from the ledger (see the module docstring).
 
     Returns:
@@ -284,7 +284,7 @@ def _check(reply: Any, org: str) -> None:
         )
 
 
-def rotate(auth: RedisAuthority, org: str) -> None:
+def rotate(auth: AuthorityBase, org: str) -> None:
     """Move the org to a new incarnation's epoch range once its range is used up.
 
     Raises:

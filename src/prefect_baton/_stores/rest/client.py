@@ -150,6 +150,19 @@ class RemoteBackend(_Transport):
     def _lease(self, data: Any, replayed: bool = False) -> Lease:
         return self._parse(Lease, data, replayed=replayed)
 
+    def _by_proof(
+        self, action: str, proof: Proof, body: dict[str, Any], idempotency: Idempotency | None
+    ) -> tuple[Any, bool]:
+        """``POST /v1/leases/{id}/<action>`` of the lease named by ``proof``: ``body`` plus
+        the proof's execution key (and the ``Idempotency-Key`` header when a key is given);
+        returns the answer and whether it was replayed."""
+        return self._call(
+            "POST",
+            f"/v1/leases/{_seg(proof.lease_id)}/{action}",
+            json={**body, "execution_key": proof.execution_key},
+            idempotency_key=_key(idempotency),
+        )
+
     # ------------------------------------------------------------------ leases
 
     def acquire(
@@ -220,18 +233,8 @@ class RemoteBackend(_Transport):
     ) -> Lease:
         """``POST /v1/leases/{id}/renew`` with the proof's execution key (and the
         ``Idempotency-Key`` header when a key is given)."""
-        body = {
-            "ttl_seconds": ttl_ms // 1000,
-            "expected_version": expected_version,
-            "execution_key": proof.execution_key,
-        }
-        data, replayed = self._call(
-            "POST",
-            f"/v1/leases/{_seg(proof.lease_id)}/renew",
-            json=body,
-            idempotency_key=_key(idempotency),
-        )
-        return self._lease(data, replayed)
+        body = {"ttl_seconds": ttl_ms // 1000, "expected_version": expected_version}
+        return self._lease(*self._by_proof("renew", proof, body, idempotency))
 
     def transfer(
         self,
@@ -251,15 +254,8 @@ class RemoteBackend(_Transport):
             "new_execution_key": new_execution_key,
             "ttl_seconds": ttl_ms // 1000,
             "expected_version": expected_version,
-            "execution_key": proof.execution_key,
         }
-        data, replayed = self._call(
-            "POST",
-            f"/v1/leases/{_seg(proof.lease_id)}/transfer",
-            json=body,
-            idempotency_key=_key(idempotency),
-        )
-        return self._lease(data, replayed)
+        return self._lease(*self._by_proof("transfer", proof, body, idempotency))
 
     def release(
         self,
@@ -270,13 +266,8 @@ class RemoteBackend(_Transport):
         idempotency: Idempotency | None = None,
     ) -> Receipt:
         """``POST /v1/leases/{id}/release`` (by proof; ``Idempotency-Key`` when given)."""
-        body = {"execution_key": proof.execution_key, "expected_version": expected_version}
-        data, replayed = self._call(
-            "POST",
-            f"/v1/leases/{_seg(proof.lease_id)}/release",
-            json=body,
-            idempotency_key=_key(idempotency),
-        )
+        body = {"expected_version": expected_version}
+        data, replayed = self._by_proof("release", proof, body, idempotency)
         return self._parse(Receipt, data, replayed=replayed)
 
     def release_by_id(

@@ -182,6 +182,26 @@ local function gen_by_id(id, fast)
   return read(redis.call('HGET', KEYS[4], id)), false
 end
 
+-- The refusals of a lease presented by proof (mirrors of _core's proof checks), each nil
+-- when the check passes: generation g of lease `id` is another principal's (NOT_FOUND) or
+-- another execution's (LEASE_LOST, `key` being the proof's execution key), ...
+local function proof_refused(g, id, principal, key)
+  if g.o ~= principal then return {C_NOT_FOUND, 'lease ' .. id .. ' not found'} end
+  if g.k ~= key then return {C_LOST, 'lease ' .. id .. ' is held by another execution'} end
+end
+
+-- ... is no longer held at `now` (LEASE_LOST), ...
+local function lost_refused(g, now)
+  if not effective(g, now) then
+    return {C_LOST, 'lease ' .. g.id .. ' is no longer held (' .. lost_reason(g, now) .. ')'}
+  end
+end
+
+-- ... or has another version than the expected one `ev` (nil: any; VERSION_CONFLICT).
+local function version_refused(g, ev)
+  if ev and tonumber(ev) ~= g.v then return {C_VERSION, I(g.v), ev} end
+end
+
 -- ------------------------------------------------------------------ write scopes (lazy)
 -- The overlap check and the scope index are built on first use only, so calls that touch no
 -- scoped lease do not pay for defining them.
@@ -243,7 +263,10 @@ local function S()
     return true
   end
   
-  local function seg_overlap(ta, tb)
+  -- Whether some text matches both patterns ta and tb, given as item lists in which an
+  -- item for which is_star holds matches any run of items and two other items match a
+  -- common item when compatible(x, y): the one rule of segments and of whole scopes.
+  local function overlap(ta, tb, is_star, compatible)
     local na, nb = #ta, #tb
     local memo = {}
     local function go(i, j)
@@ -253,14 +276,14 @@ local function S()
       local r
       if i == na and j == nb then
         r = true
-      elseif i < na and ta[i + 1][1] == 2 then
+      elseif i < na and is_star(ta[i + 1]) then
         r = go(i + 1, j) or (j < nb and go(i, j + 1))
-      elseif j < nb and tb[j + 1][1] == 2 then
+      elseif j < nb and is_star(tb[j + 1]) then
         r = go(i, j + 1) or (i < na and go(i + 1, j))
       elseif i == na or j == nb then
         r = false
       else
-        r = chars_compatible(ta[i + 1], tb[j + 1]) and go(i + 1, j + 1)
+        r = compatible(ta[i + 1], tb[j + 1]) and go(i + 1, j + 1)
       end
       memo[key] = r
       return r
@@ -268,29 +291,15 @@ local function S()
     return go(0, 0)
   end
   
+  local function star_token(t) return t[1] == 2 end
+  local function globstar(seg) return seg == '**' end
+  
+  local function seg_overlap(ta, tb)
+    return overlap(ta, tb, star_token, chars_compatible)
+  end
+  
   local function scope_overlap(sa, sb)
-    local na, nb = #sa, #sb
-    local memo = {}
-    local function go(i, j)
-      local key = i * (nb + 1) + j
-      local m = memo[key]
-      if m ~= nil then return m end
-      local r
-      if i == na and j == nb then
-        r = true
-      elseif i < na and sa[i + 1] == '**' then
-        r = go(i + 1, j) or (j < nb and go(i, j + 1))
-      elseif j < nb and sb[j + 1] == '**' then
-        r = go(i, j + 1) or (i < na and go(i + 1, j))
-      elseif i == na or j == nb then
-        r = false
-      else
-        r = seg_overlap(sa[i + 1], sb[j + 1]) and go(i + 1, j + 1)
-      end
-      memo[key] = r
-      return r
-    end
-    return go(0, 0)
+    return overlap(sa, sb, globstar, seg_overlap)
   end
   
   local function sets_overlap(A, B)

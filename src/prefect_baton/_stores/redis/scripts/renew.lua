@@ -17,13 +17,9 @@ local now = now_ms()
 local principal, key, id = ARGV[1], opt(ARGV[3]), ARGV[4]
 local g = gen_by_id(id)
 if not g then return {C_UNKNOWN} end
-if g.o ~= principal then return {C_NOT_FOUND, 'lease ' .. id .. ' not found'} end
-if g.k ~= key then return {C_LOST, 'lease ' .. id .. ' is held by another execution'} end
-if not effective(g, now) then
-  return {C_LOST, 'lease ' .. g.id .. ' is no longer held (' .. lost_reason(g, now) .. ')'}
-end
-local ev = opt(ARGV[6])
-if ev and tonumber(ev) ~= g.v then return {C_VERSION, I(g.v), ev} end
+local refused = proof_refused(g, id, principal, key) or lost_refused(g, now)
+  or version_refused(g, opt(ARGV[6]))
+if refused then return refused end
 if g.v >= MAX_SAFE then return {C_INVALID, EXHAUSTED} end
 local ttl = tonumber(ARGV[5])
 g.v = g.v + 1

@@ -43,15 +43,11 @@ if hid then
 end
 local g = gen_by_id(id)
 if not g then return {C_UNKNOWN} end
-if g.o ~= principal then return {C_NOT_FOUND, 'lease ' .. id .. ' not found'} end
 local key = opt(ARGV[3])
 if hid then key = g.k end
-if g.k ~= key then return {C_LOST, 'lease ' .. id .. ' is held by another execution'} end
-if not effective(g, now) then
-  return {C_LOST, 'lease ' .. g.id .. ' is no longer held (' .. lost_reason(g, now) .. ')'}
-end
-local ev = opt(ARGV[8])
-if ev and tonumber(ev) ~= g.v then return {C_VERSION, I(g.v), ev} end
+local refused = proof_refused(g, id, principal, key) or lost_refused(g, now)
+  or version_refused(g, opt(ARGV[8]))
+if refused then return refused end
 if nkey == g.k then
   return {C_INVALID, 'transfer needs a new execution key for the receiver'}
 end

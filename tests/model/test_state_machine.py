@@ -67,7 +67,7 @@ from hypothesis.stateful import (
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.core import Decision, Holding, Proof
 from prefect_baton._stores.ledger.convert import holding_to_lease
-from prefect_baton._stores.protocol import Caller
+from prefect_baton._stores.protocol import AcquireRequest, Caller
 from prefect_baton._stores.redis.rebuild import EPOCH_RANGE
 from prefect_baton.errors import BatonError, IdempotencyMismatchError
 from prefect_baton.models import Lease, LeaseInfo, Receipt, to_ms
@@ -489,12 +489,7 @@ class AuthoritiesMachine(RuleBasedStateMachine):
             ),
             lambda arm, _ids: arm.auth.acquire(
                 self._caller(principal),
-                RTYPE,
-                resource,
-                ttl_ms=ttl_s * 1000,
-                scopes=scopes,
-                purpose=purpose,
-                expected_version=expected,
+                AcquireRequest(RTYPE, resource, ttl_s * 1000, scopes, purpose, expected),
                 idempotency_key=key,
             ),
         )

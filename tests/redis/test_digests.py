@@ -51,16 +51,7 @@ def _ledger_digest(store: LedgerStore, caller: Caller, key: str) -> str:
 
 
 def _acquire(a: LedgerStore | RedisAuthority, caller: Caller, key: str) -> None:
-    a.acquire(
-        caller,
-        REQUEST.resource_type,
-        REQUEST.resource_id,
-        ttl_ms=REQUEST.ttl_ms,
-        scopes=REQUEST.scopes,
-        purpose=REQUEST.purpose,
-        expected_version=REQUEST.expected_version,
-        idempotency_key=key,
-    )
+    a.acquire(caller, REQUEST, idempotency_key=key)
 
 
 def test_ledger_and_redis_store_the_same_acquire_digest(
@@ -91,25 +82,11 @@ def test_a_replay_after_a_rebuild_matches_the_restored_digest(
     caller = _caller()
     _acquire(auth, caller, "exec-1")
     auth.client.flushall()  # Redis loses its data; the next call rebuilds from the ledger
-    lease = auth.acquire(
-        caller,
-        "repo",
-        "main",
-        ttl_ms=REQUEST.ttl_ms,
-        scopes=REQUEST.scopes,
-        purpose=REQUEST.purpose,
-        expected_version=REQUEST.expected_version,
-        idempotency_key="exec-1",
-    )
+    lease = auth.acquire(caller, REQUEST, idempotency_key="exec-1")
     assert lease.replayed
     with pytest.raises(IdempotencyMismatchError):
         auth.acquire(
             caller,
-            "repo",
-            "main",
-            ttl_ms=REQUEST.ttl_ms + 1000,
-            scopes=REQUEST.scopes,
-            purpose=REQUEST.purpose,
-            expected_version=REQUEST.expected_version,
+            REQUEST._replace(ttl_ms=REQUEST.ttl_ms + 1000),
             idempotency_key="exec-1",
         )

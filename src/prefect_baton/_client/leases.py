@@ -16,7 +16,7 @@ from prefect_baton._client.requests import (
     transfer_fields,
 )
 from prefect_baton._rules import core as _core
-from prefect_baton._stores.protocol import LeaseAuthority
+from prefect_baton._stores.protocol import AcquireRequest, LeaseAuthority
 from prefect_baton.models import Lease, LeaseInfo, Receipt
 
 
@@ -68,16 +68,8 @@ class LeaseAPI(_API):
         scopes_ = _core.validate_scopes(scopes)
         ev = _core.validate_version("expected_version", expected_version)
         key = _core.validate_optional_id("idempotency_key", idempotency_key)
-        return self._authority.acquire(
-            self._caller,
-            rt,
-            rid,
-            ttl_ms=ttl_ms,
-            scopes=scopes_,
-            purpose=purpose_,
-            expected_version=ev,
-            idempotency_key=key,
-        )
+        request = AcquireRequest(rt, rid, ttl_ms, scopes_, purpose_, ev)
+        return self._authority.acquire(self._caller, request, idempotency_key=key)
 
     def acquire_many(
         self,

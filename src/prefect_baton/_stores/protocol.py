@@ -135,19 +135,11 @@ class LeaseAuthority(Protocol):
         ...
 
     def acquire(
-        self,
-        caller: Caller,
-        resource_type: str,
-        resource_id: str,
-        *,
-        ttl_ms: int,
-        scopes: tuple[str, ...],
-        purpose: str | None,
-        expected_version: int | None,
-        idempotency_key: str | None,
+        self, caller: Caller, request: AcquireRequest, *, idempotency_key: str | None
     ) -> Lease:
-        """Acquire, or take over after expiry, the lease on ``(resource_type, resource_id)``
-        for ``ttl_ms`` milliseconds (rules: :func:`prefect_baton._rules.core.decide_acquire`).
+        """Acquire, or take over after expiry, the lease ``request`` names (its resource, TTL
+        in milliseconds, scopes, purpose and expected version; rules:
+        :func:`prefect_baton._rules.core.decide_acquire`).
 
         ``idempotency_key`` is the execution key: an exact retry returns the stored lease
         with ``replayed`` true (the receipt is kept with the lease, atomically).

@@ -198,28 +198,18 @@ class LeaseOps(StoreBase):
     # ------------------------------------------------------------------ lease authority
 
     def acquire(
-        self,
-        caller: Caller,
-        resource_type: str,
-        resource_id: str,
-        *,
-        ttl_ms: int,
-        scopes: tuple[str, ...],
-        purpose: str | None,
-        expected_version: int | None,
-        idempotency_key: str | None,
+        self, caller: Caller, request: AcquireRequest, *, idempotency_key: str | None
     ) -> Lease:
         """Acquire or take over a resource (see :func:`prefect_baton._rules.core.decide_acquire`).
 
         With ``idempotency_key`` (the execution key) an exact retry replays its receipt,
         unless the lease has since been lost (:class:`LeaseLostError`).
         """
-        request = AcquireRequest(
-            resource_type, resource_id, ttl_ms, scopes, purpose, expected_version
-        )
         return self._write(
             caller,
-            self._lease_locks(caller, resource_type, resource_id, bool(scopes)),
+            self._lease_locks(
+                caller, request.resource_type, request.resource_id, bool(request.scopes)
+            ),
             lambda tx: self._acquire_in_tx(tx, caller, request, idempotency_key),
         )
 

@@ -161,16 +161,7 @@ class RedisAuthority(AuthorityBase):
         return args, rkey
 
     def acquire(
-        self,
-        caller: Caller,
-        resource_type: str,
-        resource_id: str,
-        *,
-        ttl_ms: int,
-        scopes: tuple[str, ...],
-        purpose: str | None,
-        expected_version: int | None,
-        idempotency_key: str | None,
+        self, caller: Caller, request: AcquireRequest, *, idempotency_key: str | None
     ) -> Lease:
         """Acquire or take over a resource in one script (rules:
         :func:`prefect_baton._rules.core.decide_acquire`; receipts as the ledger's).
@@ -183,8 +174,7 @@ class RedisAuthority(AuthorityBase):
             granted).
         """
         self._backpressure(caller.org)
-        req = AcquireRequest(resource_type, resource_id, ttl_ms, scopes, purpose, expected_version)
-        args, rkey = self._item(caller, req, idempotency_key)
+        args, rkey = self._item(caller, request, idempotency_key)
         reply = self._run(
             caller.org,
             "acquire",

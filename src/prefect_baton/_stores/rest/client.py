@@ -166,25 +166,16 @@ class RemoteBackend(_Transport):
     # ------------------------------------------------------------------ leases
 
     def acquire(
-        self,
-        caller: Caller,
-        resource_type: str,
-        resource_id: str,
-        *,
-        ttl_ms: int,
-        scopes: tuple[str, ...],
-        purpose: str | None,
-        expected_version: int | None,
-        idempotency_key: str | None,
+        self, caller: Caller, request: AcquireRequest, *, idempotency_key: str | None
     ) -> Lease:
         """``POST /v1/leases``."""
         body = {
-            "resource_type": resource_type,
-            "resource_id": resource_id,
-            "ttl_seconds": ttl_ms // 1000,
-            "purpose": purpose,
-            "scopes": list(scopes),
-            "expected_version": expected_version,
+            "resource_type": request.resource_type,
+            "resource_id": request.resource_id,
+            "ttl_seconds": request.ttl_ms // 1000,
+            "purpose": request.purpose,
+            "scopes": list(request.scopes),
+            "expected_version": request.expected_version,
         }
         data, replayed = self._call(
             "POST", "/v1/leases", json=body, idempotency_key=idempotency_key

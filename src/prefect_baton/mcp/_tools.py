@@ -28,6 +28,7 @@ from prefect_baton._rules.validation import (
 )
 from prefect_baton.errors import NotFoundError, StaleFenceError
 from prefect_baton.models import Checkpoint, Handoff, Lease, LeaseInfo, Outcome, Receipt
+from prefect_baton.rest import _schemas as rest_schemas
 
 __all__ = ["TOOLS", "ToolSpec"]
 
@@ -208,14 +209,12 @@ class HandoffShowIn(_In):
     handoff_id: Id
 
 
-class EvidenceIn(_In):
+class EvidenceIn(rest_schemas.EvidenceIn):
     """One evidence item of an outcome."""
 
-    kind: Annotated[str, Field(min_length=1, max_length=256)] = Field(
-        description="e.g. 'file', 'log', 'ci-run'."
-    )
-    uri: Annotated[str, Field(min_length=1, max_length=4096)]
-    digest: Annotated[str, Field(max_length=512)] | None = None
+    # The REST item's limits, with a description of ``kind`` for the agent, and a ``note``
+    # without the REST pattern (the Python API refuses a NUL all the same).
+    kind: rest_schemas.EvidenceKind = Field(description="e.g. 'file', 'log', 'ci-run'.")
     note: Text | None = None
 
 

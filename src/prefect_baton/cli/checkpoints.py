@@ -8,7 +8,7 @@ import typer
 
 from prefect_baton.cli._options import Fence, IdempotencyKey, SubjectId
 from prefect_baton.cli._output import emit_ok
-from prefect_baton.cli._state import guard, read_json_object, usage_error
+from prefect_baton.cli._state import fence_lease, guard, read_json_object, usage_error
 from prefect_baton.errors import NotFoundError
 
 app = typer.Typer(
@@ -62,13 +62,12 @@ def save(
     with guard(ctx, "checkpoint.save") as st:
         state_obj = read_json_object(state_source, "state")
         b = st.client()
-        fence_lease = b.leases.get(fence) if fence else None
         checkpoint = b.checkpoints.save(
             subject_id,
             kind,
             state_obj,
             expected_version=expected_version,
-            fence=fence_lease,
+            fence=fence_lease(b, fence),
             idempotency_key=idempotency_key,
             ttl_seconds=ttl_seconds,
         )

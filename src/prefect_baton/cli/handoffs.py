@@ -84,14 +84,13 @@ def create(
     """Create a pending handoff of SUBJECT_ID to TO_PRINCIPAL."""
     with guard(ctx, "handoff.create") as st:
         b = st.client()
-        lease = lease_proof(b, lease_id, execution_key) if lease_id else None
         handoff = b.handoffs.create(
             to_principal,
             subject_id,
             checkpoint_id=checkpoint_id,
             context_id=context_id,
             message=message,
-            lease=lease,
+            lease=lease_proof(b, lease_id, execution_key) if lease_id else None,
             idempotency_key=idempotency_key,
             expires_in_seconds=expires_in_seconds,
         )

@@ -9,7 +9,7 @@ import typer
 
 from prefect_baton.cli._options import Fence, IdempotencyKey, SubjectId, row_limit
 from prefect_baton.cli._output import emit_ok
-from prefect_baton.cli._state import guard, parse_evidence
+from prefect_baton.cli._state import fence_lease, guard, parse_evidence
 
 app = typer.Typer(
     name="outcome",
@@ -69,12 +69,11 @@ def record(
     with guard(ctx, "outcome.record") as st:
         items = parse_evidence(evidence or [])
         b = st.client()
-        fence_lease = b.leases.get(fence) if fence else None
         outcome = b.outcomes.record(
             subject_id,
             status.value,
             evidence=items,
-            fence=fence_lease,
+            fence=fence_lease(b, fence),
             lease_id=lease_id,
             handoff_id=handoff_id,
             checkpoint_id=checkpoint_id,

@@ -266,14 +266,7 @@ def _lease_acquire(b: Baton, a: LeaseAcquireIn) -> dict[str, Any]:
 
 def _lease_renew(b: Baton, a: LeaseByIdIn) -> dict[str, Any]:
     lease = b.leases.get(a.lease_id)
-    return _json(
-        b.leases.renew(
-            lease,
-            ttl_seconds=a.ttl_seconds,
-            expected_version=a.expected_version,
-            idempotency_key=a.idempotency_key,
-        )
-    )
+    return _json(rest_calls.renew(b, lease, a, a.idempotency_key))
 
 
 def _lease_release(b: Baton, a: LeaseReleaseIn) -> dict[str, Any]:

@@ -16,7 +16,14 @@ from pydantic import BaseModel
 from prefect_baton._client.sync import Baton
 from prefect_baton.models import Checkpoint, Handoff, Lease, Outcome
 
-__all__ = ["acquire", "create_handoff", "record_outcome", "resolve_handoff", "save_checkpoint"]
+__all__ = [
+    "acquire",
+    "create_handoff",
+    "record_outcome",
+    "renew",
+    "resolve_handoff",
+    "save_checkpoint",
+]
 
 
 class AcquireFields(Protocol):
@@ -27,6 +34,13 @@ class AcquireFields(Protocol):
     ttl_seconds: int
     purpose: str | None
     scopes: list[str]
+    expected_version: int | None
+
+
+class RenewFields(Protocol):
+    """The fields of a lease renewal (REST ``RenewIn``, MCP ``LeaseByIdIn``)."""
+
+    ttl_seconds: int | None
     expected_version: int | None
 
 
@@ -88,6 +102,21 @@ def acquire(b: Baton, a: AcquireFields, idempotency_key: str | None) -> Lease:
         ttl_seconds=a.ttl_seconds,
         purpose=a.purpose,
         scopes=a.scopes,
+        expected_version=a.expected_version,
+        idempotency_key=idempotency_key,
+    )
+
+
+def renew(b: Baton, lease: Lease, a: RenewFields, idempotency_key: str | None) -> Lease:
+    """``b.leases.renew`` of ``lease`` (the caller's proof, a
+    :class:`~prefect_baton.models.Lease`) with the fields of ``a``.
+
+    Raises:
+        BatonError: as that method (LEASE_LOST, VERSION_CONFLICT, ...).
+    """
+    return b.leases.renew(
+        lease,
+        ttl_seconds=a.ttl_seconds,
         expected_version=a.expected_version,
         idempotency_key=idempotency_key,
     )

@@ -131,13 +131,7 @@ def add_routes(app: FastAPI) -> None:
         """Extend a lease you hold; 409 LEASE_LOST once it has ended or expired."""
         body = body or RenewProofIn()
         lease = _proof_lease(b, lease_id, body)
-        renewed = b.leases.renew(
-            lease,
-            ttl_seconds=body.ttl_seconds,
-            expected_version=body.expected_version,
-            idempotency_key=_utf8(key),
-        )
-        return _reply(request, renewed)
+        return _reply(request, _calls.renew(b, lease, body, _utf8(key)))
 
     @app.post("/v1/leases/{lease_id}/transfer", tags=["leases"])
     def transfer(

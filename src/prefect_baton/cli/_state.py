@@ -20,7 +20,15 @@ from prefect_baton.cli._output import EXIT_USAGE, OutputFormat, emit_error
 from prefect_baton.errors import BatonError, ValidationError
 from prefect_baton.models import Lease
 
-__all__ = ["CliState", "fail", "guard", "lease_proof", "parse_evidence", "read_json_object"]
+__all__ = [
+    "CliState",
+    "fail",
+    "fence_lease",
+    "guard",
+    "lease_proof",
+    "parse_evidence",
+    "read_json_object",
+]
 
 
 @dataclass
@@ -114,6 +122,16 @@ def lease_proof(b: Baton, lease_id: str, execution_key: str | None) -> Lease:
     """
     lease = b.leases.get(lease_id)
     return lease.model_copy(update={"execution_key": execution_key})
+
+
+def fence_lease(b: Baton, fence: str | None) -> Lease | None:
+    """The lease a write is fenced with: the caller's lease ``fence`` (the ``--fence`` lease
+    id, ``str``), or ``None`` without ``--fence``.
+
+    Raises:
+        NotFoundError: unknown, another org's or another principal's lease.
+    """
+    return b.leases.get(fence) if fence else None
 
 
 def _read_text(source: str, what: str) -> str:

@@ -6,8 +6,9 @@ from typing import Annotated
 
 import typer
 
+from prefect_baton.cli._options import Fence, IdempotencyKey, SubjectId
 from prefect_baton.cli._output import emit_ok
-from prefect_baton.cli._state import guard, read_json_object, usage_error
+from prefect_baton.cli._state import fence_lease, guard, read_json_object, usage_error
 from prefect_baton.errors import NotFoundError
 
 app = typer.Typer(
@@ -18,9 +19,6 @@ app = typer.Typer(
 
 HISTORY_COLUMNS = ("version", "state_hash", "updated_at", "checkpoint_id", "principal")
 
-SubjectId = Annotated[
-    str, typer.Argument(metavar="SUBJECT_ID", help="Subject id (text, 1-256 characters).")
-]
 Kind = Annotated[
     str, typer.Argument(metavar="KIND", help="Checkpoint kind (text, 1-256 characters).")
 ]
@@ -50,18 +48,8 @@ def save(
             help="Compare-and-swap on the checkpoint version (integer; 0 = must not exist).",
         ),
     ] = None,
-    fence: Annotated[
-        str | None,
-        typer.Option(
-            "--fence",
-            help="Lease id (text) to fence the write with: rejected (exit 10, STALE_FENCE) "
-            "once that lease generation is no longer current.",
-        ),
-    ] = None,
-    idempotency_key: Annotated[
-        str | None,
-        typer.Option("--idempotency-key", help="Idempotency key (text); a retry replays."),
-    ] = None,
+    fence: Fence = None,
+    idempotency_key: IdempotencyKey = None,
     ttl_seconds: Annotated[
         int | None,
         typer.Option(
@@ -74,13 +62,12 @@ def save(
     with guard(ctx, "checkpoint.save") as st:
         state_obj = read_json_object(state_source, "state")
         b = st.client()
-        fence_lease = b.leases.get(fence) if fence else None
         checkpoint = b.checkpoints.save(
             subject_id,
             kind,
             state_obj,
             expected_version=expected_version,
-            fence=fence_lease,
+            fence=fence_lease(b, fence),
             idempotency_key=idempotency_key,
             ttl_seconds=ttl_seconds,
         )

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from prefect_baton._rules.validation import TTL_RANGE
+from prefect_baton.cli._options import IdempotencyKey, SubjectId, row_limit
 from prefect_baton.cli._output import emit_ok
 from prefect_baton.cli._state import guard, lease_proof
 
@@ -49,9 +50,7 @@ def create(
             metavar="TO_PRINCIPAL", help="Recipient principal (text); need not have acted yet."
         ),
     ],
-    subject_id: Annotated[
-        str, typer.Argument(metavar="SUBJECT_ID", help="Subject id (text, 1-256 characters).")
-    ],
+    subject_id: SubjectId,
     checkpoint_id: Annotated[
         str | None,
         typer.Option("--checkpoint-id", help="Checkpoint id (text) the recipient may read."),
@@ -80,22 +79,18 @@ def create(
             help="Seconds (integer, 1 to 31622400) after which it reads as 'expired'.",
         ),
     ] = None,
-    idempotency_key: Annotated[
-        str | None,
-        typer.Option("--idempotency-key", help="Idempotency key (text); a retry replays."),
-    ] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> None:
     """Create a pending handoff of SUBJECT_ID to TO_PRINCIPAL."""
     with guard(ctx, "handoff.create") as st:
         b = st.client()
-        lease = lease_proof(b, lease_id, execution_key) if lease_id else None
         handoff = b.handoffs.create(
             to_principal,
             subject_id,
             checkpoint_id=checkpoint_id,
             context_id=context_id,
             message=message,
-            lease=lease,
+            lease=lease_proof(b, lease_id, execution_key) if lease_id else None,
             idempotency_key=idempotency_key,
             expires_in_seconds=expires_in_seconds,
         )
@@ -105,9 +100,7 @@ def create(
 @app.command("inbox")
 def inbox(
     ctx: typer.Context,
-    limit: Annotated[
-        int, typer.Option("--limit", help="At most this many rows (integer, 1 to 10000).")
-    ] = 100,
+    limit: Annotated[int, row_limit(10_000)] = 100,
 ) -> None:
     """List pending handoffs addressed to you."""
     with guard(ctx, "handoff.inbox") as st:

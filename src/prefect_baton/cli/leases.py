@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from prefect_baton._rules.validation import TTL_RANGE
+from prefect_baton.cli._options import row_limit
 from prefect_baton.cli._output import emit_ok
 from prefect_baton.cli._state import guard, lease_proof
 
@@ -276,9 +277,7 @@ def list_(
     include_ended: Annotated[
         bool, typer.Option("--all", help="Also list ended (released, expired, ...) leases.")
     ] = False,
-    limit: Annotated[
-        int, typer.Option("--limit", help="At most this many rows (integer, 1 to 10000).")
-    ] = 100,
+    limit: Annotated[int, row_limit(10_000)] = 100,
 ) -> None:
     """List your effective leases, newest first."""
     with guard(ctx, "lease.list") as st:

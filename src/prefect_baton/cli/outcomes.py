@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
+from prefect_baton.cli._options import Fence, IdempotencyKey, SubjectId, row_limit
 from prefect_baton.cli._output import emit_ok
-from prefect_baton.cli._state import guard, parse_evidence
+from prefect_baton.cli._state import fence_lease, guard, parse_evidence
 
 app = typer.Typer(
     name="outcome",
@@ -37,9 +38,7 @@ class OutcomeStatus(enum.StrEnum):
 @app.command("record")
 def record(
     ctx: typer.Context,
-    subject_id: Annotated[
-        str, typer.Argument(metavar="SUBJECT_ID", help="Subject id (text, 1-256 characters).")
-    ],
+    subject_id: SubjectId,
     status: Annotated[
         OutcomeStatus,
         typer.Argument(
@@ -54,14 +53,7 @@ def record(
             "object or list of objects; repeat for several. 'succeeded' needs at least one.",
         ),
     ] = None,
-    fence: Annotated[
-        str | None,
-        typer.Option(
-            "--fence",
-            help="Lease id (text) to fence the write with: rejected (exit 10, STALE_FENCE) "
-            "once that lease generation is no longer current.",
-        ),
-    ] = None,
+    fence: Fence = None,
     lease_id: Annotated[
         str | None, typer.Option("--lease-id", help="Link to this lease id (text).")
     ] = None,
@@ -71,21 +63,17 @@ def record(
     checkpoint_id: Annotated[
         str | None, typer.Option("--checkpoint-id", help="Link to this checkpoint id (text).")
     ] = None,
-    idempotency_key: Annotated[
-        str | None,
-        typer.Option("--idempotency-key", help="Idempotency key (text); a retry replays."),
-    ] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> None:
     """Record STATUS for SUBJECT_ID with its evidence."""
     with guard(ctx, "outcome.record") as st:
         items = parse_evidence(evidence or [])
         b = st.client()
-        fence_lease = b.leases.get(fence) if fence else None
         outcome = b.outcomes.record(
             subject_id,
             status.value,
             evidence=items,
-            fence=fence_lease,
+            fence=fence_lease(b, fence),
             lease_id=lease_id,
             handoff_id=handoff_id,
             checkpoint_id=checkpoint_id,
@@ -103,9 +91,7 @@ def list_(
             metavar="SUBJECT_ID", help="Only this subject (text); default: all of the org."
         ),
     ] = None,
-    limit: Annotated[
-        int, typer.Option("--limit", help="At most this many rows (integer, 1 to 100000).")
-    ] = 1000,
+    limit: Annotated[int, row_limit(100_000)] = 1000,
 ) -> None:
     """List outcomes of the org (of one subject when given), oldest first."""
     with guard(ctx, "outcome.list") as st:

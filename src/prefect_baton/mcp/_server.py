@@ -313,7 +313,9 @@ def serve_http(
     ledger_url: str | None = None,
     redis_url: str | None = None,
 ) -> None:
-    """Serve :func:`http_app` with uvicorn until interrupted (SIGINT/SIGTERM).
+    """Serve :func:`http_app` until interrupted (SIGINT/SIGTERM), with the REST API's
+    uvicorn set-up (:func:`prefect_baton.rest.__main__.run_app`: bearer keys redacted from
+    the log).
 
     Args:
         host: interface to bind (``str``, default loopback). port: TCP port (``int``).
@@ -321,7 +323,8 @@ def serve_http(
 
     Raises:
         ValidationError: a malformed URL. UnavailableError: the ledger cannot be reached.
+        SystemExit: uvicorn could not bind ``host:port`` (code 1, reason in the log).
     """
-    import uvicorn
+    from prefect_baton.rest.__main__ import run_app
 
-    uvicorn.run(http_app(ledger_url, redis_url, host=host, port=port), host=host, port=port)
+    run_app(http_app(ledger_url, redis_url, host=host, port=port), host, port)

@@ -28,6 +28,8 @@ from prefect_baton._rules.validation import (
 )
 from prefect_baton.errors import NotFoundError, StaleFenceError
 from prefect_baton.models import Checkpoint, Handoff, Lease, LeaseInfo, Outcome, Receipt
+from prefect_baton.rest import _calls as rest_calls
+from prefect_baton.rest import _schemas as rest_schemas
 
 __all__ = ["TOOLS", "ToolSpec"]
 
@@ -208,14 +210,12 @@ class HandoffShowIn(_In):
     handoff_id: Id
 
 
-class EvidenceIn(_In):
+class EvidenceIn(rest_schemas.EvidenceIn):
     """One evidence item of an outcome."""
 
-    kind: Annotated[str, Field(min_length=1, max_length=256)] = Field(
-        description="e.g. 'file', 'log', 'ci-run'."
-    )
-    uri: Annotated[str, Field(min_length=1, max_length=4096)]
-    digest: Annotated[str, Field(max_length=512)] | None = None
+    # The REST item's limits, with a description of ``kind`` for the agent, and a ``note``
+    # without the REST pattern (the Python API refuses a NUL all the same).
+    kind: rest_schemas.EvidenceKind = Field(description="e.g. 'file', 'log', 'ci-run'.")
     note: Text | None = None
 
 
@@ -261,29 +261,12 @@ def _fence(b: Baton, lease_id: str | None, epoch: int | None) -> Lease | None:
 
 
 def _lease_acquire(b: Baton, a: LeaseAcquireIn) -> dict[str, Any]:
-    return _json(
-        b.leases.acquire(
-            a.resource_type,
-            a.resource_id,
-            ttl_seconds=a.ttl_seconds,
-            purpose=a.purpose,
-            scopes=a.scopes,
-            expected_version=a.expected_version,
-            idempotency_key=a.idempotency_key,
-        )
-    )
+    return _json(rest_calls.acquire(b, a, a.idempotency_key))
 
 
 def _lease_renew(b: Baton, a: LeaseByIdIn) -> dict[str, Any]:
     lease = b.leases.get(a.lease_id)
-    return _json(
-        b.leases.renew(
-            lease,
-            ttl_seconds=a.ttl_seconds,
-            expected_version=a.expected_version,
-            idempotency_key=a.idempotency_key,
-        )
-    )
+    return _json(rest_calls.renew(b, lease, a, a.idempotency_key))
 
 
 def _lease_release(b: Baton, a: LeaseReleaseIn) -> dict[str, Any]:
@@ -300,17 +283,8 @@ def _lease_inspect(b: Baton, a: ResourceIn) -> dict[str, Any]:
 
 
 def _checkpoint_save(b: Baton, a: CheckpointSaveIn) -> dict[str, Any]:
-    return _json(
-        b.checkpoints.save(
-            a.subject_id,
-            a.kind,
-            a.state,
-            expected_version=a.expected_version,
-            fence=_fence(b, a.lease_id, a.epoch),
-            idempotency_key=a.idempotency_key,
-            ttl_seconds=a.ttl_seconds,
-        )
-    )
+    fence = _fence(b, a.lease_id, a.epoch)
+    return _json(rest_calls.save_checkpoint(b, a, fence, a.idempotency_key))
 
 
 def _checkpoint_get(b: Baton, a: CheckpointGetIn) -> dict[str, Any]:
@@ -324,18 +298,8 @@ def _checkpoint_get(b: Baton, a: CheckpointGetIn) -> dict[str, Any]:
 
 
 def _handoff_create(b: Baton, a: HandoffCreateIn) -> dict[str, Any]:
-    return _json(
-        b.handoffs.create(
-            a.to_principal,
-            a.subject_id,
-            checkpoint_id=a.checkpoint_id,
-            context_id=a.context_id,
-            message=a.message,
-            lease=b.leases.get(a.lease_id) if a.lease_id is not None else None,
-            idempotency_key=a.idempotency_key,
-            expires_in_seconds=a.expires_in_seconds,
-        )
-    )
+    lease = b.leases.get(a.lease_id) if a.lease_id is not None else None
+    return _json(rest_calls.create_handoff(b, a, lease, a.idempotency_key))
 
 
 def _handoff_inbox(b: Baton, a: HandoffInboxIn) -> dict[str, Any]:
@@ -343,16 +307,7 @@ def _handoff_inbox(b: Baton, a: HandoffInboxIn) -> dict[str, Any]:
 
 
 def _handoff_resolve(b: Baton, a: HandoffResolveIn) -> dict[str, Any]:
-    return _json(
-        b.handoffs.resolve(
-            a.handoff_id,
-            a.status,
-            a.note,
-            execution_key=a.execution_key,
-            ttl_seconds=a.ttl_seconds,
-            idempotency_key=a.idempotency_key,
-        )
-    )
+    return _json(rest_calls.resolve_handoff(b, a.handoff_id, a, a.idempotency_key))
 
 
 def _handoff_show(b: Baton, a: HandoffShowIn) -> dict[str, Any]:
@@ -360,18 +315,8 @@ def _handoff_show(b: Baton, a: HandoffShowIn) -> dict[str, Any]:
 
 
 def _outcome_record(b: Baton, a: OutcomeRecordIn) -> dict[str, Any]:
-    return _json(
-        b.outcomes.record(
-            a.subject_id,
-            a.status,
-            evidence=[e.model_dump() for e in a.evidence],
-            fence=_fence(b, a.lease_id, a.epoch),
-            lease_id=a.lease_id,
-            handoff_id=a.handoff_id,
-            checkpoint_id=a.checkpoint_id,
-            idempotency_key=a.idempotency_key,
-        )
-    )
+    fence = _fence(b, a.lease_id, a.epoch)
+    return _json(rest_calls.record_outcome(b, a, fence, a.idempotency_key))
 
 
 @dataclass(frozen=True)

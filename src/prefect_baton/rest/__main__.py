@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["RedactKeys", "log_config", "main", "serve"]
+__all__ = ["RedactKeys", "log_config", "main", "run_app", "serve"]
 
 _SECRET = re.compile(r"bk_[A-Za-z0-9_\-]+|(?i:bearer)(?:\s|%20|\+)+[^\s&\"']+")
 
@@ -51,6 +51,23 @@ def log_config() -> dict[str, Any]:
     return cfg
 
 
+def run_app(app: Any, host: str, port: int) -> None:
+    """Serve the ASGI ``app`` with uvicorn on ``host:port`` until interrupted (SIGINT or
+    SIGTERM end it cleanly), its log lines passing through :class:`RedactKeys`. The REST
+    API and the MCP server over HTTP are both served by it.
+
+    Args:
+        app: the ASGI application (FastAPI or Starlette). host: interface to bind
+            (``str``). port: TCP port (``int``).
+
+    Raises:
+        SystemExit: uvicorn could not bind ``host:port`` (code 1, reason in the log).
+    """
+    import uvicorn
+
+    uvicorn.run(app, host=host, port=port, log_level="info", log_config=log_config())
+
+
 def serve(
     host: str = "127.0.0.1",
     port: int = 8787,
@@ -67,17 +84,9 @@ def serve(
         ValidationError: a malformed URL. UnavailableError: the ledger cannot be reached.
         SystemExit: uvicorn could not bind ``host:port`` (code 1, reason in the log).
     """
-    import uvicorn
-
     from prefect_baton.rest.app import create_app
 
-    uvicorn.run(
-        create_app(ledger_url, redis_url),
-        host=host,
-        port=port,
-        log_level="info",
-        log_config=log_config(),
-    )
+    run_app(create_app(ledger_url, redis_url), host, port)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from prefect_baton.errors import NotFoundError
+from prefect_baton.rest import _calls
 from prefect_baton.rest import _schemas as s
 from prefect_baton.rest._deps import (
     B,
@@ -83,16 +84,7 @@ def add_routes(app: FastAPI) -> None:
     @app.post("/v1/leases", status_code=201, tags=["leases"])
     def acquire(request: Request, body: s.AcquireIn, b: B, key: IdemKey = None) -> Response:
         """Acquire a lease; 409 CONFLICT (expiry only) while another holds it."""
-        lease = b.leases.acquire(
-            body.resource_type,
-            body.resource_id,
-            ttl_seconds=body.ttl_seconds,
-            purpose=body.purpose,
-            scopes=body.scopes,
-            expected_version=body.expected_version,
-            idempotency_key=_utf8(key),
-        )
-        return _reply(request, lease, status=201)
+        return _reply(request, _calls.acquire(b, body, _utf8(key)), status=201)
 
     @app.get("/v1/leases", tags=["leases"])
     def list_leases(
@@ -139,13 +131,7 @@ def add_routes(app: FastAPI) -> None:
         """Extend a lease you hold; 409 LEASE_LOST once it has ended or expired."""
         body = body or RenewProofIn()
         lease = _proof_lease(b, lease_id, body)
-        renewed = b.leases.renew(
-            lease,
-            ttl_seconds=body.ttl_seconds,
-            expected_version=body.expected_version,
-            idempotency_key=_utf8(key),
-        )
-        return _reply(request, renewed)
+        return _reply(request, _calls.renew(b, lease, body, _utf8(key)))
 
     @app.post("/v1/leases/{lease_id}/transfer", tags=["leases"])
     def transfer(

@@ -9,6 +9,7 @@ from starlette.responses import Response
 from prefect_baton._client.sync import Baton
 from prefect_baton.errors import NotFoundError
 from prefect_baton.models import Lease
+from prefect_baton.rest import _calls
 from prefect_baton.rest import _schemas as s
 from prefect_baton.rest._deps import B, Epoch, ExecutionKey, IdemKey, _fence, _reply, _utf8
 
@@ -48,16 +49,7 @@ def add_routes(app: FastAPI) -> None:
         lease = held(b, body.lease_id)
         if lease is not None and "lease_execution_key" in body.model_fields_set:
             lease = lease.model_copy(update={"execution_key": body.lease_execution_key})
-        handoff = b.handoffs.create(
-            body.to_principal,
-            body.subject_id,
-            checkpoint_id=body.checkpoint_id,
-            context_id=body.context_id,
-            message=body.message,
-            lease=lease,
-            idempotency_key=_utf8(key),
-            expires_in_seconds=body.expires_in_seconds,
-        )
+        handoff = _calls.create_handoff(b, body, lease, _utf8(key))
         return _reply(request, handoff, status=201)
 
     @app.get("/v1/handoffs", tags=["handoffs"])
@@ -75,31 +67,15 @@ def add_routes(app: FastAPI) -> None:
         request: Request, handoff_id: str, body: s.ResolveIn, b: B, key: IdemKey = None
     ) -> Response:
         """Accept or reject a pending handoff addressed to you; a second resolve is 404."""
-        handoff = b.handoffs.resolve(
-            handoff_id,
-            body.status,
-            body.note,
-            execution_key=body.execution_key,
-            ttl_seconds=body.ttl_seconds,
-            idempotency_key=_utf8(key),
-        )
-        return _reply(request, handoff)
+        return _reply(request, _calls.resolve_handoff(b, handoff_id, body, _utf8(key)))
 
     # ------------------------------------------------------------------ checkpoints
 
     @app.put("/v1/checkpoints", tags=["checkpoints"])
     def save(request: Request, body: FencedCheckpointIn, b: B, key: IdemKey = None) -> Response:
         """Write your checkpoint of ``(subject_id, kind)``; version +1 per write."""
-        ck = b.checkpoints.save(
-            body.subject_id,
-            body.kind,
-            body.state,
-            expected_version=body.expected_version,
-            fence=_fence(b, body.fence_lease_id, body.fence_epoch),
-            idempotency_key=_utf8(key),
-            ttl_seconds=body.ttl_seconds,
-        )
-        return _reply(request, ck)
+        fence = _fence(b, body.fence_lease_id, body.fence_epoch)
+        return _reply(request, _calls.save_checkpoint(b, body, fence, _utf8(key)))
 
     @app.get("/v1/checkpoints", tags=["checkpoints"])
     def get_checkpoint(
@@ -129,16 +105,8 @@ def add_routes(app: FastAPI) -> None:
     @app.post("/v1/outcomes", status_code=201, tags=["outcomes"])
     def record(request: Request, body: FencedOutcomeIn, b: B, key: IdemKey = None) -> Response:
         """Record ``succeeded``, ``failed`` or ``cancelled`` for a subject."""
-        outcome = b.outcomes.record(
-            body.subject_id,
-            body.status,
-            evidence=[e.model_dump() for e in body.evidence],
-            fence=_fence(b, body.fence_lease_id, body.fence_epoch),
-            lease_id=body.lease_id,
-            handoff_id=body.handoff_id,
-            checkpoint_id=body.checkpoint_id,
-            idempotency_key=_utf8(key),
-        )
+        fence = _fence(b, body.fence_lease_id, body.fence_epoch)
+        outcome = _calls.record_outcome(b, body, fence, _utf8(key))
         return _reply(request, outcome, status=201)
 
     @app.get("/v1/outcomes", tags=["outcomes"])

@@ -135,10 +135,14 @@ class CheckpointIn(_In):
     ttl_seconds: Lifetime | None = None
 
 
+#: The kind of an evidence item (e.g. ``file``): 1 to 256 characters.
+EvidenceKind = Annotated[str, Field(min_length=1, max_length=256)]
+
+
 class EvidenceIn(_In):
     """One evidence item of an outcome."""
 
-    kind: Annotated[str, Field(min_length=1, max_length=256)]
+    kind: EvidenceKind
     uri: Annotated[str, Field(min_length=1, max_length=4096)]
     digest: Annotated[str, Field(max_length=512)] | None = None
     note: Text | None = None

@@ -1,0 +1,51 @@
+"""Command-line arguments and options that several ``baton`` commands declare alike.
+
+Each is a :data:`typing.Annotated` alias, so one declaration (name, metavar, help text)
+serves every command that takes it and the help texts cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+__all__ = ["Fence", "IdempotencyKey", "SubjectId", "row_limit"]
+
+#: ``SUBJECT_ID``: the subject a checkpoint, handoff or outcome is about.
+SubjectId = Annotated[
+    str, typer.Argument(metavar="SUBJECT_ID", help="Subject id (text, 1-256 characters).")
+]
+
+#: ``--idempotency-key`` of a record write (checkpoint save, handoff create, outcome
+#: record): a retry with the same key replays the stored result.
+IdempotencyKey = Annotated[
+    str | None,
+    typer.Option("--idempotency-key", help="Idempotency key (text); a retry replays."),
+]
+
+#: ``--fence``: the lease id a checkpoint or outcome write is fenced with.
+Fence = Annotated[
+    str | None,
+    typer.Option(
+        "--fence",
+        help="Lease id (text) to fence the write with: rejected (exit 10, STALE_FENCE) "
+        "once that lease generation is no longer current.",
+    ),
+]
+
+
+def row_limit(maximum: int) -> typer.models.OptionInfo:
+    """The ``--limit`` option of a listing command.
+
+    Args:
+        maximum: the largest row count (``int``) the listing accepts; it is stated in the
+            help text.
+
+    Returns:
+        The :class:`typer.models.OptionInfo` to put in an ``Annotated[int, ...]``.
+    """
+    option: typer.models.OptionInfo = typer.Option(
+        "--limit", help=f"At most this many rows (integer, 1 to {maximum})."
+    )
+    return option

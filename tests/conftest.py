@@ -185,10 +185,10 @@ class RestBaton(Baton):
 
     def for_identity(self, org: str, principal: str, role: str = "agent") -> RestBaton:
         """A client sharing this one's connection pool, on a new key for the identity."""
-        from prefect_baton._stores.rest.client import RemoteBackend
+        from prefect_baton._stores.rest.client import RestStore
 
         remote = self.authority
-        assert isinstance(remote, RemoteBackend)
+        assert isinstance(remote, RestStore)
         other = RestBaton(lease_authority=remote.with_key(self.mint(org, principal, role)))
         other.mint = self.mint
         return other

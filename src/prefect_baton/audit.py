@@ -2,7 +2,7 @@
 
 Checks, per resource of an org:
 
-1. no two effective holdings overlap in time: a generation holds from ``acquired_at`` until
+1. no two effective generations overlap in time: a generation holds from ``acquired_at`` until
    the earliest of its end (release, transfer, takeover, revocation) and its last expiry, and
    the next generation starts no earlier than that;
 2. epochs strictly rise from one generation to the next, and never fall in the history;
@@ -22,7 +22,7 @@ from itertools import pairwise
 from sqlalchemy import select
 from sqlmodel import col
 
-from prefect_baton._rules.core import Holding
+from prefect_baton._rules.core import Generation
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.ledger.tables import LeaseTransition, ReceiptRow
 
@@ -55,7 +55,7 @@ class AuditReport:
         return not self.violations
 
 
-def _holding_end(h: Holding) -> int:
+def _holding_end(h: Generation) -> int:
     end = h.expires_at_ms
     if h.ended_at_ms is not None:
         end = min(end, h.ended_at_ms)
@@ -70,7 +70,7 @@ def audit_ledger(store: LedgerStore, org: str) -> AuditReport:
     """
     rows, transitions = store.lease_history(org)
     report = AuditReport(org=org, generations=len(rows), transitions=len(transitions))
-    by_res: dict[tuple[str, str], list[Holding]] = defaultdict(list)
+    by_res: dict[tuple[str, str], list[Generation]] = defaultdict(list)
     for h in rows:
         by_res[(h.resource_type, h.resource_id)].append(h)
     report.resources = len(by_res)

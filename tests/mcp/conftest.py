@@ -38,7 +38,7 @@ BATON = str(Path(sys.executable).parent / "baton")
 
 #: Tables a refused call must leave untouched.
 WRITE_TABLES = (
-    tables.LeaseRow,
+    tables.GenerationRow,
     tables.LeaseTransition,
     tables.CheckpointRow,
     tables.CheckpointVersion,

@@ -54,7 +54,7 @@ from sqlalchemy import text, update
 from sqlmodel import col
 
 from prefect_baton._stores.ledger.store import LedgerStore
-from prefect_baton._stores.ledger.tables import LeaseRow
+from prefect_baton._stores.ledger.tables import GenerationRow
 from prefect_baton._stores.protocol import Caller
 from prefect_baton._stores.redis.authority import RedisAuthority
 from prefect_baton._stores.redis.connection import as_text
@@ -245,11 +245,11 @@ class ServerRedisArm(Arm):
                 client.hset(se, sid, f"{f[_EXPIRES]}\x00{owner}")
         with self.ledger.engines.write.begin() as conn:
             conn.execute(
-                update(LeaseRow)
-                .where(col(LeaseRow.org_id) == org, col(LeaseRow.status) == "active")
+                update(GenerationRow)
+                .where(col(GenerationRow.org_id) == org, col(GenerationRow.status) == "active")
                 .values(
-                    acquired_at_ms=col(LeaseRow.acquired_at_ms) - delta_ms,
-                    expires_at_ms=col(LeaseRow.expires_at_ms) - delta_ms,
+                    acquired_at_ms=col(GenerationRow.acquired_at_ms) - delta_ms,
+                    expires_at_ms=col(GenerationRow.expires_at_ms) - delta_ms,
                 )
             )
 

@@ -65,8 +65,8 @@ from hypothesis.stateful import (
 )
 
 from prefect_baton._rules import core as _core
-from prefect_baton._rules.core import Decision, Holding, Proof
-from prefect_baton._stores.ledger.convert import holding_to_lease
+from prefect_baton._rules.core import Decision, Generation, Proof
+from prefect_baton._stores.ledger.convert import generation_to_lease
 from prefect_baton._stores.protocol import AcquireRequest, Caller
 from prefect_baton._stores.redis.rebuild import EPOCH_RANGE
 from prefect_baton.errors import BatonError, IdempotencyMismatchError
@@ -133,7 +133,7 @@ def acquire_digest(
 
 
 class CoreRef:
-    """The reference authority: lease rows (lease id -> :class:`Holding`; a resource's head
+    """The reference authority: lease rows (lease id -> :class:`Generation`; a resource's head
     is its row with the highest epoch) and acquire receipts ((principal, key, resource) ->
     (digest, lease id, epoch)), every decision taken by :mod:`prefect_baton._rules.core`.
 
@@ -144,7 +144,7 @@ class CoreRef:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.rows: dict[str, Holding] = {}
+        self.rows: dict[str, Generation] = {}
         self.receipts: dict[tuple[str, str, str], tuple[str, str, int]] = {}
         self.floor = 0
 
@@ -174,7 +174,7 @@ class CoreRef:
                     epoch=stored[2],
                     now_ms=now,
                 )
-                return holding_to_lease(held, replayed=True)
+                return generation_to_lease(held, replayed=True)
         d = _core.decide_acquire(
             head_of(self.rows, resource),
             resource_type=RTYPE,
@@ -192,11 +192,11 @@ class CoreRef:
         )
         assert d.new is not None
         if d.noop:
-            return holding_to_lease(d.new, replayed=True)
+            return generation_to_lease(d.new, replayed=True)
         apply_decision(self.rows, d)
         if key is not None:
             self.receipts[(principal, key, resource)] = (digest, d.new.lease_id, d.new.epoch)
-        return holding_to_lease(d.new)
+        return generation_to_lease(d.new)
 
     def renew(self, proof: Proof, ttl_s: int, expected: int | None, now: int) -> Lease:
         d = _core.decide_renew(
@@ -208,7 +208,7 @@ class CoreRef:
         )
         apply_decision(self.rows, d)
         assert d.new is not None
-        return holding_to_lease(d.new)
+        return generation_to_lease(d.new)
 
     def transfer(
         self,
@@ -238,13 +238,13 @@ class CoreRef:
         )
         apply_decision(self.rows, d)
         assert d.new is not None
-        return holding_to_lease(d.new)
+        return generation_to_lease(d.new)
 
     def _receipt(self, action: str, d: Decision) -> Receipt:
         assert d.new is not None
         apply_decision(self.rows, d)
         status = "no_change" if d.noop else d.receipt_status
-        return Receipt(action=action, status=status, lease=holding_to_lease(d.new))  # type: ignore[arg-type]
+        return Receipt(action=action, status=status, lease=generation_to_lease(d.new))  # type: ignore[arg-type]
 
     def release(self, proof: Proof, expected: int | None, now: int) -> Receipt:
         row = self.rows.get(proof.lease_id)
@@ -278,13 +278,13 @@ class CoreRef:
             held=held,
             version=head.version,
             epoch=head.epoch,
-            expires_at=holding_to_lease(head).expires_at if held else None,
-            lease=holding_to_lease(head) if held and head.owner == principal else None,
+            expires_at=generation_to_lease(head).expires_at if held else None,
+            lease=generation_to_lease(head) if held and head.owner == principal else None,
         )
 
     def leases(self, now: int, *, include_ended: bool) -> list[Lease]:
         return [
-            holding_to_lease(h) for h in self.rows.values() if include_ended or h.effective(now)
+            generation_to_lease(h) for h in self.rows.values() if include_ended or h.effective(now)
         ]
 
 

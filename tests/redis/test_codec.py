@@ -11,8 +11,8 @@ import fakeredis
 import pytest
 
 from prefect_baton import Baton
-from prefect_baton._rules.core import Holding
-from prefect_baton._stores.ledger.store import LedgerStore, holding_to_lease
+from prefect_baton._rules.core import Generation
+from prefect_baton._stores.ledger.store import LedgerStore, generation_to_lease
 from prefect_baton._stores.redis.authority import RedisAuthority
 from prefect_baton._stores.redis.codec import (
     encode_gen,
@@ -28,7 +28,7 @@ from prefect_baton.errors import LeaseLostError
 from ._util import kinds_of
 
 HOLDINGS = [
-    Holding(
+    Generation(
         lease_id="lease_" + "a" * 32,
         resource_type="res",
         resource_id="r/1 é",
@@ -41,7 +41,7 @@ HOLDINGS = [
         expires_at_ms=1_700_000_030_123,
         ttl_ms=30_000,
     ),
-    Holding(
+    Generation(
         lease_id="lease_" + "b" * 32,
         resource_type="t",
         resource_id="=x",
@@ -58,7 +58,7 @@ HOLDINGS = [
         ended_at_ms=3,
         ended_by="boss",
     ),
-    Holding(
+    Generation(
         lease_id="lease_" + "c" * 32,
         resource_type="t",
         resource_id="r",
@@ -77,12 +77,12 @@ HOLDINGS = [
 
 
 @pytest.mark.parametrize("h", HOLDINGS)
-def test_generation_round_trip(h: Holding) -> None:
+def test_generation_round_trip(h: Generation) -> None:
     """Every field survives encoding (empty purpose and None differ, large epochs stay
     exact), in the current format and in the JSON format of earlier versions."""
     for raw in (encode_gen(h), json.dumps(to_gen(h)), encode_gen(h).encode()):
         assert from_gen(raw) == h
-        assert lease_from_gen(raw, replayed=True) == holding_to_lease(h, replayed=True)
+        assert lease_from_gen(raw, replayed=True) == generation_to_lease(h, replayed=True)
 
 
 def test_a_malformed_generation_is_refused() -> None:

@@ -295,7 +295,7 @@ def test_bad_redis_options_are_refused_before_the_ledger_is_created(
 ) -> None:
     """A Baton and a server backend refuse a bad Redis option with VALIDATION_ERROR before
     they create (or migrate) the SQLite ledger file; no connection to Redis is needed."""
-    from prefect_baton._stores.factory import open_backend
+    from prefect_baton._stores.factory import open_stores
 
     monkeypatch.setenv(variable, value)
     path = tmp_path / "never.db"
@@ -307,5 +307,5 @@ def test_bad_redis_options_are_refused_before_the_ledger_is_created(
             redis_url="redis://127.0.0.1:1/0",
         )
     with pytest.raises(ValidationError):
-        open_backend(f"sqlite:///{path}", "redis://127.0.0.1:1/0")
+        open_stores(f"sqlite:///{path}", "redis://127.0.0.1:1/0")
     assert not path.exists()

@@ -21,7 +21,7 @@ MakeKey = Callable[..., Headers]
 
 #: Tables a bad request must leave untouched.
 WRITE_TABLES = (
-    tables.LeaseRow,
+    tables.GenerationRow,
     tables.LeaseTransition,
     tables.CheckpointRow,
     tables.CheckpointVersion,

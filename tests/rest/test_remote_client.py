@@ -26,7 +26,7 @@ from prefect_baton import (
     VersionConflictError,
 )
 from prefect_baton._settings import BatonSettings
-from prefect_baton._stores.rest.client import RemoteBackend
+from prefect_baton._stores.rest.client import RestStore
 from prefect_baton.errors import LeaseLostError, UnauthenticatedError
 from prefect_baton.rest import create_key, revoke_key
 
@@ -61,9 +61,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _mock(handler: Callable[[httpx.Request], httpx.Response]) -> RemoteBackend:
+def _mock(handler: Callable[[httpx.Request], httpx.Response]) -> RestStore:
     client = httpx.Client(base_url="http://api.test", transport=httpx.MockTransport(handler))
-    return RemoteBackend("http://api.test", "bk_test", client=client)
+    return RestStore("http://api.test", "bk_test", client=client)
 
 
 # ------------------------------------------------------------------------------ identity
@@ -120,7 +120,7 @@ def test_environment_selects_the_rest_api(
     monkeypatch.setenv("BATON_API_KEY", secret("agent-env"))
     b = Baton()
     assert (b.org, b.principal) == (org, "agent-env")
-    assert isinstance(b.authority, RemoteBackend)
+    assert isinstance(b.authority, RestStore)
     b.close()
     monkeypatch.delenv("BATON_API_KEY")
     with pytest.raises(ValidationError, match="api_key"):
@@ -150,7 +150,7 @@ def test_api_url_that_is_not_the_api_is_validation_error(rest_api: str, secret: 
 def test_bad_api_key_is_validation_error_without_echo(rest_api: str, key: Any) -> None:
     """A key that cannot be a bearer token is VALIDATION_ERROR and is not echoed."""
     with pytest.raises(ValidationError) as ei:
-        RemoteBackend(rest_api, key)
+        RestStore(rest_api, key)
     if isinstance(key, str) and key:
         assert key not in str(ei.value)
 
@@ -316,9 +316,9 @@ def test_timeout_is_unavailable() -> None:
 
 
 def test_bad_timeout_setting_is_validation_error() -> None:
-    """A non-positive request timeout is refused (RemoteBackend and BATON_API_TIMEOUT_SECONDS)."""
+    """A non-positive request timeout is refused (RestStore and BATON_API_TIMEOUT_SECONDS)."""
     with pytest.raises(ValidationError):
-        RemoteBackend("http://127.0.0.1:1", "bk_x", timeout_seconds=0)
+        RestStore("http://127.0.0.1:1", "bk_x", timeout_seconds=0)
     with pytest.raises(Exception, match="api_timeout_seconds"):
         BatonSettings(api_timeout_seconds=-1)
 

@@ -2,7 +2,7 @@
 
 A hypothesis state machine drives the pure decision functions with an injected clock over a
 few resources, principals and execution keys. Each decision is applied to an in-memory table
-of :class:`Holding` rows the way the SQL store's ``_apply`` writes them, and every outcome
+of :class:`Generation` rows the way the SQL store's ``_apply`` writes them, and every outcome
 (success, or which error) is compared with a separate, deliberately plain model of the rules
 in DESIGN.md ("Leases").
 """
@@ -25,7 +25,7 @@ from sqlalchemy import text
 
 from prefect_baton._rules import core as _core
 from prefect_baton._rules import scopes as _scopes
-from prefect_baton._rules.core import Decision, Holding, Proof
+from prefect_baton._rules.core import Decision, Generation, Proof
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.protocol import AcquireRequest, Caller
 from prefect_baton.errors import (
@@ -71,7 +71,7 @@ def model_scopes_overlap(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
 # --------------------------------------------------------------------------- the applier
 
 
-def apply_decision(rows: dict[str, Holding], d: Decision) -> None:
+def apply_decision(rows: dict[str, Generation], d: Decision) -> None:
     """Write a decision into ``rows`` as ``LedgerStore._apply`` writes it to SQL."""
     if d.noop:
         return
@@ -99,14 +99,14 @@ def apply_decision(rows: dict[str, Holding], d: Decision) -> None:
         )
 
 
-def head_of(rows: dict[str, Holding], resource: str) -> Holding | None:
+def head_of(rows: dict[str, Generation], resource: str) -> Generation | None:
     """Newest generation (highest epoch) of ``resource``, as ``LedgerStore._head``."""
     mine = [h for h in rows.values() if h.resource_id == resource]
     return max(mine, key=lambda h: h.epoch) if mine else None
 
 
 def scope_conflict(
-    rows: dict[str, Holding], principal: str, scopes: tuple[str, ...], resource: str, now: int
+    rows: dict[str, Generation], principal: str, scopes: tuple[str, ...], resource: str, now: int
 ) -> int | None:
     """Expiry of another principal's effective overlapping lease, as the store computes it."""
     if not scopes:
@@ -384,7 +384,7 @@ class LeaseCoreMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.now = T0
-        self.rows: dict[str, Holding] = {}
+        self.rows: dict[str, Generation] = {}
         self.model = Model()
         self.issued: list[str] = []
         self.seq = 0
@@ -454,7 +454,7 @@ class LeaseCoreMachine(RuleBasedStateMachine):
         self._compare_row(result.new, pred.lease)
 
     @staticmethod
-    def _compare_row(h: Holding | None, m: MLease) -> None:
+    def _compare_row(h: Generation | None, m: MLease) -> None:
         assert h is not None
         assert (
             h.lease_id,
@@ -880,7 +880,7 @@ TestLeaseCore.__doc__ = "Random lease operation sequences follow the reference m
 # --------------------------------------------------------------------------- examples
 
 
-def _holding(**kw: object) -> Holding:
+def _holding(**kw: object) -> Generation:
     base: dict[str, object] = {
         "lease_id": "L1",
         "resource_type": "t",
@@ -895,10 +895,10 @@ def _holding(**kw: object) -> Holding:
         "ttl_ms": 10_000,
     }
     base.update(kw)
-    return Holding(**base)  # type: ignore[arg-type]
+    return Generation(**base)  # type: ignore[arg-type]
 
 
-def _acquire(head: Holding | None, **kw: object) -> Decision:
+def _acquire(head: Generation | None, **kw: object) -> Decision:
     args: dict[str, object] = {
         "resource_type": "t",
         "resource_id": "r",

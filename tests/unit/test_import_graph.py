@@ -147,7 +147,7 @@ def test_graph_sees_function_level_and_parent_imports() -> None:
     they load, and skips ``if TYPE_CHECKING:`` imports."""
     graph = import_graph()
     factory = graph["prefect_baton._stores.factory"]
-    # inside open_backend: the authority module and its package's __init__
+    # inside open_stores: the authority module and its package's __init__
     assert {"prefect_baton._stores.redis.authority", "prefect_baton._stores.redis"} <= factory
     # ``from prefect_baton._rules import core``: the module, not only the package
     assert "prefect_baton._rules.core" in graph["prefect_baton._stores.ledger.leases"]

@@ -1,8 +1,8 @@
 """The synchronous Python surface: :class:`Baton` (:class:`~prefect_baton._client.aio.AsyncBaton`
 wraps it).
 
-:class:`Baton` opens its backend (ledger, Redis authority or REST API) with
-:func:`prefect_baton._stores.factory.open_backend` and carries the
+:class:`Baton` opens its stores (ledger, Redis authority or REST API) with
+:func:`prefect_baton._stores.factory.open_stores` and carries the
 operation groups: :class:`~prefect_baton._client.leases.LeaseAPI` (``b.leases``) and the
 record APIs of :mod:`prefect_baton._client.records`. Each operation validates its input first
 (a bad request raises :class:`ValidationError` and writes nothing), then hands one atomic
@@ -28,7 +28,7 @@ from prefect_baton._client.leases import LeaseAPI
 from prefect_baton._client.records import CheckpointAPI, EventAPI, HandoffAPI, OutcomeAPI
 from prefect_baton._rules import core as _core
 from prefect_baton._settings import BatonSettings, load_settings
-from prefect_baton._stores.factory import open_backend
+from prefect_baton._stores.factory import open_stores
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.protocol import Caller, Fence, LeaseAuthority, RecordStore
 from prefect_baton.errors import ForbiddenError
@@ -110,7 +110,7 @@ class Baton(_Identity):
     ) -> None:
         s = settings or load_settings()
         self.settings = s
-        backend = open_backend(
+        stores = open_stores(
             ledger_url,
             redis_url,
             settings=s,
@@ -121,11 +121,11 @@ class Baton(_Identity):
             api_key=api_key,
             identity=(org, principal, role),
         )
-        assert backend.caller is not None  # asked for with identity=
-        self._backend = backend
-        self.caller: Caller = backend.caller
-        self.authority: LeaseAuthority = backend.authority
-        self._records: RecordStore = backend.records
+        assert stores.caller is not None  # asked for with identity=
+        self._stores = stores
+        self.caller: Caller = stores.caller
+        self.authority: LeaseAuthority = stores.authority
+        self._records: RecordStore = stores.records
         self.leases = LeaseAPI(self)
         self.checkpoints = CheckpointAPI(self)
         self.handoffs = HandoffAPI(self)
@@ -145,7 +145,7 @@ class Baton(_Identity):
         Raises:
             ForbiddenError: a remote client (``api_url``) has no ledger store.
         """
-        return self._backend.ledger
+        return self._stores.ledger
 
     def as_principal(self, principal: str, role: str = "agent") -> Baton:
         """Another identity of the same org sharing this client's ledger connections.
@@ -230,7 +230,7 @@ class Baton(_Identity):
     def close(self) -> None:
         """Close the ledger connections (and the Redis authority or REST connection pool
         this client created)."""
-        self._backend.close()
+        self._stores.close()
 
     def __enter__(self) -> Baton:
         return self

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from prefect_baton.errors import ForbiddenError
 
 if TYPE_CHECKING:
-    from prefect_baton._rules.core import Holding
+    from prefect_baton._rules.core import Generation
 
 __all__ = [
     "PRIVILEGED_ROLES",
@@ -77,10 +77,10 @@ class InspectView:
     version: int
     epoch: int
     expires_at_ms: int | None
-    lease: Holding | None
+    lease: Generation | None
 
 
-def inspect_view(head: Holding | None, *, principal: str, now_ms: int) -> InspectView:
+def inspect_view(head: Generation | None, *, principal: str, now_ms: int) -> InspectView:
     """The inspect redaction: what ``principal`` may see of a resource whose newest
     generation is ``head`` (``None`` if never leased), judged at ``now_ms``."""
     if head is None:

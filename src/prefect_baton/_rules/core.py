@@ -61,7 +61,7 @@ __all__ = [  # the decision core, plus the validation it re-exports for its call
     "TTL_MAX_SECONDS",
     "TTL_MIN_SECONDS",
     "Decision",
-    "Holding",
+    "Generation",
     "Proof",
     "Status",
     "canonical_json",
@@ -95,7 +95,7 @@ Status = LeaseStatus
 
 
 @dataclass(frozen=True, slots=True)
-class Holding:
+class Generation:
     """A lease generation as the core sees it (one ledger row, one Redis hash)."""
 
     lease_id: str
@@ -138,8 +138,8 @@ class Decision:
     """
 
     action: str
-    new: Holding | None = None
-    ended: Holding | None = None
+    new: Generation | None = None
+    ended: Generation | None = None
     receipt_status: Literal["ok", ReceiptStatus] = "ok"
     noop: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
@@ -179,7 +179,7 @@ def incarnation_epochs(n: int) -> tuple[int, int]:
     return n * EPOCH_RANGE, (n + 1) * EPOCH_RANGE
 
 
-def _check_counters(head: Holding | None, *, epoch_too: bool) -> None:
+def _check_counters(head: Generation | None, *, epoch_too: bool) -> None:
     if head is None:
         return
     if head.version >= MAX_SAFE_INTEGER or (epoch_too and head.epoch >= MAX_SAFE_INTEGER):
@@ -198,7 +198,7 @@ def _check_version(current: int, expected: int | None) -> None:
 
 
 def decide_acquire(
-    head: Holding | None,
+    head: Generation | None,
     *,
     resource_type: str,
     resource_id: str,
@@ -235,7 +235,7 @@ def decide_acquire(
             never leased).
         ValidationError: counters exhausted.
     """
-    ended: Holding | None = None
+    ended: Generation | None = None
     action = "acquire"
     if head is not None and head.effective(now_ms):
         same_owner = head.owner == principal
@@ -255,7 +255,7 @@ def decide_acquire(
         ended = replace(head, status="taken_over", ended_at_ms=now_ms)
         action = "takeover"
     epoch = next_epoch(head.epoch if head is not None else 0, epoch_floor)
-    new = Holding(
+    new = Generation(
         lease_id=new_lease_id,
         resource_type=resource_type,
         resource_id=resource_id,
@@ -273,7 +273,7 @@ def decide_acquire(
     return Decision(action=action, new=new, ended=ended)
 
 
-def _check_proof(row: Holding | None, proof: Proof) -> Holding:
+def _check_proof(row: Generation | None, proof: Proof) -> Generation:
     """Common proof check: unknown or another principal's lease is not found; a wrong
     execution key is a lost lease (the generation belongs to another execution)."""
     if row is None or row.owner != proof.owner:
@@ -284,7 +284,7 @@ def _check_proof(row: Holding | None, proof: Proof) -> Holding:
 
 
 def decide_renew(
-    row: Holding | None,
+    row: Generation | None,
     proof: Proof,
     *,
     ttl_ms: int,
@@ -311,7 +311,7 @@ def decide_renew(
 
 
 def decide_transfer(
-    row: Holding | None,
+    row: Generation | None,
     proof: Proof,
     *,
     to_principal: str,
@@ -363,7 +363,7 @@ def decide_transfer(
 
 
 def decide_release(
-    row: Holding | None,
+    row: Generation | None,
     proof: Proof,
     *,
     expected_version: int | None,
@@ -393,7 +393,7 @@ def decide_release(
     return _end_by_holder(row, now_ms, action="release")
 
 
-def _end_by_holder(row: Holding, now_ms: int, *, action: str) -> Decision:
+def _end_by_holder(row: Generation, now_ms: int, *, action: str) -> Decision:
     if row.expires_at_ms > now_ms:
         ended = replace(row, status="released", ended_at_ms=now_ms)
         return Decision(action=action, new=ended, receipt_status="released")
@@ -402,7 +402,7 @@ def _end_by_holder(row: Holding, now_ms: int, *, action: str) -> Decision:
 
 
 def decide_release_by_id(
-    row: Holding | None, *, principal: str, lease_id: str, now_ms: int
+    row: Generation | None, *, principal: str, lease_id: str, now_ms: int
 ) -> Decision:
     """Decide a release by lease id alone (the seed service's ``DELETE /v1/leases/:id``).
 
@@ -415,7 +415,7 @@ def decide_release_by_id(
 
 
 def decide_force_release(
-    row: Holding | None, *, principal: str, role: str, lease_id: str, now_ms: int
+    row: Generation | None, *, principal: str, role: str, lease_id: str, now_ms: int
 ) -> Decision:
     """Decide a force release: only an ``owner`` or ``admin`` of the org; the lease ends as
     ``revoked`` with who forced it. A lease that is not active is not found."""
@@ -427,13 +427,13 @@ def decide_force_release(
 
 
 def check_fence(
-    row: Holding | None,
+    row: Generation | None,
     *,
     lease_id: str,
     epoch: int,
     now_ms: int,
     principal: str | None = None,
-) -> Holding:
+) -> Generation:
     """Check a write fenced by a lease: the generation must still be the effective one, and
     (when ``principal`` is given) held by the writer: a write is fenced by *its own* lease.
 
@@ -451,21 +451,21 @@ def check_fence(
     return row
 
 
-def _lost_reason(row: Holding, now_ms: int) -> str:
+def _lost_reason(row: Generation, now_ms: int) -> str:
     if row.status == "active" and row.expires_at_ms <= now_ms:
         return "expired"
     return row.status
 
 
 def replay_check(
-    row: Holding | None,
+    row: Generation | None,
     *,
     lease_id: str,
     owner: str,
     execution_key: str | None,
     epoch: int,
     now_ms: int,
-) -> Holding:
+) -> Generation:
     """Check that a replayed acquire's lease is still held by the same execution.
 
     A receipt is history, not authority: a replay whose lease was since transferred,

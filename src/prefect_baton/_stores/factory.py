@@ -1,4 +1,4 @@
-"""The one place that turns settings into a store: :func:`open_backend`.
+"""The one place that turns settings into a store: :func:`open_stores`.
 
 :class:`~prefect_baton.Baton` (and so :class:`~prefect_baton.AsyncBaton`), the REST app and
 the MCP server all open their ledger, Redis authority or REST API client here.
@@ -17,20 +17,20 @@ from prefect_baton.errors import ForbiddenError, ValidationError
 
 if TYPE_CHECKING:
     from prefect_baton._stores.redis.authority import RedisAuthority
-    from prefect_baton._stores.rest.client import RemoteBackend
+    from prefect_baton._stores.rest.client import RestStore
 
     def _conforms(
-        ledger: LedgerStore, redis_: RedisAuthority, remote: RemoteBackend
+        ledger: LedgerStore, redis_: RedisAuthority, remote: RestStore
     ) -> tuple[LeaseAuthority, RecordStore, LeaseAuthority, LeaseAuthority, RecordStore]:
         """Every store implements the protocols (checked by mypy, never run)."""
         return ledger, ledger, redis_, remote, remote
 
 
-__all__ = ["Backend", "open_backend"]
+__all__ = ["Stores", "open_stores"]
 
 
 @dataclass
-class Backend:
+class Stores:
     """What a client or a server process runs on.
 
     Attributes:
@@ -38,7 +38,7 @@ class Backend:
         authority: the lease authority (the ledger, a Redis authority or the REST API).
         records: the record store (the ledger, or the REST API).
         store: the SQL ledger, ``None`` over the REST API.
-        caller: the acting identity of a client (see :func:`open_backend`'s ``identity``),
+        caller: the acting identity of a client (see :func:`open_stores`'s ``identity``),
             else ``None``.
         owns_authority: :meth:`close` closes ``authority`` (it was opened here).
     """
@@ -55,7 +55,7 @@ class Backend:
         """The SQL ledger.
 
         Raises:
-            ForbiddenError: a REST API backend has none.
+            ForbiddenError: a REST API client has none.
         """
         if self.store is None:
             raise ForbiddenError(
@@ -73,7 +73,7 @@ class Backend:
             self.store.close()
 
 
-def open_backend(
+def open_stores(
     ledger_url: str | None = None,
     redis_url: str | None = None,
     *,
@@ -84,7 +84,7 @@ def open_backend(
     api_url: str | None = None,
     api_key: str | None = None,
     identity: tuple[str | None, str | None, str | None] | None = None,
-) -> Backend:
+) -> Stores:
     """Open the ledger and the lease authority (or the REST API client) of a client or a
     server process.
 
@@ -98,8 +98,8 @@ def open_backend(
         settings: the settings to take defaults from (default: :func:`load_settings`).
         ack: ``"redis"`` or ``"ledger"``, overrides ``BATON_REDIS_ACK``.
         store: an open ledger to use (then ``ledger_url`` is not used; it is closed by
-            :meth:`Backend.close` all the same).
-        lease_authority: an authority to share (not closed by :meth:`Backend.close`);
+            :meth:`Stores.close` all the same).
+        lease_authority: an authority to share (not closed by :meth:`Stores.close`);
             overrides ``redis_url``. One that decides the caller (a REST API client,
             :meth:`~prefect_baton._stores.protocol.LeaseAuthority.bound_caller`) is also the
             record store, and no ledger is opened.
@@ -109,7 +109,7 @@ def open_backend(
             from settings). A client without ``ledger_url``, ``store``, ``redis_url`` or
             ``lease_authority`` takes ``BATON_API_URL``/``BATON_API_KEY`` when set; on the
             REST API the identity is the key's (an explicit one that differs is refused),
-            otherwise it is validated before the ledger is opened. ``Backend.caller`` is it.
+            otherwise it is validated before the ledger is opened. ``Stores.caller`` is it.
             Without ``identity`` (a server) the REST settings do not apply.
 
     Raises:
@@ -125,7 +125,7 @@ def open_backend(
         local = (ledger_url, store, redis_url, lease_authority)
         remote, owned = _remote_of(s, api_url, api_key, lease_authority, local=local)
         if remote is not None:
-            return _remote_backend(s, remote, identity, owned=owned)
+            return _rest_stores(s, remote, identity, owned=owned)
         org, principal, role = identity
         caller: Caller | None = Caller(
             org=_core.validate_id("org", s.org if org is None else org),
@@ -145,7 +145,7 @@ def open_backend(
         redis_options = options_from(s, ack=ack)
     ledger = store or LedgerStore.from_settings(s, ledger_url)
     if lease_authority is not None or not url:
-        return Backend(s, lease_authority or ledger, ledger, ledger, caller)
+        return Stores(s, lease_authority or ledger, ledger, ledger, caller)
     from prefect_baton._stores.redis.authority import RedisAuthority
 
     try:
@@ -156,7 +156,7 @@ def open_backend(
         if isinstance(exc, ValueError):  # redis-py's verdict on a malformed URL
             raise ValidationError(f"bad Redis URL: {exc}") from None
         raise
-    return Backend(s, redis_, ledger, ledger, caller, owns_authority=True)
+    return Stores(s, redis_, ledger, ledger, caller, owns_authority=True)
 
 
 def _remote_of(
@@ -197,20 +197,20 @@ def _remote_of(
     if key is None:
         raise ValidationError("api_url needs an api_key (or BATON_API_KEY)")
     try:
-        from prefect_baton._stores.rest.client import RemoteBackend
+        from prefect_baton._stores.rest.client import RestStore
     except ImportError:  # pragma: no cover - depends on the installed extras
         raise ValidationError("api_url needs httpx: install prefect-baton[rest]") from None
-    return RemoteBackend(url, key, timeout_seconds=s.api_timeout_seconds), True
+    return RestStore(url, key, timeout_seconds=s.api_timeout_seconds), True
 
 
-def _remote_backend(
+def _rest_stores(
     s: BatonSettings,
-    remote: LeaseAuthority | RemoteBackend,
+    remote: LeaseAuthority | RestStore,
     identity: tuple[str | None, str | None, str | None],
     *,
     owned: bool,
-) -> Backend:
-    """The backend of a REST API client: the key decides the caller.
+) -> Stores:
+    """The stores of a REST API client: the key decides the caller.
 
     Raises:
         ForbiddenError: an explicit org, principal or role differs from the key's.
@@ -233,4 +233,4 @@ def _remote_backend(
         raise
     # a store that decides the caller is also the record store (protocol.LeaseAuthority)
     records = cast("RecordStore", remote)
-    return Backend(s, remote, records, None, me, owns_authority=owned)
+    return Stores(s, remote, records, None, me, owns_authority=owned)

@@ -5,7 +5,7 @@ Two protocols, both implemented by every store the client runs on:
 * :class:`LeaseAuthority`: the lease operations (the SQL ledger
   :class:`~prefect_baton._stores.ledger.store.LedgerStore`, the Redis fast path
   :class:`~prefect_baton._stores.redis.authority.RedisAuthority`, the REST API client
-  :class:`~prefect_baton._stores.rest.client.RemoteBackend`), including ``acquire_many``,
+  :class:`~prefect_baton._stores.rest.client.RestStore`), including ``acquire_many``,
   idempotency receipts of the operations by proof or id, the fence of a fenced record write
   and the barrier before record operations;
 * :class:`RecordStore`: checkpoints, handoffs, outcomes and events (the ledger, or the REST
@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from prefect_baton._rules.core import Holding, Proof
+from prefect_baton._rules.core import Generation, Proof
 from prefect_baton.models import (
     Checkpoint,
     Event,
@@ -88,7 +88,7 @@ class Fence:
     lease_id: str
     epoch: int
     resource: tuple[str, str] | None = None
-    check: Callable[[], tuple[Holding | None, int]] | None = None
+    check: Callable[[], tuple[Generation | None, int]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,7 +335,7 @@ class LeaseAuthority(Protocol):
 class RecordStore(Protocol):
     """Checkpoints, handoffs, outcomes and events: the ledger
     (:class:`~prefect_baton._stores.ledger.store.LedgerStore`) or the REST API
-    (:class:`~prefect_baton._stores.rest.client.RemoteBackend`). Arguments arrive validated;
+    (:class:`~prefect_baton._stores.rest.client.RestStore`). Arguments arrive validated;
     times are milliseconds; every method raises the :mod:`prefect_baton.errors` of its rule.
     """
 

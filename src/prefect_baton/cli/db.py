@@ -60,7 +60,7 @@ def db_current(ctx: typer.Context) -> None:
 def audit(ctx: typer.Context) -> None:
     """Check the ledger's lease history against the lease invariants.
 
-    No two effective holdings of a resource overlap in time, epochs strictly rise, versions
+    No two effective generations of a resource overlap in time, epochs strictly rise, versions
     rise by one, at most one active generation, every acquire receipt points at an existing
     transition. Prints the violations and exits 1 if there are any. Audits the org of
     --org (or BATON_ORG).

@@ -33,7 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from prefect_baton import __version__
 from prefect_baton._client.sync import Baton
 from prefect_baton._settings import BatonSettings
-from prefect_baton._stores.factory import open_backend
+from prefect_baton._stores.factory import open_stores
 from prefect_baton._stores.ledger.engine import Engines
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.protocol import LeaseAuthority
@@ -293,9 +293,9 @@ def http_app(
         raise ValidationError(
             f"bad host {host!r} (--host): not a host name or an IP address"
         ) from None
-    backend = open_backend(ledger_url, redis_url)
-    settings, store, authority = backend.settings, backend.ledger, backend.authority
-    close = backend.close
+    stores = open_stores(ledger_url, redis_url)
+    settings, store, authority = stores.settings, stores.ledger, stores.authority
+    close = stores.close
 
     server = build_server(_key_identity(store, authority, settings), on_close=close)
     app = server.streamable_http_app(

@@ -44,7 +44,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import Match
 
-from prefect_baton._stores.factory import open_backend
+from prefect_baton._stores.factory import open_stores
 from prefect_baton._stores.ledger.tables import ApiKeyRow
 from prefect_baton._stores.protocol import Caller
 from prefect_baton.errors import BatonError, UnavailableError
@@ -102,13 +102,13 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         ValidationError: a malformed URL or a bad ``BATON_*`` variable (nothing is opened
             then). UnavailableError: the ledger cannot be reached.
     """
-    backend = open_backend(ledger_url, redis_url)
-    settings, store, authority = backend.settings, backend.ledger, backend.authority
+    stores = open_stores(ledger_url, redis_url)
+    settings, store, authority = stores.settings, stores.ledger, stores.authority
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
-        backend.close()
+        stores.close()
 
     app = FastAPI(title="prefect-baton", version="1", lifespan=lifespan)
     app.state.store = store

@@ -1,4 +1,4 @@
-"""Conversions between ledger rows, core holdings and public models; event payloads."""
+"""Conversions between ledger rows, core generations and public models; event payloads."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from typing import Any
 
 from prefect_baton._rules import events as _events
 from prefect_baton._rules.access import inspect_view
-from prefect_baton._rules.core import Holding
+from prefect_baton._rules.core import Generation
 from prefect_baton._stores.ledger.tables import (
     CheckpointRow,
     CheckpointVersion,
+    GenerationRow,
     HandoffRow,
-    LeaseRow,
     OutcomeRow,
 )
 from prefect_baton._stores.protocol import Caller
@@ -38,8 +38,8 @@ def resource_key(resource_type: str, resource_id: str) -> str:
     return f"{len(resource_type)}:{resource_type}:{resource_id}"
 
 
-def row_to_holding(row: LeaseRow) -> Holding:
-    return Holding(
+def row_to_generation(row: GenerationRow) -> Generation:
+    return Generation(
         lease_id=row.lease_id,
         resource_type=row.resource_type,
         resource_id=row.resource_id,
@@ -58,7 +58,7 @@ def row_to_holding(row: LeaseRow) -> Holding:
     )
 
 
-def holding_to_lease(h: Holding, *, replayed: bool = False) -> Lease:
+def generation_to_lease(h: Generation, *, replayed: bool = False) -> Lease:
     acquired = from_ms(h.acquired_at_ms)
     expires = from_ms(h.expires_at_ms)
     assert acquired is not None and expires is not None
@@ -150,7 +150,7 @@ def subject_of(resource: tuple[str, str]) -> str:
     return f"{resource[0]}/{resource[1]}"
 
 
-def lease_payload(h: Holding, resource: tuple[str, str]) -> dict[str, Any]:
+def lease_payload(h: Generation, resource: tuple[str, str]) -> dict[str, Any]:
     """The lease part of an event payload of generation ``h`` (built by
     :func:`prefect_baton._rules.events.lease_payload`)."""
     return _events.lease_payload(
@@ -174,7 +174,9 @@ def handoff_payload(
     )
 
 
-def lease_info(caller: Caller, rtype: str, rid: str, head: Holding | None, now: int) -> LeaseInfo:
+def lease_info(
+    caller: Caller, rtype: str, rid: str, head: Generation | None, now: int
+) -> LeaseInfo:
     """What ``caller`` sees of resource ``(rtype, rid)`` whose newest generation is ``head``
     (``None`` if never leased) at ``now`` (epoch ms): the redaction is
     :func:`prefect_baton._rules.access.inspect_view`'s."""
@@ -186,5 +188,5 @@ def lease_info(caller: Caller, rtype: str, rid: str, head: Holding | None, now: 
         version=view.version,
         epoch=view.epoch,
         expires_at=from_ms(view.expires_at_ms),
-        lease=holding_to_lease(view.lease) if view.lease is not None else None,
+        lease=generation_to_lease(view.lease) if view.lease is not None else None,
     )

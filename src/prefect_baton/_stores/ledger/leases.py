@@ -12,21 +12,21 @@ from prefect_baton._rules import core as _core
 from prefect_baton._rules import events as _events
 from prefect_baton._rules import scopes as _scopes
 from prefect_baton._rules.access import check_force_release, check_list_owner, may_read
-from prefect_baton._rules.core import Decision, Holding, Proof
+from prefect_baton._rules.core import Decision, Generation, Proof
 from prefect_baton._rules.digests import acquire_digest
 from prefect_baton._stores.ledger.base import StoreBase, T, Tx
 from prefect_baton._stores.ledger.convert import (
-    holding_to_lease,
+    generation_to_lease,
     lease_info,
     lease_payload,
     new_id,
     resource_key,
-    row_to_holding,
+    row_to_generation,
     subject_of,
 )
 from prefect_baton._stores.ledger.receipts import receipted
 from prefect_baton._stores.ledger.tables import (
-    LeaseRow,
+    GenerationRow,
     LeaseTransition,
 )
 from prefect_baton._stores.protocol import AcquireRequest, Caller, Fence, Idempotency
@@ -45,15 +45,15 @@ class LeaseOps(StoreBase):
 
     # ------------------------------------------------------------------ lease rows
 
-    def _head(self, tx: Tx, rtype: str, rid: str) -> LeaseRow | None:
+    def _head(self, tx: Tx, rtype: str, rid: str) -> GenerationRow | None:
         return tx.session.execute(
-            select(LeaseRow)
+            select(GenerationRow)
             .where(
-                col(LeaseRow.org_id) == tx.caller.org,
-                col(LeaseRow.resource_type) == rtype,
-                col(LeaseRow.resource_id) == rid,
+                col(GenerationRow.org_id) == tx.caller.org,
+                col(GenerationRow.resource_type) == rtype,
+                col(GenerationRow.resource_id) == rid,
             )
-            .order_by(col(LeaseRow.epoch).desc())
+            .order_by(col(GenerationRow.epoch).desc())
             .limit(1)
         ).scalar_one_or_none()
 
@@ -61,16 +61,16 @@ class LeaseOps(StoreBase):
         """The highest epoch the ledger ever recorded for the resource (0 if none): the
         ledger's epoch floor (see :func:`prefect_baton._rules.core.next_epoch`)."""
         top = tx.session.execute(
-            select(func.max(col(LeaseRow.epoch))).where(
-                col(LeaseRow.org_id) == tx.caller.org,
-                col(LeaseRow.resource_type) == rtype,
-                col(LeaseRow.resource_id) == rid,
+            select(func.max(col(GenerationRow.epoch))).where(
+                col(GenerationRow.org_id) == tx.caller.org,
+                col(GenerationRow.resource_type) == rtype,
+                col(GenerationRow.resource_id) == rid,
             )
         ).scalar_one_or_none()
         return int(top or 0)
 
-    def _row_by_id(self, session: Session, org: str, lease_id: str) -> LeaseRow | None:
-        row = session.get(LeaseRow, lease_id)
+    def _row_by_id(self, session: Session, org: str, lease_id: str) -> GenerationRow | None:
+        row = session.get(GenerationRow, lease_id)
         if row is None or row.org_id != org:
             return None
         return row
@@ -82,12 +82,12 @@ class LeaseOps(StoreBase):
         if not scopes:
             return None
         rows = tx.session.execute(
-            select(LeaseRow).where(
-                col(LeaseRow.org_id) == tx.caller.org,
-                col(LeaseRow.status) == "active",
-                col(LeaseRow.has_scopes) == 1,
-                col(LeaseRow.expires_at_ms) > tx.now_ms,
-                col(LeaseRow.owner) != principal,
+            select(GenerationRow).where(
+                col(GenerationRow.org_id) == tx.caller.org,
+                col(GenerationRow.status) == "active",
+                col(GenerationRow.has_scopes) == 1,
+                col(GenerationRow.expires_at_ms) > tx.now_ms,
+                col(GenerationRow.owner) != principal,
             )
         ).scalars()
         for row in rows:
@@ -105,8 +105,8 @@ class LeaseOps(StoreBase):
         reported = False
         if e is not None:
             s.execute(
-                update(LeaseRow)
-                .where(col(LeaseRow.lease_id) == e.lease_id)
+                update(GenerationRow)
+                .where(col(GenerationRow.lease_id) == e.lease_id)
                 .values(status=e.status, ended_at_ms=e.ended_at_ms, ended_by=e.ended_by)
             )
             s.flush()
@@ -126,10 +126,10 @@ class LeaseOps(StoreBase):
             for kind, payload in events:
                 tx.emit(kind, subject_of(resource), payload)
             return
-        existing = s.get(LeaseRow, n.lease_id)
+        existing = s.get(GenerationRow, n.lease_id)
         if existing is None:
             s.add(
-                LeaseRow(
+                GenerationRow(
                     lease_id=n.lease_id,
                     org_id=org,
                     resource_type=resource[0],
@@ -161,7 +161,7 @@ class LeaseOps(StoreBase):
             tx.emit(kind, subject_of(resource), payload)
 
     def _transition(
-        self, tx: Tx, h: Holding, org: str, resource: tuple[str, str], *, action: str, actor: str
+        self, tx: Tx, h: Generation, org: str, resource: tuple[str, str], *, action: str, actor: str
     ) -> None:
         tx.session.add(
             LeaseTransition(
@@ -229,16 +229,16 @@ class LeaseOps(StoreBase):
         if stored is not None:
             row = self._row_by_id(tx.session, caller.org, stored["lease_id"])
             held = _core.replay_check(
-                row_to_holding(row) if row else None,
+                row_to_generation(row) if row else None,
                 lease_id=stored["lease_id"],
                 owner=caller.principal,
                 execution_key=key,
                 epoch=int(stored["epoch"]),
                 now_ms=tx.now_ms,
             )
-            return holding_to_lease(held, replayed=True)
+            return generation_to_lease(held, replayed=True)
         head_row = self._head(tx, *resource)
-        head = row_to_holding(head_row) if head_row else None
+        head = row_to_generation(head_row) if head_row else None
         decision = _core.decide_acquire(
             head,
             resource_type=req.resource_type,
@@ -259,9 +259,9 @@ class LeaseOps(StoreBase):
         )
         assert decision.new is not None
         if decision.noop:
-            return holding_to_lease(decision.new, replayed=True)
+            return generation_to_lease(decision.new, replayed=True)
         self._apply(tx, decision, caller.org, resource=resource)
-        lease = holding_to_lease(decision.new)
+        lease = generation_to_lease(decision.new)
         self._store_receipt(tx, "acquire", key, scope, digest, lease.model_dump(mode="json"))
         return lease
 
@@ -269,7 +269,7 @@ class LeaseOps(StoreBase):
         self,
         caller: Caller,
         lease_id: str,
-        fn: Callable[[Tx, Holding | None, tuple[str, str]], T],
+        fn: Callable[[Tx, Generation | None, tuple[str, str]], T],
         *,
         extra_scoped: bool = False,
     ) -> T:
@@ -280,7 +280,7 @@ class LeaseOps(StoreBase):
 
         def op(tx: Tx) -> T:
             row = self._row_by_id(tx.session, caller.org, lease_id)
-            return fn(tx, row_to_holding(row) if row else None, (rtype, rid))
+            return fn(tx, row_to_generation(row) if row else None, (rtype, rid))
 
         return self._write(
             caller, self._lease_locks(caller, rtype, rid, scoped or extra_scoped), op
@@ -299,20 +299,20 @@ class LeaseOps(StoreBase):
         """Renew a lease the caller holds (see :func:`prefect_baton._rules.core.decide_renew`;
         ``idempotency``: the receipt is kept in this ledger, :func:`receipted`)."""
 
-        def fn(tx: Tx, row: Holding | None, resource: tuple[str, str]) -> Lease:
+        def fn(tx: Tx, row: Generation | None, resource: tuple[str, str]) -> Lease:
             d = _core.decide_renew(
                 row, proof, ttl_ms=ttl_ms, expected_version=expected_version, now_ms=tx.now_ms
             )
             self._apply(tx, d, caller.org, resource=resource)
             assert d.new is not None
-            return holding_to_lease(d.new)
+            return generation_to_lease(d.new)
 
         return self._by_proof(caller, proof.lease_id, fn)
 
     def _transfer_in_tx(
         self,
         tx: Tx,
-        row: Holding | None,
+        row: Generation | None,
         resource: tuple[str, str],
         proof: Proof,
         *,
@@ -336,7 +336,7 @@ class LeaseOps(StoreBase):
         )
         self._apply(tx, d, tx.caller.org, resource=resource)
         assert d.new is not None
-        return holding_to_lease(d.new)
+        return generation_to_lease(d.new)
 
     @receipted("transfer", Lease)
     def transfer(
@@ -353,7 +353,7 @@ class LeaseOps(StoreBase):
         """Transfer a lease to ``to_principal`` (see :func:`_core.decide_transfer`;
         ``idempotency``: the receipt is kept in this ledger, :func:`receipted`)."""
 
-        def fn(tx: Tx, row: Holding | None, resource: tuple[str, str]) -> Lease:
+        def fn(tx: Tx, row: Generation | None, resource: tuple[str, str]) -> Lease:
             return self._transfer_in_tx(
                 tx,
                 row,
@@ -372,7 +372,7 @@ class LeaseOps(StoreBase):
         if not d.noop:
             self._apply(tx, d, tx.caller.org, resource=resource)
         status = "no_change" if d.noop else d.receipt_status
-        return Receipt(action=action, status=status, lease=holding_to_lease(d.new))  # type: ignore[arg-type,unused-ignore]
+        return Receipt(action=action, status=status, lease=generation_to_lease(d.new))  # type: ignore[arg-type,unused-ignore]
 
     @receipted("release", Receipt)
     def release(
@@ -386,7 +386,7 @@ class LeaseOps(StoreBase):
         """Release by proof (see :func:`_core.decide_release`; ``idempotency``: the receipt
         is kept in this ledger, :func:`receipted`)."""
 
-        def fn(tx: Tx, row: Holding | None, resource: tuple[str, str]) -> Receipt:
+        def fn(tx: Tx, row: Generation | None, resource: tuple[str, str]) -> Receipt:
             d = _core.decide_release(
                 row, proof, expected_version=expected_version, now_ms=tx.now_ms
             )
@@ -401,7 +401,7 @@ class LeaseOps(StoreBase):
         """Release by id alone, as the holder (see :func:`_core.decide_release_by_id`;
         ``idempotency``: the receipt is kept in this ledger, :func:`receipted`)."""
 
-        def fn(tx: Tx, row: Holding | None, resource: tuple[str, str]) -> Receipt:
+        def fn(tx: Tx, row: Generation | None, resource: tuple[str, str]) -> Receipt:
             d = _core.decide_release_by_id(
                 row, principal=caller.principal, lease_id=lease_id, now_ms=tx.now_ms
             )
@@ -417,7 +417,7 @@ class LeaseOps(StoreBase):
         the receipt is kept in this ledger, :func:`receipted`)."""
         check_force_release(caller.role)
 
-        def fn(tx: Tx, row: Holding | None, resource: tuple[str, str]) -> Receipt:
+        def fn(tx: Tx, row: Generation | None, resource: tuple[str, str]) -> Receipt:
             d = _core.decide_force_release(
                 row,
                 principal=caller.principal,
@@ -434,16 +434,16 @@ class LeaseOps(StoreBase):
         the holder itself)."""
         with self._read() as (s, now):
             row = s.execute(
-                select(LeaseRow)
+                select(GenerationRow)
                 .where(
-                    col(LeaseRow.org_id) == caller.org,
-                    col(LeaseRow.resource_type) == resource_type,
-                    col(LeaseRow.resource_id) == resource_id,
+                    col(GenerationRow.org_id) == caller.org,
+                    col(GenerationRow.resource_type) == resource_type,
+                    col(GenerationRow.resource_id) == resource_id,
                 )
-                .order_by(col(LeaseRow.epoch).desc())
+                .order_by(col(GenerationRow.epoch).desc())
                 .limit(1)
             ).scalar_one_or_none()
-            head = row_to_holding(row) if row is not None else None
+            head = row_to_generation(row) if row is not None else None
             return lease_info(caller, resource_type, resource_id, head, now)
 
     def get(self, caller: Caller, lease_id: str) -> Lease:
@@ -457,7 +457,7 @@ class LeaseOps(StoreBase):
             row = self._row_by_id(s, caller.org, lease_id)
             if row is None or not may_read(caller.role, caller.principal, (row.owner,)):
                 raise NotFoundError(f"lease {lease_id} not found")
-            return holding_to_lease(row_to_holding(row))
+            return generation_to_lease(row_to_generation(row))
 
     def list_leases(
         self,
@@ -473,19 +473,23 @@ class LeaseOps(StoreBase):
         who = caller.principal if owner is None else owner
         check_list_owner(caller.role, caller.principal, who)
         with self._read() as (s, now):
-            q = select(LeaseRow).where(col(LeaseRow.org_id) == caller.org)
+            q = select(GenerationRow).where(col(GenerationRow.org_id) == caller.org)
             if who != "*":
-                q = q.where(col(LeaseRow.owner) == who)
+                q = q.where(col(GenerationRow.owner) == who)
             if resource_type is not None:
-                q = q.where(col(LeaseRow.resource_type) == resource_type)
+                q = q.where(col(GenerationRow.resource_type) == resource_type)
             if not include_ended:
-                q = q.where(col(LeaseRow.status) == "active", col(LeaseRow.expires_at_ms) > now)
-            q = q.order_by(col(LeaseRow.acquired_at_ms).desc()).limit(max(1, min(limit, 10_000)))
-            return [holding_to_lease(row_to_holding(r)) for r in s.execute(q).scalars()]
+                q = q.where(
+                    col(GenerationRow.status) == "active", col(GenerationRow.expires_at_ms) > now
+                )
+            q = q.order_by(col(GenerationRow.acquired_at_ms).desc()).limit(
+                max(1, min(limit, 10_000))
+            )
+            return [generation_to_lease(row_to_generation(r)) for r in s.execute(q).scalars()]
 
     # ------------------------------------------------------------------ fences
 
-    def _check_fence(self, tx: Tx, fence: Fence | None) -> Holding | None:
+    def _check_fence(self, tx: Tx, fence: Fence | None) -> Generation | None:
         if fence is None:
             return None
         if fence.check is not None:
@@ -499,7 +503,7 @@ class LeaseOps(StoreBase):
             )
         row = self._row_by_id(tx.session, tx.caller.org, fence.lease_id)
         return _core.check_fence(
-            row_to_holding(row) if row else None,
+            row_to_generation(row) if row else None,
             lease_id=fence.lease_id,
             epoch=fence.epoch,
             now_ms=tx.now_ms,
@@ -516,7 +520,7 @@ class LeaseOps(StoreBase):
             return []
         return [f"res:{caller.org}:{resource_key(located[0], located[1])}"]
 
-    def _expiry_reported(self, tx: Tx, h: Holding) -> bool:
+    def _expiry_reported(self, tx: Tx, h: Generation) -> bool:
         found = tx.session.execute(
             select(col(LeaseTransition.seq)).where(
                 col(LeaseTransition.lease_id) == h.lease_id,
@@ -544,13 +548,13 @@ class LeaseOps(StoreBase):
             candidates = [
                 (r.lease_id, r.resource_type, r.resource_id)
                 for r in s.execute(
-                    select(LeaseRow)
+                    select(GenerationRow)
                     .where(
-                        col(LeaseRow.org_id) == caller.org,
-                        col(LeaseRow.status) == "active",
-                        col(LeaseRow.expires_at_ms) <= now,
+                        col(GenerationRow.org_id) == caller.org,
+                        col(GenerationRow.status) == "active",
+                        col(GenerationRow.expires_at_ms) <= now,
                     )
-                    .order_by(col(LeaseRow.expires_at_ms))
+                    .order_by(col(GenerationRow.expires_at_ms))
                     .limit(max(1, min(limit, 10_000)))
                 ).scalars()
             ]
@@ -562,7 +566,7 @@ class LeaseOps(StoreBase):
                 row = self._row_by_id(tx.session, caller.org, lease_id)
                 if row is None:
                     continue
-                h = row_to_holding(row)
+                h = row_to_generation(row)
                 if h.status != "active" or h.expires_at_ms > tx.now_ms:
                     continue  # renewed or ended meanwhile
                 if self._expiry_reported(tx, h):
@@ -572,23 +576,25 @@ class LeaseOps(StoreBase):
                     tx, h, caller.org, resource, action="expired", actor=caller.principal
                 )
                 tx.emit("lease.expired", subject_of(resource), lease_payload(h, resource))
-                out.append(holding_to_lease(h))
+                out.append(generation_to_lease(h))
             return out
 
         if not candidates:
             return []
         return self._write(caller, [f"expiry:{caller.org}"], op)
 
-    def lease_history(self, org: str) -> tuple[list[Holding], list[LeaseTransition]]:
+    def lease_history(self, org: str) -> tuple[list[Generation], list[LeaseTransition]]:
         """Every lease generation and transition of ``org`` (for the audit)."""
         with self._read() as (s, _now):
             rows = [
-                row_to_holding(r)
+                row_to_generation(r)
                 for r in s.execute(
-                    select(LeaseRow)
-                    .where(col(LeaseRow.org_id) == org)
+                    select(GenerationRow)
+                    .where(col(GenerationRow.org_id) == org)
                     .order_by(
-                        LeaseRow.resource_type, col(LeaseRow.resource_id), col(LeaseRow.epoch)
+                        GenerationRow.resource_type,
+                        col(GenerationRow.resource_id),
+                        col(GenerationRow.epoch),
                     )
                 ).scalars()
             ]

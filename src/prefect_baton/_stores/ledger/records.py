@@ -20,12 +20,12 @@ from prefect_baton._rules.digests import (
 from prefect_baton._stores.ledger.base import Tx
 from prefect_baton._stores.ledger.convert import (
     checkpoint_model,
+    generation_to_lease,
     handoff_model,
     handoff_payload,
-    holding_to_lease,
     new_id,
     outcome_model,
-    row_to_holding,
+    row_to_generation,
 )
 from prefect_baton._stores.ledger.leases import LeaseOps
 from prefect_baton._stores.ledger.receipts import receipted
@@ -33,8 +33,8 @@ from prefect_baton._stores.ledger.tables import (
     CheckpointRow,
     CheckpointVersion,
     EventRow,
+    GenerationRow,
     HandoffRow,
-    LeaseRow,
     OutcomeRow,
     Principal,
 )
@@ -243,7 +243,7 @@ class RecordOps(LeaseOps):
                     raise NotFoundError(f"checkpoint {checkpoint_id} not found")
             if lease is not None:
                 row = self._row_by_id(s, caller.org, lease.lease_id)
-                held = _core._check_proof(row_to_holding(row) if row else None, lease)
+                held = _core._check_proof(row_to_generation(row) if row else None, lease)
                 if not held.effective(tx.now_ms):
                     raise LeaseLostError(f"lease {lease.lease_id} is no longer held")
             self._insert_ignore(
@@ -316,9 +316,9 @@ class RecordOps(LeaseOps):
                 raise NotFoundError(f"handoff {handoff_id} not found")
             lease = None
             if row.accepted_lease_id:
-                lrow = s.get(LeaseRow, row.accepted_lease_id)
+                lrow = s.get(GenerationRow, row.accepted_lease_id)
                 if lrow is not None and lrow.owner == caller.principal:
-                    lease = holding_to_lease(row_to_holding(lrow))
+                    lease = generation_to_lease(row_to_generation(lrow))
             return handoff_model(row, now, lease)
 
     @receipted("resolve", Handoff)
@@ -361,7 +361,7 @@ class RecordOps(LeaseOps):
             lease: Lease | None = None
             if status == "accepted" and row.lease_id:
                 lrow = self._row_by_id(s, caller.org, row.lease_id)
-                held = row_to_holding(lrow) if lrow else None
+                held = row_to_generation(lrow) if lrow else None
                 if held is None:
                     raise NotFoundError(f"lease {row.lease_id} not found")
                 proof = Proof(held.lease_id, row.from_principal, held.execution_key)
@@ -427,7 +427,7 @@ class RecordOps(LeaseOps):
             for kind_, ref, model_ in (
                 ("handoff", handoff_id, HandoffRow),
                 ("checkpoint", checkpoint_id, CheckpointRow),
-                ("lease", lease_id, LeaseRow),
+                ("lease", lease_id, GenerationRow),
             ):
                 if ref is not None:
                     obj: Any = s.get(model_, ref)

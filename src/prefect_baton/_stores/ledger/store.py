@@ -22,13 +22,13 @@ from prefect_baton._stores.ledger.base import (
 )
 from prefect_baton._stores.ledger.convert import (
     checkpoint_model,
+    generation_to_lease,
     handoff_model,
-    holding_to_lease,
     lease_payload,
     new_id,
     outcome_model,
     resource_key,
-    row_to_holding,
+    row_to_generation,
 )
 from prefect_baton._stores.ledger.many import ledger_acquire_many
 from prefect_baton._stores.ledger.records import RecordOps
@@ -48,13 +48,13 @@ __all__ = [
     "LedgerStore",
     "Tx",
     "checkpoint_model",
+    "generation_to_lease",
     "handoff_model",
-    "holding_to_lease",
     "lease_payload",
     "new_id",
     "outcome_model",
     "resource_key",
-    "row_to_holding",
+    "row_to_generation",
 ]
 
 

@@ -41,7 +41,7 @@ class Principal(SQLModel, table=True):
     created_at_ms: int = Field(sa_column=_ms())
 
 
-class LeaseRow(SQLModel, table=True):
+class GenerationRow(SQLModel, table=True):
     """One lease generation. The newest row (highest epoch) of a resource is its head."""
 
     __tablename__ = "baton_leases"
@@ -247,8 +247,8 @@ __all__ = [
     "CheckpointRow",
     "CheckpointVersion",
     "EventRow",
+    "GenerationRow",
     "HandoffRow",
-    "LeaseRow",
     "LeaseTransition",
     "Organization",
     "OutcomeRow",

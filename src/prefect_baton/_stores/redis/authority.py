@@ -38,11 +38,11 @@ from typing import Any
 
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.access import check_force_release, check_list_owner, may_read
-from prefect_baton._rules.core import Decision, Holding, Proof
+from prefect_baton._rules.core import Decision, Generation, Proof
 from prefect_baton._rules.digests import acquire_digest
 from prefect_baton._stores.ledger.convert import lease_info
 from prefect_baton._stores.ledger.receipts import receipted, run_once
-from prefect_baton._stores.ledger.store import LedgerStore, holding_to_lease
+from prefect_baton._stores.ledger.store import LedgerStore, generation_to_lease
 from prefect_baton._stores.protocol import MAX_MANY, AcquireRequest, Caller, Fence, Idempotency
 from prefect_baton._stores.redis.base import AuthorityBase
 from prefect_baton._stores.redis.codec import (
@@ -246,7 +246,7 @@ class RedisAuthority(AuthorityBase):
         name: str,
         proof: Proof,
         args: Sequence[str],
-        decide: Callable[[Holding | None, int], Decision],
+        decide: Callable[[Generation | None, int], Decision],
     ) -> Lease:
         """Run script ``name`` (``renew``, ``transfer``) on the lease named by ``proof``
         with its own ``args``; returns the new generation. A lease id Redis does not know is
@@ -357,7 +357,7 @@ class RedisAuthority(AuthorityBase):
                 ),
             )
             assert d.new is not None
-            return Receipt(action="release", status="no_change", lease=holding_to_lease(d.new))
+            return Receipt(action="release", status="no_change", lease=generation_to_lease(d.new))
         raise_for(reply)
         raise AssertionError("unreachable")
 
@@ -409,7 +409,7 @@ class RedisAuthority(AuthorityBase):
 
     def generation(
         self, caller: Caller, lease_id: str, *, rebuild: bool = True
-    ) -> tuple[Holding | None, int]:
+    ) -> tuple[Generation | None, int]:
         """The generation ``lease_id`` as Redis has it (``None`` when unknown to Redis) and
         the Redis clock in epoch ms. With ``rebuild=False`` a missing incarnation marker
         raises :class:`UnavailableError` instead of starting a rebuild."""
@@ -430,7 +430,7 @@ class RedisAuthority(AuthorityBase):
             return self.store.get(caller, lease_id)
         if not may_read(caller.role, caller.principal, (h.owner,)):
             raise NotFoundError(f"lease {lease_id} not found")
-        return holding_to_lease(h)
+        return generation_to_lease(h)
 
     def list_leases(
         self,
@@ -453,7 +453,7 @@ class RedisAuthority(AuthorityBase):
         reply = self._run(caller.org, "list", ["" if who == "*" else who, opt(resource_type)])
         gens = [from_gen(raw) for raw in reply[2:]]
         gens.sort(key=lambda h: (h.acquired_at_ms, h.lease_id), reverse=True)
-        return [holding_to_lease(h) for h in gens[: max(1, min(limit, 10_000))]]
+        return [generation_to_lease(h) for h in gens[: max(1, min(limit, 10_000))]]
 
     # ------------------------------------------------------------------ fences, handoffs
 
@@ -508,7 +508,7 @@ class RedisAuthority(AuthorityBase):
 
     def fence_check(
         self, caller: Caller, lease_id: str, resource: tuple[str, str] | None
-    ) -> tuple[Holding | None, int]:
+    ) -> tuple[Generation | None, int]:
         """What a fenced ledger write checks, read from Redis: the generation ``lease_id``
         (``None`` if unknown, or if it is not of ``resource``) and the Redis clock.
 

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from redis.exceptions import RedisError
 
 from prefect_baton._rules import core as _core
-from prefect_baton._rules.core import Decision, Holding
-from prefect_baton._stores.ledger.store import LedgerStore, row_to_holding
+from prefect_baton._rules.core import Decision, Generation
+from prefect_baton._stores.ledger.store import LedgerStore, row_to_generation
 from prefect_baton._stores.protocol import Caller
 from prefect_baton._stores.redis.cluster import RedisClient
 from prefect_baton._stores.redis.connection import as_text, direct_pool, evalsha, redis_unavailable
@@ -293,7 +293,7 @@ class AuthorityBase:
             self.client.close()
 
     def _unknown(
-        self, caller: Caller, lease_id: str, decide: Callable[[Holding | None, int], Decision]
+        self, caller: Caller, lease_id: str, decide: Callable[[Generation | None, int], Decision]
     ) -> Decision:
         """A lease id Redis does not know (never seen, or a generation pruned after the
         retention): the ledger's history decides which error it is. Only a read-only
@@ -301,7 +301,7 @@ class AuthorityBase:
         self.sync_ledger(caller.org)
         with self.store._read() as (s, now):
             row = self.store._row_by_id(s, caller.org, lease_id)
-            held = row_to_holding(row) if row is not None else None
+            held = row_to_generation(row) if row is not None else None
         d = decide(held, now)
         if d.noop:
             return d

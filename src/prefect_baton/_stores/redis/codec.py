@@ -1,5 +1,5 @@
 """Conversions between the scripts' generations and journal entries and
-:class:`prefect_baton._rules.core.Holding` / :class:`prefect_baton.models.Lease`, and the scope
+:class:`prefect_baton._rules.core.Generation` / :class:`prefect_baton.models.Lease`, and the scope
 tokens the scripts' overlap check reads.
 
 A generation is one string of 17 NUL-separated fields (no id, free text or scope can hold a
@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from prefect_baton._rules import scopes as _scopes
-from prefect_baton._rules.core import Holding
+from prefect_baton._rules.core import Generation
 from prefect_baton._stores.redis.keys import resource_digest
 from prefect_baton.models import Lease
 
@@ -97,15 +97,15 @@ def _scopes_of(text: str) -> tuple[str, ...]:
     return tuple(value) if isinstance(value, list) else ()
 
 
-def from_gen(raw: str | bytes | dict[str, Any] | list[str]) -> Holding:
-    """Build a :class:`Holding` from a script's generation (text in either format, a parsed
+def from_gen(raw: str | bytes | dict[str, Any] | list[str]) -> Generation:
+    """Build a :class:`Generation` from a script's generation (text in either format, a parsed
     legacy JSON object, or the 17 fields).
 
     Raises:
         ValueError: ``raw`` is not a generation.
     """
     f = _fields(raw)
-    return Holding(
+    return Generation(
         lease_id=f[0],
         resource_type=f[1],
         resource_id=f[2],
@@ -163,7 +163,7 @@ def lease_from_gen(
 ) -> Lease:
     """The :class:`Lease` of a script's generation, built without re-validating what the
     script produced: equal, field for field, to
-    ``holding_to_lease(from_gen(raw), replayed=replayed)``.
+    ``generation_to_lease(from_gen(raw), replayed=replayed)``.
 
     Args:
         times: a cache of converted times (``{ms text: datetime}``); by default the
@@ -280,7 +280,7 @@ def plain_leases(
     return out
 
 
-def encode_gen(h: Holding, *, sid: str | None = None) -> str:
+def encode_gen(h: Generation, *, sid: str | None = None) -> str:
     """The script form of ``h`` (the inverse of :func:`from_gen`) as text, with its resource
     digest and, for a scoped active lease, its scope registration id ``sid``."""
     return "\x00".join(
@@ -306,7 +306,7 @@ def encode_gen(h: Holding, *, sid: str | None = None) -> str:
     )
 
 
-def to_gen(h: Holding, *, sid: str | None = None) -> dict[str, Any]:
+def to_gen(h: Generation, *, sid: str | None = None) -> dict[str, Any]:
     """The legacy JSON-object form of ``h`` (what :func:`from_gen` also reads)."""
     g: dict[str, Any] = {
         "id": h.lease_id,

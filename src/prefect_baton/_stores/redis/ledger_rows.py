@@ -13,7 +13,7 @@ from typing import Any
 from prefect_baton._rules.events import lease_payload
 from prefect_baton._stores.ledger.tables import (
     EventRow,
-    LeaseRow,
+    GenerationRow,
     LeaseTransition,
     Organization,
     Principal,
@@ -73,7 +73,7 @@ class BulkTable:
 
 
 LEASE_TABLE = BulkTable(
-    LeaseRow,
+    GenerationRow,
     (
         "lease_id",
         "org_id",
@@ -133,7 +133,7 @@ RECEIPT_TABLE = BulkTable(
 )
 
 _UPDATED = ("version", "expires_at_ms", "ttl_ms", "status", "ended_at_ms", "ended_by")
-_LEASES = LeaseRow.__tablename__
+_LEASES = GenerationRow.__tablename__
 PRINCIPALS = Principal.__tablename__
 _RECEIPTS = ReceiptRow.__tablename__
 _RECEIPT_KEY = "(org_id, principal, operation, idem_key, scope_key)"

@@ -62,8 +62,8 @@ from sqlalchemy import and_, func, select
 from sqlmodel import col
 
 from prefect_baton._rules.core import EPOCH_RANGE, incarnation_epochs
-from prefect_baton._stores.ledger.store import row_to_holding
-from prefect_baton._stores.ledger.tables import LeaseRow, ReceiptRow
+from prefect_baton._stores.ledger.store import row_to_generation
+from prefect_baton._stores.ledger.tables import GenerationRow, ReceiptRow
 from prefect_baton._stores.redis.cluster import node_time_ms
 from prefect_baton._stores.redis.codec import encode_gen, scope_meta
 from prefect_baton._stores.redis.keys import ORGS_KEY, org_keys
@@ -130,35 +130,35 @@ def bump_incarnation(auth: AuthorityBase, org: str) -> tuple[int, bool]:
     return n, row is not None
 
 
-def _heads(auth: AuthorityBase, org: str) -> Iterator[LeaseRow]:
+def _heads(auth: AuthorityBase, org: str) -> Iterator[GenerationRow]:
     newest = (
         select(
-            col(LeaseRow.resource_type).label("rt"),
-            col(LeaseRow.resource_id).label("ri"),
-            func.max(col(LeaseRow.epoch)).label("e"),
+            col(GenerationRow.resource_type).label("rt"),
+            col(GenerationRow.resource_id).label("ri"),
+            func.max(col(GenerationRow.epoch)).label("e"),
         )
-        .where(col(LeaseRow.org_id) == org)
-        .group_by(col(LeaseRow.resource_type), col(LeaseRow.resource_id))
+        .where(col(GenerationRow.org_id) == org)
+        .group_by(col(GenerationRow.resource_type), col(GenerationRow.resource_id))
         .subquery()
     )
     q = (
-        select(LeaseRow)
+        select(GenerationRow)
         .join(
             newest,
             and_(
-                col(LeaseRow.resource_type) == newest.c.rt,
-                col(LeaseRow.resource_id) == newest.c.ri,
-                col(LeaseRow.epoch) == newest.c.e,
+                col(GenerationRow.resource_type) == newest.c.rt,
+                col(GenerationRow.resource_id) == newest.c.ri,
+                col(GenerationRow.epoch) == newest.c.e,
             ),
         )
-        .where(col(LeaseRow.org_id) == org)
+        .where(col(GenerationRow.org_id) == org)
     )
     with auth.store._read() as (s, _now):
         yield from s.execute(q).scalars()
 
 
-def _restore_args(row: LeaseRow) -> tuple[str, str]:
-    h = row_to_holding(row)
+def _restore_args(row: GenerationRow) -> tuple[str, str]:
+    h = row_to_generation(row)
     scoped = bool(h.scopes) and h.status == "active"
     gen = encode_gen(h, sid=h.lease_id if scoped else None)
     meta = scope_meta(h.resource_type, h.resource_id, h.scopes) if scoped else ""

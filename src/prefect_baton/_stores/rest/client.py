@@ -1,6 +1,6 @@
-"""The REST API as the client's backend: ``Baton(api_url=..., api_key=...)``.
+"""The REST API as the client's store: ``Baton(api_url=..., api_key=...)``.
 
-:class:`RemoteBackend` implements the lease authority protocol
+:class:`RestStore` implements the lease authority protocol
 (:class:`~prefect_baton._stores.protocol.LeaseAuthority`) and the record operations of the ledger
 store (:class:`~prefect_baton._stores.protocol.RecordStore`) over HTTP with one pooled
 :class:`httpx.Client`. Requests go to the routes of :mod:`prefect_baton.rest.app`; answers
@@ -12,7 +12,7 @@ Transport, parsing and the mapping of failures that are not an error envelope of
 (:class:`UnavailableError`, ``UNAUTHENTICATED`` ...) are in :mod:`prefect_baton._stores.rest.http`.
 
 The key decides the identity: the caller passed to each method is the one the key
-authenticated as (:meth:`RemoteBackend.identity`, ``GET /v1/me``), whatever it says. The
+authenticated as (:meth:`RestStore.identity`, ``GET /v1/me``), whatever it says. The
 key is kept as a :class:`pydantic.SecretStr` and appears in no log, repr or message.
 """
 
@@ -50,7 +50,7 @@ from prefect_baton.models import (
     Receipt,
 )
 
-__all__ = ["DEFAULT_TIMEOUT_SECONDS", "Identity", "RemoteBackend", "UnauthenticatedError"]
+__all__ = ["DEFAULT_TIMEOUT_SECONDS", "Identity", "RestStore", "UnauthenticatedError"]
 
 
 def _key(idempotency: Idempotency | None) -> str | None:
@@ -76,7 +76,7 @@ class Identity(BaseModel):
     state_max_bytes: int = 1024 * 1024
 
 
-class RemoteBackend(_Transport):
+class RestStore(_Transport):
     """The REST API at ``api_url`` as lease authority and record store.
 
     Args:
@@ -84,7 +84,7 @@ class RemoteBackend(_Transport):
             are under ``/v1``).
         api_key: a bearer key (``str`` or :class:`pydantic.SecretStr`, ``bk_...``).
         timeout_seconds: per-request connect/read/write timeout (``float`` seconds > 0).
-        client: an :class:`httpx.Client` to share (its pool); the backend then does not
+        client: an :class:`httpx.Client` to share (its pool); the store then does not
             close it.
 
     Raises:
@@ -94,14 +94,12 @@ class RemoteBackend(_Transport):
     _identity: Identity | None = None  # GET /v1/me, asked once by identity()
 
     def __repr__(self) -> str:
-        return f"RemoteBackend(api_url={self.url!r})"
+        return f"RestStore(api_url={self.url!r})"
 
-    def with_key(self, api_key: str | SecretStr) -> RemoteBackend:
-        """Another backend for ``api_key`` sharing this one's connection pool (closing it
+    def with_key(self, api_key: str | SecretStr) -> RestStore:
+        """Another store for ``api_key`` sharing this one's connection pool (closing it
         leaves the pool open)."""
-        return RemoteBackend(
-            self.url, api_key, timeout_seconds=self.timeout_seconds, client=self._http
-        )
+        return RestStore(self.url, api_key, timeout_seconds=self.timeout_seconds, client=self._http)
 
     def identity(self) -> Identity:
         """Who the key acts as (``GET /v1/me``, asked once and kept).

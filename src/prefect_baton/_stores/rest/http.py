@@ -1,4 +1,4 @@
-"""HTTP transport of :class:`~prefect_baton._stores.rest.client.RemoteBackend`: URL and key checks,
+"""HTTP transport of :class:`~prefect_baton._stores.rest.client.RestStore`: URL and key checks,
 one pooled :class:`httpx.Client`, the ``{"data": ..., "meta": ...}`` envelope, the
 JSON-to-model parsing and the mapping of failures to
 :class:`~prefect_baton.errors.BatonError` subclasses.
@@ -115,7 +115,7 @@ def _error(status: int, body: Any) -> BatonError:
 
 class _Transport:
     """The REST API at ``api_url`` over one :class:`httpx.Client` (arguments as
-    :class:`~prefect_baton._stores.rest.client.RemoteBackend`)."""
+    :class:`~prefect_baton._stores.rest.client.RestStore`)."""
 
     def __init__(
         self,
@@ -143,7 +143,7 @@ class _Transport:
         )
 
     def close(self) -> None:
-        """Close the connection pool (when this backend created it)."""
+        """Close the connection pool (when this store created it)."""
         if self._owns_client:
             self._http.close()
 

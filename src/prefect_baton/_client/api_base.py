@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 
 HANDOFF_RESOLUTIONS = ("accepted", "rejected")
 OUTCOME_STATUSES = ("succeeded", "failed", "cancelled")
-CHECKPOINT_TTL_MAX_SECONDS = 366 * 86_400
 
 
 @runtime_checkable
@@ -58,28 +57,6 @@ def _limit(limit: object, maximum: int) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= maximum:
         raise ValidationError(f"limit must be an integer from 1 to {maximum}")
     return limit
-
-
-def _lifetime_ms(seconds: object, error: str) -> int | None:
-    """Milliseconds of an optional lifetime given in whole seconds (a checkpoint's
-    ``ttl_seconds``, a handoff's ``expires_in_seconds``): ``None`` for none.
-
-    Args:
-        seconds: ``None``, or an integer from 1 to :data:`CHECKPOINT_TTL_MAX_SECONDS`.
-        error: the message of the error raised otherwise.
-
-    Raises:
-        ValidationError: ``seconds`` is not ``None`` nor such an integer (``bool`` included).
-    """
-    if seconds is None:
-        return None
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, int)
-        or not 1 <= seconds <= CHECKPOINT_TTL_MAX_SECONDS
-    ):
-        raise ValidationError(error)
-    return seconds * 1000
 
 
 class _Identity:

@@ -7,16 +7,15 @@ from typing import Any
 
 from prefect_baton._client.api_base import (
     _API,
-    CHECKPOINT_TTL_MAX_SECONDS,
     HANDOFF_RESOLUTIONS,
     OUTCOME_STATUSES,
     LeaseLike,
-    _lifetime_ms,
     _limit,
 )
 from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._client.requests import keyed, resolve_fields
 from prefect_baton._rules import core as _core
+from prefect_baton._rules.validation import CHECKPOINT_TTL_MAX_SECONDS, validate_lifetime
 from prefect_baton.errors import ValidationError
 from prefect_baton.models import Checkpoint, Event, Evidence, Handoff, Outcome
 
@@ -55,7 +54,7 @@ class CheckpointAPI(_API):
         state_, text, digest = _core.validate_state(state, self._store.state_max_bytes)
         ev = _core.validate_version("expected_version", expected_version)
         key = _core.validate_optional_id("idempotency_key", idempotency_key)
-        ttl_ms = _lifetime_ms(
+        ttl_ms = validate_lifetime(
             ttl_seconds,
             f"checkpoint ttl_seconds must be an integer from 1 to {CHECKPOINT_TTL_MAX_SECONDS}",
         )
@@ -138,7 +137,9 @@ class HandoffAPI(_API):
         ctx = _core.validate_optional_id("context_id", context_id)
         msg = _core.validate_text("message", message)
         key = _core.validate_optional_id("idempotency_key", idempotency_key)
-        exp_ms = _lifetime_ms(expires_in_seconds, "expires_in_seconds must be a positive integer")
+        exp_ms = validate_lifetime(
+            expires_in_seconds, "expires_in_seconds must be a positive integer"
+        )
         proof = None if lease is None else self._proof(lease)
         handoff = self._store.handoff_create(
             self._caller,

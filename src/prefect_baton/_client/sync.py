@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from prefect_baton._client.api_base import (
-    CHECKPOINT_TTL_MAX_SECONDS,
     HANDOFF_RESOLUTIONS,
     OUTCOME_STATUSES,
     FenceLike,
@@ -27,6 +26,7 @@ from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._client.leases import LeaseAPI
 from prefect_baton._client.records import CheckpointAPI, EventAPI, HandoffAPI, OutcomeAPI
 from prefect_baton._rules import core as _core
+from prefect_baton._rules.validation import CHECKPOINT_TTL_MAX_SECONDS
 from prefect_baton._settings import BatonSettings, load_settings
 from prefect_baton._stores.factory import open_stores
 from prefect_baton._stores.ledger.store import LedgerStore

@@ -26,6 +26,9 @@ DEFAULT_STATE_MAX_BYTES = 1024 * 1024
 ROLES = ("agent", "owner", "admin")
 TTL_RANGE = f"{TTL_MIN_SECONDS} to {TTL_MAX_SECONDS}"
 """The legal lease TTL range in seconds as messages and help texts write it."""
+CHECKPOINT_TTL_MAX_SECONDS = 366 * 86_400
+"""The longest lifetime of a checkpoint (``ttl_seconds``) or a pending handoff
+(``expires_in_seconds``): 366 days, in seconds."""
 
 
 # --------------------------------------------------------------------------- validation
@@ -204,3 +207,25 @@ def request_digest(operation: str, fields: Mapping[str, object]) -> str:
     """SHA-256 hex digest of the canonical request (idempotency receipts bind it)."""
     text = canonical_json({"op": operation, **fields})
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def validate_lifetime(seconds: object, error: str) -> int | None:
+    """Milliseconds of an optional lifetime given in whole seconds (a checkpoint's
+    ``ttl_seconds``, a handoff's ``expires_in_seconds``): ``None`` for none.
+
+    Args:
+        seconds: ``None``, or an integer from 1 to :data:`CHECKPOINT_TTL_MAX_SECONDS`.
+        error: the message of the error raised otherwise.
+
+    Raises:
+        ValidationError: ``seconds`` is not ``None`` nor such an integer (``bool`` included).
+    """
+    if seconds is None:
+        return None
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int)
+        or not 1 <= seconds <= CHECKPOINT_TTL_MAX_SECONDS
+    ):
+        raise ValidationError(error)
+    return seconds * 1000

@@ -14,9 +14,9 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from prefect_baton._client.api_base import CHECKPOINT_TTL_MAX_SECONDS
 from prefect_baton._client.sync import Baton
 from prefect_baton._rules.validation import (
+    CHECKPOINT_TTL_MAX_SECONDS,
     MAX_ID_LENGTH,
     MAX_SAFE_INTEGER,
     MAX_SCOPE_LENGTH,

@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from prefect_baton._client.api_base import CHECKPOINT_TTL_MAX_SECONDS
 from prefect_baton._rules.validation import (
+    CHECKPOINT_TTL_MAX_SECONDS,
     MAX_ID_LENGTH,
     MAX_SAFE_INTEGER,
     MAX_SCOPE_LENGTH,

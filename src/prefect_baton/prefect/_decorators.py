@@ -20,7 +20,7 @@ from prefect import Flow, Task
 from prefect_baton.errors import BatonError, LeaseLostError, ValidationError
 from prefect_baton.prefect._context import BatonLike, RunKind
 from prefect_baton.prefect._interrupt import AsyncInterrupt, SyncInterrupt
-from prefect_baton.prefect._options import LeaseOptions, OnConflict, make_options
+from prefect_baton.prefect._options import LeaseOptions, OnConflict
 from prefect_baton.prefect._scope import LeaseScope
 
 __all__ = ["leased"]
@@ -161,7 +161,7 @@ def leased(
         ``LEASE_LOST`` or the TTL passed without a renewal; raised at the latest when the
         body returns), and what the body raises.
     """
-    opts = make_options(
+    opts = LeaseOptions(
         resource_type,
         resource_id,
         ttl_seconds=ttl_seconds,

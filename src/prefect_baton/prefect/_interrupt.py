@@ -8,7 +8,8 @@ turn that call into an interruption of the body running elsewhere:
   blocking C call (``time.sleep(60)``, a socket read) finishes first;
 - async body: ``task.cancel()`` scheduled on the body's event loop.
 
-The ``@leased`` drivers then raise :class:`~prefect_baton.errors.LeaseLostError`.
+``@leased`` then raises :class:`~prefect_baton.errors.LeaseLostError` (see
+:meth:`~prefect_baton.prefect._scope.LeaseScope.finish`).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
@@ -35,26 +35,34 @@ from prefect_baton.demo import analysis
 __all__ = ["DemoResult", "main", "run_demo"]
 
 
+def _measure(label: str, default: Any = 0) -> Any:
+    """A :class:`DemoResult` field shown in the summary table as ``label``."""
+    return field(default=default, metadata={"label": label, "show": str})
+
+
 @dataclass
 class DemoResult:
-    """The demo's summary, read back from the ledger (counts are ``int``)."""
+    """The demo's summary, read back from the ledger (counts are ``int``); the fields in the
+    order of the summary table, with its labels."""
 
-    files: int = 0
-    completed: int = 0
-    duplicate_completions: int = 0
-    undone: int = 0
-    takeovers: int = 0
-    resumed_from_checkpoint: int = 0
-    stale_writes_rejected: int = 0
-    crashes: int = 0
-    pauses: int = 0
-    handoffs_accepted: int = 0
-    verdict: str = "none"
-    audit_violations: list[str] = field(default_factory=list)
-    elapsed_seconds: float = 0.0
-    ledger: str = ""
+    files: int = _measure("files")
+    completed: int = _measure("completed")
+    duplicate_completions: int = _measure("duplicate completions")
+    undone: int = _measure("left undone")
+    crashes: int = _measure("crashed researchers (SIGKILL)")
+    pauses: int = _measure("paused researchers (SIGSTOP/SIGCONT)")
+    takeovers: int = _measure("takeovers after expiry")
+    resumed_from_checkpoint: int = _measure("resumed from checkpoint")
+    stale_writes_rejected: int = _measure("stale writes rejected")
+    handoffs_accepted: int = _measure("handoffs accepted")
+    verdict: str = _measure("verdict", "none")
+    audit_violations: list[str] = field(
+        default_factory=list, metadata={"label": "audit violations", "show": len}
+    )
+    elapsed_seconds: float = _measure("elapsed (s)", 0.0)
+    ledger: str = _measure("ledger", "")
     org: str = ""
-    report: str = ""
+    report: str = _measure("report", "")
 
     @property
     def ok(self) -> bool:
@@ -339,24 +347,9 @@ def _print_table(r: DemoResult) -> None:
     t = Table(title="prefect-baton demo", show_header=True)
     t.add_column("measure")
     t.add_column("value", justify="right", overflow="fold")
-    for label, value in (
-        ("files", r.files),
-        ("completed", r.completed),
-        ("duplicate completions", r.duplicate_completions),
-        ("left undone", r.undone),
-        ("crashed researchers (SIGKILL)", r.crashes),
-        ("paused researchers (SIGSTOP/SIGCONT)", r.pauses),
-        ("takeovers after expiry", r.takeovers),
-        ("resumed from checkpoint", r.resumed_from_checkpoint),
-        ("stale writes rejected", r.stale_writes_rejected),
-        ("handoffs accepted", r.handoffs_accepted),
-        ("verdict", r.verdict),
-        ("audit violations", len(r.audit_violations)),
-        ("elapsed (s)", r.elapsed_seconds),
-        ("ledger", r.ledger),
-        ("report", r.report),
-    ):
-        t.add_row(label, str(value))
+    for f in fields(r):
+        if "label" in f.metadata:
+            t.add_row(f.metadata["label"], str(f.metadata["show"](getattr(r, f.name))))
     Console().print(t)
     for v in r.audit_violations:
         print(f"audit: {v}", file=sys.stderr)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import KW_ONLY, dataclass, field
 from types import TracebackType
 from typing import Any
 
@@ -30,9 +31,10 @@ __all__ = ["AcceptedHandoff", "accept_handoff"]
 log = logging.getLogger("prefect_baton.prefect")
 
 
+@dataclass(eq=False, repr=False)
 class AcceptedHandoff:
     """The receiving side of a handoff; use as ``with`` or ``async with`` (see
-    :func:`accept_handoff`).
+    :func:`accept_handoff`, which takes the same arguments).
 
     Attributes:
         handoff: the :class:`Handoff` (as read on entry; after acceptance, as accepted).
@@ -40,27 +42,19 @@ class AcceptedHandoff:
         status: ``"pending"`` until accepted, then ``"accepted"`` or ``"rejected"``.
     """
 
-    def __init__(
-        self,
-        handoff_id: str,
-        *,
-        defer: bool = False,
-        ttl_seconds: int | None = None,
-        baton: BatonLike | None = None,
-        note: str | None = None,
-    ) -> None:
-        self.handoff_id = handoff_id
-        self._defer = defer
-        self._ttl = ttl_seconds
-        self._baton = baton
-        self._note = note
-        self._b: Baton | None = None
-        self._ident: RunIdentity | None = None
-        self._slot: LeaseSlot | None = None
-        self._token: Any = None
-        self.handoff: Handoff | None = None
-        self.checkpoint: Checkpoint | None = None
-        self.status = "pending"
+    handoff_id: str
+    _: KW_ONLY
+    defer: bool = False
+    ttl_seconds: int | None = None
+    baton: BatonLike | None = None
+    note: str | None = None
+    handoff: Handoff | None = field(default=None, init=False)
+    checkpoint: Checkpoint | None = field(default=None, init=False)
+    status: str = field(default="pending", init=False)
+    _b: Baton | None = field(default=None, init=False)
+    _ident: RunIdentity | None = field(default=None, init=False)
+    _slot: LeaseSlot | None = field(default=None, init=False)
+    _token: Any = field(default=None, init=False)
 
     @property
     def state(self) -> dict[str, Any] | None:
@@ -76,7 +70,7 @@ class AcceptedHandoff:
 
     def _open(self) -> None:
         ident = self._ident = run_identity()
-        b = self._b = resolve_baton(self._baton, ident.principal)
+        b = self._b = resolve_baton(self.baton, ident.principal)
         h = self.handoff = b.handoffs.get(self.handoff_id)
         if h.to_principal != b.principal:
             raise ValidationError(
@@ -98,7 +92,7 @@ class AcceptedHandoff:
                 self._hold(lease)
         elif h.status != "pending":
             raise NotFoundError(f"pending handoff {h.handoff_id} not found ({h.status})")
-        elif not self._defer:
+        elif not self.defer:
             self._accept()
 
     def _hold(self, lease: Lease) -> None:
@@ -106,7 +100,7 @@ class AcceptedHandoff:
         keeper = self._b.lease(
             lease.resource_type,
             lease.resource_id,
-            ttl_seconds=self._ttl or lease.ttl_seconds,
+            ttl_seconds=self.ttl_seconds or lease.ttl_seconds,
             idempotency_key=self._ident.execution_key,
         )
         keeper.start()  # same principal and execution key: adopts the generation (no-op)
@@ -117,9 +111,9 @@ class AcceptedHandoff:
         h = self._b.handoffs.resolve(
             self.handoff_id,
             "accepted",
-            self._note,
+            self.note,
             execution_key=self._ident.execution_key,
-            ttl_seconds=self._ttl,
+            ttl_seconds=self.ttl_seconds,
         )
         self.handoff = h
         self.status = "accepted"

@@ -1,14 +1,14 @@
 """``@leased``: hold a lease for the duration of a function, task or flow run.
 
-The decisions live in :class:`._plan.LeaseCall` (no I/O); :func:`_run_sync` and
-:func:`_run_async` are the two thin drivers that do the I/O and sleeping (STYLE.md 2).
+The decisions live in :class:`._plan.LeaseCall` (no I/O) and the shared steps in
+:class:`._scope.LeaseScope`; :func:`_run_sync` and :func:`_run_async` are the two thin
+drivers that only start and stop the keeper, sleep and run the body (STYLE.md 2).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import logging
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, cast
@@ -17,190 +17,75 @@ import anyio
 import anyio.to_thread
 from prefect import Flow, Task
 
-from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton.errors import BatonError, LeaseLostError, ValidationError
-from prefect_baton.prefect._context import (
-    BatonLike,
-    LeaseSlot,
-    RunIdentity,
-    pop_slot,
-    push_slot,
-    resolve_baton,
-    run_identity,
-)
-from prefect_baton.prefect._events import emit_lease_event
-from prefect_baton.prefect._interrupt import AsyncInterrupt, LeaseInterrupt, SyncInterrupt
-from prefect_baton.prefect._options import LeaseOptions, OnConflict, make_options
-from prefect_baton.prefect._plan import Fail, LeaseCall, Skip, Sleep
+from prefect_baton.prefect._context import BatonLike, RunKind
+from prefect_baton.prefect._interrupt import AsyncInterrupt, SyncInterrupt
+from prefect_baton.prefect._options import LeaseOptions, OnConflict
+from prefect_baton.prefect._scope import LeaseScope
 
 __all__ = ["leased"]
-
-log = logging.getLogger("prefect_baton.prefect")
 
 F = TypeVar("F")
 
 
-def _skip_result(step: Skip, ident: RunIdentity) -> Any:
-    if not ident.in_run:
-        log.info(step.message)
-        return None
-    from prefect.logging import get_run_logger
-    from prefect.states import Completed
-
-    get_run_logger().info(step.message)
-    return Completed(message=step.message)
-
-
-def _after_stop(b: Any, keeper: LeaseKeeper, slot: LeaseSlot) -> None:
-    if keeper.receipt_status in ("released", "expired"):
-        emit_lease_event(b, "lease.released", keeper.lease, status=keeper.receipt_status)
-
-
-def _prepare(
-    opts: LeaseOptions, sig: inspect.Signature, fn_name: str, prefer: Any, a: Any, kw: Any
-) -> tuple[LeaseCall, Any]:
-    ident = run_identity(prefer)
-    b = resolve_baton(opts.baton, opts.principal or ident.principal)
-    call = LeaseCall(opts, fn_name, ident, opts.render(sig, a, kw), time.monotonic())
-    return call, b
-
-
-def _interrupt_error(keeper: LeaseKeeper) -> LeaseLostError:
-    return LeaseLostError(
-        f"lease {keeper.lease_id} on {keeper.resource_type}/{keeper.resource_id} was lost "
-        f"({keeper.lost_reason}); the body was interrupted (cancel_on_loss=True)"
-    )
-
-
-def _run_sync(
-    opts: LeaseOptions,
-    fn: Callable[..., Any],
-    sig: inspect.Signature,
-    prefer: Any,
-    args: Any,
-    kwargs: Any,
-) -> Any:
-    call, b = _prepare(opts, sig, fn.__qualname__, prefer, args, kwargs)
-    guard = SyncInterrupt() if opts.cancel_on_loss else None
-    while True:
-        keeper = call.keeper(guard.on_lost if guard else None, b)
+def _run_sync(scope: LeaseScope, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    while (keeper := scope.attempt()) is not None:
         try:
             keeper.start()
-            break
         except BatonError as exc:
-            step = call.on_acquire_error(exc, time.monotonic())
-            if isinstance(step, Sleep):
+            if (step := scope.acquire_failed(exc)) is not None:
                 time.sleep(step.seconds)
-            elif isinstance(step, Skip):
-                return _skip_result(step, call.ident)
-            elif isinstance(step, Fail):
-                raise step.error from (None if step.error is exc else exc)
-    if not keeper.lease.replayed:
-        emit_lease_event(b, "lease.acquired", keeper.lease)
-    slot = LeaseSlot(keeper=keeper, baton=b, identity=call.ident)
-    token = push_slot(slot)
-    failure: BaseException | None = None
-    result: Any = None
-    try:
+            continue
+        with scope.holding(keeper) as held, scope.guarded(held):
+            held.result = fn(*args, **kwargs)
         try:
-            if guard is not None:
-                guard.arm(lambda: slot.handed_off)
-            result = fn(*args, **kwargs)
-        finally:
-            if guard is not None:
-                guard.disarm()
-    except BaseException as exc:
-        failure = exc
-    finally:
-        pop_slot(token)
-    keeper.release_on_exit = call.release_at_exit(slot, failure)
-    try:
-        keeper.stop(failure)
-    except LeaseLostError:
-        if isinstance(failure, LeaseInterrupt):
-            raise _interrupt_error(keeper) from None
-        raise
-    _after_stop(b, keeper, slot)
-    if isinstance(failure, LeaseInterrupt):
-        raise _interrupt_error(keeper) from None
-    if failure is not None:
-        raise failure
-    return result
+            keeper.stop(held.failure)
+        except LeaseLostError:
+            scope.check_interrupted(held)
+            raise
+        return scope.finish(held)
+    return scope.skipped()
 
 
-async def _run_async(
-    opts: LeaseOptions,
-    fn: Callable[..., Any],
-    sig: inspect.Signature,
-    prefer: Any,
-    args: Any,
-    kwargs: Any,
-) -> Any:
-    call, b = _prepare(opts, sig, fn.__qualname__, prefer, args, kwargs)
-    guard = AsyncInterrupt() if opts.cancel_on_loss else None
-    while True:
-        keeper = call.keeper(guard.on_lost if guard else None, b)
+async def _run_async(scope: LeaseScope, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    while (keeper := scope.attempt()) is not None:
         try:
             await anyio.to_thread.run_sync(keeper.start)
-            break
         except BatonError as exc:
-            step = call.on_acquire_error(exc, time.monotonic())
-            if isinstance(step, Sleep):
+            if (step := scope.acquire_failed(exc)) is not None:
                 await anyio.sleep(step.seconds)
-            elif isinstance(step, Skip):
-                return _skip_result(step, call.ident)
-            elif isinstance(step, Fail):
-                raise step.error from (None if step.error is exc else exc)
-    if not keeper.lease.replayed:
-        emit_lease_event(b, "lease.acquired", keeper.lease)
-    slot = LeaseSlot(keeper=keeper, baton=b, identity=call.ident)
-    token = push_slot(slot)
-    failure: BaseException | None = None
-    result: Any = None
-    try:
+            continue
+        with scope.holding(keeper) as held, scope.guarded(held):
+            held.result = await fn(*args, **kwargs)
         try:
-            if guard is not None:
-                guard.arm(lambda: slot.handed_off)
-            result = await fn(*args, **kwargs)
-        finally:
-            if guard is not None:
-                guard.disarm()
-    except BaseException as exc:
-        failure = guard.translate(exc) if guard is not None else exc
-    finally:
-        pop_slot(token)
-    keeper.release_on_exit = call.release_at_exit(slot, failure)
-    try:
-        await anyio.to_thread.run_sync(keeper.stop, failure)
-    except LeaseLostError:
-        if isinstance(failure, LeaseInterrupt):
-            raise _interrupt_error(keeper) from None
-        raise
-    _after_stop(b, keeper, slot)
-    if isinstance(failure, LeaseInterrupt):
-        raise _interrupt_error(keeper) from None
-    if failure is not None:
-        raise failure
-    return result
+            await anyio.to_thread.run_sync(keeper.stop, held.failure)
+        except LeaseLostError:
+            scope.check_interrupted(held)
+            raise
+        return scope.finish(held)
+    return scope.skipped()
 
 
 # ----------------------------------------------------------------------------- decorator
 
 
-def _wrap(opts: LeaseOptions, fn: Callable[..., Any], prefer: str | None) -> Callable[..., Any]:
+def _wrap(opts: LeaseOptions, fn: Callable[..., Any], prefer: RunKind | None) -> Callable[..., Any]:
     sig = opts.check_function(fn)
+    name = fn.__qualname__
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
         async def awrapper(*args: Any, **kwargs: Any) -> Any:
-            return await _run_async(opts, fn, sig, prefer, args, kwargs)
+            scope = LeaseScope(opts, name, AsyncInterrupt, prefer=prefer, bound=(sig, args, kwargs))
+            return await _run_async(scope, fn, args, kwargs)
 
         wrapper: Callable[..., Any] = awrapper
     else:
 
         @functools.wraps(fn)
         def swrapper(*args: Any, **kwargs: Any) -> Any:
-            return _run_sync(opts, fn, sig, prefer, args, kwargs)
+            scope = LeaseScope(opts, name, SyncInterrupt, prefer=prefer, bound=(sig, args, kwargs))
+            return _run_sync(scope, fn, args, kwargs)
 
         wrapper = swrapper
     # Prefect derives task keys from the code object: every function wrapped here would get
@@ -276,7 +161,7 @@ def leased(
         ``LEASE_LOST`` or the TTL passed without a renewal; raised at the latest when the
         body returns), and what the body raises.
     """
-    opts = make_options(
+    opts = LeaseOptions(
         resource_type,
         resource_id,
         ttl_seconds=ttl_seconds,

@@ -8,7 +8,8 @@ turn that call into an interruption of the body running elsewhere:
   blocking C call (``time.sleep(60)``, a socket read) finishes first;
 - async body: ``task.cancel()`` scheduled on the body's event loop.
 
-The ``@leased`` drivers then raise :class:`~prefect_baton.errors.LeaseLostError`.
+``@leased`` then raises :class:`~prefect_baton.errors.LeaseLostError` (see
+:meth:`~prefect_baton.prefect._scope.LeaseScope.finish`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import asyncio
 import ctypes
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["AsyncInterrupt", "LeaseInterrupt", "SyncInterrupt"]
+__all__ = ["AsyncInterrupt", "Interrupt", "LeaseInterrupt", "SyncInterrupt"]
 
 
 class LeaseInterrupt(BaseException):
@@ -37,6 +38,24 @@ def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(
         ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc is not None else None
     )
+
+
+class Interrupt(Protocol):
+    """What the ``@leased`` core needs of a guard (:class:`SyncInterrupt`,
+    :class:`AsyncInterrupt`)."""
+
+    def arm(self, suppress: Callable[[], bool]) -> None:
+        """Start guarding the body; ``suppress()`` true means "do not interrupt"."""
+
+    def on_lost(self, keeper: Any) -> None:
+        """The keeper's ``on_lost`` callback (runs on the heartbeat thread)."""
+
+    def disarm(self) -> None:
+        """Stop guarding (idempotent)."""
+
+    def translate(self, exc: BaseException) -> BaseException:
+        """What the body's exception ``exc`` means: :class:`LeaseInterrupt` for the
+        guard's own interruption, else ``exc``."""
 
 
 class SyncInterrupt:
@@ -69,6 +88,10 @@ class SyncInterrupt:
             if self._thread_id is not None and self.fired:
                 _set_async_exc(self._thread_id, None)
             self._thread_id = None
+
+    def translate(self, exc: BaseException) -> BaseException:
+        """``exc`` as it is: the interruption is raised as :class:`LeaseInterrupt` itself."""
+        return exc
 
 
 class AsyncInterrupt:
@@ -107,9 +130,9 @@ class AsyncInterrupt:
         self._task.cancel("the lease was lost (cancel_on_loss=True)")
 
     def disarm(self) -> None:
-        """Stop guarding (call on the event loop)."""
-        self._armed = False
-        if self.fired and self._task is not None and self._task.cancelling():
+        """Stop guarding (call on the event loop; a second call does nothing)."""
+        was_armed, self._armed = self._armed, False
+        if was_armed and self.fired and self._task is not None and self._task.cancelling():
             self._task.uncancel()
 
     def translate(self, exc: BaseException) -> BaseException:

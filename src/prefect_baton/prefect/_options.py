@@ -1,18 +1,18 @@
-"""The options of ``@leased``: validation when the decorator is applied, and templates."""
+"""The options of ``@leased``: validated when the decorator is applied, and templates."""
 
 from __future__ import annotations
 
 import inspect
 import string
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Literal
 
 from prefect_baton._rules.core import validate_id, validate_text, validate_ttl
 from prefect_baton.errors import ValidationError
 from prefect_baton.prefect._context import BatonLike
 
-__all__ = ["LeaseOptions", "OnConflict", "make_options"]
+__all__ = ["LeaseOptions", "OnConflict"]
 
 OnConflict = Literal["raise", "skip", "wait"]
 _ON_CONFLICT = ("raise", "skip", "wait")
@@ -36,18 +36,50 @@ def _fields(template: str, what: str) -> set[str]:
 
 @dataclass(frozen=True)
 class LeaseOptions:
-    """The validated options of one ``@leased(...)``."""
+    """The options of one ``@leased(...)`` (see :func:`prefect_baton.prefect.leased` for
+    their meaning), validated when made.
+
+    Raises:
+        ValidationError: a bad id, TTL (10..86,400 s), ``on_conflict`` or option mix.
+    """
 
     resource_type: str
     resource_id: str
+    _: KW_ONLY
     ttl_seconds: int
-    purpose: str | None
-    scopes: tuple[str, ...]
-    on_conflict: OnConflict
-    wait_timeout_seconds: float | None
-    cancel_on_loss: bool
-    baton: BatonLike | None
-    principal: str | None
+    purpose: str | None = None
+    scopes: Iterable[str] = ()
+    on_conflict: OnConflict = "raise"
+    wait_timeout_seconds: float | None = None
+    cancel_on_loss: bool = False
+    baton: BatonLike | None = None
+    principal: str | None = None
+
+    def __post_init__(self) -> None:
+        validate_id("resource_type", self.resource_type)
+        if not isinstance(self.resource_id, str) or not self.resource_id:
+            raise ValidationError("resource_id must be a non-empty string (or template)")
+        validate_ttl(self.ttl_seconds)
+        validate_text("purpose", self.purpose)
+        if isinstance(self.scopes, str | bytes):
+            raise ValidationError("scopes must be a list of glob strings, not a single string")
+        scopes = tuple(self.scopes)
+        if self.on_conflict not in _ON_CONFLICT:
+            raise ValidationError(
+                f"on_conflict must be one of {_ON_CONFLICT}, got {self.on_conflict!r}"
+            )
+        wait = self.wait_timeout_seconds
+        if wait is not None:
+            if self.on_conflict != "wait":
+                raise ValidationError("wait_timeout_seconds only applies to on_conflict='wait'")
+            if isinstance(wait, bool) or not wait >= 0:
+                raise ValidationError("wait_timeout_seconds must be a number of seconds >= 0")
+        if self.principal is not None:
+            validate_id("principal", self.principal)
+        # normalised in place (frozen: through object.__setattr__)
+        object.__setattr__(self, "ttl_seconds", int(self.ttl_seconds))
+        object.__setattr__(self, "scopes", scopes)
+        object.__setattr__(self, "cancel_on_loss", bool(self.cancel_on_loss))
 
     def check_function(self, fn: Callable[..., Any]) -> inspect.Signature:
         """Reject templates naming parameters ``fn`` does not have (names the function)."""
@@ -78,52 +110,3 @@ class LeaseOptions:
             return self.resource_id.format_map(values), [s.format_map(values) for s in self.scopes]
         except (KeyError, AttributeError, IndexError) as exc:
             raise ValidationError(f"cannot fill the lease templates: {exc!r}") from None
-
-
-def make_options(
-    resource_type: str,
-    resource_id: str,
-    *,
-    ttl_seconds: int,
-    purpose: str | None,
-    scopes: Iterable[str],
-    on_conflict: OnConflict,
-    wait_timeout_seconds: float | None,
-    cancel_on_loss: bool,
-    baton: BatonLike | None,
-    principal: str | None,
-) -> LeaseOptions:
-    """Validate ``@leased``'s arguments (see :func:`prefect_baton.prefect.leased`).
-
-    Raises:
-        ValidationError: a bad id, TTL (10..86,400 s), ``on_conflict`` or option mix.
-    """
-    validate_id("resource_type", resource_type)
-    if not isinstance(resource_id, str) or not resource_id:
-        raise ValidationError("resource_id must be a non-empty string (or template)")
-    validate_ttl(ttl_seconds)
-    validate_text("purpose", purpose)
-    if isinstance(scopes, str | bytes):
-        raise ValidationError("scopes must be a list of glob strings, not a single string")
-    scopes_ = tuple(scopes)
-    if on_conflict not in _ON_CONFLICT:
-        raise ValidationError(f"on_conflict must be one of {_ON_CONFLICT}, got {on_conflict!r}")
-    if wait_timeout_seconds is not None:
-        if on_conflict != "wait":
-            raise ValidationError("wait_timeout_seconds only applies to on_conflict='wait'")
-        if isinstance(wait_timeout_seconds, bool) or not wait_timeout_seconds >= 0:
-            raise ValidationError("wait_timeout_seconds must be a number of seconds >= 0")
-    if principal is not None:
-        validate_id("principal", principal)
-    return LeaseOptions(
-        resource_type=resource_type,
-        resource_id=resource_id,
-        ttl_seconds=int(ttl_seconds),
-        purpose=purpose,
-        scopes=scopes_,
-        on_conflict=on_conflict,
-        wait_timeout_seconds=wait_timeout_seconds,
-        cancel_on_loss=bool(cancel_on_loss),
-        baton=baton,
-        principal=principal,
-    )

@@ -1,5 +1,6 @@
-"""The core of ``@leased``: no I/O, it decides what happens after each acquire attempt and
-at exit; the sync and async drivers in ``_decorators`` only do I/O and sleep (STYLE.md 2)."""
+"""The decisions of ``@leased``: no I/O, it decides what happens after each acquire attempt
+and at exit; :class:`~prefect_baton.prefect._scope.LeaseScope` applies them for the sync and
+async drivers in ``_decorators``, which only do I/O and sleep (STYLE.md 2)."""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ from prefect_baton._client.api_base import (
 from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._client.requests import keyed, resolve_fields
 from prefect_baton._rules import core as _core
+from prefect_baton._stores.protocol import CheckpointWrite, HandoffResolution
 from prefect_baton.errors import ValidationError
 from prefect_baton.models import Checkpoint, Event, Evidence, Handoff, Outcome
 
@@ -59,18 +60,10 @@ class CheckpointAPI(_API):
             ttl_seconds,
             f"checkpoint ttl_seconds must be an integer from 1 to {CHECKPOINT_TTL_MAX_SECONDS}",
         )
-        return self._store.checkpoint_save(
-            self._caller,
-            subject,
-            kind_,
-            state_,
-            state_text=text,
-            state_hash=digest,
-            expected_version=ev,
-            fence=self._b._fence(fence),
-            idempotency_key=key,
-            ttl_ms=ttl_ms,
+        write = CheckpointWrite(
+            subject, kind_, state_, text, digest, ev, self._b._fence(fence), ttl_ms
         )
+        return self._store.checkpoint_save(self._caller, write, idempotency_key=key)
 
     def get(self, subject_id: str, kind: str, principal: str | None = None) -> Checkpoint | None:
         """The current checkpoint of ``(subject_id, principal, kind)`` (``principal``
@@ -205,11 +198,7 @@ class HandoffAPI(_API):
         fields = resolve_fields(hid, status, note=note_, execution_key=key, ttl_seconds=ttl_seconds)
         return self._b.authority.handoff_resolve(
             self._caller,
-            hid,
-            status,
-            note=note_,
-            execution_key=key,
-            ttl_ms=ttl_ms,
+            HandoffResolution(hid, status, note_, key, ttl_ms),
             idempotency=keyed(idem, f"handoff:{hid}", fields),
         )
 

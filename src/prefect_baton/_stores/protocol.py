@@ -39,10 +39,13 @@ __all__ = [
     "MAX_MANY",
     "AcquireRequest",
     "Caller",
+    "CheckpointWrite",
     "Fence",
+    "HandoffResolution",
     "Idempotency",
     "LeaseAuthority",
     "RecordStore",
+    "TransferRequest",
 ]
 
 MAX_MANY = 1000
@@ -72,6 +75,76 @@ class AcquireRequest(NamedTuple):
     scopes: tuple[str, ...] = ()
     purpose: str | None = None
     expected_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TransferRequest:
+    """What :meth:`LeaseAuthority.transfer` does with the lease its proof names (validated
+    by the client).
+
+    Attributes:
+        to_principal: the receiving principal (``str`` id).
+        new_execution_key: the receiver's execution key (``str``); it must differ from the
+            sender's (else ``ValidationError``).
+        ttl_ms: the receiver's TTL (``int``, milliseconds).
+        expected_version: compare-and-swap on the lease version (``VersionConflictError``
+            when it differs), or ``None``.
+    """
+
+    to_principal: str
+    new_execution_key: str
+    ttl_ms: int
+    expected_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffResolution:
+    """How :meth:`LeaseAuthority.handoff_resolve` resolves a pending handoff (validated by
+    the client).
+
+    Attributes:
+        handoff_id: the handoff (``str`` id); unknown, resolved or expired is
+            ``NotFoundError``, not addressed to the caller ``ForbiddenError``.
+        status: ``"accepted"`` or ``"rejected"``.
+        note: kept with the resolution (``str``), or ``None``.
+        execution_key: the recipient's execution key of a carried lease (``str``), or
+            ``None`` for ``handoff:<handoff_id>``.
+        ttl_ms: the carried lease's new TTL (``int``, milliseconds), or ``None`` for the
+            sender's TTL.
+    """
+
+    handoff_id: str
+    status: str
+    note: str | None = None
+    execution_key: str | None = None
+    ttl_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointWrite:
+    """One write of :meth:`RecordStore.checkpoint_save` (validated by the client).
+
+    Attributes:
+        subject_id, kind: which checkpoint of the caller (``str`` ids).
+        state: the state, a JSON object; ``state_text`` is its canonical JSON (at most
+            :attr:`RecordStore.state_max_bytes` bytes) and ``state_hash`` its digest, as
+            :func:`prefect_baton._rules.core.validate_state` returns them.
+        expected_version: compare-and-swap (``0``: must not exist yet;
+            ``VersionConflictError`` when it differs), or ``None`` (last write wins).
+        fence: the lease the write is fenced by (``StaleFenceError`` once it is no longer
+            the effective lease of its resource), or ``None``.
+        ttl_ms: after this many milliseconds (``int``) the checkpoint reads as absent, or
+            ``None`` (kept).
+    """
+
+    subject_id: str
+    kind: str
+    state: dict[str, Any]
+    state_text: str
+    state_hash: str
+    expected_version: int | None = None
+    fence: Fence | None = None
+    ttl_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -153,11 +226,7 @@ class LeaseAuthority(Protocol):
         ...
 
     def acquire_many(
-        self,
-        caller: Caller,
-        requests: Sequence[AcquireRequest],
-        *,
-        idempotency_key: str | None,
+        self, caller: Caller, requests: Sequence[AcquireRequest], *, idempotency_key: str | None
     ) -> list[Lease]:
         """Acquire every resource of ``requests`` (1..:data:`MAX_MANY`, distinct) or none,
         in one transaction, script or request; each decided exactly as :meth:`acquire`
@@ -198,15 +267,12 @@ class LeaseAuthority(Protocol):
         self,
         caller: Caller,
         proof: Proof,
+        request: TransferRequest,
         *,
-        to_principal: str,
-        new_execution_key: str,
-        ttl_ms: int,
-        expected_version: int | None,
         idempotency: Idempotency | None = None,
     ) -> Lease:
-        """Hand the lease named by ``proof`` to ``to_principal`` under
-        ``new_execution_key`` for ``ttl_ms`` (rules:
+        """Hand the lease named by ``proof`` to ``request.to_principal`` under its new
+        execution key for its ``ttl_ms`` (rules:
         :func:`prefect_baton._rules.core.decide_transfer`); returns the receiver's lease.
 
         Raises:
@@ -287,18 +353,15 @@ class LeaseAuthority(Protocol):
     def handoff_resolve(
         self,
         caller: Caller,
-        handoff_id: str,
-        status: str,
+        resolution: HandoffResolution,
         *,
-        note: str | None,
-        execution_key: str | None,
-        ttl_ms: int | None,
         idempotency: Idempotency | None = None,
     ) -> Handoff:
-        """Accept or reject (``status``) a pending handoff addressed to the caller;
-        accepting one that carries a lease transfers it to the caller under
-        ``execution_key`` (default ``handoff:<id>``) for ``ttl_ms`` (default: the
-        sender's TTL), atomically with the status change (operation ``resolve``).
+        """Accept or reject (``resolution.status``) a pending handoff addressed to the
+        caller; accepting one that carries a lease transfers it to the caller under
+        ``resolution.execution_key`` (default ``handoff:<id>``) for ``resolution.ttl_ms``
+        (default: the sender's TTL), atomically with the status change (operation
+        ``resolve``).
 
         Raises:
             NotFoundError: unknown, resolved, or expired. ForbiddenError: not its target.
@@ -345,20 +408,11 @@ class RecordStore(Protocol):
         ...
 
     def checkpoint_save(
-        self,
-        caller: Caller,
-        subject_id: str,
-        kind: str,
-        state: dict[str, Any],
-        *,
-        state_text: str,
-        state_hash: str,
-        expected_version: int | None,
-        fence: Fence | None,
-        idempotency_key: str | None,
-        ttl_ms: int | None,
+        self, caller: Caller, write: CheckpointWrite, *, idempotency_key: str | None
     ) -> Checkpoint:
-        """Write the caller's checkpoint of ``(subject_id, kind)`` (version +1).
+        """Write the caller's checkpoint of ``(write.subject_id, write.kind)`` (version +1);
+        ``idempotency_key``: an exact retry returns the stored checkpoint with ``replayed``
+        true.
 
         Raises:
             VersionConflictError, StaleFenceError (``fence`` is not the effective lease),

@@ -38,7 +38,14 @@ from prefect_baton._stores.ledger.tables import (
     OutcomeRow,
     Principal,
 )
-from prefect_baton._stores.protocol import Caller, Fence, Idempotency
+from prefect_baton._stores.protocol import (
+    Caller,
+    CheckpointWrite,
+    Fence,
+    HandoffResolution,
+    Idempotency,
+    TransferRequest,
+)
 from prefect_baton.errors import (
     ForbiddenError,
     LeaseLostError,
@@ -77,25 +84,16 @@ class RecordOps(LeaseOps):
     # ------------------------------------------------------------------ checkpoints
 
     def checkpoint_save(
-        self,
-        caller: Caller,
-        subject_id: str,
-        kind: str,
-        state: dict[str, Any],
-        *,
-        state_text: str,
-        state_hash: str,
-        expected_version: int | None,
-        fence: Fence | None,
-        idempotency_key: str | None,
-        ttl_ms: int | None,
+        self, caller: Caller, write: CheckpointWrite, *, idempotency_key: str | None
     ) -> Checkpoint:
         """Upsert the checkpoint of ``(org, subject, caller, kind)``; CAS with
-        ``expected_version``; fenced by a lease when ``fence`` is given."""
+        ``write.expected_version``; fenced by a lease when ``write.fence`` is given."""
+        subject_id, kind, fence, ttl_ms = write.subject_id, write.kind, write.fence, write.ttl_ms
+        state_text, state_hash = write.state_text, write.state_hash
         scope = f"{len(subject_id)}:{subject_id}:{kind}"
         digest = checkpoint_save_digest(
             state_hash=state_hash,
-            expected_version=expected_version,
+            expected_version=write.expected_version,
             fence=(fence.lease_id, fence.epoch) if fence else None,
             ttl_ms=ttl_ms,
         )
@@ -110,7 +108,7 @@ class RecordOps(LeaseOps):
             )
             # An expired checkpoint reads as absent, so a CAS against it expects version 0;
             # versions still continue from the old row so history keeps every one.
-            _core.check_checkpoint_version(0 if expired else current, expected_version)
+            _core.check_checkpoint_version(0 if expired else current, write.expected_version)
             if current >= _core.MAX_SAFE_INTEGER:
                 raise ValidationError("checkpoint version counter is exhausted (2**53 - 1)")
             expires = tx.now_ms + ttl_ms if ttl_ms is not None else None
@@ -325,21 +323,18 @@ class RecordOps(LeaseOps):
     def handoff_resolve(
         self,
         caller: Caller,
-        handoff_id: str,
-        status: str,
+        resolution: HandoffResolution,
         *,
-        note: str | None,
-        execution_key: str | None,
-        ttl_ms: int | None,
         idempotency: Idempotency | None = None,
     ) -> Handoff:
         """Resolve a pending handoff addressed to the caller as ``accepted`` or ``rejected``.
 
         Accepting a handoff that carries a lease transfers the lease to the caller under
-        ``execution_key`` (default ``handoff:<id>``) in the same transaction.
+        ``resolution.execution_key`` (default ``handoff:<id>``) in the same transaction.
         ``idempotency``: the receipt is kept in this ledger (:func:`receipted`, operation
         ``resolve``).
         """
+        handoff_id, status = resolution.handoff_id, resolution.status
         lease_id: str | None = None
         with self._read() as (s, _now):
             h = s.get(HandoffRow, handoff_id)
@@ -365,19 +360,16 @@ class RecordOps(LeaseOps):
                 if held is None:
                     raise NotFoundError(f"lease {row.lease_id} not found")
                 proof = Proof(held.lease_id, row.from_principal, held.execution_key)
-                lease = self._transfer_in_tx(
-                    tx,
-                    held,
-                    (held.resource_type, held.resource_id),
-                    proof,
-                    to_principal=caller.principal,
-                    new_execution_key=execution_key or f"handoff:{handoff_id}",
-                    ttl_ms=ttl_ms or held.ttl_ms,
-                    expected_version=None,
+                request = TransferRequest(
+                    caller.principal,
+                    resolution.execution_key or f"handoff:{handoff_id}",
+                    resolution.ttl_ms or held.ttl_ms,
                 )
+                resource = (held.resource_type, held.resource_id)
+                lease = self._transfer_in_tx(tx, held, resource, proof, request)
                 row.accepted_lease_id = lease.lease_id
             row.status = status
-            row.note = note
+            row.note = resolution.note
             row.resolved_at_ms = tx.now_ms
             s.add(row)
             s.flush()

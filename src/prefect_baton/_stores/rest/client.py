@@ -25,7 +25,15 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 
 from prefect_baton._rules.core import Proof
 from prefect_baton._rules.validation import TTL_MIN_SECONDS
-from prefect_baton._stores.protocol import AcquireRequest, Caller, Fence, Idempotency
+from prefect_baton._stores.protocol import (
+    AcquireRequest,
+    Caller,
+    CheckpointWrite,
+    Fence,
+    HandoffResolution,
+    Idempotency,
+    TransferRequest,
+)
 from prefect_baton._stores.rest.http import (
     DEFAULT_TIMEOUT_SECONDS,
     _params,
@@ -181,11 +189,7 @@ class RestStore(_Transport):
         return self._lease(data, replayed)
 
     def acquire_many(
-        self,
-        caller: Caller,
-        requests: Sequence[AcquireRequest],
-        *,
-        idempotency_key: str | None,
+        self, caller: Caller, requests: Sequence[AcquireRequest], *, idempotency_key: str | None
     ) -> list[Lease]:
         """``POST /v1/leases/batch``: every request or none."""
         items = [
@@ -229,20 +233,17 @@ class RestStore(_Transport):
         self,
         caller: Caller,
         proof: Proof,
+        request: TransferRequest,
         *,
-        to_principal: str,
-        new_execution_key: str,
-        ttl_ms: int,
-        expected_version: int | None,
         idempotency: Idempotency | None = None,
     ) -> Lease:
         """``POST /v1/leases/{id}/transfer`` with the proof's execution key (and the
         ``Idempotency-Key`` header when a key is given)."""
         body = {
-            "to_principal": to_principal,
-            "new_execution_key": new_execution_key,
-            "ttl_seconds": ttl_ms // 1000,
-            "expected_version": expected_version,
+            "to_principal": request.to_principal,
+            "new_execution_key": request.new_execution_key,
+            "ttl_seconds": request.ttl_ms // 1000,
+            "expected_version": request.expected_version,
         }
         return self._lease(*self._by_proof("transfer", proof, body, idempotency))
 
@@ -332,28 +333,18 @@ class RestStore(_Transport):
     # ------------------------------------------------------------------ checkpoints
 
     def checkpoint_save(
-        self,
-        caller: Caller,
-        subject_id: str,
-        kind: str,
-        state: dict[str, Any],
-        *,
-        state_text: str,
-        state_hash: str,
-        expected_version: int | None,
-        fence: Fence | None,
-        idempotency_key: str | None,
-        ttl_ms: int | None,
+        self, caller: Caller, write: CheckpointWrite, *, idempotency_key: str | None
     ) -> Checkpoint:
         """``PUT /v1/checkpoints`` (the fence as ``fence_lease_id`` + ``fence_epoch``)."""
+        fence = write.fence
         body = {
-            "subject_id": subject_id,
-            "kind": kind,
-            "state": state,
-            "expected_version": expected_version,
+            "subject_id": write.subject_id,
+            "kind": write.kind,
+            "state": write.state,
+            "expected_version": write.expected_version,
             "fence_lease_id": fence.lease_id if fence else None,
             "fence_epoch": fence.epoch if fence else None,
-            "ttl_seconds": ttl_ms // 1000 if ttl_ms is not None else None,
+            "ttl_seconds": write.ttl_ms // 1000 if write.ttl_ms is not None else None,
         }
         data, replayed = self._call(
             "PUT", "/v1/checkpoints", json=body, idempotency_key=idempotency_key
@@ -429,24 +420,21 @@ class RestStore(_Transport):
     def handoff_resolve(
         self,
         caller: Caller,
-        handoff_id: str,
-        status: str,
+        resolution: HandoffResolution,
         *,
-        note: str | None,
-        execution_key: str | None,
-        ttl_ms: int | None,
         idempotency: Idempotency | None = None,
     ) -> Handoff:
         """``POST /v1/handoffs/{id}/resolve`` (``Idempotency-Key`` when given)."""
+        ttl_ms = resolution.ttl_ms
         body = {
-            "status": status,
-            "note": note,
-            "execution_key": execution_key,
+            "status": resolution.status,
+            "note": resolution.note,
+            "execution_key": resolution.execution_key,
             "ttl_seconds": ttl_ms // 1000 if ttl_ms is not None else None,
         }
         data, replayed = self._call(
             "POST",
-            f"/v1/handoffs/{_seg(handoff_id)}/resolve",
+            f"/v1/handoffs/{_seg(resolution.handoff_id)}/resolve",
             json=body,
             idempotency_key=_key(idempotency),
         )

@@ -41,9 +41,11 @@ __all__ = [
     "Caller",
     "CheckpointWrite",
     "Fence",
+    "HandoffOffer",
     "HandoffResolution",
     "Idempotency",
     "LeaseAuthority",
+    "OutcomeWrite",
     "RecordStore",
     "TransferRequest",
 ]
@@ -145,6 +147,55 @@ class CheckpointWrite:
     expected_version: int | None = None
     fence: Fence | None = None
     ttl_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffOffer:
+    """What :meth:`RecordStore.handoff_create` offers (validated by the client).
+
+    Attributes:
+        to_principal: the recipient (``str`` id); the caller itself is ``ValidationError``.
+        subject_id: what the work is about (``str`` id).
+        checkpoint_id: a checkpoint of the org to resume from (``NotFoundError`` when
+            unknown), or ``None``.
+        context_id, message: free context id and text (``str``), or ``None``.
+        lease: the proof of a lease the caller holds, handed over on accept
+            (``LeaseLostError`` when it is no longer held), or ``None``.
+        expires_in_ms: the offer lapses after this many milliseconds (``int``), or
+            ``None`` (never).
+    """
+
+    to_principal: str
+    subject_id: str
+    checkpoint_id: str | None = None
+    context_id: str | None = None
+    message: str | None = None
+    lease: Proof | None = None
+    expires_in_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeWrite:
+    """One outcome for :meth:`RecordStore.outcome_record` (validated by the client).
+
+    Attributes:
+        subject_id: what the outcome is of (``str`` id).
+        status: the outcome status (``succeeded`` needs evidence; see
+            :meth:`prefect_baton.Baton.outcomes`).
+        evidence: the evidence items (at most 1,000).
+        fence: the lease the record is fenced by (``StaleFenceError`` once it is no longer
+            the effective lease of its resource), or ``None``.
+        lease_id, handoff_id, checkpoint_id: linked ids of the org (``NotFoundError``
+            when unknown), or ``None``; without ``lease_id`` the fence's lease is linked.
+    """
+
+    subject_id: str
+    status: str
+    evidence: Sequence[Evidence] = ()
+    fence: Fence | None = None
+    lease_id: str | None = None
+    handoff_id: str | None = None
+    checkpoint_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -438,19 +489,10 @@ class RecordStore(Protocol):
         ...
 
     def handoff_create(
-        self,
-        caller: Caller,
-        to_principal: str,
-        subject_id: str,
-        *,
-        checkpoint_id: str | None,
-        context_id: str | None,
-        message: str | None,
-        lease: Proof | None,
-        expires_in_ms: int | None,
-        idempotency_key: str | None,
+        self, caller: Caller, offer: HandoffOffer, *, idempotency_key: str | None
     ) -> Handoff:
-        """Create a pending handoff to ``to_principal``, optionally carrying ``lease``.
+        """Create a pending handoff to ``offer.to_principal``, optionally carrying
+        ``offer.lease``; ``idempotency_key``: an exact retry returns the stored handoff.
 
         Raises:
             NotFoundError: unknown checkpoint. LeaseLostError: the lease is not held.
@@ -467,19 +509,10 @@ class RecordStore(Protocol):
         ...
 
     def outcome_record(
-        self,
-        caller: Caller,
-        subject_id: str,
-        status: str,
-        *,
-        evidence: Sequence[Evidence],
-        fence: Fence | None,
-        lease_id: str | None,
-        handoff_id: str | None,
-        checkpoint_id: str | None,
-        idempotency_key: str | None,
+        self, caller: Caller, record: OutcomeWrite, *, idempotency_key: str | None
     ) -> Outcome:
-        """Record an outcome of ``subject_id``.
+        """Record an outcome of ``record.subject_id``; ``idempotency_key``: an exact retry
+        returns the stored outcome.
 
         Raises:
             StaleFenceError, NotFoundError (a linked id), IdempotencyMismatchError.

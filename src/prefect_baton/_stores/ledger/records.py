@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import or_, select
@@ -41,9 +40,10 @@ from prefect_baton._stores.ledger.tables import (
 from prefect_baton._stores.protocol import (
     Caller,
     CheckpointWrite,
-    Fence,
+    HandoffOffer,
     HandoffResolution,
     Idempotency,
+    OutcomeWrite,
     TransferRequest,
 )
 from prefect_baton.errors import (
@@ -55,7 +55,6 @@ from prefect_baton.errors import (
 from prefect_baton.models import (
     Checkpoint,
     Event,
-    Evidence,
     Handoff,
     Lease,
     Outcome,
@@ -208,48 +207,38 @@ class RecordOps(LeaseOps):
     # ------------------------------------------------------------------ handoffs
 
     def handoff_create(
-        self,
-        caller: Caller,
-        to_principal: str,
-        subject_id: str,
-        *,
-        checkpoint_id: str | None,
-        context_id: str | None,
-        message: str | None,
-        lease: Proof | None,
-        expires_in_ms: int | None,
-        idempotency_key: str | None,
+        self, caller: Caller, offer: HandoffOffer, *, idempotency_key: str | None
     ) -> Handoff:
         """Create a pending handoff (see :meth:`prefect_baton.Baton.handoffs`)."""
         digest = handoff_create_digest(
-            to_principal=to_principal,
-            subject_id=subject_id,
-            checkpoint_id=checkpoint_id,
-            context_id=context_id,
-            message=message,
-            lease_id=lease.lease_id if lease else None,
-            expires_in_ms=expires_in_ms,
+            to_principal=offer.to_principal,
+            subject_id=offer.subject_id,
+            checkpoint_id=offer.checkpoint_id,
+            context_id=offer.context_id,
+            message=offer.message,
+            lease_id=offer.lease.lease_id if offer.lease else None,
+            expires_in_ms=offer.expires_in_ms,
         )
 
         def op(tx: Tx) -> Handoff:
             s = tx.session
-            if to_principal == caller.principal:
+            if offer.to_principal == caller.principal:
                 raise ValidationError("a handoff must name another principal")
-            if checkpoint_id is not None:
-                ck = s.get(CheckpointRow, checkpoint_id)
+            if offer.checkpoint_id is not None:
+                ck = s.get(CheckpointRow, offer.checkpoint_id)
                 if ck is None or ck.org_id != caller.org:
-                    raise NotFoundError(f"checkpoint {checkpoint_id} not found")
-            if lease is not None:
-                row = self._row_by_id(s, caller.org, lease.lease_id)
-                held = _core._check_proof(row_to_generation(row) if row else None, lease)
+                    raise NotFoundError(f"checkpoint {offer.checkpoint_id} not found")
+            if offer.lease is not None:
+                row = self._row_by_id(s, caller.org, offer.lease.lease_id)
+                held = _core._check_proof(row_to_generation(row) if row else None, offer.lease)
                 if not held.effective(tx.now_ms):
-                    raise LeaseLostError(f"lease {lease.lease_id} is no longer held")
+                    raise LeaseLostError(f"lease {offer.lease.lease_id} is no longer held")
             self._insert_ignore(
                 s,
                 Principal,
                 {
                     "org_id": caller.org,
-                    "name": to_principal,
+                    "name": offer.to_principal,
                     "role": "agent",
                     "created_at_ms": tx.now_ms,
                 },
@@ -258,20 +247,20 @@ class RecordOps(LeaseOps):
                 handoff_id=new_id("hoff"),
                 org_id=caller.org,
                 from_principal=caller.principal,
-                to_principal=to_principal,
-                subject_id=subject_id,
-                checkpoint_id=checkpoint_id,
-                context_id=context_id,
-                message=message,
-                lease_id=lease.lease_id if lease else None,
+                to_principal=offer.to_principal,
+                subject_id=offer.subject_id,
+                checkpoint_id=offer.checkpoint_id,
+                context_id=offer.context_id,
+                message=offer.message,
+                lease_id=offer.lease.lease_id if offer.lease else None,
                 status="pending",
                 created_at_ms=tx.now_ms,
-                expires_at_ms=tx.now_ms + expires_in_ms if expires_in_ms else None,
+                expires_at_ms=tx.now_ms + offer.expires_in_ms if offer.expires_in_ms else None,
             )
             s.add(row_h)
             s.flush()
             model = handoff_model(row_h, tx.now_ms)
-            tx.emit("handoff.created", subject_id, handoff_payload(row_h))
+            tx.emit("handoff.created", offer.subject_id, handoff_payload(row_h))
             return model
 
         return self._write_once(
@@ -389,37 +378,28 @@ class RecordOps(LeaseOps):
     # ------------------------------------------------------------------ outcomes
 
     def outcome_record(
-        self,
-        caller: Caller,
-        subject_id: str,
-        status: str,
-        *,
-        evidence: Sequence[Evidence],
-        fence: Fence | None,
-        lease_id: str | None,
-        handoff_id: str | None,
-        checkpoint_id: str | None,
-        idempotency_key: str | None,
+        self, caller: Caller, record: OutcomeWrite, *, idempotency_key: str | None
     ) -> Outcome:
-        """Record an outcome with evidence; fenced by a lease when ``fence`` is given."""
-        ev = [e.model_dump() for e in evidence]
+        """Record an outcome with evidence; fenced by a lease when ``record.fence`` is given."""
+        fence = record.fence
+        ev = [e.model_dump() for e in record.evidence]
         digest = outcome_record_digest(
-            status=status,
+            status=record.status,
             evidence=ev,
             fence=(fence.lease_id, fence.epoch) if fence else None,
-            lease_id=lease_id,
-            handoff_id=handoff_id,
-            checkpoint_id=checkpoint_id,
+            lease_id=record.lease_id,
+            handoff_id=record.handoff_id,
+            checkpoint_id=record.checkpoint_id,
         )
-        scope = subject_id
+        scope = record.subject_id
 
         def op(tx: Tx) -> Outcome:
             held = self._check_fence(tx, fence)
             s = tx.session
             for kind_, ref, model_ in (
-                ("handoff", handoff_id, HandoffRow),
-                ("checkpoint", checkpoint_id, CheckpointRow),
-                ("lease", lease_id, GenerationRow),
+                ("handoff", record.handoff_id, HandoffRow),
+                ("checkpoint", record.checkpoint_id, CheckpointRow),
+                ("lease", record.lease_id, GenerationRow),
             ):
                 if ref is not None:
                     obj: Any = s.get(model_, ref)
@@ -428,13 +408,13 @@ class RecordOps(LeaseOps):
             row = OutcomeRow(
                 outcome_id=new_id("out"),
                 org_id=caller.org,
-                subject_id=subject_id,
+                subject_id=record.subject_id,
                 principal=caller.principal,
-                status=status,
+                status=record.status,
                 evidence=json.dumps(ev),
-                lease_id=lease_id or (fence.lease_id if fence else None),
-                handoff_id=handoff_id,
-                checkpoint_id=checkpoint_id,
+                lease_id=record.lease_id or (fence.lease_id if fence else None),
+                handoff_id=record.handoff_id,
+                checkpoint_id=record.checkpoint_id,
                 fence_epoch=held.epoch if held else None,
                 recorded_at_ms=tx.now_ms,
             )
@@ -443,8 +423,8 @@ class RecordOps(LeaseOps):
             model = outcome_model(row)
             tx.emit(
                 "outcome.recorded",
-                subject_id,
-                {"outcome_id": row.outcome_id, "status": status, "evidence_count": len(ev)},
+                record.subject_id,
+                {"outcome_id": row.outcome_id, "status": record.status, "evidence_count": len(ev)},
             )
             return model
 

@@ -30,8 +30,10 @@ from prefect_baton._stores.protocol import (
     Caller,
     CheckpointWrite,
     Fence,
+    HandoffOffer,
     HandoffResolution,
     Idempotency,
+    OutcomeWrite,
     TransferRequest,
 )
 from prefect_baton._stores.rest.http import (
@@ -50,7 +52,6 @@ from prefect_baton.errors import (
 from prefect_baton.models import (
     Checkpoint,
     Event,
-    Evidence,
     Handoff,
     Lease,
     LeaseInfo,
@@ -378,25 +379,16 @@ class RestStore(_Transport):
     # ------------------------------------------------------------------ handoffs
 
     def handoff_create(
-        self,
-        caller: Caller,
-        to_principal: str,
-        subject_id: str,
-        *,
-        checkpoint_id: str | None,
-        context_id: str | None,
-        message: str | None,
-        lease: Proof | None,
-        expires_in_ms: int | None,
-        idempotency_key: str | None,
+        self, caller: Caller, offer: HandoffOffer, *, idempotency_key: str | None
     ) -> Handoff:
         """``POST /v1/handoffs``."""
+        lease, expires_in_ms = offer.lease, offer.expires_in_ms
         body = {
-            "to_principal": to_principal,
-            "subject_id": subject_id,
-            "checkpoint_id": checkpoint_id,
-            "context_id": context_id,
-            "message": message,
+            "to_principal": offer.to_principal,
+            "subject_id": offer.subject_id,
+            "checkpoint_id": offer.checkpoint_id,
+            "context_id": offer.context_id,
+            "message": offer.message,
             "lease_id": lease.lease_id if lease else None,
             "expires_in_seconds": expires_in_ms // 1000 if expires_in_ms is not None else None,
         }
@@ -443,28 +435,19 @@ class RestStore(_Transport):
     # ------------------------------------------------------------------ outcomes, events
 
     def outcome_record(
-        self,
-        caller: Caller,
-        subject_id: str,
-        status: str,
-        *,
-        evidence: Sequence[Evidence],
-        fence: Fence | None,
-        lease_id: str | None,
-        handoff_id: str | None,
-        checkpoint_id: str | None,
-        idempotency_key: str | None,
+        self, caller: Caller, record: OutcomeWrite, *, idempotency_key: str | None
     ) -> Outcome:
         """``POST /v1/outcomes``."""
+        fence = record.fence
         body = {
-            "subject_id": subject_id,
-            "status": status,
-            "evidence": [e.model_dump() for e in evidence],
+            "subject_id": record.subject_id,
+            "status": record.status,
+            "evidence": [e.model_dump() for e in record.evidence],
             "fence_lease_id": fence.lease_id if fence else None,
             "fence_epoch": fence.epoch if fence else None,
-            "lease_id": lease_id,
-            "handoff_id": handoff_id,
-            "checkpoint_id": checkpoint_id,
+            "lease_id": record.lease_id,
+            "handoff_id": record.handoff_id,
+            "checkpoint_id": record.checkpoint_id,
         }
         data, replayed = self._call(
             "POST", "/v1/outcomes", json=body, idempotency_key=idempotency_key

@@ -67,6 +67,15 @@ def _key(idempotency: Idempotency | None) -> str | None:
     return None if idempotency is None else idempotency.key
 
 
+def _fence_fields(fence: Fence | None) -> dict[str, object]:
+    """The body fields of a fenced write (``fence_lease_id`` and ``fence_epoch``, ``None``
+    without a fence)."""
+    return {
+        "fence_lease_id": fence.lease_id if fence else None,
+        "fence_epoch": fence.epoch if fence else None,
+    }
+
+
 class Identity(BaseModel):
     """Who an API key acts as (``GET /v1/me``).
 
@@ -337,14 +346,12 @@ class RestStore(_Transport):
         self, caller: Caller, write: CheckpointWrite, *, idempotency_key: str | None
     ) -> Checkpoint:
         """``PUT /v1/checkpoints`` (the fence as ``fence_lease_id`` + ``fence_epoch``)."""
-        fence = write.fence
         body = {
             "subject_id": write.subject_id,
             "kind": write.kind,
             "state": write.state,
             "expected_version": write.expected_version,
-            "fence_lease_id": fence.lease_id if fence else None,
-            "fence_epoch": fence.epoch if fence else None,
+            **_fence_fields(write.fence),
             "ttl_seconds": write.ttl_ms // 1000 if write.ttl_ms is not None else None,
         }
         data, replayed = self._call(
@@ -438,13 +445,11 @@ class RestStore(_Transport):
         self, caller: Caller, record: OutcomeWrite, *, idempotency_key: str | None
     ) -> Outcome:
         """``POST /v1/outcomes``."""
-        fence = record.fence
         body = {
             "subject_id": record.subject_id,
             "status": record.status,
             "evidence": [e.model_dump() for e in record.evidence],
-            "fence_lease_id": fence.lease_id if fence else None,
-            "fence_epoch": fence.epoch if fence else None,
+            **_fence_fields(record.fence),
             "lease_id": record.lease_id,
             "handoff_id": record.handoff_id,
             "checkpoint_id": record.checkpoint_id,

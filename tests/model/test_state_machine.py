@@ -67,7 +67,7 @@ from hypothesis.stateful import (
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.core import Decision, Generation, Proof
 from prefect_baton._stores.ledger.convert import generation_to_lease
-from prefect_baton._stores.protocol import AcquireRequest, Caller
+from prefect_baton._stores.protocol import AcquireRequest, Caller, TransferRequest
 from prefect_baton._stores.redis.rebuild import EPOCH_RANGE
 from prefect_baton.errors import BatonError, IdempotencyMismatchError
 from prefect_baton.models import Lease, LeaseInfo, Receipt, to_ms
@@ -622,10 +622,7 @@ class AuthoritiesMachine(RuleBasedStateMachine):
             lambda arm, ids: arm.auth.transfer(
                 self._caller(proof.owner),
                 self._arm_proof(proof, ids),
-                to_principal=to,
-                new_execution_key=new_key,
-                ttl_ms=ttl_s * 1000,
-                expected_version=expected,
+                TransferRequest(to, new_key, ttl_s * 1000, expected),
             ),
         )
 

@@ -27,7 +27,7 @@ from prefect_baton._rules import core as _core
 from prefect_baton._rules import scopes as _scopes
 from prefect_baton._rules.core import Decision, Generation, Proof
 from prefect_baton._stores.ledger.store import LedgerStore
-from prefect_baton._stores.protocol import AcquireRequest, Caller
+from prefect_baton._stores.protocol import AcquireRequest, Caller, TransferRequest
 from prefect_baton.errors import (
     BatonError,
     ConflictError,
@@ -1059,10 +1059,7 @@ def test_ledger_transfer_epoch_is_above_every_recorded_epoch(tmp_path: Path) -> 
         moved = store.transfer(
             caller,
             Proof(lease_id=lease.lease_id, owner="alice", execution_key="k1"),
-            to_principal="bob",
-            new_execution_key="k2",
-            ttl_ms=60_000,
-            expected_version=None,
+            TransferRequest("bob", "k2", 60_000),
         )
         assert moved.epoch == 2**32 + 1
         assert moved.version == lease.version + 1

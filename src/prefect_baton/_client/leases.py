@@ -16,7 +16,7 @@ from prefect_baton._client.requests import (
     transfer_fields,
 )
 from prefect_baton._rules import core as _core
-from prefect_baton._stores.protocol import AcquireRequest, LeaseAuthority
+from prefect_baton._stores.protocol import AcquireRequest, LeaseAuthority, TransferRequest
 from prefect_baton.models import Lease, LeaseInfo, Receipt
 
 
@@ -190,10 +190,7 @@ class LeaseAPI(_API):
         return self._authority.transfer(
             self._caller,
             proof,
-            to_principal=to,
-            new_execution_key=key,
-            ttl_ms=ttl_ms,
-            expected_version=ev,
+            TransferRequest(to, key, ttl_ms, ev),
             idempotency=keyed(idem, resource_scope(lease_), fields),
         )
 

@@ -16,6 +16,12 @@ from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._client.requests import keyed, resolve_fields
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.validation import CHECKPOINT_TTL_MAX_SECONDS, validate_lifetime
+from prefect_baton._stores.protocol import (
+    CheckpointWrite,
+    HandoffOffer,
+    HandoffResolution,
+    OutcomeWrite,
+)
 from prefect_baton.errors import ValidationError
 from prefect_baton.models import Checkpoint, Event, Evidence, Handoff, Outcome
 
@@ -58,18 +64,10 @@ class CheckpointAPI(_API):
             ttl_seconds,
             f"checkpoint ttl_seconds must be an integer from 1 to {CHECKPOINT_TTL_MAX_SECONDS}",
         )
-        return self._store.checkpoint_save(
-            self._caller,
-            subject,
-            kind_,
-            state_,
-            state_text=text,
-            state_hash=digest,
-            expected_version=ev,
-            fence=self._b._fence(fence),
-            idempotency_key=key,
-            ttl_ms=ttl_ms,
+        write = CheckpointWrite(
+            subject, kind_, state_, text, digest, ev, self._b._fence(fence), ttl_ms
         )
+        return self._store.checkpoint_save(self._caller, write, idempotency_key=key)
 
     def get(self, subject_id: str, kind: str, principal: str | None = None) -> Checkpoint | None:
         """The current checkpoint of ``(subject_id, principal, kind)`` (``principal``
@@ -141,17 +139,8 @@ class HandoffAPI(_API):
             expires_in_seconds, "expires_in_seconds must be a positive integer"
         )
         proof = None if lease is None else self._proof(lease)
-        handoff = self._store.handoff_create(
-            self._caller,
-            to,
-            subject,
-            checkpoint_id=ck,
-            context_id=ctx,
-            message=msg,
-            lease=proof,
-            expires_in_ms=exp_ms,
-            idempotency_key=key,
-        )
+        offer = HandoffOffer(to, subject, ck, ctx, msg, proof, exp_ms)
+        handoff = self._store.handoff_create(self._caller, offer, idempotency_key=key)
         if isinstance(lease, LeaseKeeper):
             hid = handoff.handoff_id
             lease.attach_handoff(lambda: self.get(hid).status == "accepted")
@@ -206,11 +195,7 @@ class HandoffAPI(_API):
         fields = resolve_fields(hid, status, note=note_, execution_key=key, ttl_seconds=ttl_seconds)
         return self._b.authority.handoff_resolve(
             self._caller,
-            hid,
-            status,
-            note=note_,
-            execution_key=key,
-            ttl_ms=ttl_ms,
+            HandoffResolution(hid, status, note_, key, ttl_ms),
             idempotency=keyed(idem, f"handoff:{hid}", fields),
         )
 
@@ -261,17 +246,17 @@ class OutcomeAPI(_API):
                 raise ValidationError(f"bad evidence item: {exc}") from None
         if status == "succeeded" and not items:
             raise ValidationError("a succeeded outcome needs at least one evidence item")
-        return self._store.outcome_record(
-            self._caller,
+        record = OutcomeWrite(
             subject,
             status,
-            evidence=items,
-            fence=self._b._fence(fence),
+            items,
+            self._b._fence(fence),
             lease_id=_core.validate_optional_id("lease_id", lease_id),
             handoff_id=_core.validate_optional_id("handoff_id", handoff_id),
             checkpoint_id=_core.validate_optional_id("checkpoint_id", checkpoint_id),
-            idempotency_key=_core.validate_optional_id("idempotency_key", idempotency_key),
         )
+        key = _core.validate_optional_id("idempotency_key", idempotency_key)
+        return self._store.outcome_record(self._caller, record, idempotency_key=key)
 
     def list(self, subject_id: str | None = None, *, limit: int = 1000) -> list[Outcome]:
         """Outcomes of the org, of one subject when given, oldest first by the

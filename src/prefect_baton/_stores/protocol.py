@@ -39,10 +39,15 @@ __all__ = [
     "MAX_MANY",
     "AcquireRequest",
     "Caller",
+    "CheckpointWrite",
     "Fence",
+    "HandoffOffer",
+    "HandoffResolution",
     "Idempotency",
     "LeaseAuthority",
+    "OutcomeWrite",
     "RecordStore",
+    "TransferRequest",
 ]
 
 MAX_MANY = 1000
@@ -72,6 +77,125 @@ class AcquireRequest(NamedTuple):
     scopes: tuple[str, ...] = ()
     purpose: str | None = None
     expected_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TransferRequest:
+    """What :meth:`LeaseAuthority.transfer` does with the lease its proof names (validated
+    by the client).
+
+    Attributes:
+        to_principal: the receiving principal (``str`` id).
+        new_execution_key: the receiver's execution key (``str``); it must differ from the
+            sender's (else ``ValidationError``).
+        ttl_ms: the receiver's TTL (``int``, milliseconds).
+        expected_version: compare-and-swap on the lease version (``VersionConflictError``
+            when it differs), or ``None``.
+    """
+
+    to_principal: str
+    new_execution_key: str
+    ttl_ms: int
+    expected_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffResolution:
+    """How :meth:`LeaseAuthority.handoff_resolve` resolves a pending handoff (validated by
+    the client).
+
+    Attributes:
+        handoff_id: the handoff (``str`` id); unknown, resolved or expired is
+            ``NotFoundError``, not addressed to the caller ``ForbiddenError``.
+        status: ``"accepted"`` or ``"rejected"``.
+        note: kept with the resolution (``str``), or ``None``.
+        execution_key: the recipient's execution key of a carried lease (``str``), or
+            ``None`` for ``handoff:<handoff_id>``.
+        ttl_ms: the carried lease's new TTL (``int``, milliseconds), or ``None`` for the
+            sender's TTL.
+    """
+
+    handoff_id: str
+    status: str
+    note: str | None = None
+    execution_key: str | None = None
+    ttl_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointWrite:
+    """One write of :meth:`RecordStore.checkpoint_save` (validated by the client).
+
+    Attributes:
+        subject_id, kind: which checkpoint of the caller (``str`` ids).
+        state: the state, a JSON object; ``state_text`` is its canonical JSON (at most
+            :attr:`RecordStore.state_max_bytes` bytes) and ``state_hash`` its digest, as
+            :func:`prefect_baton._rules.core.validate_state` returns them.
+        expected_version: compare-and-swap (``0``: must not exist yet;
+            ``VersionConflictError`` when it differs), or ``None`` (last write wins).
+        fence: the lease the write is fenced by (``StaleFenceError`` once it is no longer
+            the effective lease of its resource), or ``None``.
+        ttl_ms: after this many milliseconds (``int``) the checkpoint reads as absent, or
+            ``None`` (kept).
+    """
+
+    subject_id: str
+    kind: str
+    state: dict[str, Any]
+    state_text: str
+    state_hash: str
+    expected_version: int | None = None
+    fence: Fence | None = None
+    ttl_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffOffer:
+    """What :meth:`RecordStore.handoff_create` offers (validated by the client).
+
+    Attributes:
+        to_principal: the recipient (``str`` id); the caller itself is ``ValidationError``.
+        subject_id: what the work is about (``str`` id).
+        checkpoint_id: a checkpoint of the org to resume from (``NotFoundError`` when
+            unknown), or ``None``.
+        context_id, message: free context id and text (``str``), or ``None``.
+        lease: the proof of a lease the caller holds, handed over on accept
+            (``LeaseLostError`` when it is no longer held), or ``None``.
+        expires_in_ms: the offer lapses after this many milliseconds (``int``), or
+            ``None`` (never).
+    """
+
+    to_principal: str
+    subject_id: str
+    checkpoint_id: str | None = None
+    context_id: str | None = None
+    message: str | None = None
+    lease: Proof | None = None
+    expires_in_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeWrite:
+    """One outcome for :meth:`RecordStore.outcome_record` (validated by the client).
+
+    Attributes:
+        subject_id: what the outcome is of (``str`` id).
+        status: the outcome status (``succeeded`` needs evidence; see
+            :meth:`prefect_baton.Baton.outcomes`).
+        evidence: the evidence items (at most 1,000).
+        fence: the lease the record is fenced by (``StaleFenceError`` once it is no longer
+            the effective lease of its resource), or ``None``.
+        lease_id, handoff_id, checkpoint_id: linked ids of the org (``NotFoundError``
+            when unknown), or ``None``; without ``lease_id`` the fence's lease is linked.
+    """
+
+    subject_id: str
+    status: str
+    evidence: Sequence[Evidence] = ()
+    fence: Fence | None = None
+    lease_id: str | None = None
+    handoff_id: str | None = None
+    checkpoint_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -153,11 +277,7 @@ class LeaseAuthority(Protocol):
         ...
 
     def acquire_many(
-        self,
-        caller: Caller,
-        requests: Sequence[AcquireRequest],
-        *,
-        idempotency_key: str | None,
+        self, caller: Caller, requests: Sequence[AcquireRequest], *, idempotency_key: str | None
     ) -> list[Lease]:
         """Acquire every resource of ``requests`` (1..:data:`MAX_MANY`, distinct) or none,
         in one transaction, script or request; each decided exactly as :meth:`acquire`
@@ -198,15 +318,12 @@ class LeaseAuthority(Protocol):
         self,
         caller: Caller,
         proof: Proof,
+        request: TransferRequest,
         *,
-        to_principal: str,
-        new_execution_key: str,
-        ttl_ms: int,
-        expected_version: int | None,
         idempotency: Idempotency | None = None,
     ) -> Lease:
-        """Hand the lease named by ``proof`` to ``to_principal`` under
-        ``new_execution_key`` for ``ttl_ms`` (rules:
+        """Hand the lease named by ``proof`` to ``request.to_principal`` under its new
+        execution key for its ``ttl_ms`` (rules:
         :func:`prefect_baton._rules.core.decide_transfer`); returns the receiver's lease.
 
         Raises:
@@ -287,18 +404,15 @@ class LeaseAuthority(Protocol):
     def handoff_resolve(
         self,
         caller: Caller,
-        handoff_id: str,
-        status: str,
+        resolution: HandoffResolution,
         *,
-        note: str | None,
-        execution_key: str | None,
-        ttl_ms: int | None,
         idempotency: Idempotency | None = None,
     ) -> Handoff:
-        """Accept or reject (``status``) a pending handoff addressed to the caller;
-        accepting one that carries a lease transfers it to the caller under
-        ``execution_key`` (default ``handoff:<id>``) for ``ttl_ms`` (default: the
-        sender's TTL), atomically with the status change (operation ``resolve``).
+        """Accept or reject (``resolution.status``) a pending handoff addressed to the
+        caller; accepting one that carries a lease transfers it to the caller under
+        ``resolution.execution_key`` (default ``handoff:<id>``) for ``resolution.ttl_ms``
+        (default: the sender's TTL), atomically with the status change (operation
+        ``resolve``).
 
         Raises:
             NotFoundError: unknown, resolved, or expired. ForbiddenError: not its target.
@@ -345,20 +459,11 @@ class RecordStore(Protocol):
         ...
 
     def checkpoint_save(
-        self,
-        caller: Caller,
-        subject_id: str,
-        kind: str,
-        state: dict[str, Any],
-        *,
-        state_text: str,
-        state_hash: str,
-        expected_version: int | None,
-        fence: Fence | None,
-        idempotency_key: str | None,
-        ttl_ms: int | None,
+        self, caller: Caller, write: CheckpointWrite, *, idempotency_key: str | None
     ) -> Checkpoint:
-        """Write the caller's checkpoint of ``(subject_id, kind)`` (version +1).
+        """Write the caller's checkpoint of ``(write.subject_id, write.kind)`` (version +1);
+        ``idempotency_key``: an exact retry returns the stored checkpoint with ``replayed``
+        true.
 
         Raises:
             VersionConflictError, StaleFenceError (``fence`` is not the effective lease),
@@ -384,19 +489,10 @@ class RecordStore(Protocol):
         ...
 
     def handoff_create(
-        self,
-        caller: Caller,
-        to_principal: str,
-        subject_id: str,
-        *,
-        checkpoint_id: str | None,
-        context_id: str | None,
-        message: str | None,
-        lease: Proof | None,
-        expires_in_ms: int | None,
-        idempotency_key: str | None,
+        self, caller: Caller, offer: HandoffOffer, *, idempotency_key: str | None
     ) -> Handoff:
-        """Create a pending handoff to ``to_principal``, optionally carrying ``lease``.
+        """Create a pending handoff to ``offer.to_principal``, optionally carrying
+        ``offer.lease``; ``idempotency_key``: an exact retry returns the stored handoff.
 
         Raises:
             NotFoundError: unknown checkpoint. LeaseLostError: the lease is not held.
@@ -413,19 +509,10 @@ class RecordStore(Protocol):
         ...
 
     def outcome_record(
-        self,
-        caller: Caller,
-        subject_id: str,
-        status: str,
-        *,
-        evidence: Sequence[Evidence],
-        fence: Fence | None,
-        lease_id: str | None,
-        handoff_id: str | None,
-        checkpoint_id: str | None,
-        idempotency_key: str | None,
+        self, caller: Caller, record: OutcomeWrite, *, idempotency_key: str | None
     ) -> Outcome:
-        """Record an outcome of ``subject_id``.
+        """Record an outcome of ``record.subject_id``; ``idempotency_key``: an exact retry
+        returns the stored outcome.
 
         Raises:
             StaleFenceError, NotFoundError (a linked id), IdempotencyMismatchError.

@@ -29,7 +29,13 @@ from prefect_baton._stores.ledger.tables import (
     GenerationRow,
     LeaseTransition,
 )
-from prefect_baton._stores.protocol import AcquireRequest, Caller, Fence, Idempotency
+from prefect_baton._stores.protocol import (
+    AcquireRequest,
+    Caller,
+    Fence,
+    Idempotency,
+    TransferRequest,
+)
 from prefect_baton.errors import (
     NotFoundError,
 )
@@ -315,23 +321,21 @@ class LeaseOps(StoreBase):
         row: Generation | None,
         resource: tuple[str, str],
         proof: Proof,
-        *,
-        to_principal: str,
-        new_execution_key: str,
-        ttl_ms: int,
-        expected_version: int | None,
+        request: TransferRequest,
     ) -> Lease:
         scopes = row.scopes if row else ()
         d = _core.decide_transfer(
             row,
             proof,
-            to_principal=to_principal,
-            new_execution_key=new_execution_key,
-            ttl_ms=ttl_ms,
-            expected_version=expected_version,
+            to_principal=request.to_principal,
+            new_execution_key=request.new_execution_key,
+            ttl_ms=request.ttl_ms,
+            expected_version=request.expected_version,
             now_ms=tx.now_ms,
             new_lease_id=new_id("lease"),
-            scope_conflict_expires_ms=self._scope_conflict(tx, to_principal, scopes, resource),
+            scope_conflict_expires_ms=self._scope_conflict(
+                tx, request.to_principal, scopes, resource
+            ),
             epoch_floor=self._epoch_floor(tx, *resource),
         )
         self._apply(tx, d, tx.caller.org, resource=resource)
@@ -343,27 +347,15 @@ class LeaseOps(StoreBase):
         self,
         caller: Caller,
         proof: Proof,
+        request: TransferRequest,
         *,
-        to_principal: str,
-        new_execution_key: str,
-        ttl_ms: int,
-        expected_version: int | None,
         idempotency: Idempotency | None = None,
     ) -> Lease:
-        """Transfer a lease to ``to_principal`` (see :func:`_core.decide_transfer`;
+        """Transfer a lease as ``request`` says (see :func:`_core.decide_transfer`;
         ``idempotency``: the receipt is kept in this ledger, :func:`receipted`)."""
 
         def fn(tx: Tx, row: Generation | None, resource: tuple[str, str]) -> Lease:
-            return self._transfer_in_tx(
-                tx,
-                row,
-                resource,
-                proof,
-                to_principal=to_principal,
-                new_execution_key=new_execution_key,
-                ttl_ms=ttl_ms,
-                expected_version=expected_version,
-            )
+            return self._transfer_in_tx(tx, row, resource, proof, request)
 
         return self._by_proof(caller, proof.lease_id, fn)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import or_, select
@@ -38,7 +37,15 @@ from prefect_baton._stores.ledger.tables import (
     OutcomeRow,
     Principal,
 )
-from prefect_baton._stores.protocol import Caller, Fence, Idempotency
+from prefect_baton._stores.protocol import (
+    Caller,
+    CheckpointWrite,
+    HandoffOffer,
+    HandoffResolution,
+    Idempotency,
+    OutcomeWrite,
+    TransferRequest,
+)
 from prefect_baton.errors import (
     ForbiddenError,
     LeaseLostError,
@@ -48,7 +55,6 @@ from prefect_baton.errors import (
 from prefect_baton.models import (
     Checkpoint,
     Event,
-    Evidence,
     Handoff,
     Lease,
     Outcome,
@@ -77,25 +83,16 @@ class RecordOps(LeaseOps):
     # ------------------------------------------------------------------ checkpoints
 
     def checkpoint_save(
-        self,
-        caller: Caller,
-        subject_id: str,
-        kind: str,
-        state: dict[str, Any],
-        *,
-        state_text: str,
-        state_hash: str,
-        expected_version: int | None,
-        fence: Fence | None,
-        idempotency_key: str | None,
-        ttl_ms: int | None,
+        self, caller: Caller, write: CheckpointWrite, *, idempotency_key: str | None
     ) -> Checkpoint:
         """Upsert the checkpoint of ``(org, subject, caller, kind)``; CAS with
-        ``expected_version``; fenced by a lease when ``fence`` is given."""
+        ``write.expected_version``; fenced by a lease when ``write.fence`` is given."""
+        subject_id, kind, fence, ttl_ms = write.subject_id, write.kind, write.fence, write.ttl_ms
+        state_text, state_hash = write.state_text, write.state_hash
         scope = f"{len(subject_id)}:{subject_id}:{kind}"
         digest = checkpoint_save_digest(
             state_hash=state_hash,
-            expected_version=expected_version,
+            expected_version=write.expected_version,
             fence=(fence.lease_id, fence.epoch) if fence else None,
             ttl_ms=ttl_ms,
         )
@@ -110,7 +107,7 @@ class RecordOps(LeaseOps):
             )
             # An expired checkpoint reads as absent, so a CAS against it expects version 0;
             # versions still continue from the old row so history keeps every one.
-            _core.check_checkpoint_version(0 if expired else current, expected_version)
+            _core.check_checkpoint_version(0 if expired else current, write.expected_version)
             if current >= _core.MAX_SAFE_INTEGER:
                 raise ValidationError("checkpoint version counter is exhausted (2**53 - 1)")
             expires = tx.now_ms + ttl_ms if ttl_ms is not None else None
@@ -210,48 +207,38 @@ class RecordOps(LeaseOps):
     # ------------------------------------------------------------------ handoffs
 
     def handoff_create(
-        self,
-        caller: Caller,
-        to_principal: str,
-        subject_id: str,
-        *,
-        checkpoint_id: str | None,
-        context_id: str | None,
-        message: str | None,
-        lease: Proof | None,
-        expires_in_ms: int | None,
-        idempotency_key: str | None,
+        self, caller: Caller, offer: HandoffOffer, *, idempotency_key: str | None
     ) -> Handoff:
         """Create a pending handoff (see :meth:`prefect_baton.Baton.handoffs`)."""
         digest = handoff_create_digest(
-            to_principal=to_principal,
-            subject_id=subject_id,
-            checkpoint_id=checkpoint_id,
-            context_id=context_id,
-            message=message,
-            lease_id=lease.lease_id if lease else None,
-            expires_in_ms=expires_in_ms,
+            to_principal=offer.to_principal,
+            subject_id=offer.subject_id,
+            checkpoint_id=offer.checkpoint_id,
+            context_id=offer.context_id,
+            message=offer.message,
+            lease_id=offer.lease.lease_id if offer.lease else None,
+            expires_in_ms=offer.expires_in_ms,
         )
 
         def op(tx: Tx) -> Handoff:
             s = tx.session
-            if to_principal == caller.principal:
+            if offer.to_principal == caller.principal:
                 raise ValidationError("a handoff must name another principal")
-            if checkpoint_id is not None:
-                ck = s.get(CheckpointRow, checkpoint_id)
+            if offer.checkpoint_id is not None:
+                ck = s.get(CheckpointRow, offer.checkpoint_id)
                 if ck is None or ck.org_id != caller.org:
-                    raise NotFoundError(f"checkpoint {checkpoint_id} not found")
-            if lease is not None:
-                row = self._row_by_id(s, caller.org, lease.lease_id)
-                held = _core._check_proof(row_to_generation(row) if row else None, lease)
+                    raise NotFoundError(f"checkpoint {offer.checkpoint_id} not found")
+            if offer.lease is not None:
+                row = self._row_by_id(s, caller.org, offer.lease.lease_id)
+                held = _core._check_proof(row_to_generation(row) if row else None, offer.lease)
                 if not held.effective(tx.now_ms):
-                    raise LeaseLostError(f"lease {lease.lease_id} is no longer held")
+                    raise LeaseLostError(f"lease {offer.lease.lease_id} is no longer held")
             self._insert_ignore(
                 s,
                 Principal,
                 {
                     "org_id": caller.org,
-                    "name": to_principal,
+                    "name": offer.to_principal,
                     "role": "agent",
                     "created_at_ms": tx.now_ms,
                 },
@@ -260,20 +247,20 @@ class RecordOps(LeaseOps):
                 handoff_id=new_id("hoff"),
                 org_id=caller.org,
                 from_principal=caller.principal,
-                to_principal=to_principal,
-                subject_id=subject_id,
-                checkpoint_id=checkpoint_id,
-                context_id=context_id,
-                message=message,
-                lease_id=lease.lease_id if lease else None,
+                to_principal=offer.to_principal,
+                subject_id=offer.subject_id,
+                checkpoint_id=offer.checkpoint_id,
+                context_id=offer.context_id,
+                message=offer.message,
+                lease_id=offer.lease.lease_id if offer.lease else None,
                 status="pending",
                 created_at_ms=tx.now_ms,
-                expires_at_ms=tx.now_ms + expires_in_ms if expires_in_ms else None,
+                expires_at_ms=tx.now_ms + offer.expires_in_ms if offer.expires_in_ms else None,
             )
             s.add(row_h)
             s.flush()
             model = handoff_model(row_h, tx.now_ms)
-            tx.emit("handoff.created", subject_id, handoff_payload(row_h))
+            tx.emit("handoff.created", offer.subject_id, handoff_payload(row_h))
             return model
 
         return self._write_once(
@@ -325,21 +312,18 @@ class RecordOps(LeaseOps):
     def handoff_resolve(
         self,
         caller: Caller,
-        handoff_id: str,
-        status: str,
+        resolution: HandoffResolution,
         *,
-        note: str | None,
-        execution_key: str | None,
-        ttl_ms: int | None,
         idempotency: Idempotency | None = None,
     ) -> Handoff:
         """Resolve a pending handoff addressed to the caller as ``accepted`` or ``rejected``.
 
         Accepting a handoff that carries a lease transfers the lease to the caller under
-        ``execution_key`` (default ``handoff:<id>``) in the same transaction.
+        ``resolution.execution_key`` (default ``handoff:<id>``) in the same transaction.
         ``idempotency``: the receipt is kept in this ledger (:func:`receipted`, operation
         ``resolve``).
         """
+        handoff_id, status = resolution.handoff_id, resolution.status
         lease_id: str | None = None
         with self._read() as (s, _now):
             h = s.get(HandoffRow, handoff_id)
@@ -365,19 +349,16 @@ class RecordOps(LeaseOps):
                 if held is None:
                     raise NotFoundError(f"lease {row.lease_id} not found")
                 proof = Proof(held.lease_id, row.from_principal, held.execution_key)
-                lease = self._transfer_in_tx(
-                    tx,
-                    held,
-                    (held.resource_type, held.resource_id),
-                    proof,
-                    to_principal=caller.principal,
-                    new_execution_key=execution_key or f"handoff:{handoff_id}",
-                    ttl_ms=ttl_ms or held.ttl_ms,
-                    expected_version=None,
+                request = TransferRequest(
+                    caller.principal,
+                    resolution.execution_key or f"handoff:{handoff_id}",
+                    resolution.ttl_ms or held.ttl_ms,
                 )
+                resource = (held.resource_type, held.resource_id)
+                lease = self._transfer_in_tx(tx, held, resource, proof, request)
                 row.accepted_lease_id = lease.lease_id
             row.status = status
-            row.note = note
+            row.note = resolution.note
             row.resolved_at_ms = tx.now_ms
             s.add(row)
             s.flush()
@@ -397,37 +378,28 @@ class RecordOps(LeaseOps):
     # ------------------------------------------------------------------ outcomes
 
     def outcome_record(
-        self,
-        caller: Caller,
-        subject_id: str,
-        status: str,
-        *,
-        evidence: Sequence[Evidence],
-        fence: Fence | None,
-        lease_id: str | None,
-        handoff_id: str | None,
-        checkpoint_id: str | None,
-        idempotency_key: str | None,
+        self, caller: Caller, record: OutcomeWrite, *, idempotency_key: str | None
     ) -> Outcome:
-        """Record an outcome with evidence; fenced by a lease when ``fence`` is given."""
-        ev = [e.model_dump() for e in evidence]
+        """Record an outcome with evidence; fenced by a lease when ``record.fence`` is given."""
+        fence = record.fence
+        ev = [e.model_dump() for e in record.evidence]
         digest = outcome_record_digest(
-            status=status,
+            status=record.status,
             evidence=ev,
             fence=(fence.lease_id, fence.epoch) if fence else None,
-            lease_id=lease_id,
-            handoff_id=handoff_id,
-            checkpoint_id=checkpoint_id,
+            lease_id=record.lease_id,
+            handoff_id=record.handoff_id,
+            checkpoint_id=record.checkpoint_id,
         )
-        scope = subject_id
+        scope = record.subject_id
 
         def op(tx: Tx) -> Outcome:
             held = self._check_fence(tx, fence)
             s = tx.session
             for kind_, ref, model_ in (
-                ("handoff", handoff_id, HandoffRow),
-                ("checkpoint", checkpoint_id, CheckpointRow),
-                ("lease", lease_id, GenerationRow),
+                ("handoff", record.handoff_id, HandoffRow),
+                ("checkpoint", record.checkpoint_id, CheckpointRow),
+                ("lease", record.lease_id, GenerationRow),
             ):
                 if ref is not None:
                     obj: Any = s.get(model_, ref)
@@ -436,13 +408,13 @@ class RecordOps(LeaseOps):
             row = OutcomeRow(
                 outcome_id=new_id("out"),
                 org_id=caller.org,
-                subject_id=subject_id,
+                subject_id=record.subject_id,
                 principal=caller.principal,
-                status=status,
+                status=record.status,
                 evidence=json.dumps(ev),
-                lease_id=lease_id or (fence.lease_id if fence else None),
-                handoff_id=handoff_id,
-                checkpoint_id=checkpoint_id,
+                lease_id=record.lease_id or (fence.lease_id if fence else None),
+                handoff_id=record.handoff_id,
+                checkpoint_id=record.checkpoint_id,
                 fence_epoch=held.epoch if held else None,
                 recorded_at_ms=tx.now_ms,
             )
@@ -451,8 +423,8 @@ class RecordOps(LeaseOps):
             model = outcome_model(row)
             tx.emit(
                 "outcome.recorded",
-                subject_id,
-                {"outcome_id": row.outcome_id, "status": status, "evidence_count": len(ev)},
+                record.subject_id,
+                {"outcome_id": row.outcome_id, "status": record.status, "evidence_count": len(ev)},
             )
             return model
 

@@ -91,11 +91,7 @@ class LedgerStore(RecordOps):
         return None
 
     def acquire_many(
-        self,
-        caller: Caller,
-        requests: Sequence[AcquireRequest],
-        *,
-        idempotency_key: str | None,
+        self, caller: Caller, requests: Sequence[AcquireRequest], *, idempotency_key: str | None
     ) -> list[Lease]:
         """Acquire every request in one ledger transaction, or none (see
         :func:`prefect_baton._stores.ledger.many.ledger_acquire_many`).

@@ -43,7 +43,15 @@ from prefect_baton._rules.digests import acquire_digest
 from prefect_baton._stores.ledger.convert import lease_info
 from prefect_baton._stores.ledger.receipts import receipted, run_once
 from prefect_baton._stores.ledger.store import LedgerStore, generation_to_lease
-from prefect_baton._stores.protocol import MAX_MANY, AcquireRequest, Caller, Fence, Idempotency
+from prefect_baton._stores.protocol import (
+    MAX_MANY,
+    AcquireRequest,
+    Caller,
+    Fence,
+    HandoffResolution,
+    Idempotency,
+    TransferRequest,
+)
 from prefect_baton._stores.redis.base import AuthorityBase
 from prefect_baton._stores.redis.codec import (
     construct,
@@ -192,11 +200,7 @@ class RedisAuthority(AuthorityBase):
         raise AssertionError("unreachable")
 
     def acquire_many(
-        self,
-        caller: Caller,
-        requests: Sequence[AcquireRequest],
-        *,
-        idempotency_key: str | None,
+        self, caller: Caller, requests: Sequence[AcquireRequest], *, idempotency_key: str | None
     ) -> list[Lease]:
         """Acquire every resource of ``requests`` or none, in one script.
 
@@ -289,25 +293,23 @@ class RedisAuthority(AuthorityBase):
         self,
         caller: Caller,
         proof: Proof,
+        request: TransferRequest,
         *,
-        to_principal: str,
-        new_execution_key: str,
-        ttl_ms: int,
-        expected_version: int | None,
         idempotency: Idempotency | None = None,
     ) -> Lease:
-        """Transfer by proof (rules: :func:`prefect_baton._rules.core.decide_transfer`; the new
-        epoch is also above the incarnation's floor; ``idempotency``: the receipt is kept in
-        the ledger, :func:`receipted`)."""
+        """Transfer by proof as ``request`` says (rules:
+        :func:`prefect_baton._rules.core.decide_transfer`; the new epoch is also above the
+        incarnation's floor; ``idempotency``: the receipt is kept in the ledger,
+        :func:`receipted`)."""
         return self._by_proof(
             caller,
             "transfer",
             proof,
             [
-                to_principal,
-                new_execution_key,
-                str(ttl_ms),
-                opt(expected_version),
+                request.to_principal,
+                request.new_execution_key,
+                str(request.ttl_ms),
+                opt(request.expected_version),
                 f"lease_{uuid.uuid4().hex}",
                 caller.principal,
                 "",
@@ -318,10 +320,10 @@ class RedisAuthority(AuthorityBase):
             lambda row, now: _core.decide_transfer(
                 row,
                 proof,
-                to_principal=to_principal,
-                new_execution_key=new_execution_key,
-                ttl_ms=ttl_ms,
-                expected_version=expected_version,
+                to_principal=request.to_principal,
+                new_execution_key=request.new_execution_key,
+                ttl_ms=request.ttl_ms,
+                expected_version=request.expected_version,
                 now_ms=now,
                 new_lease_id="-",
             ),
@@ -485,12 +487,8 @@ class RedisAuthority(AuthorityBase):
     def handoff_resolve(
         self,
         caller: Caller,
-        handoff_id: str,
-        status: str,
+        resolution: HandoffResolution,
         *,
-        note: str | None,
-        execution_key: str | None,
-        ttl_ms: int | None,
         idempotency: Idempotency | None = None,
     ) -> Handoff:
         """Resolve a handoff across Redis (its lease) and the ledger (the handoff), keeping
@@ -502,9 +500,7 @@ class RedisAuthority(AuthorityBase):
             NotFoundError, ForbiddenError, LeaseLostError (see the protocol),
             IdempotencyMismatchError, IdempotencyInFlightError, UnavailableError.
         """
-        return resolve_handoff(
-            self, caller, handoff_id, status, note=note, execution_key=execution_key, ttl_ms=ttl_ms
-        )
+        return resolve_handoff(self, caller, resolution)
 
     def fence_check(
         self, caller: Caller, lease_id: str, resource: tuple[str, str] | None

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from prefect_baton._stores.ledger.store import handoff_model
 from prefect_baton._stores.ledger.tables import HandoffRow
-from prefect_baton._stores.protocol import Caller
+from prefect_baton._stores.protocol import Caller, HandoffResolution
 from prefect_baton.errors import ForbiddenError, NotFoundError
 from prefect_baton.models import Handoff
 
@@ -39,23 +39,15 @@ if TYPE_CHECKING:
 __all__ = ["resolve_handoff"]
 
 
-def resolve_handoff(
-    auth: RedisAuthority,
-    caller: Caller,
-    handoff_id: str,
-    status: str,
-    *,
-    note: str | None,
-    execution_key: str | None,
-    ttl_ms: int | None,
-) -> Handoff:
+def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: HandoffResolution) -> Handoff:
     """Resolve a handoff with Redis as the lease authority (see the module docstring).
 
     Args:
         auth: the Redis authority; its ledger holds the handoff.
-        caller: the recipient. status: ``accepted`` or ``rejected`` (validated).
-        note: kept with the resolution. execution_key: the recipient's key for the lease
-            (default ``handoff:<id>``). ttl_ms: its TTL in ms (default: the sender's).
+        caller: the recipient.
+        resolution: the handoff id, ``accepted`` or ``rejected`` (validated), the note kept
+            with it, the recipient's execution key for the lease (default
+            ``handoff:<id>``) and its TTL in ms (default: the sender's).
 
     Raises:
         NotFoundError: unknown, not pending, expired, or another org's handoff.
@@ -63,6 +55,7 @@ def resolve_handoff(
         LeaseLostError: the sender no longer holds the lease (the handoff stays pending).
         UnavailableError: Redis or the ledger is unreachable.
     """
+    handoff_id = resolution.handoff_id
     store = auth.store
     auth.sync_ledger(caller.org)
     with store._read() as (s, now):
@@ -76,22 +69,18 @@ def resolve_handoff(
             if row.to_principal != caller.principal:
                 raise ForbiddenError("only the target principal can resolve a handoff")
     if lease_id is None or from_principal is None:
-        return store.handoff_resolve(
-            caller, handoff_id, status, note=note, execution_key=execution_key, ttl_ms=ttl_ms
-        )
-    if status == "rejected":
+        return store.handoff_resolve(caller, resolution)
+    if resolution.status == "rejected":
         auth.handoff_mark_rejected(caller, handoff_id)
-        return store.handoff_resolve(
-            caller, handoff_id, status, note=note, execution_key=execution_key, ttl_ms=ttl_ms
-        )
+        return store.handoff_resolve(caller, resolution)
     lease = auth.handoff_transfer(
         caller,
         handoff_id,
         lease_id=lease_id,
         from_principal=from_principal,
-        execution_key=execution_key or f"handoff:{handoff_id}",
-        ttl_ms=ttl_ms,
-        note=note,
+        execution_key=resolution.execution_key or f"handoff:{handoff_id}",
+        ttl_ms=resolution.ttl_ms,
+        note=resolution.note,
         expires_at_ms=expires_at_ms,
     )
     with store._read() as (s, now):

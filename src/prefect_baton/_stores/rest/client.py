@@ -25,7 +25,17 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 
 from prefect_baton._rules.core import Proof
 from prefect_baton._rules.validation import TTL_MIN_SECONDS
-from prefect_baton._stores.protocol import AcquireRequest, Caller, Fence, Idempotency
+from prefect_baton._stores.protocol import (
+    AcquireRequest,
+    Caller,
+    CheckpointWrite,
+    Fence,
+    HandoffOffer,
+    HandoffResolution,
+    Idempotency,
+    OutcomeWrite,
+    TransferRequest,
+)
 from prefect_baton._stores.rest.http import (
     DEFAULT_TIMEOUT_SECONDS,
     _params,
@@ -42,7 +52,6 @@ from prefect_baton.errors import (
 from prefect_baton.models import (
     Checkpoint,
     Event,
-    Evidence,
     Handoff,
     Lease,
     LeaseInfo,
@@ -56,6 +65,15 @@ __all__ = ["DEFAULT_TIMEOUT_SECONDS", "Identity", "RestStore", "UnauthenticatedE
 def _key(idempotency: Idempotency | None) -> str | None:
     """The ``Idempotency-Key`` header of a call (the server keeps the receipt)."""
     return None if idempotency is None else idempotency.key
+
+
+def _fence_fields(fence: Fence | None) -> dict[str, object]:
+    """The body fields of a fenced write (``fence_lease_id`` and ``fence_epoch``, ``None``
+    without a fence)."""
+    return {
+        "fence_lease_id": fence.lease_id if fence else None,
+        "fence_epoch": fence.epoch if fence else None,
+    }
 
 
 class Identity(BaseModel):
@@ -181,11 +199,7 @@ class RestStore(_Transport):
         return self._lease(data, replayed)
 
     def acquire_many(
-        self,
-        caller: Caller,
-        requests: Sequence[AcquireRequest],
-        *,
-        idempotency_key: str | None,
+        self, caller: Caller, requests: Sequence[AcquireRequest], *, idempotency_key: str | None
     ) -> list[Lease]:
         """``POST /v1/leases/batch``: every request or none."""
         items = [
@@ -229,20 +243,17 @@ class RestStore(_Transport):
         self,
         caller: Caller,
         proof: Proof,
+        request: TransferRequest,
         *,
-        to_principal: str,
-        new_execution_key: str,
-        ttl_ms: int,
-        expected_version: int | None,
         idempotency: Idempotency | None = None,
     ) -> Lease:
         """``POST /v1/leases/{id}/transfer`` with the proof's execution key (and the
         ``Idempotency-Key`` header when a key is given)."""
         body = {
-            "to_principal": to_principal,
-            "new_execution_key": new_execution_key,
-            "ttl_seconds": ttl_ms // 1000,
-            "expected_version": expected_version,
+            "to_principal": request.to_principal,
+            "new_execution_key": request.new_execution_key,
+            "ttl_seconds": request.ttl_ms // 1000,
+            "expected_version": request.expected_version,
         }
         return self._lease(*self._by_proof("transfer", proof, body, idempotency))
 
@@ -332,28 +343,16 @@ class RestStore(_Transport):
     # ------------------------------------------------------------------ checkpoints
 
     def checkpoint_save(
-        self,
-        caller: Caller,
-        subject_id: str,
-        kind: str,
-        state: dict[str, Any],
-        *,
-        state_text: str,
-        state_hash: str,
-        expected_version: int | None,
-        fence: Fence | None,
-        idempotency_key: str | None,
-        ttl_ms: int | None,
+        self, caller: Caller, write: CheckpointWrite, *, idempotency_key: str | None
     ) -> Checkpoint:
         """``PUT /v1/checkpoints`` (the fence as ``fence_lease_id`` + ``fence_epoch``)."""
         body = {
-            "subject_id": subject_id,
-            "kind": kind,
-            "state": state,
-            "expected_version": expected_version,
-            "fence_lease_id": fence.lease_id if fence else None,
-            "fence_epoch": fence.epoch if fence else None,
-            "ttl_seconds": ttl_ms // 1000 if ttl_ms is not None else None,
+            "subject_id": write.subject_id,
+            "kind": write.kind,
+            "state": write.state,
+            "expected_version": write.expected_version,
+            **_fence_fields(write.fence),
+            "ttl_seconds": write.ttl_ms // 1000 if write.ttl_ms is not None else None,
         }
         data, replayed = self._call(
             "PUT", "/v1/checkpoints", json=body, idempotency_key=idempotency_key
@@ -387,25 +386,16 @@ class RestStore(_Transport):
     # ------------------------------------------------------------------ handoffs
 
     def handoff_create(
-        self,
-        caller: Caller,
-        to_principal: str,
-        subject_id: str,
-        *,
-        checkpoint_id: str | None,
-        context_id: str | None,
-        message: str | None,
-        lease: Proof | None,
-        expires_in_ms: int | None,
-        idempotency_key: str | None,
+        self, caller: Caller, offer: HandoffOffer, *, idempotency_key: str | None
     ) -> Handoff:
         """``POST /v1/handoffs``."""
+        lease, expires_in_ms = offer.lease, offer.expires_in_ms
         body = {
-            "to_principal": to_principal,
-            "subject_id": subject_id,
-            "checkpoint_id": checkpoint_id,
-            "context_id": context_id,
-            "message": message,
+            "to_principal": offer.to_principal,
+            "subject_id": offer.subject_id,
+            "checkpoint_id": offer.checkpoint_id,
+            "context_id": offer.context_id,
+            "message": offer.message,
             "lease_id": lease.lease_id if lease else None,
             "expires_in_seconds": expires_in_ms // 1000 if expires_in_ms is not None else None,
         }
@@ -429,24 +419,21 @@ class RestStore(_Transport):
     def handoff_resolve(
         self,
         caller: Caller,
-        handoff_id: str,
-        status: str,
+        resolution: HandoffResolution,
         *,
-        note: str | None,
-        execution_key: str | None,
-        ttl_ms: int | None,
         idempotency: Idempotency | None = None,
     ) -> Handoff:
         """``POST /v1/handoffs/{id}/resolve`` (``Idempotency-Key`` when given)."""
+        ttl_ms = resolution.ttl_ms
         body = {
-            "status": status,
-            "note": note,
-            "execution_key": execution_key,
+            "status": resolution.status,
+            "note": resolution.note,
+            "execution_key": resolution.execution_key,
             "ttl_seconds": ttl_ms // 1000 if ttl_ms is not None else None,
         }
         data, replayed = self._call(
             "POST",
-            f"/v1/handoffs/{_seg(handoff_id)}/resolve",
+            f"/v1/handoffs/{_seg(resolution.handoff_id)}/resolve",
             json=body,
             idempotency_key=_key(idempotency),
         )
@@ -455,28 +442,17 @@ class RestStore(_Transport):
     # ------------------------------------------------------------------ outcomes, events
 
     def outcome_record(
-        self,
-        caller: Caller,
-        subject_id: str,
-        status: str,
-        *,
-        evidence: Sequence[Evidence],
-        fence: Fence | None,
-        lease_id: str | None,
-        handoff_id: str | None,
-        checkpoint_id: str | None,
-        idempotency_key: str | None,
+        self, caller: Caller, record: OutcomeWrite, *, idempotency_key: str | None
     ) -> Outcome:
         """``POST /v1/outcomes``."""
         body = {
-            "subject_id": subject_id,
-            "status": status,
-            "evidence": [e.model_dump() for e in evidence],
-            "fence_lease_id": fence.lease_id if fence else None,
-            "fence_epoch": fence.epoch if fence else None,
-            "lease_id": lease_id,
-            "handoff_id": handoff_id,
-            "checkpoint_id": checkpoint_id,
+            "subject_id": record.subject_id,
+            "status": record.status,
+            "evidence": [e.model_dump() for e in record.evidence],
+            **_fence_fields(record.fence),
+            "lease_id": record.lease_id,
+            "handoff_id": record.handoff_id,
+            "checkpoint_id": record.checkpoint_id,
         }
         data, replayed = self._call(
             "POST", "/v1/outcomes", json=body, idempotency_key=idempotency_key

@@ -32,6 +32,7 @@ from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.ledger.tables import HandoffRow
 from prefect_baton._stores.redis.authority import RedisAuthority
 from prefect_baton._stores.redis.codec import scope_tokens
+from prefect_baton._stores.redis.handoffs import mark_rejected
 from prefect_baton._stores.redis.keys import org_keys, resource_digest
 from prefect_baton._stores.redis.rebuild import EPOCH_RANGE
 from prefect_baton._stores.redis.scripts import source
@@ -388,7 +389,7 @@ def test_reject_settles_before_a_late_accept(auth: RedisAuthority) -> None:
     lease = a.leases.acquire("res", "r0", ttl_seconds=60)
     h = a.handoffs.create("agent-b", "subject", lease=lease)
     b = a.as_principal("agent-b")
-    auth.handoff_mark_rejected(b.caller, h.handoff_id)  # the reject's first step, then a crash
+    mark_rejected(auth, b.caller, h.handoff_id)  # the reject's first step, then a crash
     with pytest.raises(NotFoundError):
         b.handoffs.resolve(h.handoff_id, "accepted")
     assert b.handoffs.resolve(h.handoff_id, "rejected").status == "rejected"

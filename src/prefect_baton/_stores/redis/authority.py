@@ -29,7 +29,6 @@ drain are in :mod:`prefect_baton._stores.redis.base`, the connection and error p
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import uuid
@@ -65,7 +64,7 @@ from prefect_baton._stores.redis.codec import (
 )
 from prefect_baton._stores.redis.connection import as_text, connect
 from prefect_baton._stores.redis.handoffs import resolve_handoff
-from prefect_baton._stores.redis.keys import org_keys, resource_digest
+from prefect_baton._stores.redis.keys import HANDOFF_KEY_TTL_MS, org_keys, resource_digest
 from prefect_baton._stores.redis.scripts import NOOP, OK, REPLAY, UNKNOWN, raise_for
 from prefect_baton.errors import BatonError, NotFoundError, ValidationError
 from prefect_baton.models import (
@@ -78,8 +77,6 @@ from prefect_baton.models import (
 )
 
 __all__ = ["RedisAuthority", "connect"]
-
-HANDOFF_KEY_TTL_MS = 7 * 86_400_000
 
 
 class RedisAuthority(AuthorityBase):
@@ -518,83 +515,6 @@ class RedisAuthority(AuthorityBase):
         if h is not None and resource is not None and (h.resource_type, h.resource_id) != resource:
             h = None
         return h, now
-
-    def handoff_mark_rejected(self, caller: Caller, handoff_id: str) -> None:
-        """Settle a lease-carrying handoff as rejected in Redis (before the ledger records
-        it), so that no accept can transfer its lease afterwards.
-
-        Raises:
-            NotFoundError: it was accepted already.
-        """
-        keys = org_keys(caller.org)
-        reply = self._run(
-            caller.org,
-            "handoff_mark",
-            [handoff_id, str(HANDOFF_KEY_TTL_MS)],
-            [keys.handoff(handoff_id)],
-        )
-        raise_for(reply)
-
-    def handoff_transfer(
-        self,
-        caller: Caller,
-        handoff_id: str,
-        *,
-        lease_id: str,
-        from_principal: str,
-        execution_key: str,
-        ttl_ms: int | None,
-        note: str | None,
-        expires_at_ms: int | None,
-    ) -> Lease:
-        """Transfer a handoff's lease to its recipient (the caller) and settle the handoff
-        as accepted in Redis, in one script; the journal entry carries the acceptance, so
-        the ledger records the transfer and the accepted handoff in one transaction. The
-        call returns once the ledger has both. An exact retry after a crash returns the
-        same generation (its lease id is derived from the handoff id).
-
-        Raises:
-            NotFoundError: the handoff was rejected, or expired; the lease is unknown.
-            LeaseLostError: the sender no longer holds the lease (the handoff stays pending).
-        """
-        keys = org_keys(caller.org)
-        new_id = (
-            "lease_"
-            + hashlib.sha256(f"handoff\x00{caller.org}\x00{handoff_id}".encode()).hexdigest()[:32]
-        )
-        reply = self._run(
-            caller.org,
-            "transfer",
-            [
-                from_principal,
-                caller.role,
-                "",
-                lease_id,
-                caller.principal,
-                execution_key,
-                "" if ttl_ms is None else str(ttl_ms),
-                "",
-                new_id,
-                caller.principal,
-                opt(handoff_id),
-                opt(note),
-                opt(expires_at_ms),
-                str(HANDOFF_KEY_TTL_MS),
-            ],
-            [keys.handoff(handoff_id)],
-        )
-        code = int(reply[0])
-        if code == OK:
-            lease = lease_from_gen(reply[2])
-            self.reconciler.drain(caller.org, until=as_text(reply[1]))
-            return lease
-        if code == REPLAY:
-            self.sync_ledger(caller.org, strict=True)
-            return lease_from_gen(reply[1])
-        if code == UNKNOWN:
-            raise NotFoundError(f"lease {lease_id} not found")
-        raise_for(reply)
-        raise AssertionError("unreachable")
 
 
 def _refuse(reply: Sequence[Any], requests: Sequence[AcquireRequest]) -> None:

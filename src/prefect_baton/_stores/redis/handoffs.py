@@ -25,18 +25,23 @@ a crash in between leaves ``(pending, sender holds)``, and no accept can win aft
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING
 
 from prefect_baton._stores.ledger.store import handoff_model
 from prefect_baton._stores.ledger.tables import HandoffRow
 from prefect_baton._stores.protocol import Caller, HandoffResolution
+from prefect_baton._stores.redis.codec import lease_from_gen, opt
+from prefect_baton._stores.redis.connection import as_text
+from prefect_baton._stores.redis.keys import HANDOFF_KEY_TTL_MS, org_keys
+from prefect_baton._stores.redis.scripts import OK, REPLAY, UNKNOWN, raise_for
 from prefect_baton.errors import ForbiddenError, NotFoundError
-from prefect_baton.models import Handoff
+from prefect_baton.models import Handoff, Lease
 
 if TYPE_CHECKING:
     from prefect_baton._stores.redis.authority import RedisAuthority
 
-__all__ = ["resolve_handoff"]
+__all__ = ["mark_rejected", "resolve_handoff", "transfer_lease"]
 
 
 def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: HandoffResolution) -> Handoff:
@@ -71,9 +76,10 @@ def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: HandoffRes
     if lease_id is None or from_principal is None:
         return store.handoff_resolve(caller, resolution)
     if resolution.status == "rejected":
-        auth.handoff_mark_rejected(caller, handoff_id)
+        mark_rejected(auth, caller, handoff_id)
         return store.handoff_resolve(caller, resolution)
-    lease = auth.handoff_transfer(
+    lease = transfer_lease(
+        auth,
         caller,
         handoff_id,
         lease_id=lease_id,
@@ -87,3 +93,82 @@ def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: HandoffRes
         done = s.get(HandoffRow, handoff_id)
         assert done is not None
         return handoff_model(done, now, lease)
+
+
+def mark_rejected(auth: RedisAuthority, caller: Caller, handoff_id: str) -> None:
+    """Settle a lease-carrying handoff as rejected in Redis (before the ledger records
+    it), so that no accept can transfer its lease afterwards.
+
+    Raises:
+        NotFoundError: it was accepted already.
+    """
+    keys = org_keys(caller.org)
+    reply = auth._run(
+        caller.org,
+        "handoff_mark",
+        [handoff_id, str(HANDOFF_KEY_TTL_MS)],
+        [keys.handoff(handoff_id)],
+    )
+    raise_for(reply)
+
+
+def transfer_lease(
+    auth: RedisAuthority,
+    caller: Caller,
+    handoff_id: str,
+    *,
+    lease_id: str,
+    from_principal: str,
+    execution_key: str,
+    ttl_ms: int | None,
+    note: str | None,
+    expires_at_ms: int | None,
+) -> Lease:
+    """Transfer a handoff's lease to its recipient (the caller) and settle the handoff
+    as accepted in Redis, in one script; the journal entry carries the acceptance, so
+    the ledger records the transfer and the accepted handoff in one transaction. The
+    call returns once the ledger has both. An exact retry after a crash returns the
+    same generation (its lease id is derived from the handoff id).
+
+    Raises:
+        NotFoundError: the handoff was rejected, or expired; the lease is unknown.
+        LeaseLostError: the sender no longer holds the lease (the handoff stays pending).
+    """
+    keys = org_keys(caller.org)
+    new_id = (
+        "lease_"
+        + hashlib.sha256(f"handoff\x00{caller.org}\x00{handoff_id}".encode()).hexdigest()[:32]
+    )
+    reply = auth._run(
+        caller.org,
+        "transfer",
+        [
+            from_principal,
+            caller.role,
+            "",
+            lease_id,
+            caller.principal,
+            execution_key,
+            "" if ttl_ms is None else str(ttl_ms),
+            "",
+            new_id,
+            caller.principal,
+            opt(handoff_id),
+            opt(note),
+            opt(expires_at_ms),
+            str(HANDOFF_KEY_TTL_MS),
+        ],
+        [keys.handoff(handoff_id)],
+    )
+    code = int(reply[0])
+    if code == OK:
+        lease = lease_from_gen(reply[2])
+        auth.reconciler.drain(caller.org, until=as_text(reply[1]))
+        return lease
+    if code == REPLAY:
+        auth.sync_ledger(caller.org, strict=True)
+        return lease_from_gen(reply[1])
+    if code == UNKNOWN:
+        raise NotFoundError(f"lease {lease_id} not found")
+    raise_for(reply)
+    raise AssertionError("unreachable")

@@ -36,9 +36,11 @@ import hashlib
 from dataclasses import dataclass
 from functools import lru_cache
 
-__all__ = ["ORGS_KEY", "OrgKeys", "org_keys", "resource_digest"]
+__all__ = ["HANDOFF_KEY_TTL_MS", "ORGS_KEY", "OrgKeys", "org_keys", "resource_digest"]
 
 ORGS_KEY = "baton:orgs"
+HANDOFF_KEY_TTL_MS = 7 * 86_400_000
+"""How long a handoff's resolution key stays in Redis (milliseconds: 7 days)."""
 
 
 def _digest(text: str, n: int = 32) -> str:

@@ -144,13 +144,18 @@ class LeaseAPI(_API):
         ev = _core.validate_version("expected_version", expected_version)
         idem = _core.validate_optional_id("idempotency_key", idempotency_key)
         proof = self._proof(lease_)
-        fields = renew_fields(proof, ttl_seconds=ttl_seconds, expected_version=ev)
         return self._authority.renew(
             self._caller,
             proof,
             ttl_ms=ttl_ms,
             expected_version=ev,
-            idempotency=keyed(idem, resource_scope(lease_), fields),
+            idempotency=keyed(
+                idem,
+                lambda: (
+                    resource_scope(lease_),
+                    renew_fields(proof, ttl_seconds=ttl_seconds, expected_version=ev),
+                ),
+            ),
         )
 
     def transfer(
@@ -191,7 +196,7 @@ class LeaseAPI(_API):
             self._caller,
             proof,
             TransferRequest(to, key, ttl_ms, ev),
-            idempotency=keyed(idem, resource_scope(lease_), fields),
+            idempotency=keyed(idem, lambda: (resource_scope(lease_), fields)),
         )
 
     def release(
@@ -226,7 +231,8 @@ class LeaseAPI(_API):
             proof,
             expected_version=ev,
             idempotency=keyed(
-                idem, resource_scope(lease_), release_fields(proof, expected_version=ev)
+                idem,
+                lambda: (resource_scope(lease_), release_fields(proof, expected_version=ev)),
             ),
         )
 
@@ -246,7 +252,7 @@ class LeaseAPI(_API):
         lid = _core.validate_id("lease_id", lease_id)
         idem = _core.validate_optional_id("idempotency_key", idempotency_key)
         return self._authority.release_by_id(
-            self._caller, lid, idempotency=keyed(idem, "", release_by_id_fields(lid))
+            self._caller, lid, idempotency=keyed(idem, lambda: ("", release_by_id_fields(lid)))
         )
 
     def force_release(self, lease_id: str, *, idempotency_key: str | None = None) -> Receipt:
@@ -262,7 +268,7 @@ class LeaseAPI(_API):
         lid = _core.validate_id("lease_id", lease_id)
         idem = _core.validate_optional_id("idempotency_key", idempotency_key)
         return self._authority.force_release(
-            self._caller, lid, idempotency=keyed(idem, "", force_release_fields(lid))
+            self._caller, lid, idempotency=keyed(idem, lambda: ("", force_release_fields(lid)))
         )
 
     def inspect(self, resource_type: str, resource_id: str) -> LeaseInfo:

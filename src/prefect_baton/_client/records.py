@@ -196,7 +196,7 @@ class HandoffAPI(_API):
         return self._b.authority.handoff_resolve(
             self._caller,
             HandoffResolution(hid, status, note_, key, ttl_ms),
-            idempotency=keyed(idem, f"handoff:{hid}", fields),
+            idempotency=keyed(idem, lambda: (f"handoff:{hid}", fields)),
         )
 
 

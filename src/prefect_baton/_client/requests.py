@@ -11,7 +11,7 @@ gives the same digest. No I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from prefect_baton._rules.core import Proof
 from prefect_baton._stores.protocol import Idempotency
@@ -29,16 +29,22 @@ __all__ = [
 ]
 
 
-def keyed(key: str | None, scope: str, fields: Mapping[str, object]) -> Idempotency | None:
+def keyed(
+    key: str | None, build: Callable[[], tuple[str, Mapping[str, object]]]
+) -> Idempotency | None:
     """The :class:`Idempotency` of a call under ``key`` (``None`` without a key).
 
     Args:
         key: the validated idempotency key, or ``None``.
-        scope: what the receipt is kept per besides (org, principal, operation, key): a
-            resource (:func:`resource_scope`), ``handoff:<id>``, or ``""``.
-        fields: the request fields (one of the functions below).
+        build: returns the receipt's scope (what the receipt is kept per besides (org,
+            principal, operation, key): a resource (:func:`resource_scope`),
+            ``handoff:<id>``, or ``""``) and the request fields (one of the functions
+            below). Called only under a key, so that an unkeyed call builds nothing.
     """
-    return None if key is None else Idempotency(key, scope, fields)
+    if key is None:
+        return None
+    scope, fields = build()
+    return Idempotency(key, scope, fields)
 
 
 def resource_scope(lease: Lease) -> str:

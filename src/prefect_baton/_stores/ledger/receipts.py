@@ -222,12 +222,14 @@ def receipted(
     ) -> Callable[Concatenate[S, Caller, P], M]:
         @functools.wraps(method)
         def wrapper(self: S, caller: Caller, /, *args: P.args, **kwargs: P.kwargs) -> M:
-            idempotency = cast("Idempotency | None", kwargs.pop("idempotency", None))
+            idempotency = kwargs.pop("idempotency", None)
+            if idempotency is None:  # the unkeyed call: no receipt, nothing else to do
+                return method(self, caller, *args, **kwargs)
             return run_once(
                 self.receipt_ledger,
                 caller,
                 operation,
-                idempotency,
+                cast("Idempotency", idempotency),
                 model,
                 lambda: method(self, caller, *args, **kwargs),
             )

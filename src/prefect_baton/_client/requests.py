@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from prefect_baton._rules.core import Proof
+from prefect_baton._rules.digests import resource_key
 from prefect_baton._stores.protocol import Idempotency
 from prefect_baton.models import Lease
 
@@ -50,8 +51,6 @@ def keyed(
 def resource_scope(lease: Lease) -> str:
     """The receipt scope of a keyed operation on a lease presented by proof: its resource
     (DESIGN.md: a lease operation's key identity includes the resource)."""
-    from prefect_baton._stores.ledger.convert import resource_key
-
     return resource_key(lease.resource_type, lease.resource_id)
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "handoff_create_digest",
     "operation_digest",
     "outcome_record_digest",
+    "resource_key",
 ]
 
 
@@ -140,3 +141,8 @@ def operation_digest(operation: str, fields: Mapping[str, object]) -> str:
         ValidationError: ``fields`` is not representable as JSON.
     """
     return request_digest(operation, fields)
+
+
+def resource_key(resource_type: str, resource_id: str) -> str:
+    """Unambiguous key of a resource (length-prefixed, so ids cannot forge separators)."""
+    return f"{len(resource_type)}:{resource_type}:{resource_id}"

@@ -33,11 +33,6 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def resource_key(resource_type: str, resource_id: str) -> str:
-    """Unambiguous key of a resource (length-prefixed, so ids cannot forge separators)."""
-    return f"{len(resource_type)}:{resource_type}:{resource_id}"
-
-
 def row_to_generation(row: GenerationRow) -> Generation:
     return Generation(
         lease_id=row.lease_id,

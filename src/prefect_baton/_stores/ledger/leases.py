@@ -13,14 +13,13 @@ from prefect_baton._rules import events as _events
 from prefect_baton._rules import scopes as _scopes
 from prefect_baton._rules.access import check_force_release, check_list_owner, may_read
 from prefect_baton._rules.core import Decision, Generation, Proof
-from prefect_baton._rules.digests import acquire_digest
+from prefect_baton._rules.digests import acquire_digest, resource_key
 from prefect_baton._stores.ledger.base import StoreBase, T, Tx
 from prefect_baton._stores.ledger.convert import (
     generation_to_lease,
     lease_info,
     lease_payload,
     new_id,
-    resource_key,
     row_to_generation,
     subject_of,
 )

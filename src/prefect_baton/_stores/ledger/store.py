@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from prefect_baton._rules.digests import resource_key
 from prefect_baton._stores.ledger.base import (
     DEFAULT_RECEIPT_RETENTION_SECONDS,
     MAX_ATTEMPTS,
@@ -27,7 +28,6 @@ from prefect_baton._stores.ledger.convert import (
     lease_payload,
     new_id,
     outcome_model,
-    resource_key,
     row_to_generation,
 )
 from prefect_baton._stores.ledger.many import ledger_acquire_many

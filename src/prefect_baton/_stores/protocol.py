@@ -45,6 +45,7 @@ __all__ = [
     "HandoffResolution",
     "Idempotency",
     "LeaseAuthority",
+    "LeaseQuery",
     "OutcomeWrite",
     "RecordStore",
     "TransferRequest",
@@ -196,6 +197,24 @@ class OutcomeWrite:
     lease_id: str | None = None
     handoff_id: str | None = None
     checkpoint_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseQuery:
+    """Which leases :meth:`LeaseAuthority.list_leases` lists (validated by the client).
+
+    Attributes:
+        resource_type: only leases of this type (``str``), or ``None`` (any).
+        owner: whose leases: ``None`` (the caller's), a principal (``str`` id) or ``"*"``
+            (everyone's); another principal's needs ``owner``/``admin``.
+        include_ended: also ended and expired generations (``bool``).
+        limit: at most this many leases (``int``, 1 to 10,000).
+    """
+
+    resource_type: str | None = None
+    owner: str | None = None
+    include_ended: bool = False
+    limit: int = 100
 
 
 @dataclass(frozen=True)
@@ -384,17 +403,10 @@ class LeaseAuthority(Protocol):
         """
         ...
 
-    def list_leases(
-        self,
-        caller: Caller,
-        *,
-        resource_type: str | None = None,
-        owner: str | None = None,
-        include_ended: bool = False,
-        limit: int = 100,
-    ) -> list[Lease]:
-        """Effective leases of the caller (``owner``: a principal or ``"*"``, needs
-        owner/admin), newest first, at most ``limit``; ``include_ended`` adds ended ones.
+    def list_leases(self, caller: Caller, query: LeaseQuery) -> list[Lease]:
+        """Effective leases of the caller (``query.owner``: a principal or ``"*"``, needs
+        owner/admin), newest first, at most ``query.limit``; ``query.include_ended`` adds
+        ended ones.
 
         Raises:
             ForbiddenError: another principal's leases asked by an ``agent``.

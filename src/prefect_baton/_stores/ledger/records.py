@@ -27,7 +27,6 @@ from prefect_baton._stores.ledger.convert import (
     row_to_generation,
 )
 from prefect_baton._stores.ledger.leases import LeaseOps
-from prefect_baton._stores.ledger.receipts import receipted
 from prefect_baton._stores.ledger.tables import (
     CheckpointRow,
     CheckpointVersion,
@@ -42,7 +41,6 @@ from prefect_baton._stores.protocol import (
     CheckpointWrite,
     HandoffOffer,
     HandoffResolution,
-    Idempotency,
     OutcomeWrite,
     TransferRequest,
 )
@@ -308,20 +306,11 @@ class RecordOps(LeaseOps):
                     lease = generation_to_lease(row_to_generation(lrow))
             return handoff_model(row, now, lease)
 
-    @receipted("resolve", Handoff)
-    def handoff_resolve(
-        self,
-        caller: Caller,
-        resolution: HandoffResolution,
-        *,
-        idempotency: Idempotency | None = None,
-    ) -> Handoff:
+    def _handoff_resolve(self, caller: Caller, resolution: HandoffResolution) -> Handoff:
         """Resolve a pending handoff addressed to the caller as ``accepted`` or ``rejected``.
 
         Accepting a handoff that carries a lease transfers the lease to the caller under
         ``resolution.execution_key`` (default ``handoff:<id>``) in the same transaction.
-        ``idempotency``: the receipt is kept in this ledger (:func:`receipted`, operation
-        ``resolve``).
         """
         handoff_id, status = resolution.handoff_id, resolution.status
         lease_id: str | None = None

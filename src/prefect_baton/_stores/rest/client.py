@@ -33,6 +33,7 @@ from prefect_baton._stores.protocol import (
     HandoffOffer,
     HandoffResolution,
     Idempotency,
+    LeaseQuery,
     OutcomeWrite,
     TransferRequest,
 )
@@ -305,21 +306,13 @@ class RestStore(_Transport):
         data, _ = self._call("GET", f"/v1/leases/{_seg(lease_id)}")
         return self._lease(data)
 
-    def list_leases(
-        self,
-        caller: Caller,
-        *,
-        resource_type: str | None = None,
-        owner: str | None = None,
-        include_ended: bool = False,
-        limit: int = 100,
-    ) -> list[Lease]:
+    def list_leases(self, caller: Caller, query: LeaseQuery) -> list[Lease]:
         """``GET /v1/leases``."""
         params = _params(
-            resource_type=resource_type,
-            owner=owner,
-            include_ended="true" if include_ended else None,
-            limit=limit,
+            resource_type=query.resource_type,
+            owner=query.owner,
+            include_ended="true" if query.include_ended else None,
+            limit=query.limit,
         )
         data, _ = self._call("GET", "/v1/leases", params=params)
         return self._list(Lease, data, "leases")

@@ -37,32 +37,33 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def _shared_fields(target: Iterable[str], source: Iterable[str], *but: str) -> tuple[str, ...]:
+def shared_fields(target: Iterable[str], source: Iterable[str], *but: str) -> tuple[str, ...]:
     """The field names of ``target`` that ``source`` also has, except ``but``: the fields a
     conversion copies as they are (the others it converts itself)."""
     names = set(source)
     return tuple(name for name in target if name in names and name not in but)
 
 
-def _copy(source: object, names: tuple[str, ...]) -> dict[str, Any]:
+def copy_fields(source: object, names: tuple[str, ...]) -> dict[str, Any]:
     """``source``'s attributes ``names``, as keyword arguments of the target."""
     return {name: getattr(source, name) for name in names}
 
 
-_GENERATION_FIELDS = tuple(f.name for f in fields(Generation))
+#: The fields of a core :class:`Generation`.
+GENERATION_FIELDS = tuple(f.name for f in fields(Generation))
 #: Copied from a ledger row to a :class:`Generation`: every field but the scopes (JSON).
-_FROM_ROW = _shared_fields(_GENERATION_FIELDS, GenerationRow.model_fields, "scopes")
+_FROM_ROW = shared_fields(GENERATION_FIELDS, GenerationRow.model_fields, "scopes")
 #: Copied from a :class:`Generation` to a :class:`Lease` (times are converted).
-_TO_LEASE = _shared_fields(Lease.model_fields, _GENERATION_FIELDS)
-_TO_CHECKPOINT = _shared_fields(
+_TO_LEASE = shared_fields(Lease.model_fields, GENERATION_FIELDS)
+_TO_CHECKPOINT = shared_fields(
     Checkpoint.model_fields, CheckpointRow.model_fields, "version", "state", "state_hash"
 )
-_TO_HANDOFF = _shared_fields(Handoff.model_fields, HandoffRow.model_fields, "status")
-_TO_OUTCOME = _shared_fields(Outcome.model_fields, OutcomeRow.model_fields, "evidence")
+_TO_HANDOFF = shared_fields(Handoff.model_fields, HandoffRow.model_fields, "status")
+_TO_OUTCOME = shared_fields(Outcome.model_fields, OutcomeRow.model_fields, "evidence")
 
 
 def row_to_generation(row: GenerationRow) -> Generation:
-    return Generation(**_copy(row, _FROM_ROW), scopes=tuple(json.loads(row.scopes)))
+    return Generation(**copy_fields(row, _FROM_ROW), scopes=tuple(json.loads(row.scopes)))
 
 
 def generation_to_lease(h: Generation, *, replayed: bool = False) -> Lease:
@@ -70,7 +71,7 @@ def generation_to_lease(h: Generation, *, replayed: bool = False) -> Lease:
     expires = from_ms(h.expires_at_ms)
     assert acquired is not None and expires is not None
     return Lease(
-        **_copy(h, _TO_LEASE),
+        **copy_fields(h, _TO_LEASE),
         acquired_at=acquired,
         expires_at=expires,
         ttl_seconds=h.ttl_ms // 1000,
@@ -89,7 +90,7 @@ def checkpoint_model(
     updated = from_ms(row.updated_at_ms if saved is None else saved.saved_at_ms)
     assert created is not None and updated is not None
     return Checkpoint(
-        **_copy(row, _TO_CHECKPOINT),
+        **copy_fields(row, _TO_CHECKPOINT),
         version=version.version,
         state=json.loads(version.state),
         state_hash=version.state_hash,
@@ -107,7 +108,7 @@ def handoff_model(row: HandoffRow, now_ms: int, lease: Lease | None = None) -> H
     created = from_ms(row.created_at_ms)
     assert created is not None
     return Handoff(
-        **_copy(row, _TO_HANDOFF),
+        **copy_fields(row, _TO_HANDOFF),
         status=status,
         created_at=created,
         expires_at=from_ms(row.expires_at_ms),
@@ -120,7 +121,7 @@ def outcome_model(row: OutcomeRow) -> Outcome:
     recorded = from_ms(row.recorded_at_ms)
     assert recorded is not None
     return Outcome(
-        **_copy(row, _TO_OUTCOME),
+        **copy_fields(row, _TO_OUTCOME),
         evidence=tuple(Evidence(**e) for e in json.loads(row.evidence)),
         recorded_at=recorded,
     )

@@ -16,11 +16,14 @@ from prefect_baton._rules.core import Decision, Generation, Proof
 from prefect_baton._rules.digests import acquire_digest, resource_key
 from prefect_baton._stores.ledger.base import StoreBase, T, Tx
 from prefect_baton._stores.ledger.convert import (
+    GENERATION_FIELDS,
+    copy_fields,
     generation_to_lease,
     lease_info,
     lease_payload,
     new_id,
     row_to_generation,
+    shared_fields,
     subject_of,
 )
 from prefect_baton._stores.ledger.receipted_ops import ReceiptedLeaseOps
@@ -42,6 +45,24 @@ from prefect_baton.models import (
     Lease,
     LeaseInfo,
     Receipt,
+)
+
+#: Copied from a :class:`Generation` to its :class:`LeaseTransition` row (the resource is
+#: the transition's own).
+_TRANSITION_FIELDS = shared_fields(
+    LeaseTransition.model_fields, GENERATION_FIELDS, "resource_type", "resource_id"
+)
+
+#: Copied from a new :class:`Generation` to its :class:`GenerationRow` (the resource and
+#: scopes are written apart; a new generation has not ended).
+_NEW_ROW_FIELDS = shared_fields(
+    GenerationRow.model_fields,
+    GENERATION_FIELDS,
+    "resource_type",
+    "resource_id",
+    "scopes",
+    "ended_at_ms",
+    "ended_by",
 )
 
 
@@ -135,21 +156,12 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
         if existing is None:
             s.add(
                 GenerationRow(
-                    lease_id=n.lease_id,
+                    **copy_fields(n, _NEW_ROW_FIELDS),
                     org_id=org,
                     resource_type=resource[0],
                     resource_id=resource[1],
-                    owner=n.owner,
-                    execution_key=n.execution_key,
-                    purpose=n.purpose,
                     scopes=json.dumps(list(n.scopes)),
                     has_scopes=1 if n.scopes else 0,
-                    version=n.version,
-                    epoch=n.epoch,
-                    status=n.status,
-                    acquired_at_ms=n.acquired_at_ms,
-                    expires_at_ms=n.expires_at_ms,
-                    ttl_ms=n.ttl_ms,
                 )
             )
         else:
@@ -170,18 +182,12 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
     ) -> None:
         tx.session.add(
             LeaseTransition(
+                **copy_fields(h, _TRANSITION_FIELDS),
                 org_id=org,
                 resource_type=resource[0],
                 resource_id=resource[1],
-                lease_id=h.lease_id,
                 action=action,
-                version=h.version,
-                epoch=h.epoch,
-                owner=h.owner,
-                execution_key=h.execution_key,
-                status=h.status,
                 at_ms=tx.now_ms,
-                expires_at_ms=h.expires_at_ms,
                 actor=actor,
             )
         )
@@ -315,15 +321,11 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
         request: TransferRequest,
     ) -> Lease:
         scopes = row.scopes if row else ()
-        d = _core.decide_transfer(
+        d = request.decide(
             row,
             proof,
-            to_principal=request.to_principal,
-            new_execution_key=request.new_execution_key,
-            ttl_ms=request.ttl_ms,
-            expected_version=request.expected_version,
-            now_ms=tx.now_ms,
-            new_lease_id=new_id("lease"),
+            tx.now_ms,
+            new_id("lease"),
             scope_conflict_expires_ms=self._scope_conflict(
                 tx, request.to_principal, scopes, resource
             ),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -19,12 +20,14 @@ from prefect_baton._rules.digests import (
 from prefect_baton._stores.ledger.base import Tx
 from prefect_baton._stores.ledger.convert import (
     checkpoint_model,
+    copy_fields,
     generation_to_lease,
     handoff_model,
     handoff_payload,
     new_id,
     outcome_model,
     row_to_generation,
+    shared_fields,
 )
 from prefect_baton._stores.ledger.leases import LeaseOps
 from prefect_baton._stores.ledger.tables import (
@@ -73,6 +76,13 @@ def _checkpoint_row(
             col(CheckpointRow.kind) == kind,
         )
     ).scalar_one_or_none()
+
+
+#: Copied from a :class:`HandoffOffer` to its :class:`HandoffRow` (the recipient, subject,
+#: checkpoint, context and message).
+_OFFER_FIELDS = shared_fields(
+    HandoffRow.model_fields, [f.name for f in dataclasses.fields(HandoffOffer)]
+)
 
 
 class RecordOps(LeaseOps):
@@ -242,14 +252,10 @@ class RecordOps(LeaseOps):
                 },
             )
             row_h = HandoffRow(
+                **copy_fields(offer, _OFFER_FIELDS),
                 handoff_id=new_id("hoff"),
                 org_id=caller.org,
                 from_principal=caller.principal,
-                to_principal=offer.to_principal,
-                subject_id=offer.subject_id,
-                checkpoint_id=offer.checkpoint_id,
-                context_id=offer.context_id,
-                message=offer.message,
                 lease_id=offer.lease.lease_id if offer.lease else None,
                 status="pending",
                 created_at_ms=tx.now_ms,

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from prefect_baton._rules.core import Generation, Proof
+from prefect_baton._rules.core import Decision, Generation, Proof, decide_transfer
 from prefect_baton.models import (
     Checkpoint,
     Event,
@@ -98,6 +98,33 @@ class TransferRequest:
     new_execution_key: str
     ttl_ms: int
     expected_version: int | None = None
+
+    def decide(
+        self,
+        row: Generation | None,
+        proof: Proof,
+        now_ms: int,
+        new_lease_id: str,
+        *,
+        scope_conflict_expires_ms: int | None = None,
+        epoch_floor: int = 0,
+    ) -> Decision:
+        """The core's decision on this transfer of the lease ``row`` named by ``proof``
+        (:func:`prefect_baton._rules.core.decide_transfer`, which documents the arguments
+        and raises), at ``now_ms`` (epoch milliseconds), the receiver's lease getting id
+        ``new_lease_id``."""
+        return decide_transfer(
+            row,
+            proof,
+            to_principal=self.to_principal,
+            new_execution_key=self.new_execution_key,
+            ttl_ms=self.ttl_ms,
+            expected_version=self.expected_version,
+            now_ms=now_ms,
+            new_lease_id=new_lease_id,
+            scope_conflict_expires_ms=scope_conflict_expires_ms,
+            epoch_floor=epoch_floor,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -297,16 +297,7 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
                 "",
                 str(HANDOFF_KEY_TTL_MS),
             ],
-            lambda row, now: _core.decide_transfer(
-                row,
-                proof,
-                to_principal=request.to_principal,
-                new_execution_key=request.new_execution_key,
-                ttl_ms=request.ttl_ms,
-                expected_version=request.expected_version,
-                now_ms=now,
-                new_lease_id="-",
-            ),
+            lambda row, now: request.decide(row, proof, now, "-"),
         )
 
     def _release(self, caller: Caller, proof: Proof, expected_version: int | None) -> Receipt:

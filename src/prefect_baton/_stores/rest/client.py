@@ -95,6 +95,19 @@ class Identity(BaseModel):
     state_max_bytes: int = 1024 * 1024
 
 
+def _acquire_body(request: AcquireRequest) -> dict[str, Any]:
+    """The JSON body of one acquire (``POST /v1/leases``; an item of
+    ``POST /v1/leases/batch``): the TTL in whole seconds, the scopes as a list."""
+    return {
+        "resource_type": request.resource_type,
+        "resource_id": request.resource_id,
+        "ttl_seconds": request.ttl_ms // 1000,
+        "purpose": request.purpose,
+        "scopes": list(request.scopes),
+        "expected_version": request.expected_version,
+    }
+
+
 class RestStore(_Transport):
     """The REST API at ``api_url`` as lease authority and record store.
 
@@ -186,16 +199,8 @@ class RestStore(_Transport):
         self, caller: Caller, request: AcquireRequest, *, idempotency_key: str | None
     ) -> Lease:
         """``POST /v1/leases``."""
-        body = {
-            "resource_type": request.resource_type,
-            "resource_id": request.resource_id,
-            "ttl_seconds": request.ttl_ms // 1000,
-            "purpose": request.purpose,
-            "scopes": list(request.scopes),
-            "expected_version": request.expected_version,
-        }
         data, replayed = self._call(
-            "POST", "/v1/leases", json=body, idempotency_key=idempotency_key
+            "POST", "/v1/leases", json=_acquire_body(request), idempotency_key=idempotency_key
         )
         return self._lease(data, replayed)
 
@@ -203,17 +208,7 @@ class RestStore(_Transport):
         self, caller: Caller, requests: Sequence[AcquireRequest], *, idempotency_key: str | None
     ) -> list[Lease]:
         """``POST /v1/leases/batch``: every request or none."""
-        items = [
-            {
-                "resource_type": r.resource_type,
-                "resource_id": r.resource_id,
-                "ttl_seconds": r.ttl_ms // 1000,
-                "purpose": r.purpose,
-                "scopes": list(r.scopes),
-                "expected_version": r.expected_version,
-            }
-            for r in requests
-        ]
+        items = [_acquire_body(r) for r in requests]
         body = {
             "resources": items,
             "ttl_seconds": items[0]["ttl_seconds"] if items else TTL_MIN_SECONDS,

@@ -136,6 +136,21 @@ def test_replay_does_not_revive_revoked_lease(baton: Baton) -> None:
     assert not baton.leases.inspect(RT, RID).held
 
 
+def test_agent_force_release_is_forbidden_before_its_key(baton: Baton) -> None:
+    """An agent's force release is FORBIDDEN, never IDEMPOTENCY_MISMATCH, even under a key
+    its principal used for another force release as admin: every store checks the role
+    before it looks at the receipt, and writes nothing."""
+    one = baton.leases.acquire(RT, RID, ttl_seconds=30)
+    two = baton.leases.acquire(RT, "svc-2", ttl_seconds=30)
+    admin = baton.as_principal("boss", role="admin")
+    admin.leases.force_release(one.lease_id, idempotency_key="k-1")
+    with pytest.raises(ForbiddenError):
+        baton.as_principal("boss", role="agent").leases.force_release(
+            two.lease_id, idempotency_key="k-1"
+        )
+    assert baton.leases.inspect(RT, "svc-2").held
+
+
 def test_key_identity_includes_principal(baton: Baton) -> None:
     """Another principal using the holder's key is a different identity: CONFLICT, not a replay."""
     baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="run-1")

@@ -67,7 +67,7 @@ from hypothesis.stateful import (
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.core import Decision, Generation, Proof
 from prefect_baton._stores.ledger.convert import generation_to_lease
-from prefect_baton._stores.protocol import AcquireRequest, Caller, TransferRequest
+from prefect_baton._stores.protocol import AcquireRequest, Caller, LeaseQuery, TransferRequest
 from prefect_baton._stores.redis.rebuild import EPOCH_RANGE
 from prefect_baton.errors import BatonError, IdempotencyMismatchError
 from prefect_baton.models import Lease, LeaseInfo, Receipt, to_ms
@@ -782,7 +782,7 @@ class AuthoritiesMachine(RuleBasedStateMachine):
                     for x in ref.leases(self.now, include_ended=include_ended)
                 )
                 got_list = arm.auth.list_leases(
-                    viewer, owner="*", include_ended=include_ended, limit=10_000
+                    viewer, LeaseQuery(owner="*", include_ended=include_ended, limit=10_000)
                 )
                 got_set = sorted(norm_lease(x, ids, instants=arm.exact_time) for x in got_list)
                 assert got_set == want_set, (

@@ -16,7 +16,12 @@ from prefect_baton._client.requests import (
     transfer_fields,
 )
 from prefect_baton._rules import core as _core
-from prefect_baton._stores.protocol import AcquireRequest, LeaseAuthority, TransferRequest
+from prefect_baton._stores.protocol import (
+    AcquireRequest,
+    LeaseAuthority,
+    LeaseQuery,
+    TransferRequest,
+)
 from prefect_baton.models import Lease, LeaseInfo, Receipt
 
 
@@ -313,10 +318,10 @@ class LeaseAPI(_API):
             resource_type: only this type. include_ended: also ended generations.
             limit: 1..10,000 rows.
         """
-        return self._authority.list_leases(
-            self._caller,
+        query = LeaseQuery(
             resource_type=_core.validate_optional_id("resource_type", resource_type),
             owner=_core.validate_optional_id("owner", owner),
             include_ended=bool(include_ended),
             limit=_limit(limit, 10_000),
         )
+        return self._authority.list_leases(self._caller, query)

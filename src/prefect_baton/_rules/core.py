@@ -283,6 +283,21 @@ def _check_proof(row: Generation | None, proof: Proof) -> Generation:
     return row
 
 
+def _check_held(
+    row: Generation | None, proof: Proof, expected_version: int | None, now_ms: int
+) -> Generation:
+    """The lease ``proof`` names, still effective at ``now_ms`` and at ``expected_version``
+    (when given): what renew and transfer act on (seed 004). Raises as :func:`_check_proof`,
+    then LeaseLostError (ended or expired), VersionConflictError."""
+    row = _check_proof(row, proof)
+    if not row.effective(now_ms):
+        raise LeaseLostError(
+            f"lease {row.lease_id} is no longer held ({_lost_reason(row, now_ms)})"
+        )
+    _check_version(row.version, expected_version)
+    return row
+
+
 def decide_renew(
     row: Generation | None,
     proof: Proof,
@@ -299,12 +314,7 @@ def decide_renew(
             re-acquired by a renew).
         VersionConflictError: ``expected_version`` differs from the lease's version.
     """
-    row = _check_proof(row, proof)
-    if not row.effective(now_ms):
-        raise LeaseLostError(
-            f"lease {row.lease_id} is no longer held ({_lost_reason(row, now_ms)})"
-        )
-    _check_version(row.version, expected_version)
+    row = _check_held(row, proof, expected_version, now_ms)
     _check_counters(row, epoch_too=False)
     new = replace(row, version=row.version + 1, expires_at_ms=now_ms + ttl_ms, ttl_ms=ttl_ms)
     return Decision(action="renew", new=new)
@@ -333,12 +343,7 @@ def decide_transfer(
         ConflictError: the kept scopes overlap another effective lease of the receiver's
             competitors.
     """
-    row = _check_proof(row, proof)
-    if not row.effective(now_ms):
-        raise LeaseLostError(
-            f"lease {row.lease_id} is no longer held ({_lost_reason(row, now_ms)})"
-        )
-    _check_version(row.version, expected_version)
+    row = _check_held(row, proof, expected_version, now_ms)
     if new_execution_key == row.execution_key:
         raise ValidationError("transfer needs a new execution key for the receiver")
     if scope_conflict_expires_ms is not None:

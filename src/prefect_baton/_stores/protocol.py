@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from prefect_baton._rules.core import Generation, Proof
+from prefect_baton._rules.core import Decision, Generation, Proof, decide_transfer
 from prefect_baton.models import (
     Checkpoint,
     Event,
@@ -45,6 +45,7 @@ __all__ = [
     "HandoffResolution",
     "Idempotency",
     "LeaseAuthority",
+    "LeaseQuery",
     "OutcomeWrite",
     "RecordStore",
     "TransferRequest",
@@ -97,6 +98,33 @@ class TransferRequest:
     new_execution_key: str
     ttl_ms: int
     expected_version: int | None = None
+
+    def decide(
+        self,
+        row: Generation | None,
+        proof: Proof,
+        now_ms: int,
+        new_lease_id: str,
+        *,
+        scope_conflict_expires_ms: int | None = None,
+        epoch_floor: int = 0,
+    ) -> Decision:
+        """The core's decision on this transfer of the lease ``row`` named by ``proof``
+        (:func:`prefect_baton._rules.core.decide_transfer`, which documents the arguments
+        and raises), at ``now_ms`` (epoch milliseconds), the receiver's lease getting id
+        ``new_lease_id``."""
+        return decide_transfer(
+            row,
+            proof,
+            to_principal=self.to_principal,
+            new_execution_key=self.new_execution_key,
+            ttl_ms=self.ttl_ms,
+            expected_version=self.expected_version,
+            now_ms=now_ms,
+            new_lease_id=new_lease_id,
+            scope_conflict_expires_ms=scope_conflict_expires_ms,
+            epoch_floor=epoch_floor,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +224,24 @@ class OutcomeWrite:
     lease_id: str | None = None
     handoff_id: str | None = None
     checkpoint_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseQuery:
+    """Which leases :meth:`LeaseAuthority.list_leases` lists (validated by the client).
+
+    Attributes:
+        resource_type: only leases of this type (``str``), or ``None`` (any).
+        owner: whose leases: ``None`` (the caller's), a principal (``str`` id) or ``"*"``
+            (everyone's); another principal's needs ``owner``/``admin``.
+        include_ended: also ended and expired generations (``bool``).
+        limit: at most this many leases (``int``, 1 to 10,000).
+    """
+
+    resource_type: str | None = None
+    owner: str | None = None
+    include_ended: bool = False
+    limit: int = 100
 
 
 @dataclass(frozen=True)
@@ -384,17 +430,10 @@ class LeaseAuthority(Protocol):
         """
         ...
 
-    def list_leases(
-        self,
-        caller: Caller,
-        *,
-        resource_type: str | None = None,
-        owner: str | None = None,
-        include_ended: bool = False,
-        limit: int = 100,
-    ) -> list[Lease]:
-        """Effective leases of the caller (``owner``: a principal or ``"*"``, needs
-        owner/admin), newest first, at most ``limit``; ``include_ended`` adds ended ones.
+    def list_leases(self, caller: Caller, query: LeaseQuery) -> list[Lease]:
+        """Effective leases of the caller (``query.owner``: a principal or ``"*"``, needs
+        owner/admin), newest first, at most ``query.limit``; ``query.include_ended`` adds
+        ended ones.
 
         Raises:
             ForbiddenError: another principal's leases asked by an ``agent``.

@@ -34,7 +34,7 @@ from prefect_baton._stores.ledger.engine import (
     make_memory_engines,
     upgrade,
 )
-from prefect_baton._stores.ledger.receipts import receipt_identity
+from prefect_baton._stores.ledger.receipts import receipt_identity, receipt_row
 from prefect_baton._stores.ledger.tables import (
     EventRow,
     Organization,
@@ -337,17 +337,15 @@ class StoreBase:
     ) -> None:
         if key is None:
             return
-        c = tx.caller
         tx.session.add(
-            ReceiptRow(
-                org_id=c.org,
-                principal=c.principal,
-                operation=operation,
-                idem_key=key,
-                scope_key=scope,
-                request_digest=digest,
+            receipt_row(
+                tx.caller,
+                operation,
+                key,
+                scope,
+                digest,
                 response=json.dumps(response),
-                created_at_ms=tx.now_ms,
+                now_ms=tx.now_ms,
                 expires_at_ms=tx.now_ms + self.receipt_retention_ms,
             )
         )

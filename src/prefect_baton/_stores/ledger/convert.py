@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterable
+from dataclasses import fields
 from typing import Any
+
+from sqlalchemy import Row
 
 from prefect_baton._rules import events as _events
 from prefect_baton._rules.access import inspect_view
@@ -33,24 +37,33 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
+def shared_fields(target: Iterable[str], source: Iterable[str], *but: str) -> tuple[str, ...]:
+    """The field names of ``target`` that ``source`` also has, except ``but``: the fields a
+    conversion copies as they are (the others it converts itself)."""
+    names = set(source)
+    return tuple(name for name in target if name in names and name not in but)
+
+
+def copy_fields(source: object, names: tuple[str, ...]) -> dict[str, Any]:
+    """``source``'s attributes ``names``, as keyword arguments of the target."""
+    return {name: getattr(source, name) for name in names}
+
+
+#: The fields of a core :class:`Generation`.
+GENERATION_FIELDS = tuple(f.name for f in fields(Generation))
+#: Copied from a ledger row to a :class:`Generation`: every field but the scopes (JSON).
+_FROM_ROW = shared_fields(GENERATION_FIELDS, GenerationRow.model_fields, "scopes")
+#: Copied from a :class:`Generation` to a :class:`Lease` (times are converted).
+_TO_LEASE = shared_fields(Lease.model_fields, GENERATION_FIELDS)
+_TO_CHECKPOINT = shared_fields(
+    Checkpoint.model_fields, CheckpointRow.model_fields, "version", "state", "state_hash"
+)
+_TO_HANDOFF = shared_fields(Handoff.model_fields, HandoffRow.model_fields, "status")
+_TO_OUTCOME = shared_fields(Outcome.model_fields, OutcomeRow.model_fields, "evidence")
+
+
 def row_to_generation(row: GenerationRow) -> Generation:
-    return Generation(
-        lease_id=row.lease_id,
-        resource_type=row.resource_type,
-        resource_id=row.resource_id,
-        owner=row.owner,
-        execution_key=row.execution_key,
-        version=row.version,
-        epoch=row.epoch,
-        status=row.status,  # type: ignore[arg-type,unused-ignore]
-        acquired_at_ms=row.acquired_at_ms,
-        expires_at_ms=row.expires_at_ms,
-        ttl_ms=row.ttl_ms,
-        scopes=tuple(json.loads(row.scopes)),
-        purpose=row.purpose,
-        ended_at_ms=row.ended_at_ms,
-        ended_by=row.ended_by,
-    )
+    return Generation(**copy_fields(row, _FROM_ROW), scopes=tuple(json.loads(row.scopes)))
 
 
 def generation_to_lease(h: Generation, *, replayed: bool = False) -> Lease:
@@ -58,16 +71,7 @@ def generation_to_lease(h: Generation, *, replayed: bool = False) -> Lease:
     expires = from_ms(h.expires_at_ms)
     assert acquired is not None and expires is not None
     return Lease(
-        lease_id=h.lease_id,
-        resource_type=h.resource_type,
-        resource_id=h.resource_id,
-        owner=h.owner,
-        execution_key=h.execution_key,
-        version=h.version,
-        epoch=h.epoch,
-        scopes=h.scopes,
-        status=h.status,
-        purpose=h.purpose,
+        **copy_fields(h, _TO_LEASE),
         acquired_at=acquired,
         expires_at=expires,
         ttl_seconds=h.ttl_ms // 1000,
@@ -86,10 +90,7 @@ def checkpoint_model(
     updated = from_ms(row.updated_at_ms if saved is None else saved.saved_at_ms)
     assert created is not None and updated is not None
     return Checkpoint(
-        checkpoint_id=row.checkpoint_id,
-        subject_id=row.subject_id,
-        kind=row.kind,
-        principal=row.principal,
+        **copy_fields(row, _TO_CHECKPOINT),
         version=version.version,
         state=json.loads(version.state),
         state_hash=version.state_hash,
@@ -107,19 +108,11 @@ def handoff_model(row: HandoffRow, now_ms: int, lease: Lease | None = None) -> H
     created = from_ms(row.created_at_ms)
     assert created is not None
     return Handoff(
-        handoff_id=row.handoff_id,
-        from_principal=row.from_principal,
-        to_principal=row.to_principal,
-        subject_id=row.subject_id,
-        checkpoint_id=row.checkpoint_id,
-        context_id=row.context_id,
-        message=row.message,
-        lease_id=row.lease_id,
-        status=status,  # type: ignore[arg-type,unused-ignore]
+        **copy_fields(row, _TO_HANDOFF),
+        status=status,
         created_at=created,
         expires_at=from_ms(row.expires_at_ms),
         resolved_at=from_ms(row.resolved_at_ms),
-        note=row.note,
         lease=lease,
     )
 
@@ -128,15 +121,8 @@ def outcome_model(row: OutcomeRow) -> Outcome:
     recorded = from_ms(row.recorded_at_ms)
     assert recorded is not None
     return Outcome(
-        outcome_id=row.outcome_id,
-        subject_id=row.subject_id,
-        principal=row.principal,
-        status=row.status,  # type: ignore[arg-type,unused-ignore]
+        **copy_fields(row, _TO_OUTCOME),
         evidence=tuple(Evidence(**e) for e in json.loads(row.evidence)),
-        lease_id=row.lease_id,
-        handoff_id=row.handoff_id,
-        checkpoint_id=row.checkpoint_id,
-        fence_epoch=row.fence_epoch,
         recorded_at=recorded,
     )
 
@@ -154,9 +140,10 @@ def lease_payload(h: Generation, resource: tuple[str, str]) -> dict[str, Any]:
 
 
 def handoff_payload(
-    row: HandoffRow, *, accepted_lease_id: str | None = None, epoch: int | None = None
+    row: HandoffRow | Row[Any], *, accepted_lease_id: str | None = None, epoch: int | None = None
 ) -> dict[str, Any]:
-    """The payload of a ``handoff.*`` event of ``row`` (built by
+    """The payload of a ``handoff.*`` event of ``row`` (a :class:`HandoffRow`, or a result
+    row of a Core ``select(HandoffRow)``; built by
     :func:`prefect_baton._rules.events.handoff_payload`)."""
     return _events.handoff_payload(
         row.handoff_id,

@@ -169,26 +169,20 @@ class _OneAtATimePool(StaticPool):
     one checkout at a time: the others wait until it is returned, so the transactions of
     several threads never interleave on the shared connection."""
 
-    def __init__(self, *args: Any, closed: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._turn = threading.Lock()
         self._holder: int | None = None
-        self._closed = closed
+        self._closed = False
 
     def recreate(self) -> _OneAtATimePool:
         """The pool an engine keeps after :meth:`Engine.dispose`: the database went with the
-        connection, so it refuses every checkout instead of opening a new, empty one."""
-        return _OneAtATimePool(
-            creator=self._creator,
-            recycle=self._recycle,
-            reset_on_return=self._reset_on_return,
-            pre_ping=self._pre_ping,
-            echo=self.echo,
-            logging_name=self._orig_logging_name,
-            _dispatch=self.dispatch,
-            dialect=self._dialect,
-            closed=True,
-        )
+        connection, so it refuses every checkout instead of opening a new, empty one
+        (:meth:`StaticPool.recreate`'s copy of this pool's settings, closed)."""
+        pool = super().recreate()
+        assert isinstance(pool, _OneAtATimePool)
+        pool._closed = True
+        return pool
 
     def _do_get(self) -> ConnectionPoolEntry:
         if self._closed:

@@ -11,19 +11,22 @@ from sqlmodel import Session, col
 from prefect_baton._rules import core as _core
 from prefect_baton._rules import events as _events
 from prefect_baton._rules import scopes as _scopes
-from prefect_baton._rules.access import check_force_release, check_list_owner, may_read
+from prefect_baton._rules.access import check_list_owner, may_read
 from prefect_baton._rules.core import Decision, Generation, Proof
 from prefect_baton._rules.digests import acquire_digest, resource_key
 from prefect_baton._stores.ledger.base import StoreBase, T, Tx
 from prefect_baton._stores.ledger.convert import (
+    GENERATION_FIELDS,
+    copy_fields,
     generation_to_lease,
     lease_info,
     lease_payload,
     new_id,
     row_to_generation,
+    shared_fields,
     subject_of,
 )
-from prefect_baton._stores.ledger.receipts import receipted
+from prefect_baton._stores.ledger.receipted_ops import ReceiptedLeaseOps
 from prefect_baton._stores.ledger.tables import (
     GenerationRow,
     LeaseTransition,
@@ -32,7 +35,7 @@ from prefect_baton._stores.protocol import (
     AcquireRequest,
     Caller,
     Fence,
-    Idempotency,
+    LeaseQuery,
     TransferRequest,
 )
 from prefect_baton.errors import (
@@ -44,8 +47,26 @@ from prefect_baton.models import (
     Receipt,
 )
 
+#: Copied from a :class:`Generation` to its :class:`LeaseTransition` row (the resource is
+#: the transition's own).
+_TRANSITION_FIELDS = shared_fields(
+    LeaseTransition.model_fields, GENERATION_FIELDS, "resource_type", "resource_id"
+)
 
-class LeaseOps(StoreBase):
+#: Copied from a new :class:`Generation` to its :class:`GenerationRow` (the resource and
+#: scopes are written apart; a new generation has not ended).
+_NEW_ROW_FIELDS = shared_fields(
+    GenerationRow.model_fields,
+    GENERATION_FIELDS,
+    "resource_type",
+    "resource_id",
+    "scopes",
+    "ended_at_ms",
+    "ended_by",
+)
+
+
+class LeaseOps(StoreBase, ReceiptedLeaseOps):
     """The lease authority half of :class:`LedgerStore` (see :mod:`prefect_baton._rules.core`)."""
 
     # ------------------------------------------------------------------ lease rows
@@ -135,21 +156,12 @@ class LeaseOps(StoreBase):
         if existing is None:
             s.add(
                 GenerationRow(
-                    lease_id=n.lease_id,
+                    **copy_fields(n, _NEW_ROW_FIELDS),
                     org_id=org,
                     resource_type=resource[0],
                     resource_id=resource[1],
-                    owner=n.owner,
-                    execution_key=n.execution_key,
-                    purpose=n.purpose,
                     scopes=json.dumps(list(n.scopes)),
                     has_scopes=1 if n.scopes else 0,
-                    version=n.version,
-                    epoch=n.epoch,
-                    status=n.status,
-                    acquired_at_ms=n.acquired_at_ms,
-                    expires_at_ms=n.expires_at_ms,
-                    ttl_ms=n.ttl_ms,
                 )
             )
         else:
@@ -170,18 +182,12 @@ class LeaseOps(StoreBase):
     ) -> None:
         tx.session.add(
             LeaseTransition(
+                **copy_fields(h, _TRANSITION_FIELDS),
                 org_id=org,
                 resource_type=resource[0],
                 resource_id=resource[1],
-                lease_id=h.lease_id,
                 action=action,
-                version=h.version,
-                epoch=h.epoch,
-                owner=h.owner,
-                execution_key=h.execution_key,
-                status=h.status,
                 at_ms=tx.now_ms,
-                expires_at_ms=h.expires_at_ms,
                 actor=actor,
             )
         )
@@ -291,18 +297,10 @@ class LeaseOps(StoreBase):
             caller, self._lease_locks(caller, rtype, rid, scoped or extra_scoped), op
         )
 
-    @receipted("renew", Lease)
-    def renew(
-        self,
-        caller: Caller,
-        proof: Proof,
-        *,
-        ttl_ms: int,
-        expected_version: int | None,
-        idempotency: Idempotency | None = None,
+    def _renew(
+        self, caller: Caller, proof: Proof, ttl_ms: int, expected_version: int | None
     ) -> Lease:
-        """Renew a lease the caller holds (see :func:`prefect_baton._rules.core.decide_renew`;
-        ``idempotency``: the receipt is kept in this ledger, :func:`receipted`)."""
+        """Renew a lease the caller holds (see :func:`prefect_baton._rules.core.decide_renew`)."""
 
         def fn(tx: Tx, row: Generation | None, resource: tuple[str, str]) -> Lease:
             d = _core.decide_renew(
@@ -323,15 +321,11 @@ class LeaseOps(StoreBase):
         request: TransferRequest,
     ) -> Lease:
         scopes = row.scopes if row else ()
-        d = _core.decide_transfer(
+        d = request.decide(
             row,
             proof,
-            to_principal=request.to_principal,
-            new_execution_key=request.new_execution_key,
-            ttl_ms=request.ttl_ms,
-            expected_version=request.expected_version,
-            now_ms=tx.now_ms,
-            new_lease_id=new_id("lease"),
+            tx.now_ms,
+            new_id("lease"),
             scope_conflict_expires_ms=self._scope_conflict(
                 tx, request.to_principal, scopes, resource
             ),
@@ -341,17 +335,8 @@ class LeaseOps(StoreBase):
         assert d.new is not None
         return generation_to_lease(d.new)
 
-    @receipted("transfer", Lease)
-    def transfer(
-        self,
-        caller: Caller,
-        proof: Proof,
-        request: TransferRequest,
-        *,
-        idempotency: Idempotency | None = None,
-    ) -> Lease:
-        """Transfer a lease as ``request`` says (see :func:`_core.decide_transfer`;
-        ``idempotency``: the receipt is kept in this ledger, :func:`receipted`)."""
+    def _transfer(self, caller: Caller, proof: Proof, request: TransferRequest) -> Lease:
+        """Transfer a lease as ``request`` says (see :func:`_core.decide_transfer`)."""
 
         def fn(tx: Tx, row: Generation | None, resource: tuple[str, str]) -> Lease:
             return self._transfer_in_tx(tx, row, resource, proof, request)
@@ -365,17 +350,8 @@ class LeaseOps(StoreBase):
         status = "no_change" if d.noop else d.receipt_status
         return Receipt(action=action, status=status, lease=generation_to_lease(d.new))  # type: ignore[arg-type,unused-ignore]
 
-    @receipted("release", Receipt)
-    def release(
-        self,
-        caller: Caller,
-        proof: Proof,
-        *,
-        expected_version: int | None,
-        idempotency: Idempotency | None = None,
-    ) -> Receipt:
-        """Release by proof (see :func:`_core.decide_release`; ``idempotency``: the receipt
-        is kept in this ledger, :func:`receipted`)."""
+    def _release(self, caller: Caller, proof: Proof, expected_version: int | None) -> Receipt:
+        """Release by proof (see :func:`_core.decide_release`)."""
 
         def fn(tx: Tx, row: Generation | None, resource: tuple[str, str]) -> Receipt:
             d = _core.decide_release(
@@ -385,12 +361,8 @@ class LeaseOps(StoreBase):
 
         return self._by_proof(caller, proof.lease_id, fn)
 
-    @receipted("release_by_id", Receipt)
-    def release_by_id(
-        self, caller: Caller, lease_id: str, *, idempotency: Idempotency | None = None
-    ) -> Receipt:
-        """Release by id alone, as the holder (see :func:`_core.decide_release_by_id`;
-        ``idempotency``: the receipt is kept in this ledger, :func:`receipted`)."""
+    def _release_by_id(self, caller: Caller, lease_id: str) -> Receipt:
+        """Release by id alone, as the holder (see :func:`_core.decide_release_by_id`)."""
 
         def fn(tx: Tx, row: Generation | None, resource: tuple[str, str]) -> Receipt:
             d = _core.decide_release_by_id(
@@ -400,13 +372,9 @@ class LeaseOps(StoreBase):
 
         return self._by_proof(caller, lease_id, fn)
 
-    @receipted("force_release", Receipt)
-    def force_release(
-        self, caller: Caller, lease_id: str, *, idempotency: Idempotency | None = None
-    ) -> Receipt:
-        """Force-release any lease of the org, as ``owner`` or ``admin`` (``idempotency``:
-        the receipt is kept in this ledger, :func:`receipted`)."""
-        check_force_release(caller.role)
+    def _force_release(self, caller: Caller, lease_id: str) -> Receipt:
+        """Force-release any lease of the org, as ``owner`` or ``admin`` (see
+        :func:`_core.decide_force_release`)."""
 
         def fn(tx: Tx, row: Generation | None, resource: tuple[str, str]) -> Receipt:
             d = _core.decide_force_release(
@@ -450,31 +418,23 @@ class LeaseOps(StoreBase):
                 raise NotFoundError(f"lease {lease_id} not found")
             return generation_to_lease(row_to_generation(row))
 
-    def list_leases(
-        self,
-        caller: Caller,
-        *,
-        resource_type: str | None = None,
-        owner: str | None = None,
-        include_ended: bool = False,
-        limit: int = 100,
-    ) -> list[Lease]:
+    def list_leases(self, caller: Caller, query: LeaseQuery) -> list[Lease]:
         """Leases of the org: the caller's own by default; ``owner``/``admin`` roles may list
         anyone's (``owner="*"`` for all). Effective ones only unless ``include_ended``."""
-        who = caller.principal if owner is None else owner
+        who = caller.principal if query.owner is None else query.owner
         check_list_owner(caller.role, caller.principal, who)
         with self._read() as (s, now):
             q = select(GenerationRow).where(col(GenerationRow.org_id) == caller.org)
             if who != "*":
                 q = q.where(col(GenerationRow.owner) == who)
-            if resource_type is not None:
-                q = q.where(col(GenerationRow.resource_type) == resource_type)
-            if not include_ended:
+            if query.resource_type is not None:
+                q = q.where(col(GenerationRow.resource_type) == query.resource_type)
+            if not query.include_ended:
                 q = q.where(
                     col(GenerationRow.status) == "active", col(GenerationRow.expires_at_ms) > now
                 )
             q = q.order_by(col(GenerationRow.acquired_at_ms).desc()).limit(
-                max(1, min(limit, 10_000))
+                max(1, min(query.limit, 10_000))
             )
             return [generation_to_lease(row_to_generation(r)) for r in s.execute(q).scalars()]
 

@@ -53,16 +53,46 @@ CLAIM_TIMEOUT_SECONDS = 60
 IN_FLIGHT = ""
 
 
+def _identity(caller: Caller, operation: str, key: str, scope: str) -> dict[str, Any]:
+    """The columns of ``baton_receipts`` that identify a receipt, with their values."""
+    return {
+        "org_id": caller.org,
+        "principal": caller.principal,
+        "operation": operation,
+        "idem_key": key,
+        "scope_key": scope,
+    }
+
+
 def receipt_identity(caller: Caller, operation: str, key: str, scope: str) -> list[Any]:
     """The ``WHERE`` conditions of the receipt of ``(caller.org, caller.principal,
     operation, key, scope)`` in ``baton_receipts``."""
-    return [
-        col(ReceiptRow.org_id) == caller.org,
-        col(ReceiptRow.principal) == caller.principal,
-        col(ReceiptRow.operation) == operation,
-        col(ReceiptRow.idem_key) == key,
-        col(ReceiptRow.scope_key) == scope,
-    ]
+    identity = _identity(caller, operation, key, scope)
+    return [col(getattr(ReceiptRow, name)) == value for name, value in identity.items()]
+
+
+def receipt_row(
+    caller: Caller,
+    operation: str,
+    key: str,
+    scope: str,
+    digest: str,
+    *,
+    response: str,
+    now_ms: int,
+    expires_at_ms: int,
+) -> ReceiptRow:
+    """A new ``baton_receipts`` row of ``(caller.org, caller.principal, operation, key,
+    scope)`` for the request digested as ``digest``: a claim (``response`` is
+    :data:`IN_FLIGHT`) or a complete receipt (``response``: the stored JSON), created at
+    ``now_ms`` and expiring at ``expires_at_ms`` (epoch milliseconds)."""
+    return ReceiptRow(
+        **_identity(caller, operation, key, scope),
+        request_digest=digest,
+        response=response,
+        created_at_ms=now_ms,
+        expires_at_ms=expires_at_ms,
+    )
 
 
 def _claim(
@@ -91,15 +121,14 @@ def _claim(
                 )
             stored: dict[str, Any] = json.loads(row.response)
             return None, stored
-        claim = ReceiptRow(
-            org_id=caller.org,
-            principal=caller.principal,
-            operation=operation,
-            idem_key=key,
-            scope_key=scope,
-            request_digest=digest,
+        claim = receipt_row(
+            caller,
+            operation,
+            key,
+            scope,
+            digest,
             response=IN_FLIGHT,
-            created_at_ms=tx.now_ms,
+            now_ms=tx.now_ms,
             expires_at_ms=tx.now_ms + CLAIM_TIMEOUT_SECONDS * 1000,
         )
         tx.session.add(claim)

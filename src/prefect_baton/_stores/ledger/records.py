@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -19,15 +20,16 @@ from prefect_baton._rules.digests import (
 from prefect_baton._stores.ledger.base import Tx
 from prefect_baton._stores.ledger.convert import (
     checkpoint_model,
+    copy_fields,
     generation_to_lease,
     handoff_model,
     handoff_payload,
     new_id,
     outcome_model,
     row_to_generation,
+    shared_fields,
 )
 from prefect_baton._stores.ledger.leases import LeaseOps
-from prefect_baton._stores.ledger.receipts import receipted
 from prefect_baton._stores.ledger.tables import (
     CheckpointRow,
     CheckpointVersion,
@@ -42,7 +44,6 @@ from prefect_baton._stores.protocol import (
     CheckpointWrite,
     HandoffOffer,
     HandoffResolution,
-    Idempotency,
     OutcomeWrite,
     TransferRequest,
 )
@@ -75,6 +76,13 @@ def _checkpoint_row(
             col(CheckpointRow.kind) == kind,
         )
     ).scalar_one_or_none()
+
+
+#: Copied from a :class:`HandoffOffer` to its :class:`HandoffRow` (the recipient, subject,
+#: checkpoint, context and message).
+_OFFER_FIELDS = shared_fields(
+    HandoffRow.model_fields, [f.name for f in dataclasses.fields(HandoffOffer)]
+)
 
 
 class RecordOps(LeaseOps):
@@ -244,14 +252,10 @@ class RecordOps(LeaseOps):
                 },
             )
             row_h = HandoffRow(
+                **copy_fields(offer, _OFFER_FIELDS),
                 handoff_id=new_id("hoff"),
                 org_id=caller.org,
                 from_principal=caller.principal,
-                to_principal=offer.to_principal,
-                subject_id=offer.subject_id,
-                checkpoint_id=offer.checkpoint_id,
-                context_id=offer.context_id,
-                message=offer.message,
                 lease_id=offer.lease.lease_id if offer.lease else None,
                 status="pending",
                 created_at_ms=tx.now_ms,
@@ -308,20 +312,11 @@ class RecordOps(LeaseOps):
                     lease = generation_to_lease(row_to_generation(lrow))
             return handoff_model(row, now, lease)
 
-    @receipted("resolve", Handoff)
-    def handoff_resolve(
-        self,
-        caller: Caller,
-        resolution: HandoffResolution,
-        *,
-        idempotency: Idempotency | None = None,
-    ) -> Handoff:
+    def _handoff_resolve(self, caller: Caller, resolution: HandoffResolution) -> Handoff:
         """Resolve a pending handoff addressed to the caller as ``accepted`` or ``rejected``.
 
         Accepting a handoff that carries a lease transfers the lease to the caller under
         ``resolution.execution_key`` (default ``handoff:<id>``) in the same transaction.
-        ``idempotency``: the receipt is kept in this ledger (:func:`receipted`, operation
-        ``resolve``).
         """
         handoff_id, status = resolution.handoff_id, resolution.status
         lease_id: str | None = None

@@ -36,11 +36,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from prefect_baton._rules import core as _core
-from prefect_baton._rules.access import check_force_release, check_list_owner, may_read
+from prefect_baton._rules.access import check_list_owner, may_read
 from prefect_baton._rules.core import Decision, Generation, Proof
 from prefect_baton._rules.digests import acquire_digest
 from prefect_baton._stores.ledger.convert import lease_info
-from prefect_baton._stores.ledger.receipts import receipted, run_once
+from prefect_baton._stores.ledger.receipted_ops import ReceiptedLeaseOps
 from prefect_baton._stores.ledger.store import LedgerStore, generation_to_lease
 from prefect_baton._stores.protocol import (
     MAX_MANY,
@@ -48,7 +48,7 @@ from prefect_baton._stores.protocol import (
     Caller,
     Fence,
     HandoffResolution,
-    Idempotency,
+    LeaseQuery,
     TransferRequest,
 )
 from prefect_baton._stores.redis.base import AuthorityBase
@@ -79,7 +79,7 @@ from prefect_baton.models import (
 __all__ = ["RedisAuthority", "connect"]
 
 
-class RedisAuthority(AuthorityBase):
+class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
     """Leases on Redis, reconciled into the ledger.
 
     Args:
@@ -263,18 +263,10 @@ class RedisAuthority(AuthorityBase):
         raise_for(reply)
         raise AssertionError("unreachable")
 
-    @receipted("renew", Lease)
-    def renew(
-        self,
-        caller: Caller,
-        proof: Proof,
-        *,
-        ttl_ms: int,
-        expected_version: int | None,
-        idempotency: Idempotency | None = None,
+    def _renew(
+        self, caller: Caller, proof: Proof, ttl_ms: int, expected_version: int | None
     ) -> Lease:
-        """Renew by proof (rules: :func:`prefect_baton._rules.core.decide_renew`;
-        ``idempotency``: the receipt is kept in the ledger, :func:`receipted`)."""
+        """Renew by proof (rules: :func:`prefect_baton._rules.core.decide_renew`)."""
         return self._by_proof(
             caller,
             "renew",
@@ -285,19 +277,10 @@ class RedisAuthority(AuthorityBase):
             ),
         )
 
-    @receipted("transfer", Lease)
-    def transfer(
-        self,
-        caller: Caller,
-        proof: Proof,
-        request: TransferRequest,
-        *,
-        idempotency: Idempotency | None = None,
-    ) -> Lease:
+    def _transfer(self, caller: Caller, proof: Proof, request: TransferRequest) -> Lease:
         """Transfer by proof as ``request`` says (rules:
         :func:`prefect_baton._rules.core.decide_transfer`; the new epoch is also above the
-        incarnation's floor; ``idempotency``: the receipt is kept in the ledger,
-        :func:`receipted`)."""
+        incarnation's floor)."""
         return self._by_proof(
             caller,
             "transfer",
@@ -314,29 +297,11 @@ class RedisAuthority(AuthorityBase):
                 "",
                 str(HANDOFF_KEY_TTL_MS),
             ],
-            lambda row, now: _core.decide_transfer(
-                row,
-                proof,
-                to_principal=request.to_principal,
-                new_execution_key=request.new_execution_key,
-                ttl_ms=request.ttl_ms,
-                expected_version=request.expected_version,
-                now_ms=now,
-                new_lease_id="-",
-            ),
+            lambda row, now: request.decide(row, proof, now, "-"),
         )
 
-    @receipted("release", Receipt)
-    def release(
-        self,
-        caller: Caller,
-        proof: Proof,
-        *,
-        expected_version: int | None,
-        idempotency: Idempotency | None = None,
-    ) -> Receipt:
-        """Release by proof (rules: :func:`prefect_baton._rules.core.decide_release`;
-        ``idempotency``: the receipt is kept in the ledger, :func:`receipted`)."""
+    def _release(self, caller: Caller, proof: Proof, expected_version: int | None) -> Receipt:
+        """Release by proof (rules: :func:`prefect_baton._rules.core.decide_release`)."""
         reply = self._run(
             caller.org, "release", [*_proof_args(caller, proof), opt(expected_version)]
         )
@@ -370,32 +335,18 @@ class RedisAuthority(AuthorityBase):
         raise_for(reply)
         raise AssertionError("unreachable")
 
-    @receipted("release_by_id", Receipt)
-    def release_by_id(
-        self, caller: Caller, lease_id: str, *, idempotency: Idempotency | None = None
-    ) -> Receipt:
-        """Release by id, as its owner (rules: :func:`_core.decide_release_by_id`;
-        ``idempotency``: the receipt is kept in the ledger, :func:`receipted`)."""
+    def _release_by_id(self, caller: Caller, lease_id: str) -> Receipt:
+        """Release by id, as its owner (rules: :func:`_core.decide_release_by_id`)."""
         return self._end_by_id(caller, "release_by_id", lease_id)
 
-    def force_release(
-        self, caller: Caller, lease_id: str, *, idempotency: Idempotency | None = None
-    ) -> Receipt:
-        """Revoke any lease of the org, as ``owner``/``admin`` (:func:`_core.decide_force_release`;
-        ``idempotency``: the receipt is kept in the ledger, :func:`run_once`).
+    def _force_release(self, caller: Caller, lease_id: str) -> Receipt:
+        """Revoke any lease of the org, as ``owner``/``admin`` (the caller's role checked
+        first by :meth:`force_release`; :func:`_core.decide_force_release`).
 
         Raises:
-            ForbiddenError: the caller is an ``agent``. NotFoundError: not active/unknown.
+            NotFoundError: not active/unknown.
         """
-        check_force_release(caller.role)
-        return run_once(
-            self.store,
-            caller,
-            "force_release",
-            idempotency,
-            Receipt,
-            lambda: self._end_by_id(caller, "force_release", lease_id),
-        )
+        return self._end_by_id(caller, "force_release", lease_id)
 
     # ------------------------------------------------------------------ reads
 
@@ -431,28 +382,18 @@ class RedisAuthority(AuthorityBase):
             raise NotFoundError(f"lease {lease_id} not found")
         return generation_to_lease(h)
 
-    def list_leases(
-        self,
-        caller: Caller,
-        *,
-        resource_type: str | None = None,
-        owner: str | None = None,
-        include_ended: bool = False,
-        limit: int = 100,
-    ) -> list[Lease]:
+    def list_leases(self, caller: Caller, query: LeaseQuery) -> list[Lease]:
         """Effective leases of the caller (``owner``: a name or ``"*"``, needs owner/admin),
         newest first; with ``include_ended`` the ledger's history (after a drain)."""
-        who = caller.principal if owner is None else owner
+        who = caller.principal if query.owner is None else query.owner
         check_list_owner(caller.role, caller.principal, who)
-        if include_ended:
+        if query.include_ended:
             self.sync_ledger(caller.org)
-            return self.store.list_leases(
-                caller, resource_type=resource_type, owner=owner, include_ended=True, limit=limit
-            )
-        reply = self._run(caller.org, "list", ["" if who == "*" else who, opt(resource_type)])
+            return self.store.list_leases(caller, query)
+        reply = self._run(caller.org, "list", ["" if who == "*" else who, opt(query.resource_type)])
         gens = [from_gen(raw) for raw in reply[2:]]
         gens.sort(key=lambda h: (h.acquired_at_ms, h.lease_id), reverse=True)
-        return [generation_to_lease(h) for h in gens[: max(1, min(limit, 10_000))]]
+        return [generation_to_lease(h) for h in gens[: max(1, min(query.limit, 10_000))]]
 
     # ------------------------------------------------------------------ fences, handoffs
 
@@ -480,22 +421,14 @@ class RedisAuthority(AuthorityBase):
         """
         self.sync_ledger(caller.org)
 
-    @receipted("resolve", Handoff)
-    def handoff_resolve(
-        self,
-        caller: Caller,
-        resolution: HandoffResolution,
-        *,
-        idempotency: Idempotency | None = None,
-    ) -> Handoff:
+    def _handoff_resolve(self, caller: Caller, resolution: HandoffResolution) -> Handoff:
         """Resolve a handoff across Redis (its lease) and the ledger (the handoff), keeping
         every crash point in an allowed end state
-        (:func:`prefect_baton._stores.redis.handoffs.resolve_handoff`; ``idempotency``: the
-        receipt is kept in the ledger, :func:`receipted`, operation ``resolve``).
+        (:func:`prefect_baton._stores.redis.handoffs.resolve_handoff`).
 
         Raises:
             NotFoundError, ForbiddenError, LeaseLostError (see the protocol),
-            IdempotencyMismatchError, IdempotencyInFlightError, UnavailableError.
+            UnavailableError.
         """
         return resolve_handoff(self, caller, resolution)
 

@@ -45,7 +45,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import col
 
-from prefect_baton._rules.events import handoff_payload, lease_events, reports_expiry
+from prefect_baton._rules.events import lease_events, reports_expiry
+from prefect_baton._stores.ledger.convert import handoff_payload
 from prefect_baton._stores.ledger.engine import SQLITE_BUSY_TIMEOUT_MS
 from prefect_baton._stores.ledger.store import LedgerStore, generation_to_lease, resource_key
 from prefect_baton._stores.ledger.tables import (
@@ -402,13 +403,5 @@ class LedgerWriter:
                 accepted_lease_id=lease_id,
             )
         )
-        payload = handoff_payload(
-            row.handoff_id,
-            row.from_principal,
-            row.to_principal,
-            row.checkpoint_id,
-            row.lease_id,
-            accepted_lease_id=lease_id,
-            epoch=epoch,
-        )
+        payload = handoff_payload(row, accepted_lease_id=lease_id, epoch=epoch)
         return [("handoff.accepted", str(row.subject_id), payload)]

@@ -33,6 +33,7 @@ from prefect_baton._stores.protocol import (
     HandoffOffer,
     HandoffResolution,
     Idempotency,
+    LeaseQuery,
     OutcomeWrite,
     TransferRequest,
 )
@@ -92,6 +93,19 @@ class Identity(BaseModel):
     scopes: tuple[str, ...] = ()
     key_id: str | None = None
     state_max_bytes: int = 1024 * 1024
+
+
+def _acquire_body(request: AcquireRequest) -> dict[str, Any]:
+    """The JSON body of one acquire (``POST /v1/leases``; an item of
+    ``POST /v1/leases/batch``): the TTL in whole seconds, the scopes as a list."""
+    return {
+        "resource_type": request.resource_type,
+        "resource_id": request.resource_id,
+        "ttl_seconds": request.ttl_ms // 1000,
+        "purpose": request.purpose,
+        "scopes": list(request.scopes),
+        "expected_version": request.expected_version,
+    }
 
 
 class RestStore(_Transport):
@@ -185,16 +199,8 @@ class RestStore(_Transport):
         self, caller: Caller, request: AcquireRequest, *, idempotency_key: str | None
     ) -> Lease:
         """``POST /v1/leases``."""
-        body = {
-            "resource_type": request.resource_type,
-            "resource_id": request.resource_id,
-            "ttl_seconds": request.ttl_ms // 1000,
-            "purpose": request.purpose,
-            "scopes": list(request.scopes),
-            "expected_version": request.expected_version,
-        }
         data, replayed = self._call(
-            "POST", "/v1/leases", json=body, idempotency_key=idempotency_key
+            "POST", "/v1/leases", json=_acquire_body(request), idempotency_key=idempotency_key
         )
         return self._lease(data, replayed)
 
@@ -202,17 +208,7 @@ class RestStore(_Transport):
         self, caller: Caller, requests: Sequence[AcquireRequest], *, idempotency_key: str | None
     ) -> list[Lease]:
         """``POST /v1/leases/batch``: every request or none."""
-        items = [
-            {
-                "resource_type": r.resource_type,
-                "resource_id": r.resource_id,
-                "ttl_seconds": r.ttl_ms // 1000,
-                "purpose": r.purpose,
-                "scopes": list(r.scopes),
-                "expected_version": r.expected_version,
-            }
-            for r in requests
-        ]
+        items = [_acquire_body(r) for r in requests]
         body = {
             "resources": items,
             "ttl_seconds": items[0]["ttl_seconds"] if items else TTL_MIN_SECONDS,
@@ -305,21 +301,13 @@ class RestStore(_Transport):
         data, _ = self._call("GET", f"/v1/leases/{_seg(lease_id)}")
         return self._lease(data)
 
-    def list_leases(
-        self,
-        caller: Caller,
-        *,
-        resource_type: str | None = None,
-        owner: str | None = None,
-        include_ended: bool = False,
-        limit: int = 100,
-    ) -> list[Lease]:
+    def list_leases(self, caller: Caller, query: LeaseQuery) -> list[Lease]:
         """``GET /v1/leases``."""
         params = _params(
-            resource_type=resource_type,
-            owner=owner,
-            include_ended="true" if include_ended else None,
-            limit=limit,
+            resource_type=query.resource_type,
+            owner=query.owner,
+            include_ended="true" if query.include_ended else None,
+            limit=query.limit,
         )
         data, _ = self._call("GET", "/v1/leases", params=params)
         return self._list(Lease, data, "leases")

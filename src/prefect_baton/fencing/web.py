@@ -1,7 +1,8 @@
 """The fencing guard for FastAPI services: check the ``Baton-Fencing-Token`` header of a
 request in the transaction of its write.
 
-Needs FastAPI (the ``rest`` extra). A guarded route::
+Needs FastAPI 0.121.1 or later (the ``rest`` extra; ``Depends(scope="function")`` commits
+before the response is sent). A guarded route::
 
     from typing import Annotated
     from fastapi import FastAPI

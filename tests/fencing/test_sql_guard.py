@@ -274,3 +274,44 @@ def test_bad_arguments_are_validation_errors(tmp_path: Path) -> None:
         with pytest.raises(ValidationError, match="from 0 to"):
             guard(conn, FencingToken("deploy", "svc", -3))
         assert highest_token(conn, "deploy", "svc") is None
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_ensure_fence_table_from_many_threads_at_once(kind: str, tmp_path: Path) -> None:
+    """Several workers starting at once all create the table without an error (PostgreSQL:
+    in a schema of the test's own, so the shared table is not touched)."""
+    from sqlalchemy import text
+
+    from tests.fencing.conftest import engine_for
+
+    engine = engine_for(kind, tmp_path)
+    schema = f"fence_race_{os.getpid()}_{random.randrange(10**9)}"
+    if kind == "postgresql":
+        with engine.begin() as conn:
+            conn.execute(text(f"CREATE SCHEMA {schema}"))
+        engine.dispose()
+        engine = create_engine(engine.url, connect_args={"options": f"-csearch_path={schema}"})
+    try:
+        errors: list[BaseException] = []
+        start = threading.Barrier(6)
+
+        def create() -> None:
+            start.wait()
+            try:
+                ensure_fence_table(engine)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=create) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        with engine.begin() as conn:
+            assert guard(conn, FencingToken("deploy", "svc", 1)) == 1
+    finally:
+        if kind == "postgresql":
+            with engine.begin() as conn:
+                conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+        engine.dispose()

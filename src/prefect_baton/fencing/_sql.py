@@ -54,18 +54,19 @@ def ensure_fence_table(target: Engine | Connection | MetaData) -> Table:
     """Create the ``baton_fences`` table, or add it to your metadata.
 
     Args:
-        target: an :class:`~sqlalchemy.engine.Engine` or
-            :class:`~sqlalchemy.engine.Connection` of your database: the table is created
-            there unless it exists (safe to call on every start, from several processes at
-            once; a ``Connection`` is left for you to commit). Or your
-            :class:`~sqlalchemy.MetaData` (e.g. ``Base.metadata``): the table is added to it,
-            so ``create_all`` and Alembic autogenerate include it.
+        target: an :class:`~sqlalchemy.engine.Engine` of your database: the table is
+            created unless it exists (safe to call on every start, from several processes
+            at once). A :class:`~sqlalchemy.engine.Connection`: the same, in its
+            transaction, left for you to commit. Or your :class:`~sqlalchemy.MetaData`
+            (e.g. ``Base.metadata``): the table is added to it, so ``create_all`` and
+            Alembic autogenerate include it.
 
     Returns:
         The :class:`~sqlalchemy.Table` (:data:`fence_table`, or its copy in ``target``).
 
     Raises:
         ValidationError: ``target`` is none of these.
+        sqlalchemy.exc.DBAPIError: the database refused the ``CREATE TABLE``.
     """
     if isinstance(target, MetaData):
         existing = target.tables.get(FENCE_TABLE_NAME)
@@ -75,12 +76,13 @@ def ensure_fence_table(target: Engine | Connection | MetaData) -> Table:
             f"ensure_fence_table takes an Engine, a Connection or a MetaData, got "
             f"{type(target).__name__}"
         )
+    if isinstance(target, Connection):
+        fence_metadata.create_all(target, checkfirst=True)
+        return fence_table
     try:
         fence_metadata.create_all(target, checkfirst=True)
     except DBAPIError:
         # another process created it between the check and the CREATE
-        if isinstance(target, Connection):
-            target.rollback()
         if not inspect(target).has_table(FENCE_TABLE_NAME):
             raise
     return fence_table

@@ -115,12 +115,12 @@ def fenced_connection(
     """A FastAPI dependency giving a :class:`~sqlalchemy.engine.Connection` in a transaction
     that has passed :func:`~prefect_baton.fencing.guard` for the request's fencing token.
 
-    Write through it in the route; the transaction commits when the route returns (before
-    the response is sent, so a failed commit is an error response) and rolls back when it
-    raises. A request whose token is lower than one that has written the resource is refused
-    with ``409 STALE_FENCE`` before the route runs; one without a valid token with
-    ``400 VALIDATION_ERROR`` (see :func:`~prefect_baton.fencing.token_from_headers` for the
-    headers).
+    Write through it in the route (a ``def`` route: the connection is synchronous). The
+    transaction commits when the route returns (before the response is sent, so a failed
+    commit is an error response) and rolls back when it raises. A request whose token is
+    lower than one that has written the resource is refused with ``409 STALE_FENCE`` before
+    the route runs; one without a valid token with ``400 VALIDATION_ERROR`` (see
+    :func:`~prefect_baton.fencing.token_from_headers` for the headers).
 
     Args:
         engine: your database (SQLite 3.35+ or PostgreSQL) with the fence table

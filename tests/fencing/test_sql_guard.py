@@ -315,3 +315,19 @@ def test_ensure_fence_table_from_many_threads_at_once(kind: str, tmp_path: Path)
             with engine.begin() as conn:
                 conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
         engine.dispose()
+
+
+def test_sqlite_without_upsert_returning_is_refused_clearly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a SQLite older than 3.35 the guard says so, before writing anything."""
+    import sqlite3
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'user.db'}")
+    ensure_fence_table(engine)
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 34, 1))
+    monkeypatch.setattr(sqlite3, "sqlite_version", "3.34.1")
+    with engine.begin() as conn:
+        with pytest.raises(ValidationError, match=r"SQLite 3\.35 or later, this Python has 3\.34"):
+            guard(conn, FencingToken("deploy", "svc", 1))
+        assert highest_token(conn, "deploy", "svc") is None

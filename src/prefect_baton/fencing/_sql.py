@@ -4,6 +4,7 @@ checked inside the user's own transaction."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 
 from sqlalchemy import BigInteger, Column, ColumnElement, MetaData, String, Table, inspect
 from sqlalchemy.dialects import postgresql, sqlite
@@ -45,7 +46,10 @@ fence_table = Table(
     Column("token", BigInteger, nullable=False),
 )
 
-_INSERTS = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
+_INSERTS: dict[str, Callable[[Table], postgresql.Insert | sqlite.Insert]] = {
+    "postgresql": postgresql.insert,
+    "sqlite": sqlite.insert,
+}
 #: ``INSERT ... ON CONFLICT DO UPDATE ... RETURNING`` needs SQLite 3.35 (2021-03).
 _SQLITE_MIN = (3, 35, 0)
 
@@ -157,7 +161,7 @@ def guard(
     return new
 
 
-def _insert(conn: Connection) -> type[postgresql.Insert] | type[sqlite.Insert]:
+def _insert(conn: Connection) -> Callable[[Table], postgresql.Insert | sqlite.Insert]:
     name = conn.dialect.name
     if name == "sqlite" and sqlite3.sqlite_version_info < _SQLITE_MIN:
         raise ValidationError(
@@ -166,7 +170,7 @@ def _insert(conn: Connection) -> type[postgresql.Insert] | type[sqlite.Insert]:
         )
     if name not in _INSERTS:
         raise ValidationError(f"the fencing guard supports SQLite and PostgreSQL, not {name}")
-    return _INSERTS[name]  # type: ignore[return-value]
+    return _INSERTS[name]
 
 
 def _lock_row(conn: Connection, namespace: str, token: FencingToken) -> int:

@@ -152,7 +152,8 @@ class LeaseLostError(BatonError):
 
 class StaleFenceError(BatonError):
     """A write carried a lease as fencing token, and that lease generation is no longer the
-    current effective one for its resource."""
+    current effective one for its resource; or a guard of :mod:`prefect_baton.fencing` where
+    the write lands has already accepted a higher fencing token for the resource."""
 
     code = "STALE_FENCE"
 

@@ -7,6 +7,8 @@ check as soon as a mistake is no longer caught.
 
 from __future__ import annotations
 
+from sqlalchemy import Engine
+
 from prefect_baton import AsyncBaton, Baton, Lease
 
 
@@ -35,3 +37,13 @@ async def async_mistakes(ab: AsyncBaton, lease: Lease) -> None:
     del wrong
     not_awaited: Lease = ab.leases.acquire("deploy", "svc", ttl_seconds=60)  # type: ignore[assignment]
     del not_awaited
+
+
+def fencing_mistakes(engine: Engine, lease: Lease) -> None:
+    from prefect_baton.fencing import guard, headers
+
+    with engine.begin() as conn:
+        guard(conn, lease.lease_id)  # type: ignore[arg-type]
+        guard(conn, lease.epoch)  # type: ignore[arg-type]
+        guard(engine, lease)  # type: ignore[arg-type]
+    headers(lease.fencing_token)  # type: ignore[arg-type]

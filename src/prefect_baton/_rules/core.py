@@ -67,6 +67,7 @@ __all__ = [  # the decision core, plus the validation it re-exports for its call
     "canonical_json",
     "check_checkpoint_version",
     "check_fence",
+    "check_fencing_token",
     "conflict",
     "decide_acquire",
     "decide_force_release",
@@ -454,6 +455,38 @@ def check_fence(
             f"{row.resource_type}/{row.resource_id}"
         )
     return row
+
+
+def check_fencing_token(highest: int | None, token: int, *, resource: str) -> int:
+    """The rule of a guard where a write lands, outside the lease authority (the user's own
+    table, HTTP service or object store): a write may land under fencing token ``token``
+    (a lease's epoch) unless a higher token has already written there.
+
+    Equal passes: one holder writes many times under one epoch. Lower fails: a newer holder
+    of the resource has written, so the writer's lease has ended even if the writer has not
+    noticed (a paused process, a delayed request). Epochs rise per resource for all time
+    (DESIGN.md "Leases"), so the highest token seen is the newest holder's.
+
+    Args:
+        highest: the highest token that has written to the resource (``int``), ``None`` if
+            none has.
+        token: the writer's token (``int``, validated by the caller).
+        resource: the resource as named in the error message (``str``).
+
+    Returns:
+        The highest token once this write lands: ``max(highest, token)``.
+
+    Raises:
+        StaleFenceError: ``token`` is lower than ``highest``.
+    """
+    if highest is None:
+        return token
+    if token < highest:
+        raise StaleFenceError(
+            f"fencing token {token} of {resource} is stale: token {highest} has written there "
+            "since (a newer holder took the lease)"
+        )
+    return max(highest, token)
 
 
 def _lost_reason(row: Generation, now_ms: int) -> str:

@@ -6,10 +6,11 @@ database's ``now()`` or Redis ``TIME``), never from the caller's.
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 __all__ = [
     "Checkpoint",
@@ -72,6 +73,10 @@ class Lease(_Model):
         ttl_seconds: the TTL of the last grant or renewal (``int``, seconds).
         released_at: when the generation ended, if it has.
         replayed: ``True`` when this came back from a stored idempotency receipt.
+
+    A ``Lease`` remembers the process it was made in: one inherited across ``fork()`` cannot
+    renew, transfer or release in the child (``VALIDATION_ERROR``). A copy made from its data
+    (unpickled, ``model_validate``) belongs to the process that made it.
     """
 
     lease_id: str
@@ -89,6 +94,16 @@ class Lease(_Model):
     ttl_seconds: int
     released_at: datetime | None = None
     replayed: bool = False
+    _pid: int = PrivateAttr(default_factory=os.getpid)
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        super().__setstate__(state)
+        object.__setattr__(self, "__pydantic_private__", {"_pid": os.getpid()})
+
+    @property
+    def made_in_this_process(self) -> bool:
+        """``False`` for a lease inherited across ``fork()`` (made in the parent)."""
+        return self._pid == os.getpid()
 
     @property
     def fencing_token(self) -> int:

@@ -48,6 +48,24 @@ def to_ms(dt: datetime) -> int:
     return round(dt.timestamp() * 1000)
 
 
+_PID = os.getpid()
+"""This process's id, kept current in a ``fork()``-ed child."""
+
+
+def _forked() -> None:
+    global _PID
+    _PID = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def private_state(cls: type[BaseModel]) -> dict[str, Any] | None:
+    """The private attributes of a model of ``cls`` made in this process, for code that
+    builds models without ``__init__`` (``None`` for a model without any)."""
+    return {"_pid": _PID} if cls is Lease else None
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -94,16 +112,16 @@ class Lease(_Model):
     ttl_seconds: int
     released_at: datetime | None = None
     replayed: bool = False
-    _pid: int = PrivateAttr(default_factory=os.getpid)
+    _pid: int = PrivateAttr(default_factory=lambda: _PID)
 
     def __setstate__(self, state: dict[Any, Any]) -> None:
         super().__setstate__(state)
-        object.__setattr__(self, "__pydantic_private__", {"_pid": os.getpid()})
+        object.__setattr__(self, "__pydantic_private__", {"_pid": _PID})
 
     @property
     def made_in_this_process(self) -> bool:
         """``False`` for a lease inherited across ``fork()`` (made in the parent)."""
-        return self._pid == os.getpid()
+        return self._pid == _PID
 
     @property
     def fencing_token(self) -> int:

@@ -99,7 +99,8 @@ def test_deadline_fires_while_a_renewal_is_blocked() -> None:
     assert lost_at, "on_lost did not fire"
     assert not api.unblock.is_set()  # the renewal was still blocked
     assert keeper.lost
-    assert keeper.lost_reason is not None and "renew deadline" in keeper.lost_reason
+    assert keeper.lost_reason is not None
+    assert "renew deadline" in keeper.lost_reason
     with pytest.raises(LeaseLostError):
         keeper.stop()
     api.unblock.set()

@@ -77,33 +77,25 @@ class _LeaseView(Generic[T]):
         return value
 
 
-def _heartbeat(ref: weakref.ref[LeaseKeeper], stop: threading.Event, wait: float) -> None:
-    """The heartbeat thread: renews through ``ref`` until stopped, lost or dropped (the
-    keeper is only held strongly while one renewal runs)."""
+def _weakly(
+    ref: weakref.ref[LeaseKeeper],
+    stop: threading.Event,
+    wait: float,
+    step: Callable[[LeaseKeeper], float | None],
+) -> None:
+    """A keeper's thread (the heartbeat, ``step`` = ``_renew_once``, or the renew-deadline
+    timer, ``step`` = ``_check_deadline``): wait, run ``step``, and again after the seconds
+    it returns, until stopped, until ``step`` returns ``None``, or until the keeper is
+    dropped (it is held strongly only while ``step`` runs)."""
     while not stop.wait(wait):
         keeper = ref()
         if keeper is None:
             return
-        next_wait = keeper._renew_once()
+        next_wait = step(keeper)
         del keeper
         if next_wait is None:
             return
         wait = next_wait
-
-
-def _watchdog(ref: weakref.ref[LeaseKeeper], stop: threading.Event) -> None:
-    """The renew-deadline timer: marks the lease lost once its deadline passes without a
-    confirmed renewal, independently of a heartbeat blocked in a network call."""
-    wait = 0.0
-    while not stop.wait(wait):
-        keeper = ref()
-        if keeper is None:
-            return
-        remaining = keeper._check_deadline()
-        del keeper
-        if remaining is None:
-            return
-        wait = remaining
 
 
 class LeaseKeeper:
@@ -249,13 +241,16 @@ class LeaseKeeper:
         weakref.finalize(self, self._stop.set)
         name = self._lease.lease_id
         self._thread = threading.Thread(
-            target=_heartbeat,
-            args=(ref, self._stop, times.renew_every),
+            target=_weakly,
+            args=(ref, self._stop, times.renew_every, LeaseKeeper._renew_once),
             name=f"baton-heartbeat-{name}",
             daemon=True,
         )
         self._watch = threading.Thread(
-            target=_watchdog, args=(ref, self._stop), name=f"baton-deadline-{name}", daemon=True
+            target=_weakly,
+            args=(ref, self._stop, 0.0, LeaseKeeper._check_deadline),
+            name=f"baton-deadline-{name}",
+            daemon=True,
         )
         self._thread.start()
         self._watch.start()

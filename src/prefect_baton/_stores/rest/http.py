@@ -167,12 +167,7 @@ class _Transport:
             headers[b"Idempotency-Key"] = idempotency_key.encode("utf-8")
         try:
             resp = self._http.request(
-                method,
-                path,
-                json=json,
-                params=params,
-                headers=headers,
-                timeout=httpx.Timeout(limit),
+                method, path, json=json, params=params, headers=headers, timeout=limit
             )
         except httpx.TimeoutException:
             raise UnavailableError(

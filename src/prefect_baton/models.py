@@ -6,10 +6,11 @@ database's ``now()`` or Redis ``TIME``), never from the caller's.
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 __all__ = [
     "Checkpoint",
@@ -47,6 +48,24 @@ def to_ms(dt: datetime) -> int:
     return round(dt.timestamp() * 1000)
 
 
+_PID = os.getpid()
+"""This process's id, kept current in a ``fork()``-ed child."""
+
+
+def _forked() -> None:
+    global _PID
+    _PID = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def private_state(cls: type[BaseModel]) -> dict[str, Any] | None:
+    """The private attributes of a model of ``cls`` made in this process, for code that
+    builds models without ``__init__`` (``None`` for a model without any)."""
+    return {"_pid": _PID} if cls is Lease else None
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -72,6 +91,10 @@ class Lease(_Model):
         ttl_seconds: the TTL of the last grant or renewal (``int``, seconds).
         released_at: when the generation ended, if it has.
         replayed: ``True`` when this came back from a stored idempotency receipt.
+
+    A ``Lease`` remembers the process it was made in: one inherited across ``fork()`` cannot
+    renew, transfer or release in the child (``VALIDATION_ERROR``). A copy made from its data
+    (unpickled, ``model_validate``) belongs to the process that made it.
     """
 
     lease_id: str
@@ -89,6 +112,16 @@ class Lease(_Model):
     ttl_seconds: int
     released_at: datetime | None = None
     replayed: bool = False
+    _pid: int = PrivateAttr(default_factory=lambda: _PID)
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        super().__setstate__(state)
+        object.__setattr__(self, "__pydantic_private__", {"_pid": _PID})
+
+    @property
+    def made_in_this_process(self) -> bool:
+        """``False`` for a lease inherited across ``fork()`` (made in the parent)."""
+        return self._pid == _PID
 
     @property
     def fencing_token(self) -> int:

@@ -93,9 +93,15 @@ class _API:
         """The proof of holding ``lease`` (a :class:`Lease` or lease block) as this caller.
 
         Raises:
-            ValidationError: ``lease`` is not a lease.
+            ValidationError: ``lease`` is not a lease, or one inherited across ``fork()``
+                (only the process that acquired it may renew, transfer or release it).
         """
         lease_ = _lease_of(lease)
+        if not lease_.made_in_this_process:
+            raise ValidationError(
+                f"lease {lease_.lease_id} was inherited across fork(): only the process that "
+                "acquired it may renew, transfer or release it"
+            )
         return Proof(lease_.lease_id, self._caller.principal, lease_.execution_key)
 
     @property

@@ -1,13 +1,19 @@
 """``with b.lease(...)``: acquire, keep renewing on a thread of its own, release on exit.
 
 The heartbeat runs on a dedicated daemon thread for sync and async bodies alike, so a busy
-event loop cannot starve it. It renews every third of the TTL, without a cap on the number of
-renewals; a transient error (``UNAVAILABLE``, a dropped connection) is retried with backoff
-only while the lease is still valid by a conservative local estimate (the time the last
-successful renewal was *sent* plus the TTL). A renewal answered ``LEASE_LOST``, or a TTL that
-runs out without a successful renewal, marks the lease lost: :attr:`LeaseKeeper.lost` turns
-true, the ``on_lost`` callback runs, and leaving the block raises :class:`LeaseLostError`.
-A keeper inherited by a ``fork()``-ed child neither renews nor releases there.
+event loop cannot starve it. It renews every third of the TTL (by default), for as long as the
+block runs or up to ``max_hold_seconds``; a transient error (``UNAVAILABLE``, a dropped
+connection) is retried with backoff until the **renew deadline**: by default two thirds of the
+TTL after the last confirmed renewal was *sent* (:mod:`prefect_baton._rules.keeping`). A
+renewal answered ``LEASE_LOST``, or a renew deadline that passes without a confirmed renewal,
+marks the lease lost: :attr:`LeaseKeeper.lost` turns true, the ``on_lost`` callback runs (and
+with it ``cancel_on_loss``), and leaving the block raises :class:`LeaseLostError`. The
+deadline is watched by a timer thread of its own, so it fires even while a renewal is blocked
+in a network call, a third of the TTL before anyone else can be granted the resource.
+
+Both threads hold the keeper by a weak reference: a keeper dropped without being stopped
+stops renewing. A keeper (or :class:`Lease`) inherited by a ``fork()``-ed child neither
+renews nor releases there.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from datetime import datetime
 from types import TracebackType
@@ -23,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, overload
 
 import anyio.to_thread
 
+from prefect_baton._rules.keeping import KeepTimes, keep_times
 from prefect_baton.errors import (
     BatonError,
     LeaseLostError,
@@ -30,7 +38,7 @@ from prefect_baton.errors import (
     StaleFenceError,
     UnavailableError,
 )
-from prefect_baton.models import Lease
+from prefect_baton.models import Lease, LeaseStatus
 
 if TYPE_CHECKING:
     from prefect_baton._client.leases import LeaseAPI
@@ -69,17 +77,46 @@ class _LeaseView(Generic[T]):
         return value
 
 
+def _weakly(
+    ref: weakref.ref[LeaseKeeper],
+    stop: threading.Event,
+    wait: float,
+    step: Callable[[LeaseKeeper], float | None],
+) -> None:
+    """A keeper's thread (the heartbeat, ``step`` = ``_renew_once``, or the renew-deadline
+    timer, ``step`` = ``_check_deadline``): wait, run ``step``, and again after the seconds
+    it returns, until stopped, until ``step`` returns ``None``, or until the keeper is
+    dropped (it is held strongly only while ``step`` runs)."""
+    while not stop.wait(wait):
+        keeper = ref()
+        if keeper is None:
+            return
+        next_wait = step(keeper)
+        del keeper
+        if next_wait is None:
+            return
+        wait = next_wait
+
+
 class LeaseKeeper:
     """A lease held for the duration of a ``with`` / ``async with`` block.
 
     Create it with :meth:`prefect_baton.Baton.lease`. Inside the block it behaves like the
     current :class:`Lease` and can be passed as ``fence=`` to checkpoint and outcome writes:
-    its ``lease_id``, ``resource_type``, ``resource_id``, ``owner``, ``execution_key``,
-    ``version``, ``epoch`` (the fencing token) and ``expires_at`` are those of the current
-    lease (:attr:`lease`).
+    every field of :class:`Lease` (``lease_id``, ``resource_type``, ``resource_id``,
+    ``owner``, ``execution_key``, ``version``, ``epoch`` (the fencing token),
+    ``acquired_at``, ``expires_at``, ...) reads as that of the current lease (:attr:`lease`).
+
+    Args:
+        renew_every_seconds: seconds between renewals (``None``: a third of the TTL).
+        renew_deadline_seconds: the renew deadline, seconds after the last confirmed grant or
+            renewal was sent (``None``: two thirds of the TTL; must be below the TTL).
+        max_hold_seconds: stop renewing this many seconds after the grant (``None``: no
+            cap); the lease is then lost at its renew deadline.
+        (the others as :meth:`prefect_baton.Baton.lease`)
 
     Attributes:
-        lost: ``True`` once the lease is known to be lost (``bool``).
+        lost: ``True`` once the lease is known or presumed lost (``bool``).
         renewals: how many renewals succeeded (``int``).
     """
 
@@ -95,6 +132,8 @@ class LeaseKeeper:
         expected_version: int | None = None,
         idempotency_key: str | None = None,
         renew_every_seconds: float | None = None,
+        renew_deadline_seconds: float | None = None,
+        max_hold_seconds: float | None = None,
         on_lost: Callable[[LeaseKeeper], Any] | None = None,
         release_on_exit: bool = True,
     ) -> None:
@@ -108,16 +147,24 @@ class LeaseKeeper:
             "expected_version": expected_version,
             "idempotency_key": idempotency_key,
         }
-        self._ttl = float(ttl_seconds)
-        self._interval = renew_every_seconds if renew_every_seconds else self._ttl / 3.0
+        self._timing: dict[str, Any] = {
+            "renew_every_seconds": renew_every_seconds,
+            "renew_deadline_seconds": renew_deadline_seconds,
+            "max_hold_seconds": max_hold_seconds,
+        }
+        self._times: KeepTimes | None = None
         self._on_lost = on_lost
         self.release_on_exit = release_on_exit
         self._lease: Lease | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._watch: threading.Thread | None = None
         self._pid = os.getpid()
-        self._valid_until = 0.0  # time.monotonic() deadline of the last confirmed grant
+        self._started_at = 0.0  # time.monotonic() when the acquire was sent
+        self._deadline = 0.0  # time.monotonic() renew deadline of the last confirmed grant
+        self._capped = False  # renewals stopped at max_hold_seconds
+        self._backoff = 0.1  # seconds before retrying a failed renewal (doubles to 2 s)
         self._lost = False
         self._running = False
         self.lost_reason: str | None = None
@@ -130,12 +177,12 @@ class LeaseKeeper:
     @property
     def lost(self) -> bool:
         """``True`` once the lease is known or presumed lost: a renewal was answered
-        ``LEASE_LOST``, or the TTL has run out (by the local estimate) without a successful
-        renewal, even while a renewal call is still blocked on the network."""
+        ``LEASE_LOST``, or the renew deadline passed without a confirmed renewal, even while
+        a renewal call is still blocked on the network."""
         if self._lost:
             return True
-        if self._running and time.monotonic() >= self._valid_until:
-            self._mark_lost("the TTL passed without a successful renewal")
+        if self._running and time.monotonic() >= self._deadline:
+            self._mark_lost(self._deadline_reason())
             return True
         return False
 
@@ -146,6 +193,11 @@ class LeaseKeeper:
             raise RuntimeError("the lease is not acquired yet: enter the block first")
         return self._lease
 
+    @property
+    def fencing_token(self) -> int:
+        """The epoch of the current lease, as a fencing token (``int``)."""
+        return self.lease.epoch
+
     lease_id = _LeaseView[str]()
     resource_type = _LeaseView[str]()
     resource_id = _LeaseView[str]()
@@ -153,7 +205,14 @@ class LeaseKeeper:
     execution_key = _LeaseView[str | None]()
     version = _LeaseView[int]()
     epoch = _LeaseView[int]()
+    scopes = _LeaseView[tuple[str, ...]]()
+    status = _LeaseView[LeaseStatus]()
+    purpose = _LeaseView[str | None]()
+    acquired_at = _LeaseView[datetime]()
     expires_at = _LeaseView[datetime]()
+    ttl_seconds = _LeaseView[int]()
+    released_at = _LeaseView[datetime | None]()
+    replayed = _LeaseView[bool]()
 
     def attach_handoff(self, accepted: Callable[[], bool]) -> None:
         """Note that this lease rides on a handoff; ``accepted()`` tells whether the recipient
@@ -164,16 +223,46 @@ class LeaseKeeper:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> LeaseKeeper:
-        """Acquire the lease and start the heartbeat thread (what ``__enter__`` does)."""
+        """Acquire the lease and start the heartbeat and renew-deadline threads (what
+        ``__enter__`` does).
+
+        Raises:
+            ValidationError: a bad TTL or timing option (nothing is acquired).
+            What :meth:`LeaseAPI.acquire` raises.
+        """
+        times = keep_times(self._args["ttl_seconds"], **self._timing)
+        self._times = times
         sent = time.monotonic()
         self._lease = self._api.acquire(**self._args)
-        self._valid_until = sent + self._ttl
+        self._started_at = sent
+        self._deadline = times.deadline(sent)
         self._running = True
+        ref = weakref.ref(self)
+        weakref.finalize(self, self._stop.set)
+        name = self._lease.lease_id
         self._thread = threading.Thread(
-            target=self._heartbeat, name=f"baton-heartbeat-{self._lease.lease_id}", daemon=True
+            target=_weakly,
+            args=(ref, self._stop, times.renew_every, LeaseKeeper._renew_once),
+            name=f"baton-heartbeat-{name}",
+            daemon=True,
+        )
+        self._watch = threading.Thread(
+            target=_weakly,
+            args=(ref, self._stop, 0.0, LeaseKeeper._check_deadline),
+            name=f"baton-deadline-{name}",
+            daemon=True,
         )
         self._thread.start()
+        self._watch.start()
         return self
+
+    def _deadline_reason(self) -> str:
+        if self._capped and self._times is not None:
+            return (
+                f"max_hold_seconds ({self._times.max_hold:g} s) reached: renewals stopped and "
+                "the renew deadline passed"
+            )
+        return "the renew deadline passed without a confirmed renewal"
 
     def _mark_lost(self, reason: str) -> None:
         with self._lock:
@@ -190,34 +279,49 @@ class LeaseKeeper:
             except Exception:
                 log.exception("on_lost callback failed")
 
-    def _heartbeat(self) -> None:
-        backoff = 0.2
-        wait = self._interval
-        while not self._stop.wait(wait):
-            if os.getpid() != self._pid:
-                return
-            if time.monotonic() >= self._valid_until:
-                self._mark_lost("the TTL passed without a successful renewal")
-                return
-            sent = time.monotonic()
-            try:
-                lease = self._api.renew(self.lease, ttl_seconds=int(self._ttl))
-            except _LOST_ERRORS as exc:
-                if self._handoff_accepted is not None and self._handoff_accepted():
-                    return  # the lease moved on through an accepted handoff: not a loss
-                self._mark_lost(f"{exc.code}: {exc.message}")
-                return
-            except (UnavailableError, OSError, Exception) as exc:  # transient: retry
-                log.info("renewal of %s failed, retrying: %s", self.lease.lease_id, exc)
-                wait = min(backoff, max(0.05, self._valid_until - time.monotonic()))
-                backoff = min(backoff * 2, 2.0)
-                continue
-            with self._lock:
-                self._lease = lease
-                self._valid_until = sent + self._ttl
-                self.renewals += 1
-            backoff = 0.2
-            wait = self._interval
+    def _check_deadline(self) -> float | None:
+        """The watchdog's step: seconds until the renew deadline, or ``None`` once the lease
+        is lost (marking it lost if the deadline has passed) or the block was forked away."""
+        if os.getpid() != self._pid or self._lost:
+            return None
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            self._mark_lost(self._deadline_reason())
+            return None
+        return remaining
+
+    def _renew_once(self) -> float | None:
+        """The heartbeat's step: one renewal attempt; the seconds to wait before the next,
+        or ``None`` to stop renewing (lost, forked, or ``max_hold_seconds`` reached)."""
+        times = self._times
+        assert times is not None
+        if os.getpid() != self._pid or self._lost:
+            return None
+        now = time.monotonic()
+        if now >= self._deadline:
+            self._mark_lost(self._deadline_reason())
+            return None
+        if not times.may_renew(self._started_at, now):
+            self._capped = True
+            log.info("lease %s: max_hold_seconds reached, renewals stop", self.lease.lease_id)
+            return None
+        try:
+            lease = self._api.renew(self.lease, ttl_seconds=int(times.ttl))
+        except _LOST_ERRORS as exc:
+            if self._handoff_accepted is not None and self._handoff_accepted():
+                return None  # the lease moved on through an accepted handoff: not a loss
+            self._mark_lost(f"{exc.code}: {exc.message}")
+            return None
+        except (UnavailableError, OSError, Exception) as exc:  # transient: retry
+            log.info("renewal of %s failed, retrying: %s", self.lease.lease_id, exc)
+            self._backoff = min(self._backoff * 2, 2.0)
+            return min(self._backoff, max(0.05, self._deadline - time.monotonic()))
+        with self._lock:
+            self._lease = lease
+            self._deadline = times.deadline(now)
+            self.renewals += 1
+        self._backoff = 0.1
+        return times.renew_every
 
     def stop(self, exc: BaseException | None = None) -> None:
         """Stop the heartbeat and release (what ``__exit__`` does).
@@ -229,16 +333,16 @@ class LeaseKeeper:
         self._stop.set()
         if os.getpid() != self._pid:
             return  # a forked child neither renews nor releases the parent's lease
-        _ = self.lost  # judge the local TTL estimate before the heartbeat stops
+        _ = self.lost  # judge the renew deadline before the heartbeat stops
         self._running = False
         stuck = False
         if self._thread is not None and self._thread is not threading.current_thread():
             # A renewal blocked on an unresponsive server must not hold the block's exit
-            # forever: wait at most until the lease would have run out (plus a margin).
-            self._thread.join(timeout=max(1.0, self._valid_until - time.monotonic()) + 1.0)
+            # forever: wait at most until the renew deadline (plus a margin).
+            self._thread.join(timeout=max(1.0, self._deadline - time.monotonic()) + 1.0)
             stuck = self._thread.is_alive()
-            if stuck and time.monotonic() >= self._valid_until:
-                self._mark_lost("the TTL passed while a renewal was still blocked")
+            if stuck and time.monotonic() >= self._deadline:
+                self._mark_lost("the renew deadline passed while a renewal was still blocked")
         if self._lease is None:
             return
         # Releasing by proof is safe even when the lease is presumed lost: it cleans up an

@@ -183,14 +183,32 @@ class Baton(_Identity):
         expected_version: int | None = None,
         idempotency_key: str | None = None,
         renew_every_seconds: float | None = None,
+        renew_deadline_seconds: float | None = None,
+        max_hold_seconds: float | None = None,
         on_lost: Callable[[LeaseKeeper], Any] | None = None,
     ) -> LeaseKeeper:
         """A lease held for a ``with`` / ``async with`` block, renewed in the background
         (every ``ttl_seconds / 3`` by default) and released on exit.
 
-        Raises on enter what :meth:`LeaseAPI.acquire` raises; on exit
-        :class:`LeaseLostError` if the lease was lost meanwhile (``held.lost`` turns true as
-        soon as that is known, and ``on_lost(held)`` is called).
+        The arguments up to ``idempotency_key`` are those of :meth:`LeaseAPI.acquire`.
+
+        Args:
+            renew_every_seconds: seconds between renewals (``float``; default a third of
+                the TTL).
+            renew_deadline_seconds: the renew deadline (``float`` seconds, below the TTL;
+                default two thirds of the TTL): when this long has passed since the last
+                confirmed grant or renewal was sent, the lease counts as lost (``held.lost``,
+                ``on_lost``), whatever a blocked renewal is doing, so the holder learns of
+                its loss before anyone else can be granted the resource.
+            max_hold_seconds: stop renewing this many seconds (``float``) after the grant
+                (default: renew for as long as the block runs); the lease is then lost at
+                its renew deadline.
+            on_lost: called with the block (on a background thread) once the lease is lost.
+
+        Raises on enter what :meth:`LeaseAPI.acquire` raises, and :class:`ValidationError`
+        for a bad timing option; on exit :class:`LeaseLostError` if the lease was lost
+        meanwhile (``held.lost`` turns true as soon as that is known, and ``on_lost(held)``
+        is called).
         """
         return LeaseKeeper(
             self.leases,
@@ -202,6 +220,8 @@ class Baton(_Identity):
             expected_version=expected_version,
             idempotency_key=idempotency_key,
             renew_every_seconds=renew_every_seconds,
+            renew_deadline_seconds=renew_deadline_seconds,
+            max_hold_seconds=max_hold_seconds,
             on_lost=on_lost,
         )
 

@@ -107,6 +107,8 @@ def leased(
     cancel_on_loss: bool = False,
     baton: BatonLike | None = None,
     principal: str | None = None,
+    renew_deadline_seconds: float | None = None,
+    max_hold_seconds: float | None = None,
 ) -> Callable[[F], F]:
     """Hold the lease on ``(resource_type, resource_id)`` while a function, task or flow runs.
 
@@ -126,7 +128,10 @@ def leased(
     - a *different* run conflicts, even of the same deployment (seed 004 execution keys).
 
     A heartbeat thread renews the lease every ``ttl_seconds / 3`` for the body's whole
-    duration, for sync and async bodies alike. :func:`current_lease` returns it inside the
+    duration (or up to ``max_hold_seconds``), for sync and async bodies alike. The lease
+    counts as lost at the latest at its renew deadline (two thirds of the TTL after the last
+    confirmed renewal, by default), a third of the TTL before anyone else can be granted it,
+    whatever a blocked renewal is doing. :func:`current_lease` returns it inside the
     body, to pass as ``fence=``.
 
     Args:
@@ -152,6 +157,11 @@ def leased(
             ``principal -> Baton`` called with the run's default principal, or ``None`` for
             ``Baton.from_settings()`` (``BATON_*`` environment) acting as that principal.
         principal: overrides the run's default principal.
+        renew_deadline_seconds: seconds (``float``, below the TTL; default two thirds of it)
+            after the last confirmed renewal was sent at which the lease counts as lost
+            (``cancel_on_loss`` then interrupts the body).
+        max_hold_seconds: stop renewing this many seconds (``float``) after the grant
+            (default: no cap); the lease is then lost at its renew deadline.
 
     Raises:
         ValidationError: when applied, for a bad TTL, option combination or a template
@@ -172,6 +182,8 @@ def leased(
         cancel_on_loss=cancel_on_loss,
         baton=baton,
         principal=principal,
+        renew_deadline_seconds=renew_deadline_seconds,
+        max_hold_seconds=max_hold_seconds,
     )
 
     def decorate(obj: F) -> F:

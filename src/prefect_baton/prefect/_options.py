@@ -9,6 +9,7 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any, Literal
 
 from prefect_baton._rules.core import validate_id, validate_text, validate_ttl
+from prefect_baton._rules.keeping import keep_times
 from prefect_baton.errors import ValidationError
 from prefect_baton.prefect._context import BatonLike
 
@@ -40,7 +41,8 @@ class LeaseOptions:
     their meaning), validated when made.
 
     Raises:
-        ValidationError: a bad id, TTL (10..86,400 s), ``on_conflict`` or option mix.
+        ValidationError: a bad id, TTL (10..86,400 s), ``on_conflict``, renew deadline (below
+            the TTL), ``max_hold_seconds`` or option mix.
     """
 
     resource_type: str
@@ -54,9 +56,16 @@ class LeaseOptions:
     cancel_on_loss: bool = False
     baton: BatonLike | None = None
     principal: str | None = None
+    renew_deadline_seconds: float | None = None
+    max_hold_seconds: float | None = None
 
     def __post_init__(self) -> None:
         validate_id("resource_type", self.resource_type)
+        keep_times(
+            self.ttl_seconds,
+            renew_deadline_seconds=self.renew_deadline_seconds,
+            max_hold_seconds=self.max_hold_seconds,
+        )
         if not isinstance(self.resource_id, str) or not self.resource_id:
             raise ValidationError("resource_id must be a non-empty string (or template)")
         validate_ttl(self.ttl_seconds)

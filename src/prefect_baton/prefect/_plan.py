@@ -142,6 +142,8 @@ class LeaseCall:
             purpose=self.opts.purpose,
             scopes=self.scopes,
             idempotency_key=self.key,
+            renew_deadline_seconds=self.opts.renew_deadline_seconds,
+            max_hold_seconds=self.opts.max_hold_seconds,
             on_lost=slot_on_lost,
         )
         return lease

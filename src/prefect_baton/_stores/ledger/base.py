@@ -170,13 +170,28 @@ class StoreBase:
                 text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"), {"k": key}
             )
 
-    def _write(self, caller: Caller, locks: Sequence[str], fn: Callable[[Tx], T]) -> T:
-        """Run ``fn`` in a write transaction, retrying on serialization/unique races."""
+    def _write(
+        self,
+        caller: Caller,
+        locks: Sequence[str],
+        fn: Callable[[Tx], T],
+        *,
+        statement_timeout_ms: int | None = None,
+    ) -> T:
+        """Run ``fn`` in a write transaction, retrying on serialization/unique races.
+
+        ``statement_timeout_ms`` (PostgreSQL): every statement of the transaction, lock
+        waits included, is cancelled after this many milliseconds (``UnavailableError``).
+        """
         last: Exception | None = None
         for _attempt in range(MAX_ATTEMPTS):
             try:
                 with Session(self.engines.write, expire_on_commit=False) as session:
                     with session.begin():
+                        if statement_timeout_ms is not None and not self.engines.is_sqlite:
+                            session.execute(
+                                text(f"SET LOCAL statement_timeout = {int(statement_timeout_ms)}")
+                            )
                         for key in sorted(set(locks)):
                             self._lock(session, key)
                         now_ms = (

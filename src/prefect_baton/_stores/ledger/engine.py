@@ -39,15 +39,19 @@ SQLITE_POOL_SIZE = 40
 MEMORY_URL = "sqlite://"
 _MIGRATION_LOCK_KEY = 0x62A70_0001  # pg advisory lock id for migrations
 
-#: libpq settings applied unless the URL sets them: connect within 5 s, and notice a peer
-#: that stops answering within about 15 s (TCP keepalives and tcp_user_timeout).
+#: libpq settings applied unless the URL sets them: connect within 3 s, and notice a peer
+#: that stops answering within about 4 s (TCP keepalives and tcp_user_timeout), below the
+#: renew deadline of the shortest lease (two thirds of 10 s): a lease block's renewal blocked
+#: on a dead network ends before its deadline. (A renewal's statements also time out, see
+#: :func:`prefect_baton._rules.keeping.heartbeat_call_timeout`; the keeper's renew-deadline
+#: timer fires whatever a blocked call is doing.)
 PG_CONNECT_DEFAULTS: dict[str, int] = {
-    "connect_timeout": 5,
+    "connect_timeout": 3,
     "keepalives": 1,
-    "keepalives_idle": 5,
-    "keepalives_interval": 2,
-    "keepalives_count": 3,
-    "tcp_user_timeout": 15_000,
+    "keepalives_idle": 2,
+    "keepalives_interval": 1,
+    "keepalives_count": 2,
+    "tcp_user_timeout": 4_000,
 }
 
 _engines: weakref.WeakSet[Engine] = weakref.WeakSet()

@@ -14,6 +14,7 @@ from prefect_baton._rules import scopes as _scopes
 from prefect_baton._rules.access import check_list_owner, may_read
 from prefect_baton._rules.core import Decision, Generation, Proof
 from prefect_baton._rules.digests import acquire_digest, resource_key
+from prefect_baton._rules.keeping import heartbeat_call_timeout
 from prefect_baton._stores.ledger.base import StoreBase, T, Tx
 from prefect_baton._stores.ledger.convert import (
     GENERATION_FIELDS,
@@ -283,6 +284,7 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
         fn: Callable[[Tx, Generation | None, tuple[str, str]], T],
         *,
         extra_scoped: bool = False,
+        statement_timeout_ms: int | None = None,
     ) -> T:
         located = self._resource_of(caller, lease_id)
         if located is None:
@@ -294,13 +296,19 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
             return fn(tx, row_to_generation(row) if row else None, (rtype, rid))
 
         return self._write(
-            caller, self._lease_locks(caller, rtype, rid, scoped or extra_scoped), op
+            caller,
+            self._lease_locks(caller, rtype, rid, scoped or extra_scoped),
+            op,
+            statement_timeout_ms=statement_timeout_ms,
         )
 
     def _renew(
         self, caller: Caller, proof: Proof, ttl_ms: int, expected_version: int | None
     ) -> Lease:
-        """Renew a lease the caller holds (see :func:`prefect_baton._rules.core.decide_renew`)."""
+        """Renew a lease the caller holds (see :func:`prefect_baton._rules.core.decide_renew`).
+        On PostgreSQL its statements time out after
+        :func:`~prefect_baton._rules.keeping.heartbeat_call_timeout` of the TTL, below the
+        keeper's renew deadline."""
 
         def fn(tx: Tx, row: Generation | None, resource: tuple[str, str]) -> Lease:
             d = _core.decide_renew(
@@ -310,7 +318,8 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
             assert d.new is not None
             return generation_to_lease(d.new)
 
-        return self._by_proof(caller, proof.lease_id, fn)
+        timeout_ms = int(heartbeat_call_timeout(ttl_ms / 1000) * 1000)
+        return self._by_proof(caller, proof.lease_id, fn, statement_timeout_ms=timeout_ms)
 
     def _transfer_in_tx(
         self,

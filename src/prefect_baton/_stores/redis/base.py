@@ -223,11 +223,23 @@ class AuthorityBase:
         self._lag_over.discard(org)
 
     def _acked(self, org: str, entry_id: Any) -> None:
+        """Acknowledge a transition journaled as ``entry_id``: with ``ack="ledger"`` drain
+        the journal up to it now (if the ledger cannot take it, the drain thread keeps
+        trying in the background until it has caught up, and the call raises
+        :class:`UnavailableError`); with ``ack="redis"`` hand the org to the drain thread."""
         if self.ack == "ledger":
-            self.reconciler.drain(org, until=as_text(entry_id))
+            try:
+                self.reconciler.drain(org, until=as_text(entry_id))
+            except UnavailableError:
+                if self._drain_here:
+                    self._drain_thread().add(org, until_caught_up=True)
+                raise
             return
-        if not self._drain_here:
-            return
+        if self._drain_here:
+            self._drain_thread().add(org)
+
+    def _drain_thread(self) -> Drainer:
+        """This process's drain thread, started on first use."""
         drainer = self._drainer
         if drainer is None or not drainer.alive() or self._drainer_pid != os.getpid():
             with self._lock:
@@ -236,7 +248,7 @@ class AuthorityBase:
                     drainer = Drainer(self.reconciler, interval_seconds=self._interval)
                     self._drainer = drainer
                     self._drainer_pid = os.getpid()
-        drainer.add(org)
+        return drainer
 
     @property
     def receipt_ledger(self) -> LedgerStore:

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from prefect_baton._rules import scopes as _scopes
 from prefect_baton._rules.core import Generation
 from prefect_baton._stores.redis.keys import resource_digest
-from prefect_baton.models import Lease
+from prefect_baton.models import Lease, private_state
 
 __all__ = [
     "GEN_FIELDS",
@@ -136,7 +136,7 @@ def construct(cls: type[M], values: dict[str, Any]) -> M:
     _setattr(m, "__dict__", values)
     _setattr(m, "__pydantic_fields_set__", set(values))
     _setattr(m, "__pydantic_extra__", None)
-    _setattr(m, "__pydantic_private__", None)
+    _setattr(m, "__pydantic_private__", private_state(cls))
     return m
 
 

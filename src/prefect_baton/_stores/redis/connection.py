@@ -49,8 +49,9 @@ _BUSY = (
 
 
 def connect(url: str, **kwargs: Any) -> RedisClient:
-    """A Redis client for the authority: 5 s socket timeout, 2 s connect timeout, and no
-    automatic retries (a retried script could run twice).
+    """A Redis client for the authority: 5 s socket timeout, 2 s connect timeout (so a
+    lease block's renewal on a dead network ends before the renew deadline of the shortest
+    lease, two thirds of 10 s), and no automatic retries (a retried script could run twice).
 
     Args:
         url: ``redis://host:port/db`` (or ``rediss://``, ``unix://``): one server, a lazy

@@ -352,29 +352,38 @@ def run_reconciler(
 
 
 class Drainer:
-    """A daemon thread that keeps draining the orgs it was given (``ack="redis"``).
+    """A daemon thread that keeps draining the orgs it was given: for good (``ack="redis"``),
+    or until their journal has caught up once (``ack="ledger"`` after a drain failed, so a
+    ledger that comes back is brought up to date without waiting for the next call).
 
     Args:
         reconciler: the :class:`Reconciler` to drive.
         interval_seconds: pause after a round that caught up with every journal
-            (``float``, default 0.05 s).
+            (``float``, default 0.05 s); a failed round backs off from 0.1 s doubling to 5 s.
     """
 
     def __init__(self, reconciler: Reconciler, *, interval_seconds: float = 0.05) -> None:
         self.reconciler = reconciler
         self.interval = interval_seconds
         self.orgs: set[str] = set()
+        self._until_caught_up: set[str] = set()
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="baton-reconciler", daemon=True)
         self._thread.start()
 
-    def add(self, org: str) -> None:
+    def add(self, org: str, *, until_caught_up: bool = False) -> None:
         """Drain ``org`` too from now on (waking the thread the first time only, so that
-        entries accumulate into batches between rounds)."""
-        if org not in self.orgs:
+        entries accumulate into batches between rounds); with ``until_caught_up`` only until
+        a round drains its journal to the end (an org already drained for good stays so)."""
+        with self._lock:
+            if org in self.orgs:
+                return
             self.orgs.add(org)
-            self._wake.set()
+            if until_caught_up:
+                self._until_caught_up.add(org)
+        self._wake.set()
 
     def alive(self) -> bool:
         """Whether the thread still runs."""
@@ -388,17 +397,23 @@ class Drainer:
             for org in list(self.orgs):
                 try:
                     n = self.reconciler.drain(org, max_batches=8)
-                    busy = busy or n >= 8 * self.reconciler.batch_size
                 except Exception as exc:
                     failed = True
                     log.warning("background reconcile of %s failed: %s", org, exc)
+                    continue
+                caught_up = n < 8 * self.reconciler.batch_size
+                busy = busy or not caught_up
+                if caught_up and org in self._until_caught_up:
+                    with self._lock:
+                        self._until_caught_up.discard(org)
+                        self.orgs.discard(org)
             if failed:
                 backoff = min(max(backoff * 2, 0.1), 5.0)
                 self._stop.wait(backoff)
                 continue
             backoff = self.interval
             if not busy:
-                self._wake.wait(self.interval)
+                self._wake.wait(self.interval if self.orgs else None)
                 self._wake.clear()
 
     def stop(self, *, timeout: float = 10.0) -> None:

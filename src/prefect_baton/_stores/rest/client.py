@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from prefect_baton._rules.core import Proof
+from prefect_baton._rules.keeping import heartbeat_call_timeout
 from prefect_baton._rules.validation import TTL_MIN_SECONDS
 from prefect_baton._stores.protocol import (
     AcquireRequest,
@@ -181,16 +182,23 @@ class RestStore(_Transport):
         return self._parse(Lease, data, replayed=replayed)
 
     def _by_proof(
-        self, action: str, proof: Proof, body: dict[str, Any], idempotency: Idempotency | None
+        self,
+        action: str,
+        proof: Proof,
+        body: dict[str, Any],
+        idempotency: Idempotency | None,
+        timeout_seconds: float | None = None,
     ) -> tuple[Any, bool]:
         """``POST /v1/leases/{id}/<action>`` of the lease named by ``proof``: ``body`` plus
-        the proof's execution key (and the ``Idempotency-Key`` header when a key is given);
-        returns the answer and whether it was replayed."""
+        the proof's execution key (and the ``Idempotency-Key`` header when a key is given),
+        within ``timeout_seconds`` if given; returns the answer and whether it was
+        replayed."""
         return self._call(
             "POST",
             f"/v1/leases/{_seg(proof.lease_id)}/{action}",
             json={**body, "execution_key": proof.execution_key},
             idempotency_key=_key(idempotency),
+            timeout_seconds=timeout_seconds,
         )
 
     # ------------------------------------------------------------------ leases
@@ -231,9 +239,12 @@ class RestStore(_Transport):
         idempotency: Idempotency | None = None,
     ) -> Lease:
         """``POST /v1/leases/{id}/renew`` with the proof's execution key (and the
-        ``Idempotency-Key`` header when a key is given)."""
+        ``Idempotency-Key`` header when a key is given), within
+        :func:`~prefect_baton._rules.keeping.heartbeat_call_timeout` of the TTL (below the
+        keeper's renew deadline) or the client's timeout if shorter."""
         body = {"ttl_seconds": ttl_ms // 1000, "expected_version": expected_version}
-        return self._lease(*self._by_proof("renew", proof, body, idempotency))
+        limit = heartbeat_call_timeout(ttl_ms / 1000)
+        return self._lease(*self._by_proof("renew", proof, body, idempotency, limit))
 
     def transfer(
         self,

@@ -155,15 +155,23 @@ class _Transport:
         json: Any = None,
         params: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        timeout_seconds: float | None = None,
     ) -> tuple[Any, bool]:
+        """One request; ``timeout_seconds`` (``float``) bounds it below the client's own
+        timeout (it never raises it)."""
+        limit = self.timeout_seconds
+        if timeout_seconds is not None:
+            limit = min(limit, timeout_seconds)
         headers = {b"Authorization": f"Bearer {self._key.get_secret_value()}".encode("ascii")}
         if idempotency_key is not None:  # sent as UTF-8 bytes; the app reads them so
             headers[b"Idempotency-Key"] = idempotency_key.encode("utf-8")
         try:
-            resp = self._http.request(method, path, json=json, params=params, headers=headers)
+            resp = self._http.request(
+                method, path, json=json, params=params, headers=headers, timeout=limit
+            )
         except httpx.TimeoutException:
             raise UnavailableError(
-                f"the REST API at {self.url} did not answer within {self.timeout_seconds} s"
+                f"the REST API at {self.url} did not answer within {limit:g} s"
             ) from None
         except httpx.TransportError as exc:
             raise UnavailableError(

@@ -16,6 +16,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, ClassVar
 
+from prefect_baton.models import wire_time
+
 __all__ = [
     "ERROR_CODES",
     "BatonError",
@@ -91,7 +93,7 @@ class ConflictError(BatonError):
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
         if self.expires_at is not None:
-            d["expires_at"] = self.expires_at.isoformat()
+            d["expires_at"] = wire_time(self.expires_at)
         return d
 
 

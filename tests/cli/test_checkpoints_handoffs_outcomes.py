@@ -155,12 +155,13 @@ def test_handoff_with_lease_and_checkpoint_moves_both_to_the_recipient(cli: Cli)
     assert shown["status"] == "accepted"
 
 
-def test_second_resolve_exits_5_and_foreign_resolve_exits_6(cli: Cli) -> None:
-    """Only the target may resolve (else 6); a second resolve is not found (5)."""
+def test_second_resolve_exits_5_and_foreign_resolve_exits_2(cli: Cli) -> None:
+    """Only the target may resolve (else the seed's VALIDATION_ERROR, 2); a second resolve
+    is not found (5)."""
     hid = cli.ok("handoff", "create", "bob", "doc-1")["handoff"]["handoff_id"]
     foreign = cli("handoff", "resolve", hid, "accepted", principal="carol")
-    assert foreign.code == 6
-    assert foreign.json["error"]["code"] == "FORBIDDEN"
+    assert foreign.code == 2
+    assert foreign.json["error"]["code"] == "VALIDATION_ERROR"
     cli.ok("handoff", "resolve", hid, "rejected", "--note", "not now", principal="bob")
     again = cli("handoff", "resolve", hid, "accepted", principal="bob")
     assert again.code == 5

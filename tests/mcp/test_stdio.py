@@ -123,7 +123,7 @@ def test_handoff_created_by_one_is_resolved_by_the_other(stdio_session: Any) -> 
                     "baton_handoff_resolve",
                     {"handoff_id": handoff["handoff_id"], "status": "accepted"},
                 ),
-                "FORBIDDEN",
+                "VALIDATION_ERROR",
             )
             accepted = ok(
                 await bob.call_tool(

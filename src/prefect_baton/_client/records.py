@@ -180,8 +180,10 @@ class HandoffAPI(_API):
         Raises:
             ValidationError: ``status`` is not ``accepted``/``rejected``.
             NotFoundError: unknown, already resolved (a second resolve), or expired.
-            ForbiddenError: you are not its target. LeaseLostError: the sender no longer
-                holds the attached lease (the handoff stays pending; reject it).
+            ValidationError: you are not its target ("Only the target principal can
+                resolve a handoff.", as the seed service answers).
+            LeaseLostError: the sender no longer holds the attached lease (the handoff
+                stays pending; reject it).
             IdempotencyMismatchError: the key was used for a different request (nothing
                 done). IdempotencyInFlightError: a request under the key is still running.
         """

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from prefect_baton.errors import ForbiddenError
+from prefect_baton.errors import ForbiddenError, ValidationError
 
 if TYPE_CHECKING:
     from prefect_baton._rules.core import Generation
@@ -23,6 +23,7 @@ __all__ = [
     "can_force_release",
     "check_force_release",
     "check_list_owner",
+    "check_resolver",
     "inspect_view",
     "may_read",
     "sees_everything",
@@ -65,6 +66,22 @@ def check_list_owner(role: str, principal: str, owner: str) -> None:
     """
     if owner != principal and not sees_everything(role):
         raise ForbiddenError("listing another principal's leases needs the owner or admin role")
+
+
+#: The seed service's refusal of a resolve by anyone but the handoff's target.
+NOT_TARGET_MESSAGE = "Only the target principal can resolve a handoff."
+
+
+def check_resolver(to_principal: str, principal: str) -> None:
+    """Check that ``principal`` may resolve a pending handoff addressed to ``to_principal``.
+
+    Raises:
+        ValidationError: ``principal`` is not the target, with the seed service's message
+            :data:`NOT_TARGET_MESSAGE` (DESIGN.md, "Handoffs"; the seed answers
+            ``VALIDATION_ERROR``, not ``FORBIDDEN``, whatever the caller's role).
+    """
+    if principal != to_principal:
+        raise ValidationError(NOT_TARGET_MESSAGE)
 
 
 @dataclass(frozen=True, slots=True)

@@ -106,7 +106,7 @@ class HandoffResolution:
 
     Attributes:
         handoff_id: the handoff (``str`` id); unknown, resolved or expired is
-            ``NotFoundError``, not addressed to the caller ``ForbiddenError``.
+            ``NotFoundError``, not addressed to the caller ``ValidationError``.
         status: ``"accepted"`` or ``"rejected"``.
         note: kept with the resolution (``str``), or ``None``.
         execution_key: the recipient's execution key of a carried lease (``str``), or
@@ -415,7 +415,7 @@ class LeaseAuthority(Protocol):
         ``resolve``).
 
         Raises:
-            NotFoundError: unknown, resolved, or expired. ForbiddenError: not its target.
+            NotFoundError: unknown, resolved, or expired. ValidationError: not its target.
             LeaseLostError: the sender no longer holds the lease (it stays pending).
             IdempotencyMismatchError, IdempotencyInFlightError.
         """

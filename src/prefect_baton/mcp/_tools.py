@@ -430,7 +430,7 @@ _SPECS = (
         "baton_handoff_resolve",
         "Accept or reject a pending handoff addressed to you. Accepting one that carries a "
         "lease gives you that lease (in the result's 'lease'). Errors: NOT_FOUND (unknown, "
-        "expired or already resolved), FORBIDDEN (not addressed to you), LEASE_LOST (the "
+        "expired or already resolved), VALIDATION_ERROR (not addressed to you), LEASE_LOST (the "
         "sender no longer holds the lease).",
         HandoffResolveIn,
         _handoff_resolve,

@@ -5,8 +5,9 @@ Every ``/v1`` request carries ``Authorization: Bearer bk_...`` (see
 :mod:`prefect_baton.rest.keys`); the key decides org, principal and role. Responses:
 
 * success: ``{"data": ..., "meta": {"request_id": "req_...", "replayed": bool}}``;
-* error: ``{"error": {"code": ..., "message": ...}}`` (+ ``expires_at`` on a lease
-  ``CONFLICT``, ``current_version``/``expected_version`` on ``VERSION_CONFLICT``).
+* error: ``{"error": {"code": ..., "message": ...}, "meta": {"request_id": "req_..."}}``
+  (+ ``expires_at`` on a lease ``CONFLICT``, ``current_version``/``expected_version`` on
+  ``VERSION_CONFLICT``).
 
 Fixed statuses: ``400 VALIDATION_ERROR`` (bad values, malformed JSON, wrong types, unknown
 fields: FastAPI's 422 is replaced), ``401 UNAUTHENTICATED`` (no, unknown or revoked key),
@@ -139,7 +140,9 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
 
     @app.exception_handler(Exception)
     async def _on_other(_r: Request, _exc: Exception) -> Response:
-        return error_response("INTERNAL", "internal error")
+        # answered outside the middleware: the request id comes from the request's state
+        rid = getattr(_r.state, "request_id", None)
+        return error_response("INTERNAL", "internal error", request_id=rid)
 
     _routes_leases.add_routes(app)
     _routes_records.add_routes(app)

@@ -9,7 +9,7 @@ from sqlalchemy import or_, select
 from sqlmodel import Session, col
 
 from prefect_baton._rules import core as _core
-from prefect_baton._rules.access import may_read
+from prefect_baton._rules.access import check_resolver, may_read
 from prefect_baton._rules.core import Proof
 from prefect_baton._rules.digests import (
     checkpoint_save_digest,
@@ -47,7 +47,6 @@ from prefect_baton._stores.protocol import (
     TransferRequest,
 )
 from prefect_baton.errors import (
-    ForbiddenError,
     LeaseLostError,
     NotFoundError,
     ValidationError,
@@ -340,8 +339,7 @@ class RecordOps(LeaseOps):
                 raise NotFoundError(f"pending handoff {handoff_id} not found")
             if row.expires_at_ms is not None and row.expires_at_ms <= tx.now_ms:
                 raise NotFoundError(f"handoff {handoff_id} has expired")
-            if row.to_principal != caller.principal:
-                raise ForbiddenError("only the target principal can resolve a handoff")
+            check_resolver(row.to_principal, caller.principal)
             lease: Lease | None = None
             if status == "accepted" and row.lease_id:
                 lrow = self._row_by_id(s, caller.org, row.lease_id)

@@ -15,6 +15,7 @@ from prefect_baton._client.api_base import (
 from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._client.requests import keyed, resolve_fields
 from prefect_baton._rules import core as _core
+from prefect_baton._rules.paging import decode_cursor
 from prefect_baton._rules.validation import CHECKPOINT_TTL_MAX_SECONDS, validate_lifetime
 from prefect_baton._stores.protocol import (
     CheckpointWrite,
@@ -28,6 +29,11 @@ from prefect_baton.models import Checkpoint, Event, Evidence, Handoff, Outcome
 
 class CheckpointAPI(_API):
     """Checkpoints (``b.checkpoints``): resumable progress per (subject, principal, kind)."""
+
+    @property
+    def state_max_bytes(self) -> int:
+        """The largest state the store takes (``int``, bytes of canonical JSON)."""
+        return self._b._records.state_max_bytes
 
     def save(
         self,
@@ -146,9 +152,24 @@ class HandoffAPI(_API):
             lease.attach_handoff(lambda: self.get(hid).status == "accepted")
         return handoff
 
-    def inbox(self, *, limit: int = 100) -> list[Handoff]:
-        """Pending handoffs addressed to you (a sender's own inbox stays empty)."""
-        return self._store.handoff_inbox(self._caller, limit=_limit(limit, 10_000))
+    def inbox(self, *, limit: int = 100, cursor: str | None = None) -> list[Handoff]:
+        """Pending handoffs addressed to you (a sender's own inbox stays empty), oldest
+        first.
+
+        Args:
+            limit: 1..10,000 handoffs.
+            cursor: continue after the page this cursor ends (``str``, as
+                :meth:`prefect_baton.Baton.leases` ``list`` takes it).
+
+        Raises:
+            ValidationError: a bad limit, or a cursor that is not one of the inbox.
+        """
+        after = None if cursor is None else decode_cursor("handoffs", cursor)
+        return self._store.handoff_inbox(
+            self._caller,
+            limit=_limit(limit, 10_000),
+            after=after,
+        )
 
     def get(self, handoff_id: str) -> Handoff:
         """A handoff you sent or received. Raises :class:`NotFoundError` otherwise."""

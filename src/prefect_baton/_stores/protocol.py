@@ -392,9 +392,13 @@ class LeaseAuthority(Protocol):
         owner: str | None = None,
         include_ended: bool = False,
         limit: int = 100,
+        after: tuple[int, str] | None = None,
     ) -> list[Lease]:
         """Effective leases of the caller (``owner``: a principal or ``"*"``, needs
-        owner/admin), newest first, at most ``limit``; ``include_ended`` adds ended ones.
+        owner/admin), newest first (by acquire time in ms, then lease id, both
+        descending), at most ``limit``; ``include_ended`` adds ended ones. ``after``: the
+        ``(acquired_at ms, lease_id)`` of the last lease of the previous page (see
+        :mod:`prefect_baton._rules.paging`); the page holds the leases after it.
 
         Raises:
             ForbiddenError: another principal's leases asked by an ``agent``.
@@ -500,8 +504,12 @@ class RecordStore(Protocol):
         """
         ...
 
-    def handoff_inbox(self, caller: Caller, *, limit: int = 100) -> list[Handoff]:
-        """Pending handoffs addressed to the caller (at most ``limit``)."""
+    def handoff_inbox(
+        self, caller: Caller, *, limit: int = 100, after: tuple[int, str] | None = None
+    ) -> list[Handoff]:
+        """Pending handoffs addressed to the caller, oldest first (by creation time in ms,
+        then handoff id), at most ``limit``; ``after``: the ``(created_at ms, handoff_id)``
+        of the last handoff of the previous page."""
         ...
 
     def handoff_get(self, caller: Caller, handoff_id: str) -> Handoff:

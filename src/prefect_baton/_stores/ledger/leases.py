@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from sqlalchemy import func, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlmodel import Session, col
 
 from prefect_baton._rules import core as _core
@@ -458,9 +458,12 @@ class LeaseOps(StoreBase):
         owner: str | None = None,
         include_ended: bool = False,
         limit: int = 100,
+        after: tuple[int, str] | None = None,
     ) -> list[Lease]:
         """Leases of the org: the caller's own by default; ``owner``/``admin`` roles may list
-        anyone's (``owner="*"`` for all). Effective ones only unless ``include_ended``."""
+        anyone's (``owner="*"`` for all). Effective ones only unless ``include_ended``.
+        Newest first; ``after``: the page continues after this ``(acquired_at ms,
+        lease_id)``."""
         who = caller.principal if owner is None else owner
         check_list_owner(caller.role, caller.principal, who)
         with self._read() as (s, now):
@@ -473,9 +476,20 @@ class LeaseOps(StoreBase):
                 q = q.where(
                     col(GenerationRow.status) == "active", col(GenerationRow.expires_at_ms) > now
                 )
-            q = q.order_by(col(GenerationRow.acquired_at_ms).desc()).limit(
-                max(1, min(limit, 10_000))
-            )
+            if after is not None:
+                at, lease_id = after
+                q = q.where(
+                    or_(
+                        col(GenerationRow.acquired_at_ms) < at,
+                        and_(
+                            col(GenerationRow.acquired_at_ms) == at,
+                            col(GenerationRow.lease_id) < lease_id,
+                        ),
+                    )
+                )
+            q = q.order_by(
+                col(GenerationRow.acquired_at_ms).desc(), col(GenerationRow.lease_id).desc()
+            ).limit(max(1, min(limit, 10_000)))
             return [generation_to_lease(row_to_generation(r)) for r in s.execute(q).scalars()]
 
     # ------------------------------------------------------------------ fences

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import and_, or_, select
 from sqlmodel import Session, col
 
 from prefect_baton._rules import core as _core
@@ -266,22 +266,31 @@ class RecordOps(LeaseOps):
             caller, [], "handoff.create", idempotency_key, "", digest, Handoff, op
         )
 
-    def handoff_inbox(self, caller: Caller, *, limit: int = 100) -> list[Handoff]:
-        """Pending, unexpired handoffs addressed to the caller, oldest first."""
+    def handoff_inbox(
+        self, caller: Caller, *, limit: int = 100, after: tuple[int, str] | None = None
+    ) -> list[Handoff]:
+        """Pending, unexpired handoffs addressed to the caller, oldest first; ``after``:
+        the page continues after this ``(created_at ms, handoff_id)``."""
         with self._read() as (s, now):
-            rows = s.execute(
-                select(HandoffRow)
-                .where(
-                    col(HandoffRow.org_id) == caller.org,
-                    col(HandoffRow.to_principal) == caller.principal,
-                    col(HandoffRow.status) == "pending",
+            q = select(HandoffRow).where(
+                col(HandoffRow.org_id) == caller.org,
+                col(HandoffRow.to_principal) == caller.principal,
+                col(HandoffRow.status) == "pending",
+                or_(col(HandoffRow.expires_at_ms).is_(None), col(HandoffRow.expires_at_ms) > now),
+            )
+            if after is not None:
+                at, handoff_id = after
+                q = q.where(
                     or_(
-                        col(HandoffRow.expires_at_ms).is_(None), col(HandoffRow.expires_at_ms) > now
-                    ),
+                        col(HandoffRow.created_at_ms) > at,
+                        and_(
+                            col(HandoffRow.created_at_ms) == at,
+                            col(HandoffRow.handoff_id) > handoff_id,
+                        ),
+                    )
                 )
-                .order_by(col(HandoffRow.created_at_ms))
-                .limit(max(1, min(limit, 10_000)))
-            ).scalars()
+            q = q.order_by(col(HandoffRow.created_at_ms), col(HandoffRow.handoff_id))
+            rows = s.execute(q.limit(max(1, min(limit, 10_000)))).scalars()
             return [handoff_model(r, now) for r in rows]
 
     def handoff_get(self, caller: Caller, handoff_id: str) -> Handoff:

@@ -439,18 +439,27 @@ class RedisAuthority(AuthorityBase):
         owner: str | None = None,
         include_ended: bool = False,
         limit: int = 100,
+        after: tuple[int, str] | None = None,
     ) -> list[Lease]:
         """Effective leases of the caller (``owner``: a name or ``"*"``, needs owner/admin),
-        newest first; with ``include_ended`` the ledger's history (after a drain)."""
+        newest first (``after``: continuing after this ``(acquired_at ms, lease_id)``);
+        with ``include_ended`` the ledger's history (after a drain)."""
         who = caller.principal if owner is None else owner
         check_list_owner(caller.role, caller.principal, who)
         if include_ended:
             self.sync_ledger(caller.org)
             return self.store.list_leases(
-                caller, resource_type=resource_type, owner=owner, include_ended=True, limit=limit
+                caller,
+                resource_type=resource_type,
+                owner=owner,
+                include_ended=True,
+                limit=limit,
+                after=after,
             )
         reply = self._run(caller.org, "list", ["" if who == "*" else who, opt(resource_type)])
         gens = [from_gen(raw) for raw in reply[2:]]
+        if after is not None:
+            gens = [h for h in gens if (h.acquired_at_ms, h.lease_id) < after]
         gens.sort(key=lambda h: (h.acquired_at_ms, h.lease_id), reverse=True)
         return [generation_to_lease(h) for h in gens[: max(1, min(limit, 10_000))]]
 

@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from prefect_baton._rules.core import Proof
+from prefect_baton._rules.paging import encode_cursor
 from prefect_baton._rules.validation import TTL_MIN_SECONDS
 from prefect_baton._stores.protocol import (
     AcquireRequest,
@@ -313,13 +314,15 @@ class RestStore(_Transport):
         owner: str | None = None,
         include_ended: bool = False,
         limit: int = 100,
+        after: tuple[int, str] | None = None,
     ) -> list[Lease]:
-        """``GET /v1/leases``."""
+        """``GET /v1/leases`` (``after`` sent as the page's ``cursor``)."""
         params = _params(
             resource_type=resource_type,
             owner=owner,
             include_ended="true" if include_ended else None,
             limit=limit,
+            cursor=None if after is None else encode_cursor("leases", after),
         )
         data, _ = self._call("GET", "/v1/leases", params=params)
         return self._list(Lease, data, "leases")
@@ -406,9 +409,12 @@ class RestStore(_Transport):
         )
         return self._parse(Handoff, data, replayed=replayed)
 
-    def handoff_inbox(self, caller: Caller, *, limit: int = 100) -> list[Handoff]:
-        """``GET /v1/handoffs``."""
-        data, _ = self._call("GET", "/v1/handoffs", params={"limit": limit})
+    def handoff_inbox(
+        self, caller: Caller, *, limit: int = 100, after: tuple[int, str] | None = None
+    ) -> list[Handoff]:
+        """``GET /v1/handoffs`` (``after`` sent as the page's ``cursor``)."""
+        cursor = None if after is None else encode_cursor("handoffs", after)
+        data, _ = self._call("GET", "/v1/handoffs", params=_params(limit=limit, cursor=cursor))
         return self._list(Handoff, data, "handoffs")
 
     def handoff_get(self, caller: Caller, handoff_id: str) -> Handoff:

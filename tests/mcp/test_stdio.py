@@ -23,6 +23,19 @@ TOOL_NAMES = {
     "baton_handoff_resolve",
     "baton_handoff_show",
     "baton_outcome_record",
+    "baton_lease_transfer",
+    "baton_lease_force_release",
+    "baton_lease_acquire_many",
+    "baton_lease_list",
+    "baton_event_list",
+    "baton_checkpoint_history",
+    "baton_outcome_list",
+    "baton_whoami",
+    # the seed service's names (tests/mcp/test_tools_more.py)
+    "titen_lease_acquire",
+    "titen_checkpoint_save",
+    "titen_checkpoint_get",
+    "titen_handoff",
 }
 
 

@@ -55,7 +55,8 @@ class Meta(_Out):
 
 
 class LeaseList(_Out):
-    """``POST /v1/leases/report-expired``: the leases reported."""
+    """A list of leases: ``POST /v1/leases/report-expired`` (those reported), MCP
+    ``baton_lease_acquire_many`` (those acquired, in request order)."""
 
     leases: list[Lease]
 

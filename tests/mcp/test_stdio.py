@@ -126,7 +126,10 @@ def test_handoff_created_by_one_is_resolved_by_the_other(stdio_session: Any) -> 
                 )
             )
             assert handoff["status"] == "pending"
-            assert ok(await alice.call_tool("baton_handoff_inbox", {})) == {"handoffs": []}
+            assert ok(await alice.call_tool("baton_handoff_inbox", {})) == {
+                "handoffs": [],
+                "next_cursor": None,
+            }
             inbox = ok(await bob.call_tool("baton_handoff_inbox", {}))["handoffs"]
             assert [h["handoff_id"] for h in inbox] == [handoff["handoff_id"]]
             assert inbox[0]["from_principal"] == "alice"
@@ -152,7 +155,10 @@ def test_handoff_created_by_one_is_resolved_by_the_other(stdio_session: Any) -> 
                 "baton_handoff_resolve", {"handoff_id": handoff["handoff_id"], "status": "rejected"}
             )
             tool_error(again, "NOT_FOUND")
-            assert ok(await bob.call_tool("baton_handoff_inbox", {})) == {"handoffs": []}
+            assert ok(await bob.call_tool("baton_handoff_inbox", {})) == {
+                "handoffs": [],
+                "next_cursor": None,
+            }
             shown = ok(
                 await alice.call_tool("baton_handoff_show", {"handoff_id": handoff["handoff_id"]})
             )

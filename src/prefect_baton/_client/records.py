@@ -97,6 +97,28 @@ class CheckpointAPI(_API):
             self._caller, _core.validate_id("checkpoint_id", checkpoint_id)
         )
 
+    def delete(self, checkpoint_id: str, *, idempotency_key: str | None = None) -> Checkpoint:
+        """Delete your checkpoint ``checkpoint_id`` (the seed service's ``DELETE``): it
+        then reads as absent (as one past its TTL), its history stays readable, a later
+        save of the same subject and kind continues its versions, and
+        ``checkpoint.deleted`` is recorded.
+
+        Returns:
+            The checkpoint as deleted (``expires_at``: when).
+
+        Raises:
+            NotFoundError: unknown, already deleted or expired, or another org's.
+            ForbiddenError: not yours (only the writer deletes, whatever the role).
+            ConflictError: a pending handoff carries it (its recipient was promised it):
+                delete it once that handoff is resolved or has expired.
+            IdempotencyMismatchError: the key was used for another request.
+        """
+        return self._store.checkpoint_delete(
+            self._caller,
+            _core.validate_id("checkpoint_id", checkpoint_id),
+            idempotency_key=_core.validate_optional_id("idempotency_key", idempotency_key),
+        )
+
     def history(self, subject_id: str, kind: str, principal: str | None = None) -> list[Checkpoint]:
         """Every version of the checkpoint, oldest first."""
         return self._store.checkpoint_history(

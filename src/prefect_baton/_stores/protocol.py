@@ -475,6 +475,20 @@ class RecordStore(Protocol):
         """
         ...
 
+    def checkpoint_delete(
+        self, caller: Caller, checkpoint_id: str, *, idempotency_key: str | None
+    ) -> Checkpoint:
+        """Delete the caller's checkpoint: it reads as absent from then on, its history
+        stays, ``checkpoint.deleted`` is recorded (rules:
+        :func:`prefect_baton._rules.access.check_checkpoint_delete`); returns it as deleted.
+
+        Raises:
+            NotFoundError: unknown, deleted, expired or another org's. ForbiddenError: not
+            the caller's. ConflictError: a pending handoff carries it.
+            IdempotencyMismatchError.
+        """
+        ...
+
     def checkpoint_get(
         self, caller: Caller, subject_id: str, kind: str, principal: str | None = None
     ) -> Checkpoint | None:

@@ -267,6 +267,13 @@ class CheckpointHistoryIn(_In):
     principal: Id | None = Field(None, description="Whose checkpoint (default: yours).")
 
 
+class CheckpointDeleteIn(_In):
+    """Delete a checkpoint you wrote."""
+
+    checkpoint_id: Id
+    idempotency_key: IdempotencyKey | None = None
+
+
 class OutcomeListIn(_In):
     """List outcomes of the organization, oldest first."""
 
@@ -421,6 +428,10 @@ def _event_list(b: Baton, a: EventListIn) -> dict[str, Any]:
 def _checkpoint_history(b: Baton, a: CheckpointHistoryIn) -> dict[str, Any]:
     versions = rest_calls.checkpoint_history(b, a.subject_id, a.kind, a.principal)
     return _json(CheckpointList(checkpoints=versions))
+
+
+def _checkpoint_delete(b: Baton, a: CheckpointDeleteIn) -> dict[str, Any]:
+    return _json(rest_calls.delete_checkpoint(b, a.checkpoint_id, a.idempotency_key))
 
 
 def _outcome_list(b: Baton, a: OutcomeListIn) -> dict[str, Any]:
@@ -647,6 +658,16 @@ _SPECS = (
         CheckpointList,
         "checkpoints:read",
         read_only=True,
+    ),
+    ToolSpec(
+        "baton_checkpoint_delete",
+        "Delete a checkpoint you wrote: it then reads as absent (its history stays). "
+        "Errors: NOT_FOUND, FORBIDDEN (not yours), CONFLICT (a pending handoff carries it: "
+        "its recipient was promised it).",
+        CheckpointDeleteIn,
+        _checkpoint_delete,
+        Checkpoint,
+        "checkpoints:write",
     ),
     ToolSpec(
         "baton_outcome_list",

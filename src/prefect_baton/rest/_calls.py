@@ -24,6 +24,7 @@ __all__ = [
     "acquire_many",
     "checkpoint_history",
     "create_handoff",
+    "delete_checkpoint",
     "events_page",
     "force_release",
     "inbox_page",
@@ -392,3 +393,13 @@ def me(b: Baton, scopes: Collection[str] | None, key_id: str | None) -> Me:
         key_id=key_id,
         state_max_bytes=b.checkpoints.state_max_bytes,
     )
+
+
+def delete_checkpoint(b: Baton, checkpoint_id: str, idempotency_key: str | None) -> Checkpoint:
+    """``b.checkpoints.delete`` of ``checkpoint_id`` (``str``): the checkpoint as deleted.
+
+    Raises:
+        BatonError: NOT_FOUND, FORBIDDEN (not yours), CONFLICT (a pending handoff carries
+            it), as that method.
+    """
+    return b.checkpoints.delete(checkpoint_id, idempotency_key=idempotency_key)

@@ -151,6 +151,7 @@ DATA_BY_OPERATION: dict[tuple[str, str], type[BaseModel]] = {
     ("GET", "/v1/checkpoints"): Checkpoint,
     ("GET", "/v1/checkpoints/history"): CheckpointList,
     ("GET", "/v1/checkpoints/{checkpoint_id}"): Checkpoint,
+    ("DELETE", "/v1/checkpoints/{checkpoint_id}"): Checkpoint,
     ("POST", "/v1/outcomes"): Outcome,
     ("GET", "/v1/outcomes"): OutcomeList,
     ("GET", "/v1/events"): EventPage,

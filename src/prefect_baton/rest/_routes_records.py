@@ -104,6 +104,15 @@ def add_routes(app: FastAPI) -> None:
         """A checkpoint of the org by id (e.g. the one attached to a handoff)."""
         return _reply(request, b.checkpoints.get_by_id(checkpoint_id))
 
+    @app.delete("/v1/checkpoints/{checkpoint_id}", tags=["checkpoints"])
+    def delete_checkpoint(
+        request: Request, checkpoint_id: str, b: B, key: IdemKey = None
+    ) -> Response:
+        """Delete your checkpoint: it reads as absent from then on (history kept,
+        ``checkpoint.deleted`` recorded); 403 when not yours, 409 CONFLICT while a pending
+        handoff carries it, 404 when unknown or already deleted."""
+        return _reply(request, _calls.delete_checkpoint(b, checkpoint_id, _utf8(key)))
+
     # ------------------------------------------------------------------ outcomes, events
 
     @app.post("/v1/outcomes", status_code=201, tags=["outcomes"])

@@ -9,11 +9,12 @@ from sqlalchemy import and_, or_, select
 from sqlmodel import Session, col
 
 from prefect_baton._rules import core as _core
-from prefect_baton._rules.access import check_resolver, may_read
+from prefect_baton._rules.access import check_checkpoint_delete, check_resolver, may_read
 from prefect_baton._rules.core import Proof
 from prefect_baton._rules.digests import (
     checkpoint_save_digest,
     handoff_create_digest,
+    operation_digest,
     outcome_record_digest,
 )
 from prefect_baton._stores.ledger.base import Tx
@@ -76,6 +77,11 @@ def _checkpoint_row(
     ).scalar_one_or_none()
 
 
+def _ckpt_scope(ck: CheckpointRow | CheckpointWrite) -> str:
+    """The receipt scope and lock name part of a checkpoint's saves: its subject and kind."""
+    return f"{len(ck.subject_id)}:{ck.subject_id}:{ck.kind}"
+
+
 class RecordOps(LeaseOps):
     """Checkpoints, handoffs, outcomes and the event stream of :class:`LedgerStore`."""
 
@@ -88,7 +94,7 @@ class RecordOps(LeaseOps):
         ``write.expected_version``; fenced by a lease when ``write.fence`` is given."""
         subject_id, kind, fence, ttl_ms = write.subject_id, write.kind, write.fence, write.ttl_ms
         state_text, state_hash = write.state_text, write.state_hash
-        scope = f"{len(subject_id)}:{subject_id}:{kind}"
+        scope = _ckpt_scope(write)
         digest = checkpoint_save_digest(
             state_hash=state_hash,
             expected_version=write.expected_version,
@@ -159,6 +165,75 @@ class RecordOps(LeaseOps):
         locks = [f"ckpt:{caller.org}:{scope}", *self._fence_locks(caller, fence)]
         return self._write_once(
             caller, locks, "checkpoint.save", idempotency_key, scope, digest, Checkpoint, op
+        )
+
+    def checkpoint_delete(
+        self, caller: Caller, checkpoint_id: str, *, idempotency_key: str | None
+    ) -> Checkpoint:
+        """Delete the caller's checkpoint ``checkpoint_id``: from now on it reads as absent
+        (as one whose TTL has passed: ``expires_at`` is set to now), its history stays
+        readable, a later save of the same subject and kind continues its versions (a CAS
+        then expects 0), and ``checkpoint.deleted`` is recorded. Rules:
+        :func:`prefect_baton._rules.access.check_checkpoint_delete`.
+
+        Returns:
+            The checkpoint as it was deleted (``expires_at``: when).
+
+        Raises:
+            NotFoundError: unknown, already deleted or expired, or another org's.
+            ForbiddenError: not the caller's. ConflictError: a pending handoff carries it.
+            IdempotencyMismatchError: the key was used for another request.
+        """
+        digest = operation_digest("checkpoint.delete", {"checkpoint_id": checkpoint_id})
+
+        def op(tx: Tx) -> Checkpoint:
+            s = tx.session
+            row = s.get(CheckpointRow, checkpoint_id)
+            if (
+                row is None
+                or row.org_id != caller.org
+                or (row.expires_at_ms is not None and row.expires_at_ms <= tx.now_ms)
+            ):
+                raise NotFoundError(f"checkpoint {checkpoint_id} not found")
+            carried = s.execute(
+                select(col(HandoffRow.handoff_id))
+                .where(
+                    col(HandoffRow.org_id) == caller.org,
+                    col(HandoffRow.checkpoint_id) == checkpoint_id,
+                    col(HandoffRow.status) == "pending",
+                    or_(
+                        col(HandoffRow.expires_at_ms).is_(None),
+                        col(HandoffRow.expires_at_ms) > tx.now_ms,
+                    ),
+                )
+                .limit(1)
+            ).scalar_one_or_none()
+            check_checkpoint_delete(checkpoint_id, row.principal, caller.principal, carried)
+            row.expires_at_ms = tx.now_ms
+            row.updated_at_ms = tx.now_ms
+            s.add(row)
+            s.flush()
+            tx.emit(
+                "checkpoint.deleted",
+                row.subject_id,
+                {"checkpoint_id": checkpoint_id, "kind": row.kind, "version": row.version},
+            )
+            return checkpoint_model(row)
+
+        with self._read() as (s, _now):
+            found = s.get(CheckpointRow, checkpoint_id)
+            # the lock of its saves (subject and kind), so a save and a delete serialise
+            locks = [] if found is None else [f"ckpt:{caller.org}:{_ckpt_scope(found)}"]
+        scope = f"{len(checkpoint_id)}:{checkpoint_id}"
+        return self._write_once(
+            caller,
+            locks,
+            "checkpoint.delete",
+            idempotency_key,
+            scope,
+            digest,
+            Checkpoint,
+            op,
         )
 
     def checkpoint_get(

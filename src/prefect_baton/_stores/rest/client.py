@@ -373,6 +373,15 @@ class RestStore(_Transport):
             return None
         return self._parse(Checkpoint, data)
 
+    def checkpoint_delete(
+        self, caller: Caller, checkpoint_id: str, *, idempotency_key: str | None
+    ) -> Checkpoint:
+        """``DELETE /v1/checkpoints/{id}`` (``Idempotency-Key`` when given)."""
+        data, replayed = self._call(
+            "DELETE", f"/v1/checkpoints/{_seg(checkpoint_id)}", idempotency_key=idempotency_key
+        )
+        return self._parse(Checkpoint, data, replayed=replayed)
+
     def checkpoint_get_by_id(self, caller: Caller, checkpoint_id: str) -> Checkpoint:
         """``GET /v1/checkpoints/{id}``."""
         data, _ = self._call("GET", f"/v1/checkpoints/{_seg(checkpoint_id)}")

@@ -29,6 +29,7 @@ TOOL_NAMES = {
     "baton_lease_list",
     "baton_event_list",
     "baton_checkpoint_history",
+    "baton_checkpoint_delete",
     "baton_outcome_list",
     "baton_whoami",
     # the seed service's names (tests/mcp/test_tools_more.py)

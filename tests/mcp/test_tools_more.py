@@ -187,6 +187,10 @@ def test_events_history_outcomes_and_seed_names(open_session: Open) -> None:
                 )
             )
             assert handoff["status"] == "pending"
+            delete = {"checkpoint_id": saved["checkpoint_id"]}
+            carried = await a.call_tool("baton_checkpoint_delete", delete)
+            assert handoff["handoff_id"] in tool_error(carried, "CONFLICT")["message"]
+            tool_error(await b.call_tool("baton_checkpoint_delete", delete), "FORBIDDEN")
             inbox = ok(await b.call_tool("baton_handoff_inbox", {"limit": 1}))
             assert [h["handoff_id"] for h in inbox["handoffs"]] == [handoff["handoff_id"]]
             rest = ok(await b.call_tool("baton_handoff_inbox", {"cursor": inbox["next_cursor"]}))

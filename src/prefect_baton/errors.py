@@ -128,7 +128,8 @@ class NotFoundError(BatonError):
 
 class ForbiddenError(BatonError):
     """The caller's role or identity does not allow the operation (e.g. force release by an
-    ``agent``, resolving a handoff addressed to someone else)."""
+    ``agent``, deleting another principal's checkpoint). A resolve by anyone but the
+    handoff's target is the seed service's :class:`ValidationError` instead."""
 
     code = "FORBIDDEN"
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, ClassVar
 
+from prefect_baton.models import wire_time
+
 __all__ = [
     "ERROR_CODES",
     "BatonError",
@@ -91,7 +93,7 @@ class ConflictError(BatonError):
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
         if self.expires_at is not None:
-            d["expires_at"] = self.expires_at.isoformat()
+            d["expires_at"] = wire_time(self.expires_at)
         return d
 
 
@@ -126,7 +128,8 @@ class NotFoundError(BatonError):
 
 class ForbiddenError(BatonError):
     """The caller's role or identity does not allow the operation (e.g. force release by an
-    ``agent``, resolving a handoff addressed to someone else)."""
+    ``agent``, deleting another principal's checkpoint). A resolve by anyone but the
+    handoff's target is the seed service's :class:`ValidationError` instead."""
 
     code = "FORBIDDEN"
 

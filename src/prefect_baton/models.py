@@ -1,16 +1,27 @@
 """Value objects returned by prefect-baton (immutable pydantic models).
 
 Times are timezone-aware UTC ``datetime`` values taken from the authority's clock (the
-database's ``now()`` or Redis ``TIME``), never from the caller's.
+database's ``now()`` or Redis ``TIME``), never from the caller's. Their JSON form (REST, MCP,
+CLI ``--format json``, stored receipts) is the seed service's ``2026-07-30T10:58:13.829Z``
+(:func:`wire_time`); parsing accepts any ISO 8601 form (``+00:00``, microseconds) as well.
 """
 
 from __future__ import annotations
 
 import os
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PrivateAttr,
+    WithJsonSchema,
+    computed_field,
+    model_validator,
+)
 
 __all__ = [
     "Checkpoint",
@@ -23,6 +34,7 @@ __all__ = [
     "Receipt",
     "from_ms",
     "to_ms",
+    "wire_time",
 ]
 
 LeaseStatus = Literal[
@@ -66,6 +78,28 @@ def private_state(cls: type[BaseModel]) -> dict[str, Any] | None:
     return {"_pid": _PID} if cls is Lease else None
 
 
+def wire_time(dt: datetime) -> str:
+    """The wire form of a time: UTC, milliseconds, ``Z`` (``2026-07-30T10:58:13.829Z``), as
+    the seed service writes every timestamp. The one formatting function of times for REST,
+    MCP and error fields (a lease ``CONFLICT``'s message and ``expires_at``).
+
+    Args:
+        dt: an aware ``datetime`` (a naive one is taken as UTC). Times here are whole
+            milliseconds (the authority's clock is read in ms), so nothing is lost.
+    """
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+#: A time field: an aware ``datetime`` in Python, :func:`wire_time` in JSON.
+Time = Annotated[
+    datetime,
+    PlainSerializer(wire_time, return_type=str, when_used="json"),
+    WithJsonSchema({"type": "string", "format": "date-time"}, mode="serialization"),
+]
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -107,10 +141,10 @@ class Lease(_Model):
     scopes: tuple[str, ...] = ()
     status: LeaseStatus = "active"
     purpose: str | None = None
-    acquired_at: datetime
-    expires_at: datetime
+    acquired_at: Time
+    expires_at: Time
     ttl_seconds: int
-    released_at: datetime | None = None
+    released_at: Time | None = None
     replayed: bool = False
     _pid: int = PrivateAttr(default_factory=lambda: _PID)
 
@@ -142,7 +176,7 @@ class LeaseInfo(_Model):
     held: bool
     version: int
     epoch: int
-    expires_at: datetime | None = None
+    expires_at: Time | None = None
     lease: Lease | None = None
 
 
@@ -155,12 +189,29 @@ class Receipt(_Model):
             a lease that had already run out: its protection lapsed) or ``no_change``
             (already released by the same proof).
         lease: the lease as it stands after the operation.
+        forced: ``True`` when ``action`` is ``force_release`` (derived).
     """
 
     action: str
     status: ReceiptStatus
     lease: Lease
     replayed: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived_in(cls, data: Any) -> Any:
+        # ``forced`` is derived from ``action``: its JSON form (REST, a stored receipt)
+        # reads back without it.
+        if isinstance(data, dict) and "forced" in data:
+            data = {k: v for k, v in data.items() if k != "forced"}
+        return data
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def forced(self) -> bool:
+        """``True`` for a force release by an ``owner``/``admin`` (the seed service's
+        ``forced: true``)."""
+        return self.action == "force_release"
 
 
 class Evidence(_Model):
@@ -187,9 +238,9 @@ class Checkpoint(_Model):
     version: int
     state: dict[str, Any]
     state_hash: str
-    created_at: datetime
-    updated_at: datetime
-    expires_at: datetime | None = None
+    created_at: Time
+    updated_at: Time
+    expires_at: Time | None = None
     replayed: bool = False
 
 
@@ -209,9 +260,9 @@ class Handoff(_Model):
     message: str | None = None
     lease_id: str | None = None
     status: HandoffStatus
-    created_at: datetime
-    expires_at: datetime | None = None
-    resolved_at: datetime | None = None
+    created_at: Time
+    expires_at: Time | None = None
+    resolved_at: Time | None = None
     note: str | None = None
     lease: Lease | None = None
     replayed: bool = False
@@ -229,7 +280,7 @@ class Outcome(_Model):
     handoff_id: str | None = None
     checkpoint_id: str | None = None
     fence_epoch: int | None = None
-    recorded_at: datetime
+    recorded_at: Time
     replayed: bool = False
 
 
@@ -246,4 +297,4 @@ class Event(_Model):
     principal: str
     subject: str
     payload: dict[str, Any]
-    occurred_at: datetime
+    occurred_at: Time

@@ -54,6 +54,21 @@ def test_checkpoint_history_lists_every_version(cli: Cli) -> None:
     assert "sha256:" in table.stdout
 
 
+def test_checkpoint_delete(cli: Cli) -> None:
+    """Another principal's delete exits 6; the writer's deletes it (get then exits 5, the
+    history stays); a second delete exits 5."""
+    saved = cli.ok("checkpoint", "save", "doc-1", "progress", '{"line": 40}')["checkpoint"]
+    cid = saved["checkpoint_id"]
+    assert cli("checkpoint", "delete", cid, principal="bob").code == 6
+    gone = cli.ok("checkpoint", "delete", cid)["checkpoint"]
+    assert gone["checkpoint_id"] == cid
+    assert cli("checkpoint", "get", "doc-1", "progress").code == 5
+    assert len(cli.ok("checkpoint", "history", "doc-1", "progress")["checkpoints"]) == 1
+    again = cli("checkpoint", "delete", cid)
+    assert again.code == 5
+    assert again.json["error"]["code"] == "NOT_FOUND"
+
+
 def test_checkpoint_cas_with_a_stale_version_exits_4(cli: Cli) -> None:
     """A checkpoint save with a stale --expected-version exits 4 with both versions."""
     cli.ok("checkpoint", "save", "doc-1", "progress", '{"n": 1}')
@@ -155,12 +170,13 @@ def test_handoff_with_lease_and_checkpoint_moves_both_to_the_recipient(cli: Cli)
     assert shown["status"] == "accepted"
 
 
-def test_second_resolve_exits_5_and_foreign_resolve_exits_6(cli: Cli) -> None:
-    """Only the target may resolve (else 6); a second resolve is not found (5)."""
+def test_second_resolve_exits_5_and_foreign_resolve_exits_2(cli: Cli) -> None:
+    """Only the target may resolve (else the seed's VALIDATION_ERROR, 2); a second resolve
+    is not found (5)."""
     hid = cli.ok("handoff", "create", "bob", "doc-1")["handoff"]["handoff_id"]
     foreign = cli("handoff", "resolve", hid, "accepted", principal="carol")
-    assert foreign.code == 6
-    assert foreign.json["error"]["code"] == "FORBIDDEN"
+    assert foreign.code == 2
+    assert foreign.json["error"]["code"] == "VALIDATION_ERROR"
     cli.ok("handoff", "resolve", hid, "rejected", "--note", "not now", principal="bob")
     again = cli("handoff", "resolve", hid, "accepted", principal="bob")
     assert again.code == 5

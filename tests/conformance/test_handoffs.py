@@ -9,7 +9,6 @@ import pytest
 
 from prefect_baton import (
     Baton,
-    ForbiddenError,
     LeaseLostError,
     NotFoundError,
     StaleFenceError,
@@ -83,13 +82,15 @@ def test_reject(baton: Baton) -> None:
 
 @pytest.mark.parametrize("who", ["agent-a", "agent-c"])
 def test_only_target_may_resolve(baton: Baton, who: str) -> None:
-    """The sender or a third principal resolving is FORBIDDEN and the handoff stays pending."""
+    """The sender or a third principal resolving is the seed's VALIDATION_ERROR "Only the
+    target principal can resolve a handoff." and the handoff stays pending."""
     h = baton.handoffs.create("agent-b", SUBJ)
     other = baton.as_principal(who)
     for status in ("accepted", "rejected"):
-        with pytest.raises(ForbiddenError) as ei:
+        with pytest.raises(ValidationError) as ei:
             other.handoffs.resolve(h.handoff_id, status)
-        assert ei.value.code == "FORBIDDEN"
+        assert ei.value.code == "VALIDATION_ERROR"
+        assert ei.value.message == "Only the target principal can resolve a handoff."
     assert baton.handoffs.get(h.handoff_id).status == "pending"
     assert [x.handoff_id for x in baton.as_principal("agent-b").handoffs.inbox()] == [h.handoff_id]
 

@@ -116,7 +116,10 @@ def test_handoff_created_by_one_key_is_resolved_by_the_other(http_server: HttpSe
                 )
             )
             assert handoff["from_principal"] == "alice"
-            assert ok(await alice.call_tool("baton_handoff_inbox", {})) == {"handoffs": []}
+            assert ok(await alice.call_tool("baton_handoff_inbox", {})) == {
+                "handoffs": [],
+                "next_cursor": None,
+            }
             inbox = ok(await bob.call_tool("baton_handoff_inbox", {}))["handoffs"]
             assert [h["handoff_id"] for h in inbox] == [handoff["handoff_id"]]
             accepted = ok(
@@ -233,7 +236,10 @@ def test_another_orgs_key_sees_nothing(http_server: HttpServer) -> None:
                     "baton_handoff_create", {"to_principal": "bob", "subject_id": "s"}
                 )
             )
-            assert ok(await b.call_tool("baton_handoff_inbox", {})) == {"handoffs": []}
+            assert ok(await b.call_tool("baton_handoff_inbox", {})) == {
+                "handoffs": [],
+                "next_cursor": None,
+            }
             tool_error(
                 await b.call_tool("baton_handoff_show", {"handoff_id": handoff["handoff_id"]}),
                 "NOT_FOUND",

@@ -23,6 +23,20 @@ TOOL_NAMES = {
     "baton_handoff_resolve",
     "baton_handoff_show",
     "baton_outcome_record",
+    "baton_lease_transfer",
+    "baton_lease_force_release",
+    "baton_lease_acquire_many",
+    "baton_lease_list",
+    "baton_event_list",
+    "baton_checkpoint_history",
+    "baton_checkpoint_delete",
+    "baton_outcome_list",
+    "baton_whoami",
+    # the seed service's names (tests/mcp/test_tools_more.py)
+    "titen_lease_acquire",
+    "titen_checkpoint_save",
+    "titen_checkpoint_get",
+    "titen_handoff",
 }
 
 
@@ -113,7 +127,10 @@ def test_handoff_created_by_one_is_resolved_by_the_other(stdio_session: Any) -> 
                 )
             )
             assert handoff["status"] == "pending"
-            assert ok(await alice.call_tool("baton_handoff_inbox", {})) == {"handoffs": []}
+            assert ok(await alice.call_tool("baton_handoff_inbox", {})) == {
+                "handoffs": [],
+                "next_cursor": None,
+            }
             inbox = ok(await bob.call_tool("baton_handoff_inbox", {}))["handoffs"]
             assert [h["handoff_id"] for h in inbox] == [handoff["handoff_id"]]
             assert inbox[0]["from_principal"] == "alice"
@@ -123,7 +140,7 @@ def test_handoff_created_by_one_is_resolved_by_the_other(stdio_session: Any) -> 
                     "baton_handoff_resolve",
                     {"handoff_id": handoff["handoff_id"], "status": "accepted"},
                 ),
-                "FORBIDDEN",
+                "VALIDATION_ERROR",
             )
             accepted = ok(
                 await bob.call_tool(
@@ -139,7 +156,10 @@ def test_handoff_created_by_one_is_resolved_by_the_other(stdio_session: Any) -> 
                 "baton_handoff_resolve", {"handoff_id": handoff["handoff_id"], "status": "rejected"}
             )
             tool_error(again, "NOT_FOUND")
-            assert ok(await bob.call_tool("baton_handoff_inbox", {})) == {"handoffs": []}
+            assert ok(await bob.call_tool("baton_handoff_inbox", {})) == {
+                "handoffs": [],
+                "next_cursor": None,
+            }
             shown = ok(
                 await alice.call_tool("baton_handoff_show", {"handoff_id": handoff["handoff_id"]})
             )

@@ -14,6 +14,7 @@ import pytest
 
 from prefect_baton import Baton, UnavailableError
 from prefect_baton._stores.ledger.store import LedgerStore
+from prefect_baton._stores.protocol import LeaseQuery
 from prefect_baton._stores.redis.authority import RedisAuthority, connect
 from prefect_baton._stores.redis.keys import org_keys
 from tests.conftest import REDIS_URL, require_redis
@@ -58,7 +59,5 @@ def test_journal_drained_in_background_after_ledger_outage(
     while authority.client.xlen(journal) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert authority.client.xlen(journal) == 0
-    rows = authority.store.list_leases(
-        b.caller, resource_type=None, owner=None, include_ended=False, limit=10
-    )
+    rows = authority.store.list_leases(b.caller, LeaseQuery(limit=10))
     assert sorted(lease.resource_id for lease in rows) == ["before", "x"]

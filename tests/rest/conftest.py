@@ -95,10 +95,12 @@ def data(resp: Any) -> Any:
 
 
 def error(resp: Any, status: int, code: str) -> dict[str, Any]:
-    """The ``error`` of an error envelope, asserting its status and code."""
+    """The ``error`` of an error envelope, asserting its status, its code and its
+    ``meta.request_id`` (the ``X-Request-ID`` header's)."""
     assert resp.status_code == status, (resp.status_code, resp.text)
     body = resp.json()
-    assert set(body) == {"error"}, body
+    assert set(body) == {"error", "meta"}, body
+    assert body["meta"] == {"request_id": resp.headers["x-request-id"]}, body
     assert body["error"]["code"] == code, body
     assert isinstance(body["error"]["message"], str)
     return dict(body["error"])

@@ -111,14 +111,16 @@ def test_stale_fence(client: TestClient, make_key: MakeKey) -> None:
 
 
 def test_forbidden_role_and_recipient(client: TestClient, two: tuple[dict[str, str], ...]) -> None:
-    """An agent's force-release and a non-recipient's resolve are 403 FORBIDDEN."""
+    """An agent's force-release is 403 FORBIDDEN; a non-recipient's resolve is the seed's
+    400 VALIDATION_ERROR "Only the target principal can resolve a handoff."."""
     a, b = two
     lease = data(client.post("/v1/leases", json=LEASE, headers=a))
     error(client.post(f"/v1/leases/{lease['lease_id']}/force-release", headers=b), 403, "FORBIDDEN")
     body = {"to_principal": "agent-b", "subject_id": "s"}
     hid = data(client.post("/v1/handoffs", json=body, headers=a))["handoff_id"]
     r = client.post(f"/v1/handoffs/{hid}/resolve", json={"status": "accepted"}, headers=a)
-    error(r, 403, "FORBIDDEN")
+    error(r, 400, "VALIDATION_ERROR")
+    assert r.json()["error"]["message"] == "Only the target principal can resolve a handoff."
 
 
 def test_not_found(client: TestClient, make_key: MakeKey) -> None:

@@ -104,8 +104,8 @@ def test_missing_scope_is_403_and_writes_nothing(
     error(client.put("/v1/checkpoints", json=body, headers=reader), 403, "FORBIDDEN")
     error(client.get("/v1/events", headers=reader), 403, "FORBIDDEN")
     assert row_counts(ledger_url) == before
-    assert data(client.get("/v1/leases", headers=reader)) == {"leases": []}
-    assert data(client.get("/v1/handoffs", headers=reader)) == {"handoffs": []}
+    assert data(client.get("/v1/leases", headers=reader)) == {"leases": [], "next_cursor": None}
+    assert data(client.get("/v1/handoffs", headers=reader)) == {"handoffs": [], "next_cursor": None}
 
 
 def test_key_decides_the_principal(client: TestClient, make_key: MakeKey) -> None:

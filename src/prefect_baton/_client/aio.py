@@ -122,6 +122,7 @@ class AsyncCheckpointAPI(_Wrapper[CheckpointAPI]):
     get = _to_async(CheckpointAPI.get)
     get_by_id = _to_async(CheckpointAPI.get_by_id)
     history = _to_async(CheckpointAPI.history)
+    delete = _to_async(CheckpointAPI.delete)
 
 
 class AsyncHandoffAPI(_Wrapper[HandoffAPI]):

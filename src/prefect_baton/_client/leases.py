@@ -16,6 +16,7 @@ from prefect_baton._client.requests import (
     transfer_fields,
 )
 from prefect_baton._rules import core as _core
+from prefect_baton._rules.paging import decode_cursor
 from prefect_baton._stores.protocol import (
     AcquireRequest,
     LeaseAuthority,
@@ -311,17 +312,26 @@ class LeaseAPI(_API):
         owner: str | None = None,
         include_ended: bool = False,
         limit: int = 100,
+        cursor: str | None = None,
     ) -> list[Lease]:
         """Your effective leases (``owner="*"`` or a name needs owner/admin), newest first.
 
         Args:
             resource_type: only this type. include_ended: also ended generations.
             limit: 1..10,000 rows.
+            cursor: continue after the page this cursor ends (``str``, the
+                ``next_cursor`` of the REST list or MCP tool, or
+                :func:`prefect_baton._rules.paging.next_cursor` of a page).
+
+        Raises:
+            ValidationError: a bad argument, or a cursor that is not one of this list.
         """
+        after = None if cursor is None else decode_cursor("leases", cursor)
         query = LeaseQuery(
             resource_type=_core.validate_optional_id("resource_type", resource_type),
             owner=_core.validate_optional_id("owner", owner),
             include_ended=bool(include_ended),
             limit=_limit(limit, 10_000),
+            after=after,
         )
         return self._authority.list_leases(self._caller, query)

@@ -15,6 +15,7 @@ from prefect_baton._client.api_base import (
 from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._client.requests import keyed, resolve_fields
 from prefect_baton._rules import core as _core
+from prefect_baton._rules.paging import decode_cursor
 from prefect_baton._rules.validation import CHECKPOINT_TTL_MAX_SECONDS, validate_lifetime
 from prefect_baton._stores.protocol import (
     CheckpointWrite,
@@ -28,6 +29,11 @@ from prefect_baton.models import Checkpoint, Event, Evidence, Handoff, Outcome
 
 class CheckpointAPI(_API):
     """Checkpoints (``b.checkpoints``): resumable progress per (subject, principal, kind)."""
+
+    @property
+    def state_max_bytes(self) -> int:
+        """The largest state the store takes (``int``, bytes of canonical JSON)."""
+        return self._b._records.state_max_bytes
 
     def save(
         self,
@@ -91,6 +97,28 @@ class CheckpointAPI(_API):
             self._caller, _core.validate_id("checkpoint_id", checkpoint_id)
         )
 
+    def delete(self, checkpoint_id: str, *, idempotency_key: str | None = None) -> Checkpoint:
+        """Delete your checkpoint ``checkpoint_id`` (the seed service's ``DELETE``): it
+        then reads as absent (as one past its TTL), its history stays readable, a later
+        save of the same subject and kind continues its versions, and
+        ``checkpoint.deleted`` is recorded.
+
+        Returns:
+            The checkpoint as deleted (``expires_at``: when).
+
+        Raises:
+            NotFoundError: unknown, already deleted or expired, or another org's.
+            ForbiddenError: not yours (only the writer deletes, whatever the role).
+            ConflictError: a pending handoff carries it (its recipient was promised it):
+                delete it once that handoff is resolved or has expired.
+            IdempotencyMismatchError: the key was used for another request.
+        """
+        return self._store.checkpoint_delete(
+            self._caller,
+            _core.validate_id("checkpoint_id", checkpoint_id),
+            idempotency_key=_core.validate_optional_id("idempotency_key", idempotency_key),
+        )
+
     def history(self, subject_id: str, kind: str, principal: str | None = None) -> list[Checkpoint]:
         """Every version of the checkpoint, oldest first."""
         return self._store.checkpoint_history(
@@ -146,9 +174,24 @@ class HandoffAPI(_API):
             lease.attach_handoff(lambda: self.get(hid).status == "accepted")
         return handoff
 
-    def inbox(self, *, limit: int = 100) -> list[Handoff]:
-        """Pending handoffs addressed to you (a sender's own inbox stays empty)."""
-        return self._store.handoff_inbox(self._caller, limit=_limit(limit, 10_000))
+    def inbox(self, *, limit: int = 100, cursor: str | None = None) -> list[Handoff]:
+        """Pending handoffs addressed to you (a sender's own inbox stays empty), oldest
+        first.
+
+        Args:
+            limit: 1..10,000 handoffs.
+            cursor: continue after the page this cursor ends (``str``, as
+                :meth:`prefect_baton.Baton.leases` ``list`` takes it).
+
+        Raises:
+            ValidationError: a bad limit, or a cursor that is not one of the inbox.
+        """
+        after = None if cursor is None else decode_cursor("handoffs", cursor)
+        return self._store.handoff_inbox(
+            self._caller,
+            limit=_limit(limit, 10_000),
+            after=after,
+        )
 
     def get(self, handoff_id: str) -> Handoff:
         """A handoff you sent or received. Raises :class:`NotFoundError` otherwise."""
@@ -180,8 +223,10 @@ class HandoffAPI(_API):
         Raises:
             ValidationError: ``status`` is not ``accepted``/``rejected``.
             NotFoundError: unknown, already resolved (a second resolve), or expired.
-            ForbiddenError: you are not its target. LeaseLostError: the sender no longer
-                holds the attached lease (the handoff stays pending; reject it).
+            ValidationError: you are not its target ("Only the target principal can
+                resolve a handoff.", as the seed service answers).
+            LeaseLostError: the sender no longer holds the attached lease (the handoff
+                stays pending; reject it).
             IdempotencyMismatchError: the key was used for a different request (nothing
                 done). IdempotencyInFlightError: a request under the key is still running.
         """

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from prefect_baton.errors import ForbiddenError
+from prefect_baton.errors import ConflictError, ForbiddenError, ValidationError
 
 if TYPE_CHECKING:
     from prefect_baton._rules.core import Generation
@@ -21,8 +21,10 @@ __all__ = [
     "PRIVILEGED_ROLES",
     "InspectView",
     "can_force_release",
+    "check_checkpoint_delete",
     "check_force_release",
     "check_list_owner",
+    "check_resolver",
     "inspect_view",
     "may_read",
     "sees_everything",
@@ -65,6 +67,47 @@ def check_list_owner(role: str, principal: str, owner: str) -> None:
     """
     if owner != principal and not sees_everything(role):
         raise ForbiddenError("listing another principal's leases needs the owner or admin role")
+
+
+#: The seed service's refusal of a resolve by anyone but the handoff's target.
+NOT_TARGET_MESSAGE = "Only the target principal can resolve a handoff."
+
+
+def check_resolver(to_principal: str, principal: str) -> None:
+    """Check that ``principal`` may resolve a pending handoff addressed to ``to_principal``.
+
+    Raises:
+        ValidationError: ``principal`` is not the target, with the seed service's message
+            :data:`NOT_TARGET_MESSAGE` (DESIGN.md, "Handoffs"; the seed answers
+            ``VALIDATION_ERROR``, not ``FORBIDDEN``, whatever the caller's role).
+    """
+    if principal != to_principal:
+        raise ValidationError(NOT_TARGET_MESSAGE)
+
+
+def check_checkpoint_delete(
+    checkpoint_id: str, writer: str, principal: str, carried_by: str | None
+) -> None:
+    """Check that ``principal`` may delete checkpoint ``checkpoint_id`` written by
+    ``writer`` (the seed service's ``DELETE`` of one's own checkpoint).
+
+    Args:
+        carried_by: the id of a pending, unexpired handoff that carries the checkpoint, or
+            ``None``: the recipient was promised it, so it may not disappear under them.
+
+    Raises:
+        ForbiddenError: ``principal`` is not its writer (whatever the role: only the
+            writer changes a checkpoint).
+        ConflictError: a pending handoff carries it (retry once that handoff is resolved
+            or has expired).
+    """
+    if principal != writer:
+        raise ForbiddenError(f"only its writer can delete checkpoint {checkpoint_id}")
+    if carried_by is not None:
+        raise ConflictError(
+            f"checkpoint {checkpoint_id} is carried by pending handoff {carried_by}; it can "
+            "be deleted once that handoff is resolved or has expired"
+        )
 
 
 @dataclass(frozen=True, slots=True)

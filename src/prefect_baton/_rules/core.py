@@ -47,7 +47,7 @@ from prefect_baton.errors import (
     ValidationError,
     VersionConflictError,
 )
-from prefect_baton.models import LeaseStatus, ReceiptStatus, from_ms
+from prefect_baton.models import LeaseStatus, ReceiptStatus, from_ms, wire_time
 
 __all__ = [  # the decision core, plus the validation it re-exports for its callers
     "DEFAULT_STATE_MAX_BYTES",
@@ -151,8 +151,9 @@ def conflict(expires_at_ms: int, what: str = "Resource", *, by: str = "principal
     ``execution`` when the holder is another execution of the caller's own principal)."""
     exp = from_ms(expires_at_ms)
     assert exp is not None
-    stamp = exp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    return ConflictError(f"{what} is leased by another {by} until {stamp}.", expires_at=exp)
+    return ConflictError(
+        f"{what} is leased by another {by} until {wire_time(exp)}.", expires_at=exp
+    )
 
 
 EPOCH_RANGE = 2**32

@@ -134,7 +134,7 @@ class HandoffResolution:
 
     Attributes:
         handoff_id: the handoff (``str`` id); unknown, resolved or expired is
-            ``NotFoundError``, not addressed to the caller ``ForbiddenError``.
+            ``NotFoundError``, not addressed to the caller ``ValidationError``.
         status: ``"accepted"`` or ``"rejected"``.
         note: kept with the resolution (``str``), or ``None``.
         execution_key: the recipient's execution key of a carried lease (``str``), or
@@ -236,12 +236,15 @@ class LeaseQuery:
             (everyone's); another principal's needs ``owner``/``admin``.
         include_ended: also ended and expired generations (``bool``).
         limit: at most this many leases (``int``, 1 to 10,000).
+        after: the page continues after this ``(acquired_at ms, lease_id)`` (the last
+            lease of the previous page), or ``None`` (the first page).
     """
 
     resource_type: str | None = None
     owner: str | None = None
     include_ended: bool = False
     limit: int = 100
+    after: tuple[int, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -432,8 +435,11 @@ class LeaseAuthority(Protocol):
 
     def list_leases(self, caller: Caller, query: LeaseQuery) -> list[Lease]:
         """Effective leases of the caller (``query.owner``: a principal or ``"*"``, needs
-        owner/admin), newest first, at most ``query.limit``; ``query.include_ended`` adds
-        ended ones.
+        owner/admin), newest first (by acquire time in ms, then lease id, both
+        descending), at most ``query.limit``; ``query.include_ended`` adds ended ones.
+        ``query.after``: the ``(acquired_at ms, lease_id)`` of the last lease of the
+        previous page (see :mod:`prefect_baton._rules.paging`); the page holds the leases
+        after it.
 
         Raises:
             ForbiddenError: another principal's leases asked by an ``agent``.
@@ -454,7 +460,7 @@ class LeaseAuthority(Protocol):
         ``resolve``).
 
         Raises:
-            NotFoundError: unknown, resolved, or expired. ForbiddenError: not its target.
+            NotFoundError: unknown, resolved, or expired. ValidationError: not its target.
             LeaseLostError: the sender no longer holds the lease (it stays pending).
             IdempotencyMismatchError, IdempotencyInFlightError.
         """
@@ -510,6 +516,20 @@ class RecordStore(Protocol):
         """
         ...
 
+    def checkpoint_delete(
+        self, caller: Caller, checkpoint_id: str, *, idempotency_key: str | None
+    ) -> Checkpoint:
+        """Delete the caller's checkpoint: it reads as absent from then on, its history
+        stays, ``checkpoint.deleted`` is recorded (rules:
+        :func:`prefect_baton._rules.access.check_checkpoint_delete`); returns it as deleted.
+
+        Raises:
+            NotFoundError: unknown, deleted, expired or another org's. ForbiddenError: not
+            the caller's. ConflictError: a pending handoff carries it.
+            IdempotencyMismatchError.
+        """
+        ...
+
     def checkpoint_get(
         self, caller: Caller, subject_id: str, kind: str, principal: str | None = None
     ) -> Checkpoint | None:
@@ -539,8 +559,12 @@ class RecordStore(Protocol):
         """
         ...
 
-    def handoff_inbox(self, caller: Caller, *, limit: int = 100) -> list[Handoff]:
-        """Pending handoffs addressed to the caller (at most ``limit``)."""
+    def handoff_inbox(
+        self, caller: Caller, *, limit: int = 100, after: tuple[int, str] | None = None
+    ) -> list[Handoff]:
+        """Pending handoffs addressed to the caller, oldest first (by creation time in ms,
+        then handoff id), at most ``limit``; ``after``: the ``(created_at ms, handoff_id)``
+        of the last handoff of the previous page."""
         ...
 
     def handoff_get(self, caller: Caller, handoff_id: str) -> Handoff:

@@ -1,4 +1,4 @@
-"""``baton checkpoint ...``: save, get, history of resumable progress."""
+"""``baton checkpoint ...``: save, get, history and delete of resumable progress."""
 
 from __future__ import annotations
 
@@ -121,3 +121,18 @@ def history(
     with guard(ctx, "checkpoint.history") as st:
         versions = st.client().checkpoints.history(subject_id, kind, principal)
         emit_ok(st.format, "checkpoint.history", "checkpoints", versions, columns=HISTORY_COLUMNS)
+
+
+@app.command("delete")
+def delete(
+    ctx: typer.Context,
+    checkpoint_id: Annotated[
+        str, typer.Argument(metavar="CHECKPOINT_ID", help="The checkpoint id (text).")
+    ],
+    idempotency_key: IdempotencyKey = None,
+) -> None:
+    """Delete your checkpoint CHECKPOINT_ID: it then reads as absent (history kept). Exits 5
+    if unknown or already deleted, 6 if not yours, 3 while a pending handoff carries it."""
+    with guard(ctx, "checkpoint.delete") as st:
+        gone = st.client().checkpoints.delete(checkpoint_id, idempotency_key=idempotency_key)
+        emit_ok(st.format, "checkpoint.delete", "checkpoint", gone)

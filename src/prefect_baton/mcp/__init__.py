@@ -2,9 +2,15 @@
 2.x), served over stdio or streamable HTTP by ``baton mcp``.
 
 Tools: ``baton_lease_acquire``, ``baton_lease_renew``, ``baton_lease_release``,
-``baton_lease_inspect``, ``baton_checkpoint_save``, ``baton_checkpoint_get``,
+``baton_lease_inspect``, ``baton_lease_transfer``, ``baton_lease_force_release``,
+``baton_lease_acquire_many``, ``baton_lease_list``, ``baton_checkpoint_save``,
+``baton_checkpoint_get``, ``baton_checkpoint_history``, ``baton_checkpoint_delete``,
 ``baton_handoff_create``, ``baton_handoff_inbox``, ``baton_handoff_resolve``,
-``baton_handoff_show``, ``baton_outcome_record``. Each input schema rejects unknown fields;
+``baton_handoff_show``, ``baton_outcome_record``, ``baton_outcome_list``,
+``baton_event_list``, ``baton_whoami``; and the seed service's names
+(:data:`SEED_ALIASES`: ``titen_lease_acquire``, ``titen_checkpoint_save``,
+``titen_checkpoint_get``, ``titen_handoff``). Each tool calls the same function of
+:mod:`prefect_baton.rest._calls` as its REST route. Each input schema rejects unknown fields;
 a result is the JSON form of what the Python API returns; an error is a tool error whose
 text is ``{"error": {"code": ..., "message": ...}}`` with the codes of
 :mod:`prefect_baton.errors`.
@@ -27,11 +33,13 @@ from prefect_baton.mcp._server import (
     serve_stdio,
     tool_error,
 )
-from prefect_baton.mcp._tools import TOOLS, ToolSpec
+from prefect_baton.mcp._tools import SEED_ALIASES, TOOLS, SeedAlias, ToolSpec
 
 __all__ = [
+    "SEED_ALIASES",
     "TOOLS",
     "Identity",
+    "SeedAlias",
     "ToolSpec",
     "build_server",
     "http_app",

@@ -38,7 +38,7 @@ from prefect_baton._stores.ledger.engine import Engines
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.protocol import LeaseAuthority
 from prefect_baton.errors import BatonError, ForbiddenError, UnavailableError, ValidationError
-from prefect_baton.mcp._tools import TOOLS, ToolSpec
+from prefect_baton.mcp._tools import SEED_ALIASES, TOOLS, SeedAlias, ToolSpec, resolve_tool
 
 __all__ = ["Identity", "build_server", "http_app", "serve_http", "serve_stdio", "tool_error"]
 
@@ -81,11 +81,19 @@ def _validation_message(exc: pydantic.ValidationError) -> str:
     return "; ".join(parts) or "invalid arguments"
 
 
-def _tool(spec: ToolSpec) -> types.Tool:
+def _tool(spec: ToolSpec, alias: SeedAlias | None = None) -> types.Tool:
+    """The listing of ``spec``, or of its seed ``alias`` (the seed's name and argument
+    names, the same output)."""
+    if alias is None:
+        name, description = spec.name, spec.description
+        input_schema = spec.model.model_json_schema()
+    else:
+        name, input_schema = alias.name, alias.input_schema()
+        description = f"The seed service's name of {spec.name}. {spec.description}"
     return types.Tool(
-        name=spec.name,
-        description=spec.description,
-        input_schema=spec.model.model_json_schema(),
+        name=name,
+        description=description,
+        input_schema=input_schema,
         output_schema=spec.output.model_json_schema(mode="serialization"),
         annotations=types.ToolAnnotations(
             read_only_hint=spec.read_only,
@@ -99,8 +107,10 @@ def _call(
     identity: Identity, ctx: ServerRequestContext[Any, Any], spec: ToolSpec, args: Any
 ) -> Any:
     baton, scopes = identity(ctx)
-    if scopes is not None and spec.scope not in scopes:
+    if scopes is not None and spec.scope is not None and spec.scope not in scopes:
         raise ForbiddenError(f"this key lacks the scope {spec.scope}")
+    if spec.with_scopes:
+        return spec.run(baton, args, scopes)
     return spec.run(baton, args)
 
 
@@ -119,6 +129,7 @@ def build_server(identity: Identity, *, on_close: Callable[[], None] | None = No
         ``message``; any other failure is a tool error with code ``INTERNAL`` (logged).
     """
     tools = [_tool(spec) for spec in TOOLS.values()]
+    tools += [_tool(TOOLS[a.tool], a) for a in SEED_ALIASES.values()]
 
     async def list_tools(
         _ctx: ServerRequestContext[Any, Any], _params: types.PaginatedRequestParams | None
@@ -128,11 +139,15 @@ def build_server(identity: Identity, *, on_close: Callable[[], None] | None = No
     async def call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        spec = TOOLS.get(params.name)
-        if spec is None:
-            return tool_error({"code": "NOT_FOUND", "message": f"unknown tool {params.name!r}"})
         try:
-            args = spec.model.model_validate(params.arguments or {})
+            found = resolve_tool(params.name, dict(params.arguments or {}))
+        except BatonError as exc:
+            return tool_error(exc.to_dict())
+        if found is None:
+            return tool_error({"code": "NOT_FOUND", "message": f"unknown tool {params.name!r}"})
+        spec, arguments = found
+        try:
+            args = spec.model.model_validate(arguments)
         except pydantic.ValidationError as exc:
             return tool_error({"code": "VALIDATION_ERROR", "message": _validation_message(exc)})
         try:

@@ -8,8 +8,9 @@ result is a JSON object.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import copy
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -26,12 +27,21 @@ from prefect_baton._rules.validation import (
     TTL_MIN_SECONDS,
     TTL_RANGE,
 )
-from prefect_baton.errors import NotFoundError, StaleFenceError
+from prefect_baton.errors import NotFoundError, StaleFenceError, ValidationError
 from prefect_baton.models import Checkpoint, Handoff, Lease, LeaseInfo, Outcome, Receipt
 from prefect_baton.rest import _calls as rest_calls
 from prefect_baton.rest import _schemas as rest_schemas
+from prefect_baton.rest._responses import (
+    CheckpointList,
+    EventPage,
+    HandoffPage,
+    LeaseList,
+    LeasePage,
+    Me,
+    OutcomeList,
+)
 
-__all__ = ["TOOLS", "ToolSpec"]
+__all__ = ["SEED_ALIASES", "TOOLS", "SeedAlias", "ToolSpec", "resolve_tool"]
 
 Id = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH)]
 Text = Annotated[str, Field(max_length=MAX_TEXT_LENGTH)]
@@ -181,10 +191,98 @@ class HandoffCreateIn(_In):
     idempotency_key: IdempotencyKey | None = None
 
 
+Cursor = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=1024,
+        description="The next_cursor of the previous page (absent: the first page).",
+    ),
+]
+
+
 class HandoffInboxIn(_In):
-    """List the pending handoffs addressed to you."""
+    """List the pending handoffs addressed to you, one page at a time."""
 
     limit: Annotated[int, Field(ge=1, le=10_000)] = 100
+    cursor: Cursor | None = None
+
+
+class LeaseTransferIn(_In):
+    """Hand a lease you hold to another principal."""
+
+    lease_id: Id = Field(description="The lease you hold.")
+    to_principal: Id = Field(description="Who receives it (need not have acted yet).")
+    new_execution_key: Id = Field(
+        description="The receiver's execution key (must differ from yours)."
+    )
+    ttl_seconds: Ttl
+    expected_version: Version | None = None
+    idempotency_key: IdempotencyKey | None = None
+
+
+class LeaseForceReleaseIn(_In):
+    """Release anyone's lease of the organization (owner/admin role)."""
+
+    lease_id: Id
+    idempotency_key: IdempotencyKey | None = None
+
+
+class LeaseAcquireManyIn(rest_schemas.BatchIn):
+    """Acquire several resources all-or-nothing."""
+
+    idempotency_key: IdempotencyKey | None = Field(
+        None, description="Execution key of every lease of the batch (see baton_lease_acquire)."
+    )
+
+
+class LeaseListIn(_In):
+    """List your leases (a lost lease_id is found here), newest first, one page at a time."""
+
+    resource_type: Id | None = None
+    owner: Id | None = Field(
+        None, description="Another principal's leases, or '*' for all (owner/admin role)."
+    )
+    include_ended: bool = Field(False, description="Also ended generations (history).")
+    limit: Annotated[int, Field(ge=1, le=10_000)] = 100
+    cursor: Cursor | None = None
+
+
+class EventListIn(_In):
+    """Read the organization's event stream in commit order, one page at a time."""
+
+    after: Annotated[int, Field(ge=0, le=2**63 - 1)] = Field(
+        0, description="Events with seq above this (or give cursor)."
+    )
+    limit: Annotated[int, Field(ge=1, le=1000)] = 100
+    kind: Id | None = Field(None, description="Only this kind, e.g. 'lease.acquired'.")
+    cursor: Cursor | None = None
+
+
+class CheckpointHistoryIn(_In):
+    """Every version of a checkpoint, oldest first."""
+
+    subject_id: Id
+    kind: Id
+    principal: Id | None = Field(None, description="Whose checkpoint (default: yours).")
+
+
+class CheckpointDeleteIn(_In):
+    """Delete a checkpoint you wrote."""
+
+    checkpoint_id: Id
+    idempotency_key: IdempotencyKey | None = None
+
+
+class OutcomeListIn(_In):
+    """List outcomes of the organization, oldest first."""
+
+    subject_id: Id | None = Field(None, description="Only this subject's.")
+    limit: Annotated[int, Field(ge=1, le=100_000)] = 1000
+
+
+class WhoAmIIn(_In):
+    """Who this connection acts as (no arguments)."""
 
 
 class HandoffResolveIn(_In):
@@ -232,12 +330,6 @@ class OutcomeRecordIn(_Fenced):
     idempotency_key: IdempotencyKey | None = None
 
 
-class HandoffList(BaseModel):
-    """The result of ``baton_handoff_inbox``."""
-
-    handoffs: list[Handoff]
-
-
 def _json(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(mode="json")
 
@@ -271,11 +363,7 @@ def _lease_renew(b: Baton, a: LeaseByIdIn) -> dict[str, Any]:
 
 def _lease_release(b: Baton, a: LeaseReleaseIn) -> dict[str, Any]:
     lease = b.leases.get(a.lease_id)
-    return _json(
-        b.leases.release(
-            lease, expected_version=a.expected_version, idempotency_key=a.idempotency_key
-        )
-    )
+    return _json(rest_calls.release(b, lease, a.expected_version, a.idempotency_key))
 
 
 def _lease_inspect(b: Baton, a: ResourceIn) -> dict[str, Any]:
@@ -303,7 +391,55 @@ def _handoff_create(b: Baton, a: HandoffCreateIn) -> dict[str, Any]:
 
 
 def _handoff_inbox(b: Baton, a: HandoffInboxIn) -> dict[str, Any]:
-    return {"handoffs": [_json(h) for h in b.handoffs.inbox(limit=a.limit)]}
+    return _json(rest_calls.inbox_page(b, limit=a.limit, cursor=a.cursor))
+
+
+def _lease_transfer(b: Baton, a: LeaseTransferIn) -> dict[str, Any]:
+    lease = b.leases.get(a.lease_id)
+    return _json(rest_calls.transfer(b, lease, a, a.idempotency_key))
+
+
+def _lease_force_release(b: Baton, a: LeaseForceReleaseIn) -> dict[str, Any]:
+    return _json(rest_calls.force_release(b, a.lease_id, a.idempotency_key))
+
+
+def _lease_acquire_many(b: Baton, a: LeaseAcquireManyIn) -> dict[str, Any]:
+    leases = rest_calls.acquire_many(b, a, a.idempotency_key)
+    return _json(LeaseList(leases=leases))
+
+
+def _lease_list(b: Baton, a: LeaseListIn) -> dict[str, Any]:
+    page = rest_calls.leases_page(
+        b,
+        resource_type=a.resource_type,
+        owner=a.owner,
+        include_ended=a.include_ended,
+        limit=a.limit,
+        cursor=a.cursor,
+    )
+    return _json(page)
+
+
+def _event_list(b: Baton, a: EventListIn) -> dict[str, Any]:
+    page = rest_calls.events_page(b, after=a.after, limit=a.limit, kind=a.kind, cursor=a.cursor)
+    return _json(page)
+
+
+def _checkpoint_history(b: Baton, a: CheckpointHistoryIn) -> dict[str, Any]:
+    versions = rest_calls.checkpoint_history(b, a.subject_id, a.kind, a.principal)
+    return _json(CheckpointList(checkpoints=versions))
+
+
+def _checkpoint_delete(b: Baton, a: CheckpointDeleteIn) -> dict[str, Any]:
+    return _json(rest_calls.delete_checkpoint(b, a.checkpoint_id, a.idempotency_key))
+
+
+def _outcome_list(b: Baton, a: OutcomeListIn) -> dict[str, Any]:
+    return _json(OutcomeList(outcomes=rest_calls.list_outcomes(b, a.subject_id, a.limit)))
+
+
+def _whoami(b: Baton, _a: WhoAmIIn, scopes: Collection[str] | None) -> dict[str, Any]:
+    return _json(rest_calls.me(b, scopes, None))
 
 
 def _handoff_resolve(b: Baton, a: HandoffResolveIn) -> dict[str, Any]:
@@ -327,21 +463,25 @@ class ToolSpec:
         name: the tool name (``baton_<area>_<verb>``).
         description: what it does and how it fails, for the agent reading the tool list.
         model: the input model (its JSON schema is the tool's ``inputSchema``).
-        run: ``run(baton, args) -> dict``, the thin call into the Python API; raises
-            :class:`~prefect_baton.errors.BatonError` subclasses.
+        run: ``run(baton, args) -> dict`` (``run(baton, args, scopes)`` when
+            ``with_scopes``), the thin call into :mod:`prefect_baton.rest._calls` (the
+            REST API's own); raises :class:`~prefect_baton.errors.BatonError` subclasses.
         output: the model whose JSON form ``run`` returns (its serialization schema is
             the tool's ``outputSchema``).
-        scope: the bearer-key scope it needs over HTTP (``<area>:read`` / ``<area>:write``).
+        scope: the bearer-key scope it needs over HTTP (``<area>:read`` / ``<area>:write``),
+            or ``None`` (any key).
         read_only: whether it changes nothing (the ``readOnlyHint`` annotation).
+        with_scopes: ``run`` also takes the scopes granted (``None``: all).
     """
 
     name: str
     description: str
-    model: type[_In]
-    run: Callable[[Baton, Any], dict[str, Any]]
+    model: type[BaseModel]
+    run: Callable[..., dict[str, Any]]
     output: type[BaseModel]
-    scope: str
+    scope: str | None
     read_only: bool = False
+    with_scopes: bool = False
 
 
 _SPECS = (
@@ -418,11 +558,12 @@ _SPECS = (
     ),
     ToolSpec(
         "baton_handoff_inbox",
-        "The pending handoffs addressed to you, as {'handoffs': [...]} (a sender's own "
-        "inbox stays empty).",
+        "The pending handoffs addressed to you, oldest first, as {'handoffs': [...], "
+        "'next_cursor': ...} (a sender's own inbox stays empty); pass next_cursor as "
+        "cursor for the next page (null: no more).",
         HandoffInboxIn,
         _handoff_inbox,
-        HandoffList,
+        HandoffPage,
         "handoffs:read",
         read_only=True,
     ),
@@ -430,7 +571,7 @@ _SPECS = (
         "baton_handoff_resolve",
         "Accept or reject a pending handoff addressed to you. Accepting one that carries a "
         "lease gives you that lease (in the result's 'lease'). Errors: NOT_FOUND (unknown, "
-        "expired or already resolved), FORBIDDEN (not addressed to you), LEASE_LOST (the "
+        "expired or already resolved), VALIDATION_ERROR (not addressed to you), LEASE_LOST (the "
         "sender no longer holds the lease).",
         HandoffResolveIn,
         _handoff_resolve,
@@ -456,7 +597,190 @@ _SPECS = (
         Outcome,
         "outcomes:write",
     ),
+    ToolSpec(
+        "baton_lease_transfer",
+        "Hand a lease you hold to another principal under a new execution key: the "
+        "receiver's lease (new lease_id, epoch + 1) is returned and yours ends. Errors: "
+        "LEASE_LOST, VERSION_CONFLICT, VALIDATION_ERROR (the same execution key), NOT_FOUND.",
+        LeaseTransferIn,
+        _lease_transfer,
+        Lease,
+        "leases:write",
+    ),
+    ToolSpec(
+        "baton_lease_force_release",
+        "Release anyone's lease of the organization (owner or admin role only); the "
+        "receipt says forced: true. Errors: FORBIDDEN (agent role), NOT_FOUND.",
+        LeaseForceReleaseIn,
+        _lease_force_release,
+        Receipt,
+        "leases:write",
+    ),
+    ToolSpec(
+        "baton_lease_acquire_many",
+        "Acquire several resources (1 to 1000) all-or-nothing, as {'leases': [...]} in "
+        "request order; unset item fields take the call's ttl_seconds, purpose and scopes. "
+        "Errors: the first refused item's (CONFLICT, VERSION_CONFLICT, ...); nothing is "
+        "acquired then.",
+        LeaseAcquireManyIn,
+        _lease_acquire_many,
+        LeaseList,
+        "leases:write",
+    ),
+    ToolSpec(
+        "baton_lease_list",
+        "Your effective leases, newest first, as {'leases': [...], 'next_cursor': ...}: "
+        "find a lease_id you lost. include_ended adds ended ones; owner (owner/admin role) "
+        "lists another principal's. Pass next_cursor as cursor for the next page.",
+        LeaseListIn,
+        _lease_list,
+        LeasePage,
+        "leases:read",
+        read_only=True,
+    ),
+    ToolSpec(
+        "baton_event_list",
+        "The organization's events in commit order (lease.acquired, checkpoint.saved, "
+        "handoff.created, ...), as {'events': [...], 'next_cursor': ...}; pass next_cursor "
+        "as cursor (or the last seq as after) for the next page.",
+        EventListIn,
+        _event_list,
+        EventPage,
+        "events:read",
+        read_only=True,
+    ),
+    ToolSpec(
+        "baton_checkpoint_history",
+        "Every saved version of a checkpoint of (subject_id, kind), oldest first, as "
+        "{'checkpoints': [...]}. Errors: NOT_FOUND.",
+        CheckpointHistoryIn,
+        _checkpoint_history,
+        CheckpointList,
+        "checkpoints:read",
+        read_only=True,
+    ),
+    ToolSpec(
+        "baton_checkpoint_delete",
+        "Delete a checkpoint you wrote: it then reads as absent (its history stays). "
+        "Errors: NOT_FOUND, FORBIDDEN (not yours), CONFLICT (a pending handoff carries it: "
+        "its recipient was promised it).",
+        CheckpointDeleteIn,
+        _checkpoint_delete,
+        Checkpoint,
+        "checkpoints:write",
+    ),
+    ToolSpec(
+        "baton_outcome_list",
+        "Outcomes of the organization (of one subject when given), oldest first, with their "
+        "evidence, as {'outcomes': [...]}.",
+        OutcomeListIn,
+        _outcome_list,
+        OutcomeList,
+        "outcomes:read",
+        read_only=True,
+    ),
+    ToolSpec(
+        "baton_whoami",
+        "Who this connection acts as: org, principal, role, the scopes granted (null: all) "
+        "and the largest checkpoint state in bytes.",
+        WhoAmIIn,
+        _whoami,
+        Me,
+        None,
+        read_only=True,
+        with_scopes=True,
+    ),
 )
 
 #: Every tool, by name, in the order they are listed.
 TOOLS: dict[str, ToolSpec] = {spec.name: spec for spec in _SPECS}
+
+
+@dataclass(frozen=True)
+class SeedAlias:
+    """A tool name of the seed service, answered by one of :data:`TOOLS` so that an agent
+    host configured for the seed service works unchanged.
+
+    Attributes:
+        name: the seed's tool name (``titen_...``).
+        tool: the tool of :data:`TOOLS` that answers it.
+        renames: ``{seed argument: argument of tool}`` for arguments named differently.
+        ignored: seed arguments accepted and dropped, with why (no counterpart here).
+    """
+
+    name: str
+    tool: str
+    renames: dict[str, str] = field(default_factory=dict)
+    ignored: dict[str, str] = field(default_factory=dict)
+
+    def arguments(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``args`` (the seed's names) with the arguments of :attr:`tool`.
+
+        Raises:
+            ValidationError: a seed argument and the argument it is renamed to are both
+                given.
+        """
+        out: dict[str, Any] = {}
+        for key, value in args.items():
+            if key in self.ignored:
+                continue
+            name = self.renames.get(key, key)
+            if name in out:
+                raise ValidationError(f"{key}: give {key} or {name}, not both")
+            out[name] = value
+        return out
+
+    def input_schema(self) -> dict[str, Any]:
+        """The JSON schema of :attr:`tool`'s input under the seed's argument names."""
+        schema = copy.deepcopy(TOOLS[self.tool].model.model_json_schema())
+        back = {ours: seed for seed, ours in self.renames.items()}
+        props = schema.get("properties", {})
+        schema["properties"] = {back.get(k, k): v for k, v in props.items()}
+        for arg, why in self.ignored.items():
+            schema["properties"][arg] = {"description": f"Accepted and ignored: {why}"}
+        if "required" in schema:
+            schema["required"] = [back.get(k, k) for k in schema["required"]]
+        schema["title"] = self.name
+        return schema
+
+
+_RUN_ID = "runs are not recorded here (use an idempotency_key to make a retry safe)"
+
+#: The seed service's coordination tools (files ``000_*``/``003_*`` of the seeds, and its
+#: MCP tool table), by name: the seed's argument names onto this server's tools. Its memory
+#: tools (remember, compile, ...) are out of scope (DESIGN.md).
+SEED_ALIASES: dict[str, SeedAlias] = {
+    alias.name: alias
+    for alias in (
+        SeedAlias("titen_lease_acquire", "baton_lease_acquire"),
+        SeedAlias(
+            "titen_checkpoint_save",
+            "baton_checkpoint_save",
+            ignored={
+                "agent_id": "a checkpoint is always the calling principal's own",
+                "run_id": _RUN_ID,
+            },
+        ),
+        SeedAlias(
+            "titen_checkpoint_get", "baton_checkpoint_get", renames={"agent_id": "principal"}
+        ),
+        SeedAlias("titen_handoff", "baton_handoff_create"),
+    )
+}
+
+
+def resolve_tool(name: str, arguments: dict[str, Any]) -> tuple[ToolSpec, dict[str, Any]] | None:
+    """The tool that answers ``name`` (one of :data:`TOOLS` or a seed alias of
+    :data:`SEED_ALIASES`) and the call's ``arguments`` under its argument names, or
+    ``None`` for an unknown name.
+
+    Raises:
+        ValidationError: see :meth:`SeedAlias.arguments`.
+    """
+    spec = TOOLS.get(name)
+    if spec is not None:
+        return spec, arguments
+    alias = SEED_ALIASES.get(name)
+    if alias is None:
+        return None
+    return TOOLS[alias.tool], alias.arguments(arguments)

@@ -8,21 +8,35 @@ tool argument) and the lease a fence or proof presents are given as arguments.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel
 
 from prefect_baton._client.sync import Baton
-from prefect_baton.models import Checkpoint, Handoff, Lease, Outcome
+from prefect_baton._rules.paging import decode_cursor, next_cursor
+from prefect_baton.errors import ValidationError
+from prefect_baton.models import Checkpoint, Handoff, Lease, Outcome, Receipt
+from prefect_baton.rest._responses import EventPage, HandoffPage, LeasePage, Me
 
 __all__ = [
     "acquire",
+    "acquire_many",
+    "checkpoint_history",
     "create_handoff",
+    "delete_checkpoint",
+    "events_page",
+    "force_release",
+    "inbox_page",
+    "leases_page",
+    "list_outcomes",
+    "me",
     "record_outcome",
+    "release",
     "renew",
     "resolve_handoff",
     "save_checkpoint",
+    "transfer",
 ]
 
 
@@ -42,6 +56,37 @@ class RenewFields(Protocol):
 
     ttl_seconds: int | None
     expected_version: int | None
+
+
+class TransferFields(Protocol):
+    """The fields of a transfer (REST ``TransferIn``, MCP ``LeaseTransferIn``)."""
+
+    to_principal: str
+    new_execution_key: str
+    ttl_seconds: int
+    expected_version: int | None
+
+
+class BatchItemFields(Protocol):
+    """One resource of an all-or-nothing acquire (REST ``BatchItemIn``)."""
+
+    def model_dump(self, *, exclude_none: bool) -> dict[str, Any]:
+        """The item's set fields as a dict."""
+        ...
+
+
+class BatchFields(Protocol):
+    """The fields of an all-or-nothing acquire (REST ``BatchIn``, MCP
+    ``LeaseAcquireManyIn``)."""
+
+    ttl_seconds: int
+    purpose: str | None
+    scopes: list[str]
+
+    @property
+    def resources(self) -> Sequence[BatchItemFields]:
+        """The resources, 1..1,000."""
+        ...
 
 
 class CheckpointFields(Protocol):
@@ -200,3 +245,161 @@ def record_outcome(
         checkpoint_id=a.checkpoint_id,
         idempotency_key=idempotency_key,
     )
+
+
+def transfer(b: Baton, lease: Lease, a: TransferFields, idempotency_key: str | None) -> Lease:
+    """``b.leases.transfer`` of ``lease`` (the caller's proof) with the fields of ``a``;
+    returns the receiver's lease.
+
+    Raises:
+        BatonError: as that method (LEASE_LOST, VERSION_CONFLICT, VALIDATION_ERROR, ...).
+    """
+    return b.leases.transfer(
+        lease,
+        to_principal=a.to_principal,
+        new_execution_key=a.new_execution_key,
+        ttl_seconds=a.ttl_seconds,
+        expected_version=a.expected_version,
+        idempotency_key=idempotency_key,
+    )
+
+
+def release(
+    b: Baton, lease: Lease, expected_version: int | None, idempotency_key: str | None
+) -> Receipt:
+    """``b.leases.release`` of ``lease`` (the caller's proof) at ``expected_version``
+    (``int`` or ``None``).
+
+    Raises:
+        BatonError: as that method (LEASE_LOST, VERSION_CONFLICT, NOT_FOUND, ...).
+    """
+    return b.leases.release(
+        lease, expected_version=expected_version, idempotency_key=idempotency_key
+    )
+
+
+def force_release(b: Baton, lease_id: str, idempotency_key: str | None) -> Receipt:
+    """``b.leases.force_release`` of ``lease_id`` (``str``): the receipt says
+    ``forced: true`` (the seed service's field).
+
+    Raises:
+        BatonError: FORBIDDEN for an ``agent``, NOT_FOUND, as that method.
+    """
+    return b.leases.force_release(lease_id, idempotency_key=idempotency_key)
+
+
+def acquire_many(b: Baton, a: BatchFields, idempotency_key: str | None) -> list[Lease]:
+    """``b.leases.acquire_many`` of ``a.resources`` (unset item fields take ``a``'s
+    TTL, purpose and scopes): every lease or none, in request order.
+
+    Raises:
+        BatonError: the first refused item's error (nothing acquired), as that method.
+    """
+    return b.leases.acquire_many(
+        [item.model_dump(exclude_none=True) for item in a.resources],
+        ttl_seconds=a.ttl_seconds,
+        purpose=a.purpose,
+        scopes=a.scopes,
+        idempotency_key=idempotency_key,
+    )
+
+
+def leases_page(
+    b: Baton,
+    *,
+    resource_type: str | None,
+    owner: str | None,
+    include_ended: bool,
+    limit: int,
+    cursor: str | None,
+) -> LeasePage:
+    """One page of ``b.leases.list`` (newest first, ``limit`` 1..10,000) after
+    ``cursor`` (``str`` from a previous page's ``next_cursor``, or ``None``).
+
+    Raises:
+        BatonError: VALIDATION_ERROR (a bad limit or cursor), FORBIDDEN (another
+            principal's leases asked by an ``agent``).
+    """
+    leases = b.leases.list(
+        resource_type=resource_type,
+        owner=owner,
+        include_ended=include_ended,
+        limit=limit,
+        cursor=cursor,
+    )
+    return LeasePage(leases=leases, next_cursor=next_cursor("leases", leases, limit))
+
+
+def inbox_page(b: Baton, *, limit: int, cursor: str | None) -> HandoffPage:
+    """One page of ``b.handoffs.inbox`` (oldest first, ``limit`` 1..10,000) after
+    ``cursor`` (as :func:`leases_page`).
+
+    Raises:
+        BatonError: VALIDATION_ERROR (a bad limit or cursor).
+    """
+    handoffs = b.handoffs.inbox(limit=limit, cursor=cursor)
+    return HandoffPage(handoffs=handoffs, next_cursor=next_cursor("handoffs", handoffs, limit))
+
+
+def events_page(
+    b: Baton, *, after: int, limit: int, kind: str | None, cursor: str | None
+) -> EventPage:
+    """One page of ``b.events.list``: events with ``seq > after`` (``int``), or after
+    ``cursor`` (as :func:`leases_page`), in commit order, ``limit`` 1..1,000.
+
+    Raises:
+        BatonError: VALIDATION_ERROR (a bad limit or cursor, or both ``after`` and
+            ``cursor``).
+    """
+    if cursor is not None:
+        if after:
+            raise ValidationError("give after or cursor, not both")
+        (after,) = decode_cursor("events", cursor)
+    events = b.events.list(after, limit, kind)
+    return EventPage(events=events, next_cursor=next_cursor("events", events, limit))
+
+
+def checkpoint_history(
+    b: Baton, subject_id: str, kind: str, principal: str | None
+) -> list[Checkpoint]:
+    """``b.checkpoints.history``: every version of a checkpoint (``str`` ids; ``principal``
+    ``None`` for the caller's), oldest first.
+
+    Raises:
+        BatonError: as that method (VALIDATION_ERROR, NOT_FOUND).
+    """
+    return b.checkpoints.history(subject_id, kind, principal)
+
+
+def list_outcomes(b: Baton, subject_id: str | None, limit: int) -> list[Outcome]:
+    """``b.outcomes.list``: outcomes of the org (of ``subject_id`` when given), oldest
+    first, at most ``limit`` (``int``, 1..100,000).
+
+    Raises:
+        BatonError: VALIDATION_ERROR.
+    """
+    return b.outcomes.list(subject_id, limit=limit)
+
+
+def me(b: Baton, scopes: Collection[str] | None, key_id: str | None) -> Me:
+    """Who ``b`` acts as: its org, principal and role, the ``scopes`` granted (``None``:
+    all), the bearer key's ``key_id`` (``None`` without one) and the checkpoint state
+    limit in bytes."""
+    return Me(
+        org=b.org,
+        principal=b.principal,
+        role=b.role,
+        scopes=None if scopes is None else sorted(scopes),
+        key_id=key_id,
+        state_max_bytes=b.checkpoints.state_max_bytes,
+    )
+
+
+def delete_checkpoint(b: Baton, checkpoint_id: str, idempotency_key: str | None) -> Checkpoint:
+    """``b.checkpoints.delete`` of ``checkpoint_id`` (``str``): the checkpoint as deleted.
+
+    Raises:
+        BatonError: NOT_FOUND, FORBIDDEN (not yours), CONFLICT (a pending handoff carries
+            it), as that method.
+    """
+    return b.checkpoints.delete(checkpoint_id, idempotency_key=idempotency_key)

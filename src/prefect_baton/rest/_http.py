@@ -1,8 +1,10 @@
 """Envelopes, error statuses and the ASGI middleware (body limit, bearer auth, request id).
 
-Every error body is ``{"error": {"code": ..., "message": ...}}`` plus the error's own
-fields (``expires_at`` of a lease conflict, ``current_version``/``expected_version`` of a
-version conflict). The HTTP status of each code is fixed by :data:`STATUS_BY_CODE`.
+Every error body is ``{"error": {"code": ..., "message": ...}, "meta": {"request_id":
+...}}``: the seed service's error envelope, the error's own fields (``expires_at`` of a
+lease conflict, ``current_version``/``expected_version`` of a version conflict), and the
+request id of the ``X-Request-ID`` header as a success body carries it. The HTTP status of
+each code is fixed by :data:`STATUS_BY_CODE`.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from typing import Any
 
 import anyio.to_thread
@@ -53,17 +56,33 @@ STATUS_BY_CODE: dict[str, int] = {
 }
 
 
+#: The id of the request being answered (set by :class:`BatonMiddleware` in the request's
+#: task, so every error envelope built while answering it carries the id).
+_REQUEST_ID: ContextVar[str | None] = ContextVar("baton_request_id", default=None)
+
+
 def error_response(
-    code: str, message: str, *, extra: Mapping[str, Any] | None = None, status: int | None = None
+    code: str,
+    message: str,
+    *,
+    extra: Mapping[str, Any] | None = None,
+    status: int | None = None,
+    request_id: str | None = None,
 ) -> JSONResponse:
     """The error envelope for ``code`` (``str``) and ``message`` (``str``), with the status
-    of :data:`STATUS_BY_CODE` (500 for an unknown code) unless ``status`` is given."""
+    of :data:`STATUS_BY_CODE` (500 for an unknown code) unless ``status`` is given, and
+    ``meta.request_id``: ``request_id``, else the id of the request being answered (none
+    outside a request)."""
     body: dict[str, Any] = {"code": code, "message": message}
     if extra:
         body.update(extra)
+    envelope: dict[str, Any] = {"error": body}
+    rid = request_id or _REQUEST_ID.get()
+    if rid is not None:
+        envelope["meta"] = {"request_id": rid}
     headers = {"WWW-Authenticate": "Bearer"} if code == "UNAUTHENTICATED" else None
     return JSONResponse(
-        {"error": body},
+        envelope,
         status_code=status or STATUS_BY_CODE.get(code, 500),
         headers=headers,
     )
@@ -136,6 +155,7 @@ class BatonMiddleware:
             await self.app(scope, receive, send)
             return
         request_id = f"req_{_request_ids.getrandbits(128):032x}"
+        _REQUEST_ID.set(request_id)  # this request's task (one per request)
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
 

@@ -32,7 +32,12 @@ _ERROR_SCHEMA: dict[str, Any] = {
                 "current_version": {"type": "integer"},
                 "expected_version": {"type": "integer"},
             },
-        }
+        },
+        "meta": {
+            "type": "object",
+            "required": ["request_id"],
+            "properties": {"request_id": {"type": "string"}},
+        },
     },
 }
 

@@ -30,9 +30,10 @@ __all__ = [
     "DATA_BY_OPERATION",
     "BatchAcquired",
     "CheckpointList",
-    "EventList",
-    "HandoffList",
+    "EventPage",
+    "HandoffPage",
     "LeaseList",
+    "LeasePage",
     "Me",
     "Meta",
     "OutcomeList",
@@ -54,15 +55,26 @@ class Meta(_Out):
 
 
 class LeaseList(_Out):
-    """``GET /v1/leases``."""
+    """A list of leases: ``POST /v1/leases/report-expired`` (those reported), MCP
+    ``baton_lease_acquire_many`` (those acquired, in request order)."""
 
     leases: list[Lease]
 
 
-class HandoffList(_Out):
-    """``GET /v1/handoffs``: the caller's inbox."""
+class LeasePage(_Out):
+    """``GET /v1/leases``: one page of the caller's leases, newest first; ``next_cursor``
+    continues the list (``cursor=``), ``None`` after the last page."""
+
+    leases: list[Lease]
+    next_cursor: str | None
+
+
+class HandoffPage(_Out):
+    """``GET /v1/handoffs``: one page of the caller's inbox, oldest first;
+    ``next_cursor`` as for :class:`LeasePage`."""
 
     handoffs: list[Handoff]
+    next_cursor: str | None
 
 
 class CheckpointList(_Out):
@@ -77,10 +89,12 @@ class OutcomeList(_Out):
     outcomes: list[Outcome]
 
 
-class EventList(_Out):
-    """``GET /v1/events``: events in commit order."""
+class EventPage(_Out):
+    """``GET /v1/events``: one page of events in commit order; ``next_cursor`` as for
+    :class:`LeasePage` (the same as ``after=`` the last ``seq``)."""
 
     events: list[Event]
+    next_cursor: str | None
 
 
 class BatchAcquired(_Out):
@@ -92,14 +106,16 @@ class BatchAcquired(_Out):
 
 
 class Me(_Out):
-    """``GET /v1/me``: the identity of the bearer key and the server's checkpoint state
-    limit (``state_max_bytes``, bytes of canonical JSON)."""
+    """``GET /v1/me`` (MCP ``baton_whoami``): the caller's identity, the scopes granted
+    (``None``: every one, as over MCP stdio), the bearer key's id (``None`` without a key)
+    and the server's checkpoint state limit (``state_max_bytes``, bytes of canonical
+    JSON)."""
 
     org: str
     principal: str
     role: str
-    scopes: list[str]
-    key_id: str
+    scopes: list[str] | None
+    key_id: str | None
     state_max_bytes: int
 
 
@@ -116,7 +132,7 @@ class Released(_Out):
 #: Model of ``data`` per ``(METHOD, path)`` of every ``/v1`` operation.
 DATA_BY_OPERATION: dict[tuple[str, str], type[BaseModel]] = {
     ("POST", "/v1/leases"): Lease,
-    ("GET", "/v1/leases"): LeaseList,
+    ("GET", "/v1/leases"): LeasePage,
     ("GET", "/v1/leases/inspect"): LeaseInfo,
     ("GET", "/v1/leases/{lease_id}"): Lease,
     ("DELETE", "/v1/leases/{lease_id}"): Released,
@@ -127,16 +143,18 @@ DATA_BY_OPERATION: dict[tuple[str, str], type[BaseModel]] = {
     ("POST", "/v1/leases/{lease_id}/transfer"): Lease,
     ("POST", "/v1/leases/{lease_id}/force-release"): Receipt,
     ("POST", "/v1/handoffs"): Handoff,
-    ("GET", "/v1/handoffs"): HandoffList,
+    ("GET", "/v1/handoffs"): HandoffPage,
     ("GET", "/v1/handoffs/{handoff_id}"): Handoff,
     ("POST", "/v1/handoffs/{handoff_id}/resolve"): Handoff,
     ("PUT", "/v1/checkpoints"): Checkpoint,
+    ("POST", "/v1/checkpoints"): Checkpoint,
     ("GET", "/v1/checkpoints"): Checkpoint,
     ("GET", "/v1/checkpoints/history"): CheckpointList,
     ("GET", "/v1/checkpoints/{checkpoint_id}"): Checkpoint,
+    ("DELETE", "/v1/checkpoints/{checkpoint_id}"): Checkpoint,
     ("POST", "/v1/outcomes"): Outcome,
     ("GET", "/v1/outcomes"): OutcomeList,
-    ("GET", "/v1/events"): EventList,
+    ("GET", "/v1/events"): EventPage,
     ("GET", "/v1/me"): Me,
 }
 

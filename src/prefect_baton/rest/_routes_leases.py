@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import FastAPI, Query, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 from starlette.responses import Response
 
 from prefect_baton.errors import NotFoundError
@@ -53,30 +53,6 @@ class ReleaseIn(_ProofIn):
     expected_version: s.Version | None = None
 
 
-class BatchItemIn(BaseModel):
-    """One resource of ``POST /v1/leases/batch``; unset fields take the call's defaults."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    resource_type: s.Id
-    resource_id: s.Id
-    ttl_seconds: s.Ttl | None = None
-    purpose: s.Text | None = None
-    scopes: s.Scopes | None = None
-    expected_version: s.Version | None = None
-
-
-class BatchIn(BaseModel):
-    """``POST /v1/leases/batch``: acquire every resource or none (1..1,000)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    resources: Annotated[list[BatchItemIn], Field(min_length=1, max_length=1000)]
-    ttl_seconds: s.Ttl
-    purpose: s.Text | None = None
-    scopes: s.Scopes = []
-
-
 def add_routes(app: FastAPI) -> None:
     """Register the lease routes on ``app`` (called once by
     :func:`~prefect_baton.rest.app.create_app`)."""
@@ -94,12 +70,19 @@ def add_routes(app: FastAPI) -> None:
         owner: str | None = None,
         include_ended: bool = False,
         limit: Annotated[int, Query()] = 100,
+        cursor: str | None = None,
     ) -> Response:
-        """Your effective leases (``owner`` needs owner/admin), newest first."""
-        leases = b.leases.list(
-            resource_type=resource_type, owner=owner, include_ended=include_ended, limit=limit
+        """Your effective leases (``owner`` needs owner/admin), newest first, one page of
+        ``limit``; ``next_cursor`` (as ``cursor=``) gives the next page."""
+        page = _calls.leases_page(
+            b,
+            resource_type=resource_type,
+            owner=owner,
+            include_ended=include_ended,
+            limit=limit,
+            cursor=cursor,
         )
-        return _reply(request, leases, key="leases")
+        return _reply(request, page)
 
     @app.get("/v1/leases/inspect", tags=["leases"])
     def inspect(request: Request, b: B, resource_type: str, resource_id: str) -> Response:
@@ -139,15 +122,7 @@ def add_routes(app: FastAPI) -> None:
     ) -> Response:
         """Hand a lease you hold to another principal; returns the receiver's lease."""
         lease = _proof_lease(b, lease_id, body)
-        moved = b.leases.transfer(
-            lease,
-            to_principal=body.to_principal,
-            new_execution_key=body.new_execution_key,
-            ttl_seconds=body.ttl_seconds,
-            expected_version=body.expected_version,
-            idempotency_key=_utf8(key),
-        )
-        return _reply(request, moved)
+        return _reply(request, _calls.transfer(b, lease, body, _utf8(key)))
 
     @app.post("/v1/leases/{lease_id}/release", tags=["leases"])
     def release_by_proof(
@@ -157,25 +132,14 @@ def add_routes(app: FastAPI) -> None:
         ``expired`` (it had run out) or ``no_change`` (already released by this proof);
         409 LEASE_LOST once another holder has it."""
         body = body or ReleaseIn()
-        receipt = b.leases.release(
-            _proof_lease(b, lease_id, body),
-            expected_version=body.expected_version,
-            idempotency_key=_utf8(key),
-        )
-        return _reply(request, receipt)
+        lease = _proof_lease(b, lease_id, body)
+        return _reply(request, _calls.release(b, lease, body.expected_version, _utf8(key)))
 
     @app.post("/v1/leases/batch", status_code=201, tags=["leases"])
-    def acquire_many(request: Request, body: BatchIn, b: B, key: IdemKey = None) -> Response:
+    def acquire_many(request: Request, body: s.BatchIn, b: B, key: IdemKey = None) -> Response:
         """Acquire several resources all-or-nothing; the first refusal's error otherwise
         (nothing acquired). ``data.replayed`` flags each lease that came back replayed."""
-        items = [item.model_dump(exclude_none=True) for item in body.resources]
-        leases = b.leases.acquire_many(
-            items,
-            ttl_seconds=body.ttl_seconds,
-            purpose=body.purpose,
-            scopes=body.scopes,
-            idempotency_key=_utf8(key),
-        )
+        leases = _calls.acquire_many(b, body, _utf8(key))
         data = {"leases": _dump(leases), "replayed": [lease.replayed for lease in leases]}
         replayed = bool(leases) and all(lease.replayed for lease in leases)
         return ok(data, _rid(request), replayed=replayed, status=201)
@@ -192,6 +156,6 @@ def add_routes(app: FastAPI) -> None:
 
     @app.post("/v1/leases/{lease_id}/force-release", tags=["leases"])
     def force_release(request: Request, lease_id: str, b: B, key: IdemKey = None) -> Response:
-        """Release anyone's lease of the org (owner/admin); 403 for an agent."""
-        receipt = b.leases.force_release(lease_id, idempotency_key=_utf8(key))
-        return _reply(request, receipt)
+        """Release anyone's lease of the org (owner/admin; the receipt says ``forced:
+        true``); 403 for an agent."""
+        return _reply(request, _calls.force_release(b, lease_id, _utf8(key)))

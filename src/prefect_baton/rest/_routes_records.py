@@ -53,9 +53,10 @@ def add_routes(app: FastAPI) -> None:
         return _reply(request, handoff, status=201)
 
     @app.get("/v1/handoffs", tags=["handoffs"])
-    def inbox(request: Request, b: B, limit: int = 100) -> Response:
-        """Pending handoffs addressed to the caller."""
-        return _reply(request, b.handoffs.inbox(limit=limit), key="handoffs")
+    def inbox(request: Request, b: B, limit: int = 100, cursor: str | None = None) -> Response:
+        """Pending handoffs addressed to the caller, oldest first, one page of ``limit``;
+        ``next_cursor`` (as ``cursor=``) gives the next page."""
+        return _reply(request, _calls.inbox_page(b, limit=limit, cursor=cursor))
 
     @app.get("/v1/handoffs/{handoff_id}", tags=["handoffs"])
     def show_handoff(request: Request, handoff_id: str, b: B) -> Response:
@@ -71,11 +72,14 @@ def add_routes(app: FastAPI) -> None:
 
     # ------------------------------------------------------------------ checkpoints
 
-    @app.put("/v1/checkpoints", tags=["checkpoints"])
     def save(request: Request, body: FencedCheckpointIn, b: B, key: IdemKey = None) -> Response:
-        """Write your checkpoint of ``(subject_id, kind)``; version +1 per write."""
+        """Write your checkpoint of ``(subject_id, kind)``; version +1 per write (``PUT``,
+        or ``POST`` as the seed service's clients send it)."""
         fence = _fence(b, body.fence_lease_id, body.fence_epoch)
         return _reply(request, _calls.save_checkpoint(b, body, fence, _utf8(key)))
+
+    app.put("/v1/checkpoints", tags=["checkpoints"])(save)
+    app.post("/v1/checkpoints", tags=["checkpoints"])(save)
 
     @app.get("/v1/checkpoints", tags=["checkpoints"])
     def get_checkpoint(
@@ -92,13 +96,22 @@ def add_routes(app: FastAPI) -> None:
         request: Request, b: B, subject_id: str, kind: str, principal: str | None = None
     ) -> Response:
         """Every version of a checkpoint, oldest first."""
-        versions = b.checkpoints.history(subject_id, kind, principal)
+        versions = _calls.checkpoint_history(b, subject_id, kind, principal)
         return _reply(request, versions, key="checkpoints")
 
     @app.get("/v1/checkpoints/{checkpoint_id}", tags=["checkpoints"])
     def get_checkpoint_by_id(request: Request, checkpoint_id: str, b: B) -> Response:
         """A checkpoint of the org by id (e.g. the one attached to a handoff)."""
         return _reply(request, b.checkpoints.get_by_id(checkpoint_id))
+
+    @app.delete("/v1/checkpoints/{checkpoint_id}", tags=["checkpoints"])
+    def delete_checkpoint(
+        request: Request, checkpoint_id: str, b: B, key: IdemKey = None
+    ) -> Response:
+        """Delete your checkpoint: it reads as absent from then on (history kept,
+        ``checkpoint.deleted`` recorded); 403 when not yours, 409 CONFLICT while a pending
+        handoff carries it, 404 when unknown or already deleted."""
+        return _reply(request, _calls.delete_checkpoint(b, checkpoint_id, _utf8(key)))
 
     # ------------------------------------------------------------------ outcomes, events
 
@@ -114,11 +127,18 @@ def add_routes(app: FastAPI) -> None:
         request: Request, b: B, subject_id: str | None = None, limit: int = 1000
     ) -> Response:
         """Outcomes of the org, of one subject when given."""
-        return _reply(request, b.outcomes.list(subject_id, limit=limit), key="outcomes")
+        return _reply(request, _calls.list_outcomes(b, subject_id, limit), key="outcomes")
 
     @app.get("/v1/events", tags=["events"])
     def events(
-        request: Request, b: B, after: int = 0, limit: int = 100, kind: str | None = None
+        request: Request,
+        b: B,
+        after: int = 0,
+        limit: int = 100,
+        kind: str | None = None,
+        cursor: str | None = None,
     ) -> Response:
-        """Events with ``seq > after`` in commit order."""
-        return _reply(request, b.events.list(after, limit, kind), key="events")
+        """Events with ``seq > after`` (or after ``cursor``) in commit order, one page of
+        ``limit``; ``next_cursor`` gives the next page."""
+        page = _calls.events_page(b, after=after, limit=limit, kind=kind, cursor=cursor)
+        return _reply(request, page)

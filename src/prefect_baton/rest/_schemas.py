@@ -23,9 +23,12 @@ from prefect_baton._rules.validation import (
     TTL_MAX_SECONDS,
     TTL_MIN_SECONDS,
 )
+from prefect_baton._stores.protocol import MAX_MANY
 
 __all__ = [
     "AcquireIn",
+    "BatchIn",
+    "BatchItemIn",
     "CheckpointIn",
     "EvidenceIn",
     "HandoffIn",
@@ -158,3 +161,23 @@ class OutcomeIn(_In):
     lease_id: Id | None = None
     handoff_id: Id | None = None
     checkpoint_id: Id | None = None
+
+
+class BatchItemIn(_In):
+    """One resource of ``POST /v1/leases/batch``; unset fields take the call's defaults."""
+
+    resource_type: Id
+    resource_id: Id
+    ttl_seconds: Ttl | None = None
+    purpose: Text | None = None
+    scopes: Scopes | None = None
+    expected_version: Version | None = None
+
+
+class BatchIn(_In):
+    """``POST /v1/leases/batch``: acquire every resource or none (1..1,000)."""
+
+    resources: Annotated[list[BatchItemIn], Field(min_length=1, max_length=MAX_MANY)]
+    ttl_seconds: Ttl
+    purpose: Text | None = None
+    scopes: Scopes = []

@@ -5,8 +5,9 @@ Every ``/v1`` request carries ``Authorization: Bearer bk_...`` (see
 :mod:`prefect_baton.rest.keys`); the key decides org, principal and role. Responses:
 
 * success: ``{"data": ..., "meta": {"request_id": "req_...", "replayed": bool}}``;
-* error: ``{"error": {"code": ..., "message": ...}}`` (+ ``expires_at`` on a lease
-  ``CONFLICT``, ``current_version``/``expected_version`` on ``VERSION_CONFLICT``).
+* error: ``{"error": {"code": ..., "message": ...}, "meta": {"request_id": "req_..."}}``
+  (+ ``expires_at`` on a lease ``CONFLICT``, ``current_version``/``expected_version`` on
+  ``VERSION_CONFLICT``).
 
 Fixed statuses: ``400 VALIDATION_ERROR`` (bad values, malformed JSON, wrong types, unknown
 fields: FastAPI's 422 is replaced), ``401 UNAUTHENTICATED`` (no, unknown or revoked key),
@@ -46,12 +47,11 @@ from starlette.routing import Match
 
 from prefect_baton._stores.factory import open_stores
 from prefect_baton._stores.ledger.tables import ApiKeyRow
-from prefect_baton._stores.protocol import Caller
 from prefect_baton.errors import BatonError, UnavailableError
-from prefect_baton.rest import _routes_leases, _routes_records
+from prefect_baton.rest import _calls, _routes_leases, _routes_records
 from prefect_baton.rest import _schemas as s
-from prefect_baton.rest._deps import _rid
-from prefect_baton.rest._http import BatonMiddleware, baton_error_response, error_response, ok
+from prefect_baton.rest._deps import B, _reply
+from prefect_baton.rest._http import BatonMiddleware, baton_error_response, error_response
 from prefect_baton.rest._openapi import install_openapi
 from prefect_baton.rest.keys import KeyCache
 
@@ -139,7 +139,9 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
 
     @app.exception_handler(Exception)
     async def _on_other(_r: Request, _exc: Exception) -> Response:
-        return error_response("INTERNAL", "internal error")
+        # answered outside the middleware: the request id comes from the request's state
+        rid = getattr(_r.state, "request_id", None)
+        return error_response("INTERNAL", "internal error", request_id=rid)
 
     _routes_leases.add_routes(app)
     _routes_records.add_routes(app)
@@ -147,25 +149,17 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
     # ------------------------------------------------------------------ identity
 
     @app.get("/v1/me", tags=["identity"])
-    def me(request: Request) -> Response:
+    def me(request: Request, b: B) -> Response:
         """The identity of the bearer key: ``org``, ``principal``, ``role``, ``scopes``,
         ``key_id``, and the server's checkpoint ``state_max_bytes``. Needs no scope."""
-        caller: Caller = request.state.caller
         key_id: str = request.state.key_id
         try:
             with Session(store.engines.read) as session:
                 row = session.get(ApiKeyRow, key_id)
         except OperationalError as exc:
             raise UnavailableError("ledger database unavailable") from exc
-        data = {
-            "org": caller.org,
-            "principal": caller.principal,
-            "role": caller.role,
-            "scopes": json.loads(row.scopes) if row is not None else [],
-            "key_id": key_id,
-            "state_max_bytes": store.state_max_bytes,
-        }
-        return ok(data, _rid(request))
+        scopes = json.loads(row.scopes) if row is not None else []
+        return _reply(request, _calls.me(b, scopes, key_id))
 
     install_openapi(app)
     return app

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from sqlalchemy import func, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlmodel import Session, col
 
 from prefect_baton._rules import core as _core
@@ -429,7 +429,9 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
 
     def list_leases(self, caller: Caller, query: LeaseQuery) -> list[Lease]:
         """Leases of the org: the caller's own by default; ``owner``/``admin`` roles may list
-        anyone's (``owner="*"`` for all). Effective ones only unless ``include_ended``."""
+        anyone's (``owner="*"`` for all). Effective ones only unless ``include_ended``.
+        Newest first; ``query.after``: the page continues after this ``(acquired_at ms,
+        lease_id)``."""
         who = caller.principal if query.owner is None else query.owner
         check_list_owner(caller.role, caller.principal, who)
         with self._read() as (s, now):
@@ -442,9 +444,20 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
                 q = q.where(
                     col(GenerationRow.status) == "active", col(GenerationRow.expires_at_ms) > now
                 )
-            q = q.order_by(col(GenerationRow.acquired_at_ms).desc()).limit(
-                max(1, min(query.limit, 10_000))
-            )
+            if query.after is not None:
+                at, lease_id = query.after
+                q = q.where(
+                    or_(
+                        col(GenerationRow.acquired_at_ms) < at,
+                        and_(
+                            col(GenerationRow.acquired_at_ms) == at,
+                            col(GenerationRow.lease_id) < lease_id,
+                        ),
+                    )
+                )
+            q = q.order_by(
+                col(GenerationRow.acquired_at_ms).desc(), col(GenerationRow.lease_id).desc()
+            ).limit(max(1, min(query.limit, 10_000)))
             return [generation_to_lease(row_to_generation(r)) for r in s.execute(q).scalars()]
 
     # ------------------------------------------------------------------ fences

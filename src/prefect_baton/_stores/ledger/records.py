@@ -6,15 +6,16 @@ import dataclasses
 import json
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import and_, or_, select
 from sqlmodel import Session, col
 
 from prefect_baton._rules import core as _core
-from prefect_baton._rules.access import may_read
+from prefect_baton._rules.access import check_checkpoint_delete, check_resolver, may_read
 from prefect_baton._rules.core import Proof
 from prefect_baton._rules.digests import (
     checkpoint_save_digest,
     handoff_create_digest,
+    operation_digest,
     outcome_record_digest,
 )
 from prefect_baton._stores.ledger.base import Tx
@@ -48,7 +49,6 @@ from prefect_baton._stores.protocol import (
     TransferRequest,
 )
 from prefect_baton.errors import (
-    ForbiddenError,
     LeaseLostError,
     NotFoundError,
     ValidationError,
@@ -85,6 +85,11 @@ _OFFER_FIELDS = shared_fields(
 )
 
 
+def _ckpt_scope(ck: CheckpointRow | CheckpointWrite) -> str:
+    """The receipt scope and lock name part of a checkpoint's saves: its subject and kind."""
+    return f"{len(ck.subject_id)}:{ck.subject_id}:{ck.kind}"
+
+
 class RecordOps(LeaseOps):
     """Checkpoints, handoffs, outcomes and the event stream of :class:`LedgerStore`."""
 
@@ -97,7 +102,7 @@ class RecordOps(LeaseOps):
         ``write.expected_version``; fenced by a lease when ``write.fence`` is given."""
         subject_id, kind, fence, ttl_ms = write.subject_id, write.kind, write.fence, write.ttl_ms
         state_text, state_hash = write.state_text, write.state_hash
-        scope = f"{len(subject_id)}:{subject_id}:{kind}"
+        scope = _ckpt_scope(write)
         digest = checkpoint_save_digest(
             state_hash=state_hash,
             expected_version=write.expected_version,
@@ -168,6 +173,75 @@ class RecordOps(LeaseOps):
         locks = [f"ckpt:{caller.org}:{scope}", *self._fence_locks(caller, fence)]
         return self._write_once(
             caller, locks, "checkpoint.save", idempotency_key, scope, digest, Checkpoint, op
+        )
+
+    def checkpoint_delete(
+        self, caller: Caller, checkpoint_id: str, *, idempotency_key: str | None
+    ) -> Checkpoint:
+        """Delete the caller's checkpoint ``checkpoint_id``: from now on it reads as absent
+        (as one whose TTL has passed: ``expires_at`` is set to now), its history stays
+        readable, a later save of the same subject and kind continues its versions (a CAS
+        then expects 0), and ``checkpoint.deleted`` is recorded. Rules:
+        :func:`prefect_baton._rules.access.check_checkpoint_delete`.
+
+        Returns:
+            The checkpoint as it was deleted (``expires_at``: when).
+
+        Raises:
+            NotFoundError: unknown, already deleted or expired, or another org's.
+            ForbiddenError: not the caller's. ConflictError: a pending handoff carries it.
+            IdempotencyMismatchError: the key was used for another request.
+        """
+        digest = operation_digest("checkpoint.delete", {"checkpoint_id": checkpoint_id})
+
+        def op(tx: Tx) -> Checkpoint:
+            s = tx.session
+            row = s.get(CheckpointRow, checkpoint_id)
+            if (
+                row is None
+                or row.org_id != caller.org
+                or (row.expires_at_ms is not None and row.expires_at_ms <= tx.now_ms)
+            ):
+                raise NotFoundError(f"checkpoint {checkpoint_id} not found")
+            carried = s.execute(
+                select(col(HandoffRow.handoff_id))
+                .where(
+                    col(HandoffRow.org_id) == caller.org,
+                    col(HandoffRow.checkpoint_id) == checkpoint_id,
+                    col(HandoffRow.status) == "pending",
+                    or_(
+                        col(HandoffRow.expires_at_ms).is_(None),
+                        col(HandoffRow.expires_at_ms) > tx.now_ms,
+                    ),
+                )
+                .limit(1)
+            ).scalar_one_or_none()
+            check_checkpoint_delete(checkpoint_id, row.principal, caller.principal, carried)
+            row.expires_at_ms = tx.now_ms
+            row.updated_at_ms = tx.now_ms
+            s.add(row)
+            s.flush()
+            tx.emit(
+                "checkpoint.deleted",
+                row.subject_id,
+                {"checkpoint_id": checkpoint_id, "kind": row.kind, "version": row.version},
+            )
+            return checkpoint_model(row)
+
+        with self._read() as (s, _now):
+            found = s.get(CheckpointRow, checkpoint_id)
+            # the lock of its saves (subject and kind), so a save and a delete serialise
+            locks = [] if found is None else [f"ckpt:{caller.org}:{_ckpt_scope(found)}"]
+        scope = f"{len(checkpoint_id)}:{checkpoint_id}"
+        return self._write_once(
+            caller,
+            locks,
+            "checkpoint.delete",
+            idempotency_key,
+            scope,
+            digest,
+            Checkpoint,
+            op,
         )
 
     def checkpoint_get(
@@ -271,22 +345,31 @@ class RecordOps(LeaseOps):
             caller, [], "handoff.create", idempotency_key, "", digest, Handoff, op
         )
 
-    def handoff_inbox(self, caller: Caller, *, limit: int = 100) -> list[Handoff]:
-        """Pending, unexpired handoffs addressed to the caller, oldest first."""
+    def handoff_inbox(
+        self, caller: Caller, *, limit: int = 100, after: tuple[int, str] | None = None
+    ) -> list[Handoff]:
+        """Pending, unexpired handoffs addressed to the caller, oldest first; ``after``:
+        the page continues after this ``(created_at ms, handoff_id)``."""
         with self._read() as (s, now):
-            rows = s.execute(
-                select(HandoffRow)
-                .where(
-                    col(HandoffRow.org_id) == caller.org,
-                    col(HandoffRow.to_principal) == caller.principal,
-                    col(HandoffRow.status) == "pending",
+            q = select(HandoffRow).where(
+                col(HandoffRow.org_id) == caller.org,
+                col(HandoffRow.to_principal) == caller.principal,
+                col(HandoffRow.status) == "pending",
+                or_(col(HandoffRow.expires_at_ms).is_(None), col(HandoffRow.expires_at_ms) > now),
+            )
+            if after is not None:
+                at, handoff_id = after
+                q = q.where(
                     or_(
-                        col(HandoffRow.expires_at_ms).is_(None), col(HandoffRow.expires_at_ms) > now
-                    ),
+                        col(HandoffRow.created_at_ms) > at,
+                        and_(
+                            col(HandoffRow.created_at_ms) == at,
+                            col(HandoffRow.handoff_id) > handoff_id,
+                        ),
+                    )
                 )
-                .order_by(col(HandoffRow.created_at_ms))
-                .limit(max(1, min(limit, 10_000)))
-            ).scalars()
+            q = q.order_by(col(HandoffRow.created_at_ms), col(HandoffRow.handoff_id))
+            rows = s.execute(q.limit(max(1, min(limit, 10_000)))).scalars()
             return [handoff_model(r, now) for r in rows]
 
     def handoff_get(self, caller: Caller, handoff_id: str) -> Handoff:
@@ -335,8 +418,7 @@ class RecordOps(LeaseOps):
                 raise NotFoundError(f"pending handoff {handoff_id} not found")
             if row.expires_at_ms is not None and row.expires_at_ms <= tx.now_ms:
                 raise NotFoundError(f"handoff {handoff_id} has expired")
-            if row.to_principal != caller.principal:
-                raise ForbiddenError("only the target principal can resolve a handoff")
+            check_resolver(row.to_principal, caller.principal)
             lease: Lease | None = None
             if status == "accepted" and row.lease_id:
                 lrow = self._row_by_id(s, caller.org, row.lease_id)

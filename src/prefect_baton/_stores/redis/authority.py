@@ -384,7 +384,8 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
 
     def list_leases(self, caller: Caller, query: LeaseQuery) -> list[Lease]:
         """Effective leases of the caller (``owner``: a name or ``"*"``, needs owner/admin),
-        newest first; with ``include_ended`` the ledger's history (after a drain)."""
+        newest first (``query.after``: continuing after this ``(acquired_at ms,
+        lease_id)``); with ``include_ended`` the ledger's history (after a drain)."""
         who = caller.principal if query.owner is None else query.owner
         check_list_owner(caller.role, caller.principal, who)
         if query.include_ended:
@@ -392,6 +393,9 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
             return self.store.list_leases(caller, query)
         reply = self._run(caller.org, "list", ["" if who == "*" else who, opt(query.resource_type)])
         gens = [from_gen(raw) for raw in reply[2:]]
+        if query.after is not None:
+            after = query.after
+            gens = [h for h in gens if (h.acquired_at_ms, h.lease_id) < after]
         gens.sort(key=lambda h: (h.acquired_at_ms, h.lease_id), reverse=True)
         return [generation_to_lease(h) for h in gens[: max(1, min(query.limit, 10_000))]]
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING
 
+from prefect_baton._rules.access import check_resolver
 from prefect_baton._stores.ledger.store import handoff_model
 from prefect_baton._stores.ledger.tables import HandoffRow
 from prefect_baton._stores.protocol import Caller, HandoffResolution
@@ -35,7 +36,7 @@ from prefect_baton._stores.redis.codec import lease_from_gen, opt
 from prefect_baton._stores.redis.connection import as_text
 from prefect_baton._stores.redis.keys import HANDOFF_KEY_TTL_MS, org_keys
 from prefect_baton._stores.redis.scripts import OK, REPLAY, UNKNOWN, raise_for
-from prefect_baton.errors import ForbiddenError, NotFoundError
+from prefect_baton.errors import NotFoundError
 from prefect_baton.models import Handoff, Lease
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: HandoffRes
 
     Raises:
         NotFoundError: unknown, not pending, expired, or another org's handoff.
-        ForbiddenError: the caller is not its target.
+        ValidationError: the caller is not its target (the seed's message).
         LeaseLostError: the sender no longer holds the lease (the handoff stays pending).
         UnavailableError: Redis or the ledger is unreachable.
     """
@@ -71,8 +72,7 @@ def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: HandoffRes
             expires_at_ms = row.expires_at_ms
             if expires_at_ms is not None and expires_at_ms <= now:
                 raise NotFoundError(f"handoff {handoff_id} has expired")
-            if row.to_principal != caller.principal:
-                raise ForbiddenError("only the target principal can resolve a handoff")
+            check_resolver(row.to_principal, caller.principal)
     if lease_id is None or from_principal is None:
         return store.handoff_resolve(caller, resolution)
     if resolution.status == "rejected":

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 
 from prefect_baton._rules.core import Proof
 from prefect_baton._rules.keeping import heartbeat_call_timeout
+from prefect_baton._rules.paging import encode_cursor
 from prefect_baton._rules.validation import TTL_MIN_SECONDS
 from prefect_baton._stores.protocol import (
     AcquireRequest,
@@ -319,6 +320,7 @@ class RestStore(_Transport):
             owner=query.owner,
             include_ended="true" if query.include_ended else None,
             limit=query.limit,
+            cursor=None if query.after is None else encode_cursor("leases", query.after),
         )
         data, _ = self._call("GET", "/v1/leases", params=params)
         return self._list(Lease, data, "leases")
@@ -369,6 +371,15 @@ class RestStore(_Transport):
             return None
         return self._parse(Checkpoint, data)
 
+    def checkpoint_delete(
+        self, caller: Caller, checkpoint_id: str, *, idempotency_key: str | None
+    ) -> Checkpoint:
+        """``DELETE /v1/checkpoints/{id}`` (``Idempotency-Key`` when given)."""
+        data, replayed = self._call(
+            "DELETE", f"/v1/checkpoints/{_seg(checkpoint_id)}", idempotency_key=idempotency_key
+        )
+        return self._parse(Checkpoint, data, replayed=replayed)
+
     def checkpoint_get_by_id(self, caller: Caller, checkpoint_id: str) -> Checkpoint:
         """``GET /v1/checkpoints/{id}``."""
         data, _ = self._call("GET", f"/v1/checkpoints/{_seg(checkpoint_id)}")
@@ -405,9 +416,12 @@ class RestStore(_Transport):
         )
         return self._parse(Handoff, data, replayed=replayed)
 
-    def handoff_inbox(self, caller: Caller, *, limit: int = 100) -> list[Handoff]:
-        """``GET /v1/handoffs``."""
-        data, _ = self._call("GET", "/v1/handoffs", params={"limit": limit})
+    def handoff_inbox(
+        self, caller: Caller, *, limit: int = 100, after: tuple[int, str] | None = None
+    ) -> list[Handoff]:
+        """``GET /v1/handoffs`` (``after`` sent as the page's ``cursor``)."""
+        cursor = None if after is None else encode_cursor("handoffs", after)
+        data, _ = self._call("GET", "/v1/handoffs", params=_params(limit=limit, cursor=cursor))
         return self._list(Handoff, data, "handoffs")
 
     def handoff_get(self, caller: Caller, handoff_id: str) -> Handoff:

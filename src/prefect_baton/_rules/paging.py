@@ -1,0 +1,91 @@
+"""Cursors of paged lists (leases, the handoff inbox, events): opaque strings naming the
+last item of a page, so the next page starts strictly after it (keyset paging: a row
+inserted or ended meanwhile never shifts a page). No I/O.
+
+A cursor is ``c1.`` + base64url of the JSON ``[list, *key]``; the list's name is inside, so
+a cursor of another list is refused. The keys, in each list's order:
+
+* ``leases`` (newest first): ``(acquired_at ms, lease_id)``, descending;
+* ``handoffs`` (the inbox, oldest first): ``(created_at ms, handoff_id)``, ascending;
+* ``events`` (commit order): ``(seq,)``, ascending.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Sequence
+from typing import Literal, overload
+
+from prefect_baton.errors import ValidationError
+from prefect_baton.models import Event, Handoff, Lease, to_ms
+
+__all__ = ["PageKey", "decode_cursor", "encode_cursor", "next_cursor"]
+
+ListName = Literal["leases", "handoffs", "events"]
+#: The key of the last item of a page: ``(ms, id)`` of leases and handoffs, ``(seq,)`` of
+#: events.
+PageKey = tuple[int, str] | tuple[int]
+
+_PREFIX = "c1."
+_MAX_CURSOR = 1024
+
+
+def encode_cursor(name: ListName, key: PageKey) -> str:
+    """The cursor (``str``) continuing list ``name`` after the item whose key is ``key``."""
+    raw = json.dumps([name, *key], separators=(",", ":")).encode()
+    return _PREFIX + base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+@overload
+def decode_cursor(name: Literal["leases", "handoffs"], cursor: str) -> tuple[int, str]: ...
+@overload
+def decode_cursor(name: Literal["events"], cursor: str) -> tuple[int]: ...
+def decode_cursor(name: ListName, cursor: str) -> PageKey:
+    """The key a cursor of list ``name`` names.
+
+    Raises:
+        ValidationError: not a cursor this server wrote for list ``name`` (malformed,
+            altered, or of another list).
+    """
+    bad = ValidationError(f"cursor is not a cursor of the {name} list")
+    if not isinstance(cursor, str) or len(cursor) > _MAX_CURSOR or not cursor.startswith(_PREFIX):
+        raise bad
+    body = cursor[len(_PREFIX) :]
+    try:
+        raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+        value = json.loads(raw)
+    except (binascii.Error, ValueError):
+        raise bad from None
+    if not isinstance(value, list) or not value or value[0] != name:
+        raise bad
+    key = value[1:]
+    ints = [k for k in key[:1] if isinstance(k, int) and not isinstance(k, bool)]
+    if not ints or not 0 <= ints[0] <= 2**63 - 1:
+        raise bad
+    if name == "events":
+        if len(key) != 1:
+            raise bad
+        return (ints[0],)
+    if len(key) != 2 or not isinstance(key[1], str) or not key[1]:
+        raise bad
+    return (ints[0], key[1])
+
+
+def _key(item: Lease | Handoff | Event) -> PageKey:
+    if isinstance(item, Lease):
+        return (to_ms(item.acquired_at), item.lease_id)
+    if isinstance(item, Handoff):
+        return (to_ms(item.created_at), item.handoff_id)
+    return (item.seq,)
+
+
+def next_cursor(
+    name: ListName, items: Sequence[Lease] | Sequence[Handoff] | Sequence[Event], limit: int
+) -> str | None:
+    """The cursor of the page after ``items`` (a full page of at most ``limit`` items of
+    list ``name``), or ``None`` when the page is not full (nothing follows it)."""
+    if not items or len(items) < limit:
+        return None
+    return encode_cursor(name, _key(items[-1]))

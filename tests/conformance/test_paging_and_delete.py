@@ -1,0 +1,149 @@
+"""Paged lists (lease list, handoff inbox, event stream: ``limit`` and an opaque
+``cursor``, keyset paging) and the deletion of one's own checkpoint (the seed service's
+``DELETE``; DESIGN.md "Checkpoints": history stays, a pending handoff keeps what it
+carries), on every store arm."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from prefect_baton import (
+    Baton,
+    ConflictError,
+    ForbiddenError,
+    NotFoundError,
+    ValidationError,
+    VersionConflictError,
+)
+from prefect_baton._rules.paging import encode_cursor, next_cursor
+
+from ._util import kinds
+
+SUBJ = "ticket-7"
+KIND = "progress"
+
+
+def _pages(fetch: Callable[[str | None], Sequence[Any]], name: Any, limit: int) -> list[Any]:
+    """Every item of a list read ``limit`` at a time, following the cursors."""
+    out: list[Any] = []
+    cursor = None
+    for _ in range(50):
+        page = fetch(cursor)
+        assert len(page) <= limit
+        out += page
+        cursor = next_cursor(name, page, limit)
+        if cursor is None:
+            return out
+    raise AssertionError("paging did not end")
+
+
+def test_lease_list_pages_by_cursor(baton: Baton) -> None:
+    """Five leases (three acquired in one step, so with one acquire time) read two at a
+    time: every lease once, newest first, whatever ties the acquire times have."""
+    batch = baton.leases.acquire_many(
+        [("deploy", "a"), ("deploy", "b"), ("deploy", "c")], ttl_seconds=60
+    )
+    more = [baton.leases.acquire("deploy", x, ttl_seconds=60) for x in ("d", "e")]
+    everything = baton.leases.list()
+    assert {x.lease_id for x in everything} == {x.lease_id for x in [*batch, *more]}
+    paged = _pages(lambda c: baton.leases.list(limit=2, cursor=c), "leases", 2)
+    assert [x.lease_id for x in paged] == [x.lease_id for x in everything]
+    keys = [(x.acquired_at, x.lease_id) for x in paged]
+    assert keys == sorted(keys, reverse=True)
+    ended = _pages(lambda c: baton.leases.list(include_ended=True, limit=3, cursor=c), "leases", 3)
+    assert len(ended) == 5
+
+
+def test_inbox_pages_by_cursor(baton: Baton) -> None:
+    """The inbox read one at a time gives every pending handoff once, oldest first."""
+    made = [baton.handoffs.create("agent-b", f"s-{i}") for i in range(3)]
+    b = baton.as_principal("agent-b")
+    paged = _pages(lambda c: b.handoffs.inbox(limit=1, cursor=c), "handoffs", 1)
+    assert [h.handoff_id for h in paged] == [h.handoff_id for h in b.handoffs.inbox()]
+    assert {h.handoff_id for h in paged} == {h.handoff_id for h in made}
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "",
+        "nonsense",
+        "c1.",
+        "c1.!!!!",
+        "c1." + "A" * 2000,
+        encode_cursor("events", (3,)),  # another list's
+        encode_cursor("handoffs", (1, "hoff_x")),
+    ],
+)
+def test_bad_lease_cursor_is_validation_error(baton: Baton, cursor: str) -> None:
+    """A cursor that is not one of the lease list is VALIDATION_ERROR."""
+    with pytest.raises(ValidationError):
+        baton.leases.list(cursor=cursor)
+
+
+def test_bad_inbox_cursor_is_validation_error(baton: Baton) -> None:
+    """A lease list's cursor given to the inbox is VALIDATION_ERROR."""
+    with pytest.raises(ValidationError):
+        baton.handoffs.inbox(cursor=encode_cursor("leases", (1, "lease_x")))
+
+
+def test_delete_own_checkpoint(baton: Baton) -> None:
+    """The writer deletes its checkpoint: it reads as absent (by subject and kind, and by
+    id), the history keeps every version, ``checkpoint.deleted`` is recorded, a second
+    delete is NOT_FOUND, and a new save continues the versions (a CAS expects 0)."""
+    baton.checkpoints.save(SUBJ, KIND, {"n": 1})
+    ck = baton.checkpoints.save(SUBJ, KIND, {"n": 2})
+    gone = baton.checkpoints.delete(ck.checkpoint_id)
+    assert (gone.checkpoint_id, gone.version, gone.state) == (ck.checkpoint_id, 2, {"n": 2})
+    assert gone.expires_at is not None
+    assert baton.checkpoints.get(SUBJ, KIND) is None
+    with pytest.raises(NotFoundError):
+        baton.checkpoints.get_by_id(ck.checkpoint_id)
+    assert [c.version for c in baton.checkpoints.history(SUBJ, KIND)] == [1, 2]
+    assert kinds(baton)[-1] == "checkpoint.deleted"
+    with pytest.raises(NotFoundError):
+        baton.checkpoints.delete(ck.checkpoint_id)
+    with pytest.raises(VersionConflictError):
+        baton.checkpoints.save(SUBJ, KIND, {"n": 3}, expected_version=2)
+    again = baton.checkpoints.save(SUBJ, KIND, {"n": 3}, expected_version=0)
+    assert (again.checkpoint_id, again.version) == (ck.checkpoint_id, 3)
+
+
+def test_delete_is_the_writers_alone(baton: Baton) -> None:
+    """Another principal, an owner included, cannot delete your checkpoint (FORBIDDEN);
+    an unknown id is NOT_FOUND; nothing changes."""
+    ck = baton.checkpoints.save(SUBJ, KIND, {"n": 1})
+    for other in (baton.as_principal("agent-b"), baton.as_principal("boss", role="owner")):
+        with pytest.raises(ForbiddenError):
+            other.checkpoints.delete(ck.checkpoint_id)
+    with pytest.raises(NotFoundError):
+        baton.checkpoints.delete("ckpt_" + "0" * 32)
+    assert baton.checkpoints.get(SUBJ, KIND) == ck.model_copy(update={"replayed": False})
+    assert "checkpoint.deleted" not in kinds(baton)
+
+
+def test_delete_refused_while_a_pending_handoff_carries_it(baton: Baton) -> None:
+    """A checkpoint carried by a pending handoff does not disappear under its recipient
+    (CONFLICT, nothing changes); once the handoff is resolved it can be deleted."""
+    ck = baton.checkpoints.save(SUBJ, KIND, {"n": 1})
+    h = baton.handoffs.create("agent-b", SUBJ, checkpoint_id=ck.checkpoint_id)
+    with pytest.raises(ConflictError) as ei:
+        baton.checkpoints.delete(ck.checkpoint_id)
+    assert h.handoff_id in ei.value.message
+    b = baton.as_principal("agent-b")
+    assert b.checkpoints.get_by_id(ck.checkpoint_id).state == {"n": 1}
+    b.handoffs.resolve(h.handoff_id, "accepted")
+    assert baton.checkpoints.delete(ck.checkpoint_id).checkpoint_id == ck.checkpoint_id
+
+
+def test_delete_replays_under_its_key(baton: Baton) -> None:
+    """A delete retried under its idempotency key replays the stored result."""
+    ck = baton.checkpoints.save(SUBJ, KIND, {"n": 1})
+    first = baton.checkpoints.delete(ck.checkpoint_id, idempotency_key="del-1")
+    again = baton.checkpoints.delete(ck.checkpoint_id, idempotency_key="del-1")
+    assert again.replayed
+    assert again.model_copy(update={"replayed": False}) == first
+    assert kinds(baton).count("checkpoint.deleted") == 1

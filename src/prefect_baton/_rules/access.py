@@ -57,9 +57,7 @@ def may_read(role: str, principal: str, parties: Iterable[str]) -> bool:
     return principal in parties or sees_everything(role)
 
 
-def may_read_checkpoint(
-    role: str, principal: str, writer: str, recipients: Iterable[str]
-) -> bool:
+def may_read_checkpoint(role: str, principal: str, writer: str, recipients: Iterable[str]) -> bool:
     """Whether ``principal`` with ``role`` may read a checkpoint written by ``writer``
     (DESIGN.md "Checkpoints"): its writer may, so may the recipient of any handoff that
     carries it (``recipients``: the ``to_principal`` of every handoff of the org whose

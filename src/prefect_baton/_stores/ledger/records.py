@@ -246,11 +246,11 @@ class RecordOps(LeaseOps):
             s = tx.session
             if offer.to_principal == caller.principal:
                 raise ValidationError("a handoff must name another principal")
-            if offer.checkpoint_id is not None:
-                # Only a checkpoint the sender may read can be handed on: attaching one
-                # makes the recipient a reader.
-                if _readable(s, caller, s.get(CheckpointRow, offer.checkpoint_id)) is None:
-                    raise NotFoundError(f"checkpoint {offer.checkpoint_id} not found")
+            # Only a checkpoint the sender may read can be handed on: attaching one makes
+            # the recipient a reader.
+            attached = s.get(CheckpointRow, offer.checkpoint_id) if offer.checkpoint_id else None
+            if offer.checkpoint_id is not None and _readable(s, caller, attached) is None:
+                raise NotFoundError(f"checkpoint {offer.checkpoint_id} not found")
             if offer.lease is not None:
                 row = self._row_by_id(s, caller.org, offer.lease.lease_id)
                 held = _core._check_proof(row_to_generation(row) if row else None, offer.lease)

@@ -87,7 +87,7 @@ def _readable(s: Session, caller: Caller, row: CheckpointRow | None) -> Checkpoi
     if caller.principal != row.principal:
         recipients = list(
             s.execute(
-                select(HandoffRow.to_principal).where(
+                select(col(HandoffRow.to_principal)).where(
                     col(HandoffRow.org_id) == caller.org,
                     col(HandoffRow.checkpoint_id) == row.checkpoint_id,
                 )

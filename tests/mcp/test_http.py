@@ -282,8 +282,12 @@ def test_an_unavailable_ledger_during_key_lookup_is_503(
         headers = {**MCP_HEADERS, "Authorization": "Bearer bk_" + "z" * 43}
         resp = client.post("/mcp", json=INITIALIZE, headers=headers)
     assert resp.status_code == 503
+    rid = resp.headers["x-request-id"]
     assert resp.json() == {
-        "error": {"code": "UNAVAILABLE", "message": "ledger database unavailable"}
+        "error": {
+            "code": "UNAVAILABLE",
+            "message": f"the service is unavailable; retry later (request {rid})",
+        }
     }
 
 

@@ -46,13 +46,26 @@ class Served:
     log: Path
     key: str
 
+    @property
+    def path(self) -> str:
+        """The path of the keyed request: ``/v1/me`` (REST) or ``/mcp`` (MCP)."""
+        return "/v1/me" if self.kind == "rest" else "/mcp"
+
     def keyed_request(self, **headers: str) -> httpx.Response:
         """``GET /v1/me`` (REST) or an MCP ``initialize`` (MCP), with the key."""
         h = {"Authorization": f"Bearer {self.key}", **headers}
-        if self.kind == "rest":
-            return httpx.get(f"{self.base}/v1/me", headers=h, timeout=10)
-        h["Accept"] = "application/json, text/event-stream"
-        return httpx.post(f"{self.base}/mcp", headers=h, json=INITIALIZE, timeout=10)
+        return self.request(self.path, list(h.items()))
+
+    def request(
+        self, path: str, headers: list[tuple[str, str]], content: bytes | None = None
+    ) -> httpx.Response:
+        """``GET path`` (REST) or ``POST path`` with an MCP ``initialize`` (or ``content``)."""
+        if self.kind == "rest" and content is None:
+            return httpx.get(f"{self.base}{path}", headers=headers, timeout=10)
+        headers = [*headers, ("Accept", "application/json, text/event-stream")]
+        headers.append(("Content-Type", "application/json"))
+        body = content if content is not None else json.dumps(INITIALIZE).encode()
+        return httpx.post(f"{self.base}{path}", headers=headers, content=body, timeout=10)
 
 
 def _free_port() -> int:
@@ -65,9 +78,13 @@ def _limit_fds() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
 
 
-@pytest.fixture(params=["rest", "mcp"])
-def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Served]:
-    """``baton serve`` or ``baton mcp --transport http`` with ``ulimit -n 1024``."""
+@pytest.fixture(scope="module", params=["rest", "mcp"])
+def served(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Served]:
+    """``baton serve`` or ``baton mcp --transport http`` with ``ulimit -n 1024`` (one
+    process per kind for the module)."""
+    tmp_path = tmp_path_factory.mktemp(request.param)
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     LedgerStore(url).close()
     key, _ = create_key(url, org="org-limits", principal="alice", role="agent")
@@ -144,3 +161,49 @@ def test_oversized_request_head_gets_the_json_envelope(served: Served) -> None:
     assert head.startswith(b"HTTP/1.1 400"), reply[:200]
     assert b"application/json" in head.lower()
     assert json.loads(body)["error"]["code"] == "VALIDATION_ERROR"
+
+
+def test_a_key_outside_the_authorization_header_is_refused_and_not_logged(
+    served: Served,
+) -> None:
+    """A bearer key in the query string or the path is 401, even with a valid key in the
+    Authorization header, and never reaches the log; the valid key alone is accepted."""
+    auth = [("Authorization", f"Bearer {served.key}")]
+    for path in (
+        f"{served.path}?api_key={served.key}",
+        f"{served.path}?token=x&key={served.key.replace('_', '%5F')}",
+        f"{served.path}/{served.key}",
+    ):
+        for headers in ([], auth):
+            resp = served.request(path, headers)
+            assert resp.status_code == 401, (path, resp.text)
+            assert resp.json()["error"]["code"] == "UNAUTHENTICATED"
+    assert served.keyed_request().status_code == 200
+    log = served.log.read_text(encoding="utf-8", errors="replace")
+    assert served.path in log
+    assert served.key not in log
+    assert served.key[3:] not in log
+
+
+def test_two_authorization_headers_are_refused(served: Served) -> None:
+    """Two Authorization headers are 400 VALIDATION_ERROR (the JSON envelope), whichever
+    comes last."""
+    other, _ = create_key(
+        f"sqlite:///{served.log.parent / 'ledger.db'}", org="org-x", principal="bob"
+    )
+    for pair in ((served.key, other), (other, served.key), (served.key, served.key)):
+        resp = served.request(served.path, [("Authorization", f"Bearer {k}") for k in pair])
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"]["code"] == "VALIDATION_ERROR"
+
+
+def test_a_body_over_2_mib_is_413(served: Served) -> None:
+    """A request body over 2 MiB (by one byte, 2.2 MiB, 3 MiB) is 413 PAYLOAD_TOO_LARGE,
+    REST and MCP alike."""
+    path = "/v1/leases" if served.kind == "rest" else "/mcp"
+    for size in (2 * 1024 * 1024 + 1, 2_306_867, 3 * 1024 * 1024):
+        body = b'{"x": "' + b"a" * (size - 9) + b'"}'
+        assert len(body) == size
+        resp = served.request(path, [("Authorization", f"Bearer {served.key}")], content=body)
+        assert resp.status_code == 413, resp.text[:200]
+        assert resp.json()["error"]["code"] == "PAYLOAD_TOO_LARGE"

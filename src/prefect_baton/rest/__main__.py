@@ -20,20 +20,31 @@ import threading
 import time
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import unquote_plus
 
 __all__ = ["RateLimitRepeats", "RedactKeys", "log_config", "main", "run_app", "serve"]
 
 _SECRET = re.compile(r"bk_[A-Za-z0-9_\-]+|(?i:bearer)(?:\s|%20|\+)+[^\s&\"']+")
 
 
+_TOKEN = re.compile(r"[^\s?&=/;\"']+")
+
+
+def _redact_token(match: re.Match[str]) -> str:
+    return "[redacted]" if _SECRET.search(unquote_plus(match.group())) else match.group()
+
+
 def _redact(value: str) -> str:
-    return _SECRET.sub("[redacted]", value)
+    value = _SECRET.sub("[redacted]", value)
+    if "%" in value:  # a percent-encoded key (``bk%5F...``) in a URL
+        value = _TOKEN.sub(_redact_token, value)
+    return value
 
 
 class RedactKeys(logging.Filter):
-    """A logging filter that replaces bearer keys (``bk_...``) and ``Bearer <token>``
-    text in a record's message and string arguments with ``[redacted]``. Never drops a
-    record."""
+    """A logging filter that replaces bearer keys (``bk_...``, also percent-encoded in a
+    URL) and ``Bearer <token>`` text in a record's message and string arguments with
+    ``[redacted]``. Never drops a record."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         """Redact ``record`` (:class:`logging.LogRecord`) in place; returns ``True``."""

@@ -240,13 +240,13 @@ class OutcomeAPI(_API):
             raise ValidationError("at most 1,000 evidence items")
         items: list[Evidence] = []
         for item in evidence:
-            if isinstance(item, Evidence):
-                items.append(item)
-                continue
             try:
-                items.append(Evidence.model_validate(item))
+                ev = item if isinstance(item, Evidence) else Evidence.model_validate(item)
             except Exception as exc:
                 raise ValidationError(f"bad evidence item: {exc}") from None
+            for field in ("kind", "uri", "digest", "note"):  # no NUL, valid UTF-8
+                _core.validate_text(f"evidence {field}", getattr(ev, field))
+            items.append(ev)
         if status == "succeeded" and not items:
             raise ValidationError("a succeeded outcome needs at least one evidence item")
         record = OutcomeWrite(

@@ -166,6 +166,13 @@ def test_handoff_with_lease_and_checkpoint_moves_both_to_the_recipient(cli: Cli)
     assert (accepted["lease"]["owner"], accepted["lease"]["execution_key"]) == ("bob", "bob-run")
     state = cli.ok("checkpoint", "get", "--id", ck["checkpoint_id"], principal="bob")
     assert state["checkpoint"]["state"] == {"n": 7}
+    # Anyone else (neither writer nor recipient, nor owner/admin) is told it does not exist.
+    hidden = cli("checkpoint", "get", "--id", ck["checkpoint_id"], principal="carol")
+    assert (hidden.code, hidden.json["error"]["code"]) == (5, "NOT_FOUND")
+    shown_to_admin = cli.ok(
+        "checkpoint", "get", "--id", ck["checkpoint_id"], principal="root", role="admin"
+    )
+    assert shown_to_admin["checkpoint"]["state"] == {"n": 7}
     shown = cli.ok("handoff", "show", created["handoff_id"])["handoff"]
     assert shown["status"] == "accepted"
 

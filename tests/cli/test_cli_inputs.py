@@ -37,6 +37,18 @@ def test_deeply_nested_state_file_is_a_validation_error(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
+def test_a_5000_digit_integer_in_state_is_a_validation_error(tmp_path: Path) -> None:
+    """A state holding a 5,000-digit integer (over Python's int-str conversion limit) is
+    VALIDATION_ERROR exit 2, inline or from a file, as the Python API and REST say."""
+    text = '{"n": ' + "9" * 5000 + "}"
+    big = tmp_path / "big.json"
+    big.write_text(text)
+    for source in (text, str(big)):
+        proc = _baton(tmp_path, "checkpoint", "save", "s", "k", source)
+        assert proc.returncode == 2, proc.stdout
+        assert json.loads(proc.stdout)["error"]["code"] == "VALIDATION_ERROR"
+
+
 def test_undecodable_argument_bytes_are_a_validation_error(tmp_path: Path) -> None:
     """An argument with bytes that are not UTF-8 is VALIDATION_ERROR (exit 2)."""
     ledger = f"sqlite:///{tmp_path / 'l.db'}"

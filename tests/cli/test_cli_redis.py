@@ -62,3 +62,19 @@ def test_redis_url_option_puts_leases_on_redis(tmp_path: Path) -> None:
     assert code == 0, out
     assert not other.leases.inspect("deploy", "svc").held
     other.close()
+
+
+def test_a_redis_database_the_server_lacks_is_unavailable(tmp_path: Path) -> None:
+    """``--redis-url redis://...:6379/99`` (a database index the server does not have) is
+    UNAVAILABLE (exit 11), a documented code, not BATON_ERROR."""
+    require_redis()
+    ledger = f"sqlite:///{tmp_path / 'l.db'}"
+    url = REDIS_URL.rsplit("/", 1)[0] + "/99"
+    code, out = _run(
+        *["--ledger-url", ledger, "--redis-url", url, "--org", "o", "--format", "json"],
+        *["--principal", "a", "lease", "acquire", "deploy", "svc", "--ttl-seconds", "30"],
+    )
+    error = out["error"]
+    assert isinstance(error, dict)
+    assert (code, error["code"]) == (11, "UNAVAILABLE"), out
+    assert "DB index is out of range" in str(error["message"])

@@ -253,6 +253,43 @@ def test_get_by_id_for_writer(baton: Baton) -> None:
         baton.checkpoints.get_by_id("ckpt_" + "0" * 32)
 
 
+def _reads(b: Baton, ck_id: str, writer: str) -> bool:
+    """Whether ``b`` reads the checkpoint ``ck_id`` of ``writer`` (``SUBJ``/``KIND``) on
+    every read path: by id, by key and as history (asserting the paths agree)."""
+    try:
+        by_id = b.checkpoints.get_by_id(ck_id)
+    except NotFoundError:
+        by_id = None
+    by_key = b.checkpoints.get(SUBJ, KIND, principal=writer)
+    history = b.checkpoints.history(SUBJ, KIND, principal=writer)
+    seen = [by_id is not None, by_key is not None, bool(history)]
+    assert len(set(seen)) == 1, seen
+    if by_id is not None:
+        assert by_id.state == by_key.state == history[-1].state  # type: ignore[union-attr]
+    return seen[0]
+
+
+def test_checkpoint_read_visibility(baton: Baton) -> None:
+    """Who reads a checkpoint (DESIGN.md "Checkpoints"): its writer, the recipient of a
+    handoff carrying it, owner/admin; any other agent of the org gets not found on get by
+    id, get by key and history, and cannot attach it to a handoff."""
+    ck = baton.checkpoints.save(SUBJ, KIND, {"secret": 1})
+    baton.checkpoints.save(SUBJ, KIND, {"secret": 2})
+    ck_id = ck.checkpoint_id
+    other = baton.as_principal("agent-c")
+    assert _reads(baton, ck_id, "agent-a")
+    assert not _reads(other, ck_id, "agent-a")
+    with pytest.raises(NotFoundError):
+        other.handoffs.create("agent-d", SUBJ, checkpoint_id=ck_id)
+    assert _reads(baton.as_principal("boss", role="owner"), ck_id, "agent-a")
+    assert _reads(baton.as_principal("root", role="admin"), ck_id, "agent-a")
+    recipient = baton.as_principal("agent-b")
+    assert not _reads(recipient, ck_id, "agent-a")
+    baton.handoffs.create("agent-b", SUBJ, checkpoint_id=ck_id)
+    assert _reads(recipient, ck_id, "agent-a")
+    assert not _reads(other, ck_id, "agent-a")
+
+
 def test_checkpoint_ttl(baton: Baton) -> None:
     """A checkpoint past its TTL is no longer returned."""
     ck = baton.checkpoints.save(SUBJ, KIND, {"n": 1}, ttl_seconds=1)

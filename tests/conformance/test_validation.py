@@ -336,6 +336,18 @@ def test_nul_in_free_text_is_a_validation_error(baton: Baton) -> None:
     assert baton.events.list() == []
 
 
+@pytest.mark.parametrize("field", ["kind", "uri", "digest", "note"])
+def test_nul_in_evidence_is_a_validation_error(baton: Baton, field: str) -> None:
+    """A NUL character in an evidence item's kind, uri, digest or note is VALIDATION_ERROR
+    and records nothing, as in every other text field."""
+    item = {"kind": "file", "uri": "file:///a", "digest": "sha256:00", "note": "n"}
+    item[field] = "a\x00b"
+    with pytest.raises(ValidationError):
+        baton.outcomes.record("s", "succeeded", evidence=[item])
+    assert baton.outcomes.list("s") == []
+    assert baton.events.list() == []
+
+
 def test_event_cursor_past_the_range_is_a_validation_error(baton: Baton) -> None:
     """after_seq beyond 2**63 - 1 is VALIDATION_ERROR; 2**63 - 1 itself reads nothing."""
     with pytest.raises(ValidationError):

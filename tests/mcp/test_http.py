@@ -252,6 +252,36 @@ def test_another_orgs_key_sees_nothing(http_server: HttpServer) -> None:
     run(main)
 
 
+def test_another_agents_checkpoint_is_not_found(http_server: HttpServer) -> None:
+    """baton_checkpoint_get: another agent of the org gets NOT_FOUND for alice's checkpoint
+    (by id and by principal) until a handoff carries it to them; an admin reads it."""
+    alice, bob = http_server.key("alice"), http_server.key("bob")
+    admin = http_server.key("root", role="admin")
+    by_key = {"subject_id": "s", "kind": "progress", "principal": "alice"}
+
+    async def main() -> None:
+        async with (
+            http_server.session(alice) as a,
+            http_server.session(bob) as b,
+            http_server.session(admin) as r,
+        ):
+            ck = ok(
+                await a.call_tool(
+                    "baton_checkpoint_save", {"subject_id": "s", "kind": "progress", "state": {}}
+                )
+            )
+            by_id = {"checkpoint_id": ck["checkpoint_id"]}
+            for args in (by_id, by_key):
+                tool_error(await b.call_tool("baton_checkpoint_get", args), "NOT_FOUND")
+                assert ok(await r.call_tool("baton_checkpoint_get", args))["version"] == 1
+            offer = {"to_principal": "bob", "subject_id": "s", **by_id}
+            ok(await a.call_tool("baton_handoff_create", offer))
+            for args in (by_id, by_key):
+                assert ok(await b.call_tool("baton_checkpoint_get", args))["version"] == 1
+
+    run(main)
+
+
 def test_keys_never_reach_the_server_log(http_server: HttpServer) -> None:
     """Neither an accepted nor a refused key appears in the server's output."""
     good = http_server.key("alice")
@@ -288,8 +318,12 @@ def test_an_unavailable_ledger_during_key_lookup_is_503(
         headers = {**MCP_HEADERS, "Authorization": "Bearer bk_" + "z" * 43}
         resp = client.post("/mcp", json=INITIALIZE, headers=headers)
     assert resp.status_code == 503
+    rid = resp.headers["x-request-id"]
     assert resp.json() == {
-        "error": {"code": "UNAVAILABLE", "message": "ledger database unavailable"}
+        "error": {
+            "code": "UNAVAILABLE",
+            "message": f"the service is unavailable; retry later (request {rid})",
+        }
     }
 
 

@@ -112,7 +112,7 @@ def test_handoff_flows_block(
     )
     assert (moved.resource_id, moved.epoch) == ("r1", sent.epoch + 1)
     assert run.state.result() == sent.epoch + 1
-    progress = writer.checkpoints.get("r1", "progress", principal="reviewer/reviewer")
+    progress = reviewer.checkpoints.get("r1", "progress")  # its writer reads it
     assert progress is not None
     assert progress.state == {"sections_done": 3}
 

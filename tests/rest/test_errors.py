@@ -45,14 +45,42 @@ def _raise(exc: Exception) -> Any:
 def test_each_error_class_reaches_the_client(
     client: TestClient, make_key: MakeKey, monkeypatch: pytest.MonkeyPatch, code: str
 ) -> None:
-    """An error raised by the Python API comes back with its code, message and status."""
+    """An error raised by the Python API comes back with its code, message and status;
+    the message of UNAVAILABLE and INTERNAL (server detail) only names the request id."""
     exc = errors.error_for_code(code, f"boom {code}", current_version=3, expected_version=2)
     monkeypatch.setattr(LeaseAPI, "acquire", _raise(exc))
     r = client.post("/v1/leases", json=LEASE, headers=make_key())
     err = error(r, STATUS_BY_CODE[code], code)
-    assert err["message"] == f"boom {code}"
+    if code in ("UNAVAILABLE", "INTERNAL"):
+        assert "boom" not in err["message"]
+        assert r.headers["x-request-id"] in err["message"]
+    else:
+        assert err["message"] == f"boom {code}"
     if code == "VERSION_CONFLICT":
         assert (err["current_version"], err["expected_version"]) == (3, 2)
+
+
+def test_driver_detail_stays_in_the_server_log(
+    client: TestClient,
+    make_key: MakeKey,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A database driver's error (host, port, role, database) is UNAVAILABLE with only the
+    request id for the client; the server log keeps the detail under that id."""
+    detail = (
+        'ledger database unavailable: connection to server at "db.internal" (10.1.2.3), '
+        'port 6543 failed: FATAL: role "baton_rw" does not exist; database "prod_ledger"'
+    )
+    monkeypatch.setattr(LeaseAPI, "acquire", _raise(errors.UnavailableError(detail)))
+    with caplog.at_level("WARNING", logger="prefect_baton.rest"):
+        r = client.post("/v1/leases", json=LEASE, headers=make_key())
+    err = error(r, 503, "UNAVAILABLE")
+    rid = r.headers["x-request-id"]
+    assert err["message"] == f"the service is unavailable; retry later (request {rid})"
+    for secret in ("db.internal", "10.1.2.3", "6543", "baton_rw", "prod_ledger"):
+        assert secret not in r.text
+    assert any(rid in rec.getMessage() and detail in rec.getMessage() for rec in caplog.records)
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from .conftest import MakeKey, data
+from .conftest import MakeKey, data, error
 
 LEASE = {"resource_type": "deploy", "resource_id": "checkout", "ttl_seconds": 60}
 
@@ -104,7 +104,8 @@ def test_handoff_carrying_a_lease(client: TestClient, make_key: MakeKey) -> None
 
 
 def test_checkpoint_save_get_by_id_history(client: TestClient, make_key: MakeKey) -> None:
-    """PUT saves versions; GET by subject/kind, by id (another principal) and history work."""
+    """PUT saves versions; GET by subject/kind, by id and history work; another agent
+    reads it by id only once a handoff carries it to them (else 404)."""
     a, b = make_key("agent-a"), make_key("agent-b")
     body = {"subject_id": "ticket-1", "kind": "progress", "state": {"step": 1}}
     first = data(client.put("/v1/checkpoints", json=body, headers=a))
@@ -113,7 +114,12 @@ def test_checkpoint_save_get_by_id_history(client: TestClient, make_key: MakeKey
     params = {"subject_id": "ticket-1", "kind": "progress"}
     got = data(client.get("/v1/checkpoints", params=params, headers=a))
     assert got["state"] == {"step": 2}
-    by_id = data(client.get(f"/v1/checkpoints/{got['checkpoint_id']}", headers=b))
+    by_id_path = f"/v1/checkpoints/{got['checkpoint_id']}"
+    error(client.get(by_id_path, headers=b), 404, "NOT_FOUND")
+    offer = {"to_principal": "agent-b", "subject_id": "ticket-1"}
+    offer["checkpoint_id"] = got["checkpoint_id"]
+    assert client.post("/v1/handoffs", json=offer, headers=a).status_code == 201
+    by_id = data(client.get(by_id_path, headers=b))
     assert by_id["state"] == {"step": 2}
     hist = data(client.get("/v1/checkpoints/history", params=params, headers=a))["checkpoints"]
     assert [c["version"] for c in hist] == [1, 2]

@@ -77,7 +77,8 @@ class CheckpointAPI(_API):
 
     def get(self, subject_id: str, kind: str, principal: str | None = None) -> Checkpoint | None:
         """The current checkpoint of ``(subject_id, principal, kind)`` (``principal``
-        defaults to you), or ``None`` if there is none or it expired."""
+        defaults to you), or ``None`` if there is none, it expired, or you may not read it
+        (see :meth:`get_by_id`)."""
         return self._store.checkpoint_get(
             self._caller,
             _core.validate_id("subject_id", subject_id),
@@ -86,12 +87,12 @@ class CheckpointAPI(_API):
         )
 
     def get_by_id(self, checkpoint_id: str) -> Checkpoint:
-        """A checkpoint by id. Checkpoints are readable by every principal of the org (a
-        handoff's recipient reads the one attached to it; a reviewer follows an outcome's
-        ``checkpoint_id``); only their writer changes them.
+        """A checkpoint by id. Who may read a checkpoint (DESIGN.md "Checkpoints"): its
+        writer, the recipient of a handoff that carries it, and ``owner``/``admin``; only
+        its writer changes it.
 
         Raises:
-            NotFoundError: unknown, expired, or another org's.
+            NotFoundError: unknown, expired, another org's, or one you may not read.
         """
         return self._store.checkpoint_get_by_id(
             self._caller, _core.validate_id("checkpoint_id", checkpoint_id)
@@ -120,7 +121,8 @@ class CheckpointAPI(_API):
         )
 
     def history(self, subject_id: str, kind: str, principal: str | None = None) -> list[Checkpoint]:
-        """Every version of the checkpoint, oldest first."""
+        """Every version of the checkpoint, oldest first (empty when there is none or you
+        may not read it, see :meth:`get_by_id`)."""
         return self._store.checkpoint_history(
             self._caller,
             _core.validate_id("subject_id", subject_id),
@@ -147,7 +149,8 @@ class HandoffAPI(_API):
         """Create a pending handoff to ``to_principal`` (who need not have acted yet).
 
         Args:
-            checkpoint_id: a checkpoint of this org the recipient may then read.
+            checkpoint_id: a checkpoint you may read (else ``NotFoundError``); the
+                recipient may then read it too.
             lease: a lease you hold; accepting the handoff transfers it to the recipient.
                 When it is the lease block itself (``with b.lease(...) as held``), the block
                 then ends cleanly once the recipient has accepted.
@@ -282,13 +285,13 @@ class OutcomeAPI(_API):
             raise ValidationError("at most 1,000 evidence items")
         items: list[Evidence] = []
         for item in evidence:
-            if isinstance(item, Evidence):
-                items.append(item)
-                continue
             try:
-                items.append(Evidence.model_validate(item))
+                ev = item if isinstance(item, Evidence) else Evidence.model_validate(item)
             except Exception as exc:
                 raise ValidationError(f"bad evidence item: {exc}") from None
+            for field in ("kind", "uri", "digest", "note"):  # no NUL, valid UTF-8
+                _core.validate_text(f"evidence {field}", getattr(ev, field))
+            items.append(ev)
         if status == "succeeded" and not items:
             raise ValidationError("a succeeded outcome needs at least one evidence item")
         record = OutcomeWrite(

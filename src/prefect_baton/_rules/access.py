@@ -3,7 +3,8 @@
 An ``agent`` acts on and sees its own leases and handoffs; an ``owner`` or ``admin`` of
 the org may also read and list anyone's, and force-release any lease. Anyone of the org
 may inspect a resource, but only the holder sees its lease (holder, execution key,
-purpose, scopes); others see that it is held, its counters and until when. No I/O.
+purpose, scopes); others see that it is held, its counters and until when. A checkpoint is
+read by its writer, the recipient of a handoff carrying it, and ``owner``/``admin``. No I/O.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = [
     "check_resolver",
     "inspect_view",
     "may_read",
+    "may_read_checkpoint",
     "sees_everything",
 ]
 
@@ -55,6 +57,15 @@ def may_read(role: str, principal: str, parties: Iterable[str]) -> bool:
     owner; a handoff's sender and recipient) are ``parties``: a party may, and so may a
     role that :func:`sees_everything`."""
     return principal in parties or sees_everything(role)
+
+
+def may_read_checkpoint(role: str, principal: str, writer: str, recipients: Iterable[str]) -> bool:
+    """Whether ``principal`` with ``role`` may read a checkpoint written by ``writer``
+    (DESIGN.md "Checkpoints"): its writer may, so may the recipient of any handoff that
+    carries it (``recipients``: the ``to_principal`` of every handoff of the org whose
+    ``checkpoint_id`` is this checkpoint's), and so may ``owner``/``admin``. To everyone
+    else the checkpoint does not exist (stores answer not found)."""
+    return may_read(role, principal, (writer, *recipients))
 
 
 def check_list_owner(role: str, principal: str, owner: str) -> None:

@@ -23,6 +23,8 @@ MAX_TEXT_LENGTH = 4096
 MAX_SCOPES = 64
 MAX_SCOPE_LENGTH = 1024
 DEFAULT_STATE_MAX_BYTES = 1024 * 1024
+#: Largest HTTP request body the REST API and the MCP server over HTTP accept (bytes, 2 MiB).
+MAX_REQUEST_BODY_BYTES = 2 * 1024 * 1024
 ROLES = ("agent", "owner", "admin")
 TTL_RANGE = f"{TTL_MIN_SECONDS} to {TTL_MAX_SECONDS}"
 """The legal lease TTL range in seconds as messages and help texts write it."""

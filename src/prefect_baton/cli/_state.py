@@ -154,6 +154,8 @@ def _load_json(text: str, what: str) -> Any:
         raise ValidationError(f"{what} is not valid JSON: {exc}") from None
     except RecursionError:
         raise ValidationError(f"{what} is nested too deeply") from None
+    except ValueError as exc:  # an integer over Python's int-str conversion limit
+        raise ValidationError(f"{what} is not usable JSON: {exc}") from None
 
 
 def read_json_object(source: str, what: str = "state") -> dict[str, Any]:

@@ -58,6 +58,10 @@ class ResearcherStats:
         return asdict(self)
 
 
+#: The principal the researchers hand their analyses to (the writer reads them).
+WRITER = "writer"
+
+
 def _done(b: Baton, file_id: str) -> bool:
     return any(o.status == "succeeded" for o in b.outcomes.list(file_id))
 
@@ -119,6 +123,16 @@ def _analyse(
                 fence=held,
             )
         assert ck is not None
+        # The writer compiles the report from this checkpoint: a handoff carrying it is
+        # what lets the writer read it (only the writer of a checkpoint, the recipient of a
+        # handoff carrying it, and owner/admin may). Keyed, so a redo replays it.
+        b.handoffs.create(
+            WRITER,
+            file_id,
+            checkpoint_id=ck.checkpoint_id,
+            message=f"analysis of {file_id}",
+            idempotency_key=f"analysis:{file_id}",
+        )
         b.outcomes.record(
             file_id,
             "succeeded",

@@ -27,7 +27,6 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from starlette.applications import Starlette
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from prefect_baton import __version__
@@ -39,6 +38,12 @@ from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.protocol import LeaseAuthority
 from prefect_baton.errors import BatonError, ForbiddenError, UnavailableError, ValidationError
 from prefect_baton.mcp._tools import SEED_ALIASES, TOOLS, SeedAlias, ToolSpec, resolve_tool
+from prefect_baton.rest._http import (
+    BatonMiddleware,
+    baton_error_response,
+    client_error,
+    new_request_id,
+)
 
 __all__ = ["Identity", "build_server", "http_app", "serve_http", "serve_stdio", "tool_error"]
 
@@ -114,6 +119,15 @@ def _call(
     return spec.run(baton, args)
 
 
+def _request_id(ctx: ServerRequestContext[Any, Any]) -> str:
+    """The id of the HTTP request carrying a tool call (set by
+    :class:`~prefect_baton.rest._http.BatonMiddleware`), or a new one (stdio)."""
+    scope = getattr(ctx.request, "scope", None)
+    state = scope.get("state") if isinstance(scope, dict) else None
+    rid = state.get("request_id") if isinstance(state, dict) else None
+    return rid if isinstance(rid, str) else new_request_id()
+
+
 def build_server(identity: Identity, *, on_close: Callable[[], None] | None = None) -> Server[Any]:
     """The MCP server with every tool of :data:`~prefect_baton.mcp.TOOLS`.
 
@@ -153,10 +167,11 @@ def build_server(identity: Identity, *, on_close: Callable[[], None] | None = No
         try:
             data = await anyio.to_thread.run_sync(partial(_call, identity, ctx, spec, args))
         except BatonError as exc:
-            return tool_error(exc.to_dict())
+            return tool_error(client_error(exc, _request_id(ctx)))
         except Exception:
-            logger.exception("tool %s failed", spec.name)
-            return tool_error({"code": "INTERNAL", "message": "internal error"})
+            rid = _request_id(ctx)
+            logger.exception("tool %s failed (request %s)", spec.name, rid)
+            return tool_error({"code": "INTERNAL", "message": f"internal error (request {rid})"})
         return _text_result(data, is_error=False)
 
     @asynccontextmanager
@@ -240,8 +255,8 @@ class _UnavailableAs503:
         except UnavailableError as exc:
             if started or scope["type"] != "http":
                 raise
-            body = {"error": {"code": exc.code, "message": exc.message}}
-            await JSONResponse(body, status_code=503)(scope, receive, send)
+            rid = scope.get("state", {}).get("request_id") or new_request_id()
+            await baton_error_response(exc, rid)(scope, receive, send)
 
 
 def _key_identity(
@@ -285,7 +300,10 @@ def http_app(
     tool calls it carries; a tool needs the key's scope of its area (``leases:write`` for
     ``baton_lease_acquire``, ``handoffs:read`` for ``baton_handoff_inbox``, ...), else it is a
     ``FORBIDDEN`` tool error. A missing, unknown or revoked key is answered ``401`` before
-    any tool runs; a ledger that cannot be reached then, ``503``. Keys are never logged.
+    any tool runs; a ledger that cannot be reached then, ``503``. Keys are accepted only in
+    the ``Authorization`` header: a key in the URL is ``401``, two ``Authorization`` headers
+    are ``400``, and a body over 2 MiB is ``413`` (as the REST API, through its
+    :class:`~prefect_baton.rest._http.BatonMiddleware`). Keys are never logged.
 
     Args:
         ledger_url: SQLAlchemy URL of the ledger (``str``; default ``BATON_LEDGER_URL``),
@@ -319,6 +337,8 @@ def http_app(
         token_verifier=_KeyVerifier(lambda: store.engines),
     )
     app.add_middleware(_UnavailableAs503)
+    # Outermost: request ids, one Authorization header, no key in the URL, the body cap.
+    app.add_middleware(BatonMiddleware, engines=lambda: store.engines)
     return app
 
 

@@ -9,31 +9,48 @@ each code is fixed by :data:`STATUS_BY_CODE`.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
+import re
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 import anyio.to_thread
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from prefect_baton._rules.validation import MAX_REQUEST_BODY_BYTES
 from prefect_baton._stores.ledger.engine import Engines
 from prefect_baton._stores.protocol import Caller
 from prefect_baton.errors import BatonError
-from prefect_baton.rest.keys import AREAS, ApiKey, KeyCache, authenticate
+from prefect_baton.rest.keys import AREAS, KEY_PREFIX, ApiKey, KeyCache, authenticate
 
 __all__ = [
     "MAX_BODY_BYTES",
     "STATUS_BY_CODE",
     "BatonMiddleware",
+    "client_error",
     "error_response",
+    "new_request_id",
     "ok",
 ]
 
-#: Largest request body accepted, in bytes (2 MiB); a larger one gets ``413``.
-MAX_BODY_BYTES = 2 * 1024 * 1024
+logger = logging.getLogger("prefect_baton.rest")
+
+#: Largest request body accepted, in bytes (2 MiB); a larger one gets ``413``. The REST
+#: API and the MCP server over HTTP share it.
+MAX_BODY_BYTES = MAX_REQUEST_BODY_BYTES
+
+#: A bearer key's secret as it appears in a URL (percent-decoded): ``bk_`` and 43 URL-safe
+#: characters (:func:`~prefect_baton.rest.keys.create_key`).
+_KEY_IN_URL = re.compile(re.escape(KEY_PREFIX).encode() + rb"[A-Za-z0-9_-]{43}(?![A-Za-z0-9_-])")
+
+#: Codes whose message may carry server detail (driver errors name hosts, ports, roles,
+#: databases): clients get a generic message naming the request id; the log keeps it.
+_SERVER_SIDE_CODES = frozenset({"UNAVAILABLE", "INTERNAL"})
 
 #: HTTP status of every error code. Conflicts of every kind, idempotency clashes and the
 #: lease-state codes ``LEASE_LOST`` and ``STALE_FENCE`` are all ``409``: the request was
@@ -88,9 +105,25 @@ def error_response(
     )
 
 
-def baton_error_response(exc: BatonError) -> JSONResponse:
-    """The error envelope of a :class:`~prefect_baton.errors.BatonError`."""
+def client_error(exc: BatonError, request_id: str) -> dict[str, Any]:
+    """What a client of the REST API or the MCP server is told of ``exc``
+    (:class:`~prefect_baton.errors.BatonError`): its ``to_dict()``, except that the message
+    of an ``UNAVAILABLE`` or ``INTERNAL`` error (which may name a database's host, port,
+    role or name) is replaced by a generic one naming ``request_id`` (``str``), and the
+    detail is logged (logger ``prefect_baton.rest``, with the request id)."""
     d = exc.to_dict()
+    if exc.code in _SERVER_SIDE_CODES:
+        logger.warning("%s for request %s: %s", exc.code, request_id, exc.message)
+        what = "unavailable" if exc.code == "UNAVAILABLE" else "failed"
+        d["message"] = f"the service is {what}; retry later (request {request_id})"
+    return d
+
+
+def baton_error_response(exc: BatonError, request_id: str | None = None) -> JSONResponse:
+    """The error envelope of a :class:`~prefect_baton.errors.BatonError` for a client
+    (:func:`client_error`) of the request ``request_id`` (``str``; by default the current
+    request's, or a new id when the app is not behind :class:`BatonMiddleware`)."""
+    d = client_error(exc, request_id or _REQUEST_ID.get() or new_request_id())
     code = str(d.pop("code"))
     message = str(d.pop("message"))
     return error_response(code, message, extra=d)
@@ -110,6 +143,28 @@ _request_ids = random.Random()
 os.register_at_fork(after_in_child=_request_ids.seed)
 
 
+def new_request_id() -> str:
+    """A new request id, ``req_`` and 32 hex digits."""
+    return f"req_{_request_ids.getrandbits(128):032x}"
+
+
+def _refused_head(scope: Scope) -> JSONResponse | None:
+    """The answer to a request whose head is refused before anything else, else ``None``:
+    more than one ``Authorization`` header (``400``: which one counts would be a guess),
+    or a bearer key in the URL's path or query (``401``: keys are accepted only in the
+    ``Authorization`` header; the access log redacts it)."""
+    headers = scope.get("headers", [])
+    if sum(1 for name, _ in headers if name.lower() == b"authorization") > 1:
+        return error_response("VALIDATION_ERROR", "send one Authorization header, not several")
+    target = bytes(scope.get("raw_path") or scope.get("path", "").encode()) + b"?"
+    target += bytes(scope.get("query_string", b""))
+    if _KEY_IN_URL.search(unquote_to_bytes(target.replace(b"+", b" "))):
+        return error_response(
+            "UNAUTHENTICATED", "a bearer key is accepted only in the Authorization header"
+        )
+    return None
+
+
 def _area(path: str) -> str | None:
     parts = path.split("/")
     if len(parts) >= 3 and parts[1] == "v1" and parts[2] in AREAS:
@@ -121,6 +176,8 @@ class BatonMiddleware:
     """ASGI middleware in front of every route.
 
     * gives each request an id (``scope["state"]["request_id"]``, header ``X-Request-ID``);
+    * refuses more than one ``Authorization`` header (``400``) and a bearer key in the URL
+      (``401``; keys are accepted only in the ``Authorization`` header);
     * under ``/v1``: authenticates the bearer key (``401`` when missing, unknown or
       revoked) and checks the route's scope (``<area>:read`` for ``GET``, else
       ``<area>:write``; ``403`` when missing), before the body is parsed; the caller is
@@ -154,7 +211,7 @@ class BatonMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = f"req_{_request_ids.getrandbits(128):032x}"
+        request_id = new_request_id()
         _REQUEST_ID.set(request_id)  # this request's task (one per request)
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
@@ -166,6 +223,10 @@ class BatonMiddleware:
                 message = {**message, "headers": headers}
             await send(message)
 
+        refused = _refused_head(scope)
+        if refused is not None:
+            await refused(scope, receive, send_with_id)
+            return
         path: str = scope.get("path", "")
         method: str = scope.get("method", "GET")
         if path == "/v1" or path.startswith("/v1/"):
@@ -207,7 +268,7 @@ class BatonMiddleware:
             try:
                 key = await anyio.to_thread.run_sync(authenticate, self.engines(), secret)
             except BatonError as exc:
-                return baton_error_response(exc)
+                return baton_error_response(exc, state["request_id"])
             self.key_cache.put(secret, key, token)
         if key is None:
             return error_response("UNAUTHENTICATED", "the bearer key is unknown or revoked")

@@ -15,7 +15,9 @@ fields: FastAPI's 422 is replaced), ``401 UNAUTHENTICATED`` (no, unknown or revo
 ``409`` for ``CONFLICT``, ``VERSION_CONFLICT``, ``IDEMPOTENCY_MISMATCH``,
 ``IDEMPOTENCY_IN_FLIGHT``, ``LEASE_LOST`` and ``STALE_FENCE`` (all say: the state the request
 presumed no longer holds; the code tells them apart), ``413 PAYLOAD_TOO_LARGE`` (body over
-2 MiB, :data:`~prefect_baton.rest._http.MAX_BODY_BYTES`), ``503 UNAVAILABLE``.
+2 MiB, :data:`~prefect_baton.rest._http.MAX_BODY_BYTES`), ``503 UNAVAILABLE`` and ``500
+INTERNAL`` (whose message names only the request id: the detail, e.g. a database driver's
+error, stays in the server log, see :func:`~prefect_baton.rest._http.client_error`).
 
 ``Idempotency-Key`` is honoured (passed as ``idempotency_key``, with the receipt semantics
 of DESIGN.md; a replay gives ``meta.replayed = true``) on every mutating route: acquire
@@ -50,8 +52,13 @@ from prefect_baton._stores.ledger.tables import ApiKeyRow
 from prefect_baton.errors import BatonError, UnavailableError
 from prefect_baton.rest import _calls, _routes_leases, _routes_records
 from prefect_baton.rest import _schemas as s
-from prefect_baton.rest._deps import B, _reply
-from prefect_baton.rest._http import BatonMiddleware, baton_error_response, error_response
+from prefect_baton.rest._deps import B, _reply, _rid
+from prefect_baton.rest._http import (
+    BatonMiddleware,
+    baton_error_response,
+    error_response,
+    logger,
+)
 from prefect_baton.rest._openapi import install_openapi
 from prefect_baton.rest.keys import KeyCache
 
@@ -121,7 +128,7 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
 
     @app.exception_handler(BatonError)
     async def _on_baton(_r: Request, exc: BatonError) -> Response:
-        return baton_error_response(exc)
+        return baton_error_response(exc, _rid(_r))
 
     @app.exception_handler(RequestValidationError)
     async def _on_invalid(_r: Request, exc: RequestValidationError) -> Response:
@@ -138,10 +145,11 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         return resp
 
     @app.exception_handler(Exception)
-    async def _on_other(_r: Request, _exc: Exception) -> Response:
+    async def _on_other(_r: Request, exc: Exception) -> Response:
         # answered outside the middleware: the request id comes from the request's state
-        rid = getattr(_r.state, "request_id", None)
-        return error_response("INTERNAL", "internal error", request_id=rid)
+        rid = _rid(_r)
+        logger.error("request %s failed", rid, exc_info=exc)
+        return error_response("INTERNAL", f"internal error (request {rid})", request_id=rid)
 
     _routes_leases.add_routes(app)
     _routes_records.add_routes(app)

@@ -10,7 +10,12 @@ from sqlalchemy import and_, or_, select
 from sqlmodel import Session, col
 
 from prefect_baton._rules import core as _core
-from prefect_baton._rules.access import check_checkpoint_delete, check_resolver, may_read
+from prefect_baton._rules.access import (
+    check_checkpoint_delete,
+    check_resolver,
+    may_read,
+    may_read_checkpoint,
+)
 from prefect_baton._rules.core import Proof
 from prefect_baton._rules.digests import (
     checkpoint_save_digest,
@@ -88,6 +93,27 @@ _OFFER_FIELDS = shared_fields(
 def _ckpt_scope(ck: CheckpointRow | CheckpointWrite) -> str:
     """The receipt scope and lock name part of a checkpoint's saves: its subject and kind."""
     return f"{len(ck.subject_id)}:{ck.subject_id}:{ck.kind}"
+
+
+def _readable(s: Session, caller: Caller, row: CheckpointRow | None) -> CheckpointRow | None:
+    """``row`` if ``caller`` may read it (:func:`~prefect_baton._rules.access.may_read_checkpoint`:
+    its writer, the recipient of a handoff of the org carrying it, ``owner``/``admin``),
+    else ``None``: to anyone else it does not exist. Another org's row is ``None`` too."""
+    if row is None or row.org_id != caller.org:
+        return None
+    recipients: list[str] = []
+    if caller.principal != row.principal:
+        recipients = list(
+            s.execute(
+                select(col(HandoffRow.to_principal)).where(
+                    col(HandoffRow.org_id) == caller.org,
+                    col(HandoffRow.checkpoint_id) == row.checkpoint_id,
+                )
+            ).scalars()
+        )
+    if may_read_checkpoint(caller.role, caller.principal, row.principal, recipients):
+        return row
+    return None
 
 
 class RecordOps(LeaseOps):
@@ -250,22 +276,22 @@ class RecordOps(LeaseOps):
         """The current checkpoint of ``(subject, principal or caller, kind)``, or ``None``
         when there is none or its TTL has passed."""
         with self._read() as (s, now):
-            row = _checkpoint_row(s, caller, subject_id, kind, principal)
+            row = _readable(s, caller, _checkpoint_row(s, caller, subject_id, kind, principal))
             if row is None or (row.expires_at_ms is not None and row.expires_at_ms <= now):
                 return None
             return checkpoint_model(row)
 
     def checkpoint_get_by_id(self, caller: Caller, checkpoint_id: str) -> Checkpoint:
-        """A checkpoint by id. Checkpoints are readable by every principal of their org (a
-        handoff's recipient reads the one attached to it; a reviewer traces an outcome to its
-        linked checkpoint); only the writer can change one.
+        """A checkpoint by id, for its writer, the recipient of a handoff carrying it, or
+        ``owner``/``admin`` (:func:`~prefect_baton._rules.access.may_read_checkpoint`);
+        only the writer can change one.
 
         Raises:
-            NotFoundError: unknown, expired, or another org's.
+            NotFoundError: unknown, expired, another org's, or not readable by the caller.
         """
         with self._read() as (s, now):
-            row = s.get(CheckpointRow, checkpoint_id)
-            if row is None or row.org_id != caller.org:
+            row = _readable(s, caller, s.get(CheckpointRow, checkpoint_id))
+            if row is None:
                 raise NotFoundError(f"checkpoint {checkpoint_id} not found")
             if row.expires_at_ms is not None and row.expires_at_ms <= now:
                 raise NotFoundError(f"checkpoint {checkpoint_id} has expired")
@@ -274,9 +300,10 @@ class RecordOps(LeaseOps):
     def checkpoint_history(
         self, caller: Caller, subject_id: str, kind: str, principal: str | None = None
     ) -> list[Checkpoint]:
-        """Every version of a checkpoint, oldest first (empty when there is none)."""
+        """Every version of a checkpoint, oldest first (empty when there is none or the
+        caller may not read it, :func:`~prefect_baton._rules.access.may_read_checkpoint`)."""
         with self._read() as (s, _now):
-            row = _checkpoint_row(s, caller, subject_id, kind, principal)
+            row = _readable(s, caller, _checkpoint_row(s, caller, subject_id, kind, principal))
             if row is None:
                 return []
             versions = s.execute(
@@ -306,10 +333,11 @@ class RecordOps(LeaseOps):
             s = tx.session
             if offer.to_principal == caller.principal:
                 raise ValidationError("a handoff must name another principal")
-            if offer.checkpoint_id is not None:
-                ck = s.get(CheckpointRow, offer.checkpoint_id)
-                if ck is None or ck.org_id != caller.org:
-                    raise NotFoundError(f"checkpoint {offer.checkpoint_id} not found")
+            # Only a checkpoint the sender may read can be handed on: attaching one makes
+            # the recipient a reader.
+            attached = s.get(CheckpointRow, offer.checkpoint_id) if offer.checkpoint_id else None
+            if offer.checkpoint_id is not None and _readable(s, caller, attached) is None:
+                raise NotFoundError(f"checkpoint {offer.checkpoint_id} not found")
             if offer.lease is not None:
                 row = self._row_by_id(s, caller.org, offer.lease.lease_id)
                 held = _core._check_proof(row_to_generation(row) if row else None, offer.lease)

@@ -1,8 +1,9 @@
 """The Redis connection and error plumbing of the lease authority.
 
 :func:`connect` makes the client (no automatic retries, so a script runs at most once per
-call), :func:`redis_unavailable` maps a Redis error to :class:`UnavailableError` (connection
-errors, timeouts and the busy/failover replies) or a plain :class:`BatonError`,
+call), :func:`redis_unavailable` maps every Redis error to :class:`UnavailableError`
+(connection errors, timeouts, busy/failover replies, and any other error reply, e.g. a
+database index the server does not have),
 :func:`direct_pool` and :func:`evalsha` are the direct call path (``FCALL`` of the function
 library, or ``EVALSHA``), and
 :func:`as_text` reads a reply field as ``str``.
@@ -24,7 +25,7 @@ from redis.retry import Retry
 
 from prefect_baton._stores.redis.cluster import RedisClient, connect_cluster, is_cluster_url
 from prefect_baton._stores.redis.scripts import Scripts, library
-from prefect_baton.errors import BatonError, UnavailableError
+from prefect_baton.errors import UnavailableError
 from redis import ConnectionPool, Redis
 
 __all__ = [
@@ -78,10 +79,12 @@ def connect(url: str, **kwargs: Any) -> RedisClient:
     return Redis.from_url(url, **opts)
 
 
-def redis_unavailable(exc: RedisError) -> BatonError:
-    """The error to raise for ``exc``: :class:`UnavailableError` for a connection error, a
-    timeout, a busy/failover reply (``BUSY``, ``LOADING``, ``READONLY``, ...) or a script
-    flushed during the call, a plain :class:`BatonError` for any other error reply."""
+def redis_unavailable(exc: RedisError) -> UnavailableError:
+    """The error to raise for ``exc``: always :class:`UnavailableError` (a documented
+    code), whose message tells a connection error, a timeout, a busy/failover reply
+    (``BUSY``, ``LOADING``, ``READONLY``, ...) or a script flushed during the call from any
+    other error reply (``Redis refused the operation: ...``, e.g. ``DB index is out of
+    range`` for ``redis://host:6379/99``)."""
     if isinstance(exc, RedisConnectionError | RedisTimeoutError):
         return UnavailableError(f"Redis unavailable: {exc}")
     if isinstance(exc, NoScriptError) or str(exc).startswith("Function not found"):
@@ -92,7 +95,7 @@ def redis_unavailable(exc: RedisError) -> BatonError:
     if isinstance(exc, ResponseError) and code.upper() in _BUSY:
         return UnavailableError(f"Redis unavailable: {exc}")
     if isinstance(exc, ResponseError):
-        return BatonError(f"Redis lease authority error: {exc}")
+        return UnavailableError(f"Redis refused the operation: {exc}")
     return UnavailableError(f"Redis unavailable: {exc}")
 
 

@@ -1,0 +1,150 @@
+""":class:`~prefect_baton.rest._protocol.GuardedH11Protocol` under uvicorn on a free
+loopback port, with short deadlines and a small connection cap: half-sent heads and
+bodies and idle connections are closed, and the cap closes the longest-idle connection or
+answers 503."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import uvicorn
+
+from prefect_baton.rest._protocol import GuardedH11Protocol
+
+DEADLINE = 0.3
+seen: list[str] = []
+
+
+async def app(scope: Any, receive: Any, send: Any) -> None:
+    """``/slow`` answers after 1.5 s; every request reads its body; a disconnect is noted."""
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            seen.append("disconnect")
+            return
+        more = message.get("more_body", False)
+    if scope["path"] == "/slow":
+        await asyncio.sleep(1.5)
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+class Short(GuardedH11Protocol):
+    header_timeout = DEADLINE
+    body_timeout = DEADLINE
+    cap = 3
+
+
+def _serve(protocol: type[GuardedH11Protocol]) -> Iterator[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, http=protocol, log_level="error")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        assert thread.is_alive()
+        time.sleep(0.02)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@pytest.fixture
+def port() -> Iterator[int]:
+    """A server with 0.3 s deadlines and at most 3 connections."""
+    yield from _serve(Short)
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the server closes ``sock`` within ``seconds`` (reading what it sends)."""
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(65536):
+            pass
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def _get(port: int, path: str = "/") -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    return reply
+
+
+def test_idle_and_half_sent_heads_are_closed(port: int) -> None:
+    """A connection that sends nothing, or half a request head, is closed after the header
+    deadline; one that sends a whole request is answered."""
+    idle = socket.create_connection(("127.0.0.1", port))
+    half = socket.create_connection(("127.0.0.1", port))
+    half.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
+    assert _closed_within(idle, 5)
+    assert _closed_within(half, 5)
+    idle.close()
+    half.close()
+    assert _get(port).startswith(b"HTTP/1.1 200")
+
+
+def test_a_half_sent_body_is_closed(port: int) -> None:
+    """A body that stops short of its Content-Length is cut off after the body deadline;
+    the app sees a disconnect."""
+    seen.clear()
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc")
+        assert _closed_within(sock, 5)
+    deadline = time.monotonic() + 5
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert seen == ["disconnect"]
+
+
+def test_over_the_cap_the_longest_idle_connection_is_closed(port: int) -> None:
+    """With 3 connections open (the cap), a fourth is served and the oldest idle one is
+    closed; the others stay open."""
+    first = socket.create_connection(("127.0.0.1", port))
+    time.sleep(0.05)
+    second = socket.create_connection(("127.0.0.1", port))
+    second.sendall(b"GET / HTTP/1.1\r\n")  # half a head is idle too
+    time.sleep(0.05)
+    third = socket.create_connection(("127.0.0.1", port))
+    time.sleep(0.05)
+    assert _get(port).startswith(b"HTTP/1.1 200")
+    assert _closed_within(first, 0.2)
+    assert not _closed_within(third, 0.05)
+    for s in (first, second, third):
+        s.close()
+
+
+def test_over_the_cap_with_every_connection_busy_is_503(port: int) -> None:
+    """When every connection is busy with a request, a connection over the cap is answered
+    503 UNAVAILABLE (the JSON envelope) and closed."""
+    busy = [threading.Thread(target=_get, args=(port, "/slow")) for _ in range(3)]
+    for t in busy:
+        t.start()
+    time.sleep(0.5)
+    reply = _get(port)
+    for t in busy:
+        t.join()
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503"), reply[:200]
+    assert json.loads(body)["error"]["code"] == "UNAVAILABLE"
+    assert _get(port).startswith(b"HTTP/1.1 200")

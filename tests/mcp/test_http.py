@@ -323,7 +323,8 @@ def test_an_unavailable_ledger_during_key_lookup_is_503(
         "error": {
             "code": "UNAVAILABLE",
             "message": f"the service is unavailable; retry later (request {rid})",
-        }
+        },
+        "meta": {"request_id": rid},
     }
 
 

@@ -162,8 +162,8 @@ def test_events_history_outcomes_and_seed_names(open_session: Open) -> None:
                         },
                     )
                 )
-            got = ok(
-                await b.call_tool(
+            got = ok(  # its writer reads it (another agent may not until a handoff carries it)
+                await a.call_tool(
                     "titen_checkpoint_get",
                     {"subject_id": "user_rama", "kind": "task_state", "agent_id": "agent-a"},
                 )

@@ -1,0 +1,116 @@
+"""Loss of part of an org's Redis state (issue #13 section 2): an ``allkeys-*`` eviction, or
+a ``DEL``, removes some of an org's keys while the incarnation marker survives. Every script
+sees it before deciding anything, deletes the marker, and the org's state is rebuilt from
+the ledger: no grant is ever made on partial state, and every later epoch is above every
+epoch handed out. On fakeredis and on the real server (127.0.0.1:6379, an org of its own)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import fakeredis
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from prefect_baton import Baton, ConflictError, UnavailableError
+from prefect_baton._stores.ledger.store import LedgerStore
+from prefect_baton._stores.redis.authority import RedisAuthority, connect
+from prefect_baton._stores.redis.keys import org_keys
+from prefect_baton.audit import audit_ledger
+from tests.conftest import REDIS_ARMS, REDIS_URL, require_redis
+
+#: The per-org keys after the marker (``inc``), as named in keys.py.
+KEYS = ("heads", "lid", "old", "oldx", "own", "sx", "sl", "se", "j")
+
+
+@pytest.fixture(params=REDIS_ARMS)
+def client(request: pytest.FixtureRequest) -> Iterator[object]:
+    if request.param == "fakeredis":
+        yield fakeredis.FakeRedis(server=fakeredis.FakeServer())
+        return
+    require_redis()
+    c = connect(REDIS_URL)
+    yield c
+    c.close()
+
+
+def _authority(client: object, ledger: LedgerStore, **kwargs: object) -> RedisAuthority:
+    return RedisAuthority(client, ledger, ack="ledger", **kwargs)  # type: ignore[arg-type]
+
+
+class Org:
+    """An org whose Redis state has every key: a scoped lease held by ``a`` (heads, lid,
+    own, sx, sl, se, the journal) and a retired generation (old, oldx). ``epochs`` holds
+    every epoch handed out before the loss."""
+
+    def __init__(self, auth: RedisAuthority, ledger: LedgerStore) -> None:
+        self.org = f"org-{uuid.uuid4().hex[:12]}"
+        auth.rebuild(self.org)
+        self.a = Baton(org=self.org, principal="p-a", store=ledger, lease_authority=auth)
+        self.b = self.a.as_principal("p-b")
+        first = self.a.leases.acquire("res", "r1", ttl_seconds=30)
+        self.a.leases.release(first)
+        again = self.b.leases.acquire("res", "r1", ttl_seconds=30)
+        self.b.leases.release(again)
+        self.held = self.a.leases.acquire("res", "r0", ttl_seconds=60, scopes=["src/**"])
+        self.epochs = [first.epoch, again.epoch, self.held.epoch]
+        keys = org_keys(self.org)
+        for name in KEYS:
+            assert auth.client.exists(keys.prefix + name), name
+
+    def check_after_loss(self) -> None:
+        """No grant on the lost state: ``b`` still conflicts with ``a``'s restored lease,
+        which ``a`` can renew; every later grant, of any resource, is above every epoch
+        handed out before the loss."""
+        with pytest.raises(ConflictError):
+            self.b.leases.acquire("res", "r0", ttl_seconds=30)
+        renewed = self.a.leases.renew(self.held)
+        assert (renewed.lease_id, renewed.epoch) == (self.held.lease_id, self.held.epoch)
+        self.a.leases.release(renewed)
+        before = max(self.epochs)
+        for rid in ("r0", "r1", "r2"):
+            lease = self.b.leases.acquire("res", rid, ttl_seconds=30)
+            assert lease.epoch > before, (rid, lease.epoch, self.epochs)
+
+
+@pytest.mark.parametrize("name", KEYS)
+def test_each_lost_key_fails_closed_then_rebuilds_with_higher_epochs(
+    client: object, ledger: LedgerStore, name: str
+) -> None:
+    """Deleting any one key of an org (the marker surviving) makes the next operation fail
+    closed (UNAVAILABLE, the marker deleted) until the rebuild, after which the holder still
+    holds and every new epoch is above every epoch handed out."""
+    auth = _authority(client, ledger, auto_rebuild=False)
+    org = Org(auth, ledger)
+    keys = org_keys(org.org)
+    auth.client.delete(keys.prefix + name)
+    with pytest.raises(UnavailableError):
+        org.b.leases.acquire("res", "r2", ttl_seconds=30)
+    assert not auth.client.exists(keys.inc)
+    with pytest.raises(UnavailableError):
+        org.a.leases.renew(org.held)
+    auth.rebuild(org.org)
+    org.check_after_loss()
+    report = audit_ledger(ledger, org.org)
+    assert report.ok, report.violations
+
+
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(lost=st.sets(st.sampled_from(KEYS), min_size=1))
+def test_any_lost_subset_rebuilds_on_the_next_call(
+    client: object, ledger: LedgerStore, lost: set[str]
+) -> None:
+    """Deleting any subset of an org's keys: the next call (auto-rebuild) sees it, rebuilds
+    from the ledger, and grants nothing on the lost state."""
+    auth = _authority(client, ledger)
+    org = Org(auth, ledger)
+    keys = org_keys(org.org)
+    auth.client.delete(*(keys.prefix + name for name in lost))
+    org.check_after_loss()
+    assert audit_ledger(ledger, org.org).ok

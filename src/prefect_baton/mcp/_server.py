@@ -37,7 +37,13 @@ from prefect_baton._stores.factory import open_stores
 from prefect_baton._stores.ledger.engine import Engines
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.protocol import LeaseAuthority
-from prefect_baton.errors import BatonError, ForbiddenError, UnavailableError, ValidationError
+from prefect_baton.errors import (
+    BatonError,
+    ForbiddenError,
+    UnavailableError,
+    ValidationError,
+    as_baton_error,
+)
 from prefect_baton.mcp._tools import TOOLS, ToolSpec
 
 __all__ = ["Identity", "build_server", "http_app", "serve_http", "serve_stdio", "tool_error"]
@@ -116,7 +122,9 @@ def build_server(identity: Identity, *, on_close: Callable[[], None] | None = No
         A :class:`mcp.server.lowlevel.Server`. A call with unknown or badly typed arguments
         is a tool error with ``VALIDATION_ERROR`` and writes nothing; a
         :class:`~prefect_baton.errors.BatonError` is a tool error with its ``code`` and
-        ``message``; any other failure is a tool error with code ``INTERNAL`` (logged).
+        ``message``; any other failure is a tool error with the code
+        :func:`~prefect_baton.errors.as_baton_error` gives it (``UNAVAILABLE`` for a
+        database or Redis failure, else ``INTERNAL_ERROR``; logged).
     """
     tools = [_tool(spec) for spec in TOOLS.values()]
 
@@ -139,9 +147,9 @@ def build_server(identity: Identity, *, on_close: Callable[[], None] | None = No
             data = await anyio.to_thread.run_sync(partial(_call, identity, ctx, spec, args))
         except BatonError as exc:
             return tool_error(exc.to_dict())
-        except Exception:
+        except Exception as exc:
             logger.exception("tool %s failed", spec.name)
-            return tool_error({"code": "INTERNAL", "message": "internal error"})
+            return tool_error(as_baton_error(exc, expose=False).to_dict())
         return _text_result(data, is_error=False)
 
     @asynccontextmanager

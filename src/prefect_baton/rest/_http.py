@@ -48,7 +48,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "LEASE_LOST": 409,
     "STALE_FENCE": 409,
     "PAYLOAD_TOO_LARGE": 413,
-    "INTERNAL": 500,
+    "INTERNAL_ERROR": 500,
     "UNAVAILABLE": 503,
 }
 

@@ -33,6 +33,7 @@ The routes are defined by area in :mod:`prefect_baton.rest._routes_leases` and
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -47,13 +48,15 @@ from starlette.routing import Match
 from prefect_baton._stores.factory import open_stores
 from prefect_baton._stores.ledger.tables import ApiKeyRow
 from prefect_baton._stores.protocol import Caller
-from prefect_baton.errors import BatonError, UnavailableError
+from prefect_baton.errors import BatonError, UnavailableError, as_baton_error
 from prefect_baton.rest import _routes_leases, _routes_records
 from prefect_baton.rest import _schemas as s
 from prefect_baton.rest._deps import _rid
 from prefect_baton.rest._http import BatonMiddleware, baton_error_response, error_response, ok
 from prefect_baton.rest._openapi import install_openapi
 from prefect_baton.rest.keys import KeyCache
+
+log = logging.getLogger("prefect_baton.rest")
 
 __all__ = ["create_app"]
 
@@ -130,7 +133,7 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
     @app.exception_handler(StarletteHTTPException)
     async def _on_http(_r: Request, exc: StarletteHTTPException) -> Response:
         codes = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 400: "VALIDATION_ERROR"}
-        code = codes.get(exc.status_code, "INTERNAL")
+        code = codes.get(exc.status_code, "INTERNAL_ERROR")
         resp = error_response(code, str(exc.detail), status=exc.status_code)
         resp.headers.update(exc.headers or {})
         if exc.status_code == 405:  # Allow lists every route of the path (RFC 9110)
@@ -138,8 +141,9 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         return resp
 
     @app.exception_handler(Exception)
-    async def _on_other(_r: Request, _exc: Exception) -> Response:
-        return error_response("INTERNAL", "internal error")
+    async def _on_other(_r: Request, exc: Exception) -> Response:
+        log.error("request failed", exc_info=exc)
+        return baton_error_response(as_baton_error(exc, expose=False))
 
     _routes_leases.add_routes(app)
     _routes_records.add_routes(app)

@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import fakeredis
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prefect_baton import Baton, ConflictError, UnavailableError
+from prefect_baton import Baton, BatonSettings, ConflictError, UnavailableError, ValidationError
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.redis.authority import RedisAuthority, connect
 from prefect_baton._stores.redis.keys import org_keys
 from prefect_baton.audit import audit_ledger
 from tests.conftest import REDIS_ARMS, REDIS_URL, require_redis
+
+from .conftest import RedisServer
 
 #: The per-org keys after the marker (``inc``), as named in keys.py.
 KEYS = ("heads", "lid", "old", "oldx", "own", "sx", "sl", "se", "j")
@@ -114,3 +117,36 @@ def test_any_lost_subset_rebuilds_on_the_next_call(
     auth.client.delete(*(keys.prefix + name for name in lost))
     org.check_after_loss()
     assert audit_ledger(ledger, org.org).ok
+
+
+def test_an_evicting_policy_is_refused_unless_allowed(
+    redis_server: RedisServer, ledger: LedgerStore, tmp_path: Path
+) -> None:
+    """A server whose maxmemory-policy may evict keys (set here on the test's own server)
+    is refused at start-up with VALIDATION_ERROR naming the setting, unless evictions are
+    accepted (allow_eviction, BATON_REDIS_ALLOW_EVICTION); noeviction is accepted."""
+    admin = connect(redis_server.url)
+    try:
+        for policy in ("allkeys-lru", "allkeys-random", "volatile-lru"):
+            admin.config_set("maxmemory-policy", policy)
+            with pytest.raises(ValidationError, match="maxmemory-policy is '" + policy):
+                RedisAuthority(connect(redis_server.url), ledger, owns_client=True)
+            with pytest.raises(ValidationError, match="noeviction"):
+                Baton(ledger_url=f"sqlite:///{tmp_path / 'l.db'}", redis_url=redis_server.url)
+            allowed = RedisAuthority(
+                connect(redis_server.url), ledger, owns_client=True, allow_eviction=True
+            )
+            b = Baton(org=f"org-{policy}", principal="a", store=ledger, lease_authority=allowed)
+            b.leases.acquire("res", "r0", ttl_seconds=30)
+            allowed.close()
+            settings = BatonSettings(redis_allow_eviction=True)
+            with Baton(
+                ledger_url=f"sqlite:///{tmp_path / 'l.db'}",
+                redis_url=redis_server.url,
+                settings=settings,
+            ) as c:
+                c.leases.list()
+        admin.config_set("maxmemory-policy", "noeviction")
+        RedisAuthority(connect(redis_server.url), ledger, owns_client=True).close()
+    finally:
+        admin.close()

@@ -12,7 +12,7 @@ import fakeredis
 import pytest
 from sqlmodel import Session, select
 
-from prefect_baton import Baton, BatonError
+from prefect_baton import Baton, BatonError, UnavailableError
 from prefect_baton._stores.ledger.tables import GenerationRow
 from prefect_baton._stores.redis.authority import RedisAuthority
 from prefect_baton._stores.redis.keys import org_keys
@@ -49,20 +49,49 @@ def test_refused_journal_entry_is_a_fault_not_a_crash(ledger_url: str) -> None:
         first = a.leases.acquire("res", "r0", ttl_seconds=30)
         a.leases.release(first)
         _phantom(ledger_url, org, first.lease_id, first.epoch + 1)
-        # Redis grants epoch 2, which the ledger already has: the drain records the fault
-        clash = b.leases.acquire("res", "r0", ttl_seconds=30)
-        assert clash.epoch == first.epoch + 1
+        # Redis grants epoch 2, which the ledger already has: the drain records the fault,
+        # and with ack="ledger" the grant does not count
+        with pytest.raises(UnavailableError, match="refused"):
+            b.leases.acquire("res", "r0", ttl_seconds=30)
         assert not client.exists(org_keys(org).inc)  # failed closed
         report = audit_ledger(ledger, org)
         assert any("same epoch 2" in v for v in report.violations), report.violations
         assert any("refused by the ledger" in v for v in report.violations), report.violations
-        # every surface of the library goes on with BatonErrors only
+        # the library goes on: the refused grant does not exist after the rebuild
         a.events.list(limit=100)
-        with pytest.raises(BatonError):
-            b.leases.renew(clash)
+        assert b.leases.list() == []
+        assert b.leases.inspect("res", "r0").lease is None
         fresh = b.leases.acquire("res", "r0", ttl_seconds=30)
         assert fresh.epoch > EPOCH_RANGE
         auth.sync_ledger(org, strict=True)
         assert len(audit_ledger(ledger, org).violations) == len(report.violations)
+    finally:
+        auth.close()
+
+
+def test_refused_entry_with_ack_redis_leaves_only_baton_errors(ledger_url: str) -> None:
+    """With ``ack="redis"`` the clashing grant was acknowledged before the drain; the drain
+    (here: the barrier of events.list) records the fault, and the grant's holder then gets
+    BatonErrors from renew and fenced writes, never a raw IntegrityError."""
+    org = f"org-{uuid.uuid4().hex[:12]}"
+    ledger = store_for(ledger_url)
+    client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    auth = RedisAuthority(client, ledger, ack="redis", reconcile_in_client=False)
+    try:
+        a = Baton(org=org, principal="p-a", store=ledger, lease_authority=auth)
+        b = a.as_principal("p-b")
+        first = a.leases.acquire("res", "r0", ttl_seconds=30)
+        a.leases.release(first)
+        auth.sync_ledger(org, strict=True)
+        _phantom(ledger_url, org, first.lease_id, first.epoch + 1)
+        clash = b.leases.acquire("res", "r0", ttl_seconds=30)
+        assert clash.epoch == first.epoch + 1
+        a.events.list(limit=100)  # drains: the fault is recorded
+        assert not client.exists(org_keys(org).inc)
+        with pytest.raises(BatonError):
+            b.leases.renew(clash)
+        with pytest.raises(BatonError):
+            b.checkpoints.save("s", "k", {"x": 1}, fence=clash)
+        assert any("same epoch" in v for v in audit_ledger(ledger, org).violations)
     finally:
         auth.close()

@@ -302,8 +302,23 @@ class AuthorityBase:
         self._lag_over.discard(org)
 
     def _acked(self, org: str, entry_id: Any) -> None:
+        """Acknowledge journal entry ``entry_id`` of ``org`` as ``ack=`` says.
+
+        Raises:
+            UnavailableError: with ``ack="ledger"``, the ledger could not be written, or it
+                refused the entry (a journal fault, see
+                :mod:`~prefect_baton._stores.redis.reconciler`: the org's Redis state is
+                rebuilt and the transition does not count).
+        """
         if self.ack == "ledger":
-            self.reconciler.drain(org, until=as_text(entry_id))
+            eid = as_text(entry_id)
+            self.reconciler.drain(org, until=eid)
+            if eid in self.reconciler.refused:
+                raise UnavailableError(
+                    f"the ledger refused this transition of org {org!r} (journal entry {eid}, "
+                    "recorded as a fault); the org's Redis state is rebuilt from the ledger: "
+                    "retry"
+                )
             return
         if not self._drain_here:
             return

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -148,6 +149,8 @@ class Reconciler(LedgerWriter):
         super().__init__(store)
         self.client = client
         self.batch_size = max(1, int(batch_size))
+        #: ids of the journal entries this reconciler recorded as faults (the newest 1,000)
+        self.refused: deque[str] = deque(maxlen=1000)
 
     # ------------------------------------------------------------------ public
 
@@ -280,6 +283,7 @@ class Reconciler(LedgerWriter):
                 return None
             eid = _text(entries[0][0])
             fault = self._write_fault(conn, org, (stream_inc, eid), _payload(entries[0][1]), error)
+        self.refused.append(eid)
         log.error(
             "journal entry %s of org %r was refused by the ledger (%s) and recorded as a "
             "fault: %s; the org's Redis state is rebuilt from the ledger",

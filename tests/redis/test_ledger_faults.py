@@ -13,7 +13,7 @@ import pytest
 from sqlmodel import Session, select
 
 from prefect_baton import Baton, BatonError, UnavailableError
-from prefect_baton._stores.ledger.tables import GenerationRow
+from prefect_baton._stores.ledger.tables import GenerationRow, LeaseTransition
 from prefect_baton._stores.redis.authority import RedisAuthority
 from prefect_baton._stores.redis.keys import org_keys
 from prefect_baton._stores.redis.rebuild import EPOCH_RANGE
@@ -95,3 +95,21 @@ def test_refused_entry_with_ack_redis_leaves_only_baton_errors(ledger_url: str) 
         assert any("same epoch" in v for v in audit_ledger(ledger, org).violations)
     finally:
         auth.close()
+
+
+def test_audit_flags_two_generations_with_one_epoch(ledger_url: str) -> None:
+    """A transition of another lease id with an epoch a generation of its resource already
+    has (however it got into the ledger) is reported by the audit."""
+    org = f"org-{uuid.uuid4().hex[:12]}"
+    ledger = store_for(ledger_url)
+    a = Baton(org=org, principal="p-a", store=ledger)
+    lease = a.leases.acquire("res", "r0", ttl_seconds=30)
+    assert audit_ledger(ledger, org).ok
+    with Session(ledger.engines.write) as s:
+        t = s.exec(select(LeaseTransition).where(LeaseTransition.lease_id == lease.lease_id)).one()
+        data = t.model_dump(exclude={"seq"})
+        data.update(lease_id=f"lease_{uuid.uuid4().hex}", version=t.version + 1)
+        s.add(LeaseTransition(**data))
+        s.commit()
+    report = audit_ledger(ledger, org)
+    assert any(f"same epoch {lease.epoch}" in v for v in report.violations), report.violations

@@ -203,18 +203,27 @@ def as_baton_error(exc: BaseException, *, expose: bool = True) -> BatonError:
         exc: the exception caught.
         expose: put the exception's type and text into the message (``True``, for the
             trusted in-process surfaces); ``False`` for the network surfaces, whose callers
-            must not see internals (the caller logs the exception).
+            must not see internals (the caller logs the exception). With ``False`` an error
+            this function made earlier with ``expose`` (the client's boundary, below a
+            network surface) is made again from its cause without them.
     """
     if isinstance(exc, BatonError):
+        cause = exc.__cause__
+        if not expose and exc.__dict__.get("_converted") and cause is not None:
+            return as_baton_error(cause, expose=False)
         return exc
     name = type(exc).__name__
     driver = isinstance(exc, ConnectionError | TimeoutError) or any(
         c.__module__.partition(".")[0] in _DRIVERS for c in type(exc).__mro__
     )
+    err: BatonError
     if driver:
         detail = f" ({name}: {exc})" if expose else ""
-        return UnavailableError(f"a store (the ledger or Redis) failed{detail}; retry")
-    return InternalError(f"internal error ({name}: {exc})" if expose else "internal error")
+        err = UnavailableError(f"a store (the ledger or Redis) failed{detail}; retry")
+    else:
+        err = InternalError(f"internal error ({name}: {exc})" if expose else "internal error")
+    err.__dict__["_converted"] = True
+    return err
 
 
 _BY_CODE: dict[str, type[BatonError]] = {

@@ -107,6 +107,16 @@ def test_rest(url: str, exc: Exception, monkeypatch: pytest.MonkeyPatch) -> None
         r = client.get("/v1/leases", headers=h)
         assert (r.status_code, r.json()["error"]["code"]) == (500, "INTERNAL_ERROR")
         assert "secret detail" not in r.text
+        # below the client's own boundary: the same, nothing internal in the message
+        monkeypatch.undo()
+        monkeypatch.setattr(LedgerStore, "list_leases", _raise(exc))
+        r = client.get("/v1/leases", headers=h)
+        assert (r.status_code, r.json()["error"]["code"]) == (503, "UNAVAILABLE")
+        assert type(exc).__name__ not in r.text
+        monkeypatch.setattr(LedgerStore, "list_leases", _raise(ValueError("secret detail")))
+        r = client.get("/v1/leases", headers=h)
+        assert (r.status_code, r.json()["error"]["code"]) == (500, "INTERNAL_ERROR")
+        assert "secret detail" not in r.text
 
 
 @pytest.mark.parametrize("exc", DRIVER_ERRORS, ids=IDS)

@@ -146,7 +146,7 @@ def build_server(identity: Identity, *, on_close: Callable[[], None] | None = No
         try:
             data = await anyio.to_thread.run_sync(partial(_call, identity, ctx, spec, args))
         except BatonError as exc:
-            return tool_error(exc.to_dict())
+            return tool_error(as_baton_error(exc, expose=False).to_dict())
         except Exception as exc:
             logger.exception("tool %s failed", spec.name)
             return tool_error(as_baton_error(exc, expose=False).to_dict())

@@ -124,7 +124,7 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
 
     @app.exception_handler(BatonError)
     async def _on_baton(_r: Request, exc: BatonError) -> Response:
-        return baton_error_response(exc)
+        return baton_error_response(as_baton_error(exc, expose=False))
 
     @app.exception_handler(RequestValidationError)
     async def _on_invalid(_r: Request, exc: RequestValidationError) -> Response:

@@ -43,6 +43,9 @@ class BatonSettings(BaseSettings):
             the most journal entries of an org that may wait for the ledger before acquires
             drain it themselves (default 10,000; ``0``: no limit; see
             :class:`prefect_baton._stores.redis.authority.RedisAuthority`).
+        redis_allow_eviction: ``BATON_REDIS_ALLOW_EVICTION``; accept a Redis whose
+            ``maxmemory-policy`` is not ``noeviction`` (default ``false``: refused, see
+            :func:`prefect_baton._stores.redis.base.check_eviction_policy`).
         receipt_retention_seconds: ``BATON_RECEIPT_RETENTION_SECONDS`` (default 86,400).
         state_max_bytes: ``BATON_STATE_MAX_BYTES``, checkpoint state cap (default 1 MiB).
         api_url: ``BATON_API_URL``; base URL of the REST API (e.g.
@@ -69,6 +72,7 @@ class BatonSettings(BaseSettings):
     redis_ack: str = "redis"
     redis_post_loss: str = "fence_only"
     redis_max_lag_entries: int = Field(default=10_000, ge=0)
+    redis_allow_eviction: bool = False
     receipt_retention_seconds: int = Field(default=86_400, ge=60)
     state_max_bytes: int = Field(default=1024 * 1024, ge=1024)
     api_url: str | None = None

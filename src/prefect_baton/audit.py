@@ -9,7 +9,11 @@ Checks, per resource of an org:
 3. versions rise by exactly one on every acquire, takeover, supersede, renewal and transfer,
    and are kept by releases;
 4. at most one generation is ``active``;
-5. every acquire receipt points at an existing transition of its lease.
+5. every acquire receipt points at an existing transition of its lease;
+6. no two generations (lease ids) of a resource share an epoch (a fencing token handed out
+   twice), in the generations or in the transitions;
+7. no journal entry was refused by the ledger (a fault the Redis reconciler recorded, see
+   :mod:`prefect_baton._stores.redis.reconciler`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from sqlmodel import col
 from prefect_baton._rules.core import Generation
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.ledger.tables import LeaseTransition, ReceiptRow
+from prefect_baton._stores.redis.ledger_writes import FAULT_OP, SYSTEM_PRINCIPAL
 
 __all__ = ["AuditReport", "audit_ledger"]
 
@@ -91,10 +96,19 @@ def audit_ledger(store: LedgerStore, org: str) -> AuditReport:
                 )
     last: dict[tuple[str, str], tuple[int, int]] = {}
     seen: set[tuple[str, int]] = set()
+    holders: dict[tuple[str, str, int], str] = {
+        (g.resource_type, g.resource_id, g.epoch): g.lease_id for g in rows
+    }
     for t in transitions:
         res = (t.resource_type, t.resource_id)
         name = f"{res[0]}/{res[1]}"
         seen.add((t.lease_id, t.version))
+        first = holders.setdefault((*res, t.epoch), t.lease_id)
+        if first != t.lease_id:
+            report.violations.append(
+                f"{name}: generations {first} and {t.lease_id} have the same epoch {t.epoch}"
+            )
+            holders[(*res, t.epoch)] = t.lease_id
         if res in last:
             pv, pe = last[res]
             if t.action in _BUMPS and t.version != pv + 1:
@@ -109,6 +123,18 @@ def audit_ledger(store: LedgerStore, org: str) -> AuditReport:
             report.violations.append(f"{name}: history starts with {t.action}")
         last[res] = (t.version, t.epoch)
     with store._read() as (s, _now):
+        fault_row = s.execute(
+            select(col(ReceiptRow.response)).where(
+                col(ReceiptRow.org_id) == org,
+                col(ReceiptRow.principal) == SYSTEM_PRINCIPAL,
+                col(ReceiptRow.operation) == FAULT_OP,
+            )
+        ).scalar_one_or_none()
+        for fault in json.loads(fault_row)["faults"] if fault_row else []:
+            report.violations.append(
+                f"journal entry {fault['entry']} was refused by the ledger "
+                f"({fault['error']}): {fault['generations']}"
+            )
         receipts = list(
             s.execute(
                 select(ReceiptRow).where(

@@ -8,7 +8,11 @@ design's list (``VALIDATION_ERROR``, ``CONFLICT``, ``VERSION_CONFLICT``, ``NOT_F
 One more code belongs to the network surface only: ``UNAUTHENTICATED``
 (:class:`UnauthenticatedError`), raised by a client of the REST API whose bearer key is
 missing, unknown or revoked (HTTP ``401``). It is not in :data:`ERROR_CODES`, which lists the
-outcomes of coordination operations.
+outcomes of coordination operations; nor is ``INTERNAL_ERROR`` (:class:`InternalError`), an
+unexpected failure inside prefect-baton.
+
+No other exception leaves the library, the CLI, the REST API or the MCP server: each of
+them turns anything else into a :class:`BatonError` with :func:`as_baton_error`.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ __all__ = [
     "ForbiddenError",
     "IdempotencyInFlightError",
     "IdempotencyMismatchError",
+    "InternalError",
     "LeaseLostError",
     "NotFoundError",
     "StaleFenceError",
@@ -32,6 +37,7 @@ __all__ = [
     "UnavailableError",
     "ValidationError",
     "VersionConflictError",
+    "as_baton_error",
     "error_for_code",
 ]
 
@@ -176,6 +182,54 @@ class UnauthenticatedError(BatonError):
     code = "UNAUTHENTICATED"
 
 
+class InternalError(BatonError):
+    """An unexpected failure inside prefect-baton (a bug, not the caller's input): code
+    ``INTERNAL_ERROR``, HTTP ``500``, exit status 1. What was written is unknown; the
+    ledger's transactions keep it consistent. Made by :func:`as_baton_error`."""
+
+    code = "INTERNAL_ERROR"
+
+
+#: Top-level packages whose exceptions mean a store or its connection failed (the ledger's
+#: database drivers, Redis, the REST client's HTTP stack): ``UNAVAILABLE``.
+_DRIVERS = frozenset(("sqlalchemy", "psycopg", "sqlite3", "redis", "httpx", "httpcore"))
+
+
+def as_baton_error(exc: BaseException, *, expose: bool = True) -> BatonError:
+    """The :class:`BatonError` an exception leaves a surface as: ``exc`` itself when it is
+    one; :class:`UnavailableError` for a failure of a store or its connection (an exception
+    of a database driver, SQLAlchemy, Redis or the HTTP client, or a ``ConnectionError`` /
+    ``TimeoutError``: retry with the same idempotency key); :class:`InternalError` for
+    anything else. The one rule every surface applies (the client, ``baton``, the REST API,
+    the MCP server).
+
+    Args:
+        exc: the exception caught.
+        expose: put the exception's type and text into the message (``True``, for the
+            trusted in-process surfaces); ``False`` for the network surfaces, whose callers
+            must not see internals (the caller logs the exception). With ``False`` an error
+            this function made earlier with ``expose`` (the client's boundary, below a
+            network surface) is made again from its cause without them.
+    """
+    if isinstance(exc, BatonError):
+        cause = exc.__cause__
+        if not expose and exc.__dict__.get("_converted") and cause is not None:
+            return as_baton_error(cause, expose=False)
+        return exc
+    name = type(exc).__name__
+    driver = isinstance(exc, ConnectionError | TimeoutError) or any(
+        c.__module__.partition(".")[0] in _DRIVERS for c in type(exc).__mro__
+    )
+    err: BatonError
+    if driver:
+        detail = f" ({name}: {exc})" if expose else ""
+        err = UnavailableError(f"a store (the ledger or Redis) failed{detail}; retry")
+    else:
+        err = InternalError(f"internal error ({name}: {exc})" if expose else "internal error")
+    err.__dict__["_converted"] = True
+    return err
+
+
 _BY_CODE: dict[str, type[BatonError]] = {
     cls.code: cls
     for cls in (
@@ -200,8 +254,8 @@ def error_for_code(code: str, message: str, **fields: Any) -> BatonError:
     """Build the error class for ``code`` (``str``) with ``message``; unknown codes give a
     plain :class:`BatonError`. Used to re-raise errors stored in receipts or sent over HTTP."""
     cls = _BY_CODE.get(code)
-    if code == UnauthenticatedError.code:
-        cls = UnauthenticatedError
+    if code in (UnauthenticatedError.code, InternalError.code):
+        cls = UnauthenticatedError if code == UnauthenticatedError.code else InternalError
     if cls is None:
         return BatonError(message)
     if cls is VersionConflictError:

@@ -233,6 +233,8 @@ class ServerRedisArm(Arm):
         client = auth.client
         for rd, raw in client.hgetall(heads).items():
             f = as_text(raw).split("\x00")
+            if len(f) <= _SID:  # the pad field every per-org hash holds
+                continue
             if f[_STATUS] != "active":
                 continue
             f[_ACQUIRED] = str(int(f[_ACQUIRED]) - delta_ms)

@@ -51,7 +51,7 @@ def test_each_error_class_reaches_the_client(
     monkeypatch.setattr(LeaseAPI, "acquire", _raise(exc))
     r = client.post("/v1/leases", json=LEASE, headers=make_key())
     err = error(r, STATUS_BY_CODE[code], code)
-    if code in ("UNAVAILABLE", "INTERNAL"):
+    if code in ("UNAVAILABLE", "INTERNAL_ERROR"):
         assert "boom" not in err["message"]
         assert r.headers["x-request-id"] in err["message"]
     else:

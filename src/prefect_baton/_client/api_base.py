@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+import functools
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, runtime_checkable
 
 from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._rules.core import Proof
 from prefect_baton._stores.protocol import Caller, RecordStore
-from prefect_baton.errors import ValidationError
+from prefect_baton.errors import BatonError, ValidationError, as_baton_error
 from prefect_baton.models import Lease
 
 if TYPE_CHECKING:
     from prefect_baton._client.sync import Baton
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 HANDOFF_RESOLUTIONS = ("accepted", "rejected")
 OUTCOME_STATUSES = ("succeeded", "failed", "cancelled")
@@ -81,7 +87,35 @@ class _Identity:
         return self.caller.role
 
 
+def guarded(method: Callable[P, R]) -> Callable[P, R]:
+    """``method`` with the library's error boundary: an exception that is not a
+    :class:`BatonError` leaves it as :func:`prefect_baton.errors.as_baton_error` says
+    (``UNAVAILABLE`` for a driver error, ``INTERNAL_ERROR`` otherwise), chained to the
+    original."""
+
+    @functools.wraps(method)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except BatonError:
+            raise
+        except Exception as exc:
+            raise as_baton_error(exc) from exc
+
+    return call
+
+
 class _API:
+    """Base of the client's operation groups (``b.leases``, ``b.checkpoints``, ...): every
+    public method a subclass defines is :func:`guarded`, so only :class:`BatonError`
+    leaves it (the async client runs these same methods)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name, value in list(vars(cls).items()):
+            if not name.startswith("_") and inspect.isfunction(value):
+                setattr(cls, name, guarded(value))
+
     def __init__(self, baton: Baton) -> None:
         self._b = baton
 

@@ -41,7 +41,7 @@ from prefect_baton.cli._output import (
 )
 from prefect_baton.cli._state import CliState
 from prefect_baton.cli.mcp import mcp as mcp_command
-from prefect_baton.errors import BatonError
+from prefect_baton.errors import BatonError, as_baton_error
 
 __all__ = ["COMMANDS", "EXIT_CODES", "SUB_APPS", "app", "hoist_global_options", "main"]
 
@@ -167,11 +167,7 @@ class BatonGroup(TyperGroup):
         except Exception as exc:
             if os.environ.get("BATON_CLI_TRACEBACK") == "1":
                 raise
-            return emit_error(
-                _format_from_argv(argv),
-                "baton",
-                {"code": "INTERNAL_ERROR", "message": f"{type(exc).__name__}: {exc}"},
-            )
+            return emit_error(_format_from_argv(argv), "baton", as_baton_error(exc).to_dict())
 
     @staticmethod
     def _usage_error(exc: Any, argv: list[str]) -> int:

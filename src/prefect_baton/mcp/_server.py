@@ -36,7 +36,13 @@ from prefect_baton._stores.factory import open_stores
 from prefect_baton._stores.ledger.engine import Engines
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.protocol import LeaseAuthority
-from prefect_baton.errors import BatonError, ForbiddenError, UnavailableError, ValidationError
+from prefect_baton.errors import (
+    BatonError,
+    ForbiddenError,
+    UnavailableError,
+    ValidationError,
+    as_baton_error,
+)
 from prefect_baton.mcp._tools import SEED_ALIASES, TOOLS, SeedAlias, ToolSpec, resolve_tool
 from prefect_baton.rest._http import (
     BatonMiddleware,
@@ -140,7 +146,9 @@ def build_server(identity: Identity, *, on_close: Callable[[], None] | None = No
         A :class:`mcp.server.lowlevel.Server`. A call with unknown or badly typed arguments
         is a tool error with ``VALIDATION_ERROR`` and writes nothing; a
         :class:`~prefect_baton.errors.BatonError` is a tool error with its ``code`` and
-        ``message``; any other failure is a tool error with code ``INTERNAL`` (logged).
+        ``message``; any other failure is a tool error with the code
+        :func:`~prefect_baton.errors.as_baton_error` gives it (``UNAVAILABLE`` for a
+        database or Redis failure, else ``INTERNAL_ERROR``; logged).
     """
     tools = [_tool(spec) for spec in TOOLS.values()]
     tools += [_tool(TOOLS[a.tool], a) for a in SEED_ALIASES.values()]
@@ -168,10 +176,10 @@ def build_server(identity: Identity, *, on_close: Callable[[], None] | None = No
             data = await anyio.to_thread.run_sync(partial(_call, identity, ctx, spec, args))
         except BatonError as exc:
             return tool_error(client_error(exc, _request_id(ctx)))
-        except Exception:
+        except Exception as exc:
             rid = _request_id(ctx)
             logger.exception("tool %s failed (request %s)", spec.name, rid)
-            return tool_error({"code": "INTERNAL", "message": f"internal error (request {rid})"})
+            return tool_error(client_error(as_baton_error(exc), rid))
         return _text_result(data, is_error=False)
 
     @asynccontextmanager

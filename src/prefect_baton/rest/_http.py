@@ -50,7 +50,7 @@ _KEY_IN_URL = re.compile(re.escape(KEY_PREFIX).encode() + rb"[A-Za-z0-9_-]{43}(?
 
 #: Codes whose message may carry server detail (driver errors name hosts, ports, roles,
 #: databases): clients get a generic message naming the request id; the log keeps it.
-_SERVER_SIDE_CODES = frozenset({"UNAVAILABLE", "INTERNAL"})
+_SERVER_SIDE_CODES = frozenset({"UNAVAILABLE", "INTERNAL_ERROR"})
 
 #: HTTP status of every error code. Conflicts of every kind, idempotency clashes and the
 #: lease-state codes ``LEASE_LOST`` and ``STALE_FENCE`` are all ``409``: the request was
@@ -68,7 +68,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "LEASE_LOST": 409,
     "STALE_FENCE": 409,
     "PAYLOAD_TOO_LARGE": 413,
-    "INTERNAL": 500,
+    "INTERNAL_ERROR": 500,
     "UNAVAILABLE": 503,
 }
 
@@ -108,7 +108,7 @@ def error_response(
 def client_error(exc: BatonError, request_id: str) -> dict[str, Any]:
     """What a client of the REST API or the MCP server is told of ``exc``
     (:class:`~prefect_baton.errors.BatonError`): its ``to_dict()``, except that the message
-    of an ``UNAVAILABLE`` or ``INTERNAL`` error (which may name a database's host, port,
+    of an ``UNAVAILABLE`` or ``INTERNAL_ERROR`` error (which may name a database's host, port,
     role or name) is replaced by a generic one naming ``request_id`` (``str``), and the
     detail is logged (logger ``prefect_baton.rest``, with the request id)."""
     d = exc.to_dict()

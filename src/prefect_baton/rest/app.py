@@ -36,6 +36,7 @@ The routes are defined by area in :mod:`prefect_baton.rest._routes_leases` and
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -49,7 +50,7 @@ from starlette.routing import Match
 
 from prefect_baton._stores.factory import open_stores
 from prefect_baton._stores.ledger.tables import ApiKeyRow
-from prefect_baton.errors import BatonError, UnavailableError
+from prefect_baton.errors import BatonError, UnavailableError, as_baton_error
 from prefect_baton.rest import _calls, _routes_leases, _routes_records
 from prefect_baton.rest import _schemas as s
 from prefect_baton.rest._deps import B, _reply, _rid
@@ -61,6 +62,8 @@ from prefect_baton.rest._http import (
 )
 from prefect_baton.rest._openapi import install_openapi
 from prefect_baton.rest.keys import KeyCache
+
+log = logging.getLogger("prefect_baton.rest")
 
 __all__ = ["create_app"]
 
@@ -137,7 +140,7 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
     @app.exception_handler(StarletteHTTPException)
     async def _on_http(_r: Request, exc: StarletteHTTPException) -> Response:
         codes = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 400: "VALIDATION_ERROR"}
-        code = codes.get(exc.status_code, "INTERNAL")
+        code = codes.get(exc.status_code, "INTERNAL_ERROR")
         resp = error_response(code, str(exc.detail), status=exc.status_code)
         resp.headers.update(exc.headers or {})
         if exc.status_code == 405:  # Allow lists every route of the path (RFC 9110)
@@ -149,7 +152,7 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         # answered outside the middleware: the request id comes from the request's state
         rid = _rid(_r)
         logger.error("request %s failed", rid, exc_info=exc)
-        return error_response("INTERNAL", f"internal error (request {rid})", request_id=rid)
+        return baton_error_response(as_baton_error(exc), rid)
 
     _routes_leases.add_routes(app)
     _routes_records.add_routes(app)

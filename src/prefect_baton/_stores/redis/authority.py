@@ -115,10 +115,14 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
             has functions (Redis 7+; default ``True``; see
             :mod:`prefect_baton._stores.redis.scripts`); ``False`` always runs them as scripts
             (``EVALSHA``). A cluster client always runs scripts.
+        allow_eviction: accept a server whose ``maxmemory-policy`` is not ``noeviction``
+            (default ``False``; see :func:`prefect_baton._stores.redis.base.check_eviction_policy`;
+            read at construction, or at the first operation if the server was down then).
 
     Raises:
         ValidationError: an unknown ``ack`` or ``post_loss`` value, a negative or
-            non-integer ``max_lag_entries``.
+            non-integer ``max_lag_entries``; a ``maxmemory-policy`` other than
+            ``noeviction`` without ``allow_eviction``.
     """
 
     @classmethod

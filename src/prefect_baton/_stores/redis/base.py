@@ -18,7 +18,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.core import Decision, Generation
@@ -47,6 +49,62 @@ DEFAULT_MAX_LAG_ENTRIES = 10_000
 LAG_CHECK_SECONDS = 0.1
 """How often (seconds, per org and client) an acquire reads the journal's length."""
 POST_LOSS_POLICIES = ("fence_only", "lock_delay")
+
+
+def eviction_policy(client: RedisClient) -> str | None:
+    """The server's ``maxmemory-policy`` (``CONFIG GET``, else ``INFO memory``; on a
+    cluster, the first node's that answers), or ``None`` when the server does not say (both
+    commands refused, as some managed services and fakeredis do).
+
+    Raises:
+        redis.exceptions.ConnectionError, TimeoutError: the server cannot be reached.
+    """
+    reads: list[Callable[[], Any]] = [
+        lambda: client.config_get("maxmemory-policy"),
+        lambda: client.info("memory"),
+    ]
+    for read in reads:
+        try:
+            answer = read()
+        except (RedisConnectionError, RedisTimeoutError):
+            raise
+        except RedisError:
+            continue
+        for found in [answer, *(v for v in answer.values() if isinstance(v, dict))]:
+            policy = found.get("maxmemory-policy") or found.get("maxmemory_policy")
+            if policy:
+                return as_text(policy)
+    return None
+
+
+def check_eviction_policy(client: RedisClient, *, allow: bool) -> None:
+    """Refuse a Redis that may evict the authority's keys: its ``maxmemory-policy`` must be
+    ``noeviction`` (the default). An ``allkeys-*`` policy evicts keys without a TTL (an
+    org's lease state: every eviction then makes the org fail closed and rebuild from the
+    ledger), a ``volatile-*`` one the keys with a TTL (acquire receipts, handoff
+    resolutions) before their time. A policy the server does not disclose is logged, not
+    refused.
+
+    Args:
+        client: the authority's Redis client.
+        allow: accept any policy (``allow_eviction``, ``BATON_REDIS_ALLOW_EVICTION``).
+
+    Raises:
+        ValidationError: the policy is not ``noeviction`` and ``allow`` is false.
+        redis.exceptions.ConnectionError, TimeoutError: the server cannot be reached.
+    """
+    if allow:
+        return
+    policy = eviction_policy(client)
+    if policy is None:
+        log.warning("could not read Redis maxmemory-policy; it must be noeviction")
+    elif policy != "noeviction":
+        raise ValidationError(
+            f"Redis maxmemory-policy is {policy!r}: the lease authority needs 'noeviction' "
+            "(an evicted key would make the org's leases fail closed until they are rebuilt "
+            "from the ledger). Set maxmemory-policy noeviction, or accept evictions with "
+            "allow_eviction=True (BATON_REDIS_ALLOW_EVICTION=1)"
+        )
 
 
 def check_options(ack: str, post_loss: str, max_lag_entries: Any) -> None:
@@ -81,6 +139,7 @@ def options_from(settings: BatonSettings, *, ack: str | None = None) -> dict[str
         "max_lag_entries": settings.redis_max_lag_entries,
     }
     check_options(**opts)
+    opts["allow_eviction"] = settings.redis_allow_eviction
     return opts
 
 
@@ -105,9 +164,18 @@ class AuthorityBase:
         max_lag_entries: int = DEFAULT_MAX_LAG_ENTRIES,
         owns_client: bool = False,
         functions: bool = True,
+        allow_eviction: bool = False,
     ) -> None:
         check_options(ack, post_loss, max_lag_entries)
         self.client = client
+        self.allow_eviction = allow_eviction
+        self._policy_checked = False
+        try:
+            self._check_policy()
+        except ValidationError:
+            if owns_client:
+                client.close()
+            raise
         self.store = store
         self.ack = ack
         self.post_loss = post_loss
@@ -137,6 +205,15 @@ class AuthorityBase:
 
     # ------------------------------------------------------------------ plumbing
 
+    def _check_policy(self) -> None:
+        """:func:`check_eviction_policy`, once: at construction, or at the first operation
+        when the server could not be reached then."""
+        try:
+            check_eviction_policy(self.client, allow=self.allow_eviction)
+        except (RedisConnectionError, RedisTimeoutError):
+            return
+        self._policy_checked = True
+
     def _run(
         self,
         org: str,
@@ -146,6 +223,8 @@ class AuthorityBase:
         *,
         rebuild: bool = True,
     ) -> list[Any]:
+        if not self._policy_checked:
+            self._check_policy()
         keys = [*org_keys(org).base, *extra_keys]
         for _attempt in range(4):
             try:
@@ -223,17 +302,31 @@ class AuthorityBase:
         self._lag_over.discard(org)
 
     def _acked(self, org: str, entry_id: Any) -> None:
-        """Acknowledge a transition journaled as ``entry_id``: with ``ack="ledger"`` drain
-        the journal up to it now (if the ledger cannot take it, the drain thread keeps
-        trying in the background until it has caught up, and the call raises
-        :class:`UnavailableError`); with ``ack="redis"`` hand the org to the drain thread."""
+        """Acknowledge journal entry ``entry_id`` of ``org`` as ``ack=`` says: with
+        ``ack="ledger"`` drain the journal up to it now (if the ledger cannot take it, the
+        drain thread keeps trying in the background until it has caught up, and the call
+        raises); with ``ack="redis"`` hand the org to the drain thread.
+
+        Raises:
+            UnavailableError: with ``ack="ledger"``, the ledger could not be written, or it
+                refused the entry (a journal fault, see
+                :mod:`~prefect_baton._stores.redis.reconciler`: the org's Redis state is
+                rebuilt and the transition does not count).
+        """
         if self.ack == "ledger":
+            eid = as_text(entry_id)
             try:
-                self.reconciler.drain(org, until=as_text(entry_id))
+                self.reconciler.drain(org, until=eid)
             except UnavailableError:
                 if self._drain_here:
                     self._drain_thread().add(org, until_caught_up=True)
                 raise
+            if eid in self.reconciler.refused:
+                raise UnavailableError(
+                    f"the ledger refused this transition of org {org!r} (journal entry {eid}, "
+                    "recorded as a fault); the org's Redis state is rebuilt from the ledger: "
+                    "retry"
+                )
             return
         if self._drain_here:
             self._drain_thread().add(org)

@@ -26,6 +26,12 @@ key                type   content
 ``P h:<digest>``   string a lease-carrying handoff's resolution (``a:<lease id>`` / ``r``)
 =================  =====  ==============================================================
 
+From the rebuild that installs the marker on, every key from ``inc`` to ``j`` exists: each
+hash and sorted set holds a pad entry and the journal stays as an empty stream. Every script
+checks that they all exist before it decides anything; when any is missing (evicted, deleted)
+it deletes the marker in the same call, so the org's state counts as lost and is rebuilt from
+the ledger with higher epochs (:mod:`prefect_baton._stores.redis.rebuild`).
+
 ``baton:orgs`` (a set of org ids, outside any org's slot) lists the orgs a reconciler
 should drain; it is written with plain commands, never from a script.
 """

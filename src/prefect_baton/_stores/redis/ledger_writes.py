@@ -79,7 +79,7 @@ from prefect_baton._stores.redis.ledger_rows import (
     lease_row,
 )
 
-__all__ = ["FOREVER_MS", "SYSTEM_PRINCIPAL", "Batch", "LedgerWriter"]
+__all__ = ["FAULT_OP", "FOREVER_MS", "MAX_FAULTS", "SYSTEM_PRINCIPAL", "Batch", "LedgerWriter"]
 
 log = logging.getLogger("prefect_baton.reconciler")
 
@@ -88,6 +88,11 @@ SYSTEM_PRINCIPAL = "__baton_authority__"
 receipts table (the journal cursor and the incarnation counter); never a real caller."""
 JOURNAL_OP = "redis.journal"
 """The receipts-table operation under which an org's journal cursor is kept."""
+FAULT_OP = "redis.fault"
+"""The receipts-table operation under which an org's journal faults are kept (journal
+entries the ledger refused, see :meth:`prefect_baton._stores.redis.reconciler.Reconciler`;
+``{"faults": [...]}``, the newest :data:`MAX_FAULTS`); ``baton audit`` reports them."""
+MAX_FAULTS = 100
 
 _CREATES = frozenset(("acquire", "takeover", "supersede"))
 """Journal actions whose new generation is a new lease (a new lease id)."""
@@ -330,16 +335,12 @@ class LedgerWriter:
             if not copy:
                 stmts.append(self._bulk(EVENT_TABLE, batch.events, EVENT_CONFLICT))
         if self._sqlite:
-            for sql, params, many in stmts:
-                sql = sql.replace("%s", "?")
-                conn.exec_driver_sql(sql, params if many else tuple(params))
+            self._execute(conn, stmts)
             return
         pg = conn.connection.driver_connection
         assert pg is not None
         with pg.cursor() as cur:
-            with pg.pipeline():
-                for sql, params, _many in stmts:
-                    cur.execute(sql, params)
+            self._execute(conn, stmts, cur)
             if copy:
                 copies = (
                     (LEASE_TABLE, [lease_row(org, f) for f in fresh]),
@@ -351,6 +352,72 @@ class LedgerWriter:
                         with cur.copy(table.copy_sql) as cp:
                             for row in rows:
                                 cp.write_row(row)
+
+    def _execute(
+        self, conn: Connection, stmts: Sequence[tuple[str, Any, bool]], cur: Any = None
+    ) -> None:
+        """Run ``stmts`` (``(sql, params, many)`` from :meth:`_bulk` and the like):
+        SQLite one by one, PostgreSQL in one pipeline on ``cur`` (a new cursor if none)."""
+        if self._sqlite:
+            for sql, params, many in stmts:
+                sql = sql.replace("%s", "?")
+                conn.exec_driver_sql(sql, params if many else tuple(params))
+            return
+        if cur is None:
+            pg = conn.connection.driver_connection
+            assert pg is not None
+            with pg.cursor() as own:
+                self._execute(conn, stmts, own)
+            return
+        with cur.connection.pipeline():
+            for sql, params, _many in stmts:
+                cur.execute(sql, params)
+
+    def _write_fault(
+        self,
+        conn: Connection,
+        org: str,
+        cursor: tuple[str, str],
+        p: dict[str, Any],
+        error: str,
+    ) -> dict[str, Any]:
+        """Record journal entry ``p`` (at ``cursor``: ``(incarnation id, entry id)``) as a
+        fault the ledger refused: its transitions only (insert-or-ignore; they carry its
+        epochs, so ``baton audit`` sees them next to the generations they clash with), one
+        entry in the org's :data:`FAULT_OP` row, and the cursor moved past it. Its lease
+        rows, receipts, events and handoff acceptance are not written. Returns the fault."""
+        at = int(p["at"])
+        actor = str(p["ac"])
+        batch = Batch()
+        gens: list[dict[str, Any]] = []
+        for item in p["it"]:
+            new = gen_fields(item["n"])
+            x = item.get("x")
+            if x:
+                ended = gen_fields(x)
+                batch.transition(org, ended, ended[8], at, actor)
+            batch.transition(org, new, str(item["a"]), at, actor)
+            gens.append(
+                {"lease_id": new[0], "resource": f"{new[1]}/{new[2]}", "epoch": int(new[7])}
+            )
+        inc, eid = cursor
+        fault = {"entry": eid, "incarnation": inc, "at_ms": at, "generations": gens}
+        fault["error"] = error[:500]
+        old = self._system_row(conn, org, FAULT_OP) or {}
+        faults = [*old.get("faults", []), fault][-MAX_FAULTS:]
+        self._set_system_row(conn, org, FAULT_OP, {"faults": faults}, at)
+        stmts: list[tuple[str, Any, bool]] = []
+        if org not in self._known_orgs:
+            stmts.append((ORG_SQL, (org, at), False))
+        stmts.append(self._principals(org, [(actor, str(p["ro"]))], at))
+        stmts.append(self._bulk(TRANSITION_TABLE, batch.transitions, TRANSITION_CONFLICT))
+        response = json.dumps({"inc": inc, "id": eid})
+        created = int(eid.partition("-")[0])
+        stmts.append(
+            (CURSOR_SET_SQL, (org, SYSTEM_PRINCIPAL, JOURNAL_OP, response, created), False)
+        )
+        self._execute(conn, stmts)
+        return fault
 
     def _committed(self, org: str, batch: Batch) -> None:
         """Remember the org and actors of ``batch``, whose transaction has committed: later

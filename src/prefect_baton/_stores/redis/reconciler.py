@@ -15,6 +15,16 @@ journal order, a batch per ledger transaction:
    writes them;
 3. move the cursor and commit; only then trim the applied entries from the stream.
 
+A journal entry the ledger refuses with a unique constraint (a generation whose epoch, or
+whose active state, another generation of its resource already has: Redis handed out a
+fencing token twice, which its partial-loss check exists to prevent) is a detected fault,
+never a raw error nor a drain that fails forever: the batch is applied again one entry per
+transaction up to that entry, which is recorded as a fault (its transitions, carrying the
+epochs, and an entry of the org's fault row, which ``baton audit`` reports; its lease rows,
+receipts and events are not written), and the org's incarnation marker is deleted, so every
+operation of the org fails closed until its Redis state is rebuilt from the ledger with
+higher epochs (:mod:`prefect_baton._stores.redis.rebuild`). The drain then goes on.
+
 Applying an entry twice changes nothing, and entries are applied in the order Redis made
 them, so the history's versions and epochs rise as on the ledger authority. The lag (how many
 entries are not applied yet and how old the oldest one is) is :meth:`Reconciler.lag`.
@@ -47,13 +57,14 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 from redis.exceptions import RedisError
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.redis.cluster import RedisClient, node_time_ms
@@ -85,6 +96,10 @@ def id_tuple(entry_id: str) -> tuple[int, int]:
 
 def _payload(fields: Any) -> dict[str, Any]:
     return journal_payload(fields[b"p"] if b"p" in fields else fields["p"])
+
+
+_REFUSED = (IntegrityError, psycopg.errors.IntegrityError)
+"""What the ledger raises when a journal entry breaks one of its unique constraints."""
 
 
 def _unavailable(exc: Exception) -> UnavailableError:
@@ -134,6 +149,8 @@ class Reconciler(LedgerWriter):
         super().__init__(store)
         self.client = client
         self.batch_size = max(1, int(batch_size))
+        #: ids of the journal entries this reconciler recorded as faults (the newest 1,000)
+        self.refused: deque[str] = deque(maxlen=1000)
 
     # ------------------------------------------------------------------ public
 
@@ -171,12 +188,15 @@ class Reconciler(LedgerWriter):
         journal = org_keys(org).journal
         try:
             try:
-                n, last, batch = self._apply(org, journal, copy=not self._sqlite)
-            except psycopg.errors.UniqueViolation:
-                # some of the batch is in the ledger already (a lost cursor, say): COPY
-                # cannot skip it, so write the batch again with insert-or-ignore
-                log.info("journal entries of %s already in the ledger; re-applying", org)
-                n, last, batch = self._apply(org, journal, copy=False)
+                try:
+                    n, last, batch = self._apply(org, journal, copy=not self._sqlite)
+                except psycopg.errors.UniqueViolation:
+                    # some of the batch is in the ledger already (a lost cursor, say): COPY
+                    # cannot skip it, so write the batch again with insert-or-ignore
+                    log.info("journal entries of %s already in the ledger; re-applying", org)
+                    n, last, batch = self._apply(org, journal, copy=False)
+            except _REFUSED:
+                n, last, batch = self._quarantine(org, journal)
         except RedisError as exc:
             raise _unavailable(exc) from exc
         except (OperationalError, psycopg.OperationalError) as exc:
@@ -193,13 +213,15 @@ class Reconciler(LedgerWriter):
             log.info("could not trim the journal of %s: %s", org, exc)
         return n, last
 
-    def _apply(self, org: str, journal: str, *, copy: bool) -> tuple[int, str | None, Batch]:
-        """Steps 1 and 2 of a batch, committed: ``(entries applied, last entry id or None,
-        the batch)``."""
+    def _apply(
+        self, org: str, journal: str, *, copy: bool, limit: int | None = None
+    ) -> tuple[int, str | None, Batch]:
+        """Steps 1 and 2 of a batch (at most ``limit`` entries, default ``batch_size``),
+        committed: ``(entries applied, last entry id or None, the batch)``."""
         batch = Batch()
         with self.store.engines.write.begin() as conn:
             cursor = self._lock_and_read_cursor(conn, org)
-            stream_inc, entries = self._read(journal, cursor)
+            stream_inc, entries = self._read(journal, cursor, limit)
             if not entries:
                 return 0, None, batch
             for raw_id, fields in entries:
@@ -210,24 +232,71 @@ class Reconciler(LedgerWriter):
         return len(entries), last, batch
 
     def _read(
-        self, journal: str, cursor: tuple[str, str] | None
+        self, journal: str, cursor: tuple[str, str] | None, limit: int | None = None
     ) -> tuple[str, list[tuple[Any, Any]]]:
-        """The journal's incarnation id and up to ``batch_size`` entries after ``cursor``
-        (all from the start when the cursor is of another incarnation, or ``None``): one
-        Redis round trip (two XRANGEs in a pipeline), two when the incarnation changed."""
+        """The journal's incarnation id and up to ``limit`` (default ``batch_size``)
+        entries after ``cursor`` (all from the start when the cursor is of another
+        incarnation, or ``None``): one Redis round trip (two XRANGEs in a pipeline), two
+        when the incarnation changed."""
+        count = limit or self.batch_size
         if cursor is None:
-            entries: Any = self.client.xrange(journal, min="-", count=self.batch_size)
+            entries: Any = self.client.xrange(journal, min="-", count=count)
             return ("", []) if not entries else (str(_payload(entries[0][1])["i"]), entries)
         pipe = self.client.pipeline(transaction=False)
         pipe.xrange(journal, count=1)
-        pipe.xrange(journal, min="(" + cursor[1], count=self.batch_size)
+        pipe.xrange(journal, min="(" + cursor[1], count=count)
         first, entries = pipe.execute()
         if not first:
             return "", []
         stream_inc = str(_payload(first[0][1])["i"])
         if stream_inc != cursor[0]:
-            entries = self.client.xrange(journal, min="-", count=self.batch_size)
+            entries = self.client.xrange(journal, min="-", count=count)
         return stream_inc, entries
+
+    def _quarantine(self, org: str, journal: str) -> tuple[int, str | None, Batch]:
+        """A batch that the ledger refused with a unique constraint (see the module
+        docstring): apply its entries one per transaction up to the refused one, record
+        that one as a fault and fail the org closed. Returns as :meth:`_apply` (the
+        refused entry counts as applied: the cursor is past it)."""
+        total, last = 0, None
+        while total < self.batch_size:
+            try:
+                n, got, one = self._apply(org, journal, copy=False, limit=1)
+            except _REFUSED as exc:
+                return total + 1, self._fault(org, journal, exc), Batch()
+            if got is None:
+                break
+            self._committed(org, one)
+            total, last = total + n, got
+        return total, last, Batch()
+
+    def _fault(self, org: str, journal: str, exc: Exception) -> str | None:
+        """Record the next journal entry, which the ledger refused with ``exc``, as a fault
+        (:meth:`LedgerWriter._write_fault`), then delete the org's incarnation marker (its
+        Redis state is not to be trusted: it is rebuilt from the ledger). Returns the
+        entry's id."""
+        error = str(getattr(exc, "orig", None) or exc)
+        with self.store.engines.write.begin() as conn:
+            cursor = self._lock_and_read_cursor(conn, org)
+            stream_inc, entries = self._read(journal, cursor, 1)
+            if not entries:
+                return None
+            eid = _text(entries[0][0])
+            fault = self._write_fault(conn, org, (stream_inc, eid), _payload(entries[0][1]), error)
+        self.refused.append(eid)
+        log.error(
+            "journal entry %s of org %r was refused by the ledger (%s) and recorded as a "
+            "fault: %s; the org's Redis state is rebuilt from the ledger",
+            eid,
+            org,
+            error,
+            fault["generations"],
+        )
+        try:
+            self.client.delete(org_keys(org).inc)
+        except RedisError as err:
+            log.error("could not delete the incarnation marker of %r: %s", org, err)
+        return eid
 
     def lag(self, org: str) -> Lag:
         """The org's current :class:`Lag` (two Redis commands)."""

@@ -18,6 +18,12 @@
 --   KEYS[9]  se     hash: sid -> expires_at_ms .. "\0" .. owner
 --   KEYS[10] j      stream: the journal the reconciler drains into the ledger
 --
+-- From install.lua on, every one of these keys exists: each hash holds PAD_FIELD, each
+-- sorted set a pad member (PAD_MEMBER in own and sx, which no lexicographic range of the
+-- scripts reaches; PAD_FIELD at score +inf in oldx, which pruning never reaches), and the
+-- journal stays as an empty stream when trimmed. marker() checks that they all exist
+-- before anything is decided, so the loss of any subset of them is seen (see marker()).
+--
 -- A generation is one string of 17 fields separated by NUL ("\0"; no id, free text or
 -- scope may contain NUL), in this order: id, rt, ri, rd (resource digest), o (owner),
 -- k (execution key), v (version), e (epoch), s (status), a (acquired_at_ms),
@@ -47,6 +53,9 @@ local NUMS = {'v', 'e', 'a', 'x', 't', 'ea'}
 -- the list, up to 45,000 instructions in an org with a few hundred generations.
 local PAD_FIELD = '\0pad'
 local PAD = 'a value longer than 64 bytes keeps this hash a hash table, not a listpack'
+-- The pad member of the lexicographic sets own and sx: byte 255 never occurs in UTF-8, so
+-- no owner, scope prefix or range of one starts with it.
+local PAD_MEMBER = '\255'
 
 -- An integer as decimal text (exact up to 2**53), remembered for the call: the scripts
 -- format the same times (now, expiries) again and again.
@@ -70,16 +79,31 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- The incarnation marker, or nil when Redis lost the org's state. Operations that grant
--- (full = true) read its numbers too; the others only its id.
+-- Whether every key of KEYS[2..10] exists (they all do from install.lua on). When one is
+-- missing (evicted under an allkeys-* policy, deleted), the marker is deleted in this same
+-- call: the org's state counts as lost, as after a restart without persistence, so this
+-- and every later operation fails closed until it is rebuilt from the ledger, with epochs
+-- above every epoch handed out (rebuild.py). No decision is ever made on partial state.
+local function intact()
+  if redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8],
+      KEYS[9], KEYS[10]) == 9 then
+    return true
+  end
+  redis.call('DEL', KEYS[1])
+  return false
+end
+
+-- The incarnation marker, or nil when Redis lost the org's state, in whole or in part
+-- (intact()). Operations that grant (full = true) read its numbers too; the others only
+-- its id.
 local function marker(full)
   if not full then
     local id = redis.call('HGET', KEYS[1], 'id')
-    if not id then return nil end
+    if not id or not intact() then return nil end
     return {id = id}
   end
   local m = redis.call('HMGET', KEYS[1], 'id', 'floor', 'ceil', 'delay', 'ret')
-  if not m[1] then return nil end
+  if not m[1] or not intact() then return nil end
   return {id = m[1], floor = tonumber(m[2]), ceil = tonumber(m[3]),
           delay = tonumber(m[4]) or 0, ret = m[5]}
 end
@@ -361,7 +385,7 @@ local function S()
       if p == '' then everything = true end
     end
     if everything then
-      take(redis.call('ZRANGE', KEYS[7], 0, -1))
+      take(redis.call('ZRANGEBYLEX', KEYS[7], '-', '(' .. PAD_MEMBER))
     else
       local asked = {}
       for _, p in ipairs(prefixes) do

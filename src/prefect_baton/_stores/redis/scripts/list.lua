@@ -8,7 +8,7 @@ if not marker() then return {C_NO_INCARNATION} end
 local now = now_ms()
 local members
 if ARGV[1] == '' then
-  members = redis.call('ZRANGE', KEYS[6], 0, -1)
+  members = redis.call('ZRANGEBYLEX', KEYS[6], '-', '(' .. PAD_MEMBER)
 else
   members = redis.call('ZRANGEBYLEX', KEYS[6], '[' .. ARGV[1] .. '\0', '(' .. ARGV[1] .. '\1')
 end

@@ -1,0 +1,152 @@
+"""Loss of part of an org's Redis state (issue #13 section 2): an ``allkeys-*`` eviction, or
+a ``DEL``, removes some of an org's keys while the incarnation marker survives. Every script
+sees it before deciding anything, deletes the marker, and the org's state is rebuilt from
+the ledger: no grant is ever made on partial state, and every later epoch is above every
+epoch handed out. On fakeredis and on the real server (127.0.0.1:6379, an org of its own)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import fakeredis
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from prefect_baton import Baton, BatonSettings, ConflictError, UnavailableError, ValidationError
+from prefect_baton._stores.ledger.store import LedgerStore
+from prefect_baton._stores.redis.authority import RedisAuthority, connect
+from prefect_baton._stores.redis.keys import org_keys
+from prefect_baton.audit import audit_ledger
+from tests.conftest import REDIS_ARMS, REDIS_URL, require_redis
+
+from .conftest import RedisServer
+
+#: The per-org keys after the marker (``inc``), as named in keys.py.
+KEYS = ("heads", "lid", "old", "oldx", "own", "sx", "sl", "se", "j")
+
+
+@pytest.fixture(params=REDIS_ARMS)
+def client(request: pytest.FixtureRequest) -> Iterator[object]:
+    if request.param == "fakeredis":
+        yield fakeredis.FakeRedis(server=fakeredis.FakeServer())
+        return
+    require_redis()
+    c = connect(REDIS_URL)
+    yield c
+    c.close()
+
+
+def _authority(client: object, ledger: LedgerStore, **kwargs: object) -> RedisAuthority:
+    return RedisAuthority(client, ledger, ack="ledger", **kwargs)  # type: ignore[arg-type]
+
+
+class Org:
+    """An org whose Redis state has every key: a scoped lease held by ``a`` (heads, lid,
+    own, sx, sl, se, the journal) and a retired generation (old, oldx). ``epochs`` holds
+    every epoch handed out before the loss."""
+
+    def __init__(self, auth: RedisAuthority, ledger: LedgerStore) -> None:
+        self.org = f"org-{uuid.uuid4().hex[:12]}"
+        auth.rebuild(self.org)
+        self.a = Baton(org=self.org, principal="p-a", store=ledger, lease_authority=auth)
+        self.b = self.a.as_principal("p-b")
+        first = self.a.leases.acquire("res", "r1", ttl_seconds=30)
+        self.a.leases.release(first)
+        again = self.b.leases.acquire("res", "r1", ttl_seconds=30)
+        self.b.leases.release(again)
+        self.held = self.a.leases.acquire("res", "r0", ttl_seconds=60, scopes=["src/**"])
+        self.epochs = [first.epoch, again.epoch, self.held.epoch]
+        keys = org_keys(self.org)
+        for name in KEYS:
+            assert auth.client.exists(keys.prefix + name), name
+
+    def check_after_loss(self) -> None:
+        """No grant on the lost state: ``b`` still conflicts with ``a``'s restored lease,
+        which ``a`` can renew; every later grant, of any resource, is above every epoch
+        handed out before the loss."""
+        with pytest.raises(ConflictError):
+            self.b.leases.acquire("res", "r0", ttl_seconds=30)
+        renewed = self.a.leases.renew(self.held)
+        assert (renewed.lease_id, renewed.epoch) == (self.held.lease_id, self.held.epoch)
+        self.a.leases.release(renewed)
+        before = max(self.epochs)
+        for rid in ("r0", "r1", "r2"):
+            lease = self.b.leases.acquire("res", rid, ttl_seconds=30)
+            assert lease.epoch > before, (rid, lease.epoch, self.epochs)
+
+
+@pytest.mark.parametrize("name", KEYS)
+def test_each_lost_key_fails_closed_then_rebuilds_with_higher_epochs(
+    client: object, ledger: LedgerStore, name: str
+) -> None:
+    """Deleting any one key of an org (the marker surviving) makes the next operation fail
+    closed (UNAVAILABLE, the marker deleted) until the rebuild, after which the holder still
+    holds and every new epoch is above every epoch handed out."""
+    auth = _authority(client, ledger, auto_rebuild=False)
+    org = Org(auth, ledger)
+    keys = org_keys(org.org)
+    auth.client.delete(keys.prefix + name)
+    with pytest.raises(UnavailableError):
+        org.b.leases.acquire("res", "r2", ttl_seconds=30)
+    assert not auth.client.exists(keys.inc)
+    with pytest.raises(UnavailableError):
+        org.a.leases.renew(org.held)
+    auth.rebuild(org.org)
+    org.check_after_loss()
+    report = audit_ledger(ledger, org.org)
+    assert report.ok, report.violations
+
+
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(lost=st.sets(st.sampled_from(KEYS), min_size=1))
+def test_any_lost_subset_rebuilds_on_the_next_call(
+    client: object, ledger: LedgerStore, lost: set[str]
+) -> None:
+    """Deleting any subset of an org's keys: the next call (auto-rebuild) sees it, rebuilds
+    from the ledger, and grants nothing on the lost state."""
+    auth = _authority(client, ledger)
+    org = Org(auth, ledger)
+    keys = org_keys(org.org)
+    auth.client.delete(*(keys.prefix + name for name in lost))
+    org.check_after_loss()
+    assert audit_ledger(ledger, org.org).ok
+
+
+def test_an_evicting_policy_is_refused_unless_allowed(
+    redis_server: RedisServer, ledger: LedgerStore, tmp_path: Path
+) -> None:
+    """A server whose maxmemory-policy may evict keys (set here on the test's own server)
+    is refused at start-up with VALIDATION_ERROR naming the setting, unless evictions are
+    accepted (allow_eviction, BATON_REDIS_ALLOW_EVICTION); noeviction is accepted."""
+    admin = connect(redis_server.url)
+    try:
+        for policy in ("allkeys-lru", "allkeys-random", "volatile-lru"):
+            admin.config_set("maxmemory-policy", policy)
+            with pytest.raises(ValidationError, match="maxmemory-policy is '" + policy):
+                RedisAuthority(connect(redis_server.url), ledger, owns_client=True)
+            with pytest.raises(ValidationError, match="noeviction"):
+                Baton(ledger_url=f"sqlite:///{tmp_path / 'l.db'}", redis_url=redis_server.url)
+            allowed = RedisAuthority(
+                connect(redis_server.url), ledger, owns_client=True, allow_eviction=True
+            )
+            b = Baton(org=f"org-{policy}", principal="a", store=ledger, lease_authority=allowed)
+            b.leases.acquire("res", "r0", ttl_seconds=30)
+            allowed.close()
+            settings = BatonSettings(redis_allow_eviction=True)
+            with Baton(
+                ledger_url=f"sqlite:///{tmp_path / 'l.db'}",
+                redis_url=redis_server.url,
+                settings=settings,
+            ) as c:
+                c.leases.list()
+        admin.config_set("maxmemory-policy", "noeviction")
+        RedisAuthority(connect(redis_server.url), ledger, owns_client=True).close()
+    finally:
+        admin.close()

@@ -89,9 +89,11 @@ class OutcomeFields(Protocol):
         ...
 
 
-def acquire(b: Baton, a: AcquireFields, idempotency_key: str | None) -> Lease:
+def acquire(
+    b: Baton, a: AcquireFields, idempotency_key: str | None, attempt: str | None = None
+) -> Lease:
     """:meth:`Baton.leases.acquire <prefect_baton._client.leases.Leases.acquire>` with the
-    fields of ``a`` and ``idempotency_key`` (``str`` or ``None``).
+    fields of ``a``, ``idempotency_key`` and ``attempt`` (``str`` or ``None``).
 
     Raises:
         BatonError: as that method (CONFLICT, VERSION_CONFLICT, ...).
@@ -104,6 +106,7 @@ def acquire(b: Baton, a: AcquireFields, idempotency_key: str | None) -> Lease:
         scopes=a.scopes,
         expected_version=a.expected_version,
         idempotency_key=idempotency_key,
+        attempt=attempt,
     )
 
 

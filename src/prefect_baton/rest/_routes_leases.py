@@ -75,6 +75,7 @@ class BatchIn(BaseModel):
     ttl_seconds: s.Ttl
     purpose: s.Text | None = None
     scopes: s.Scopes = []
+    attempt: s.Id | None = None
 
 
 def add_routes(app: FastAPI) -> None:
@@ -84,7 +85,8 @@ def add_routes(app: FastAPI) -> None:
     @app.post("/v1/leases", status_code=201, tags=["leases"])
     def acquire(request: Request, body: s.AcquireIn, b: B, key: IdemKey = None) -> Response:
         """Acquire a lease; 409 CONFLICT (expiry only) while another holds it."""
-        return _reply(request, _calls.acquire(b, body, _utf8(key)), status=201)
+        lease = _calls.acquire(b, body, _utf8(key), body.attempt)
+        return _reply(request, lease, status=201)
 
     @app.get("/v1/leases", tags=["leases"])
     def list_leases(
@@ -175,6 +177,7 @@ def add_routes(app: FastAPI) -> None:
             purpose=body.purpose,
             scopes=body.scopes,
             idempotency_key=_utf8(key),
+            attempt=body.attempt,
         )
         data = {"leases": _dump(leases), "replayed": [lease.replayed for lease in leases]}
         replayed = bool(leases) and all(lease.replayed for lease in leases)

@@ -75,7 +75,8 @@ class _In(BaseModel):
 
 
 class AcquireIn(_In):
-    """``POST /v1/leases``: acquire a lease (TTL 10..86,400 s)."""
+    """``POST /v1/leases``: acquire a lease (TTL 10..86,400 s); ``attempt`` is the token of
+    this attempt of the execution named by the ``Idempotency-Key`` (absent: anonymous)."""
 
     resource_type: Id
     resource_id: Id
@@ -83,6 +84,7 @@ class AcquireIn(_In):
     purpose: Text | None = None
     scopes: Scopes = []
     expected_version: Version | None = None
+    attempt: Id | None = None
 
 
 class RenewIn(_In):

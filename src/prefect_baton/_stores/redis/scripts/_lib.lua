@@ -36,7 +36,7 @@
 
 local C_OK, C_NOOP, C_REPLAY = 0, 1, 2
 local C_CONFLICT, C_VERSION, C_NOT_FOUND, C_LOST = 10, 11, 12, 13
-local C_MISMATCH, C_INVALID, C_FORBIDDEN, C_UNKNOWN = 14, 15, 16, 20
+local C_MISMATCH, C_INVALID, C_FORBIDDEN, C_IN_FLIGHT, C_UNKNOWN = 14, 15, 16, 17, 20
 local C_NO_INCARNATION, C_ROTATE, C_REBUILD_LOST = 30, 31, 32
 local MAX_SAFE = 9007199254740991
 local EXHAUSTED = 'lease generation counters are exhausted (2**53 - 1); only release is allowed'

@@ -42,6 +42,21 @@ T = TypeVar("T")
 _LOST_ERRORS: tuple[type[BatonError], ...] = (LeaseLostError, NotFoundError, StaleFenceError)
 
 
+def _retry_unavailable(call: Callable[[], T], *, within_seconds: float = 10.0) -> T:
+    """``call()``, retried with backoff (0.1 s doubling to 1 s) while it raises
+    :class:`UnavailableError`, for up to ``within_seconds``; then the error is raised."""
+    delay = 0.1
+    deadline = time.monotonic() + within_seconds
+    while True:
+        try:
+            return call()
+        except UnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
 class _LeaseView(Generic[T]):
     """A read-only attribute of :class:`LeaseKeeper` that is the attribute of the same name
     of its current lease (:attr:`LeaseKeeper.lease`), so the keeper reads as its lease.
@@ -94,6 +109,7 @@ class LeaseKeeper:
         scopes: tuple[str, ...] | list[str] = (),
         expected_version: int | None = None,
         idempotency_key: str | None = None,
+        attempt: str | None = None,
         renew_every_seconds: float | None = None,
         on_lost: Callable[[LeaseKeeper], Any] | None = None,
         release_on_exit: bool = True,
@@ -107,6 +123,7 @@ class LeaseKeeper:
             "scopes": scopes,
             "expected_version": expected_version,
             "idempotency_key": idempotency_key,
+            "attempt": attempt,
         }
         self._ttl = float(ttl_seconds)
         self._interval = renew_every_seconds if renew_every_seconds else self._ttl / 3.0
@@ -164,9 +181,14 @@ class LeaseKeeper:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> LeaseKeeper:
-        """Acquire the lease and start the heartbeat thread (what ``__enter__`` does)."""
+        """Acquire the lease and start the heartbeat thread (what ``__enter__`` does).
+
+        An acquire cut off by a connection error (``UNAVAILABLE``) is retried for up to
+        10 s with the same execution key and attempt, so a grant whose response was lost
+        comes back replayed.
+        """
         sent = time.monotonic()
-        self._lease = self._api.acquire(**self._args)
+        self._lease = _retry_unavailable(lambda: self._api.acquire(**self._args))
         self._valid_until = sent + self._ttl
         self._running = True
         self._thread = threading.Thread(
@@ -270,16 +292,7 @@ class LeaseKeeper:
     def _release_with_retry(self) -> str:
         # The handle keeps its proof until the authority confirms, so a release cut off by
         # a connection error can be retried (a retry of a completed release is no_change).
-        delay = 0.1
-        deadline = time.monotonic() + 10.0
-        while True:
-            try:
-                return self._api.release(self.lease).status
-            except UnavailableError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        return _retry_unavailable(lambda: self._api.release(self.lease).status)
 
     def __enter__(self) -> LeaseKeeper:
         return self.start()

@@ -79,9 +79,7 @@ class LeaseAPI(_API):
         key = _core.validate_optional_id("idempotency_key", idempotency_key)
         attempt_ = _core.validate_optional_id("attempt", attempt)
         request = AcquireRequest(rt, rid, ttl_ms, scopes_, purpose_, ev)
-        return self._authority.acquire(
-            self._caller, request, idempotency_key=key, attempt=attempt_
-        )
+        return self._authority.acquire(self._caller, request, idempotency_key=key, attempt=attempt_)
 
     def acquire_many(
         self,

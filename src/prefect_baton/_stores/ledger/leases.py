@@ -44,7 +44,6 @@ from prefect_baton.models import (
     Receipt,
 )
 
-
 ATTEMPT_FIELD = "attempt"
 """The key of an acquire receipt's stored response (the lease's JSON) that holds the token of
 the attempt that made it (``None``: an anonymous attempt; absent in receipts stored before

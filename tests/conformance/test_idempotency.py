@@ -19,6 +19,7 @@ from prefect_baton import (
     LeaseLostError,
     NotFoundError,
     StaleFenceError,
+    UnavailableError,
     ValidationError,
 )
 from prefect_baton._stores.ledger import receipts
@@ -659,10 +660,11 @@ def test_malformed_key_is_refused(baton: Baton, make: Callable[[Baton], Case]) -
 def test_claim_left_by_crash_blocks_until_lapsed(
     baton: Baton, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Until a claim left by a crashed request lapses, a retry under its key is
+    """Until a claim left by a crashed process lapses, a retry under its key is
     IDEMPOTENCY_IN_FLIGHT and runs nothing."""
     lease = baton.leases.acquire(RT, RID, ttl_seconds=30)
     monkeypatch.setattr(receipts, "_complete", lambda *_args: None)
+    monkeypatch.setattr(receipts, "_process", "a-process-that-crashed")
     baton.leases.renew(lease, ttl_seconds=40, idempotency_key="op-1")
     monkeypatch.undo()
     state = _state(baton)
@@ -670,3 +672,27 @@ def test_claim_left_by_crash_blocks_until_lapsed(
         baton.leases.renew(lease, ttl_seconds=40, idempotency_key="op-1")
     assert ei.value.code == "IDEMPOTENCY_IN_FLIGHT"
     assert _state(baton) == state
+
+
+def test_claim_whose_commit_reply_was_lost_is_taken_over_by_the_retry(
+    baton: Baton, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the reply to a claim's COMMIT is lost (the claim is stored, the caller gets
+    UNAVAILABLE and never runs the operation), the caller's keyed retry learns at once that
+    the claim is its own abandoned one and runs the release (no 60 s IN_FLIGHT)."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=30)
+    claim = receipts._claim
+
+    def lost_reply(*args: Any) -> Any:
+        claim(*args)
+        raise UnavailableError("ledger database unavailable: server closed the connection")
+
+    monkeypatch.setattr(receipts, "_claim", lost_reply)
+    with pytest.raises(UnavailableError):
+        baton.leases.release(lease, idempotency_key="rel-1")
+    monkeypatch.undo()
+    assert baton.leases.inspect(RT, RID).held
+    receipt = baton.leases.release(lease, idempotency_key="rel-1")
+    assert (receipt.status, receipt.replayed) == ("released", False)
+    assert not baton.leases.inspect(RT, RID).held
+    assert baton.leases.release(lease, idempotency_key="rel-1").replayed

@@ -102,6 +102,7 @@ local function apply_acquire(it, plan, principal, key, now, mk, w)
     redis.call('SET', it.rk, '{"d":"' .. it.digest .. '","id":"' .. new.id .. '","e":"'
       .. I(new.e) .. '"' .. a .. '}', 'PX', it.rttl_s)
     rc_d, rc_ex = it.digest, I(now + tonumber(it.rttl_s))
+    if it.at then rc_d = rc_d .. '|' .. it.at end  -- the journal's receipt carries the attempt
   end
   return item(plan.action, new_s, ended_s, rc_d, rc_ex), new_s
 end

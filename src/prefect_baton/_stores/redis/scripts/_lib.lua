@@ -29,7 +29,8 @@
 --
 -- A journal entry is one stream field "p": NUL-separated fields, the header (incarnation id,
 -- actor, role, at_ms, handoff id or "", handoff note ("" or "=" .. note), item count), then
--- per item: action, receipt request digest or "", receipt expires_at_ms or "", the new
+-- per item: action, receipt request digest or "" (followed by "|" .. attempt token when the
+-- acquire named its attempt), receipt expires_at_ms or "", the new
 -- generation's 17 fields, the ended generation's 17 fields (all empty when none).
 --
 -- Scripts decide everything before their first write, so a refused request writes nothing.

@@ -288,6 +288,29 @@ def test_new_attempt_takes_over_after_expiry_with_new_epoch(baton: Baton) -> Non
     assert baton.checkpoints.save("subj", "progress", {"n": 1}, fence=new).version == 1
 
 
+def test_block_retries_its_acquire_after_a_lost_response(
+    baton: Baton, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A block whose acquire was granted but whose response was lost (UNAVAILABLE) retries
+    it under its own attempt: the grant comes back replayed and the body runs."""
+    authority = baton.authority
+    acquire = authority.acquire
+    granted: list[Any] = []
+
+    def lost_response(*args: Any, **kwargs: Any) -> Any:
+        lease = acquire(*args, **kwargs)
+        if not granted:
+            granted.append(lease)
+            raise UnavailableError("the response was lost")
+        return lease
+
+    monkeypatch.setattr(authority, "acquire", lost_response)
+    with baton.lease(RT, RID, ttl_seconds=30, idempotency_key="run-123") as held:
+        assert held.lease.replayed
+        assert (held.lease_id, held.epoch) == (granted[0].lease_id, granted[0].epoch)
+    assert held.receipt_status == "released"
+
+
 def test_block_without_key_is_not_superseded(baton: Baton) -> None:
     """A block without an execution key uses a fresh one: a second block of the same
     principal is refused CONFLICT instead of superseding the first."""

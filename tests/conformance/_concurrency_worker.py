@@ -1,7 +1,9 @@
-"""One OS process of the concurrency test: random lease operations on a shared ledger.
+"""One OS process of the concurrency tests: random lease operations on a shared ledger, or
+(``"mode": "block"``) one lease block.
 
 Usage: ``python _concurrency_worker.py '<json config>'``. Prints one JSON line with what
-it was granted (every new generation it was handed) and the error codes it met.
+it was granted (every new generation it was handed) and the error codes it met; in block
+mode, whether its body ran and the error code that refused it.
 """
 
 from __future__ import annotations
@@ -20,8 +22,53 @@ from prefect_baton import Baton, BatonError, Lease
 EXPECTED_CODES = {"CONFLICT", "LEASE_LOST", "NOT_FOUND", "VERSION_CONFLICT"}
 
 
+def _wait_for(path: Path, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"never saw {path.name}")
+        time.sleep(0.005)
+
+
+def block_main(cfg: dict[str, Any]) -> None:
+    """Enter ``with b.lease(...)`` once (execution key ``cfg["key"]``, ``None``: the
+    block's own) after the go signal; the body writes its lease to ``ran-<index>`` and
+    holds the lease until the file ``release`` exists (a test may kill it meanwhile)."""
+    idx: int = cfg["index"]
+    barrier = Path(cfg["barrier_dir"])
+    b = Baton(
+        ledger_url=cfg.get("ledger_url"),
+        redis_url=cfg.get("redis_url"),
+        api_url=cfg.get("api_url"),
+        api_key=cfg.get("api_key"),
+        org=cfg.get("org"),
+        principal=cfg.get("principal"),
+    )
+    (barrier / f"ready-{idx}").touch()
+    _wait_for(barrier / "go")
+    out: dict[str, Any] = {"index": idx, "ran": False, "code": None}
+    try:
+        with b.lease(
+            cfg["resource_type"],
+            cfg["resource_id"],
+            ttl_seconds=cfg["ttl_seconds"],
+            idempotency_key=cfg.get("key"),
+        ) as held:
+            out["ran"] = True
+            (barrier / f"ran-{idx}").write_text(held.lease.model_dump_json())
+            _wait_for(barrier / "release", 600)
+        out["receipt"] = held.receipt_status
+    except BatonError as exc:
+        out["code"] = exc.code
+    b.close()
+    print(json.dumps(out))
+
+
 def main() -> None:
     cfg: dict[str, Any] = json.loads(sys.argv[1])
+    if cfg.get("mode") == "block":
+        block_main(cfg)
+        return
     idx: int = cfg["index"]
     principal: str = cfg["principal"]
     principals: list[str] = cfg["principals"]

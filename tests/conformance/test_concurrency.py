@@ -1,11 +1,15 @@
 """Many processes at once (issue #2 "Inside"): 8 OS processes x 200 random lease operations
 on 5 resources; afterwards the ledger history shows no overlapping effective holdings, epochs
-that only rise, and every generation a process was handed recorded exactly as handed."""
+that only rise, and every generation a process was handed recorded exactly as handed.
+
+Attempts of one execution (issue #13): lease blocks in separate processes under one
+execution key, a SIGKILLed holder, and blocks without a key."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -16,9 +20,13 @@ from typing import Any
 
 import pytest
 
+from prefect_baton import Baton, IdempotencyInFlightError, Lease, StaleFenceError
 from prefect_baton._rules.scopes import sets_overlap
 from prefect_baton.audit import audit_ledger
-from tests.conftest import store_for
+from prefect_baton.rest import create_key
+from tests.conftest import REDIS_URL, require_redis, rest_baton, store_for
+
+from ._util import wait_until_expired
 
 PROCESSES = 8
 OPS = 200
@@ -147,3 +155,149 @@ def test_many_processes_keep_lease_invariants(
                 continue
             (a0, a1), (b0, b1) = span(a), span(b)
             assert a1 <= b0 or b1 <= a0, (a.lease_id, b.lease_id, a.scopes, b.scopes)
+
+
+# ------------------------------------------------------ attempts of one execution, processes
+
+BLOCK_ARMS = ["sqlite", "postgresql", "redis", "rest"]
+
+
+def _block_arm(
+    request: pytest.FixtureRequest, tmp_path: Path, arm: str
+) -> tuple[dict[str, Any], Baton]:
+    """The worker configuration (how to open the arm's client, as ``agent-a`` of a fresh
+    org) and a client of the test process on the same arm and identity."""
+    org = f"org-{uuid.uuid4().hex[:12]}"
+    if arm == "postgresql":
+        url = str(request.getfixturevalue("pg_url"))
+    else:
+        url = str(request.getfixturevalue("sqlite_url"))
+    store_for(url)  # creates the schema before the workers start
+    if arm == "rest":
+        api = str(request.getfixturevalue("rest_api"))
+        key, _ = create_key(
+            org=org, principal="agent-a", role="agent", engines=store_for(url).engines
+        )
+        return {"mode": "block", "api_url": api, "api_key": key}, rest_baton(api, url, org)
+    cfg: dict[str, Any] = {"mode": "block", "org": org, "principal": "agent-a"}
+    cfg["ledger_url"] = url
+    if arm == "redis":
+        require_redis()
+        cfg["redis_url"] = REDIS_URL
+        return cfg, Baton(ledger_url=url, redis_url=REDIS_URL, org=org, principal="agent-a")
+    return cfg, Baton(org=org, principal="agent-a", store=store_for(url))
+
+
+def _spawn(cfg: dict[str, Any], barrier: Path, index: int, **extra: Any) -> subprocess.Popen[str]:
+    full = {
+        **cfg,
+        "index": index,
+        "barrier_dir": str(barrier),
+        "resource_type": "task",
+        "resource_id": "A9",
+        **extra,
+    }
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), json.dumps(full)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_files(barrier: Path, pattern: str, n: int, procs: list[subprocess.Popen[str]]) -> None:
+    deadline = time.monotonic() + 120
+    while len(list(barrier.glob(pattern))) < n:
+        if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
+            for p in procs:
+                p.kill()
+            pytest.fail(
+                f"workers stuck before {pattern}: {[p.communicate()[1][-2000:] for p in procs]}"
+            )
+        time.sleep(0.01)
+
+
+def _result(p: subprocess.Popen[str]) -> dict[str, Any]:
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err[-4000:]
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arm", BLOCK_ARMS)
+def test_ten_processes_under_one_execution_key_run_one_body(
+    request: pytest.FixtureRequest, tmp_path: Path, arm: str
+) -> None:
+    """Ten processes entering ``with b.lease(..., idempotency_key="run-123")`` at once run
+    one body; the other nine are refused IDEMPOTENCY_IN_FLIGHT while it holds the lease."""
+    cfg, b = _block_arm(request, tmp_path, arm)
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    procs = [_spawn(cfg, barrier, i, ttl_seconds=30, key="run-123") for i in range(10)]
+    _wait_files(barrier, "ready-*", 10, procs)
+    (barrier / "go").touch()
+    deadline = time.monotonic() + 120
+    while sum(p.poll() is not None for p in procs) < 9 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    (barrier / "release").touch()
+    results = [_result(p) for p in procs]
+    assert sum(r["ran"] for r in results) == 1, results
+    assert sorted(str(r["code"]) for r in results) == ["IDEMPOTENCY_IN_FLIGHT"] * 9 + ["None"]
+    assert [r["receipt"] for r in results if r["ran"]] == ["released"]
+    assert not b.leases.inspect("task", "A9").held
+    b.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arm", BLOCK_ARMS)
+def test_killed_holder_is_taken_over_by_a_new_attempt_with_a_new_epoch(
+    request: pytest.FixtureRequest, tmp_path: Path, arm: str
+) -> None:
+    """When the process holding an execution's lease is SIGKILLed, another attempt of the
+    execution is refused until the lease expires, then takes over with a higher epoch, and
+    the dead attempt's epoch no longer fences a write."""
+    cfg, b = _block_arm(request, tmp_path, arm)
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    holder = _spawn(cfg, barrier, 0, ttl_seconds=10, key="run-123")
+    _wait_files(barrier, "ready-*", 1, [holder])
+    (barrier / "go").touch()
+    _wait_files(barrier, "ran-*", 1, [holder])
+    old = Lease.model_validate_json((barrier / "ran-0").read_text())
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(30)
+    with (
+        pytest.raises(IdempotencyInFlightError),
+        b.lease("task", "A9", ttl_seconds=10, idempotency_key="run-123"),
+    ):
+        pytest.fail("a second attempt entered while the first one's lease was held")
+    wait_until_expired(b, old)
+    with b.lease("task", "A9", ttl_seconds=10, idempotency_key="run-123") as held:
+        assert held.epoch > old.epoch
+        assert held.lease_id != old.lease_id
+        with pytest.raises(StaleFenceError):
+            b.checkpoints.save("A9", "progress", {"step": 1}, fence=old)
+        assert b.checkpoints.save("A9", "progress", {"step": 1}, fence=held).version == 1
+    b.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arm", BLOCK_ARMS)
+def test_blocks_without_key_in_two_processes_do_not_supersede(
+    request: pytest.FixtureRequest, tmp_path: Path, arm: str
+) -> None:
+    """Two processes of one principal entering ``with b.lease(...)`` without an execution
+    key: the second is refused CONFLICT and the first keeps its lease to the end."""
+    cfg, b = _block_arm(request, tmp_path, arm)
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    first = _spawn(cfg, barrier, 0, ttl_seconds=30)
+    _wait_files(barrier, "ready-*", 1, [first])
+    (barrier / "go").touch()
+    _wait_files(barrier, "ran-*", 1, [first])
+    second = _result(_spawn(cfg, barrier, 1, ttl_seconds=30))
+    assert (second["ran"], second["code"]) == (False, "CONFLICT")
+    (barrier / "release").touch()
+    assert _result(first)["receipt"] == "released"
+    b.close()

@@ -18,11 +18,13 @@ from prefect_baton import (
     IdempotencyMismatchError,
     LeaseLostError,
     NotFoundError,
+    StaleFenceError,
+    UnavailableError,
     ValidationError,
 )
 from prefect_baton._stores.ledger import receipts
 
-from ._util import kinds
+from ._util import kinds, wait_until_expired
 
 RT = "deploy"
 RID = "checkout-service"
@@ -216,6 +218,125 @@ def test_concurrent_duplicates_run_once(baton: Baton) -> None:
     assert len({lease.lease_id for lease in leases}) == 1
     assert sum(not lease.replayed for lease in leases) <= 1
     assert kinds(baton) == ["lease.acquired"]
+
+
+# ---------------------------------------------------------------- attempts of one execution
+
+
+def test_concurrent_attempts_of_one_execution_run_one_body(baton: Baton) -> None:
+    """Ten blocks entered at once under one execution key run one body; the other nine are
+    refused with IDEMPOTENCY_IN_FLIGHT while it holds the lease (DESIGN.md "Leases")."""
+    n = 10
+    barrier = threading.Barrier(n)
+    done = threading.Condition()
+    finished: list[int] = []
+    bodies: list[int] = []
+    codes: list[str] = []
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            with baton.lease("task", "A9", ttl_seconds=30, idempotency_key="run-123"):
+                bodies.append(i)
+                with done:  # hold the lease until every other attempt has been answered
+                    done.wait_for(lambda: len(finished) >= n - 1, timeout=60)
+        except BatonError as exc:
+            codes.append(exc.code)
+        finally:
+            with done:
+                finished.append(i)
+                done.notify_all()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert len(bodies) == 1
+    assert codes == ["IDEMPOTENCY_IN_FLIGHT"] * (n - 1)
+    assert kinds(baton) == ["lease.acquired", "lease.released"]
+
+
+def test_same_attempt_replays_and_another_is_in_flight(baton: Baton) -> None:
+    """An exact retry by the same attempt replays (same lease id and epoch); another
+    attempt, or an anonymous one, is refused IDEMPOTENCY_IN_FLIGHT and writes nothing."""
+    kw: dict[str, Any] = {"ttl_seconds": 30, "idempotency_key": "run-123"}
+    first = baton.leases.acquire(RT, RID, attempt="attempt-1", **kw)
+    events = kinds(baton)
+    again = baton.leases.acquire(RT, RID, attempt="attempt-1", **kw)
+    assert again.replayed
+    assert (again.lease_id, again.epoch) == (first.lease_id, first.epoch)
+    for other in ("attempt-2", None):
+        with pytest.raises(IdempotencyInFlightError) as ei:
+            baton.leases.acquire(RT, RID, attempt=other, **kw)
+        assert ei.value.code == "IDEMPOTENCY_IN_FLIGHT"
+    assert kinds(baton) == events
+    with pytest.raises(IdempotencyInFlightError):
+        baton.leases.acquire_many([(RT, RID), (RT, "other")], attempt="attempt-2", **kw)
+    assert not baton.leases.inspect(RT, "other").held
+    many = baton.leases.acquire_many([(RT, RID), (RT, "other")], attempt="attempt-1", **kw)
+    assert [m.replayed for m in many] == [True, False]
+    assert many[0].lease_id == first.lease_id
+
+
+def test_new_attempt_takes_over_after_expiry_with_new_epoch(baton: Baton) -> None:
+    """Once the holding attempt's lease expired, another attempt of the execution takes
+    over with a new generation and a higher epoch; the old attempt's fenced write is then
+    STALE_FENCE, and its retry is IDEMPOTENCY_IN_FLIGHT."""
+    kw: dict[str, Any] = {"ttl_seconds": 10, "idempotency_key": "run-123"}
+    old = baton.leases.acquire(RT, RID, attempt="attempt-1", **kw)
+    with pytest.raises(IdempotencyInFlightError):
+        baton.leases.acquire(RT, RID, attempt="attempt-2", **kw)
+    wait_until_expired(baton, old)
+    new = baton.leases.acquire(RT, RID, attempt="attempt-2", **kw)
+    assert not new.replayed
+    assert new.lease_id != old.lease_id
+    assert new.epoch > old.epoch
+    assert new.execution_key == "run-123"
+    with pytest.raises(StaleFenceError):
+        baton.checkpoints.save("subj", "progress", {"n": 1}, fence=old)
+    with pytest.raises(IdempotencyInFlightError):
+        baton.leases.acquire(RT, RID, attempt="attempt-1", **kw)
+    again = baton.leases.acquire(RT, RID, attempt="attempt-2", **kw)
+    assert again.replayed
+    assert again.lease_id == new.lease_id
+    assert baton.checkpoints.save("subj", "progress", {"n": 1}, fence=new).version == 1
+
+
+def test_block_retries_its_acquire_after_a_lost_response(
+    baton: Baton, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A block whose acquire was granted but whose response was lost (UNAVAILABLE) retries
+    it under its own attempt: the grant comes back replayed and the body runs."""
+    authority = baton.authority
+    acquire = authority.acquire
+    granted: list[Any] = []
+
+    def lost_response(*args: Any, **kwargs: Any) -> Any:
+        lease = acquire(*args, **kwargs)
+        if not granted:
+            granted.append(lease)
+            raise UnavailableError("the response was lost")
+        return lease
+
+    monkeypatch.setattr(authority, "acquire", lost_response)
+    with baton.lease(RT, RID, ttl_seconds=30, idempotency_key="run-123") as held:
+        assert held.lease.replayed
+        assert (held.lease_id, held.epoch) == (granted[0].lease_id, granted[0].epoch)
+    assert held.receipt_status == "released"
+
+
+def test_block_without_key_is_not_superseded(baton: Baton) -> None:
+    """A block without an execution key uses a fresh one: a second block of the same
+    principal is refused CONFLICT instead of superseding the first."""
+    with baton.lease(RT, RID, ttl_seconds=30) as first:
+        assert first.execution_key is not None
+        with pytest.raises(ConflictError), baton.lease(RT, RID, ttl_seconds=30):
+            pytest.fail("the second block entered")
+        info = baton.leases.inspect(RT, RID)
+        assert info.lease is not None
+        assert info.lease.lease_id == first.lease_id
+    assert first.receipt_status == "released"
 
 
 def test_same_key_for_different_operations(baton: Baton) -> None:
@@ -577,10 +698,11 @@ def test_malformed_key_is_refused(baton: Baton, make: Callable[[Baton], Case]) -
 def test_claim_left_by_crash_blocks_until_lapsed(
     baton: Baton, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Until a claim left by a crashed request lapses, a retry under its key is
+    """Until a claim left by a crashed process lapses, a retry under its key is
     IDEMPOTENCY_IN_FLIGHT and runs nothing."""
     lease = baton.leases.acquire(RT, RID, ttl_seconds=30)
     monkeypatch.setattr(receipts, "_complete", lambda *_args: None)
+    monkeypatch.setattr(receipts, "_process", "a-process-that-crashed")
     baton.leases.renew(lease, ttl_seconds=40, idempotency_key="op-1")
     monkeypatch.undo()
     state = _state(baton)
@@ -588,3 +710,27 @@ def test_claim_left_by_crash_blocks_until_lapsed(
         baton.leases.renew(lease, ttl_seconds=40, idempotency_key="op-1")
     assert ei.value.code == "IDEMPOTENCY_IN_FLIGHT"
     assert _state(baton) == state
+
+
+def test_claim_whose_commit_reply_was_lost_is_taken_over_by_the_retry(
+    baton: Baton, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the reply to a claim's COMMIT is lost (the claim is stored, the caller gets
+    UNAVAILABLE and never runs the operation), the caller's keyed retry learns at once that
+    the claim is its own abandoned one and runs the release (no 60 s IN_FLIGHT)."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=30)
+    claim = receipts._claim
+
+    def lost_reply(*args: Any) -> Any:
+        claim(*args)
+        raise UnavailableError("ledger database unavailable: server closed the connection")
+
+    monkeypatch.setattr(receipts, "_claim", lost_reply)
+    with pytest.raises(UnavailableError):
+        baton.leases.release(lease, idempotency_key="rel-1")
+    monkeypatch.undo()
+    assert baton.leases.inspect(RT, RID).held
+    receipt = baton.leases.release(lease, idempotency_key="rel-1")
+    assert (receipt.status, receipt.replayed) == ("released", False)
+    assert not baton.leases.inspect(RT, RID).held
+    assert baton.leases.release(lease, idempotency_key="rel-1").replayed

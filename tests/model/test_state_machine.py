@@ -120,6 +120,11 @@ class KeyedRequest:
     scopes: tuple[str, ...]
     purpose: str | None
     expected: int | None
+    attempt: str | None = None
+
+
+ATTEMPTS = (None, "pod-1", "pod-2")
+"""Attempt tokens of the keyed acquires (``None``: an anonymous attempt)."""
 
 
 def acquire_digest(
@@ -145,7 +150,7 @@ class CoreRef:
     def __init__(self, name: str) -> None:
         self.name = name
         self.rows: dict[str, Generation] = {}
-        self.receipts: dict[tuple[str, str, str], tuple[str, str, int]] = {}
+        self.receipts: dict[tuple[str, str, str], tuple[str, str, int, str | None]] = {}
         self.floor = 0
 
     def acquire(
@@ -153,8 +158,9 @@ class CoreRef:
     ) -> Lease:
         """Acquire: ``req`` (keyed) or the keyword arguments ``resource``, ``ttl_s``,
         ``scopes``, ``purpose``, ``expected`` (keyless)."""
+        attempt = None
         if req is not None:
-            resource, key, ttl_s = req.resource, req.key, req.ttl_s
+            resource, key, ttl_s, attempt = req.resource, req.key, req.ttl_s, req.attempt
             scopes, purpose, expected = req.scopes, req.purpose, req.expected
         else:
             resource, key, ttl_s = kw["resource"], None, kw["ttl_s"]
@@ -173,8 +179,11 @@ class CoreRef:
                     execution_key=key,
                     epoch=stored[2],
                     now_ms=now,
+                    attempt=attempt,
+                    receipt_attempt=stored[3],
                 )
-                return generation_to_lease(held, replayed=True)
+                if held is not None:
+                    return generation_to_lease(held, replayed=True)
         d = _core.decide_acquire(
             head_of(self.rows, resource),
             resource_type=RTYPE,
@@ -195,7 +204,12 @@ class CoreRef:
             return generation_to_lease(d.new, replayed=True)
         apply_decision(self.rows, d)
         if key is not None:
-            self.receipts[(principal, key, resource)] = (digest, d.new.lease_id, d.new.epoch)
+            self.receipts[(principal, key, resource)] = (
+                digest,
+                d.new.lease_id,
+                d.new.epoch,
+                attempt,
+            )
         return generation_to_lease(d.new)
 
     def renew(self, proof: Proof, ttl_s: int, expected: int | None, now: int) -> Lease:
@@ -475,15 +489,16 @@ class AuthoritiesMachine(RuleBasedStateMachine):
         scopes: tuple[str, ...],
         purpose: str | None,
         expected: int | None,
+        attempt: str | None = None,
     ) -> None:
         req = None
         if key is not None:
-            req = KeyedRequest(resource, principal, key, ttl_s, scopes, purpose, expected)
+            req = KeyedRequest(resource, principal, key, ttl_s, scopes, purpose, expected, attempt)
             self.keyed.append(req)
         kw = {"resource": resource, "ttl_s": ttl_s, "scopes": scopes, "purpose": purpose}
         self._step(
-            f"acquire {resource} by {principal} key={key} ttl={ttl_s}s scopes={scopes} "
-            f"expected={expected}",
+            f"acquire {resource} by {principal} key={key} attempt={attempt} ttl={ttl_s}s "
+            f"scopes={scopes} expected={expected}",
             lambda ref, new_id: ref.acquire(
                 principal, req, self.now, new_id, expected=expected, **kw
             ),
@@ -491,6 +506,7 @@ class AuthoritiesMachine(RuleBasedStateMachine):
                 self._caller(principal),
                 AcquireRequest(RTYPE, resource, ttl_s * 1000, scopes, purpose, expected),
                 idempotency_key=key,
+                attempt=attempt,
             ),
         )
 
@@ -502,6 +518,7 @@ class AuthoritiesMachine(RuleBasedStateMachine):
         exp_mode=exp_modes,
         scopes=st.sampled_from(SCOPE_SETS),
         purpose=st.sampled_from(PURPOSES),
+        attempt=st.sampled_from(ATTEMPTS),
     )
     def acquire(
         self,
@@ -512,25 +529,41 @@ class AuthoritiesMachine(RuleBasedStateMachine):
         exp_mode: str,
         scopes: tuple[str, ...],
         purpose: str | None,
+        attempt: str | None,
     ) -> None:
-        """Acquire, take over, supersede or retry a resource, with or without a key, an
-        expected version and write scopes."""
+        """Acquire, take over, supersede or retry a resource, with or without a key (as
+        one of the attempts), an expected version and write scopes."""
         head = head_of(self.model.rows, resource)
         expected = _expected_version(exp_mode, head.version if head else 0)
-        self._acquire(resource, principal, key, ttl_s, scopes, purpose, expected)
+        self._acquire(resource, principal, key, ttl_s, scopes, purpose, expected, attempt)
 
     @precondition(lambda self: self.keyed)
-    @rule(idx=st.integers(0, 60), change=st.sampled_from(["none", "none", "none", "ttl"]))
-    def replay(self, idx: int, change: str) -> None:
+    @rule(
+        idx=st.integers(0, 60),
+        change=st.sampled_from(["none", "none", "none", "ttl", "attempt"]),
+        alt=st.integers(0, 3),
+    )
+    def replay(self, idx: int, change: str, alt: int) -> None:
         """Send an earlier keyed acquire again: exactly (a replay, or LEASE_LOST when its
-        lease is gone), or changed under the same key (IDEMPOTENCY_MISMATCH)."""
+        lease is gone), changed under the same key (IDEMPOTENCY_MISMATCH), or as another
+        attempt of the execution (IDEMPOTENCY_IN_FLIGHT while held, else a new generation)."""
         n = len(self.keyed)
         req = self.keyed[-1 - idx % n] if idx < 40 else self.keyed[idx % n]
-        ttl_s = req.ttl_s
+        ttl_s, attempt = req.ttl_s, req.attempt
         if change == "ttl":
             ttl_s = TTLS_S[(TTLS_S.index(ttl_s) + 1) % len(TTLS_S)]
+        if change == "attempt":
+            others = [a for a in ATTEMPTS if a != attempt]
+            attempt = others[alt % len(others)]
         self._acquire(
-            req.resource, req.principal, req.key, ttl_s, req.scopes, req.purpose, req.expected
+            req.resource,
+            req.principal,
+            req.key,
+            ttl_s,
+            req.scopes,
+            req.purpose,
+            req.expected,
+            attempt,
         )
 
     @precondition(lambda self: self.issued)

@@ -12,8 +12,14 @@ import pytest
 from prefect import flow, task
 from prefect.context import FlowRunContext, TaskRunContext
 
-from prefect_baton import Baton, ConflictError, LeaseLostError, ValidationError
-from prefect_baton.prefect import current_lease, leased
+from prefect_baton import (
+    Baton,
+    ConflictError,
+    IdempotencyInFlightError,
+    LeaseLostError,
+    ValidationError,
+)
+from prefect_baton.prefect import _plan, current_lease, leased
 
 MakeBaton = Callable[..., Baton]
 
@@ -68,6 +74,34 @@ def test_retry_replays_its_own_acquire(make_baton: MakeBaton) -> None:
     assert (r1, r2) == (False, True)
     assert tr1 == tr2
     assert make_baton("x").leases.inspect("deploy", "checkout").held is False
+
+
+def test_another_process_picking_the_run_up_is_refused(make_baton: MakeBaton) -> None:
+    """Another process that picks the same task run up is another attempt of its execution:
+    refused IDEMPOTENCY_IN_FLIGHT while this one holds the lease; this process's own
+    acquire under the run's key replays."""
+    seen: list[tuple[bool, bool]] = []
+
+    @task
+    @leased("deploy", "payments", ttl_seconds=30, baton=make_baton)
+    def deploy() -> None:
+        ctx = TaskRunContext.get()
+        held = current_lease()
+        assert ctx is not None
+        assert held is not None
+        b = make_baton(held.owner)
+        kw: dict[str, Any] = {"ttl_seconds": 30, "idempotency_key": str(ctx.task_run.id)}
+        with pytest.raises(IdempotencyInFlightError):
+            b.leases.acquire("deploy", "payments", attempt="process-elsewhere", **kw)
+        again = b.leases.acquire("deploy", "payments", attempt=_plan._process_attempt, **kw)
+        seen.append((again.replayed, again.lease_id == held.lease_id))
+
+    @flow(name="baton-test-second-process")
+    def run() -> None:
+        deploy()
+
+    run()
+    assert seen == [(True, True)]
 
 
 def test_final_failure_releases(make_baton: MakeBaton) -> None:

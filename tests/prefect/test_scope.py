@@ -8,10 +8,11 @@ from collections.abc import Callable
 
 import pytest
 
-from prefect_baton import Baton, ConflictError, LeaseLostError
+from prefect_baton import Baton, ConflictError, IdempotencyInFlightError, LeaseLostError
 from prefect_baton.prefect import current_lease
 from prefect_baton.prefect._interrupt import AsyncInterrupt, LeaseInterrupt, SyncInterrupt
 from prefect_baton.prefect._options import LeaseOptions
+from prefect_baton.prefect._plan import Sleep
 from prefect_baton.prefect._scope import LeaseScope
 
 MakeBaton = Callable[..., Baton]
@@ -95,3 +96,30 @@ def test_async_disarm_uncancels_once() -> None:
     guard.disarm()
     guard.disarm()
     assert task.cancelling() == 1
+
+
+@pytest.mark.parametrize("on_conflict", ["raise", "skip", "wait"])
+def test_another_attempt_holding_the_execution_is_a_conflict(
+    make_baton: MakeBaton, on_conflict: str
+) -> None:
+    """When another process's attempt of the same execution holds the lease, the scope's
+    acquire is refused IDEMPOTENCY_IN_FLIGHT, and ``on_conflict`` raises, skips or waits as
+    on a conflict."""
+    b = make_baton("agent-a")
+    opts = LeaseOptions("file", "d.txt", ttl_seconds=10, on_conflict=on_conflict, baton=b)  # type: ignore[arg-type]
+    scope = LeaseScope(opts, "f", SyncInterrupt)
+    b.leases.acquire(
+        "file", "d.txt", ttl_seconds=10, idempotency_key=scope.call.key, attempt="elsewhere"
+    )
+    keeper = scope.attempt()
+    assert keeper is not None
+    with pytest.raises(IdempotencyInFlightError) as info:
+        keeper.start()
+    if on_conflict == "raise":
+        with pytest.raises(IdempotencyInFlightError):
+            scope.acquire_failed(info.value)
+    elif on_conflict == "skip":
+        assert scope.acquire_failed(info.value) is None
+        assert scope.attempt() is None
+    else:
+        assert isinstance(scope.acquire_failed(info.value), Sleep)

@@ -20,6 +20,7 @@ import redis
 from prefect_baton import (
     Baton,
     ConflictError,
+    IdempotencyInFlightError,
     IdempotencyMismatchError,
     LeaseLostError,
     NotFoundError,
@@ -491,3 +492,22 @@ def test_acquire_many_validation(baton: Baton, bad: Any) -> None:
     with pytest.raises(ValidationError):
         baton.leases.acquire_many(bad, ttl_seconds=30)
     assert baton.events.list() == []
+
+
+def test_attempt_survives_a_redis_data_loss(
+    auth: RedisAuthority, fake: fakeredis.FakeRedis
+) -> None:
+    """The attempt of a keyed acquire travels with its receipt through the journal into the
+    ledger, so after Redis lost the org's data the rebuilt receipt still replays to that
+    attempt only: another attempt, or an anonymous one, is IDEMPOTENCY_IN_FLIGHT."""
+    b = _baton(auth)
+    kw: dict[str, Any] = {"ttl_seconds": 60, "idempotency_key": "run-123"}
+    first = b.leases.acquire("res", "r0", attempt="pod-1", **kw)
+    auth.sync_ledger(b.org, strict=True)
+    fake.delete(*fake.keys(org_keys(b.org).prefix + "*"))  # Redis lost the org's data
+    again = b.leases.acquire("res", "r0", attempt="pod-1", **kw)
+    assert again.replayed
+    assert (again.lease_id, again.epoch) == (first.lease_id, first.epoch)
+    for other in ("pod-2", None):
+        with pytest.raises(IdempotencyInFlightError):
+            b.leases.acquire("res", "r0", attempt=other, **kw)

@@ -50,6 +50,21 @@ T = TypeVar("T")
 _LOST_ERRORS: tuple[type[BatonError], ...] = (LeaseLostError, NotFoundError, StaleFenceError)
 
 
+def _retry_unavailable(call: Callable[[], T], *, within_seconds: float = 10.0) -> T:
+    """``call()``, retried with backoff (0.1 s doubling to 1 s) while it raises
+    :class:`UnavailableError`, for up to ``within_seconds``; then the error is raised."""
+    delay = 0.1
+    deadline = time.monotonic() + within_seconds
+    while True:
+        try:
+            return call()
+        except UnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
 class _LeaseView(Generic[T]):
     """A read-only attribute of :class:`LeaseKeeper` that is the attribute of the same name
     of its current lease (:attr:`LeaseKeeper.lease`), so the keeper reads as its lease.
@@ -131,6 +146,7 @@ class LeaseKeeper:
         scopes: tuple[str, ...] | list[str] = (),
         expected_version: int | None = None,
         idempotency_key: str | None = None,
+        attempt: str | None = None,
         renew_every_seconds: float | None = None,
         renew_deadline_seconds: float | None = None,
         max_hold_seconds: float | None = None,
@@ -146,6 +162,7 @@ class LeaseKeeper:
             "scopes": scopes,
             "expected_version": expected_version,
             "idempotency_key": idempotency_key,
+            "attempt": attempt,
         }
         self._timing: dict[str, Any] = {
             "renew_every_seconds": renew_every_seconds,
@@ -226,6 +243,10 @@ class LeaseKeeper:
         """Acquire the lease and start the heartbeat and renew-deadline threads (what
         ``__enter__`` does).
 
+        An acquire cut off by a connection error (``UNAVAILABLE``) is retried for up to
+        10 s with the same execution key and attempt, so a grant whose response was lost
+        comes back replayed.
+
         Raises:
             ValidationError: a bad TTL or timing option (nothing is acquired).
             What :meth:`LeaseAPI.acquire` raises.
@@ -233,7 +254,7 @@ class LeaseKeeper:
         times = keep_times(self._args["ttl_seconds"], **self._timing)
         self._times = times
         sent = time.monotonic()
-        self._lease = self._api.acquire(**self._args)
+        self._lease = _retry_unavailable(lambda: self._api.acquire(**self._args))
         self._started_at = sent
         self._deadline = times.deadline(sent)
         self._running = True
@@ -374,16 +395,7 @@ class LeaseKeeper:
     def _release_with_retry(self) -> str:
         # The handle keeps its proof until the authority confirms, so a release cut off by
         # a connection error can be retried (a retry of a completed release is no_change).
-        delay = 0.1
-        deadline = time.monotonic() + 10.0
-        while True:
-            try:
-                return self._api.release(self.lease).status
-            except UnavailableError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        return _retry_unavailable(lambda: self._api.release(self.lease).status)
 
     def __enter__(self) -> LeaseKeeper:
         return self.start()

@@ -43,6 +43,7 @@ class LeaseAPI(_API):
         scopes: Iterable[str] = (),
         expected_version: int | None = None,
         idempotency_key: str | None = None,
+        attempt: str | None = None,
     ) -> Lease:
         """Acquire (or take over after expiry) the lease on ``(resource_type, resource_id)``.
 
@@ -57,6 +58,13 @@ class LeaseAPI(_API):
                 replays the receipt (``lease.replayed``); a replay does not revive a lease that
                 was since lost. Acquiring under another key while the lease is effective
                 conflicts, even for the same principal.
+            attempt: the token of this attempt of the execution (``str``, 1..256
+                characters; default ``None``, an anonymous attempt). Two attempts of one
+                execution (the same key presented by two processes) never both hold the
+                lease: only the attempt that acquired replays its receipt; another one gets
+                ``IDEMPOTENCY_IN_FLIGHT`` while the lease is held, and once it ended or
+                expired acquires afresh (a new generation, a new epoch). Retry after a lost
+                response with the same token. :meth:`Baton.lease` and ``@leased`` pass one.
 
         Returns:
             The new :class:`Lease` (new ``lease_id``, version +1, epoch +1).
@@ -66,6 +74,7 @@ class LeaseAPI(_API):
                 scope overlaps. VersionConflictError: ``expected_version`` is stale.
             IdempotencyMismatchError: the key was used for a different request.
             LeaseLostError: a replay whose lease was since lost. ValidationError: bad input.
+            IdempotencyInFlightError: another attempt of the execution holds the lease.
         """
         rt = _core.validate_id("resource_type", resource_type)
         rid = _core.validate_id("resource_id", resource_id)
@@ -74,8 +83,9 @@ class LeaseAPI(_API):
         scopes_ = _core.validate_scopes(scopes)
         ev = _core.validate_version("expected_version", expected_version)
         key = _core.validate_optional_id("idempotency_key", idempotency_key)
+        attempt_ = _core.validate_optional_id("attempt", attempt)
         request = AcquireRequest(rt, rid, ttl_ms, scopes_, purpose_, ev)
-        return self._authority.acquire(self._caller, request, idempotency_key=key)
+        return self._authority.acquire(self._caller, request, idempotency_key=key, attempt=attempt_)
 
     def acquire_many(
         self,
@@ -85,6 +95,7 @@ class LeaseAPI(_API):
         purpose: str | None = None,
         scopes: Iterable[str] = (),
         idempotency_key: str | None = None,
+        attempt: str | None = None,
     ) -> list[Lease]:
         """Acquire several resources all-or-nothing, in one round trip (one Redis script, or
         one ledger transaction).
@@ -96,6 +107,7 @@ class LeaseAPI(_API):
             ttl_seconds, purpose, scopes: defaults for every resource (as :meth:`acquire`).
             idempotency_key: the execution key for every resource (each resource's receipt
                 is its own, as if acquired one by one).
+            attempt: the attempt token for every resource (as :meth:`acquire`).
 
         Returns:
             The leases in the order given; a resource this execution already held, or an
@@ -112,7 +124,10 @@ class LeaseAPI(_API):
 
         reqs = requests_of(resources, ttl_seconds=ttl_seconds, purpose=purpose, scopes=scopes)
         key = _core.validate_optional_id("idempotency_key", idempotency_key)
-        return self._authority.acquire_many(self._caller, reqs, idempotency_key=key)
+        attempt_ = _core.validate_optional_id("attempt", attempt)
+        return self._authority.acquire_many(
+            self._caller, reqs, idempotency_key=key, attempt=attempt_
+        )
 
     def renew(
         self,

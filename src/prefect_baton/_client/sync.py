@@ -11,6 +11,7 @@ operation to the store.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -182,6 +183,7 @@ class Baton(_Identity):
         scopes: Iterable[str] = (),
         expected_version: int | None = None,
         idempotency_key: str | None = None,
+        attempt: str | None = None,
         renew_every_seconds: float | None = None,
         renew_deadline_seconds: float | None = None,
         max_hold_seconds: float | None = None,
@@ -190,7 +192,18 @@ class Baton(_Identity):
         """A lease held for a ``with`` / ``async with`` block, renewed in the background
         (every ``ttl_seconds / 3`` by default) and released on exit.
 
-        The arguments up to ``idempotency_key`` are those of :meth:`LeaseAPI.acquire`.
+        Arguments as :meth:`LeaseAPI.acquire`, except:
+
+        - ``idempotency_key``: the execution key; default a fresh random one per block, so
+          two blocks of one principal (two processes) never silently supersede each other:
+          the second is refused with ``CONFLICT`` while the first holds the lease
+          (DESIGN.md "Leases").
+        - ``attempt``: the token of this attempt of the execution; default a fresh random
+          one per block. Ten blocks entered at once under one execution key run one body:
+          the others are refused with ``IDEMPOTENCY_IN_FLIGHT`` while it holds the lease;
+          after it ended or expired (its process died), a new block takes over with a new
+          epoch. The block's own acquire is retried under the same attempt after a
+          connection error (see :meth:`LeaseKeeper.start`).
 
         Args:
             renew_every_seconds: seconds between renewals (``float``; default a third of
@@ -218,7 +231,8 @@ class Baton(_Identity):
             purpose=purpose,
             scopes=tuple(scopes),
             expected_version=expected_version,
-            idempotency_key=idempotency_key,
+            idempotency_key=uuid.uuid4().hex if idempotency_key is None else idempotency_key,
+            attempt=uuid.uuid4().hex if attempt is None else attempt,
             renew_every_seconds=renew_every_seconds,
             renew_deadline_seconds=renew_deadline_seconds,
             max_hold_seconds=max_hold_seconds,

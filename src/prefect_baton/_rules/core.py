@@ -41,6 +41,7 @@ from prefect_baton._rules.validation import (
 )
 from prefect_baton.errors import (
     ConflictError,
+    IdempotencyInFlightError,
     LeaseLostError,
     NotFoundError,
     StaleFenceError,
@@ -75,6 +76,7 @@ __all__ = [  # the decision core, plus the validation it re-exports for its call
     "decide_release_by_id",
     "decide_renew",
     "decide_transfer",
+    "in_flight",
     "incarnation_epochs",
     "next_epoch",
     "replay_check",
@@ -496,6 +498,17 @@ def _lost_reason(row: Generation, now_ms: int) -> str:
     return row.status
 
 
+def in_flight(execution_key: str | None, expires_at_ms: int) -> IdempotencyInFlightError:
+    """The refusal of an attempt of an execution while another attempt of it holds the lease
+    (until ``expires_at_ms``, epoch milliseconds), see :func:`replay_check`."""
+    until = from_ms(expires_at_ms)
+    assert until is not None
+    return IdempotencyInFlightError(
+        f"execution key {execution_key!r} is held by another attempt of this execution "
+        f"until {wire_time(until)}; retry after it ends or expires"
+    )
+
+
 def replay_check(
     row: Generation | None,
     *,
@@ -504,28 +517,52 @@ def replay_check(
     execution_key: str | None,
     epoch: int,
     now_ms: int,
-) -> Generation:
-    """Check that a replayed acquire's lease is still held by the same execution.
+    attempt: str | None = None,
+    receipt_attempt: str | None = None,
+) -> Generation | None:
+    """Decide a keyed acquire whose execution key already has an acquire receipt (same
+    request digest) for lease ``lease_id`` at ``epoch``, made by attempt ``receipt_attempt``.
 
-    A receipt is history, not authority: a replay whose lease was since transferred,
-    released or expired does not revive it (seed 004 replay rule).
+    An *attempt* is one try of an execution (DESIGN.md "Leases": two attempts of one
+    execution never both hold it). Attempts are the same when the tokens are equal
+    (``None``, an anonymous attempt, equals only ``None``). A receipt is history, not
+    authority (seed 004 replay rule):
+
+    - the receipt's lease is still held by the execution (same owner, key and epoch,
+      effective): the same attempt replays it; another attempt is refused, the lease being
+      held by a live attempt (:class:`IdempotencyInFlightError`);
+    - it is no longer held (transferred, released, revoked, expired, taken over): the same
+      attempt's replay does not revive it (:class:`LeaseLostError`); another attempt
+      acquires afresh (``None``: decide with :func:`decide_acquire`, a new generation with a
+      new epoch, and replace the receipt).
+
+    Returns:
+        The generation to return as replayed, or ``None`` to acquire afresh.
 
     Raises:
-        LeaseLostError: the generation is no longer effective.
+        IdempotencyInFlightError: another attempt of the execution holds the lease.
+        LeaseLostError: this attempt's lease is no longer held.
     """
-    if (
-        row is None
-        or row.owner != owner
-        or row.execution_key != execution_key
-        or row.epoch != epoch
-        or not row.effective(now_ms)
-    ):
-        why = "gone" if row is None else _lost_reason(row, now_ms)
-        raise LeaseLostError(
-            f"lease {lease_id} acquired under this execution key is no longer held ({why}); "
-            "a replayed receipt does not revive it: use a new execution key"
-        )
-    return row
+    held = (
+        row is not None
+        and row.owner == owner
+        and row.execution_key == execution_key
+        and row.epoch == epoch
+        and row.effective(now_ms)
+    )
+    same_attempt = attempt == receipt_attempt
+    if held:
+        assert row is not None
+        if same_attempt:
+            return row
+        raise in_flight(execution_key, row.expires_at_ms)
+    if not same_attempt:
+        return None
+    why = "gone" if row is None else _lost_reason(row, now_ms)
+    raise LeaseLostError(
+        f"lease {lease_id} acquired under this execution key is no longer held ({why}); "
+        "a replayed receipt does not revive it: use a new execution key"
+    )
 
 
 def check_checkpoint_version(current: int, expected: int | None) -> None:

@@ -308,29 +308,46 @@ class LeaseAuthority(Protocol):
         ...
 
     def acquire(
-        self, caller: Caller, request: AcquireRequest, *, idempotency_key: str | None
+        self,
+        caller: Caller,
+        request: AcquireRequest,
+        *,
+        idempotency_key: str | None,
+        attempt: str | None = None,
     ) -> Lease:
         """Acquire, or take over after expiry, the lease ``request`` names (its resource, TTL
         in milliseconds, scopes, purpose and expected version; rules:
         :func:`prefect_baton._rules.core.decide_acquire`).
 
         ``idempotency_key`` is the execution key: an exact retry returns the stored lease
-        with ``replayed`` true (the receipt is kept with the lease, atomically).
+        with ``replayed`` true (the receipt is kept with the lease, atomically, with
+        ``attempt``, the token of this attempt of the execution, ``None`` for an anonymous
+        one). Whether a stored receipt replays is
+        :func:`prefect_baton._rules.core.replay_check`'s decision: only the same attempt
+        replays; another one gets ``IdempotencyInFlightError`` while the lease is held and a
+        new generation once it is not.
 
         Raises:
             ConflictError: held by another execution, or a write scope overlaps.
             VersionConflictError: ``expected_version`` is stale.
             IdempotencyMismatchError: the key was used for another request.
+            IdempotencyInFlightError: another attempt of the execution holds the lease.
             LeaseLostError: a replay whose lease was since lost.
         """
         ...
 
     def acquire_many(
-        self, caller: Caller, requests: Sequence[AcquireRequest], *, idempotency_key: str | None
+        self,
+        caller: Caller,
+        requests: Sequence[AcquireRequest],
+        *,
+        idempotency_key: str | None,
+        attempt: str | None = None,
     ) -> list[Lease]:
         """Acquire every resource of ``requests`` (1..:data:`MAX_MANY`, distinct) or none,
         in one transaction, script or request; each decided exactly as :meth:`acquire`
-        decides it, with ``idempotency_key`` as the execution key of each.
+        decides it, with ``idempotency_key`` as the execution key and ``attempt`` as the
+        attempt of each.
 
         Returns:
             The leases in request order (``replayed`` for those already held by this

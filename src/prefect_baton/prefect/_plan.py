@@ -5,14 +5,21 @@ async drivers in ``_decorators``, which only do I/O and sleep (STYLE.md 2)."""
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from prefect_baton._client.keeper import LeaseKeeper
-from prefect_baton.errors import BatonError, ConflictError, LeaseLostError
+from prefect_baton.errors import (
+    BatonError,
+    ConflictError,
+    IdempotencyInFlightError,
+    LeaseLostError,
+)
 from prefect_baton.prefect._context import LeaseSlot, RunIdentity, retry_follows
 from prefect_baton.prefect._options import LeaseOptions
 
@@ -26,6 +33,19 @@ _WAIT_CAP_SECONDS = 5.0
 # base execution key -> key actually holding the lease between Prefect retries (this process)
 _held_keys: dict[str, str] = {}
 _held_lock = threading.Lock()
+
+
+def _new_process_attempt() -> None:
+    global _process_attempt
+    _process_attempt = f"process-{uuid.uuid4().hex}"
+
+
+#: The attempt token of this process's acquires (a forked child draws its own): a Prefect
+#: retry in the same process replays its run's acquire, while another process that picks
+#: the same run up is another attempt (``IDEMPOTENCY_IN_FLIGHT`` while the lease is held).
+_process_attempt = ""
+_new_process_attempt()
+os.register_at_fork(after_in_child=_new_process_attempt)
 
 
 @dataclass(frozen=True)
@@ -96,9 +116,13 @@ class LeaseCall:
             self.key = f"{self.base_key}:attempt-{self.ident.run_count}"
             log.warning("%s: the lease of the previous attempt lapsed (%s)", self.what, exc)
             return Again()
-        if not isinstance(exc, ConflictError) or self.opts.on_conflict == "raise":
+        # Another attempt of this run (a second process that picked it up) holds the lease:
+        # refused like a conflict, so on_conflict="wait" waits for it to end or expire.
+        busy = isinstance(exc, ConflictError | IdempotencyInFlightError)
+        if not busy or self.opts.on_conflict == "raise":
             return Fail(exc)
-        until = exc.expires_at.isoformat(timespec="seconds") if exc.expires_at else "unknown"
+        expires_at = exc.expires_at if isinstance(exc, ConflictError) else None
+        until = expires_at.isoformat(timespec="seconds") if expires_at else "unknown"
         if self.opts.on_conflict == "skip":
             return Skip(
                 f"Skipped {self.fn_name}: {self.what} is leased by another holder until "
@@ -110,7 +134,7 @@ class LeaseCall:
                     f"{self.what} is still leased by another holder (until {until}) after "
                     f"waiting {now - self.started:.1f} s (wait_timeout_seconds="
                     f"{self.opts.wait_timeout_seconds})",
-                    expires_at=exc.expires_at,
+                    expires_at=expires_at,
                 )
             )
         delay = min(_WAIT_CAP_SECONDS, _WAIT_FIRST_SECONDS * 2 ** min(self.attempts - 1, 8))
@@ -144,6 +168,7 @@ class LeaseCall:
             idempotency_key=self.key,
             renew_deadline_seconds=self.opts.renew_deadline_seconds,
             max_hold_seconds=self.opts.max_hold_seconds,
+            attempt=_process_attempt,
             on_lost=slot_on_lost,
         )
         return lease

@@ -134,9 +134,11 @@ class OutcomeFields(Protocol):
         ...
 
 
-def acquire(b: Baton, a: AcquireFields, idempotency_key: str | None) -> Lease:
+def acquire(
+    b: Baton, a: AcquireFields, idempotency_key: str | None, attempt: str | None = None
+) -> Lease:
     """:meth:`Baton.leases.acquire <prefect_baton._client.leases.Leases.acquire>` with the
-    fields of ``a`` and ``idempotency_key`` (``str`` or ``None``).
+    fields of ``a``, ``idempotency_key`` and ``attempt`` (``str`` or ``None``).
 
     Raises:
         BatonError: as that method (CONFLICT, VERSION_CONFLICT, ...).
@@ -149,6 +151,7 @@ def acquire(b: Baton, a: AcquireFields, idempotency_key: str | None) -> Lease:
         scopes=a.scopes,
         expected_version=a.expected_version,
         idempotency_key=idempotency_key,
+        attempt=attempt,
     )
 
 
@@ -288,9 +291,12 @@ def force_release(b: Baton, lease_id: str, idempotency_key: str | None) -> Recei
     return b.leases.force_release(lease_id, idempotency_key=idempotency_key)
 
 
-def acquire_many(b: Baton, a: BatchFields, idempotency_key: str | None) -> list[Lease]:
+def acquire_many(
+    b: Baton, a: BatchFields, idempotency_key: str | None, attempt: str | None = None
+) -> list[Lease]:
     """``b.leases.acquire_many`` of ``a.resources`` (unset item fields take ``a``'s
-    TTL, purpose and scopes): every lease or none, in request order.
+    TTL, purpose and scopes) as attempt ``attempt`` (``str`` or ``None``): every lease or
+    none, in request order.
 
     Raises:
         BatonError: the first refused item's error (nothing acquired), as that method.
@@ -301,6 +307,7 @@ def acquire_many(b: Baton, a: BatchFields, idempotency_key: str | None) -> list[
         purpose=a.purpose,
         scopes=a.scopes,
         idempotency_key=idempotency_key,
+        attempt=attempt,
     )
 
 

@@ -60,7 +60,8 @@ def add_routes(app: FastAPI) -> None:
     @app.post("/v1/leases", status_code=201, tags=["leases"])
     def acquire(request: Request, body: s.AcquireIn, b: B, key: IdemKey = None) -> Response:
         """Acquire a lease; 409 CONFLICT (expiry only) while another holds it."""
-        return _reply(request, _calls.acquire(b, body, _utf8(key)), status=201)
+        lease = _calls.acquire(b, body, _utf8(key), body.attempt)
+        return _reply(request, lease, status=201)
 
     @app.get("/v1/leases", tags=["leases"])
     def list_leases(
@@ -139,7 +140,7 @@ def add_routes(app: FastAPI) -> None:
     def acquire_many(request: Request, body: s.BatchIn, b: B, key: IdemKey = None) -> Response:
         """Acquire several resources all-or-nothing; the first refusal's error otherwise
         (nothing acquired). ``data.replayed`` flags each lease that came back replayed."""
-        leases = _calls.acquire_many(b, body, _utf8(key))
+        leases = _calls.acquire_many(b, body, _utf8(key), body.attempt)
         data = {"leases": _dump(leases), "replayed": [lease.replayed for lease in leases]}
         replayed = bool(leases) and all(lease.replayed for lease in leases)
         return ok(data, _rid(request), replayed=replayed, status=201)

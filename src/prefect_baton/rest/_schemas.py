@@ -78,7 +78,8 @@ class _In(BaseModel):
 
 
 class AcquireIn(_In):
-    """``POST /v1/leases``: acquire a lease (TTL 10..86,400 s)."""
+    """``POST /v1/leases``: acquire a lease (TTL 10..86,400 s); ``attempt`` is the token of
+    this attempt of the execution named by the ``Idempotency-Key`` (absent: anonymous)."""
 
     resource_type: Id
     resource_id: Id
@@ -86,6 +87,7 @@ class AcquireIn(_In):
     purpose: Text | None = None
     scopes: Scopes = []
     expected_version: Version | None = None
+    attempt: Id | None = None
 
 
 class RenewIn(_In):
@@ -175,9 +177,11 @@ class BatchItemIn(_In):
 
 
 class BatchIn(_In):
-    """``POST /v1/leases/batch``: acquire every resource or none (1..1,000)."""
+    """``POST /v1/leases/batch``: acquire every resource or none (1..1,000); ``attempt`` as
+    in :class:`AcquireIn`."""
 
     resources: Annotated[list[BatchItemIn], Field(min_length=1, max_length=MAX_MANY)]
     ttl_seconds: Ttl
     purpose: Text | None = None
     scopes: Scopes = []
+    attempt: Id | None = None

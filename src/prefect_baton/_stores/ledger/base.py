@@ -320,6 +320,13 @@ class StoreBase:
         result: dict[str, Any] = json.loads(row.response)
         return result
 
+    def _drop_receipt(self, tx: Tx, operation: str, key: str, scope: str) -> None:
+        """Delete the receipt of ``(tx.caller, operation, key, scope)`` (one being replaced)."""
+        tx.session.execute(
+            delete(ReceiptRow).where(*receipt_identity(tx.caller, operation, key, scope))
+        )
+        tx.session.flush()
+
     def _write_once(
         self,
         caller: Caller,

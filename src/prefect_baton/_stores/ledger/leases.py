@@ -48,6 +48,12 @@ from prefect_baton.models import (
     Receipt,
 )
 
+ATTEMPT_FIELD = "attempt"
+"""The key of an acquire receipt's stored response (the lease's JSON) that holds the token of
+the attempt that made it (``None``: an anonymous attempt; absent in receipts stored before
+attempts existed, which reads as anonymous)."""
+
+
 #: Copied from a :class:`Generation` to its :class:`LeaseTransition` row (the resource is
 #: the transition's own).
 _TRANSITION_FIELDS = shared_fields(
@@ -210,25 +216,34 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
     # ------------------------------------------------------------------ lease authority
 
     def acquire(
-        self, caller: Caller, request: AcquireRequest, *, idempotency_key: str | None
+        self,
+        caller: Caller,
+        request: AcquireRequest,
+        *,
+        idempotency_key: str | None,
+        attempt: str | None = None,
     ) -> Lease:
         """Acquire or take over a resource (see :func:`prefect_baton._rules.core.decide_acquire`).
 
-        With ``idempotency_key`` (the execution key) an exact retry replays its receipt,
-        unless the lease has since been lost (:class:`LeaseLostError`).
+        With ``idempotency_key`` (the execution key) an exact retry by the same ``attempt``
+        replays its receipt, unless the lease has since been lost (:class:`LeaseLostError`);
+        another attempt is decided by :func:`prefect_baton._rules.core.replay_check`.
         """
         return self._write(
             caller,
             self._lease_locks(
                 caller, request.resource_type, request.resource_id, bool(request.scopes)
             ),
-            lambda tx: self._acquire_in_tx(tx, caller, request, idempotency_key),
+            lambda tx: self._acquire_in_tx(tx, caller, request, idempotency_key, attempt),
         )
 
-    def _acquire_in_tx(self, tx: Tx, caller: Caller, req: AcquireRequest, key: str | None) -> Lease:
+    def _acquire_in_tx(
+        self, tx: Tx, caller: Caller, req: AcquireRequest, key: str | None, attempt: str | None
+    ) -> Lease:
         """The transaction body of :meth:`acquire` (and of each resource of
-        ``acquire_many``): replay the receipt of execution key ``key``, or decide, apply and
-        keep the receipt."""
+        ``acquire_many``): replay the receipt of execution key ``key`` to the attempt that
+        made it, or decide, apply and keep the receipt (with ``attempt``, the key
+        :data:`ATTEMPT_FIELD` of its stored response)."""
         resource = (req.resource_type, req.resource_id)
         scope = resource_key(*resource)
         digest = acquire_digest(
@@ -247,8 +262,13 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
                 execution_key=key,
                 epoch=int(stored["epoch"]),
                 now_ms=tx.now_ms,
+                attempt=attempt,
+                receipt_attempt=stored.get(ATTEMPT_FIELD),
             )
-            return generation_to_lease(held, replayed=True)
+            if held is not None:
+                return generation_to_lease(held, replayed=True)
+            assert key is not None  # a receipt is only found under a key
+            self._drop_receipt(tx, "acquire", key, scope)  # another attempt acquires afresh
         head_row = self._head(tx, *resource)
         head = row_to_generation(head_row) if head_row else None
         decision = _core.decide_acquire(
@@ -274,7 +294,8 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
             return generation_to_lease(decision.new, replayed=True)
         self._apply(tx, decision, caller.org, resource=resource)
         lease = generation_to_lease(decision.new)
-        self._store_receipt(tx, "acquire", key, scope, digest, lease.model_dump(mode="json"))
+        response = {**lease.model_dump(mode="json"), ATTEMPT_FIELD: attempt}
+        self._store_receipt(tx, "acquire", key, scope, digest, response)
         return lease
 
     def _by_proof(

@@ -148,8 +148,10 @@ def ledger_acquire_many(
     requests: Sequence[AcquireRequest],
     *,
     idempotency_key: str | None,
+    attempt: str | None = None,
 ) -> list[Lease]:
-    """Acquire every request on the ledger authority in one transaction, or none.
+    """Acquire every request on the ledger authority in one transaction, or none, as
+    attempt ``attempt`` of execution ``idempotency_key``.
 
     Returns the leases in request order. Raises the error of the first refused request
     (as :meth:`LedgerStore.acquire`, its message naming the request: :func:`refused`); then
@@ -163,7 +165,7 @@ def ledger_acquire_many(
         out: list[Lease] = []
         for i, req in enumerate(requests):
             try:
-                out.append(store._acquire_in_tx(tx, caller, req, idempotency_key))
+                out.append(store._acquire_in_tx(tx, caller, req, idempotency_key, attempt))
             except BatonError as exc:
                 raise refused(exc, i, req) from None
         return out

@@ -14,10 +14,18 @@ around the operation:
    claim (nothing stored, as for a request that failed validation) and re-raise;
 3. store the response (the model's JSON) with the receipt retention as its expiry.
 
-A claim is a ``baton_receipts`` row whose ``response`` is :data:`IN_FLIGHT` (the empty
-string) and whose ``expires_at_ms`` is the claim expiry. Crash window: a process that dies
-after the operation but before step 3 leaves a claim that lapses after
-:data:`CLAIM_TIMEOUT_SECONDS`; a retry then runs the operation again and gets that
+A claim is a ``baton_receipts`` row whose ``response`` is :data:`CLAIM_PREFIX` followed by
+the claim's token (a complete receipt holds JSON, which starts with ``{``; a claim written
+by an earlier version holds the empty string) and whose ``expires_at_ms`` is the claim
+expiry. A token names the process that claimed (:func:`claim_token`), and each process
+knows which of its claims are still running. So when the reply to a claim's ``COMMIT`` is
+lost (the caller got ``UNAVAILABLE`` and never ran the operation) or the reply to deleting
+it is, the retry from the same process learns at once that the claim is its own and no
+longer running, takes it over and runs the operation.
+
+Crash window: a process that dies after claiming but before step 3 leaves a claim that
+other processes cannot tell from a running one; it lapses after
+:data:`CLAIM_TIMEOUT_SECONDS`, and a retry then runs the operation again and gets that
 operation's own answer (a second release by proof is ``no_change``, a renew extends again,
 a transfer is ``LEASE_LOST``, a resolve is ``NOT_FOUND``).
 """
@@ -26,6 +34,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import threading
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar, cast
 
@@ -49,8 +60,42 @@ P = ParamSpec("P")
 #: take the claim over and run the operation again.
 CLAIM_TIMEOUT_SECONDS = 60
 
-#: The ``response`` of a claim row (a complete receipt holds JSON, never the empty string).
-IN_FLIGHT = ""
+#: The ``response`` of a claim row is this prefix and the claim's token.
+CLAIM_PREFIX = "claim:"
+
+_process = ""  # this process's part of the claim tokens (a forked child draws its own)
+_running: set[str] = set()  # tokens of this process's claims whose operation still runs
+_running_lock = threading.Lock()
+
+
+def _new_process() -> None:
+    global _process
+    _process = uuid.uuid4().hex
+    with _running_lock:
+        _running.clear()
+
+
+_new_process()
+os.register_at_fork(after_in_child=_new_process)
+
+
+def claim_token() -> str:
+    """A new claim token: this process's id, a dot, and a random part (``str``)."""
+    return f"{_process}.{uuid.uuid4().hex}"
+
+
+def _orphaned(response: str) -> bool:
+    """Whether the claim whose ``response`` is given was made by this process and its
+    operation no longer runs (its caller gave up: a lost reply, or an error)."""
+    token = response.removeprefix(CLAIM_PREFIX)
+    if not response.startswith(CLAIM_PREFIX) or token.partition(".")[0] != _process:
+        return False
+    with _running_lock:
+        return token not in _running
+
+
+def _is_claim(response: str) -> bool:
+    return not response.startswith("{")
 
 
 def _identity(caller: Caller, operation: str, key: str, scope: str) -> dict[str, Any]:
@@ -84,8 +129,9 @@ def receipt_row(
 ) -> ReceiptRow:
     """A new ``baton_receipts`` row of ``(caller.org, caller.principal, operation, key,
     scope)`` for the request digested as ``digest``: a claim (``response`` is
-    :data:`IN_FLIGHT`) or a complete receipt (``response``: the stored JSON), created at
-    ``now_ms`` and expiring at ``expires_at_ms`` (epoch milliseconds)."""
+    :data:`CLAIM_PREFIX` and the claim's token) or a complete receipt (``response``: the
+    stored JSON), created at ``now_ms`` and expiring at ``expires_at_ms`` (epoch
+    milliseconds)."""
     return ReceiptRow(
         **_identity(caller, operation, key, scope),
         request_digest=digest,
@@ -96,10 +142,16 @@ def receipt_row(
 
 
 def _claim(
-    store: StoreBase, caller: Caller, operation: str, key: str, scope: str, digest: str
+    store: StoreBase,
+    caller: Caller,
+    operation: str,
+    key: str,
+    scope: str,
+    digest: str,
+    token: str,
 ) -> tuple[int, None] | tuple[None, dict[str, Any]]:
-    """Step 1: ``(claim row id, None)`` to run the operation, or ``(None, response)`` for
-    an exact retry of a completed one."""
+    """Step 1: ``(claim row id, None)`` to run the operation under claim ``token``, or
+    ``(None, response)`` for an exact retry of a completed one."""
 
     def op(tx: Tx) -> tuple[int, None] | tuple[None, dict[str, Any]]:
         row = tx.session.execute(
@@ -114,7 +166,14 @@ def _claim(
                 raise IdempotencyMismatchError(
                     f"idempotency key {key!r} was used for a different {operation} request"
                 )
-            if row.response == IN_FLIGHT:
+            if _is_claim(row.response) and _orphaned(row.response):
+                row.response = CLAIM_PREFIX + token  # this process's own, abandoned: take it
+                row.expires_at_ms = tx.now_ms + CLAIM_TIMEOUT_SECONDS * 1000
+                tx.session.add(row)
+                tx.session.flush()
+                assert row.id is not None
+                return row.id, None
+            if _is_claim(row.response):
                 raise IdempotencyInFlightError(
                     f"a {operation} request with idempotency key {key!r} is still in flight; "
                     f"retry later (a claim lapses after {CLAIM_TIMEOUT_SECONDS} s)"
@@ -127,7 +186,7 @@ def _claim(
             key,
             scope,
             digest,
-            response=IN_FLIGHT,
+            response=CLAIM_PREFIX + token,
             now_ms=tx.now_ms,
             expires_at_ms=tx.now_ms + CLAIM_TIMEOUT_SECONDS * 1000,
         )
@@ -140,26 +199,27 @@ def _claim(
     return store._write(caller, [lock], op)
 
 
-def _complete(store: StoreBase, caller: Caller, claim_id: int, response: str) -> None:
-    """Step 3: turn the claim into the receipt (a claim taken over meanwhile is left)."""
+def _complete(store: StoreBase, caller: Caller, claim_id: int, token: str, response: str) -> None:
+    """Step 3: turn claim ``token`` into the receipt (a claim taken over meanwhile is
+    left)."""
 
     def op(tx: Tx) -> None:
         tx.session.execute(
             update(ReceiptRow)
-            .where(col(ReceiptRow.id) == claim_id, col(ReceiptRow.response) == IN_FLIGHT)
+            .where(col(ReceiptRow.id) == claim_id, col(ReceiptRow.response) == CLAIM_PREFIX + token)
             .values(response=response, expires_at_ms=tx.now_ms + store.receipt_retention_ms)
         )
 
     store._write(caller, [], op)
 
 
-def _drop(store: StoreBase, caller: Caller, claim_id: int) -> None:
-    """Delete the claim of an operation that failed: nothing is stored."""
+def _drop(store: StoreBase, caller: Caller, claim_id: int, token: str) -> None:
+    """Delete claim ``token`` of an operation that failed: nothing is stored."""
 
     def op(tx: Tx) -> None:
         tx.session.execute(
             delete(ReceiptRow).where(
-                col(ReceiptRow.id) == claim_id, col(ReceiptRow.response) == IN_FLIGHT
+                col(ReceiptRow.id) == claim_id, col(ReceiptRow.response) == CLAIM_PREFIX + token
             )
         )
 
@@ -197,24 +257,32 @@ def run_once(
     Raises:
         IdempotencyMismatchError: the key was used for a different request (nothing run,
             nothing written). IdempotencyInFlightError: a request under the key is still
-            running (claimed less than :data:`CLAIM_TIMEOUT_SECONDS` ago). Whatever
+            running (claimed less than :data:`CLAIM_TIMEOUT_SECONDS` ago by another process,
+            or by this one and not yet answered). Whatever
             ``run()`` raises (then no receipt is kept). UnavailableError: the ledger.
     """
     if idempotency is None:
         return run()
     key, scope = idempotency.key, idempotency.scope
     digest = operation_digest(operation, idempotency.fields)
-    claim_id, stored = _claim(store, caller, operation, key, scope, digest)
-    if stored is not None:
-        return model.model_validate({**stored, "replayed": True})
-    assert claim_id is not None
+    token = claim_token()
+    with _running_lock:
+        _running.add(token)
     try:
-        result = run()
-    except BatonError:
-        _drop(store, caller, claim_id)
-        raise
-    _complete(store, caller, claim_id, result.model_dump_json())
-    return result
+        claim_id, stored = _claim(store, caller, operation, key, scope, digest, token)
+        if stored is not None:
+            return model.model_validate({**stored, "replayed": True})
+        assert claim_id is not None
+        try:
+            result = run()
+        except BatonError:
+            _drop(store, caller, claim_id, token)
+            raise
+        _complete(store, caller, claim_id, token, result.model_dump_json())
+        return result
+    finally:
+        with _running_lock:
+            _running.discard(token)
 
 
 class KeepsReceipts(Protocol):

@@ -91,9 +91,15 @@ class LedgerStore(RecordOps):
         return None
 
     def acquire_many(
-        self, caller: Caller, requests: Sequence[AcquireRequest], *, idempotency_key: str | None
+        self,
+        caller: Caller,
+        requests: Sequence[AcquireRequest],
+        *,
+        idempotency_key: str | None,
+        attempt: str | None = None,
     ) -> list[Lease]:
-        """Acquire every request in one ledger transaction, or none (see
+        """Acquire every request in one ledger transaction, or none, as attempt ``attempt``
+        (see
         :func:`prefect_baton._stores.ledger.many.ledger_acquire_many`).
 
         Returns:
@@ -107,7 +113,9 @@ class LedgerStore(RecordOps):
         """
         if not 1 <= len(requests) <= MAX_MANY:
             raise ValidationError(f"acquire_many takes 1 to {MAX_MANY} resources")
-        return ledger_acquire_many(self, caller, requests, idempotency_key=idempotency_key)
+        return ledger_acquire_many(
+            self, caller, requests, idempotency_key=idempotency_key, attempt=attempt
+        )
 
     def fence(self, caller: Caller, lease: Lease) -> Fence:
         """The plain fence of ``lease`` (its id and epoch): the ledger judges it in the

@@ -170,14 +170,21 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         return args, rkey
 
     def acquire(
-        self, caller: Caller, request: AcquireRequest, *, idempotency_key: str | None
+        self,
+        caller: Caller,
+        request: AcquireRequest,
+        *,
+        idempotency_key: str | None,
+        attempt: str | None = None,
     ) -> Lease:
         """Acquire or take over a resource in one script (rules:
-        :func:`prefect_baton._rules.core.decide_acquire`; receipts as the ledger's).
+        :func:`prefect_baton._rules.core.decide_acquire`; receipts as the ledger's, with
+        ``attempt``: :func:`prefect_baton._rules.core.replay_check`).
 
         Raises:
             ConflictError, VersionConflictError, IdempotencyMismatchError, LeaseLostError
-            (a replay whose lease was lost), ValidationError (counters exhausted),
+            (a replay whose lease was lost), IdempotencyInFlightError (another attempt of
+            the execution holds it), ValidationError (counters exhausted),
             UnavailableError (Redis unreachable or rebuilding; or the ledger unreachable
             while more than ``max_lag_entries`` journal entries wait for it: nothing was
             granted).
@@ -187,7 +194,7 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         reply = self._run(
             caller.org,
             "acquire",
-            [caller.principal, caller.role, opt(idempotency_key), *args],
+            [caller.principal, caller.role, opt(idempotency_key), *args, opt(attempt)],
             [rkey] if rkey else (),
         )
         code = int(reply[0])
@@ -201,12 +208,18 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         raise AssertionError("unreachable")
 
     def acquire_many(
-        self, caller: Caller, requests: Sequence[AcquireRequest], *, idempotency_key: str | None
+        self,
+        caller: Caller,
+        requests: Sequence[AcquireRequest],
+        *,
+        idempotency_key: str | None,
+        attempt: str | None = None,
     ) -> list[Lease]:
         """Acquire every resource of ``requests`` or none, in one script.
 
         Each request is decided exactly as :meth:`acquire` decides it (with
-        ``idempotency_key`` as the execution key of each); if any is refused, nothing is
+        ``idempotency_key`` as the execution key and ``attempt`` as the attempt of each);
+        if any is refused, nothing is
         written and that request's error is raised. Returns the leases in request order
         (``replayed`` for those already held by this execution or replayed).
 
@@ -234,6 +247,7 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
                 args += item
                 if rkey:
                     extra.append(rkey)
+            args.append(opt(attempt))
             reply = self._run(caller.org, "acquire_many", args, extra)
             if int(reply[0]) != OK:
                 _refuse(reply, requests)

@@ -339,7 +339,8 @@ def to_gen(h: Generation, *, sid: str | None = None) -> dict[str, Any]:
 def journal_payload(raw: str | bytes) -> dict[str, Any]:
     """A journal entry's ``p`` field as a dict: ``i`` (incarnation id), ``ac`` (actor),
     ``ro`` (role), ``at`` (ms), ``it`` (items: ``a`` action, ``n`` new generation, ``x``
-    ended generation or absent, ``rc`` receipt ``{"d", "ex"}`` or absent, generations as
+    ended generation or absent, ``rc`` receipt ``{"d", "ex"}`` (and ``"a"``, the attempt
+    token, when the acquire named one) or absent, generations as
     field lists) and ``ho`` (``{"id", "nt"}`` of an accepted handoff) when present.
 
     Raises:
@@ -357,7 +358,10 @@ def journal_payload(raw: str | bytes) -> dict[str, Any]:
     for b in range(_HEADER, len(f), _ITEM):
         it: dict[str, Any] = {"a": f[b], "n": f[b + 3 : b + 3 + GEN_FIELDS]}
         if f[b + 1]:
-            it["rc"] = {"d": f[b + 1], "ex": f[b + 2]}
+            digest, _, attempt = f[b + 1].partition("|")
+            it["rc"] = {"d": digest, "ex": f[b + 2]}
+            if attempt:
+                it["rc"]["a"] = attempt
         ended = f[b + 3 + GEN_FIELDS : b + _ITEM]
         if ended[0]:
             it["x"] = ended

@@ -48,6 +48,7 @@ from sqlmodel import col
 from prefect_baton._rules.events import lease_events, reports_expiry
 from prefect_baton._stores.ledger.convert import handoff_payload
 from prefect_baton._stores.ledger.engine import SQLITE_BUSY_TIMEOUT_MS
+from prefect_baton._stores.ledger.leases import ATTEMPT_FIELD
 from prefect_baton._stores.ledger.store import LedgerStore, generation_to_lease, resource_key
 from prefect_baton._stores.ledger.tables import (
     HandoffRow,
@@ -247,7 +248,12 @@ class LedgerWriter:
                 h = from_gen(new)
                 batch.receipts[(actor, new[5], resource_key(new[1], new[2]))] = (
                     str(rc["d"]),
-                    json.dumps(generation_to_lease(h).model_dump(mode="json")),
+                    json.dumps(
+                        {
+                            **generation_to_lease(h).model_dump(mode="json"),
+                            ATTEMPT_FIELD: rc.get("a"),
+                        }
+                    ),
                     at,
                     int(rc["ex"]),
                 )

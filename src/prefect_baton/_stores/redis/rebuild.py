@@ -62,6 +62,7 @@ from sqlalchemy import and_, func, select
 from sqlmodel import col
 
 from prefect_baton._rules.core import EPOCH_RANGE, incarnation_epochs
+from prefect_baton._stores.ledger.leases import ATTEMPT_FIELD
 from prefect_baton._stores.ledger.store import row_to_generation
 from prefect_baton._stores.ledger.tables import GenerationRow, ReceiptRow
 from prefect_baton._stores.redis.cluster import node_time_ms
@@ -181,9 +182,10 @@ def _restore_receipts(auth: AuthorityBase, org: str) -> int:
             size, _, rest = r.scope_key.partition(":")
             rt, rid = rest[: int(size)], rest[int(size) + 1 :]
             resp: dict[str, Any] = json.loads(r.response)
-            value = json.dumps(
-                {"d": r.request_digest, "id": resp["lease_id"], "e": str(resp["epoch"])}
-            )
+            rec = {"d": r.request_digest, "id": resp["lease_id"], "e": str(resp["epoch"])}
+            if resp.get(ATTEMPT_FIELD) is not None:
+                rec["a"] = resp[ATTEMPT_FIELD]  # the acquire's attempt (absent: anonymous)
+            value = json.dumps(rec)
             pipe.set(
                 keys.receipt(r.principal, r.idem_key, rt, rid), value, px=r.expires_at_ms - now
             )

@@ -38,7 +38,7 @@ __all__ = ["CODES", "OPERATIONS", "Library", "Scripts", "library", "raise_for"]
 
 OK, NOOP, REPLAY = 0, 1, 2
 CONFLICT, VERSION, NOT_FOUND, LOST = 10, 11, 12, 13
-MISMATCH, INVALID, FORBIDDEN, UNKNOWN = 14, 15, 16, 20
+MISMATCH, INVALID, FORBIDDEN, IN_FLIGHT, UNKNOWN = 14, 15, 16, 17, 20
 NO_INCARNATION, ROTATE, REBUILD_LOST = 30, 31, 32
 
 OPERATIONS = (
@@ -99,6 +99,7 @@ CODES: dict[int, Callable[[Sequence[Any]], BatonError]] = {
     MISMATCH: _mismatch,
     INVALID: lambda a: ValidationError(_text(a[0])),
     FORBIDDEN: lambda a: ForbiddenError(_text(a[0])),
+    IN_FLIGHT: lambda a: _core.in_flight(_text(a[0]), int(a[1])),
 }
 
 

@@ -205,23 +205,39 @@ class RestStore(_Transport):
     # ------------------------------------------------------------------ leases
 
     def acquire(
-        self, caller: Caller, request: AcquireRequest, *, idempotency_key: str | None
+        self,
+        caller: Caller,
+        request: AcquireRequest,
+        *,
+        idempotency_key: str | None,
+        attempt: str | None = None,
     ) -> Lease:
-        """``POST /v1/leases``."""
+        """``POST /v1/leases`` (``attempt`` in the body when given)."""
+        body = _acquire_body(request)
+        if attempt is not None:
+            body["attempt"] = attempt
         data, replayed = self._call(
-            "POST", "/v1/leases", json=_acquire_body(request), idempotency_key=idempotency_key
+            "POST", "/v1/leases", json=body, idempotency_key=idempotency_key
         )
         return self._lease(data, replayed)
 
     def acquire_many(
-        self, caller: Caller, requests: Sequence[AcquireRequest], *, idempotency_key: str | None
+        self,
+        caller: Caller,
+        requests: Sequence[AcquireRequest],
+        *,
+        idempotency_key: str | None,
+        attempt: str | None = None,
     ) -> list[Lease]:
-        """``POST /v1/leases/batch``: every request or none."""
+        """``POST /v1/leases/batch``: every request or none (``attempt`` in the body when
+        given)."""
         items = [_acquire_body(r) for r in requests]
         body = {
             "resources": items,
             "ttl_seconds": items[0]["ttl_seconds"] if items else TTL_MIN_SECONDS,
         }
+        if attempt is not None:
+            body["attempt"] = attempt
         data, _ = self._call("POST", "/v1/leases/batch", json=body, idempotency_key=idempotency_key)
         leases = self._list(Lease, data, "leases")
         flags = data.get("replayed")

@@ -2,9 +2,11 @@
 -- acquire_many.lua (prepended after _lib.lua to those two scripts only).
 
 -- Decide an acquire of one resource (a mirror of prefect_baton._rules.core.decide_acquire plus
--- the ledger's receipt check). `it` holds the request, `raw` the resource's head as stored
--- (or nil); returns a reply table on refusal, or {C_OK, plan} with
+-- the ledger's receipt check and core.replay_check). `it` holds the request (it.at: the
+-- attempt token, nil for an anonymous attempt), `raw` the resource's head as stored (or
+-- nil); returns a reply table on refusal, or {C_OK, plan} with
 -- plan = {new, ended, head, raw, action} (or a replay/no-op reply).
+-- A receipt is {"d": digest, "id": lease id, "e": epoch, "a": attempt (absent: anonymous)}.
 local function decide_acquire(it, principal, key, now, mk, raw)
   if key and it.rk then
     local r = redis.call('GET', it.rk)
@@ -12,15 +14,21 @@ local function decide_acquire(it, principal, key, now, mk, raw)
       local rec = cjson.decode(r)
       if rec.d ~= it.digest then return {C_MISMATCH, key} end
       local g = gen_by_id(rec.id)
-      if not g or g.o ~= principal or g.k ~= key or g.e ~= tonumber(rec.e)
-          or not effective(g, now) then
+      local held = g and g.o == principal and g.k == key and g.e == tonumber(rec.e)
+        and effective(g, now)
+      local same = rec.a == it.at
+      if held then
+        if same then return {C_REPLAY, enc(g)} end
+        return {C_IN_FLIGHT, key, I(g.x)}
+      end
+      if same then
         local why = 'gone'
         if g then why = lost_reason(g, now) end
         return {C_LOST, 'lease ' .. rec.id .. ' acquired under this execution key is no '
           .. 'longer held (' .. why .. '); a replayed receipt does not revive it: use a new '
           .. 'execution key'}
       end
-      return {C_REPLAY, enc(g)}
+      -- another attempt acquires afresh; apply_acquire replaces the receipt
     end
   end
   local head = peek(raw)
@@ -89,9 +97,12 @@ local function apply_acquire(it, plan, principal, key, now, mk, w)
   if new.sid then S().idx_add(new.sid, it.meta, it.pf, new.x, principal) end
   local rc_d, rc_ex = nil, nil
   if key and it.rk then
+    local a = ''
+    if it.at then a = ',"a":' .. cjson.encode(it.at) end
     redis.call('SET', it.rk, '{"d":"' .. it.digest .. '","id":"' .. new.id .. '","e":"'
-      .. I(new.e) .. '"}', 'PX', it.rttl_s)
+      .. I(new.e) .. '"' .. a .. '}', 'PX', it.rttl_s)
     rc_d, rc_ex = it.digest, I(now + tonumber(it.rttl_s))
+    if it.at then rc_d = rc_d .. '|' .. it.at end  -- the journal's receipt carries the attempt
   end
   return item(plan.action, new_s, ended_s, rc_d, rc_ex), new_s
 end

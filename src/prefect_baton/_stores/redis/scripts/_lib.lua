@@ -35,14 +35,15 @@
 --
 -- A journal entry is one stream field "p": NUL-separated fields, the header (incarnation id,
 -- actor, role, at_ms, handoff id or "", handoff note ("" or "=" .. note), item count), then
--- per item: action, receipt request digest or "", receipt expires_at_ms or "", the new
+-- per item: action, receipt request digest or "" (followed by "|" .. attempt token when the
+-- acquire named its attempt), receipt expires_at_ms or "", the new
 -- generation's 17 fields, the ended generation's 17 fields (all empty when none).
 --
 -- Scripts decide everything before their first write, so a refused request writes nothing.
 
 local C_OK, C_NOOP, C_REPLAY = 0, 1, 2
 local C_CONFLICT, C_VERSION, C_NOT_FOUND, C_LOST = 10, 11, 12, 13
-local C_MISMATCH, C_INVALID, C_FORBIDDEN, C_UNKNOWN = 14, 15, 16, 20
+local C_MISMATCH, C_INVALID, C_FORBIDDEN, C_IN_FLIGHT, C_UNKNOWN = 14, 15, 16, 17, 20
 local C_NO_INCARNATION, C_ROTATE, C_REBUILD_LOST = 30, 31, 32
 local MAX_SAFE = 9007199254740991
 local EXHAUSTED = 'lease generation counters are exhausted (2**53 - 1); only release is allowed'

@@ -7,6 +7,7 @@
 -- ARGV[4..14] the request (see read_item): resource digest, resource type, resource id,
 --   ttl_ms, purpose (optional), expected version (optional), new lease id, request digest,
 --   scopes JSON ("" when none), scope meta JSON {r, t, pf}, receipt ttl_ms.
+-- ARGV[15] the attempt token ("" for an anonymous attempt, or "=" .. token).
 -- Returns:
 --   {0, journal entry id, generation}   granted (acquire, takeover or supersede)
 --   {1, generation}                      the same execution already holds it (no write)
@@ -15,6 +16,7 @@
 --   {11, current, expected}              VERSION_CONFLICT
 --   {13, message}                        LEASE_LOST (replay of a lost lease)
 --   {14, key}                            IDEMPOTENCY_MISMATCH
+--   {17, key, expires_at_ms}             IDEMPOTENCY_IN_FLIGHT (another attempt holds it)
 --   {15, message}                        VALIDATION_ERROR (counters exhausted)
 --   {30}                                 no incarnation marker: Redis lost its data
 --   {31}                                 the incarnation's epoch range is used up
@@ -25,6 +27,7 @@ local principal, role, key = ARGV[1], ARGV[2], opt(ARGV[3])
 local ki = nil
 if key then ki = 11 end
 local it = read_item(4, ki)
+it.at = opt(ARGV[15])
 local r = decide_acquire(it, principal, key, now, mk, redis.call('HGET', KEYS[2], it.rd))
 if r[1] ~= C_OK then return r end
 local entry, new_s = apply_acquire(it, r[2], principal, key, now, mk, nil)

@@ -6,6 +6,7 @@
 -- KEYS[10 + i]: the receipt key of request i (only passed when an execution key is given).
 -- ARGV[1] principal, ARGV[2] role, ARGV[3] execution key ("" or "=" .. key), ARGV[4] n,
 -- ARGV[5 + 11 * (i - 1) ..]: request i, the eleven fields acquire.lua takes.
+-- ARGV[5 + 11 * n]: the attempt token ("" for an anonymous attempt, or "=" .. token).
 -- Returns:
 --   {0, journal entry id or "", code_1, generation_1, ..., code_n, generation_n}
 --        where code_i is 0 (granted), 1 (already held by this execution) or 2 (replayed)
@@ -17,6 +18,7 @@ if not mk then return {C_NO_INCARNATION} end
 local now = now_ms()
 local principal, role, key = ARGV[1], ARGV[2], opt(ARGV[3])
 local n = tonumber(ARGV[4])
+local attempt = opt(ARGV[5 + 11 * n])
 local rds = {}
 for i = 1, n do rds[i] = ARGV[5 + 11 * (i - 1)] end
 local heads = redis.call('HMGET', KEYS[2], unpack(rds))
@@ -25,6 +27,7 @@ for i = 1, n do
   local ki = nil
   if key then ki = 10 + i end
   local it = read_item(5 + 11 * (i - 1), ki)
+  it.at = attempt
   local r = decide_acquire(it, principal, key, now, mk, heads[i] or nil)
   local stop = stop_at(r, i)
   if stop then return stop end

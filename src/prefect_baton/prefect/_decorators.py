@@ -1,24 +1,22 @@
 """``@leased``: hold a lease for the duration of a function, task or flow run.
 
-The decisions live in :class:`._plan.LeaseCall` (no I/O) and the shared steps in
-:class:`._scope.LeaseScope`; :func:`_run_sync` and :func:`_run_async` are the two thin
-drivers that only start and stop the keeper, sleep and run the body (STYLE.md 2).
+The decisions live in :class:`._plan.LeaseCall` (no I/O), the shared steps in
+:class:`._scope.LeaseScope` and the acquire/release drivers in :mod:`._drive`;
+:func:`_run_sync` and :func:`_run_async` only run the body between them (STYLE.md 2).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, cast
 
-import anyio
-import anyio.to_thread
 from prefect import Flow, Task
 
-from prefect_baton.errors import BatonError, LeaseLostError, ValidationError
+from prefect_baton.errors import ValidationError
 from prefect_baton.prefect._context import BatonLike, RunKind
+from prefect_baton.prefect._drive import aacquire, acquire, arelease, release
 from prefect_baton.prefect._interrupt import AsyncInterrupt, SyncInterrupt
 from prefect_baton.prefect._options import LeaseOptions, OnConflict
 from prefect_baton.prefect._scope import LeaseScope
@@ -29,41 +27,21 @@ F = TypeVar("F")
 
 
 def _run_sync(scope: LeaseScope, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-    while (keeper := scope.attempt()) is not None:
-        try:
-            keeper.start()
-        except BatonError as exc:
-            if (step := scope.acquire_failed(exc)) is not None:
-                time.sleep(step.seconds)
-            continue
-        with scope.holding(keeper) as held, scope.guarded(held):
-            held.result = fn(*args, **kwargs)
-        try:
-            keeper.stop(held.failure)
-        except LeaseLostError:
-            scope.check_interrupted(held)
-            raise
-        return scope.finish(held)
-    return scope.skipped()
+    keeper = acquire(scope)
+    if keeper is None:
+        return scope.skipped()
+    with scope.holding(keeper) as held, scope.guarded(held):
+        held.result = fn(*args, **kwargs)
+    return release(scope, held)
 
 
 async def _run_async(scope: LeaseScope, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-    while (keeper := scope.attempt()) is not None:
-        try:
-            await anyio.to_thread.run_sync(keeper.start)
-        except BatonError as exc:
-            if (step := scope.acquire_failed(exc)) is not None:
-                await anyio.sleep(step.seconds)
-            continue
-        with scope.holding(keeper) as held, scope.guarded(held):
-            held.result = await fn(*args, **kwargs)
-        try:
-            await anyio.to_thread.run_sync(keeper.stop, held.failure)
-        except LeaseLostError:
-            scope.check_interrupted(held)
-            raise
-        return scope.finish(held)
-    return scope.skipped()
+    keeper = await aacquire(scope)
+    if keeper is None:
+        return scope.skipped()
+    with scope.holding(keeper) as held, scope.guarded(held):
+        held.result = await fn(*args, **kwargs)
+    return await arelease(scope, held)
 
 
 # ----------------------------------------------------------------------------- decorator

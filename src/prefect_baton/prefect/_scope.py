@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextvars
 import inspect
-import logging
 import time
 from dataclasses import dataclass
 from types import TracebackType
@@ -51,12 +50,11 @@ from prefect_baton.prefect._context import (
 )
 from prefect_baton.prefect._events import emit_lease_event
 from prefect_baton.prefect._interrupt import Interrupt, LeaseInterrupt
+from prefect_baton.prefect._logs import expected, run_logger
 from prefect_baton.prefect._options import LeaseOptions
-from prefect_baton.prefect._plan import Fail, LeaseCall, Skip, Sleep
+from prefect_baton.prefect._plan import Again, Fail, LeaseCall, Skip, Sleep
 
 __all__ = ["Held", "LeaseScope"]
-
-log = logging.getLogger("prefect_baton.prefect")
 
 #: ``(signature, args, kwargs)`` of a call, to fill the resource templates from.
 BoundCall = tuple[inspect.Signature, Any, Any]
@@ -87,6 +85,9 @@ class _Holding:
         self._token: contextvars.Token[LeaseSlot | None] | None = None
 
     def __enter__(self) -> Held:
+        said = self._scope.call.acquired_message(time.monotonic())
+        if said is not None:
+            run_logger().info(said)
         if not self.held.slot.keeper.lease.replayed:
             emit_lease_event(self._scope.baton, "lease.acquired", self.held.slot.keeper.lease)
         self._token = push_slot(self.held.slot)
@@ -154,7 +155,7 @@ class LeaseScope:
         bound: BoundCall | None = None,
     ) -> None:
         ident = run_identity(prefer)
-        self.baton = resolve_baton(opts.baton, opts.principal or ident.principal)
+        self.baton = resolve_baton(opts.baton, ident.principal, opts.principal)
         resource = opts.render(*bound) if bound is not None else (opts.resource_id, [*opts.scopes])
         self.call = LeaseCall(opts, name, ident, resource, time.monotonic())
         self.guard: Interrupt | None = guard_type() if opts.cancel_on_loss else None
@@ -174,30 +175,45 @@ class LeaseScope:
         (attempt again at once, or skip: :meth:`attempt` then returns ``None``).
 
         Raises:
-            BatonError: the attempt's error, or the one the plan gives up with (chained to
-            ``exc``).
+            BatonError: the attempt's error, or the one the plan gives up with. A conflict
+            the plan gives up on is raised without the chain and marked expected (Prefect
+            logs its message, naming the resource and the expiry, without a traceback).
         """
         step = self.call.on_acquire_error(exc, time.monotonic())
         if isinstance(step, Fail):
-            raise step.error from (None if step.error is exc else exc)
+            if step.error is exc:
+                raise exc from None
+            raise expected(step.error) from None
         if isinstance(step, Skip):
             self._skip = step
             return None
-        return step if isinstance(step, Sleep) else None
+        if isinstance(step, Again):
+            run_logger().warning(step.message)
+            return None
+        if step.message is not None:
+            run_logger().info(step.message)
+        return step
+
+    @property
+    def skip_message(self) -> str | None:
+        """Why the body was skipped, or ``None`` (not skipped)."""
+        return self._skip.message if self._skip is not None else None
 
     def skipped(self) -> Any:
-        """The result of a skipped body: a Prefect ``Completed`` state inside a run (its
-        message logged to the run), ``None`` outside one (the message logged)."""
+        """The result of a skipped body (its message is logged to the run, or to the
+        ``prefect_baton.prefect`` logger outside one): inside a run the Prefect state to end
+        it with, ``Completed(name="Skipped")`` (``on_conflict="skip"``) or ``Cancelled``
+        (``"cancel"``), with the reason as the state message; ``None`` outside a run."""
         assert self._skip is not None
         message = self._skip.message
+        run_logger().info(message)
         if not self.call.ident.in_run:
-            log.info(message)
             return None
-        from prefect.logging import get_run_logger
-        from prefect.states import Completed
+        from prefect.states import Cancelled, Completed
 
-        get_run_logger().info(message)
-        return Completed(message=message)
+        if self._skip.cancel:
+            return Cancelled(message=message)
+        return Completed(name="Skipped", message=message)
 
     # ---------------------------------------------------------------- hold
 

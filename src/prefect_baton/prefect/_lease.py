@@ -8,8 +8,8 @@ retry (which replays it), ``on_conflict`` and ``cancel_on_loss``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from contextlib import ExitStack
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from types import TracebackType
 from typing import Any
 
@@ -69,12 +69,12 @@ class LeaseBlock:
 
     def _unwind(
         self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> Held | None:
+    ) -> tuple[LeaseScope, Held] | None:
         """Leave the body's contexts (they record how it ended); ``None`` when skipped."""
-        if self._held is None:
+        if self._held is None or self._scope is None:
             return None
         self._stack.__exit__(et, exc, tb)
-        return self._held
+        return self._scope, self._held
 
     def __enter__(self) -> LeaseKeeper | None:
         scope = self._begin(SyncInterrupt)
@@ -83,16 +83,9 @@ class LeaseBlock:
     def __exit__(
         self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        held = self._unwind(et, exc, tb)
-        if held is None:
-            return
-        assert self._scope is not None
-        try:
-            release(self._scope, held)
-        except BaseException as raised:
-            if raised is not exc:
-                raise
-            # the body's own exception: returning lets it propagate unchanged
+        if (ending := self._unwind(et, exc, tb)) is not None:
+            with _letting_through(exc):
+                release(*ending)
 
     async def __aenter__(self) -> LeaseKeeper | None:
         scope = self._begin(AsyncInterrupt)
@@ -101,15 +94,20 @@ class LeaseBlock:
     async def __aexit__(
         self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        held = self._unwind(et, exc, tb)
-        if held is None:
-            return
-        assert self._scope is not None
-        try:
-            await arelease(self._scope, held)
-        except BaseException as raised:
-            if raised is not exc:
-                raise
+        if (ending := self._unwind(et, exc, tb)) is not None:
+            with _letting_through(exc):
+                await arelease(*ending)
+
+
+@contextmanager
+def _letting_through(exc: BaseException | None) -> Iterator[None]:
+    """Swallow ``exc`` (the block's own exception, re-raised by the release step) so that
+    ``__exit__`` returning lets the original propagate unchanged; raise anything else."""
+    try:
+        yield
+    except BaseException as raised:
+        if raised is not exc:
+            raise
 
 
 def lease(

@@ -346,3 +346,37 @@ def test_block_reference_loads_once(
     assert run() == ["block-writer"] * 3
     assert loads == [name]
     assert make_baton("x").leases.inspect("doc", "1").epoch == 1
+
+
+def test_loss_is_logged_to_the_run(make_baton: MakeBaton, run_logs: _Records) -> None:
+    """A lease lost during the block (noticed on the heartbeat thread) is in the run's logs."""
+    box: dict[str, Any] = {}
+
+    @task
+    def long_job() -> None:
+        with lease("job", "lost", ttl_seconds=10, baton=make_baton) as held:
+            assert held is not None
+            box["lease_id"] = held.lease_id
+            for _ in range(600):
+                if held.lost:
+                    break
+                threading.Event().wait(0.05)
+
+    @flow(name="baton-test-loss-logged")
+    def run() -> Any:
+        return long_job(return_state=True)
+
+    t = threading.Thread(
+        target=lambda: box.setdefault("state", run(return_state=True)), daemon=True
+    )
+    t.start()
+    for _ in range(600):
+        if "lease_id" in box:
+            break
+        threading.Event().wait(0.05)
+    make_baton("root", "admin").leases.force_release(box["lease_id"])
+    t.join(60)
+    assert box["state"].is_failed()
+    said = f"job/lost: lease {box['lease_id']} was lost (LEASE_LOST"
+    lost = [r for r in run_logs.records if r.getMessage().startswith(said)]
+    assert [(r.name, r.levelname) for r in lost] == [("prefect.task_runs", "WARNING")]

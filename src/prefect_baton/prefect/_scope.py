@@ -160,6 +160,8 @@ class LeaseScope:
         self.call = LeaseCall(opts, name, ident, resource, time.monotonic())
         self.guard: Interrupt | None = guard_type() if opts.cancel_on_loss else None
         self._skip: Skip | None = None
+        # the run's context, to log a loss (noticed on the heartbeat thread) to the run
+        self._context = contextvars.copy_context()
 
     # ---------------------------------------------------------------- acquire
 
@@ -168,7 +170,24 @@ class LeaseScope:
         plan decided to skip the body (then return :meth:`skipped`)."""
         if self._skip is not None:
             return None
-        return self.call.keeper(self.guard.on_lost if self.guard else None, self.baton)
+        return self.call.keeper(self._on_lost, self.baton)
+
+    def _on_lost(self, keeper: LeaseKeeper) -> None:
+        """The keeper's ``on_lost`` (on its heartbeat thread): say so in the run's logs,
+        then interrupt the body when ``cancel_on_loss``."""
+        try:
+            self._context.run(
+                lambda: run_logger().warning(
+                    "%s: lease %s was lost (%s)",
+                    self.call.what,
+                    keeper.lease_id,
+                    keeper.lost_reason,
+                )
+            )
+        except RuntimeError:  # the context is entered elsewhere at this instant: skip the log
+            pass
+        if self.guard is not None:
+            self.guard.on_lost(keeper)
 
     def acquire_failed(self, exc: BatonError) -> Sleep | None:
         """After a failed start: :class:`Sleep` (sleep, then attempt again) or ``None``

@@ -14,7 +14,8 @@ One flow run executes, in turn (each variant N times):
 - ``concurrency_bare``: ``with concurrency(...): pass`` in the flow itself, no task run: the
   cost of one bare slot lease, the fair comparison.
 
-Each call is timed from the flow; the *added* time of a task variant is its median minus the
+Each call is timed from the flow, the variants interleaved (call ``i`` of each, then
+``i + 1``) so that the machine's load weighs on all alike; the *added* time of a task variant is its median minus the
 plain task's median, and ``concurrency_bare`` is its own median (nothing to subtract).
 
 Usage: ``python benchmarks/prefect_overhead.py [--tasks 200] [--redis-url URL] [--json-only]`` (on
@@ -45,12 +46,15 @@ from prefect_baton.prefect import BatonBlock, leased, prefect_api
 LIMIT_NAME = f"baton-bench-{uuid.uuid4().hex[:6]}"
 
 
-def _timed(call: Callable[[int], Any], n: int) -> list[float]:
-    out = []
+def _timed(variants: dict[str, Callable[[int], Any]], n: int) -> dict[str, list[float]]:
+    """Seconds per call of each variant, interleaved (call ``i`` of every variant, then
+    ``i + 1``), so that a change of the machine's load affects every variant alike."""
+    out: dict[str, list[float]] = {name: [] for name in variants}
     for i in range(n):
-        t0 = time.perf_counter()
-        call(i)
-        out.append(time.perf_counter() - t0)
+        for name, call in variants.items():
+            t0 = time.perf_counter()
+            call(i)
+            out[name].append(time.perf_counter() - t0)
     return out
 
 
@@ -122,7 +126,7 @@ def run(n: int, redis_url: str | None = None) -> dict[str, Any]:
         variants["concurrency_bare"] = bare_concurrency
         for warm in variants.values():  # warm caches and connections
             warm(-1)
-        return {name: _timed(fn, n) for name, fn in variants.items()}
+        return _timed(variants, n)
 
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate

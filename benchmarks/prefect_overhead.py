@@ -1,6 +1,6 @@
 """Added wall time per task run: ``@leased`` vs Prefect's own ``concurrency()``.
 
-One flow run executes, in turn (each variant N times):
+One flow run executes each variant N times:
 
 - ``plain``: a plain ``@task`` run;
 - ``leased``: a ``@task`` run under ``@leased`` on the SQLite ledger, configured the default
@@ -15,8 +15,9 @@ One flow run executes, in turn (each variant N times):
   cost of one bare slot lease, the fair comparison.
 
 Each call is timed from the flow, the variants interleaved (call ``i`` of each, then
-``i + 1``) so that the machine's load weighs on all alike; the *added* time of a task variant is its median minus the
-plain task's median, and ``concurrency_bare`` is its own median (nothing to subtract).
+``i + 1``) so that the machine's load weighs on all alike; the *added* time of a task
+variant is its median minus the plain task's median, and ``concurrency_bare`` is its own
+median (nothing to subtract).
 
 Usage: ``python benchmarks/prefect_overhead.py [--tasks 200] [--redis-url URL] [--json-only]`` (on
 ``PREFECT_API_URL``, or Prefect's embedded server started for the run). Prints a table, then

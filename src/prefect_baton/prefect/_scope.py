@@ -1,7 +1,6 @@
 """The steps of one leased scope, shared by the sync and async drivers.
 
-A :class:`LeaseScope` is one ``@leased`` call (and the core a ``with lease(...)`` block can
-be built on): it asks :class:`~prefect_baton.prefect._plan.LeaseCall` what to do after each
+A :class:`LeaseScope` is one ``@leased`` call or one ``with lease(...)`` block: it asks :class:`~prefect_baton.prefect._plan.LeaseCall` what to do after each
 acquire attempt, makes the lease current while the body runs (slot push/pop), arms and
 disarms the ``cancel_on_loss`` guard, and decides the exit (release or keep for a Prefect
 retry, interrupt translation, events). It never waits: starting and stopping the keeper,
@@ -25,8 +24,9 @@ the sync driver blocks and the async driver awaits around the very same steps::
         return scope.finish(held)
     return scope.skipped()
 
-A context manager (``with lease(...)``) calls the same steps from ``__enter__`` (the loop up
-to ``holding(...).__enter__``) and ``__exit__`` (the rest).
+The loop up to the body is :func:`._drive.acquire` (``aacquire``), the rest after it
+:func:`._drive.release` (``arelease``). ``@leased`` runs its body between them; ``with
+lease(...)`` (:mod:`._lease`) calls them from ``__enter__`` and ``__exit__``.
 """
 
 from __future__ import annotations

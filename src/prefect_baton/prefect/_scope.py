@@ -1,10 +1,11 @@
 """The steps of one leased scope, shared by the sync and async drivers.
 
-A :class:`LeaseScope` is one ``@leased`` call or one ``with lease(...)`` block: it asks :class:`~prefect_baton.prefect._plan.LeaseCall` what to do after each
-acquire attempt, makes the lease current while the body runs (slot push/pop), arms and
-disarms the ``cancel_on_loss`` guard, and decides the exit (release or keep for a Prefect
-retry, interrupt translation, events). It never waits: starting and stopping the keeper,
-sleeping between attempts and running the body are the drivers' part (STYLE.md 2), so that
+A :class:`LeaseScope` is one ``@leased`` call or one ``with lease(...)`` block: it asks
+:class:`~prefect_baton.prefect._plan.LeaseCall` what to do after each acquire attempt, makes
+the lease current while the body runs (slot push/pop), arms and disarms the
+``cancel_on_loss`` guard, and decides the exit (release or keep for a Prefect retry,
+interrupt translation, events). It never waits: starting and stopping the keeper, sleeping
+between attempts and running the body are the drivers' part (STYLE.md 2), so that
 the sync driver blocks and the async driver awaits around the very same steps::
 
     while (keeper := scope.attempt()) is not None:  # None: the plan says skip the body

@@ -94,8 +94,9 @@ def leased(
     task's options, hooks and a distinct task key per function).
 
     Inside a run the lease is acquired under the run identity (see
-    :mod:`prefect_baton.prefect._context`): principal = the deployment's full name (or the
-    flow name), execution key = task run id (flow run id for flows). So:
+    :mod:`prefect_baton.prefect._context`): principal = ``principal=``, else the block's
+    (``baton="baton/<name>"``), else ``BATON_PREFECT_PRINCIPAL``, else the deployment's full
+    name (or the flow name); execution key = task run id (flow run id for flows). So:
 
     - a Prefect **retry** of the same run replays its own acquire (same ``lease_id`` and
       epoch): when the body fails and Prefect will retry, the lease is kept (not released)
@@ -115,21 +116,27 @@ def leased(
         purpose: free text kept with the lease (holder-only).
         scopes: write-scope globs (templates allowed); overlapping scopes of another
             principal's effective lease conflict (seed 004).
-        on_conflict: ``"raise"`` (default) raises :class:`ConflictError`; ``"skip"``
-            completes without running the body (a Prefect run ends ``Completed`` with the
-            reason as its state message, and it is logged; a plain call returns ``None``);
-            ``"wait"`` retries with jittered exponential backoff (0.25 s doubling to 5 s)
-            until ``wait_timeout_seconds`` (``None``: no limit), then raises
-            :class:`ConflictError`.
+        on_conflict: ``"raise"`` (default) raises :class:`ConflictError`, whose message
+            names the resource and the holder's expiry (Prefect logs it without a
+            traceback); ``"skip"`` does not run the body: a Prefect run ends
+            ``Completed(name="Skipped")`` with the reason as its state message (the caller
+            of a task receives that state, of a flow ``None``) and a plain call returns
+            ``None``; ``"cancel"`` is ``"skip"`` ending the run ``Cancelled``; ``"wait"``
+            retries with jittered exponential backoff (0.25 s doubling to 5 s) until
+            ``wait_timeout_seconds`` (``None``: no limit), then raises
+            :class:`ConflictError`. Waiting, skipping and a lost lease are logged to the
+            run's logs.
         wait_timeout_seconds: seconds to wait with ``on_conflict="wait"``.
         cancel_on_loss: when the lease is lost, interrupt the body: an async body is
             cancelled; a sync body gets an asynchronous exception at its next Python
             bytecode (a blocking C call finishes first). Either way the call raises
             :class:`LeaseLostError`.
-        baton: a :class:`~prefect_baton.Baton` (used as given), a factory
-            ``principal -> Baton`` called with the run's default principal, or ``None`` for
-            ``Baton.from_settings()`` (``BATON_*`` environment) acting as that principal.
-        principal: overrides the run's default principal.
+        baton: a :class:`~prefect_baton.Baton` (used as given, or as ``principal`` when
+            that is given), a factory ``principal -> Baton`` called with the principal,
+            ``"baton/<block name>"`` (a saved :class:`BatonBlock`, loaded once per process),
+            or ``None`` for ``Baton.from_settings()`` (``BATON_*`` environment, one client
+            per process) acting as the principal.
+        principal: the principal to act as (``str``), instead of the run's default.
 
     Raises:
         ValidationError: when applied, for a bad TTL, option combination or a template

@@ -33,6 +33,11 @@ class BatonSettings(BaseSettings):
             ``./.baton/ledger.db``; ``postgresql://...`` at scale).
         org: ``BATON_ORG``; the organization (default ``default``).
         principal: ``BATON_PRINCIPAL``; the acting identity (default ``user@host``).
+        prefect_principal: ``BATON_PREFECT_PRINCIPAL``; the principal that Prefect flow and
+            task runs act as (default: none, so each run acts as its deployment's full name
+            ``"<flow>/<deployment>"`` or its flow's name; see
+            :mod:`prefect_baton.prefect._context`). Set it to keep one identity, and so its
+            checkpoints, across deployments and local runs.
         role: ``BATON_ROLE``; ``agent``, ``owner`` or ``admin`` (default ``agent``).
         redis_url: ``BATON_REDIS_URL``; Redis fast path for leases (default: none).
         redis_ack: ``BATON_REDIS_ACK``; ``redis`` (default) or ``ledger``: when a lease call
@@ -67,6 +72,7 @@ class BatonSettings(BaseSettings):
     ledger_url: str = Field(default_factory=default_ledger_url)
     org: str = "default"
     principal: str = Field(default_factory=default_principal)
+    prefect_principal: str | None = None
     role: str = "agent"
     redis_url: SecretStr | None = None
     redis_ack: str = "redis"

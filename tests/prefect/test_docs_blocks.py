@@ -157,3 +157,33 @@ def test_block_block(tmp_path: Path) -> None:
     loaded = BatonBlock.load("prod")
     assert loaded.ledger_url.get_secret_value() == "postgresql://postgres@127.0.0.1:5432/test"
     b.close()
+
+
+def test_lease_block_task_block(
+    make_baton: MakeBaton, baton_env: dict[str, str], tmp_path: Path
+) -> None:
+    """lease_block_task.py: migrate() holds db/<table>; while another holds it, it ends Skipped."""
+    from prefect import flow
+
+    module = run_block("lease_block_task.py", tmp_path)
+
+    @flow(name="nightly")
+    def run() -> Any:
+        return module.migrate("orders", return_state=True)
+
+    assert run().result() == "migrated"
+    with make_baton("other").lease("db", "orders", ttl_seconds=30):
+        state = run()
+    assert state.name == "Skipped"
+    assert "db/orders" in (state.message or "")
+
+
+def test_shared_principal_block(
+    make_baton: MakeBaton, baton_env: dict[str, str], tmp_path: Path
+) -> None:
+    """shared_principal.py: each run resumes from the checkpoint of principal "writer"."""
+    module = run_block("shared_principal.py", tmp_path)
+    assert [module.writer(report="r9"), module.writer(report="r9")] == [1, 2]
+    ck = make_baton("writer").checkpoints.get("r9", "progress")
+    assert ck is not None
+    assert ck.state == {"sections": 2}

@@ -102,6 +102,18 @@ def test_leased_task_example_runs_as_a_script(baton_env: dict[str, str], prefect
     assert second["replayed"] is True
 
 
+def test_lease_block_example(baton_env: dict[str, str]) -> None:
+    """examples/prefect_lease_block.py: the retry replays the block's lease; a run while
+    another principal holds the table ends Skipped with the reason."""
+    out = load_script("examples/prefect_lease_block.py").main()
+    done, skipped = out["done"], out["skipped"]
+    assert done["state"] == "Completed"
+    assert done["result"]["owner"] == "baton-example-lease-block"
+    assert (done["result"]["epoch"], done["result"]["replayed"]) == (1, True)
+    assert skipped["state"] == "Skipped"
+    assert "Resource is leased by another principal" in skipped["message"]
+
+
 def test_board_rows_list_leases_and_inbox(make_baton: MakeBaton) -> None:
     """The board lists the principal's leases and the handoffs waiting for it."""
     b = make_baton("flow-x")

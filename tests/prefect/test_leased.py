@@ -176,6 +176,8 @@ def test_two_concurrent_flow_runs_one_conflicts(make_baton: MakeBaton, mode: str
             state.result()
     else:
         assert state.is_completed()
+        assert state.name == "Skipped"
+        assert "db/orders" in (state.message or "")
         assert "on_conflict='skip'" in (state.message or "")
         assert state.result() is None  # the body did not run
 

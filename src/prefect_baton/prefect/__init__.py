@@ -1,5 +1,6 @@
-"""Prefect 3 integration: ``@leased`` tasks and flows, handoffs between deployments, Prefect
-events for every ledger transition, a board artifact and a Block.
+"""Prefect 3 integration: ``@leased`` tasks and flows, ``with lease(...)`` blocks, handoffs
+between deployments, Prefect events for every ledger transition, a board artifact and a
+Block.
 
 Importing this module needs Prefect (``pip install 'prefect-baton[prefect]'``); the core
 ``prefect_baton`` package never imports Prefect. Prefect loads this module through the
@@ -21,12 +22,14 @@ from prefect_baton.prefect._handoff import (
     handoff_to,
     start_recipient,
 )
+from prefect_baton.prefect._lease import LeaseBlock, lease
 from prefect_baton.prefect._serve import prefect_api, serving, wait_for_run
 
 __all__ = [
     "AcceptedHandoff",
     "BatonBlock",
     "HandoffRejected",
+    "LeaseBlock",
     "RunIdentity",
     "SentHandoff",
     "accept_handoff",
@@ -36,6 +39,7 @@ __all__ = [
     "current_baton",
     "current_lease",
     "handoff_to",
+    "lease",
     "leased",
     "prefect_api",
     "publish_board",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import KW_ONLY, dataclass, field
 from types import TracebackType
 from typing import Any
@@ -25,10 +24,9 @@ from prefect_baton.prefect._context import (
 )
 from prefect_baton.prefect._events import emit_handoff_event, emit_lease_event
 from prefect_baton.prefect._handoff import HandoffRejected
+from prefect_baton.prefect._logs import run_logger
 
 __all__ = ["AcceptedHandoff", "accept_handoff"]
-
-log = logging.getLogger("prefect_baton.prefect")
 
 
 @dataclass(eq=False, repr=False)
@@ -48,6 +46,7 @@ class AcceptedHandoff:
     ttl_seconds: int | None = None
     baton: BatonLike | None = None
     note: str | None = None
+    principal: str | None = None
     handoff: Handoff | None = field(default=None, init=False)
     checkpoint: Checkpoint | None = field(default=None, init=False)
     status: str = field(default="pending", init=False)
@@ -70,7 +69,7 @@ class AcceptedHandoff:
 
     def _open(self) -> None:
         ident = self._ident = run_identity()
-        b = self._b = resolve_baton(self.baton, ident.principal)
+        b = self._b = resolve_baton(self.baton, ident.principal, self.principal)
         h = self.handoff = b.handoffs.get(self.handoff_id)
         if h.to_principal != b.principal:
             raise ValidationError(
@@ -118,6 +117,14 @@ class AcceptedHandoff:
         self.handoff = h
         self.status = "accepted"
         emit_handoff_event(self._b, "handoff.accepted", h)
+        run_logger().info(
+            "handoff %s of %s from %s accepted by %s%s",
+            h.handoff_id,
+            h.subject_id,
+            h.from_principal,
+            self._b.principal,
+            " (lease taken over)" if h.lease is not None else "",
+        )
         if h.lease is not None:
             emit_lease_event(self._b, "lease.transferred", h.lease)
             self._hold(h.lease)
@@ -128,6 +135,7 @@ class AcceptedHandoff:
         self.handoff = h
         self.status = "rejected"
         emit_handoff_event(self._b, "handoff.rejected", h)
+        run_logger().info("handoff %s rejected: %s", h.handoff_id, reason)
 
     def _close(self, exc: BaseException | None) -> bool:
         """Finish; returns ``True`` to swallow ``exc`` (a rejection before acceptance)."""
@@ -143,7 +151,9 @@ class AcceptedHandoff:
             return False
         keeper = slot.keeper
         if isinstance(exc, HandoffRejected):
-            log.error("HandoffRejected after %s was accepted: releasing its lease", self.handoff_id)
+            run_logger().error(
+                "HandoffRejected after %s was accepted: releasing its lease", self.handoff_id
+            )
         assert self._ident is not None
         keep = exc is not None and retry_follows(self._ident, exc)
         keeper.release_on_exit = not keep and not slot.handed_off
@@ -214,6 +224,7 @@ def accept_handoff(
     ttl_seconds: int | None = None,
     baton: BatonLike | None = None,
     note: str | None = None,
+    principal: str | None = None,
 ) -> AcceptedHandoff:
     """Receive a handoff: ``with accept_handoff(handoff_id) as h:`` (or ``async with``).
 
@@ -235,7 +246,10 @@ def accept_handoff(
     Args:
         handoff_id: the handoff (``str``). defer: accept explicitly later (``bool``).
         ttl_seconds: TTL of the taken-over lease (10..86,400 s; default the sender's).
-        baton: client or factory (see :func:`leased`). note: the acceptance note.
+        baton: client, factory or ``"baton/<block name>"`` (see :func:`leased`).
+        note: the acceptance note.
+        principal: the principal to accept as (``str``; default the run's principal, see
+            :func:`leased`); the handoff must be addressed to it.
 
     Raises:
         NotFoundError: unknown, expired or already resolved (by someone else).
@@ -243,4 +257,11 @@ def accept_handoff(
         lapsed before acceptance (the handoff stays pending), or the lease was lost during
         the block (at exit).
     """
-    return AcceptedHandoff(handoff_id, defer=defer, ttl_seconds=ttl_seconds, baton=baton, note=note)
+    return AcceptedHandoff(
+        handoff_id,
+        defer=defer,
+        ttl_seconds=ttl_seconds,
+        baton=baton,
+        note=note,
+        principal=principal,
+    )

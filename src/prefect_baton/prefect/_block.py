@@ -27,11 +27,23 @@ class BatonBlock(Block):
         org: the organization (``str``, default ``default``).
         redis_url: ``redis://...`` of the lease fast path (``SecretStr``), or ``None``.
         role: ``agent``, ``owner`` or ``admin`` for clients built from the block.
+        principal: the principal that ``@leased``, ``lease``, ``handoff_to`` and
+            ``accept_handoff`` act as when given ``baton="baton/<block name>"`` (``str`` or
+            ``None``: the run's own principal; an explicit ``principal=`` still wins), and
+            the default of :meth:`baton`.
+
+    Give ``baton="baton/<block name>"`` to ``@leased`` (and the others) rather than a
+    factory that loads the block: the block is then loaded from the Prefect API once per
+    process and its client reused, instead of one load (about 50 ms) per call.
 
     Example::
 
         BatonBlock(ledger_url="postgresql://...", org="acme").save("prod")
         b = BatonBlock.load("prod").baton(principal="writer")
+
+        @task
+        @leased("deploy", "{service}", ttl_seconds=60, baton="baton/prod")
+        def deploy(service: str) -> None: ...
     """
 
     _block_type_name: ClassVar[str] = "Baton"
@@ -44,6 +56,10 @@ class BatonBlock(Block):
     org: str = Field(default="default", description="Organization id.")
     redis_url: SecretStr | None = Field(default=None, description="Redis URL (fast path).")
     role: str = Field(default="agent", description="Role: agent, owner or admin.")
+    principal: str | None = Field(
+        default=None,
+        description="Principal that Prefect runs act as (default: derived from the run).",
+    )
 
     def settings(self, **overrides: object) -> BatonSettings:
         """:class:`BatonSettings` from this block (``BATON_*`` variables fill the rest)."""
@@ -58,11 +74,13 @@ class BatonBlock(Block):
         return BatonSettings(**values)  # type: ignore[arg-type]
 
     def baton(self, principal: str | None = None) -> Baton:
-        """A :class:`Baton` client acting as ``principal`` (default ``BATON_PRINCIPAL``).
+        """A :class:`Baton` client acting as ``principal`` (default: the block's
+        ``principal``, else ``BATON_PRINCIPAL``).
 
         Raises:
             ValidationError: a bad id or role. UnavailableError: the ledger is unreachable.
         """
+        principal = principal or self.principal
         if principal is None:
             return Baton(settings=self.settings())
         return Baton(settings=self.settings(principal=principal))

@@ -2,9 +2,12 @@
 
 Inside a Prefect run the identity that prefect-baton acts under is derived from the run:
 
-- principal: the deployment's full name ``"<flow name>/<deployment name>"`` (the string
-  :func:`prefect.deployments.run_deployment` takes) when the flow run came from a deployment,
-  else the flow's name (a task run outside any flow: the task's name);
+- principal: ``BATON_PREFECT_PRINCIPAL`` when set; else the deployment's full name
+  ``"<flow name>/<deployment name>"`` (the string :func:`prefect.deployments.run_deployment`
+  takes) when the flow run came from a deployment, else the flow's name (a task run outside
+  any flow: the task's name). ``principal=`` on ``@leased``, ``lease``, ``accept_handoff``
+  (``from_principal=`` on ``handoff_to``) and the ``principal`` of a ``BatonBlock`` named by
+  ``baton="baton/<name>"`` choose another (see :func:`resolve_baton`);
 - execution key: the task run id for tasks, the flow run id for flows. A Prefect retry keeps
   the run id, so a retried run *replays* its own acquire instead of conflicting with itself,
   while a different run of the same deployment conflicts (DESIGN.md "Leases": a different
@@ -18,22 +21,26 @@ from __future__ import annotations
 
 import contextvars
 import inspect
+import os
 import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from prefect.context import FlowRunContext, TaskRunContext
 
 from prefect_baton._client.aio import AsyncBaton
 from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._client.sync import Baton
-from prefect_baton._settings import BatonSettings
+from prefect_baton._settings import BatonSettings, load_settings
+from prefect_baton.errors import ValidationError
 
 __all__ = [
+    "BLOCK_PREFIX",
     "BatonLike",
     "RunIdentity",
+    "check_baton",
     "current_baton",
     "current_lease",
     "resolve_baton",
@@ -43,8 +50,33 @@ __all__ = [
 
 RunKind = Literal["task", "flow", "none"]
 
-#: What ``baton=`` accepts: a client, or a factory called with the run's default principal.
-BatonLike = Baton | AsyncBaton | Callable[[str], Baton]
+#: What ``baton=`` accepts: a client, a factory called with the run's principal, or
+#: ``"baton/<block name>"``, a saved :class:`~prefect_baton.prefect.BatonBlock`.
+BatonLike = Baton | AsyncBaton | Callable[[str], Baton] | str
+
+#: The prefix of ``baton="baton/<block name>"`` (the Block type's slug).
+BLOCK_PREFIX = "baton/"
+
+
+def _settings() -> BatonSettings:
+    """The ``BATON_*`` settings, read once per distinct ``BATON_*`` environment (reading
+    them costs about 0.7 ms, more than the rest of a lease on Redis).
+
+    Raises:
+        ValidationError: a bad ``BATON_*`` variable.
+    """
+    key = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("BATON_")))
+    found = _settings_cache.get(key)
+    if found is None:
+        found = load_settings()
+        with _clients_lock:
+            if len(_settings_cache) > 64:
+                _settings_cache.clear()
+            _settings_cache[key] = found
+    return found
+
+
+_settings_cache: dict[tuple[tuple[str, str], ...], BatonSettings] = {}
 
 
 @dataclass(frozen=True)
@@ -122,17 +154,22 @@ def run_identity(prefer: RunKind | None = None) -> RunIdentity:
     Returns:
         A :class:`RunIdentity`; ``kind == "none"`` outside any run, with the principal from
         ``BATON_PRINCIPAL`` and a fresh random execution key.
+
+    Raises:
+        ValidationError: a bad ``BATON_*`` variable.
     """
     flow_ctx = FlowRunContext.get()
     task_ctx = TaskRunContext.get()
     flow_name = deployment = None
     principal: str | None = None
+    if flow_ctx is not None or task_ctx is not None:
+        principal = _settings().prefect_principal
     if flow_ctx is not None and flow_ctx.flow_run is not None:
         flow_name = flow_ctx.flow.name if flow_ctx.flow is not None else flow_ctx.flow_run.name
         dep_id = flow_ctx.flow_run.deployment_id
         if dep_id is not None:
             deployment = _deployment_full_name(dep_id, flow_name)
-        principal = deployment or flow_name
+        principal = principal or deployment or flow_name
     use_task = task_ctx is not None and prefer != "flow"
     if use_task and task_ctx is not None and flow_ctx is not None and flow_ctx.flow_run:
         # a flow called inside a task: the flow run is the inner one
@@ -166,9 +203,7 @@ def run_identity(prefer: RunKind | None = None) -> RunIdentity:
             flow_name=flow_name,
             deployment_name=deployment,
         )
-    return RunIdentity(
-        kind="none", principal=BatonSettings().principal, execution_key=uuid.uuid4().hex
-    )
+    return RunIdentity(kind="none", principal=_settings().principal, execution_key=uuid.uuid4().hex)
 
 
 def retry_follows(ident: RunIdentity, exc: BaseException) -> bool:
@@ -208,16 +243,9 @@ _derived: dict[tuple[int, str], Baton] = {}
 _clients_lock = threading.Lock()
 
 
-def _default_baton(principal: str) -> Baton:
-    s = BatonSettings()
-    redis = s.redis_url.get_secret_value() if s.redis_url else None
-    key = (s.ledger_url, redis, s.org, s.role, s.receipt_retention_seconds, s.state_max_bytes)
-    with _clients_lock:
-        base = _bases.get(key)
-    if base is None:
-        base = Baton(settings=s)
-        with _clients_lock:
-            base = _bases.setdefault(key, base)
+def _as(base: Baton, principal: str) -> Baton:
+    """``base`` acting as ``principal``: ``base`` itself, or a client derived from it once
+    per process (sharing its connections)."""
     if base.principal == principal:
         return base
     dkey = (id(base), principal)
@@ -228,27 +256,96 @@ def _default_baton(principal: str) -> Baton:
     return b
 
 
-def resolve_baton(baton: BatonLike | None, principal: str) -> Baton:
+def _default_baton() -> Baton:
+    """``Baton.from_settings()``, one per distinct ``BATON_*`` configuration and process."""
+    s = _settings()
+    redis = s.redis_url.get_secret_value() if s.redis_url else None
+    key = (s.ledger_url, redis, s.org, s.role, s.receipt_retention_seconds, s.state_max_bytes)
+    with _clients_lock:
+        base = _bases.get(key)
+    if base is None:
+        base = Baton(settings=s)
+        with _clients_lock:
+            base = _bases.setdefault(key, base)
+    return base
+
+
+def _block_baton(ref: str) -> tuple[Baton, str | None]:
+    """The client of the saved block ``"baton/<name>"`` and the block's ``principal``;
+    the block is loaded from the Prefect API once per process (a load costs about 50 ms).
+
+    Raises:
+        ValidationError: ``ref`` is not ``"baton/<block name>"``.
+        ValueError: Prefect has no such block (what ``Block.load`` raises).
+    """
+    check_baton(ref)
+    name = ref[len(BLOCK_PREFIX) :]
+    with _clients_lock:
+        found = _blocks.get(name)
+    if found is None:
+        from prefect_baton.prefect._block import BatonBlock
+
+        # _sync: blocking even when called on an event loop (an async task)
+        block = cast(BatonBlock, BatonBlock.load(name, _sync=True))  # type: ignore[call-arg]
+        made = (block.baton(principal=block.principal), block.principal)
+        with _clients_lock:
+            found = _blocks.setdefault(name, made)
+    return found
+
+
+_blocks: dict[str, tuple[Baton, str | None]] = {}
+
+
+def check_baton(baton: object) -> None:
+    """Reject a ``baton=`` value that :func:`resolve_baton` cannot use (no I/O).
+
+    Raises:
+        ValidationError: a string that is not ``"baton/<block name>"``, or another type.
+    """
+    if baton is None or isinstance(baton, Baton | AsyncBaton):
+        return
+    if isinstance(baton, str):
+        if not baton.startswith(BLOCK_PREFIX) or len(baton) == len(BLOCK_PREFIX):
+            raise ValidationError(f'baton= takes "baton/<block name>", not {baton!r}')
+        return
+    if not callable(baton):
+        raise ValidationError(
+            "baton= must be a Baton, an AsyncBaton, a factory or "
+            f'"baton/<block name>", not {type(baton).__name__}'
+        )
+
+
+def resolve_baton(
+    baton: BatonLike | None, default_principal: str, principal: str | None = None
+) -> Baton:
     """The client to act with.
 
     Args:
         baton: a :class:`Baton` or :class:`AsyncBaton` (used as given, with its own
-            principal), a factory ``principal -> Baton`` (called with the run's default
-            principal), or ``None``: ``Baton.from_settings()`` (``BATON_*`` variables,
-            cached per process) acting as ``principal``.
-        principal: the default principal of the run (``str``).
+            principal unless ``principal`` is given), a factory ``principal -> Baton``,
+            ``"baton/<block name>"`` (the saved :class:`BatonBlock`, loaded once per
+            process), or ``None``: ``Baton.from_settings()`` (``BATON_*`` variables, cached
+            per process).
+        default_principal: the run's default principal (``str``), acted as when neither
+            ``principal`` nor the block names one.
+        principal: the principal chosen by the caller (``principal=``), or ``None``.
 
     Raises:
-        ValidationError: a bad principal or setting. TypeError: ``baton`` is none of these.
+        ValidationError: a bad principal, setting or block reference. TypeError: ``baton``
+        is none of these. ForbiddenError: ``principal`` with a REST API client (its key
+        decides the principal).
     """
     if baton is None:
-        return _default_baton(principal)
-    if isinstance(baton, Baton):
-        return baton
+        return _as(_default_baton(), principal or default_principal)
+    if isinstance(baton, str):
+        base, block_principal = _block_baton(baton)
+        return _as(base, principal or block_principal or default_principal)
     if isinstance(baton, AsyncBaton):
-        return baton.sync
+        baton = baton.sync
+    if isinstance(baton, Baton):
+        return baton if principal is None else _as(baton, principal)
     if callable(baton):
-        made = baton(principal)
+        made = baton(principal or default_principal)
         if isinstance(made, AsyncBaton):
             return made.sync
         if not isinstance(made, Baton):

@@ -1,24 +1,22 @@
 """``@leased``: hold a lease for the duration of a function, task or flow run.
 
-The decisions live in :class:`._plan.LeaseCall` (no I/O) and the shared steps in
-:class:`._scope.LeaseScope`; :func:`_run_sync` and :func:`_run_async` are the two thin
-drivers that only start and stop the keeper, sleep and run the body (STYLE.md 2).
+The decisions live in :class:`._plan.LeaseCall` (no I/O), the shared steps in
+:class:`._scope.LeaseScope` and the acquire/release drivers in :mod:`._drive`;
+:func:`_run_sync` and :func:`_run_async` only run the body between them (STYLE.md 2).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, cast
 
-import anyio
-import anyio.to_thread
 from prefect import Flow, Task
 
-from prefect_baton.errors import BatonError, LeaseLostError, ValidationError
+from prefect_baton.errors import ValidationError
 from prefect_baton.prefect._context import BatonLike, RunKind
+from prefect_baton.prefect._drive import aacquire, acquire, arelease, release
 from prefect_baton.prefect._interrupt import AsyncInterrupt, SyncInterrupt
 from prefect_baton.prefect._options import LeaseOptions, OnConflict
 from prefect_baton.prefect._scope import LeaseScope
@@ -29,41 +27,21 @@ F = TypeVar("F")
 
 
 def _run_sync(scope: LeaseScope, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-    while (keeper := scope.attempt()) is not None:
-        try:
-            keeper.start()
-        except BatonError as exc:
-            if (step := scope.acquire_failed(exc)) is not None:
-                time.sleep(step.seconds)
-            continue
-        with scope.holding(keeper) as held, scope.guarded(held):
-            held.result = fn(*args, **kwargs)
-        try:
-            keeper.stop(held.failure)
-        except LeaseLostError:
-            scope.check_interrupted(held)
-            raise
-        return scope.finish(held)
-    return scope.skipped()
+    keeper = acquire(scope)
+    if keeper is None:
+        return scope.skipped()
+    with scope.holding(keeper) as held, scope.guarded(held):
+        held.result = fn(*args, **kwargs)
+    return release(scope, held)
 
 
 async def _run_async(scope: LeaseScope, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-    while (keeper := scope.attempt()) is not None:
-        try:
-            await anyio.to_thread.run_sync(keeper.start)
-        except BatonError as exc:
-            if (step := scope.acquire_failed(exc)) is not None:
-                await anyio.sleep(step.seconds)
-            continue
-        with scope.holding(keeper) as held, scope.guarded(held):
-            held.result = await fn(*args, **kwargs)
-        try:
-            await anyio.to_thread.run_sync(keeper.stop, held.failure)
-        except LeaseLostError:
-            scope.check_interrupted(held)
-            raise
-        return scope.finish(held)
-    return scope.skipped()
+    keeper = await aacquire(scope)
+    if keeper is None:
+        return scope.skipped()
+    with scope.holding(keeper) as held, scope.guarded(held):
+        held.result = await fn(*args, **kwargs)
+    return await arelease(scope, held)
 
 
 # ----------------------------------------------------------------------------- decorator
@@ -118,8 +96,9 @@ def leased(
     task's options, hooks and a distinct task key per function).
 
     Inside a run the lease is acquired under the run identity (see
-    :mod:`prefect_baton.prefect._context`): principal = the deployment's full name (or the
-    flow name), execution key = task run id (flow run id for flows). So:
+    :mod:`prefect_baton.prefect._context`): principal = ``principal=``, else the block's
+    (``baton="baton/<name>"``), else ``BATON_PREFECT_PRINCIPAL``, else the deployment's full
+    name (or the flow name); execution key = task run id (flow run id for flows). So:
 
     - a Prefect **retry** of the same run replays its own acquire (same ``lease_id`` and
       epoch): when the body fails and Prefect will retry, the lease is kept (not released)
@@ -142,21 +121,27 @@ def leased(
         purpose: free text kept with the lease (holder-only).
         scopes: write-scope globs (templates allowed); overlapping scopes of another
             principal's effective lease conflict (seed 004).
-        on_conflict: ``"raise"`` (default) raises :class:`ConflictError`; ``"skip"``
-            completes without running the body (a Prefect run ends ``Completed`` with the
-            reason as its state message, and it is logged; a plain call returns ``None``);
-            ``"wait"`` retries with jittered exponential backoff (0.25 s doubling to 5 s)
-            until ``wait_timeout_seconds`` (``None``: no limit), then raises
-            :class:`ConflictError`.
+        on_conflict: ``"raise"`` (default) raises :class:`ConflictError`, whose message
+            names the resource and the holder's expiry (Prefect logs it without a
+            traceback); ``"skip"`` does not run the body: a Prefect run ends
+            ``Completed(name="Skipped")`` with the reason as its state message (the caller
+            of a task receives that state, of a flow ``None``) and a plain call returns
+            ``None``; ``"cancel"`` is ``"skip"`` ending the run ``Cancelled``; ``"wait"``
+            retries with jittered exponential backoff (0.25 s doubling to 5 s) until
+            ``wait_timeout_seconds`` (``None``: no limit), then raises
+            :class:`ConflictError`. Waiting, skipping and a lost lease are logged to the
+            run's logs.
         wait_timeout_seconds: seconds to wait with ``on_conflict="wait"``.
         cancel_on_loss: when the lease is lost, interrupt the body: an async body is
             cancelled; a sync body gets an asynchronous exception at its next Python
             bytecode (a blocking C call finishes first). Either way the call raises
             :class:`LeaseLostError`.
-        baton: a :class:`~prefect_baton.Baton` (used as given), a factory
-            ``principal -> Baton`` called with the run's default principal, or ``None`` for
-            ``Baton.from_settings()`` (``BATON_*`` environment) acting as that principal.
-        principal: overrides the run's default principal.
+        baton: a :class:`~prefect_baton.Baton` (used as given, or as ``principal`` when
+            that is given), a factory ``principal -> Baton`` called with the principal,
+            ``"baton/<block name>"`` (a saved :class:`BatonBlock`, loaded once per process),
+            or ``None`` for ``Baton.from_settings()`` (``BATON_*`` environment, one client
+            per process) acting as the principal.
+        principal: the principal to act as (``str``), instead of the run's default.
         renew_deadline_seconds: seconds (``float``, below the TTL; default two thirds of it)
             after the last confirmed renewal was sent at which the lease counts as lost
             (``cancel_on_loss`` then interrupts the body).

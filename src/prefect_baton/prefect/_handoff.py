@@ -9,7 +9,6 @@ writes fail with :class:`~prefect_baton.errors.StaleFenceError` (DESIGN.md "Hand
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,10 +27,9 @@ from prefect_baton.prefect._context import (
     run_identity,
 )
 from prefect_baton.prefect._events import emit_handoff_event
+from prefect_baton.prefect._logs import run_logger
 
 __all__ = ["HandoffRejected", "SentHandoff", "ahandoff_to", "handoff_to", "start_recipient"]
-
-log = logging.getLogger("prefect_baton.prefect")
 
 HANDOFF_PARAMETER = "handoff_id"
 
@@ -98,10 +96,12 @@ def start_recipient(
     )
 
 
-def _client_for(baton: BatonLike | None, ident: RunIdentity, slot: LeaseSlot | None) -> Baton:
-    if baton is None and slot is not None:
+def _client_for(
+    baton: BatonLike | None, ident: RunIdentity, slot: LeaseSlot | None, principal: str | None
+) -> Baton:
+    if baton is None and slot is not None and principal in (None, slot.baton.principal):
         return slot.baton
-    return resolve_baton(baton, ident.principal)
+    return resolve_baton(baton, ident.principal, principal)
 
 
 def handoff_to(
@@ -117,6 +117,7 @@ def handoff_to(
     idempotency_key: str | None = None,
     checkpoint_kind: str = "handoff",
     expires_in_seconds: int | None = None,
+    from_principal: str | None = None,
 ) -> SentHandoff:
     """Hand ``subject_id`` to ``principal`` and, with ``deployment``, start its run.
 
@@ -136,13 +137,17 @@ def handoff_to(
             ``handoff_id`` among its parameters and the handoff id as Prefect idempotency
             key, so a retried call starts one run only.
         parameters: more parameters for that run.
-        baton: client or factory (see :func:`leased`); default: the enclosing lease's
-            client, else ``Baton.from_settings()`` acting as the run's principal.
+        baton: client, factory or ``"baton/<block name>"`` (see :func:`leased`); default:
+            the enclosing lease's client, else ``Baton.from_settings()`` acting as the run's
+            principal.
         idempotency_key: for the handoff record; default inside a run
             ``"<execution key>:handoff:<principal>:<subject_id>"`` so a Prefect retry replays
             the same handoff (and starts the same run).
         checkpoint_kind: the kind of a checkpoint saved from a dict (default ``handoff``).
         expires_in_seconds: the handoff reads ``expired`` after this long.
+        from_principal: the principal to send as (``str``; default: the enclosing lease's,
+            else the run's principal, see :func:`leased`). Sending with ``lease=`` needs the
+            principal that holds that lease.
 
     Returns:
         :class:`SentHandoff` with the handoff and the started flow run.
@@ -158,7 +163,7 @@ def handoff_to(
         raise ValidationError("handoff_to needs a principal or a deployment")
     ident = run_identity()
     slot = current_slot()
-    b = _client_for(baton, ident, slot)
+    b = _client_for(baton, ident, slot, from_principal)
     key = idempotency_key
     if key is None and ident.in_run:
         key = f"{ident.execution_key}:handoff:{to}:{subject_id}"
@@ -186,6 +191,14 @@ def handoff_to(
             slot.handed_off = True
     if not handoff.replayed:
         emit_handoff_event(b, "handoff.created", handoff)
+        run_logger().info(
+            "handoff %s of %s sent from %s to %s%s",
+            handoff.handoff_id,
+            subject_id,
+            b.principal,
+            to,
+            " with its lease" if handoff.lease_id else "",
+        )
     flow_run = None
     if deployment is not None:
         flow_run = start_recipient(handoff.handoff_id, deployment, parameters)

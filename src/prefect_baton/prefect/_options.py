@@ -1,4 +1,5 @@
-"""The options of ``@leased``: validated when the decorator is applied, and templates."""
+"""The options of ``@leased`` and ``lease(...)``: validated when the decorator is applied
+(or the block is made), and templates."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from typing import Any, Literal
 from prefect_baton._rules.core import validate_id, validate_text, validate_ttl
 from prefect_baton._rules.keeping import keep_times
 from prefect_baton.errors import ValidationError
-from prefect_baton.prefect._context import BatonLike
+from prefect_baton.prefect._context import BatonLike, check_baton
 
 __all__ = ["LeaseOptions", "OnConflict"]
 
-OnConflict = Literal["raise", "skip", "wait"]
-_ON_CONFLICT = ("raise", "skip", "wait")
+OnConflict = Literal["raise", "skip", "cancel", "wait"]
+_ON_CONFLICT = ("raise", "skip", "cancel", "wait")
 
 
 def _fields(template: str, what: str) -> set[str]:
@@ -37,12 +38,12 @@ def _fields(template: str, what: str) -> set[str]:
 
 @dataclass(frozen=True)
 class LeaseOptions:
-    """The options of one ``@leased(...)`` (see :func:`prefect_baton.prefect.leased` for
-    their meaning), validated when made.
+    """The options of one ``@leased(...)`` or ``lease(...)`` (see
+    :func:`prefect_baton.prefect.leased` for their meaning), validated when made.
 
     Raises:
-        ValidationError: a bad id, TTL (10..86,400 s), ``on_conflict``, renew deadline (below
-            the TTL), ``max_hold_seconds`` or option mix.
+        ValidationError: a bad id, TTL (10..86,400 s), ``on_conflict``, ``baton``, renew
+            deadline (below the TTL), ``max_hold_seconds`` or option mix.
     """
 
     resource_type: str
@@ -85,6 +86,7 @@ class LeaseOptions:
                 raise ValidationError("wait_timeout_seconds must be a number of seconds >= 0")
         if self.principal is not None:
             validate_id("principal", self.principal)
+        check_baton(self.baton)
         # normalised in place (frozen: through object.__setattr__)
         object.__setattr__(self, "ttl_seconds", int(self.ttl_seconds))
         object.__setattr__(self, "scopes", scopes)

@@ -4,7 +4,6 @@ async drivers in ``_decorators``, which only do I/O and sleep (STYLE.md 2)."""
 
 from __future__ import annotations
 
-import logging
 import os
 import random
 import threading
@@ -24,8 +23,6 @@ from prefect_baton.prefect._context import LeaseSlot, RunIdentity, retry_follows
 from prefect_baton.prefect._options import LeaseOptions
 
 __all__ = ["Again", "Fail", "LeaseCall", "Skip", "Sleep", "Step"]
-
-log = logging.getLogger("prefect_baton.prefect")
 
 _WAIT_FIRST_SECONDS = 0.25
 _WAIT_CAP_SECONDS = 5.0
@@ -50,21 +47,27 @@ os.register_at_fork(after_in_child=_new_process_attempt)
 
 @dataclass(frozen=True)
 class Sleep:
-    """Sleep ``seconds`` (``float``), then acquire again (``on_conflict="wait"``)."""
+    """Sleep ``seconds`` (``float``), then acquire again (``on_conflict="wait"``); log
+    ``message`` first when it is not ``None``."""
 
     seconds: float
+    message: str | None = None
 
 
 @dataclass(frozen=True)
 class Skip:
-    """Do not run the body; complete with ``message`` (``on_conflict="skip"``)."""
+    """Do not run the body; end with ``message`` (``on_conflict="skip"`` or ``"cancel"``:
+    ``cancel`` is true for the latter)."""
 
     message: str
+    cancel: bool = False
 
 
 @dataclass(frozen=True)
 class Again:
-    """Acquire again at once (under a new execution key)."""
+    """Acquire again at once (under a new execution key); log ``message`` (a warning)."""
+
+    message: str
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,17 @@ class LeaseCall:
         """``"<resource_type>/<resource_id>"``."""
         return f"{self.opts.resource_type}/{self.resource_id}"
 
+    def refusal(self, exc: BatonError) -> str:
+        """Why ``exc`` refused the lease, naming the resource and the holder's expiry
+        (``"deploy/checkout: Resource is leased by another principal until <UTC>."``)."""
+        return f"{self.what}: {exc.message}"
+
+    def acquired_message(self, now: float) -> str | None:
+        """What to log once the lease is held: after waiting, how long; else ``None``."""
+        if self.attempts == 0 or self.opts.on_conflict != "wait":
+            return None
+        return f"{self.what}: acquired after waiting {now - self.started:.1f} s"
+
     def on_acquire_error(self, exc: BatonError, now: float) -> Step:
         """Decide after a failed acquire: sleep and retry (``wait``), skip, re-key, or fail."""
         self.attempts += 1
@@ -114,26 +128,30 @@ class LeaseCall:
             # old receipt cannot revive it, so this attempt acquires under a key of its own.
             self.rekeyed = True
             self.key = f"{self.base_key}:attempt-{self.ident.run_count}"
-            log.warning("%s: the lease of the previous attempt lapsed (%s)", self.what, exc)
-            return Again()
+            return Again(
+                f"{self.what}: the lease of the previous attempt lapsed ({exc.message}); "
+                "acquiring anew"
+            )
+        mode = self.opts.on_conflict
         # Another attempt of this run (a second process that picked it up) holds the lease:
         # refused like a conflict, so on_conflict="wait" waits for it to end or expire.
-        busy = isinstance(exc, ConflictError | IdempotencyInFlightError)
-        if not busy or self.opts.on_conflict == "raise":
+        if not isinstance(exc, ConflictError | IdempotencyInFlightError):
             return Fail(exc)
         expires_at = exc.expires_at if isinstance(exc, ConflictError) else None
-        until = expires_at.isoformat(timespec="seconds") if expires_at else "unknown"
-        if self.opts.on_conflict == "skip":
-            return Skip(
-                f"Skipped {self.fn_name}: {self.what} is leased by another holder until "
-                f"{until} (on_conflict='skip')."
-            )
+        why = self.refusal(exc)
+        if mode == "raise":
+            if isinstance(exc, IdempotencyInFlightError):
+                return Fail(exc)
+            return Fail(ConflictError(f"{why} (on_conflict='raise')", expires_at=expires_at))
+        if mode in ("skip", "cancel"):
+            verb = "Skipped" if mode == "skip" else "Cancelled"
+            return Skip(f"{verb} {self.fn_name}: {why} (on_conflict={mode!r})", mode == "cancel")
+        waited = now - self.started
         if self.deadline is not None and now >= self.deadline:
             return Fail(
                 ConflictError(
-                    f"{self.what} is still leased by another holder (until {until}) after "
-                    f"waiting {now - self.started:.1f} s (wait_timeout_seconds="
-                    f"{self.opts.wait_timeout_seconds})",
+                    f"{why} Gave up after waiting {waited:.1f} s "
+                    f"(wait_timeout_seconds={self.opts.wait_timeout_seconds})",
                     expires_at=expires_at,
                 )
             )
@@ -141,7 +159,12 @@ class LeaseCall:
         delay *= random.uniform(0.5, 1.5)  # jitter, so waiters do not retry in lockstep
         if self.deadline is not None:
             delay = min(delay, max(0.0, self.deadline - now))
-        return Sleep(delay)
+        message = None
+        if self.attempts == 1 or self.attempts % 10 == 0:  # the first time, then now and then
+            limit = self.opts.wait_timeout_seconds
+            until = "without a limit" if limit is None else f"for up to {limit} s"
+            message = f"{why} Waiting {until} (on_conflict='wait'; waited {waited:.1f} s so far)"
+        return Sleep(delay, message)
 
     def release_at_exit(self, slot: LeaseSlot, exc: BaseException | None) -> bool:
         """Release on success, final failure, cancellation; keep it when a Prefect retry

@@ -1,11 +1,11 @@
 """The steps of one leased scope, shared by the sync and async drivers.
 
-A :class:`LeaseScope` is one ``@leased`` call (and the core a ``with lease(...)`` block can
-be built on): it asks :class:`~prefect_baton.prefect._plan.LeaseCall` what to do after each
-acquire attempt, makes the lease current while the body runs (slot push/pop), arms and
-disarms the ``cancel_on_loss`` guard, and decides the exit (release or keep for a Prefect
-retry, interrupt translation, events). It never waits: starting and stopping the keeper,
-sleeping between attempts and running the body are the drivers' part (STYLE.md 2), so that
+A :class:`LeaseScope` is one ``@leased`` call or one ``with lease(...)`` block: it asks
+:class:`~prefect_baton.prefect._plan.LeaseCall` what to do after each acquire attempt, makes
+the lease current while the body runs (slot push/pop), arms and disarms the
+``cancel_on_loss`` guard, and decides the exit (release or keep for a Prefect retry,
+interrupt translation, events). It never waits: starting and stopping the keeper, sleeping
+between attempts and running the body are the drivers' part (STYLE.md 2), so that
 the sync driver blocks and the async driver awaits around the very same steps::
 
     while (keeper := scope.attempt()) is not None:  # None: the plan says skip the body
@@ -25,15 +25,15 @@ the sync driver blocks and the async driver awaits around the very same steps::
         return scope.finish(held)
     return scope.skipped()
 
-A context manager (``with lease(...)``) calls the same steps from ``__enter__`` (the loop up
-to ``holding(...).__enter__``) and ``__exit__`` (the rest).
+The loop up to the body is :func:`._drive.acquire` (``aacquire``), the rest after it
+:func:`._drive.release` (``arelease``). ``@leased`` runs its body between them; ``with
+lease(...)`` (:mod:`._lease`) calls them from ``__enter__`` and ``__exit__``.
 """
 
 from __future__ import annotations
 
 import contextvars
 import inspect
-import logging
 import time
 from dataclasses import dataclass
 from types import TracebackType
@@ -51,12 +51,11 @@ from prefect_baton.prefect._context import (
 )
 from prefect_baton.prefect._events import emit_lease_event
 from prefect_baton.prefect._interrupt import Interrupt, LeaseInterrupt
+from prefect_baton.prefect._logs import expected, run_logger
 from prefect_baton.prefect._options import LeaseOptions
-from prefect_baton.prefect._plan import Fail, LeaseCall, Skip, Sleep
+from prefect_baton.prefect._plan import Again, Fail, LeaseCall, Skip, Sleep
 
 __all__ = ["Held", "LeaseScope"]
-
-log = logging.getLogger("prefect_baton.prefect")
 
 #: ``(signature, args, kwargs)`` of a call, to fill the resource templates from.
 BoundCall = tuple[inspect.Signature, Any, Any]
@@ -87,6 +86,9 @@ class _Holding:
         self._token: contextvars.Token[LeaseSlot | None] | None = None
 
     def __enter__(self) -> Held:
+        said = self._scope.call.acquired_message(time.monotonic())
+        if said is not None:
+            run_logger().info(said)
         if not self.held.slot.keeper.lease.replayed:
             emit_lease_event(self._scope.baton, "lease.acquired", self.held.slot.keeper.lease)
         self._token = push_slot(self.held.slot)
@@ -154,11 +156,13 @@ class LeaseScope:
         bound: BoundCall | None = None,
     ) -> None:
         ident = run_identity(prefer)
-        self.baton = resolve_baton(opts.baton, opts.principal or ident.principal)
+        self.baton = resolve_baton(opts.baton, ident.principal, opts.principal)
         resource = opts.render(*bound) if bound is not None else (opts.resource_id, [*opts.scopes])
         self.call = LeaseCall(opts, name, ident, resource, time.monotonic())
         self.guard: Interrupt | None = guard_type() if opts.cancel_on_loss else None
         self._skip: Skip | None = None
+        # the run's context, to log a loss (noticed on the heartbeat thread) to the run
+        self._context = contextvars.copy_context()
 
     # ---------------------------------------------------------------- acquire
 
@@ -167,37 +171,69 @@ class LeaseScope:
         plan decided to skip the body (then return :meth:`skipped`)."""
         if self._skip is not None:
             return None
-        return self.call.keeper(self.guard.on_lost if self.guard else None, self.baton)
+        return self.call.keeper(self._on_lost, self.baton)
+
+    def _on_lost(self, keeper: LeaseKeeper) -> None:
+        """The keeper's ``on_lost`` (on its heartbeat thread): say so in the run's logs,
+        then interrupt the body when ``cancel_on_loss``."""
+        try:
+            self._context.run(
+                lambda: run_logger().warning(
+                    "%s: lease %s was lost (%s)",
+                    self.call.what,
+                    keeper.lease_id,
+                    keeper.lost_reason,
+                )
+            )
+        except RuntimeError:  # the context is entered elsewhere at this instant: skip the log
+            pass
+        if self.guard is not None:
+            self.guard.on_lost(keeper)
 
     def acquire_failed(self, exc: BatonError) -> Sleep | None:
         """After a failed start: :class:`Sleep` (sleep, then attempt again) or ``None``
         (attempt again at once, or skip: :meth:`attempt` then returns ``None``).
 
         Raises:
-            BatonError: the attempt's error, or the one the plan gives up with (chained to
-            ``exc``).
+            BatonError: the attempt's error, or the one the plan gives up with. A conflict
+            the plan gives up on is raised without the chain and marked expected (Prefect
+            logs its message, naming the resource and the expiry, without a traceback).
         """
         step = self.call.on_acquire_error(exc, time.monotonic())
         if isinstance(step, Fail):
-            raise step.error from (None if step.error is exc else exc)
+            if step.error is exc:
+                raise exc from None
+            raise expected(step.error) from None
         if isinstance(step, Skip):
             self._skip = step
             return None
-        return step if isinstance(step, Sleep) else None
+        if isinstance(step, Again):
+            run_logger().warning(step.message)
+            return None
+        if step.message is not None:
+            run_logger().info(step.message)
+        return step
+
+    @property
+    def skip_message(self) -> str | None:
+        """Why the body was skipped, or ``None`` (not skipped)."""
+        return self._skip.message if self._skip is not None else None
 
     def skipped(self) -> Any:
-        """The result of a skipped body: a Prefect ``Completed`` state inside a run (its
-        message logged to the run), ``None`` outside one (the message logged)."""
+        """The result of a skipped body (its message is logged to the run, or to the
+        ``prefect_baton.prefect`` logger outside one): inside a run the Prefect state to end
+        it with, ``Completed(name="Skipped")`` (``on_conflict="skip"``) or ``Cancelled``
+        (``"cancel"``), with the reason as the state message; ``None`` outside a run."""
         assert self._skip is not None
         message = self._skip.message
+        run_logger().info(message)
         if not self.call.ident.in_run:
-            log.info(message)
             return None
-        from prefect.logging import get_run_logger
-        from prefect.states import Completed
+        from prefect.states import Cancelled, Completed
 
-        get_run_logger().info(message)
-        return Completed(message=message)
+        if self._skip.cancel:
+            return Cancelled(message=message)
+        return Completed(name="Skipped", message=message)
 
     # ---------------------------------------------------------------- hold
 

@@ -1,0 +1,382 @@
+"""``with lease(...)`` / ``async with lease(...)``, skipped and refused runs, the run logger,
+the chosen principal and ``baton="baton/<block>"``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from prefect import flow, task
+from prefect.context import TaskRunContext
+from prefect.states import State
+
+from prefect_baton import Baton, ConflictError, NotFoundError, ValidationError
+from prefect_baton.prefect import (
+    BatonBlock,
+    accept_handoff,
+    current_lease,
+    handoff_to,
+    lease,
+    leased,
+)
+
+MakeBaton = Callable[..., Baton]
+
+
+class _Records(logging.Handler):
+    """Collects the records of Prefect's run loggers."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def text(self) -> str:
+        return "\n".join(self.format(r) for r in self.records)
+
+
+@pytest.fixture
+def run_logs() -> Iterator[_Records]:
+    """Records sent to ``prefect.task_runs`` and ``prefect.flow_runs`` during the test."""
+    handler = _Records()
+    handler.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
+    loggers = [logging.getLogger(n) for n in ("prefect.task_runs", "prefect.flow_runs")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(handler)
+        lg.setLevel(logging.INFO)
+    yield handler
+    for lg, level in zip(loggers, levels, strict=True):
+        lg.removeHandler(handler)
+        lg.setLevel(level)
+
+
+def test_block_in_a_task_uses_the_run_identity(make_baton: MakeBaton) -> None:
+    """Inside a task the block acts as the flow, keyed by the task run id, and is current."""
+
+    @task
+    def deploy() -> tuple[str, str | None, str, bool]:
+        ctx = TaskRunContext.get()
+        assert ctx is not None
+        with lease("deploy", "checkout", ttl_seconds=20, baton=make_baton) as held:
+            assert held is not None
+            assert current_lease() is held
+            return held.owner, held.execution_key, str(ctx.task_run.id), held.lease.replayed
+
+    @flow(name="baton-test-block")
+    def run() -> tuple[str, str | None, str, bool]:
+        return deploy()
+
+    owner, key, task_run_id, replayed = run()
+    assert (owner, key, replayed) == ("baton-test-block", task_run_id, False)
+    assert current_lease() is None
+    assert make_baton("x").leases.inspect("deploy", "checkout").held is False
+
+
+def test_block_retry_replays_its_own_acquire(make_baton: MakeBaton) -> None:
+    """A failed block keeps its lease for the Prefect retry, which replays it."""
+    seen: list[tuple[str, int, bool]] = []
+
+    @task(retries=1, retry_delay_seconds=0)
+    def deploy() -> int:
+        with lease("deploy", "billing", ttl_seconds=20, baton=make_baton) as held:
+            assert held is not None
+            seen.append((held.lease_id, held.epoch, held.lease.replayed))
+            if len(seen) == 1:
+                raise RuntimeError("transient")
+            return held.epoch
+
+    @flow(name="baton-test-block-retry")
+    def run() -> int:
+        return deploy()
+
+    assert run() == 1
+    (id1, e1, r1), (id2, e2, r2) = seen
+    assert (id1, e1, r1) == (id2, e2, not r2)
+    assert make_baton("x").leases.inspect("deploy", "billing").held is False
+
+
+def test_async_block_in_an_async_task(make_baton: MakeBaton) -> None:
+    """``async with lease(...)`` holds across awaits in an async task and is released."""
+
+    @task
+    async def build() -> tuple[int, bool]:
+        async with lease("report", "q3", ttl_seconds=20, baton=make_baton) as held:
+            await asyncio.sleep(0.05)
+            assert held is not None
+            return held.epoch, current_lease() is held
+
+    @flow(name="baton-test-async-block")
+    async def run() -> tuple[int, bool]:
+        return await build()
+
+    assert asyncio.run(run()) == (1, True)
+    assert make_baton("x").leases.inspect("report", "q3").held is False
+
+
+def test_block_outside_prefect(make_baton: MakeBaton) -> None:
+    """Outside a run: a block per execution, conflicts name the resource, skip enters
+    with ``None`` and a reason, the body's exception passes through unchanged."""
+    b = make_baton("agent-a")
+    with lease("file", "a.txt", ttl_seconds=10, baton=b) as held:
+        assert held is not None
+        assert held.epoch == 1
+        other = lease("file", "a.txt", ttl_seconds=10, baton=make_baton("agent-b"))
+        with (
+            pytest.raises(ConflictError, match=r"file/a\.txt: Resource is leased .* until "),
+            other,
+        ):
+            pass
+        block = lease(
+            "file", "a.txt", ttl_seconds=10, on_conflict="skip", baton=b.as_principal("c")
+        )
+        with block as skipped:
+            assert skipped is None
+        assert block.skipped
+        assert "file/a.txt" in (block.skip_message or "")
+        assert block.skip_state is None
+    with pytest.raises(KeyError, match="boom"), lease("file", "a.txt", ttl_seconds=10, baton=b):
+        raise KeyError("boom")
+    assert b.leases.inspect("file", "a.txt").held is False
+
+    async def in_async() -> int:
+        async with lease("file", "b.txt", ttl_seconds=10, baton=b) as held:
+            assert held is not None
+            return held.epoch
+
+    assert asyncio.run(in_async()) == 1
+
+
+def test_block_options_are_checked_at_once() -> None:
+    """Bad options and a bad ``baton=`` string are refused when the block is made."""
+    with pytest.raises(ValidationError, match="ttl_seconds"):
+        lease("file", "x", ttl_seconds=1)
+    with pytest.raises(ValidationError, match="baton/<block name>"):
+        lease("file", "x", ttl_seconds=10, baton="prod")
+    with pytest.raises(ValidationError, match="baton/<block name>"):
+        leased("file", "x", ttl_seconds=10, baton="baton/")
+
+
+def _holder(make_baton: MakeBaton, gate: threading.Event) -> threading.Thread:
+    """A run of another flow holding ``db/orders`` until ``gate`` is set."""
+
+    @flow(name="baton-test-holder")
+    @leased("db", "orders", ttl_seconds=30, baton=make_baton)
+    def hold() -> None:
+        gate.wait(60)
+
+    t = threading.Thread(target=lambda: hold(return_state=True), daemon=True)
+    t.start()
+    reader = make_baton("x")
+    for _ in range(600):
+        if reader.leases.inspect("db", "orders").held:
+            break
+        threading.Event().wait(0.05)
+    return t
+
+
+@pytest.mark.parametrize("mode", ["skip", "cancel"])
+def test_skipped_task_ends_skipped_or_cancelled(make_baton: MakeBaton, mode: Any) -> None:
+    """A skipped task ends ``Completed(name="Skipped")`` (or ``Cancelled``) with the reason;
+    the caller receives that state; a skipped ``with lease`` block returns it too."""
+    gate = threading.Event()
+    t = _holder(make_baton, gate)
+    try:
+
+        @task
+        @leased("db", "orders", ttl_seconds=30, on_conflict=mode, baton=make_baton)
+        def decorated() -> str:
+            return "ran"
+
+        @task
+        def with_block() -> Any:
+            block = lease("db", "orders", ttl_seconds=30, on_conflict=mode, baton=make_baton)
+            with block as held:
+                if held is None:
+                    return block.skip_state
+                return "ran"
+
+        @flow(name="baton-test-skipped")
+        def run() -> list[Any]:
+            return [decorated(return_state=True), with_block(return_state=True), decorated()]
+
+        first, second, received = run()
+    finally:
+        gate.set()
+        t.join(60)
+    for state in (first, second):
+        if mode == "skip":
+            assert state.is_completed()
+            assert state.name == "Skipped"
+        else:
+            assert state.is_cancelled()
+        assert "db/orders" in (state.message or "")
+        assert f"on_conflict={mode!r}" in (state.message or "")
+    assert isinstance(received, State)
+    assert received.type == first.type
+
+
+def test_refused_run_names_the_resource_without_a_traceback(
+    make_baton: MakeBaton, run_logs: _Records
+) -> None:
+    """``on_conflict="raise"``: the state message names the resource and the expiry, the
+    caller still gets ConflictError, and no traceback is logged for it."""
+    gate = threading.Event()
+    t = _holder(make_baton, gate)
+    try:
+
+        @task
+        @leased("db", "orders", ttl_seconds=30, baton=make_baton)
+        def refused() -> None:
+            return None
+
+        @flow(name="baton-test-refused")
+        def run() -> None:
+            refused()
+
+        state = run(return_state=True)
+    finally:
+        gate.set()
+        t.join(60)
+    assert state.is_failed()
+    with pytest.raises(ConflictError, match=r"db/orders: Resource is leased .* until \d{4}-"):
+        state.result()
+    assert "db/orders" in (state.message or "")
+    conflict_records = [r for r in run_logs.records if "db/orders" in r.getMessage()]
+    assert conflict_records  # Prefect logged the failure, naming the resource
+    assert all(r.exc_info is None for r in conflict_records)
+    assert "Traceback" not in run_logs.text()
+
+
+def test_waiting_is_logged_to_the_run(make_baton: MakeBaton, run_logs: _Records) -> None:
+    """``on_conflict="wait"`` says in the run's logs what it waits for, and gives up
+    naming the resource."""
+    gate = threading.Event()
+    t = _holder(make_baton, gate)
+    try:
+
+        @flow(name="baton-test-waiter")
+        @leased(
+            "db",
+            "orders",
+            ttl_seconds=30,
+            on_conflict="wait",
+            wait_timeout_seconds=0.5,
+            baton=make_baton,
+        )
+        def waiter() -> None:
+            return None
+
+        state = waiter(return_state=True)
+    finally:
+        gate.set()
+        t.join(60)
+    assert state.is_failed()
+    msgs = [r.getMessage() for r in run_logs.records if r.name == "prefect.flow_runs"]
+    assert any("db/orders" in m and "Waiting" in m for m in msgs), msgs
+
+
+def test_chosen_principal(
+    make_baton: MakeBaton, baton_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``principal=`` wins over ``BATON_PREFECT_PRINCIPAL``, which wins over the run's name."""
+
+    @flow(name="baton-test-principal")
+    def run() -> list[str]:
+        owners = []
+        with lease("doc", "a", ttl_seconds=20) as held:
+            assert held is not None
+            owners.append(held.owner)
+        with lease("doc", "b", ttl_seconds=20, principal="writer") as held:
+            assert held is not None
+            owners.append(held.owner)
+        return owners
+
+    assert run() == ["baton-test-principal", "writer"]
+    monkeypatch.setenv("BATON_PREFECT_PRINCIPAL", "team-writer")
+    assert run() == ["team-writer", "writer"]
+
+
+def test_handoff_principals(make_baton: MakeBaton) -> None:
+    """``from_principal=`` sends as that principal, ``principal=`` accepts as it."""
+    sent = handoff_to("bob", "doc-1", from_principal="alice", baton=make_baton)
+    assert sent.handoff.from_principal == "alice"
+    with accept_handoff(sent.handoff_id, principal="bob", baton=make_baton) as h:
+        assert h.status == "accepted"
+    assert sent.handoff.to_principal == "bob"
+    other = handoff_to("bob", "doc-2", from_principal="alice", baton=make_baton)
+    refused = accept_handoff(other.handoff_id, principal="carol", baton=make_baton)
+    with pytest.raises(NotFoundError), refused:
+        pass
+
+
+def test_block_reference_loads_once(
+    ledger_db: str, org: str, make_baton: MakeBaton, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``baton="baton/<name>"`` loads the block once per process and acts as its principal."""
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    BatonBlock(ledger_url=ledger_db, org=org, principal="block-writer").save(name)
+    loads: list[str] = []
+    real_load = BatonBlock.load
+
+    def counting_load(*args: Any, **kwargs: Any) -> Any:
+        loads.append(args[0])
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(BatonBlock, "load", counting_load)
+
+    @task
+    @leased("doc", "{n}", ttl_seconds=20, baton=f"baton/{name}")
+    def write(n: int) -> str:
+        held = current_lease()
+        assert held is not None
+        return held.owner
+
+    @flow(name="baton-test-block-ref")
+    def run() -> list[str]:
+        return [write(1), write(2), write(3)]
+
+    assert run() == ["block-writer"] * 3
+    assert loads == [name]
+    assert make_baton("x").leases.inspect("doc", "1").epoch == 1
+
+
+def test_loss_is_logged_to_the_run(make_baton: MakeBaton, run_logs: _Records) -> None:
+    """A lease lost during the block (noticed on the heartbeat thread) is in the run's logs."""
+    box: dict[str, Any] = {}
+
+    @task
+    def long_job() -> None:
+        with lease("job", "lost", ttl_seconds=10, baton=make_baton) as held:
+            assert held is not None
+            box["lease_id"] = held.lease_id
+            for _ in range(600):
+                if held.lost:
+                    break
+                threading.Event().wait(0.05)
+
+    @flow(name="baton-test-loss-logged")
+    def run() -> Any:
+        return long_job(return_state=True)
+
+    t = threading.Thread(
+        target=lambda: box.setdefault("state", run(return_state=True)), daemon=True
+    )
+    t.start()
+    for _ in range(600):
+        if "lease_id" in box:
+            break
+        threading.Event().wait(0.05)
+    make_baton("root", "admin").leases.force_release(box["lease_id"])
+    t.join(60)
+    assert box["state"].is_failed()
+    said = f"job/lost: lease {box['lease_id']} was lost (LEASE_LOST"
+    lost = [r for r in run_logs.records if r.getMessage().startswith(said)]
+    assert [(r.name, r.levelname) for r in lost] == [("prefect.task_runs", "WARNING")]

@@ -22,11 +22,13 @@ MakeBaton = Callable[..., Baton]
 
 
 def test_handoff_event_triggers_an_automation(baton_env: dict[str, str]) -> None:
-    """A handoff recorded in a run emits an event whose Automation starts a deployment."""
+    """A handoff recorded in a run emits an event whose Automation starts a deployment;
+    the started run accepts it and ends Completed."""
     example = load_script("examples/prefect_automation.py")
     out = example.main()
     assert out["recipient_runs"], "the Automation did not start the recipient deployment"
-    assert out["ledger"] == "pending"
+    assert out["recipient_states"] == ["COMPLETED"]
+    assert out["ledger"] == "accepted"
 
 
 def test_relay_emits_each_ledger_event_once_per_cursor(make_baton: MakeBaton) -> None:

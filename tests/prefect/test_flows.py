@@ -76,7 +76,11 @@ def test_four_role_scenario_hands_off_by_deployment(
     scenario = load_script("flows/scenario.py")
     inputs = [str(Path(stdlib_json.__file__).parent)]
     out = scenario.main(inputs=inputs, workers=2, out_dir=str(tmp_path / "out"))
-    assert set(out) == {"researcher", "writer", "operator", "reviewer"}
+    assert set(out) == {"researcher", "writer", "operator", "reviewer", "final_states"}
+    # the runner stopping after the chain must not turn finished runs Cancelled
+    assert out["final_states"] == dict.fromkeys(
+        ("researcher", "writer", "operator", "reviewer"), "Completed"
+    )
     files = sum(w["completed"] for w in out["researcher"]["workers"])
     assert files == len(list(Path(inputs[0]).rglob("*.py")))
     assert out["reviewer"]["verdict"] == "accepted", out["reviewer"]["problems"]

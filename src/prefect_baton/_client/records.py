@@ -272,7 +272,9 @@ class OutcomeAPI(_API):
 
         Raises:
             ValidationError, StaleFenceError, NotFoundError (a linked id does not exist),
-            IdempotencyMismatchError.
+            IdempotencyMismatchError. ConflictError: a ``succeeded`` outcome of this subject
+            under the same lease generation (``lease_id`` or the fence's) exists already
+            (``_rules.core.check_outcome``); nothing is written.
         """
         subject = _core.validate_id("subject_id", subject_id)
         if status not in OUTCOME_STATUSES:

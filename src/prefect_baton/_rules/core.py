@@ -568,3 +568,28 @@ def replay_check(
 def check_checkpoint_version(current: int, expected: int | None) -> None:
     """Compare-and-swap on a checkpoint: ``expected`` must equal ``current`` (0 if none)."""
     _check_version(current, expected)
+
+
+def check_outcome(
+    status: str, subject_id: str, lease_id: str | None, *, succeeded_before: bool
+) -> None:
+    """A second ``succeeded`` outcome of one subject under one lease generation is refused.
+
+    The first ``succeeded`` outcome recorded for ``subject_id`` with a lease generation
+    (``lease_id``, or the fence's) settles that generation's work; another one (a redundant
+    resume, a relayed event acted on twice) would count the work twice, so it is refused
+    with ``CONFLICT`` and nothing is written. An exact retry with the same idempotency key
+    replays the first receipt instead and never gets here. Outcomes without a lease, and
+    ``failed`` / ``cancelled`` ones, are not limited.
+
+    Args:
+        status: the new outcome's status. subject_id: its subject.
+        lease_id: the lease generation it is recorded under, or ``None``.
+        succeeded_before: a ``succeeded`` outcome of ``subject_id`` under ``lease_id``
+            exists already.
+
+    Raises:
+        ConflictError: ``status`` is ``succeeded`` and ``succeeded_before``.
+    """
+    if status == "succeeded" and lease_id is not None and succeeded_before:
+        raise ConflictError(f"{subject_id} already has a succeeded outcome under lease {lease_id}")

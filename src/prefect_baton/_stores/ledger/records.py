@@ -510,6 +510,22 @@ class RecordOps(LeaseOps):
                     obj: Any = s.get(model_, ref)
                     if obj is None or obj.org_id != caller.org:
                         raise NotFoundError(f"{kind_} {ref} not found")
+            under = record.lease_id or (fence.lease_id if fence else None)
+            _core.check_outcome(
+                record.status,
+                record.subject_id,
+                under,
+                succeeded_before=under is not None
+                and s.execute(
+                    select(col(OutcomeRow.outcome_id)).where(
+                        col(OutcomeRow.org_id) == caller.org,
+                        col(OutcomeRow.subject_id) == record.subject_id,
+                        col(OutcomeRow.lease_id) == under,
+                        col(OutcomeRow.status) == "succeeded",
+                    )
+                ).first()
+                is not None,
+            )
             row = OutcomeRow(
                 outcome_id=new_id("out"),
                 org_id=caller.org,
@@ -517,7 +533,7 @@ class RecordOps(LeaseOps):
                 principal=caller.principal,
                 status=record.status,
                 evidence=json.dumps(ev),
-                lease_id=record.lease_id or (fence.lease_id if fence else None),
+                lease_id=under,
                 handoff_id=record.handoff_id,
                 checkpoint_id=record.checkpoint_id,
                 fence_epoch=held.epoch if held else None,
@@ -535,7 +551,7 @@ class RecordOps(LeaseOps):
 
         return self._write_once(
             caller,
-            self._fence_locks(caller, fence),
+            [*self._fence_locks(caller, fence), f"outcome:{caller.org}:{record.subject_id}"],
             "outcome.record",
             idempotency_key,
             scope,

@@ -174,7 +174,9 @@ class HandoffAPI(_API):
         handoff = self._store.handoff_create(self._caller, offer, idempotency_key=key)
         if isinstance(lease, LeaseKeeper):
             hid = handoff.handoff_id
-            lease.attach_handoff(lambda: self.get(hid).status == "accepted")
+            # accepted: the lease moved on; rejected: the rejection released it
+            # (_rules.core.releases_on_reject). Either way the sender's block ends cleanly.
+            lease.attach_handoff(lambda: self.get(hid).status in ("accepted", "rejected"))
         return handoff
 
     def inbox(self, *, limit: int = 100, cursor: str | None = None) -> list[Handoff]:

@@ -37,8 +37,9 @@ HANDOFF_PARAMETER = "handoff_id"
 class HandoffRejected(Exception):
     """Raise inside an :func:`accept_handoff` block, before accepting, to reject the handoff.
 
-    The handoff is resolved ``rejected`` with ``reason`` as its note, the sender keeps its
-    lease, and the block ends without error. Raised after acceptance it propagates (an
+    The handoff is resolved ``rejected`` with ``reason`` as its note, the lease it carries
+    is released (recorded as ``lease.released``: the sender gave it away and its block has
+    usually ended, so nobody would hold it until the TTL), and the block ends without error. Raised after acceptance it propagates (an
     accepted handoff is never turned into a rejected one) and the taken-over lease is
     released.
 

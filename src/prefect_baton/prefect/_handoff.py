@@ -39,9 +39,9 @@ class HandoffRejected(Exception):
 
     The handoff is resolved ``rejected`` with ``reason`` as its note, the lease it carries
     is released (recorded as ``lease.released``: the sender gave it away and its block has
-    usually ended, so nobody would hold it until the TTL), and the block ends without error. Raised after acceptance it propagates (an
-    accepted handoff is never turned into a rejected one) and the taken-over lease is
-    released.
+    usually ended, so nobody would hold it until the TTL), and the block ends without error.
+    Raised after acceptance it propagates (an accepted handoff is never turned into a
+    rejected one) and the taken-over lease is released.
 
     Args:
         reason: why (``str``), stored as the handoff's note.

@@ -328,3 +328,22 @@ def test_lease_moves_only_once(baton: Baton) -> None:
     info = baton.as_principal("agent-b").leases.inspect(RT, RID)
     assert info.lease is not None
     assert info.lease.lease_id == moved.lease_id
+
+
+def test_handoff_keeps_its_parameters(baton: Baton) -> None:
+    """Parameters for the recipient's run are stored with the handoff and read back by the
+    recipient (inbox and get); a handoff without them reads ``None``; a non-object is
+    VALIDATION_ERROR and writes nothing."""
+    params = {"report": "r1", "sections": [1, 2], "nested": {"a": None}}
+    h = baton.handoffs.create("agent-b", SUBJ, parameters=params, idempotency_key="p1")
+    assert h.parameters == params
+    b = baton.as_principal("agent-b")
+    assert b.handoffs.get(h.handoff_id).parameters == params
+    assert [x.parameters for x in b.handoffs.inbox()] == [params]
+    again = baton.handoffs.create("agent-b", SUBJ, parameters=params, idempotency_key="p1")
+    assert (again.replayed, again.handoff_id) == (True, h.handoff_id)
+    assert baton.handoffs.create("agent-b", "plain").parameters is None
+    before = kinds(baton)
+    with pytest.raises(ValidationError):
+        baton.handoffs.create("agent-b", SUBJ, parameters=["not", "an", "object"])  # type: ignore[arg-type]
+    assert kinds(baton) == before

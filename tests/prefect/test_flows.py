@@ -51,20 +51,25 @@ def test_report_expired_finds_a_crashed_holders_lease(
 def test_dispatch_starts_the_recipients_deployment(
     baton_env: dict[str, str], make_baton: MakeBaton
 ) -> None:
-    """A pending handoff to a deployment's principal starts that deployment, once."""
+    """A pending handoff to a deployment's principal starts that deployment once, with the
+    parameters stored with the handoff; a second dispatch reports the run already started."""
     example = load_script("examples/prefect_automation.py")
     dispatch = load_script("flows/dispatch_handoffs.py").dispatch_handoffs
     to = "baton-example-inbox/inbox"
-    h = make_baton("sender").handoffs.create(to, "ticket-7")
+    sender = make_baton("sender")
+    h = sender.handoffs.create(to, "ticket-7", parameters={"principal": to})
     with serving(example.inbox.to_deployment(name="inbox")):
         first = dispatch()
         again = dispatch()
         assert [s["handoff_id"] for s in first["started"]] == [h.handoff_id]
-        assert again["started"][0]["flow_run_id"] == first["started"][0]["flow_run_id"]
+        assert again["started"] == []
+        (running,) = again["running"]
+        assert running["flow_run_id"] == first["started"][0]["flow_run_id"]
         run = wait_for_run(first["started"][0]["flow_run_id"], timeout_seconds=120)
-        assert run.parameters["handoff_id"] == h.handoff_id
+        assert run.parameters == {"handoff_id": h.handoff_id, "principal": to}
         assert run.state is not None
         assert run.state.is_completed()
+    assert sender.handoffs.get(h.handoff_id).status == "accepted"
 
 
 def test_four_role_scenario_hands_off_by_deployment(

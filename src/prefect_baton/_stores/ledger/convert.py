@@ -120,6 +120,7 @@ def handoff_model(
         expires_at=from_ms(row.expires_at_ms),
         resolved_at=from_ms(row.resolved_at_ms),
         lease=lease,
+        parameters=json.loads(row.parameters_json) if row.parameters_json else None,
     )
 
 

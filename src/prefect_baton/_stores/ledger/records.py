@@ -23,6 +23,7 @@ from prefect_baton._rules.digests import (
     operation_digest,
     outcome_record_digest,
 )
+from prefect_baton._rules.validation import canonical_json
 from prefect_baton._stores.ledger.base import Tx
 from prefect_baton._stores.ledger.convert import (
     checkpoint_model,
@@ -340,6 +341,7 @@ class RecordOps(LeaseOps):
             message=offer.message,
             lease_id=offer.lease.lease_id if offer.lease else None,
             expires_in_ms=offer.expires_in_ms,
+            parameters=offer.parameters,
         )
 
         def op(tx: Tx) -> Handoff:
@@ -375,6 +377,9 @@ class RecordOps(LeaseOps):
                 status="pending",
                 created_at_ms=tx.now_ms,
                 expires_at_ms=tx.now_ms + offer.expires_in_ms if offer.expires_in_ms else None,
+                parameters_json=(
+                    None if offer.parameters is None else canonical_json(offer.parameters)
+                ),
             )
             s.add(row_h)
             s.flush()

@@ -150,3 +150,28 @@ def test_relay_flow_mirrors_ledger_events(baton_env: dict[str, str], make_baton:
     first = relay()
     assert first["emitted"] >= 1
     assert relay()["emitted"] == 0
+
+
+def test_resume_expired_skips_finished_or_moved_on_work(
+    baton_env: dict[str, str], make_baton: MakeBaton
+) -> None:
+    """The resume pattern checks the resource's current epoch and the subject's outcomes:
+    a late or repeated lease.expired starts nothing once the work moved on or is done."""
+    module = load_script("flows/resume_expired.py")
+    verdict = module.resume_verdict
+    b = make_baton("worker")
+    gone = b.leases.acquire("file", "r.py", ttl_seconds=30)
+    b.leases.release(gone)
+    assert verdict(b, "file", "r.py", gone.epoch) is None
+    assert "taken_over" in verdict(b, "file", "r.py", gone.epoch, reason="taken_over")
+    assert module.resume_expired("file", "r.py", gone.epoch, gone.lease_id) == {
+        "status": "resumable"
+    }
+    again = b.leases.acquire("file", "r.py", ttl_seconds=30)
+    assert "held again" in verdict(b, "file", "r.py", gone.epoch)
+    b.outcomes.record("file/r.py", "succeeded", evidence=[{"kind": "f", "uri": "u"}], fence=again)
+    b.leases.release(again)
+    assert "epoch" in verdict(b, "file", "r.py", gone.epoch)
+    assert "succeeded" in verdict(b, "file", "r.py", again.epoch)
+    out = module.resume_expired("file", "r.py", again.epoch, again.lease_id)
+    assert out["status"] == "skipped"

@@ -416,7 +416,7 @@ class RestStore(_Transport):
     ) -> Handoff:
         """``POST /v1/handoffs``."""
         lease, expires_in_ms = offer.lease, offer.expires_in_ms
-        body = {
+        body: dict[str, Any] = {
             "to_principal": offer.to_principal,
             "subject_id": offer.subject_id,
             "checkpoint_id": offer.checkpoint_id,

@@ -94,18 +94,20 @@ def handoff_create_digest(
     ``expires_in_ms``: the handoff's lifetime in milliseconds, or ``None``;
     ``parameters``: the recipient run's parameters, part of the digest only when given, so
     receipts of handoffs created without them keep their digest)."""
-    fields: dict[str, Any] = {
-        "to": to_principal,
-        "subject": subject_id,
-        "checkpoint_id": checkpoint_id,
-        "context_id": context_id,
-        "message": message,
-        "lease_id": lease_id,
-        "expires_in_ms": expires_in_ms,
-    }
-    if parameters is not None:
-        fields["parameters"] = parameters
-    return request_digest("handoff.create", fields)
+    optional: dict[str, Any] = {} if parameters is None else {"parameters": parameters}
+    return request_digest(
+        "handoff.create",
+        {
+            "to": to_principal,
+            "subject": subject_id,
+            "checkpoint_id": checkpoint_id,
+            "context_id": context_id,
+            "message": message,
+            "lease_id": lease_id,
+            "expires_in_ms": expires_in_ms,
+            **optional,
+        },
+    )
 
 
 def outcome_record_digest(

@@ -7,7 +7,8 @@ parameter, so the recipient's deployment runs without the sender starting it.
 
 ``create_handoff_automation(deployment_id, to_principal=...)`` creates it; run this file
 (``python examples/prefect_automation.py``) to serve a recipient deployment, create the
-Automation, record a handoff from a flow run and watch the recipient run start.
+Automation, record a handoff from a flow run and watch the recipient run start and accept
+it.
 """
 
 from __future__ import annotations
@@ -25,14 +26,15 @@ from prefect.events.actions import RunDeployment
 from prefect.events.schemas.automations import EventTrigger, Posture
 
 from prefect_baton import Baton
-from prefect_baton.prefect import handoff_to, prefect_api, serving
+from prefect_baton.prefect import accept_handoff, handoff_to, prefect_api, serving, wait_for_run
 
 
 def create_handoff_automation(
     deployment_id: UUID, *, to_principal: str | None = None, name: str | None = None
 ) -> Automation:
     """Create an Automation: on ``prefect-baton.handoff.created`` (to ``to_principal``, or
-    to anyone) run ``deployment_id`` with ``handoff_id`` from the event payload."""
+    to anyone) run ``deployment_id`` with ``handoff_id`` and ``principal`` (the recipient)
+    from the event payload."""
     match: dict[str, Any] = {"prefect.resource.id": "prefect-baton.handoff.*"}
     if to_principal is not None:
         match["prefect-baton.to-principal"] = to_principal
@@ -49,16 +51,23 @@ def create_handoff_automation(
             RunDeployment(
                 source="selected",
                 deployment_id=deployment_id,
-                parameters={"handoff_id": "{{ event.payload.handoff_id }}"},
+                parameters={
+                    "handoff_id": "{{ event.payload.handoff_id }}",
+                    "principal": "{{ event.payload.to_principal }}",
+                },
             )
         ],
     ).create()
 
 
 @flow(name="baton-example-inbox")
-def inbox(handoff_id: str | None = None) -> str | None:
-    """The recipient: here it only reports the handoff it was started for."""
-    return handoff_id
+def inbox(handoff_id: str | None = None, principal: str | None = None) -> str | None:
+    """The recipient: accepts the handoff it was started for, as ``principal`` (default: the
+    run's principal, its deployment name), and returns the handoff's status."""
+    if handoff_id is None:
+        return None
+    with accept_handoff(handoff_id, principal=principal) as h:
+        return h.status
 
 
 @flow(name="baton-example-outbox")
@@ -94,9 +103,11 @@ def main() -> dict[str, Any]:
                     break
                 time.sleep(0.5)
         automation.delete()
+        finished = [wait_for_run(r.id, timeout_seconds=120) for r in runs]
     return {
         "handoff_id": handoff_id,
         "recipient_runs": [str(r.id) for r in runs],
+        "recipient_states": [r.state.type.value if r.state else None for r in finished],
         "ledger": Baton.from_settings(principal=to).handoffs.get(handoff_id).status,
     }
 

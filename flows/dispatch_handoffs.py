@@ -2,9 +2,11 @@
 
 A handoff's recipient principal is, for a Prefect recipient, its deployment's full name
 ``"<flow>/<deployment>"`` (the principal its runs act as). For every pending handoff the flow
-starts that deployment with ``handoff_id`` among its parameters, using the handoff id as
-Prefect's idempotency key, so dispatching twice starts one run. Useful when the sender did not
-name a deployment, or its start failed.
+starts that deployment with the parameters stored with the handoff (``handoff_to(...,
+parameters=...)``) and ``handoff_id``, using the handoff id as Prefect's idempotency key, so
+dispatching twice starts one run; a handoff whose run exists already is reported as
+``already started (state X)`` and left alone. Useful when the sender did not name a
+deployment, or its start failed.
 
 Run once: ``python flows/dispatch_handoffs.py``; serve it: add ``--serve``.
 """
@@ -36,6 +38,22 @@ def recipients_from_events(b: Baton, scan_limit: int = 10_000) -> list[str]:
     return sorted(names)
 
 
+def existing_run(handoff_id: str) -> Any:
+    """The flow run already started for ``handoff_id`` (Prefect idempotency key), or
+    ``None``."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterIdempotencyKey
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                idempotency_key=FlowRunFilterIdempotencyKey(any_=[handoff_id])
+            ),
+            limit=1,
+        )
+    return runs[0] if runs else None
+
+
 @flow(name="baton-dispatch-handoffs", persist_result=True)
 def dispatch_handoffs(recipients: list[str] | None = None) -> dict[str, Any]:
     """Start the deployment of every pending handoff's recipient.
@@ -45,7 +63,9 @@ def dispatch_handoffs(recipients: list[str] | None = None) -> dict[str, Any]:
             recipient found in the org's ``handoff.created`` events.
 
     Returns:
-        ``{"started": [{"handoff_id", "deployment", "flow_run_id"}], "skipped": [...]}``.
+        ``{"started": [{"handoff_id", "deployment", "flow_run_id"}], "running": [{"handoff_id",
+        "flow_run_id", "state"}], "skipped": [{"handoff_id", "reason"}]}``: ``running`` lists
+        handoffs whose recipient run exists already (not started again).
 
     Raises:
         UnavailableError: the ledger cannot be reached.
@@ -53,6 +73,7 @@ def dispatch_handoffs(recipients: list[str] | None = None) -> dict[str, Any]:
     log = get_run_logger()
     b = Baton.from_settings(principal="prefect-baton.dispatcher")
     started: list[dict[str, str]] = []
+    running: list[dict[str, str]] = []
     skipped: list[dict[str, str]] = []
     for name in recipients or recipients_from_events(b):
         inbox = b.as_principal(name).handoffs.inbox(limit=1000)
@@ -64,7 +85,20 @@ def dispatch_handoffs(recipients: list[str] | None = None) -> dict[str, Any]:
             continue
         for h in inbox:
             try:
-                run = start_recipient(h.handoff_id, name)
+                run = existing_run(h.handoff_id)
+                if run is not None:
+                    state = run.state.name if run.state is not None else "unknown"
+                    log.info(
+                        "handoff %s: recipient run %s already started (state %s)",
+                        h.handoff_id,
+                        run.id,
+                        state,
+                    )
+                    running.append(
+                        {"handoff_id": h.handoff_id, "flow_run_id": str(run.id), "state": state}
+                    )
+                    continue
+                run = start_recipient(h.handoff_id, name, h.parameters)
             except Exception as exc:  # unknown deployment, API error: report, go on
                 skipped.append(
                     {"handoff_id": h.handoff_id, "reason": f"{type(exc).__name__}: {exc}"}
@@ -73,8 +107,9 @@ def dispatch_handoffs(recipients: list[str] | None = None) -> dict[str, Any]:
             started.append(
                 {"handoff_id": h.handoff_id, "deployment": name, "flow_run_id": str(run.id)}
             )
-    log.info("started %d recipient runs, skipped %d handoffs", len(started), len(skipped))
-    return {"started": started, "skipped": skipped}
+    if started or skipped or not running:
+        log.info("started %d recipient runs, skipped %d handoffs", len(started), len(skipped))
+    return {"started": started, "running": running, "skipped": skipped}
 
 
 if __name__ == "__main__":

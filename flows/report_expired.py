@@ -3,8 +3,9 @@
 A crashed holder's lease stays ``active`` in the ledger until someone acts on the resource
 (no sweeper is needed for correctness: DESIGN.md "Leases"). This flow calls
 ``b.leases.report_expired()``, which records ``lease.expired`` in the ledger's event stream
-once for each such lease (a later takeover does not record it again) and changes nothing
-else; it also emits ``prefect-baton.lease.expired`` for each and adds a table artifact.
+once for each such lease, with ``reason: "lapsed"`` (a later takeover does not record it
+again) and changes nothing else; it also emits ``prefect-baton.lease.expired`` for each
+(same payload) and adds a table artifact.
 
 Run once: ``python flows/report_expired.py``; serve it: ``python flows/report_expired.py --serve``.
 """
@@ -18,6 +19,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
 from prefect_baton import Baton
+from prefect_baton._rules.events import EXPIRY_LAPSED, expired_payload, lease_payload
 from prefect_baton.prefect._events import emit_ledger_event
 
 REPORTER = "prefect-baton.report-expired"
@@ -42,15 +44,18 @@ def report_expired(limit: int = 10_000) -> dict[str, Any]:
     expired = b.leases.report_expired(limit=limit)
     found = []
     for lease in expired:
-        payload = {
-            "lease_id": lease.lease_id,
-            "resource_type": lease.resource_type,
-            "resource_id": lease.resource_id,
-            "owner": lease.owner,
-            "version": lease.version,
-            "epoch": lease.epoch,
-            "expires_at_ms": round(lease.expires_at.timestamp() * 1000),
-        }
+        payload = expired_payload(
+            lease_payload(
+                lease.lease_id,
+                lease.resource_type,
+                lease.resource_id,
+                lease.owner,
+                lease.version,
+                lease.epoch,
+                round(lease.expires_at.timestamp() * 1000),
+            ),
+            EXPIRY_LAPSED,
+        )
         emit_ledger_event(
             "lease.expired",
             f"{lease.resource_type}/{lease.resource_id}",

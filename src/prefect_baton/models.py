@@ -248,7 +248,8 @@ class Handoff(_Model):
     """An explicit transfer of a subject to ``to_principal``.
 
     ``lease`` is set on an accepted handoff that carried a lease: the generation now held by
-    the recipient.
+    the recipient. ``parameters``: parameters for the recipient's run given by the sender
+    (a JSON object), or ``None``.
     """
 
     handoff_id: str
@@ -265,6 +266,7 @@ class Handoff(_Model):
     resolved_at: Time | None = None
     note: str | None = None
     lease: Lease | None = None
+    parameters: dict[str, Any] | None = None
     replayed: bool = False
 
 

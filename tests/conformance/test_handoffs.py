@@ -16,7 +16,7 @@ from prefect_baton import (
     VersionConflictError,
 )
 
-from ._util import kinds
+from ._util import kinds, wait_until_expired
 
 SUBJ = "report-2024"
 RT = "delivery"
@@ -225,16 +225,44 @@ def test_accept_fences_out_old_holder(baton: Baton) -> None:
     assert out.fence_epoch == moved.epoch
 
 
-def test_reject_keeps_lease_with_sender(baton: Baton) -> None:
-    """Rejecting a handoff that carries a lease leaves the lease with the sender."""
+def test_reject_releases_carried_lease(baton: Baton) -> None:
+    """Rejecting a handoff that carries a lease releases the lease (recorded as
+    lease.released before handoff.rejected) instead of leaving it held by nobody until its
+    TTL; the resource is free at once and the sender's generation is over."""
     lease = baton.leases.acquire(RT, RID, ttl_seconds=60, idempotency_key="w1")
     h = baton.handoffs.create("agent-b", SUBJ, lease=lease)
     done = baton.as_principal("agent-b").handoffs.resolve(h.handoff_id, "rejected")
-    assert done.lease is None
-    info = baton.leases.inspect(RT, RID)
-    assert info.lease is not None
-    assert (info.lease.lease_id, info.epoch) == (lease.lease_id, lease.epoch)
-    assert baton.leases.renew(lease).lease_id == lease.lease_id
+    assert (done.status, done.lease) == ("rejected", None)
+    assert kinds(baton)[-2:] == ["lease.released", "handoff.rejected"]
+    (released,) = baton.events.list(kind="lease.released")
+    assert (released.payload["lease_id"], released.payload["status"]) == (
+        lease.lease_id,
+        "released",
+    )
+    assert not baton.leases.inspect(RT, RID).held
+    with pytest.raises(LeaseLostError):
+        baton.leases.renew(lease)
+    taker = baton.as_principal("agent-c").leases.acquire(RT, RID, ttl_seconds=60)
+    assert taker.epoch == lease.epoch + 1
+
+
+@pytest.mark.slow
+def test_handoff_whose_carried_lease_lapsed_reads_expired(baton: Baton) -> None:
+    """A pending handoff whose carried lease ran out reads expired, leaves the recipient's
+    inbox and can no longer be resolved; one without a lease stays pending."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=10, idempotency_key="w1")
+    h = baton.handoffs.create("agent-b", SUBJ, lease=lease)
+    plain = baton.handoffs.create("agent-b", "other-subject")
+    b = baton.as_principal("agent-b")
+    assert [x.handoff_id for x in b.handoffs.inbox()] == [h.handoff_id, plain.handoff_id]
+    wait_until_expired(baton, lease)
+    assert baton.handoffs.get(h.handoff_id).status == "expired"
+    assert b.handoffs.get(h.handoff_id).status == "expired"
+    assert [x.handoff_id for x in b.handoffs.inbox()] == [plain.handoff_id]
+    for status in ("accepted", "rejected"):
+        with pytest.raises(NotFoundError):
+            b.handoffs.resolve(h.handoff_id, status)
+    assert baton.handoffs.get(plain.handoff_id).status == "pending"
 
 
 def test_accept_after_sender_lost_lease(baton: Baton) -> None:
@@ -300,3 +328,22 @@ def test_lease_moves_only_once(baton: Baton) -> None:
     info = baton.as_principal("agent-b").leases.inspect(RT, RID)
     assert info.lease is not None
     assert info.lease.lease_id == moved.lease_id
+
+
+def test_handoff_keeps_its_parameters(baton: Baton) -> None:
+    """Parameters for the recipient's run are stored with the handoff and read back by the
+    recipient (inbox and get); a handoff without them reads ``None``; a non-object is
+    VALIDATION_ERROR and writes nothing."""
+    params = {"report": "r1", "sections": [1, 2], "nested": {"a": None}}
+    h = baton.handoffs.create("agent-b", SUBJ, parameters=params, idempotency_key="p1")
+    assert h.parameters == params
+    b = baton.as_principal("agent-b")
+    assert b.handoffs.get(h.handoff_id).parameters == params
+    assert [x.parameters for x in b.handoffs.inbox()] == [params]
+    again = baton.handoffs.create("agent-b", SUBJ, parameters=params, idempotency_key="p1")
+    assert (again.replayed, again.handoff_id) == (True, h.handoff_id)
+    assert baton.handoffs.create("agent-b", "plain").parameters is None
+    before = kinds(baton)
+    with pytest.raises(ValidationError):
+        baton.handoffs.create("agent-b", SUBJ, parameters=["not", "an", "object"])  # type: ignore[arg-type]
+    assert kinds(baton) == before

@@ -531,6 +531,8 @@ def test_takeover_after_expiry(baton: Baton) -> None:
     assert new.epoch == old.epoch + 1
     assert new.version == old.version + 1
     assert kinds(baton)[-2:] == ["lease.expired", "lease.acquired"]
+    (expired,) = baton.events.list(kind="lease.expired")
+    assert (expired.payload["lease_id"], expired.payload["reason"]) == (old.lease_id, "taken_over")
     with pytest.raises(LeaseLostError):
         baton.leases.release(old)
     with pytest.raises(LeaseLostError):
@@ -588,6 +590,8 @@ def test_report_expired_records_lease_expired_once(baton: Baton) -> None:
     assert [lease.lease_id for lease in reported] == [crashed.lease_id]
     assert reporter.leases.report_expired() == []
     assert kinds(baton).count("lease.expired") == 1
+    (expired,) = baton.events.list(kind="lease.expired")
+    assert (expired.payload["lease_id"], expired.payload["reason"]) == (crashed.lease_id, "lapsed")
     taker = baton.as_principal("agent-b").leases.acquire(RT, RID, ttl_seconds=30)
     assert taker.epoch == crashed.epoch + 1
     assert kinds(baton).count("lease.expired") == 1

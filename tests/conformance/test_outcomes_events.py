@@ -299,3 +299,29 @@ def test_bad_paging_arguments(baton: Baton, kwargs: dict[str, Any]) -> None:
     """A negative after_seq or a limit outside 1..1000 is VALIDATION_ERROR."""
     with pytest.raises(ValidationError):
         baton.events.list(**kwargs)
+
+
+def test_second_succeeded_outcome_under_one_lease_is_a_conflict(baton: Baton) -> None:
+    """A second ``succeeded`` outcome of a subject under the same lease generation is refused
+    with CONFLICT and writes nothing; its exact retry replays; failed ones and another
+    generation's are not limited."""
+    lease = baton.leases.acquire("file", "x.py", ttl_seconds=60)
+    first = baton.outcomes.record(
+        SUBJ, "succeeded", evidence=EVIDENCE, fence=lease, idempotency_key="o1"
+    )
+    assert baton.outcomes.record(
+        SUBJ, "succeeded", evidence=EVIDENCE, fence=lease, idempotency_key="o1"
+    ).replayed
+    before = kinds(baton)
+    with pytest.raises(ConflictError) as err:
+        baton.outcomes.record(SUBJ, "succeeded", evidence=EVIDENCE, fence=lease)
+    assert err.value.code == "CONFLICT"
+    with pytest.raises(ConflictError):
+        baton.outcomes.record(SUBJ, "succeeded", evidence=EVIDENCE, lease_id=lease.lease_id)
+    assert kinds(baton) == before
+    baton.outcomes.record(SUBJ, "failed", evidence=[], fence=lease)
+    baton.leases.release(lease)
+    again = baton.leases.acquire("file", "x.py", ttl_seconds=60)
+    baton.outcomes.record(SUBJ, "succeeded", evidence=EVIDENCE, fence=again)
+    assert [o.status for o in baton.outcomes.list(SUBJ)].count("succeeded") == 2
+    assert first.outcome_id in {o.outcome_id for o in baton.outcomes.list(SUBJ)}

@@ -22,11 +22,13 @@ MakeBaton = Callable[..., Baton]
 
 
 def test_handoff_event_triggers_an_automation(baton_env: dict[str, str]) -> None:
-    """A handoff recorded in a run emits an event whose Automation starts a deployment."""
+    """A handoff recorded in a run emits an event whose Automation starts a deployment;
+    the started run accepts it and ends Completed."""
     example = load_script("examples/prefect_automation.py")
     out = example.main()
     assert out["recipient_runs"], "the Automation did not start the recipient deployment"
-    assert out["ledger"] == "pending"
+    assert out["recipient_states"] == ["COMPLETED"]
+    assert out["ledger"] == "accepted"
 
 
 def test_relay_emits_each_ledger_event_once_per_cursor(make_baton: MakeBaton) -> None:
@@ -75,6 +77,36 @@ def test_in_run_events_reach_prefect(make_baton: MakeBaton) -> None:
     assert [e.event for e in page.events] == ["prefect-baton.lease.acquired"]
     roles = {r.role for r in page.events[0].related}
     assert {"task-run", "flow-run", "principal"} <= roles
+
+
+def test_relayed_event_keeps_its_time_and_not_the_relays_run(make_baton: MakeBaton) -> None:
+    """An event relayed from inside a flow run carries the ledger's time, the
+    ``prefect-baton.relayed`` label and the acting principal, not the relay's flow run."""
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventIDFilter
+
+    b = make_baton("agent-relayed")
+    b.leases.acquire("deploy", "relayed-svc", ttl_seconds=10)
+    ev = b.events.list(kind="lease.acquired")[0]
+
+    @flow(name="baton-test-relay")
+    def relay_run() -> int:
+        return relay_events(b).emitted
+
+    assert relay_run() >= 1
+    want = prefect_event_id(b.org, ev.kind, ev.payload, ev.event_id)
+    deadline = time.monotonic() + 30  # the server persists events in batches
+    with get_client(sync_client=True) as client:
+        while True:
+            page = client.read_events(filter=EventFilter(id=EventIDFilter(id=[want])), limit=50)
+            if page.events or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    (got,) = page.events
+    assert got.occurred == ev.occurred_at
+    assert got.resource["prefect-baton.relayed"] == "true"
+    assert {r.role for r in got.related} == {"principal"}
+    assert got.related[0].id == "prefect-baton.principal.agent-relayed"
 
 
 def test_emission_outside_a_run_starts_no_server(tmp_path: Path) -> None:

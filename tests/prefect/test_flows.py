@@ -51,20 +51,25 @@ def test_report_expired_finds_a_crashed_holders_lease(
 def test_dispatch_starts_the_recipients_deployment(
     baton_env: dict[str, str], make_baton: MakeBaton
 ) -> None:
-    """A pending handoff to a deployment's principal starts that deployment, once."""
+    """A pending handoff to a deployment's principal starts that deployment once, with the
+    parameters stored with the handoff; a second dispatch reports the run already started."""
     example = load_script("examples/prefect_automation.py")
     dispatch = load_script("flows/dispatch_handoffs.py").dispatch_handoffs
     to = "baton-example-inbox/inbox"
-    h = make_baton("sender").handoffs.create(to, "ticket-7")
+    sender = make_baton("sender")
+    h = sender.handoffs.create(to, "ticket-7", parameters={"principal": to})
     with serving(example.inbox.to_deployment(name="inbox")):
         first = dispatch()
         again = dispatch()
         assert [s["handoff_id"] for s in first["started"]] == [h.handoff_id]
-        assert again["started"][0]["flow_run_id"] == first["started"][0]["flow_run_id"]
+        assert again["started"] == []
+        (running,) = again["running"]
+        assert running["flow_run_id"] == first["started"][0]["flow_run_id"]
         run = wait_for_run(first["started"][0]["flow_run_id"], timeout_seconds=120)
-        assert run.parameters["handoff_id"] == h.handoff_id
+        assert run.parameters == {"handoff_id": h.handoff_id, "principal": to}
         assert run.state is not None
         assert run.state.is_completed()
+    assert sender.handoffs.get(h.handoff_id).status == "accepted"
 
 
 def test_four_role_scenario_hands_off_by_deployment(
@@ -76,7 +81,11 @@ def test_four_role_scenario_hands_off_by_deployment(
     scenario = load_script("flows/scenario.py")
     inputs = [str(Path(stdlib_json.__file__).parent)]
     out = scenario.main(inputs=inputs, workers=2, out_dir=str(tmp_path / "out"))
-    assert set(out) == {"researcher", "writer", "operator", "reviewer"}
+    assert set(out) == {"researcher", "writer", "operator", "reviewer", "final_states"}
+    # the runner stopping after the chain must not turn finished runs Cancelled
+    assert out["final_states"] == dict.fromkeys(
+        ("researcher", "writer", "operator", "reviewer"), "Completed"
+    )
     files = sum(w["completed"] for w in out["researcher"]["workers"])
     assert files == len(list(Path(inputs[0]).rglob("*.py")))
     assert out["reviewer"]["verdict"] == "accepted", out["reviewer"]["problems"]
@@ -141,3 +150,28 @@ def test_relay_flow_mirrors_ledger_events(baton_env: dict[str, str], make_baton:
     first = relay()
     assert first["emitted"] >= 1
     assert relay()["emitted"] == 0
+
+
+def test_resume_expired_skips_finished_or_moved_on_work(
+    baton_env: dict[str, str], make_baton: MakeBaton
+) -> None:
+    """The resume pattern checks the resource's current epoch and the subject's outcomes:
+    a late or repeated lease.expired starts nothing once the work moved on or is done."""
+    module = load_script("flows/resume_expired.py")
+    verdict = module.resume_verdict
+    b = make_baton("worker")
+    gone = b.leases.acquire("file", "r.py", ttl_seconds=30)
+    b.leases.release(gone)
+    assert verdict(b, "file", "r.py", gone.epoch) is None
+    assert "taken_over" in verdict(b, "file", "r.py", gone.epoch, reason="taken_over")
+    assert module.resume_expired("file", "r.py", gone.epoch, gone.lease_id) == {
+        "status": "resumable"
+    }
+    again = b.leases.acquire("file", "r.py", ttl_seconds=30)
+    assert "held again" in verdict(b, "file", "r.py", gone.epoch)
+    b.outcomes.record("file/r.py", "succeeded", evidence=[{"kind": "f", "uri": "u"}], fence=again)
+    b.leases.release(again)
+    assert "epoch" in verdict(b, "file", "r.py", gone.epoch)
+    assert "succeeded" in verdict(b, "file", "r.py", again.epoch)
+    out = module.resume_expired("file", "r.py", again.epoch, again.lease_id)
+    assert out["status"] == "skipped"

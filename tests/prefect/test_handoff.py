@@ -36,8 +36,9 @@ def test_handoff_between_two_served_deployments(
     assert make_baton(example.RECEIVER).leases.get(recv["lease_id"]).status == "released"
 
 
-def test_rejection_before_acceptance_keeps_the_senders_lease(make_baton: MakeBaton) -> None:
-    """Raising HandoffRejected before accepting rejects it; the sender keeps its lease."""
+def test_rejection_before_acceptance_releases_the_carried_lease(make_baton: MakeBaton) -> None:
+    """Raising HandoffRejected before accepting rejects it and releases the lease it carries
+    (nobody would hold it until its TTL otherwise)."""
     sender, receiver = make_baton("sender"), make_baton("receiver")
     held = sender.leases.acquire("report", "r1", ttl_seconds=30, idempotency_key="s1")
     sent = handoff_to("receiver", "r1", checkpoint={"step": 1}, lease=held, baton=sender)
@@ -51,7 +52,8 @@ def test_rejection_before_acceptance_keeps_the_senders_lease(make_baton: MakeBat
 
     assert reject(sent.handoff_id) == "rejected"
     assert sender.handoffs.get(sent.handoff_id).note == "cannot take reports today"
-    assert sender.leases.get(held.lease_id).status == "active"
+    assert sender.leases.get(held.lease_id).status == "released"
+    assert not sender.leases.inspect("report", "r1").held
 
 
 def test_accept_in_a_flow_then_retry_resumes(make_baton: MakeBaton) -> None:
@@ -85,6 +87,22 @@ def test_handoff_to_needs_a_recipient(make_baton: MakeBaton) -> None:
 
     with pytest.raises(ValidationError):
         handoff_to(None, "x", baton=make_baton("a"))
+
+
+def test_handoff_to_an_unknown_deployment_records_nothing(make_baton: MakeBaton) -> None:
+    """``deployment="flow/typo"``: NotFoundError before anything is recorded; the lease stays
+    with the sender and no handoff is left pending."""
+    from prefect_baton import NotFoundError, ValidationError
+
+    sender = make_baton("sender")
+    held = sender.leases.acquire("report", "r3", ttl_seconds=30, idempotency_key="s3")
+    with pytest.raises(NotFoundError, match="flow/typo"):
+        handoff_to(None, "r3", lease=held, deployment="flow/typo", baton=sender)
+    with pytest.raises(ValidationError):
+        handoff_to(None, "r3", lease=held, deployment="no-slash", baton=sender)
+    assert sender.as_principal("flow/typo").handoffs.inbox() == []
+    assert sender.events.list(kind="handoff.created") == []
+    assert sender.leases.release(held).status == "released"
 
 
 def test_async_handoff_and_accept(make_baton: MakeBaton) -> None:

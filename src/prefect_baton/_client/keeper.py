@@ -233,7 +233,8 @@ class LeaseKeeper:
 
     def attach_handoff(self, accepted: Callable[[], bool]) -> None:
         """Note that this lease rides on a handoff; ``accepted()`` tells whether the recipient
-        accepted it. A lease that moved on through an accepted handoff ends the block cleanly
+        resolved it (accepted it, or rejected it, which releases the carried lease). A lease
+        that moved on or was released that way ends the block cleanly
         (``receipt_status == "handed_off"``) instead of raising :class:`LeaseLostError`."""
         self._handoff_accepted = accepted
 

@@ -145,6 +145,7 @@ class HandoffAPI(_API):
         lease: LeaseLike | None = None,
         idempotency_key: str | None = None,
         expires_in_seconds: int | None = None,
+        parameters: dict[str, Any] | None = None,
     ) -> Handoff:
         """Create a pending handoff to ``to_principal`` (who need not have acted yet).
 
@@ -155,6 +156,9 @@ class HandoffAPI(_API):
                 When it is the lease block itself (``with b.lease(...) as held``), the block
                 then ends cleanly once the recipient has accepted.
             expires_in_seconds: after this (1..31,622,400 s) it reads as ``expired``.
+            parameters: parameters for the recipient's run (a JSON object of at most the
+                checkpoint state size, 1 MiB), kept with the handoff as ``parameters``;
+                ``flows/dispatch_handoffs.py`` starts the recipient's deployment with them.
 
         Raises:
             NotFoundError: unknown checkpoint. LeaseLostError: the lease is not held.
@@ -169,12 +173,15 @@ class HandoffAPI(_API):
         exp_ms = validate_lifetime(
             expires_in_seconds, "expires_in_seconds must be a positive integer"
         )
+        params = None if parameters is None else _core.validate_state(parameters)[0]
         proof = None if lease is None else self._proof(lease)
-        offer = HandoffOffer(to, subject, ck, ctx, msg, proof, exp_ms)
+        offer = HandoffOffer(to, subject, ck, ctx, msg, proof, exp_ms, params)
         handoff = self._store.handoff_create(self._caller, offer, idempotency_key=key)
         if isinstance(lease, LeaseKeeper):
             hid = handoff.handoff_id
-            lease.attach_handoff(lambda: self.get(hid).status == "accepted")
+            # accepted: the lease moved on; rejected: the rejection released it
+            # (_rules.core.releases_on_reject). Either way the sender's block ends cleanly.
+            lease.attach_handoff(lambda: self.get(hid).status in ("accepted", "rejected"))
         return handoff
 
     def inbox(self, *, limit: int = 100, cursor: str | None = None) -> list[Handoff]:
@@ -272,7 +279,9 @@ class OutcomeAPI(_API):
 
         Raises:
             ValidationError, StaleFenceError, NotFoundError (a linked id does not exist),
-            IdempotencyMismatchError.
+            IdempotencyMismatchError. ConflictError: a ``succeeded`` outcome of this subject
+            under the same lease generation (``lease_id`` or the fence's) exists already
+            (``_rules.core.check_outcome``); nothing is written.
         """
         subject = _core.validate_id("subject_id", subject_id)
         if status not in OUTCOME_STATUSES:

@@ -568,3 +568,73 @@ def replay_check(
 def check_checkpoint_version(current: int, expected: int | None) -> None:
     """Compare-and-swap on a checkpoint: ``expected`` must equal ``current`` (0 if none)."""
     _check_version(current, expected)
+
+
+def check_outcome(
+    status: str, subject_id: str, lease_id: str | None, *, succeeded_before: bool
+) -> None:
+    """A second ``succeeded`` outcome of one subject under one lease generation is refused.
+
+    The first ``succeeded`` outcome recorded for ``subject_id`` with a lease generation
+    (``lease_id``, or the fence's) settles that generation's work; another one (a redundant
+    resume, a relayed event acted on twice) would count the work twice, so it is refused
+    with ``CONFLICT`` and nothing is written. An exact retry with the same idempotency key
+    replays the first receipt instead and never gets here. Outcomes without a lease, and
+    ``failed`` / ``cancelled`` ones, are not limited.
+
+    Args:
+        status: the new outcome's status. subject_id: its subject.
+        lease_id: the lease generation it is recorded under, or ``None``.
+        succeeded_before: a ``succeeded`` outcome of ``subject_id`` under ``lease_id``
+            exists already.
+
+    Raises:
+        ConflictError: ``status`` is ``succeeded`` and ``succeeded_before``.
+    """
+    if status == "succeeded" and lease_id is not None and succeeded_before:
+        raise ConflictError(f"{subject_id} already has a succeeded outcome under lease {lease_id}")
+
+
+def carried_lease_lapsed(carried: Generation | None, now_ms: int) -> bool:
+    """Whether the lease a pending handoff carries ran out before anyone accepted it.
+
+    ``carried`` is the generation the handoff names (``None`` when unknown). It lapsed when
+    it is still ``active`` past its expiry on the authority's clock, or ended ``expired`` /
+    ``taken_over`` (another holder found it expired). A lease its sender released or moved
+    elsewhere did not lapse: accepting that handoff is ``LEASE_LOST`` and it stays pending.
+    """
+    if carried is None:
+        return False
+    if carried.status == "active":
+        return carried.expires_at_ms <= now_ms
+    return carried.status in ("expired", "taken_over")
+
+
+def handoff_status(
+    status: str, expires_at_ms: int | None, now_ms: int, *, carried_lapsed: bool
+) -> str:
+    """The status a handoff reads as (DESIGN.md "Handoffs").
+
+    A ``pending`` handoff reads ``expired`` once its own expiry (``expires_at_ms``) has
+    passed, or once the lease it carries lapsed (``carried_lapsed``, see
+    :func:`carried_lease_lapsed`): nothing can be transferred any more, so it leaves the
+    recipient's inbox and can no longer be resolved (``NOT_FOUND``). Other statuses are kept.
+    """
+    if status != "pending":
+        return status
+    if expires_at_ms is not None and expires_at_ms <= now_ms:
+        return "expired"
+    return "expired" if carried_lapsed else "pending"
+
+
+def releases_on_reject(carried: Generation | None, from_principal: str, now_ms: int) -> bool:
+    """Whether rejecting a pending handoff releases the lease it carries.
+
+    Handing a lease over gives it away: from :func:`handoff_to` on the sender no longer
+    releases it (an acceptance fences the sender out at any moment), and a Prefect sender's
+    block has usually ended. A rejection therefore releases the carried generation in the
+    same step when it is still the sender's and effective, recorded as ``lease.released``,
+    instead of leaving the resource held by nobody until the TTL. A lease that already
+    ended or moved is left as it is.
+    """
+    return carried is not None and carried.owner == from_principal and carried.effective(now_ms)

@@ -10,6 +10,7 @@ replay after it must still match. No I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from prefect_baton._rules.validation import request_digest
 
@@ -87,9 +88,13 @@ def handoff_create_digest(
     message: str | None,
     lease_id: str | None,
     expires_in_ms: int | None,
+    parameters: dict[str, Any] | None = None,
 ) -> str:
     """Digest of a handoff creation (``lease_id``: the carried lease, or ``None``;
-    ``expires_in_ms``: the handoff's lifetime in milliseconds, or ``None``)."""
+    ``expires_in_ms``: the handoff's lifetime in milliseconds, or ``None``;
+    ``parameters``: the recipient run's parameters, part of the digest only when given, so
+    receipts of handoffs created without them keep their digest)."""
+    optional: dict[str, Any] = {} if parameters is None else {"parameters": parameters}
     return request_digest(
         "handoff.create",
         {
@@ -100,6 +105,7 @@ def handoff_create_digest(
             "message": message,
             "lease_id": lease_id,
             "expires_in_ms": expires_in_ms,
+            **optional,
         },
     )
 

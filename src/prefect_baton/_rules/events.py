@@ -9,7 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "EXPIRY_LAPSED",
+    "EXPIRY_TAKEN_OVER",
     "LEASE_EVENT_KINDS",
+    "expired_payload",
     "handoff_payload",
     "lease_events",
     "lease_payload",
@@ -51,6 +54,21 @@ def lease_payload(
     }
 
 
+EXPIRY_LAPSED = "lapsed"
+"""``reason`` of a ``lease.expired`` recorded by ``report_expired``: the lease was found past
+its TTL with nobody acting on the resource (it is free; a resume may start)."""
+EXPIRY_TAKEN_OVER = "taken_over"
+"""``reason`` of a ``lease.expired`` recorded when another holder took the resource over
+after the lease's TTL ran out (someone already holds it again)."""
+
+
+def expired_payload(lease: dict[str, Any], reason: str) -> dict[str, Any]:
+    """The payload of a ``lease.expired`` event: :func:`lease_payload` of the expired
+    generation plus ``reason`` (:data:`EXPIRY_LAPSED` or :data:`EXPIRY_TAKEN_OVER`), so an
+    Automation can tell a free resource from one already taken over (DESIGN.md "Events")."""
+    return {**lease, "reason": reason}
+
+
 def reports_expiry(ended_status: str) -> bool:
     """Whether a generation ended with ``ended_status`` records ``lease.expired`` (unless
     ``report_expired`` recorded it already): a takeover ends a lease whose TTL ran out."""
@@ -81,8 +99,8 @@ def lease_events(
             (only read when :func:`reports_expiry` of ``ended_status``).
 
     Returns:
-        ``(kind, payload)`` pairs: ``lease.expired`` for a taken-over generation not yet
-        reported, then the transition's own event.
+        ``(kind, payload)`` pairs: ``lease.expired`` (``reason`` ``taken_over``) for a
+        taken-over generation not yet reported, then the transition's own event.
 
     Raises:
         KeyError: an unknown ``action``.
@@ -94,7 +112,7 @@ def lease_events(
         and reports_expiry(ended_status)
         and not expiry_reported
     ):
-        events.append(("lease.expired", ended))
+        events.append(("lease.expired", expired_payload(ended, EXPIRY_TAKEN_OVER)))
     if new is None:
         return events
     if action in ("takeover", "supersede"):

@@ -191,6 +191,8 @@ class HandoffOffer:
             (``LeaseLostError`` when it is no longer held), or ``None``.
         expires_in_ms: the offer lapses after this many milliseconds (``int``), or
             ``None`` (never).
+        parameters: parameters for the recipient's run (a JSON object, validated by
+            :func:`prefect_baton._rules.validation.validate_state`), or ``None``.
     """
 
     to_principal: str
@@ -200,6 +202,7 @@ class HandoffOffer:
     message: str | None = None
     lease: Proof | None = None
     expires_in_ms: int | None = None
+    parameters: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -118,7 +118,8 @@ def run_scenario(
 ) -> dict[str, Any]:
     """Serve the four deployments, run the chain researcher -> writer -> operator ->
     reviewer, and return each role's result (``{"researcher": {...}, ..., "reviewer":
-    {"verdict": "accepted" | "rejected", ...}}``).
+    {"verdict": "accepted" | "rejected", ...}}``) and ``"final_states"``: each role's run
+    state name read after the runner stopped (``"Completed"`` when all went well).
 
     Args:
         inputs: directories of ``.py`` files (default: ``json``, ``email``, ``http``).
@@ -136,18 +137,25 @@ def run_scenario(
         reviewer.to_deployment(name="reviewer"),
     ]
     results: dict[str, Any] = {}
-    with prefect_api(), serving(*deployments):
-        first: Any = run_deployment(
-            RESEARCHER,
-            parameters={"inputs": inputs, "out_dir": out, "workers": workers},
-            timeout=0,
-        )
-        run_id: Any = first.id
-        for role in ("researcher", "writer", "operator", "reviewer"):
-            done = wait_for_run(run_id, timeout_seconds=600)
-            state = done.state
-            results[role] = state.result() if state.is_completed() else state.name
-            run_id = results[role].get("next") if isinstance(results[role], dict) else None
-            if run_id is None:
-                break
+    run_ids: dict[str, Any] = {}
+    with prefect_api():
+        with serving(*deployments):
+            first: Any = run_deployment(
+                RESEARCHER,
+                parameters={"inputs": inputs, "out_dir": out, "workers": workers},
+                timeout=0,
+            )
+            run_id: Any = first.id
+            for role in ("researcher", "writer", "operator", "reviewer"):
+                run_ids[role] = run_id
+                done = wait_for_run(run_id, timeout_seconds=600)
+                state = done.state
+                results[role] = state.result() if state.is_completed() else state.name
+                run_id = results[role].get("next") if isinstance(results[role], dict) else None
+                if run_id is None:
+                    break
+        # read again once the runner has stopped: a finished run must stay finished
+        results["final_states"] = {
+            role: wait_for_run(rid, timeout_seconds=60).state.name for role, rid in run_ids.items()
+        }
     return results

@@ -188,6 +188,9 @@ class HandoffCreateIn(_In):
     expires_in_seconds: Lifetime | None = Field(
         None, description="After this many seconds a pending handoff reads as expired."
     )
+    parameters: dict[str, Any] | None = Field(
+        None, description="Parameters for the recipient's run (a JSON object)."
+    )
     idempotency_key: IdempotencyKey | None = None
 
 

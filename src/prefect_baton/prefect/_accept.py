@@ -236,9 +236,9 @@ def accept_handoff(
 
     With ``defer=True`` entry only reads; call ``h.accept()`` / ``await h.aaccept()`` when
     ready (a block that ends without either accepts at exit). Raising
-    :class:`HandoffRejected` before acceptance rejects the handoff (the sender keeps its
-    lease) and ends the block cleanly; another exception before acceptance leaves it
-    pending.
+    :class:`HandoffRejected` before acceptance rejects the handoff (the lease it carries is
+    released, so the resource is free at once) and ends the block cleanly; another exception
+    before acceptance leaves it pending.
 
     On exit the lease is released, except when a Prefect retry follows a failure (kept for
     the retry, as ``@leased``) or it was handed on with :func:`handoff_to`.

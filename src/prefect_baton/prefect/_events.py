@@ -23,7 +23,11 @@ ledger transition (so Prefect's trigger de-duplication sees one event):
 - in-run: ``@leased``, :func:`handoff_to` and :func:`accept_handoff` emit the transitions
   they caused right away, with the run as related resource;
 - :func:`relay_events` pages the ledger's event stream from a cursor stored in the ledger
-  and emits everything (events written outside runs, renewals, expiries).
+  and emits everything (events written outside runs, renewals, expiries), each with the
+  ledger's ``occurred`` time, the label ``prefect-baton.relayed: "true"`` and no related
+  resources of the relaying run (only the acting ``principal``). A relayed event can arrive
+  long after the fact: an Automation that acts on one must check the current state first
+  (see ``flows/resume_expired.py``).
 
 Emission never starts a Prefect server: outside a run and without ``PREFECT_API_URL`` it is
 skipped (``emit_event`` would otherwise start an embedded server, or drop the event).
@@ -31,11 +35,12 @@ skipped (``emit_event`` would otherwise start an embedded server, or drop the ev
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.settings import PREFECT_API_URL
@@ -151,6 +156,7 @@ def emit_ledger_event(
     principal: str,
     event_id: str | None = None,
     occurred: datetime | None = None,
+    relayed: bool = False,
 ) -> bool:
     """Emit one ledger event as the Prefect event ``prefect-baton.<kind>``.
 
@@ -159,6 +165,10 @@ def emit_ledger_event(
         payload: the ledger payload (JSON object). org, principal: who caused it.
         event_id: the ledger ``event_id`` (fallback for the deterministic id).
         occurred: when it happened (aware ``datetime``; default now).
+        relayed: ``True`` for a copy relayed from the ledger by :func:`relay_events`: it gets
+            the label ``prefect-baton.relayed`` and none of the current run's related
+            resources (the run relaying it did not act; the acting principal is the
+            ``principal`` related resource, and ``occurred`` is the ledger's time).
 
     Returns:
         ``True`` if handed to Prefect's events worker, ``False`` when skipped (outside a run
@@ -169,10 +179,17 @@ def emit_ledger_event(
         return False
     from prefect.events import emit_event
 
-    try:
-        ev = emit_event(
+    resource = resource_for(kind, subject, payload, org=org, principal=principal)
+    if relayed:
+        resource["prefect-baton.relayed"] = "true"
+
+    def emit() -> Any:
+        if relayed:  # Prefect's events worker attaches the run of the sending context
+            cast(Any, FlowRunContext.__var__).set(None)
+            cast(Any, TaskRunContext.__var__).set(None)
+        return emit_event(
             event=EVENT_PREFIX + kind,
-            resource=resource_for(kind, subject, payload, org=org, principal=principal),
+            resource=resource,
             occurred=occurred,
             related=[
                 {
@@ -183,6 +200,9 @@ def emit_ledger_event(
             payload=payload,
             id=prefect_event_id(org, kind, payload, event_id or uuid.uuid4().hex),
         )
+
+    try:
+        ev = contextvars.copy_context().run(emit)
     except Exception:
         log.warning("could not emit Prefect event %s", kind, exc_info=True)
         return False
@@ -286,6 +306,7 @@ def relay_events(
                 principal=ev.principal,
                 event_id=ev.event_id,
                 occurred=ev.occurred_at,
+                relayed=True,
             )
             emitted += 1
     if emitted:  # saving the cursor is itself an event: only when something was relayed

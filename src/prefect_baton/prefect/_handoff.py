@@ -16,7 +16,7 @@ import anyio.to_thread
 
 from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._client.sync import Baton
-from prefect_baton.errors import ValidationError
+from prefect_baton.errors import NotFoundError, ValidationError
 from prefect_baton.models import Checkpoint, Handoff, Lease
 from prefect_baton.prefect._context import (
     BatonLike,
@@ -37,10 +37,11 @@ HANDOFF_PARAMETER = "handoff_id"
 class HandoffRejected(Exception):
     """Raise inside an :func:`accept_handoff` block, before accepting, to reject the handoff.
 
-    The handoff is resolved ``rejected`` with ``reason`` as its note, the sender keeps its
-    lease, and the block ends without error. Raised after acceptance it propagates (an
-    accepted handoff is never turned into a rejected one) and the taken-over lease is
-    released.
+    The handoff is resolved ``rejected`` with ``reason`` as its note, the lease it carries
+    is released (recorded as ``lease.released``: the sender gave it away and its block has
+    usually ended, so nobody would hold it until the TTL), and the block ends without error.
+    Raised after acceptance it propagates (an accepted handoff is never turned into a
+    rejected one) and the taken-over lease is released.
 
     Args:
         reason: why (``str``), stored as the handoff's note.
@@ -96,6 +97,30 @@ def start_recipient(
     )
 
 
+def check_deployment(deployment: str) -> None:
+    """Make sure ``deployment`` (``"<flow name>/<deployment name>"``) exists on the Prefect
+    API before anything is recorded for it.
+
+    Raises:
+        ValidationError: not of the form ``"<flow>/<deployment>"``.
+        NotFoundError: no such deployment (a typo): nothing was recorded, and a lease the
+            caller holds stays with it.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    flow_name, _, name = deployment.partition("/")
+    if not flow_name or not name:
+        raise ValidationError(
+            f"deployment must be '<flow name>/<deployment name>', got {deployment!r}"
+        )
+    try:
+        with get_client(sync_client=True) as client:
+            client.read_deployment_by_name(deployment)
+    except ObjectNotFound:
+        raise NotFoundError(f"deployment {deployment!r} not found") from None
+
+
 def _client_for(
     baton: BatonLike | None, ident: RunIdentity, slot: LeaseSlot | None, principal: str | None
 ) -> Baton:
@@ -133,10 +158,13 @@ def handoff_to(
             transfers it to the recipient. The lease is then no longer released when your
             block ends (it stays held, unrenewed after the block, until the recipient
             accepts or its TTL runs out: choose a TTL longer than the recipient's start-up).
-        deployment: the recipient's deployment ``"<flow>/<deployment>"``; started with
+        deployment: the recipient's deployment ``"<flow>/<deployment>"``; checked first
+            (an unknown one raises before anything is recorded), then started with
             ``handoff_id`` among its parameters and the handoff id as Prefect idempotency
             key, so a retried call starts one run only.
-        parameters: more parameters for that run.
+        parameters: more parameters for the recipient's run (a JSON object); stored with
+            the handoff (``Handoff.parameters``), so ``dispatch_handoffs`` passes them on
+            too.
         baton: client, factory or ``"baton/<block name>"`` (see :func:`leased`); default:
             the enclosing lease's client, else ``Baton.from_settings()`` acting as the run's
             principal.
@@ -153,14 +181,18 @@ def handoff_to(
         :class:`SentHandoff` with the handoff and the started flow run.
 
     Raises:
-        ValidationError: no recipient, a handoff to yourself, bad ids. LeaseLostError: the
-        lease is not held. StaleFenceError: the checkpoint save's fence is stale.
-        NotFoundError: unknown checkpoint. Prefect errors from starting the deployment
-        (the handoff stays recorded and pending; ``dispatch_handoffs`` can start it later).
+        ValidationError: no recipient, a handoff to yourself, bad ids, a deployment name
+        without ``/``. LeaseLostError: the lease is not held. StaleFenceError: the
+        checkpoint save's fence is stale. NotFoundError: unknown checkpoint; unknown
+        deployment (checked before anything is recorded: the lease stays with your block).
+        Prefect errors from starting the deployment (the handoff stays recorded and
+        pending; ``dispatch_handoffs`` can start it later).
     """
     to = principal or deployment
     if not to:
         raise ValidationError("handoff_to needs a principal or a deployment")
+    if deployment is not None:
+        check_deployment(deployment)
     ident = run_identity()
     slot = current_slot()
     b = _client_for(baton, ident, slot, from_principal)
@@ -184,6 +216,7 @@ def handoff_to(
         lease=lease,
         idempotency_key=key,
         expires_in_seconds=expires_in_seconds,
+        parameters=parameters,
     )
     if isinstance(lease, LeaseKeeper):
         lease.release_on_exit = False

@@ -17,13 +17,23 @@ __all__ = ["prefect_api", "serving", "wait_for_run"]
 
 
 @contextmanager
-def serving(*deployments: Any, poll_seconds: float = 1.0) -> Iterator[Any]:
+def serving(
+    *deployments: Any, poll_seconds: float = 1.0, drain_seconds: float = 30.0
+) -> Iterator[Any]:
     """Serve ``deployments`` (from ``flow.to_deployment(name=...)``) while the block runs.
+
+    When the block ends, the runner first waits (up to ``drain_seconds``) for the processes
+    of the runs it started to exit, then stops. Prefect's runner cancels every run whose
+    process it still tracks when it stops ("Runner is shutting down."), and a run that has
+    already reported ``Completed`` keeps its process for a moment longer (flushing logs and
+    events): stopping at once turned such finished runs ``Cancelled``.
 
     Args:
         deployments: ``prefect.deployments.runner.RunnerDeployment`` objects; they are
             registered with the Prefect API before the block starts.
         poll_seconds: how often the runner looks for scheduled runs (seconds, ``float``).
+        drain_seconds: how long to wait for running flow-run processes to exit before the
+            runner stops and cancels what is left (seconds, ``float``).
 
     Yields:
         The ``prefect.runner.Runner``.
@@ -62,10 +72,29 @@ def serving(*deployments: Any, poll_seconds: float = 1.0) -> Iterator[Any]:
         yield runner
     finally:
         if runner.started:
+            asyncio.run_coroutine_threadsafe(_drain(runner, drain_seconds), loop).result(
+                drain_seconds + 5
+            )
             asyncio.run_coroutine_threadsafe(runner.astop(), loop).result(30)
         thread.join(30)
         if not thread.is_alive():
             loop.close()
+
+
+async def _drain(runner: Any, timeout_seconds: float) -> None:
+    """Wait until ``runner`` tracks no flow-run process (or ``timeout_seconds`` passed).
+
+    ``Runner.astop`` cancels every run whose process is still tracked, even one that has
+    reported a final state and is only exiting; waiting here first is what keeps a
+    completed run ``Completed``. The runner's process manager is private in Prefect 3.9
+    (``_process_manager.flow_run_ids()``); without it there is nothing to wait for.
+    """
+    manager = getattr(runner, "_process_manager", None)
+    if manager is None or not hasattr(manager, "flow_run_ids"):
+        return
+    deadline = asyncio.get_running_loop().time() + timeout_seconds
+    while manager.flow_run_ids() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.2)
 
 
 @contextmanager

@@ -108,6 +108,7 @@ class HandoffFields(Protocol):
     context_id: str | None
     message: str | None
     expires_in_seconds: int | None
+    parameters: dict[str, Any] | None
 
 
 class ResolveFields(Protocol):
@@ -208,6 +209,7 @@ def create_handoff(
         lease=lease,
         idempotency_key=idempotency_key,
         expires_in_seconds=a.expires_in_seconds,
+        parameters=a.parameters,
     )
 
 

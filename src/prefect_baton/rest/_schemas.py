@@ -117,6 +117,7 @@ class HandoffIn(_In):
     message: Text | None = None
     lease_id: Id | None = None
     expires_in_seconds: Lifetime | None = None
+    parameters: dict[str, Any] | None = None
 
 
 class ResolveIn(_In):

@@ -569,7 +569,11 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
                 self._transition(
                     tx, h, caller.org, resource, action="expired", actor=caller.principal
                 )
-                tx.emit("lease.expired", subject_of(resource), lease_payload(h, resource))
+                tx.emit(
+                    "lease.expired",
+                    subject_of(resource),
+                    _events.expired_payload(lease_payload(h, resource), _events.EXPIRY_LAPSED),
+                )
                 out.append(generation_to_lease(h))
             return out
 

@@ -16,13 +16,14 @@ from prefect_baton._rules.access import (
     may_read,
     may_read_checkpoint,
 )
-from prefect_baton._rules.core import Proof
+from prefect_baton._rules.core import Generation, Proof
 from prefect_baton._rules.digests import (
     checkpoint_save_digest,
     handoff_create_digest,
     operation_digest,
     outcome_record_digest,
 )
+from prefect_baton._rules.validation import canonical_json
 from prefect_baton._stores.ledger.base import Tx
 from prefect_baton._stores.ledger.convert import (
     checkpoint_model,
@@ -114,6 +115,19 @@ def _readable(s: Session, caller: Caller, row: CheckpointRow | None) -> Checkpoi
     if may_read_checkpoint(caller.role, caller.principal, row.principal, recipients):
         return row
     return None
+
+
+def _carried(s: Session, row: HandoffRow) -> Generation | None:
+    """The lease generation handoff ``row`` carries (``None``: none, or unknown)."""
+    if row.lease_id is None:
+        return None
+    lrow = s.get(GenerationRow, row.lease_id)
+    return row_to_generation(lrow) if lrow is not None else None
+
+
+def carried_lapsed(s: Session, row: HandoffRow, now_ms: int) -> bool:
+    """Whether the lease handoff ``row`` carries lapsed (:func:`_core.carried_lease_lapsed`)."""
+    return row.status == "pending" and _core.carried_lease_lapsed(_carried(s, row), now_ms)
 
 
 class RecordOps(LeaseOps):
@@ -327,6 +341,7 @@ class RecordOps(LeaseOps):
             message=offer.message,
             lease_id=offer.lease.lease_id if offer.lease else None,
             expires_in_ms=offer.expires_in_ms,
+            parameters=offer.parameters,
         )
 
         def op(tx: Tx) -> Handoff:
@@ -362,6 +377,9 @@ class RecordOps(LeaseOps):
                 status="pending",
                 created_at_ms=tx.now_ms,
                 expires_at_ms=tx.now_ms + offer.expires_in_ms if offer.expires_in_ms else None,
+                parameters_json=(
+                    None if offer.parameters is None else canonical_json(offer.parameters)
+                ),
             )
             s.add(row_h)
             s.flush()
@@ -397,8 +415,27 @@ class RecordOps(LeaseOps):
                     )
                 )
             q = q.order_by(col(HandoffRow.created_at_ms), col(HandoffRow.handoff_id))
-            rows = s.execute(q.limit(max(1, min(limit, 10_000)))).scalars()
-            return [handoff_model(r, now) for r in rows]
+            want = max(1, min(limit, 10_000))
+            out: list[Handoff] = []
+            while len(out) < want:  # skip those whose carried lease lapsed (they read expired)
+                rows = list(s.execute(q.limit(want)).scalars())
+                for r in rows:
+                    h = handoff_model(r, now, carried_lapsed=carried_lapsed(s, r, now))
+                    if h.status == "pending" and len(out) < want:
+                        out.append(h)
+                if len(rows) < want:
+                    break
+                last = rows[-1]
+                q = q.where(
+                    or_(
+                        col(HandoffRow.created_at_ms) > last.created_at_ms,
+                        and_(
+                            col(HandoffRow.created_at_ms) == last.created_at_ms,
+                            col(HandoffRow.handoff_id) > last.handoff_id,
+                        ),
+                    )
+                )
+            return out
 
     def handoff_get(self, caller: Caller, handoff_id: str) -> Handoff:
         """A handoff, for its sender or recipient (or an owner/admin).
@@ -421,7 +458,7 @@ class RecordOps(LeaseOps):
                 lrow = s.get(GenerationRow, row.accepted_lease_id)
                 if lrow is not None and lrow.owner == caller.principal:
                     lease = generation_to_lease(row_to_generation(lrow))
-            return handoff_model(row, now, lease)
+            return handoff_model(row, now, lease, carried_lapsed=carried_lapsed(s, row, now))
 
     def _handoff_resolve(self, caller: Caller, resolution: HandoffResolution) -> Handoff:
         """Resolve a pending handoff addressed to the caller as ``accepted`` or ``rejected``.
@@ -433,8 +470,8 @@ class RecordOps(LeaseOps):
         lease_id: str | None = None
         with self._read() as (s, _now):
             h = s.get(HandoffRow, handoff_id)
-            if h is not None and h.org_id == caller.org and h.lease_id and status == "accepted":
-                lease_id = h.lease_id
+            if h is not None and h.org_id == caller.org and h.lease_id:
+                lease_id = h.lease_id  # accepting moves it, rejecting may release it
         # looked up after the first read ends: one connection at a time (the in-memory
         # ledger of prefect_baton.testing has only one)
         located = None if lease_id is None else self._resource_of(caller, lease_id)
@@ -444,10 +481,24 @@ class RecordOps(LeaseOps):
             row = s.get(HandoffRow, handoff_id)
             if row is None or row.org_id != caller.org or row.status != "pending":
                 raise NotFoundError(f"pending handoff {handoff_id} not found")
-            if row.expires_at_ms is not None and row.expires_at_ms <= tx.now_ms:
+            carried = _carried(s, row)
+            lapsed = _core.carried_lease_lapsed(carried, tx.now_ms)
+            if handoff_model(row, tx.now_ms, carried_lapsed=lapsed).status == "expired":
                 raise NotFoundError(f"handoff {handoff_id} has expired")
             check_resolver(row.to_principal, caller.principal)
             lease: Lease | None = None
+            if (
+                status == "rejected"
+                and carried is not None
+                and _core.releases_on_reject(carried, row.from_principal, tx.now_ms)
+            ):
+                proof = Proof(carried.lease_id, row.from_principal, carried.execution_key)
+                released = _core.decide_release(
+                    carried, proof, expected_version=None, now_ms=tx.now_ms
+                )
+                self._apply(
+                    tx, released, caller.org, resource=(carried.resource_type, carried.resource_id)
+                )
             if status == "accepted" and row.lease_id:
                 lrow = self._row_by_id(s, caller.org, row.lease_id)
                 held = row_to_generation(lrow) if lrow else None
@@ -510,6 +561,22 @@ class RecordOps(LeaseOps):
                     obj: Any = s.get(model_, ref)
                     if obj is None or obj.org_id != caller.org:
                         raise NotFoundError(f"{kind_} {ref} not found")
+            under = record.lease_id or (fence.lease_id if fence else None)
+            _core.check_outcome(
+                record.status,
+                record.subject_id,
+                under,
+                succeeded_before=under is not None
+                and s.execute(
+                    select(col(OutcomeRow.outcome_id)).where(
+                        col(OutcomeRow.org_id) == caller.org,
+                        col(OutcomeRow.subject_id) == record.subject_id,
+                        col(OutcomeRow.lease_id) == under,
+                        col(OutcomeRow.status) == "succeeded",
+                    )
+                ).first()
+                is not None,
+            )
             row = OutcomeRow(
                 outcome_id=new_id("out"),
                 org_id=caller.org,
@@ -517,7 +584,7 @@ class RecordOps(LeaseOps):
                 principal=caller.principal,
                 status=record.status,
                 evidence=json.dumps(ev),
-                lease_id=record.lease_id or (fence.lease_id if fence else None),
+                lease_id=under,
                 handoff_id=record.handoff_id,
                 checkpoint_id=record.checkpoint_id,
                 fence_epoch=held.epoch if held else None,
@@ -535,7 +602,7 @@ class RecordOps(LeaseOps):
 
         return self._write_once(
             caller,
-            self._fence_locks(caller, fence),
+            [*self._fence_locks(caller, fence), f"outcome:{caller.org}:{record.subject_id}"],
             "outcome.record",
             idempotency_key,
             scope,

@@ -165,6 +165,7 @@ class HandoffRow(SQLModel, table=True):
     resolved_at_ms: int | None = Field(default=None, sa_column=_ms(True))
     note: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     accepted_lease_id: str | None = Field(default=None, max_length=64)
+    parameters_json: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
 
 
 class OutcomeRow(SQLModel, table=True):

@@ -19,16 +19,20 @@ any drain runs (the client's drain thread, ``baton reconcile``, the next ledger 
 any client of the org, or an exact retry), which completes it as ``accepted``; if Redis loses
 its data first, the transfer is lost with it and the rebuilt state is ``(pending, sender
 holds)``. Rejecting a lease-carrying handoff first settles the resolution key to
-``rejected`` (refused once it says ``accepted``), then records the rejection in the ledger;
-a crash in between leaves ``(pending, sender holds)``, and no accept can win afterwards.
+``rejected`` (refused once it says ``accepted``), then releases the carried lease on Redis
+(``_rules.core.releases_on_reject``), then records the rejection in the ledger; a crash in
+between leaves the handoff pending, and no accept can win afterwards.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import TYPE_CHECKING
 
 from prefect_baton._rules.access import check_resolver
+from prefect_baton._rules.core import Proof, releases_on_reject
+from prefect_baton._stores.ledger.records import carried_lapsed
 from prefect_baton._stores.ledger.store import handoff_model
 from prefect_baton._stores.ledger.tables import HandoffRow
 from prefect_baton._stores.protocol import Caller, HandoffResolution
@@ -42,7 +46,7 @@ from prefect_baton.models import Handoff, Lease
 if TYPE_CHECKING:
     from prefect_baton._stores.redis.authority import RedisAuthority
 
-__all__ = ["mark_rejected", "resolve_handoff", "transfer_lease"]
+__all__ = ["mark_rejected", "release_carried", "resolve_handoff", "transfer_lease"]
 
 
 def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: HandoffResolution) -> Handoff:
@@ -70,13 +74,16 @@ def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: HandoffRes
         if row is not None and row.org_id == caller.org and row.status == "pending":
             lease_id, from_principal = row.lease_id, row.from_principal
             expires_at_ms = row.expires_at_ms
-            if expires_at_ms is not None and expires_at_ms <= now:
+            if handoff_model(row, now, carried_lapsed=carried_lapsed(s, row, now)).status == (
+                "expired"
+            ):
                 raise NotFoundError(f"handoff {handoff_id} has expired")
             check_resolver(row.to_principal, caller.principal)
     if lease_id is None or from_principal is None:
         return store.handoff_resolve(caller, resolution)
     if resolution.status == "rejected":
         mark_rejected(auth, caller, handoff_id)
+        release_carried(auth, caller, lease_id, from_principal)
         return store.handoff_resolve(caller, resolution)
     lease = transfer_lease(
         auth,
@@ -93,6 +100,21 @@ def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: HandoffRes
         done = s.get(HandoffRow, handoff_id)
         assert done is not None
         return handoff_model(done, now, lease)
+
+
+def release_carried(auth: RedisAuthority, caller: Caller, lease_id: str, sender: str) -> None:
+    """Release the lease a rejected handoff carries when
+    :func:`prefect_baton._rules.core.releases_on_reject` says so (on Redis, the authority),
+    then drain the journal so the ledger's rejection sees it released and leaves it alone.
+    A crash in between leaves the handoff pending with its lease released: accepting it is
+    then ``LEASE_LOST``, and rejecting it again completes the rejection."""
+    held, now = auth.generation(caller, lease_id)
+    if not releases_on_reject(held, sender, now):
+        return
+    assert held is not None
+    as_sender = dataclasses.replace(caller, principal=sender)
+    auth._release(as_sender, Proof(held.lease_id, sender, held.execution_key), None)
+    auth.sync_ledger(caller.org, strict=True)
 
 
 def mark_rejected(auth: RedisAuthority, caller: Caller, handoff_id: str) -> None:

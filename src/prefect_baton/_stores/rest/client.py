@@ -416,7 +416,7 @@ class RestStore(_Transport):
     ) -> Handoff:
         """``POST /v1/handoffs``."""
         lease, expires_in_ms = offer.lease, offer.expires_in_ms
-        body = {
+        body: dict[str, Any] = {
             "to_principal": offer.to_principal,
             "subject_id": offer.subject_id,
             "checkpoint_id": offer.checkpoint_id,
@@ -425,6 +425,8 @@ class RestStore(_Transport):
             "lease_id": lease.lease_id if lease else None,
             "expires_in_seconds": expires_in_ms // 1000 if expires_in_ms is not None else None,
         }
+        if offer.parameters is not None:
+            body["parameters"] = offer.parameters
         if lease is not None:
             body["lease_execution_key"] = lease.execution_key
         data, replayed = self._call(

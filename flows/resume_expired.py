@@ -1,0 +1,125 @@
+"""Deployable flow ``baton-resume-expired``: the resume pattern for ``lease.expired``.
+
+An Automation on ``prefect-baton.lease.expired`` can run this flow with the event's payload
+(``resource_type``, ``resource_id``, ``lease_id``, ``epoch``, ``reason``). Events arrive at
+least once and possibly late (the relay re-sends from its cursor, an Automation may fire
+again), so the flow never trusts the event alone. It resumes only when all of these hold
+*now*:
+
+- the event's ``reason`` is ``lapsed`` (found free); ``taken_over`` means another holder
+  already has the resource;
+- nobody holds the resource and its epoch is still the expired lease's: a higher epoch means
+  someone took it over since (and may have finished);
+- the subject (``subject_id``, default ``"<resource_type>/<resource_id>"``) has no
+  ``succeeded`` outcome.
+
+Then it starts ``deployment`` with ``resource_type``, ``resource_id``, ``subject_id`` and
+``expired_lease_id``, with ``resume:<lease_id>`` as Prefect idempotency key: however often the
+event is delivered, one expired generation starts at most one resume run. Otherwise it exits,
+saying why (``skipped``), without redoing finished work.
+
+Run once: ``python flows/resume_expired.py <resource_type> <resource_id> <epoch> <lease_id>``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from prefect_baton import Baton
+
+RESUMER = "prefect-baton.resume-expired"
+
+
+def resume_verdict(
+    b: Baton,
+    resource_type: str,
+    resource_id: str,
+    epoch: int,
+    *,
+    reason: str = "lapsed",
+    subject_id: str | None = None,
+) -> str | None:
+    """Why not to resume now (``str``), or ``None`` when resuming is right.
+
+    Args:
+        b: a client of the org (any principal: ``inspect`` and outcomes are org-wide).
+        resource_type, resource_id: the expired lease's resource.
+        epoch: the expired lease's epoch (``int``, from the event payload).
+        reason: the event's ``reason`` (``lapsed`` or ``taken_over``).
+        subject_id: whose outcomes say the work is done (default the resource).
+
+    Raises:
+        UnavailableError: the ledger cannot be reached.
+    """
+    if reason != "lapsed":
+        return f"the lease was {reason}: another holder has the resource"
+    info = b.leases.inspect(resource_type, resource_id)
+    if info.held:
+        return f"the resource is held again (epoch {info.epoch})"
+    if info.epoch > epoch:
+        return f"the resource moved on to epoch {info.epoch} (the event is for epoch {epoch})"
+    subject = subject_id or f"{resource_type}/{resource_id}"
+    if any(o.status == "succeeded" for o in b.outcomes.list(subject)):
+        return f"{subject} already has a succeeded outcome"
+    return None
+
+
+@flow(name="baton-resume-expired", persist_result=True)
+def resume_expired(
+    resource_type: str,
+    resource_id: str,
+    epoch: int,
+    lease_id: str,
+    reason: str = "lapsed",
+    subject_id: str | None = None,
+    deployment: str | None = None,
+) -> dict[str, Any]:
+    """Resume the work of an expired lease once, if it is still unfinished and free.
+
+    Args:
+        resource_type, resource_id, epoch, lease_id, reason: from the ``lease.expired``
+            event's payload.
+        subject_id: the subject whose outcomes tell finished work (default the resource).
+        deployment: ``"<flow>/<deployment>"`` to start for the resume; ``None`` only
+            reports the verdict.
+
+    Returns:
+        ``{"status": "skipped", "reason": str}``, ``{"status": "resumable"}`` (no
+        deployment given) or ``{"status": "started", "flow_run_id": str}``.
+
+    Raises:
+        UnavailableError: the ledger cannot be reached. Prefect errors from starting the
+        deployment.
+    """
+    log = get_run_logger()
+    b = Baton.from_settings(principal=RESUMER)
+    why = resume_verdict(b, resource_type, resource_id, epoch, reason=reason, subject_id=subject_id)
+    if why is not None:
+        log.info("not resuming %s/%s: %s", resource_type, resource_id, why)
+        return {"status": "skipped", "reason": why}
+    if deployment is None:
+        return {"status": "resumable"}
+    from prefect.deployments import run_deployment
+
+    run = run_deployment(
+        deployment,
+        parameters={
+            "resource_type": resource_type,
+            "resource_id": resource_id,
+            "subject_id": subject_id or f"{resource_type}/{resource_id}",
+            "expired_lease_id": lease_id,
+        },
+        timeout=0,
+        idempotency_key=f"resume:{lease_id}",
+        as_subflow=False,
+    )
+    log.info("resuming %s/%s in flow run %s", resource_type, resource_id, run.id)
+    return {"status": "started", "flow_run_id": str(run.id)}
+
+
+if __name__ == "__main__":
+    rtype, rid, ep, lid = sys.argv[1:5]
+    print(resume_expired(rtype, rid, int(ep), lid))

@@ -32,10 +32,10 @@ import pytest
 pytest.importorskip("prefect")
 
 from prefect_baton import Baton
+from tests.conftest import REQUIRE
 
 REPO = Path(__file__).resolve().parents[2]
 SERVED = REPO / "tests" / "e2e" / "served_flows.py"
-REQUIRE = os.environ.get("BATON_REQUIRE_SERVICES") == "1"
 DEPLOYMENTS = (
     "baton-e2e-contend/contend",
     "baton-e2e-sender/sender",

@@ -105,7 +105,6 @@ def test_handoff_between_deployments_is_accepted_and_resumed(served: Served) -> 
     assert not b.leases.inspect("e2e-report", "q3").held  # the recipient released it
 
 
-@pytest.mark.xfail(strict=False, reason="needs the handoff-lifecycle change")
 def test_rejected_handoff_frees_the_resource(served: Served) -> None:
     sender = wait_for_run(
         _start(served, SENDER, report="q4", reject=True).id, timeout_seconds=RUN_TIMEOUT

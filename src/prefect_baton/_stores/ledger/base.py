@@ -48,6 +48,17 @@ from prefect_baton.errors import (
     UnavailableError,
 )
 
+#: The outbox insert of :meth:`StoreBase._flush_events` (``?`` placeholders).
+_INSERT_EVENT = (
+    f"INSERT INTO {EventRow.__tablename__} (event_id, org_id, kind, principal, subject, "
+    "payload, occurred_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+#: Statements of :meth:`StoreBase._sql` with PostgreSQL's placeholders, by their SQLite text.
+_PG_SQL: dict[str, str] = {}
+#: The key of a session's :attr:`~sqlalchemy.orm.Session.info` under which
+#: :meth:`StoreBase._sql` keeps the session's pooled DBAPI connection.
+_DBAPI_CONNECTION = "baton_dbapi_connection"
+
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 MAX_ATTEMPTS = 8
@@ -65,9 +76,17 @@ class Tx:
     caller: Caller
     events: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     registered: tuple[str, str, str] | None = None
+    #: Lease ids made in this transaction (:meth:`new_lease_id`): they have no row yet.
+    new_lease_ids: set[str] = field(default_factory=set)
 
     def emit(self, kind: str, subject: str, payload: dict[str, Any]) -> None:
         self.events.append((kind, subject, payload))
+
+    def new_lease_id(self) -> str:
+        """A fresh lease id for a decision of this transaction (no row has it yet)."""
+        lease_id = new_id("lease")
+        self.new_lease_ids.add(lease_id)
+        return lease_id
 
 
 class StoreBase:
@@ -155,6 +174,8 @@ class StoreBase:
         self._registered: set[tuple[str, str, str]] = set()
         self._writes = 0
         self._now_sql = text(self.engines.now_sql())
+        #: The driver's base exception class (``sqlite3.Error``, ``psycopg.Error``).
+        self._driver_error: type[Exception] = self.engines.write.dialect.loaded_dbapi.Error
         if migrate:
             upgrade(self.engines)
 
@@ -166,19 +187,53 @@ class StoreBase:
 
     def _lock(self, session: Session, key: str) -> None:
         if not self.engines.is_sqlite:
-            session.execute(
-                text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"), {"k": key}
+            self._sql(session, "SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", (key,))
+
+    def _sql(self, session: Session, statement: str, params: Any = ()) -> Any:
+        """Run ``statement`` (SQL with ``?`` placeholders, no literal ``%``) with ``params``
+        (a tuple, or a list of tuples for many rows) with the driver's cursor on
+        ``session``'s connection, in its transaction: no ORM unit of work, no statement
+        compilation, no result wrapping on the paths run once per lease operation.
+
+        Returns:
+            The driver's cursor (``fetchone()`` gives a tuple, ``rowcount`` the rows
+            written).
+
+        Raises:
+            sqlalchemy.exc.DBAPIError: the driver's error, wrapped as SQLAlchemy wraps it
+                for any statement (``IntegrityError``, ``OperationalError``, ...).
+        """
+        dbapi = session.info.get(_DBAPI_CONNECTION)
+        if dbapi is None:  # once per session: each holds one transaction on one connection
+            dbapi = session.info[_DBAPI_CONNECTION] = session.connection().connection
+        if not self.engines.is_sqlite:
+            statement = _PG_SQL.get(statement) or _PG_SQL.setdefault(
+                statement, statement.replace("?", "%s")
             )
+        cursor = dbapi.cursor()
+        base_error = self._driver_error
+        try:
+            if isinstance(params, list):
+                cursor.executemany(statement, params)
+            else:
+                cursor.execute(statement, params)
+        except base_error as exc:
+            raise DBAPIError.instance(statement, params, exc, base_error) from exc
+        return cursor
 
     def _write(
         self,
         caller: Caller,
-        locks: Sequence[str],
+        locks: Sequence[str] | Callable[[Session], Sequence[str]],
         fn: Callable[[Tx], T],
         *,
         statement_timeout_ms: int | None = None,
     ) -> T:
         """Run ``fn`` in a write transaction, retrying on serialization/unique races.
+
+        ``locks``: the lock keys taken up front, or a function of the session that returns
+        them, run first in the transaction (it may raise a :class:`BatonError`, which rolls
+        the transaction back).
 
         ``statement_timeout_ms`` (PostgreSQL): every statement of the transaction, lock
         waits included, is cancelled after this many milliseconds (``UnavailableError``).
@@ -192,10 +247,11 @@ class StoreBase:
                             session.execute(
                                 text(f"SET LOCAL statement_timeout = {int(statement_timeout_ms)}")
                             )
-                        for key in sorted(set(locks)):
+                        keys = locks(session) if callable(locks) else locks
+                        for key in sorted(set(keys)):
                             self._lock(session, key)
                         now_ms = (
-                            int(session.execute(self._now_sql).scalar_one())
+                            int(self._sql(session, self._now_sql.text).fetchone()[0])
                             if self.clock is None
                             else int(self.clock())
                         )
@@ -282,19 +338,23 @@ class StoreBase:
         if not tx.events:
             return
         self._lock(tx.session, f"events:{tx.caller.org}")
-        for kind, subject, payload in tx.events:
-            tx.session.add(
-                EventRow(
-                    event_id=new_id("evt"),
-                    org_id=tx.caller.org,
-                    kind=kind,
-                    principal=tx.caller.principal,
-                    subject=subject,
-                    payload=_core.canonical_json(payload),
-                    occurred_at_ms=tx.now_ms,
+        org, principal = tx.caller.org, tx.caller.principal
+        self._sql(
+            tx.session,
+            _INSERT_EVENT,
+            [
+                (
+                    new_id("evt"),
+                    org,
+                    kind,
+                    principal,
+                    subject,
+                    _core.canonical_json(payload),
+                    tx.now_ms,
                 )
-            )
-        tx.session.flush()
+                for kind, subject, payload in tx.events
+            ],
+        )
 
     # ------------------------------------------------------------------ receipts
 

@@ -53,6 +53,15 @@ _INSERT_EVENT = (
     f"INSERT INTO {EventRow.__tablename__} (event_id, org_id, kind, principal, subject, "
     "payload, occurred_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
+#: A statement's prefix that first takes the transaction advisory lock of its first
+#: parameter (PostgreSQL); the statement reads ``FROM locked``.
+_LOCKED = "WITH locked AS (SELECT pg_advisory_xact_lock(hashtextextended(?, 0))) "
+#: The outbox insert behind the org's event lock (PostgreSQL): sequence numbers are handed
+#: out in commit order.
+_LOCKED_INSERT_EVENT = (
+    f"{_LOCKED}INSERT INTO {EventRow.__tablename__} (event_id, org_id, kind, principal, "
+    "subject, payload, occurred_at_ms) SELECT ?, ?, ?, ?, ?, ?, ? FROM locked"
+)
 #: Statements of :meth:`StoreBase._sql` with PostgreSQL's placeholders, by their SQLite text.
 _PG_SQL: dict[str, str] = {}
 #: The key of a session's :attr:`~sqlalchemy.orm.Session.info` under which
@@ -213,13 +222,32 @@ class StoreBase:
         cursor = dbapi.cursor()
         base_error = self._driver_error
         try:
-            if isinstance(params, list):
+            if isinstance(params, list) and len(params) != 1:
                 cursor.executemany(statement, params)
+            elif isinstance(params, list):  # one row: no batch (psycopg's is a pipeline)
+                cursor.execute(statement, params[0])
             else:
                 cursor.execute(statement, params)
         except base_error as exc:
             raise DBAPIError.instance(statement, params, exc, base_error) from exc
         return cursor
+
+    def _lock_all_then_now(self, session: Session, keys: list[str]) -> int:
+        """Take the locks ``keys`` in their order, then read the store's clock (epoch ms).
+        On PostgreSQL the last lock and the clock are one statement (a round trip less),
+        the clock read once the lock is held."""
+        if self.engines.is_sqlite:  # BEGIN IMMEDIATE locked the database
+            keys = []
+        for key in keys[:-1]:
+            self._lock(session, key)
+        if self.clock is not None:
+            if keys:
+                self._lock(session, keys[-1])
+            return int(self.clock())
+        if not keys:
+            return int(self._sql(session, self._now_sql.text).fetchone()[0])
+        now_sql = f"{_LOCKED}{self._now_sql.text} FROM locked"
+        return int(self._sql(session, now_sql, (keys[-1],)).fetchone()[0])
 
     def _write(
         self,
@@ -247,14 +275,8 @@ class StoreBase:
                             session.execute(
                                 text(f"SET LOCAL statement_timeout = {int(statement_timeout_ms)}")
                             )
-                        keys = locks(session) if callable(locks) else locks
-                        for key in sorted(set(keys)):
-                            self._lock(session, key)
-                        now_ms = (
-                            int(self._sql(session, self._now_sql.text).fetchone()[0])
-                            if self.clock is None
-                            else int(self.clock())
-                        )
+                        keys = sorted(set(locks(session) if callable(locks) else locks))
+                        now_ms = self._lock_all_then_now(session, keys)
                         tx = Tx(session=session, now_ms=now_ms, caller=caller)
                         self._register(tx)
                         result = fn(tx)
@@ -337,13 +359,15 @@ class StoreBase:
     def _flush_events(self, tx: Tx) -> None:
         if not tx.events:
             return
-        self._lock(tx.session, f"events:{tx.caller.org}")
         org, principal = tx.caller.org, tx.caller.principal
+        # PostgreSQL: each insert takes the org's event lock first (one statement)
+        lock = () if self.engines.is_sqlite else (f"events:{org}",)
         self._sql(
             tx.session,
-            _INSERT_EVENT,
+            _INSERT_EVENT if self.engines.is_sqlite else _LOCKED_INSERT_EVENT,
             [
                 (
+                    *lock,
                     new_id("evt"),
                     org,
                     kind,

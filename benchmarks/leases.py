@@ -253,7 +253,147 @@ def baton_ledger(name: str, ledger_url: str) -> BatonVariant:
     return BatonVariant(name, b, [store.close])
 
 
+class RawLedgerFloor(Variant):
+    """The ledger's durable work for one pair with the database driver directly (``sqlite3``
+    or psycopg, no ORM, no decision core): one write transaction for acquire (read the
+    resource's newest row, insert the lease row, a transition row and an event row), one for
+    release (read the lease row, update it, insert a transition and an event), on the ledger's
+    own tables and indexes. SQLite runs in WAL with ``synchronous=NORMAL`` as the product sets
+    it, PostgreSQL with its default ``synchronous_commit`` (on)."""
+
+    def __init__(self, name: str, ledger_url: str) -> None:
+        self.name = name
+        LedgerStore(ledger_url).close()  # the ledger's schema, migrated
+        self.org = _org()
+        self.sqlite = ledger_url.startswith("sqlite")
+        if self.sqlite:
+            import sqlite3
+
+            self.conn: Any = sqlite3.connect(ledger_url.removeprefix("sqlite:///"))
+            self.conn.isolation_level = None
+            self.conn.execute("PRAGMA journal_mode = WAL")
+            self.conn.execute("PRAGMA synchronous = NORMAL")
+            self.begin, self.ph = "BEGIN IMMEDIATE", "?"
+        else:
+            import psycopg
+
+            self.conn = psycopg.connect(ledger_url, autocommit=True)
+            self.begin, self.ph = "BEGIN", "%s"
+
+    def _sql(self, sql: str) -> str:
+        return sql.replace("?", self.ph)
+
+    def _tx(self, steps: Callable[[Any], None]) -> None:
+        cur = self.conn.cursor()
+        cur.execute(self.begin)
+        try:
+            steps(cur)
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+        cur.execute("COMMIT")
+
+    def _history(self, cur: Any, row: tuple[Any, ...], action: str, now: int) -> None:
+        lease_id, rid, version, epoch, status, expires = row
+        cur.execute(
+            self._sql(
+                "INSERT INTO baton_lease_transitions (org_id, resource_type, resource_id, "
+                "lease_id, action, version, epoch, owner, execution_key, status, at_ms, "
+                "expires_at_ms, actor) VALUES (?, 'res', ?, ?, ?, ?, ?, 'bench', NULL, ?, ?, ?, "
+                "'bench')"
+            ),
+            (self.org, rid, lease_id, action, version, epoch, status, now, expires),
+        )
+        payload = json.dumps(
+            {
+                "lease_id": lease_id,
+                "resource_type": "res",
+                "resource_id": rid,
+                "owner": "bench",
+                "version": version,
+                "epoch": epoch,
+                "expires_at_ms": expires,
+            },
+            sort_keys=True,
+        )
+        cur.execute(
+            self._sql(
+                "INSERT INTO baton_events (event_id, org_id, kind, principal, subject, payload, "
+                "occurred_at_ms) VALUES (?, ?, ?, 'bench', ?, ?, ?)"
+            ),
+            (f"evt_{uuid.uuid4().hex}", self.org, f"lease.{action}", f"res/{rid}", payload, now),
+        )
+
+    def pair(self, i: int) -> None:
+        rid = f"r{i % RESOURCES}"
+        lease_id = f"lease_{uuid.uuid4().hex}"
+
+        def acquire(cur: Any) -> None:
+            cur.execute(
+                self._sql(
+                    "SELECT lease_id, epoch, status FROM baton_leases WHERE org_id = ? AND "
+                    "resource_type = 'res' AND resource_id = ? ORDER BY epoch DESC LIMIT 1"
+                ),
+                (self.org, rid),
+            )
+            head = cur.fetchone()
+            if head is not None and head[2] == "active":
+                raise RuntimeError("raw floor: taken")
+            now = int(time.time() * 1000)
+            row = (lease_id, rid, 1, (head[1] if head else 0) + 1, "active", now + 30_000)
+            cur.execute(
+                self._sql(
+                    "INSERT INTO baton_leases (lease_id, org_id, resource_type, resource_id, "
+                    "owner, execution_key, purpose, scopes, has_scopes, version, epoch, status, "
+                    "acquired_at_ms, expires_at_ms, ttl_ms, ended_at_ms, ended_by) VALUES "
+                    "(?, ?, 'res', ?, 'bench', NULL, NULL, '[]', 0, ?, ?, ?, ?, ?, 30000, NULL, "
+                    "NULL)"
+                ),
+                (lease_id, self.org, rid, row[2], row[3], row[4], now, row[5]),
+            )
+            self._history(cur, row, "acquired", now)
+
+        def release(cur: Any) -> None:
+            cur.execute(
+                self._sql(
+                    "SELECT version, epoch, status, expires_at_ms FROM baton_leases "
+                    "WHERE lease_id = ?"
+                ),
+                (lease_id,),
+            )
+            version, epoch, status, expires = cur.fetchone()
+            if status != "active":
+                raise RuntimeError("raw floor: not held")
+            now = int(time.time() * 1000)
+            cur.execute(
+                self._sql(
+                    "UPDATE baton_leases SET status = 'released', version = ?, "
+                    "ended_at_ms = ?, ended_by = 'bench' WHERE lease_id = ?"
+                ),
+                (version + 1, now, lease_id),
+            )
+            self._history(
+                cur, (lease_id, rid, version + 1, epoch, "released", expires), "released", now
+            )
+
+        self._tx(acquire)
+        self._tx(release)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 # --------------------------------------------------------------------------- sections
+
+
+#: The embedded ledger arms of ``pairs`` and the raw floor (:class:`RawLedgerFloor`) each
+#: is measured against, round by round.
+RAW_FLOOR_OF = {
+    "prefect-baton SQLite ledger": "raw SQLite ledger floor (sqlite3)",
+    "prefect-baton PostgreSQL ledger": "raw PostgreSQL ledger floor (psycopg)",
+}
+#: The issue #16 targets: an embedded ledger pair at least this fraction of its raw floor.
+RAW_FLOOR_TARGETS = {"prefect-baton SQLite ledger": 0.3, "prefect-baton PostgreSQL ledger": 0.6}
 
 
 def section_pairs(args: argparse.Namespace) -> dict[str, Any]:
@@ -268,13 +408,18 @@ def section_pairs(args: argparse.Namespace) -> dict[str, Any]:
         lambda: baton_redis(ru, _sqlite_url("pairs-t"), ack="redis", drain="thread"),
         lambda: baton_redis(ru, _sqlite_url("pairs-a"), ack="redis", drain="after"),
         lambda: baton_redis(ru, _sqlite_url("pairs-l"), ack="ledger", drain="none"),
+        lambda: RawLedgerFloor("raw SQLite ledger floor (sqlite3)", _sqlite_url("pairs-raw")),
         lambda: baton_ledger("prefect-baton SQLite ledger", _sqlite_url("pairs-s")),
     ]
     if pg:
+        makers.append(lambda: RawLedgerFloor("raw PostgreSQL ledger floor (psycopg)", pg))
         makers.append(lambda: baton_ledger("prefect-baton PostgreSQL ledger", pg))
+    if args.ledger_only:  # the floor, the raw ledger floors and the embedded ledgers
+        makers = [makers[0], *makers[-4 if pg else -2 :]]
     variants = [m() for m in makers]
     rates: dict[str, list[float]] = {v.name: [] for v in variants}
     ratios: dict[str, list[float]] = {v.name: [] for v in variants}
+    raw_ratios: dict[str, list[float]] = {}  # embedded ledger arms over their raw floor
     try:
         for v in variants:  # warm up: scripts loaded, connections open, org rebuilt
             for i in range(200):
@@ -291,10 +436,13 @@ def section_pairs(args: argparse.Namespace) -> dict[str, Any]:
             floor = this[variants[0].name]
             for name, rate in this.items():
                 ratios[name].append(rate / floor)
+                raw = RAW_FLOOR_OF.get(name)
+                if raw in this:
+                    raw_ratios.setdefault(name, []).append(rate / this[raw])
     finally:
         for v in variants:
             v.close()
-    return {
+    out: dict[str, Any] = {
         name: {
             "pairs_per_s": round(statistics.median(rates[name]), 1),
             "ratio_to_floor": round(statistics.median(ratios[name]), 3),
@@ -302,6 +450,10 @@ def section_pairs(args: argparse.Namespace) -> dict[str, Any]:
         }
         for name in rates
     }
+    for name, values in raw_ratios.items():
+        out[name]["ratio_to_raw_floor"] = round(statistics.median(values), 3)
+        out[name]["ratio_to_raw_floor_per_round"] = [round(x, 3) for x in values]
+    return out
 
 
 def section_many(args: argparse.Namespace) -> dict[str, Any]:
@@ -675,6 +827,11 @@ def _targets(res: dict[str, Any]) -> dict[str, Any]:
     t: dict[str, Any] = {}
     pairs = res.get("pairs")
     if pairs:
+        for name, want in RAW_FLOOR_TARGETS.items():
+            if "ratio_to_raw_floor" in pairs.get(name, {}):
+                got = pairs[name]["ratio_to_raw_floor"]
+                key = name.removeprefix("prefect-baton ").replace(" ", "_").lower()
+                t[f"{key}_pair_at_least_{want}x_raw_floor"] = {"value": got, "met": got >= want}
         baton = pairs.get("prefect-baton Redis ack=redis (drain: process)", {})
         t["redis_ack_redis_pair_cost_within_1.25x_floor"] = {
             "value": round(1 / baton["ratio_to_floor"], 3) if baton else None,
@@ -739,7 +896,9 @@ def _print_table(res: dict[str, Any]) -> None:
         print("\nUncontended acquire+release, one client (median of rounds)")
         print(f"{'variant':58s} {'pairs/s':>10s} {'x floor':>8s}")
         for name, row in res["pairs"].items():
-            print(f"{name:58s} {row['pairs_per_s']:>10.1f} {row['ratio_to_floor']:>8.3f}")
+            raw = row.get("ratio_to_raw_floor")
+            extra = "" if raw is None else f"  {raw:.3f} x raw ledger floor"
+            print(f"{name:58s} {row['pairs_per_s']:>10.1f} {row['ratio_to_floor']:>8.3f}{extra}")
     if "many" in res:
         m = res["many"]
         print("\nacquire_many(100) vs floor SET NX PX, leases/s")
@@ -810,6 +969,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=-10,
         help="also run the 16-client section with the reconciler process at this priority "
         "(a CPU of its own, as in a deployment); 0 skips that variant",
+    )
+    ap.add_argument(
+        "--ledger-only",
+        action="store_true",
+        help="pairs: only the floor, the raw ledger floors and the embedded ledgers",
     )
     ap.add_argument("--only", default=",".join(SECTIONS))
     args = ap.parse_args(argv)

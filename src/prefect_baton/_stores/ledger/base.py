@@ -48,6 +48,26 @@ from prefect_baton.errors import (
     UnavailableError,
 )
 
+#: The outbox insert of :meth:`StoreBase._flush_events` (``?`` placeholders).
+_INSERT_EVENT = (
+    f"INSERT INTO {EventRow.__tablename__} (event_id, org_id, kind, principal, subject, "
+    "payload, occurred_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+#: A statement's prefix that first takes the transaction advisory lock of its first
+#: parameter (PostgreSQL); the statement reads ``FROM locked``.
+_LOCKED = "WITH locked AS (SELECT pg_advisory_xact_lock(hashtextextended(?, 0))) "
+#: The outbox insert behind the org's event lock (PostgreSQL): sequence numbers are handed
+#: out in commit order.
+_LOCKED_INSERT_EVENT = (
+    f"{_LOCKED}INSERT INTO {EventRow.__tablename__} (event_id, org_id, kind, principal, "
+    "subject, payload, occurred_at_ms) SELECT ?, ?, ?, ?, ?, ?, ? FROM locked"
+)
+#: Statements of :meth:`StoreBase._sql` with PostgreSQL's placeholders, by their SQLite text.
+_PG_SQL: dict[str, str] = {}
+#: The key of a session's :attr:`~sqlalchemy.orm.Session.info` under which
+#: :meth:`StoreBase._sql` keeps the session's pooled DBAPI connection.
+_DBAPI_CONNECTION = "baton_dbapi_connection"
+
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 MAX_ATTEMPTS = 8
@@ -65,9 +85,17 @@ class Tx:
     caller: Caller
     events: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     registered: tuple[str, str, str] | None = None
+    #: Lease ids made in this transaction (:meth:`new_lease_id`): they have no row yet.
+    new_lease_ids: set[str] = field(default_factory=set)
 
     def emit(self, kind: str, subject: str, payload: dict[str, Any]) -> None:
         self.events.append((kind, subject, payload))
+
+    def new_lease_id(self) -> str:
+        """A fresh lease id for a decision of this transaction (no row has it yet)."""
+        lease_id = new_id("lease")
+        self.new_lease_ids.add(lease_id)
+        return lease_id
 
 
 class StoreBase:
@@ -155,6 +183,8 @@ class StoreBase:
         self._registered: set[tuple[str, str, str]] = set()
         self._writes = 0
         self._now_sql = text(self.engines.now_sql())
+        #: The driver's base exception class (``sqlite3.Error``, ``psycopg.Error``).
+        self._driver_error: type[Exception] = self.engines.write.dialect.loaded_dbapi.Error
         if migrate:
             upgrade(self.engines)
 
@@ -166,19 +196,72 @@ class StoreBase:
 
     def _lock(self, session: Session, key: str) -> None:
         if not self.engines.is_sqlite:
-            session.execute(
-                text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"), {"k": key}
+            self._sql(session, "SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", (key,))
+
+    def _sql(self, session: Session, statement: str, params: Any = ()) -> Any:
+        """Run ``statement`` (SQL with ``?`` placeholders, no literal ``%``) with ``params``
+        (a tuple, or a list of tuples for many rows) with the driver's cursor on
+        ``session``'s connection, in its transaction: no ORM unit of work, no statement
+        compilation, no result wrapping on the paths run once per lease operation.
+
+        Returns:
+            The driver's cursor (``fetchone()`` gives a tuple, ``rowcount`` the rows
+            written).
+
+        Raises:
+            sqlalchemy.exc.DBAPIError: the driver's error, wrapped as SQLAlchemy wraps it
+                for any statement (``IntegrityError``, ``OperationalError``, ...).
+        """
+        dbapi = session.info.get(_DBAPI_CONNECTION)
+        if dbapi is None:  # once per session: each holds one transaction on one connection
+            dbapi = session.info[_DBAPI_CONNECTION] = session.connection().connection
+        if not self.engines.is_sqlite:
+            statement = _PG_SQL.get(statement) or _PG_SQL.setdefault(
+                statement, statement.replace("?", "%s")
             )
+        cursor = dbapi.cursor()
+        base_error = self._driver_error
+        try:
+            if isinstance(params, list) and len(params) != 1:
+                cursor.executemany(statement, params)
+            elif isinstance(params, list):  # one row: no batch (psycopg's is a pipeline)
+                cursor.execute(statement, params[0])
+            else:
+                cursor.execute(statement, params)
+        except base_error as exc:
+            raise DBAPIError.instance(statement, params, exc, base_error) from exc
+        return cursor
+
+    def _lock_all_then_now(self, session: Session, keys: list[str]) -> int:
+        """Take the locks ``keys`` in their order, then read the store's clock (epoch ms).
+        On PostgreSQL the last lock and the clock are one statement (a round trip less),
+        the clock read once the lock is held."""
+        if self.engines.is_sqlite:  # BEGIN IMMEDIATE locked the database
+            keys = []
+        for key in keys[:-1]:
+            self._lock(session, key)
+        if self.clock is not None:
+            if keys:
+                self._lock(session, keys[-1])
+            return int(self.clock())
+        if not keys:
+            return int(self._sql(session, self._now_sql.text).fetchone()[0])
+        now_sql = f"{_LOCKED}{self._now_sql.text} FROM locked"
+        return int(self._sql(session, now_sql, (keys[-1],)).fetchone()[0])
 
     def _write(
         self,
         caller: Caller,
-        locks: Sequence[str],
+        locks: Sequence[str] | Callable[[Session], Sequence[str]],
         fn: Callable[[Tx], T],
         *,
         statement_timeout_ms: int | None = None,
     ) -> T:
         """Run ``fn`` in a write transaction, retrying on serialization/unique races.
+
+        ``locks``: the lock keys taken up front, or a function of the session that returns
+        them, run first in the transaction (it may raise a :class:`BatonError`, which rolls
+        the transaction back).
 
         ``statement_timeout_ms`` (PostgreSQL): every statement of the transaction, lock
         waits included, is cancelled after this many milliseconds (``UnavailableError``).
@@ -192,13 +275,8 @@ class StoreBase:
                             session.execute(
                                 text(f"SET LOCAL statement_timeout = {int(statement_timeout_ms)}")
                             )
-                        for key in sorted(set(locks)):
-                            self._lock(session, key)
-                        now_ms = (
-                            int(session.execute(self._now_sql).scalar_one())
-                            if self.clock is None
-                            else int(self.clock())
-                        )
+                        keys = sorted(set(locks(session) if callable(locks) else locks))
+                        now_ms = self._lock_all_then_now(session, keys)
                         tx = Tx(session=session, now_ms=now_ms, caller=caller)
                         self._register(tx)
                         result = fn(tx)
@@ -281,20 +359,26 @@ class StoreBase:
     def _flush_events(self, tx: Tx) -> None:
         if not tx.events:
             return
-        self._lock(tx.session, f"events:{tx.caller.org}")
-        for kind, subject, payload in tx.events:
-            tx.session.add(
-                EventRow(
-                    event_id=new_id("evt"),
-                    org_id=tx.caller.org,
-                    kind=kind,
-                    principal=tx.caller.principal,
-                    subject=subject,
-                    payload=_core.canonical_json(payload),
-                    occurred_at_ms=tx.now_ms,
+        org, principal = tx.caller.org, tx.caller.principal
+        # PostgreSQL: each insert takes the org's event lock first (one statement)
+        lock = () if self.engines.is_sqlite else (f"events:{org}",)
+        self._sql(
+            tx.session,
+            _INSERT_EVENT if self.engines.is_sqlite else _LOCKED_INSERT_EVENT,
+            [
+                (
+                    *lock,
+                    new_id("evt"),
+                    org,
+                    kind,
+                    principal,
+                    subject,
+                    _core.canonical_json(payload),
+                    tx.now_ms,
                 )
-            )
-        tx.session.flush()
+                for kind, subject, payload in tx.events
+            ],
+        )
 
     # ------------------------------------------------------------------ receipts
 

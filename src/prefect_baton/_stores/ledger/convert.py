@@ -63,7 +63,9 @@ _TO_HANDOFF = shared_fields(Handoff.model_fields, HandoffRow.model_fields, "stat
 _TO_OUTCOME = shared_fields(Outcome.model_fields, OutcomeRow.model_fields, "evidence")
 
 
-def row_to_generation(row: GenerationRow) -> Generation:
+def row_to_generation(row: Any) -> Generation:
+    """The core's view of a lease row: a :class:`GenerationRow`, or any row with its columns
+    as attributes (a result row, a named tuple)."""
     return Generation(**copy_fields(row, _FROM_ROW), scopes=tuple(json.loads(row.scopes)))
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections import namedtuple
 from collections.abc import Callable
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import and_, func, or_, select
 from sqlmodel import Session, col
 
 from prefect_baton._rules import core as _core
@@ -22,7 +23,6 @@ from prefect_baton._stores.ledger.convert import (
     generation_to_lease,
     lease_info,
     lease_payload,
-    new_id,
     row_to_generation,
     shared_fields,
     subject_of,
@@ -73,22 +73,53 @@ _NEW_ROW_FIELDS = shared_fields(
 )
 
 
+_LEASES = GenerationRow.__tablename__
+#: The columns of a lease row, in the order of the statements below.
+_LEASE_COLUMNS = tuple(GenerationRow.model_fields)
+#: A lease row as :meth:`LeaseOps._sql` reads it, by column name.
+_LeaseRow = namedtuple("_LeaseRow", _LEASE_COLUMNS)  # type: ignore[misc]
+_ORG = _LEASE_COLUMNS.index("org_id")
+_SELECT_LEASE = f"SELECT {', '.join(_LEASE_COLUMNS)} FROM {_LEASES}"
+#: The newest generation (the head) of a resource: org, type, id.
+_HEAD = (
+    f"{_SELECT_LEASE} WHERE org_id = ? AND resource_type = ? AND resource_id = ? "
+    "ORDER BY epoch DESC LIMIT 1"
+)
+_BY_ID = f"{_SELECT_LEASE} WHERE lease_id = ?"
+_INSERT_LEASE = (
+    f"INSERT INTO {_LEASES} ({', '.join(_LEASE_COLUMNS)}) "
+    f"VALUES ({', '.join('?' * len(_LEASE_COLUMNS))})"
+)
+_END_LEASE = f"UPDATE {_LEASES} SET status = ?, ended_at_ms = ?, ended_by = ? WHERE lease_id = ?"
+_UPDATE_LEASE = (
+    f"UPDATE {_LEASES} SET version = ?, expires_at_ms = ?, ttl_ms = ?, status = ?, "
+    "ended_at_ms = ?, ended_by = ? WHERE lease_id = ?"
+)
+#: The columns of a transition row copied from its generation, then the transition's own.
+_TRANSITION_COLUMNS = (*_TRANSITION_FIELDS, "org_id", "resource_type", "resource_id")
+_INSERT_TRANSITION = (
+    f"INSERT INTO {LeaseTransition.__tablename__} "
+    f"({', '.join(_TRANSITION_COLUMNS)}, action, at_ms, actor) "
+    f"VALUES ({', '.join('?' * (len(_TRANSITION_COLUMNS) + 3))})"
+)
+
+
 class LeaseOps(StoreBase, ReceiptedLeaseOps):
     """The lease authority half of :class:`LedgerStore` (see :mod:`prefect_baton._rules.core`)."""
 
     # ------------------------------------------------------------------ lease rows
 
-    def _head(self, tx: Tx, rtype: str, rid: str) -> GenerationRow | None:
-        return tx.session.execute(
-            select(GenerationRow)
-            .where(
-                col(GenerationRow.org_id) == tx.caller.org,
-                col(GenerationRow.resource_type) == rtype,
-                col(GenerationRow.resource_id) == rid,
-            )
-            .order_by(col(GenerationRow.epoch).desc())
-            .limit(1)
-        ).scalar_one_or_none()
+    def _head(self, tx: Tx, rtype: str, rid: str) -> Generation | None:
+        """The resource's newest generation (highest epoch), or ``None`` if never leased."""
+        row = self._sql(tx.session, _HEAD, (tx.caller.org, rtype, rid)).fetchone()
+        return None if row is None else row_to_generation(_LeaseRow._make(row))
+
+    def _generation_by_id(self, session: Session, org: str, lease_id: str) -> Generation | None:
+        """Generation ``lease_id`` of ``org`` (``None``: unknown, or another org's)."""
+        row = self._sql(session, _BY_ID, (lease_id,)).fetchone()
+        if row is None:
+            return None
+        return None if row[_ORG] != org else row_to_generation(_LeaseRow._make(row))
 
     def _epoch_floor(self, tx: Tx, rtype: str, rid: str) -> int:
         """The highest epoch the ledger ever recorded for the resource (0 if none): the
@@ -133,16 +164,12 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
     def _apply(self, tx: Tx, decision: Decision, org: str, *, resource: tuple[str, str]) -> None:
         """Write a lease decision: ended row, new/updated row, transitions and events."""
         s = tx.session
+        s.flush()  # ORM objects a caller added go first, as they always did
         actor = tx.caller.principal
         e = decision.ended
         reported = False
         if e is not None:
-            s.execute(
-                update(GenerationRow)
-                .where(col(GenerationRow.lease_id) == e.lease_id)
-                .values(status=e.status, ended_at_ms=e.ended_at_ms, ended_by=e.ended_by)
-            )
-            s.flush()
+            self._sql(s, _END_LEASE, (e.status, e.ended_at_ms, e.ended_by, e.lease_id))
             self._transition(tx, e, org, resource, action=e.status, actor=actor)
             reported = _events.reports_expiry(e.status) and self._expiry_reported(tx, e)
         n = decision.new
@@ -159,27 +186,22 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
             for kind, payload in events:
                 tx.emit(kind, subject_of(resource), payload)
             return
-        existing = s.get(GenerationRow, n.lease_id)
-        if existing is None:
-            s.add(
-                GenerationRow(
-                    **copy_fields(n, _NEW_ROW_FIELDS),
-                    org_id=org,
-                    resource_type=resource[0],
-                    resource_id=resource[1],
-                    scopes=json.dumps(list(n.scopes)),
-                    has_scopes=1 if n.scopes else 0,
-                )
-            )
-        else:
-            existing.version = n.version
-            existing.expires_at_ms = n.expires_at_ms
-            existing.ttl_ms = n.ttl_ms
-            existing.status = n.status
-            existing.ended_at_ms = n.ended_at_ms
-            existing.ended_by = n.ended_by
-            s.add(existing)
-        s.flush()
+        # the generation's row if it has one (renew, release), else a new row
+        changed = (n.version, n.expires_at_ms, n.ttl_ms, n.status, n.ended_at_ms, n.ended_by)
+        if n.lease_id in tx.new_lease_ids or not (
+            self._sql(s, _UPDATE_LEASE, (*changed, n.lease_id)).rowcount
+        ):
+            row = {
+                **copy_fields(n, _NEW_ROW_FIELDS),
+                "org_id": org,
+                "resource_type": resource[0],
+                "resource_id": resource[1],
+                "scopes": json.dumps(list(n.scopes)),
+                "has_scopes": 1 if n.scopes else 0,
+                "ended_at_ms": None,
+                "ended_by": None,
+            }
+            self._sql(s, _INSERT_LEASE, tuple(row[c] for c in _LEASE_COLUMNS))
         self._transition(tx, n, org, resource, action=decision.action, actor=actor)
         for kind, payload in events:
             tx.emit(kind, subject_of(resource), payload)
@@ -187,18 +209,18 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
     def _transition(
         self, tx: Tx, h: Generation, org: str, resource: tuple[str, str], *, action: str, actor: str
     ) -> None:
-        tx.session.add(
-            LeaseTransition(
-                **copy_fields(h, _TRANSITION_FIELDS),
-                org_id=org,
-                resource_type=resource[0],
-                resource_id=resource[1],
-                action=action,
-                at_ms=tx.now_ms,
-                actor=actor,
-            )
+        self._sql(
+            tx.session,
+            _INSERT_TRANSITION,
+            (
+                *(getattr(h, f) for f in _TRANSITION_FIELDS),
+                org,
+                *resource,
+                action,
+                tx.now_ms,
+                actor,
+            ),
         )
-        tx.session.flush()
 
     def _resource_of(self, caller: Caller, lease_id: str) -> tuple[str, str, bool] | None:
         with self._read() as (s, _now):
@@ -269,8 +291,7 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
                 return generation_to_lease(held, replayed=True)
             assert key is not None  # a receipt is only found under a key
             self._drop_receipt(tx, "acquire", key, scope)  # another attempt acquires afresh
-        head_row = self._head(tx, *resource)
-        head = row_to_generation(head_row) if head_row else None
+        head = self._head(tx, *resource)
         decision = _core.decide_acquire(
             head,
             resource_type=req.resource_type,
@@ -282,7 +303,7 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
             purpose=req.purpose,
             expected_version=req.expected_version,
             now_ms=tx.now_ms,
-            new_lease_id=new_id("lease"),
+            new_lease_id=tx.new_lease_id(),
             scope_conflict_expires_ms=self._scope_conflict(
                 tx, caller.principal, req.scopes, resource
             ),
@@ -307,21 +328,28 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
         extra_scoped: bool = False,
         statement_timeout_ms: int | None = None,
     ) -> T:
-        located = self._resource_of(caller, lease_id)
-        if located is None:
-            raise NotFoundError(f"lease {lease_id} not found")
-        rtype, rid, scoped = located
+        # one transaction: the lease's row names the locks to take (its resource never
+        # changes); read again once they are held, unless no lock was needed (SQLite's
+        # BEGIN IMMEDIATE already holds the database's write lock)
+        found: list[Generation] = []
+
+        def locks(session: Session) -> list[str]:
+            g = self._generation_by_id(session, caller.org, lease_id)
+            if g is None:
+                raise NotFoundError(f"lease {lease_id} not found")
+            found.append(g)
+            return self._lease_locks(
+                caller, g.resource_type, g.resource_id, bool(g.scopes) or extra_scoped
+            )
 
         def op(tx: Tx) -> T:
-            row = self._row_by_id(tx.session, caller.org, lease_id)
-            return fn(tx, row_to_generation(row) if row else None, (rtype, rid))
+            g: Generation | None = found[-1]
+            resource = (found[-1].resource_type, found[-1].resource_id)
+            if not self.engines.is_sqlite:
+                g = self._generation_by_id(tx.session, caller.org, lease_id)
+            return fn(tx, g, resource)
 
-        return self._write(
-            caller,
-            self._lease_locks(caller, rtype, rid, scoped or extra_scoped),
-            op,
-            statement_timeout_ms=statement_timeout_ms,
-        )
+        return self._write(caller, locks, op, statement_timeout_ms=statement_timeout_ms)
 
     def _renew(
         self, caller: Caller, proof: Proof, ttl_ms: int, expected_version: int | None
@@ -355,7 +383,7 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
             row,
             proof,
             tx.now_ms,
-            new_id("lease"),
+            tx.new_lease_id(),
             scope_conflict_expires_ms=self._scope_conflict(
                 tx, request.to_principal, scopes, resource
             ),

@@ -67,7 +67,13 @@ from hypothesis.stateful import (
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.core import Decision, Generation, Proof
 from prefect_baton._stores.ledger.convert import generation_to_lease
-from prefect_baton._stores.protocol import AcquireRequest, Caller, LeaseQuery, TransferRequest
+from prefect_baton._stores.protocol import (
+    AcquireRequest,
+    Caller,
+    Execution,
+    LeaseQuery,
+    TransferRequest,
+)
 from prefect_baton._stores.redis.rebuild import EPOCH_RANGE
 from prefect_baton.errors import BatonError, IdempotencyMismatchError
 from prefect_baton.models import Lease, LeaseInfo, Receipt, to_ms
@@ -505,8 +511,7 @@ class AuthoritiesMachine(RuleBasedStateMachine):
             lambda arm, _ids: arm.auth.acquire(
                 self._caller(principal),
                 AcquireRequest(RTYPE, resource, ttl_s * 1000, scopes, purpose, expected),
-                idempotency_key=key,
-                attempt=attempt,
+                Execution(key, attempt),
             ),
         )
 

@@ -18,7 +18,7 @@ from prefect_baton._rules.digests import acquire_digest
 from prefect_baton._stores.ledger.many import ledger_acquire_many
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.ledger.tables import ReceiptRow
-from prefect_baton._stores.protocol import Caller
+from prefect_baton._stores.protocol import Caller, Execution
 from prefect_baton._stores.redis.authority import AcquireRequest, RedisAuthority
 from prefect_baton._stores.redis.keys import org_keys
 
@@ -51,7 +51,7 @@ def _ledger_digest(store: LedgerStore, caller: Caller, key: str) -> str:
 
 
 def _acquire(a: LedgerStore | RedisAuthority, caller: Caller, key: str) -> None:
-    a.acquire(caller, REQUEST, idempotency_key=key)
+    a.acquire(caller, REQUEST, Execution(key))
 
 
 def test_ledger_and_redis_store_the_same_acquire_digest(
@@ -65,7 +65,7 @@ def test_ledger_and_redis_store_the_same_acquire_digest(
     )
     on_ledger, on_many, on_redis = _caller(), _caller(), _caller()
     _acquire(ledger, on_ledger, "exec-1")
-    ledger_acquire_many(ledger, on_many, [REQUEST], idempotency_key="exec-1")
+    ledger_acquire_many(ledger, on_many, [REQUEST], Execution("exec-1"))
     _acquire(auth, on_redis, "exec-1")
     raw = auth.client.get(
         org_keys(on_redis.org).receipt("agent-a", "exec-1", REQUEST.resource_type, "main")
@@ -82,11 +82,11 @@ def test_a_replay_after_a_rebuild_matches_the_restored_digest(
     caller = _caller()
     _acquire(auth, caller, "exec-1")
     auth.client.flushall()  # Redis loses its data; the next call rebuilds from the ledger
-    lease = auth.acquire(caller, REQUEST, idempotency_key="exec-1")
+    lease = auth.acquire(caller, REQUEST, Execution("exec-1"))
     assert lease.replayed
     with pytest.raises(IdempotencyMismatchError):
         auth.acquire(
             caller,
             REQUEST._replace(ttl_ms=REQUEST.ttl_ms + 1000),
-            idempotency_key="exec-1",
+            Execution("exec-1"),
         )

@@ -27,7 +27,7 @@ from prefect_baton._rules import core as _core
 from prefect_baton._rules import scopes as _scopes
 from prefect_baton._rules.core import Decision, Generation, Proof
 from prefect_baton._stores.ledger.store import LedgerStore
-from prefect_baton._stores.protocol import AcquireRequest, Caller, TransferRequest
+from prefect_baton._stores.protocol import AcquireRequest, Caller, Execution, TransferRequest
 from prefect_baton.errors import (
     BatonError,
     ConflictError,
@@ -1046,7 +1046,7 @@ def test_ledger_transfer_epoch_is_above_every_recorded_epoch(tmp_path: Path) -> 
     store = LedgerStore(f"sqlite:///{tmp_path / 'ledger.db'}")
     try:
         caller = Caller(org="org-floor", principal="alice", role="agent")
-        lease = store.acquire(caller, AcquireRequest("t", "r", 60_000), idempotency_key="k1")
+        lease = store.acquire(caller, AcquireRequest("t", "r", 60_000), Execution("k1"))
         with store.engines.write.begin() as conn:  # an older, ended generation, epoch 2**32
             conn.execute(
                 text(

@@ -84,9 +84,7 @@ def test_deadline_fires_while_a_renewal_is_blocked() -> None:
     lost_at: list[float] = []
     keeper = LeaseKeeper(
         api,  # type: ignore[arg-type]
-        "r",
-        "x",
-        ttl_seconds=10,
+        {"resource_type": "r", "resource_id": "x", "ttl_seconds": 10},
         renew_every_seconds=0.05,
         renew_deadline_seconds=0.5,
         on_lost=lambda _: lost_at.append(time.monotonic()),

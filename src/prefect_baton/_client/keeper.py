@@ -23,7 +23,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, overload
@@ -123,12 +123,17 @@ class LeaseKeeper:
     ``acquired_at``, ``expires_at``, ...) reads as that of the current lease (:attr:`lease`).
 
     Args:
+        api: the lease operations (``b.leases``) it acquires, renews and releases with.
+        acquire: the keyword arguments of :meth:`LeaseAPI.acquire
+            <prefect_baton._client.leases.LeaseAPI.acquire>` (``resource_type``,
+            ``resource_id``, ``ttl_seconds``, ...), as :meth:`prefect_baton.Baton.lease`
+            makes them.
         renew_every_seconds: seconds between renewals (``None``: a third of the TTL).
         renew_deadline_seconds: the renew deadline, seconds after the last confirmed grant or
             renewal was sent (``None``: two thirds of the TTL; must be below the TTL).
         max_hold_seconds: stop renewing this many seconds after the grant (``None``: no
             cap); the lease is then lost at its renew deadline.
-        (the others as :meth:`prefect_baton.Baton.lease`)
+        on_lost, release_on_exit: as :meth:`prefect_baton.Baton.lease`.
 
     Attributes:
         lost: ``True`` once the lease is known or presumed lost (``bool``).
@@ -138,15 +143,8 @@ class LeaseKeeper:
     def __init__(
         self,
         api: LeaseAPI,
-        resource_type: str,
-        resource_id: str,
+        acquire: Mapping[str, Any],
         *,
-        ttl_seconds: int,
-        purpose: str | None = None,
-        scopes: tuple[str, ...] | list[str] = (),
-        expected_version: int | None = None,
-        idempotency_key: str | None = None,
-        attempt: str | None = None,
         renew_every_seconds: float | None = None,
         renew_deadline_seconds: float | None = None,
         max_hold_seconds: float | None = None,
@@ -154,16 +152,7 @@ class LeaseKeeper:
         release_on_exit: bool = True,
     ) -> None:
         self._api = api
-        self._args: dict[str, Any] = {
-            "resource_type": resource_type,
-            "resource_id": resource_id,
-            "ttl_seconds": ttl_seconds,
-            "purpose": purpose,
-            "scopes": scopes,
-            "expected_version": expected_version,
-            "idempotency_key": idempotency_key,
-            "attempt": attempt,
-        }
+        self._args = dict(acquire)
         self._timing: dict[str, Any] = {
             "renew_every_seconds": renew_every_seconds,
             "renew_deadline_seconds": renew_deadline_seconds,

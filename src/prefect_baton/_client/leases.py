@@ -19,11 +19,21 @@ from prefect_baton._rules import core as _core
 from prefect_baton._rules.paging import decode_cursor
 from prefect_baton._stores.protocol import (
     AcquireRequest,
+    Execution,
     LeaseAuthority,
     LeaseQuery,
     TransferRequest,
 )
 from prefect_baton.models import Lease, LeaseInfo, Receipt
+
+
+def _execution(idempotency_key: str | None, attempt: str | None) -> Execution:
+    """The validated :class:`Execution` of an acquire (ValidationError: a bad key or
+    attempt)."""
+    return Execution(
+        _core.validate_optional_id("idempotency_key", idempotency_key),
+        _core.validate_optional_id("attempt", attempt),
+    )
 
 
 class LeaseAPI(_API):
@@ -82,10 +92,8 @@ class LeaseAPI(_API):
         purpose_ = _core.validate_text("purpose", purpose)
         scopes_ = _core.validate_scopes(scopes)
         ev = _core.validate_version("expected_version", expected_version)
-        key = _core.validate_optional_id("idempotency_key", idempotency_key)
-        attempt_ = _core.validate_optional_id("attempt", attempt)
         request = AcquireRequest(rt, rid, ttl_ms, scopes_, purpose_, ev)
-        return self._authority.acquire(self._caller, request, idempotency_key=key, attempt=attempt_)
+        return self._authority.acquire(self._caller, request, _execution(idempotency_key, attempt))
 
     def acquire_many(
         self,
@@ -123,10 +131,8 @@ class LeaseAPI(_API):
         from prefect_baton._stores.ledger.many import requests_of
 
         reqs = requests_of(resources, ttl_seconds=ttl_seconds, purpose=purpose, scopes=scopes)
-        key = _core.validate_optional_id("idempotency_key", idempotency_key)
-        attempt_ = _core.validate_optional_id("attempt", attempt)
         return self._authority.acquire_many(
-            self._caller, reqs, idempotency_key=key, attempt=attempt_
+            self._caller, reqs, _execution(idempotency_key, attempt)
         )
 
     def renew(

@@ -223,16 +223,19 @@ class Baton(_Identity):
         meanwhile (``held.lost`` turns true as soon as that is known, and ``on_lost(held)``
         is called).
         """
+        acquire = {
+            "resource_type": resource_type,
+            "resource_id": resource_id,
+            "ttl_seconds": ttl_seconds,
+            "purpose": purpose,
+            "scopes": tuple(scopes),
+            "expected_version": expected_version,
+            "idempotency_key": uuid.uuid4().hex if idempotency_key is None else idempotency_key,
+            "attempt": uuid.uuid4().hex if attempt is None else attempt,
+        }
         return LeaseKeeper(
             self.leases,
-            resource_type,
-            resource_id,
-            ttl_seconds=ttl_seconds,
-            purpose=purpose,
-            scopes=tuple(scopes),
-            expected_version=expected_version,
-            idempotency_key=uuid.uuid4().hex if idempotency_key is None else idempotency_key,
-            attempt=uuid.uuid4().hex if attempt is None else attempt,
+            acquire,
             renew_every_seconds=renew_every_seconds,
             renew_deadline_seconds=renew_deadline_seconds,
             max_hold_seconds=max_hold_seconds,

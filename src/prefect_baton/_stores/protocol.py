@@ -40,6 +40,7 @@ __all__ = [
     "AcquireRequest",
     "Caller",
     "CheckpointWrite",
+    "Execution",
     "Fence",
     "HandoffOffer",
     "HandoffResolution",
@@ -78,6 +79,23 @@ class AcquireRequest(NamedTuple):
     scopes: tuple[str, ...] = ()
     purpose: str | None = None
     expected_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """Which execution, and which attempt of it, an acquire is made for (validated by the
+    client).
+
+    Attributes:
+        key: the execution key (``str``, 1..256 characters; the ``Idempotency-Key``), or
+            ``None`` (no receipt is kept).
+        attempt: the token of this attempt of the execution (``str``, 1..256 characters),
+            or ``None`` (an anonymous attempt). Whether a stored receipt replays to it is
+            :func:`prefect_baton._rules.core.replay_check`'s decision.
+    """
+
+    key: str | None = None
+    attempt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,22 +328,15 @@ class LeaseAuthority(Protocol):
         """
         ...
 
-    def acquire(
-        self,
-        caller: Caller,
-        request: AcquireRequest,
-        *,
-        idempotency_key: str | None,
-        attempt: str | None = None,
-    ) -> Lease:
+    def acquire(self, caller: Caller, request: AcquireRequest, execution: Execution) -> Lease:
         """Acquire, or take over after expiry, the lease ``request`` names (its resource, TTL
         in milliseconds, scopes, purpose and expected version; rules:
         :func:`prefect_baton._rules.core.decide_acquire`).
 
-        ``idempotency_key`` is the execution key: an exact retry returns the stored lease
+        ``execution.key`` is the execution key: an exact retry returns the stored lease
         with ``replayed`` true (the receipt is kept with the lease, atomically, with
-        ``attempt``, the token of this attempt of the execution, ``None`` for an anonymous
-        one). Whether a stored receipt replays is
+        ``execution.attempt``, the token of this attempt of the execution, ``None`` for an
+        anonymous one). Whether a stored receipt replays is
         :func:`prefect_baton._rules.core.replay_check`'s decision: only the same attempt
         replays; another one gets ``IdempotencyInFlightError`` while the lease is held and a
         new generation once it is not.
@@ -340,17 +351,11 @@ class LeaseAuthority(Protocol):
         ...
 
     def acquire_many(
-        self,
-        caller: Caller,
-        requests: Sequence[AcquireRequest],
-        *,
-        idempotency_key: str | None,
-        attempt: str | None = None,
+        self, caller: Caller, requests: Sequence[AcquireRequest], execution: Execution
     ) -> list[Lease]:
         """Acquire every resource of ``requests`` (1..:data:`MAX_MANY`, distinct) or none,
         in one transaction, script or request; each decided exactly as :meth:`acquire`
-        decides it, with ``idempotency_key`` as the execution key and ``attempt`` as the
-        attempt of each.
+        decides it, under the same ``execution`` (key and attempt).
 
         Returns:
             The leases in request order (``replayed`` for those already held by this

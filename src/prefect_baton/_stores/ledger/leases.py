@@ -35,6 +35,7 @@ from prefect_baton._stores.ledger.tables import (
 from prefect_baton._stores.protocol import (
     AcquireRequest,
     Caller,
+    Execution,
     Fence,
     LeaseQuery,
     TransferRequest,
@@ -237,35 +238,29 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
 
     # ------------------------------------------------------------------ lease authority
 
-    def acquire(
-        self,
-        caller: Caller,
-        request: AcquireRequest,
-        *,
-        idempotency_key: str | None,
-        attempt: str | None = None,
-    ) -> Lease:
+    def acquire(self, caller: Caller, request: AcquireRequest, execution: Execution) -> Lease:
         """Acquire or take over a resource (see :func:`prefect_baton._rules.core.decide_acquire`).
 
-        With ``idempotency_key`` (the execution key) an exact retry by the same ``attempt``
-        replays its receipt, unless the lease has since been lost (:class:`LeaseLostError`);
-        another attempt is decided by :func:`prefect_baton._rules.core.replay_check`.
+        With ``execution.key`` an exact retry by the same ``execution.attempt`` replays its
+        receipt, unless the lease has since been lost (:class:`LeaseLostError`); another
+        attempt is decided by :func:`prefect_baton._rules.core.replay_check`.
         """
         return self._write(
             caller,
             self._lease_locks(
                 caller, request.resource_type, request.resource_id, bool(request.scopes)
             ),
-            lambda tx: self._acquire_in_tx(tx, caller, request, idempotency_key, attempt),
+            lambda tx: self._acquire_in_tx(tx, caller, request, execution),
         )
 
     def _acquire_in_tx(
-        self, tx: Tx, caller: Caller, req: AcquireRequest, key: str | None, attempt: str | None
+        self, tx: Tx, caller: Caller, req: AcquireRequest, execution: Execution
     ) -> Lease:
         """The transaction body of :meth:`acquire` (and of each resource of
-        ``acquire_many``): replay the receipt of execution key ``key`` to the attempt that
-        made it, or decide, apply and keep the receipt (with ``attempt``, the key
+        ``acquire_many``): replay the receipt of ``execution.key`` to the attempt that made
+        it, or decide, apply and keep the receipt (with ``execution.attempt``, the key
         :data:`ATTEMPT_FIELD` of its stored response)."""
+        key, attempt = execution.key, execution.attempt
         resource = (req.resource_type, req.resource_id)
         scope = resource_key(*resource)
         digest = acquire_digest(

@@ -16,7 +16,7 @@ from typing import Any
 from prefect_baton._rules import core as _core
 from prefect_baton._stores.ledger.base import Tx
 from prefect_baton._stores.ledger.leases import LeaseOps
-from prefect_baton._stores.protocol import MAX_MANY, AcquireRequest, Caller
+from prefect_baton._stores.protocol import MAX_MANY, AcquireRequest, Caller, Execution
 from prefect_baton.errors import BatonError, ValidationError
 from prefect_baton.models import Lease
 
@@ -146,12 +146,10 @@ def ledger_acquire_many(
     store: LeaseOps,
     caller: Caller,
     requests: Sequence[AcquireRequest],
-    *,
-    idempotency_key: str | None,
-    attempt: str | None = None,
+    execution: Execution,
 ) -> list[Lease]:
-    """Acquire every request on the ledger authority in one transaction, or none, as
-    attempt ``attempt`` of execution ``idempotency_key``.
+    """Acquire every request on the ledger authority in one transaction, or none, under
+    ``execution`` (its key and attempt).
 
     Returns the leases in request order. Raises the error of the first refused request
     (as :meth:`LedgerStore.acquire`, its message naming the request: :func:`refused`); then
@@ -165,7 +163,7 @@ def ledger_acquire_many(
         out: list[Lease] = []
         for i, req in enumerate(requests):
             try:
-                out.append(store._acquire_in_tx(tx, caller, req, idempotency_key, attempt))
+                out.append(store._acquire_in_tx(tx, caller, req, execution))
             except BatonError as exc:
                 raise refused(exc, i, req) from None
         return out

@@ -32,7 +32,13 @@ from prefect_baton._stores.ledger.convert import (
 )
 from prefect_baton._stores.ledger.many import ledger_acquire_many
 from prefect_baton._stores.ledger.records import RecordOps
-from prefect_baton._stores.protocol import MAX_MANY, AcquireRequest, Caller, Fence
+from prefect_baton._stores.protocol import (
+    MAX_MANY,
+    AcquireRequest,
+    Caller,
+    Execution,
+    Fence,
+)
 from prefect_baton.errors import ValidationError
 from prefect_baton.models import Lease
 
@@ -91,16 +97,10 @@ class LedgerStore(RecordOps):
         return None
 
     def acquire_many(
-        self,
-        caller: Caller,
-        requests: Sequence[AcquireRequest],
-        *,
-        idempotency_key: str | None,
-        attempt: str | None = None,
+        self, caller: Caller, requests: Sequence[AcquireRequest], execution: Execution
     ) -> list[Lease]:
-        """Acquire every request in one ledger transaction, or none, as attempt ``attempt``
-        (see
-        :func:`prefect_baton._stores.ledger.many.ledger_acquire_many`).
+        """Acquire every request in one ledger transaction, or none, under ``execution``
+        (see :func:`prefect_baton._stores.ledger.many.ledger_acquire_many`).
 
         Returns:
             The leases in request order.
@@ -113,9 +113,7 @@ class LedgerStore(RecordOps):
         """
         if not 1 <= len(requests) <= MAX_MANY:
             raise ValidationError(f"acquire_many takes 1 to {MAX_MANY} resources")
-        return ledger_acquire_many(
-            self, caller, requests, idempotency_key=idempotency_key, attempt=attempt
-        )
+        return ledger_acquire_many(self, caller, requests, execution)
 
     def fence(self, caller: Caller, lease: Lease) -> Fence:
         """The plain fence of ``lease`` (its id and epoch): the ledger judges it in the

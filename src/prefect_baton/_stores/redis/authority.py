@@ -46,6 +46,7 @@ from prefect_baton._stores.protocol import (
     MAX_MANY,
     AcquireRequest,
     Caller,
+    Execution,
     Fence,
     HandoffResolution,
     LeaseQuery,
@@ -169,17 +170,10 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         rkey = org_keys(caller.org).receipt(caller.principal, key, rt, rid) if key else None
         return args, rkey
 
-    def acquire(
-        self,
-        caller: Caller,
-        request: AcquireRequest,
-        *,
-        idempotency_key: str | None,
-        attempt: str | None = None,
-    ) -> Lease:
+    def acquire(self, caller: Caller, request: AcquireRequest, execution: Execution) -> Lease:
         """Acquire or take over a resource in one script (rules:
         :func:`prefect_baton._rules.core.decide_acquire`; receipts as the ledger's, with
-        ``attempt``: :func:`prefect_baton._rules.core.replay_check`).
+        ``execution.attempt``: :func:`prefect_baton._rules.core.replay_check`).
 
         Raises:
             ConflictError, VersionConflictError, IdempotencyMismatchError, LeaseLostError
@@ -190,11 +184,11 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
             granted).
         """
         self._backpressure(caller.org)
-        args, rkey = self._item(caller, request, idempotency_key)
+        args, rkey = self._item(caller, request, execution.key)
         reply = self._run(
             caller.org,
             "acquire",
-            [caller.principal, caller.role, opt(idempotency_key), *args, opt(attempt)],
+            [caller.principal, caller.role, opt(execution.key), *args, opt(execution.attempt)],
             [rkey] if rkey else (),
         )
         code = int(reply[0])
@@ -208,20 +202,14 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         raise AssertionError("unreachable")
 
     def acquire_many(
-        self,
-        caller: Caller,
-        requests: Sequence[AcquireRequest],
-        *,
-        idempotency_key: str | None,
-        attempt: str | None = None,
+        self, caller: Caller, requests: Sequence[AcquireRequest], execution: Execution
     ) -> list[Lease]:
         """Acquire every resource of ``requests`` or none, in one script.
 
-        Each request is decided exactly as :meth:`acquire` decides it (with
-        ``idempotency_key`` as the execution key and ``attempt`` as the attempt of each);
-        if any is refused, nothing is
-        written and that request's error is raised. Returns the leases in request order
-        (``replayed`` for those already held by this execution or replayed).
+        Each request is decided exactly as :meth:`acquire` decides it (under the same
+        ``execution``); if any is refused, nothing is written and that request's error is
+        raised. Returns the leases in request order (``replayed`` for those already held by
+        this execution or replayed).
 
         Raises:
             ValidationError: more than 1,000 requests, or the error of the first refused
@@ -233,21 +221,21 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         self._backpressure(caller.org)
         # One random id for the call, numbered per resource: 32 hex digits as uuid4's.
         base = os.urandom(13).hex()
-        if is_plain(requests, idempotency_key):
+        if is_plain(requests, execution.key):
             args = plain_args(caller.principal, caller.role, requests, base)
             reply = self._run(caller.org, "acquire_plain", args)
             if int(reply[0]) != OK:
                 _refuse(reply, requests)
             out = plain_leases(caller.principal, requests, base, reply)
         else:
-            args = [caller.principal, caller.role, opt(idempotency_key), str(len(requests))]
+            args = [caller.principal, caller.role, opt(execution.key), str(len(requests))]
             extra: list[str] = []
             for i, req in enumerate(requests):
-                item, rkey = self._item(caller, req, idempotency_key, f"lease_{base}{i:06x}")
+                item, rkey = self._item(caller, req, execution.key, f"lease_{base}{i:06x}")
                 args += item
                 if rkey:
                     extra.append(rkey)
-            args.append(opt(attempt))
+            args.append(opt(execution.attempt))
             reply = self._run(caller.org, "acquire_many", args, extra)
             if int(reply[0]) != OK:
                 _refuse(reply, requests)

@@ -31,6 +31,7 @@ from prefect_baton._stores.protocol import (
     AcquireRequest,
     Caller,
     CheckpointWrite,
+    Execution,
     Fence,
     HandoffOffer,
     HandoffResolution,
@@ -108,6 +109,11 @@ def _acquire_body(request: AcquireRequest) -> dict[str, Any]:
         "scopes": list(request.scopes),
         "expected_version": request.expected_version,
     }
+
+
+def _with_attempt(body: dict[str, Any], execution: Execution) -> dict[str, Any]:
+    """``body`` with ``execution.attempt`` as its ``attempt`` when one is given."""
+    return body if execution.attempt is None else {**body, "attempt": execution.attempt}
 
 
 class RestStore(_Transport):
@@ -204,41 +210,24 @@ class RestStore(_Transport):
 
     # ------------------------------------------------------------------ leases
 
-    def acquire(
-        self,
-        caller: Caller,
-        request: AcquireRequest,
-        *,
-        idempotency_key: str | None,
-        attempt: str | None = None,
-    ) -> Lease:
-        """``POST /v1/leases`` (``attempt`` in the body when given)."""
-        body = _acquire_body(request)
-        if attempt is not None:
-            body["attempt"] = attempt
-        data, replayed = self._call(
-            "POST", "/v1/leases", json=body, idempotency_key=idempotency_key
-        )
+    def acquire(self, caller: Caller, request: AcquireRequest, execution: Execution) -> Lease:
+        """``POST /v1/leases`` (``execution.attempt`` in the body when given)."""
+        body = _with_attempt(_acquire_body(request), execution)
+        data, replayed = self._call("POST", "/v1/leases", json=body, idempotency_key=execution.key)
         return self._lease(data, replayed)
 
     def acquire_many(
-        self,
-        caller: Caller,
-        requests: Sequence[AcquireRequest],
-        *,
-        idempotency_key: str | None,
-        attempt: str | None = None,
+        self, caller: Caller, requests: Sequence[AcquireRequest], execution: Execution
     ) -> list[Lease]:
-        """``POST /v1/leases/batch``: every request or none (``attempt`` in the body when
-        given)."""
+        """``POST /v1/leases/batch``: every request or none (``execution.attempt`` in the
+        body when given)."""
         items = [_acquire_body(r) for r in requests]
         body = {
             "resources": items,
             "ttl_seconds": items[0]["ttl_seconds"] if items else TTL_MIN_SECONDS,
         }
-        if attempt is not None:
-            body["attempt"] = attempt
-        data, _ = self._call("POST", "/v1/leases/batch", json=body, idempotency_key=idempotency_key)
+        body = _with_attempt(body, execution)
+        data, _ = self._call("POST", "/v1/leases/batch", json=body, idempotency_key=execution.key)
         leases = self._list(Lease, data, "leases")
         flags = data.get("replayed")
         if not isinstance(flags, list) or len(flags) != len(leases):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from prefect_baton import Baton
 from prefect_baton.audit import audit_ledger
+from prefect_baton.cli._output import EXIT_CODES
 from prefect_baton.demo import analysis
 
 from ..conftest import REDIS_URL, require_redis
@@ -20,13 +22,13 @@ def _json_pkg() -> Path:
     return analysis.default_inputs()[0]
 
 
-def _run(tmp_path: Path, *extra: str) -> tuple[int, dict[str, object], str]:
+def _run(tmp_path: Path, *extra: str, timeout: float = 600) -> tuple[int, dict[str, object], str]:
     proc = subprocess.run(
         [sys.executable, "-m", "prefect_baton.demo", "--format", "json", *extra],
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
     )
     data = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
     return proc.returncode, data, proc.stderr
@@ -105,6 +107,32 @@ def test_demo_rejects_bad_arguments(tmp_path: Path) -> None:
         assert "baton demo:" in err
         assert "Traceback" not in err
     assert not (tmp_path / ".baton").exists()
+
+
+def _closed_port() -> int:
+    """A loopback TCP port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_unreachable_redis_fails_fast_with_unavailable(tmp_path: Path) -> None:
+    """A Redis URL nothing listens on fails within seconds with UNAVAILABLE (exit 11) naming
+    the cause, instead of waiting for --timeout and reporting an internal error."""
+    url = f"redis://127.0.0.1:{_closed_port()}/0"
+    for fmt in ("json", "table"):
+        code, data, err = _run(
+            tmp_path, "--input", str(_json_pkg()), "--redis", url, "--format", fmt, timeout=120
+        )
+        assert code == EXIT_CODES["UNAVAILABLE"], err
+        assert "INTERNAL_ERROR" not in err
+        if fmt == "json":
+            error = data["error"]
+            assert isinstance(error, dict)
+            assert error["code"] == "UNAVAILABLE"
+            assert "Redis unavailable" in error["message"]
+        else:
+            assert "baton demo: UNAVAILABLE: Redis unavailable" in err
 
 
 def test_tampered_input_is_rejected_by_reviewer(tmp_path: Path) -> None:

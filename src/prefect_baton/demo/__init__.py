@@ -27,10 +27,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
-from prefect_baton import Baton, ValidationError
+from prefect_baton import Baton, BatonError, ValidationError
 from prefect_baton._rules.validation import TTL_MIN_SECONDS, TTL_RANGE, validate_ttl
 from prefect_baton.audit import audit_ledger
+from prefect_baton.cli._output import OutputFormat, emit_error
 from prefect_baton.demo import analysis
+from prefect_baton.errors import error_for_code
 
 __all__ = ["DemoResult", "main", "run_demo"]
 
@@ -127,6 +129,62 @@ def _stopped(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
 
 
+class _Workers:
+    """The demo's worker processes by name (``researcher-1``, ``writer``, ...), each's role,
+    and the one JSON line each printed on stdout (its result, or ``{"error": {...}}``)."""
+
+    def __init__(self) -> None:
+        self.procs: dict[str, subprocess.Popen[str]] = {}
+        self.roles: dict[str, str] = {}
+        self._out: dict[str, dict[str, Any]] = {}
+
+    def output(self, name: str) -> dict[str, Any]:
+        """The last JSON line ``name`` printed (``{}`` if none); read once it has exited."""
+        p = self.procs[name]
+        if name not in self._out and p.poll() is not None:
+            lines = (p.stdout.read() if p.stdout else "").strip().splitlines()
+            try:
+                self._out[name] = json.loads(lines[-1]) if lines else {}
+            except ValueError:
+                self._out[name] = {}
+        return self._out.get(name, {})
+
+    def error(self, name: str) -> BatonError:
+        """The error worker ``name`` exited with (from its JSON line, else its exit status)."""
+        err = self.output(name).get("error")
+        if isinstance(err, dict) and "code" in err:
+            return error_for_code(str(err["code"]), f"{name}: {err.get('message', '')}")
+        return BatonError(f"{name} exited with status {self.procs[name].returncode}")
+
+    def check_failed_roles(self) -> None:
+        """Raise the first worker's error when every worker of a role has exited and none
+        succeeded (a researcher told to crash, SIGKILLed, is not counted as a failure).
+
+        Raises:
+            BatonError: the first failed worker's error (code and message), e.g.
+                ``UNAVAILABLE`` when the workers could not reach Redis.
+        """
+        for role in dict.fromkeys(self.roles.values()):
+            names = [n for n, r in self.roles.items() if r == role]
+            codes = [self.procs[n].poll() for n in names]
+            if any(c is None or c == 0 for c in codes):
+                continue
+            failed = [n for n, c in zip(names, codes, strict=True) if c != -signal.SIGKILL]
+            if failed:
+                raise self.error(failed[0])
+
+    def wait(self, name: str, deadline: float) -> None:
+        """Wait for ``name`` until ``deadline`` (``time.monotonic()`` seconds).
+
+        Raises:
+            TimeoutError: it did not finish in time (naming it).
+        """
+        try:
+            self.procs[name].wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"{name} did not finish in time") from None
+
+
 class _Progress:
     """A Rich progress bar on a terminal, plain lines otherwise (on stderr for JSON)."""
 
@@ -168,6 +226,11 @@ def run_demo(args: argparse.Namespace) -> DemoResult:
     files = analysis.list_files(args.input or analysis.default_inputs())
     result = DemoResult(files=len(files), ledger=ledger_url, org=org)
     b = Baton(ledger_url=ledger_url, org=org, principal="orchestrator", redis_url=args.redis_url)
+    try:  # are the ledger and the lease authority (Redis) reachable? Fail before any worker
+        b.leases.inspect("file", next(iter(files), "probe"))
+    except BaseException:
+        b.close()
+        raise
     if args.engine == "prefect":
         return _run_on_prefect(args, b, files, run_dir, result, t0)
     base = {
@@ -182,16 +245,20 @@ def run_demo(args: argparse.Namespace) -> DemoResult:
         "timeout": float(args.timeout),
     }
     logs: list[IO[str]] = []
+    workers = _Workers()
 
     def spawn(cfg: dict[str, Any]) -> subprocess.Popen[str]:
         log = open(run_dir / f"{cfg['worker']}.log", "w")  # noqa: SIM115
         logs.append(log)
-        return subprocess.Popen(
+        p = subprocess.Popen(
             [sys.executable, "-m", "prefect_baton.demo.worker", json.dumps(cfg)],
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,
         )
+        workers.procs[cfg["worker"]] = p
+        workers.roles[cfg["worker"]] = cfg["role"]
+        return p
 
     researchers: dict[str, subprocess.Popen[str]] = {}
     stride = max(1, len(files) // max(1, args.workers))
@@ -208,13 +275,14 @@ def run_demo(args: argparse.Namespace) -> DemoResult:
                 "fault": fault,
             }
         )
-    operator = spawn({**base, "role": "operator", "principal": "operator", "worker": "operator"})
-    reviewer = spawn({**base, "role": "reviewer", "principal": "reviewer", "worker": "reviewer"})
+    spawn({**base, "role": "operator", "principal": "operator", "worker": "operator"})
+    spawn({**base, "role": "reviewer", "principal": "reviewer", "worker": "reviewer"})
     deadline = time.monotonic() + args.timeout
     progress = _Progress(len(files), args.format)
     handled: dict[str, float] = {}
     try:
         while any(p.poll() is None for p in researchers.values()):
+            workers.check_failed_roles()
             if time.monotonic() > deadline:
                 raise TimeoutError("researchers did not finish in time")
             for marker in run_dir.glob("pause-*.json"):
@@ -241,12 +309,14 @@ def run_demo(args: argparse.Namespace) -> DemoResult:
                 & set(files)
             )
         )
-        writer = spawn({**base, "role": "writer", "principal": "writer", "worker": "writer"})
-        for p in (writer, operator, reviewer):
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        workers.check_failed_roles()
+        spawn({**base, "role": "writer", "principal": "writer", "worker": "writer"})
+        for name in ("writer", "operator", "reviewer"):
+            workers.wait(name, deadline)
+            workers.check_failed_roles()
     finally:
         progress.close()
-        for p in [*researchers.values(), operator, reviewer]:
+        for p in workers.procs.values():
             if p.poll() is None:
                 if _stopped(p.pid):
                     os.kill(p.pid, signal.SIGCONT)
@@ -254,15 +324,13 @@ def run_demo(args: argparse.Namespace) -> DemoResult:
                 p.wait()
         for log in logs:
             log.close()
-    for p in researchers.values():
+    for name, p in researchers.items():
         if p.returncode == -signal.SIGKILL:
             result.crashes += 1
             continue
-        out = (p.stdout.read() if p.stdout else "").strip().splitlines()
-        if out:
-            stats = json.loads(out[-1])
-            result.resumed_from_checkpoint += int(stats.get("resumed", 0))
-            result.stale_writes_rejected += int(stats.get("stale_rejected", 0))
+        stats = workers.output(name)
+        result.resumed_from_checkpoint += int(stats.get("resumed", 0))
+        result.stale_writes_rejected += int(stats.get("stale_rejected", 0))
     _summarise(b, files, result, args.redis_url)
     result.report = str(run_dir / "report.json")
     result.elapsed_seconds = round(time.monotonic() - t0, 2)
@@ -386,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     except TimeoutError as exc:
         print(f"baton demo: {exc} (after --timeout {args.timeout} s)", file=sys.stderr)
         return 1
+    except BatonError as exc:
+        return emit_error(OutputFormat(args.format), "demo", exc.to_dict())
     if args.format == "json":
         print(json.dumps({"ok": result.ok, **asdict(result)}, indent=2))
     else:

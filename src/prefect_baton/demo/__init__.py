@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 from prefect_baton import Baton, BatonError, ValidationError
 from prefect_baton._rules.validation import TTL_MIN_SECONDS, TTL_RANGE, validate_ttl
@@ -77,8 +77,17 @@ class DemoResult:
         )
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors (unknown option, bad value) raise
+    :class:`~prefect_baton.errors.ValidationError` instead of exiting with argparse's usage
+    message, so ``baton demo`` reports them like every other command."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ValidationError(message)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="baton demo",
         description=(
             "Run the four-role scenario (researchers, writer, operator, reviewer) as separate "
@@ -107,9 +116,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=int, default=600, help="give up after this many seconds")
     p.add_argument("--run-dir", type=Path, help="where the ledger, logs and report go")
     p.add_argument(
+        "--redis-url",
         "--redis",
         dest="redis_url",
-        help="Redis URL: hold the leases on the Redis fast path (default: the ledger holds them)",
+        help="Redis URL: hold the leases on the Redis fast path (default: the ledger holds "
+        "them); --redis is an alias",
     )
     p.add_argument(
         "--engine",
@@ -423,9 +434,25 @@ def _print_table(r: DemoResult) -> None:
         print(f"audit: {v}", file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``baton demo`` and ``python -m prefect_baton.demo``; returns the exit
-    code (0 all good, 1 a check failed, 2 bad arguments)."""
+def _format_of(argv: list[str]) -> OutputFormat:
+    """The ``--format`` among ``argv`` (``table`` when absent or unreadable), for reporting
+    an argument error."""
+    p = _Parser(add_help=False)
+    p.add_argument("--format", default="table")
+    try:
+        fmt = p.parse_known_args(argv)[0].format
+    except ValidationError:
+        return OutputFormat.table
+    return OutputFormat.json if fmt == "json" else OutputFormat.table
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """Parse and check ``baton demo`` arguments.
+
+    Raises:
+        ValidationError: an unknown option, a bad value, or options that do not fit
+            together (all problems in one message, ``; ``-separated).
+    """
     args = _parser().parse_args(argv)
     problems = []
     if args.workers < 1:
@@ -446,9 +473,29 @@ def main(argv: list[str] | None = None) -> int:
         if not d.is_dir():
             problems.append(f"--input {d} is not a directory")
     if problems:
-        for msg in problems:
-            print(f"baton demo: {msg}", file=sys.stderr)
-        return 2
+        raise ValidationError("; ".join(problems))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``baton demo`` and ``python -m prefect_baton.demo``.
+
+    Args:
+        argv: the demo's arguments (``list[str]``; default ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0 all good, 1 a check failed or a role did not finish within
+        ``--timeout`` seconds, else the exit status of the error's code (``2``
+        ``VALIDATION_ERROR`` for bad arguments, ``11`` ``UNAVAILABLE`` when the ledger or
+        Redis cannot be reached, ...). Errors are printed like every ``baton`` command's:
+        ``baton demo: CODE: message`` on stderr, or a JSON receipt with ``--format json``.
+        ``--help`` exits (``SystemExit(0)``) after printing the usage.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = _parse(argv)
+    except ValidationError as exc:
+        return emit_error(_format_of(argv), "demo", exc.to_dict())
     try:
         result = run_demo(args)
     except TimeoutError as exc:

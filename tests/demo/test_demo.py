@@ -185,6 +185,25 @@ def test_unreachable_redis_fails_fast_with_unavailable(tmp_path: Path) -> None:
             assert "baton demo: UNAVAILABLE: Redis unavailable" in err
 
 
+def test_summary_prints_paths_unwrapped(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger URL and the report path are printed whole on their own lines under the
+    summary table, even when wider than the terminal, so they can be copied."""
+    from prefect_baton.demo import DemoResult, _print_table
+
+    monkeypatch.setenv("COLUMNS", "60")
+    deep = "/tmp/" + "/".join(f"directory-{i}" for i in range(8))
+    result = DemoResult(
+        files=3, completed=3, ledger=f"sqlite:///{deep}/ledger.db", report=f"{deep}/report.json"
+    )
+    _print_table(result)
+    lines = capsys.readouterr().out.splitlines()
+    assert f"ledger: sqlite:///{deep}/ledger.db" in lines
+    assert f"report: {deep}/report.json" in lines
+    assert sum(deep in line for line in lines) == 2
+
+
 def test_tampered_input_is_rejected_by_reviewer(tmp_path: Path) -> None:
     """If a file changes after its analysis, the reviewer's recomputed sha256 differs and the
     verdict is not accepted (the demo exits non-zero)."""

@@ -42,10 +42,17 @@ def _measure(label: str, default: Any = 0) -> Any:
     return field(default=default, metadata={"label": label, "show": str})
 
 
+def _path(label: str) -> Any:
+    """A :class:`DemoResult` path printed as ``label: path`` on its own line under the
+    summary table (never wrapped, so it can be copied)."""
+    return field(default="", metadata={"path": label})
+
+
 @dataclass
 class DemoResult:
     """The demo's summary, read back from the ledger (counts are ``int``); the fields in the
-    order of the summary table, with its labels."""
+    order of the summary table, with its labels; ``ledger`` (URL) and ``report`` (path) are
+    printed under the table, one a line."""
 
     files: int = _measure("files")
     completed: int = _measure("completed")
@@ -62,9 +69,9 @@ class DemoResult:
         default_factory=list, metadata={"label": "audit violations", "show": len}
     )
     elapsed_seconds: float = _measure("elapsed (s)", 0.0)
-    ledger: str = _measure("ledger", "")
+    ledger: str = _path("ledger")
     org: str = ""
-    report: str = _measure("report", "")
+    report: str = _path("report")
 
     @property
     def ok(self) -> bool:
@@ -430,6 +437,9 @@ def _print_table(r: DemoResult) -> None:
         if "label" in f.metadata:
             t.add_row(f.metadata["label"], str(f.metadata["show"](getattr(r, f.name))))
     Console().print(t)
+    for f in fields(r):
+        if "path" in f.metadata:
+            print(f"{f.metadata['path']}: {getattr(r, f.name)}")
     for v in r.audit_violations:
         print(f"audit: {v}", file=sys.stderr)
 

@@ -276,6 +276,11 @@ def test_demo_forwards_its_options_and_exit_code(cli: Cli, monkeypatch: pytest.M
     assert seen[-1] == ["--ledger-url", cli.ledger_url, "--format", "json", "--workers", "2"]
     result = CliRunner().invoke(app, [*root, "--format", "table"], env=CLEAN_ENV)
     assert seen[-1] == ["--ledger-url", cli.ledger_url, "--workers", "2", "--format", "table"]
+    redis = ["--redis-url", "redis://127.0.0.1:1/0", "demo"]
+    result = CliRunner().invoke(app, redis, env=CLEAN_ENV)
+    assert seen[-1] == ["--redis-url", "redis://127.0.0.1:1/0"]
+    result = CliRunner().invoke(app, [*redis, "--redis", "redis://x"], env=CLEAN_ENV)
+    assert seen[-1] == ["--redis", "redis://x"]
 
 
 def test_demo_reports_a_missing_module_readably(monkeypatch: pytest.MonkeyPatch) -> None:

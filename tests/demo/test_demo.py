@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from prefect_baton import Baton
 from prefect_baton.audit import audit_ledger
+from prefect_baton.cli import app
+from prefect_baton.cli._output import EXIT_CODES
 from prefect_baton.demo import analysis
 
 from ..conftest import REDIS_URL, require_redis
@@ -20,13 +25,13 @@ def _json_pkg() -> Path:
     return analysis.default_inputs()[0]
 
 
-def _run(tmp_path: Path, *extra: str) -> tuple[int, dict[str, object], str]:
+def _run(tmp_path: Path, *extra: str, timeout: float = 600) -> tuple[int, dict[str, object], str]:
     proc = subprocess.run(
         [sys.executable, "-m", "prefect_baton.demo", "--format", "json", *extra],
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
     )
     data = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
     return proc.returncode, data, proc.stderr
@@ -91,8 +96,11 @@ def test_demo_on_prefect(tmp_path: Path) -> None:
 
 
 def test_demo_rejects_bad_arguments(tmp_path: Path) -> None:
-    """Bad demo options exit 2 with a readable message and start nothing."""
+    """Bad demo options (unknown, malformed or not fitting together) exit 2 with a
+    VALIDATION_ERROR receipt, like every baton command, and start nothing."""
     for args in (
+        ["--bogus"],
+        ["--workers", "x"],
         ["--workers", "0"],
         ["--workers", "2", "--crash", "2"],
         ["--ttl", "5"],
@@ -100,11 +108,100 @@ def test_demo_rejects_bad_arguments(tmp_path: Path) -> None:
         ["--engine", "prefect", "--crash", "1"],
         ["--work-ms", "-5"],
     ):
-        code, _data, err = _run(tmp_path, *args)
-        assert code == 2, args
-        assert "baton demo:" in err
+        code, data, err = _run(tmp_path, *args)
+        assert code == EXIT_CODES["VALIDATION_ERROR"], args
+        assert data["ok"] is False, args
+        assert data["action"] == "demo"
+        error = data["error"]
+        assert isinstance(error, dict)
+        assert error["code"] == "VALIDATION_ERROR", args
         assert "Traceback" not in err
     assert not (tmp_path / ".baton").exists()
+
+
+def test_baton_demo_reports_bad_arguments_as_validation_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`baton demo` prints bad options in the CLI's error form: one
+    `baton demo: VALIDATION_ERROR: ...` line on stderr and exit status 2."""
+    monkeypatch.chdir(tmp_path)
+    missing = tmp_path / "missing"
+    for args, message in (
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--input", str(missing)], f"--input {missing} is not a directory"),
+    ):
+        result = CliRunner().invoke(app, ["demo", *args], env=_no_baton_env())
+        assert result.exit_code == EXIT_CODES["VALIDATION_ERROR"], result.output
+        assert result.stderr == f"baton demo: VALIDATION_ERROR: {message}\n"
+    assert not (tmp_path / ".baton").exists()
+
+
+def test_baton_demo_takes_the_global_redis_url(tmp_path: Path) -> None:
+    """`baton --redis-url URL demo` and `baton demo --redis-url URL` (alias --redis) reach the
+    demo: an unreachable URL gives UNAVAILABLE before any worker starts."""
+    url = f"redis://127.0.0.1:{_closed_port()}/0"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
+    for argv in (["--redis-url", url, "demo"], ["demo", "--redis-url", url]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "prefect_baton.cli", *argv, "--input", str(_json_pkg())],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == EXIT_CODES["UNAVAILABLE"], proc.stderr
+        assert "baton demo: UNAVAILABLE: Redis unavailable" in proc.stderr
+
+
+def _no_baton_env() -> dict[str, str | None]:
+    """Every ``BATON_*`` variable of this environment unset (for ``CliRunner``)."""
+    return {k: None for k in os.environ if k.startswith("BATON_")}
+
+
+def _closed_port() -> int:
+    """A loopback TCP port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_unreachable_redis_fails_fast_with_unavailable(tmp_path: Path) -> None:
+    """A Redis URL nothing listens on fails within seconds with UNAVAILABLE (exit 11) naming
+    the cause, instead of waiting for --timeout and reporting an internal error."""
+    url = f"redis://127.0.0.1:{_closed_port()}/0"
+    for fmt in ("json", "table"):
+        code, data, err = _run(
+            tmp_path, "--input", str(_json_pkg()), "--redis", url, "--format", fmt, timeout=120
+        )
+        assert code == EXIT_CODES["UNAVAILABLE"], err
+        assert "INTERNAL_ERROR" not in err
+        if fmt == "json":
+            error = data["error"]
+            assert isinstance(error, dict)
+            assert error["code"] == "UNAVAILABLE"
+            assert "Redis unavailable" in error["message"]
+        else:
+            assert "baton demo: UNAVAILABLE: Redis unavailable" in err
+
+
+def test_summary_prints_paths_unwrapped(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger URL and the report path are printed whole on their own lines under the
+    summary table, even when wider than the terminal, so they can be copied."""
+    from prefect_baton.demo import DemoResult, _print_table
+
+    monkeypatch.setenv("COLUMNS", "60")
+    deep = "/tmp/" + "/".join(f"directory-{i}" for i in range(8))
+    result = DemoResult(
+        files=3, completed=3, ledger=f"sqlite:///{deep}/ledger.db", report=f"{deep}/report.json"
+    )
+    _print_table(result)
+    lines = capsys.readouterr().out.splitlines()
+    assert f"ledger: sqlite:///{deep}/ledger.db" in lines
+    assert f"report: {deep}/report.json" in lines
+    assert sum(deep in line for line in lines) == 2
 
 
 def test_tampered_input_is_rejected_by_reviewer(tmp_path: Path) -> None:

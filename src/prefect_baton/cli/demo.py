@@ -19,18 +19,23 @@ DEMO_CONTEXT = {
     "help_option_names": [],  # `baton demo --help` is answered by the demo itself
 }
 
-# Global options given explicitly before `demo` that the demo also understands.
-_FORWARDED_GLOBALS = (("ledger_url", "--ledger-url"), ("fmt", "--format"))
+# Global options given explicitly before `demo` that the demo also understands:
+# (parameter, the demo's option, its aliases).
+_FORWARDED_GLOBALS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("ledger_url", "--ledger-url", ()),
+    ("redis_url", "--redis-url", ("--redis",)),
+    ("fmt", "--format", ()),
+)
 
 
 def _forwarded_globals(ctx: typer.Context, args: list[str]) -> list[str]:
     root = ctx.find_root()
     extra: list[str] = []
-    for param, flag in _FORWARDED_GLOBALS:
+    for param, flag, aliases in _FORWARDED_GLOBALS:
         source = root.get_parameter_source(param)
         if source is None or source.name != "COMMANDLINE":
             continue
-        if any(a == flag or a.startswith(flag + "=") for a in args):
+        if any(a == f or a.startswith(f + "=") for a in args for f in (flag, *aliases)):
             continue
         value = root.params.get(param)
         if value is not None:
@@ -46,9 +51,11 @@ def demo(ctx: typer.Context) -> None:
     Options, forwarded unchanged to the demo: --workers N (researcher processes),
     --input DIR (repeatable), --crash N (researchers SIGKILLed mid-file), --pause N
     (researchers SIGSTOPped past their TTL), --ttl SECONDS (file lease TTL, integer
-    seconds), --format table|json, --ledger-url URL; `baton demo --help` lists them all.
-    A global --ledger-url or --format given before `demo` is passed on too. Exits non-zero
-    if a file is completed twice or left undone, or the verdict is not accepted.
+    seconds), --format table|json, --ledger-url URL, --redis-url URL (alias --redis);
+    `baton demo --help` lists them all. A global --ledger-url, --redis-url or --format given
+    before `demo` is passed on too. Bad options exit 2 with VALIDATION_ERROR; an unreachable
+    ledger or Redis exits 11 with UNAVAILABLE before any worker starts. Exits 1 if a file
+    is completed twice or left undone, or the verdict is not accepted.
     """
     args = list(ctx.args)
     argv = _forwarded_globals(ctx, args) + args

@@ -25,12 +25,14 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
-from prefect_baton import Baton, ValidationError
+from prefect_baton import Baton, BatonError, ValidationError
 from prefect_baton._rules.validation import TTL_MIN_SECONDS, TTL_RANGE, validate_ttl
 from prefect_baton.audit import audit_ledger
+from prefect_baton.cli._output import OutputFormat, emit_error
 from prefect_baton.demo import analysis
+from prefect_baton.errors import error_for_code
 
 __all__ = ["DemoResult", "main", "run_demo"]
 
@@ -40,10 +42,17 @@ def _measure(label: str, default: Any = 0) -> Any:
     return field(default=default, metadata={"label": label, "show": str})
 
 
+def _path(label: str) -> Any:
+    """A :class:`DemoResult` path printed as ``label: path`` on its own line under the
+    summary table (never wrapped, so it can be copied)."""
+    return field(default="", metadata={"path": label})
+
+
 @dataclass
 class DemoResult:
     """The demo's summary, read back from the ledger (counts are ``int``); the fields in the
-    order of the summary table, with its labels."""
+    order of the summary table, with its labels; ``ledger`` (URL) and ``report`` (path) are
+    printed under the table, one a line."""
 
     files: int = _measure("files")
     completed: int = _measure("completed")
@@ -60,9 +69,9 @@ class DemoResult:
         default_factory=list, metadata={"label": "audit violations", "show": len}
     )
     elapsed_seconds: float = _measure("elapsed (s)", 0.0)
-    ledger: str = _measure("ledger", "")
+    ledger: str = _path("ledger")
     org: str = ""
-    report: str = _measure("report", "")
+    report: str = _path("report")
 
     @property
     def ok(self) -> bool:
@@ -75,8 +84,17 @@ class DemoResult:
         )
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors (unknown option, bad value) raise
+    :class:`~prefect_baton.errors.ValidationError` instead of exiting with argparse's usage
+    message, so ``baton demo`` reports them like every other command."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ValidationError(message)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="baton demo",
         description=(
             "Run the four-role scenario (researchers, writer, operator, reviewer) as separate "
@@ -105,9 +123,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=int, default=600, help="give up after this many seconds")
     p.add_argument("--run-dir", type=Path, help="where the ledger, logs and report go")
     p.add_argument(
+        "--redis-url",
         "--redis",
         dest="redis_url",
-        help="Redis URL: hold the leases on the Redis fast path (default: the ledger holds them)",
+        help="Redis URL: hold the leases on the Redis fast path (default: the ledger holds "
+        "them); --redis is an alias",
     )
     p.add_argument(
         "--engine",
@@ -125,6 +145,62 @@ def _stopped(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+class _Workers:
+    """The demo's worker processes by name (``researcher-1``, ``writer``, ...), each's role,
+    and the one JSON line each printed on stdout (its result, or ``{"error": {...}}``)."""
+
+    def __init__(self) -> None:
+        self.procs: dict[str, subprocess.Popen[str]] = {}
+        self.roles: dict[str, str] = {}
+        self._out: dict[str, dict[str, Any]] = {}
+
+    def output(self, name: str) -> dict[str, Any]:
+        """The last JSON line ``name`` printed (``{}`` if none); read once it has exited."""
+        p = self.procs[name]
+        if name not in self._out and p.poll() is not None:
+            lines = (p.stdout.read() if p.stdout else "").strip().splitlines()
+            try:
+                self._out[name] = json.loads(lines[-1]) if lines else {}
+            except ValueError:
+                self._out[name] = {}
+        return self._out.get(name, {})
+
+    def error(self, name: str) -> BatonError:
+        """The error worker ``name`` exited with (from its JSON line, else its exit status)."""
+        err = self.output(name).get("error")
+        if isinstance(err, dict) and "code" in err:
+            return error_for_code(str(err["code"]), f"{name}: {err.get('message', '')}")
+        return BatonError(f"{name} exited with status {self.procs[name].returncode}")
+
+    def check_failed_roles(self) -> None:
+        """Raise the first worker's error when every worker of a role has exited and none
+        succeeded (a researcher told to crash, SIGKILLed, is not counted as a failure).
+
+        Raises:
+            BatonError: the first failed worker's error (code and message), e.g.
+                ``UNAVAILABLE`` when the workers could not reach Redis.
+        """
+        for role in dict.fromkeys(self.roles.values()):
+            names = [n for n, r in self.roles.items() if r == role]
+            codes = [self.procs[n].poll() for n in names]
+            if any(c is None or c == 0 for c in codes):
+                continue
+            failed = [n for n, c in zip(names, codes, strict=True) if c != -signal.SIGKILL]
+            if failed:
+                raise self.error(failed[0])
+
+    def wait(self, name: str, deadline: float) -> None:
+        """Wait for ``name`` until ``deadline`` (``time.monotonic()`` seconds).
+
+        Raises:
+            TimeoutError: it did not finish in time (naming it).
+        """
+        try:
+            self.procs[name].wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"{name} did not finish in time") from None
 
 
 class _Progress:
@@ -168,6 +244,11 @@ def run_demo(args: argparse.Namespace) -> DemoResult:
     files = analysis.list_files(args.input or analysis.default_inputs())
     result = DemoResult(files=len(files), ledger=ledger_url, org=org)
     b = Baton(ledger_url=ledger_url, org=org, principal="orchestrator", redis_url=args.redis_url)
+    try:  # are the ledger and the lease authority (Redis) reachable? Fail before any worker
+        b.leases.inspect("file", next(iter(files), "probe"))
+    except BaseException:
+        b.close()
+        raise
     if args.engine == "prefect":
         return _run_on_prefect(args, b, files, run_dir, result, t0)
     base = {
@@ -182,16 +263,20 @@ def run_demo(args: argparse.Namespace) -> DemoResult:
         "timeout": float(args.timeout),
     }
     logs: list[IO[str]] = []
+    workers = _Workers()
 
     def spawn(cfg: dict[str, Any]) -> subprocess.Popen[str]:
         log = open(run_dir / f"{cfg['worker']}.log", "w")  # noqa: SIM115
         logs.append(log)
-        return subprocess.Popen(
+        p = subprocess.Popen(
             [sys.executable, "-m", "prefect_baton.demo.worker", json.dumps(cfg)],
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,
         )
+        workers.procs[cfg["worker"]] = p
+        workers.roles[cfg["worker"]] = cfg["role"]
+        return p
 
     researchers: dict[str, subprocess.Popen[str]] = {}
     stride = max(1, len(files) // max(1, args.workers))
@@ -208,13 +293,14 @@ def run_demo(args: argparse.Namespace) -> DemoResult:
                 "fault": fault,
             }
         )
-    operator = spawn({**base, "role": "operator", "principal": "operator", "worker": "operator"})
-    reviewer = spawn({**base, "role": "reviewer", "principal": "reviewer", "worker": "reviewer"})
+    spawn({**base, "role": "operator", "principal": "operator", "worker": "operator"})
+    spawn({**base, "role": "reviewer", "principal": "reviewer", "worker": "reviewer"})
     deadline = time.monotonic() + args.timeout
     progress = _Progress(len(files), args.format)
     handled: dict[str, float] = {}
     try:
         while any(p.poll() is None for p in researchers.values()):
+            workers.check_failed_roles()
             if time.monotonic() > deadline:
                 raise TimeoutError("researchers did not finish in time")
             for marker in run_dir.glob("pause-*.json"):
@@ -241,12 +327,14 @@ def run_demo(args: argparse.Namespace) -> DemoResult:
                 & set(files)
             )
         )
-        writer = spawn({**base, "role": "writer", "principal": "writer", "worker": "writer"})
-        for p in (writer, operator, reviewer):
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        workers.check_failed_roles()
+        spawn({**base, "role": "writer", "principal": "writer", "worker": "writer"})
+        for name in ("writer", "operator", "reviewer"):
+            workers.wait(name, deadline)
+            workers.check_failed_roles()
     finally:
         progress.close()
-        for p in [*researchers.values(), operator, reviewer]:
+        for p in workers.procs.values():
             if p.poll() is None:
                 if _stopped(p.pid):
                     os.kill(p.pid, signal.SIGCONT)
@@ -254,15 +342,13 @@ def run_demo(args: argparse.Namespace) -> DemoResult:
                 p.wait()
         for log in logs:
             log.close()
-    for p in researchers.values():
+    for name, p in researchers.items():
         if p.returncode == -signal.SIGKILL:
             result.crashes += 1
             continue
-        out = (p.stdout.read() if p.stdout else "").strip().splitlines()
-        if out:
-            stats = json.loads(out[-1])
-            result.resumed_from_checkpoint += int(stats.get("resumed", 0))
-            result.stale_writes_rejected += int(stats.get("stale_rejected", 0))
+        stats = workers.output(name)
+        result.resumed_from_checkpoint += int(stats.get("resumed", 0))
+        result.stale_writes_rejected += int(stats.get("stale_rejected", 0))
     _summarise(b, files, result, args.redis_url)
     result.report = str(run_dir / "report.json")
     result.elapsed_seconds = round(time.monotonic() - t0, 2)
@@ -351,13 +437,32 @@ def _print_table(r: DemoResult) -> None:
         if "label" in f.metadata:
             t.add_row(f.metadata["label"], str(f.metadata["show"](getattr(r, f.name))))
     Console().print(t)
+    for f in fields(r):
+        if "path" in f.metadata:
+            print(f"{f.metadata['path']}: {getattr(r, f.name)}")
     for v in r.audit_violations:
         print(f"audit: {v}", file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``baton demo`` and ``python -m prefect_baton.demo``; returns the exit
-    code (0 all good, 1 a check failed, 2 bad arguments)."""
+def _format_of(argv: list[str]) -> OutputFormat:
+    """The ``--format`` among ``argv`` (``table`` when absent or unreadable), for reporting
+    an argument error."""
+    p = _Parser(add_help=False)
+    p.add_argument("--format", default="table")
+    try:
+        fmt = p.parse_known_args(argv)[0].format
+    except ValidationError:
+        return OutputFormat.table
+    return OutputFormat.json if fmt == "json" else OutputFormat.table
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """Parse and check ``baton demo`` arguments.
+
+    Raises:
+        ValidationError: an unknown option, a bad value, or options that do not fit
+            together (all problems in one message, ``; ``-separated).
+    """
     args = _parser().parse_args(argv)
     problems = []
     if args.workers < 1:
@@ -378,14 +483,36 @@ def main(argv: list[str] | None = None) -> int:
         if not d.is_dir():
             problems.append(f"--input {d} is not a directory")
     if problems:
-        for msg in problems:
-            print(f"baton demo: {msg}", file=sys.stderr)
-        return 2
+        raise ValidationError("; ".join(problems))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``baton demo`` and ``python -m prefect_baton.demo``.
+
+    Args:
+        argv: the demo's arguments (``list[str]``; default ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0 all good, 1 a check failed or a role did not finish within
+        ``--timeout`` seconds, else the exit status of the error's code (``2``
+        ``VALIDATION_ERROR`` for bad arguments, ``11`` ``UNAVAILABLE`` when the ledger or
+        Redis cannot be reached, ...). Errors are printed like every ``baton`` command's:
+        ``baton demo: CODE: message`` on stderr, or a JSON receipt with ``--format json``.
+        ``--help`` exits (``SystemExit(0)``) after printing the usage.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = _parse(argv)
+    except ValidationError as exc:
+        return emit_error(_format_of(argv), "demo", exc.to_dict())
     try:
         result = run_demo(args)
     except TimeoutError as exc:
         print(f"baton demo: {exc} (after --timeout {args.timeout} s)", file=sys.stderr)
         return 1
+    except BatonError as exc:
+        return emit_error(OutputFormat(args.format), "demo", exc.to_dict())
     if args.format == "json":
         print(json.dumps({"ok": result.ok, **asdict(result)}, indent=2))
     else:

@@ -11,11 +11,13 @@ import json
 import os
 import signal
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
 from prefect_baton import Baton, LeaseKeeper
 from prefect_baton.demo import roles
+from prefect_baton.errors import as_baton_error
 
 
 def _fault_hook(cfg: dict[str, Any]) -> roles.FaultHook | None:
@@ -89,9 +91,19 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
+    """Run the role of the JSON config in ``argv[1]``; print its result as one JSON line, or
+    ``{"worker": ..., "error": {"code", "message"}}`` and exit 1 when it failed (the
+    orchestrator reports the error; the traceback goes to the worker's log on stderr)."""
     cfg = json.loads(sys.argv[1])
-    result = run(cfg)
-    print(json.dumps({"worker": cfg.get("worker", cfg["role"]), **result}), flush=True)
+    worker = cfg.get("worker", cfg["role"])
+    try:
+        result = run(cfg)
+    except Exception as exc:
+        traceback.print_exc()
+        err = as_baton_error(exc).to_dict()
+        print(json.dumps({"worker": worker, "error": err}, default=str), flush=True)
+        sys.exit(1)
+    print(json.dumps({"worker": worker, **result}), flush=True)
 
 
 if __name__ == "__main__":

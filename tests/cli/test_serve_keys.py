@@ -5,6 +5,7 @@ nothing; neither secrets nor their hashes are listed or logged."""
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import subprocess
 import threading
@@ -129,6 +130,8 @@ def test_keys_list_shows_no_secret_and_marks_revoked(cli: Cli) -> None:
         "revoked_at",
     }
     assert rows[0]["revoked_at"] is not None
+    for stamp in (rows[0]["created_at"], rows[0]["revoked_at"], rows[1]["created_at"]):
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", stamp), stamp
     assert rows[1]["revoked_at"] is None
     assert rows[1]["scopes"] == ["events:read"]
     active = cli.ok("keys", "list", "--active-only")["keys"]

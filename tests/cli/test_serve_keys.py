@@ -195,6 +195,19 @@ def test_serve_bad_port_is_validation_error(cli: Cli, port: str) -> None:
     assert run.json["error"]["code"] == "VALIDATION_ERROR"
 
 
+@pytest.mark.parametrize("host", ["not a host!", "256.1.1.1"])
+def test_serve_bad_host_is_validation_error_like_mcp(cli: Cli, host: str) -> None:
+    """A --host that is no host name or IP address exits 2 before any lookup, with the
+    same VALIDATION_ERROR message as ``baton mcp --transport http``."""
+    port = str(_free_port())
+    served = cli("serve", "--host", host, "--port", port)
+    mcp = cli("mcp", "--transport", "http", "--host", host, "--port", port)
+    assert (served.code, mcp.code) == (2, 2), served.text
+    assert served.json["error"]["code"] == "VALIDATION_ERROR"
+    assert "--host" in served.json["error"]["message"]
+    assert served.json["error"]["message"] == mcp.json["error"]["message"]
+
+
 def test_serve_bad_ledger_url_is_validation_error(cli: Cli) -> None:
     """An unusable ledger URL exits 2 with VALIDATION_ERROR."""
     bad = Cli("mysql://nowhere/db", cli.org)

@@ -40,13 +40,13 @@ from prefect_baton.errors import (
     BatonError,
     ForbiddenError,
     UnavailableError,
-    ValidationError,
     as_baton_error,
 )
 from prefect_baton.mcp._tools import SEED_ALIASES, TOOLS, SeedAlias, ToolSpec, resolve_tool
 from prefect_baton.rest._http import (
     BatonMiddleware,
     baton_error_response,
+    check_host,
     client_error,
     new_request_id,
 )
@@ -328,12 +328,8 @@ def http_app(
         ValidationError: a malformed ledger or Redis URL, or a ``host`` that is neither a
             host name nor an IP address. UnavailableError: the ledger cannot be reached.
     """
-    try:
-        auth = AuthSettings(issuer_url=_issuer(host, port), resource_server_url=None)
-    except pydantic.ValidationError:
-        raise ValidationError(
-            f"bad host {host!r} (--host): not a host name or an IP address"
-        ) from None
+    check_host(host)
+    auth = AuthSettings(issuer_url=_issuer(host, port), resource_server_url=None)
     stores = open_stores(ledger_url, redis_url)
     settings, store, authority = stores.settings, stores.ledger, stores.authority
     close = stores.close

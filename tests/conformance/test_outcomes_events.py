@@ -236,6 +236,15 @@ def test_other_transitions_append_events(baton: Baton) -> None:
     assert [e.subject for e in events][-1] == SUBJ
 
 
+def test_unknown_event_kind_is_validation_error(baton: Baton) -> None:
+    """Event kinds are a fixed set: an unknown ``kind`` filter is VALIDATION_ERROR naming
+    the known kinds, not an empty list; a known one filters."""
+    baton.checkpoints.save(SUBJ, "progress", {"n": 1})
+    with pytest.raises(ValidationError, match=r"unknown event kind 'nope'.*lease\.acquired"):
+        baton.events.list(kind="nope")
+    assert [e.kind for e in baton.events.list(kind="checkpoint.saved")] == ["checkpoint.saved"]
+
+
 def test_force_release_event_names_who_forced(baton: Baton) -> None:
     """A force release appends lease.released recording who forced it."""
     lease = baton.leases.acquire("deploy", "svc", ttl_seconds=30)

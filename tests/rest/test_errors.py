@@ -220,6 +220,10 @@ def test_bad_query_parameters_are_400(client: TestClient, make_key: MakeKey) -> 
     error(client.get("/v1/events", params={"limit": "many"}, headers=h), 400, "VALIDATION_ERROR")
     error(client.get("/v1/events", params={"limit": 0}, headers=h), 400, "VALIDATION_ERROR")
     error(client.get("/v1/events", params={"after": -1}, headers=h), 400, "VALIDATION_ERROR")
+    bad_kind = error(
+        client.get("/v1/events", params={"kind": "nope"}, headers=h), 400, "VALIDATION_ERROR"
+    )
+    assert "unknown event kind 'nope'" in bad_kind["message"]
     error(client.get("/v1/leases/inspect", headers=h), 400, "VALIDATION_ERROR")
 
 

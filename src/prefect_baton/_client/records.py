@@ -15,6 +15,7 @@ from prefect_baton._client.api_base import (
 from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._client.requests import keyed, resolve_fields
 from prefect_baton._rules import core as _core
+from prefect_baton._rules.events import validate_event_kind
 from prefect_baton._rules.paging import decode_cursor
 from prefect_baton._rules.validation import CHECKPOINT_TTL_MAX_SECONDS, validate_lifetime
 from prefect_baton._stores.protocol import (
@@ -329,7 +330,12 @@ class EventAPI(_API):
     """The event stream (``b.events``)."""
 
     def list(self, after_seq: int = 0, limit: int = 100, kind: str | None = None) -> list[Event]:
-        """Events with ``seq > after_seq`` in commit order (``limit`` 1..1000)."""
+        """Events with ``seq > after_seq`` in commit order (``limit`` 1..1000); ``kind``
+        (``str``, one of :data:`~prefect_baton._rules.events.EVENT_KINDS`) keeps one kind.
+
+        Raises:
+            ValidationError: a bad ``after_seq`` or ``limit``, or an unknown ``kind``.
+        """
         if (
             isinstance(after_seq, bool)
             or not isinstance(after_seq, int)
@@ -340,5 +346,5 @@ class EventAPI(_API):
             self._caller,
             after_seq=after_seq,
             limit=_limit(limit, 1000),
-            kind=_core.validate_optional_id("kind", kind),
+            kind=validate_event_kind(kind),
         )

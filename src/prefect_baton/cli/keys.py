@@ -34,7 +34,8 @@ WARNING = "store this key now: it is not shown again (the ledger keeps only its 
 
 def key_row(key: ApiKey) -> dict[str, Any]:
     """``key`` (:class:`~prefect_baton.rest.keys.ApiKey`) as a row: ids, role, scopes
-    (``list[str]``), ``created_at`` and ``revoked_at`` (wire time text, ``models.wire_time``: UTC, milliseconds, ``Z``; or ``None``)."""
+    (``list[str]``), ``created_at`` and ``revoked_at`` (text in wire time,
+    :func:`~prefect_baton.models.wire_time`: UTC, milliseconds, ``Z``; or ``None``)."""
     created = from_ms(key.created_at_ms)
     revoked = from_ms(key.revoked_at_ms)
     return {

@@ -61,14 +61,17 @@ def test_list_by_subject(baton: Baton) -> None:
 
 @pytest.mark.parametrize("status", ["failed", "cancelled"])
 def test_non_success_without_evidence(baton: Baton, status: str) -> None:
-    """A failed or cancelled outcome may carry no evidence."""
+    """A failed or cancelled outcome may carry no evidence; ``evidence`` defaults to none."""
     assert baton.outcomes.record(SUBJ, status, evidence=[]).evidence == ()
+    assert baton.outcomes.record(SUBJ, status).evidence == ()
 
 
 def test_success_needs_evidence(baton: Baton) -> None:
     """A succeeded outcome without evidence is VALIDATION_ERROR."""
     with pytest.raises(ValidationError):
         baton.outcomes.record(SUBJ, "succeeded", evidence=[])
+    with pytest.raises(ValidationError, match="at least one evidence item"):
+        baton.outcomes.record(SUBJ, "succeeded")
     assert baton.outcomes.list(SUBJ) == []
 
 

@@ -264,7 +264,7 @@ class OutcomeAPI(_API):
         subject_id: str,
         status: str,
         *,
-        evidence: Sequence[Evidence | dict[str, Any]],
+        evidence: Sequence[Evidence | dict[str, Any]] = (),
         fence: LeaseLike | None = None,
         lease_id: str | None = None,
         handoff_id: str | None = None,
@@ -275,7 +275,7 @@ class OutcomeAPI(_API):
 
         Args:
             evidence: items ``{"kind", "uri", "digest"?, "note"?}`` (at most 1,000; at
-                least one for ``succeeded``).
+                least one for ``succeeded``; default none).
             fence: a lease; rejected with :class:`StaleFenceError` once it is not current.
 
         Raises:

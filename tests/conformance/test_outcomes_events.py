@@ -66,6 +66,14 @@ def test_non_success_without_evidence(baton: Baton, status: str) -> None:
     assert baton.outcomes.record(SUBJ, status).evidence == ()
 
 
+def test_bad_evidence_item_message_is_one_line(baton: Baton) -> None:
+    """A malformed evidence item is VALIDATION_ERROR in one line (``field: message``),
+    without pydantic's layout or documentation URL."""
+    with pytest.raises(ValidationError) as info:
+        baton.outcomes.record(SUBJ, "failed", evidence=[{"kind": "log"}])
+    assert info.value.message == "bad evidence item: uri: Field required"
+
+
 def test_success_needs_evidence(baton: Baton) -> None:
     """A succeeded outcome without evidence is VALIDATION_ERROR."""
     with pytest.raises(ValidationError):

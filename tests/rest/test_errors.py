@@ -234,7 +234,8 @@ def test_bad_nested_and_checkpoint_bodies(
     h = make_key()
     before = row_counts(ledger_url)
     ev = {"subject_id": "s", "status": "succeeded", "evidence": [{"kind": "k", "uri": "u", "x": 1}]}
-    error(client.post("/v1/outcomes", json=ev, headers=h), 400, "VALIDATION_ERROR")
+    err = error(client.post("/v1/outcomes", json=ev, headers=h), 400, "VALIDATION_ERROR")
+    assert err["message"] == "evidence.0.x: Extra inputs are not permitted", err
     bad_status = {"subject_id": "s", "status": "done", "evidence": []}
     error(client.post("/v1/outcomes", json=bad_status, headers=h), 400, "VALIDATION_ERROR")
     state = {"subject_id": "s", "kind": "k", "state": [1]}

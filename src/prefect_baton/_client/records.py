@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import ValidationError as PydanticValidationError
+
 from prefect_baton._client.api_base import (
     _API,
     HANDOFF_RESOLUTIONS,
@@ -24,7 +26,7 @@ from prefect_baton._stores.protocol import (
     HandoffResolution,
     OutcomeWrite,
 )
-from prefect_baton.errors import ValidationError
+from prefect_baton.errors import ValidationError, from_pydantic
 from prefect_baton.models import Checkpoint, Event, Evidence, Handoff, Outcome
 
 
@@ -297,8 +299,8 @@ class OutcomeAPI(_API):
         for item in evidence:
             try:
                 ev = item if isinstance(item, Evidence) else Evidence.model_validate(item)
-            except Exception as exc:
-                raise ValidationError(f"bad evidence item: {exc}") from None
+            except PydanticValidationError as exc:
+                raise from_pydantic(exc, "bad evidence item: ", root="item") from None
             for field in ("kind", "uri", "digest", "note"):  # no NUL, valid UTF-8
                 _core.validate_text(f"evidence {field}", getattr(ev, field))
             items.append(ev)

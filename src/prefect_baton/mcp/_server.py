@@ -41,6 +41,7 @@ from prefect_baton.errors import (
     ForbiddenError,
     UnavailableError,
     as_baton_error,
+    from_pydantic,
 )
 from prefect_baton.mcp._tools import SEED_ALIASES, TOOLS, SeedAlias, ToolSpec, resolve_tool
 from prefect_baton.rest._http import (
@@ -82,14 +83,6 @@ def tool_error(error: dict[str, Any]) -> types.CallToolResult:
     structured content; ``error`` has ``code`` and ``message`` (plus the error's fields,
     e.g. ``expires_at`` of a lease ``CONFLICT``)."""
     return _text_result({"error": error}, is_error=True)
-
-
-def _validation_message(exc: pydantic.ValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        loc = ".".join(str(x) for x in err.get("loc", ()))
-        parts.append(f"{loc or 'arguments'}: {err.get('msg', 'invalid')}")
-    return "; ".join(parts) or "invalid arguments"
 
 
 def _tool(spec: ToolSpec, alias: SeedAlias | None = None) -> types.Tool:
@@ -171,7 +164,7 @@ def build_server(identity: Identity, *, on_close: Callable[[], None] | None = No
         try:
             args = spec.model.model_validate(arguments)
         except pydantic.ValidationError as exc:
-            return tool_error({"code": "VALIDATION_ERROR", "message": _validation_message(exc)})
+            return tool_error(from_pydantic(exc, root="arguments").to_dict())
         try:
             data = await anyio.to_thread.run_sync(partial(_call, identity, ctx, spec, args))
         except BatonError as exc:

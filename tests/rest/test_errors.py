@@ -217,8 +217,15 @@ def test_bad_bodies_are_400_and_write_nothing(
 def test_bad_query_parameters_are_400(client: TestClient, make_key: MakeKey) -> None:
     """A non-integer or out-of-range query parameter is 400 VALIDATION_ERROR."""
     h = make_key()
-    error(client.get("/v1/events", params={"limit": "many"}, headers=h), 400, "VALIDATION_ERROR")
-    error(client.get("/v1/events", params={"limit": 0}, headers=h), 400, "VALIDATION_ERROR")
+    many = error(
+        client.get("/v1/events", params={"limit": "many"}, headers=h), 400, "VALIDATION_ERROR"
+    )
+    zero = error(client.get("/v1/events", params={"limit": 0}, headers=h), 400, "VALIDATION_ERROR")
+    assert many["message"] == zero["message"] == "limit must be an integer from 1 to 1000"
+    for path in ("/v1/leases", "/v1/handoffs", "/v1/outcomes"):
+        abc = error(client.get(path, params={"limit": "abc"}, headers=h), 400, "VALIDATION_ERROR")
+        assert abc["message"].startswith("limit must be an integer from 1 to "), (path, abc)
+    assert client.get("/v1/events", params={"limit": "5"}, headers=h).status_code == 200
     error(client.get("/v1/events", params={"after": -1}, headers=h), 400, "VALIDATION_ERROR")
     bad_kind = error(
         client.get("/v1/events", params={"kind": "nope"}, headers=h), 400, "VALIDATION_ERROR"

@@ -14,11 +14,16 @@ it.
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
+
+# Prefect's temporary server must not send telemetry off this machine (set before
+# Prefect is imported; an explicit setting wins).
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from prefect import flow
 from prefect.automations import Automation

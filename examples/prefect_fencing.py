@@ -21,6 +21,10 @@ import tempfile
 import uuid
 from typing import Any
 
+# Prefect's temporary server must not send telemetry off this machine (set before
+# Prefect is imported; an explicit setting wins).
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
 from prefect import flow, task
 from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, delete, insert
 

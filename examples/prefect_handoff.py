@@ -15,9 +15,14 @@ prints a JSON summary. The ledger is ``BATON_LEDGER_URL`` (default ``./.baton/le
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from typing import Any
+
+# Prefect's temporary server must not send telemetry off this machine (set before
+# Prefect is imported; an explicit setting wins).
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from prefect import flow
 from prefect.deployments import run_deployment

@@ -13,8 +13,13 @@ embedded server). The ledger is ``BATON_LEDGER_URL`` (default ``./.baton/ledger.
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from typing import Any
+
+# Prefect's temporary server must not send telemetry off this machine (set before
+# Prefect is imported; an explicit setting wins).
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from prefect import flow, task
 from prefect.context import TaskRunContext

@@ -8,8 +8,13 @@ Run once: ``python flows/reconcile.py``; serve it: ``python flows/reconcile.py -
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
+
+# Prefect's temporary server must not send telemetry off this machine (set before
+# Prefect is imported; an explicit setting wins).
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from prefect import flow, get_run_logger
 

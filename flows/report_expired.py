@@ -12,8 +12,13 @@ Run once: ``python flows/report_expired.py``; serve it: ``python flows/report_ex
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
+
+# Prefect's temporary server must not send telemetry off this machine (set before
+# Prefect is imported; an explicit setting wins).
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact

@@ -23,8 +23,13 @@ Run once: ``python flows/resume_expired.py <resource_type> <resource_id> <epoch>
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
+
+# Prefect's temporary server must not send telemetry off this machine (set before
+# Prefect is imported; an explicit setting wins).
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from prefect import flow, get_run_logger
 

@@ -13,6 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+
+# Prefect's temporary server must not send telemetry off this machine (set before
+# Prefect is imported; an explicit setting wins).
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from prefect_baton.prefect.scenario import (
     OPERATOR,

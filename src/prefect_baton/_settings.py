@@ -94,12 +94,11 @@ def load_settings(**overrides: object) -> BatonSettings:
         ValidationError: a variable or override has a bad value (``VALIDATION_ERROR``,
             naming the variable), instead of pydantic's own error.
     """
-    from prefect_baton.errors import ValidationError
+    from prefect_baton.errors import from_pydantic
 
     try:
         return BatonSettings(**overrides)  # type: ignore[arg-type]
     except PydanticValidationError as exc:
-        problems = "; ".join(
-            f"BATON_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}" for e in exc.errors()
-        )
-        raise ValidationError(f"bad setting: {problems}") from None
+        raise from_pydantic(
+            exc, "bad setting: ", name=lambda loc: "BATON_" + "_".join(map(str, loc)).upper()
+        ) from None

@@ -17,6 +17,7 @@ them turns anything else into a :class:`BatonError` with :func:`as_baton_error`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Mapping
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -39,6 +40,7 @@ __all__ = [
     "VersionConflictError",
     "as_baton_error",
     "error_for_code",
+    "from_pydantic",
 ]
 
 
@@ -228,6 +230,42 @@ def as_baton_error(exc: BaseException, *, expose: bool = True) -> BatonError:
         err = InternalError(f"internal error ({name}: {exc})" if expose else "internal error")
     err.__dict__["_converted"] = True
     return err
+
+
+def from_pydantic(
+    exc: Any,
+    prefix: str = "",
+    *,
+    skip: Collection[str] = (),
+    root: str = "input",
+    name: Callable[[tuple[Any, ...]], str] | None = None,
+    messages: Mapping[str, str] | None = None,
+) -> ValidationError:
+    """The :class:`ValidationError` for a pydantic validation error ``exc`` (a
+    ``pydantic.ValidationError`` or FastAPI's ``RequestValidationError``: anything with
+    ``errors()``), in one line: ``field: message`` per problem (at most five), ``"; "``
+    between them, without pydantic's multi-line layout or documentation URL. The one
+    conversion of every surface (client arguments, REST requests, MCP tool arguments,
+    settings).
+
+    Args:
+        exc: the pydantic error.
+        prefix: put before the problems (``str``, e.g. ``"bad evidence item: "``).
+        skip: location parts left out of the field name (``{"body"}`` for REST bodies).
+        root: the field name of a problem at the top level (``str``).
+        name: makes the field name from a location (default: its parts joined by ``.``).
+        messages: a replacement message per ``pattern`` of a ``string_pattern_mismatch``.
+    """
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = tuple(x for x in err.get("loc", ()) if x not in skip)
+        field = name(loc) if name is not None else ".".join(str(x) for x in loc)
+        msg = str(err.get("msg") or "invalid")
+        pattern = (err.get("ctx") or {}).get("pattern")
+        if messages and pattern is not None:
+            msg = messages.get(str(pattern), msg)
+        parts.append(f"{field or root}: {msg}")
+    return ValidationError(prefix + ("; ".join(parts) or f"invalid {root}"))
 
 
 _BY_CODE: dict[str, type[BatonError]] = {

@@ -178,6 +178,9 @@ def test_events_tail_rejects_bad_paging(cli: Cli) -> None:
     """A negative --after, a zero --limit and a zero --interval exit 2."""
     assert cli("events", "tail", "--after", "-1").code == 2
     assert cli("events", "tail", "--limit", "0").code == 2
+    unknown = cli("events", "tail", "--kind", "nope")
+    assert unknown.code == 2
+    assert "unknown event kind 'nope'" in unknown.json["error"]["message"]
     assert cli("events", "tail", "--follow", "--interval", "0").code == 2
 
 

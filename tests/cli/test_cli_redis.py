@@ -64,9 +64,9 @@ def test_redis_url_option_puts_leases_on_redis(tmp_path: Path) -> None:
     other.close()
 
 
-def test_a_redis_database_the_server_lacks_is_unavailable(tmp_path: Path) -> None:
+def test_a_redis_database_the_server_lacks_is_validation_error(tmp_path: Path) -> None:
     """``--redis-url redis://...:6379/99`` (a database index the server does not have) is
-    UNAVAILABLE (exit 11), a documented code, not BATON_ERROR."""
+    a configuration error: VALIDATION_ERROR (exit 2) at once, not retried as UNAVAILABLE."""
     require_redis()
     ledger = f"sqlite:///{tmp_path / 'l.db'}"
     url = REDIS_URL.rsplit("/", 1)[0] + "/99"
@@ -76,5 +76,5 @@ def test_a_redis_database_the_server_lacks_is_unavailable(tmp_path: Path) -> Non
     )
     error = out["error"]
     assert isinstance(error, dict)
-    assert (code, error["code"]) == (11, "UNAVAILABLE"), out
+    assert (code, error["code"]) == (2, "VALIDATION_ERROR"), out
     assert "DB index is out of range" in str(error["message"])

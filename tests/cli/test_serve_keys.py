@@ -5,6 +5,7 @@ nothing; neither secrets nor their hashes are listed or logged."""
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import subprocess
 import threading
@@ -129,6 +130,8 @@ def test_keys_list_shows_no_secret_and_marks_revoked(cli: Cli) -> None:
         "revoked_at",
     }
     assert rows[0]["revoked_at"] is not None
+    for stamp in (rows[0]["created_at"], rows[0]["revoked_at"], rows[1]["created_at"]):
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", stamp), stamp
     assert rows[1]["revoked_at"] is None
     assert rows[1]["scopes"] == ["events:read"]
     active = cli.ok("keys", "list", "--active-only")["keys"]
@@ -190,6 +193,19 @@ def test_serve_bad_port_is_validation_error(cli: Cli, port: str) -> None:
     run = cli("serve", "--port", port)
     assert run.code == 2, run.text
     assert run.json["error"]["code"] == "VALIDATION_ERROR"
+
+
+@pytest.mark.parametrize("host", ["not a host!", "256.1.1.1"])
+def test_serve_bad_host_is_validation_error_like_mcp(cli: Cli, host: str) -> None:
+    """A --host that is no host name or IP address exits 2 before any lookup, with the
+    same VALIDATION_ERROR message as ``baton mcp --transport http``."""
+    port = str(_free_port())
+    served = cli("serve", "--host", host, "--port", port)
+    mcp = cli("mcp", "--transport", "http", "--host", host, "--port", port)
+    assert (served.code, mcp.code) == (2, 2), served.text
+    assert served.json["error"]["code"] == "VALIDATION_ERROR"
+    assert "--host" in served.json["error"]["message"]
+    assert served.json["error"]["message"] == mcp.json["error"]["message"]
 
 
 def test_serve_bad_ledger_url_is_validation_error(cli: Cli) -> None:

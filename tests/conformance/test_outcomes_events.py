@@ -61,14 +61,25 @@ def test_list_by_subject(baton: Baton) -> None:
 
 @pytest.mark.parametrize("status", ["failed", "cancelled"])
 def test_non_success_without_evidence(baton: Baton, status: str) -> None:
-    """A failed or cancelled outcome may carry no evidence."""
+    """A failed or cancelled outcome may carry no evidence; ``evidence`` defaults to none."""
     assert baton.outcomes.record(SUBJ, status, evidence=[]).evidence == ()
+    assert baton.outcomes.record(SUBJ, status).evidence == ()
+
+
+def test_bad_evidence_item_message_is_one_line(baton: Baton) -> None:
+    """A malformed evidence item is VALIDATION_ERROR in one line (``field: message``),
+    without pydantic's layout or documentation URL."""
+    with pytest.raises(ValidationError) as info:
+        baton.outcomes.record(SUBJ, "failed", evidence=[{"kind": "log"}])
+    assert info.value.message == "bad evidence item: uri: Field required"
 
 
 def test_success_needs_evidence(baton: Baton) -> None:
     """A succeeded outcome without evidence is VALIDATION_ERROR."""
     with pytest.raises(ValidationError):
         baton.outcomes.record(SUBJ, "succeeded", evidence=[])
+    with pytest.raises(ValidationError, match="at least one evidence item"):
+        baton.outcomes.record(SUBJ, "succeeded")
     assert baton.outcomes.list(SUBJ) == []
 
 
@@ -234,6 +245,15 @@ def test_other_transitions_append_events(baton: Baton) -> None:
     assert events[3].payload["handoff_id"] == h1.handoff_id
     assert events[4].payload["handoff_id"] == h2.handoff_id
     assert [e.subject for e in events][-1] == SUBJ
+
+
+def test_unknown_event_kind_is_validation_error(baton: Baton) -> None:
+    """Event kinds are a fixed set: an unknown ``kind`` filter is VALIDATION_ERROR naming
+    the known kinds, not an empty list; a known one filters."""
+    baton.checkpoints.save(SUBJ, "progress", {"n": 1})
+    with pytest.raises(ValidationError, match=r"unknown event kind 'nope'.*lease\.acquired"):
+        baton.events.list(kind="nope")
+    assert [e.kind for e in baton.events.list(kind="checkpoint.saved")] == ["checkpoint.saved"]
 
 
 def test_force_release_event_names_who_forced(baton: Baton) -> None:

@@ -151,6 +151,30 @@ def test_python_blocks_run(page: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, f"{page.name} blocks failed:\n{proc.stdout}\n{proc.stderr}"
 
 
+def test_fencing_first_sample_runs_twice(tmp_path: Path) -> None:
+    """fencing.md's first sample is self-contained: run twice in one directory, it gives
+    the same result (nothing it writes persists to trip the second run)."""
+    first = next(b for b in blocks_of(DOCS / "fencing.md") if b.lang in PYTHON)
+    script = tmp_path / "fencing_first.py"
+    script.write_text(first.code, encoding="utf-8")
+    work = tmp_path / "work"
+    work.mkdir()
+    outputs = []
+    for _ in range(2):
+        proc = subprocess.run(
+            [sys.executable, str(script)],
+            cwd=work,
+            env=_clean_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr
+        outputs.append(proc.stdout)
+    assert outputs[0] == outputs[1]
+    assert "('checkout', '2.0')" in outputs[1]
+
+
 @pytest.mark.parametrize("page", _pages_with("baton"), ids=lambda p: p.name)
 def test_baton_blocks_run(page: Path, tmp_path: Path) -> None:
     """The page's baton shell blocks, in order as one bash script, exit 0 on a temp ledger."""

@@ -63,3 +63,25 @@ def test_cli_two_processes(tmp_path: Path) -> None:
     workers = set(re.findall(r"^(worker-\w): working on", proc.stdout, flags=re.M))
     assert workers <= {"worker-a", "worker-b"}
     assert proc.stdout.rstrip().endswith("every job was done exactly once")
+
+
+def _prefect_entry_points() -> list[Path]:
+    """Every example and flow that imports Prefect (``prefect`` or ``prefect_baton.prefect``)."""
+    files = sorted(EXAMPLES.glob("*.py")) + sorted((ROOT / "flows").glob("*.py"))
+    return [
+        p for p in files if re.search(r"^from prefect(_baton\.prefect)?[ .]", p.read_text(), re.M)
+    ]
+
+
+def test_prefect_entry_points_turn_server_telemetry_off_before_importing_prefect() -> None:
+    """Each Prefect example and flow sets PREFECT_SERVER_ANALYTICS_ENABLED=false (keeping an
+    explicit setting) before its first Prefect import, so a temporary server it starts sends
+    no telemetry off the machine."""
+    line = 'os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")'
+    entry_points = _prefect_entry_points()
+    assert len(entry_points) >= 10
+    for path in entry_points:
+        text = path.read_text()
+        first_import = re.search(r"^from prefect(_baton\.prefect)?[ .]", text, re.M)
+        assert first_import is not None
+        assert line in text[: first_import.start()], path.name

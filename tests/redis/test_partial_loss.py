@@ -150,3 +150,48 @@ def test_an_evicting_policy_is_refused_unless_allowed(
         RedisAuthority(connect(redis_server.url), ledger, owns_client=True).close()
     finally:
         admin.close()
+
+
+def test_a_misconfigured_redis_url_is_validation_error_at_once(
+    ledger: LedgerStore, tmp_path: Path
+) -> None:
+    """A Redis error reply that is a configuration error (a database index the server does
+    not have) is VALIDATION_ERROR at once, at start-up and from a lease block whose policy
+    check was skipped, not UNAVAILABLE retried by the keeper."""
+    require_redis()
+    url = REDIS_URL.rsplit("/", 1)[0] + "/99"
+    with pytest.raises(ValidationError, match="DB index is out of range"):
+        Baton(ledger_url=f"sqlite:///{tmp_path / 'l.db'}", redis_url=url)
+    allowed = RedisAuthority(connect(url), ledger, owns_client=True, allow_eviction=True)
+    b = Baton(org="org-db99", principal="a", store=ledger, lease_authority=allowed)
+    try:
+        with pytest.raises(ValidationError, match="DB index is out of range"):
+            b.leases.acquire("res", "r0", ttl_seconds=30)
+        with (
+            pytest.raises(ValidationError, match="DB index is out of range"),
+            b.lease("res", "r0", ttl_seconds=30),
+        ):
+            pass
+    finally:
+        allowed.close()
+
+
+def test_an_unreadable_policy_is_logged_with_the_reason(caplog: pytest.LogCaptureFixture) -> None:
+    """When the server refuses both reads of maxmemory-policy, the warning names the
+    refusal rather than implying the policy is wrong."""
+    from redis.exceptions import ResponseError
+
+    from prefect_baton._stores.redis.base import check_eviction_policy
+
+    class Refusing:
+        def config_get(self, *_a: object) -> object:
+            raise ResponseError("unknown command 'CONFIG', with args beginning with: 'GET'")
+
+        def info(self, *_a: object) -> object:
+            raise ResponseError("NOPERM this user has no permissions to run the 'info' command")
+
+    with caplog.at_level("WARNING"):
+        check_eviction_policy(Refusing(), allow=False)  # type: ignore[arg-type]
+    (record,) = [r for r in caplog.records if "maxmemory-policy" in r.getMessage()]
+    assert "unknown command 'CONFIG'" in record.getMessage()
+    assert "NOPERM" in record.getMessage()

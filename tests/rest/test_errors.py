@@ -217,9 +217,20 @@ def test_bad_bodies_are_400_and_write_nothing(
 def test_bad_query_parameters_are_400(client: TestClient, make_key: MakeKey) -> None:
     """A non-integer or out-of-range query parameter is 400 VALIDATION_ERROR."""
     h = make_key()
-    error(client.get("/v1/events", params={"limit": "many"}, headers=h), 400, "VALIDATION_ERROR")
-    error(client.get("/v1/events", params={"limit": 0}, headers=h), 400, "VALIDATION_ERROR")
+    many = error(
+        client.get("/v1/events", params={"limit": "many"}, headers=h), 400, "VALIDATION_ERROR"
+    )
+    zero = error(client.get("/v1/events", params={"limit": 0}, headers=h), 400, "VALIDATION_ERROR")
+    assert many["message"] == zero["message"] == "limit must be an integer from 1 to 1000"
+    for path in ("/v1/leases", "/v1/handoffs", "/v1/outcomes"):
+        abc = error(client.get(path, params={"limit": "abc"}, headers=h), 400, "VALIDATION_ERROR")
+        assert abc["message"].startswith("limit must be an integer from 1 to "), (path, abc)
+    assert client.get("/v1/events", params={"limit": "5"}, headers=h).status_code == 200
     error(client.get("/v1/events", params={"after": -1}, headers=h), 400, "VALIDATION_ERROR")
+    bad_kind = error(
+        client.get("/v1/events", params={"kind": "nope"}, headers=h), 400, "VALIDATION_ERROR"
+    )
+    assert "unknown event kind 'nope'" in bad_kind["message"]
     error(client.get("/v1/leases/inspect", headers=h), 400, "VALIDATION_ERROR")
 
 
@@ -230,7 +241,8 @@ def test_bad_nested_and_checkpoint_bodies(
     h = make_key()
     before = row_counts(ledger_url)
     ev = {"subject_id": "s", "status": "succeeded", "evidence": [{"kind": "k", "uri": "u", "x": 1}]}
-    error(client.post("/v1/outcomes", json=ev, headers=h), 400, "VALIDATION_ERROR")
+    err = error(client.post("/v1/outcomes", json=ev, headers=h), 400, "VALIDATION_ERROR")
+    assert err["message"] == "evidence.0.x: Extra inputs are not permitted", err
     bad_status = {"subject_id": "s", "status": "done", "evidence": []}
     error(client.post("/v1/outcomes", json=bad_status, headers=h), 400, "VALIDATION_ERROR")
     state = {"subject_id": "s", "kind": "k", "state": [1]}

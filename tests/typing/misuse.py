@@ -29,7 +29,7 @@ async def async_mistakes(ab: AsyncBaton, lease: Lease) -> None:
     await ab.leases.renew(lease, 30)  # type: ignore[call-arg]
     await ab.checkpoints.save("svc", "plan", {"step": 1}, fenc=lease)  # type: ignore[call-arg]
     await ab.handoffs.resolve("h", "accepted", nte="x")  # type: ignore[call-arg]
-    await ab.outcomes.record("svc", "failed")  # type: ignore[call-arg]
+    await ab.outcomes.record("svc", "failed", evidnce=[])  # type: ignore[call-arg]
     await ab.events.list(kind=1)  # type: ignore[arg-type]
     ab.lease("deploy", "svc", ttl_secnds=60)  # type: ignore[call-arg]
     await ab.leases.aquire("deploy", "svc", ttl_seconds=60)  # type: ignore[attr-defined]

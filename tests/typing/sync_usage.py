@@ -41,6 +41,7 @@ def records(b: Baton) -> None:
     assert_type(b.handoffs.resolve(h.handoff_id, "accepted", "ok"), Handoff)
     out = b.outcomes.record("svc", "succeeded", evidence=[{"kind": "file", "uri": "u"}])
     assert_type(out, Outcome)
+    assert_type(b.outcomes.record("svc", "failed"), Outcome)
     assert_type(b.events.list(after_seq=0, limit=10), list[Event])
     assert_type(b.prune_receipts(), int)
     assert_type(b.as_principal("agent-b"), Baton)

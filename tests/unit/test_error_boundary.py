@@ -9,6 +9,7 @@ import json
 import uuid
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import anyio
 import pytest
@@ -17,7 +18,7 @@ from fastapi.testclient import TestClient
 from mcp import Client
 
 import redis
-from prefect_baton import AsyncBaton, Baton, InternalError, UnavailableError
+from prefect_baton import AsyncBaton, Baton, InternalError, UnavailableError, ValidationError
 from prefect_baton._client.leases import LeaseAPI
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton.errors import as_baton_error
@@ -57,6 +58,33 @@ def test_the_rule() -> None:
     assert "KeyError" in err.message
     assert as_baton_error(KeyError("x"), expose=False).message == "internal error"
     assert "locked" not in as_baton_error(DRIVER_ERRORS[1], expose=False).message
+
+
+def test_a_call_that_does_not_bind_is_validation_error(url: str) -> None:
+    """A wrong call of a public client method (unknown keyword, missing or surplus
+    argument) is the caller's mistake: VALIDATION_ERROR naming the method and the problem,
+    sync and async, not INTERNAL_ERROR; a TypeError inside a method stays INTERNAL_ERROR."""
+    org = f"org-{uuid.uuid4().hex[:8]}"
+    with Baton(ledger_url=url, org=org, principal="a") as b:
+        with pytest.raises(ValidationError, match=r"leases\.acquire\(\).*'bogus'"):
+            b.leases.acquire("t", "uk", ttl_seconds=60, bogus=1)  # type: ignore[call-arg]
+        with pytest.raises(ValidationError, match=r"leases\.transfer\(\)"):
+            b.leases.transfer("t", "uk", "bob", "x", "y")  # type: ignore[call-arg]
+        with pytest.raises(ValidationError, match=r"checkpoints\.save\(\).*missing"):
+            b.checkpoints.save("s")  # type: ignore[call-arg]
+        assert not b.leases.inspect("t", "uk").held
+        with (
+            mock.patch.object(LedgerStore, "list_leases", _raise(TypeError("bug"))),
+            pytest.raises(InternalError),
+        ):
+            b.leases.list()
+
+    async def main() -> None:
+        async with AsyncBaton(url, org, "a") as ab:
+            with pytest.raises(ValidationError, match="bogus"):
+                await ab.events.list(bogus=1)  # type: ignore[call-arg]
+
+    anyio.run(main)
 
 
 @pytest.mark.parametrize("exc", DRIVER_ERRORS, ids=IDS)

@@ -87,11 +87,28 @@ class _Identity:
         return self.caller.role
 
 
+def _binding_error(
+    method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> str | None:
+    """Why ``method(*args, **kwargs)`` cannot bind its arguments (an unexpected keyword, a
+    missing or surplus positional argument), or ``None`` when the call binds."""
+    try:
+        inspect.signature(method).bind(*args, **kwargs)
+    except TypeError as exc:
+        return str(exc)
+    return None
+
+
 def guarded(method: Callable[P, R]) -> Callable[P, R]:
     """``method`` with the library's error boundary: an exception that is not a
     :class:`BatonError` leaves it as :func:`prefect_baton.errors.as_baton_error` says
     (``UNAVAILABLE`` for a driver error, ``INTERNAL_ERROR`` otherwise), chained to the
-    original."""
+    original. A call whose arguments do not fit ``method``'s signature (checked with
+    :meth:`inspect.Signature.bind` once a ``TypeError`` arises, so a good call pays
+    nothing) is the caller's mistake: :class:`ValidationError` naming the method and the
+    problem; the method did not run."""
+    group, _, attr = method.__qualname__.rpartition(".")  # "LeaseAPI.acquire"
+    name = f"{group.removesuffix('API').lower()}s.{attr}" if group.endswith("API") else attr
 
     @functools.wraps(method)
     def call(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -99,6 +116,11 @@ def guarded(method: Callable[P, R]) -> Callable[P, R]:
             return method(*args, **kwargs)
         except BatonError:
             raise
+        except TypeError as exc:
+            problem = _binding_error(method, args, kwargs)
+            if problem is None:
+                raise as_baton_error(exc) from exc
+            raise ValidationError(f"bad call of {name}(): {problem}") from None
         except Exception as exc:
             raise as_baton_error(exc) from exc
 

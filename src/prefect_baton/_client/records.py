@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import ValidationError as PydanticValidationError
+
 from prefect_baton._client.api_base import (
     _API,
     HANDOFF_RESOLUTIONS,
@@ -15,6 +17,7 @@ from prefect_baton._client.api_base import (
 from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._client.requests import keyed, resolve_fields
 from prefect_baton._rules import core as _core
+from prefect_baton._rules.events import validate_event_kind
 from prefect_baton._rules.paging import decode_cursor
 from prefect_baton._rules.validation import CHECKPOINT_TTL_MAX_SECONDS, validate_lifetime
 from prefect_baton._stores.protocol import (
@@ -23,7 +26,7 @@ from prefect_baton._stores.protocol import (
     HandoffResolution,
     OutcomeWrite,
 )
-from prefect_baton.errors import ValidationError
+from prefect_baton.errors import ValidationError, from_pydantic
 from prefect_baton.models import Checkpoint, Event, Evidence, Handoff, Outcome
 
 
@@ -263,7 +266,7 @@ class OutcomeAPI(_API):
         subject_id: str,
         status: str,
         *,
-        evidence: Sequence[Evidence | dict[str, Any]],
+        evidence: Sequence[Evidence | dict[str, Any]] = (),
         fence: LeaseLike | None = None,
         lease_id: str | None = None,
         handoff_id: str | None = None,
@@ -274,7 +277,7 @@ class OutcomeAPI(_API):
 
         Args:
             evidence: items ``{"kind", "uri", "digest"?, "note"?}`` (at most 1,000; at
-                least one for ``succeeded``).
+                least one for ``succeeded``; default none).
             fence: a lease; rejected with :class:`StaleFenceError` once it is not current.
 
         Raises:
@@ -296,8 +299,8 @@ class OutcomeAPI(_API):
         for item in evidence:
             try:
                 ev = item if isinstance(item, Evidence) else Evidence.model_validate(item)
-            except Exception as exc:
-                raise ValidationError(f"bad evidence item: {exc}") from None
+            except PydanticValidationError as exc:
+                raise from_pydantic(exc, "bad evidence item: ", root="item") from None
             for field in ("kind", "uri", "digest", "note"):  # no NUL, valid UTF-8
                 _core.validate_text(f"evidence {field}", getattr(ev, field))
             items.append(ev)
@@ -329,7 +332,12 @@ class EventAPI(_API):
     """The event stream (``b.events``)."""
 
     def list(self, after_seq: int = 0, limit: int = 100, kind: str | None = None) -> list[Event]:
-        """Events with ``seq > after_seq`` in commit order (``limit`` 1..1000)."""
+        """Events with ``seq > after_seq`` in commit order (``limit`` 1..1000); ``kind``
+        (``str``, one of :data:`~prefect_baton._rules.events.EVENT_KINDS`) keeps one kind.
+
+        Raises:
+            ValidationError: a bad ``after_seq`` or ``limit``, or an unknown ``kind``.
+        """
         if (
             isinstance(after_seq, bool)
             or not isinstance(after_seq, int)
@@ -340,5 +348,5 @@ class EventAPI(_API):
             self._caller,
             after_seq=after_seq,
             limit=_limit(limit, 1000),
-            kind=_core.validate_optional_id("kind", kind),
+            kind=validate_event_kind(kind),
         )

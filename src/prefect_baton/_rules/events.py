@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from prefect_baton.errors import ValidationError
+
 __all__ = [
+    "EVENT_KINDS",
     "EXPIRY_LAPSED",
     "EXPIRY_TAKEN_OVER",
     "LEASE_EVENT_KINDS",
@@ -17,6 +20,7 @@ __all__ = [
     "lease_events",
     "lease_payload",
     "reports_expiry",
+    "validate_event_kind",
 ]
 
 LEASE_EVENT_KINDS = {
@@ -30,6 +34,33 @@ LEASE_EVENT_KINDS = {
 }
 """The event kind of each lease decision's action (:attr:`Decision.action
 <prefect_baton._rules.core.Decision>`)."""
+
+EVENT_KINDS = (
+    "lease.acquired",
+    "lease.renewed",
+    "lease.transferred",
+    "lease.released",
+    "lease.expired",
+    "checkpoint.saved",
+    "checkpoint.deleted",
+    "handoff.created",
+    "handoff.accepted",
+    "handoff.rejected",
+    "outcome.recorded",
+)
+"""Every kind of event the ledger records (DESIGN.md, "Events"; docs/concepts.md)."""
+
+
+def validate_event_kind(kind: object) -> str | None:
+    """Check the ``kind`` filter of an event listing: ``None`` (every kind) or one of
+    :data:`EVENT_KINDS`. The one check of every surface (client, CLI, REST, MCP).
+
+    Raises:
+        ValidationError: any other value, naming the known kinds.
+    """
+    if kind is None or (isinstance(kind, str) and kind in EVENT_KINDS):
+        return kind
+    raise ValidationError(f"unknown event kind {kind!r}; known kinds: {', '.join(EVENT_KINDS)}")
 
 
 def lease_payload(

@@ -13,7 +13,7 @@ import typer
 
 from prefect_baton.cli._output import emit_ok
 from prefect_baton.cli._state import CliState, guard, usage_error
-from prefect_baton.models import from_ms
+from prefect_baton.models import from_ms, wire_time
 
 if TYPE_CHECKING:  # the REST package (FastAPI) is imported only when a command runs
     from prefect_baton.rest.keys import ApiKey
@@ -34,7 +34,8 @@ WARNING = "store this key now: it is not shown again (the ledger keeps only its 
 
 def key_row(key: ApiKey) -> dict[str, Any]:
     """``key`` (:class:`~prefect_baton.rest.keys.ApiKey`) as a row: ids, role, scopes
-    (``list[str]``), ``created_at`` and ``revoked_at`` (ISO 8601 UTC text or ``None``)."""
+    (``list[str]``), ``created_at`` and ``revoked_at`` (text in wire time,
+    :func:`~prefect_baton.models.wire_time`: UTC, milliseconds, ``Z``; or ``None``)."""
     created = from_ms(key.created_at_ms)
     revoked = from_ms(key.revoked_at_ms)
     return {
@@ -43,8 +44,8 @@ def key_row(key: ApiKey) -> dict[str, Any]:
         "principal": key.principal,
         "role": key.role,
         "scopes": list(key.scopes),
-        "created_at": created.isoformat() if created else None,
-        "revoked_at": revoked.isoformat() if revoked else None,
+        "created_at": wire_time(created) if created else None,
+        "revoked_at": wire_time(revoked) if revoked else None,
     }
 
 

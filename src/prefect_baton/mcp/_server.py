@@ -40,13 +40,14 @@ from prefect_baton.errors import (
     BatonError,
     ForbiddenError,
     UnavailableError,
-    ValidationError,
     as_baton_error,
+    from_pydantic,
 )
 from prefect_baton.mcp._tools import SEED_ALIASES, TOOLS, SeedAlias, ToolSpec, resolve_tool
 from prefect_baton.rest._http import (
     BatonMiddleware,
     baton_error_response,
+    check_host,
     client_error,
     new_request_id,
 )
@@ -82,14 +83,6 @@ def tool_error(error: dict[str, Any]) -> types.CallToolResult:
     structured content; ``error`` has ``code`` and ``message`` (plus the error's fields,
     e.g. ``expires_at`` of a lease ``CONFLICT``)."""
     return _text_result({"error": error}, is_error=True)
-
-
-def _validation_message(exc: pydantic.ValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        loc = ".".join(str(x) for x in err.get("loc", ()))
-        parts.append(f"{loc or 'arguments'}: {err.get('msg', 'invalid')}")
-    return "; ".join(parts) or "invalid arguments"
 
 
 def _tool(spec: ToolSpec, alias: SeedAlias | None = None) -> types.Tool:
@@ -171,7 +164,7 @@ def build_server(identity: Identity, *, on_close: Callable[[], None] | None = No
         try:
             args = spec.model.model_validate(arguments)
         except pydantic.ValidationError as exc:
-            return tool_error({"code": "VALIDATION_ERROR", "message": _validation_message(exc)})
+            return tool_error(from_pydantic(exc, root="arguments").to_dict())
         try:
             data = await anyio.to_thread.run_sync(partial(_call, identity, ctx, spec, args))
         except BatonError as exc:
@@ -328,12 +321,8 @@ def http_app(
         ValidationError: a malformed ledger or Redis URL, or a ``host`` that is neither a
             host name nor an IP address. UnavailableError: the ledger cannot be reached.
     """
-    try:
-        auth = AuthSettings(issuer_url=_issuer(host, port), resource_server_url=None)
-    except pydantic.ValidationError:
-        raise ValidationError(
-            f"bad host {host!r} (--host): not a host name or an IP address"
-        ) from None
+    check_host(host)
+    auth = AuthSettings(issuer_url=_issuer(host, port), resource_server_url=None)
     stores = open_stores(ledger_url, redis_url)
     settings, store, authority = stores.settings, stores.ledger, stores.authority
     close = stores.close

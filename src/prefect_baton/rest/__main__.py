@@ -158,11 +158,15 @@ def serve(
         ledger_url, redis_url: passed to :func:`~prefect_baton.rest.app.create_app`.
 
     Raises:
-        ValidationError: a malformed URL. UnavailableError: the ledger cannot be reached.
+        ValidationError: a malformed URL, or a ``host`` that is neither a host name nor an
+            IP address (:func:`~prefect_baton.rest._http.check_host`, as ``baton mcp``).
+        UnavailableError: the ledger cannot be reached.
         SystemExit: uvicorn could not bind ``host:port`` (code 1, reason in the log).
     """
+    from prefect_baton.rest._http import check_host
     from prefect_baton.rest.app import create_app
 
+    check_host(host)
     run_app(create_app(ledger_url, redis_url), host, port)
 
 

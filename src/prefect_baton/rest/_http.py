@@ -25,13 +25,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from prefect_baton._rules.validation import MAX_REQUEST_BODY_BYTES
 from prefect_baton._stores.ledger.engine import Engines
 from prefect_baton._stores.protocol import Caller
-from prefect_baton.errors import BatonError
+from prefect_baton.errors import BatonError, ValidationError
 from prefect_baton.rest.keys import AREAS, KEY_PREFIX, ApiKey, KeyCache, authenticate
 
 __all__ = [
     "MAX_BODY_BYTES",
     "STATUS_BY_CODE",
     "BatonMiddleware",
+    "check_host",
     "client_error",
     "error_response",
     "new_request_id",
@@ -39,6 +40,28 @@ __all__ = [
 ]
 
 logger = logging.getLogger("prefect_baton.rest")
+
+
+def check_host(host: str) -> None:
+    """Check ``host`` (``str``), the interface ``baton serve`` or ``baton mcp --transport
+    http`` is to bind, before anything is opened or looked up: it must make a valid
+    ``http://`` URL host (a host name or an IPv4/IPv6 address), as the URL the MCP server
+    advertises needs. The one host check of both servers.
+
+    Raises:
+        ValidationError: ``bad host ... (--host)``: not a host name or an IP address.
+    """
+    from pydantic import AnyHttpUrl, TypeAdapter
+    from pydantic import ValidationError as PydanticValidationError
+
+    url = f"http://[{host}]/" if ":" in host else f"http://{host}/"
+    try:
+        TypeAdapter(AnyHttpUrl).validate_python(url)
+    except PydanticValidationError:
+        raise ValidationError(
+            f"bad host {host!r} (--host): not a host name or an IP address"
+        ) from None
+
 
 #: Largest request body accepted, in bytes (2 MiB); a larger one gets ``413``. The REST
 #: API and the MCP server over HTTP share it.

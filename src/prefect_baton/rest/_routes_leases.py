@@ -16,6 +16,7 @@ from prefect_baton.rest._deps import (
     B,
     ExecutionKey,
     IdemKey,
+    Limit,
     NoKey,
     _dump,
     _proof_lease,
@@ -70,7 +71,7 @@ def add_routes(app: FastAPI) -> None:
         resource_type: str | None = None,
         owner: str | None = None,
         include_ended: bool = False,
-        limit: Annotated[int, Query()] = 100,
+        limit: Annotated[Limit, Query()] = 100,
         cursor: str | None = None,
     ) -> Response:
         """Your effective leases (``owner`` needs owner/admin), newest first, one page of
@@ -146,7 +147,7 @@ def add_routes(app: FastAPI) -> None:
         return ok(data, _rid(request), replayed=replayed, status=201)
 
     @app.post("/v1/leases/report-expired", tags=["leases"], dependencies=NoKey)
-    def report_expired(request: Request, b: B, limit: int = 1000) -> Response:
+    def report_expired(request: Request, b: B, limit: Limit = 1000) -> Response:
         """Record ``lease.expired`` once per lapsed lease of the org; the leases reported."""
         return _reply(request, b.leases.report_expired(limit=limit), key="leases")
 

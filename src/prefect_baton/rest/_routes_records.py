@@ -11,7 +11,7 @@ from prefect_baton.errors import NotFoundError
 from prefect_baton.models import Lease
 from prefect_baton.rest import _calls
 from prefect_baton.rest import _schemas as s
-from prefect_baton.rest._deps import B, Epoch, ExecutionKey, IdemKey, _fence, _reply, _utf8
+from prefect_baton.rest._deps import B, Epoch, ExecutionKey, IdemKey, Limit, _fence, _reply, _utf8
 
 
 class HandoffProofIn(s.HandoffIn):
@@ -53,7 +53,7 @@ def add_routes(app: FastAPI) -> None:
         return _reply(request, handoff, status=201)
 
     @app.get("/v1/handoffs", tags=["handoffs"])
-    def inbox(request: Request, b: B, limit: int = 100, cursor: str | None = None) -> Response:
+    def inbox(request: Request, b: B, limit: Limit = 100, cursor: str | None = None) -> Response:
         """Pending handoffs addressed to the caller, oldest first, one page of ``limit``;
         ``next_cursor`` (as ``cursor=``) gives the next page."""
         return _reply(request, _calls.inbox_page(b, limit=limit, cursor=cursor))
@@ -124,7 +124,7 @@ def add_routes(app: FastAPI) -> None:
 
     @app.get("/v1/outcomes", tags=["outcomes"])
     def outcomes(
-        request: Request, b: B, subject_id: str | None = None, limit: int = 1000
+        request: Request, b: B, subject_id: str | None = None, limit: Limit = 1000
     ) -> Response:
         """Outcomes of the org, of one subject when given."""
         return _reply(request, _calls.list_outcomes(b, subject_id, limit), key="outcomes")
@@ -134,7 +134,7 @@ def add_routes(app: FastAPI) -> None:
         request: Request,
         b: B,
         after: int = 0,
-        limit: int = 100,
+        limit: Limit = 100,
         kind: str | None = None,
         cursor: str | None = None,
     ) -> Response:

@@ -50,7 +50,7 @@ from starlette.routing import Match
 
 from prefect_baton._stores.factory import open_stores
 from prefect_baton._stores.ledger.tables import ApiKeyRow
-from prefect_baton.errors import BatonError, UnavailableError, as_baton_error
+from prefect_baton.errors import BatonError, UnavailableError, as_baton_error, from_pydantic
 from prefect_baton.rest import _calls, _routes_leases, _routes_records
 from prefect_baton.rest import _schemas as s
 from prefect_baton.rest._deps import B, _reply, _rid
@@ -80,15 +80,6 @@ def _allowed_methods(request: Request) -> str:
         if path is not None and getattr(route, "path", None) == path:
             methods |= set(getattr(route, "methods", None) or ())
     return ", ".join(sorted(methods))
-
-
-def _validation_message(exc: RequestValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
-        msg = s.PATTERN_MESSAGES.get(str(err.get("ctx", {}).get("pattern")), err.get("msg"))
-        parts.append(f"{loc or 'body'}: {msg or 'invalid'}")
-    return "; ".join(parts) or "invalid request"
 
 
 def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> FastAPI:
@@ -135,7 +126,8 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
 
     @app.exception_handler(RequestValidationError)
     async def _on_invalid(_r: Request, exc: RequestValidationError) -> Response:
-        return error_response("VALIDATION_ERROR", _validation_message(exc))
+        err = from_pydantic(exc, skip={"body"}, root="body", messages=s.PATTERN_MESSAGES)
+        return error_response(err.code, err.message)
 
     @app.exception_handler(StarletteHTTPException)
     async def _on_http(_r: Request, exc: StarletteHTTPException) -> Response:

@@ -27,7 +27,13 @@ from prefect_baton._rules.core import Decision, Generation
 from prefect_baton._stores.ledger.store import LedgerStore, row_to_generation
 from prefect_baton._stores.protocol import Caller
 from prefect_baton._stores.redis.cluster import RedisClient
-from prefect_baton._stores.redis.connection import as_text, direct_pool, evalsha, redis_unavailable
+from prefect_baton._stores.redis.connection import (
+    as_text,
+    direct_pool,
+    evalsha,
+    is_config_error,
+    redis_error,
+)
 from prefect_baton._stores.redis.keys import ORGS_KEY, org_keys
 from prefect_baton._stores.redis.rebuild import recover, rotate
 from prefect_baton._stores.redis.reconciler import DEFAULT_BATCH, Drainer, Reconciler
@@ -51,14 +57,18 @@ LAG_CHECK_SECONDS = 0.1
 POST_LOSS_POLICIES = ("fence_only", "lock_delay")
 
 
-def eviction_policy(client: RedisClient) -> str | None:
+def eviction_policy(client: RedisClient, refusals: list[str] | None = None) -> str | None:
     """The server's ``maxmemory-policy`` (``CONFIG GET``, else ``INFO memory``; on a
     cluster, the first node's that answers), or ``None`` when the server does not say (both
-    commands refused, as some managed services and fakeredis do).
+    commands refused, as some managed services and fakeredis do; the error replies are
+    appended to ``refusals`` when given).
 
     Raises:
+        ValidationError: the connection is configured wrong (a database index the server
+            does not have, a wrong password: :func:`~.connection.is_config_error`).
         redis.exceptions.ConnectionError, TimeoutError: the server cannot be reached.
     """
+    refusals = [] if refusals is None else refusals
     reads: list[Callable[[], Any]] = [
         lambda: client.config_get("maxmemory-policy"),
         lambda: client.info("memory"),
@@ -66,9 +76,12 @@ def eviction_policy(client: RedisClient) -> str | None:
     for read in reads:
         try:
             answer = read()
-        except (RedisConnectionError, RedisTimeoutError):
-            raise
-        except RedisError:
+        except RedisError as exc:
+            if is_config_error(exc, command=False):
+                raise redis_error(exc) from exc
+            if isinstance(exc, RedisConnectionError | RedisTimeoutError):
+                raise
+            refusals.append(str(exc))
             continue
         for found in [answer, *(v for v in answer.values() if isinstance(v, dict))]:
             policy = found.get("maxmemory-policy") or found.get("maxmemory_policy")
@@ -90,14 +103,20 @@ def check_eviction_policy(client: RedisClient, *, allow: bool) -> None:
         allow: accept any policy (``allow_eviction``, ``BATON_REDIS_ALLOW_EVICTION``).
 
     Raises:
-        ValidationError: the policy is not ``noeviction`` and ``allow`` is false.
+        ValidationError: the policy is not ``noeviction`` and ``allow`` is false; the
+            connection is configured wrong (database index, password).
         redis.exceptions.ConnectionError, TimeoutError: the server cannot be reached.
     """
     if allow:
         return
-    policy = eviction_policy(client)
+    refusals: list[str] = []
+    policy = eviction_policy(client, refusals)
     if policy is None:
-        log.warning("could not read Redis maxmemory-policy; it must be noeviction")
+        log.warning(
+            "could not read Redis maxmemory-policy (%s); the lease authority needs "
+            "noeviction, so check it on the server",
+            "; ".join(refusals) or "the server does not report it",
+        )
     elif policy != "noeviction":
         raise ValidationError(
             f"Redis maxmemory-policy is {policy!r}: the lease authority needs 'noeviction' "
@@ -230,7 +249,7 @@ class AuthorityBase:
             try:
                 reply: list[Any] = self._evalsha(name, keys, args)
             except RedisError as exc:
-                raise redis_unavailable(exc) from exc
+                raise redis_error(exc) from exc
             code = int(reply[0])
             if code == NO_INCARNATION:
                 self._known.discard(org)
@@ -361,7 +380,7 @@ class AuthorityBase:
             last = self.client.xrevrange(journal, count=1)
         except RedisError as exc:
             if strict:
-                raise redis_unavailable(exc) from exc
+                raise redis_error(exc) from exc
             log.debug("ledger barrier skipped for %r: %s", org, exc)
             return
         if last:

@@ -1,9 +1,10 @@
 """The Redis connection and error plumbing of the lease authority.
 
 :func:`connect` makes the client (no automatic retries, so a script runs at most once per
-call), :func:`redis_unavailable` maps every Redis error to :class:`UnavailableError`
-(connection errors, timeouts, busy/failover replies, and any other error reply, e.g. a
-database index the server does not have),
+call), :func:`redis_error` maps every Redis error to :class:`ValidationError` for a
+configuration error (a database index the server does not have, a wrong password, a command
+the server refuses) and to :class:`UnavailableError` otherwise (connection errors, timeouts,
+busy/failover replies, any other error reply),
 :func:`direct_pool` and :func:`evalsha` are the direct call path (``FCALL`` of the function
 library, or ``EVALSHA``), and
 :func:`as_text` reads a reply field as ``str``.
@@ -18,14 +19,20 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.backoff import NoBackoff
+from redis.exceptions import (
+    AuthenticationError,
+    NoPermissionError,
+    NoScriptError,
+    RedisError,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoPermissionError, NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from prefect_baton._stores.redis.cluster import RedisClient, connect_cluster, is_cluster_url
 from prefect_baton._stores.redis.scripts import Scripts, library
-from prefect_baton.errors import UnavailableError
+from prefect_baton.errors import BatonError, UnavailableError, ValidationError
 from redis import ConnectionPool, Redis
 
 __all__ = [
@@ -34,7 +41,8 @@ __all__ = [
     "connect",
     "direct_pool",
     "evalsha",
-    "redis_unavailable",
+    "is_config_error",
+    "redis_error",
 ]
 
 _BUSY = (
@@ -79,12 +87,40 @@ def connect(url: str, **kwargs: Any) -> RedisClient:
     return Redis.from_url(url, **opts)
 
 
-def redis_unavailable(exc: RedisError) -> UnavailableError:
-    """The error to raise for ``exc``: always :class:`UnavailableError` (a documented
-    code), whose message tells a connection error, a timeout, a busy/failover reply
-    (``BUSY``, ``LOADING``, ``READONLY``, ...) or a script flushed during the call from any
-    other error reply (``Redis refused the operation: ...``, e.g. ``DB index is out of
-    range`` for ``redis://host:6379/99``)."""
+#: Error replies of a connection that is configured wrong (every command gets them): the
+#: URL's database index, its user or password. Retrying cannot help.
+_CONNECTION_CONFIG_REPLIES = ("DB index is out of range", "NOAUTH", "WRONGPASS", "invalid password")
+
+#: Error replies refusing one command (an ACL, a server without it).
+_COMMAND_CONFIG_REPLIES = ("NOPERM", "unknown command")
+
+
+def is_config_error(exc: RedisError, *, command: bool = True) -> bool:
+    """Whether ``exc`` says the Redis URL or server configuration is wrong, so retrying
+    cannot help: a database index the server does not have, a wrong user or password
+    (``NOAUTH``, ``WRONGPASS``) and, with ``command`` (default), a command the server
+    refuses (``NOPERM``, ``unknown command``, e.g. ``FUNCTION`` when functions are
+    required)."""
+    if isinstance(exc, AuthenticationError):
+        return True
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError):
+        return False
+    if command and isinstance(exc, NoPermissionError):
+        return True
+    text = str(exc)
+    replies = _CONNECTION_CONFIG_REPLIES + (_COMMAND_CONFIG_REPLIES if command else ())
+    return isinstance(exc, ResponseError) and any(r.lower() in text.lower() for r in replies)
+
+
+def redis_error(exc: RedisError) -> BatonError:
+    """The error to raise for ``exc`` (a documented code): :class:`ValidationError` for a
+    configuration error (:func:`is_config_error`: ``Redis configuration error: DB index is
+    out of range`` for ``redis://host:6379/99``, a wrong password; not retried), else
+    :class:`UnavailableError`, whose message tells a connection error, a timeout, a
+    busy/failover reply (``BUSY``, ``LOADING``, ``READONLY``, ...) or a script flushed
+    during the call from any other error reply (``Redis refused the operation: ...``)."""
+    if is_config_error(exc):
+        return ValidationError(f"Redis configuration error: {exc} (check the Redis URL and server)")
     if isinstance(exc, RedisConnectionError | RedisTimeoutError):
         return UnavailableError(f"Redis unavailable: {exc}")
     if isinstance(exc, NoScriptError) or str(exc).startswith("Function not found"):

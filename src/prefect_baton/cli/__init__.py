@@ -37,6 +37,7 @@ from prefect_baton.cli._output import (
     OutputFormat,
     emit_error,
     exit_codes_help,
+    format_from_argv,
     one_line,
 )
 from prefect_baton.cli._state import CliState
@@ -61,16 +62,6 @@ _NO_ARGS_IS_HELP: Any = getattr(_CLICK, "NoArgsIsHelpError", None)
 def _action_of(command_path: str) -> str:
     parts = command_path.split()[1:]
     return ".".join(parts) or "baton"
-
-
-def _format_from_argv(args: Sequence[str]) -> OutputFormat:
-    fmt = os.environ.get("BATON_FORMAT", "table")
-    for i, a in enumerate(args):
-        if a == "--format" and i + 1 < len(args):
-            fmt = args[i + 1]
-        elif a.startswith("--format="):
-            fmt = a.split("=", 1)[1]
-    return OutputFormat.json if fmt.lower() == "json" else OutputFormat.table
 
 
 #: Global options that take a value; they may also follow the command (seed 004 style:
@@ -157,7 +148,7 @@ class BatonGroup(TyperGroup):
             sys.stderr.write("baton: aborted\n")
             return EXIT_FAILURE
         except BatonError as exc:
-            return emit_error(_format_from_argv(argv), "baton", exc.to_dict())
+            return emit_error(format_from_argv(argv), "baton", exc.to_dict())
         except BrokenPipeError:
             return _stdout_gone()
         except SystemExit as exc:  # Typer exits (1) on EPIPE even when not standalone
@@ -167,13 +158,13 @@ class BatonGroup(TyperGroup):
         except Exception as exc:
             if os.environ.get("BATON_CLI_TRACEBACK") == "1":
                 raise
-            return emit_error(_format_from_argv(argv), "baton", as_baton_error(exc).to_dict())
+            return emit_error(format_from_argv(argv), "baton", as_baton_error(exc).to_dict())
 
     @staticmethod
     def _usage_error(exc: Any, argv: list[str]) -> int:
         ctx = getattr(exc, "ctx", None)
         obj = ctx.find_root().obj if ctx is not None else None
-        fmt = obj.format if isinstance(obj, CliState) else _format_from_argv(argv)
+        fmt = obj.format if isinstance(obj, CliState) else format_from_argv(argv)
         action = _action_of(ctx.command_path) if ctx is not None else "baton"
         message = one_line(exc.format_message())
         if fmt is OutputFormat.table and ctx is not None:

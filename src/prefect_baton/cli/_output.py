@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -36,6 +37,7 @@ __all__ = [
     "emit_ok",
     "exit_code_for",
     "exit_codes_help",
+    "format_from_argv",
     "one_line",
     "status_of",
 ]
@@ -46,6 +48,19 @@ class OutputFormat(enum.StrEnum):
 
     table = "table"
     json = "json"
+
+
+def format_from_argv(args: Sequence[str]) -> OutputFormat:
+    """The output format named by ``--format`` among ``args`` (a ``baton`` command line; the
+    last one wins), else ``BATON_FORMAT``, else ``table``: how to report an error that came
+    before the options were parsed (``baton`` itself and ``baton demo``)."""
+    fmt = os.environ.get("BATON_FORMAT", "table")
+    for i, a in enumerate(args):
+        if a == "--format" and i + 1 < len(args):
+            fmt = args[i + 1]
+        elif a.startswith("--format="):
+            fmt = a.split("=", 1)[1]
+    return OutputFormat.json if fmt.lower() == "json" else OutputFormat.table
 
 
 EXIT_OK = 0

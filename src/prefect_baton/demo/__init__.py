@@ -30,7 +30,7 @@ from typing import IO, Any, NoReturn
 from prefect_baton import Baton, BatonError, ValidationError
 from prefect_baton._rules.validation import TTL_MIN_SECONDS, TTL_RANGE, validate_ttl
 from prefect_baton.audit import audit_ledger
-from prefect_baton.cli._output import OutputFormat, emit_error
+from prefect_baton.cli._output import OutputFormat, emit_error, format_from_argv
 from prefect_baton.demo import analysis
 from prefect_baton.errors import error_for_code
 
@@ -444,18 +444,6 @@ def _print_table(r: DemoResult) -> None:
         print(f"audit: {v}", file=sys.stderr)
 
 
-def _format_of(argv: list[str]) -> OutputFormat:
-    """The ``--format`` among ``argv`` (``table`` when absent or unreadable), for reporting
-    an argument error."""
-    p = _Parser(add_help=False)
-    p.add_argument("--format", default="table")
-    try:
-        fmt = p.parse_known_args(argv)[0].format
-    except ValidationError:
-        return OutputFormat.table
-    return OutputFormat.json if fmt == "json" else OutputFormat.table
-
-
 def _parse(argv: list[str]) -> argparse.Namespace:
     """Parse and check ``baton demo`` arguments.
 
@@ -505,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = _parse(argv)
     except ValidationError as exc:
-        return emit_error(_format_of(argv), "demo", exc.to_dict())
+        return emit_error(format_from_argv(argv), "demo", exc.to_dict())
     try:
         result = run_demo(args)
     except TimeoutError as exc:

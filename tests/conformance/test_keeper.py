@@ -51,6 +51,21 @@ def test_block_passes_execution_key_and_scopes(baton: Baton) -> None:
         assert held.lease.scopes == ("src/**",)
 
 
+def test_heartbeat_paused_sends_no_renewal(baton: Baton) -> None:
+    """Inside ``heartbeat_paused()`` no renewal is sent (so a process stopped there holds no
+    ledger transaction open); after it, renewals go on."""
+    with baton.lease(RT, RID, ttl_seconds=30, renew_every_seconds=0.05) as held:
+        _wait_for(lambda: held.renewals >= 1, "a renewal")
+        with held.heartbeat_paused():
+            before = held.renewals
+            version = baton.leases.inspect(RT, RID).lease.version  # type: ignore[union-attr]
+            time.sleep(0.4)
+            assert held.renewals == before
+            assert baton.leases.inspect(RT, RID).lease.version == version  # type: ignore[union-attr]
+        _wait_for(lambda: held.renewals > before, "a renewal after the pause")
+        assert not held.lost
+
+
 def test_block_conflict_on_enter(baton: Baton) -> None:
     """If another principal holds the resource, entering raises CONFLICT and the body never runs."""
     baton.as_principal("agent-b").leases.acquire(RT, RID, ttl_seconds=30)

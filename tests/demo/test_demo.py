@@ -48,7 +48,7 @@ def test_demo_survives_crash_and_pause(
     if arm == "postgresql":
         extra += ["--ledger-url", request.getfixturevalue("pg_url")]
     code, data, err = _run(tmp_path, *extra)
-    assert code == 0, err
+    assert code == 0, (err, data)
     files = len(analysis.list_files([_json_pkg()]))
     assert data["files"] == files
     assert data["completed"] == files
@@ -74,7 +74,7 @@ def test_demo_on_the_redis_authority(tmp_path: Path) -> None:
     require_redis()
     extra = ["--input", str(_json_pkg()), "--workers", "3", "--crash", "1", "--pause", "1"]
     code, data, err = _run(tmp_path, *extra, "--redis", REDIS_URL)
-    assert code == 0, err
+    assert code == 0, (err, data)
     assert data["completed"] == data["files"]
     assert data["duplicate_completions"] == 0
     assert (data["crashes"], data["pauses"]) == (1, 1)
@@ -88,7 +88,7 @@ def test_demo_on_prefect(tmp_path: Path) -> None:
     """--engine prefect runs the four roles as Prefect flows handing off by deployment, on
     Prefect's embedded server, with the same checks."""
     code, data, err = _run(tmp_path, "--engine", "prefect", "--input", str(_json_pkg()))
-    assert code == 0, err
+    assert code == 0, (err, data)
     assert data["completed"] == data["files"] == len(analysis.list_files([_json_pkg()]))
     assert data["duplicate_completions"] == 0
     assert data["verdict"] == "accepted"

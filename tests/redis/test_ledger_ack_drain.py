@@ -61,3 +61,49 @@ def test_journal_drained_in_background_after_ledger_outage(
     assert authority.client.xlen(journal) == 0
     rows = authority.store.list_leases(b.caller, LeaseQuery(limit=10))
     assert sorted(lease.resource_id for lease in rows) == ["before", "x"]
+
+
+@pytest.mark.parametrize("arm", ["fakeredis", "redis"])
+def test_drain_paused_holds_the_drain_thread(arm: str, tmp_path: Path) -> None:
+    """``drain_paused()`` waits for a drain in progress and starts none until it ends (so a
+    process stopped inside it holds no ledger transaction); afterwards the journal drains."""
+    store = LedgerStore(f"sqlite:///{tmp_path / 'l.db'}")
+    if arm == "fakeredis":
+        client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+        auth = RedisAuthority(
+            client,
+            store,
+            ack="redis",
+            owns_client=True,
+            functions=False,
+            reconcile_interval_seconds=0.01,
+        )
+    else:
+        require_redis()
+        auth = RedisAuthority(
+            connect(REDIS_URL),
+            store,
+            ack="redis",
+            owns_client=True,
+            reconcile_interval_seconds=0.01,
+        )
+    try:
+        org = f"org-{uuid.uuid4().hex[:12]}"
+        b = Baton(org=org, principal="a", store=store, lease_authority=auth)
+        journal = org_keys(org).journal
+        b.leases.acquire("svc", "first", ttl_seconds=60)
+        deadline = time.monotonic() + 20
+        while auth.client.xlen(journal) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert auth.client.xlen(journal) == 0
+        with auth.drain_paused():
+            b.leases.acquire("svc", "second", ttl_seconds=60)
+            time.sleep(0.5)
+            assert auth.client.xlen(journal) == 1
+        deadline = time.monotonic() + 20
+        while auth.client.xlen(journal) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert auth.client.xlen(journal) == 0
+    finally:
+        auth.close()
+        store.close()

@@ -23,7 +23,8 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, overload
@@ -163,6 +164,7 @@ class LeaseKeeper:
         self.release_on_exit = release_on_exit
         self._lease: Lease | None = None
         self._lock = threading.Lock()
+        self._renewing = threading.Lock()  # held while a renewal call is in flight
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._watch: threading.Thread | None = None
@@ -317,7 +319,8 @@ class LeaseKeeper:
             log.info("lease %s: max_hold_seconds reached, renewals stop", self.lease.lease_id)
             return None
         try:
-            lease = self._api.renew(self.lease, ttl_seconds=int(times.ttl))
+            with self._renewing:
+                lease = self._api.renew(self.lease, ttl_seconds=int(times.ttl))
         except _LOST_ERRORS as exc:
             if self._handoff_accepted is not None and self._handoff_accepted():
                 return None  # the lease moved on through an accepted handoff: not a loss
@@ -333,6 +336,16 @@ class LeaseKeeper:
             self.renewals += 1
         self._backoff = 0.1
         return times.renew_every
+
+    @contextmanager
+    def heartbeat_paused(self) -> Iterator[None]:
+        """Hold the heartbeat between renewals for the block: waits for a renewal in flight
+        to finish, and none is sent until the block ends (the renew deadline still runs, so a
+        long pause ends with the lease marked lost). For a process about to be stopped
+        (``SIGSTOP``): a renewal stopped inside its ledger transaction would hold the
+        database's write lock on SQLite and block every other writer."""
+        with self._renewing:
+            yield
 
     def stop(self, exc: BaseException | None = None) -> None:
         """Stop the heartbeat and release (what ``__exit__`` does).

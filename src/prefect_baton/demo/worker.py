@@ -12,15 +12,17 @@ import os
 import signal
 import sys
 import traceback
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from prefect_baton import Baton, LeaseKeeper
+from prefect_baton._stores.redis.authority import RedisAuthority
 from prefect_baton.demo import roles
 from prefect_baton.errors import as_baton_error
 
 
-def _fault_hook(cfg: dict[str, Any]) -> roles.FaultHook | None:
+def _fault_hook(b: Baton, cfg: dict[str, Any]) -> roles.FaultHook | None:
     fault = cfg.get("fault")
     if fault not in ("crash", "pause"):
         return None
@@ -44,7 +46,14 @@ def _fault_hook(cfg: dict[str, Any]) -> roles.FaultHook | None:
                 }
             )
         )
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # Stop between ledger transactions: a renewal or a drain of the Redis journal stopped
+        # inside one would hold SQLite's write lock and block the other researchers' writes
+        # (their takeover included) for the busy timeout, which is not the fault shown here.
+        with ExitStack() as quiet:
+            quiet.enter_context(held.heartbeat_paused())
+            if isinstance(b.authority, RedisAuthority):
+                quiet.enter_context(b.authority.drain_paused())
+            os.kill(os.getpid(), signal.SIGSTOP)
 
     return hook
 
@@ -69,7 +78,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
                 lines_per_chunk=cfg["lines_per_chunk"],
                 work_seconds=cfg["work_seconds"],
                 offset=cfg["offset"],
-                fault=_fault_hook(cfg),
+                fault=_fault_hook(b, cfg),
             )
             return stats.to_dict()
         if role == "writer":

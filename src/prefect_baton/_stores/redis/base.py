@@ -15,7 +15,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -361,6 +362,19 @@ class AuthorityBase:
                     self._drainer = drainer
                     self._drainer_pid = os.getpid()
         return drainer
+
+    @contextmanager
+    def drain_paused(self) -> Iterator[None]:
+        """Hold this process's drain thread between drains for the block (see
+        :meth:`Drainer.paused <prefect_baton._stores.redis.reconciler.Drainer.paused>`): enter
+        it before the process is stopped, so that no ledger transaction of the drain is left
+        open while it is. A no-op when the thread has not started."""
+        drainer = self._drainer
+        if drainer is None or self._drainer_pid != os.getpid():
+            yield
+            return
+        with drainer.paused():
+            yield
 
     @property
     def receipt_ledger(self) -> LedgerStore:

@@ -58,7 +58,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -437,6 +438,7 @@ class Drainer:
         self.orgs: set[str] = set()
         self._until_caught_up: set[str] = set()
         self._lock = threading.Lock()
+        self._round = threading.Lock()  # held while one org's drain runs (its transactions)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="baton-reconciler", daemon=True)
@@ -465,7 +467,8 @@ class Drainer:
             failed = False
             for org in list(self.orgs):
                 try:
-                    n = self.reconciler.drain(org, max_batches=8)
+                    with self._round:
+                        n = self.reconciler.drain(org, max_batches=8)
                 except Exception as exc:
                     failed = True
                     log.warning("background reconcile of %s failed: %s", org, exc)
@@ -484,6 +487,16 @@ class Drainer:
             if not busy:
                 self._wake.wait(self.interval if self.orgs else None)
                 self._wake.clear()
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold the thread between drains for the block: waits for a drain in progress (and
+        its ledger transaction) to finish, and no drain starts until the block ends. For a
+        process about to be stopped (``SIGSTOP``, a debugger): a drain stopped inside its
+        transaction would hold the journal lock, on SQLite the database's write lock, and
+        block every other writer for up to the busy timeout (30 s)."""
+        with self._round:
+            yield
 
     def stop(self, *, timeout: float = 10.0) -> None:
         """Stop the thread (after the round in progress) and wait up to ``timeout`` s."""

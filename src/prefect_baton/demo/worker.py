@@ -36,7 +36,8 @@ def _fault_hook(b: Baton, cfg: dict[str, Any]) -> roles.FaultHook | None:
         if fault == "crash":
             os.kill(os.getpid(), signal.SIGKILL)
         marker = Path(cfg["run_dir"]) / f"pause-{cfg['worker']}.json"
-        marker.write_text(
+        part = marker.with_suffix(".part")  # written whole, then renamed: never read half
+        part.write_text(
             json.dumps(
                 {
                     "pid": os.getpid(),
@@ -46,6 +47,7 @@ def _fault_hook(b: Baton, cfg: dict[str, Any]) -> roles.FaultHook | None:
                 }
             )
         )
+        os.replace(part, marker)
         # Stop between ledger transactions: a renewal or a drain of the Redis journal stopped
         # inside one would hold SQLite's write lock and block the other researchers' writes
         # (their takeover included) for the busy timeout, which is not the fault shown here.

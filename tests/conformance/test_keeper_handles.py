@@ -11,6 +11,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from contextlib import ExitStack
 
 import pytest
 
@@ -86,6 +87,22 @@ def test_dropped_keeper_stops_renewing(baton: Baton, request: pytest.FixtureRequ
     version = baton.leases.inspect(RT, RID).version
     time.sleep(0.3)
     assert baton.leases.inspect(RT, RID).version == version
+
+
+def test_held_blocks_share_the_keeper_threads(baton: Baton) -> None:
+    """Fifty blocks held at once (each still renewed) start no thread of their own: the
+    process's one timer thread schedules them all (before it, each block started two)."""
+    baton.leases.release(baton.leases.acquire(RT, "warm-up", ttl_seconds=30))
+    with baton.lease(RT, "first", ttl_seconds=30):
+        pass  # the timer thread is running from here on
+    before = threading.active_count()
+    with ExitStack() as stack:
+        held = [
+            stack.enter_context(baton.lease(RT, f"{RID}-{i}", ttl_seconds=30)) for i in range(50)
+        ]
+        assert threading.active_count() <= before + 1  # at most a renewal worker
+        assert not any(h.lost for h in held)
+    assert all(h.receipt_status == "released" for h in held)
 
 
 def test_max_hold_caps_renewals(baton: Baton) -> None:

@@ -9,7 +9,9 @@ import gc
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
+from contextlib import ExitStack
 
 import pytest
 
@@ -75,16 +77,32 @@ def test_dropped_keeper_stops_renewing(baton: Baton, request: pytest.FixtureRequ
     while keeper.renewals < 1:
         assert time.monotonic() < give_up, "no renewal"
         time.sleep(0.02)
-    threads = [keeper._thread, keeper._watch]
+    ref = weakref.ref(keeper)
     del keeper
-    gc.collect()
-    for thread in threads:
-        assert thread is not None
-        thread.join(10)
-        assert not thread.is_alive()
+    give_up = time.monotonic() + 20
+    while ref() is not None:  # a renewal running at this instant holds it until it returns
+        assert time.monotonic() < give_up, "the dropped keeper was never freed"
+        gc.collect()
+        time.sleep(0.02)
     version = baton.leases.inspect(RT, RID).version
     time.sleep(0.3)
     assert baton.leases.inspect(RT, RID).version == version
+
+
+def test_held_blocks_share_the_keeper_threads(baton: Baton) -> None:
+    """Fifty blocks held at once (each still renewed) start no thread of their own: the
+    process's one timer thread schedules them all (before it, each block started two)."""
+    baton.leases.release(baton.leases.acquire(RT, "warm-up", ttl_seconds=30))
+    with baton.lease(RT, "first", ttl_seconds=30):
+        pass  # the timer thread is running from here on
+    before = threading.active_count()
+    with ExitStack() as stack:
+        held = [
+            stack.enter_context(baton.lease(RT, f"{RID}-{i}", ttl_seconds=30)) for i in range(50)
+        ]
+        assert threading.active_count() <= before + 1  # at most a renewal worker
+        assert not any(h.lost for h in held)
+    assert all(h.receipt_status == "released" for h in held)
 
 
 def test_max_hold_caps_renewals(baton: Baton) -> None:

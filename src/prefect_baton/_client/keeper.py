@@ -1,19 +1,21 @@
-"""``with b.lease(...)``: acquire, keep renewing on a thread of its own, release on exit.
+"""``with b.lease(...)``: acquire, keep renewing off the caller's thread, release on exit.
 
-The heartbeat runs on a dedicated daemon thread for sync and async bodies alike, so a busy
-event loop cannot starve it. It renews every third of the TTL (by default), for as long as the
-block runs or up to ``max_hold_seconds``; a transient error (``UNAVAILABLE``, a dropped
-connection) is retried with backoff until the **renew deadline**: by default two thirds of the
-TTL after the last confirmed renewal was *sent* (:mod:`prefect_baton._rules.keeping`). A
-renewal answered ``LEASE_LOST``, or a renew deadline that passes without a confirmed renewal,
-marks the lease lost: :attr:`LeaseKeeper.lost` turns true, the ``on_lost`` callback runs (and
-with it ``cancel_on_loss``), and leaving the block raises :class:`LeaseLostError`. The
-deadline is watched by a timer thread of its own, so it fires even while a renewal is blocked
-in a network call, a third of the TTL before anyone else can be granted the resource.
+The heartbeat runs on the process's keeper threads (:mod:`prefect_baton._client.timers`: one
+timer thread, and worker threads that run the renewals) for sync and async bodies alike, so
+a busy event loop cannot starve it. It renews every third of the TTL (by default), for as
+long as the block runs or up to ``max_hold_seconds``; a transient error (``UNAVAILABLE``, a
+dropped connection) is retried with backoff until the **renew deadline**: by default two
+thirds of the TTL after the last confirmed renewal was *sent*
+(:mod:`prefect_baton._rules.keeping`). A renewal answered ``LEASE_LOST``, or a renew deadline
+that passes without a confirmed renewal, marks the lease lost: :attr:`LeaseKeeper.lost`
+turns true, the ``on_lost`` callback runs (and with it ``cancel_on_loss``), and leaving the
+block raises :class:`LeaseLostError`. The deadline is timed apart from the renewals and
+checked on a worker of its own, so it fires even while a renewal is blocked in a network
+call, a third of the TTL before anyone else can be granted the resource.
 
-Both threads hold the keeper by a weak reference: a keeper dropped without being stopped
-stops renewing. A keeper (or :class:`Lease`) inherited by a ``fork()``-ed child neither
-renews nor releases there.
+The timer holds the keeper by a weak reference: a keeper dropped without being stopped stops
+renewing. A keeper (or :class:`Lease`) inherited by a ``fork()``-ed child neither renews nor
+releases there.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import logging
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, overload
 
 import anyio.to_thread
 
+from prefect_baton._client.timers import every, forget
 from prefect_baton._rules.keeping import KeepTimes, keep_times
 from prefect_baton.errors import (
     BatonError,
@@ -93,27 +95,6 @@ class _LeaseView(Generic[T]):
         return value
 
 
-def _weakly(
-    ref: weakref.ref[LeaseKeeper],
-    stop: threading.Event,
-    wait: float,
-    step: Callable[[LeaseKeeper], float | None],
-) -> None:
-    """A keeper's thread (the heartbeat, ``step`` = ``_renew_once``, or the renew-deadline
-    timer, ``step`` = ``_check_deadline``): wait, run ``step``, and again after the seconds
-    it returns, until stopped, until ``step`` returns ``None``, or until the keeper is
-    dropped (it is held strongly only while ``step`` runs)."""
-    while not stop.wait(wait):
-        keeper = ref()
-        if keeper is None:
-            return
-        next_wait = step(keeper)
-        del keeper
-        if next_wait is None:
-            return
-        wait = next_wait
-
-
 class LeaseKeeper:
     """A lease held for the duration of a ``with`` / ``async with`` block.
 
@@ -164,10 +145,10 @@ class LeaseKeeper:
         self.release_on_exit = release_on_exit
         self._lease: Lease | None = None
         self._lock = threading.Lock()
-        self._renewing = threading.Lock()  # held while a renewal call is in flight
+        # held while a renewal is decided and sent (reentrant: stop() may be called inside
+        # heartbeat_paused() or from on_lost)
+        self._renewing = threading.RLock()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._watch: threading.Thread | None = None
         self._pid = os.getpid()
         self._started_at = 0.0  # time.monotonic() when the acquire was sent
         self._deadline = 0.0  # time.monotonic() renew deadline of the last confirmed grant
@@ -232,8 +213,8 @@ class LeaseKeeper:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> LeaseKeeper:
-        """Acquire the lease and start the heartbeat and renew-deadline threads (what
-        ``__enter__`` does).
+        """Acquire the lease and schedule its heartbeat and renew deadline on the process's
+        keeper threads (what ``__enter__`` does).
 
         An acquire cut off by a connection error (``UNAVAILABLE``) is retried for up to
         10 s with the same execution key and attempt, so a grant whose response was lost
@@ -250,24 +231,13 @@ class LeaseKeeper:
         self._started_at = sent
         self._deadline = times.deadline(sent)
         self._running = True
-        ref = weakref.ref(self)
-        weakref.finalize(self, self._stop.set)
-        name = self._lease.lease_id
-        self._thread = threading.Thread(
-            target=_weakly,
-            args=(ref, self._stop, times.renew_every, LeaseKeeper._renew_once),
-            name=f"baton-heartbeat-{name}",
-            daemon=True,
-        )
-        self._watch = threading.Thread(
-            target=_weakly,
-            args=(ref, self._stop, 0.0, LeaseKeeper._check_deadline),
-            name=f"baton-deadline-{name}",
-            daemon=True,
-        )
-        self._thread.start()
-        self._watch.start()
+        every(self, times.renew_every, LeaseKeeper._renew_once)
+        every(self, max(0.0, self._deadline - time.monotonic()), LeaseKeeper._check_deadline)
         return self
+
+    def _keeping(self) -> bool:
+        """``True`` until :meth:`stop` (its timer steps are still wanted)."""
+        return not self._stop.is_set()
 
     def _deadline_reason(self) -> str:
         if self._capped and self._times is not None:
@@ -277,12 +247,18 @@ class LeaseKeeper:
             )
         return "the renew deadline passed without a confirmed renewal"
 
-    def _mark_lost(self, reason: str) -> None:
+    def _flag_lost(self, reason: str) -> bool:
+        """Set :attr:`lost` with ``reason``; ``False`` if it was already set."""
         with self._lock:
             if self._lost:
-                return
+                return False
             self._lost = True
             self.lost_reason = reason
+            return True
+
+    def _tell_lost(self, reason: str) -> None:
+        """Warn and run ``on_lost`` for a loss just flagged (not for a lease that moved on
+        through an accepted handoff)."""
         if self._handoff_accepted is not None and self._handoff_accepted():
             return  # moved on through an accepted handoff: not worth a warning
         log.warning("lease %s lost: %s", self._lease.lease_id if self._lease else "?", reason)
@@ -292,10 +268,15 @@ class LeaseKeeper:
             except Exception:
                 log.exception("on_lost callback failed")
 
+    def _mark_lost(self, reason: str) -> None:
+        if self._flag_lost(reason):
+            self._tell_lost(reason)
+
     def _check_deadline(self) -> float | None:
-        """The watchdog's step: seconds until the renew deadline, or ``None`` once the lease
-        is lost (marking it lost if the deadline has passed) or the block was forked away."""
-        if os.getpid() != self._pid or self._lost:
+        """The renew-deadline step: seconds until the renew deadline, or ``None`` once the
+        lease is lost (marking it lost if the deadline has passed), the block stopped, or
+        it was forked away."""
+        if self._stop.is_set() or os.getpid() != self._pid or self._lost:
             return None
         remaining = self._deadline - time.monotonic()
         if remaining <= 0:
@@ -305,37 +286,43 @@ class LeaseKeeper:
 
     def _renew_once(self) -> float | None:
         """The heartbeat's step: one renewal attempt; the seconds to wait before the next,
-        or ``None`` to stop renewing (lost, forked, or ``max_hold_seconds`` reached)."""
+        or ``None`` to stop renewing (stopped, lost, forked, or ``max_hold_seconds``
+        reached). Decided and sent under ``_renewing``, so no renewal is in flight once
+        :meth:`stop` or :meth:`heartbeat_paused` holds it."""
         times = self._times
         assert times is not None
-        if os.getpid() != self._pid or self._lost:
-            return None
-        now = time.monotonic()
-        if now >= self._deadline:
-            self._mark_lost(self._deadline_reason())
-            return None
-        if not times.may_renew(self._started_at, now):
-            self._capped = True
-            log.info("lease %s: max_hold_seconds reached, renewals stop", self.lease.lease_id)
-            return None
-        try:
-            with self._renewing:
-                lease = self._api.renew(self.lease, ttl_seconds=int(times.ttl))
-        except _LOST_ERRORS as exc:
-            if self._handoff_accepted is not None and self._handoff_accepted():
-                return None  # the lease moved on through an accepted handoff: not a loss
-            self._mark_lost(f"{exc.code}: {exc.message}")
-            return None
-        except (UnavailableError, OSError, Exception) as exc:  # transient: retry
-            log.info("renewal of %s failed, retrying: %s", self.lease.lease_id, exc)
-            self._backoff = min(self._backoff * 2, 2.0)
-            return min(self._backoff, max(0.05, self._deadline - time.monotonic()))
-        with self._lock:
-            self._lease = lease
-            self._deadline = times.deadline(now)
-            self.renewals += 1
-        self._backoff = 0.1
-        return times.renew_every
+        with self._renewing:
+            if self._stop.is_set() or os.getpid() != self._pid or self._lost:
+                return None
+            now = time.monotonic()
+            if now >= self._deadline:
+                reason = self._deadline_reason()
+            elif not times.may_renew(self._started_at, now):
+                self._capped = True
+                log.info("lease %s: max_hold_seconds reached, renewals stop", self.lease.lease_id)
+                return None
+            else:
+                try:
+                    lease = self._api.renew(self.lease, ttl_seconds=int(times.ttl))
+                except _LOST_ERRORS as exc:
+                    if self._handoff_accepted is not None and self._handoff_accepted():
+                        return None  # the lease moved on through an accepted handoff
+                    reason = f"{exc.code}: {exc.message}"
+                except (UnavailableError, OSError, Exception) as exc:  # transient: retry
+                    log.info("renewal of %s failed, retrying: %s", self.lease.lease_id, exc)
+                    self._backoff = min(self._backoff * 2, 2.0)
+                    return min(self._backoff, max(0.05, self._deadline - time.monotonic()))
+                else:
+                    with self._lock:
+                        self._lease = lease
+                        self._deadline = times.deadline(now)
+                        self.renewals += 1
+                    self._backoff = 0.1
+                    return times.renew_every
+            flagged = self._flag_lost(reason)
+        if flagged:  # warn and call back outside the lock (on_lost may stop the block)
+            self._tell_lost(reason)
+        return None
 
     @contextmanager
     def heartbeat_paused(self) -> Iterator[None]:
@@ -360,13 +347,17 @@ class LeaseKeeper:
         _ = self.lost  # judge the renew deadline before the heartbeat stops
         self._running = False
         stuck = False
-        if self._thread is not None and self._thread is not threading.current_thread():
+        if self._times is not None:
+            forget(2, LeaseKeeper._keeping)  # its heartbeat and deadline steps end
             # A renewal blocked on an unresponsive server must not hold the block's exit
             # forever: wait at most until the renew deadline (plus a margin).
-            self._thread.join(timeout=max(1.0, self._deadline - time.monotonic()) + 1.0)
-            stuck = self._thread.is_alive()
-            if stuck and time.monotonic() >= self._deadline:
-                self._mark_lost("the renew deadline passed while a renewal was still blocked")
+            wait = max(1.0, self._deadline - time.monotonic()) + 1.0
+            if self._renewing.acquire(timeout=wait):
+                self._renewing.release()  # none in flight now, and none is sent after this
+            else:
+                stuck = True
+                if time.monotonic() >= self._deadline:
+                    self._mark_lost("the renew deadline passed while a renewal was still blocked")
         if self._lease is None:
             return
         # Releasing by proof is safe even when the lease is presumed lost: it cleans up an

@@ -21,7 +21,8 @@ Two paths deliver them, at least once each, with the same deterministic Prefect 
 ledger transition (so Prefect's trigger de-duplication sees one event):
 
 - in-run: ``@leased``, :func:`handoff_to` and :func:`accept_handoff` emit the transitions
-  they caused right away, with the run as related resource;
+  they caused right away, with the run as related resource (queued in order on the events
+  thread of :mod:`._outbox`, so that the run does not wait for Prefect to build them);
 - :func:`relay_events` pages the ledger's event stream from a cursor stored in the ledger
   and emits everything (events written outside runs, renewals, expiries), each with the
   ledger's ``occurred`` time, the label ``prefect-baton.relayed: "true"`` and no related
@@ -39,7 +40,7 @@ import contextvars
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from prefect.context import FlowRunContext, TaskRunContext
@@ -47,6 +48,7 @@ from prefect.settings import PREFECT_API_URL
 
 from prefect_baton._client.sync import Baton
 from prefect_baton.models import Handoff, Lease
+from prefect_baton.prefect._outbox import later
 
 __all__ = [
     "EVENT_PREFIX",
@@ -157,6 +159,7 @@ def emit_ledger_event(
     event_id: str | None = None,
     occurred: datetime | None = None,
     relayed: bool = False,
+    background: bool = False,
 ) -> bool:
     """Emit one ledger event as the Prefect event ``prefect-baton.<kind>``.
 
@@ -169,16 +172,22 @@ def emit_ledger_event(
             the label ``prefect-baton.relayed`` and none of the current run's related
             resources (the run relaying it did not act; the acting principal is the
             ``principal`` related resource, and ``occurred`` is the ledger's time).
+        background: ``True`` to hand it to Prefect on the events thread
+            (:mod:`._outbox`, in order, with the caller's run as related resource and
+            ``occurred`` now) instead of on the caller's thread.
 
     Returns:
-        ``True`` if handed to Prefect's events worker, ``False`` when skipped (outside a run
-        and without ``PREFECT_API_URL``) or when Prefect refused it. Never raises for a
-        delivery problem: events are a mirror of the ledger, not its authority.
+        ``True`` if handed to Prefect's events worker (or, with ``background``, queued for
+        it), ``False`` when skipped (outside a run and without ``PREFECT_API_URL``) or when
+        Prefect refused it. Never raises for a delivery problem: events are a mirror of the
+        ledger, not its authority.
     """
     if not can_emit():
         return False
     from prefect.events import emit_event
 
+    if background and occurred is None:
+        occurred = datetime.now(UTC)
     resource = resource_for(kind, subject, payload, org=org, principal=principal)
     if relayed:
         resource["prefect-baton.relayed"] = "true"
@@ -201,6 +210,9 @@ def emit_ledger_event(
             id=prefect_event_id(org, kind, payload, event_id or uuid.uuid4().hex),
         )
 
+    if background:
+        later(emit, kind)
+        return True
     try:
         ev = contextvars.copy_context().run(emit)
     except Exception:
@@ -222,14 +234,18 @@ def _lease_payload(lease: Lease) -> dict[str, Any]:
 
 
 def emit_lease_event(b: Baton, kind: str, lease: Lease, **extra: Any) -> bool:
-    """Emit ``prefect-baton.<kind>`` for a lease transition ``b`` just made (in-run path)."""
+    """Emit ``prefect-baton.<kind>`` for a lease transition ``b`` just made (in-run path, on
+    the events thread: see :func:`emit_ledger_event`)."""
     payload = {**_lease_payload(lease), **extra}
     subject = f"{lease.resource_type}/{lease.resource_id}"
-    return emit_ledger_event(kind, subject, payload, org=b.org, principal=b.principal)
+    return emit_ledger_event(
+        kind, subject, payload, org=b.org, principal=b.principal, background=True
+    )
 
 
 def emit_handoff_event(b: Baton, kind: str, h: Handoff, **extra: Any) -> bool:
-    """Emit ``prefect-baton.<kind>`` for a handoff transition ``b`` just made (in-run path)."""
+    """Emit ``prefect-baton.<kind>`` for a handoff transition ``b`` just made (in-run path, on
+    the events thread, after the lease events queued before it)."""
     payload: dict[str, Any] = {
         "handoff_id": h.handoff_id,
         "from_principal": h.from_principal,
@@ -238,7 +254,9 @@ def emit_handoff_event(b: Baton, kind: str, h: Handoff, **extra: Any) -> bool:
         "lease_id": h.lease_id,
         **extra,
     }
-    return emit_ledger_event(kind, h.subject_id, payload, org=b.org, principal=b.principal)
+    return emit_ledger_event(
+        kind, h.subject_id, payload, org=b.org, principal=b.principal, background=True
+    )
 
 
 @dataclass(frozen=True)

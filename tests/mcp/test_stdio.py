@@ -301,6 +301,22 @@ def test_unknown_field_message_names_the_field(stdio_session: Any) -> None:
     run(main)
 
 
+def test_control_character_message_says_so(stdio_session: Any) -> None:
+    """An id with a control character is a VALIDATION_ERROR whose message says so in
+    words (the REST API's field types and messages), not as a regular expression."""
+
+    async def main() -> None:
+        async with stdio_session("agent-a") as s:
+            err = tool_error(
+                await s.call_tool("baton_lease_acquire", {**LEASE, "resource_id": "a\x01b"}),
+                "VALIDATION_ERROR",
+            )
+            assert "control characters" in err["message"]
+            assert "^[" not in err["message"]
+
+    run(main)
+
+
 def test_stdio_acts_as_the_configured_principal(stdio_session: Any, org: str) -> None:
     """Over stdio the owner is the --principal the server was started with, and another
     org's client sees nothing of this org's leases."""

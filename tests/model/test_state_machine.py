@@ -194,14 +194,9 @@ class CoreRef:
                     return generation_to_lease(held, replayed=True)
         d = _core.decide_acquire(
             head_of(self.rows, resource),
-            resource_type=RTYPE,
-            resource_id=resource,
+            AcquireRequest(RTYPE, resource, ttl_ms, scopes, purpose, expected),
             principal=principal,
             execution_key=key,
-            ttl_ms=ttl_ms,
-            scopes=scopes,
-            purpose=purpose,
-            expected_version=expected,
             now_ms=now,
             new_lease_id=new_id,
             scope_conflict_expires_ms=scope_conflict(self.rows, principal, scopes, resource, now),

@@ -15,7 +15,7 @@ durable ``no_change`` release receipts, safe-integer exhaustion).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from prefect_baton._rules.access import check_force_release
 from prefect_baton._rules.validation import (
@@ -61,6 +61,7 @@ __all__ = [  # the decision core, plus the validation it re-exports for its call
     "ROLES",
     "TTL_MAX_SECONDS",
     "TTL_MIN_SECONDS",
+    "AcquireRequest",
     "Decision",
     "Generation",
     "Proof",
@@ -132,6 +133,22 @@ class Proof:
     lease_id: str
     owner: str
     execution_key: str | None
+
+
+class AcquireRequest(NamedTuple):
+    """An acquire of one resource (:func:`decide_acquire`; one resource of
+    ``acquire_many``; validated by the client; a named tuple, as cheap to make as a tuple).
+
+    Attributes: ``resource_type``, ``resource_id`` (``str``), ``ttl_ms`` (``int``,
+    milliseconds), ``scopes`` (normalised globs), ``purpose``, ``expected_version``.
+    """
+
+    resource_type: str
+    resource_id: str
+    ttl_ms: int
+    scopes: tuple[str, ...] = ()
+    purpose: str | None = None
+    expected_version: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,15 +274,10 @@ def _check_version(current: int, expected: int | None) -> None:
 
 def decide_acquire(
     head: Generation | None,
+    request: AcquireRequest,
     *,
-    resource_type: str,
-    resource_id: str,
     principal: str,
     execution_key: str | None,
-    ttl_ms: int,
-    scopes: tuple[str, ...],
-    purpose: str | None,
-    expected_version: int | None,
     now_ms: int,
     new_lease_id: str,
     scope_conflict_expires_ms: int | None = None,
@@ -275,8 +287,12 @@ def decide_acquire(
 
     Args:
         head: newest generation of the resource (any status), ``None`` if never leased.
+        request: the resource, TTL, scopes, purpose and expected version asked for.
+        principal, execution_key: who acquires, under which execution key (``None``:
+            none); ``now_ms``: the authority's clock (epoch milliseconds);
+            ``new_lease_id``: the id of a new generation.
         scope_conflict_expires_ms: expiry of another principal's effective lease whose scopes
-            overlap ``scopes`` (computed by the store), or ``None``.
+            overlap ``request.scopes`` (computed by the store), or ``None``.
         epoch_floor: the new epoch is at least ``epoch_floor + 1`` (see
             :func:`next_epoch`: the incarnation's floor after Redis data loss; the ledger
             passes the highest epoch it recorded for the resource).
@@ -289,7 +305,7 @@ def decide_acquire(
     Raises:
         ConflictError: another holder (or another execution of the same principal) holds an
             effective lease, or a scope overlaps another principal's effective lease.
-        VersionConflictError: ``expected_version`` differs from the current version (0 when
+        VersionConflictError: ``request.expected_version`` differs from the current version (0 when
             never leased).
         ValidationError: counters exhausted.
     """
@@ -305,7 +321,7 @@ def decide_acquire(
         else:
             raise conflict(head.expires_at_ms, by="execution" if same_owner else "principal")
     current_version = head.version if head is not None else 0
-    _check_version(current_version, expected_version)
+    _check_version(current_version, request.expected_version)
     if scope_conflict_expires_ms is not None:
         raise conflict(scope_conflict_expires_ms, "A write scope")
     _check_counters(head, epoch_too=True)
@@ -315,18 +331,18 @@ def decide_acquire(
     epoch = next_epoch(head.epoch if head is not None else 0, epoch_floor)
     new = Generation(
         lease_id=new_lease_id,
-        resource_type=resource_type,
-        resource_id=resource_id,
+        resource_type=request.resource_type,
+        resource_id=request.resource_id,
         owner=principal,
         execution_key=execution_key,
         version=current_version + 1,
         epoch=epoch,
         status="active",
         acquired_at_ms=now_ms,
-        expires_at_ms=now_ms + ttl_ms,
-        ttl_ms=ttl_ms,
-        scopes=scopes,
-        purpose=purpose,
+        expires_at_ms=now_ms + request.ttl_ms,
+        ttl_ms=request.ttl_ms,
+        scopes=request.scopes,
+        purpose=request.purpose,
     )
     return Decision(action=action, new=new, ended=ended)
 

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from prefect_baton._rules.core import (
+    AcquireRequest,
     Generation,
     Proof,
     ReleaseRequest,
@@ -71,22 +72,6 @@ class Caller:
     org: str
     principal: str
     role: str = "agent"
-
-
-class AcquireRequest(NamedTuple):
-    """One resource of :meth:`LeaseAuthority.acquire_many` (validated by the client; a
-    named tuple, as cheap to make as a tuple).
-
-    Attributes: ``resource_type``, ``resource_id`` (``str``), ``ttl_ms`` (``int``,
-    milliseconds), ``scopes`` (normalised globs), ``purpose``, ``expected_version``.
-    """
-
-    resource_type: str
-    resource_id: str
-    ttl_ms: int
-    scopes: tuple[str, ...] = ()
-    purpose: str | None = None
-    expected_version: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -288,14 +288,9 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
         head = self._head(tx, *resource)
         decision = _core.decide_acquire(
             head,
-            resource_type=req.resource_type,
-            resource_id=req.resource_id,
+            req,
             principal=caller.principal,
             execution_key=key,
-            ttl_ms=req.ttl_ms,
-            scopes=req.scopes,
-            purpose=req.purpose,
-            expected_version=req.expected_version,
             now_ms=tx.now_ms,
             new_lease_id=tx.new_lease_id(),
             scope_conflict_expires_ms=self._scope_conflict(

@@ -287,16 +287,23 @@ def test_bad_arguments_are_validation_errors_and_write_nothing(
     assert row_counts(ledger_url) == before
 
 
-def test_unknown_field_message_names_the_field(stdio_session: Any) -> None:
-    """The VALIDATION_ERROR of an unknown field names it."""
+def test_validation_messages_name_the_problem(stdio_session: Any) -> None:
+    """The VALIDATION_ERROR of an unknown field names it; that of an id with a control
+    character says so in words (the REST API's messages), not as a regular expression."""
 
     async def main() -> None:
         async with stdio_session("agent-a") as s:
-            err = tool_error(
+            unknown = tool_error(
                 await s.call_tool("baton_lease_acquire", {**LEASE, "holder": "x"}),
                 "VALIDATION_ERROR",
             )
-            assert "holder" in err["message"]
+            assert "holder" in unknown["message"]
+            control = tool_error(
+                await s.call_tool("baton_lease_acquire", {**LEASE, "resource_id": "a\x01b"}),
+                "VALIDATION_ERROR",
+            )
+            assert "control characters" in control["message"]
+            assert "^[" not in control["message"]
 
     run(main)
 

@@ -72,6 +72,8 @@ from prefect_baton._stores.protocol import (
     Caller,
     Execution,
     LeaseQuery,
+    ReleaseRequest,
+    RenewRequest,
     TransferRequest,
 )
 from prefect_baton._stores.redis.rebuild import EPOCH_RANGE
@@ -192,14 +194,9 @@ class CoreRef:
                     return generation_to_lease(held, replayed=True)
         d = _core.decide_acquire(
             head_of(self.rows, resource),
-            resource_type=RTYPE,
-            resource_id=resource,
+            AcquireRequest(RTYPE, resource, ttl_ms, scopes, purpose, expected),
             principal=principal,
             execution_key=key,
-            ttl_ms=ttl_ms,
-            scopes=scopes,
-            purpose=purpose,
-            expected_version=expected,
             now_ms=now,
             new_lease_id=new_id,
             scope_conflict_expires_ms=scope_conflict(self.rows, principal, scopes, resource, now),
@@ -220,11 +217,7 @@ class CoreRef:
 
     def renew(self, proof: Proof, ttl_s: int, expected: int | None, now: int) -> Lease:
         d = _core.decide_renew(
-            self.rows.get(proof.lease_id),
-            proof,
-            ttl_ms=ttl_s * 1000,
-            expected_version=expected,
-            now_ms=now,
+            self.rows.get(proof.lease_id), RenewRequest(proof, ttl_s * 1000, expected), now_ms=now
         )
         apply_decision(self.rows, d)
         assert d.new is not None
@@ -244,12 +237,8 @@ class CoreRef:
         row = self.rows.get(proof.lease_id)
         d = _core.decide_transfer(
             row,
-            proof,
+            TransferRequest(proof, to, new_key, ttl_s * 1000, expected),
             epoch_floor=self.floor,
-            to_principal=to,
-            new_execution_key=new_key,
-            ttl_ms=ttl_s * 1000,
-            expected_version=expected,
             now_ms=now,
             new_lease_id=new_id,
             scope_conflict_expires_ms=(
@@ -268,7 +257,7 @@ class CoreRef:
 
     def release(self, proof: Proof, expected: int | None, now: int) -> Receipt:
         row = self.rows.get(proof.lease_id)
-        d = _core.decide_release(row, proof, expected_version=expected, now_ms=now)
+        d = _core.decide_release(row, ReleaseRequest(proof, expected), now_ms=now)
         return self._receipt("release", d)
 
     def release_by_id(self, principal: str, lease_id: str, now: int) -> Receipt:
@@ -619,9 +608,7 @@ class AuthoritiesMachine(RuleBasedStateMachine):
             lambda ref, _new: ref.renew(proof, ttl_s, expected, self.now),
             lambda arm, ids: arm.auth.renew(
                 self._caller(proof.owner),
-                self._arm_proof(proof, ids),
-                ttl_ms=ttl_s * 1000,
-                expected_version=expected,
+                RenewRequest(self._arm_proof(proof, ids), ttl_s * 1000, expected),
             ),
         )
 
@@ -659,8 +646,7 @@ class AuthoritiesMachine(RuleBasedStateMachine):
             ),
             lambda arm, ids: arm.auth.transfer(
                 self._caller(proof.owner),
-                self._arm_proof(proof, ids),
-                TransferRequest(to, new_key, ttl_s * 1000, expected),
+                TransferRequest(self._arm_proof(proof, ids), to, new_key, ttl_s * 1000, expected),
             ),
         )
 
@@ -689,7 +675,7 @@ class AuthoritiesMachine(RuleBasedStateMachine):
             f"release {proof} expected={expected}",
             lambda ref, _new: ref.release(proof, expected, self.now),
             lambda arm, ids: arm.auth.release(
-                self._caller(proof.owner), self._arm_proof(proof, ids), expected_version=expected
+                self._caller(proof.owner), ReleaseRequest(self._arm_proof(proof, ids), expected)
             ),
         )
 

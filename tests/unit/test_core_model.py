@@ -27,7 +27,7 @@ from prefect_baton._rules import core as _core
 from prefect_baton._rules import scopes as _scopes
 from prefect_baton._rules.core import Decision, Generation, Proof
 from prefect_baton._stores.ledger.store import LedgerStore
-from prefect_baton._stores.protocol import AcquireRequest, Caller, Execution, TransferRequest
+from prefect_baton._stores.protocol import Caller, Execution
 from prefect_baton.errors import (
     BatonError,
     ConflictError,
@@ -550,14 +550,9 @@ class LeaseCoreMachine(RuleBasedStateMachine):
         d, exc = _call(
             _core.decide_acquire,
             head,
-            resource_type="t",
-            resource_id=resource,
+            _core.AcquireRequest("t", resource, ttl_ms, scopes, purpose, expected),
             principal=principal,
             execution_key=key,
-            ttl_ms=ttl_ms,
-            scopes=scopes,
-            purpose=purpose,
-            expected_version=expected,
             now_ms=self.now,
             new_lease_id=new_id,
             scope_conflict_expires_ms=scope_conflict(
@@ -634,9 +629,7 @@ class LeaseCoreMachine(RuleBasedStateMachine):
         d, exc = _call(
             _core.decide_renew,
             row,
-            Proof(lease_id, owner, key),
-            ttl_ms=ttl_ms,
-            expected_version=expected,
+            _core.RenewRequest(Proof(lease_id, owner, key), ttl_ms, expected),
             now_ms=self.now,
         )
         pred = self.model.renew(
@@ -692,11 +685,7 @@ class LeaseCoreMachine(RuleBasedStateMachine):
         d, exc = _call(
             _core.decide_transfer,
             row,
-            Proof(lease_id, owner, key),
-            to_principal=to,
-            new_execution_key=new_key,
-            ttl_ms=ttl_ms,
-            expected_version=expected,
+            _core.TransferRequest(Proof(lease_id, owner, key), to, new_key, ttl_ms, expected),
             now_ms=self.now,
             new_lease_id=new_id,
             scope_conflict_expires_ms=sc,
@@ -738,8 +727,7 @@ class LeaseCoreMachine(RuleBasedStateMachine):
         d, exc = _call(
             _core.decide_release,
             row,
-            Proof(lease_id, owner, key),
-            expected_version=expected,
+            _core.ReleaseRequest(Proof(lease_id, owner, key), expected),
             now_ms=self.now,
         )
         pred = self.model.release(lease_id, owner, key, expected=expected, now=self.now)
@@ -912,7 +900,9 @@ def _acquire(head: Generation | None, **kw: object) -> Decision:
         "new_lease_id": "L2",
     }
     args.update(kw)
-    return _core.decide_acquire(head, **args)  # type: ignore[arg-type]
+    fields = {name: args.pop(name) for name in _core.AcquireRequest._fields}
+    request = _core.AcquireRequest(**fields)  # type: ignore[arg-type]
+    return _core.decide_acquire(head, request, **args)  # type: ignore[arg-type]
 
 
 def test_epoch_floor_lifts_new_epoch_above_floor() -> None:
@@ -937,10 +927,8 @@ def test_exhausted_counters_refuse_acquire_and_renew_but_allow_release() -> None
         _acquire(_holding(epoch=top, expires_at_ms=T0))
     row = _holding(version=top)
     with pytest.raises(ValidationError):
-        _core.decide_renew(
-            row, Proof("L1", "alice", "k1"), ttl_ms=10_000, expected_version=None, now_ms=T0
-        )
-    d = _core.decide_release(row, Proof("L1", "alice", "k1"), expected_version=None, now_ms=T0)
+        _core.decide_renew(row, _core.RenewRequest(Proof("L1", "alice", "k1"), 10_000), now_ms=T0)
+    d = _core.decide_release(row, _core.ReleaseRequest(Proof("L1", "alice", "k1")), now_ms=T0)
     assert d.receipt_status == "released"
     assert d.new is not None
     assert d.new.version == top
@@ -985,11 +973,7 @@ def test_renew_at_exact_expiry_is_lost() -> None:
     row = _holding()
     with pytest.raises(LeaseLostError):
         _core.decide_renew(
-            row,
-            Proof("L1", "alice", "k1"),
-            ttl_ms=10_000,
-            expected_version=None,
-            now_ms=row.expires_at_ms,
+            row, _core.RenewRequest(Proof("L1", "alice", "k1"), 10_000), now_ms=row.expires_at_ms
         )
 
 
@@ -1006,25 +990,20 @@ def test_transfer_epoch_rises_above_the_floor() -> None:
     data loss keeps its old epoch; its transfer must still get a token above every
     earlier one)."""
     row = _holding()
-    proof = Proof(lease_id="L1", owner="alice", execution_key="k1")
-    kw: dict[str, object] = {
-        "to_principal": "bob",
-        "new_execution_key": "k2",
-        "ttl_ms": 10_000,
-        "expected_version": None,
-        "now_ms": T0 + 1_000,
-        "new_lease_id": "L2",
-    }
-    d = _core.decide_transfer(row, proof, **kw)
+    request = _core.TransferRequest(
+        Proof(lease_id="L1", owner="alice", execution_key="k1"), "bob", "k2", 10_000
+    )
+    kw: dict[str, object] = {"now_ms": T0 + 1_000, "new_lease_id": "L2"}
+    d = _core.decide_transfer(row, request, **kw)
     assert d.new is not None
     assert d.new.epoch == 3
-    d = _core.decide_transfer(row, proof, epoch_floor=2**32, **kw)
+    d = _core.decide_transfer(row, request, epoch_floor=2**32, **kw)
     assert d.new is not None
     assert d.new.epoch == 2**32 + 1
     assert d.new.version == row.version + 1
     assert d.ended is not None
     assert d.ended.epoch == row.epoch
-    d = _core.decide_transfer(row, proof, epoch_floor=1, **kw)
+    d = _core.decide_transfer(row, request, epoch_floor=1, **kw)
     assert d.new is not None
     assert d.new.epoch == 3
 
@@ -1046,7 +1025,7 @@ def test_ledger_transfer_epoch_is_above_every_recorded_epoch(tmp_path: Path) -> 
     store = LedgerStore(f"sqlite:///{tmp_path / 'ledger.db'}")
     try:
         caller = Caller(org="org-floor", principal="alice", role="agent")
-        lease = store.acquire(caller, AcquireRequest("t", "r", 60_000), Execution("k1"))
+        lease = store.acquire(caller, _core.AcquireRequest("t", "r", 60_000), Execution("k1"))
         with store.engines.write.begin() as conn:  # an older, ended generation, epoch 2**32
             conn.execute(
                 text(
@@ -1058,8 +1037,12 @@ def test_ledger_transfer_epoch_is_above_every_recorded_epoch(tmp_path: Path) -> 
             )
         moved = store.transfer(
             caller,
-            Proof(lease_id=lease.lease_id, owner="alice", execution_key="k1"),
-            TransferRequest("bob", "k2", 60_000),
+            _core.TransferRequest(
+                Proof(lease_id=lease.lease_id, owner="alice", execution_key="k1"),
+                "bob",
+                "k2",
+                60_000,
+            ),
         )
         assert moved.epoch == 2**32 + 1
         assert moved.version == lease.version + 1

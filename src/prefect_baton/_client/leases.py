@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Required, TypedDict
 
 from prefect_baton._client.api_base import _API, LeaseLike, _lease_of, _limit
 from prefect_baton._client.requests import (
@@ -16,15 +16,24 @@ from prefect_baton._client.requests import (
     transfer_fields,
 )
 from prefect_baton._rules import core as _core
+from prefect_baton._rules.core import ReleaseRequest, RenewRequest, TransferRequest
 from prefect_baton._rules.paging import decode_cursor
-from prefect_baton._stores.protocol import (
-    AcquireRequest,
-    Execution,
-    LeaseAuthority,
-    LeaseQuery,
-    TransferRequest,
-)
+from prefect_baton._stores.protocol import AcquireRequest, Execution, LeaseAuthority, LeaseQuery
 from prefect_baton.models import Lease, LeaseInfo, Receipt
+
+
+class AcquireKeywords(TypedDict, total=False):
+    """The keyword arguments of :meth:`LeaseAPI.acquire` (see there for each), as
+    :meth:`Baton.lease <prefect_baton.Baton.lease>` passes them on: ``ttl_seconds`` (``int``,
+    required), ``purpose``, ``scopes``, ``expected_version``, ``idempotency_key`` and
+    ``attempt``."""
+
+    ttl_seconds: Required[int]
+    purpose: str | None
+    scopes: Iterable[str]
+    expected_version: int | None
+    idempotency_key: str | None
+    attempt: str | None
 
 
 def _execution(idempotency_key: str | None, attempt: str | None) -> Execution:
@@ -173,9 +182,7 @@ class LeaseAPI(_API):
         proof = self._proof(lease_)
         return self._authority.renew(
             self._caller,
-            proof,
-            ttl_ms=ttl_ms,
-            expected_version=ev,
+            RenewRequest(proof, ttl_ms, ev),
             idempotency=keyed(
                 idem,
                 lambda: (
@@ -221,8 +228,7 @@ class LeaseAPI(_API):
         )
         return self._authority.transfer(
             self._caller,
-            proof,
-            TransferRequest(to, key, ttl_ms, ev),
+            TransferRequest(proof, to, key, ttl_ms, ev),
             idempotency=keyed(idem, lambda: (resource_scope(lease_), fields)),
         )
 
@@ -255,8 +261,7 @@ class LeaseAPI(_API):
         proof = self._proof(lease_)
         return self._authority.release(
             self._caller,
-            proof,
-            expected_version=ev,
+            ReleaseRequest(proof, ev),
             idempotency=keyed(
                 idem,
                 lambda: (resource_scope(lease_), release_fields(proof, expected_version=ev)),

@@ -23,8 +23,8 @@ from prefect_baton._rules.validation import CHECKPOINT_TTL_MAX_SECONDS, validate
 from prefect_baton._stores.protocol import (
     CheckpointWrite,
     HandoffOffer,
-    HandoffResolution,
     OutcomeWrite,
+    ResolveRequest,
 )
 from prefect_baton.errors import ValidationError, from_pydantic
 from prefect_baton.models import Checkpoint, Event, Evidence, Handoff, Outcome
@@ -253,7 +253,7 @@ class HandoffAPI(_API):
         fields = resolve_fields(hid, status, note=note_, execution_key=key, ttl_seconds=ttl_seconds)
         return self._b.authority.handoff_resolve(
             self._caller,
-            HandoffResolution(hid, status, note_, key, ttl_ms),
+            ResolveRequest(hid, status, note_, key, ttl_ms),
             idempotency=keyed(idem, lambda: (f"handoff:{hid}", fields)),
         )
 

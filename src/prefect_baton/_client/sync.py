@@ -12,8 +12,8 @@ operation to the store.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Unpack
 
 from prefect_baton._client.api_base import (
     HANDOFF_RESOLUTIONS,
@@ -24,7 +24,7 @@ from prefect_baton._client.api_base import (
     _Identity,
 )
 from prefect_baton._client.keeper import LeaseKeeper
-from prefect_baton._client.leases import LeaseAPI
+from prefect_baton._client.leases import AcquireKeywords, LeaseAPI
 from prefect_baton._client.records import CheckpointAPI, EventAPI, HandoffAPI, OutcomeAPI
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.validation import CHECKPOINT_TTL_MAX_SECONDS
@@ -178,21 +178,19 @@ class Baton(_Identity):
         resource_type: str,
         resource_id: str,
         *,
-        ttl_seconds: int,
-        purpose: str | None = None,
-        scopes: Iterable[str] = (),
-        expected_version: int | None = None,
-        idempotency_key: str | None = None,
-        attempt: str | None = None,
         renew_every_seconds: float | None = None,
         renew_deadline_seconds: float | None = None,
         max_hold_seconds: float | None = None,
         on_lost: Callable[[LeaseKeeper], Any] | None = None,
+        **acquire: Unpack[AcquireKeywords],
     ) -> LeaseKeeper:
         """A lease held for a ``with`` / ``async with`` block, renewed in the background
         (every ``ttl_seconds / 3`` by default) and released on exit.
 
-        Arguments as :meth:`LeaseAPI.acquire`, except:
+        ``resource_type``, ``resource_id`` and the keyword arguments ``acquire``
+        (:class:`~prefect_baton._client.leases.AcquireKeywords`: ``ttl_seconds``, required,
+        ``purpose``, ``scopes``, ``expected_version``, ``idempotency_key``, ``attempt``) as
+        :meth:`LeaseAPI.acquire`, except:
 
         - ``idempotency_key``: the execution key; default a fresh random one per block, so
           two blocks of one principal (two processes) never silently supersede each other:
@@ -223,19 +221,15 @@ class Baton(_Identity):
         meanwhile (``held.lost`` turns true as soon as that is known, and ``on_lost(held)``
         is called).
         """
-        acquire = {
-            "resource_type": resource_type,
-            "resource_id": resource_id,
-            "ttl_seconds": ttl_seconds,
-            "purpose": purpose,
-            "scopes": tuple(scopes),
-            "expected_version": expected_version,
-            "idempotency_key": uuid.uuid4().hex if idempotency_key is None else idempotency_key,
-            "attempt": uuid.uuid4().hex if attempt is None else attempt,
-        }
+        args: dict[str, Any] = {"resource_type": resource_type, "resource_id": resource_id}
+        args |= acquire
+        args["scopes"] = tuple(acquire.get("scopes", ()))
+        for fresh in ("idempotency_key", "attempt"):  # default: new per block
+            if args.get(fresh) is None:
+                args[fresh] = uuid.uuid4().hex
         return LeaseKeeper(
             self.leases,
-            acquire,
+            args,
             renew_every_seconds=renew_every_seconds,
             renew_deadline_seconds=renew_deadline_seconds,
             max_hold_seconds=max_hold_seconds,

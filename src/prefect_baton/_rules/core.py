@@ -15,7 +15,7 @@ durable ``no_change`` release receipts, safe-integer exhaustion).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from prefect_baton._rules.access import check_force_release
 from prefect_baton._rules.validation import (
@@ -61,10 +61,14 @@ __all__ = [  # the decision core, plus the validation it re-exports for its call
     "ROLES",
     "TTL_MAX_SECONDS",
     "TTL_MIN_SECONDS",
+    "AcquireRequest",
     "Decision",
     "Generation",
     "Proof",
+    "ReleaseRequest",
+    "RenewRequest",
     "Status",
+    "TransferRequest",
     "canonical_json",
     "check_checkpoint_version",
     "check_fence",
@@ -129,6 +133,73 @@ class Proof:
     lease_id: str
     owner: str
     execution_key: str | None
+
+
+class AcquireRequest(NamedTuple):
+    """An acquire of one resource (:func:`decide_acquire`; one resource of
+    ``acquire_many``; validated by the client; a named tuple, as cheap to make as a tuple).
+
+    Attributes: ``resource_type``, ``resource_id`` (``str``), ``ttl_ms`` (``int``,
+    milliseconds), ``scopes`` (normalised globs), ``purpose``, ``expected_version``.
+    """
+
+    resource_type: str
+    resource_id: str
+    ttl_ms: int
+    scopes: tuple[str, ...] = ()
+    purpose: str | None = None
+    expected_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RenewRequest:
+    """A renewal (:func:`decide_renew`; validated by the client).
+
+    Attributes:
+        proof: names the lease, held by the caller under its execution key.
+        ttl_ms: the new TTL from the authority's now (``int``, milliseconds).
+        expected_version: compare-and-swap on the lease version (``VersionConflictError``
+            when it differs), or ``None``.
+    """
+
+    proof: Proof
+    ttl_ms: int
+    expected_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseRequest:
+    """A release by proof (:func:`decide_release`; validated by the client).
+
+    Attributes:
+        proof: names the lease, held by the caller under its execution key.
+        expected_version: compare-and-swap on the lease version (``VersionConflictError``
+            when it differs), or ``None``.
+    """
+
+    proof: Proof
+    expected_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TransferRequest:
+    """A transfer (:func:`decide_transfer`; validated by the client).
+
+    Attributes:
+        proof: names the lease, held by the caller (the sender) under its execution key.
+        to_principal: the receiving principal (``str`` id).
+        new_execution_key: the receiver's execution key (``str``); it must differ from the
+            sender's (else ``ValidationError``).
+        ttl_ms: the receiver's TTL (``int``, milliseconds).
+        expected_version: compare-and-swap on the lease version (``VersionConflictError``
+            when it differs), or ``None``.
+    """
+
+    proof: Proof
+    to_principal: str
+    new_execution_key: str
+    ttl_ms: int
+    expected_version: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,15 +274,10 @@ def _check_version(current: int, expected: int | None) -> None:
 
 def decide_acquire(
     head: Generation | None,
+    request: AcquireRequest,
     *,
-    resource_type: str,
-    resource_id: str,
     principal: str,
     execution_key: str | None,
-    ttl_ms: int,
-    scopes: tuple[str, ...],
-    purpose: str | None,
-    expected_version: int | None,
     now_ms: int,
     new_lease_id: str,
     scope_conflict_expires_ms: int | None = None,
@@ -221,8 +287,12 @@ def decide_acquire(
 
     Args:
         head: newest generation of the resource (any status), ``None`` if never leased.
+        request: the resource, TTL, scopes, purpose and expected version asked for.
+        principal, execution_key: who acquires, under which execution key (``None``:
+            none); ``now_ms``: the authority's clock (epoch milliseconds);
+            ``new_lease_id``: the id of a new generation.
         scope_conflict_expires_ms: expiry of another principal's effective lease whose scopes
-            overlap ``scopes`` (computed by the store), or ``None``.
+            overlap ``request.scopes`` (computed by the store), or ``None``.
         epoch_floor: the new epoch is at least ``epoch_floor + 1`` (see
             :func:`next_epoch`: the incarnation's floor after Redis data loss; the ledger
             passes the highest epoch it recorded for the resource).
@@ -235,7 +305,7 @@ def decide_acquire(
     Raises:
         ConflictError: another holder (or another execution of the same principal) holds an
             effective lease, or a scope overlaps another principal's effective lease.
-        VersionConflictError: ``expected_version`` differs from the current version (0 when
+        VersionConflictError: ``request.expected_version`` differs from the current version (0 when
             never leased).
         ValidationError: counters exhausted.
     """
@@ -251,7 +321,7 @@ def decide_acquire(
         else:
             raise conflict(head.expires_at_ms, by="execution" if same_owner else "principal")
     current_version = head.version if head is not None else 0
-    _check_version(current_version, expected_version)
+    _check_version(current_version, request.expected_version)
     if scope_conflict_expires_ms is not None:
         raise conflict(scope_conflict_expires_ms, "A write scope")
     _check_counters(head, epoch_too=True)
@@ -261,18 +331,18 @@ def decide_acquire(
     epoch = next_epoch(head.epoch if head is not None else 0, epoch_floor)
     new = Generation(
         lease_id=new_lease_id,
-        resource_type=resource_type,
-        resource_id=resource_id,
+        resource_type=request.resource_type,
+        resource_id=request.resource_id,
         owner=principal,
         execution_key=execution_key,
         version=current_version + 1,
         epoch=epoch,
         status="active",
         acquired_at_ms=now_ms,
-        expires_at_ms=now_ms + ttl_ms,
-        ttl_ms=ttl_ms,
-        scopes=scopes,
-        purpose=purpose,
+        expires_at_ms=now_ms + request.ttl_ms,
+        ttl_ms=request.ttl_ms,
+        scopes=request.scopes,
+        purpose=request.purpose,
     )
     return Decision(action=action, new=new, ended=ended)
 
@@ -302,15 +372,10 @@ def _check_held(
     return row
 
 
-def decide_renew(
-    row: Generation | None,
-    proof: Proof,
-    *,
-    ttl_ms: int,
-    expected_version: int | None,
-    now_ms: int,
-) -> Decision:
-    """Decide a renewal: version +1, expiry = now + ttl; id, owner, key, epoch, scopes kept.
+def decide_renew(row: Generation | None, request: RenewRequest, *, now_ms: int) -> Decision:
+    """Decide a renewal of the generation ``row`` that ``request.proof`` names, at
+    ``now_ms`` (epoch milliseconds): version +1, expiry = now + ``request.ttl_ms``; id,
+    owner, key, epoch, scopes kept.
 
     Raises:
         NotFoundError: unknown lease id, or owned by another principal.
@@ -318,28 +383,28 @@ def decide_renew(
             re-acquired by a renew).
         VersionConflictError: ``expected_version`` differs from the lease's version.
     """
-    row = _check_held(row, proof, expected_version, now_ms)
+    row = _check_held(row, request.proof, request.expected_version, now_ms)
     _check_counters(row, epoch_too=False)
+    ttl_ms = request.ttl_ms
     new = replace(row, version=row.version + 1, expires_at_ms=now_ms + ttl_ms, ttl_ms=ttl_ms)
     return Decision(action="renew", new=new)
 
 
 def decide_transfer(
     row: Generation | None,
-    proof: Proof,
+    request: TransferRequest,
     *,
-    to_principal: str,
-    new_execution_key: str,
-    ttl_ms: int,
-    expected_version: int | None,
     now_ms: int,
     new_lease_id: str,
     scope_conflict_expires_ms: int | None = None,
     epoch_floor: int = 0,
 ) -> Decision:
-    """Decide a transfer: new generation for ``to_principal`` under ``new_execution_key``;
+    """Decide a transfer of the generation ``row`` that ``request.proof`` names, at
+    ``now_ms`` (epoch milliseconds): a new generation ``new_lease_id`` for
+    ``request.to_principal`` under ``request.new_execution_key`` for ``request.ttl_ms``;
     version +1, epoch +1 (and above ``epoch_floor``, see :func:`next_epoch`), scopes kept
-    (seed 004 transfer rule).
+    (seed 004 transfer rule). ``scope_conflict_expires_ms``: the expiry of another
+    effective lease whose scopes overlap the kept ones, or ``None``.
 
     Raises:
         NotFoundError, LeaseLostError, VersionConflictError: as :func:`decide_renew`.
@@ -347,8 +412,8 @@ def decide_transfer(
         ConflictError: the kept scopes overlap another effective lease of the receiver's
             competitors.
     """
-    row = _check_held(row, proof, expected_version, now_ms)
-    if new_execution_key == row.execution_key:
+    row = _check_held(row, request.proof, request.expected_version, now_ms)
+    if request.new_execution_key == row.execution_key:
         raise ValidationError("transfer needs a new execution key for the receiver")
     if scope_conflict_expires_ms is not None:
         raise conflict(scope_conflict_expires_ms, "A write scope")
@@ -357,13 +422,13 @@ def decide_transfer(
     new = replace(
         row,
         lease_id=new_lease_id,
-        owner=to_principal,
-        execution_key=new_execution_key,
+        owner=request.to_principal,
+        execution_key=request.new_execution_key,
         version=row.version + 1,
         epoch=next_epoch(row.epoch, epoch_floor),
         acquired_at_ms=now_ms,
-        expires_at_ms=now_ms + ttl_ms,
-        ttl_ms=ttl_ms,
+        expires_at_ms=now_ms + request.ttl_ms,
+        ttl_ms=request.ttl_ms,
         status="active",
         ended_at_ms=None,
         ended_by=None,
@@ -371,14 +436,9 @@ def decide_transfer(
     return Decision(action="transfer", new=new, ended=ended)
 
 
-def decide_release(
-    row: Generation | None,
-    proof: Proof,
-    *,
-    expected_version: int | None,
-    now_ms: int,
-) -> Decision:
-    """Decide a release by proof (seed 004 release rule, with DESIGN.md's receipts).
+def decide_release(row: Generation | None, request: ReleaseRequest, *, now_ms: int) -> Decision:
+    """Decide a release of the generation ``row`` that ``request.proof`` names, at
+    ``now_ms`` (epoch milliseconds; seed 004 release rule, with DESIGN.md's receipts).
 
     - effective lease: ``released``;
     - own lease past expiry that nobody took: cleaned up, receipt status ``expired``;
@@ -388,10 +448,10 @@ def decide_release(
     - taken over, transferred or revoked: :class:`LeaseLostError`.
 
     Version and epoch are kept. Raises :class:`NotFoundError` for an unknown or foreign
-    lease and :class:`VersionConflictError` for a wrong ``expected_version``.
+    lease and :class:`VersionConflictError` for a wrong ``request.expected_version``.
     """
-    row = _check_proof(row, proof)
-    _check_version(row.version, expected_version)
+    row = _check_proof(row, request.proof)
+    _check_version(row.version, request.expected_version)
     if row.status in ("released", "expired"):
         return Decision(action="release", new=row, receipt_status="no_change", noop=True)
     if row.status == "superseded":

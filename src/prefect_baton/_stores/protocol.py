@@ -21,9 +21,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
-from prefect_baton._rules.core import Decision, Generation, Proof, decide_transfer
+from prefect_baton._rules.core import (
+    AcquireRequest,
+    Generation,
+    Proof,
+    ReleaseRequest,
+    RenewRequest,
+    TransferRequest,
+)
 from prefect_baton.models import (
     Checkpoint,
     Event,
@@ -43,12 +50,14 @@ __all__ = [
     "Execution",
     "Fence",
     "HandoffOffer",
-    "HandoffResolution",
     "Idempotency",
     "LeaseAuthority",
     "LeaseQuery",
     "OutcomeWrite",
     "RecordStore",
+    "ReleaseRequest",
+    "RenewRequest",
+    "ResolveRequest",
     "TransferRequest",
 ]
 
@@ -63,22 +72,6 @@ class Caller:
     org: str
     principal: str
     role: str = "agent"
-
-
-class AcquireRequest(NamedTuple):
-    """One resource of :meth:`LeaseAuthority.acquire_many` (validated by the client; a
-    named tuple, as cheap to make as a tuple).
-
-    Attributes: ``resource_type``, ``resource_id`` (``str``), ``ttl_ms`` (``int``,
-    milliseconds), ``scopes`` (normalised globs), ``purpose``, ``expected_version``.
-    """
-
-    resource_type: str
-    resource_id: str
-    ttl_ms: int
-    scopes: tuple[str, ...] = ()
-    purpose: str | None = None
-    expected_version: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,54 +92,7 @@ class Execution:
 
 
 @dataclass(frozen=True, slots=True)
-class TransferRequest:
-    """What :meth:`LeaseAuthority.transfer` does with the lease its proof names (validated
-    by the client).
-
-    Attributes:
-        to_principal: the receiving principal (``str`` id).
-        new_execution_key: the receiver's execution key (``str``); it must differ from the
-            sender's (else ``ValidationError``).
-        ttl_ms: the receiver's TTL (``int``, milliseconds).
-        expected_version: compare-and-swap on the lease version (``VersionConflictError``
-            when it differs), or ``None``.
-    """
-
-    to_principal: str
-    new_execution_key: str
-    ttl_ms: int
-    expected_version: int | None = None
-
-    def decide(
-        self,
-        row: Generation | None,
-        proof: Proof,
-        now_ms: int,
-        new_lease_id: str,
-        *,
-        scope_conflict_expires_ms: int | None = None,
-        epoch_floor: int = 0,
-    ) -> Decision:
-        """The core's decision on this transfer of the lease ``row`` named by ``proof``
-        (:func:`prefect_baton._rules.core.decide_transfer`, which documents the arguments
-        and raises), at ``now_ms`` (epoch milliseconds), the receiver's lease getting id
-        ``new_lease_id``."""
-        return decide_transfer(
-            row,
-            proof,
-            to_principal=self.to_principal,
-            new_execution_key=self.new_execution_key,
-            ttl_ms=self.ttl_ms,
-            expected_version=self.expected_version,
-            now_ms=now_ms,
-            new_lease_id=new_lease_id,
-            scope_conflict_expires_ms=scope_conflict_expires_ms,
-            epoch_floor=epoch_floor,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class HandoffResolution:
+class ResolveRequest:
     """How :meth:`LeaseAuthority.handoff_resolve` resolves a pending handoff (validated by
     the client).
 
@@ -369,17 +315,11 @@ class LeaseAuthority(Protocol):
         ...
 
     def renew(
-        self,
-        caller: Caller,
-        proof: Proof,
-        *,
-        ttl_ms: int,
-        expected_version: int | None,
-        idempotency: Idempotency | None = None,
+        self, caller: Caller, request: RenewRequest, *, idempotency: Idempotency | None = None
     ) -> Lease:
-        """Extend the lease named by ``proof`` to the authority's now + ``ttl_ms``
-        (rules: :func:`prefect_baton._rules.core.decide_renew`); ``idempotency``: see
-        :class:`Idempotency` (operation ``renew``).
+        """Extend the lease ``request.proof`` names to the authority's now +
+        ``request.ttl_ms`` (rules: :func:`prefect_baton._rules.core.decide_renew`);
+        ``idempotency``: see :class:`Idempotency` (operation ``renew``).
 
         Raises:
             LeaseLostError: ended or expired. NotFoundError: not the caller's lease.
@@ -389,14 +329,9 @@ class LeaseAuthority(Protocol):
         ...
 
     def transfer(
-        self,
-        caller: Caller,
-        proof: Proof,
-        request: TransferRequest,
-        *,
-        idempotency: Idempotency | None = None,
+        self, caller: Caller, request: TransferRequest, *, idempotency: Idempotency | None = None
     ) -> Lease:
-        """Hand the lease named by ``proof`` to ``request.to_principal`` under its new
+        """Hand the lease ``request.proof`` names to ``request.to_principal`` under its new
         execution key for its ``ttl_ms`` (rules:
         :func:`prefect_baton._rules.core.decide_transfer`); returns the receiver's lease.
 
@@ -406,14 +341,9 @@ class LeaseAuthority(Protocol):
         ...
 
     def release(
-        self,
-        caller: Caller,
-        proof: Proof,
-        *,
-        expected_version: int | None,
-        idempotency: Idempotency | None = None,
+        self, caller: Caller, request: ReleaseRequest, *, idempotency: Idempotency | None = None
     ) -> Receipt:
-        """Release the lease named by ``proof`` (rules:
+        """Release the lease ``request.proof`` names (rules:
         :func:`prefect_baton._rules.core.decide_release`); status ``released``, ``expired``
         or ``no_change`` (already released by this proof).
 
@@ -472,15 +402,11 @@ class LeaseAuthority(Protocol):
         ...
 
     def handoff_resolve(
-        self,
-        caller: Caller,
-        resolution: HandoffResolution,
-        *,
-        idempotency: Idempotency | None = None,
+        self, caller: Caller, request: ResolveRequest, *, idempotency: Idempotency | None = None
     ) -> Handoff:
-        """Accept or reject (``resolution.status``) a pending handoff addressed to the
+        """Accept or reject (``request.status``) a pending handoff addressed to the
         caller; accepting one that carries a lease transfers it to the caller under
-        ``resolution.execution_key`` (default ``handoff:<id>``) for ``resolution.ttl_ms``
+        ``request.execution_key`` (default ``handoff:<id>``) for ``request.ttl_ms``
         (default: the sender's TTL), atomically with the status change (operation
         ``resolve``).
 

@@ -1,6 +1,7 @@
 """The MCP tools' input models: one per tool, unknown fields rejected, types strict, with
-the bounds of :mod:`prefect_baton._rules.validation` (see :mod:`prefect_baton.mcp._tools`
-for the tools that take them)."""
+the field types of the REST API (:mod:`prefect_baton.rest._schemas`: the bounds of
+:mod:`prefect_baton._rules.validation`, no control characters in ids) (see
+:mod:`prefect_baton.mcp._tools` for the tools that take them)."""
 
 from __future__ import annotations
 
@@ -8,40 +9,17 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from prefect_baton._rules.validation import (
-    CHECKPOINT_TTL_MAX_SECONDS,
-    MAX_ID_LENGTH,
-    MAX_SAFE_INTEGER,
-    MAX_SCOPE_LENGTH,
-    MAX_SCOPES,
-    MAX_TEXT_LENGTH,
-    TTL_MAX_SECONDS,
-    TTL_MIN_SECONDS,
-    TTL_RANGE,
-)
+from prefect_baton._rules.validation import MAX_SAFE_INTEGER, TTL_RANGE
 from prefect_baton.rest import _schemas as rest_schemas
+from prefect_baton.rest._schemas import Id, Lifetime, Scopes, Text
 
-Id = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH)]
-Text = Annotated[str, Field(max_length=MAX_TEXT_LENGTH)]
-Ttl = Annotated[
-    int,
-    Field(
-        ge=TTL_MIN_SECONDS, le=TTL_MAX_SECONDS, description=f"Lease TTL in seconds, {TTL_RANGE}."
-    ),
-]
+# with a description for the tool schemas where the field name does not say enough
+Ttl = Annotated[rest_schemas.Ttl, Field(description=f"Lease TTL in seconds, {TTL_RANGE}.")]
 Version = Annotated[
-    int,
-    Field(ge=0, le=MAX_SAFE_INTEGER, description="Compare-and-swap version (0 = never written)."),
+    rest_schemas.Version, Field(description="Compare-and-swap version (0 = never written).")
 ]
-Lifetime = Annotated[int, Field(ge=1, le=CHECKPOINT_TTL_MAX_SECONDS)]
-Scope = Annotated[str, Field(min_length=1, max_length=MAX_SCOPE_LENGTH)]
 IdempotencyKey = Annotated[
-    str,
-    Field(
-        min_length=1,
-        max_length=MAX_ID_LENGTH,
-        description="Idempotency key: an exact retry replays the stored result.",
-    ),
+    Id, Field(description="Idempotency key: an exact retry replays the stored result.")
 ]
 
 
@@ -78,7 +56,7 @@ class LeaseAcquireIn(_In):
     resource_id: Id = Field(description="The resource, e.g. 'checkout-service'.")
     ttl_seconds: Ttl
     purpose: Text | None = Field(None, description="Free text kept with the lease (holder only).")
-    scopes: Annotated[list[Scope], Field(max_length=MAX_SCOPES)] = Field(
+    scopes: Scopes = Field(
         default_factory=list,
         description="Write-scope globs (e.g. 'src/**'); overlapping scopes on another "
         "effective lease of the organization conflict.",

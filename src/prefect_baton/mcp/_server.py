@@ -44,6 +44,7 @@ from prefect_baton.errors import (
     from_pydantic,
 )
 from prefect_baton.mcp._tools import SEED_ALIASES, TOOLS, SeedAlias, ToolSpec, resolve_tool
+from prefect_baton.rest import _schemas as rest_schemas
 from prefect_baton.rest._http import (
     BatonMiddleware,
     baton_error_response,
@@ -164,7 +165,8 @@ def build_server(identity: Identity, *, on_close: Callable[[], None] | None = No
         try:
             args = spec.model.model_validate(arguments)
         except pydantic.ValidationError as exc:
-            return tool_error(from_pydantic(exc, root="arguments").to_dict())
+            err = from_pydantic(exc, root="arguments", messages=rest_schemas.PATTERN_MESSAGES)
+            return tool_error(err.to_dict())
         try:
             data = await anyio.to_thread.run_sync(partial(_call, identity, ctx, spec, args))
         except BatonError as exc:

@@ -13,7 +13,13 @@ from prefect_baton._rules import core as _core
 from prefect_baton._rules import events as _events
 from prefect_baton._rules import scopes as _scopes
 from prefect_baton._rules.access import check_list_owner, may_read
-from prefect_baton._rules.core import Decision, Generation, Proof
+from prefect_baton._rules.core import (
+    Decision,
+    Generation,
+    ReleaseRequest,
+    RenewRequest,
+    TransferRequest,
+)
 from prefect_baton._rules.digests import acquire_digest, resource_key
 from prefect_baton._rules.keeping import heartbeat_call_timeout
 from prefect_baton._stores.ledger.base import StoreBase, T, Tx
@@ -32,14 +38,7 @@ from prefect_baton._stores.ledger.tables import (
     GenerationRow,
     LeaseTransition,
 )
-from prefect_baton._stores.protocol import (
-    AcquireRequest,
-    Caller,
-    Execution,
-    Fence,
-    LeaseQuery,
-    TransferRequest,
-)
+from prefect_baton._stores.protocol import AcquireRequest, Caller, Execution, Fence, LeaseQuery
 from prefect_baton.errors import (
     NotFoundError,
 )
@@ -289,14 +288,9 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
         head = self._head(tx, *resource)
         decision = _core.decide_acquire(
             head,
-            resource_type=req.resource_type,
-            resource_id=req.resource_id,
+            req,
             principal=caller.principal,
             execution_key=key,
-            ttl_ms=req.ttl_ms,
-            scopes=req.scopes,
-            purpose=req.purpose,
-            expected_version=req.expected_version,
             now_ms=tx.now_ms,
             new_lease_id=tx.new_lease_id(),
             scope_conflict_expires_ms=self._scope_conflict(
@@ -346,39 +340,34 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
 
         return self._write(caller, locks, op, statement_timeout_ms=statement_timeout_ms)
 
-    def _renew(
-        self, caller: Caller, proof: Proof, ttl_ms: int, expected_version: int | None
-    ) -> Lease:
+    def _renew(self, caller: Caller, request: RenewRequest) -> Lease:
         """Renew a lease the caller holds (see :func:`prefect_baton._rules.core.decide_renew`).
         On PostgreSQL its statements time out after
         :func:`~prefect_baton._rules.keeping.heartbeat_call_timeout` of the TTL, below the
         keeper's renew deadline."""
 
         def fn(tx: Tx, row: Generation | None, resource: tuple[str, str]) -> Lease:
-            d = _core.decide_renew(
-                row, proof, ttl_ms=ttl_ms, expected_version=expected_version, now_ms=tx.now_ms
-            )
+            d = _core.decide_renew(row, request, now_ms=tx.now_ms)
             self._apply(tx, d, caller.org, resource=resource)
             assert d.new is not None
             return generation_to_lease(d.new)
 
-        timeout_ms = int(heartbeat_call_timeout(ttl_ms / 1000) * 1000)
-        return self._by_proof(caller, proof.lease_id, fn, statement_timeout_ms=timeout_ms)
+        timeout_ms = int(heartbeat_call_timeout(request.ttl_ms / 1000) * 1000)
+        return self._by_proof(caller, request.proof.lease_id, fn, statement_timeout_ms=timeout_ms)
 
     def _transfer_in_tx(
         self,
         tx: Tx,
         row: Generation | None,
         resource: tuple[str, str],
-        proof: Proof,
         request: TransferRequest,
     ) -> Lease:
         scopes = row.scopes if row else ()
-        d = request.decide(
+        d = _core.decide_transfer(
             row,
-            proof,
-            tx.now_ms,
-            tx.new_lease_id(),
+            request,
+            now_ms=tx.now_ms,
+            new_lease_id=tx.new_lease_id(),
             scope_conflict_expires_ms=self._scope_conflict(
                 tx, request.to_principal, scopes, resource
             ),
@@ -388,13 +377,13 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
         assert d.new is not None
         return generation_to_lease(d.new)
 
-    def _transfer(self, caller: Caller, proof: Proof, request: TransferRequest) -> Lease:
+    def _transfer(self, caller: Caller, request: TransferRequest) -> Lease:
         """Transfer a lease as ``request`` says (see :func:`_core.decide_transfer`)."""
 
         def fn(tx: Tx, row: Generation | None, resource: tuple[str, str]) -> Lease:
-            return self._transfer_in_tx(tx, row, resource, proof, request)
+            return self._transfer_in_tx(tx, row, resource, request)
 
-        return self._by_proof(caller, proof.lease_id, fn)
+        return self._by_proof(caller, request.proof.lease_id, fn)
 
     def _receipt_of(self, tx: Tx, d: Decision, action: str, resource: tuple[str, str]) -> Receipt:
         assert d.new is not None
@@ -403,16 +392,14 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
         status = "no_change" if d.noop else d.receipt_status
         return Receipt(action=action, status=status, lease=generation_to_lease(d.new))  # type: ignore[arg-type,unused-ignore]
 
-    def _release(self, caller: Caller, proof: Proof, expected_version: int | None) -> Receipt:
+    def _release(self, caller: Caller, request: ReleaseRequest) -> Receipt:
         """Release by proof (see :func:`_core.decide_release`)."""
 
         def fn(tx: Tx, row: Generation | None, resource: tuple[str, str]) -> Receipt:
-            d = _core.decide_release(
-                row, proof, expected_version=expected_version, now_ms=tx.now_ms
-            )
+            d = _core.decide_release(row, request, now_ms=tx.now_ms)
             return self._receipt_of(tx, d, "release", resource)
 
-        return self._by_proof(caller, proof.lease_id, fn)
+        return self._by_proof(caller, request.proof.lease_id, fn)
 
     def _release_by_id(self, caller: Caller, lease_id: str) -> Receipt:
         """Release by id alone, as the holder (see :func:`_core.decide_release_by_id`)."""

@@ -15,14 +15,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from prefect_baton._rules.access import check_force_release
-from prefect_baton._rules.core import Proof
+from prefect_baton._rules.core import ReleaseRequest, RenewRequest, TransferRequest
 from prefect_baton._stores.ledger.receipts import receipted, run_once
-from prefect_baton._stores.protocol import (
-    Caller,
-    HandoffResolution,
-    Idempotency,
-    TransferRequest,
-)
+from prefect_baton._stores.protocol import Caller, Idempotency, ResolveRequest
 from prefect_baton.models import Handoff, Lease, Receipt
 
 if TYPE_CHECKING:
@@ -47,43 +42,27 @@ class ReceiptedLeaseOps:
 
     @receipted("renew", Lease)
     def renew(
-        self,
-        caller: Caller,
-        proof: Proof,
-        *,
-        ttl_ms: int,
-        expected_version: int | None,
-        idempotency: Idempotency | None = None,
+        self, caller: Caller, request: RenewRequest, *, idempotency: Idempotency | None = None
     ) -> Lease:
         """Renew by proof (:meth:`LeaseAuthority.renew
         <prefect_baton._stores.protocol.LeaseAuthority.renew>`)."""
-        return self._renew(caller, proof, ttl_ms, expected_version)
+        return self._renew(caller, request)
 
     @receipted("transfer", Lease)
     def transfer(
-        self,
-        caller: Caller,
-        proof: Proof,
-        request: TransferRequest,
-        *,
-        idempotency: Idempotency | None = None,
+        self, caller: Caller, request: TransferRequest, *, idempotency: Idempotency | None = None
     ) -> Lease:
         """Transfer by proof (:meth:`LeaseAuthority.transfer
         <prefect_baton._stores.protocol.LeaseAuthority.transfer>`)."""
-        return self._transfer(caller, proof, request)
+        return self._transfer(caller, request)
 
     @receipted("release", Receipt)
     def release(
-        self,
-        caller: Caller,
-        proof: Proof,
-        *,
-        expected_version: int | None,
-        idempotency: Idempotency | None = None,
+        self, caller: Caller, request: ReleaseRequest, *, idempotency: Idempotency | None = None
     ) -> Receipt:
         """Release by proof (:meth:`LeaseAuthority.release
         <prefect_baton._stores.protocol.LeaseAuthority.release>`)."""
-        return self._release(caller, proof, expected_version)
+        return self._release(caller, request)
 
     @receipted("release_by_id", Receipt)
     def release_by_id(
@@ -111,27 +90,21 @@ class ReceiptedLeaseOps:
 
     @receipted("resolve", Handoff)
     def handoff_resolve(
-        self,
-        caller: Caller,
-        resolution: HandoffResolution,
-        *,
-        idempotency: Idempotency | None = None,
+        self, caller: Caller, request: ResolveRequest, *, idempotency: Idempotency | None = None
     ) -> Handoff:
         """Accept or reject a handoff (:meth:`LeaseAuthority.handoff_resolve
         <prefect_baton._stores.protocol.LeaseAuthority.handoff_resolve>`)."""
-        return self._handoff_resolve(caller, resolution)
+        return self._handoff_resolve(caller, request)
 
     # the operations without the key, implemented by each authority
 
-    def _renew(
-        self, caller: Caller, proof: Proof, ttl_ms: int, expected_version: int | None
-    ) -> Lease:
+    def _renew(self, caller: Caller, request: RenewRequest) -> Lease:
         raise NotImplementedError
 
-    def _transfer(self, caller: Caller, proof: Proof, request: TransferRequest) -> Lease:
+    def _transfer(self, caller: Caller, request: TransferRequest) -> Lease:
         raise NotImplementedError
 
-    def _release(self, caller: Caller, proof: Proof, expected_version: int | None) -> Receipt:
+    def _release(self, caller: Caller, request: ReleaseRequest) -> Receipt:
         raise NotImplementedError
 
     def _release_by_id(self, caller: Caller, lease_id: str) -> Receipt:
@@ -140,5 +113,5 @@ class ReceiptedLeaseOps:
     def _force_release(self, caller: Caller, lease_id: str) -> Receipt:
         raise NotImplementedError
 
-    def _handoff_resolve(self, caller: Caller, resolution: HandoffResolution) -> Handoff:
+    def _handoff_resolve(self, caller: Caller, resolution: ResolveRequest) -> Handoff:
         raise NotImplementedError

@@ -16,7 +16,7 @@ from prefect_baton._rules.access import (
     may_read,
     may_read_checkpoint,
 )
-from prefect_baton._rules.core import Generation, Proof
+from prefect_baton._rules.core import Generation, Proof, ReleaseRequest, TransferRequest
 from prefect_baton._rules.digests import (
     checkpoint_save_digest,
     handoff_create_digest,
@@ -50,9 +50,8 @@ from prefect_baton._stores.protocol import (
     Caller,
     CheckpointWrite,
     HandoffOffer,
-    HandoffResolution,
     OutcomeWrite,
-    TransferRequest,
+    ResolveRequest,
 )
 from prefect_baton.errors import (
     LeaseLostError,
@@ -460,7 +459,7 @@ class RecordOps(LeaseOps):
                     lease = generation_to_lease(row_to_generation(lrow))
             return handoff_model(row, now, lease, carried_lapsed=carried_lapsed(s, row, now))
 
-    def _handoff_resolve(self, caller: Caller, resolution: HandoffResolution) -> Handoff:
+    def _handoff_resolve(self, caller: Caller, resolution: ResolveRequest) -> Handoff:
         """Resolve a pending handoff addressed to the caller as ``accepted`` or ``rejected``.
 
         Accepting a handoff that carries a lease transfers the lease to the caller under
@@ -493,9 +492,7 @@ class RecordOps(LeaseOps):
                 and _core.releases_on_reject(carried, row.from_principal, tx.now_ms)
             ):
                 proof = Proof(carried.lease_id, row.from_principal, carried.execution_key)
-                released = _core.decide_release(
-                    carried, proof, expected_version=None, now_ms=tx.now_ms
-                )
+                released = _core.decide_release(carried, ReleaseRequest(proof), now_ms=tx.now_ms)
                 self._apply(
                     tx, released, caller.org, resource=(carried.resource_type, carried.resource_id)
                 )
@@ -504,14 +501,14 @@ class RecordOps(LeaseOps):
                 held = row_to_generation(lrow) if lrow else None
                 if held is None:
                     raise NotFoundError(f"lease {row.lease_id} not found")
-                proof = Proof(held.lease_id, row.from_principal, held.execution_key)
                 request = TransferRequest(
+                    Proof(held.lease_id, row.from_principal, held.execution_key),
                     caller.principal,
                     resolution.execution_key or f"handoff:{handoff_id}",
                     resolution.ttl_ms or held.ttl_ms,
                 )
                 resource = (held.resource_type, held.resource_id)
-                lease = self._transfer_in_tx(tx, held, resource, proof, request)
+                lease = self._transfer_in_tx(tx, held, resource, request)
                 row.accepted_lease_id = lease.lease_id
             row.status = status
             row.note = resolution.note

@@ -37,7 +37,14 @@ from typing import Any
 
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.access import check_list_owner, may_read
-from prefect_baton._rules.core import Decision, Generation, Proof
+from prefect_baton._rules.core import (
+    Decision,
+    Generation,
+    Proof,
+    ReleaseRequest,
+    RenewRequest,
+    TransferRequest,
+)
 from prefect_baton._rules.digests import acquire_digest
 from prefect_baton._stores.ledger.convert import lease_info
 from prefect_baton._stores.ledger.receipted_ops import ReceiptedLeaseOps
@@ -48,9 +55,8 @@ from prefect_baton._stores.protocol import (
     Caller,
     Execution,
     Fence,
-    HandoffResolution,
     LeaseQuery,
-    TransferRequest,
+    ResolveRequest,
 )
 from prefect_baton._stores.redis.base import AuthorityBase
 from prefect_baton._stores.redis.codec import (
@@ -269,28 +275,24 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         raise_for(reply)
         raise AssertionError("unreachable")
 
-    def _renew(
-        self, caller: Caller, proof: Proof, ttl_ms: int, expected_version: int | None
-    ) -> Lease:
+    def _renew(self, caller: Caller, request: RenewRequest) -> Lease:
         """Renew by proof (rules: :func:`prefect_baton._rules.core.decide_renew`)."""
         return self._by_proof(
             caller,
             "renew",
-            proof,
-            [str(ttl_ms), opt(expected_version)],
-            lambda row, now: _core.decide_renew(
-                row, proof, ttl_ms=ttl_ms, expected_version=expected_version, now_ms=now
-            ),
+            request.proof,
+            [str(request.ttl_ms), opt(request.expected_version)],
+            lambda row, now: _core.decide_renew(row, request, now_ms=now),
         )
 
-    def _transfer(self, caller: Caller, proof: Proof, request: TransferRequest) -> Lease:
+    def _transfer(self, caller: Caller, request: TransferRequest) -> Lease:
         """Transfer by proof as ``request`` says (rules:
         :func:`prefect_baton._rules.core.decide_transfer`; the new epoch is also above the
         incarnation's floor)."""
         return self._by_proof(
             caller,
             "transfer",
-            proof,
+            request.proof,
             [
                 request.to_principal,
                 request.new_execution_key,
@@ -303,14 +305,13 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
                 "",
                 str(HANDOFF_KEY_TTL_MS),
             ],
-            lambda row, now: request.decide(row, proof, now, "-"),
+            lambda row, now: _core.decide_transfer(row, request, now_ms=now, new_lease_id="-"),
         )
 
-    def _release(self, caller: Caller, proof: Proof, expected_version: int | None) -> Receipt:
+    def _release(self, caller: Caller, request: ReleaseRequest) -> Receipt:
         """Release by proof (rules: :func:`prefect_baton._rules.core.decide_release`)."""
-        reply = self._run(
-            caller.org, "release", [*_proof_args(caller, proof), opt(expected_version)]
-        )
+        args = [*_proof_args(caller, request.proof), opt(request.expected_version)]
+        reply = self._run(caller.org, "release", args)
         code = int(reply[0])
         if code == OK:
             lease = lease_from_gen(reply[2])
@@ -321,10 +322,8 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         if code == UNKNOWN:
             d = self._unknown(
                 caller,
-                proof.lease_id,
-                lambda row, now: _core.decide_release(
-                    row, proof, expected_version=expected_version, now_ms=now
-                ),
+                request.proof.lease_id,
+                lambda row, now: _core.decide_release(row, request, now_ms=now),
             )
             assert d.new is not None
             return Receipt(action="release", status="no_change", lease=generation_to_lease(d.new))
@@ -431,7 +430,7 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         """
         self.sync_ledger(caller.org)
 
-    def _handoff_resolve(self, caller: Caller, resolution: HandoffResolution) -> Handoff:
+    def _handoff_resolve(self, caller: Caller, resolution: ResolveRequest) -> Handoff:
         """Resolve a handoff across Redis (its lease) and the ledger (the handoff), keeping
         every crash point in an allowed end state
         (:func:`prefect_baton._stores.redis.handoffs.resolve_handoff`).

@@ -31,11 +31,11 @@ import hashlib
 from typing import TYPE_CHECKING
 
 from prefect_baton._rules.access import check_resolver
-from prefect_baton._rules.core import Proof, releases_on_reject
+from prefect_baton._rules.core import Proof, ReleaseRequest, releases_on_reject
 from prefect_baton._stores.ledger.records import carried_lapsed
 from prefect_baton._stores.ledger.store import handoff_model
 from prefect_baton._stores.ledger.tables import HandoffRow
-from prefect_baton._stores.protocol import Caller, HandoffResolution
+from prefect_baton._stores.protocol import Caller, ResolveRequest
 from prefect_baton._stores.redis.codec import lease_from_gen, opt
 from prefect_baton._stores.redis.connection import as_text
 from prefect_baton._stores.redis.keys import HANDOFF_KEY_TTL_MS, org_keys
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 __all__ = ["mark_rejected", "release_carried", "resolve_handoff", "transfer_lease"]
 
 
-def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: HandoffResolution) -> Handoff:
+def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: ResolveRequest) -> Handoff:
     """Resolve a handoff with Redis as the lease authority (see the module docstring).
 
     Args:
@@ -113,7 +113,7 @@ def release_carried(auth: RedisAuthority, caller: Caller, lease_id: str, sender:
         return
     assert held is not None
     as_sender = dataclasses.replace(caller, principal=sender)
-    auth._release(as_sender, Proof(held.lease_id, sender, held.execution_key), None)
+    auth._release(as_sender, ReleaseRequest(Proof(held.lease_id, sender, held.execution_key)))
     auth.sync_ledger(caller.org, strict=True)
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, SecretStr
 
-from prefect_baton._rules.core import Proof
+from prefect_baton._rules.core import Proof, ReleaseRequest, RenewRequest, TransferRequest
 from prefect_baton._rules.keeping import heartbeat_call_timeout
 from prefect_baton._rules.paging import encode_cursor
 from prefect_baton._rules.validation import TTL_MIN_SECONDS
@@ -34,11 +34,10 @@ from prefect_baton._stores.protocol import (
     Execution,
     Fence,
     HandoffOffer,
-    HandoffResolution,
     Idempotency,
     LeaseQuery,
     OutcomeWrite,
-    TransferRequest,
+    ResolveRequest,
 )
 from prefect_baton._stores.rest.http import (
     DEFAULT_TIMEOUT_SECONDS,
@@ -53,15 +52,7 @@ from prefect_baton.errors import (
     UnauthenticatedError,
     ValidationError,
 )
-from prefect_baton.models import (
-    Checkpoint,
-    Event,
-    Handoff,
-    Lease,
-    LeaseInfo,
-    Outcome,
-    Receipt,
-)
+from prefect_baton.models import Checkpoint, Event, Handoff, Lease, LeaseInfo, Outcome, Receipt
 
 __all__ = ["DEFAULT_TIMEOUT_SECONDS", "Identity", "RestStore", "UnauthenticatedError"]
 
@@ -236,29 +227,19 @@ class RestStore(_Transport):
         return [lease.model_copy(update={"replayed": bool(f)}) for lease, f in pairs]
 
     def renew(
-        self,
-        caller: Caller,
-        proof: Proof,
-        *,
-        ttl_ms: int,
-        expected_version: int | None,
-        idempotency: Idempotency | None = None,
+        self, caller: Caller, request: RenewRequest, *, idempotency: Idempotency | None = None
     ) -> Lease:
         """``POST /v1/leases/{id}/renew`` with the proof's execution key (and the
         ``Idempotency-Key`` header when a key is given), within
         :func:`~prefect_baton._rules.keeping.heartbeat_call_timeout` of the TTL (below the
         keeper's renew deadline) or the client's timeout if shorter."""
-        body = {"ttl_seconds": ttl_ms // 1000, "expected_version": expected_version}
+        ttl_ms = request.ttl_ms
+        body = {"ttl_seconds": ttl_ms // 1000, "expected_version": request.expected_version}
         limit = heartbeat_call_timeout(ttl_ms / 1000)
-        return self._lease(*self._by_proof("renew", proof, body, idempotency, limit))
+        return self._lease(*self._by_proof("renew", request.proof, body, idempotency, limit))
 
     def transfer(
-        self,
-        caller: Caller,
-        proof: Proof,
-        request: TransferRequest,
-        *,
-        idempotency: Idempotency | None = None,
+        self, caller: Caller, request: TransferRequest, *, idempotency: Idempotency | None = None
     ) -> Lease:
         """``POST /v1/leases/{id}/transfer`` with the proof's execution key (and the
         ``Idempotency-Key`` header when a key is given)."""
@@ -268,19 +249,14 @@ class RestStore(_Transport):
             "ttl_seconds": request.ttl_ms // 1000,
             "expected_version": request.expected_version,
         }
-        return self._lease(*self._by_proof("transfer", proof, body, idempotency))
+        return self._lease(*self._by_proof("transfer", request.proof, body, idempotency))
 
     def release(
-        self,
-        caller: Caller,
-        proof: Proof,
-        *,
-        expected_version: int | None,
-        idempotency: Idempotency | None = None,
+        self, caller: Caller, request: ReleaseRequest, *, idempotency: Idempotency | None = None
     ) -> Receipt:
         """``POST /v1/leases/{id}/release`` (by proof; ``Idempotency-Key`` when given)."""
-        body = {"expected_version": expected_version}
-        data, replayed = self._by_proof("release", proof, body, idempotency)
+        body = {"expected_version": request.expected_version}
+        data, replayed = self._by_proof("release", request.proof, body, idempotency)
         return self._parse(Receipt, data, replayed=replayed)
 
     def release_by_id(
@@ -437,23 +413,19 @@ class RestStore(_Transport):
         return self._parse(Handoff, data)
 
     def handoff_resolve(
-        self,
-        caller: Caller,
-        resolution: HandoffResolution,
-        *,
-        idempotency: Idempotency | None = None,
+        self, caller: Caller, request: ResolveRequest, *, idempotency: Idempotency | None = None
     ) -> Handoff:
         """``POST /v1/handoffs/{id}/resolve`` (``Idempotency-Key`` when given)."""
-        ttl_ms = resolution.ttl_ms
+        ttl_ms = request.ttl_ms
         body = {
-            "status": resolution.status,
-            "note": resolution.note,
-            "execution_key": resolution.execution_key,
+            "status": request.status,
+            "note": request.note,
+            "execution_key": request.execution_key,
             "ttl_seconds": ttl_ms // 1000 if ttl_ms is not None else None,
         }
         data, replayed = self._call(
             "POST",
-            f"/v1/handoffs/{_seg(resolution.handoff_id)}/resolve",
+            f"/v1/handoffs/{_seg(request.handoff_id)}/resolve",
             json=body,
             idempotency_key=_key(idempotency),
         )

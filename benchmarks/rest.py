@@ -74,6 +74,8 @@ from prefect_baton.rest.keys import create_key
 AUTHORITIES = ("ledger", "redis")
 COMPARE = "compare"
 TTL = 60
+#: Seconds a client process may take to start, warm up or report (a loaded machine).
+READY_SECONDS = 900
 
 
 # --------------------------------------------------------------------------- server
@@ -266,14 +268,14 @@ class Pool:
         for conn, cfg in zip(conns, cfgs, strict=True):
             conn.send(cfg)
         for conn in conns:
-            if not conn.poll(120) or conn.recv() != "ready":
+            if not conn.poll(READY_SECONDS) or conn.recv() != "ready":
                 raise RuntimeError("a client did not get ready")
         start = time.time() + 0.3
         for conn in conns:
             conn.send((start, start + seconds))
         results = []
         for conn in conns:
-            if not conn.poll(seconds + 120):
+            if not conn.poll(seconds + READY_SECONDS):
                 raise RuntimeError("a client did not report")
             results.append(conn.recv())
         lat: list[float] = []
@@ -599,7 +601,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "server": f"python -m prefect_baton.rest --workers {args.workers or 'default'} "
         f"x {args.servers}",
         "versions": {p: version(p) for p in ("fastapi", "uvicorn", "httpx", "redis")},
-        "args": vars(args),
+        "args": {**vars(args), "compare_key": "[given]" if args.compare_key else None},
         "prefect_baton": source,
         "seconds_total": round(time.perf_counter() - t0, 1),
         "loadavg_1min": {"start": round(load_start[0], 2), "end": round(os.getloadavg()[0], 2)},

@@ -24,6 +24,16 @@ def serve(
     port: Annotated[
         int, typer.Option("--port", min=1, max=65535, help="TCP port (integer, 1-65535).")
     ] = 8787,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            min=1,
+            help="Worker processes (integer, at least 1). Default: one per CPU (at most 4) "
+            "with --redis-url or on PostgreSQL, 1 on a SQLite ledger alone (one writer at "
+            "a time).",
+        ),
+    ] = None,
 ) -> None:
     """Serve the REST API (/v1 routes, OpenAPI document at /openapi.json) until stopped.
 
@@ -39,7 +49,7 @@ def serve(
         from prefect_baton.rest.__main__ import serve as run
 
         try:
-            run(host, port, st.resolved_ledger_url(), st.redis_url)
+            run(host, port, st.resolved_ledger_url(), st.redis_url, workers)
         except SystemExit as exc:
             if exc.code not in (None, 0):
                 fail(st, "serve", "UNAVAILABLE", f"cannot serve on {host}:{port}; see the log")

@@ -1,6 +1,7 @@
 """Serve the REST API: ``python -m prefect_baton.rest [--host H] [--port P]
-[--ledger-url URL] [--redis-url URL]`` (defaults: 127.0.0.1, 8787, ``BATON_LEDGER_URL``,
-no Redis). ``baton serve`` calls :func:`serve` too.
+[--ledger-url URL] [--redis-url URL] [--workers N]`` (defaults: 127.0.0.1, 8787,
+``BATON_LEDGER_URL``, no Redis, :func:`default_workers`). ``baton serve`` calls
+:func:`serve` too.
 
 uvicorn's log lines pass through :class:`RedactKeys`, so a bearer key that a client put
 where it does not belong (a URL, a query string) is never written to the log; uvicorn
@@ -14,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import logging
+import os
 import re
 import threading
 import time
@@ -22,7 +25,15 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote_plus
 
-__all__ = ["RateLimitRepeats", "RedactKeys", "log_config", "main", "run_app", "serve"]
+__all__ = [
+    "RateLimitRepeats",
+    "RedactKeys",
+    "default_workers",
+    "log_config",
+    "main",
+    "run_app",
+    "serve",
+]
 
 _SECRET = re.compile(r"bk_[A-Za-z0-9_\-]+|(?i:bearer)(?:\s|%20|\+)+[^\s&\"']+")
 
@@ -41,6 +52,10 @@ def _redact(value: str) -> str:
     return value
 
 
+#: A record's message is mostly a template that repeats (the access log's, every request).
+_redact_message = functools.lru_cache(maxsize=512)(_redact)
+
+
 class RedactKeys(logging.Filter):
     """A logging filter that replaces bearer keys (``bk_...``, also percent-encoded in a
     URL) and ``Bearer <token>`` text in a record's message and string arguments with
@@ -49,7 +64,7 @@ class RedactKeys(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         """Redact ``record`` (:class:`logging.LogRecord`) in place; returns ``True``."""
         if isinstance(record.msg, str):
-            record.msg = _redact(record.msg)
+            record.msg = _redact_message(record.msg)
         if isinstance(record.args, tuple):
             record.args = tuple(_redact(a) if isinstance(a, str) else a for a in record.args)
         return True
@@ -112,18 +127,26 @@ def log_config() -> dict[str, Any]:
     return cfg
 
 
-def run_app(app: Any, host: str, port: int) -> None:
+#: Seconds a worker process may take to start (and to answer its supervisor's ping).
+WORKER_START_SECONDS = 60
+
+
+def run_app(app: Any, host: str, port: int, workers: int = 1) -> None:
     """Serve the ASGI ``app`` with uvicorn on ``host:port`` until interrupted (SIGINT or
     SIGTERM end it cleanly), its log lines passing through :class:`RedactKeys` and
     :class:`RateLimitRepeats`, its connections served by
     :class:`~prefect_baton.rest._protocol.GuardedH11Protocol` (request head within 10 s,
     body within 30 s, idle keep-alive 5 s, at most the file descriptor limit less a
-    reserve of connections, ``503`` when every one is busy). The REST API and the MCP
-    server over HTTP are both served by it.
+    reserve of connections per process, ``503`` when every one is busy). The REST API
+    and the MCP server over HTTP are both served by it.
 
     Args:
-        app: the ASGI application (FastAPI or Starlette). host: interface to bind
-            (``str``). port: TCP port (``int``).
+        app: the ASGI application (FastAPI or Starlette), or with ``workers`` over 1 the
+            import string of a factory that builds it in each worker process
+            (``"module:function"``). host: interface to bind (``str``). port: TCP port
+            (``int``). workers: processes accepting on the one listening socket (``int``;
+            uvicorn's supervisor starts them, restarts one that dies, and stops them all
+            on SIGINT or SIGTERM).
 
     Raises:
         SystemExit: uvicorn could not bind ``host:port`` (code 1, reason in the log).
@@ -142,7 +165,43 @@ def run_app(app: Any, host: str, port: int) -> None:
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,
         timeout_keep_alive=5,
         backlog=ACCEPT_BATCH,
+        workers=workers,
+        factory=workers > 1,
+        # A worker that has not answered the supervisor's ping by then is replaced; uvicorn's
+        # 5 s are shorter than a worker's start (imports, the app) on a loaded machine.
+        timeout_worker_healthcheck=WORKER_START_SECONDS,
     )
+
+
+def default_workers(ledger_url: str | None, redis_url: str | None) -> int:
+    """The worker processes ``baton serve`` runs when not told (``int``), chosen from the
+    measurements in ``benchmarks/README.md`` (issue #16): with Redis as the lease
+    authority, one per CPU (at most 4): requests are CPU-bound in Python and Redis takes
+    them in parallel; on a SQLite ledger as the authority, 1: SQLite takes one writer at a
+    time, and a second process contending for its lock made pairs no faster and latency
+    worse; on PostgreSQL, one per CPU (at most 4).
+
+    Args:
+        ledger_url: the ledger's URL (``str`` or ``None``: ``BATON_LEDGER_URL``).
+        redis_url: the Redis URL (``str`` or ``None``: ``BATON_REDIS_URL``).
+    """
+    from prefect_baton._settings import load_settings
+
+    s = load_settings()
+    cpus = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    if redis_url or s.redis_url is not None:
+        return cpus
+    url = ledger_url or s.ledger_url
+    return 1 if url.startswith("sqlite") else cpus
+
+
+def worker_app() -> Any:
+    """The app of one worker process of :func:`serve` with several workers (a uvicorn
+    factory): :func:`~prefect_baton.rest.app.create_app` over ``BATON_LEDGER_URL`` and
+    ``BATON_REDIS_URL``, which :func:`serve` set before starting the workers."""
+    from prefect_baton.rest.app import create_app
+
+    return create_app()
 
 
 def serve(
@@ -150,12 +209,19 @@ def serve(
     port: int = 8787,
     ledger_url: str | None = None,
     redis_url: str | None = None,
+    workers: int | None = None,
 ) -> None:
     """Run the app with uvicorn until interrupted (SIGINT or SIGTERM end it cleanly).
+
+    With more than one worker, the app is first built here (URLs and settings checked,
+    the ledger migrated) and closed; then ``ledger_url`` and ``redis_url`` are put in
+    ``BATON_LEDGER_URL`` and ``BATON_REDIS_URL`` for the worker processes, each of which
+    builds its own (:func:`worker_app`) and accepts on the one listening socket.
 
     Args:
         host: interface to bind (``str``; default loopback only). port: TCP port (``int``).
         ledger_url, redis_url: passed to :func:`~prefect_baton.rest.app.create_app`.
+        workers: worker processes (``int`` >= 1; default :func:`default_workers`).
 
     Raises:
         ValidationError: a malformed URL, or a ``host`` that is neither a host name nor an
@@ -163,11 +229,23 @@ def serve(
         UnavailableError: the ledger cannot be reached.
         SystemExit: uvicorn could not bind ``host:port`` (code 1, reason in the log).
     """
+    from prefect_baton.errors import ValidationError
     from prefect_baton.rest._http import check_host
     from prefect_baton.rest.app import create_app
 
     check_host(host)
-    run_app(create_app(ledger_url, redis_url), host, port)
+    if workers is not None and workers < 1:
+        raise ValidationError(f"workers must be at least 1, got {workers} (--workers)")
+    n = workers if workers is not None else default_workers(ledger_url, redis_url)
+    app = create_app(ledger_url, redis_url)
+    if n == 1:
+        run_app(app, host, port)
+        return
+    app.state.close_stores()  # checked and migrated; each worker opens its own
+    for name, value in (("BATON_LEDGER_URL", ledger_url), ("BATON_REDIS_URL", redis_url)):
+        if value is not None:
+            os.environ[name] = value
+    run_app("prefect_baton.rest.__main__:worker_app", host, port, workers=n)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -177,9 +255,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8787)
     parser.add_argument("--ledger-url", default=None)
     parser.add_argument("--redis-url", default=None)
+    parser.add_argument("--workers", type=int, default=None)
     args = parser.parse_args(argv)
-    serve(args.host, args.port, args.ledger_url, args.redis_url)
+    serve(args.host, args.port, args.ledger_url, args.redis_url, args.workers)
 
 
 if __name__ == "__main__":
-    main()
+    # Run as ``python -m``, this file is ``__main__``: take the classes the log
+    # configuration names from the module itself, so worker processes can unpickle them.
+    from prefect_baton.rest.__main__ import main as _main
+
+    _main()

@@ -110,17 +110,31 @@ def _reply(request: Request, obj: Any, *, status: int = 200, key: str = "") -> J
     return ok(data, _rid(request), replayed=bool(getattr(obj, "replayed", False)), status=status)
 
 
-def _baton(request: Request) -> Baton:
+#: Clients kept per app (one per identity that sent a request), cleared when full.
+MAX_CACHED_CLIENTS = 4096
+
+
+async def _baton(request: Request) -> Baton:
+    """The :class:`Baton` of the request's caller (the bearer key's identity) over the
+    app's stores. A client holds no state of its own, so one is kept per identity in
+    ``app.state.batons``; ``async`` so that FastAPI runs it on the event loop, not on a
+    worker thread (it does no I/O)."""
     caller: Caller = request.state.caller
     state = request.app.state
-    return Baton(
-        org=caller.org,
-        principal=caller.principal,
-        role=caller.role,
-        settings=state.settings,
-        store=state.store,
-        lease_authority=state.authority,
-    )
+    batons: dict[Caller, Baton] = state.batons
+    b = batons.get(caller)
+    if b is None:
+        if len(batons) >= MAX_CACHED_CLIENTS:
+            batons.clear()
+        b = batons[caller] = Baton(
+            org=caller.org,
+            principal=caller.principal,
+            role=caller.role,
+            settings=state.settings,
+            store=state.store,
+            lease_authority=state.authority,
+        )
+    return b
 
 
 B = Annotated[Baton, Depends(_baton)]

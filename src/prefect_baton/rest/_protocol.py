@@ -15,6 +15,7 @@ adds, per connection:
   connection over the cap closes the connection that has waited longest for a request
   (idle, or with a half-sent head); when every connection is busy with a request, the new
   connection's request is answered ``503 UNAVAILABLE`` and it is closed;
+* ``TCP_NODELAY`` on every TCP connection, also in uvicorn's worker processes;
 * a malformed or oversized request head (over :data:`MAX_HEAD_BYTES`) is answered with the
   JSON error envelope (``400 VALIDATION_ERROR``) rather than uvicorn's plain text.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import resource
+import socket
 import time
 from typing import Any
 
@@ -93,6 +95,12 @@ class GuardedH11Protocol(H11Protocol):
         """Register the connection; over the cap, close the longest-waiting idle one (or
         answer this one's request ``503`` when none is idle); start the header deadline."""
         super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            # asyncio sets it only when the listening socket says IPPROTO_TCP, which the
+            # socket uvicorn hands to worker processes does not (Kludex/uvicorn#3149):
+            # without it every keep-alive response waits about 40 ms (Nagle + delayed ACK).
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         cls = type(self)
         if cls.cap is None:
             cls.cap = max_connections()

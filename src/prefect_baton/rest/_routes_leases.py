@@ -97,11 +97,12 @@ def add_routes(app: FastAPI) -> None:
         receipt = b.leases.release_by_id(lease_id, idempotency_key=_utf8(key))
         if receipt.status == "no_change":
             raise NotFoundError("no active lease with that id")
+        lease = _dump(receipt.lease)
         data = {
             "lease_id": receipt.lease.lease_id,
-            "released_at": _dump(receipt.lease).get("released_at"),
+            "released_at": lease.get("released_at"),
             "status": receipt.status,
-            "lease": _dump(receipt.lease),
+            "lease": lease,
         }
         return ok(data, _rid(request), replayed=receipt.replayed)
 

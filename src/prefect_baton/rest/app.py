@@ -113,9 +113,11 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
 
     app = FastAPI(title="prefect-baton", version="1", lifespan=lifespan)
     app.state.store = store
+    app.state.close_stores = stores.close  # for a server that builds the app only to check
     app.state.settings = settings
     app.state.authority = authority
     app.state.key_cache = KeyCache(settings.key_cache_seconds)
+    app.state.batons = {}  # the Baton of each caller, see _deps._baton
     app.add_middleware(
         BatonMiddleware, engines=lambda: store.engines, key_cache=app.state.key_cache
     )

@@ -1,0 +1,104 @@
+"""``baton serve --workers N``: several worker processes answer on one port, each with the
+same rules (a lease held through one is refused through the other), and SIGTERM stops
+them all; the default number of workers follows the ledger and authority."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import httpx
+import pytest
+
+from prefect_baton.rest.__main__ import default_workers
+
+from .conftest import BATON_SCRIPT, Cli, process_env
+from .test_serve_keys import LEASE, _free_port, _wait_until_listening
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            found += [int(c) for c in f.read().split()]
+    return found
+
+
+def test_two_workers_serve_one_port_and_stop_together(cli: Cli) -> None:
+    """With --workers 2, pairs over many connections all succeed, a held lease is a
+    CONFLICT for another principal whichever worker answers, and SIGTERM ends the
+    server and its workers."""
+    port = _free_port()
+    argv = [str(BATON_SCRIPT), "serve", "--port", str(port), "--ledger-url", cli.ledger_url]
+    argv += ["--workers", "2"]
+    alice = cli.ok("keys", "create", "--scope", "leases:write", principal="alice")["secret"]
+    bob = cli.ok("keys", "create", "--scope", "leases:write", principal="bob")["secret"]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=process_env()
+    )
+    try:
+        _wait_until_listening(proc, port)
+        url = f"http://127.0.0.1:{port}"
+        for i in range(8):  # new connections: the kernel spreads them over the workers
+            with httpx.Client(base_url=url, timeout=60) as c:
+                h = {"Authorization": f"Bearer {alice}"}
+                body = {**LEASE, "resource_id": f"r{i}"}
+                r = c.post("/v1/leases", json=body, headers=h)
+                assert r.status_code == 201, r.text
+                for _ in range(2):
+                    with httpx.Client(base_url=url, timeout=60) as other:
+                        h2 = {"Authorization": f"Bearer {bob}"}
+                        refused = other.post("/v1/leases", json=body, headers=h2)
+                        assert refused.status_code == 409, refused.text
+                        assert refused.json()["error"]["code"] == "CONFLICT"
+                r = c.delete(f"/v1/leases/{r.json()['data']['lease_id']}", headers=h)
+                assert r.status_code == 200, r.text
+        workers = [p for p in _children(proc.pid) if "spawn_main" in _cmdline(p)]
+        assert len(workers) == 2
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    for pid in workers:
+        assert not os.path.exists(f"/proc/{pid}") or _zombie(pid)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("ledger_url", "redis_url", "expected"),
+    [
+        ("sqlite:///x.db", None, 1),
+        ("sqlite:///x.db", "redis://127.0.0.1:6379/0", "cpus"),
+        ("postgresql://u@h/db", None, "cpus"),
+    ],
+)
+def test_default_workers_follow_the_ledger_and_authority(
+    monkeypatch: pytest.MonkeyPatch, ledger_url: str, redis_url: str | None, expected: object
+) -> None:
+    """One worker on a SQLite ledger alone (one writer at a time); one per CPU, at most
+    4, with Redis as the authority or on PostgreSQL."""
+    monkeypatch.delenv("BATON_REDIS_URL", raising=False)
+    cpus = min(4, len(os.sched_getaffinity(0)))
+    assert default_workers(ledger_url, redis_url) == (cpus if expected == "cpus" else expected)
+
+
+def test_serve_zero_workers_is_validation_error(cli: Cli) -> None:
+    """--workers 0 exits 2 before anything is served."""
+    run = cli("serve", "--port", str(_free_port()), "--workers", "0")
+    assert run.code == 2, run.text
+    assert run.json["error"]["code"] == "VALIDATION_ERROR"

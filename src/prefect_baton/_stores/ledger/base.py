@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, cast
 
 from pydantic import BaseModel
 from sqlalchemy import delete, select, text, update
@@ -181,6 +181,8 @@ class StoreBase:
         self.state_max_bytes = state_max_bytes
         self.clock = clock
         self._registered: set[tuple[str, str, str]] = set()
+        #: Where leases are, by (org, lease id): see ``LeaseOps._locate``.
+        self._located: dict[tuple[str, str], tuple[str, str, bool]] = {}
         self._writes = 0
         self._now_sql = text(self.engines.now_sql())
         #: The driver's base exception class (``sqlite3.Error``, ``psycopg.Error``).
@@ -229,8 +231,22 @@ class StoreBase:
             else:
                 cursor.execute(statement, params)
         except base_error as exc:
-            raise DBAPIError.instance(statement, params, exc, base_error) from exc
+            lost = self.engines.write.dialect.is_disconnect(
+                cast(Any, exc), dbapi.driver_connection, cursor
+            )
+            wrapped = DBAPIError.instance(
+                statement, params, exc, base_error, connection_invalidated=lost
+            )
+            if lost:  # as SQLAlchemy does for its own statements
+                dbapi.invalidate(wrapped)
+            raise wrapped from exc
         return cursor
+
+    def _connection_lost(self) -> None:
+        """A pooled database connection was found closed (e.g. the server restarted):
+        forget every pooled connection, so the next checkout connects anew."""
+        for engine in {self.engines.write, self.engines.read}:
+            engine.dispose()
 
     def _lock_all_then_now(self, session: Session, keys: list[str]) -> int:
         """Take the locks ``keys`` in their order, then read the store's clock (epoch ms).
@@ -267,7 +283,9 @@ class StoreBase:
         waits included, is cancelled after this many milliseconds (``UnavailableError``).
         """
         last: Exception | None = None
+        reconnected = False
         for _attempt in range(MAX_ATTEMPTS):
+            committing = False
             try:
                 with Session(self.engines.write, expire_on_commit=False) as session:
                     with session.begin():
@@ -284,6 +302,7 @@ class StoreBase:
                         self._writes += 1
                         if self._writes % PRUNE_EVERY_WRITES == 0:
                             self._prune(session, now_ms)
+                        committing = True
                     if tx.registered is not None:
                         self._registered.add(tx.registered)
                     return result
@@ -296,6 +315,12 @@ class StoreBase:
                 last = exc
                 if self.engines.is_sqlite and "locked" in str(exc.orig).lower():
                     continue
+                if exc.connection_invalidated and not committing and not reconnected:
+                    # a pooled connection found closed before COMMIT was sent: nothing of
+                    # this transaction was committed, so it runs once more on a new one
+                    reconnected = True
+                    self._connection_lost()
+                    continue
                 raise UnavailableError(f"ledger database unavailable: {exc.orig}") from exc
             except DBAPIError as exc:
                 if getattr(exc.orig, "sqlstate", None) in ("40001", "40P01"):
@@ -306,19 +331,29 @@ class StoreBase:
 
     @contextmanager
     def _read(self) -> Iterator[tuple[Session, int]]:
-        try:
-            with (
-                Session(self.engines.read, expire_on_commit=False) as session,
-                session.begin(),
-            ):
-                now_ms = (
-                    int(session.execute(self._now_sql).scalar_one())
-                    if self.clock is None
-                    else int(self.clock())
-                )
-                yield session, now_ms
-        except OperationalError as exc:
-            raise UnavailableError(f"ledger database unavailable: {exc.orig}") from exc
+        """A read transaction and the store's clock (epoch ms). A pooled connection found
+        closed by the clock read (the first statement; with the store's own ``clock``, by
+        a ``SELECT 1`` on PostgreSQL) is replaced once."""
+        for attempt in (1, 2):
+            started = False
+            try:
+                with (
+                    Session(self.engines.read, expire_on_commit=False) as session,
+                    session.begin(),
+                ):
+                    if self.clock is None:
+                        now_ms = int(self._sql(session, self._now_sql.text).fetchone()[0])
+                    else:
+                        if not self.engines.is_sqlite:
+                            self._sql(session, "SELECT 1")
+                        now_ms = int(self.clock())
+                    started = True
+                    yield session, now_ms
+                return
+            except OperationalError as exc:
+                if started or not exc.connection_invalidated or attempt == 2:
+                    raise UnavailableError(f"ledger database unavailable: {exc.orig}") from exc
+                self._connection_lost()
 
     @property
     def receipt_ledger(self) -> StoreBase:

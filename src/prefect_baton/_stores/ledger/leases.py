@@ -119,7 +119,11 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
     def _head(self, tx: Tx, rtype: str, rid: str) -> Generation | None:
         """The resource's newest generation (highest epoch), or ``None`` if never leased."""
         row = self._sql(tx.session, _HEAD, (tx.caller.org, rtype, rid)).fetchone()
-        return None if row is None else row_to_generation(_LeaseRow._make(row))
+        if row is None:
+            return None
+        head = row_to_generation(_LeaseRow._make(row))
+        tx.stored_lease_ids.add(head.lease_id)
+        return head
 
     def _generation_by_id(self, session: Session, org: str, lease_id: str) -> Generation | None:
         """Generation ``lease_id`` of ``org`` (``None``: unknown, or another org's)."""
@@ -194,7 +198,7 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
         e = decision.ended
         reported = False
         if e is not None:
-            self._sql(s, _END_LEASE, (e.status, e.ended_at_ms, e.ended_by, e.lease_id))
+            self._defer(s, _END_LEASE, (e.status, e.ended_at_ms, e.ended_by, e.lease_id))
             self._transition(tx, e, org, resource, action=e.status, actor=actor)
             reported = _events.reports_expiry(e.status) and self._expiry_reported(tx, e)
         n = decision.new
@@ -213,7 +217,9 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
             return
         # the generation's row if it has one (renew, release), else a new row
         changed = (n.version, n.expires_at_ms, n.ttl_ms, n.status, n.ended_at_ms, n.ended_by)
-        if n.lease_id in tx.new_lease_ids or not (
+        if n.lease_id in tx.stored_lease_ids:
+            self._defer(s, _UPDATE_LEASE, (*changed, n.lease_id))
+        elif n.lease_id in tx.new_lease_ids or not (
             self._sql(s, _UPDATE_LEASE, (*changed, n.lease_id)).rowcount
         ):
             row = {
@@ -226,7 +232,7 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
                 "ended_at_ms": None,
                 "ended_by": None,
             }
-            self._sql(s, _INSERT_LEASE, tuple(row[c] for c in _LEASE_COLUMNS))
+            self._defer(s, _INSERT_LEASE, tuple(row[c] for c in _LEASE_COLUMNS))
             self._remember(org, n)
         self._transition(tx, n, org, resource, action=decision.action, actor=actor)
         for kind, payload in events:
@@ -235,7 +241,7 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
     def _transition(
         self, tx: Tx, h: Generation, org: str, resource: tuple[str, str], *, action: str, actor: str
     ) -> None:
-        self._sql(
+        self._defer(
             tx.session,
             _INSERT_TRANSITION,
             (
@@ -379,6 +385,7 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
                 g = self._generation_by_id(tx.session, caller.org, lease_id)
                 if g is None:
                     raise NotFoundError(f"lease {lease_id} not found")
+            tx.stored_lease_ids.add(lease_id)
             return fn(tx, g, (where[0][0], where[0][1]))
 
         return self._write(caller, locks, op, statement_timeout_ms=statement_timeout_ms)

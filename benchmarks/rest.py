@@ -80,13 +80,20 @@ class Server:
     """``python -m prefect_baton.rest`` (uvicorn, one worker) in a process of its own on a
     free loopback port; :meth:`stop` ends it by its process id."""
 
-    def __init__(self, ledger_url: str, redis_url: str | None, log_path: str) -> None:
+    def __init__(
+        self, ledger_url: str, redis_url: str | None, log_path: str, *, baton_serve: bool = False
+    ) -> None:
         self.port = _free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "prefect_baton.rest", "--host", "127.0.0.1"]
-        cmd += ["--port", str(self.port), "--ledger-url", ledger_url]
-        if redis_url:
-            cmd += ["--redis-url", redis_url]
+        if baton_serve:  # the ``baton`` command of this Python's environment
+            cmd = [os.path.join(os.path.dirname(sys.executable), "baton")]
+            cmd += ["--ledger-url", ledger_url]
+            cmd += ["--redis-url", redis_url] if redis_url else []
+            cmd += ["serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        else:
+            cmd = [sys.executable, "-m", "prefect_baton.rest", "--host", "127.0.0.1"]
+            cmd += ["--port", str(self.port), "--ledger-url", ledger_url]
+            cmd += ["--redis-url", redis_url] if redis_url else []
         env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
         env["BATON_REDIS_ACK"] = "redis"
         self.log_path = log_path

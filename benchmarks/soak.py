@@ -45,7 +45,6 @@ import multiprocessing as mp
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -58,6 +57,8 @@ from typing import Any
 
 import httpx
 
+from rest import Server
+
 ARMS = ("sqlite", "postgresql", "redis")
 TTL = 30
 SHARED_RESOURCES = 8
@@ -69,16 +70,9 @@ TARGET_RSS_MB = 300.0
 # --------------------------------------------------------------------------- server
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _baton() -> list[str]:
-    """The ``baton`` command of this Python (its environment's script, else ``-m``)."""
-    script = os.path.join(os.path.dirname(sys.executable), "baton")
-    return [script] if os.path.exists(script) else [sys.executable, "-m", "prefect_baton.cli"]
+    """The ``baton`` command of this Python's environment."""
+    return [os.path.join(os.path.dirname(sys.executable), "baton")]
 
 
 def _env(redis_url: str | None) -> dict[str, str]:
@@ -88,57 +82,11 @@ def _env(redis_url: str | None) -> dict[str, str]:
     return env
 
 
-class Server:
-    """``baton serve`` on a free loopback port; :meth:`stop` ends it by its process id."""
-
-    def __init__(self, ledger_url: str, redis_url: str | None, log_path: str) -> None:
-        self.port = _free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        cmd = [*_baton(), "--ledger-url", ledger_url]
-        if redis_url:
-            cmd += ["--redis-url", redis_url]
-        cmd += ["serve", "--host", "127.0.0.1", "--port", str(self.port)]
-        self.log_path = log_path
-        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=_env(redis_url)
-        )
-        deadline = time.time() + 60
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self._tail()}")
-            try:
-                if httpx.get(self.base_url + "/openapi.json", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline:
-                self.stop()
-                raise RuntimeError(f"server did not answer within 60 s: {self._tail()}")
-            time.sleep(0.2)
-
-    def _tail(self) -> str:
-        self._log.flush()
-        with open(self.log_path, "rb") as f:
-            return f.read()[-2000:].decode("utf-8", "replace")
-
-    def rss_mb(self) -> tuple[float, float, int]:
-        """Resident memory of the server's process tree: total MB, the largest process's
-        MB, and the number of processes."""
-        sizes = [_rss_kb(pid) for pid in _tree(self.proc.pid)]
-        sizes = [s for s in sizes if s is not None]
-        return sum(sizes) / 1024, max(sizes, default=0) / 1024, len(sizes)
-
-    def stop(self) -> None:
-        """Terminate the server process (SIGTERM, then SIGKILL after 15 s)."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self._log.close()
+def _rss_mb(pid: int) -> tuple[float, float, int]:
+    """Resident memory of process ``pid`` and its descendants: total MB, the largest
+    process's MB, and the number of processes."""
+    sizes = [kb for kb in map(_rss_kb, _tree(pid)) if kb is not None]
+    return sum(sizes) / 1024, max(sizes, default=0) / 1024, len(sizes)
 
 
 def _tree(pid: int) -> list[int]:
@@ -367,7 +315,7 @@ def run_arm(arm: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
                 "principal_b": f"c{i}b",
             }
         )
-    server = Server(ledger_url, redis_url, os.path.join(tmp, f"{arm}.log"))
+    server = Server(ledger_url, redis_url, os.path.join(tmp, f"{arm}.log"), baton_serve=True)
     ctx = mp.get_context("spawn")
     conns: list[Connection] = []
     procs = []
@@ -391,7 +339,7 @@ def run_arm(arm: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
         time.sleep(max(0.0, start - time.time()))
         next_print = start + 60
         while time.time() < end:
-            total, largest, nproc = server.rss_mb()
+            total, largest, nproc = _rss_mb(server.proc.pid)
             samples.append((time.time() - start, total, largest, nproc))
             if time.time() >= next_print:
                 print(
@@ -402,7 +350,7 @@ def run_arm(arm: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
                 )
                 next_print += 60
             time.sleep(min(args.sample_seconds, max(0.0, end - time.time())))
-        total, largest, nproc = server.rss_mb()
+        total, largest, nproc = _rss_mb(server.proc.pid)
         samples.append((time.time() - start, total, largest, nproc))
         reports = []
         for conn in conns:

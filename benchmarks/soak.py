@@ -65,6 +65,8 @@ SHARED_RESOURCES = 8
 WARMUP_FRACTION = 0.2
 TARGET_GROWTH = 0.10
 TARGET_RSS_MB = 300.0
+#: How long the clients may take to start (spawn, import, two clients each) on a busy machine.
+READY_SECONDS = 900
 
 
 # --------------------------------------------------------------------------- server
@@ -319,6 +321,7 @@ def run_arm(arm: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     conns: list[Connection] = []
     procs = []
+    reports: list[dict[str, Any]] = []
     samples: list[tuple[float, float, float, int]] = []  # (s since start, total, max, procs)
     try:
         for cfg in cfgs:
@@ -328,9 +331,10 @@ def run_arm(arm: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
             parent.send({**cfg, "base_url": server.base_url})
             conns.append(parent)
             procs.append(p)
+        ready_by = time.time() + READY_SECONDS
         for conn in conns:
-            if not conn.poll(120) or conn.recv() != "ready":
-                raise RuntimeError("a client did not get ready")
+            if not conn.poll(max(0.0, ready_by - time.time())) or conn.recv() != "ready":
+                raise RuntimeError(f"a client did not get ready within {READY_SECONDS} s")
         seconds = args.minutes * 60
         start = time.time() + 0.5
         end = start + seconds
@@ -352,14 +356,13 @@ def run_arm(arm: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
             time.sleep(min(args.sample_seconds, max(0.0, end - time.time())))
         total, largest, nproc = _rss_mb(server.proc.pid)
         samples.append((time.time() - start, total, largest, nproc))
-        reports = []
         for conn in conns:
             if not conn.poll(300):
                 raise RuntimeError("a client did not report")
             reports.append(conn.recv())
     finally:
-        for p in procs:
-            p.join(30)
+        for p in procs:  # after a failure, at once; else once each has reported
+            p.join(30 if len(reports) == len(procs) else 0)
             if p.is_alive():
                 p.terminate()
                 p.join(10)

@@ -93,14 +93,25 @@ class Server:
     process id."""
 
     def __init__(
-        self, ledger_url: str, redis_url: str | None, log_path: str, workers: int | None
+        self,
+        ledger_url: str,
+        redis_url: str | None,
+        log_path: str,
+        workers: int | None = None,
+        *,
+        baton_serve: bool = False,
     ) -> None:
         self.port = _free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "prefect_baton.rest", "--host", "127.0.0.1"]
-        cmd += ["--port", str(self.port), "--ledger-url", ledger_url]
-        if redis_url:
-            cmd += ["--redis-url", redis_url]
+        if baton_serve:  # the ``baton`` command of this Python's environment
+            cmd = [os.path.join(os.path.dirname(sys.executable), "baton")]
+            cmd += ["--ledger-url", ledger_url]
+            cmd += ["--redis-url", redis_url] if redis_url else []
+            cmd += ["serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        else:
+            cmd = [sys.executable, "-m", "prefect_baton.rest", "--host", "127.0.0.1"]
+            cmd += ["--port", str(self.port), "--ledger-url", ledger_url]
+            cmd += ["--redis-url", redis_url] if redis_url else []
         if workers is not None:
             cmd += ["--workers", str(workers)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}

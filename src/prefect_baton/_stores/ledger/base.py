@@ -17,10 +17,10 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, cast
 
 from pydantic import BaseModel
-from sqlalchemy import delete, select, text, update
+from sqlalchemy import delete, event, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
@@ -68,6 +68,10 @@ _PG_SQL: dict[str, str] = {}
 #: :meth:`StoreBase._sql` keeps the session's pooled DBAPI connection.
 _DBAPI_CONNECTION = "baton_dbapi_connection"
 
+#: The key of a pooled connection's ``info`` under which writes wait to be sent
+#: (PostgreSQL, :meth:`StoreBase._defer`): ``(statement, params)`` pairs.
+_DEFERRED = "baton_deferred"
+
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 MAX_ATTEMPTS = 8
@@ -87,6 +91,8 @@ class Tx:
     registered: tuple[str, str, str] | None = None
     #: Lease ids made in this transaction (:meth:`new_lease_id`): they have no row yet.
     new_lease_ids: set[str] = field(default_factory=set)
+    #: Lease ids whose row this transaction read: they have one.
+    stored_lease_ids: set[str] = field(default_factory=set)
 
     def emit(self, kind: str, subject: str, payload: dict[str, Any]) -> None:
         self.events.append((kind, subject, payload))
@@ -96,6 +102,12 @@ class Tx:
         lease_id = new_id("lease")
         self.new_lease_ids.add(lease_id)
         return lease_id
+
+
+def _forget_deferred(_dbapi_connection: Any, record: Any) -> None:
+    """The pool's ``checkin`` event: a connection back in the pool has no deferred writes
+    (those of a rolled-back transaction are dropped with it)."""
+    record.info.pop(_DEFERRED, None)
 
 
 class StoreBase:
@@ -181,10 +193,17 @@ class StoreBase:
         self.state_max_bytes = state_max_bytes
         self.clock = clock
         self._registered: set[tuple[str, str, str]] = set()
+        #: Where leases are, by (org, lease id): see ``LeaseOps._locate``.
+        self._located: dict[tuple[str, str], tuple[str, str, bool]] = {}
         self._writes = 0
         self._now_sql = text(self.engines.now_sql())
         #: The driver's base exception class (``sqlite3.Error``, ``psycopg.Error``).
         self._driver_error: type[Exception] = self.engines.write.dialect.loaded_dbapi.Error
+        if not self.engines.is_sqlite:
+            # deferred writes go first, before any other statement on the connection; a
+            # connection returned to the pool (committed or rolled back) has none left
+            event.listen(self.engines.write, "before_cursor_execute", self._before_execute)
+            event.listen(self.engines.write, "checkin", _forget_deferred)
         if migrate:
             upgrade(self.engines)
 
@@ -212,15 +231,12 @@ class StoreBase:
             sqlalchemy.exc.DBAPIError: the driver's error, wrapped as SQLAlchemy wraps it
                 for any statement (``IntegrityError``, ``OperationalError``, ...).
         """
-        dbapi = session.info.get(_DBAPI_CONNECTION)
-        if dbapi is None:  # once per session: each holds one transaction on one connection
-            dbapi = session.info[_DBAPI_CONNECTION] = session.connection().connection
+        dbapi = self._dbapi(session)
         if not self.engines.is_sqlite:
-            statement = _PG_SQL.get(statement) or _PG_SQL.setdefault(
-                statement, statement.replace("?", "%s")
-            )
+            if dbapi.info.get(_DEFERRED):
+                self._send_deferred(dbapi)
+            statement = self._pg_statement(statement)
         cursor = dbapi.cursor()
-        base_error = self._driver_error
         try:
             if isinstance(params, list) and len(params) != 1:
                 cursor.executemany(statement, params)
@@ -228,9 +244,79 @@ class StoreBase:
                 cursor.execute(statement, params[0])
             else:
                 cursor.execute(statement, params)
-        except base_error as exc:
-            raise DBAPIError.instance(statement, params, exc, base_error) from exc
+        except self._driver_error as exc:
+            raise self._wrap(dbapi, cursor, statement, params, exc) from exc
         return cursor
+
+    def _defer(self, session: Session, statement: str, params: tuple[Any, ...]) -> None:
+        """Run write ``statement`` (as :meth:`_sql`, one row) whose result nobody reads: on
+        PostgreSQL it waits, and the writes waiting go together in one pipeline (one round
+        trip) before the next statement on the connection or the ``COMMIT``; their errors
+        are raised there. On SQLite it runs at once."""
+        if self.engines.is_sqlite:
+            self._sql(session, statement, params)
+            return
+        dbapi = self._dbapi(session)
+        dbapi.info.setdefault(_DEFERRED, []).append((self._pg_statement(statement), params))
+
+    def _dbapi(self, session: Session) -> Any:
+        """``session``'s pooled DBAPI connection (found once per session: each holds one
+        transaction on one connection)."""
+        dbapi = session.info.get(_DBAPI_CONNECTION)
+        if dbapi is None:
+            dbapi = session.info[_DBAPI_CONNECTION] = session.connection().connection
+        return dbapi
+
+    @staticmethod
+    def _pg_statement(statement: str) -> str:
+        """``statement`` with PostgreSQL's placeholders (psycopg's ``%s``)."""
+        return _PG_SQL.get(statement) or _PG_SQL.setdefault(statement, statement.replace("?", "%s"))
+
+    def _send_deferred(self, dbapi: Any) -> None:
+        """Send the writes waiting on pooled connection ``dbapi`` (:meth:`_defer`), in their
+        order, in one psycopg pipeline."""
+        pending = dbapi.info.pop(_DEFERRED, None)
+        if not pending:
+            return
+        driver = dbapi.driver_connection
+        cursor = driver.cursor()
+        try:
+            with driver.pipeline():
+                for statement, params in pending:
+                    cursor.execute(statement, params)
+        except self._driver_error as exc:
+            statements = "; ".join(statement for statement, _params in pending)
+            raise self._wrap(dbapi, cursor, statements, None, exc) from exc
+
+    def _before_execute(self, conn: Any, *_args: Any) -> None:
+        """SQLAlchemy's ``before_cursor_execute`` (PostgreSQL): the writes waiting on the
+        connection go first."""
+        if conn.info.get(_DEFERRED):
+            self._send_deferred(conn.connection)
+
+    def _wrap(
+        self, dbapi: Any, cursor: Any, statement: str, params: Any, exc: Exception
+    ) -> DBAPIError:
+        """The driver's error ``exc`` wrapped as SQLAlchemy wraps it for any statement; a
+        connection found closed is invalidated, as SQLAlchemy does for its own statements."""
+        lost = self.engines.write.dialect.is_disconnect(
+            cast(Any, exc), dbapi.driver_connection, cursor
+        )
+        wrapped = cast(
+            DBAPIError,
+            DBAPIError.instance(
+                statement, params, exc, self._driver_error, connection_invalidated=lost
+            ),
+        )
+        if lost:
+            dbapi.invalidate(wrapped)
+        return wrapped
+
+    def _connection_lost(self) -> None:
+        """A pooled database connection was found closed (e.g. the server restarted):
+        forget every pooled connection, so the next checkout connects anew."""
+        for engine in {self.engines.write, self.engines.read}:
+            engine.dispose()
 
     def _lock_all_then_now(self, session: Session, keys: list[str]) -> int:
         """Take the locks ``keys`` in their order, then read the store's clock (epoch ms).
@@ -267,7 +353,9 @@ class StoreBase:
         waits included, is cancelled after this many milliseconds (``UnavailableError``).
         """
         last: Exception | None = None
+        reconnected = False
         for _attempt in range(MAX_ATTEMPTS):
+            committing = False
             try:
                 with Session(self.engines.write, expire_on_commit=False) as session:
                     with session.begin():
@@ -284,6 +372,9 @@ class StoreBase:
                         self._writes += 1
                         if self._writes % PRUNE_EVERY_WRITES == 0:
                             self._prune(session, now_ms)
+                        if not self.engines.is_sqlite:
+                            self._send_deferred(self._dbapi(session))
+                        committing = True
                     if tx.registered is not None:
                         self._registered.add(tx.registered)
                     return result
@@ -296,6 +387,12 @@ class StoreBase:
                 last = exc
                 if self.engines.is_sqlite and "locked" in str(exc.orig).lower():
                     continue
+                if exc.connection_invalidated and not committing and not reconnected:
+                    # a pooled connection found closed before COMMIT was sent: nothing of
+                    # this transaction was committed, so it runs once more on a new one
+                    reconnected = True
+                    self._connection_lost()
+                    continue
                 raise UnavailableError(f"ledger database unavailable: {exc.orig}") from exc
             except DBAPIError as exc:
                 if getattr(exc.orig, "sqlstate", None) in ("40001", "40P01"):
@@ -306,19 +403,29 @@ class StoreBase:
 
     @contextmanager
     def _read(self) -> Iterator[tuple[Session, int]]:
-        try:
-            with (
-                Session(self.engines.read, expire_on_commit=False) as session,
-                session.begin(),
-            ):
-                now_ms = (
-                    int(session.execute(self._now_sql).scalar_one())
-                    if self.clock is None
-                    else int(self.clock())
-                )
-                yield session, now_ms
-        except OperationalError as exc:
-            raise UnavailableError(f"ledger database unavailable: {exc.orig}") from exc
+        """A read transaction and the store's clock (epoch ms). A pooled connection found
+        closed by the clock read (the first statement; with the store's own ``clock``, by
+        a ``SELECT 1`` on PostgreSQL) is replaced once."""
+        for attempt in (1, 2):
+            started = False
+            try:
+                with (
+                    Session(self.engines.read, expire_on_commit=False) as session,
+                    session.begin(),
+                ):
+                    if self.clock is None:
+                        now_ms = int(self._sql(session, self._now_sql.text).fetchone()[0])
+                    else:
+                        if not self.engines.is_sqlite:
+                            self._sql(session, "SELECT 1")
+                        now_ms = int(self.clock())
+                    started = True
+                    yield session, now_ms
+                return
+            except OperationalError as exc:
+                if started or not exc.connection_invalidated or attempt == 2:
+                    raise UnavailableError(f"ledger database unavailable: {exc.orig}") from exc
+                self._connection_lost()
 
     @property
     def receipt_ledger(self) -> StoreBase:
@@ -362,10 +469,11 @@ class StoreBase:
         org, principal = tx.caller.org, tx.caller.principal
         # PostgreSQL: each insert takes the org's event lock first (one statement)
         lock = () if self.engines.is_sqlite else (f"events:{org}",)
-        self._sql(
-            tx.session,
-            _INSERT_EVENT if self.engines.is_sqlite else _LOCKED_INSERT_EVENT,
-            [
+        statement = _INSERT_EVENT if self.engines.is_sqlite else _LOCKED_INSERT_EVENT
+        for kind, subject, payload in tx.events:
+            self._defer(
+                tx.session,
+                statement,
                 (
                     *lock,
                     new_id("evt"),
@@ -375,10 +483,8 @@ class StoreBase:
                     subject,
                     _core.canonical_json(payload),
                     tx.now_ms,
-                )
-                for kind, subject, payload in tx.events
-            ],
-        )
+                ),
+            )
 
     # ------------------------------------------------------------------ receipts
 

@@ -249,8 +249,11 @@ def make_engines(url: str) -> Engines:
         query = make_url(url).query
         # Fail fast on an unreachable or frozen server instead of hanging on the TCP stack.
         connect_args = {k: v for k, v in PG_CONNECT_DEFAULTS.items() if k not in query}
+        # No ping per checkout (a round trip per transaction): a connection found dead on
+        # first use, e.g. after a server restart, is replaced and the transaction retried
+        # (see StoreBase._write and StoreBase._read).
         write = create_engine(
-            url, pool_pre_ping=True, pool_size=5, max_overflow=10, connect_args=connect_args
+            url, pool_pre_ping=False, pool_size=5, max_overflow=10, connect_args=connect_args
         )
         read = write
     _engines.add(write)

@@ -104,6 +104,12 @@ _INSERT_TRANSITION = (
 )
 
 
+#: Where a lease is: its resource type, resource id, and whether it has scopes.
+_Located = tuple[str, str, bool]
+#: How many leases' whereabouts a store remembers (:meth:`LeaseOps._locate`).
+LOCATED_MAX = 10_000
+
+
 class LeaseOps(StoreBase, ReceiptedLeaseOps):
     """The lease authority half of :class:`LedgerStore` (see :mod:`prefect_baton._rules.core`)."""
 
@@ -112,7 +118,11 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
     def _head(self, tx: Tx, rtype: str, rid: str) -> Generation | None:
         """The resource's newest generation (highest epoch), or ``None`` if never leased."""
         row = self._sql(tx.session, _HEAD, (tx.caller.org, rtype, rid)).fetchone()
-        return None if row is None else row_to_generation(_LeaseRow._make(row))
+        if row is None:
+            return None
+        head = row_to_generation(_LeaseRow._make(row))
+        tx.stored_lease_ids.add(head.lease_id)
+        return head
 
     def _generation_by_id(self, session: Session, org: str, lease_id: str) -> Generation | None:
         """Generation ``lease_id`` of ``org`` (``None``: unknown, or another org's)."""
@@ -132,6 +142,24 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
             )
         ).scalar_one_or_none()
         return int(top or 0)
+
+    def _locate(self, org: str, lease_id: str) -> _Located | None:
+        """Where lease ``lease_id`` of ``org`` is, if this store saw it: its resource and
+        whether it has scopes, facts of a lease id that never change (no row read)."""
+        return self._located.get((org, lease_id))
+
+    def _remember(self, org: str, g: Generation) -> _Located:
+        """Remember where generation ``g`` of ``org`` is (:meth:`_locate`); the oldest
+        entry is forgotten past :data:`LOCATED_MAX`."""
+        where = (g.resource_type, g.resource_id, bool(g.scopes))
+        located = self._located
+        if len(located) >= LOCATED_MAX:
+            try:
+                del located[next(iter(located))]
+            except (KeyError, RuntimeError, StopIteration):  # another thread got there first
+                pass
+        located[(org, g.lease_id)] = where
+        return where
 
     def _row_by_id(self, session: Session, org: str, lease_id: str) -> GenerationRow | None:
         row = session.get(GenerationRow, lease_id)
@@ -169,7 +197,7 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
         e = decision.ended
         reported = False
         if e is not None:
-            self._sql(s, _END_LEASE, (e.status, e.ended_at_ms, e.ended_by, e.lease_id))
+            self._defer(s, _END_LEASE, (e.status, e.ended_at_ms, e.ended_by, e.lease_id))
             self._transition(tx, e, org, resource, action=e.status, actor=actor)
             reported = _events.reports_expiry(e.status) and self._expiry_reported(tx, e)
         n = decision.new
@@ -188,7 +216,9 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
             return
         # the generation's row if it has one (renew, release), else a new row
         changed = (n.version, n.expires_at_ms, n.ttl_ms, n.status, n.ended_at_ms, n.ended_by)
-        if n.lease_id in tx.new_lease_ids or not (
+        if n.lease_id in tx.stored_lease_ids:
+            self._defer(s, _UPDATE_LEASE, (*changed, n.lease_id))
+        elif n.lease_id in tx.new_lease_ids or not (
             self._sql(s, _UPDATE_LEASE, (*changed, n.lease_id)).rowcount
         ):
             row = {
@@ -201,7 +231,8 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
                 "ended_at_ms": None,
                 "ended_by": None,
             }
-            self._sql(s, _INSERT_LEASE, tuple(row[c] for c in _LEASE_COLUMNS))
+            self._defer(s, _INSERT_LEASE, tuple(row[c] for c in _LEASE_COLUMNS))
+            self._remember(org, n)
         self._transition(tx, n, org, resource, action=decision.action, actor=actor)
         for kind, payload in events:
             tx.emit(kind, subject_of(resource), payload)
@@ -209,7 +240,7 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
     def _transition(
         self, tx: Tx, h: Generation, org: str, resource: tuple[str, str], *, action: str, actor: str
     ) -> None:
-        self._sql(
+        self._defer(
             tx.session,
             _INSERT_TRANSITION,
             (
@@ -222,12 +253,15 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
             ),
         )
 
-    def _resource_of(self, caller: Caller, lease_id: str) -> tuple[str, str, bool] | None:
+    def _resource_of(self, caller: Caller, lease_id: str) -> _Located | None:
+        """Lease ``lease_id``'s resource type, id and whether it has scopes (``None``:
+        unknown, or another org's)."""
+        where = self._locate(caller.org, lease_id)
+        if where is not None:
+            return where
         with self._read() as (s, _now):
-            row = self._row_by_id(s, caller.org, lease_id)
-            if row is None:
-                return None
-            return row.resource_type, row.resource_id, bool(row.has_scopes)
+            g = self._generation_by_id(s, caller.org, lease_id)
+            return None if g is None else self._remember(caller.org, g)
 
     def _lease_locks(self, caller: Caller, rtype: str, rid: str, scoped: bool) -> list[str]:
         locks = [f"res:{caller.org}:{resource_key(rtype, rid)}"]
@@ -317,26 +351,36 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
         extra_scoped: bool = False,
         statement_timeout_ms: int | None = None,
     ) -> T:
-        # one transaction: the lease's row names the locks to take (its resource never
-        # changes); read again once they are held, unless no lock was needed (SQLite's
-        # BEGIN IMMEDIATE already holds the database's write lock)
-        found: list[Generation] = []
+        # one transaction: where the lease is (its resource and scopes never change) names
+        # the locks to take; the row is read once they are held. A lease this store has not
+        # seen is read first to find them, and on PostgreSQL read again under the locks
+        # (SQLite's BEGIN IMMEDIATE already holds the database's write lock).
+        found: list[Generation] = []  # the row read before the locks, this attempt
+        where: list[_Located] = []
 
         def locks(session: Session) -> list[str]:
-            g = self._generation_by_id(session, caller.org, lease_id)
-            if g is None:
-                raise NotFoundError(f"lease {lease_id} not found")
-            found.append(g)
-            return self._lease_locks(
-                caller, g.resource_type, g.resource_id, bool(g.scopes) or extra_scoped
-            )
+            found.clear()
+            where.clear()
+            located = self._locate(caller.org, lease_id)
+            if located is None:
+                g = self._generation_by_id(session, caller.org, lease_id)
+                if g is None:
+                    raise NotFoundError(f"lease {lease_id} not found")
+                found.append(g)
+                located = self._remember(caller.org, g)
+            where.append(located)
+            rtype, rid, scoped = located
+            return self._lease_locks(caller, rtype, rid, scoped or extra_scoped)
 
         def op(tx: Tx) -> T:
-            g: Generation | None = found[-1]
-            resource = (found[-1].resource_type, found[-1].resource_id)
-            if not self.engines.is_sqlite:
+            if found and self.engines.is_sqlite:
+                g: Generation | None = found[0]
+            else:
                 g = self._generation_by_id(tx.session, caller.org, lease_id)
-            return fn(tx, g, resource)
+                if g is None:
+                    raise NotFoundError(f"lease {lease_id} not found")
+            tx.stored_lease_ids.add(lease_id)
+            return fn(tx, g, (where[0][0], where[0][1]))
 
         return self._write(caller, locks, op, statement_timeout_ms=statement_timeout_ms)
 

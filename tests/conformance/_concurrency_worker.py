@@ -55,7 +55,10 @@ def block_main(cfg: dict[str, Any]) -> None:
             idempotency_key=cfg.get("key"),
         ) as held:
             out["ran"] = True
-            (barrier / f"ran-{idx}").write_text(held.lease.model_dump_json())
+            # written whole then renamed: the test polls for ``ran-*`` and reads it at once
+            part = barrier / f".part-ran-{idx}"  # not matched by the glob ``ran-*``
+            part.write_text(held.lease.model_dump_json())
+            os.replace(part, barrier / f"ran-{idx}")
             _wait_for(barrier / "release", 600)
         out["receipt"] = held.receipt_status
     except BatonError as exc:

@@ -421,3 +421,19 @@ def test_above_flow_keeps_options(make_baton: MakeBaton) -> None:
     assert wrapped.name == "baton-test-above-flow"
     state = wrapped(return_state=True)
     assert state.result() == str(state.state_details.flow_run_id)
+
+
+def test_lease_block_takes_every_option_of_leased() -> None:
+    """``with lease(...)`` accepts the same keyword options as ``@leased`` and checks them the
+    same way (a renew deadline at or above the TTL is refused when the block is made)."""
+    import inspect
+
+    from prefect_baton.prefect import lease
+
+    assert list(inspect.signature(lease).parameters) == list(inspect.signature(leased).parameters)
+    block = lease("file", "a.txt", ttl_seconds=30, renew_deadline_seconds=12, max_hold_seconds=90)
+    assert block is not None
+    for bad in ({"renew_deadline_seconds": 30}, {"max_hold_seconds": 0}):
+        with pytest.raises(ValidationError) as info:
+            lease("file", "a.txt", ttl_seconds=30, **bad)  # type: ignore[arg-type]
+        assert info.value.code == "VALIDATION_ERROR"

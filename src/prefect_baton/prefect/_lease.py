@@ -122,6 +122,8 @@ def lease(
     cancel_on_loss: bool = False,
     baton: BatonLike | None = None,
     principal: str | None = None,
+    renew_deadline_seconds: float | None = None,
+    max_hold_seconds: float | None = None,
 ) -> LeaseBlock:
     """Hold the lease on ``(resource_type, resource_id)`` for a ``with`` or ``async with``
     block, inside a Prefect task or flow run or outside Prefect.
@@ -153,7 +155,7 @@ def lease(
         resource_type, resource_id: the resource (``str``, 1..256 characters each).
         ttl_seconds: lease TTL, integer seconds from 10 to 86,400 (renewed every third).
         purpose, scopes, on_conflict, wait_timeout_seconds, cancel_on_loss, baton,
-            principal: as for :func:`leased`.
+            principal, renew_deadline_seconds, max_hold_seconds: as for :func:`leased`.
 
     Returns:
         A single-use :class:`LeaseBlock`; ``with`` / ``async with`` it.
@@ -176,5 +178,7 @@ def lease(
             cancel_on_loss=cancel_on_loss,
             baton=baton,
             principal=principal,
+            renew_deadline_seconds=renew_deadline_seconds,
+            max_hold_seconds=max_hold_seconds,
         )
     )

@@ -352,6 +352,22 @@ class StoreBase:
         ``statement_timeout_ms`` (PostgreSQL): every statement of the transaction, lock
         waits included, is cancelled after this many milliseconds (``UnavailableError``).
         """
+        if (caller.org, caller.principal, caller.role) not in self._registered:
+            # in a transaction of its own, before any lock: a first write that inserted its
+            # principal row and then waited for a lock taken in the body (the scope lock of
+            # a supersede) could deadlock with another process registering the same principal
+            self._write_registered(caller, [], self._register)
+        return self._write_registered(caller, locks, fn, statement_timeout_ms=statement_timeout_ms)
+
+    def _write_registered(
+        self,
+        caller: Caller,
+        locks: Sequence[str] | Callable[[Session], Sequence[str]],
+        fn: Callable[[Tx], T],
+        *,
+        statement_timeout_ms: int | None = None,
+    ) -> T:
+        """:meth:`_write` for a caller already registered (or registering)."""
         last: Exception | None = None
         reconnected = False
         for _attempt in range(MAX_ATTEMPTS):
@@ -366,7 +382,6 @@ class StoreBase:
                         keys = sorted(set(locks(session) if callable(locks) else locks))
                         now_ms = self._lock_all_then_now(session, keys)
                         tx = Tx(session=session, now_ms=now_ms, caller=caller)
-                        self._register(tx)
                         result = fn(tx)
                         self._flush_events(tx)
                         self._writes += 1
@@ -443,12 +458,10 @@ class StoreBase:
         session.execute(stmt)
 
     def _register(self, tx: Tx) -> None:
-        """Register the caller's org and principal in this transaction (first use only;
-        remembered once the transaction commits, so a rolled-back first write retries)."""
+        """Register the caller's org and principal (and its role) in transaction ``tx``, run
+        by :meth:`_write` before the caller's first write; remembered once it commits."""
         c = tx.caller
         key = (c.org, c.principal, c.role)
-        if key in self._registered:
-            return
         self._insert_ignore(tx.session, Organization, {"org_id": c.org, "created_at_ms": tx.now_ms})
         self._insert_ignore(
             tx.session,

@@ -266,8 +266,14 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
     def _lease_locks(self, caller: Caller, rtype: str, rid: str, scoped: bool) -> list[str]:
         locks = [f"res:{caller.org}:{resource_key(rtype, rid)}"]
         if scoped:
-            locks.append(f"scopes:{caller.org}")
+            locks.append(self._scopes_lock(caller))
         return locks
+
+    @staticmethod
+    def _scopes_lock(caller: Caller) -> str:
+        """The lock key of the org's write scopes (PostgreSQL): every transaction that grants,
+        renews, transfers or ends a scoped lease holds it, after its resource locks."""
+        return f"scopes:{caller.org}"
 
     # ------------------------------------------------------------------ lease authority
 
@@ -320,6 +326,12 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
             assert key is not None  # a receipt is only found under a key
             self._drop_receipt(tx, "acquire", key, scope)  # another attempt acquires afresh
         head = self._head(tx, *resource)
+        if head is not None and head.scopes and not req.scopes and head.effective(tx.now_ms):
+            # superseding another effective scoped generation changes what a concurrent
+            # acquire's scope check sees: hold the org's scope lock for it too (taken after
+            # the resource lock, as every transaction orders them) and read the clock again
+            # under it, so no scoped grant falls inside the recorded life of this generation
+            tx.now_ms = self._lock_all_then_now(tx.session, [self._scopes_lock(caller)])
         decision = _core.decide_acquire(
             head,
             req,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -54,6 +56,66 @@ def test_rejection_before_acceptance_releases_the_carried_lease(make_baton: Make
     assert sender.handoffs.get(sent.handoff_id).note == "cannot take reports today"
     assert sender.leases.get(held.lease_id).status == "released"
     assert not sender.leases.inspect("report", "r1").held
+
+
+def test_handoff_end_that_releases_the_lease_emits_lease_released_once(
+    make_baton: MakeBaton, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When accept_handoff ends a handoff unaccepted and that releases its carried lease (a
+    rejection, or the first read past the handoff's expiry), the run emits
+    ``prefect-baton.lease.released`` once for that lease, naming the reason and the
+    handoff, as the ledger records it."""
+    import prefect.events
+
+    from prefect_baton.errors import NotFoundError
+    from prefect_baton.prefect._outbox import flush
+
+    emitted: list[dict[str, Any]] = []
+    monkeypatch.setattr(prefect.events, "emit_event", lambda **kw: emitted.append(kw))
+    sender, receiver = make_baton("sender"), make_baton("receiver")
+    rejected = sender.leases.acquire("report", "r-rej", ttl_seconds=300, idempotency_key="s1")
+    expiring = sender.leases.acquire("report", "r-exp", ttl_seconds=300, idempotency_key="s2")
+    sent_rej = handoff_to("receiver", "r-rej", lease=rejected, baton=sender)
+    sent_exp = handoff_to("receiver", "r-exp", lease=expiring, baton=sender, expires_in_seconds=1)
+
+    @flow(name="baton-test-handoff-release")
+    def receive(reject_id: str, expired_id: str) -> str:
+        with accept_handoff(reject_id, defer=True, baton=receiver):
+            raise HandoffRejected("not today")
+        try:
+            with accept_handoff(expired_id, baton=receiver):
+                return "accepted"
+        except NotFoundError:
+            return "expired"
+
+    deadline = sent_exp.handoff.expires_at
+    assert deadline is not None
+    time.sleep(max(0.0, (deadline - datetime.now(UTC)).total_seconds()) + 0.05)
+    assert receive(sent_rej.handoff_id, sent_exp.handoff_id) == "expired"
+    assert flush()
+
+    def released(lease_id: str) -> list[dict[str, Any]]:
+        return [
+            kw["payload"]
+            for kw in emitted
+            if kw["event"] == "prefect-baton.lease.released"
+            and kw["resource"].get("prefect-baton.lease-id") == lease_id
+        ]
+
+    for lease, sent, reason in (
+        (rejected, sent_rej, "handoff_rejected"),
+        (expiring, sent_exp, "handoff_expired"),
+    ):
+        (payload,) = released(lease.lease_id)
+        assert (payload["reason"], payload["handoff_id"]) == (reason, sent.handoff_id)
+        assert payload["status"] == "released"
+        (recorded,) = [
+            e
+            for e in sender.events.list(kind="lease.released")
+            if e.payload["lease_id"] == lease.lease_id
+        ]
+        assert recorded.payload["reason"] == reason
+        assert not sender.leases.inspect("report", lease.resource_id).held
 
 
 def test_accept_in_a_flow_then_retry_resumes(make_baton: MakeBaton) -> None:

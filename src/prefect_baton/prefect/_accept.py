@@ -10,6 +10,7 @@ import anyio.to_thread
 
 from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._client.sync import Baton
+from prefect_baton._rules.events import RELEASE_HANDOFF_EXPIRED, RELEASE_HANDOFF_REJECTED
 from prefect_baton.errors import LeaseLostError, NotFoundError, ValidationError
 from prefect_baton.models import Checkpoint, Handoff, Lease
 from prefect_baton.prefect._context import (
@@ -22,7 +23,11 @@ from prefect_baton.prefect._context import (
     retry_follows,
     run_identity,
 )
-from prefect_baton.prefect._events import emit_handoff_event, emit_lease_event
+from prefect_baton.prefect._events import (
+    emit_carried_release,
+    emit_handoff_event,
+    emit_lease_event,
+)
 from prefect_baton.prefect._handoff import HandoffRejected
 from prefect_baton.prefect._logs import run_logger
 
@@ -71,6 +76,8 @@ class AcceptedHandoff:
         ident = self._ident = run_identity()
         b = self._b = resolve_baton(self.baton, ident.principal, self.principal)
         h = self.handoff = b.handoffs.get(self.handoff_id)
+        # a first read past its expiry ended it and released its lease: say so once
+        emit_carried_release(b, h, RELEASE_HANDOFF_EXPIRED)
         if h.to_principal != b.principal:
             raise ValidationError(
                 f"handoff {h.handoff_id} is addressed to {h.to_principal!r}, not {b.principal!r}"
@@ -134,6 +141,7 @@ class AcceptedHandoff:
         h = self._b.handoffs.resolve(self.handoff_id, "rejected", reason)
         self.handoff = h
         self.status = "rejected"
+        emit_carried_release(self._b, h, RELEASE_HANDOFF_REJECTED)  # before, as in the ledger
         emit_handoff_event(self._b, "handoff.rejected", h)
         run_logger().info("handoff %s rejected: %s", h.handoff_id, reason)
 

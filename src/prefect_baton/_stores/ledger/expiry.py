@@ -83,17 +83,22 @@ class ExpiryOps(LeaseOps):
         """In an acquire refused by ``head``: when a pending handoff carrying ``head`` has
         expired, end it (:meth:`_expire_in_tx`) and return ``head`` as released, so the
         acquire proceeds; else ``None`` (the refusal stands)."""
-        row = tx.session.execute(
-            select(HandoffRow).where(
-                col(HandoffRow.lease_id) == head.lease_id,
-                col(HandoffRow.org_id) == tx.caller.org,
-                col(HandoffRow.status) == "pending",
-            )
-        ).scalar_one_or_none()
-        if row is None:
-            return None
-        _expired, applied = self._expire_in_tx(tx, row)
-        return None if applied is None else applied.new
+        rows = list(
+            tx.session.execute(
+                select(HandoffRow)
+                .where(
+                    col(HandoffRow.lease_id) == head.lease_id,
+                    col(HandoffRow.org_id) == tx.caller.org,
+                    col(HandoffRow.status) == "pending",
+                )
+                .order_by(col(HandoffRow.expires_at_ms))
+            ).scalars()
+        )
+        for row in rows:  # one lease may ride on several handoffs: the first to expire frees it
+            _expired, applied = self._expire_in_tx(tx, row)
+            if applied is not None:
+                return applied.new
+        return None
 
     def expired_handoffs(
         self, caller: Caller, *, limit: int = 1000

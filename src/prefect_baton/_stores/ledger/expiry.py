@@ -174,18 +174,30 @@ class ExpiryOps(LeaseOps):
                 out.append(lease)
         return out
 
-    def expired_carriers(self, caller: Caller, resources: list[tuple[str, str]]) -> list[str]:
-        """The pending handoffs of the caller's org past their own expiry that carry a
-        lease on one of ``resources`` (``(type, id)`` pairs), as the ledger has them: what
-        an authority keeping its leases elsewhere ends when an acquire is refused."""
+    def handoff_carriers(
+        self, caller: Caller, resources: list[tuple[str, str]]
+    ) -> tuple[int, list[tuple[str, int, str, str]]]:
+        """The pending handoffs of the caller's org with an expiry that carry a lease on one
+        of ``resources`` (``(type, id)`` pairs), as the ledger has them: what an authority
+        keeping its leases elsewhere ends when an acquire is refused.
+
+        Returns:
+            The ledger's clock (epoch ms) and ``(handoff_id, expires_at_ms, resource_type,
+            resource_id)`` of each such handoff, expired or not.
+        """
         with self._read() as (s, now):
             rows = s.execute(
-                select(col(HandoffRow.handoff_id))
+                select(
+                    col(HandoffRow.handoff_id),
+                    col(HandoffRow.expires_at_ms),
+                    col(GenerationRow.resource_type),
+                    col(GenerationRow.resource_id),
+                )
                 .join(GenerationRow, col(GenerationRow.lease_id) == col(HandoffRow.lease_id))
                 .where(
                     col(HandoffRow.org_id) == caller.org,
                     col(HandoffRow.status) == "pending",
-                    col(HandoffRow.expires_at_ms) <= now,
+                    col(HandoffRow.expires_at_ms).is_not(None),
                     or_(
                         *(
                             and_(
@@ -196,5 +208,5 @@ class ExpiryOps(LeaseOps):
                         )
                     ),
                 )
-            ).scalars()
-            return [str(hid) for hid in rows]
+            ).all()
+            return now, [(str(h), int(x), str(rt), str(rid)) for h, x, rt, rid in rows]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -84,6 +85,11 @@ from prefect_baton.models import (
 )
 
 __all__ = ["RedisAuthority", "connect"]
+
+
+CARRIER_RECHECK_SECONDS = 0.5
+"""How long a refused acquire on Redis trusts the ledger's last answer that no expired
+pending handoff carries a lease on the resource (below the shortest handoff expiry, 1 s)."""
 
 
 class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
@@ -199,11 +205,31 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         return self._acquire(caller, request, execution)
 
     def _end_expired_handoffs(self, caller: Caller, requests: Sequence[AcquireRequest]) -> bool:
-        """End the expired pending handoffs carrying a lease on a resource of ``requests``
-        (:func:`expire_handoff`); ``True`` if a carried lease was released."""
-        resources = [(r.resource_type, r.resource_id) for r in requests]
-        carriers = self.store.expired_carriers(caller, resources)
-        ended = [expire_handoff(self, caller, h) for h in carriers]
+        """After a refused acquire: end the expired pending handoffs carrying a lease on a
+        resource of ``requests`` (:func:`expire_handoff`); ``True`` if a carried lease was
+        released.
+
+        The ledger is asked at most once per :data:`CARRIER_RECHECK_SECONDS` per resource and
+        process, and again at the next deadline of a carrying handoff it reported, so a
+        refused acquire in a polling loop stays a Redis round trip. No deadline is missed:
+        a handoff created after the ledger was asked expires at least 1 s later (the
+        shortest handoff expiry), after that wait."""
+        mono = time.monotonic()
+        quiet = self._carrier_quiet
+        todo = [
+            (r.resource_type, r.resource_id)
+            for r in requests
+            if quiet.get((caller.org, r.resource_type, r.resource_id), 0.0) <= mono
+        ]
+        if not todo:
+            return False
+        now, rows = self.store.handoff_carriers(caller, todo)
+        if len(quiet) > 10_000:
+            quiet.clear()
+        for rt, rid in todo:
+            waits = [(x - now) / 1000 for _h, x, t, i in rows if (t, i) == (rt, rid) and x > now]
+            quiet[(caller.org, rt, rid)] = mono + min([CARRIER_RECHECK_SECONDS, *waits])
+        ended = [expire_handoff(self, caller, h) for h, x, _t, _i in rows if x <= now]
         return any(lease is not None for lease in ended)
 
     def expire_handoffs(

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from prefect import flow
 
-from prefect_baton import Baton
+from prefect_baton import Baton, Handoff
 from prefect_baton.prefect import HandoffRejected, accept_handoff, current_lease, handoff_to
 
 from .conftest import load_script
@@ -62,9 +62,9 @@ def test_handoff_end_that_releases_the_lease_emits_lease_released_once(
     make_baton: MakeBaton, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """When accept_handoff ends a handoff unaccepted and that releases its carried lease (a
-    rejection, or the first read past the handoff's expiry), the run emits
-    ``prefect-baton.lease.released`` once for that lease, naming the reason and the
-    handoff, as the ledger records it."""
+    rejection; the first read past the handoff's expiry, on entry or by a deferred
+    ``accept()``), the run emits ``prefect-baton.lease.released`` once for that lease,
+    naming the reason and the handoff, as the ledger records it."""
     import prefect.events
 
     from prefect_baton.errors import NotFoundError
@@ -73,25 +73,43 @@ def test_handoff_end_that_releases_the_lease_emits_lease_released_once(
     emitted: list[dict[str, Any]] = []
     monkeypatch.setattr(prefect.events, "emit_event", lambda **kw: emitted.append(kw))
     sender, receiver = make_baton("sender"), make_baton("receiver")
-    rejected = sender.leases.acquire("report", "r-rej", ttl_seconds=300, idempotency_key="s1")
-    expiring = sender.leases.acquire("report", "r-exp", ttl_seconds=300, idempotency_key="s2")
-    sent_rej = handoff_to("receiver", "r-rej", lease=rejected, baton=sender)
-    sent_exp = handoff_to("receiver", "r-exp", lease=expiring, baton=sender, expires_in_seconds=1)
+    leases = {
+        name: sender.leases.acquire("report", name, ttl_seconds=300, idempotency_key=name)
+        for name in ("rejected", "on-entry", "deferred")
+    }
+    sent = {
+        "rejected": handoff_to("receiver", "r", lease=leases["rejected"], baton=sender),
+        "on-entry": handoff_to(
+            "receiver", "r", lease=leases["on-entry"], baton=sender, expires_in_seconds=1
+        ),
+    }
+
+    def wait_past(h: Handoff) -> None:
+        assert h.expires_at is not None
+        time.sleep(max(0.0, (h.expires_at - datetime.now(UTC)).total_seconds()) + 0.05)
 
     @flow(name="baton-test-handoff-release")
-    def receive(reject_id: str, expired_id: str) -> str:
-        with accept_handoff(reject_id, defer=True, baton=receiver):
+    def receive() -> list[str]:
+        out = []
+        with accept_handoff(sent["rejected"].handoff_id, defer=True, baton=receiver):
             raise HandoffRejected("not today")
+        sent["deferred"] = handoff_to(
+            "receiver", "r", lease=leases["deferred"], baton=sender, expires_in_seconds=1
+        )
         try:
-            with accept_handoff(expired_id, baton=receiver):
-                return "accepted"
+            with accept_handoff(sent["deferred"].handoff_id, defer=True, baton=receiver) as h:
+                wait_past(sent["deferred"].handoff)
+                h.accept()
         except NotFoundError:
-            return "expired"
+            out.append("deferred expired")
+        try:
+            with accept_handoff(sent["on-entry"].handoff_id, baton=receiver):
+                pass
+        except NotFoundError:
+            out.append("on-entry expired")
+        return out
 
-    deadline = sent_exp.handoff.expires_at
-    assert deadline is not None
-    time.sleep(max(0.0, (deadline - datetime.now(UTC)).total_seconds()) + 0.05)
-    assert receive(sent_rej.handoff_id, sent_exp.handoff_id) == "expired"
+    assert receive() == ["deferred expired", "on-entry expired"]
     assert flush()
 
     def released(lease_id: str) -> list[dict[str, Any]]:
@@ -102,12 +120,14 @@ def test_handoff_end_that_releases_the_lease_emits_lease_released_once(
             and kw["resource"].get("prefect-baton.lease-id") == lease_id
         ]
 
-    for lease, sent, reason in (
-        (rejected, sent_rej, "handoff_rejected"),
-        (expiring, sent_exp, "handoff_expired"),
+    for name, reason in (
+        ("rejected", "handoff_rejected"),
+        ("on-entry", "handoff_expired"),
+        ("deferred", "handoff_expired"),
     ):
+        lease = leases[name]
         (payload,) = released(lease.lease_id)
-        assert (payload["reason"], payload["handoff_id"]) == (reason, sent.handoff_id)
+        assert (payload["reason"], payload["handoff_id"]) == (reason, sent[name].handoff_id)
         assert payload["status"] == "released"
         (recorded,) = [
             e
@@ -115,7 +135,7 @@ def test_handoff_end_that_releases_the_lease_emits_lease_released_once(
             if e.payload["lease_id"] == lease.lease_id
         ]
         assert recorded.payload["reason"] == reason
-        assert not sender.leases.inspect("report", lease.resource_id).held
+        assert not sender.leases.inspect("report", name).held
 
 
 def test_accept_in_a_flow_then_retry_resumes(make_baton: MakeBaton) -> None:

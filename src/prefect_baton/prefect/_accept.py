@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import KW_ONLY, dataclass, field
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
@@ -114,6 +115,14 @@ class AcceptedHandoff:
 
     def _accept(self) -> None:
         assert self._b is not None and self._ident is not None
+        deadline = self.handoff.expires_at if self.handoff is not None else None
+        if deadline is not None and datetime.now(UTC) >= deadline:
+            # past its deadline (a deferred accept): read it first, so that the read that
+            # ends it and releases its lease is the one seen here (and emitted once)
+            late = self._b.handoffs.get(self.handoff_id)
+            emit_carried_release(self._b, late, RELEASE_HANDOFF_EXPIRED)
+            if late.status != "pending":
+                raise NotFoundError(f"pending handoff {late.handoff_id} not found ({late.status})")
         h = self._b.handoffs.resolve(
             self.handoff_id,
             "accepted",

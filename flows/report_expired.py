@@ -5,7 +5,9 @@ A crashed holder's lease stays ``active`` in the ledger until someone acts on th
 ``b.leases.report_expired()``, which records ``lease.expired`` in the ledger's event stream
 once for each such lease, with ``reason: "lapsed"`` (a later takeover does not record it
 again) and changes nothing else; it also emits ``prefect-baton.lease.expired`` for each
-(same payload) and adds a table artifact.
+(same payload) and adds a table artifact. The same call ends pending handoffs that expired
+unaccepted, releasing the leases they carry (``lease.released``, ``reason:
+"handoff_expired"``), which the relay delivers.
 
 Run once: ``python flows/report_expired.py``; serve it: ``python flows/report_expired.py --serve``.
 """

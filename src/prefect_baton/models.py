@@ -249,7 +249,10 @@ class Handoff(_Model):
 
     ``lease`` is set on an accepted handoff that carried a lease: the generation now held by
     the recipient. ``parameters``: parameters for the recipient's run given by the sender
-    (a JSON object), or ``None``.
+    (a JSON object), or ``None``. ``released_lease`` is set on the result of the call that
+    ended a lease-carrying handoff unaccepted (a rejection, or the first read of it past its
+    expiry) and released the carried lease that way: the released generation (recorded as
+    ``lease.released`` with ``reason`` ``handoff_rejected`` or ``handoff_expired``).
     """
 
     handoff_id: str
@@ -266,6 +269,7 @@ class Handoff(_Model):
     resolved_at: Time | None = None
     note: str | None = None
     lease: Lease | None = None
+    released_lease: Lease | None = None
     parameters: dict[str, Any] | None = None
     replayed: bool = False
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from prefect import flow
 
-from prefect_baton import Baton
+from prefect_baton import Baton, Handoff
 from prefect_baton.prefect import HandoffRejected, accept_handoff, current_lease, handoff_to
 
 from .conftest import load_script
@@ -54,6 +56,86 @@ def test_rejection_before_acceptance_releases_the_carried_lease(make_baton: Make
     assert sender.handoffs.get(sent.handoff_id).note == "cannot take reports today"
     assert sender.leases.get(held.lease_id).status == "released"
     assert not sender.leases.inspect("report", "r1").held
+
+
+def test_handoff_end_that_releases_the_lease_emits_lease_released_once(
+    make_baton: MakeBaton, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When accept_handoff ends a handoff unaccepted and that releases its carried lease (a
+    rejection; the first read past the handoff's expiry, on entry or by a deferred
+    ``accept()``), the run emits ``prefect-baton.lease.released`` once for that lease,
+    naming the reason and the handoff, as the ledger records it."""
+    import prefect.events
+
+    from prefect_baton.errors import NotFoundError
+    from prefect_baton.prefect._outbox import flush
+
+    emitted: list[dict[str, Any]] = []
+    monkeypatch.setattr(prefect.events, "emit_event", lambda **kw: emitted.append(kw))
+    sender, receiver = make_baton("sender"), make_baton("receiver")
+    leases = {
+        name: sender.leases.acquire("report", name, ttl_seconds=300, idempotency_key=name)
+        for name in ("rejected", "on-entry", "deferred")
+    }
+    sent = {
+        "rejected": handoff_to("receiver", "r", lease=leases["rejected"], baton=sender),
+        "on-entry": handoff_to(
+            "receiver", "r", lease=leases["on-entry"], baton=sender, expires_in_seconds=1
+        ),
+    }
+
+    def wait_past(h: Handoff) -> None:
+        assert h.expires_at is not None
+        time.sleep(max(0.0, (h.expires_at - datetime.now(UTC)).total_seconds()) + 0.05)
+
+    @flow(name="baton-test-handoff-release")
+    def receive() -> list[str]:
+        out = []
+        with accept_handoff(sent["rejected"].handoff_id, defer=True, baton=receiver):
+            raise HandoffRejected("not today")
+        sent["deferred"] = handoff_to(
+            "receiver", "r", lease=leases["deferred"], baton=sender, expires_in_seconds=1
+        )
+        try:
+            with accept_handoff(sent["deferred"].handoff_id, defer=True, baton=receiver) as h:
+                wait_past(sent["deferred"].handoff)
+                h.accept()
+        except NotFoundError:
+            out.append("deferred expired")
+        try:
+            with accept_handoff(sent["on-entry"].handoff_id, baton=receiver):
+                pass
+        except NotFoundError:
+            out.append("on-entry expired")
+        return out
+
+    assert receive() == ["deferred expired", "on-entry expired"]
+    assert flush()
+
+    def released(lease_id: str) -> list[dict[str, Any]]:
+        return [
+            kw["payload"]
+            for kw in emitted
+            if kw["event"] == "prefect-baton.lease.released"
+            and kw["resource"].get("prefect-baton.lease-id") == lease_id
+        ]
+
+    for name, reason in (
+        ("rejected", "handoff_rejected"),
+        ("on-entry", "handoff_expired"),
+        ("deferred", "handoff_expired"),
+    ):
+        lease = leases[name]
+        (payload,) = released(lease.lease_id)
+        assert (payload["reason"], payload["handoff_id"]) == (reason, sent[name].handoff_id)
+        assert payload["status"] == "released"
+        (recorded,) = [
+            e
+            for e in sender.events.list(kind="lease.released")
+            if e.payload["lease_id"] == lease.lease_id
+        ]
+        assert recorded.payload["reason"] == reason
+        assert not sender.leases.inspect("report", name).held
 
 
 def test_accept_in_a_flow_then_retry_resumes(make_baton: MakeBaton) -> None:

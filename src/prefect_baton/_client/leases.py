@@ -326,10 +326,17 @@ class LeaseAPI(_API):
         leases newly reported. Nothing about the leases changes: expiry is judged when
         someone next acts (no sweeper is needed for correctness).
 
+        It also ends the org's pending handoffs that expired unaccepted (at most ``limit``):
+        each is stored ``expired``, and the lease it carries, if still its sender's, is
+        released (``lease.released`` with ``reason`` ``handoff_expired``; such a lease was
+        not past its TTL, so it is not among the leases returned).
+
         Args:
             limit: at most this many leases per call (1..10,000), oldest expiry first.
         """
-        return self._store.report_expired(self._caller, limit=_limit(limit, 10_000))
+        n = _limit(limit, 10_000)
+        self._authority.expire_handoffs(self._caller, limit=n)
+        return self._store.report_expired(self._caller, limit=n)
 
     def list(
         self,

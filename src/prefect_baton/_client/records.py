@@ -182,9 +182,11 @@ class HandoffAPI(_API):
         handoff = self._store.handoff_create(self._caller, offer, idempotency_key=key)
         if isinstance(lease, LeaseKeeper):
             hid = handoff.handoff_id
-            # accepted: the lease moved on; rejected: the rejection released it
-            # (_rules.core.releases_on_reject). Either way the sender's block ends cleanly.
-            lease.attach_handoff(lambda: self.get(hid).status in ("accepted", "rejected"))
+            # accepted: the lease moved on; rejected or expired: its end released it
+            # (_rules.handoffs.releases_carried). Either way the sender's block ends cleanly.
+            lease.attach_handoff(
+                lambda: self.get(hid).status in ("accepted", "rejected", "expired")
+            )
         return handoff
 
     def inbox(self, *, limit: int = 100, cursor: str | None = None) -> list[Handoff]:
@@ -207,8 +209,18 @@ class HandoffAPI(_API):
         )
 
     def get(self, handoff_id: str) -> Handoff:
-        """A handoff you sent or received. Raises :class:`NotFoundError` otherwise."""
-        return self._store.handoff_get(self._caller, _core.validate_id("handoff_id", handoff_id))
+        """A handoff you sent or received. Raises :class:`NotFoundError` otherwise.
+
+        The first read of a pending handoff past its expiry ends it (stored ``expired``):
+        the lease it carries, if still the sender's, is released then, and this result's
+        ``released_lease`` is that lease (``_rules.handoffs.decide_handoff_expiry``)."""
+        hid = _core.validate_id("handoff_id", handoff_id)
+        h = self._store.handoff_get(self._caller, hid)
+        if h.status != "expired" or h.resolved_at is not None:
+            return h  # not expired, or stored expired already (by whoever read it first)
+        released = self._b.authority.expire_handoffs(self._caller, handoff_id=hid)
+        h = self._store.handoff_get(self._caller, hid)
+        return h.model_copy(update={"released_lease": released[0]}) if released else h
 
     def resolve(
         self,

@@ -15,10 +15,13 @@ __all__ = [
     "EXPIRY_LAPSED",
     "EXPIRY_TAKEN_OVER",
     "LEASE_EVENT_KINDS",
+    "RELEASE_HANDOFF_EXPIRED",
+    "RELEASE_HANDOFF_REJECTED",
     "expired_payload",
     "handoff_payload",
     "lease_events",
     "lease_payload",
+    "released_by_handoff",
     "reports_expiry",
     "validate_event_kind",
 ]
@@ -100,6 +103,21 @@ def expired_payload(lease: dict[str, Any], reason: str) -> dict[str, Any]:
     return {**lease, "reason": reason}
 
 
+RELEASE_HANDOFF_REJECTED = "handoff_rejected"
+"""``reason`` of a ``lease.released`` recorded when the handoff carrying the lease was
+rejected (:func:`prefect_baton._rules.handoffs.decide_carried_release`)."""
+RELEASE_HANDOFF_EXPIRED = "handoff_expired"
+"""``reason`` of a ``lease.released`` recorded when the handoff carrying the lease expired
+unaccepted (:func:`prefect_baton._rules.handoffs.decide_handoff_expiry`)."""
+
+
+def released_by_handoff(handoff_id: str, reason: str) -> dict[str, Any]:
+    """What a ``lease.released`` payload adds when a handoff's end released the lease it
+    carried: ``reason`` (:data:`RELEASE_HANDOFF_REJECTED` or :data:`RELEASE_HANDOFF_EXPIRED`)
+    and ``handoff_id``. A release by the holder itself has neither."""
+    return {"reason": reason, "handoff_id": handoff_id}
+
+
 def reports_expiry(ended_status: str) -> bool:
     """Whether a generation ended with ``ended_status`` records ``lease.expired`` (unless
     ``report_expired`` recorded it already): a takeover ends a lease whose TTL ran out."""
@@ -115,6 +133,7 @@ def lease_events(
     ended: dict[str, Any] | None,
     ended_status: str | None,
     expiry_reported: bool,
+    extra: dict[str, Any] | None = None,
 ) -> list[tuple[str, dict[str, Any]]]:
     """The events of one lease transition, in the order they are recorded.
 
@@ -128,6 +147,8 @@ def lease_events(
         ended_status: the ended generation's new status, or ``None``.
         expiry_reported: ``lease.expired`` was recorded already for the ended generation
             (only read when :func:`reports_expiry` of ``ended_status``).
+        extra: fields the decision adds to its own event's payload (a release by a
+            handoff's end: :func:`released_by_handoff`), or ``None``.
 
     Returns:
         ``(kind, payload)`` pairs: ``lease.expired`` (``reason`` ``taken_over``) for a
@@ -152,6 +173,8 @@ def lease_events(
         new["status"] = new_status
         if forced_by:
             new["forced_by"] = forced_by
+    if extra:
+        new.update(extra)
     events.append((LEASE_EVENT_KINDS[action], new))
     return events
 

@@ -417,6 +417,22 @@ class LeaseAuthority(Protocol):
         """
         ...
 
+    def expire_handoffs(
+        self, caller: Caller, *, handoff_id: str | None = None, limit: int = 1000
+    ) -> list[Lease]:
+        """End pending handoffs of the caller's org that expired unaccepted (``handoff_id``:
+        that one, if it did; else the oldest ``limit``, 1..10,000): each is stored
+        ``expired`` and, when the lease it carries is still its sender's and effective, that
+        lease is released in the same step (``lease.released``, ``reason``
+        ``handoff_expired``; rules: :func:`prefect_baton._rules.handoffs.
+        decide_handoff_expiry`). Idempotent. A REST store returns ``[]``: the server applies
+        it on its own reads, resolves, acquires and sweeps.
+
+        Returns:
+            The carried leases this call released.
+        """
+        ...
+
     def fence(self, caller: Caller, lease: Lease) -> Fence:
         """The fence a fenced record write (checkpoint save, outcome record) of ``lease``
         presents to the record store: its id and epoch, and with an authority other than

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import KW_ONLY, dataclass, field
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
@@ -10,6 +11,7 @@ import anyio.to_thread
 
 from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._client.sync import Baton
+from prefect_baton._rules.events import RELEASE_HANDOFF_EXPIRED, RELEASE_HANDOFF_REJECTED
 from prefect_baton.errors import LeaseLostError, NotFoundError, ValidationError
 from prefect_baton.models import Checkpoint, Handoff, Lease
 from prefect_baton.prefect._context import (
@@ -22,7 +24,11 @@ from prefect_baton.prefect._context import (
     retry_follows,
     run_identity,
 )
-from prefect_baton.prefect._events import emit_handoff_event, emit_lease_event
+from prefect_baton.prefect._events import (
+    emit_carried_release,
+    emit_handoff_event,
+    emit_lease_event,
+)
 from prefect_baton.prefect._handoff import HandoffRejected
 from prefect_baton.prefect._logs import run_logger
 
@@ -71,6 +77,8 @@ class AcceptedHandoff:
         ident = self._ident = run_identity()
         b = self._b = resolve_baton(self.baton, ident.principal, self.principal)
         h = self.handoff = b.handoffs.get(self.handoff_id)
+        # a first read past its expiry ended it and released its lease: say so once
+        emit_carried_release(b, h, RELEASE_HANDOFF_EXPIRED)
         if h.to_principal != b.principal:
             raise ValidationError(
                 f"handoff {h.handoff_id} is addressed to {h.to_principal!r}, not {b.principal!r}"
@@ -107,6 +115,14 @@ class AcceptedHandoff:
 
     def _accept(self) -> None:
         assert self._b is not None and self._ident is not None
+        deadline = self.handoff.expires_at if self.handoff is not None else None
+        if deadline is not None and datetime.now(UTC) >= deadline:
+            # past its deadline (a deferred accept): read it first, so that the read that
+            # ends it and releases its lease is the one seen here (and emitted once)
+            late = self._b.handoffs.get(self.handoff_id)
+            emit_carried_release(self._b, late, RELEASE_HANDOFF_EXPIRED)
+            if late.status != "pending":
+                raise NotFoundError(f"pending handoff {late.handoff_id} not found ({late.status})")
         h = self._b.handoffs.resolve(
             self.handoff_id,
             "accepted",
@@ -134,6 +150,7 @@ class AcceptedHandoff:
         h = self._b.handoffs.resolve(self.handoff_id, "rejected", reason)
         self.handoff = h
         self.status = "rejected"
+        emit_carried_release(self._b, h, RELEASE_HANDOFF_REJECTED)  # before, as in the ledger
         emit_handoff_event(self._b, "handoff.rejected", h)
         run_logger().info("handoff %s rejected: %s", h.handoff_id, reason)
 

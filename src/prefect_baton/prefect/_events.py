@@ -47,6 +47,7 @@ from prefect.context import FlowRunContext, TaskRunContext
 from prefect.settings import PREFECT_API_URL
 
 from prefect_baton._client.sync import Baton
+from prefect_baton._rules.events import released_by_handoff
 from prefect_baton.models import Handoff, Lease
 from prefect_baton.prefect._outbox import later
 
@@ -55,6 +56,7 @@ __all__ = [
     "RELAY_PRINCIPAL",
     "RelayResult",
     "can_emit",
+    "emit_carried_release",
     "emit_handoff_event",
     "emit_lease_event",
     "emit_ledger_event",
@@ -240,6 +242,22 @@ def emit_lease_event(b: Baton, kind: str, lease: Lease, **extra: Any) -> bool:
     subject = f"{lease.resource_type}/{lease.resource_id}"
     return emit_ledger_event(
         kind, subject, payload, org=b.org, principal=b.principal, background=True
+    )
+
+
+def emit_carried_release(b: Baton, h: Handoff, reason: str) -> bool:
+    """Emit ``prefect-baton.lease.released`` for the carried lease that the call which
+    returned ``h`` released by ending the handoff unaccepted (``h.released_lease``; ``reason``
+    ``handoff_rejected`` or ``handoff_expired``, as the ledger records it), once; ``False``
+    when that call released nothing. In-run path, as :func:`emit_lease_event`."""
+    if h.released_lease is None:
+        return False
+    return emit_lease_event(
+        b,
+        "lease.released",
+        h.released_lease,
+        status=h.released_lease.status,
+        **released_by_handoff(h.handoff_id, reason),
     )
 
 

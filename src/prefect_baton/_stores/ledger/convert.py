@@ -10,10 +10,10 @@ from typing import Any
 
 from sqlalchemy import Row
 
-from prefect_baton._rules import core as _core
 from prefect_baton._rules import events as _events
 from prefect_baton._rules.access import inspect_view
 from prefect_baton._rules.core import Generation
+from prefect_baton._rules.handoffs import handoff_status
 from prefect_baton._stores.ledger.tables import (
     CheckpointRow,
     CheckpointVersion,
@@ -105,14 +105,18 @@ def checkpoint_model(
 
 
 def handoff_model(
-    row: HandoffRow, now_ms: int, lease: Lease | None = None, *, carried_lapsed: bool = False
+    row: HandoffRow,
+    now_ms: int,
+    lease: Lease | None = None,
+    *,
+    carried_lapsed: bool = False,
+    released: Lease | None = None,
 ) -> Handoff:
     """The :class:`Handoff` of ``row`` at ``now_ms``; its status as
-    :func:`prefect_baton._rules.core.handoff_status` reads it (``carried_lapsed``: the lease
-    it carries lapsed, :func:`prefect_baton._rules.core.carried_lease_lapsed`)."""
-    status = _core.handoff_status(
-        row.status, row.expires_at_ms, now_ms, carried_lapsed=carried_lapsed
-    )
+    :func:`prefect_baton._rules.handoffs.handoff_status` reads it (``carried_lapsed``: the lease
+    it carries lapsed, :func:`prefect_baton._rules.handoffs.carried_lease_lapsed`;
+    ``released``: the carried lease this call released, see ``Handoff.released_lease``)."""
+    status = handoff_status(row.status, row.expires_at_ms, now_ms, carried_lapsed=carried_lapsed)
     created = from_ms(row.created_at_ms)
     assert created is not None
     return Handoff(
@@ -122,6 +126,7 @@ def handoff_model(
         expires_at=from_ms(row.expires_at_ms),
         resolved_at=from_ms(row.resolved_at_ms),
         lease=lease,
+        released_lease=released,
         parameters=json.loads(row.parameters_json) if row.parameters_json else None,
     )
 

@@ -39,9 +39,7 @@ from prefect_baton._stores.ledger.tables import (
     LeaseTransition,
 )
 from prefect_baton._stores.protocol import AcquireRequest, Caller, Execution, Fence, LeaseQuery
-from prefect_baton.errors import (
-    NotFoundError,
-)
+from prefect_baton.errors import ConflictError, NotFoundError
 from prefect_baton.models import (
     Lease,
     LeaseInfo,
@@ -209,6 +207,7 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
             ended=None if e is None else lease_payload(e, resource),
             ended_status=None if e is None else e.status,
             expiry_reported=reported,
+            extra=decision.extra,
         )
         if n is None:
             for kind, payload in events:
@@ -327,24 +326,21 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
             self._drop_receipt(tx, "acquire", key, scope)  # another attempt acquires afresh
         head = self._head(tx, *resource)
         if head is not None and head.scopes and not req.scopes and head.effective(tx.now_ms):
-            # superseding another effective scoped generation changes what a concurrent
-            # acquire's scope check sees: hold the org's scope lock for it too (taken after
-            # the resource lock, as every transaction orders them) and read the clock again
-            # under it, so no scoped grant falls inside the recorded life of this generation
+            # ending another effective scoped generation (a supersede, or a release under an
+            # expired handoff) changes what a concurrent acquire's scope check sees: hold the
+            # org's scope lock for it too (taken after the resource lock, as every transaction
+            # orders them) and read the clock again under it, so no scoped grant falls inside
+            # the recorded life of this generation
             tx.now_ms = self._lock_all_then_now(tx.session, [self._scopes_lock(caller)])
-        decision = _core.decide_acquire(
-            head,
-            req,
-            principal=caller.principal,
-            execution_key=key,
-            now_ms=tx.now_ms,
-            new_lease_id=tx.new_lease_id(),
-            scope_conflict_expires_ms=self._scope_conflict(
-                tx, caller.principal, req.scopes, resource
-            ),
-            # the head is the generation with the highest epoch: the ledger's floor
-            epoch_floor=head.epoch if head is not None else 0,
-        )
+        try:
+            decision = self._decide_acquire(tx, head, req, key, resource)
+        except ConflictError:
+            # held under a pending handoff whose deadline passed: that handoff ends and
+            # releases it here (_rules.handoffs.decide_handoff_expiry), then decide again
+            freed = None if head is None else self._expired_carrier(tx, head)
+            if freed is None:
+                raise
+            decision = self._decide_acquire(tx, freed, req, key, resource)
         assert decision.new is not None
         if decision.noop:
             return generation_to_lease(decision.new, replayed=True)
@@ -353,6 +349,33 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
         response = {**lease.model_dump(mode="json"), ATTEMPT_FIELD: attempt}
         self._store_receipt(tx, "acquire", key, scope, digest, response)
         return lease
+
+    def _decide_acquire(
+        self,
+        tx: Tx,
+        head: Generation | None,
+        req: AcquireRequest,
+        key: str | None,
+        resource: tuple[str, str],
+    ) -> Decision:
+        return _core.decide_acquire(
+            head,
+            req,
+            principal=tx.caller.principal,
+            execution_key=key,
+            now_ms=tx.now_ms,
+            new_lease_id=tx.new_lease_id(),
+            scope_conflict_expires_ms=self._scope_conflict(
+                tx, tx.caller.principal, req.scopes, resource
+            ),
+            # the head is the generation with the highest epoch: the ledger's floor
+            epoch_floor=head.epoch if head is not None else 0,
+        )
+
+    def _expired_carrier(self, tx: Tx, head: Generation) -> Generation | None:
+        """``head`` released when an expired pending handoff carried it (implemented by
+        :class:`~prefect_baton._stores.ledger.expiry.ExpiryOps`); ``None`` here."""
+        return None
 
     def _by_proof(
         self,

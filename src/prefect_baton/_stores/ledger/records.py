@@ -16,13 +16,15 @@ from prefect_baton._rules.access import (
     may_read,
     may_read_checkpoint,
 )
-from prefect_baton._rules.core import Generation, Proof, ReleaseRequest, TransferRequest
+from prefect_baton._rules.core import Proof, TransferRequest
 from prefect_baton._rules.digests import (
     checkpoint_save_digest,
     handoff_create_digest,
     operation_digest,
     outcome_record_digest,
 )
+from prefect_baton._rules.events import RELEASE_HANDOFF_REJECTED
+from prefect_baton._rules.handoffs import carried_lease_lapsed, decide_carried_release
 from prefect_baton._rules.validation import canonical_json
 from prefect_baton._stores.ledger.base import Tx
 from prefect_baton._stores.ledger.convert import (
@@ -36,7 +38,8 @@ from prefect_baton._stores.ledger.convert import (
     row_to_generation,
     shared_fields,
 )
-from prefect_baton._stores.ledger.leases import LeaseOps
+from prefect_baton._stores.ledger.expiry import ExpiryOps, carried_lapsed
+from prefect_baton._stores.ledger.expiry import carried as carried_of
 from prefect_baton._stores.ledger.tables import (
     CheckpointRow,
     CheckpointVersion,
@@ -116,20 +119,7 @@ def _readable(s: Session, caller: Caller, row: CheckpointRow | None) -> Checkpoi
     return None
 
 
-def _carried(s: Session, row: HandoffRow) -> Generation | None:
-    """The lease generation handoff ``row`` carries (``None``: none, or unknown)."""
-    if row.lease_id is None:
-        return None
-    lrow = s.get(GenerationRow, row.lease_id)
-    return row_to_generation(lrow) if lrow is not None else None
-
-
-def carried_lapsed(s: Session, row: HandoffRow, now_ms: int) -> bool:
-    """Whether the lease handoff ``row`` carries lapsed (:func:`_core.carried_lease_lapsed`)."""
-    return row.status == "pending" and _core.carried_lease_lapsed(_carried(s, row), now_ms)
-
-
-class RecordOps(LeaseOps):
+class RecordOps(ExpiryOps):
     """Checkpoints, handoffs, outcomes and the event stream of :class:`LedgerStore`."""
 
     # ------------------------------------------------------------------ checkpoints
@@ -467,10 +457,18 @@ class RecordOps(LeaseOps):
         """
         handoff_id, status = resolution.handoff_id, resolution.status
         lease_id: str | None = None
-        with self._read() as (s, _now):
+        expired = False
+        with self._read() as (s, now):
             h = s.get(HandoffRow, handoff_id)
-            if h is not None and h.org_id == caller.org and h.lease_id:
+            if h is not None and h.org_id == caller.org:
                 lease_id = h.lease_id  # accepting moves it, rejecting may release it
+                expired = h.status == "pending" and (
+                    handoff_model(h, now, carried_lapsed=carried_lapsed(s, h, now)).status
+                    == "expired"
+                )
+        if expired:  # end it (releasing its lease) before answering that it expired
+            self.expire_handoffs(caller, handoff_id=handoff_id)
+            raise NotFoundError(f"handoff {handoff_id} has expired")
         # looked up after the first read ends: one connection at a time (the in-memory
         # ledger of prefect_baton.testing has only one)
         located = None if lease_id is None else self._resource_of(caller, lease_id)
@@ -480,22 +478,29 @@ class RecordOps(LeaseOps):
             row = s.get(HandoffRow, handoff_id)
             if row is None or row.org_id != caller.org or row.status != "pending":
                 raise NotFoundError(f"pending handoff {handoff_id} not found")
-            carried = _carried(s, row)
-            lapsed = _core.carried_lease_lapsed(carried, tx.now_ms)
+            carried = carried_of(s, row)
+            lapsed = carried_lease_lapsed(carried, tx.now_ms)
             if handoff_model(row, tx.now_ms, carried_lapsed=lapsed).status == "expired":
                 raise NotFoundError(f"handoff {handoff_id} has expired")
             check_resolver(row.to_principal, caller.principal)
             lease: Lease | None = None
-            if (
-                status == "rejected"
-                and carried is not None
-                and _core.releases_on_reject(carried, row.from_principal, tx.now_ms)
-            ):
-                proof = Proof(carried.lease_id, row.from_principal, carried.execution_key)
-                released = _core.decide_release(carried, ReleaseRequest(proof), now_ms=tx.now_ms)
-                self._apply(
-                    tx, released, caller.org, resource=(carried.resource_type, carried.resource_id)
+            released: Lease | None = None
+            release = (
+                decide_carried_release(
+                    carried,
+                    handoff_id=handoff_id,
+                    from_principal=row.from_principal,
+                    reason=RELEASE_HANDOFF_REJECTED,
+                    now_ms=tx.now_ms,
                 )
+                if status == "rejected"
+                else None
+            )
+            if release is not None and carried is not None and release.new is not None:
+                self._apply(
+                    tx, release, caller.org, resource=(carried.resource_type, carried.resource_id)
+                )
+                released = generation_to_lease(release.new)
             if status == "accepted" and row.lease_id:
                 lrow = self._row_by_id(s, caller.org, row.lease_id)
                 held = row_to_generation(lrow) if lrow else None
@@ -521,7 +526,7 @@ class RecordOps(LeaseOps):
                 else handoff_payload(row, accepted_lease_id=lease.lease_id, epoch=lease.epoch)
             )
             tx.emit(f"handoff.{status}", row.subject_id, payload)
-            return handoff_model(row, tx.now_ms, lease)
+            return handoff_model(row, tx.now_ms, lease, released=released)
 
         locks = [f"hoff:{handoff_id}"]
         if located is not None:

@@ -149,7 +149,11 @@ class HandoffRow(SQLModel, table=True):
     """A handoff from one principal to another."""
 
     __tablename__ = "baton_handoffs"
-    __table_args__ = (Index("ix_handoff_inbox", "org_id", "to_principal", "status"),)
+    __table_args__ = (
+        Index("ix_handoff_inbox", "org_id", "to_principal", "status"),
+        # the pending handoff carrying a lease (an acquire refused by that lease looks here)
+        Index("ix_handoff_lease", "lease_id"),
+    )
     handoff_id: str = Field(primary_key=True, max_length=64)
     org_id: str = Field(max_length=256)
     from_principal: str = Field(max_length=256)

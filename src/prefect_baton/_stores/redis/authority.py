@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -70,10 +71,10 @@ from prefect_baton._stores.redis.codec import (
     scope_meta,
 )
 from prefect_baton._stores.redis.connection import as_text, connect
-from prefect_baton._stores.redis.handoffs import resolve_handoff
+from prefect_baton._stores.redis.handoffs import expire_handoff, resolve_handoff
 from prefect_baton._stores.redis.keys import HANDOFF_KEY_TTL_MS, org_keys, resource_digest
 from prefect_baton._stores.redis.scripts import NOOP, OK, REPLAY, UNKNOWN, raise_for
-from prefect_baton.errors import BatonError, NotFoundError, ValidationError
+from prefect_baton.errors import BatonError, ConflictError, NotFoundError, ValidationError
 from prefect_baton.models import (
     EndStatus,
     Handoff,
@@ -84,6 +85,11 @@ from prefect_baton.models import (
 )
 
 __all__ = ["RedisAuthority", "connect"]
+
+
+CARRIER_RECHECK_SECONDS = 0.5
+"""How long a refused acquire on Redis trusts the ledger's last answer that no expired
+pending handoff carries a lease on the resource (below the shortest handoff expiry, 1 s)."""
 
 
 class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
@@ -179,7 +185,9 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
     def acquire(self, caller: Caller, request: AcquireRequest, execution: Execution) -> Lease:
         """Acquire or take over a resource in one script (rules:
         :func:`prefect_baton._rules.core.decide_acquire`; receipts as the ledger's, with
-        ``execution.attempt``: :func:`prefect_baton._rules.core.replay_check`).
+        ``execution.attempt``: :func:`prefect_baton._rules.core.replay_check`). Refused
+        by a lease that an expired pending handoff carries, it ends that handoff (releasing
+        the lease, :func:`expire_handoff`) and tries once more.
 
         Raises:
             ConflictError, VersionConflictError, IdempotencyMismatchError, LeaseLostError
@@ -189,6 +197,56 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
             while more than ``max_lag_entries`` journal entries wait for it: nothing was
             granted).
         """
+        try:
+            return self._acquire(caller, request, execution)
+        except ConflictError:
+            if not self._end_expired_handoffs(caller, [request]):
+                raise
+        return self._acquire(caller, request, execution)
+
+    def _end_expired_handoffs(self, caller: Caller, requests: Sequence[AcquireRequest]) -> bool:
+        """After a refused acquire: end the expired pending handoffs carrying a lease on a
+        resource of ``requests`` (:func:`expire_handoff`); ``True`` if a carried lease was
+        released.
+
+        The ledger is asked at most once per :data:`CARRIER_RECHECK_SECONDS` per resource and
+        process, and again at the next deadline of a carrying handoff it reported, so a
+        refused acquire in a polling loop stays a Redis round trip. No deadline is missed:
+        a handoff created after the ledger was asked expires at least 1 s later (the
+        shortest handoff expiry), after that wait."""
+        mono = time.monotonic()
+        quiet = self._carrier_quiet
+        todo = [
+            (r.resource_type, r.resource_id)
+            for r in requests
+            if quiet.get((caller.org, r.resource_type, r.resource_id), 0.0) <= mono
+        ]
+        if not todo:
+            return False
+        now, rows = self.store.handoff_carriers(caller, todo)
+        if len(quiet) > 10_000:
+            quiet.clear()
+        for rt, rid in todo:
+            waits = [(x - now) / 1000 for _h, x, t, i in rows if (t, i) == (rt, rid) and x > now]
+            quiet[(caller.org, rt, rid)] = mono + min([CARRIER_RECHECK_SECONDS, *waits])
+        ended = [expire_handoff(self, caller, h) for h, x, _t, _i in rows if x <= now]
+        return any(lease is not None for lease in ended)
+
+    def expire_handoffs(
+        self, caller: Caller, *, handoff_id: str | None = None, limit: int = 1000
+    ) -> list[Lease]:
+        """End expired pending handoffs of the org (``handoff_id``: that one if it expired;
+        else the oldest ``limit`` the ledger finds), releasing their carried leases on Redis
+        (:func:`expire_handoff`). Returns the leases released."""
+        self.sync_ledger(caller.org)
+        if handoff_id is not None:
+            ids = [handoff_id]
+        else:
+            ids = [h for h, _lease in self.store.expired_handoffs(caller, limit=limit)]
+        ended = [expire_handoff(self, caller, h) for h in ids]
+        return [lease for lease in ended if lease is not None]
+
+    def _acquire(self, caller: Caller, request: AcquireRequest, execution: Execution) -> Lease:
         self._backpressure(caller.org)
         args, rkey = self._item(caller, request, execution.key)
         reply = self._run(
@@ -215,7 +273,8 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         Each request is decided exactly as :meth:`acquire` decides it (under the same
         ``execution``); if any is refused, nothing is written and that request's error is
         raised. Returns the leases in request order (``replayed`` for those already held by
-        this execution or replayed).
+        this execution or replayed). Refused by a lease an expired pending handoff carries,
+        it ends that handoff and tries once more, as :meth:`acquire`.
 
         Raises:
             ValidationError: more than 1,000 requests, or the error of the first refused
@@ -224,6 +283,16 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         """
         if not 1 <= len(requests) <= MAX_MANY:
             raise ValidationError(f"acquire_many takes 1 to {MAX_MANY} resources")
+        try:
+            return self._acquire_many(caller, requests, execution)
+        except ConflictError:
+            if not self._end_expired_handoffs(caller, requests):
+                raise
+        return self._acquire_many(caller, requests, execution)
+
+    def _acquire_many(
+        self, caller: Caller, requests: Sequence[AcquireRequest], execution: Execution
+    ) -> list[Lease]:
         self._backpressure(caller.org)
         # One random id for the call, numbered per resource: 32 hex digits as uuid4's.
         base = os.urandom(13).hex()
@@ -308,9 +377,21 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
             lambda row, now: _core.decide_transfer(row, request, now_ms=now, new_lease_id="-"),
         )
 
-    def _release(self, caller: Caller, request: ReleaseRequest) -> Receipt:
-        """Release by proof (rules: :func:`prefect_baton._rules.core.decide_release`)."""
+    def _release(
+        self,
+        caller: Caller,
+        request: ReleaseRequest,
+        *,
+        by_handoff: tuple[str, str] | None = None,
+    ) -> Receipt:
+        """Release by proof (rules: :func:`prefect_baton._rules.core.decide_release`).
+
+        ``by_handoff``: ``(handoff id, reason)`` when a handoff's end releases the lease it
+        carries (:func:`prefect_baton._rules.handoffs.decide_carried_release`): the
+        ledger's ``lease.released`` then names them."""
         args = [*_proof_args(caller, request.proof), opt(request.expected_version)]
+        if by_handoff is not None:
+            args += [opt(by_handoff[0]), opt(by_handoff[1])]
         reply = self._run(caller.org, "release", args)
         code = int(reply[0])
         if code == OK:

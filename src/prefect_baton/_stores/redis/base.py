@@ -222,6 +222,9 @@ class AuthorityBase:
         # the limit are in _lag_over until a read finds them under it again
         self._lag_due: dict[str, float] = {}
         self._lag_over: set[str] = set()
+        # (org, resource type, resource id) -> until when (monotonic seconds) a refused
+        # acquire does not ask the ledger for expired handoffs carrying its lease again
+        self._carrier_quiet: dict[tuple[str, str, str], float] = {}
 
     # ------------------------------------------------------------------ plumbing
 

@@ -20,8 +20,14 @@ any client of the org, or an exact retry), which completes it as ``accepted``; i
 its data first, the transfer is lost with it and the rebuilt state is ``(pending, sender
 holds)``. Rejecting a lease-carrying handoff first settles the resolution key to
 ``rejected`` (refused once it says ``accepted``), then releases the carried lease on Redis
-(``_rules.core.releases_on_reject``), then records the rejection in the ledger; a crash in
-between leaves the handoff pending, and no accept can win afterwards.
+(``_rules.handoffs.decide_carried_release``), then records the rejection in the ledger; a
+crash in between leaves the handoff pending, and no accept can win afterwards.
+
+A handoff that expired unaccepted (:func:`expire_handoff`, ``_rules.handoffs.
+decide_handoff_expiry`` judged on the Redis clock and the generation Redis holds) releases
+its carried lease on Redis, then is stored ``expired`` in the ledger. No accept can win
+after the deadline: ``transfer.lua`` refuses it on the same Redis clock; an accept before
+the deadline moved the lease to a new generation first, which the rule leaves alone.
 """
 
 from __future__ import annotations
@@ -31,8 +37,10 @@ import hashlib
 from typing import TYPE_CHECKING
 
 from prefect_baton._rules.access import check_resolver
-from prefect_baton._rules.core import Proof, ReleaseRequest, releases_on_reject
-from prefect_baton._stores.ledger.records import carried_lapsed
+from prefect_baton._rules.core import Generation, Proof, ReleaseRequest
+from prefect_baton._rules.events import RELEASE_HANDOFF_EXPIRED, RELEASE_HANDOFF_REJECTED
+from prefect_baton._rules.handoffs import decide_carried_release, decide_handoff_expiry
+from prefect_baton._stores.ledger.expiry import carried_lapsed
 from prefect_baton._stores.ledger.store import handoff_model
 from prefect_baton._stores.ledger.tables import HandoffRow
 from prefect_baton._stores.protocol import Caller, ResolveRequest
@@ -40,13 +48,19 @@ from prefect_baton._stores.redis.codec import lease_from_gen, opt
 from prefect_baton._stores.redis.connection import as_text
 from prefect_baton._stores.redis.keys import HANDOFF_KEY_TTL_MS, org_keys
 from prefect_baton._stores.redis.scripts import OK, REPLAY, UNKNOWN, raise_for
-from prefect_baton.errors import NotFoundError
+from prefect_baton.errors import LeaseLostError, NotFoundError
 from prefect_baton.models import Handoff, Lease
 
 if TYPE_CHECKING:
     from prefect_baton._stores.redis.authority import RedisAuthority
 
-__all__ = ["mark_rejected", "release_carried", "resolve_handoff", "transfer_lease"]
+__all__ = [
+    "expire_handoff",
+    "mark_rejected",
+    "release_carried",
+    "resolve_handoff",
+    "transfer_lease",
+]
 
 
 def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: ResolveRequest) -> Handoff:
@@ -68,23 +82,31 @@ def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: ResolveReq
     handoff_id = resolution.handoff_id
     store = auth.store
     auth.sync_ledger(caller.org)
+    expired = False
     with store._read() as (s, now):
         row = s.get(HandoffRow, handoff_id)
         lease_id = from_principal = expires_at_ms = None
         if row is not None and row.org_id == caller.org and row.status == "pending":
             lease_id, from_principal = row.lease_id, row.from_principal
             expires_at_ms = row.expires_at_ms
-            if handoff_model(row, now, carried_lapsed=carried_lapsed(s, row, now)).status == (
-                "expired"
-            ):
-                raise NotFoundError(f"handoff {handoff_id} has expired")
-            check_resolver(row.to_principal, caller.principal)
+            expired = (
+                handoff_model(row, now, carried_lapsed=carried_lapsed(s, row, now)).status
+                == "expired"
+            )
+            if not expired:
+                check_resolver(row.to_principal, caller.principal)
+    if expired:  # end it (releasing its lease) before answering that it expired
+        expire_handoff(auth, caller, handoff_id)
+        raise NotFoundError(f"handoff {handoff_id} has expired")
     if lease_id is None or from_principal is None:
         return store.handoff_resolve(caller, resolution)
     if resolution.status == "rejected":
         mark_rejected(auth, caller, handoff_id)
-        release_carried(auth, caller, lease_id, from_principal)
-        return store.handoff_resolve(caller, resolution)
+        released = release_carried(auth, caller, handoff_id, lease_id, from_principal)
+        rejected = store.handoff_resolve(caller, resolution)
+        if released is None:
+            return rejected
+        return rejected.model_copy(update={"released_lease": released})
     lease = transfer_lease(
         auth,
         caller,
@@ -102,19 +124,84 @@ def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: ResolveReq
         return handoff_model(done, now, lease)
 
 
-def release_carried(auth: RedisAuthority, caller: Caller, lease_id: str, sender: str) -> None:
+def release_carried(
+    auth: RedisAuthority, caller: Caller, handoff_id: str, lease_id: str, sender: str
+) -> Lease | None:
     """Release the lease a rejected handoff carries when
-    :func:`prefect_baton._rules.core.releases_on_reject` says so (on Redis, the authority),
-    then drain the journal so the ledger's rejection sees it released and leaves it alone.
-    A crash in between leaves the handoff pending with its lease released: accepting it is
-    then ``LEASE_LOST``, and rejecting it again completes the rejection."""
+    :func:`prefect_baton._rules.handoffs.decide_carried_release` says so, judged on the
+    generation Redis holds and the Redis clock (:func:`_release_by_handoff`).
+
+    Returns:
+        The released generation, or ``None`` when nothing was released.
+    """
     held, now = auth.generation(caller, lease_id)
-    if not releases_on_reject(held, sender, now):
-        return
-    assert held is not None
+    release = decide_carried_release(
+        held,
+        handoff_id=handoff_id,
+        from_principal=sender,
+        reason=RELEASE_HANDOFF_REJECTED,
+        now_ms=now,
+    )
+    if release is None or held is None:
+        return None
+    return _release_by_handoff(auth, caller, held, sender, (handoff_id, RELEASE_HANDOFF_REJECTED))
+
+
+def _release_by_handoff(
+    auth: RedisAuthority, caller: Caller, held: Generation, sender: str, by: tuple[str, str]
+) -> Lease | None:
+    """Release ``held`` on Redis with the sender's proof, the journal entry naming the
+    handoff and reason ``by``, then drain the journal so the ledger sees it released (and
+    leaves it alone). A crash in between leaves the handoff pending with its lease released:
+    accepting it is then ``LEASE_LOST``, and ending it again completes it.
+
+    Returns:
+        The released generation, or ``None`` (already released, or moved on meanwhile).
+    """
     as_sender = dataclasses.replace(caller, principal=sender)
-    auth._release(as_sender, ReleaseRequest(Proof(held.lease_id, sender, held.execution_key)))
+    try:
+        receipt = auth._release(
+            as_sender,
+            ReleaseRequest(Proof(held.lease_id, sender, held.execution_key)),
+            by_handoff=by,
+        )
+    except LeaseLostError:
+        return None  # taken over after its TTL meanwhile: nothing to release
     auth.sync_ledger(caller.org, strict=True)
+    return None if receipt.status == "no_change" else receipt.lease
+
+
+def expire_handoff(auth: RedisAuthority, caller: Caller, handoff_id: str) -> Lease | None:
+    """End handoff ``handoff_id`` if it expired unaccepted
+    (:func:`prefect_baton._rules.handoffs.decide_handoff_expiry`, judged on the Redis clock
+    and the generation Redis holds): release its carried lease on Redis, drain the journal
+    (an acceptance made before the deadline reaches the ledger first), then store it
+    ``expired`` in the ledger. Idempotent: a handoff no longer pending, or a lease already
+    released, is left as it is.
+
+    Returns:
+        The carried lease released by this call, or ``None``.
+    """
+    store = auth.store
+    with store._read() as (s, _now):
+        row = s.get(HandoffRow, handoff_id)
+        if row is None or row.org_id != caller.org or row.status != "pending":
+            return None
+        lease_id, sender, expires_at_ms = row.lease_id, row.from_principal, row.expires_at_ms
+    released = None
+    if lease_id is not None:
+        held, now = auth.generation(caller, lease_id)
+        expiry = decide_handoff_expiry(
+            handoff_id, "pending", expires_at_ms, carried=held, from_principal=sender, now_ms=now
+        )
+        if expiry is None:
+            return None  # not expired on the Redis clock: an accept may still win
+        if expiry.release is not None and held is not None:
+            by = (handoff_id, RELEASE_HANDOFF_EXPIRED)
+            released = _release_by_handoff(auth, caller, held, sender, by)
+        auth.sync_ledger(caller.org, strict=True)
+    store.expire_handoffs(caller, handoff_id=handoff_id, release=False)
+    return released
 
 
 def mark_rejected(auth: RedisAuthority, caller: Caller, handoff_id: str) -> None:

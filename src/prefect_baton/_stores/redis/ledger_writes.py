@@ -45,7 +45,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import col
 
-from prefect_baton._rules.events import lease_events, reports_expiry
+from prefect_baton._rules.events import lease_events, released_by_handoff, reports_expiry
 from prefect_baton._stores.ledger.convert import handoff_payload
 from prefect_baton._stores.ledger.engine import SQLITE_BUSY_TIMEOUT_MS
 from prefect_baton._stores.ledger.leases import ATTEMPT_FIELD
@@ -216,6 +216,14 @@ class LedgerWriter:
             batch.first_at = at
         events: list[tuple[str, str, dict[str, Any]]] = []
         last: list[str] | None = None
+        ho = p.get("ho")
+        # a release entry with handoff fields: a handoff's end released its carried lease
+        # (_rules.handoffs.decide_carried_release); any other entry with them accepts it
+        by_handoff = (
+            released_by_handoff(str(ho["id"]), str(ho["nt"]))
+            if ho and any(it["a"] == "release" for it in p["it"])
+            else None
+        )
         for item in p["it"]:
             new = gen_fields(item["n"])
             subject = f"{new[1]}/{new[2]}"
@@ -241,6 +249,7 @@ class LedgerWriter:
                 ended=None if ended is None else event_payload(ended),
                 ended_status=None if ended is None else ended[8],
                 expiry_reported=reported,
+                extra=by_handoff,
             ):
                 events.append((kind, subject, payload))
             rc = item.get("rc")
@@ -258,8 +267,7 @@ class LedgerWriter:
                     int(rc["ex"]),
                 )
             last = new
-        ho = p.get("ho")
-        if ho and last is not None:
+        if ho and by_handoff is None and last is not None:
             events += self._accept_handoff(conn, org, ho, last, at)
         inc = str(p["i"])
         append = batch.events.append

@@ -171,6 +171,13 @@ class RestStore(_Transport):
     def ledger_barrier(self, caller: Caller) -> None:
         """Nothing to wait for: the server orders its own ledger and authority."""
 
+    def expire_handoffs(
+        self, caller: Caller, *, handoff_id: str | None = None, limit: int = 1000
+    ) -> list[Lease]:
+        """Nothing to do here: the server ends expired handoffs on its own reads, resolves,
+        acquires and sweeps (``report-expired``). Returns ``[]``."""
+        return []
+
     @property
     def state_max_bytes(self) -> int:
         """The server's checkpoint state cap in bytes."""

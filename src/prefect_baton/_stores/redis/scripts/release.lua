@@ -3,7 +3,9 @@
 -- released by this proof is a durable no_change. Version and epoch are kept.
 -- KEYS[1..10]: the per-org keys listed in _lib.lua.
 -- ARGV[1] principal, ARGV[2] role, ARGV[3] execution key ("" or "=" .. key), ARGV[4] lease id,
--- ARGV[5] expected version ("" or "=" .. n).
+-- ARGV[5] expected version ("" or "=" .. n), ARGV[6] the handoff whose end releases it ("" or
+-- absent: none; else "=" .. id) and ARGV[7] the reason ("=" .. reason), kept in the journal
+-- entry's handoff fields so that the ledger's lease.released names them.
 -- Returns:
 --   {0, journal entry id, generation}   released (the generation's status says how)
 --   {1, generation}                      no_change: already released/expired (no write)
@@ -38,5 +40,6 @@ end
 redis.call('HSET', KEYS[2], g.rd, json)
 redis.call('ZREM', KEYS[6], own_member(g))
 if sid then S().idx_remove(sid) end
-local eid = journal(mk, principal, ARGV[2], now, {item('release', json)})
+local eid = journal(mk, principal, ARGV[2], now, {item('release', json)}, opt(ARGV[6]),
+  opt(ARGV[7]))
 return {C_OK, eid, json}

@@ -1,0 +1,164 @@
+"""The handoff rules of the pure core: what status a handoff reads as, and what happens to
+the lease it carries when it is rejected or expires (DESIGN.md "Handoffs").
+
+No I/O and no clock: every function takes ``now_ms`` (epoch milliseconds read from the
+authority) and the rows it needs. The ledger store applies these decisions in its
+transactions; the Redis authority applies them around its scripts (the lease lives in
+Redis, the handoff in the ledger), reading the carried generation and the clock from Redis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from prefect_baton._rules.core import Decision, Generation, Proof, ReleaseRequest, decide_release
+from prefect_baton._rules.events import RELEASE_HANDOFF_EXPIRED, released_by_handoff
+
+__all__ = [
+    "HandoffExpiry",
+    "carried_lease_lapsed",
+    "decide_carried_release",
+    "decide_handoff_expiry",
+    "handoff_status",
+    "releases_carried",
+]
+
+
+def carried_lease_lapsed(carried: Generation | None, now_ms: int) -> bool:
+    """Whether the lease a pending handoff carries ran out before anyone accepted it.
+
+    ``carried`` is the generation the handoff names (``None`` when unknown). It lapsed when
+    it is still ``active`` past its expiry on the authority's clock, or ended ``expired`` /
+    ``taken_over`` (another holder found it expired). A lease its sender released or moved
+    elsewhere did not lapse: accepting that handoff is ``LEASE_LOST`` and it stays pending.
+    """
+    if carried is None:
+        return False
+    if carried.status == "active":
+        return carried.expires_at_ms <= now_ms
+    return carried.status in ("expired", "taken_over")
+
+
+def handoff_status(
+    status: str, expires_at_ms: int | None, now_ms: int, *, carried_lapsed: bool
+) -> str:
+    """The status a handoff reads as (DESIGN.md "Handoffs").
+
+    A ``pending`` handoff reads ``expired`` once its own expiry (``expires_at_ms``) has
+    passed, or once the lease it carries lapsed (``carried_lapsed``, see
+    :func:`carried_lease_lapsed`): nothing can be transferred any more, so it leaves the
+    recipient's inbox and can no longer be resolved (``NOT_FOUND``). Other statuses are kept
+    (a stored ``expired`` too: :func:`decide_handoff_expiry` marks it).
+    """
+    if status != "pending":
+        return status
+    if expires_at_ms is not None and expires_at_ms <= now_ms:
+        return "expired"
+    return "expired" if carried_lapsed else "pending"
+
+
+def releases_carried(carried: Generation | None, from_principal: str, now_ms: int) -> bool:
+    """Whether ending a pending handoff without acceptance (a rejection, or its own
+    expiry) releases the lease it carries.
+
+    Handing a lease over gives it away: from :func:`handoff_to` on the sender no longer
+    releases it (an acceptance fences the sender out at any moment), and a Prefect sender's
+    block has usually ended. A handoff that ends unaccepted therefore releases the carried
+    generation in the same step when it is still the sender's and effective, recorded as
+    ``lease.released``, instead of leaving the resource held by nobody until the TTL. A
+    lease that already ended or moved is left as it is.
+    """
+    return carried is not None and carried.owner == from_principal and carried.effective(now_ms)
+
+
+def decide_carried_release(
+    carried: Generation | None,
+    *,
+    handoff_id: str,
+    from_principal: str,
+    reason: str,
+    now_ms: int,
+) -> Decision | None:
+    """The release of the lease a handoff carries when it ends unaccepted, or ``None`` when
+    :func:`releases_carried` says to leave it.
+
+    Args:
+        carried: the carried generation as the lease authority has it (``None``: unknown).
+        handoff_id: the handoff (named in the ``lease.released`` payload).
+        from_principal: its sender, whose proof releases the lease.
+        reason: :data:`~prefect_baton._rules.events.RELEASE_HANDOFF_REJECTED` or
+            :data:`~prefect_baton._rules.events.RELEASE_HANDOFF_EXPIRED`.
+        now_ms: the authority's clock (epoch milliseconds).
+
+    Returns:
+        A ``release`` :class:`Decision` (version and epoch kept) whose ``extra`` carries the
+        ``reason`` and ``handoff_id`` of its ``lease.released`` event, or ``None``.
+    """
+    if not releases_carried(carried, from_principal, now_ms):
+        return None
+    assert carried is not None
+    proof = Proof(carried.lease_id, from_principal, carried.execution_key)
+    release = decide_release(carried, ReleaseRequest(proof), now_ms=now_ms)
+    return replace(release, extra=released_by_handoff(handoff_id, reason))
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffExpiry:
+    """What an expired pending handoff turns into (:func:`decide_handoff_expiry`).
+
+    Attributes:
+        handoff_id: the handoff, to be stored as ``expired`` (resolved at ``now_ms``).
+        release: the release of the lease it carries (see :func:`decide_carried_release`),
+            or ``None`` when there is none to release.
+    """
+
+    handoff_id: str
+    release: Decision | None
+
+
+def decide_handoff_expiry(
+    handoff_id: str,
+    status: str,
+    expires_at_ms: int | None,
+    *,
+    carried: Generation | None,
+    from_principal: str,
+    now_ms: int,
+) -> HandoffExpiry | None:
+    """Decide whether a handoff has expired and what becomes of the lease it carries.
+
+    A ``pending`` handoff that reads ``expired`` (:func:`handoff_status`: its own
+    ``expires_at_ms`` passed, or its carried lease lapsed) is marked ``expired``; when its
+    carried lease is still the sender's and effective it is released in the same step,
+    recorded as ``lease.released`` with ``reason`` ``handoff_expired``, so the resource is
+    free at the handoff's deadline instead of at the lease's TTL. The decision is the same
+    whoever applies it (a read, a resolve, an acquire of the resource, the sweep) and
+    applying it twice finds nothing left to do: the handoff is no longer pending.
+
+    Safety: an acceptance settles the handoff (``accepted``) and moves the lease to a new
+    generation before the deadline, or is refused after it (``NOT_FOUND``), on the same
+    authority clock, so a lease accepted before the deadline is never released here.
+
+    Args:
+        handoff_id: the handoff. status: its stored status.
+        expires_at_ms: its own expiry (epoch ms), or ``None``.
+        carried: the generation it carries as the lease authority has it, or ``None``.
+        from_principal: its sender. now_ms: the authority's clock (epoch ms).
+
+    Returns:
+        A :class:`HandoffExpiry`, or ``None`` when the handoff is not an expired pending one.
+    """
+    lapsed = carried_lease_lapsed(carried, now_ms)
+    if (
+        status != "pending"
+        or handoff_status(status, expires_at_ms, now_ms, carried_lapsed=lapsed) != "expired"
+    ):
+        return None
+    release = decide_carried_release(
+        carried,
+        handoff_id=handoff_id,
+        from_principal=from_principal,
+        reason=RELEASE_HANDOFF_EXPIRED,
+        now_ms=now_ms,
+    )
+    return HandoffExpiry(handoff_id, release)

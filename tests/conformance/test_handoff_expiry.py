@@ -1,0 +1,109 @@
+"""A handoff that carries a lease and expires unaccepted releases that lease (DESIGN.md
+"Handoffs"; ``_rules.handoffs.decide_handoff_expiry``), on every arm: whoever comes first
+after the deadline (an acquire of the resource, a read of the handoff, a resolve, the
+sweep) ends it, the release is recorded once, and a handoff accepted before its deadline
+keeps its lease."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+
+import pytest
+
+from prefect_baton import Baton, ConflictError, Handoff, NotFoundError
+from prefect_baton.testing import clock_of
+
+SUBJ = "report-2024"
+RT = "delivery"
+
+
+def _pass_deadline(b: Baton, *handoffs: Handoff) -> None:
+    """Move past the latest expiry of ``handoffs``: the memory arm's clock is moved, the
+    others wait in real time (the shortest handoff expiry is 1 s)."""
+    at = max(h.expires_at for h in handoffs if h.expires_at is not None)
+    try:
+        clock = clock_of(b)
+    except ValueError:
+        time.sleep(max(0.0, (at - datetime.now(UTC)).total_seconds()) + 0.05)
+        return
+    clock.advance(max(0.0, at.timestamp() - clock.now_ms() / 1000) + 0.01)
+
+
+def _released(b: Baton, lease_id: str) -> list[dict[str, object]]:
+    return [
+        e.payload
+        for e in b.events.list(kind="lease.released", limit=1000)
+        if e.payload["lease_id"] == lease_id
+    ]
+
+
+def test_expired_handoff_releases_its_lease(baton: Baton) -> None:
+    """Past its deadline a lease-carrying handoff reads ``expired`` and its lease is
+    released once (``lease.released``, reason ``handoff_expired``): by an acquire of the
+    resource (which then succeeds with a higher epoch, long before the lease's TTL), by a
+    read of the handoff (whose result names the released lease), by a resolve (``NOT_FOUND``)
+    or by the sweep. Accepting
+    it afterwards is ``NOT_FOUND``; a handoff accepted before its deadline keeps its lease."""
+    b = baton.as_principal("agent-b")
+    c = baton.as_principal("agent-c")
+    leases = {
+        name: baton.leases.acquire(RT, name, ttl_seconds=300, idempotency_key=f"w-{name}")
+        for name in ("by-acquire", "by-read", "by-resolve", "by-sweep", "accepted")
+    }
+    sent = {
+        name: baton.handoffs.create("agent-b", SUBJ, lease=lease, expires_in_seconds=1)
+        for name, lease in leases.items()
+    }
+    moved = b.handoffs.resolve(sent["accepted"].handoff_id, "accepted").lease
+    assert moved is not None
+    _pass_deadline(baton, *sent.values())
+
+    # an acquire of the resource ends the handoff and gets the resource at once
+    taker = c.leases.acquire(RT, "by-acquire", ttl_seconds=60)
+    assert taker.epoch > leases["by-acquire"].epoch
+    h = baton.handoffs.get(sent["by-acquire"].handoff_id)
+    assert (h.status, h.released_lease) == ("expired", None)  # ended by the acquire
+    assert h.resolved_at is not None
+
+    # the first read ends it and names the released lease; the next read changes nothing
+    first = b.handoffs.get(sent["by-read"].handoff_id)
+    assert first.status == "expired"
+    assert first.released_lease is not None
+    assert first.released_lease.lease_id == leases["by-read"].lease_id
+    assert first.released_lease.status == "released"
+    assert baton.handoffs.get(sent["by-read"].handoff_id).released_lease is None
+    assert not c.leases.inspect(RT, "by-read").held
+
+    # a resolve is NOT_FOUND and ends it on the way
+    for status in ("rejected", "accepted"):
+        with pytest.raises(NotFoundError):
+            b.handoffs.resolve(sent["by-resolve"].handoff_id, status)
+    assert not c.leases.inspect(RT, "by-resolve").held
+
+    # the sweep ends the rest: two sweepers at once, then a third (a duplicate delivery),
+    # record one release
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda who: who.leases.report_expired(), [baton, c]))
+    baton.leases.report_expired()
+    assert baton.handoffs.get(sent["by-sweep"].handoff_id).status == "expired"
+    assert c.leases.acquire(RT, "by-sweep", ttl_seconds=60).epoch > leases["by-sweep"].epoch
+
+    for name in ("by-acquire", "by-read", "by-resolve", "by-sweep"):
+        (payload,) = _released(baton, leases[name].lease_id)
+        assert payload["reason"] == "handoff_expired"
+        assert payload["handoff_id"] == sent[name].handoff_id
+        assert payload["status"] == "released"
+        with pytest.raises(NotFoundError) as refused:
+            b.handoffs.resolve(sent[name].handoff_id, "accepted")
+        assert refused.value.code == "NOT_FOUND"
+    assert b.handoffs.inbox() == []
+
+    # accepted just before the deadline: untouched, the recipient still holds it
+    assert b.handoffs.get(sent["accepted"].handoff_id).status == "accepted"
+    assert _released(baton, leases["accepted"].lease_id) == []
+    assert _released(baton, moved.lease_id) == []
+    with pytest.raises(ConflictError):
+        c.leases.acquire(RT, "accepted", ttl_seconds=60)
+    assert b.leases.renew(moved).epoch == moved.epoch

@@ -1,0 +1,131 @@
+"""The pure handoff rules (``_rules.handoffs``): when a pending handoff has expired, and
+what becomes of the lease it carries when it ends unaccepted."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from prefect_baton._rules.core import Generation
+from prefect_baton._rules.handoffs import (
+    HandoffExpiry,
+    decide_carried_release,
+    decide_handoff_expiry,
+    handoff_status,
+)
+
+T0 = 1_700_000_000_000
+DEADLINE = T0 + 5_000
+
+
+def _carried(**kw: object) -> Generation:
+    g = Generation(
+        lease_id="L1",
+        resource_type="t",
+        resource_id="r",
+        owner="alice",
+        execution_key="k1",
+        version=3,
+        epoch=7,
+        status="active",
+        acquired_at_ms=T0,
+        expires_at_ms=T0 + 60_000,
+        ttl_ms=60_000,
+    )
+    return replace(g, **kw)  # type: ignore[arg-type]
+
+
+def _expiry(
+    now_ms: int, *, status: str = "pending", carried: Generation | None = None
+) -> HandoffExpiry | None:
+    return decide_handoff_expiry(
+        "hoff_1",
+        status,
+        DEADLINE,
+        carried=_carried() if carried is None else carried,
+        from_principal="alice",
+        now_ms=now_ms,
+    )
+
+
+def test_before_the_deadline_nothing_happens() -> None:
+    """One millisecond before its deadline a pending handoff is left alone (an accept may
+    still win); at the deadline it has expired."""
+    assert _expiry(DEADLINE - 1) is None
+    assert _expiry(DEADLINE) is not None
+
+
+def test_expiry_releases_the_senders_effective_lease() -> None:
+    """Past the deadline the carried lease, still the sender's and effective, is released:
+    version and epoch kept, its event names the reason and the handoff."""
+    expiry = _expiry(DEADLINE + 1)
+    assert expiry is not None
+    assert expiry.release is not None
+    new = expiry.release.new
+    assert new is not None
+    assert (new.status, new.ended_at_ms, new.version, new.epoch) == (
+        "released",
+        DEADLINE + 1,
+        3,
+        7,
+    )
+    assert expiry.release.action == "release"
+    assert expiry.release.extra == {"reason": "handoff_expired", "handoff_id": "hoff_1"}
+
+
+@pytest.mark.parametrize("status", ["accepted", "rejected", "expired"])
+def test_a_handoff_no_longer_pending_is_left_alone(status: str) -> None:
+    """An accepted (or already ended) handoff never releases anything: applying the rule
+    twice, or after an accept just before the deadline, does nothing."""
+    assert _expiry(DEADLINE + 1, status=status) is None
+
+
+@pytest.mark.parametrize(
+    "carried",
+    [
+        _carried(status="transferred", ended_at_ms=DEADLINE - 1),  # accepted just before
+        _carried(status="released", ended_at_ms=T0 + 1),  # the sender released it
+        _carried(owner="bob"),  # not the sender's
+        _carried(expires_at_ms=DEADLINE),  # ran out: nothing to release
+    ],
+    ids=["transferred", "released", "other-owner", "lapsed"],
+)
+def test_expired_but_lease_not_the_senders_is_not_released(carried: Generation) -> None:
+    """The handoff still expires, but a lease that moved on, ended or lapsed is left as it
+    is (a lease moved to the recipient is never released under it)."""
+    expiry = _expiry(DEADLINE + 1, carried=carried)
+    assert expiry is not None
+    assert expiry.release is None
+
+
+def test_a_lapsed_carried_lease_expires_the_handoff_before_its_deadline() -> None:
+    """A pending handoff whose carried lease ran out reads expired and is ended before its
+    own deadline, with nothing to release."""
+    lapsed = _carried(expires_at_ms=T0 + 1_000)
+    expiry = _expiry(T0 + 2_000, carried=lapsed)
+    assert expiry is not None
+    assert expiry.release is None
+    assert handoff_status("pending", None, T0 + 2_000, carried_lapsed=True) == "expired"
+    assert handoff_status("pending", None, T0 + 2_000, carried_lapsed=False) == "pending"
+
+
+def test_rejection_release_names_its_reason() -> None:
+    """A rejection releases the same way, with reason ``handoff_rejected``."""
+    release = decide_carried_release(
+        _carried(),
+        handoff_id="hoff_2",
+        from_principal="alice",
+        reason="handoff_rejected",
+        now_ms=T0 + 1,
+    )
+    assert release is not None
+    assert release.new is not None
+    assert release.new.status == "released"
+    assert release.extra == {"reason": "handoff_rejected", "handoff_id": "hoff_2"}
+    assert (
+        decide_carried_release(
+            _carried(), handoff_id="h", from_principal="bob", reason="x", now_ms=T0 + 1
+        )
+        is None
+    )

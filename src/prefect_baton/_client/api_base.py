@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, runtime_che
 from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._rules.core import Proof
 from prefect_baton._stores.protocol import Caller, RecordStore
-from prefect_baton.metrics import _state as _metrics_state
 from prefect_baton.errors import BatonError, ValidationError, as_baton_error
+from prefect_baton.metrics import _state as _metrics_state
 from prefect_baton.models import Lease
 
 if TYPE_CHECKING:

@@ -75,7 +75,9 @@ def enable(
     """
     from prefect_baton.metrics._prom import PrometheusSink, listen
 
-    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
+    if port is not None and (
+        isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535
+    ):
         raise ValidationError(f"the metrics port must be an integer from 0 to 65535, got {port!r}")
     sinks = list(_state.SINKS)
     if not any(isinstance(s, PrometheusSink) for s in sinks):

@@ -41,7 +41,11 @@ _ACQUIRE_ERRORS: tuple[tuple[type[BatonError], str], ...] = (
 )
 
 #: Where a fenced ledger write is rejected, by client operation.
-_FENCED = {"checkpoints.save": "checkpoint", "outcomes.record": "outcome", "handoffs.create": "handoff"}
+_FENCED = {
+    "checkpoints.save": "checkpoint",
+    "outcomes.record": "outcome",
+    "handoffs.create": "handoff",
+}
 
 
 def acquire_result(lease: Lease | None, error: BaseException | None) -> str:
@@ -61,7 +65,9 @@ def _signature(method: Callable[..., Any]) -> inspect.Signature:
     return inspect.signature(method)
 
 
-def _argument(method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Any:
+def _argument(
+    method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], name: str
+) -> Any:
     """The argument ``name`` of the call ``method(*args, **kwargs)`` (``None`` if absent)."""
     try:
         bound = _signature(method).bind_partial(*args, **kwargs)
@@ -170,7 +176,9 @@ def _record_release(
         if result.status in ("released", "expired") and not result.replayed:
             ended = lease.expires_at if result.status == "expired" else lease.released_at
             held = (ended or datetime.now(UTC)) - lease.acquired_at
-            record("baton_hold_seconds", org, lease.resource_type, value=max(0.0, held.total_seconds()))
+            record(
+                "baton_hold_seconds", org, lease.resource_type, value=max(0.0, held.total_seconds())
+            )
     elif error is not None:
         rt = _resource_type(_argument(method, args, kwargs, "lease"))
         record("baton_releases", org, rt, _code(error))

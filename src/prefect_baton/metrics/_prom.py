@@ -77,7 +77,7 @@ def recorded() -> Collector:
     if not path:
         return REGISTRY
     merged = CollectorRegistry(auto_describe=False)
-    MultiProcessCollector(merged, path)
+    MultiProcessCollector(merged, path)  # type: ignore[no-untyped-call]
     return merged
 
 
@@ -173,7 +173,9 @@ class Exposition(Collector):
                     yield family
                     continue
                 kept = Metric(family.name, family.documentation, family.type, family.unit)
-                kept.samples = [s for s in family.samples if s.labels.get("organization") == self.org]
+                kept.samples = [
+                    s for s in family.samples if s.labels.get("organization") == self.org
+                ]
                 yield kept
 
 
@@ -211,7 +213,9 @@ class Listener:
         self._server.server_close()
 
 
-def listen(port: int, store: LedgerStore | None = None, authority: LeaseAuthority | None = None) -> Listener:
+def listen(
+    port: int, store: LedgerStore | None = None, authority: LeaseAuthority | None = None
+) -> Listener:
     """Serve the text exposition of every organization, unauthenticated, on
     ``127.0.0.1:port`` (``int``, 0..65535; 0: a free port) on a daemon thread
     (prometheus_client's HTTP server). Only loopback: anyone who can connect reads it.
@@ -225,7 +229,9 @@ def listen(port: int, store: LedgerStore | None = None, authority: LeaseAuthorit
     try:
         server, _thread = start_http_server(port, addr="127.0.0.1", registry=Exposition(sources))
     except OSError as exc:
-        raise UnavailableError(f"cannot listen for metrics on 127.0.0.1:{port}: {exc.strerror or exc}") from exc
+        raise UnavailableError(
+            f"cannot listen for metrics on 127.0.0.1:{port}: {exc.strerror or exc}"
+        ) from exc
     return Listener(int(server.server_port), server)
 
 

@@ -137,8 +137,7 @@ INSTRUMENTS = {
             "histogram",
             ("organization", "status"),
             "seconds",
-            "Time from a handoff's creation to its resolution, by status (accepted or "
-            "rejected).",
+            "Time from a handoff's creation to its resolution, by status (accepted or rejected).",
             _HOLD,
         ),
         Instrument(

@@ -25,7 +25,7 @@ def effective_leases(store: LedgerStore, org: str | None = None) -> list[tuple[s
     now = store.now_ms()
     n = func.count()
     query = (
-        select(GenerationRow.org_id, GenerationRow.resource_type, n)
+        select(col(GenerationRow.org_id), col(GenerationRow.resource_type), n)
         .where(col(GenerationRow.status) == "active", col(GenerationRow.expires_at_ms) > now)
         .group_by(col(GenerationRow.org_id), col(GenerationRow.resource_type))
         .order_by(n.desc())
@@ -48,7 +48,7 @@ def pending_handoffs(store: LedgerStore, org: str | None = None) -> list[tuple[s
     """
     now = store.now_ms()
     query = (
-        select(HandoffRow.org_id, func.count())
+        select(col(HandoffRow.org_id), func.count())
         .where(
             col(HandoffRow.status) == "pending",
             or_(col(HandoffRow.expires_at_ms).is_(None), col(HandoffRow.expires_at_ms) > now),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -84,7 +85,8 @@ def test_counters_move_with_each_operation(recording: None, baton: Baton, org: s
     text = metrics.exposition(baton).decode()
     assert f'organization="{org}"' in text
     assert rid not in text
-    assert "agent-b" not in text and lease.lease_id not in text
+    assert "agent-b" not in text
+    assert lease.lease_id not in text
 
 
 @pytest.mark.parametrize("ledger_url", ["sqlite", "redis"], indirect=True)
@@ -130,7 +132,10 @@ def test_listener_serves_every_org_on_loopback(recording: None, baton: Baton, or
     assert r.headers["content-type"].startswith("text/plain")
     line = f'baton_effective_leases{{organization="{org}",resource_type="deploy"}} 1.0'
     assert line in r.text
-    assert f'baton_acquires_total{{organization="{org}",resource_type="deploy",result="granted"}}' in r.text
+    assert (
+        f'baton_acquires_total{{organization="{org}",resource_type="deploy",result="granted"}}'
+        in r.text
+    )
 
 
 @pytest.mark.parametrize("port", [-1, 65536, "9464", True])
@@ -174,3 +179,12 @@ def test_otel_records_the_same_instruments(baton: Baton, org: str) -> None:
     ]
     granted = {"organization": org, "resource_type": "deploy", "result": "granted"}
     assert ("baton_acquires", granted, 1) in points
+
+
+def test_every_metric_is_documented() -> None:
+    """``docs/operations.md`` lists every counter, histogram and gauge with its labels."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    for spec in [*metrics.INSTRUMENTS.values(), *metrics.GAUGES.values()]:
+        name = f"{spec.name}_total" if spec.kind == "counter" else spec.name
+        labels = ", ".join(f"`{label}`" for label in spec.labels)
+        assert f"| `{name}` | {spec.kind} | {labels} |" in page, name

@@ -64,7 +64,8 @@ INSTRUMENTS = {
             "",
             "Lease acquires by result: granted, replayed, conflict, version_conflict, "
             "in_flight, lost (a replay of a lease since lost) or error (any other refusal). "
-            "acquire_many counts each resource.",
+            "acquire_many counts each resource it grants, and a refusal once with an empty "
+            "resource_type.",
         ),
         Instrument(
             "baton_acquire_seconds",

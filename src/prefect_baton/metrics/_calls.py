@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any, TypeVar
@@ -65,17 +66,6 @@ def _signature(method: Callable[..., Any]) -> inspect.Signature:
     return inspect.signature(method)
 
 
-def _argument(
-    method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], name: str
-) -> Any:
-    """The argument ``name`` of the call ``method(*args, **kwargs)`` (``None`` if absent)."""
-    try:
-        bound = _signature(method).bind_partial(*args, **kwargs)
-    except TypeError:
-        return None
-    return bound.arguments.get(name)
-
-
 def _resource_type(obj: Any) -> str:
     """The resource type of a lease (or lease block), ``""`` for anything else."""
     value = getattr(obj, "resource_type", None) if obj is not None else None
@@ -84,6 +74,26 @@ def _resource_type(obj: Any) -> str:
 
 def _code(error: BaseException) -> str:
     return str(getattr(error, "code", "internal_error")).lower()
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One call of a client operation: its name (``leases.acquire``), the caller's
+    organization, and the method with the arguments it was given."""
+
+    name: str
+    org: str
+    method: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    def argument(self, name: str) -> Any:
+        """The argument ``name`` of the call (``None`` if absent)."""
+        try:
+            bound = _signature(self.method).bind_partial(*self.args, **self.kwargs)
+        except TypeError:
+            return None
+        return bound.arguments.get(name)
 
 
 def observed(
@@ -102,53 +112,44 @@ def observed(
     stores = getattr(baton, "_stores", None)
     if baton is None or getattr(stores, "store", None) is None:
         return run(*args, **kwargs)  # a REST API client: its server counts the operation
-    org: str = baton.caller.org
+    call = _Call(name, baton.caller.org, method, args, kwargs)
     started = time.perf_counter()
     try:
         result = run(*args, **kwargs)
     except BaseException as exc:
-        _record(name, org, method, args, kwargs, None, exc, time.perf_counter() - started)
+        _record(call, None, exc, time.perf_counter() - started)
         raise
-    _record(name, org, method, args, kwargs, result, None, time.perf_counter() - started)
+    _record(call, result, None, time.perf_counter() - started)
     return result
 
 
-def _record(
-    name: str,
-    org: str,
-    method: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    result: Any,
-    error: BaseException | None,
-    seconds: float,
-) -> None:
+def _acquired(org: str, resource_type: str, outcome: str, seconds: float) -> None:
+    record("baton_acquires", org, resource_type, outcome)
+    record("baton_acquire_seconds", org, resource_type, outcome, value=seconds)
+
+
+def _record(call: _Call, result: Any, error: BaseException | None, seconds: float) -> None:
+    name, org = call.name, call.org
     if name == "leases.acquire":
         lease = result if isinstance(result, Lease) else None
         rt = lease.resource_type if lease is not None else ""
         if lease is None and not isinstance(error, ValidationError):
-            rt = str(_argument(method, args, kwargs, "resource_type") or "")
-        outcome = acquire_result(lease, error)
-        record("baton_acquires", org, rt, outcome)
-        record("baton_acquire_seconds", org, rt, outcome, value=seconds)
+            rt = str(call.argument("resource_type") or "")
+        _acquired(org, rt, acquire_result(lease, error), seconds)
     elif name == "leases.acquire_many":
         if isinstance(result, list):
             for lease in result:
-                outcome = acquire_result(lease, None)
-                record("baton_acquires", org, lease.resource_type, outcome)
-                record("baton_acquire_seconds", org, lease.resource_type, outcome, value=seconds)
+                _acquired(org, lease.resource_type, acquire_result(lease, None), seconds)
         elif error is not None:
-            outcome = acquire_result(None, error)
-            record("baton_acquires", org, "", outcome)
-            record("baton_acquire_seconds", org, "", outcome, value=seconds)
+            _acquired(org, "", acquire_result(None, error), seconds)
     elif name == "leases.renew":
-        rt = _resource_type(_argument(method, args, kwargs, "lease"))
+        rt = _resource_type(call.argument("lease"))
         if error is None:
             record("baton_renewals", org, rt)
         else:
             record("baton_renew_failures", org, rt, _code(error))
     elif name in ("leases.release", "leases.release_by_id", "leases.force_release"):
-        _record_release(org, method, args, kwargs, result, error)
+        _record_release(call, result, error)
     elif name == "handoffs.create" and isinstance(result, Handoff):
         record("baton_handoffs", org, "created")
     elif name == "handoffs.resolve" and isinstance(result, Handoff) and not result.replayed:
@@ -157,18 +158,12 @@ def _record(
             waited = (result.resolved_at - result.created_at).total_seconds()
             record("baton_handoff_resolve_seconds", org, result.status, value=max(0.0, waited))
     if isinstance(error, StaleFenceError) and name in _FENCED:
-        fence = _argument(method, args, kwargs, "lease" if name == "handoffs.create" else "fence")
+        fence = call.argument("lease" if name == "handoffs.create" else "fence")
         record("baton_stale_fence_rejections", org, _resource_type(fence), _FENCED[name])
 
 
-def _record_release(
-    org: str,
-    method: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    result: Any,
-    error: BaseException | None,
-) -> None:
+def _record_release(call: _Call, result: Any, error: BaseException | None) -> None:
+    org = call.org
     if isinstance(result, Receipt):
         lease = result.lease
         status = "forced" if result.forced and result.status == "released" else result.status
@@ -177,8 +172,10 @@ def _record_release(
             ended = lease.expires_at if result.status == "expired" else lease.released_at
             held = (ended or datetime.now(UTC)) - lease.acquired_at
             record(
-                "baton_hold_seconds", org, lease.resource_type, value=max(0.0, held.total_seconds())
+                "baton_hold_seconds",
+                org,
+                lease.resource_type,
+                value=max(0.0, held.total_seconds()),
             )
     elif error is not None:
-        rt = _resource_type(_argument(method, args, kwargs, "lease"))
-        record("baton_releases", org, rt, _code(error))
+        record("baton_releases", org, _resource_type(call.argument("lease")), _code(error))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -59,15 +59,24 @@ _METRICS: dict[str, Counter | Histogram] = {
 
 
 class PrometheusSink:
-    """Records into :data:`REGISTRY` (a :class:`~prefect_baton.metrics._state.Sink`)."""
+    """Records into :data:`REGISTRY` (a :class:`~prefect_baton.metrics._state.Sink`),
+    keeping each labelled child it made (their number is bounded as the labels are)."""
+
+    def __init__(self) -> None:
+        self._children: dict[tuple[str, tuple[str, ...]], Callable[[float], None]] = {}
 
     def add(self, name: str, labels: tuple[str, ...], value: float) -> None:
         """Add ``value`` to counter ``name`` or observe it on histogram ``name``."""
-        metric = _METRICS[name]
-        if isinstance(metric, Counter):
-            metric.labels(*labels).inc(value)
-        else:
-            metric.labels(*labels).observe(value)
+        key = (name, labels)
+        add = self._children.get(key)
+        if add is None:
+            metric = _METRICS[name]
+            if isinstance(metric, Counter):
+                add = metric.labels(*labels).inc
+            else:
+                add = metric.labels(*labels).observe
+            self._children[key] = add
+        add(value)
 
 
 def recorded() -> Collector:

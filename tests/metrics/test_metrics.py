@@ -7,7 +7,7 @@ OpenTelemetry records the same instruments."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -25,25 +25,12 @@ from prefect_baton import (
     metrics,
 )
 from prefect_baton.metrics import _state
-from prefect_baton.metrics._prom import REGISTRY
 
-
-@pytest.fixture
-def recording() -> Iterator[None]:
-    """Metrics enabled for the test; the backends enabled before it are restored after."""
-    before = _state.SINKS
-    metrics.enable()
-    yield
-    _state.set_sinks(before)
-
-
-def value(name: str, **labels: str) -> float:
-    """The current value of sample ``name`` with ``labels`` (0 when never recorded)."""
-    return REGISTRY.get_sample_value(name, labels) or 0.0
+from ..conftest import metric_value
 
 
 @pytest.mark.parametrize("ledger_url", ["sqlite", "redis"], indirect=True)
-def test_counters_move_with_each_operation(recording: None, baton: Baton, org: str) -> None:
+def test_counters_move_with_each_operation(metrics_recording: None, baton: Baton, org: str) -> None:
     """Granted, conflict, version conflict, renewal, release, forced release, a lease block
     that finds its lease lost, a handoff created and accepted, and a stale fence are each
     counted once under the organization and resource type, and never name the resource."""
@@ -67,20 +54,23 @@ def test_counters_move_with_each_operation(recording: None, baton: Baton, org: s
 
     dep = {"organization": org, "resource_type": "deploy"}
     db = {"organization": org, "resource_type": "db"}
-    assert value("baton_acquires_total", **dep, result="granted") == 1
-    assert value("baton_acquires_total", **dep, result="conflict") == 1
-    assert value("baton_acquires_total", **dep, result="version_conflict") == 1
-    assert value("baton_acquires_total", **db, result="granted") == 2
-    assert value("baton_acquire_seconds_count", **dep, result="granted") == 1
-    assert value("baton_renewals_total", **dep) == 1
-    assert value("baton_releases_total", **dep, status="released") == 1
-    assert value("baton_releases_total", **db, status="forced") == 1
-    assert value("baton_hold_seconds_count", **dep) == 1
-    assert value("baton_leases_lost_total", **db, reason="lease_lost") == 1
-    assert value("baton_stale_fence_rejections_total", **dep, where="checkpoint") == 1
-    assert value("baton_handoffs_total", organization=org, status="created") == 1
-    assert value("baton_handoffs_total", organization=org, status="accepted") == 1
-    assert value("baton_handoff_resolve_seconds_count", organization=org, status="accepted") == 1
+    assert metric_value("baton_acquires_total", **dep, result="granted") == 1
+    assert metric_value("baton_acquires_total", **dep, result="conflict") == 1
+    assert metric_value("baton_acquires_total", **dep, result="version_conflict") == 1
+    assert metric_value("baton_acquires_total", **db, result="granted") == 2
+    assert metric_value("baton_acquire_seconds_count", **dep, result="granted") == 1
+    assert metric_value("baton_renewals_total", **dep) == 1
+    assert metric_value("baton_releases_total", **dep, status="released") == 1
+    assert metric_value("baton_releases_total", **db, status="forced") == 1
+    assert metric_value("baton_hold_seconds_count", **dep) == 1
+    assert metric_value("baton_leases_lost_total", **db, reason="lease_lost") == 1
+    assert metric_value("baton_stale_fence_rejections_total", **dep, where="checkpoint") == 1
+    assert metric_value("baton_handoffs_total", organization=org, status="created") == 1
+    assert metric_value("baton_handoffs_total", organization=org, status="accepted") == 1
+    assert (
+        metric_value("baton_handoff_resolve_seconds_count", organization=org, status="accepted")
+        == 1
+    )
 
     text = metrics.exposition(baton).decode()
     assert f'organization="{org}"' in text
@@ -91,7 +81,7 @@ def test_counters_move_with_each_operation(recording: None, baton: Baton, org: s
 
 @pytest.mark.parametrize("ledger_url", ["sqlite", "redis"], indirect=True)
 def test_gauges_count_the_ledger_of_one_org(
-    recording: None, baton: Baton, baton_in_org: Callable[..., Baton], org: str
+    metrics_recording: None, baton: Baton, baton_in_org: Callable[..., Baton], org: str
 ) -> None:
     """Effective leases per resource type and pending handoffs, of the org asked for only;
     a released lease no longer counts; with Redis as the authority, the reconciler lag of
@@ -118,7 +108,9 @@ def test_gauges_count_the_ledger_of_one_org(
 
 
 @pytest.mark.parametrize("ledger_url", ["sqlite"], indirect=True)
-def test_listener_serves_every_org_on_loopback(recording: None, baton: Baton, org: str) -> None:
+def test_listener_serves_every_org_on_loopback(
+    metrics_recording: None, baton: Baton, org: str
+) -> None:
     """``enable(port=0, baton=...)`` serves the text exposition on 127.0.0.1 without a key,
     with the gauges of the ledger."""
     baton.leases.acquire("deploy", "served", ttl_seconds=60)

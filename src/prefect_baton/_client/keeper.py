@@ -41,6 +41,7 @@ from prefect_baton.errors import (
     StaleFenceError,
     UnavailableError,
 )
+from prefect_baton.metrics._state import enabled as metrics_enabled
 from prefect_baton.metrics._state import record as record_metric
 from prefect_baton.models import Lease, LeaseStatus
 
@@ -269,13 +270,10 @@ class LeaseKeeper:
         (not for a lease that moved on through an accepted handoff)."""
         if self._handoff_accepted is not None and self._handoff_accepted():
             return  # moved on through an accepted handoff: not worth a warning
-        if self._lease is not None:
-            record_metric(
-                "baton_leases_lost",
-                self._api._caller.org,
-                self._lease.resource_type,
-                self._lost_kind,
-            )
+        if self._lease is not None and metrics_enabled():
+            caller = getattr(self._api, "_caller", None)  # a test's stand-in may have none
+            org = caller.org if caller is not None else ""
+            record_metric("baton_leases_lost", org, self._lease.resource_type, self._lost_kind)
         log.warning("lease %s lost: %s", self._lease.lease_id if self._lease else "?", reason)
         if self._on_lost is not None:
             try:

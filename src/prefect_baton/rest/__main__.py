@@ -310,6 +310,7 @@ def serve(
                     app.state.close_stores()
     finally:
         if made_dir is not None:
+            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
             shutil.rmtree(made_dir, ignore_errors=True)
 
 

@@ -180,3 +180,32 @@ def test_every_metric_is_documented() -> None:
         name = f"{spec.name}_total" if spec.kind == "counter" else spec.name
         labels = ", ".join(f"`{label}`" for label in spec.labels)
         assert f"| `{name}` | {spec.kind} | {labels} |" in page, name
+
+
+def test_fencing_guards_count_their_rejections(metrics_recording: None, tmp_path: Path) -> None:
+    """The SQL guard and the header check of :mod:`prefect_baton.fencing` count each
+    stale write by resource type and ``where`` (no organization: the guard has none)."""
+    from sqlalchemy import create_engine
+
+    from prefect_baton.fencing import (
+        FencingToken,
+        ensure_fence_table,
+        guard,
+        headers,
+        token_from_headers,
+    )
+
+    rtype = f"fenced-{uuid.uuid4().hex[:8]}"
+    labels = {"organization": "", "resource_type": rtype}
+    engine = create_engine(f"sqlite:///{tmp_path / 'user.db'}")
+    ensure_fence_table(engine)
+    with engine.begin() as conn:
+        guard(conn, FencingToken(rtype, "svc", 5))
+    with pytest.raises(StaleFenceError), engine.begin() as conn:
+        guard(conn, FencingToken(rtype, "svc", 4))
+    sent = headers(FencingToken(rtype, "other", 5))
+    with pytest.raises(StaleFenceError):
+        token_from_headers(sent, rtype, "svc")
+    engine.dispose()
+    assert metric_value("baton_stale_fence_rejections_total", **labels, where="sql") == 1
+    assert metric_value("baton_stale_fence_rejections_total", **labels, where="http") == 1

@@ -273,9 +273,9 @@ def metrics_recording() -> Iterator[None]:
 def metric_value(name: str, **labels: str) -> float:
     """The current value of the sample ``name`` with ``labels`` in prefect-baton's
     registry (0 when never recorded)."""
-    from prefect_baton.metrics._prom import REGISTRY
+    from prefect_baton import metrics
 
-    return REGISTRY.get_sample_value(name, labels) or 0.0
+    return metrics.registry().get_sample_value(name, labels) or 0.0
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

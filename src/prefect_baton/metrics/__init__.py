@@ -34,7 +34,16 @@ if TYPE_CHECKING:
     from prefect_baton._client.sync import Baton
     from prefect_baton.metrics._prom import Listener
 
-__all__ = ["GAUGES", "INSTRUMENTS", "Instrument", "disable", "enable", "enabled", "exposition"]
+__all__ = [
+    "GAUGES",
+    "INSTRUMENTS",
+    "Instrument",
+    "disable",
+    "enable",
+    "enabled",
+    "exposition",
+    "registry",
+]
 
 enabled = _state.enabled
 
@@ -97,6 +106,16 @@ def enable(
     if port is None:
         return None
     return listen(port, store, baton.authority if baton is not None else None)
+
+
+def registry() -> Any:
+    """The ``prometheus_client.CollectorRegistry`` holding prefect-baton's counters and
+    histograms (its own, not prometheus_client's global one), e.g. to serve them with your
+    application's exporter. With ``PROMETHEUS_MULTIPROC_DIR`` set, read the directory with
+    ``prometheus_client.multiprocess.MultiProcessCollector`` instead."""
+    from prefect_baton.metrics._prom import REGISTRY
+
+    return REGISTRY
 
 
 def disable() -> None:

@@ -6,6 +6,8 @@ OpenTelemetry records the same instruments."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -209,3 +211,14 @@ def test_fencing_guards_count_their_rejections(metrics_recording: None, tmp_path
     engine.dispose()
     assert metric_value("baton_stale_fence_rejections_total", **labels, where="sql") == 1
     assert metric_value("baton_stale_fence_rejections_total", **labels, where="http") == 1
+
+
+def test_importing_the_package_does_not_import_prometheus_client() -> None:
+    """Until metrics are enabled, ``import prefect_baton`` (client, keeper, fencing) leaves
+    ``prometheus_client`` unimported."""
+    code = (
+        "import sys, prefect_baton, prefect_baton.fencing; "
+        "print('prometheus_client' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

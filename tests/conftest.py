@@ -257,6 +257,27 @@ def baton_in_org(baton: Baton) -> Callable[..., Baton]:
     return make
 
 
+@pytest.fixture
+def metrics_recording() -> Iterator[None]:
+    """Metrics recorded during the test (:func:`prefect_baton.metrics.enable`); the
+    backends enabled before it are restored after (a REST app enables them for good)."""
+    from prefect_baton import metrics
+    from prefect_baton.metrics import _state
+
+    before = _state.SINKS
+    metrics.enable()
+    yield
+    _state.set_sinks(before)
+
+
+def metric_value(name: str, **labels: str) -> float:
+    """The current value of the sample ``name`` with ``labels`` in prefect-baton's
+    registry (0 when never recorded)."""
+    from prefect_baton import metrics
+
+    return metrics.registry().get_sample_value(name, labels) or 0.0
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for s in _stores.values():
         s.close()

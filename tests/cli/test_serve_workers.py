@@ -26,11 +26,12 @@ def _children(pid: int) -> list[int]:
 
 def test_two_workers_serve_one_port_and_stop_together(cli: Cli) -> None:
     """With --workers 2, pairs over many connections all succeed, a held lease is a
-    CONFLICT for another principal whichever worker answers, and SIGTERM ends the
-    server and its workers."""
-    port = _free_port()
+    CONFLICT for another principal whichever worker answers, the metrics port (no key)
+    and ``/metrics`` (a key of the org) sum what both workers counted, and SIGTERM ends
+    the server and its workers."""
+    port, mport = _free_port(), _free_port()
     argv = [str(BATON_SCRIPT), "serve", "--port", str(port), "--ledger-url", cli.ledger_url]
-    argv += ["--workers", "2"]
+    argv += ["--workers", "2", "--metrics-port", str(mport)]
     alice = cli.ok("keys", "create", "--scope", "leases:write", principal="alice")["secret"]
     bob = cli.ok("keys", "create", "--scope", "leases:write", principal="bob")["secret"]
     proc = subprocess.Popen(
@@ -53,6 +54,7 @@ def test_two_workers_serve_one_port_and_stop_together(cli: Cli) -> None:
                         assert refused.json()["error"]["code"] == "CONFLICT"
                 r = c.delete(f"/v1/leases/{r.json()['data']['lease_id']}", headers=h)
                 assert r.status_code == 200, r.text
+        _assert_metrics_summed(cli.org, url, mport, alice)
         workers = [p for p in _children(proc.pid) if "spawn_main" in _cmdline(p)]
         assert len(workers) == 2
     finally:
@@ -61,6 +63,25 @@ def test_two_workers_serve_one_port_and_stop_together(cli: Cli) -> None:
     assert proc.returncode == 0, out
     for pid in workers:
         assert not os.path.exists(f"/proc/{pid}") or _zombie(pid)
+
+
+def _assert_metrics_summed(org: str, url: str, mport: int, key: str) -> None:
+    """The 8 grants, 16 conflicts and 8 releases of the test above, whichever worker
+    answered them, on the loopback metrics port and on the API's ``/metrics``."""
+    labels = f'organization="{org}",resource_type="deploy"'
+    lines = [
+        f'baton_acquires_total{{{labels},result="granted"}} 8.0',
+        f'baton_acquires_total{{{labels},result="conflict"}} 16.0',
+        f'baton_releases_total{{{labels},status="released"}} 8.0',
+    ]
+    open_port = httpx.get(f"http://127.0.0.1:{mport}/metrics", timeout=60)
+    assert open_port.status_code == 200
+    api = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    assert api.status_code == 200
+    for line in lines:
+        assert line in open_port.text
+        assert line in api.text
+    assert httpx.get(f"{url}/metrics", timeout=60).status_code == 401
 
 
 def _cmdline(pid: int) -> str:

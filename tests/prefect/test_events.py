@@ -16,6 +16,7 @@ from prefect_baton import Baton
 from prefect_baton.prefect import leased, publish_board, relay_events
 from prefect_baton.prefect._events import prefect_event_id
 
+from ..conftest import metric_value
 from .conftest import REPO, load_script
 
 MakeBaton = Callable[..., Baton]
@@ -31,14 +32,22 @@ def test_handoff_event_triggers_an_automation(baton_env: dict[str, str]) -> None
     assert out["ledger"] == "accepted"
 
 
-def test_relay_emits_each_ledger_event_once_per_cursor(make_baton: MakeBaton) -> None:
-    """The relay emits every ledger event with a deterministic id and advances its cursor."""
+def test_relay_emits_each_ledger_event_once_per_cursor(
+    make_baton: MakeBaton, metrics_recording: None
+) -> None:
+    """The relay emits every ledger event with a deterministic id and advances its cursor,
+    counting each on ``baton_events_relayed`` by kind."""
     b = make_baton("agent-a")
     with b.lease("deploy", "svc", ttl_seconds=10):
         pass
     first = relay_events(b)
     assert not first.skipped
     assert first.emitted >= 2  # lease.acquired, lease.released
+    relayed = [
+        metric_value("baton_events_relayed_total", organization=b.org, kind=kind)
+        for kind in ("lease.acquired", "lease.released")
+    ]
+    assert relayed == [1, 1]
     assert relay_events(b).emitted == 0
     assert relay_events(b, after_seq=0).emitted == first.emitted
     ev = b.events.list(kind="lease.acquired")[0]

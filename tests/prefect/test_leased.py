@@ -21,6 +21,8 @@ from prefect_baton import (
 )
 from prefect_baton.prefect import _plan, current_lease, leased
 
+from ..conftest import metric_value
+
 MakeBaton = Callable[..., Baton]
 
 
@@ -136,8 +138,11 @@ def _contender(
 
 
 @pytest.mark.parametrize("mode", ["raise", "skip", "wait"])
-def test_two_concurrent_flow_runs_one_conflicts(make_baton: MakeBaton, mode: str) -> None:
-    """Two runs of one flow on one resource: the second raises, skips or waits as configured."""
+def test_two_concurrent_flow_runs_one_conflicts(
+    make_baton: MakeBaton, mode: str, metrics_recording: None
+) -> None:
+    """Two runs of one flow on one resource: the second raises, skips or waits as configured
+    (a wait counted on ``baton_acquire_wait_seconds`` from its first attempt)."""
     gate = threading.Event()
     attempts: list[int] = []
 
@@ -165,6 +170,10 @@ def test_two_concurrent_flow_runs_one_conflicts(make_baton: MakeBaton, mode: str
         assert out1[0].is_completed()
         assert out2[0].is_completed()
         assert out2[0].result() == out1[0].result() + 1  # acquired after the holder released
+        labels = {"organization": make_baton("x").org, "resource_type": "db"}
+        assert metric_value("baton_acquire_wait_seconds_count", **labels) == 2
+        # the waiter slept at least once before its retry (0.125 s or more, with jitter)
+        assert metric_value("baton_acquire_wait_seconds_sum", **labels) > 0.1
         return
     state = second(return_state=True)
     gate.set()

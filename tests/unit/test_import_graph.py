@@ -178,7 +178,10 @@ _LAYERS = {
     "_settings": {"_settings", "errors"},
     "_rules": {"_rules", "errors", "models"},
     "_stores": {"_stores", "_rules", "errors", "models", "_settings"},
-    "_client": {"_client", "_stores", "_rules", "errors", "models", "_settings"},
+    "_client": {"_client", "_stores", "_rules", "errors", "models", "_settings", "metrics"},
+    # the client records its operations (metrics._state, metrics._calls); the gauges read
+    # the stores at scrape time
+    "metrics": {"metrics", "_stores", "_rules", "errors", "models", "_settings"},
 }
 
 

@@ -11,6 +11,7 @@ from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._rules.core import Proof
 from prefect_baton._stores.protocol import Caller, RecordStore
 from prefect_baton.errors import BatonError, ValidationError, as_baton_error
+from prefect_baton.metrics import _state as _metrics_state
 from prefect_baton.models import Lease
 
 if TYPE_CHECKING:
@@ -106,12 +107,21 @@ def guarded(method: Callable[P, R]) -> Callable[P, R]:
     original. A call whose arguments do not fit ``method``'s signature (checked with
     :meth:`inspect.Signature.bind` once a ``TypeError`` arises, so a good call pays
     nothing) is the caller's mistake: :class:`ValidationError` naming the method and the
-    problem; the method did not run."""
+    problem; the method did not run. While metrics are enabled
+    (:func:`prefect_baton.metrics.enable`), the outcome of the call is recorded
+    (:func:`prefect_baton.metrics._calls.observed`)."""
     group, _, attr = method.__qualname__.rpartition(".")  # "LeaseAPI.acquire"
     name = f"{group.removesuffix('API').lower()}s.{attr}" if group.endswith("API") else attr
 
     @functools.wraps(method)
     def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        if _metrics_state.SINKS:  # metrics enabled: record the outcome (see metrics._calls)
+            from prefect_baton.metrics._calls import observed
+
+            return observed(name, checked, method, args, kwargs)
+        return checked(*args, **kwargs)
+
+    def checked(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return method(*args, **kwargs)
         except BatonError:

@@ -41,6 +41,8 @@ from prefect_baton.errors import (
     StaleFenceError,
     UnavailableError,
 )
+from prefect_baton.metrics._state import enabled as metrics_enabled
+from prefect_baton.metrics._state import record as record_metric
 from prefect_baton.models import Lease, LeaseStatus
 
 if TYPE_CHECKING:
@@ -157,6 +159,7 @@ class LeaseKeeper:
         self._lost = False
         self._running = False
         self.lost_reason: str | None = None
+        self._lost_kind = ""
         self.renewals = 0
         self.receipt_status: str | None = None
         self._handoff_accepted: Callable[[], bool] | None = None
@@ -171,7 +174,7 @@ class LeaseKeeper:
         if self._lost:
             return True
         if self._running and time.monotonic() >= self._deadline:
-            self._mark_lost(self._deadline_reason())
+            self._mark_lost(self._deadline_reason(), self._deadline_kind())
             return True
         return False
 
@@ -247,20 +250,30 @@ class LeaseKeeper:
             )
         return "the renew deadline passed without a confirmed renewal"
 
-    def _flag_lost(self, reason: str) -> bool:
-        """Set :attr:`lost` with ``reason``; ``False`` if it was already set."""
+    def _deadline_kind(self) -> str:
+        """The ``reason`` label of a loss at the renew deadline (``baton_leases_lost``)."""
+        return "max_hold" if self._capped else "renew_deadline"
+
+    def _flag_lost(self, reason: str, kind: str) -> bool:
+        """Set :attr:`lost` with ``reason`` (and ``kind``, its bounded label for
+        ``baton_leases_lost``); ``False`` if it was already set."""
         with self._lock:
             if self._lost:
                 return False
             self._lost = True
             self.lost_reason = reason
+            self._lost_kind = kind
             return True
 
     def _tell_lost(self, reason: str) -> None:
-        """Warn and run ``on_lost`` for a loss just flagged (not for a lease that moved on
-        through an accepted handoff)."""
+        """Warn, count (``baton_leases_lost``) and run ``on_lost`` for a loss just flagged
+        (not for a lease that moved on through an accepted handoff)."""
         if self._handoff_accepted is not None and self._handoff_accepted():
             return  # moved on through an accepted handoff: not worth a warning
+        if self._lease is not None and metrics_enabled():
+            caller = getattr(self._api, "_caller", None)  # a test's stand-in may have none
+            org = caller.org if caller is not None else ""
+            record_metric("baton_leases_lost", org, self._lease.resource_type, self._lost_kind)
         log.warning("lease %s lost: %s", self._lease.lease_id if self._lease else "?", reason)
         if self._on_lost is not None:
             try:
@@ -268,8 +281,8 @@ class LeaseKeeper:
             except Exception:
                 log.exception("on_lost callback failed")
 
-    def _mark_lost(self, reason: str) -> None:
-        if self._flag_lost(reason):
+    def _mark_lost(self, reason: str, kind: str) -> None:
+        if self._flag_lost(reason, kind):
             self._tell_lost(reason)
 
     def _check_deadline(self) -> float | None:
@@ -280,7 +293,7 @@ class LeaseKeeper:
             return None
         remaining = self._deadline - time.monotonic()
         if remaining <= 0:
-            self._mark_lost(self._deadline_reason())
+            self._mark_lost(self._deadline_reason(), self._deadline_kind())
             return None
         return remaining
 
@@ -296,7 +309,7 @@ class LeaseKeeper:
                 return None
             now = time.monotonic()
             if now >= self._deadline:
-                reason = self._deadline_reason()
+                reason, kind = self._deadline_reason(), self._deadline_kind()
             elif not times.may_renew(self._started_at, now):
                 self._capped = True
                 log.info("lease %s: max_hold_seconds reached, renewals stop", self.lease.lease_id)
@@ -307,7 +320,7 @@ class LeaseKeeper:
                 except _LOST_ERRORS as exc:
                     if self._handoff_accepted is not None and self._handoff_accepted():
                         return None  # the lease moved on through an accepted handoff
-                    reason = f"{exc.code}: {exc.message}"
+                    reason, kind = f"{exc.code}: {exc.message}", exc.code.lower()
                 except (UnavailableError, OSError, Exception) as exc:  # transient: retry
                     log.info("renewal of %s failed, retrying: %s", self.lease.lease_id, exc)
                     self._backoff = min(self._backoff * 2, 2.0)
@@ -319,7 +332,7 @@ class LeaseKeeper:
                         self.renewals += 1
                     self._backoff = 0.1
                     return times.renew_every
-            flagged = self._flag_lost(reason)
+            flagged = self._flag_lost(reason, kind)
         if flagged:  # warn and call back outside the lock (on_lost may stop the block)
             self._tell_lost(reason)
         return None
@@ -357,7 +370,10 @@ class LeaseKeeper:
             else:
                 stuck = True
                 if time.monotonic() >= self._deadline:
-                    self._mark_lost("the renew deadline passed while a renewal was still blocked")
+                    self._mark_lost(
+                        "the renew deadline passed while a renewal was still blocked",
+                        "renew_deadline",
+                    )
         if self._lease is None:
             return
         # Releasing by proof is safe even when the lease is presumed lost: it cleans up an
@@ -367,9 +383,9 @@ class LeaseKeeper:
                 receipt = self._release_with_retry()
                 self.receipt_status = receipt
                 if receipt == "expired":
-                    self._mark_lost("the lease had expired before it was released")
+                    self._mark_lost("the lease had expired before it was released", "expired")
             except _LOST_ERRORS as err:
-                self._mark_lost(f"{err.code}: {err.message}")
+                self._mark_lost(f"{err.code}: {err.message}", err.code.lower())
             except BatonError as err:
                 # A lease already known lost stays a LEASE_LOST at exit even when the
                 # clean-up release is refused for another reason (e.g. a revoked API key).

@@ -34,6 +34,15 @@ def serve(
             "a time).",
         ),
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            help="Also serve the metrics of every organization, without authentication, on "
+            "127.0.0.1 at this TCP port (integer, 1-65535, not --port). Without it, metrics "
+            "are only at /metrics on the API port, for a bearer key, of its organization.",
+        ),
+    ] = None,
 ) -> None:
     """Serve the REST API (/v1 routes, OpenAPI document at /openapi.json) until stopped.
 
@@ -41,15 +50,17 @@ def serve(
     lease authority. Every /v1 request needs a bearer key made by 'baton keys create'; the
     key decides org, principal and role, so --org, --principal and --role do not apply.
     Log lines never contain Authorization headers or keys. SIGINT or SIGTERM stop it
-    after the requests in flight finish. Exit status: VALIDATION_ERROR (2) for a malformed
-    URL or port, UNAVAILABLE (11) when the ledger cannot be reached or the port cannot be
-    bound.
+    after the requests in flight finish. GET /metrics (any valid key; not in the OpenAPI
+    document) shows the Prometheus metrics of the key's organization; with --workers over
+    1 they are summed over the workers (prometheus_client's multiprocess mode). Exit
+    status: VALIDATION_ERROR (2) for a malformed URL or port, UNAVAILABLE (11) when the
+    ledger cannot be reached or a port cannot be bound.
     """
     with guard(ctx, "serve") as st:
         from prefect_baton.rest.__main__ import serve as run
 
         try:
-            run(host, port, st.resolved_ledger_url(), st.redis_url, workers)
+            run(host, port, st.resolved_ledger_url(), st.redis_url, workers, metrics_port)
         except SystemExit as exc:
             if exc.code not in (None, 0):
                 fail(st, "serve", "UNAVAILABLE", f"cannot serve on {host}:{port}; see the log")

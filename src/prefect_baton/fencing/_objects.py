@@ -7,10 +7,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from prefect_baton._rules.core import check_fencing_token
 from prefect_baton._rules.validation import validate_version
 from prefect_baton.errors import ValidationError
-from prefect_baton.fencing._token import Fenceable, FencingToken
+from prefect_baton.fencing._token import Fenceable, FencingToken, checked_token
 
 __all__ = [
     "METADATA_KEY",
@@ -131,7 +130,7 @@ def conditional_put(
         raise ValidationError("attempts must be an integer from 1 to 100")
     for attempt in range(1, attempts + 1):
         current = read()
-        check_fencing_token(current.token, token.epoch, resource=token.resource)
+        checked_token(current.token, token, "object")
         try:
             return write(current.precondition)
         except Exception as exc:

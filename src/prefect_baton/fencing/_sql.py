@@ -12,10 +12,9 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from prefect_baton._rules.core import check_fencing_token
 from prefect_baton._rules.validation import MAX_ID_LENGTH, validate_id
 from prefect_baton.errors import ValidationError
-from prefect_baton.fencing._token import Fenceable, FencingToken
+from prefect_baton.fencing._token import Fenceable, FencingToken, checked_token
 
 __all__ = [
     "DEFAULT_NAMESPACE",
@@ -154,7 +153,7 @@ def guard(
     ns = _namespace(namespace)
     conn = _connection(bind)
     highest = _lock_row(conn, ns, token)
-    new = check_fencing_token(highest, token.epoch, resource=token.resource)
+    new = checked_token(highest, token, "sql")
     if new != highest:
         key = _key(ns, token.resource_type, token.resource_id)
         conn.execute(fence_table.update().where(*key).values(token=new))

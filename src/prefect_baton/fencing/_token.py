@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import quote, unquote
 
+from prefect_baton._rules.core import check_fencing_token
 from prefect_baton._rules.validation import validate_id, validate_version
 from prefect_baton.errors import StaleFenceError, ValidationError
+from prefect_baton.metrics._state import record as record_metric
 
 __all__ = [
     "RESOURCE_HEADER",
@@ -182,8 +184,27 @@ def token_from_headers(
     token = FencingToken(resource_type, resource_id, int(raw))
     sent = _header(received, RESOURCE_HEADER)
     if sent is not None and _parse_resource(sent) != (resource_type, resource_id):
+        record_metric("baton_stale_fence_rejections", "", resource_type, "http")
         raise StaleFenceError(
             f"the fencing token sent is for resource {unquote(sent)[:200]}, not "
             f"{token.resource}: it cannot fence this write"
         )
     return token
+
+
+def checked_token(highest: int | None, token: FencingToken, where: str) -> int:
+    """:func:`~prefect_baton._rules.core.check_fencing_token` of ``token`` against the
+    ``highest`` token that has written (``int`` or ``None``), counting a rejection on
+    ``baton_stale_fence_rejections`` (organization empty, ``where``: ``sql`` or ``object``).
+
+    Returns:
+        The highest token once this write lands (``int``).
+
+    Raises:
+        StaleFenceError: a higher token has written.
+    """
+    try:
+        return check_fencing_token(highest, token.epoch, resource=token.resource)
+    except StaleFenceError:
+        record_metric("baton_stale_fence_rejections", "", token.resource_type, where)
+        raise

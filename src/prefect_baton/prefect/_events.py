@@ -48,6 +48,7 @@ from prefect.settings import PREFECT_API_URL
 
 from prefect_baton._client.sync import Baton
 from prefect_baton._rules.events import released_by_handoff
+from prefect_baton.metrics._state import record as record_metric
 from prefect_baton.models import Handoff, Lease
 from prefect_baton.prefect._outbox import later
 
@@ -344,6 +345,7 @@ def relay_events(
                 occurred=ev.occurred_at,
                 relayed=True,
             )
+            record_metric("baton_events_relayed", baton.org, ev.kind)
             emitted += 1
     if emitted:  # saving the cursor is itself an event: only when something was relayed
         relay.checkpoints.save(_RELAY_SUBJECT, "cursor", {"seq": cursor})

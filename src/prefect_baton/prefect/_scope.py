@@ -41,6 +41,7 @@ from typing import Any
 
 from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton.errors import BatonError, LeaseLostError
+from prefect_baton.metrics._state import record as record_metric
 from prefect_baton.prefect._context import (
     LeaseSlot,
     RunKind,
@@ -86,9 +87,15 @@ class _Holding:
         self._token: contextvars.Token[LeaseSlot | None] | None = None
 
     def __enter__(self) -> Held:
-        said = self._scope.call.acquired_message(time.monotonic())
+        now = time.monotonic()
+        said = self._scope.call.acquired_message(now)
         if said is not None:
             run_logger().info(said)
+        lease = self.held.slot.keeper.lease
+        waited = now - self._scope.call.started
+        record_metric(
+            "baton_acquire_wait_seconds", self._scope.baton.org, lease.resource_type, value=waited
+        )
         if not self.held.slot.keeper.lease.replayed:
             emit_lease_event(self._scope.baton, "lease.acquired", self.held.slot.keeper.lease)
         self._token = push_slot(self.held.slot)

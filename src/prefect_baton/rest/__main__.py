@@ -1,5 +1,5 @@
 """Serve the REST API: ``python -m prefect_baton.rest [--host H] [--port P]
-[--ledger-url URL] [--redis-url URL] [--workers N]`` (defaults: 127.0.0.1, 8787,
+[--ledger-url URL] [--redis-url URL] [--workers N] [--metrics-port M]`` (defaults: 127.0.0.1, 8787,
 ``BATON_LEDGER_URL``, no Redis, :func:`default_workers`). ``baton serve`` calls
 :func:`serve` too.
 
@@ -28,6 +28,7 @@ from urllib.parse import unquote_plus
 __all__ = [
     "RateLimitRepeats",
     "RedactKeys",
+    "check_metrics_port",
     "default_workers",
     "log_config",
     "main",
@@ -204,31 +205,69 @@ def worker_app() -> Any:
     return create_app()
 
 
+def check_metrics_port(metrics_port: object, port: int) -> int | None:
+    """The ``--metrics-port`` of :func:`serve`: ``None``, or an integer from 1 to 65535
+    other than the API's ``port``.
+
+    Raises:
+        ValidationError: anything else.
+    """
+    from prefect_baton.errors import ValidationError
+
+    if metrics_port is None:
+        return None
+    if (
+        isinstance(metrics_port, bool)
+        or not isinstance(metrics_port, int)
+        or not 1 <= metrics_port <= 65535
+    ):
+        raise ValidationError(
+            f"--metrics-port must be an integer from 1 to 65535, got {metrics_port!r}"
+        )
+    if metrics_port == port:
+        raise ValidationError(
+            f"--metrics-port must differ from --port (both {port}): the metrics listener is "
+            "a separate socket on 127.0.0.1"
+        )
+    return metrics_port
+
+
 def serve(
     host: str = "127.0.0.1",
     port: int = 8787,
     ledger_url: str | None = None,
     redis_url: str | None = None,
     workers: int | None = None,
+    metrics_port: int | None = None,
 ) -> None:
     """Run the app with uvicorn until interrupted (SIGINT or SIGTERM end it cleanly).
 
     With more than one worker, the app is first built here (URLs and settings checked,
     the ledger migrated) and closed; then ``ledger_url`` and ``redis_url`` are put in
     ``BATON_LEDGER_URL`` and ``BATON_REDIS_URL`` for the worker processes, each of which
-    builds its own (:func:`worker_app`) and accepts on the one listening socket.
+    builds its own (:func:`worker_app`) and accepts on the one listening socket. Their
+    metrics are then prometheus_client's multiprocess values: ``PROMETHEUS_MULTIPROC_DIR``
+    is set (to a new temporary directory, removed at exit, unless already set) before the
+    workers start, and every read of ``/metrics`` sums the counters of all workers.
 
     Args:
         host: interface to bind (``str``; default loopback only). port: TCP port (``int``).
         ledger_url, redis_url: passed to :func:`~prefect_baton.rest.app.create_app`.
         workers: worker processes (``int`` >= 1; default :func:`default_workers`).
+        metrics_port: also serve the metrics of every organization, unauthenticated, on
+            ``127.0.0.1:metrics_port`` (``int``, 1..65535, not ``port``; ``None``: only
+            the authenticated ``/metrics`` route), from this process.
 
     Raises:
-        ValidationError: a malformed URL, or a ``host`` that is neither a host name nor an
-            IP address (:func:`~prefect_baton.rest._http.check_host`, as ``baton mcp``).
-        UnavailableError: the ledger cannot be reached.
+        ValidationError: a malformed URL, a ``host`` that is neither a host name nor an
+            IP address (:func:`~prefect_baton.rest._http.check_host`, as ``baton mcp``),
+            or a bad ``metrics_port`` (:func:`check_metrics_port`).
+        UnavailableError: the ledger cannot be reached, or ``metrics_port`` cannot be bound.
         SystemExit: uvicorn could not bind ``host:port`` (code 1, reason in the log).
     """
+    import shutil
+    import tempfile
+
     from prefect_baton.errors import ValidationError
     from prefect_baton.rest._http import check_host
     from prefect_baton.rest.app import create_app
@@ -236,16 +275,43 @@ def serve(
     check_host(host)
     if workers is not None and workers < 1:
         raise ValidationError(f"workers must be at least 1, got {workers} (--workers)")
+    metrics_port = check_metrics_port(metrics_port, port)
     n = workers if workers is not None else default_workers(ledger_url, redis_url)
-    app = create_app(ledger_url, redis_url)
-    if n == 1:
-        run_app(app, host, port)
-        return
-    app.state.close_stores()  # checked and migrated; each worker opens its own
-    for name, value in (("BATON_LEDGER_URL", ledger_url), ("BATON_REDIS_URL", redis_url)):
-        if value is not None:
-            os.environ[name] = value
-    run_app("prefect_baton.rest.__main__:worker_app", host, port, workers=n)
+    made_dir = None
+    if n > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        made_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(
+            prefix="baton-metrics-"
+        )
+    try:
+        app = create_app(ledger_url, redis_url)
+        listener = None
+        if metrics_port is not None:
+            from prefect_baton.metrics._prom import listen
+
+            try:
+                listener = listen(metrics_port, app.state.store, app.state.authority)
+            except BaseException:
+                app.state.close_stores()
+                raise
+        try:
+            if n == 1:
+                run_app(app, host, port)
+                return
+            if listener is None:
+                app.state.close_stores()  # checked and migrated; each worker opens its own
+            for name, value in (("BATON_LEDGER_URL", ledger_url), ("BATON_REDIS_URL", redis_url)):
+                if value is not None:
+                    os.environ[name] = value
+            run_app("prefect_baton.rest.__main__:worker_app", host, port, workers=n)
+        finally:
+            if listener is not None:
+                listener.close()
+                if n > 1:
+                    app.state.close_stores()
+    finally:
+        if made_dir is not None:
+            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+            shutil.rmtree(made_dir, ignore_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -256,8 +322,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--ledger-url", default=None)
     parser.add_argument("--redis-url", default=None)
     parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--metrics-port", type=int, default=None)
     args = parser.parse_args(argv)
-    serve(args.host, args.port, args.ledger_url, args.redis_url, args.workers)
+    serve(args.host, args.port, args.ledger_url, args.redis_url, args.workers, args.metrics_port)
 
 
 if __name__ == "__main__":

@@ -188,6 +188,10 @@ def _refused_head(scope: Scope) -> JSONResponse | None:
     return None
 
 
+#: The path of the authenticated metrics exposition (any valid key may read it).
+METRICS_PATH = "/metrics"
+
+
 def _area(path: str) -> str | None:
     parts = path.split("/")
     if len(parts) >= 3 and parts[1] == "v1" and parts[2] in AREAS:
@@ -201,8 +205,8 @@ class BatonMiddleware:
     * gives each request an id (``scope["state"]["request_id"]``, header ``X-Request-ID``);
     * refuses more than one ``Authorization`` header (``400``) and a bearer key in the URL
       (``401``; keys are accepted only in the ``Authorization`` header);
-    * under ``/v1``: authenticates the bearer key (``401`` when missing, unknown or
-      revoked) and checks the route's scope (``<area>:read`` for ``GET``, else
+    * under ``/v1`` and at ``/metrics``: authenticates the bearer key (``401`` when
+      missing, unknown or revoked) and checks the route's scope (``<area>:read`` for ``GET``, else
       ``<area>:write``; ``403`` when missing), before the body is parsed; the caller is
       put in ``scope["state"]["caller"]``. A key found in ``key_cache`` is answered on the
       event loop; otherwise the ledger is asked on a worker thread and a valid key is
@@ -252,7 +256,7 @@ class BatonMiddleware:
             return
         path: str = scope.get("path", "")
         method: str = scope.get("method", "GET")
-        if path == "/v1" or path.startswith("/v1/"):
+        if path == "/v1" or path.startswith("/v1/") or path == METRICS_PATH:
             denied = await self._authorize(scope, state, path, method)
             if denied is not None:
                 await denied(scope, receive, send_with_id)

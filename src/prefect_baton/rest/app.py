@@ -30,7 +30,7 @@ header with ``400`` rather than silently ignoring it.
 The routes are defined by area in :mod:`prefect_baton.rest._routes_leases` and
 :mod:`prefect_baton.rest._routes_records` (shared request plumbing in
 :mod:`prefect_baton.rest._deps`); :func:`create_app` registers them on the app, then
-``/v1/me``.
+``/v1/me``, and ``/metrics`` (authenticated like ``/v1``, not in the OpenAPI document).
 """
 
 from __future__ import annotations
@@ -48,8 +48,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import Match
 
+from prefect_baton import metrics
 from prefect_baton._stores.factory import open_stores
 from prefect_baton._stores.ledger.tables import ApiKeyRow
+from prefect_baton._stores.protocol import Caller
 from prefect_baton.errors import BatonError, UnavailableError, as_baton_error, from_pydantic
 from prefect_baton.rest import _calls, _routes_leases, _routes_records
 from prefect_baton.rest import _schemas as s
@@ -93,7 +95,9 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
             ``BATON_REDIS_POST_LOSS`` apply to it.
 
     Bearer keys looked up are cached for ``BATON_KEY_CACHE_SECONDS`` (see
-    :class:`~prefect_baton.rest.keys.KeyCache`; ``app.state.key_cache``).
+    :class:`~prefect_baton.rest.keys.KeyCache`; ``app.state.key_cache``). Building the app
+    enables metrics recording in the process (:func:`prefect_baton.metrics.enable`);
+    ``GET /metrics`` shows the caller's organization's.
 
     Returns:
         A :class:`fastapi.FastAPI` app; ``app.state.store`` is its
@@ -105,6 +109,7 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
     """
     stores = open_stores(ledger_url, redis_url)
     settings, store, authority = stores.settings, stores.ledger, stores.authority
+    metrics.enable()  # counted where decided: by the clients this app runs for its callers
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -165,6 +170,22 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
             raise UnavailableError("ledger database unavailable") from exc
         scopes = json.loads(row.scopes) if row is not None else []
         return _reply(request, _calls.me(b, scopes, key_id))
+
+    # ------------------------------------------------------------------ metrics
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics_exposition(request: Request) -> Response:
+        """The Prometheus text exposition of this server's metrics (see
+        :mod:`prefect_baton.metrics`), only the caller's organization's samples: counters
+        and histograms of its operations, and its gauges (effective leases, pending
+        handoffs, reconciler lag) computed now. Any valid key may read it (no scope)."""
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        from prefect_baton.metrics._prom import exposition
+
+        caller: Caller = request.state.caller
+        body = exposition(store, authority, caller.org)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     install_openapi(app)
     return app

@@ -1,0 +1,72 @@
+"""Whether metrics are recorded in this process, and :func:`record`, the one function every
+recording goes through. Imports nothing from a metrics library: while nothing is enabled
+(``SINKS`` empty), a recording site costs one attribute read.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Protocol
+
+from prefect_baton.metrics._specs import INSTRUMENTS, MAX_LABEL_VALUES, OTHER
+
+__all__ = ["SINKS", "Sink", "bounded", "enabled", "record", "set_sinks"]
+
+
+class Sink(Protocol):
+    """A metrics backend (Prometheus, OpenTelemetry) that :func:`record` feeds."""
+
+    def add(self, name: str, labels: tuple[str, ...], value: float) -> None:
+        """Add ``value`` to the counter ``name``, or observe it on the histogram ``name``,
+        under ``labels`` (in the order of the instrument's label names)."""
+
+
+#: The enabled backends (empty: nothing is recorded). Replaced whole, never mutated.
+SINKS: tuple[Sink, ...] = ()
+
+_seen: dict[str, set[str]] = {name: set() for name in MAX_LABEL_VALUES}
+_seen_lock = threading.Lock()
+
+
+def enabled() -> bool:
+    """Whether anything records metrics in this process (``bool``)."""
+    return bool(SINKS)
+
+
+def bounded(label: str, value: str) -> str:
+    """``value`` of the label ``label``, or :data:`~prefect_baton.metrics._specs.OTHER` once
+    :data:`~prefect_baton.metrics._specs.MAX_LABEL_VALUES` other values of that label were
+    seen in this process (labels without a cap pass unchanged)."""
+    seen = _seen.get(label)
+    if seen is None or value in seen:
+        return value
+    with _seen_lock:
+        if len(seen) >= MAX_LABEL_VALUES[label]:
+            return OTHER
+        seen.add(value)
+    return value
+
+
+def record(name: str, organization: str, *labels: str, value: float = 1.0) -> None:
+    """Record ``value`` (default 1, a count; seconds for a histogram) on the instrument
+    ``name`` of :data:`~prefect_baton.metrics._specs.INSTRUMENTS` for ``organization`` and
+    the instrument's further ``labels`` in order (a ``resource_type`` second, when the
+    instrument has one). Does nothing when no backend is enabled."""
+    sinks = SINKS
+    if not sinks:
+        return
+    org = bounded("organization", organization)
+    rest = labels
+    if labels and name not in _NO_RESOURCE_TYPE:
+        rest = (bounded("resource_type", labels[0]), *labels[1:])
+    for sink in sinks:
+        sink.add(name, (org, *rest), value)
+
+
+_NO_RESOURCE_TYPE = frozenset(n for n, i in INSTRUMENTS.items() if "resource_type" not in i.labels)
+
+
+def set_sinks(sinks: tuple[Sink, ...]) -> None:
+    """Replace the enabled backends (``()``: stop recording)."""
+    global SINKS
+    SINKS = sinks

@@ -5,6 +5,8 @@ file, on a manual clock) and on the real Redis authority, drawn and read back.""
 
 from __future__ import annotations
 
+import base64
+import re
 import time
 import uuid
 import xml.etree.ElementTree as ET
@@ -16,6 +18,7 @@ import pytest
 
 from prefect_baton import Baton, Lease, StaleFenceError
 from prefect_baton._stores.ledger.store import LedgerStore
+from prefect_baton.prefect import timelines_markdown
 from prefect_baton.testing import ManualClock
 from prefect_baton.timeline import build_timeline, render_html, render_svg
 from tests.cli.conftest import Cli
@@ -263,3 +266,16 @@ def test_cli_writes_the_file(sqlite_scenario: Scenario, tmp_path: Path) -> None:
     assert (missing.code, missing.json["error"]["code"]) == (5, "NOT_FOUND")
     assert not (tmp_path / "t.png").exists()
     assert not (tmp_path / "n.svg").exists()
+
+
+def test_board_embeds_the_timeline_as_an_svg_image(sqlite_scenario: Scenario) -> None:
+    """The Prefect board's markdown carries the timeline as a ``data:`` URI SVG image (the
+    same bands), and leaves out a resource with nothing visible."""
+    owner = sqlite_scenario.alice.as_principal("root", role="owner")
+    text = timelines_markdown(owner, [(RT, RID), (RT, "never-leased.py")])
+    assert f"`{RT}/{RID}`" in text
+    assert "never-leased.py" not in text
+    (uri,) = re.findall(r"\(data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)\)", text)
+    root = _parse(base64.b64decode(uri).decode("utf-8"))
+    assert [b.get("data-epoch") for b in _bands(root)] == ["1", "2", "3", "4"]
+    assert timelines_markdown(owner, []) == ""

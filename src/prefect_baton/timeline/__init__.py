@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect_baton.errors import ValidationError
+from prefect_baton.timeline._build import build_timeline
 from prefect_baton.timeline._model import (
     GenerationEnd,
     GenerationStart,
@@ -28,7 +29,6 @@ from prefect_baton.timeline._model import (
     Timeline,
     TimelineGeneration,
     TimelineMark,
-    build_timeline,
     timeline_from_events,
 )
 from prefect_baton.timeline._render import (

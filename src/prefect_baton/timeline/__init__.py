@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect_baton.errors import ValidationError
-from prefect_baton.timeline._build import build_timeline
+from prefect_baton.timeline._build import build_timeline, read_events
 from prefect_baton.timeline._model import (
     GenerationEnd,
     GenerationStart,
@@ -50,6 +50,7 @@ __all__ = [
     "TimelineGeneration",
     "TimelineMark",
     "build_timeline",
+    "read_events",
     "render_html",
     "render_page",
     "render_png",

@@ -5,6 +5,7 @@ role)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -16,12 +17,18 @@ from prefect_baton.timeline._model import Timeline, timeline_from_events
 if TYPE_CHECKING:
     from prefect_baton._client.sync import Baton
 
-__all__ = ["build_timeline"]
+__all__ = ["build_timeline", "read_events"]
 
 _PAGE = 1000  # events per page (the event stream's maximum)
 
 
-def _all_events(baton: Baton) -> list[Event]:
+def read_events(baton: Baton) -> list[Event]:
+    """Every event of ``baton``'s org, oldest first (paged, 1,000 a call), to hand to
+    several :func:`build_timeline` calls as ``events=``.
+
+    Raises:
+        UnavailableError: the store cannot be reached.
+    """
     events: list[Event] = []
     after = 0
     while True:
@@ -33,7 +40,12 @@ def _all_events(baton: Baton) -> list[Event]:
 
 
 def build_timeline(
-    baton: Baton, resource_type: str, resource_id: str, *, since: datetime | None = None
+    baton: Baton,
+    resource_type: str,
+    resource_id: str,
+    *,
+    since: datetime | None = None,
+    events: Sequence[Event] | None = None,
 ) -> Timeline:
     """The timeline of resource ``(resource_type, resource_id)`` as ``baton``'s caller may
     see it, read through the public client API (works on every arm: SQLite/PostgreSQL
@@ -50,6 +62,9 @@ def build_timeline(
         resource_type, resource_id: the resource (ids as for ``leases.acquire``).
         since: only generations and marks from this time on (an aware ``datetime``; a naive
             one is taken as UTC).
+        events: the org's events as :func:`read_events` returns them, read once for
+            several resources (default: read here). Only events ``baton`` may list belong
+            there: another org's are not filtered out.
 
     Raises:
         ValidationError: a bad resource id. UnavailableError: the store cannot be reached.
@@ -58,7 +73,8 @@ def build_timeline(
     rid = _core.validate_id("resource_id", resource_id)
     if since is not None and since.tzinfo is None:
         since = since.replace(tzinfo=UTC)
-    events = _all_events(baton)
+    if events is None:
+        events = read_events(baton)
     info = baton.leases.inspect(rtype, rid)
     whom: dict[str, Any] = {
         "org": baton.org,

@@ -65,6 +65,11 @@ def test_demo_survives_crash_and_pause(
     report = json.loads(Path(str(data["report"])).read_text())
     assert report["totals"]["files"] == files
     b.close()
+    # the demo ends with the timelines of its busiest resources: the taken-over files (one
+    # with the paused researcher's rejected late write) and the report's delivery
+    page = Path(str(data["timeline"])).read_text()
+    for kind in ("taken_over", "fence_rejected", "handoff_accepted", "outcome"):
+        assert f'data-kind="{kind}"' in page, kind
 
 
 @pytest.mark.slow
@@ -81,6 +86,9 @@ def test_demo_on_the_redis_authority(tmp_path: Path) -> None:
     assert data["takeovers"] >= 2
     assert data["stale_writes_rejected"] >= 1
     assert data["audit_violations"] == []
+    page = Path(str(data["timeline"])).read_text()
+    assert 'data-kind="fence_rejected"' in page
+    assert 'data-kind="taken_over"' in page
 
 
 @pytest.mark.slow

@@ -29,6 +29,7 @@ from prefect_baton.cli import (
     outcomes,
     reconcile,
     serve,
+    timeline,
 )
 from prefect_baton.cli._output import (
     EXIT_CODES,
@@ -213,6 +214,7 @@ SUB_APPS: list[tuple[str, typer.Typer]] = [
 COMMANDS: list[tuple[str, Callable[..., None], dict[str, Any] | None]] = [
     ("audit", db.audit, None),
     ("demo", demo.demo, demo.DEMO_CONTEXT),
+    ("timeline", timeline.timeline, None),
     ("reconcile", reconcile.reconcile, None),
     ("serve", serve.serve, None),
     ("mcp", mcp_command, None),

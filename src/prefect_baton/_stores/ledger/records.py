@@ -140,7 +140,7 @@ class RecordOps(ExpiryOps):
         )
 
         def op(tx: Tx) -> Checkpoint:
-            self._check_fence(tx, fence)
+            self._check_fence(tx, fence, "checkpoint.save")
             s = tx.session
             row = _checkpoint_row(s, caller, subject_id, kind)
             current = row.version if row is not None else 0
@@ -552,7 +552,7 @@ class RecordOps(ExpiryOps):
         scope = record.subject_id
 
         def op(tx: Tx) -> Outcome:
-            held = self._check_fence(tx, fence)
+            held = self._check_fence(tx, fence, "outcome.record")
             s = tx.session
             for kind_, ref, model_ in (
                 ("handoff", record.handoff_id, HandoffRow),

@@ -345,6 +345,7 @@ class StoreBase:
         fn: Callable[[Tx], T],
         *,
         statement_timeout_ms: int | None = None,
+        register: bool = True,
     ) -> T:
         """Run ``fn`` in a write transaction, retrying on serialization/unique races.
 
@@ -354,23 +355,15 @@ class StoreBase:
 
         ``statement_timeout_ms`` (PostgreSQL): every statement of the transaction, lock
         waits included, is cancelled after this many milliseconds (``UnavailableError``).
+
+        ``register``: first register the caller's org and principal (:meth:`_register`) in
+        a transaction of its own when this store has not yet done so.
         """
-        if (caller.org, caller.principal, caller.role) not in self._registered:
+        if register and (caller.org, caller.principal, caller.role) not in self._registered:
             # in a transaction of its own, before any lock: a first write that inserted its
             # principal row and then waited for a lock taken in the body (the scope lock of
             # a supersede) could deadlock with another process registering the same principal
-            self._write_registered(caller, [], self._register)
-        return self._write_registered(caller, locks, fn, statement_timeout_ms=statement_timeout_ms)
-
-    def _write_registered(
-        self,
-        caller: Caller,
-        locks: Sequence[str] | Callable[[Session], Sequence[str]],
-        fn: Callable[[Tx], T],
-        *,
-        statement_timeout_ms: int | None = None,
-    ) -> T:
-        """:meth:`_write` for a caller already registered (or registering)."""
+            self._write(caller, [], self._register, register=False)
         last: Exception | None = None
         reconnected = False
         for _attempt in range(MAX_ATTEMPTS):

@@ -29,6 +29,7 @@ from prefect_baton.cli import (
     outcomes,
     reconcile,
     serve,
+    ui,
 )
 from prefect_baton.cli._output import (
     EXIT_CODES,
@@ -215,6 +216,7 @@ COMMANDS: list[tuple[str, Callable[..., None], dict[str, Any] | None]] = [
     ("demo", demo.demo, demo.DEMO_CONTEXT),
     ("reconcile", reconcile.reconcile, None),
     ("serve", serve.serve, None),
+    ("ui", ui.ui, None),
     ("mcp", mcp_command, None),
 ]
 

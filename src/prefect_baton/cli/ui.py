@@ -4,6 +4,7 @@ for the session and revoked when it ends."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import sys
 import webbrowser
@@ -79,10 +80,16 @@ def ui(
         sys.stdout.flush()
         if open_browser:
             webbrowser.open(f"{url}#key={secret}")
+        # uvicorn stops on SIGTERM, then raises it again with the handler it found: a
+        # handler that does nothing lets this function go on to revoke the key.
+        previous = signal.signal(signal.SIGTERM, lambda *_a: None)
         try:
             run_app(app, "127.0.0.1", chosen)
         except SystemExit as exc:
             if exc.code not in (None, 0):
                 fail(st, "ui", "UNAVAILABLE", f"cannot serve on 127.0.0.1:{chosen}; see the log")
+        except KeyboardInterrupt:  # SIGINT raised again by uvicorn after it stopped
+            pass
         finally:
+            signal.signal(signal.SIGTERM, previous)
             revoke_key(ledger_url, key_id=key.key_id)

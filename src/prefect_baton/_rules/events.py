@@ -14,8 +14,10 @@ __all__ = [
     "EVENT_KINDS",
     "EXPIRY_LAPSED",
     "EXPIRY_TAKEN_OVER",
+    "FENCE_REJECTED",
     "LEASE_EVENT_KINDS",
     "expired_payload",
+    "fence_rejected_payload",
     "handoff_payload",
     "lease_events",
     "lease_payload",
@@ -47,6 +49,7 @@ EVENT_KINDS = (
     "handoff.accepted",
     "handoff.rejected",
     "outcome.recorded",
+    "fence.rejected",
 )
 """Every kind of event the ledger records (DESIGN.md, "Events"; docs/concepts.md)."""
 
@@ -82,6 +85,28 @@ def lease_payload(
         "version": version,
         "epoch": epoch,
         "expires_at_ms": expires_at_ms,
+    }
+
+
+FENCE_REJECTED = "fence.rejected"
+"""The kind of the event recorded when the ledger refuses a write fenced by a lease that is
+no longer the effective generation (``STALE_FENCE``): the write itself is rolled back, the
+refusal is recorded in a transaction of its own (subject ``<resource_type>/<resource_id>``,
+payload :func:`fence_rejected_payload`)."""
+
+
+def fence_rejected_payload(
+    lease_id: str, epoch: int, resource_type: str, resource_id: str, write: str
+) -> dict[str, Any]:
+    """The payload of a ``fence.rejected`` event: the fence presented (``lease_id``,
+    ``epoch``), the resource it is a lease of, and the refused ``write`` (the operation,
+    e.g. ``checkpoint.save`` or ``outcome.record``)."""
+    return {
+        "lease_id": lease_id,
+        "epoch": epoch,
+        "resource_type": resource_type,
+        "resource_id": resource_id,
+        "write": write,
     }
 
 

@@ -198,6 +198,7 @@ def test_live_page(driver: Any, served: tuple[str, str]) -> None:
             "the event stream shows the acceptance",
             lambda: _row(driver, "events", "kind", "handoff.accepted"),
         )
+        assert driver.find_element("id", "lag").text == "none: the ledger is the lease authority"
 
         # nothing of the other org, nor bob's purpose, anywhere in the page
         source = driver.page_source
@@ -217,6 +218,19 @@ def test_live_page(driver: Any, served: tuple[str, str]) -> None:
         assert seen["holder"] == "bob"
         assert seen["purpose"] == "bob-secret-purpose"
         assert not [s for s in (*others, "other-org") if s in driver.page_source]
+
+        # a click on a lease row shows the resource's timeline picture
+        _row(driver, "leases", "resource", "deploy/bob-service")[0].click()
+        _wait(
+            driver,
+            "the timeline picture loads",
+            lambda: driver.execute_script(
+                "const i = document.getElementById('timeline-img');"
+                "return i.complete && i.naturalWidth > 0;"
+            ),
+        )
+        assert driver.find_element("id", "timeline-resource").text == "deploy/bob-service"
+        assert driver.find_element("id", "timeline-error").text == ""
 
         # the page ran under its Content-Security-Policy without a violation
         logs = driver.get_log("browser")

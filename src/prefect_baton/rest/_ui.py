@@ -11,10 +11,14 @@ from __future__ import annotations
 from functools import cache
 from importlib.resources import files
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from starlette.responses import RedirectResponse, Response
 
-__all__ = ["ASSETS", "CONTENT_SECURITY_POLICY", "add_routes", "asset"]
+from prefect_baton.errors import ForbiddenError
+from prefect_baton.rest._deps import B
+from prefect_baton.timeline import build_timeline, render_svg
+
+__all__ = ["ASSETS", "CONTENT_SECURITY_POLICY", "TIMELINE_SCOPES", "add_routes", "asset"]
 
 #: The policy sent with the page and its assets: everything from the page's own origin,
 #: images also as ``data:``/``blob:`` (the timeline picture), nothing inline, no frames.
@@ -37,6 +41,17 @@ _HEADERS = {
     "Cache-Control": "no-cache",
 }
 
+#: Scopes a key needs for a resource's timeline: it is drawn from the event stream and the
+#: lease generations (and the outcomes and handoffs the caller may read anyway).
+TIMELINE_SCOPES = ("events:read", "leases:read")
+
+#: The timeline picture is an image: nothing in it may load or run.
+_SVG_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-store",
+}
+
 
 @cache
 def asset(name: str) -> bytes:
@@ -56,8 +71,24 @@ def _send(name: str) -> Response:
 
 def add_routes(app: FastAPI) -> None:
     """Register ``/ui``, ``/ui/`` (a redirect), ``/ui/ui.js`` and ``/ui/ui.css`` on
-    ``app``, none of them in the OpenAPI document and none needing a key (they carry no
-    data)."""
+    ``app``, none of them needing a key (they carry no data), and the timeline picture
+    ``GET /v1/resources/timeline.svg?resource_type=T&resource_id=I`` (a bearer key with
+    :data:`TIMELINE_SCOPES`); none of them is in the OpenAPI document, whose ``/v1``
+    operations all answer JSON envelopes."""
+
+    # The ids are query parameters, as for inspect: an id may contain "/".
+    @app.get("/v1/resources/timeline.svg", include_in_schema=False)
+    def timeline(request: Request, resource_type: str, resource_id: str, b: B) -> Response:
+        """The resource's lease timeline as SVG (``image/svg+xml``), as the key's principal
+        may see it (:func:`~prefect_baton.timeline.build_timeline`): another org's resource
+        is an empty picture. Errors are JSON envelopes: ``400`` for a bad id, ``403`` for a
+        key without :data:`TIMELINE_SCOPES`."""
+        granted: tuple[str, ...] = request.state.scopes
+        for need in TIMELINE_SCOPES:
+            if need not in granted:
+                raise ForbiddenError(f"this key lacks the scope {need}")
+        svg = render_svg(build_timeline(b, resource_type, resource_id))
+        return Response(svg, media_type="image/svg+xml", headers=_SVG_HEADERS)
 
     @app.get("/ui", include_in_schema=False)
     def page() -> Response:

@@ -318,7 +318,8 @@
     $("timeline-resource").textContent = type + "/" + id;
     $("timeline-error").textContent = "";
     const key = sessionStorage.getItem(KEY);
-    const path = "/v1/resources/" + encodeURIComponent(type) + "/" + encodeURIComponent(id) + "/timeline.svg";
+    const path =
+      "/v1/resources/timeline.svg?resource_type=" + encodeURIComponent(type) + "&resource_id=" + encodeURIComponent(id);
     try {
       const resp = await fetch(path, { headers: { Authorization: "Bearer " + key }, cache: "no-store" });
       if (!resp.ok) {

@@ -254,3 +254,32 @@ def test_a_refused_key_stays_signed_out(driver: Any, served: tuple[str, str]) ->
     )
     assert "refused" in message
     assert not driver.find_element("id", "board").is_displayed()
+
+
+def test_a_section_the_key_may_not_read_leaves_the_others(
+    driver: Any, served: tuple[str, str]
+) -> None:
+    base, ledger = served
+    scopes = ["leases:read", "handoffs:read"]
+    secret, _ = create_key(ledger, org="acme", principal="dave", role="agent", scopes=scopes)
+    dave = Baton(ledger_url=ledger, org="acme", principal="dave")
+    try:
+        dave.leases.acquire("deploy", "dave-service", ttl_seconds=600)
+        driver.get(base + "/ui")
+        driver.execute_script("sessionStorage.clear()")
+        _sign_in(driver, base, secret)
+        _wait(
+            driver,
+            "the lease shows",
+            lambda: _row(driver, "leases", "resource", "deploy/dave-service"),
+        )
+        status = _wait(driver, "the status names the failure", lambda: _status(driver))
+        assert "events:read" in status
+        assert not driver.find_elements("css selector", "#events tbody tr")
+    finally:
+        dave.close()
+
+
+def _status(driver: Any) -> str | None:
+    text: str = driver.find_element("id", "status").text
+    return text if text.startswith("update failed") else None

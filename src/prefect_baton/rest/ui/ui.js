@@ -15,6 +15,7 @@
   const $ = (id) => document.getElementById(id);
   let me = null;
   let lastSeq = 0; // of the event stream
+  let skew = 0; // ms to add to this browser's clock to get the server's
   let recent = []; // newest last
   const resources = new Map(); // "type\u0000id" -> kind of its latest lease event
   const sent = new Map(); // handoff id -> true while created by me and unresolved
@@ -37,6 +38,13 @@
       headers: { Authorization: "Bearer " + key, Accept: "application/json" },
       cache: "no-store",
     });
+    const date = resp.headers.get("Date");
+    if (date) {
+      // The server's clock (to the second) against this browser's: the countdown follows
+      // the server's when the two differ by more than 2 s.
+      const off = Date.parse(date) + 500 - Date.now();
+      skew = Math.abs(off) > 2000 ? off : 0;
+    }
     let body = null;
     try {
       body = await resp.json();
@@ -145,6 +153,7 @@
       if (recent.length > EVENTS_SHOWN) recent = recent.slice(-EVENTS_SHOWN);
       if (!page.next_cursor) break;
     }
+    return true;
   }
 
   async function readLeases() {
@@ -207,29 +216,39 @@
     return inbox;
   }
 
+  // One section that fails (a key without a scope, say) leaves the others updating; a
+  // refused key (401) signs the page out.
   async function refresh() {
-    try {
-      await readEvents();
-      const [leases, handoffs, lag] = await Promise.all([
-        readLeases(),
-        readHandoffs(),
-        api("/v1/reconciler/lag"),
-      ]);
-      renderLeases(leases);
-      renderHandoffs(handoffs);
-      renderLag(lag);
-      renderEvents();
-      tick();
-      $("status").textContent = "updated " + new Date().toLocaleTimeString();
-      $("status").classList.remove("error");
-    } catch (e) {
-      if (e.status === 401) {
-        signOut("The key stopped working (revoked?). Sign in again.");
-        return;
+    const failed = [];
+    const attempt = async (what, read) => {
+      try {
+        return await read();
+      } catch (e) {
+        if (e.status === 401) throw e;
+        failed.push(what + ": " + e.message);
+        return undefined;
       }
-      $("status").textContent = "update failed: " + e.message;
-      $("status").classList.add("error");
+    };
+    try {
+      if ((await attempt("events", readEvents)) !== undefined) renderEvents();
+      const [leases, handoffs, lag] = await Promise.all([
+        attempt("leases", readLeases),
+        attempt("handoffs", readHandoffs),
+        attempt("lag", () => api("/v1/reconciler/lag")),
+      ]);
+      if (leases !== undefined) renderLeases(leases);
+      if (handoffs !== undefined) renderHandoffs(handoffs);
+      if (lag !== undefined) renderLag(lag);
+      tick();
+    } catch (e) {
+      signOut("The key stopped working (revoked?). Sign in again.");
+      return;
     }
+    const status = $("status");
+    status.textContent = failed.length
+      ? "update failed: " + failed.join("; ")
+      : "updated " + new Date().toLocaleTimeString();
+    status.classList.toggle("error", failed.length > 0);
   }
 
   // ---------------------------------------------------------------- rendering
@@ -297,7 +316,7 @@
 
   // The expiry column counts down between polls.
   function tick() {
-    const now = Date.now();
+    const now = Date.now() + skew;
     for (const td of document.querySelectorAll("#leases td.expires")) {
       const left = (Number(td.dataset.expires) - now) / 1000;
       if (left > 0) {

@@ -9,17 +9,14 @@ Without Chromium the test is skipped, and fails with ``BATON_REQUIRE_SERVICES=1`
 from __future__ import annotations
 
 import shutil
-import socket
-import threading
+import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 
 from prefect_baton import Baton
-from prefect_baton.rest import create_app, create_key
+from prefect_baton.rest import create_key
 from tests.conftest import REQUIRE
 
 CHROMIUM = "/usr/bin/chromium"
@@ -70,27 +67,17 @@ def driver() -> Iterator[Any]:
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[str, str]]:
-    """``(base URL, ledger URL)``: the app served by uvicorn in a thread on a free port."""
-    ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    config = uvicorn.Config(
-        create_app(ledger_url), host="127.0.0.1", port=port, log_level="warning", lifespan="on"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    ready = threading.Event()
-    while thread.is_alive() and not server.started:
-        ready.wait(0.02)
-    assert server.started, "uvicorn did not start"
-    try:
-        yield f"http://127.0.0.1:{port}", ledger_url
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+def served(rest_api: str, sqlite_url: str) -> tuple[str, str]:
+    """``(base URL, ledger URL)`` of the session's REST API (uvicorn in a thread on a free
+    loopback port over a SQLite ledger, ``tests/conftest.py``)."""
+    return rest_api, sqlite_url
+
+
+@pytest.fixture
+def orgs() -> tuple[str, str]:
+    """Two fresh organization ids (the served ledger is the session's)."""
+    tag = uuid.uuid4().hex[:8]
+    return f"acme-{tag}", f"rival-{tag}"
 
 
 def _wait(driver: Any, what: str, check: Callable[[], Any]) -> Any:
@@ -132,13 +119,14 @@ def _sign_in(driver: Any, base: str, secret: str) -> None:
     _wait(driver, "the board shows", lambda: driver.find_element("id", "board").is_displayed())
 
 
-def test_live_page(driver: Any, served: tuple[str, str]) -> None:
+def test_live_page(driver: Any, served: tuple[str, str], orgs: tuple[str, str]) -> None:
     base, ledger = served
-    alice_key, _ = create_key(ledger, org="acme", principal="alice", role="agent")
-    owner_key, _ = create_key(ledger, org="acme", principal="boss", role="owner")
-    alice = Baton(ledger_url=ledger, org="acme", principal="alice")
+    acme, rival = orgs
+    alice_key, _ = create_key(ledger, org=acme, principal="alice", role="agent")
+    owner_key, _ = create_key(ledger, org=acme, principal="boss", role="owner")
+    alice = Baton(ledger_url=ledger, org=acme, principal="alice")
     bob = alice.as_principal("bob")
-    eve = Baton(ledger_url=ledger, org="other-org", principal="intruder-eve")
+    eve = Baton(ledger_url=ledger, org=rival, principal="intruder-eve")
     try:
         eve_lease = eve.leases.acquire("deploy", "eve-service", ttl_seconds=600, purpose="eve-job")
         eve.handoffs.create("mallory", "eve-subject", message="eve-message")
@@ -151,7 +139,7 @@ def test_live_page(driver: Any, served: tuple[str, str]) -> None:
 
         _sign_in(driver, base, alice_key)
         who = driver.find_element("id", "who").text
-        assert who == "alice (agent) in acme"
+        assert who == f"alice (agent) in {acme}"
 
         # alice's own lease in full; bob's without holder, purpose or scopes
         _wait(driver, "both leases show", lambda: len(_row(driver, "leases", "type", "deploy")) > 1)
@@ -203,7 +191,7 @@ def test_live_page(driver: Any, served: tuple[str, str]) -> None:
         # nothing of the other org, nor bob's purpose, anywhere in the page
         source = driver.page_source
         others = ("intruder-eve", "eve-service", "eve-job", "eve-subject", "eve-message")
-        for secret in (*others, "other-org", "mallory", eve_lease.lease_id, "bob-secret-purpose"):
+        for secret in (*others, rival, "mallory", eve_lease.lease_id, "bob-secret-purpose"):
             assert secret not in source, secret
 
         # an owner of the org sees bob's holder and purpose, still nothing of the other org
@@ -217,7 +205,7 @@ def test_live_page(driver: Any, served: tuple[str, str]) -> None:
         seen = _cells(driver, "deploy/bob-service")
         assert seen["holder"] == "bob"
         assert seen["purpose"] == "bob-secret-purpose"
-        assert not [s for s in (*others, "other-org") if s in driver.page_source]
+        assert not [s for s in (*others, rival) if s in driver.page_source]
 
         # a click on a lease row shows the resource's timeline picture
         _row(driver, "leases", "resource", "deploy/bob-service")[0].click()
@@ -257,12 +245,13 @@ def test_a_refused_key_stays_signed_out(driver: Any, served: tuple[str, str]) ->
 
 
 def test_a_section_the_key_may_not_read_leaves_the_others(
-    driver: Any, served: tuple[str, str]
+    driver: Any, served: tuple[str, str], orgs: tuple[str, str]
 ) -> None:
     base, ledger = served
+    acme = orgs[0]
     scopes = ["leases:read", "handoffs:read"]
-    secret, _ = create_key(ledger, org="acme", principal="dave", role="agent", scopes=scopes)
-    dave = Baton(ledger_url=ledger, org="acme", principal="dave")
+    secret, _ = create_key(ledger, org=acme, principal="dave", role="agent", scopes=scopes)
+    dave = Baton(ledger_url=ledger, org=acme, principal="dave")
     try:
         dave.leases.acquire("deploy", "dave-service", ttl_seconds=600)
         driver.get(base + "/ui")

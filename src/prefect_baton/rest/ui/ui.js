@@ -10,6 +10,7 @@
   const EVENTS_SHOWN = 50;
   const EVENT_PAGES_PER_POLL = 20; // 1,000 events a page
   const INSPECT_MAX = 100; // resources inspected per poll for an agent key
+  const LEASE_PAGES = 10; // 1,000 leases a page
   const LIVE = new Set(["lease.acquired", "lease.renewed", "lease.transferred"]);
 
   const $ = (id) => document.getElementById(id);
@@ -141,7 +142,9 @@
       for (const ev of page.events) {
         const p = ev.payload || {};
         if (ev.kind.startsWith("lease.") && p.resource_type !== undefined) {
-          resources.set(resKey(p.resource_type, p.resource_id), ev.kind);
+          const k = resKey(p.resource_type, p.resource_id);
+          resources.delete(k); // kept in the order of their latest lease event
+          resources.set(k, ev.kind);
         } else if (ev.kind === "handoff.created" && p.from_principal === me.principal) {
           sent.set(p.handoff_id, true);
         } else if (ev.kind === "handoff.accepted" || ev.kind === "handoff.rejected") {
@@ -158,8 +161,17 @@
 
   async function readLeases() {
     const full = me.role === "owner" || me.role === "admin";
-    const listed = await api("/v1/leases?limit=1000" + (full ? "&owner=*" : ""));
-    const rows = listed.leases.map((l) => ({
+    const listed = [];
+    let next = null;
+    for (let i = 0; i < LEASE_PAGES; i++) {
+      const page = await api(
+        "/v1/leases?limit=1000" + (full ? "&owner=*" : "") + (next ? "&cursor=" + encodeURIComponent(next) : ""),
+      );
+      listed.push(...page.leases);
+      next = page.next_cursor;
+      if (!next) break;
+    }
+    const rows = listed.map((l) => ({
       type: l.resource_type,
       id: l.resource_id,
       epoch: l.epoch,

@@ -53,3 +53,19 @@ def wait_until_expired(b: Baton, lease: Lease, *, grace: float = 15.0) -> None:
     while b.leases.inspect(lease.resource_type, lease.resource_id).held:
         assert time.monotonic() < deadline, "the lease never expired on the authority's clock"
         time.sleep(0.1)
+
+
+def assert_refusal_recorded(b: Baton, before: list[str], lease: Lease, write: str) -> None:
+    """The only event since ``before`` (the kinds read before a refused fenced write) is
+    the ``fence.rejected`` of ``lease`` and ``write``: the write itself left nothing."""
+    assert kinds(b) == [*before, "fence.rejected"]
+    (event,) = b.events.list(kind="fence.rejected", after_seq=last_seq(b) - 1)
+    assert event.subject == f"{lease.resource_type}/{lease.resource_id}"
+    assert event.principal == b.principal
+    assert event.payload == {
+        "lease_id": lease.lease_id,
+        "epoch": lease.epoch,
+        "resource_type": lease.resource_type,
+        "resource_id": lease.resource_id,
+        "write": write,
+    }

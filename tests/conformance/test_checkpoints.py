@@ -17,7 +17,7 @@ from prefect_baton import (
     VersionConflictError,
 )
 
-from ._util import kinds
+from ._util import assert_refusal_recorded, kinds
 
 SUBJ = "file:src/app/main.py"
 KIND = "progress"
@@ -194,7 +194,8 @@ def test_fenced_save_with_current_lease(baton: Baton) -> None:
 
 
 def test_fenced_save_after_takeover_is_stale(baton: Baton) -> None:
-    """A save fenced by a lease another principal has since taken over is STALE_FENCE."""
+    """A save fenced by a lease another principal has since taken over is STALE_FENCE; the
+    refusal is recorded as ``fence.rejected`` and nothing else is written."""
     lease = baton.leases.acquire("file", "main.py", ttl_seconds=30)
     baton.checkpoints.save(SUBJ, KIND, {"n": 1}, fence=lease)
     baton.as_principal("boss", role="admin").leases.force_release(lease.lease_id)
@@ -204,7 +205,7 @@ def test_fenced_save_after_takeover_is_stale(baton: Baton) -> None:
     with pytest.raises(StaleFenceError) as ei:
         baton.checkpoints.save(SUBJ, KIND, {"n": 2}, fence=lease)
     assert ei.value.code == "STALE_FENCE"
-    assert kinds(baton) == events
+    assert_refusal_recorded(baton, events, lease, "checkpoint.save")
     got = baton.checkpoints.get(SUBJ, KIND)
     assert got is not None
     assert (got.version, got.state) == (1, {"n": 1})

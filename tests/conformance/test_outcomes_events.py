@@ -17,7 +17,7 @@ from prefect_baton import (
     VersionConflictError,
 )
 
-from ._util import kinds
+from ._util import assert_refusal_recorded, kinds
 
 SUBJ = "file:src/app/main.py"
 EVIDENCE = [
@@ -171,7 +171,8 @@ def test_fenced_outcome(baton: Baton) -> None:
 
 
 def test_fenced_outcome_after_takeover_is_stale(baton: Baton) -> None:
-    """An outcome fenced by a lease someone else has since taken over is STALE_FENCE."""
+    """An outcome fenced by a lease someone else has since taken over is STALE_FENCE; the
+    refusal is recorded as ``fence.rejected`` and nothing else is written."""
     lease = baton.leases.acquire("file", "main.py", ttl_seconds=30)
     baton.as_principal("boss", role="owner").leases.force_release(lease.lease_id)
     baton.as_principal("agent-b").leases.acquire("file", "main.py", ttl_seconds=30)
@@ -179,7 +180,7 @@ def test_fenced_outcome_after_takeover_is_stale(baton: Baton) -> None:
     with pytest.raises(StaleFenceError):
         baton.outcomes.record(SUBJ, "succeeded", evidence=EVIDENCE, fence=lease)
     assert baton.outcomes.list(SUBJ) == []
-    assert kinds(baton) == events
+    assert_refusal_recorded(baton, events, lease, "outcome.record")
 
 
 # ------------------------------------------------------------------------------- events

@@ -65,6 +65,11 @@ def test_demo_survives_crash_and_pause(
     report = json.loads(Path(str(data["report"])).read_text())
     assert report["totals"]["files"] == files
     b.close()
+    # the demo ends with the timelines of its busiest resources: the taken-over files (one
+    # with the paused researcher's rejected late write) and the report's delivery
+    page = Path(str(data["timeline"])).read_text()
+    for kind in ("taken_over", "fence_rejected", "handoff_accepted", "outcome"):
+        assert f'data-kind="{kind}"' in page, kind
 
 
 @pytest.mark.slow

@@ -29,6 +29,7 @@ from prefect_baton.cli import (
     outcomes,
     reconcile,
     serve,
+    timeline,
     ui,
 )
 from prefect_baton.cli._output import (
@@ -214,6 +215,7 @@ SUB_APPS: list[tuple[str, typer.Typer]] = [
 COMMANDS: list[tuple[str, Callable[..., None], dict[str, Any] | None]] = [
     ("audit", db.audit, None),
     ("demo", demo.demo, demo.DEMO_CONTEXT),
+    ("timeline", timeline.timeline, None),
     ("reconcile", reconcile.reconcile, None),
     ("serve", serve.serve, None),
     ("ui", ui.ui, None),

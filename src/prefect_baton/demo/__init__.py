@@ -32,6 +32,7 @@ from prefect_baton._rules.validation import TTL_MIN_SECONDS, TTL_RANGE, validate
 from prefect_baton.audit import audit_ledger
 from prefect_baton.cli._output import OutputFormat, emit_error, format_from_argv
 from prefect_baton.demo import analysis
+from prefect_baton.demo.timelines import write_demo_timelines
 from prefect_baton.errors import error_for_code
 
 __all__ = ["DemoResult", "main", "run_demo"]
@@ -52,7 +53,8 @@ def _path(label: str) -> Any:
 class DemoResult:
     """The demo's summary, read back from the ledger (counts are ``int``); the fields in the
     order of the summary table, with its labels; ``ledger`` (URL) and ``report`` (path) are
-    printed under the table, one a line."""
+    printed under the table, one a line, and so is ``timeline`` (the HTML page of the
+    busiest resources' lease timelines)."""
 
     files: int = _measure("files")
     completed: int = _measure("completed")
@@ -72,6 +74,7 @@ class DemoResult:
     ledger: str = _path("ledger")
     org: str = ""
     report: str = _path("report")
+    timeline: str = _path("timeline")
 
     @property
     def ok(self) -> bool:
@@ -351,6 +354,7 @@ def run_demo(args: argparse.Namespace) -> DemoResult:
         result.stale_writes_rejected += int(stats.get("stale_rejected", 0))
     _summarise(b, files, result, args.redis_url)
     result.report = str(run_dir / "report.json")
+    result.timeline = str(write_demo_timelines(b.as_principal(b.principal, "owner"), run_dir))
     result.elapsed_seconds = round(time.monotonic() - t0, 2)
     b.close()
     return result
@@ -393,6 +397,7 @@ def _run_on_prefect(
                 os.environ[k] = v
     _summarise(b, files, result, args.redis_url)
     result.report = str(run_dir / "report.json")
+    result.timeline = str(write_demo_timelines(b.as_principal(b.principal, "owner"), run_dir))
     result.elapsed_seconds = round(time.monotonic() - t0, 2)
     b.close()
     return result

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from prefect_baton.prefect._accept import AcceptedHandoff, accept_handoff
 from prefect_baton.prefect._block import BatonBlock
-from prefect_baton.prefect._board import board_rows, publish_board
+from prefect_baton.prefect._board import board_rows, publish_board, timelines_markdown
 from prefect_baton.prefect._context import RunIdentity, current_baton, current_lease, run_identity
 from prefect_baton.prefect._decorators import leased
 from prefect_baton.prefect._events import can_emit, relay_events
@@ -47,5 +47,6 @@ __all__ = [
     "run_identity",
     "serving",
     "start_recipient",
+    "timelines_markdown",
     "wait_for_run",
 ]

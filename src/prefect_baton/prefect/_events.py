@@ -7,6 +7,7 @@ Prefect event ``prefect-baton.K`` about one resource:
 ledger kind          Prefect resource id
 ===================  ==============================================================
 ``lease.*``          ``prefect-baton.lease.<resource_type>.<resource_id>``
+``fence.rejected``   ``prefect-baton.lease.<resource_type>.<resource_id>``
 ``handoff.*``        ``prefect-baton.handoff.<handoff_id>``
 ``checkpoint.*``     ``prefect-baton.checkpoint.<subject_id>.<kind>``
 ``outcome.*``        ``prefect-baton.outcome.<subject_id>``
@@ -113,7 +114,7 @@ def resource_for(
     """The Prefect resource (``prefect.resource.id`` plus labels) of a ledger event."""
     labels = {"prefect-baton.org": org, "prefect-baton.principal": principal}
     family = kind.split(".", 1)[0]
-    if family == "lease":
+    if family in ("lease", "fence"):  # fence.rejected: a refused write under a lease
         rtype = payload.get("resource_type") or subject.split("/", 1)[0]
         rid = payload.get("resource_id") or subject.split("/", 1)[-1]
         res = {

@@ -9,6 +9,7 @@ The stable API (also what the live page ``/ui`` embeds)::
     tl = build_timeline(baton, "file", "report.py")   # a Timeline (pydantic model)
     svg = render_svg(tl, width=1000)                   # self-contained SVG text
     page = render_html(tl)                             # SVG + tables, one HTML page
+    many = render_page([tl, tl2], title="busiest")     # several on one page
     write_timeline(tl, Path("timeline.svg"))           # by the file's extension
 
 Everything is read through the public client (:class:`~prefect_baton.Baton`), so it works on
@@ -30,7 +31,13 @@ from prefect_baton.timeline._model import (
     build_timeline,
     timeline_from_events,
 )
-from prefect_baton.timeline._render import END_COLORS, MARK_STYLES, render_html, render_svg
+from prefect_baton.timeline._render import (
+    END_COLORS,
+    MARK_STYLES,
+    render_html,
+    render_page,
+    render_svg,
+)
 
 __all__ = [
     "END_COLORS",
@@ -44,6 +51,7 @@ __all__ = [
     "TimelineMark",
     "build_timeline",
     "render_html",
+    "render_page",
     "render_svg",
     "timeline_format",
     "timeline_from_events",

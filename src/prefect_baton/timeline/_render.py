@@ -13,13 +13,14 @@ from __future__ import annotations
 import html
 import math
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from prefect_baton.errors import ValidationError
 from prefect_baton.models import wire_time
 from prefect_baton.timeline._model import LINK_SCHEMES, MarkKind, Timeline, TimelineMark
 
-__all__ = ["END_COLORS", "MARK_STYLES", "render_html", "render_svg"]
+__all__ = ["END_COLORS", "MARK_STYLES", "render_html", "render_page", "render_svg"]
 
 #: Band fill colour by how the generation ended.
 END_COLORS = {
@@ -330,19 +331,12 @@ def _link(uri: str) -> str:
     return text
 
 
-def render_html(timeline: Timeline, *, width: int = 1000) -> str:
-    """A small self-contained HTML page (``str``): :func:`render_svg` inline, then a table
-    of the generations and one of the marks (time, epoch, kind, what happened, evidence;
-    ``http``, ``https`` and ``file`` evidence URIs as links, others as text).
-
-    Raises:
-        ValidationError: ``width`` out of range (as :func:`render_svg`).
-    """
-    t = timeline
-    svg = render_svg(t, width=width)
+def _section(t: Timeline, width: int, level: int) -> str:
+    """One timeline's heading, picture and tables (HTML)."""
     e = html.escape
     gen_rows = "".join(
-        f"<tr><td>{g.epoch}</td><td>{e(g.holder or 'hidden')}</td><td>{e(g.lease_id)}</td>"
+        f"<tr><td>{g.epoch}</td><td>{e(g.holder or 'hidden')}</td>"
+        f"<td>{e(g.execution_key or '')}</td><td>{e(g.lease_id)}</td>"
         f"<td>{wire_time(g.started_at)}</td>"
         f"<td>{wire_time(g.ended_at) if g.ended_at else ''}</td><td>{e(g.start)}</td>"
         f"<td>{e(g.end)}</td><td>{g.renewals}</td></tr>"
@@ -358,17 +352,47 @@ def render_html(timeline: Timeline, *, width: int = 1000) -> str:
         + "</td></tr>"
         for m in t.marks
     )
-    title = e(f"{t.resource_type}/{t.resource_id}")
+    h, h2 = f"h{level}", f"h{level + 1}"
     return (
-        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>Lease timeline of {title}</title><style>"
-        "body{font-family:sans-serif;margin:1em}table{border-collapse:collapse;margin:1em 0}"
-        "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px;text-align:left}"
-        "</style></head><body>"
-        f"<h1>Lease timeline of {title}</h1>{svg}"
-        "<h2>Generations</h2><table><tr><th>epoch</th><th>holder</th><th>lease</th>"
+        f"<section><{h}>Lease timeline of {e(f'{t.resource_type}/{t.resource_id}')}</{h}>"
+        f"{render_svg(t, width=width)}"
+        f"<{h2}>Generations</{h2}><table><tr><th>epoch</th><th>holder</th><th>execution key</th>"
+        "<th>lease</th>"
         "<th>started</th><th>ended</th><th>began by</th><th>ended by</th><th>renewals</th></tr>"
         f"{gen_rows}</table>"
-        "<h2>Marks</h2><table><tr><th>time (UTC)</th><th>epoch</th><th>kind</th>"
-        f"<th>what happened</th><th>evidence</th></tr>{mark_rows}</table></body></html>\n"
+        f"<{h2}>Marks</{h2}><table><tr><th>time (UTC)</th><th>epoch</th><th>kind</th>"
+        f"<th>what happened</th><th>evidence</th></tr>{mark_rows}</table></section>"
+    )
+
+
+def render_page(timelines: Sequence[Timeline], *, title: str, width: int = 1000) -> str:
+    """Several timelines on one self-contained HTML page (``str``), each as
+    :func:`render_html` shows one, under the page title ``title`` (plain text).
+
+    Raises:
+        ValidationError: ``width`` out of range (as :func:`render_svg`).
+    """
+    level = 2 if len(timelines) != 1 else 1
+    head = f"<h1>{html.escape(title)}</h1>" if level == 2 else ""
+    body = "".join(_section(t, width, level) for t in timelines)
+    return (
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>"
+        "body{font-family:sans-serif;margin:1em}table{border-collapse:collapse;margin:1em 0}"
+        "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px;text-align:left}"
+        f"</style></head><body>{head}{body}</body></html>\n"
+    )
+
+
+def render_html(timeline: Timeline, *, width: int = 1000) -> str:
+    """A small self-contained HTML page (``str``): :func:`render_svg` inline, then a table
+    of the generations and one of the marks (time, epoch, kind, what happened, evidence;
+    ``http``, ``https`` and ``file`` evidence URIs as links, others as text).
+
+    Raises:
+        ValidationError: ``width`` out of range (as :func:`render_svg`).
+    """
+    t = timeline
+    return render_page(
+        [t], title=f"Lease timeline of {t.resource_type}/{t.resource_id}", width=width
     )

@@ -93,6 +93,9 @@ class Tx:
     new_lease_ids: set[str] = field(default_factory=set)
     #: Lease ids whose row this transaction read: they have one.
     stored_lease_ids: set[str] = field(default_factory=set)
+    #: Events to record in a transaction of their own when this one fails with a
+    #: :class:`BatonError` (a refused fenced write's ``fence.rejected``).
+    on_refusal: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
 
     def emit(self, kind: str, subject: str, payload: dict[str, Any]) -> None:
         self.events.append((kind, subject, payload))
@@ -356,6 +359,7 @@ class StoreBase:
         reconnected = False
         for _attempt in range(MAX_ATTEMPTS):
             committing = False
+            tx: Tx | None = None
             try:
                 with Session(self.engines.write, expire_on_commit=False) as session:
                     with session.begin():
@@ -379,6 +383,8 @@ class StoreBase:
                         self._registered.add(tx.registered)
                     return result
             except BatonError:
+                if tx is not None and tx.on_refusal:
+                    self._record_refusal(caller, tx.on_refusal)
                 raise
             except IntegrityError as exc:
                 last = exc
@@ -400,6 +406,22 @@ class StoreBase:
                     continue
                 raise
         raise UnavailableError(f"ledger write did not settle after {MAX_ATTEMPTS} tries: {last}")
+
+    def _record_refusal(
+        self, caller: Caller, events: list[tuple[str, str, dict[str, Any]]]
+    ) -> None:
+        """Record ``events`` of a refused write (whose own transaction rolled back) in a
+        transaction of their own. Best effort: the refusal is what the caller gets, so a
+        failure to record it is dropped."""
+
+        def op(tx: Tx) -> None:
+            for kind, subject, payload in events:
+                tx.emit(kind, subject, payload)
+
+        try:
+            self._write(caller, [], op)
+        except BatonError:
+            pass
 
     @contextmanager
     def _read(self) -> Iterator[tuple[Session, int]]:

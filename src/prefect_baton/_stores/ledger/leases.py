@@ -41,6 +41,7 @@ from prefect_baton._stores.ledger.tables import (
 from prefect_baton._stores.protocol import AcquireRequest, Caller, Execution, Fence, LeaseQuery
 from prefect_baton.errors import (
     NotFoundError,
+    StaleFenceError,
 )
 from prefect_baton.models import (
     Lease,
@@ -537,11 +538,23 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
 
     # ------------------------------------------------------------------ fences
 
-    def _check_fence(self, tx: Tx, fence: Fence | None) -> Generation | None:
+    def _check_fence(self, tx: Tx, fence: Fence | None, write: str) -> Generation | None:
+        """Check ``fence`` in write transaction ``tx`` (the authority's generation when the
+        fence has a ``check``, else the ledger's row): :func:`_core.check_fence`. A refusal
+        of a lease of a known resource leaves ``fence.rejected`` (naming ``write``, the
+        operation) to be recorded once ``tx`` has rolled back (:attr:`Tx.on_refusal`).
+
+        Raises:
+            StaleFenceError: the fence is not the writer's effective generation.
+        """
         if fence is None:
             return None
         if fence.check is not None:
             held, now_ms = fence.check()
+        else:
+            row = self._row_by_id(tx.session, tx.caller.org, fence.lease_id)
+            held, now_ms = (row_to_generation(row) if row else None), tx.now_ms
+        try:
             return _core.check_fence(
                 held,
                 lease_id=fence.lease_id,
@@ -549,14 +562,17 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
                 now_ms=now_ms,
                 principal=tx.caller.principal,
             )
-        row = self._row_by_id(tx.session, tx.caller.org, fence.lease_id)
-        return _core.check_fence(
-            row_to_generation(row) if row else None,
-            lease_id=fence.lease_id,
-            epoch=fence.epoch,
-            now_ms=tx.now_ms,
-            principal=tx.caller.principal,
-        )
+        except StaleFenceError:
+            if held is None and fence.check is not None:  # Redis forgot it: the ledger's copy
+                row = self._row_by_id(tx.session, tx.caller.org, fence.lease_id)
+                held = row_to_generation(row) if row else None
+            if held is not None:
+                resource = (held.resource_type, held.resource_id)
+                payload = _events.fence_rejected_payload(
+                    fence.lease_id, fence.epoch, resource[0], resource[1], write
+                )
+                tx.on_refusal.append((_events.FENCE_REJECTED, subject_of(resource), payload))
+            raise
 
     def _fence_locks(self, caller: Caller, fence: Fence | None) -> list[str]:
         if fence is None:

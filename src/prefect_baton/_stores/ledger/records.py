@@ -150,7 +150,7 @@ class RecordOps(LeaseOps):
         )
 
         def op(tx: Tx) -> Checkpoint:
-            self._check_fence(tx, fence)
+            self._check_fence(tx, fence, "checkpoint.save")
             s = tx.session
             row = _checkpoint_row(s, caller, subject_id, kind)
             current = row.version if row is not None else 0
@@ -547,7 +547,7 @@ class RecordOps(LeaseOps):
         scope = record.subject_id
 
         def op(tx: Tx) -> Outcome:
-            held = self._check_fence(tx, fence)
+            held = self._check_fence(tx, fence, "outcome.record")
             s = tx.session
             for kind_, ref, model_ in (
                 ("handoff", record.handoff_id, HandoffRow),

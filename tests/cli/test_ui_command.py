@@ -4,6 +4,7 @@ started only with ``--open``."""
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -19,20 +20,18 @@ from .conftest import BATON_SCRIPT, Cli, process_env
 URL = re.compile(r"^baton ui: (http://127\.0\.0\.1:(\d+)/ui)$")
 
 
-def _start(cli: Cli, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], list[str]]:
-    """``baton ui`` with ``$BROWSER`` a script that writes the URL it is given to a file."""
+def _start(cli: Cli, tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    """``baton --ledger-url L --org O --principal carol ARGS`` (``ARGS`` holding ``ui``),
+    with ``$BROWSER`` a script that writes the URL it is given to a file."""
     browser = tmp_path / "browser.sh"
     browser.write_text(f'#!/bin/sh\nprintf "%s" "$1" > {tmp_path / "opened"}\n')
     browser.chmod(0o755)
     argv = [str(BATON_SCRIPT), "--ledger-url", cli.ledger_url, "--org", cli.org]
-    argv += ["--principal", "carol", "ui", *extra]
+    argv += ["--principal", "carol", *args]
     env = {**process_env(), "BROWSER": f"{browser} %s", "BATON_KEY_CACHE_SECONDS": "0"}
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
     )
-    assert proc.stdout is not None
-    lines = [proc.stdout.readline().rstrip("\n") for _ in range(4)]
-    return proc, lines
 
 
 def _wait_for_page(url: str, proc: subprocess.Popen[str]) -> httpx.Response:
@@ -47,7 +46,9 @@ def _wait_for_page(url: str, proc: subprocess.Popen[str]) -> httpx.Response:
 
 
 def test_ui_serves_the_page_with_a_session_key_revoked_on_stop(cli: Cli, tmp_path: Path) -> None:
-    proc, lines = _start(cli, tmp_path)
+    proc = _start(cli, tmp_path, "ui")
+    assert proc.stdout is not None
+    lines = [proc.stdout.readline().rstrip("\n") for _ in range(4)]
     try:
         match = URL.match(lines[0])
         assert match, lines
@@ -73,21 +74,30 @@ def test_ui_serves_the_page_with_a_session_key_revoked_on_stop(cli: Cli, tmp_pat
 
 
 def test_ui_open_hands_the_signed_in_url_to_the_browser(cli: Cli, tmp_path: Path) -> None:
-    proc, lines = _start(cli, tmp_path, "--open")
+    """With --format json the first line is a receipt naming the page and the key; --open
+    gives the signed-in URL to the browser ($BROWSER here)."""
+    proc = _start(cli, tmp_path, "--format", "json", "ui", "--role", "agent", "--open")
+    assert proc.stdout is not None
     try:
-        match = URL.match(lines[0])
-        assert match, lines
-        _wait_for_page(match.group(1), proc)
+        receipt = json.loads(proc.stdout.readline())
+        assert receipt["ok"] is True
+        assert receipt["action"] == "ui"
+        page = receipt["ui"]
+        assert URL.match("baton ui: " + page["url"])
+        assert page["signed_in_url"] == f"{page['url']}#key={receipt['secret']}"
+        assert (page["org"], page["principal"], page["role"]) == (cli.org, "carol", "agent")
+        assert _wait_for_page(page["url"], proc).status_code == 200
         opened = tmp_path / "opened"
         pause = threading.Event()
         for _ in range(500):
             if opened.exists() and opened.read_text():
                 break
             pause.wait(0.02)
-        assert opened.read_text() == lines[2].split("signed in: ", 1)[1]
+        assert opened.read_text() == page["signed_in_url"]
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
     assert proc.returncode == 0
     (key,) = list_keys(cli.ledger_url, org=cli.org, include_revoked=True)
+    assert key.key_id == page["key_id"]
     assert key.revoked_at_ms is not None

@@ -12,7 +12,9 @@ from typing import Annotated
 
 import typer
 
+from prefect_baton.cli._output import emit_ok
 from prefect_baton.cli._state import fail, guard
+from prefect_baton.cli.keys import key_row
 
 __all__ = ["ui"]
 
@@ -46,8 +48,9 @@ def ui(
     is made for --org and --principal (or BATON_ORG and BATON_PRINCIPAL, default the local
     identity) with --role (default owner, which sees every holder); its secret is printed
     once, with the URL that signs in with it (the key travels in the URL's fragment, which
-    a browser never sends to a server). SIGINT or SIGTERM stop the server and revoke the
-    key. No browser is started unless --open is given. Exit status: VALIDATION_ERROR (2)
+    a browser never sends to a server); with --format json, as one receipt line (ui.url,
+    ui.signed_in_url, the key's ids, and secret). SIGINT or SIGTERM stop the server and
+    revoke the key. No browser is started unless --open is given. Exit status: VALIDATION_ERROR (2)
     for a bad URL, org, principal or role; UNAVAILABLE (11) when the ledger cannot be
     reached or the port cannot be bound.
     """
@@ -71,12 +74,16 @@ def ui(
             raise
         chosen = port or _free_port()
         url = f"http://127.0.0.1:{chosen}/ui"
-        sys.stdout.write(
-            f"baton ui: {url}\n"
-            f"  key (revoked when this stops): {secret}\n"
-            f"  signed in: {url}#key={secret}\n"
-            f"  as {key.principal} ({key.role}) in {key.org}; stop with Ctrl-C\n"
-        )
+        if st.json:  # the first line of stdout (the access log follows it)
+            page = {"url": url, "signed_in_url": f"{url}#key={secret}", **key_row(key)}
+            emit_ok(st.format, "ui", "ui", page, extra={"secret": secret})
+        else:
+            sys.stdout.write(
+                f"baton ui: {url}\n"
+                f"  key (revoked when this stops): {secret}\n"
+                f"  signed in: {url}#key={secret}\n"
+                f"  as {key.principal} ({key.role}) in {key.org}; stop with Ctrl-C\n"
+            )
         sys.stdout.flush()
         if open_browser:
             webbrowser.open(f"{url}#key={secret}")

@@ -137,8 +137,10 @@
   // The event stream is read from where the last poll stopped (seq > lastSeq), at most
   // EVENT_PAGES_PER_POLL pages a poll; the newest EVENTS_SHOWN are kept for the table.
   async function readEvents() {
+    const session = sessions;
     for (let i = 0; i < EVENT_PAGES_PER_POLL; i++) {
       const page = await api("/v1/events?limit=1000&after=" + lastSeq);
+      if (session !== sessions) return undefined; // another key's page by now
       for (const ev of page.events) {
         const p = ev.payload || {};
         if (ev.kind.startsWith("lease.") && p.resource_type !== undefined) {
@@ -231,11 +233,15 @@
   // One section that fails (a key without a scope, say) leaves the others updating; a
   // refused key (401) signs the page out.
   async function refresh() {
+    const session = sessions;
     const failed = [];
     const attempt = async (what, read) => {
       try {
-        return await read();
+        const value = await read();
+        // a sign-out or a new sign-in while this ran: its answer is of no use
+        return session === sessions ? value : undefined;
       } catch (e) {
+        if (session !== sessions) return undefined;
         if (e.status === 401) throw e;
         failed.push(what + ": " + e.message);
         return undefined;
@@ -256,6 +262,7 @@
       signOut("The key stopped working (revoked?). Sign in again.");
       return;
     }
+    if (session !== sessions) return;
     const status = $("status");
     status.textContent = failed.length
       ? "update failed: " + failed.join("; ")

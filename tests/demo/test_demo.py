@@ -86,6 +86,9 @@ def test_demo_on_the_redis_authority(tmp_path: Path) -> None:
     assert data["takeovers"] >= 2
     assert data["stale_writes_rejected"] >= 1
     assert data["audit_violations"] == []
+    page = Path(str(data["timeline"])).read_text()
+    assert 'data-kind="fence_rejected"' in page
+    assert 'data-kind="taken_over"' in page
 
 
 @pytest.mark.slow

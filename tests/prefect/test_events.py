@@ -172,3 +172,29 @@ print(json.dumps(result))
         "listening": 0,
     }
     assert not (tmp_path / "home" / "prefect.db").exists()
+
+
+def test_board_embeds_the_timeline_of_its_leases(make_baton: MakeBaton) -> None:
+    """The board artifact of a run holding a lease embeds that resource's lease timeline as
+    an SVG ``data:`` URI image, read back from the Prefect API."""
+    import base64
+    import re
+
+    from prefect.artifacts import Artifact
+
+    b = make_baton("baton-test-board")
+
+    @flow(name="baton-test-board")
+    def run() -> None:
+        with b.lease("deploy", "board-svc", ttl_seconds=30):
+            publish_board(baton=b, key="baton-test-board-timeline")
+
+    run()
+    art = Artifact.get("baton-test-board-timeline")
+    assert art is not None
+    assert art.description is not None
+    assert "`deploy/board-svc`" in art.description
+    (uri,) = re.findall(r"\(data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)\)", art.description)
+    svg = base64.b64decode(uri).decode("utf-8")
+    assert 'data-epoch="1"' in svg
+    assert "epoch 1 · baton-test-board" in svg

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import re
+import sys
 import time
 import uuid
 import xml.etree.ElementTree as ET
@@ -16,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from prefect_baton import Baton, Lease, StaleFenceError
+from prefect_baton import Baton, Lease, StaleFenceError, ValidationError
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton.prefect import timelines_markdown
 from prefect_baton.testing import ManualClock
-from prefect_baton.timeline import build_timeline, render_html, render_svg
+from prefect_baton.timeline import build_timeline, render_html, render_svg, write_timeline
 from tests.cli.conftest import Cli
 from tests.conformance._util import wait_until_expired
 from tests.conftest import redis_authority
@@ -229,8 +230,8 @@ def test_since_keeps_the_later_part(scenario: Scenario) -> None:
 
 
 def test_cli_writes_the_file(sqlite_scenario: Scenario, tmp_path: Path) -> None:
-    """``baton timeline`` writes SVG or HTML and prints the path; .png is VALIDATION_ERROR,
-    an unknown resource NOT_FOUND; nothing is written for either."""
+    """``baton timeline`` writes SVG, HTML or PNG and prints the path; another extension
+    is VALIDATION_ERROR, an unknown resource NOT_FOUND; nothing is written for either."""
     cli = Cli(sqlite_scenario.ledger_url, sqlite_scenario.alice.org)
     out = tmp_path / "sub" / "timeline.svg"
     run = cli("timeline", RT, RID, "--out", str(out), principal="root", role="owner", fmt="json")
@@ -242,17 +243,11 @@ def test_cli_writes_the_file(sqlite_scenario: Scenario, tmp_path: Path) -> None:
     assert cli("timeline", RT, RID, "-o", str(html), principal="eve", role="agent").code == 0
     assert "bob" not in html.read_text()
 
-    png = cli(
-        "timeline",
-        RT,
-        RID,
-        "--out",
-        str(tmp_path / "t.png"),
-        principal="root",
-        role="owner",
-        fmt="json",
-    )
-    assert (png.code, png.json["error"]["code"]) == (2, "VALIDATION_ERROR")
+    png = tmp_path / "timeline.png"
+    assert cli("timeline", RT, RID, "--out", str(png), principal="root", role="owner").code == 0
+    assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    bad = cli("timeline", RT, RID, "--out", str(tmp_path / "t.pdf"), principal="root", role="owner")
+    assert (bad.code, bad.json["error"]["code"]) == (2, "VALIDATION_ERROR")
     missing = cli(
         "timeline",
         RT,
@@ -264,7 +259,7 @@ def test_cli_writes_the_file(sqlite_scenario: Scenario, tmp_path: Path) -> None:
         fmt="json",
     )
     assert (missing.code, missing.json["error"]["code"]) == (5, "NOT_FOUND")
-    assert not (tmp_path / "t.png").exists()
+    assert not (tmp_path / "t.pdf").exists()
     assert not (tmp_path / "n.svg").exists()
 
 
@@ -279,3 +274,15 @@ def test_board_embeds_the_timeline_as_an_svg_image(sqlite_scenario: Scenario) ->
     root = _parse(base64.b64decode(uri).decode("utf-8"))
     assert [b.get("data-epoch") for b in _bands(root)] == ["1", "2", "3", "4"]
     assert timelines_markdown(owner, []) == ""
+
+
+def test_png_without_resvg_is_a_validation_error(
+    sqlite_scenario: Scenario, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the optional resvg-py package a .png is refused with VALIDATION_ERROR naming
+    the extra to install, and nothing is written."""
+    monkeypatch.setitem(sys.modules, "resvg_py", None)  # import fails
+    tl = build_timeline(sqlite_scenario.alice, RT, RID)
+    with pytest.raises(ValidationError, match=r"prefect-baton\[png\]"):
+        write_timeline(tl, tmp_path / "t.png")
+    assert not (tmp_path / "t.png").exists()

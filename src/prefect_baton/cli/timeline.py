@@ -33,8 +33,8 @@ def timeline(
         typer.Option(
             "--out",
             "-o",
-            help="File to write (path ending in .svg or .html; parent directories are "
-            "created). .png is refused with VALIDATION_ERROR.",
+            help="File to write (path ending in .svg, .html or .png; parent directories "
+            "are created). .png needs the png extra (resvg-py).",
         ),
     ] = Path("timeline.svg"),
     since: Annotated[
@@ -55,8 +55,9 @@ def timeline(
     transfers, handoffs, fenced writes rejected and outcomes with their evidence, read from
     the event stream as this principal may see it: holders, handoff parties and purposes
     of others are hidden unless the role is owner or admin. Exits 2 (VALIDATION_ERROR) for
-    a bad extension, --since or --width, 5 (NOT_FOUND) when nothing of the resource is
-    visible (never leased, or another organization's).
+    a bad extension, --since or --width, or .png without the png extra (resvg-py); 5
+    (NOT_FOUND) when nothing of the resource is visible (never leased, or another
+    organization's).
     """
     with guard(ctx, "timeline") as st:
         timeline_format(out)  # a bad extension fails before the ledger is opened

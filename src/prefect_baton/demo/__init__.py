@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any, NoReturn
 
 from prefect_baton import Baton, BatonError, ValidationError
+from prefect_baton._rules.events import FENCE_REJECTED
 from prefect_baton._rules.validation import TTL_MIN_SECONDS, TTL_RANGE, validate_ttl
 from prefect_baton.audit import audit_ledger
 from prefect_baton.cli._output import OutputFormat, emit_error, format_from_argv
@@ -351,7 +352,6 @@ def run_demo(args: argparse.Namespace) -> DemoResult:
             continue
         stats = workers.output(name)
         result.resumed_from_checkpoint += int(stats.get("resumed", 0))
-        result.stale_writes_rejected += int(stats.get("stale_rejected", 0))
     _summarise(b, files, result, args.redis_url)
     result.report = str(run_dir / "report.json")
     result.timeline = str(write_demo_timelines(b.as_principal(b.principal, "owner"), run_dir))
@@ -424,6 +424,7 @@ def _summarise(b: Baton, files: dict[str, Path], result: DemoResult, redis_url: 
         if not page:
             break
         result.handoffs_accepted += sum(1 for e in page if e.kind == "handoff.accepted")
+        result.stale_writes_rejected += sum(1 for e in page if e.kind == FENCE_REJECTED)
         seq = page[-1].seq
     review = b.outcomes.list("review")
     if review:

@@ -10,7 +10,7 @@ The stable API (also what the live page ``/ui`` embeds)::
     svg = render_svg(tl, width=1000)                   # self-contained SVG text
     page = render_html(tl)                             # SVG + tables, one HTML page
     many = render_page([tl, tl2], title="busiest")     # several on one page
-    write_timeline(tl, Path("timeline.svg"))           # by the file's extension
+    write_timeline(tl, Path("timeline.svg"))           # .svg/.html/.png, by the extension
 
 Everything is read through the public client (:class:`~prefect_baton.Baton`), so it works on
 every arm and respects organization isolation and roles.
@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect_baton.errors import ValidationError
+from prefect_baton.timeline._build import build_timeline, read_events
 from prefect_baton.timeline._model import (
     GenerationEnd,
     GenerationStart,
@@ -28,7 +29,6 @@ from prefect_baton.timeline._model import (
     Timeline,
     TimelineGeneration,
     TimelineMark,
-    build_timeline,
     timeline_from_events,
 )
 from prefect_baton.timeline._render import (
@@ -50,49 +50,70 @@ __all__ = [
     "TimelineGeneration",
     "TimelineMark",
     "build_timeline",
+    "read_events",
     "render_html",
     "render_page",
+    "render_png",
     "render_svg",
     "timeline_format",
     "timeline_from_events",
     "write_timeline",
 ]
 
-FORMATS = (".svg", ".html")
-"""The file extensions :func:`write_timeline` writes."""
+FORMATS = (".svg", ".html", ".png")
+"""The file extensions :func:`write_timeline` writes (``.png`` needs the ``png`` extra)."""
 
 
 def timeline_format(path: Path) -> str:
-    """The format of a timeline file named ``path``: ``.svg`` or ``.html`` (any case).
+    """The format of a timeline file named ``path``: ``.svg``, ``.html`` or ``.png``
+    (any case).
 
     Raises:
-        ValidationError: any other extension; ``.png`` is refused because rendering SVG to
-            PNG needs a library with a system dependency (libcairo), which this package
-            does not require: convert the SVG with a tool of your choice.
+        ValidationError: any other extension.
     """
     suffix = path.suffix.lower()
-    if suffix == ".png":
-        raise ValidationError(
-            "PNG output is not offered (rendering SVG to PNG needs a system library such as "
-            "libcairo); write .svg or .html and convert it if you need a PNG"
-        )
     if suffix not in FORMATS:
         raise ValidationError(
-            f"unsupported timeline file {path.name!r}: the extension must be .svg or .html"
+            f"unsupported timeline file {path.name!r}: the extension must be .svg, .html or .png"
         )
     return suffix
 
 
-def write_timeline(timeline: Timeline, path: Path, *, width: int = 1000) -> Path:
-    """Write ``timeline`` to ``path`` as SVG or HTML, by its extension (parent directories
-    are created); returns the path written.
+def render_png(timeline: Timeline, *, width: int = 1000) -> bytes:
+    """:func:`render_svg` rasterised to PNG (``bytes``) by resvg (the ``resvg-py`` package,
+    a self-contained wheel: no system library), with the system's fonts.
 
     Raises:
-        ValidationError: an extension other than ``.svg`` / ``.html``
-            (:func:`timeline_format`), or a bad ``width``.
+        ValidationError: ``resvg-py`` is not installed (``pip install 'prefect-baton[png]'``),
+            or a bad ``width``.
+    """
+    svg = render_svg(timeline, width=width)
+    try:
+        import resvg_py
+    except ImportError:
+        raise ValidationError(
+            "PNG output needs the optional resvg-py package: pip install 'prefect-baton[png]' "
+            "(or write .svg or .html)"
+        ) from None
+    return bytes(resvg_py.svg_to_bytes(svg_string=svg, background="#ffffff"))
+
+
+def write_timeline(timeline: Timeline, path: Path, *, width: int = 1000) -> Path:
+    """Write ``timeline`` to ``path`` as SVG, HTML or PNG, by its extension (parent
+    directories are created); returns the path written.
+
+    Raises:
+        ValidationError: an extension other than ``.svg`` / ``.html`` / ``.png``
+            (:func:`timeline_format`), ``.png`` without ``resvg-py`` (:func:`render_png`),
+            or a bad ``width``.
         OSError: the file cannot be written.
     """
     fmt = timeline_format(path)
+    if fmt == ".png":
+        data = render_png(timeline, width=width)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        return path
     text = (
         render_svg(timeline, width=width) if fmt == ".svg" else render_html(timeline, width=width)
     )

@@ -4,8 +4,8 @@ same on every arm (SQLite/PostgreSQL ledger, Redis authority, REST client) and s
 what the caller's organization and role may see.
 
 :func:`timeline_from_events` is the pure part (events in, :class:`Timeline` out);
-:func:`build_timeline` reads the events, the resource's outcomes and, where the caller may
-read them, each generation's lease and handoff, then calls it.
+:func:`prefect_baton.timeline.build_timeline` reads the events, the resource's outcomes
+and, where the caller may read them, each generation's lease and handoff, then calls it.
 """
 
 from __future__ import annotations
@@ -13,18 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from prefect_baton._rules import core as _core
 from prefect_baton._rules.access import may_read
 from prefect_baton._rules.events import EXPIRY_TAKEN_OVER, FENCE_REJECTED
-from prefect_baton.errors import NotFoundError
 from prefect_baton.models import Event, Evidence, Handoff, Lease, Outcome, Time, from_ms
-
-if TYPE_CHECKING:
-    from prefect_baton._client.sync import Baton
 
 __all__ = [
     "GenerationEnd",
@@ -33,7 +28,6 @@ __all__ = [
     "Timeline",
     "TimelineGeneration",
     "TimelineMark",
-    "build_timeline",
     "timeline_from_events",
 ]
 
@@ -72,8 +66,6 @@ MarkKind = Literal[
 
 #: Evidence URI schemes a rendering may turn into links; anything else is shown as text.
 LINK_SCHEMES = ("http://", "https://", "file://")
-
-_PAGE = 1000  # events per page (the event stream's maximum)
 
 
 class _Model(BaseModel):
@@ -508,89 +500,4 @@ def timeline_from_events(
         generated_at=generated_at or datetime.now(UTC),
         generations=tuple(sorted(gens, key=lambda g: g.epoch)),
         marks=tuple(marks),
-    )
-
-
-def _all_events(baton: Baton) -> list[Event]:
-    events: list[Event] = []
-    after = 0
-    while True:
-        page = baton.events.list(after_seq=after, limit=_PAGE)
-        events += page
-        if len(page) < _PAGE:
-            return events
-        after = page[-1].seq
-
-
-def build_timeline(
-    baton: Baton, resource_type: str, resource_id: str, *, since: datetime | None = None
-) -> Timeline:
-    """The timeline of resource ``(resource_type, resource_id)`` as ``baton``'s caller may
-    see it, read through the public client API (works on every arm: SQLite/PostgreSQL
-    ledger, Redis authority, REST client).
-
-    Reads the org's event stream (paged, 1,000 events a call), the outcomes of subject
-    ``resource_id``, the resource's current epoch (``inspect``), and for the generations and
-    handoffs the caller may read, the lease (execution key, purpose) and the handoff (an
-    unresolved one that expired). Another organization's resource reads as an empty
-    timeline (:attr:`Timeline.empty`).
-
-    Args:
-        baton: the client; its organization and role decide what is shown.
-        resource_type, resource_id: the resource (ids as for ``leases.acquire``).
-        since: only generations and marks from this time on (an aware ``datetime``; a naive
-            one is taken as UTC).
-
-    Raises:
-        ValidationError: a bad resource id. UnavailableError: the store cannot be reached.
-    """
-    rtype = _core.validate_id("resource_type", resource_type)
-    rid = _core.validate_id("resource_id", resource_id)
-    if since is not None and since.tzinfo is None:
-        since = since.replace(tzinfo=UTC)
-    events = _all_events(baton)
-    info = baton.leases.inspect(rtype, rid)
-    base = timeline_from_events(
-        events,
-        org=baton.org,
-        resource_type=rtype,
-        resource_id=rid,
-        viewer=baton.principal,
-        role=baton.role,
-        effective_epoch=info.epoch if info.held else None,
-    )
-    outcomes = (
-        baton.outcomes.list(rid, limit=100_000)
-        if any(m.kind == "outcome" for m in base.marks)
-        else []
-    )
-    leases: list[Lease] = []
-    for g in base.generations:
-        if g.holder is not None:
-            try:
-                leases.append(baton.leases.get(g.lease_id))
-            except NotFoundError:
-                pass
-    expired: list[Handoff] = []
-    for m in base.marks:
-        if m.kind == "handoff_created" and m.handoff_id and m.principal is not None:
-            try:
-                h = baton.handoffs.get(m.handoff_id)
-            except NotFoundError:
-                continue
-            if h.status == "expired":
-                expired.append(h)
-    return timeline_from_events(
-        events,
-        org=baton.org,
-        resource_type=rtype,
-        resource_id=rid,
-        viewer=baton.principal,
-        role=baton.role,
-        outcomes=outcomes,
-        leases=leases,
-        expired_handoffs=expired,
-        effective_epoch=info.epoch if info.held else None,
-        since=since,
-        generated_at=base.generated_at,
     )

@@ -38,3 +38,12 @@ def test_leases_on_redis(redis_client: TestClient, make_key: MakeKey) -> None:
     assert data(renewed)["ttl_seconds"] == 90
     assert redis_client.delete(f"/v1/leases/{lid}", headers=a).status_code == 200
     error(redis_client.put("/v1/checkpoints", json=body, headers=a), 409, "STALE_FENCE")
+
+
+def test_reconciler_lag_on_redis(redis_client: TestClient, make_key: MakeKey) -> None:
+    """With Redis as the authority the lag names it, with the org's journal entries not
+    yet in the ledger and the age of the oldest."""
+    got = data(redis_client.get("/v1/reconciler/lag", headers=make_key("agent-a")))
+    assert got["authority"] == "redis"
+    assert isinstance(got["entries"], int)
+    assert isinstance(got["seconds"], float)

@@ -30,6 +30,7 @@ from prefect_baton.cli import (
     reconcile,
     serve,
     timeline,
+    ui,
 )
 from prefect_baton.cli._output import (
     EXIT_CODES,
@@ -217,6 +218,7 @@ COMMANDS: list[tuple[str, Callable[..., None], dict[str, Any] | None]] = [
     ("timeline", timeline.timeline, None),
     ("reconcile", reconcile.reconcile, None),
     ("serve", serve.serve, None),
+    ("ui", ui.ui, None),
     ("mcp", mcp_command, None),
 ]
 

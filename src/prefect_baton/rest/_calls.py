@@ -17,7 +17,7 @@ from prefect_baton._client.sync import Baton
 from prefect_baton._rules.paging import decode_cursor, next_cursor
 from prefect_baton.errors import ValidationError
 from prefect_baton.models import Checkpoint, Handoff, Lease, Outcome, Receipt
-from prefect_baton.rest._responses import EventPage, HandoffPage, LeasePage, Me
+from prefect_baton.rest._responses import EventPage, HandoffPage, LeasePage, Me, ReconcilerLag
 
 __all__ = [
     "acquire",
@@ -402,6 +402,21 @@ def me(b: Baton, scopes: Collection[str] | None, key_id: str | None) -> Me:
         key_id=key_id,
         state_max_bytes=b.checkpoints.state_max_bytes,
     )
+
+
+def reconciler_lag(b: Baton, authority: object) -> ReconcilerLag:
+    """How far the ledger is behind ``authority`` (the app's lease authority) for ``b``'s
+    org: 0 entries when the ledger is the authority, else the Redis reconciler's
+    :meth:`~prefect_baton._stores.redis.reconciler.Reconciler.lag`.
+
+    Raises:
+        UnavailableError: Redis cannot be reached.
+    """
+    reconciler = getattr(authority, "reconciler", None)
+    if reconciler is None:
+        return ReconcilerLag(authority="ledger", entries=0, seconds=0.0)
+    lag = reconciler.lag(b.org)
+    return ReconcilerLag(authority="redis", entries=lag.entries, seconds=round(lag.seconds, 3))
 
 
 def delete_checkpoint(b: Baton, checkpoint_id: str, idempotency_key: str | None) -> Checkpoint:

@@ -208,7 +208,8 @@ class BatonMiddleware:
     * under ``/v1`` and at ``/metrics``: authenticates the bearer key (``401`` when
       missing, unknown or revoked) and checks the route's scope (``<area>:read`` for ``GET``, else
       ``<area>:write``; ``403`` when missing), before the body is parsed; the caller is
-      put in ``scope["state"]["caller"]``. A key found in ``key_cache`` is answered on the
+      put in ``scope["state"]["caller"]`` and the key's scopes in ``["scopes"]``. A key
+      found in ``key_cache`` is answered on the
       event loop; otherwise the ledger is asked on a worker thread and a valid key is
       cached (see :class:`~prefect_baton.rest.keys.KeyCache` for when a revocation
       applies);
@@ -306,6 +307,7 @@ class BatonMiddleware:
                 return error_response("FORBIDDEN", f"this key lacks the scope {need}")
         state["caller"] = Caller(org=key.org, principal=key.principal, role=key.role)
         state["key_id"] = key.key_id
+        state["scopes"] = key.scopes
         return None
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:

@@ -10,7 +10,7 @@ that flag into ``meta``).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.json_schema import models_json_schema
@@ -37,6 +37,7 @@ __all__ = [
     "Me",
     "Meta",
     "OutcomeList",
+    "ReconcilerLag",
     "Released",
     "success_schemas",
 ]
@@ -119,6 +120,16 @@ class Me(_Out):
     state_max_bytes: int
 
 
+class ReconcilerLag(_Out):
+    """``GET /v1/reconciler/lag``: the lease authority (``ledger`` or ``redis``) and, with
+    Redis, how many journal entries of the caller's org the ledger has not applied yet and
+    how old the oldest is (``seconds`` on the Redis clock); both 0 on the ledger."""
+
+    authority: Literal["ledger", "redis"]
+    entries: int
+    seconds: float
+
+
 class Released(_Out):
     """``DELETE /v1/leases/{lease_id}``: the released lease and how it ended
     (``released``, or ``expired`` when it had already run out)."""
@@ -156,6 +167,7 @@ DATA_BY_OPERATION: dict[tuple[str, str], type[BaseModel]] = {
     ("GET", "/v1/outcomes"): OutcomeList,
     ("GET", "/v1/events"): EventPage,
     ("GET", "/v1/me"): Me,
+    ("GET", "/v1/reconciler/lag"): ReconcilerLag,
 }
 
 _REF = "#/components/schemas/{model}"

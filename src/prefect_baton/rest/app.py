@@ -30,7 +30,9 @@ header with ``400`` rather than silently ignoring it.
 The routes are defined by area in :mod:`prefect_baton.rest._routes_leases` and
 :mod:`prefect_baton.rest._routes_records` (shared request plumbing in
 :mod:`prefect_baton.rest._deps`); :func:`create_app` registers them on the app, then
-``/v1/me``, and ``/metrics`` (authenticated like ``/v1``, not in the OpenAPI document).
+``/v1/me`` and ``/v1/reconciler/lag``, ``/metrics`` (authenticated like ``/v1``) and the
+live page at ``/ui`` (:mod:`prefect_baton.rest._ui`); neither of the last two is in the
+OpenAPI document.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from prefect_baton._stores.factory import open_stores
 from prefect_baton._stores.ledger.tables import ApiKeyRow
 from prefect_baton._stores.protocol import Caller
 from prefect_baton.errors import BatonError, UnavailableError, as_baton_error, from_pydantic
-from prefect_baton.rest import _calls, _routes_leases, _routes_records
+from prefect_baton.rest import _calls, _routes_leases, _routes_records, _ui
 from prefect_baton.rest import _schemas as s
 from prefect_baton.rest._deps import B, _reply, _rid
 from prefect_baton.rest._http import (
@@ -187,5 +189,14 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         body = exposition(store, authority, caller.org)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
+    @app.get("/v1/reconciler/lag", tags=["identity"])
+    def lag(request: Request, b: B) -> Response:
+        """How far the ledger is behind the lease authority for the caller's org:
+        ``authority`` (``ledger``: the ledger is the authority, nothing lags; ``redis``:
+        ``entries`` journal entries not yet applied, the oldest ``seconds`` old). Needs no
+        scope."""
+        return _reply(request, _calls.reconciler_lag(b, authority))
+
+    _ui.add_routes(app)
     install_openapi(app)
     return app

@@ -1,0 +1,99 @@
+"""The live page's routes: ``/ui`` and its assets are served from the package with a
+strict Content-Security-Policy, need no key, carry no data, and stay out of the OpenAPI
+document; ``GET /v1/reconciler/lag`` answers for the key's org."""
+
+from __future__ import annotations
+
+import re
+
+from fastapi.testclient import TestClient
+
+from .conftest import MakeKey, data, error
+
+
+def test_page_and_assets_are_served_with_a_strict_policy(client: TestClient) -> None:
+    page = client.get("/ui")
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    csp = page.headers["content-security-policy"]
+    assert "script-src 'self'" in csp
+    assert "default-src 'none'" in csp
+    assert "unsafe-inline" not in csp
+    assert "frame-ancestors 'none'" in csp
+    # no inline script: every <script> loads a file of this origin
+    assert re.findall(r"<script[^>]*>", page.text) == ['<script src="/ui/ui.js" defer>']
+    assert 'style="' not in page.text
+    assert "<style" not in page.text
+    js = client.get("/ui/ui.js")
+    assert js.status_code == 200
+    assert js.headers["content-type"].startswith("text/javascript")
+    assert "Authorization" in js.text
+    css = client.get("/ui/ui.css")
+    assert css.status_code == 200
+    assert css.headers["content-type"].startswith("text/css")
+    redirect = client.get("/ui/", follow_redirects=False)
+    assert redirect.status_code == 308
+    assert redirect.headers["location"] == "/ui"
+
+
+def test_unknown_asset_is_not_found(client: TestClient) -> None:
+    error(client.get("/ui/../pyproject.toml"), 404, "NOT_FOUND")
+    error(client.get("/ui/other.js"), 404, "NOT_FOUND")
+
+
+def test_page_routes_are_not_in_the_openapi_document(client: TestClient) -> None:
+    paths = client.get("/openapi.json").json()["paths"]
+    assert not [p for p in paths if p.startswith(("/ui", "/v1/resources"))]
+    assert "/v1/reconciler/lag" in paths
+
+
+def test_lag_on_the_ledger_authority(client: TestClient, make_key: MakeKey) -> None:
+    got = data(client.get("/v1/reconciler/lag", headers=make_key(scopes=["events:read"])))
+    assert got == {"authority": "ledger", "entries": 0, "seconds": 0.0}
+
+
+def test_lag_needs_a_key(client: TestClient) -> None:
+    error(client.get("/v1/reconciler/lag"), 401, "UNAUTHENTICATED")
+
+
+TIMELINE = "/v1/resources/timeline.svg"
+LEASE = {"resource_type": "deploy", "resource_id": "svc/a", "ttl_seconds": 60, "purpose": "p"}
+
+
+def test_timeline_is_an_svg_of_the_keys_org(client: TestClient, make_key: MakeKey) -> None:
+    holder = make_key("holder-a")
+    assert client.post("/v1/leases", json=LEASE, headers=holder).status_code == 201
+    query = {"resource_type": "deploy", "resource_id": "svc/a"}
+    got = client.get(TIMELINE, params=query, headers=holder)
+    assert got.status_code == 200, got.text
+    assert got.headers["content-type"].startswith("image/svg+xml")
+    assert "default-src 'none'" in got.headers["content-security-policy"]
+    assert "<svg" in got.text
+    assert "svc/a" in got.text
+    assert "holder-a" in got.text
+    # the same resource id seen from another organization: nothing of it
+    stranger = make_key("stranger", org_="org-other")
+    other = client.get(TIMELINE, params=query, headers=stranger)
+    assert other.status_code == 200
+    assert "<svg" in other.text
+    assert "holder-a" not in other.text
+
+
+def test_timeline_needs_a_key_with_event_and_lease_scopes(
+    client: TestClient, make_key: MakeKey
+) -> None:
+    query = {"resource_type": "deploy", "resource_id": "svc"}
+    error(client.get(TIMELINE, params=query), 401, "UNAUTHENTICATED")
+    leases_only = make_key(scopes=["leases:read"])
+    err = error(client.get(TIMELINE, params=query, headers=leases_only), 403, "FORBIDDEN")
+    assert "events:read" in err["message"]
+    events_only = make_key(scopes=["events:read"])
+    err = error(client.get(TIMELINE, params=query, headers=events_only), 403, "FORBIDDEN")
+    assert "leases:read" in err["message"]
+    ok = make_key(scopes=["leases:read", "events:read"])
+    assert client.get(TIMELINE, params=query, headers=ok).status_code == 200
+    error(
+        client.get(TIMELINE, params={"resource_type": "deploy"}, headers=ok),
+        400,
+        "VALIDATION_ERROR",
+    )

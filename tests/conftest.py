@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -255,6 +256,16 @@ def baton_in_org(baton: Baton) -> Callable[..., Baton]:
         return other
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _metric_label_caps_from_zero() -> None:
+    """Each test starts with no organization counted against the metrics label caps: a REST
+    app enables metrics for the rest of the process, and the suite makes thousands of
+    organizations, which would fold a later test's organization into ``_other``."""
+    state = sys.modules.get("prefect_baton.metrics._state")
+    if state is not None:
+        state.forget_label_values()
 
 
 @pytest.fixture

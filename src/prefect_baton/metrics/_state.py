@@ -47,6 +47,14 @@ def bounded(label: str, value: str) -> str:
     return value
 
 
+def forget_label_values() -> None:
+    """Forget the label values seen so far, so that the caps of :func:`bounded` count from
+    zero again (for test suites, which make thousands of organizations in one process)."""
+    with _seen_lock:
+        for seen in _seen.values():
+            seen.clear()
+
+
 def record(name: str, organization: str, *labels: str, value: float = 1.0) -> None:
     """Record ``value`` (default 1, a count; seconds for a histogram) on the instrument
     ``name`` of :data:`~prefect_baton.metrics._specs.INSTRUMENTS` for ``organization`` and

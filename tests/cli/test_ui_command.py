@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import httpx
+import pytest
 
 from prefect_baton.rest.keys import list_keys
 
@@ -45,7 +46,10 @@ def _wait_for_page(url: str, proc: subprocess.Popen[str]) -> httpx.Response:
     raise AssertionError("baton ui did not start serving")
 
 
-def test_ui_serves_the_page_with_a_session_key_revoked_on_stop(cli: Cli, tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP])
+def test_ui_serves_the_page_with_a_session_key_revoked_on_stop(
+    cli: Cli, tmp_path: Path, stop: signal.Signals
+) -> None:
     proc = _start(cli, tmp_path, "ui")
     assert proc.stdout is not None
     lines = [proc.stdout.readline().rstrip("\n") for _ in range(4)]
@@ -65,7 +69,7 @@ def test_ui_serves_the_page_with_a_session_key_revoked_on_stop(cli: Cli, tmp_pat
         assert me.json()["data"]["role"] == "owner"
         assert not (tmp_path / "opened").exists()  # no --open: no browser
     finally:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(stop)
         proc.communicate(timeout=60)
     assert proc.returncode == 0
     (key,) = list_keys(cli.ledger_url, org=cli.org, include_revoked=True)

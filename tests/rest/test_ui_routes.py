@@ -79,18 +79,22 @@ def test_timeline_is_an_svg_of_the_keys_org(client: TestClient, make_key: MakeKe
     assert "holder-a" not in other.text
 
 
-def test_timeline_needs_a_key_with_event_and_lease_scopes(
+READS = ["events:read", "leases:read", "outcomes:read", "handoffs:read"]
+
+
+def test_timeline_needs_a_key_with_every_read_scope_it_draws_from(
     client: TestClient, make_key: MakeKey
 ) -> None:
+    """The picture shows events, lease generations, outcomes with their evidence and
+    handoffs: a key lacking any of those read scopes is refused (a key refused by
+    ``GET /v1/outcomes`` never reads an outcome's evidence through the picture)."""
     query = {"resource_type": "deploy", "resource_id": "svc"}
     error(client.get(TIMELINE, params=query), 401, "UNAUTHENTICATED")
-    leases_only = make_key(scopes=["leases:read"])
-    err = error(client.get(TIMELINE, params=query, headers=leases_only), 403, "FORBIDDEN")
-    assert "events:read" in err["message"]
-    events_only = make_key(scopes=["events:read"])
-    err = error(client.get(TIMELINE, params=query, headers=events_only), 403, "FORBIDDEN")
-    assert "leases:read" in err["message"]
-    ok = make_key(scopes=["leases:read", "events:read"])
+    for missing in READS:
+        lacking = make_key(scopes=[s for s in READS if s != missing])
+        err = error(client.get(TIMELINE, params=query, headers=lacking), 403, "FORBIDDEN")
+        assert missing in err["message"]
+    ok = make_key(scopes=READS)
     assert client.get(TIMELINE, params=query, headers=ok).status_code == 200
     error(
         client.get(TIMELINE, params={"resource_type": "deploy"}, headers=ok),

@@ -286,3 +286,23 @@ def test_png_without_resvg_is_a_validation_error(
     with pytest.raises(ValidationError, match=r"prefect-baton\[png\]"):
         write_timeline(tl, tmp_path / "t.png")
     assert not (tmp_path / "t.png").exists()
+
+
+def test_characters_xml_forbids_leave_the_picture_well_formed(tmp_path: Path) -> None:
+    """A purpose holding control characters and U+FFFF (which the API accepts) is drawn with
+    U+FFFD in their place: the SVG still parses as XML."""
+    b = Baton(
+        ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}",
+        org=f"org-{uuid.uuid4().hex[:12]}",
+        principal="alice",
+    )
+    try:
+        b.leases.acquire(RT, "odd.py", ttl_seconds=30, purpose="x\x01y\x1b[31m\uffff")
+        svg = render_svg(build_timeline(b, RT, "odd.py"))
+    finally:
+        b.close()
+    assert "\x01" not in svg
+    assert "\x1b" not in svg
+    assert "\uffff" not in svg
+    assert "x\ufffdy\ufffd[31m\ufffd" in svg
+    ET.fromstring(svg)

@@ -4,6 +4,7 @@ for the session and revoked when it ends."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import sys
@@ -49,7 +50,7 @@ def ui(
     identity) with --role (default owner, which sees every holder); its secret is printed
     once, with the URL that signs in with it (the key travels in the URL's fragment, which
     a browser never sends to a server); with --format json, as one receipt line (ui.url,
-    ui.signed_in_url, the key's ids, and secret). SIGINT or SIGTERM stop the server and
+    ui.signed_in_url, the key's ids, and secret). SIGINT, SIGTERM or SIGHUP stop the server and
     revoke the key. No browser is started unless --open is given. Exit status: VALIDATION_ERROR (2)
     for a bad URL, org, principal or role; UNAVAILABLE (11) when the ledger cannot be
     reached or the port cannot be bound.
@@ -90,6 +91,8 @@ def ui(
         # uvicorn stops on SIGTERM, then raises it again with the handler it found: a
         # handler that does nothing lets this function go on to revoke the key.
         previous = signal.signal(signal.SIGTERM, lambda *_a: None)
+        # a closed terminal (SIGHUP) stops the server the same way, so the key is revoked
+        hangup = signal.signal(signal.SIGHUP, lambda *_a: os.kill(os.getpid(), signal.SIGTERM))
         try:
             run_app(app, "127.0.0.1", chosen)
         except SystemExit as exc:
@@ -99,4 +102,5 @@ def ui(
             pass
         finally:
             signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGHUP, hangup)
             revoke_key(ledger_url, key_id=key.key_id)

@@ -41,9 +41,10 @@ _HEADERS = {
     "Cache-Control": "no-cache",
 }
 
-#: Scopes a key needs for a resource's timeline: it is drawn from the event stream and the
-#: lease generations (and the outcomes and handoffs the caller may read anyway).
-TIMELINE_SCOPES = ("events:read", "leases:read")
+#: Scopes a key needs for a resource's timeline: it is drawn from the event stream, the
+#: lease generations, and the outcomes (with their evidence) and handoffs of the resource,
+#: so it needs every read scope those routes need.
+TIMELINE_SCOPES = ("events:read", "leases:read", "outcomes:read", "handoffs:read")
 
 #: The timeline picture is an image: nothing in it may load or run.
 _SVG_HEADERS = {

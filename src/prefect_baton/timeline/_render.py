@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -57,6 +58,10 @@ _BAND_H = 22
 _ROW_GAP = 10
 _AXIS_H = 34
 _HEAD_H = 40
+
+
+#: Code points XML 1.0 does not allow in a document.
+_NOT_XML = re.compile(r"[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 def _svg(tag: str, parent: ET.Element | None = None, **attrs: object) -> ET.Element:
@@ -321,7 +326,9 @@ def render_svg(timeline: Timeline, *, width: int = 1000) -> str:
         _marker(legend, shape, x + 7, yy - 4, color)
         txt = _svg("text", legend, x=f"{x + 18:.1f}", y=f"{yy:.1f}")
         txt.text = words
-    return ET.tostring(root, encoding="unicode")
+    # ElementTree escapes markup but passes code points XML forbids (control characters a
+    # purpose or an id may hold): replace them, so the picture stays well-formed XML
+    return _NOT_XML.sub("\ufffd", ET.tostring(root, encoding="unicode"))
 
 
 def _link(uri: str) -> str:

@@ -387,7 +387,11 @@
     // take it into session storage and drop it from the address bar.
     const m = /(?:^#|&)key=([^&]+)/.exec(location.hash);
     if (m) {
-      sessionStorage.setItem(KEY, decodeURIComponent(m[1]));
+      try {
+        sessionStorage.setItem(KEY, decodeURIComponent(m[1]));
+      } catch (_err) {
+        // a malformed fragment: ignored (the sign-in form still works)
+      }
       history.replaceState(null, "", location.pathname + location.search);
     }
     $("signin-form").addEventListener("submit", (ev) => {

@@ -202,6 +202,39 @@ def test_the_principal_is_the_keys_not_the_clients(http_server: HttpServer) -> N
     assert raw.status_code == 200
 
 
+def test_whoami_names_the_bearer_key(http_server: HttpServer) -> None:
+    """Over HTTP ``baton_whoami`` gives the key's id and its scopes, as ``GET /v1/me`` does
+    (over stdio, with no key, both are null: test_tools_more)."""
+    secret, key = create_key(
+        http_server.ledger_url,
+        org=http_server.org,
+        principal="alice",
+        role="agent",
+        scopes=["leases:read"],
+    )
+
+    async def main() -> None:
+        async with http_server.session(secret) as s:
+            me = ok(await s.call_tool("baton_whoami", {}))
+            assert me["key_id"] == key.key_id
+            assert me["scopes"] == ["leases:read"]
+            assert (me["principal"], me["role"]) == ("alice", "agent")
+
+    run(main)
+
+
+def test_whoami_over_stdio_has_no_key(stdio_session: Any) -> None:
+    """Over stdio there is no bearer key: ``key_id`` and ``scopes`` are null (every tool)."""
+
+    async def main() -> None:
+        async with stdio_session("agent-a") as s:
+            me = ok(await s.call_tool("baton_whoami", {}))
+            assert (me["key_id"], me["scopes"]) == (None, None)
+            assert me["principal"] == "agent-a"
+
+    run(main)
+
+
 def test_a_key_without_the_scope_gets_forbidden(http_server: HttpServer) -> None:
     """A read-only key may inspect but not acquire (FORBIDDEN tool error, nothing written)."""
     key = http_server.key("reader", scopes=["leases:read"])

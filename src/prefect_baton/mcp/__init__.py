@@ -33,11 +33,12 @@ from prefect_baton.mcp._server import (
     serve_stdio,
     tool_error,
 )
-from prefect_baton.mcp._tools import SEED_ALIASES, TOOLS, SeedAlias, ToolSpec
+from prefect_baton.mcp._tools import SEED_ALIASES, TOOLS, Grant, SeedAlias, ToolSpec
 
 __all__ = [
     "SEED_ALIASES",
     "TOOLS",
+    "Grant",
     "Identity",
     "SeedAlias",
     "ToolSpec",

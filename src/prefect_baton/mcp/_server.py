@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
@@ -43,7 +43,14 @@ from prefect_baton.errors import (
     as_baton_error,
     from_pydantic,
 )
-from prefect_baton.mcp._tools import SEED_ALIASES, TOOLS, SeedAlias, ToolSpec, resolve_tool
+from prefect_baton.mcp._tools import (
+    SEED_ALIASES,
+    TOOLS,
+    Grant,
+    SeedAlias,
+    ToolSpec,
+    resolve_tool,
+)
 from prefect_baton.rest import _schemas as rest_schemas
 from prefect_baton.rest._http import (
     BatonMiddleware,
@@ -57,9 +64,12 @@ __all__ = ["Identity", "build_server", "http_app", "serve_http", "serve_stdio", 
 
 logger = logging.getLogger("prefect_baton.mcp")
 
-#: ``identity(ctx) -> (baton, scopes)``: the client acting for one tool call and the
-#: scopes it was granted (``None``: every tool). Called on a worker thread.
-Identity = Callable[[ServerRequestContext[Any, Any]], tuple[Baton, Collection[str] | None]]
+#: ``identity(ctx) -> (baton, grant)``: the client acting for one tool call and what its
+#: bearer key grants (:class:`~prefect_baton.mcp.Grant`), or ``None`` (every tool, no
+#: key, as over stdio). Called on a worker thread.
+Identity = Callable[[ServerRequestContext[Any, Any]], tuple[Baton, Grant | None]]
+
+_TRUSTED = Grant(scopes=None, key_id=None)
 
 SERVER_NAME = "prefect-baton"
 INSTRUCTIONS = (
@@ -111,11 +121,13 @@ def _tool(spec: ToolSpec, alias: SeedAlias | None = None) -> types.Tool:
 def _call(
     identity: Identity, ctx: ServerRequestContext[Any, Any], spec: ToolSpec, args: Any
 ) -> Any:
-    baton, scopes = identity(ctx)
+    baton, granted = identity(ctx)
+    grant = _TRUSTED if granted is None else granted
+    scopes = grant.scopes
     if scopes is not None and spec.scope is not None and spec.scope not in scopes:
         raise ForbiddenError(f"this key lacks the scope {spec.scope}")
-    if spec.with_scopes:
-        return spec.run(baton, args, scopes)
+    if spec.with_grant:
+        return spec.run(baton, args, grant)
     return spec.run(baton, args)
 
 
@@ -132,8 +144,9 @@ def build_server(identity: Identity, *, on_close: Callable[[], None] | None = No
     """The MCP server with every tool of :data:`~prefect_baton.mcp.TOOLS`.
 
     Args:
-        identity: gives the :class:`~prefect_baton.Baton` acting for a call (and the
-            scopes granted, or ``None`` for all), see :data:`Identity`.
+        identity: gives the :class:`~prefect_baton.Baton` acting for a call and its
+            :class:`~prefect_baton.mcp.Grant` (scopes, key id; ``None``: all scopes, no
+            key), see :data:`Identity`.
         on_close: called once when the server's lifespan ends (e.g. to close the ledger).
 
     Returns:
@@ -265,7 +278,7 @@ class _UnavailableAs503:
 def _key_identity(
     store: LedgerStore, authority: LeaseAuthority, settings: BatonSettings
 ) -> Identity:
-    def identity(ctx: ServerRequestContext[Any, Any]) -> tuple[Baton, Collection[str] | None]:
+    def identity(ctx: ServerRequestContext[Any, Any]) -> tuple[Baton, Grant | None]:
         scope = getattr(ctx.request, "scope", None)
         user = scope.get("user") if isinstance(scope, dict) else None
         if not isinstance(user, AuthenticatedUser):
@@ -280,7 +293,7 @@ def _key_identity(
             store=store,
             lease_authority=authority,
         )
-        return baton, frozenset(token.scopes)
+        return baton, Grant(scopes=frozenset(token.scopes), key_id=token.token)
 
     return identity
 

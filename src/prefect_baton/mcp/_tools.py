@@ -52,7 +52,7 @@ from prefect_baton.rest._responses import (
     OutcomeList,
 )
 
-__all__ = ["SEED_ALIASES", "TOOLS", "SeedAlias", "ToolSpec", "resolve_tool"]
+__all__ = ["SEED_ALIASES", "TOOLS", "Grant", "SeedAlias", "ToolSpec", "resolve_tool"]
 
 
 def _json(model: BaseModel) -> dict[str, Any]:
@@ -163,8 +163,8 @@ def _outcome_list(b: Baton, a: OutcomeListIn) -> dict[str, Any]:
     return _json(OutcomeList(outcomes=rest_calls.list_outcomes(b, a.subject_id, a.limit)))
 
 
-def _whoami(b: Baton, _a: WhoAmIIn, scopes: Collection[str] | None) -> dict[str, Any]:
-    return _json(rest_calls.me(b, scopes, None))
+def _whoami(b: Baton, _a: WhoAmIIn, grant: Grant) -> dict[str, Any]:
+    return _json(rest_calls.me(b, grant.scopes, grant.key_id))
 
 
 def _handoff_resolve(b: Baton, a: HandoffResolveIn) -> dict[str, Any]:
@@ -180,6 +180,20 @@ def _outcome_record(b: Baton, a: OutcomeRecordIn) -> dict[str, Any]:
     return _json(rest_calls.record_outcome(b, a, fence, a.idempotency_key))
 
 
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What one MCP connection's credentials grant, beside its identity.
+
+    Attributes:
+        scopes: the bearer key's scopes (``frozenset[str]``), or ``None`` (every tool, as
+            over stdio, where the process is trusted like every ``baton`` command).
+        key_id: the bearer key's id (``str``), or ``None`` (stdio: no key).
+    """
+
+    scopes: Collection[str] | None
+    key_id: str | None
+
+
 @dataclass(frozen=True)
 class ToolSpec:
     """One MCP tool.
@@ -188,15 +202,15 @@ class ToolSpec:
         name: the tool name (``baton_<area>_<verb>``).
         description: what it does and how it fails, for the agent reading the tool list.
         model: the input model (its JSON schema is the tool's ``inputSchema``).
-        run: ``run(baton, args) -> dict`` (``run(baton, args, scopes)`` when
-            ``with_scopes``), the thin call into :mod:`prefect_baton.rest._calls` (the
+        run: ``run(baton, args) -> dict`` (``run(baton, args, grant)`` when
+            ``with_grant``), the thin call into :mod:`prefect_baton.rest._calls` (the
             REST API's own); raises :class:`~prefect_baton.errors.BatonError` subclasses.
         output: the model whose JSON form ``run`` returns (its serialization schema is
             the tool's ``outputSchema``).
         scope: the bearer-key scope it needs over HTTP (``<area>:read`` / ``<area>:write``),
             or ``None`` (any key).
         read_only: whether it changes nothing (the ``readOnlyHint`` annotation).
-        with_scopes: ``run`` also takes the scopes granted (``None``: all).
+        with_grant: ``run`` also takes the connection's :class:`Grant`.
     """
 
     name: str
@@ -206,7 +220,7 @@ class ToolSpec:
     output: type[BaseModel]
     scope: str | None
     read_only: bool = False
-    with_scopes: bool = False
+    with_grant: bool = False
 
 
 _SPECS = (
@@ -413,7 +427,7 @@ _SPECS = (
         Me,
         None,
         read_only=True,
-        with_scopes=True,
+        with_grant=True,
     ),
 )
 

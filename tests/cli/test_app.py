@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -343,3 +344,17 @@ def test_hoisting_leaves_demo_arguments_and_double_dash_alone() -> None:
     assert hoist_global_options(demo_args) == demo_args
     tail = ["checkpoint", "save", "s", "k", "--", "--format"]
     assert hoist_global_options(tail) == tail
+
+
+def test_the_cli_on_the_embedded_ledger_loads_no_redis_or_postgres_driver() -> None:
+    """``baton`` starts without importing redis-py or psycopg (about 200 modules, most of a
+    second of every command's start on this machine); ``baton reconcile`` loads them when it
+    runs."""
+    code = (
+        "import sys, prefect_baton.cli\n"
+        "print(sorted(m for m in ('redis', 'psycopg') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]", out.stdout

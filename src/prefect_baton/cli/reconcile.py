@@ -5,13 +5,16 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from prefect_baton._stores.redis.keys import DEFAULT_BATCH
 from prefect_baton.cli._output import emit_ok
 from prefect_baton.cli._state import guard
-from prefect_baton.reconcile import DEFAULT_BATCH, Lag, run_reconciler
+
+if TYPE_CHECKING:
+    from prefect_baton.reconcile import Lag
 
 __all__ = ["reconcile"]
 
@@ -43,6 +46,8 @@ def reconcile(
     (--redis-url or BATON_REDIS_URL). With --follow it runs until SIGINT or SIGTERM.
     """
     with guard(ctx, "reconcile") as st:
+        from prefect_baton.reconcile import run_reconciler  # Redis and the drivers, only here
+
         secret = st.settings().redis_url
         redis_url = st.redis_url or (secret.get_secret_value() if secret else None)
         stop = threading.Event()

@@ -42,7 +42,19 @@ import hashlib
 from dataclasses import dataclass
 from functools import lru_cache
 
-__all__ = ["HANDOFF_KEY_TTL_MS", "ORGS_KEY", "OrgKeys", "org_keys", "resource_digest"]
+DEFAULT_BATCH = 2000
+"""Journal entries the reconciler applies per ledger transaction unless told otherwise
+(here, with no heavy imports, so ``baton reconcile --help`` need not load Redis or the
+drivers)."""
+
+__all__ = [
+    "DEFAULT_BATCH",
+    "HANDOFF_KEY_TTL_MS",
+    "ORGS_KEY",
+    "OrgKeys",
+    "org_keys",
+    "resource_digest",
+]
 
 ORGS_KEY = "baton:orgs"
 HANDOFF_KEY_TTL_MS = 7 * 86_400_000

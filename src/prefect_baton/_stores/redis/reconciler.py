@@ -70,15 +70,14 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.redis.cluster import RedisClient, node_time_ms
 from prefect_baton._stores.redis.codec import journal_payload
-from prefect_baton._stores.redis.keys import ORGS_KEY, org_keys
+from prefect_baton._stores.redis.keys import DEFAULT_BATCH, ORGS_KEY, org_keys
 from prefect_baton._stores.redis.ledger_writes import Batch, LedgerWriter
 from prefect_baton.errors import UnavailableError
 
-__all__ = ["Lag", "ReconcileReport", "Reconciler", "run_reconciler"]
+__all__ = ["DEFAULT_BATCH", "Lag", "ReconcileReport", "Reconciler", "run_reconciler"]
 
 log = logging.getLogger("prefect_baton.reconciler")
 
-DEFAULT_BATCH = 2000
 COPY_MIN_ENTRIES = 64
 """Batches of at least this many entries write their new rows with ``COPY`` on PostgreSQL
 (see :meth:`LedgerWriter._flush`); a smaller batch sends all its statements in one

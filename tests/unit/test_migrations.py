@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 from sqlalchemy.engine import make_url
 
 from prefect_baton._stores.ledger.engine import (
@@ -26,6 +26,7 @@ from prefect_baton._stores.ledger.engine import (
     upgrade,
 )
 from prefect_baton._stores.ledger.tables import metadata
+from prefect_baton.errors import ValidationError
 
 
 def _schema_diff(url: str) -> list[Any]:
@@ -178,3 +179,33 @@ def test_two_processes_upgrade_one_fresh_sqlite_file(tmp_path: Path) -> None:
     assert _schema_diff(url) == []
     _assert_partial_indexes(url)
     assert _tables(url) == set(metadata.tables) | {VERSION_TABLE}
+
+
+def test_head_revision_is_alembics_head() -> None:
+    """The revision a ledger is checked against at start (without loading Alembic) is the
+    head of the shipped migration scripts: a new migration must move ``HEAD_REVISION``."""
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    from prefect_baton._stores.ledger.engine import HEAD_REVISION, MIGRATIONS_DIR
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    assert ScriptDirectory.from_config(cfg).get_current_head() == HEAD_REVISION
+
+
+def test_a_ledger_from_a_newer_release_is_refused(tmp_path: Path) -> None:
+    """A ledger at a revision this release does not ship is refused with VALIDATION_ERROR
+    naming the newest revision shipped, and is left as it was."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    assert _upgrade_fresh(url) == head_revision()
+    engines = make_engines(url)
+    try:
+        with engines.write.begin() as conn:
+            conn.execute(text(f"UPDATE {VERSION_TABLE} SET version_num = '9999'"))
+        with pytest.raises(ValidationError, match="newest shipped") as raised:
+            upgrade(engines)
+        assert raised.value.code == "VALIDATION_ERROR"
+        assert current_revision(engines) == "9999"
+    finally:
+        engines.dispose()

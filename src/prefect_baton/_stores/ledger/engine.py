@@ -13,21 +13,24 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
 
 from prefect_baton.errors import UnavailableError, ValidationError
 
+if TYPE_CHECKING:
+    from alembic.config import Config
+
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 VERSION_TABLE = "baton_alembic_version"
+#: The newest migration revision shipped in the package. Alembic (and the scan of the
+#: migration scripts) is loaded only when a ledger needs upgrading, not at every start;
+#: ``tests/unit/test_migrations.py`` checks this against Alembic's script directory.
+HEAD_REVISION = "0004"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: Connections each SQLite engine keeps open once opened (10 more may be opened, and are
 #: closed on return): AnyIO's default worker-thread limit, so a REST server running that
@@ -262,6 +265,8 @@ def make_engines(url: str) -> Engines:
 
 
 def _alembic_config(conn: Any | None = None) -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     if conn is not None:
@@ -269,30 +274,34 @@ def _alembic_config(conn: Any | None = None) -> Config:
     return cfg
 
 
-_head_lock = threading.Lock()
-_head: str | None = None
-
-
 def head_revision() -> str:
     """The newest migration revision shipped in the package (``str``)."""
-    global _head
-    with _head_lock:
-        if _head is None:
-            _head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
-            assert _head is not None
-        return _head
+    return HEAD_REVISION
 
 
 def current_revision(engines: Engines) -> str | None:
-    """The revision the database is at, ``None`` for an empty database."""
+    """The revision the database is at, ``None`` for an empty database (read from Alembic's
+    version table with one query, without loading Alembic)."""
     with _db_errors(), engines.read.connect() as conn:
-        ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
-        return ctx.get_current_revision()
+        if not inspect(conn).has_table(VERSION_TABLE):
+            return None
+        rows = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
+        if len(rows) > 1:
+            raise ValidationError(
+                f"the ledger's {VERSION_TABLE} names {len(rows)} revisions; expected one"
+            )
+        return str(rows[0]) if rows else None
+
+
+def _command_error() -> type[Exception]:
+    """Alembic's ``CommandError``, imported only once an exception is being matched."""
+    from alembic.util.exc import CommandError
+
+    return CommandError
 
 
 @contextmanager
 def _db_errors() -> Iterator[None]:
-    from alembic.util.exc import CommandError
     from sqlalchemy.exc import DatabaseError, InterfaceError, OperationalError, ProgrammingError
 
     try:
@@ -303,7 +312,7 @@ def _db_errors() -> Iterator[None]:
         raise ValidationError(f"ledger URL or database rejected: {exc.orig}") from None
     except DatabaseError as exc:
         raise ValidationError(f"not a usable ledger database: {exc.orig}") from None
-    except CommandError as exc:
+    except _command_error() as exc:  # evaluated only when an exception gets here
         raise ValidationError(
             f"the ledger's schema is not one this version of prefect-baton knows "
             f"(newest shipped: {head_revision()}); upgrade prefect-baton: {exc}"
@@ -324,5 +333,7 @@ def upgrade(engines: Engines, revision: str = "head") -> str | None:
         with engines.write.begin() as conn:
             if not engines.is_sqlite:
                 conn.execute(text(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK_KEY})"))
+            from alembic import command
+
             command.upgrade(_alembic_config(conn), revision)
         return current_revision(engines)

@@ -254,7 +254,8 @@ def run_demo(args: argparse.Namespace) -> DemoResult:
         b.close()
         raise
     if args.engine == "prefect":
-        return _run_on_prefect(args, b, files, run_dir, result, t0)
+        _run_on_prefect(args, b, run_dir)
+        return _finish(args, b, files, run_dir, result, t0)
     base = {
         "ledger_url": ledger_url,
         "redis_url": args.redis_url,
@@ -352,22 +353,10 @@ def run_demo(args: argparse.Namespace) -> DemoResult:
             continue
         stats = workers.output(name)
         result.resumed_from_checkpoint += int(stats.get("resumed", 0))
-    _summarise(b, files, result, args.redis_url)
-    result.report = str(run_dir / "report.json")
-    result.timeline = str(write_demo_timelines(b.as_principal(b.principal, "owner"), run_dir))
-    result.elapsed_seconds = round(time.monotonic() - t0, 2)
-    b.close()
-    return result
+    return _finish(args, b, files, run_dir, result, t0)
 
 
-def _run_on_prefect(
-    args: argparse.Namespace,
-    b: Baton,
-    files: dict[str, Path],
-    run_dir: Path,
-    result: DemoResult,
-    t0: float,
-) -> DemoResult:
+def _run_on_prefect(args: argparse.Namespace, b: Baton, run_dir: Path) -> None:
     """The same scenario as four Prefect flows handing off by deployment
     (:func:`prefect_baton.demo.scenario.run_scenario`), on this run's ledger and org."""
     env = {"BATON_LEDGER_URL": b.store.url, "BATON_ORG": b.org}
@@ -395,6 +384,18 @@ def _run_on_prefect(
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _finish(
+    args: argparse.Namespace,
+    b: Baton,
+    files: dict[str, Path],
+    run_dir: Path,
+    result: DemoResult,
+    t0: float,
+) -> DemoResult:
+    """Fill ``result`` from the ledger once the scenario ran (either way), write the
+    timelines, close ``b`` and return ``result``."""
     _summarise(b, files, result, args.redis_url)
     result.report = str(run_dir / "report.json")
     result.timeline = str(write_demo_timelines(b.as_principal(b.principal, "owner"), run_dir))

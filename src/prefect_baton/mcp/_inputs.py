@@ -86,13 +86,6 @@ class LeaseReleaseIn(_In):
     idempotency_key: IdempotencyKey | None = None
 
 
-class ResourceIn(_In):
-    """Name one resource."""
-
-    resource_type: Id
-    resource_id: Id
-
-
 class CheckpointSaveIn(_Fenced):
     """Save your checkpoint of a subject and kind."""
 

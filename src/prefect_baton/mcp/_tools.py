@@ -37,7 +37,6 @@ from prefect_baton.mcp._inputs import (
     LeaseTransferIn,
     OutcomeListIn,
     OutcomeRecordIn,
-    ResourceIn,
     WhoAmIIn,
 )
 from prefect_baton.models import Checkpoint, Handoff, Lease, LeaseInfo, Outcome, Receipt
@@ -51,6 +50,7 @@ from prefect_baton.rest._responses import (
     Me,
     OutcomeList,
 )
+from prefect_baton.rest._schemas import ResourceIn
 
 __all__ = ["SEED_ALIASES", "TOOLS", "Grant", "SeedAlias", "ToolSpec", "resolve_tool"]
 

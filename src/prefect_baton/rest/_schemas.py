@@ -35,6 +35,7 @@ __all__ = [
     "OutcomeIn",
     "RenewIn",
     "ResolveIn",
+    "ResourceIn",
     "TransferIn",
 ]
 
@@ -77,12 +78,17 @@ class _In(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class AcquireIn(_In):
-    """``POST /v1/leases``: acquire a lease (TTL 10..86,400 s); ``attempt`` is the token of
-    this attempt of the execution named by the ``Idempotency-Key`` (absent: anonymous)."""
+class ResourceIn(_In):
+    """Name one resource."""
 
     resource_type: Id
     resource_id: Id
+
+
+class AcquireIn(ResourceIn):
+    """``POST /v1/leases``: acquire a lease (TTL 10..86,400 s); ``attempt`` is the token of
+    this attempt of the execution named by the ``Idempotency-Key`` (absent: anonymous)."""
+
     ttl_seconds: Ttl
     purpose: Text | None = None
     scopes: Scopes = []
@@ -166,11 +172,9 @@ class OutcomeIn(_In):
     checkpoint_id: Id | None = None
 
 
-class BatchItemIn(_In):
+class BatchItemIn(ResourceIn):
     """One resource of ``POST /v1/leases/batch``; unset fields take the call's defaults."""
 
-    resource_type: Id
-    resource_id: Id
     ttl_seconds: Ttl | None = None
     purpose: Text | None = None
     scopes: Scopes | None = None

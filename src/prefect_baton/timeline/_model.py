@@ -11,7 +11,7 @@ and, where the caller may read them, each generation's lease and handoff, then c
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -466,17 +466,11 @@ def timeline_from_events(
             continue
         gens.append(
             TimelineGeneration(
-                epoch=g.epoch,
-                lease_id=g.lease_id,
+                # the fields the band shares with the open generation (epoch, times, ...)
+                **{k: v for k, v in asdict(g).items() if k in TimelineGeneration.model_fields},
                 holder=holder,
                 execution_key=lease.execution_key if lease is not None and holder else None,
                 purpose=lease.purpose if lease is not None and holder else None,
-                started_at=g.started_at,
-                expires_at=g.expires_at,
-                ended_at=g.ended_at,
-                start=g.start,
-                end=g.end,
-                renewals=g.renewals,
             )
         )
     handed = {g.epoch for g in r.gens.values() if g.start == "handed_off"}

@@ -53,10 +53,22 @@ def add_routes(app: FastAPI) -> None:
         return _reply(request, handoff, status=201)
 
     @app.get("/v1/handoffs", tags=["handoffs"])
-    def inbox(request: Request, b: B, limit: Limit = 100, cursor: str | None = None) -> Response:
-        """Pending handoffs addressed to the caller, oldest first, one page of ``limit``;
-        ``next_cursor`` (as ``cursor=``) gives the next page."""
-        return _reply(request, _calls.inbox_page(b, limit=limit, cursor=cursor))
+    def inbox(
+        request: Request,
+        b: B,
+        limit: Limit = 100,
+        cursor: str | None = None,
+        party: str | None = None,
+        status: str | None = None,
+    ) -> Response:
+        """Without ``party``: pending handoffs addressed to the caller (the inbox). With
+        ``party``: handoffs sent or received by that principal (your own name: yours;
+        another's, or ``*`` for everyone's in the org, needs owner/admin, else 403) that
+        read as ``status`` (``pending`` by default, ``accepted``, ``rejected``,
+        ``expired`` or ``any``; only with ``party``). Oldest first, one page of
+        ``limit``; ``next_cursor`` (as ``cursor=``) gives the next page."""
+        page = _calls.handoffs_page(b, party=party, status=status, limit=limit, cursor=cursor)
+        return _reply(request, page)
 
     @app.get("/v1/handoffs/{handoff_id}", tags=["handoffs"])
     def show_handoff(request: Request, handoff_id: str, b: B) -> Response:

@@ -207,6 +207,34 @@ def test_handoff_inbox_table_lists_pending_handoffs(cli: Cli) -> None:
     assert "alice" in run.stdout
 
 
+def test_handoff_inbox_all_lists_everyone_s_for_an_owner_only(cli: Cli) -> None:
+    """``--all`` (or ``--party '*'``) lists every pending handoff of the org to an owner,
+    ``--status`` filters it; an agent gets exit 6 (FORBIDDEN); ``--party`` with one's own
+    name lists what one sent or received; ``--status`` alone and ``--limit 0`` exit 2."""
+    first = cli.ok("handoff", "create", "bob", "doc-1")["handoff"]["handoff_id"]
+    second = cli.ok("handoff", "create", "dave", "doc-2", principal="carol")["handoff"]
+    cli.ok("handoff", "resolve", second["handoff_id"], "rejected", principal="dave")
+    everyone = cli.ok("handoff", "inbox", "--all", principal="boss", role="owner")
+    assert [h["handoff_id"] for h in everyone["handoffs"]] == [first]
+    starred = cli.ok(
+        "handoff", "inbox", "--party", "*", "--status", "any", principal="boss", role="admin"
+    )
+    assert [h["handoff_id"] for h in starred["handoffs"]] == [first, second["handoff_id"]]
+    rejected = cli.ok(
+        "handoff", "inbox", "--all", "--status", "rejected", principal="boss", role="owner"
+    )
+    assert [h["handoff_id"] for h in rejected["handoffs"]] == [second["handoff_id"]]
+    refused = cli("handoff", "inbox", "--all", principal="bob")
+    assert refused.code == 6
+    assert refused.json["error"]["code"] == "FORBIDDEN"
+    own = cli.ok("handoff", "inbox", "--party", "alice")["handoffs"]
+    assert [h["handoff_id"] for h in own] == [first]
+    for args in (("--status", "pending"), ("--all", "--limit", "0"), ("--all", "--party", "bob")):
+        bad = cli("handoff", "inbox", *args, principal="boss", role="owner")
+        assert bad.code == 2, args
+        assert bad.json["error"]["code"] == "VALIDATION_ERROR"
+
+
 # ----------------------------------------------------------------------------- outcomes
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
-from prefect_baton import Baton, Lease
+from prefect_baton import Baton, Handoff, Lease
+from prefect_baton._rules.paging import next_cursor
 from prefect_baton.testing import ManualClock, clock_of
 
 
@@ -69,3 +72,29 @@ def assert_refusal_recorded(b: Baton, before: list[str], lease: Lease, write: st
         "resource_id": lease.resource_id,
         "write": write,
     }
+
+
+def pages(fetch: Callable[[str | None], Sequence[Any]], name: Any, limit: int) -> list[Any]:
+    """Every item of a list read ``limit`` at a time, following the cursors."""
+    out: list[Any] = []
+    cursor = None
+    for _ in range(50):
+        page = fetch(cursor)
+        assert len(page) <= limit
+        out += page
+        cursor = next_cursor(name, page, limit)
+        if cursor is None:
+            return out
+    raise AssertionError("paging did not end")
+
+
+def pass_deadline(b: Baton, *handoffs: Handoff) -> None:
+    """Move past the latest expiry of ``handoffs``: the memory arm's clock is moved, the
+    others wait in real time (the shortest handoff expiry is 1 s)."""
+    at = max(h.expires_at for h in handoffs if h.expires_at is not None)
+    try:
+        clock = clock_of(b)
+    except ValueError:
+        time.sleep(max(0.0, (at - datetime.now(UTC)).total_seconds()) + 0.05)
+        return
+    clock.advance(max(0.0, at.timestamp() - clock.now_ms() / 1000) + 0.01)

@@ -6,29 +6,16 @@ keeps its lease."""
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 
 import pytest
 
-from prefect_baton import Baton, ConflictError, Handoff, NotFoundError
-from prefect_baton.testing import clock_of
+from prefect_baton import Baton, ConflictError, NotFoundError
+
+from ._util import pass_deadline
 
 SUBJ = "report-2024"
 RT = "delivery"
-
-
-def _pass_deadline(b: Baton, *handoffs: Handoff) -> None:
-    """Move past the latest expiry of ``handoffs``: the memory arm's clock is moved, the
-    others wait in real time (the shortest handoff expiry is 1 s)."""
-    at = max(h.expires_at for h in handoffs if h.expires_at is not None)
-    try:
-        clock = clock_of(b)
-    except ValueError:
-        time.sleep(max(0.0, (at - datetime.now(UTC)).total_seconds()) + 0.05)
-        return
-    clock.advance(max(0.0, at.timestamp() - clock.now_ms() / 1000) + 0.01)
 
 
 def _released(b: Baton, lease_id: str) -> list[dict[str, object]]:
@@ -58,7 +45,7 @@ def test_expired_handoff_releases_its_lease(baton: Baton) -> None:
     }
     moved = b.handoffs.resolve(sent["accepted"].handoff_id, "accepted").lease
     assert moved is not None
-    _pass_deadline(baton, *sent.values())
+    pass_deadline(baton, *sent.values())
 
     # an acquire of the resource ends the handoff and gets the resource at once
     taker = c.leases.acquire(RT, "by-acquire", ttl_seconds=60)

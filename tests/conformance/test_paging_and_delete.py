@@ -5,9 +5,6 @@ carries), on every store arm."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
-
 import pytest
 
 from prefect_baton import (
@@ -18,26 +15,12 @@ from prefect_baton import (
     ValidationError,
     VersionConflictError,
 )
-from prefect_baton._rules.paging import encode_cursor, next_cursor
+from prefect_baton._rules.paging import encode_cursor
 
-from ._util import kinds
+from ._util import kinds, pages
 
 SUBJ = "ticket-7"
 KIND = "progress"
-
-
-def _pages(fetch: Callable[[str | None], Sequence[Any]], name: Any, limit: int) -> list[Any]:
-    """Every item of a list read ``limit`` at a time, following the cursors."""
-    out: list[Any] = []
-    cursor = None
-    for _ in range(50):
-        page = fetch(cursor)
-        assert len(page) <= limit
-        out += page
-        cursor = next_cursor(name, page, limit)
-        if cursor is None:
-            return out
-    raise AssertionError("paging did not end")
 
 
 def test_lease_list_pages_by_cursor(baton: Baton) -> None:
@@ -49,11 +32,11 @@ def test_lease_list_pages_by_cursor(baton: Baton) -> None:
     more = [baton.leases.acquire("deploy", x, ttl_seconds=60) for x in ("d", "e")]
     everything = baton.leases.list()
     assert {x.lease_id for x in everything} == {x.lease_id for x in [*batch, *more]}
-    paged = _pages(lambda c: baton.leases.list(limit=2, cursor=c), "leases", 2)
+    paged = pages(lambda c: baton.leases.list(limit=2, cursor=c), "leases", 2)
     assert [x.lease_id for x in paged] == [x.lease_id for x in everything]
     keys = [(x.acquired_at, x.lease_id) for x in paged]
     assert keys == sorted(keys, reverse=True)
-    ended = _pages(lambda c: baton.leases.list(include_ended=True, limit=3, cursor=c), "leases", 3)
+    ended = pages(lambda c: baton.leases.list(include_ended=True, limit=3, cursor=c), "leases", 3)
     assert len(ended) == 5
 
 
@@ -61,7 +44,7 @@ def test_inbox_pages_by_cursor(baton: Baton) -> None:
     """The inbox read one at a time gives every pending handoff once, oldest first."""
     made = [baton.handoffs.create("agent-b", f"s-{i}") for i in range(3)]
     b = baton.as_principal("agent-b")
-    paged = _pages(lambda c: b.handoffs.inbox(limit=1, cursor=c), "handoffs", 1)
+    paged = pages(lambda c: b.handoffs.inbox(limit=1, cursor=c), "handoffs", 1)
     assert [h.handoff_id for h in paged] == [h.handoff_id for h in b.handoffs.inbox()]
     assert {h.handoff_id for h in paged} == {h.handoff_id for h in made}
 

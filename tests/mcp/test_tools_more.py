@@ -236,3 +236,32 @@ def test_events_history_outcomes_and_seed_names(open_session: Open) -> None:
             tool_error(clash, "VALIDATION_ERROR")
 
     run(main)
+
+
+def test_handoff_inbox_by_party(open_session: Open) -> None:
+    """``baton_handoff_inbox`` with ``party: '*'`` lists everyone's pending handoffs to an
+    owner (status filtered), is FORBIDDEN to an agent, and ``status`` without ``party`` is
+    VALIDATION_ERROR."""
+
+    async def main() -> None:
+        async with (
+            open_session("agent-a") as a,
+            open_session("agent-c") as c,
+            open_session("boss", role="owner") as boss,
+        ):
+            made = ok(
+                await c.call_tool(
+                    "baton_handoff_create", {"to_principal": "agent-d", "subject_id": "s"}
+                )
+            )
+            everyone = ok(await boss.call_tool("baton_handoff_inbox", {"party": "*"}))
+            assert [h["handoff_id"] for h in everyone["handoffs"]] == [made["handoff_id"]]
+            accepted = {"party": "*", "status": "accepted"}
+            assert ok(await boss.call_tool("baton_handoff_inbox", accepted))["handoffs"] == []
+            tool_error(await a.call_tool("baton_handoff_inbox", {"party": "*"}), "FORBIDDEN")
+            tool_error(
+                await a.call_tool("baton_handoff_inbox", {"status": "pending"}),
+                "VALIDATION_ERROR",
+            )
+
+    run(main)

@@ -93,6 +93,45 @@ def test_handoff_create_inbox_show_resolve(client: TestClient, make_key: MakeKey
     assert data(r)["status"] == "accepted"
 
 
+def test_handoffs_by_party(client: TestClient, make_key: MakeKey) -> None:
+    """``GET /v1/handoffs?party=*`` lists everyone's pending handoffs of the org to an owner
+    (with ``next_cursor``), is 403 FORBIDDEN to an agent and to a key without
+    ``handoffs:read``; ``party=<own name>`` lists what one sent or received; ``status``
+    filters it and is 400 without ``party``."""
+    a, c = make_key("agent-a"), make_key("agent-c")
+    first = data(
+        client.post("/v1/handoffs", json={"to_principal": "agent-b", "subject_id": "s"}, headers=a)
+    )
+    second = data(
+        client.post("/v1/handoffs", json={"to_principal": "agent-d", "subject_id": "s"}, headers=c)
+    )
+    owner = make_key("boss", role="owner")
+    page = data(client.get("/v1/handoffs", params={"party": "*", "limit": 1}, headers=owner))
+    assert [h["handoff_id"] for h in page["handoffs"]] == [first["handoff_id"]]
+    rest = client.get(
+        "/v1/handoffs", params={"party": "*", "cursor": page["next_cursor"]}, headers=owner
+    )
+    assert [h["handoff_id"] for h in data(rest)["handoffs"]] == [second["handoff_id"]]
+    error(client.get("/v1/handoffs", params={"party": "*"}, headers=a), 403, "FORBIDDEN")
+    error(client.get("/v1/handoffs", params={"party": "agent-c"}, headers=a), 403, "FORBIDDEN")
+    no_scope = make_key("boss-2", role="owner", scopes=["leases:read"])
+    error(client.get("/v1/handoffs", params={"party": "*"}, headers=no_scope), 403, "FORBIDDEN")
+    mine = data(client.get("/v1/handoffs", params={"party": "agent-a"}, headers=a))["handoffs"]
+    assert [h["handoff_id"] for h in mine] == [first["handoff_id"]]
+    any_ = client.get("/v1/handoffs", params={"party": "*", "status": "accepted"}, headers=owner)
+    assert data(any_)["handoffs"] == []
+    error(
+        client.get("/v1/handoffs", params={"status": "pending"}, headers=a), 400, "VALIDATION_ERROR"
+    )
+    bad = client.get("/v1/handoffs", params={"party": "*", "status": "done"}, headers=owner)
+    error(bad, 400, "VALIDATION_ERROR")
+    error(
+        client.get("/v1/handoffs", params={"party": "*", "limit": 0}, headers=owner),
+        400,
+        "VALIDATION_ERROR",
+    )
+
+
 def test_handoff_carrying_a_lease(client: TestClient, make_key: MakeKey) -> None:
     """Accepting a handoff with lease_id moves the lease to the recipient."""
     a, b = make_key("agent-a"), make_key("agent-b")

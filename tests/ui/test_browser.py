@@ -2,7 +2,8 @@
 Debian's chromedriver, against the REST API served by uvicorn on a free loopback port over
 a SQLite ledger. The page signs in with a bearer key and shows what that key may see over
 REST: leases (holder, purpose and scopes only of one's own, or to an owner), their expiry
-counting down, pending handoffs, and nothing of another organization.
+counting down, pending handoffs (an agent's inbox and what it sent; every pending handoff
+of the org to an owner), and nothing of another organization.
 
 Without Chromium the test is skipped, and fails with ``BATON_REQUIRE_SERVICES=1`` (CI)."""
 
@@ -168,13 +169,17 @@ def test_live_page(driver: Any, served: tuple[str, str], orgs: tuple[str, str]) 
             lambda: not _row(driver, "leases", "resource", "deploy/alice-service"),
         )
 
-        # a handoff to alice shows until she accepts it
+        # a handoff to alice shows until she accepts it; one between bob and carol does not
+        # show to her (an agent key sees its inbox and what it sent)
+        between = bob.handoffs.create("carol", "bob-to-carol", message="for-carol-only")
         handoff = bob.handoffs.create("alice", "report-7", message="please review")
         _wait(
             driver,
             "the pending handoff shows",
             lambda: _row(driver, "handoffs", "handoff", handoff.handoff_id),
         )
+        assert not _row(driver, "handoffs", "handoff", between.handoff_id)
+        assert "for-carol-only" not in driver.page_source
         alice.handoffs.resolve(handoff.handoff_id, "accepted")
         _wait(
             driver,
@@ -205,6 +210,18 @@ def test_live_page(driver: Any, served: tuple[str, str], orgs: tuple[str, str]) 
         seen = _cells(driver, "deploy/bob-service")
         assert seen["holder"] == "bob"
         assert seen["purpose"] == "bob-secret-purpose"
+        # ... and every pending handoff of the org, the one between bob and carol included
+        # (GET /v1/handoffs?party=*), but not the accepted one
+        (row,) = _wait(
+            driver,
+            "the owner sees the handoff between bob and carol",
+            lambda: _row(driver, "handoffs", "handoff", between.handoff_id),
+        )
+        texts = [td.text for td in row.find_elements("css selector", "td")]
+        assert texts[1:4] == ["bob", "carol", "bob-to-carol"]
+        assert texts[-1] == "for-carol-only"
+        assert not _row(driver, "handoffs", "handoff", handoff.handoff_id)
+        assert driver.find_element("id", "handoff-count").text == "(1)"
         assert not [s for s in (*others, rival) if s in driver.page_source]
 
         # a click on a lease row shows the resource's timeline picture

@@ -7,13 +7,18 @@ from dataclasses import replace
 
 import pytest
 
+from prefect_baton._rules.access import check_list_owner
 from prefect_baton._rules.core import Generation
 from prefect_baton._rules.handoffs import (
+    HANDOFF_STATUSES,
     HandoffExpiry,
     decide_carried_release,
     decide_handoff_expiry,
     handoff_status,
+    stored_statuses,
+    validate_status_filter,
 )
+from prefect_baton.errors import ForbiddenError, ValidationError
 
 T0 = 1_700_000_000_000
 DEADLINE = T0 + 5_000
@@ -129,3 +134,39 @@ def test_rejection_release_names_its_reason() -> None:
         )
         is None
     )
+
+
+@pytest.mark.parametrize("status", HANDOFF_STATUSES)
+def test_status_filter_takes_each_status(status: str) -> None:
+    """Each status a handoff reads as filters by itself; ``any`` is no filter (``None``)."""
+    assert validate_status_filter(status) == status
+    assert validate_status_filter("any") is None
+
+
+@pytest.mark.parametrize("bad", ["", "done", "Pending", None, 1, ["pending"]])
+def test_status_filter_refuses_anything_else(bad: object) -> None:
+    """Anything else is VALIDATION_ERROR."""
+    with pytest.raises(ValidationError):
+        validate_status_filter(bad)
+
+
+def test_expired_is_looked_for_among_stored_pending_too() -> None:
+    """A stored pending handoff may read expired; every other status is stored as it reads."""
+    assert stored_statuses("expired") == ("pending", "expired")
+    for status in ("pending", "accepted", "rejected"):
+        assert stored_statuses(status) == (status,)
+
+
+@pytest.mark.parametrize("role", ["owner", "admin"])
+def test_owner_and_admin_list_anyone_s_handoffs(role: str) -> None:
+    """The lease-listing rule decides the handoff listing too: owner/admin list anyone's."""
+    check_list_owner(role, "boss", "*", "handoffs")
+    check_list_owner(role, "boss", "agent-b", "handoffs")
+
+
+def test_agent_lists_only_its_own_handoffs() -> None:
+    """An agent lists its own handoffs; another's or everyone's is FORBIDDEN, naming them."""
+    check_list_owner("agent", "agent-a", "agent-a", "handoffs")
+    for who in ("*", "agent-b"):
+        with pytest.raises(ForbiddenError, match="another principal's handoffs"):
+            check_list_owner("agent", "agent-a", who, "handoffs")

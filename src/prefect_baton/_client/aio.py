@@ -136,6 +136,7 @@ class AsyncHandoffAPI(_Wrapper[HandoffAPI]):
 
     create = _to_async(HandoffAPI.create)
     inbox = _to_async(HandoffAPI.inbox)
+    list = _to_async(HandoffAPI.list)
     get = _to_async(HandoffAPI.get)
     resolve = _to_async(HandoffAPI.resolve)
 

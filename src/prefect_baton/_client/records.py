@@ -18,11 +18,13 @@ from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._client.requests import keyed, resolve_fields
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.events import validate_event_kind
+from prefect_baton._rules.handoffs import validate_status_filter
 from prefect_baton._rules.paging import decode_cursor
 from prefect_baton._rules.validation import CHECKPOINT_TTL_MAX_SECONDS, validate_lifetime
 from prefect_baton._stores.protocol import (
     CheckpointWrite,
     HandoffOffer,
+    HandoffQuery,
     OutcomeWrite,
     ResolveRequest,
 )
@@ -207,6 +209,43 @@ class HandoffAPI(_API):
             limit=_limit(limit, 10_000),
             after=after,
         )
+
+    def list(
+        self,
+        *,
+        party: str | None = None,
+        status: str = "pending",
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> list[Handoff]:
+        """Handoffs of your organization, oldest first (by creation time, then id).
+
+        Args:
+            party: whose handoffs (``str``): ``None`` (yours: those you sent or received),
+                a principal id (those it sent or received) or ``"*"`` (everyone's in the
+                organization). Another principal's or everyone's needs the ``owner`` or
+                ``admin`` role, as listing another's leases does
+                (:func:`prefect_baton._rules.access.check_list_owner`).
+            status: only handoffs that read as this status: ``"pending"`` (default),
+                ``"accepted"``, ``"rejected"``, ``"expired"`` (a pending one past its
+                expiry, or whose carried lease lapsed, reads ``expired``) or ``"any"``.
+            limit: 1..10,000 handoffs.
+            cursor: continue after the page this cursor ends (``str``, as :meth:`inbox`
+                takes it; the two lists share their order and cursors).
+
+        Raises:
+            ValidationError: a bad party, status or limit (``VALIDATION_ERROR``), or a
+                cursor that is not one of the handoff lists.
+            ForbiddenError: another principal's or everyone's handoffs asked with the
+                ``agent`` role (``FORBIDDEN``).
+        """
+        query = HandoffQuery(
+            party=_core.validate_optional_id("party", party),
+            status=validate_status_filter(status),
+            limit=_limit(limit, 10_000),
+            after=None if cursor is None else decode_cursor("handoffs", cursor),
+        )
+        return self._store.handoff_list(self._caller, query)
 
     def get(self, handoff_id: str) -> Handoff:
         """A handoff you sent or received. Raises :class:`NotFoundError` otherwise.

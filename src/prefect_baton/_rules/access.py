@@ -68,16 +68,18 @@ def may_read_checkpoint(role: str, principal: str, writer: str, recipients: Iter
     return may_read(role, principal, (writer, *recipients))
 
 
-def check_list_owner(role: str, principal: str, owner: str) -> None:
-    """Check a listing of ``owner``'s leases (a name, or ``"*"`` for everyone's) by
-    ``principal`` with ``role``.
+def check_list_owner(role: str, principal: str, owner: str, what: str = "leases") -> None:
+    """Check a listing of ``owner``'s records (a name, or ``"*"`` for everyone's) by
+    ``principal`` with ``role``: the leases ``owner`` holds, or (``what="handoffs"``) the
+    handoffs ``owner`` sent or received. One's own needs no role; anyone else's, and
+    everyone's, needs ``owner``/``admin`` (:func:`sees_everything`).
 
     Raises:
-        ForbiddenError: another principal's (or everyone's) leases, without the owner or
+        ForbiddenError: another principal's (or everyone's) records, without the owner or
             admin role.
     """
     if owner != principal and not sees_everything(role):
-        raise ForbiddenError("listing another principal's leases needs the owner or admin role")
+        raise ForbiddenError(f"listing another principal's {what} needs the owner or admin role")
 
 
 #: The seed service's refusal of a resolve by anyone but the handoff's target.

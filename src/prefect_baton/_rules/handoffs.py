@@ -13,15 +13,45 @@ from dataclasses import dataclass, replace
 
 from prefect_baton._rules.core import Decision, Generation, Proof, ReleaseRequest, decide_release
 from prefect_baton._rules.events import RELEASE_HANDOFF_EXPIRED, released_by_handoff
+from prefect_baton.errors import ValidationError
 
 __all__ = [
+    "HANDOFF_STATUSES",
     "HandoffExpiry",
     "carried_lease_lapsed",
     "decide_carried_release",
     "decide_handoff_expiry",
     "handoff_status",
     "releases_carried",
+    "stored_statuses",
+    "validate_status_filter",
 ]
+
+HANDOFF_STATUSES = ("pending", "accepted", "rejected", "expired")
+"""The statuses a handoff reads as (:func:`handoff_status`)."""
+
+
+def validate_status_filter(status: object) -> str | None:
+    """The status filter of a handoff listing: one of :data:`HANDOFF_STATUSES`, or ``"any"``
+    (every status, returned as ``None``).
+
+    Raises:
+        ValidationError: anything else.
+    """
+    if status == "any":
+        return None
+    if not isinstance(status, str) or status not in HANDOFF_STATUSES:
+        raise ValidationError(
+            f"status must be one of pending, accepted, rejected, expired or any, got {status!r}"
+        )
+    return status
+
+
+def stored_statuses(status: str) -> tuple[str, ...]:
+    """The stored statuses of the handoffs that may read as ``status``
+    (:func:`handoff_status`): a stored ``pending`` one reads ``expired`` once past its
+    expiry or once its carried lease lapsed, so ``expired`` is looked for among both."""
+    return ("pending", "expired") if status == "expired" else (status,)
 
 
 def carried_lease_lapsed(carried: Generation | None, now_ms: int) -> bool:

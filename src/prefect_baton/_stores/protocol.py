@@ -50,6 +50,7 @@ __all__ = [
     "Execution",
     "Fence",
     "HandoffOffer",
+    "HandoffQuery",
     "Idempotency",
     "LeaseAuthority",
     "LeaseQuery",
@@ -210,6 +211,29 @@ class LeaseQuery:
     resource_type: str | None = None
     owner: str | None = None
     include_ended: bool = False
+    limit: int = 100
+    after: tuple[int, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffQuery:
+    """Which handoffs :meth:`RecordStore.handoff_list` lists (validated by the client).
+
+    Attributes:
+        party: whose handoffs: ``None`` (the caller's: those it sent or received), a
+            principal (``str`` id: those it sent or received) or ``"*"`` (everyone's in the
+            org); another principal's or everyone's needs ``owner``/``admin``
+            (:func:`prefect_baton._rules.access.check_list_owner`).
+        status: only handoffs that read as this status (``pending``, ``accepted``,
+            ``rejected`` or ``expired``; a pending one past its expiry reads ``expired``),
+            or ``None`` (any).
+        limit: at most this many handoffs (``int``, 1 to 10,000).
+        after: the page continues after this ``(created_at ms, handoff_id)`` (the last
+            handoff of the previous page), or ``None`` (the first page).
+    """
+
+    party: str | None = None
+    status: str | None = "pending"
     limit: int = 100
     after: tuple[int, str] | None = None
 
@@ -532,6 +556,19 @@ class RecordStore(Protocol):
         """Pending handoffs addressed to the caller, oldest first (by creation time in ms,
         then handoff id), at most ``limit``; ``after``: the ``(created_at ms, handoff_id)``
         of the last handoff of the previous page."""
+        ...
+
+    def handoff_list(self, caller: Caller, query: HandoffQuery) -> list[Handoff]:
+        """Handoffs of the caller's org sent or received by ``query.party`` (default the
+        caller; ``"*"``: everyone's, which like another principal's needs ``owner``/
+        ``admin``) that read as ``query.status`` (``None``: any), oldest first (by creation
+        time in ms, then handoff id), at most ``query.limit``; ``query.after``: the
+        ``(created_at ms, handoff_id)`` of the last handoff of the previous page.
+
+        Raises:
+            ForbiddenError: another principal's or everyone's handoffs asked by an
+                ``agent``.
+        """
         ...
 
     def handoff_get(self, caller: Caller, handoff_id: str) -> Handoff:

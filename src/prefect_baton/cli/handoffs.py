@@ -11,6 +11,7 @@ from prefect_baton._rules.validation import TTL_RANGE
 from prefect_baton.cli._options import IdempotencyKey, SubjectId, row_limit
 from prefect_baton.cli._output import emit_ok
 from prefect_baton.cli._state import guard, lease_proof
+from prefect_baton.errors import ValidationError
 
 app = typer.Typer(
     name="handoff",
@@ -97,14 +98,56 @@ def create(
         emit_ok(st.format, "handoff.create", "handoff", handoff)
 
 
+class StatusFilter(enum.StrEnum):
+    pending = "pending"
+    accepted = "accepted"
+    rejected = "rejected"
+    expired = "expired"
+    any = "any"
+
+
 @app.command("inbox")
 def inbox(
     ctx: typer.Context,
     limit: Annotated[int, row_limit(10_000)] = 100,
+    party: Annotated[
+        str | None,
+        typer.Option(
+            "--party",
+            help="Instead of your inbox: the handoffs this principal (text) sent or "
+            "received; '*' for everyone's. Others than yourself need --role owner or admin.",
+        ),
+    ] = None,
+    all_: Annotated[
+        bool,
+        typer.Option(
+            "--all", help="Everyone's handoffs of the organization (same as --party '*')."
+        ),
+    ] = False,
+    status: Annotated[
+        StatusFilter | None,
+        typer.Option(
+            "--status",
+            help="With --party or --all: only handoffs of this status (default pending).",
+        ),
+    ] = None,
 ) -> None:
-    """List pending handoffs addressed to you."""
+    """List pending handoffs addressed to you (with --party or --all: a principal's or
+    everyone's, sent or received, oldest first). Exit 6 (FORBIDDEN) when an agent asks for
+    another's or everyone's; exit 2 (VALIDATION_ERROR) for a bad limit, --party with
+    --all, or --status without either."""
     with guard(ctx, "handoff.inbox") as st:
-        handoffs = st.client().handoffs.inbox(limit=limit)
+        if all_ and party is not None and party != "*":
+            raise ValidationError("give --party or --all, not both")
+        who = "*" if all_ else party
+        handoffs_api = st.client().handoffs
+        if who is None:
+            if status is not None:
+                raise ValidationError("--status needs --party or --all")
+            handoffs = handoffs_api.inbox(limit=limit)
+        else:
+            wanted = "pending" if status is None else status.value
+            handoffs = handoffs_api.list(party=who, status=wanted, limit=limit)
         emit_ok(st.format, "handoff.inbox", "handoffs", handoffs, columns=HANDOFF_COLUMNS)
 
 

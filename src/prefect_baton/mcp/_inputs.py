@@ -154,10 +154,20 @@ Cursor = Annotated[
 
 
 class HandoffInboxIn(_In):
-    """List the pending handoffs addressed to you, one page at a time."""
+    """List the pending handoffs addressed to you (or, with party, those a principal sent
+    or received, or everyone's), one page at a time."""
 
     limit: Annotated[int, Field(ge=1, le=10_000)] = 100
     cursor: Cursor | None = None
+    party: Id | None = Field(
+        None,
+        description="Instead of your inbox: the handoffs this principal sent or received "
+        "(your own name: yours), or '*' for everyone's in the organization (another's or "
+        "everyone's needs the owner/admin role).",
+    )
+    status: Literal["pending", "accepted", "rejected", "expired", "any"] | None = Field(
+        None, description="With party only: the status to list (default pending)."
+    )
 
 
 class LeaseTransferIn(_In):

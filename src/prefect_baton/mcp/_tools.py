@@ -116,7 +116,10 @@ def _handoff_create(b: Baton, a: HandoffCreateIn) -> dict[str, Any]:
 
 
 def _handoff_inbox(b: Baton, a: HandoffInboxIn) -> dict[str, Any]:
-    return _json(rest_calls.inbox_page(b, limit=a.limit, cursor=a.cursor))
+    page = rest_calls.handoffs_page(
+        b, party=a.party, status=a.status, limit=a.limit, cursor=a.cursor
+    )
+    return _json(page)
 
 
 def _lease_transfer(b: Baton, a: LeaseTransferIn) -> dict[str, Any]:
@@ -299,7 +302,10 @@ _SPECS = (
         "baton_handoff_inbox",
         "The pending handoffs addressed to you, oldest first, as {'handoffs': [...], "
         "'next_cursor': ...} (a sender's own inbox stays empty); pass next_cursor as "
-        "cursor for the next page (null: no more).",
+        "cursor for the next page (null: no more). With party: the handoffs that principal "
+        "sent or received, or party '*' for everyone's in the organization, of status "
+        "(default pending). Errors: FORBIDDEN (another's or everyone's without the "
+        "owner/admin role), VALIDATION_ERROR (status without party).",
         HandoffInboxIn,
         _handoff_inbox,
         HandoffPage,

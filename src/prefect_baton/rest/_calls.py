@@ -27,7 +27,7 @@ __all__ = [
     "delete_checkpoint",
     "events_page",
     "force_release",
-    "inbox_page",
+    "handoffs_page",
     "leases_page",
     "list_outcomes",
     "me",
@@ -339,14 +339,30 @@ def leases_page(
     return LeasePage(leases=leases, next_cursor=next_cursor("leases", leases, limit))
 
 
-def inbox_page(b: Baton, *, limit: int, cursor: str | None) -> HandoffPage:
-    """One page of ``b.handoffs.inbox`` (oldest first, ``limit`` 1..10,000) after
-    ``cursor`` (as :func:`leases_page`).
+def handoffs_page(
+    b: Baton, *, party: str | None, status: str | None, limit: int, cursor: str | None
+) -> HandoffPage:
+    """One page (oldest first, ``limit`` 1..10,000, after ``cursor`` as in
+    :func:`leases_page`) of ``b.handoffs.inbox`` without ``party``, else of
+    ``b.handoffs.list`` (``party``: a principal or ``"*"``; ``status`` default
+    ``pending``).
 
     Raises:
-        BatonError: VALIDATION_ERROR (a bad limit or cursor).
+        BatonError: VALIDATION_ERROR (a bad party, status, limit or cursor, or ``status``
+            without ``party``), FORBIDDEN (another principal's or everyone's handoffs
+            asked by an ``agent``).
     """
-    handoffs = b.handoffs.inbox(limit=limit, cursor=cursor)
+    if party is None:
+        if status is not None:
+            raise ValidationError("status filters a listing by party: give party as well")
+        handoffs = b.handoffs.inbox(limit=limit, cursor=cursor)
+    else:
+        handoffs = b.handoffs.list(
+            party=party,
+            status="pending" if status is None else status,
+            limit=limit,
+            cursor=cursor,
+        )
     return HandoffPage(handoffs=handoffs, next_cursor=next_cursor("handoffs", handoffs, limit))
 
 

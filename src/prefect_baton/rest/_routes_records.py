@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from fastapi import FastAPI, Request
+from typing import Annotated
+
+from fastapi import FastAPI, Query, Request
 from starlette.responses import Response
 
 from prefect_baton._client.sync import Baton
@@ -12,6 +14,13 @@ from prefect_baton.models import Lease
 from prefect_baton.rest import _calls
 from prefect_baton.rest import _schemas as s
 from prefect_baton.rest._deps import B, Epoch, ExecutionKey, IdemKey, Limit, _fence, _reply, _utf8
+
+_PARTY = (
+    "Instead of the inbox: the handoffs this principal sent or received (your own name: "
+    "yours), or '*' for everyone's in the org; another's or everyone's needs the owner or "
+    "admin role (else 403 FORBIDDEN)."
+)
+_STATUS = "With party only (else 400): pending (default), accepted, rejected, expired or any."
 
 
 class HandoffProofIn(s.HandoffIn):
@@ -53,10 +62,22 @@ def add_routes(app: FastAPI) -> None:
         return _reply(request, handoff, status=201)
 
     @app.get("/v1/handoffs", tags=["handoffs"])
-    def inbox(request: Request, b: B, limit: Limit = 100, cursor: str | None = None) -> Response:
-        """Pending handoffs addressed to the caller, oldest first, one page of ``limit``;
-        ``next_cursor`` (as ``cursor=``) gives the next page."""
-        return _reply(request, _calls.inbox_page(b, limit=limit, cursor=cursor))
+    def inbox(
+        request: Request,
+        b: B,
+        limit: Limit = 100,
+        cursor: str | None = None,
+        party: Annotated[str | None, Query(description=_PARTY)] = None,
+        status: Annotated[str | None, Query(description=_STATUS)] = None,
+    ) -> Response:
+        """Without ``party``: pending handoffs addressed to the caller (the inbox). With
+        ``party``: handoffs sent or received by that principal (your own name: yours;
+        another's, or ``*`` for everyone's in the org, needs owner/admin, else 403) that
+        read as ``status`` (``pending`` by default, ``accepted``, ``rejected``,
+        ``expired`` or ``any``; only with ``party``). Oldest first, one page of
+        ``limit``; ``next_cursor`` (as ``cursor=``) gives the next page."""
+        page = _calls.handoffs_page(b, party=party, status=status, limit=limit, cursor=cursor)
+        return _reply(request, page)
 
     @app.get("/v1/handoffs/{handoff_id}", tags=["handoffs"])
     def show_handoff(request: Request, handoff_id: str, b: B) -> Response:

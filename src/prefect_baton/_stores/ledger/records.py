@@ -12,6 +12,7 @@ from sqlmodel import Session, col
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.access import (
     check_checkpoint_delete,
+    check_list_owner,
     check_resolver,
     may_read,
     may_read_checkpoint,
@@ -24,7 +25,11 @@ from prefect_baton._rules.digests import (
     outcome_record_digest,
 )
 from prefect_baton._rules.events import RELEASE_HANDOFF_REJECTED
-from prefect_baton._rules.handoffs import carried_lease_lapsed, decide_carried_release
+from prefect_baton._rules.handoffs import (
+    carried_lease_lapsed,
+    decide_carried_release,
+    stored_statuses,
+)
 from prefect_baton._rules.validation import canonical_json
 from prefect_baton._stores.ledger.base import Tx
 from prefect_baton._stores.ledger.convert import (
@@ -53,6 +58,7 @@ from prefect_baton._stores.protocol import (
     Caller,
     CheckpointWrite,
     HandoffOffer,
+    HandoffQuery,
     OutcomeWrite,
     ResolveRequest,
 )
@@ -385,45 +391,68 @@ class RecordOps(ExpiryOps):
     ) -> list[Handoff]:
         """Pending, unexpired handoffs addressed to the caller, oldest first; ``after``:
         the page continues after this ``(created_at ms, handoff_id)``."""
-        with self._read() as (s, now):
-            q = select(HandoffRow).where(
-                col(HandoffRow.org_id) == caller.org,
-                col(HandoffRow.to_principal) == caller.principal,
-                col(HandoffRow.status) == "pending",
-                or_(col(HandoffRow.expires_at_ms).is_(None), col(HandoffRow.expires_at_ms) > now),
+        to_caller = col(HandoffRow.to_principal) == caller.principal
+        return self._handoff_page(caller, to_caller, "pending", limit, after)
+
+    def handoff_list(self, caller: Caller, query: HandoffQuery) -> list[Handoff]:
+        """Handoffs of the org sent or received by ``query.party`` (default the caller;
+        ``"*"`` everyone's, needing ``owner``/``admin``: :func:`check_list_owner`) that read
+        as ``query.status`` (``None``: any), oldest first; ``query.after``: the page
+        continues after this ``(created_at ms, handoff_id)``.
+
+        Raises:
+            ForbiddenError: another principal's or everyone's handoffs asked by an agent.
+        """
+        who = caller.principal if query.party is None else query.party
+        check_list_owner(caller.role, caller.principal, who, "handoffs")
+        party = None
+        if who != "*":
+            party = or_(col(HandoffRow.from_principal) == who, col(HandoffRow.to_principal) == who)
+        return self._handoff_page(caller, party, query.status, query.limit, query.after)
+
+    def _handoff_page(
+        self,
+        caller: Caller,
+        party: Any,
+        status: str | None,
+        limit: int,
+        after: tuple[int, str] | None,
+    ) -> list[Handoff]:
+        """One page of the org's handoffs matching the SQL condition ``party`` (``None``:
+        all) that read as ``status`` (``None``: any; :func:`handoff_status`), oldest first,
+        at most ``limit`` (1..10,000), after the ``(created_at ms, handoff_id)`` ``after``.
+        Rows whose stored status differs from how they read (a pending one past its expiry,
+        or whose carried lease lapsed) are skipped by reading on until the page is full."""
+
+        def past(at: int, handoff_id: str) -> Any:
+            return or_(
+                col(HandoffRow.created_at_ms) > at,
+                and_(col(HandoffRow.created_at_ms) == at, col(HandoffRow.handoff_id) > handoff_id),
             )
+
+        with self._read() as (s, now):
+            q = select(HandoffRow).where(col(HandoffRow.org_id) == caller.org)
+            if party is not None:
+                q = q.where(party)
+            if status is not None:
+                q = q.where(col(HandoffRow.status).in_(stored_statuses(status)))
+            if status == "pending":
+                unexpired = col(HandoffRow.expires_at_ms) > now
+                q = q.where(or_(col(HandoffRow.expires_at_ms).is_(None), unexpired))
             if after is not None:
-                at, handoff_id = after
-                q = q.where(
-                    or_(
-                        col(HandoffRow.created_at_ms) > at,
-                        and_(
-                            col(HandoffRow.created_at_ms) == at,
-                            col(HandoffRow.handoff_id) > handoff_id,
-                        ),
-                    )
-                )
+                q = q.where(past(*after))
             q = q.order_by(col(HandoffRow.created_at_ms), col(HandoffRow.handoff_id))
             want = max(1, min(limit, 10_000))
             out: list[Handoff] = []
-            while len(out) < want:  # skip those whose carried lease lapsed (they read expired)
+            while len(out) < want:
                 rows = list(s.execute(q.limit(want)).scalars())
                 for r in rows:
                     h = handoff_model(r, now, carried_lapsed=carried_lapsed(s, r, now))
-                    if h.status == "pending" and len(out) < want:
+                    if (status is None or h.status == status) and len(out) < want:
                         out.append(h)
                 if len(rows) < want:
                     break
-                last = rows[-1]
-                q = q.where(
-                    or_(
-                        col(HandoffRow.created_at_ms) > last.created_at_ms,
-                        and_(
-                            col(HandoffRow.created_at_ms) == last.created_at_ms,
-                            col(HandoffRow.handoff_id) > last.handoff_id,
-                        ),
-                    )
-                )
+                q = q.where(past(rows[-1].created_at_ms, rows[-1].handoff_id))
             return out
 
     def handoff_get(self, caller: Caller, handoff_id: str) -> Handoff:

@@ -153,6 +153,8 @@ class HandoffRow(SQLModel, table=True):
         Index("ix_handoff_inbox", "org_id", "to_principal", "status"),
         # the pending handoff carrying a lease (an acquire refused by that lease looks here)
         Index("ix_handoff_lease", "lease_id"),
+        # the org's handoffs by status, oldest first (the org-wide listing of owner/admin)
+        Index("ix_handoff_org_status", "org_id", "status", "created_at_ms", "handoff_id"),
     )
     handoff_id: str = Field(primary_key=True, max_length=64)
     org_id: str = Field(max_length=256)

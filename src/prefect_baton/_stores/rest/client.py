@@ -34,6 +34,7 @@ from prefect_baton._stores.protocol import (
     Execution,
     Fence,
     HandoffOffer,
+    HandoffQuery,
     Idempotency,
     LeaseQuery,
     OutcomeWrite,
@@ -412,6 +413,18 @@ class RestStore(_Transport):
         """``GET /v1/handoffs`` (``after`` sent as the page's ``cursor``)."""
         cursor = None if after is None else encode_cursor("handoffs", after)
         data, _ = self._call("GET", "/v1/handoffs", params=_params(limit=limit, cursor=cursor))
+        return self._list(Handoff, data, "handoffs")
+
+    def handoff_list(self, caller: Caller, query: HandoffQuery) -> list[Handoff]:
+        """``GET /v1/handoffs?party=...`` (the caller's own name when ``query.party`` is
+        ``None``; ``status=any`` for ``query.status`` ``None``)."""
+        params = _params(
+            party=caller.principal if query.party is None else query.party,
+            status="any" if query.status is None else query.status,
+            limit=query.limit,
+            cursor=None if query.after is None else encode_cursor("handoffs", query.after),
+        )
+        data, _ = self._call("GET", "/v1/handoffs", params=params)
         return self._list(Handoff, data, "handoffs")
 
     def handoff_get(self, caller: Caller, handoff_id: str) -> Handoff:

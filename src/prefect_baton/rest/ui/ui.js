@@ -10,7 +10,7 @@
   const EVENTS_SHOWN = 50;
   const EVENT_PAGES_PER_POLL = 20; // 1,000 events a page
   const INSPECT_MAX = 100; // resources inspected per poll for an agent key
-  const LEASE_PAGES = 10; // 1,000 leases a page
+  const LIST_PAGES = 10; // of leases or handoffs, 1,000 a page
   const LIVE = new Set(["lease.acquired", "lease.renewed", "lease.transferred"]);
 
   const $ = (id) => document.getElementById(id);
@@ -161,18 +161,27 @@
     return true;
   }
 
-  async function readLeases() {
-    const full = me.role === "owner" || me.role === "admin";
+  // An owner or admin key sees every principal's leases and pending handoffs of the org
+  // (the REST API's rule); other keys see their own.
+  const sees_everything = () => me.role === "owner" || me.role === "admin";
+
+  // Every item of a paged list (`query` ends with its own filters), 1,000 a page, at most
+  // LIST_PAGES pages.
+  async function readAll(path, query, field) {
     const listed = [];
     let next = null;
-    for (let i = 0; i < LEASE_PAGES; i++) {
-      const page = await api(
-        "/v1/leases?limit=1000" + (full ? "&owner=*" : "") + (next ? "&cursor=" + encodeURIComponent(next) : ""),
-      );
-      listed.push(...page.leases);
+    for (let i = 0; i < LIST_PAGES; i++) {
+      const page = await api(path + "?limit=1000" + query + (next ? "&cursor=" + encodeURIComponent(next) : ""));
+      listed.push(...page[field]);
       next = page.next_cursor;
       if (!next) break;
     }
+    return listed;
+  }
+
+  async function readLeases() {
+    const full = sees_everything();
+    const listed = await readAll("/v1/leases", full ? "&owner=*" : "", "leases");
     const rows = listed.map((l) => ({
       type: l.resource_type,
       id: l.resource_id,
@@ -215,7 +224,10 @@
     return rows;
   }
 
+  // An owner or admin: every pending handoff of the org (GET /v1/handoffs?party=*). Others:
+  // the inbox, and the handoffs this key sent (found in the event stream) while pending.
   async function readHandoffs() {
+    if (sees_everything()) return readAll("/v1/handoffs", "&party=*", "handoffs");
     const inbox = (await api("/v1/handoffs?limit=1000")).handoffs;
     const seen = new Set(inbox.map((h) => h.handoff_id));
     const mine = await Promise.all(

@@ -42,6 +42,8 @@ async def records(ab: AsyncBaton) -> None:
     h = await ab.handoffs.create("agent-b", "svc", checkpoint_id=ck.checkpoint_id)
     assert_type(h, Handoff)
     assert_type(await ab.handoffs.resolve(h.handoff_id, "accepted", "ok"), Handoff)
+    assert_type(await ab.handoffs.inbox(limit=10), list[Handoff])
+    assert_type(await ab.handoffs.list(party="*", status="pending", limit=10), list[Handoff])
     out = await ab.outcomes.record("svc", "succeeded", evidence=[{"kind": "file", "uri": "u"}])
     assert_type(out, Outcome)
     assert_type(await ab.outcomes.record("svc", "failed"), Outcome)

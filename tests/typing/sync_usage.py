@@ -39,6 +39,8 @@ def records(b: Baton) -> None:
     h = b.handoffs.create("agent-b", "svc", checkpoint_id=ck.checkpoint_id)
     assert_type(h, Handoff)
     assert_type(b.handoffs.resolve(h.handoff_id, "accepted", "ok"), Handoff)
+    assert_type(b.handoffs.inbox(limit=10), list[Handoff])
+    assert_type(b.handoffs.list(party="*", status="pending", limit=10), list[Handoff])
     out = b.outcomes.record("svc", "succeeded", evidence=[{"kind": "file", "uri": "u"}])
     assert_type(out, Outcome)
     assert_type(b.outcomes.record("svc", "failed"), Outcome)

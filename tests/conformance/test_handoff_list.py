@@ -64,6 +64,20 @@ def test_agent_asking_for_others_handoffs_is_forbidden(baton: Baton, party: str)
     assert ei.value.code == "FORBIDDEN"
 
 
+def test_agent_named_star_is_refused_everyone_s(baton: Baton) -> None:
+    """``"*"`` is everyone's even for an agent whose own name is ``*`` (principals are
+    registered on first use): it is FORBIDDEN the org-wide handoff and lease lists like any
+    agent, and lists nothing of anyone else."""
+    baton.as_principal("agent-c").handoffs.create("agent-d", SUBJ)
+    baton.as_principal("agent-c").leases.acquire("deploy", "svc", ttl_seconds=60)
+    star = baton.as_principal("*")
+    with pytest.raises(ForbiddenError):
+        star.handoffs.list(party="*", status="any")
+    with pytest.raises(ForbiddenError):
+        star.leases.list(owner="*", include_ended=True)
+    assert star.handoffs.inbox() == []
+
+
 def test_no_handoff_of_another_org_is_listed(
     baton: Baton, baton_in_org: Callable[..., Baton], org: str
 ) -> None:

@@ -170,3 +170,10 @@ def test_agent_lists_only_its_own_handoffs() -> None:
     for who in ("*", "agent-b"):
         with pytest.raises(ForbiddenError, match="another principal's handoffs"):
             check_list_owner("agent", "agent-a", who, "handoffs")
+
+
+def test_star_is_everyone_s_even_for_an_agent_named_star() -> None:
+    """``"*"`` never reads as one's own name: an agent named ``*`` is FORBIDDEN it."""
+    with pytest.raises(ForbiddenError, match="another principal's handoffs"):
+        check_list_owner("agent", "*", "*", "handoffs")
+    check_list_owner("owner", "*", "*", "handoffs")

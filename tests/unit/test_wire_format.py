@@ -91,6 +91,16 @@ def test_cursor_round_trip_and_refusals() -> None:
         decode_cursor("events", encode_cursor("events", (-1,)))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("bad_id", ["\ud800", "lease\x00x", "lease\nx", " ", "x" * 257])
+def test_cursor_naming_an_impossible_id_is_refused(bad_id: str) -> None:
+    """A forged cursor whose id no lease or handoff can have (a lone surrogate, which no
+    database can encode; NUL, which PostgreSQL refuses; other control characters; blank;
+    over 256 characters) is refused as VALIDATION_ERROR, not passed on to a query."""
+    for name in ("leases", "handoffs"):
+        with pytest.raises(ValidationError, match=f"not a cursor of the {name} list"):
+            decode_cursor(name, encode_cursor(name, (MS, bad_id)))
+
+
 def test_next_cursor_only_after_a_full_page() -> None:
     """A page shorter than its limit has no next cursor; a full one names its last item."""
     leases = [_lease(lease_id=f"lease_{i}") for i in range(3)]

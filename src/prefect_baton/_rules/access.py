@@ -74,11 +74,15 @@ def check_list_owner(role: str, principal: str, owner: str, what: str = "leases"
     handoffs ``owner`` sent or received. One's own needs no role; anyone else's, and
     everyone's, needs ``owner``/``admin`` (:func:`sees_everything`).
 
+    ``"*"`` always means everyone's, also for a principal that happens to be named ``*``
+    (principals are registered on first use, so the name cannot be ruled out): an agent
+    named ``*`` asking for ``"*"`` is refused like any other agent.
+
     Raises:
         ForbiddenError: another principal's (or everyone's) records, without the owner or
             admin role.
     """
-    if owner != principal and not sees_everything(role):
+    if (owner == "*" or owner != principal) and not sees_everything(role):
         raise ForbiddenError(f"listing another principal's {what} needs the owner or admin role")
 
 

@@ -18,6 +18,7 @@ import json
 from collections.abc import Sequence
 from typing import Literal, overload
 
+from prefect_baton._rules.validation import validate_id
 from prefect_baton.errors import ValidationError
 from prefect_baton.models import Event, Handoff, Lease, to_ms
 
@@ -68,9 +69,21 @@ def decode_cursor(name: ListName, cursor: str) -> PageKey:
         if len(key) != 1:
             raise bad
         return (ints[0],)
-    if len(key) != 2 or not isinstance(key[1], str) or not key[1]:
+    if len(key) != 2 or not _is_id(key[1]):
         raise bad
     return (ints[0], key[1])
+
+
+def _is_id(value: object) -> bool:
+    """Whether ``value`` could be the id a cursor names (a lease or handoff id): an id as
+    :func:`~prefect_baton._rules.validation.validate_id` admits it. A decoded cursor can
+    hold any JSON string, and one no database can store (a lone surrogate; NUL, which
+    PostgreSQL refuses) must be refused here, not fail in the query."""
+    try:
+        validate_id("cursor", value)
+    except ValidationError:
+        return False
+    return True
 
 
 def _key(item: Lease | Handoff | Event) -> PageKey:

@@ -64,18 +64,21 @@ def test_agent_asking_for_others_handoffs_is_forbidden(baton: Baton, party: str)
     assert ei.value.code == "FORBIDDEN"
 
 
-def test_agent_named_star_is_refused_everyone_s(baton: Baton) -> None:
-    """``"*"`` is everyone's even for an agent whose own name is ``*`` (principals are
-    registered on first use): it is FORBIDDEN the org-wide handoff and lease lists like any
-    agent, and lists nothing of anyone else."""
-    baton.as_principal("agent-c").handoffs.create("agent-d", SUBJ)
-    baton.as_principal("agent-c").leases.acquire("deploy", "svc", ttl_seconds=60)
-    star = baton.as_principal("*")
-    with pytest.raises(ForbiddenError):
-        star.handoffs.list(party="*", status="any")
-    with pytest.raises(ForbiddenError):
-        star.leases.list(owner="*", include_ended=True)
-    assert star.handoffs.inbox() == []
+def test_no_principal_may_be_named_star(baton: Baton) -> None:
+    """``"*"`` means every principal in a listing (``party="*"``, ``owner="*"``), so no
+    caller, handoff recipient or transfer recipient may carry that name: each is
+    VALIDATION_ERROR and nothing is written."""
+    lease = baton.leases.acquire("deploy", "svc", ttl_seconds=60)
+    with pytest.raises(ValidationError) as ei:
+        baton.as_principal("*")
+    assert ei.value.code == "VALIDATION_ERROR"
+    with pytest.raises(ValidationError):
+        baton.handoffs.create("*", SUBJ)
+    with pytest.raises(ValidationError):
+        baton.leases.transfer(lease, to_principal="*", new_execution_key="x", ttl_seconds=60)
+    owner = baton.as_principal("boss", role="owner")
+    assert owner.handoffs.list(party="*", status="any") == []
+    assert [x.lease_id for x in owner.leases.list(owner="*")] == [lease.lease_id]
 
 
 def test_no_handoff_of_another_org_is_listed(

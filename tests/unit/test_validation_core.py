@@ -20,6 +20,7 @@ from prefect_baton._rules.core import (
     canonical_json,
     request_digest,
     validate_id,
+    validate_principal,
     validate_scopes,
     validate_state,
     validate_ttl,
@@ -271,3 +272,19 @@ def test_different_state_different_hash() -> None:
     """A changed value changes the state hash (readers can tell the checkpoint moved)."""
     assert validate_state({"a": 1})[2] != validate_state({"a": 2})[2]
     assert validate_state({"a": [1, 2]})[2] != validate_state({"a": [2, 1]})[2]
+
+
+@pytest.mark.parametrize("value", ["agent-a", "**", "a*", "%", "ann "])
+def test_a_principal_is_any_id_but_star(value: str) -> None:
+    """Any identifier names a principal, wildcard-looking ones included, except ``*``."""
+    assert validate_principal("principal", value) == value
+
+
+@pytest.mark.parametrize("value", ["*", "", "a\x00", 7, None])
+def test_star_and_bad_ids_are_not_principals(value: object) -> None:
+    """``*`` (every principal, in a listing) and anything ``validate_id`` refuses are
+    VALIDATION_ERROR."""
+    with pytest.raises(ValidationError) as ei:
+        validate_principal("to_principal", value)
+    assert ei.value.code == "VALIDATION_ERROR"
+    assert "to_principal" in str(ei.value)

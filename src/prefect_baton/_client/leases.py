@@ -212,7 +212,7 @@ class LeaseAPI(_API):
         Returns the receiver's :class:`Lease`. Raises as :meth:`renew`, plus
         :class:`ValidationError` when the execution key is not new.
         """
-        to = _core.validate_id("to_principal", to_principal)
+        to = _core.validate_principal("to_principal", to_principal)
         key = _core.validate_id("new_execution_key", new_execution_key)
         ttl_ms = _core.validate_ttl(ttl_seconds)
         ev = _core.validate_version("expected_version", expected_version)

@@ -169,7 +169,7 @@ class HandoffAPI(_API):
             NotFoundError: unknown checkpoint. LeaseLostError: the lease is not held.
             ValidationError: bad ids, a handoff to yourself.
         """
-        to = _core.validate_id("to_principal", to_principal)
+        to = _core.validate_principal("to_principal", to_principal)
         subject = _core.validate_id("subject_id", subject_id)
         ck = _core.validate_optional_id("checkpoint_id", checkpoint_id)
         ctx = _core.validate_optional_id("context_id", context_id)

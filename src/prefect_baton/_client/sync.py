@@ -157,7 +157,7 @@ class Baton(_Identity):
                 so it cannot act as anyone else; create a key for that identity
                 (``baton keys create``) and a client with it.
         """
-        _core.validate_id("principal", principal)
+        _core.validate_principal("principal", principal)
         _core.validate_role(role)
         if self.authority.bound_caller() is not None:
             raise ForbiddenError(

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from prefect_baton._rules.validation import EVERYONE
 from prefect_baton.errors import ConflictError, ForbiddenError, ValidationError
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ def check_list_owner(role: str, principal: str, owner: str, what: str = "leases"
         ForbiddenError: another principal's (or everyone's) records, without the owner or
             admin role.
     """
-    if (owner == "*" or owner != principal) and not sees_everything(role):
+    if (owner == EVERYONE or owner != principal) and not sees_everything(role):
         raise ForbiddenError(f"listing another principal's {what} needs the owner or admin role")
 
 

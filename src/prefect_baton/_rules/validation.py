@@ -70,6 +70,25 @@ def _check_utf8(name: str, value: str) -> None:
         raise ValidationError(f"{name} is not valid UTF-8 text") from None
 
 
+EVERYONE = "*"
+"""The party or owner of a listing that means every principal of the org; no principal may
+carry this name."""
+
+
+def validate_principal(name: str, value: object) -> str:
+    """Check a principal id (the caller, a key's principal, a transfer's or a handoff's
+    recipient): an identifier as :func:`validate_id` checks, other than ``"*"``, which a
+    listing reads as every principal (``owner="*"``, ``party="*"``).
+
+    Raises:
+        ValidationError: otherwise.
+    """
+    principal = validate_id(name, value)
+    if principal == EVERYONE:
+        raise ValidationError(f"{name} must not be '*': a listing reads it as every principal")
+    return principal
+
+
 def validate_optional_id(name: str, value: object) -> str | None:
     """Like :func:`validate_id` but ``None`` passes through."""
     return None if value is None else validate_id(name, value)

@@ -129,7 +129,7 @@ def open_stores(
         org, principal, role = identity
         caller: Caller | None = Caller(
             org=_core.validate_id("org", s.org if org is None else org),
-            principal=_core.validate_id(
+            principal=_core.validate_principal(
                 "principal", s.principal if principal is None else principal
             ),
             role=_core.validate_role(s.role if role is None else role),

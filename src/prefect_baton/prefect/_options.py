@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, Literal
 
-from prefect_baton._rules.core import validate_id, validate_text, validate_ttl
+from prefect_baton._rules.core import validate_id, validate_principal, validate_text, validate_ttl
 from prefect_baton._rules.keeping import keep_times
 from prefect_baton.errors import ValidationError
 from prefect_baton.prefect._context import BatonLike, check_baton
@@ -85,7 +85,7 @@ class LeaseOptions:
             if isinstance(wait, bool) or not wait >= 0:
                 raise ValidationError("wait_timeout_seconds must be a number of seconds >= 0")
         if self.principal is not None:
-            validate_id("principal", self.principal)
+            validate_principal("principal", self.principal)
         check_baton(self.baton)
         # normalised in place (frozen: through object.__setattr__)
         object.__setattr__(self, "ttl_seconds", int(self.ttl_seconds))

@@ -158,7 +158,7 @@ def create_key(
         ValidationError: a bad id, role or scope. UnavailableError: the ledger is down.
     """
     org_ = _core.validate_id("org", org)
-    principal_ = _core.validate_id("principal", principal)
+    principal_ = _core.validate_principal("principal", principal)
     role_ = _core.validate_role(role)
     scopes_ = _validate_scopes(scopes)
     secret = KEY_PREFIX + secrets.token_urlsafe(32)

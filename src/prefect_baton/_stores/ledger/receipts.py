@@ -44,6 +44,7 @@ from pydantic import BaseModel
 from sqlalchemy import delete, select, update
 from sqlmodel import col
 
+from prefect_baton._ids import random_uuid4_hex
 from prefect_baton._rules.digests import operation_digest
 from prefect_baton._stores.ledger.tables import ReceiptRow
 from prefect_baton._stores.protocol import Caller, Idempotency
@@ -81,7 +82,7 @@ os.register_at_fork(after_in_child=_new_process)
 
 def claim_token() -> str:
     """A new claim token: this process's id, a dot, and a random part (``str``)."""
-    return f"{_process}.{uuid.uuid4().hex}"
+    return f"{_process}.{random_uuid4_hex()}"
 
 
 def _orphaned(response: str) -> bool:

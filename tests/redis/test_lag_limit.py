@@ -183,6 +183,55 @@ def test_length_is_read_at_most_every_interval(
     assert all(g >= LAG_CHECK_SECONDS * 0.99 for g in gaps)
 
 
+def _count_xlen(client: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    reads: list[int] = []
+    real = client.xlen
+
+    def counting(*a: Any, **k: Any) -> Any:
+        reads.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(client, "xlen", counting)
+    return reads
+
+
+def test_a_drain_that_caught_up_stands_for_the_length_read(
+    make: Callable[..., RedisAuthority], client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A drain of this client that found the journal under a batch (its drain thread's round,
+    say) is as good as a length read for LAG_CHECK_SECONDS: the acquires right after it
+    read no XLEN (the clock is held still, so the interval cannot pass meanwhile); once
+    the interval passed, the length is read again."""
+    filler, _journal = _backlog(make)
+    auth = make(max_lag_entries=1000)
+    b = _baton(auth, filler.org)
+    now = [time.monotonic()]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    reads = _count_xlen(client, monkeypatch)
+    assert auth.reconciler.drain(filler.org) == 2 * PAIRS
+    for i in range(5):
+        b.leases.release(b.leases.acquire("res", f"c{i}", ttl_seconds=30))
+    assert reads == []
+    now[0] += LAG_CHECK_SECONDS
+    b.leases.release(b.leases.acquire("res", "after", ttl_seconds=30))
+    assert reads == [1]
+
+
+def test_a_drain_that_did_not_catch_up_does_not_stand_for_it(
+    make: Callable[..., RedisAuthority], client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A drain that stopped after a full batch (more may wait) leaves the length read to
+    the acquire, which then drains down to the limit itself."""
+    filler, journal = _backlog(make)
+    auth = make(max_lag_entries=10, batch_size=10)
+    b = _baton(auth, filler.org)
+    reads = _count_xlen(client, monkeypatch)
+    assert auth.reconciler.drain(filler.org, max_batches=1) == 10
+    b.leases.acquire("res", "next", ttl_seconds=30)
+    assert reads
+    assert client.xlen(journal) <= 11
+
+
 @pytest.mark.parametrize("bad", [-1, "10", 1.5, True, None])
 def test_bad_limit_is_a_validation_error(client: Any, ledger: LedgerStore, bad: Any) -> None:
     with pytest.raises(ValidationError, match="max_lag_entries") as err:

@@ -176,9 +176,11 @@ _LAYERS = {
     "errors": {"errors", "models"},
     "models": {"models"},
     "_settings": {"_settings", "errors"},
+    # random ids from the process's pool of os.urandom bytes; imports nothing of ours
+    "_ids": {"_ids"},
     "_rules": {"_rules", "errors", "models"},
-    "_stores": {"_stores", "_rules", "errors", "models", "_settings"},
-    "_client": {"_client", "_stores", "_rules", "errors", "models", "_settings", "metrics"},
+    "_stores": {"_stores", "_rules", "errors", "models", "_settings", "_ids"},
+    "_client": {"_client", "_stores", "_rules", "errors", "models", "_settings", "metrics", "_ids"},
     # the client records its operations (metrics._state, metrics._calls); the gauges read
     # the stores at scrape time
     "metrics": {"metrics", "_stores", "_rules", "errors", "models", "_settings"},

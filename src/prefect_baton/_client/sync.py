@@ -11,7 +11,6 @@ operation to the store.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from typing import Any, Unpack
 
@@ -26,6 +25,7 @@ from prefect_baton._client.api_base import (
 from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._client.leases import AcquireKeywords, LeaseAPI
 from prefect_baton._client.records import CheckpointAPI, EventAPI, HandoffAPI, OutcomeAPI
+from prefect_baton._ids import random_uuid4_hex
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.validation import CHECKPOINT_TTL_MAX_SECONDS
 from prefect_baton._settings import BatonSettings, load_settings
@@ -226,7 +226,7 @@ class Baton(_Identity):
         args["scopes"] = tuple(acquire.get("scopes", ()))
         for fresh in ("idempotency_key", "attempt"):  # default: new per block
             if args.get(fresh) is None:
-                args[fresh] = uuid.uuid4().hex
+                args[fresh] = random_uuid4_hex()
         return LeaseKeeper(
             self.leases,
             args,

@@ -60,6 +60,19 @@ BLOCK_PREFIX = "baton/"
 
 #: The variables :class:`BatonSettings` reads (``BATON_<FIELD>``).
 _SETTINGS_VARS = tuple(f"BATON_{name.upper()}" for name in BatonSettings.model_fields)
+#: The same, as the keys of ``os.environ``'s underlying mapping (``os.fsencode``d).
+_SETTINGS_KEYS = tuple(os.fsencode(name) for name in _SETTINGS_VARS)
+
+
+def _settings_key() -> tuple[Any, ...]:
+    """The current values of :data:`_SETTINGS_VARS`: read from ``os.environ``'s underlying
+    bytes mapping where it has one (CPython on POSIX; ``os.environ.get`` encodes the name and
+    decodes the value of each, 17 lookups costing about 0.1 ms per call in a run)."""
+    data = getattr(os.environ, "_data", None)
+    if isinstance(data, dict) and os.name == "posix":
+        return tuple(map(data.get, _SETTINGS_KEYS))
+    environ = os.environ
+    return tuple(environ.get(name) for name in _SETTINGS_VARS)
 
 
 def _settings() -> BatonSettings:
@@ -70,8 +83,7 @@ def _settings() -> BatonSettings:
     Raises:
         ValidationError: a bad ``BATON_*`` variable.
     """
-    environ = os.environ
-    key = tuple(environ.get(name) for name in _SETTINGS_VARS)
+    key = _settings_key()
     found = _settings_cache.get(key)
     if found is None:
         found = load_settings()

@@ -48,6 +48,7 @@ from prefect.context import FlowRunContext, TaskRunContext
 from prefect.settings import PREFECT_API_URL
 
 from prefect_baton._client.sync import Baton
+from prefect_baton._ids import random_uuid4_hex
 from prefect_baton._rules.events import released_by_handoff
 from prefect_baton.metrics._state import record as record_metric
 from prefect_baton.models import Handoff, Lease
@@ -211,7 +212,7 @@ def emit_ledger_event(
                 }
             ],
             payload=payload,
-            id=prefect_event_id(org, kind, payload, event_id or uuid.uuid4().hex),
+            id=prefect_event_id(org, kind, payload, event_id or random_uuid4_hex()),
         )
 
     if background:

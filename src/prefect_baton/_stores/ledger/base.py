@@ -34,7 +34,12 @@ from prefect_baton._stores.ledger.engine import (
     make_memory_engines,
     upgrade,
 )
-from prefect_baton._stores.ledger.receipts import receipt_identity, receipt_row
+from prefect_baton._stores.ledger.receipts import (
+    RECEIPT_DELETE,
+    RECEIPT_INSERT,
+    RECEIPT_SELECT,
+    receipt_key,
+)
 from prefect_baton._stores.ledger.tables import (
     EventRow,
     Organization,
@@ -522,28 +527,25 @@ class StoreBase:
         """Return the stored response for an exact retry, raise on a changed request."""
         if key is None:
             return None
-        row = tx.session.execute(
-            select(ReceiptRow).where(*receipt_identity(tx.caller, operation, key, scope))
-        ).scalar_one_or_none()
+        row = self._sql(
+            tx.session, RECEIPT_SELECT, receipt_key(tx.caller, operation, key, scope)
+        ).fetchone()
         if row is None:
             return None
-        if row.expires_at_ms <= tx.now_ms:
-            tx.session.delete(row)
-            tx.session.flush()
+        row_id, expires_at_ms, request_digest, response = row
+        if expires_at_ms <= tx.now_ms:
+            self._defer(tx.session, "DELETE FROM baton_receipts WHERE id = ?", (row_id,))
             return None
-        if row.request_digest != digest:
+        if request_digest != digest:
             raise IdempotencyMismatchError(
                 f"idempotency key {key!r} was used for a different {operation} request"
             )
-        result: dict[str, Any] = json.loads(row.response)
+        result: dict[str, Any] = json.loads(response)
         return result
 
     def _drop_receipt(self, tx: Tx, operation: str, key: str, scope: str) -> None:
         """Delete the receipt of ``(tx.caller, operation, key, scope)`` (one being replaced)."""
-        tx.session.execute(
-            delete(ReceiptRow).where(*receipt_identity(tx.caller, operation, key, scope))
-        )
-        tx.session.flush()
+        self._defer(tx.session, RECEIPT_DELETE, receipt_key(tx.caller, operation, key, scope))
 
     def _write_once(
         self,
@@ -577,19 +579,18 @@ class StoreBase:
     ) -> None:
         if key is None:
             return
-        tx.session.add(
-            receipt_row(
-                tx.caller,
-                operation,
-                key,
-                scope,
+        expires_at_ms = tx.now_ms + self.receipt_retention_ms
+        self._defer(
+            tx.session,
+            RECEIPT_INSERT,
+            (
+                *receipt_key(tx.caller, operation, key, scope),
                 digest,
-                response=json.dumps(response),
-                now_ms=tx.now_ms,
-                expires_at_ms=tx.now_ms + self.receipt_retention_ms,
-            )
+                json.dumps(response),
+                tx.now_ms,
+                expires_at_ms,
+            ),
         )
-        tx.session.flush()
 
     def _prune(self, session: Session, now_ms: int) -> int:
         ids = select(col(ReceiptRow.id)).where(col(ReceiptRow.expires_at_ms) <= now_ms)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterable
 from dataclasses import fields
 from typing import Any
 
 from sqlalchemy import Row
 
+from prefect_baton._ids import random_uuid4_hex
 from prefect_baton._rules import events as _events
 from prefect_baton._rules.access import inspect_view
 from prefect_baton._rules.core import Generation
@@ -35,7 +35,7 @@ from prefect_baton.models import (
 
 def new_id(prefix: str) -> str:
     """A fresh id: ``prefix_`` + 32 hex digits."""
-    return f"{prefix}_{uuid.uuid4().hex}"
+    return f"{prefix}_{random_uuid4_hex()}"
 
 
 def shared_fields(target: Iterable[str], source: Iterable[str], *but: str) -> tuple[str, ...]:

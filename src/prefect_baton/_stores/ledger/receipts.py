@@ -44,6 +44,7 @@ from pydantic import BaseModel
 from sqlalchemy import delete, select, update
 from sqlmodel import col
 
+from prefect_baton._ids import random_uuid4_hex
 from prefect_baton._rules.digests import operation_digest
 from prefect_baton._stores.ledger.tables import ReceiptRow
 from prefect_baton._stores.protocol import Caller, Idempotency
@@ -81,7 +82,7 @@ os.register_at_fork(after_in_child=_new_process)
 
 def claim_token() -> str:
     """A new claim token: this process's id, a dot, and a random part (``str``)."""
-    return f"{_process}.{uuid.uuid4().hex}"
+    return f"{_process}.{random_uuid4_hex()}"
 
 
 def _orphaned(response: str) -> bool:
@@ -107,6 +108,26 @@ def _identity(caller: Caller, operation: str, key: str, scope: str) -> dict[str,
         "idem_key": key,
         "scope_key": scope,
     }
+
+
+#: ``baton_receipts``'s identity of a receipt, as ``?`` placeholders in :func:`receipt_key`'s
+#: order (the statements below run with :meth:`StoreBase._sql`: no ORM on a keyed write).
+_WHERE_KEY = "org_id = ? AND principal = ? AND operation = ? AND idem_key = ? AND scope_key = ?"
+RECEIPT_SELECT = (
+    "SELECT id, expires_at_ms, request_digest, response FROM baton_receipts WHERE " + _WHERE_KEY
+)
+RECEIPT_DELETE = "DELETE FROM baton_receipts WHERE " + _WHERE_KEY
+#: parameters: :func:`receipt_key`, then request digest, response, created and expiry (ms).
+RECEIPT_INSERT = (
+    "INSERT INTO baton_receipts (org_id, principal, operation, idem_key, scope_key, "
+    "request_digest, response, created_at_ms, expires_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def receipt_key(caller: Caller, operation: str, key: str, scope: str) -> tuple[str, ...]:
+    """The parameters of the receipt identity in :data:`RECEIPT_SELECT` and
+    :data:`RECEIPT_DELETE`: ``(org, principal, operation, key, scope)``."""
+    return (caller.org, caller.principal, operation, key, scope)
 
 
 def receipt_identity(caller: Caller, operation: str, key: str, scope: str) -> list[Any]:

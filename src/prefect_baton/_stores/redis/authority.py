@@ -30,12 +30,11 @@ drain are in :mod:`prefect_baton._stores.redis.base`, the connection and error p
 from __future__ import annotations
 
 import json
-import os
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from prefect_baton._ids import random_hex, random_uuid4_hex
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.access import check_list_owner, may_read
 from prefect_baton._rules.core import (
@@ -173,7 +172,7 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
             str(req.ttl_ms),
             opt(req.purpose),
             opt(req.expected_version),
-            lease_id or f"lease_{os.urandom(16).hex()}",
+            lease_id or f"lease_{random_hex(16)}",
             digest,
             scopes_json,
             meta,
@@ -295,7 +294,7 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
     ) -> list[Lease]:
         self._backpressure(caller.org)
         # One random id for the call, numbered per resource: 32 hex digits as uuid4's.
-        base = os.urandom(13).hex()
+        base = random_hex(13)
         if is_plain(requests, execution.key):
             args = plain_args(caller.principal, caller.role, requests, base)
             reply = self._run(caller.org, "acquire_plain", args)
@@ -367,7 +366,7 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
                 request.new_execution_key,
                 str(request.ttl_ms),
                 opt(request.expected_version),
-                f"lease_{uuid.uuid4().hex}",
+                f"lease_{random_uuid4_hex()}",
                 caller.principal,
                 "",
                 "",

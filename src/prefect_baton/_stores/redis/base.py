@@ -285,7 +285,9 @@ class AuthorityBase:
 
     def _backpressure(self, org: str) -> None:
         """Before an acquire with ``ack="redis"``: at most every :data:`LAG_CHECK_SECONDS`
-        per org, read the journal's length (one ``XLEN``) and, while more than
+        per org, read the journal's length (one ``XLEN``; none within
+        :data:`LAG_CHECK_SECONDS` of a read by which a drain of this client applied the
+        journal to its end, such as its drain thread's rounds) and, while more than
         ``max_lag_entries`` entries are not in the ledger, drain a batch in this call
         (waiting for the journal lock while another client or ``baton reconcile``
         drains). Producers are slowed to the rate the ledger takes, so the lag, the
@@ -299,7 +301,12 @@ class AuthorityBase:
         if not limit or self.ack != "redis":
             return
         now = time.monotonic()
-        if now < self._lag_due.get(org, 0.0) and org not in self._lag_over:
+        due = self._lag_due.get(org, 0.0)
+        caught_up = self.reconciler.caught_up_at.get(org)
+        if caught_up is not None:
+            # a drain of this client applied everything pending then: as good as an XLEN
+            due = max(due, caught_up + LAG_CHECK_SECONDS)
+        if now < due and org not in self._lag_over:
             return
         self._lag_due[org] = now + LAG_CHECK_SECONDS
         journal = org_keys(org).journal

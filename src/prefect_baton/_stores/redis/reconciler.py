@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -151,6 +152,10 @@ class Reconciler(LedgerWriter):
         self.batch_size = max(1, int(batch_size))
         #: ids of the journal entries this reconciler recorded as faults (the newest 1,000)
         self.refused: deque[str] = deque(maxlen=1000)
+        #: per org, ``time.monotonic()`` just before the last journal read that reached
+        #: its end (under ``batch_size`` entries), once what it read was committed: nothing
+        #: older waits for the ledger. The authority's lag limit skips its length read then.
+        self.caught_up_at: dict[str, float] = {}
 
     # ------------------------------------------------------------------ public
 
@@ -221,15 +226,18 @@ class Reconciler(LedgerWriter):
         batch = Batch()
         with self.store.engines.write.begin() as conn:
             cursor = self._lock_and_read_cursor(conn, org)
+            read_at = time.monotonic()
             stream_inc, entries = self._read(journal, cursor, limit)
-            if not entries:
-                return 0, None, batch
-            for raw_id, fields in entries:
-                self._collect(conn, org, _text(raw_id), _payload(fields), batch)
-            last = _text(entries[-1][0])
-            copy = copy and len(entries) >= COPY_MIN_ENTRIES
-            self._flush(conn, org, batch, (stream_inc, last), copy=copy)
-        return len(entries), last, batch
+            if entries:
+                for raw_id, fields in entries:
+                    self._collect(conn, org, _text(raw_id), _payload(fields), batch)
+                copy = copy and len(entries) >= COPY_MIN_ENTRIES
+                self._flush(conn, org, batch, (stream_inc, _text(entries[-1][0])), copy=copy)
+        if len(entries) < self.batch_size:  # committed, and the journal had caught up
+            self.caught_up_at[org] = read_at
+        if not entries:
+            return 0, None, batch
+        return len(entries), _text(entries[-1][0]), batch
 
     def _read(
         self, journal: str, cursor: tuple[str, str] | None, limit: int | None = None

@@ -358,3 +358,35 @@ def test_bad_redis_options_are_refused_before_the_ledger_is_created(
     with pytest.raises(ValidationError):
         open_stores(f"sqlite:///{path}", "redis://127.0.0.1:1/0")
     assert not path.exists()
+
+
+def test_an_idle_drain_opens_no_ledger_transaction(
+    make: Callable[..., RedisAuthority], ledger: LedgerStore
+) -> None:
+    """Once the journal is applied (and trimmed), a drain round finds it empty with one
+    Redis read and opens no ledger write transaction (a drain thread's idle rounds no
+    longer take SQLite's write lock every 50 ms); it still counts as caught up for the lag
+    limit, and the next entry is applied as before."""
+    from sqlalchemy import event
+
+    auth = make()
+    b = _baton(auth, f"org-{uuid.uuid4().hex[:12]}")
+    b.leases.release(b.leases.acquire("res", "r0", ttl_seconds=30))
+    reconciler = auth.reconciler
+    assert reconciler.drain(b.org) == 2
+    begins: list[int] = []
+
+    def began(_conn: Any) -> None:
+        begins.append(1)
+
+    event.listen(ledger.engines.write, "begin", began)
+    try:
+        before = reconciler.caught_up_at[b.org]
+        assert reconciler.drain(b.org) == 0
+        assert begins == []
+        assert reconciler.caught_up_at[b.org] > before
+        b.leases.acquire("res", "r1", ttl_seconds=30)
+        assert reconciler.drain(b.org) == 1
+        assert begins
+    finally:
+        event.remove(ledger.engines.write, "begin", began)

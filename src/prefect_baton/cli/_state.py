@@ -128,6 +128,10 @@ def command(
 
     Returns:
         The decorator; it returns the registered command, which prints and returns ``None``.
+
+    Raises:
+        typer.Exit: from the registered command, with the error's exit status after the
+            error receipt, when the body raises a :class:`BatonError`.
     """
 
     def register(body: Callable[P, T]) -> Callable[P, None]:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from prefect_baton.cli._options import Fence, IdempotencyKey, SubjectId
+from prefect_baton.cli._options import Fence, IdempotencyKey, SubjectId, lifetime
 from prefect_baton.cli._state import command, fence_lease, read_json_object, state
 from prefect_baton.errors import NotFoundError, ValidationError
 from prefect_baton.models import Checkpoint
@@ -51,11 +51,7 @@ def save(
     fence: Fence = None,
     idempotency_key: IdempotencyKey = None,
     ttl_seconds: Annotated[
-        int | None,
-        typer.Option(
-            "--ttl-seconds",
-            help="Seconds (integer, 1 to 31622400) after which the checkpoint is not returned.",
-        ),
+        int | None, lifetime("--ttl-seconds", "the checkpoint is not returned")
     ] = None,
 ) -> Checkpoint:
     """Write your checkpoint of SUBJECT_ID KIND from STATE; version +1 per write."""

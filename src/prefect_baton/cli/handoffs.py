@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from prefect_baton._rules.validation import TTL_RANGE
-from prefect_baton.cli._options import IdempotencyKey, SubjectId, row_limit
+from prefect_baton.cli._options import IdempotencyKey, SubjectId, lifetime, row_limit
 from prefect_baton.cli._state import command, lease_proof, state
 from prefect_baton.errors import ValidationError
 from prefect_baton.models import Handoff
@@ -74,11 +74,7 @@ def create(
         typer.Option("--execution-key", help="Execution key (text) of the --lease-id lease."),
     ] = None,
     expires_in_seconds: Annotated[
-        int | None,
-        typer.Option(
-            "--expires-in-seconds",
-            help="Seconds (integer, 1 to 31622400) after which it reads as 'expired'.",
-        ),
+        int | None, lifetime("--expires-in-seconds", "it reads as 'expired'")
     ] = None,
     idempotency_key: IdempotencyKey = None,
 ) -> Handoff:

@@ -89,6 +89,22 @@ def test_checkpoint_get_of_a_missing_checkpoint_exits_5(cli: Cli) -> None:
     assert run.json["error"]["code"] == "NOT_FOUND"
 
 
+def test_checkpoint_get_needs_subject_and_kind_or_id_exits_2(cli: Cli) -> None:
+    """Get with both SUBJECT_ID KIND and --id, or with neither, is a usage error (exit 2,
+    VALIDATION_ERROR) naming the mix-up, as a receipt of ``checkpoint.get``."""
+    both = cli("checkpoint", "get", "doc-1", "progress", "--id", "ckpt_x")
+    assert (both.code, both.json["ok"], both.json["action"]) == (2, False, "checkpoint.get")
+    assert both.json["error"] == {
+        "code": "VALIDATION_ERROR",
+        "message": "give either SUBJECT_ID KIND or --id, not both",
+    }
+    neither = cli("checkpoint", "get", fmt="table")
+    assert neither.code == 2
+    assert neither.stderr == (
+        "baton checkpoint get: VALIDATION_ERROR: missing SUBJECT_ID and KIND (or --id)\n"
+    )
+
+
 def test_fenced_checkpoint_after_release_exits_10(cli: Cli) -> None:
     """A save fenced by a lease that is no longer current is STALE_FENCE, exit 10."""
     lease = acquire(cli)

@@ -20,7 +20,7 @@ from prefect_baton._rules import core as _core
 from prefect_baton._rules.events import validate_event_kind
 from prefect_baton._rules.handoffs import validate_status_filter
 from prefect_baton._rules.paging import decode_cursor
-from prefect_baton._rules.validation import CHECKPOINT_TTL_MAX_SECONDS, validate_lifetime
+from prefect_baton._rules.validation import LIFETIME_RANGE, validate_lifetime
 from prefect_baton._stores.protocol import (
     CheckpointWrite,
     HandoffOffer,
@@ -73,7 +73,7 @@ class CheckpointAPI(_API):
         key = _core.validate_optional_id("idempotency_key", idempotency_key)
         ttl_ms = validate_lifetime(
             ttl_seconds,
-            f"checkpoint ttl_seconds must be an integer from 1 to {CHECKPOINT_TTL_MAX_SECONDS}",
+            f"checkpoint ttl_seconds must be an integer from {LIFETIME_RANGE}",
         )
         write = CheckpointWrite(
             subject, kind_, state_, text, digest, ev, self._b._fence(fence), ttl_ms

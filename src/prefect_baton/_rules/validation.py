@@ -31,6 +31,8 @@ TTL_RANGE = f"{TTL_MIN_SECONDS} to {TTL_MAX_SECONDS}"
 CHECKPOINT_TTL_MAX_SECONDS = 366 * 86_400
 """The longest lifetime of a checkpoint (``ttl_seconds``) or a pending handoff
 (``expires_in_seconds``): 366 days, in seconds."""
+LIFETIME_RANGE = f"1 to {CHECKPOINT_TTL_MAX_SECONDS}"
+"""The legal range of such a lifetime in seconds as messages and help texts write it."""
 
 
 # --------------------------------------------------------------------------- validation

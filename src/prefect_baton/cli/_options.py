@@ -10,7 +10,9 @@ from typing import Annotated
 
 import typer
 
-__all__ = ["Fence", "IdempotencyKey", "SubjectId", "row_limit"]
+from prefect_baton._rules.validation import LIFETIME_RANGE
+
+__all__ = ["Fence", "IdempotencyKey", "SubjectId", "lifetime", "row_limit"]
 
 #: ``SUBJECT_ID``: the subject a checkpoint, handoff or outcome is about.
 SubjectId = Annotated[
@@ -47,5 +49,24 @@ def row_limit(maximum: int) -> typer.models.OptionInfo:
     """
     option: typer.models.OptionInfo = typer.Option(
         "--limit", help=f"At most this many rows (integer, 1 to {maximum})."
+    )
+    return option
+
+
+def lifetime(name: str, after: str) -> typer.models.OptionInfo:
+    """An optional lifetime in whole seconds, 1 to
+    :data:`~prefect_baton._rules.validation.CHECKPOINT_TTL_MAX_SECONDS` (366 days): the
+    ``--ttl-seconds`` of a checkpoint save, the ``--expires-in-seconds`` of a handoff.
+
+    Args:
+        name: the option's name (``str``, e.g. ``--ttl-seconds``).
+        after: what happens once that time has passed (``str``), ending the help text
+            ``Seconds (integer, 1 to 31622400) after which <after>.``
+
+    Returns:
+        The :class:`typer.models.OptionInfo` to put in an ``Annotated[int | None, ...]``.
+    """
+    option: typer.models.OptionInfo = typer.Option(
+        name, help=f"Seconds (integer, {LIFETIME_RANGE}) after which {after}."
     )
     return option

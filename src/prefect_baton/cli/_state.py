@@ -1,27 +1,30 @@
 """Per-invocation state of the ``baton`` command (global options, the lazily built client)
-and the helpers every command shares: error guarding, lease proofs, JSON input."""
+and the helpers every command shares: error guarding, the receipt of a command's result,
+lease proofs, JSON input."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, ParamSpec, TypeVar, cast
 
 import typer
 
 from prefect_baton._client.sync import Baton
 from prefect_baton._settings import BatonSettings, load_settings
-from prefect_baton.cli._output import EXIT_USAGE, OutputFormat, emit_error
+from prefect_baton.cli._output import EXIT_USAGE, OutputFormat, emit_error, emit_ok
 from prefect_baton.errors import BatonError, ValidationError
 from prefect_baton.models import Lease
 
 __all__ = [
     "CliState",
+    "command",
     "fail",
     "fence_lease",
     "guard",
@@ -29,6 +32,9 @@ __all__ = [
     "parse_evidence",
     "read_json_object",
 ]
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 @dataclass
@@ -99,6 +105,47 @@ def guard(ctx: typer.Context, action: str) -> Iterator[CliState]:
         yield st
     except BatonError as exc:
         raise typer.Exit(emit_error(st.format, action, exc.to_dict())) from None
+
+
+def command(
+    app: typer.Typer, action: str, key: str, *, columns: Sequence[str] | None = None
+) -> Callable[[Callable[P, T]], Callable[P, None]]:
+    """Decorator: register a command whose body returns its result, and print that result
+    as the receipt of ``action`` (the shared tail of the commands that call the API once).
+
+    The body is an ordinary Typer command (its parameters are the command's arguments and
+    options, its docstring the help text) taking the context as ``ctx``; it runs under
+    :func:`guard`, so a :class:`BatonError` it raises becomes the error receipt and its exit
+    status, and what it returns is printed by :func:`~prefect_baton.cli._output.emit_ok`.
+
+    Args:
+        app: the command group (``typer.Typer``) the command is registered in.
+        action: ``group.command`` (``str``, e.g. ``lease.renew``): the receipt's
+            ``action``, of the result and of an error alike; the command's name is the part
+            after the first dot.
+        key: the receipt key of the result (``str``: ``lease``, ``checkpoint``, ...).
+        columns: for a list result, the columns of the table.
+
+    Returns:
+        The decorator; it returns the registered command, which prints and returns ``None``.
+
+    Raises:
+        typer.Exit: from the registered command, with the error's exit status after the
+            error receipt, when the body raises a :class:`BatonError`.
+    """
+
+    def register(body: Callable[P, T]) -> Callable[P, None]:
+        @functools.wraps(body)
+        def run(*args: P.args, **kwargs: P.kwargs) -> None:
+            # Typer passes every parameter by name, the context as the body's ``ctx``.
+            ctx = cast(typer.Context, kwargs["ctx"])
+            with guard(ctx, action) as st:
+                emit_ok(st.format, action, key, body(*args, **kwargs), columns=columns)
+
+        app.command(action.partition(".")[2])(run)
+        return run
+
+    return register
 
 
 def fail(st: CliState, action: str, code: str, message: str) -> NoReturn:

@@ -6,10 +6,10 @@ from typing import Annotated
 
 import typer
 
-from prefect_baton.cli._options import Fence, IdempotencyKey, SubjectId
-from prefect_baton.cli._output import emit_ok
-from prefect_baton.cli._state import fence_lease, guard, read_json_object, usage_error
-from prefect_baton.errors import NotFoundError
+from prefect_baton.cli._options import Fence, IdempotencyKey, SubjectId, lifetime
+from prefect_baton.cli._state import command, fence_lease, read_json_object, state
+from prefect_baton.errors import NotFoundError, ValidationError
+from prefect_baton.models import Checkpoint
 
 app = typer.Typer(
     name="checkpoint",
@@ -28,7 +28,7 @@ Principal = Annotated[
 ]
 
 
-@app.command("save")
+@command(app, "checkpoint.save", "checkpoint")
 def save(
     ctx: typer.Context,
     subject_id: SubjectId,
@@ -51,30 +51,24 @@ def save(
     fence: Fence = None,
     idempotency_key: IdempotencyKey = None,
     ttl_seconds: Annotated[
-        int | None,
-        typer.Option(
-            "--ttl-seconds",
-            help="Seconds (integer, 1 to 31622400) after which the checkpoint is not returned.",
-        ),
+        int | None, lifetime("--ttl-seconds", "the checkpoint is not returned")
     ] = None,
-) -> None:
+) -> Checkpoint:
     """Write your checkpoint of SUBJECT_ID KIND from STATE; version +1 per write."""
-    with guard(ctx, "checkpoint.save") as st:
-        state_obj = read_json_object(state_source, "state")
-        b = st.client()
-        checkpoint = b.checkpoints.save(
-            subject_id,
-            kind,
-            state_obj,
-            expected_version=expected_version,
-            fence=fence_lease(b, fence),
-            idempotency_key=idempotency_key,
-            ttl_seconds=ttl_seconds,
-        )
-        emit_ok(st.format, "checkpoint.save", "checkpoint", checkpoint)
+    state_obj = read_json_object(state_source, "state")
+    b = state(ctx).client()
+    return b.checkpoints.save(
+        subject_id,
+        kind,
+        state_obj,
+        expected_version=expected_version,
+        fence=fence_lease(b, fence),
+        idempotency_key=idempotency_key,
+        ttl_seconds=ttl_seconds,
+    )
 
 
-@app.command("get")
+@command(app, "checkpoint.get", "checkpoint")
 def get(
     ctx: typer.Context,
     subject_id: Annotated[
@@ -95,44 +89,37 @@ def get(
             "addressed to you.",
         ),
     ] = None,
-) -> None:
+) -> Checkpoint:
     """Show the current checkpoint of SUBJECT_ID KIND (or --id). Exits 5 if there is none."""
-    with guard(ctx, "checkpoint.get") as st:
-        b = st.client()
-        if checkpoint_id is not None:
-            if subject_id is not None or kind is not None:
-                usage_error(st, "checkpoint.get", "give either SUBJECT_ID KIND or --id, not both")
-            checkpoint = b.checkpoints.get_by_id(checkpoint_id)
-        else:
-            if subject_id is None or kind is None:
-                usage_error(st, "checkpoint.get", "missing SUBJECT_ID and KIND (or --id)")
-            found = b.checkpoints.get(subject_id, kind, principal)
-            if found is None:
-                raise NotFoundError(f"no checkpoint of {subject_id}/{kind}")
-            checkpoint = found
-        emit_ok(st.format, "checkpoint.get", "checkpoint", checkpoint)
+    b = state(ctx).client()
+    if checkpoint_id is not None:
+        if subject_id is not None or kind is not None:
+            raise ValidationError("give either SUBJECT_ID KIND or --id, not both")
+        return b.checkpoints.get_by_id(checkpoint_id)
+    if subject_id is None or kind is None:
+        raise ValidationError("missing SUBJECT_ID and KIND (or --id)")
+    found = b.checkpoints.get(subject_id, kind, principal)
+    if found is None:
+        raise NotFoundError(f"no checkpoint of {subject_id}/{kind}")
+    return found
 
 
-@app.command("history")
+@command(app, "checkpoint.history", "checkpoints", columns=HISTORY_COLUMNS)
 def history(
     ctx: typer.Context, subject_id: SubjectId, kind: Kind, principal: Principal = None
-) -> None:
+) -> list[Checkpoint]:
     """List every version of a checkpoint, oldest first."""
-    with guard(ctx, "checkpoint.history") as st:
-        versions = st.client().checkpoints.history(subject_id, kind, principal)
-        emit_ok(st.format, "checkpoint.history", "checkpoints", versions, columns=HISTORY_COLUMNS)
+    return state(ctx).client().checkpoints.history(subject_id, kind, principal)
 
 
-@app.command("delete")
+@command(app, "checkpoint.delete", "checkpoint")
 def delete(
     ctx: typer.Context,
     checkpoint_id: Annotated[
         str, typer.Argument(metavar="CHECKPOINT_ID", help="The checkpoint id (text).")
     ],
     idempotency_key: IdempotencyKey = None,
-) -> None:
+) -> Checkpoint:
     """Delete your checkpoint CHECKPOINT_ID: it then reads as absent (history kept). Exits 5
     if unknown or already deleted, 6 if not yours, 3 while a pending handoff carries it."""
-    with guard(ctx, "checkpoint.delete") as st:
-        gone = st.client().checkpoints.delete(checkpoint_id, idempotency_key=idempotency_key)
-        emit_ok(st.format, "checkpoint.delete", "checkpoint", gone)
+    return state(ctx).client().checkpoints.delete(checkpoint_id, idempotency_key=idempotency_key)

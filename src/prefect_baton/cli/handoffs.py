@@ -8,10 +8,10 @@ from typing import Annotated
 import typer
 
 from prefect_baton._rules.validation import TTL_RANGE
-from prefect_baton.cli._options import IdempotencyKey, SubjectId, row_limit
-from prefect_baton.cli._output import emit_ok
-from prefect_baton.cli._state import guard, lease_proof
+from prefect_baton.cli._options import IdempotencyKey, SubjectId, lifetime, row_limit
+from prefect_baton.cli._state import command, lease_proof, state
 from prefect_baton.errors import ValidationError
+from prefect_baton.models import Handoff
 
 app = typer.Typer(
     name="handoff",
@@ -42,7 +42,7 @@ HandoffId = Annotated[
 ]
 
 
-@app.command("create")
+@command(app, "handoff.create", "handoff")
 def create(
     ctx: typer.Context,
     to_principal: Annotated[
@@ -74,28 +74,22 @@ def create(
         typer.Option("--execution-key", help="Execution key (text) of the --lease-id lease."),
     ] = None,
     expires_in_seconds: Annotated[
-        int | None,
-        typer.Option(
-            "--expires-in-seconds",
-            help="Seconds (integer, 1 to 31622400) after which it reads as 'expired'.",
-        ),
+        int | None, lifetime("--expires-in-seconds", "it reads as 'expired'")
     ] = None,
     idempotency_key: IdempotencyKey = None,
-) -> None:
+) -> Handoff:
     """Create a pending handoff of SUBJECT_ID to TO_PRINCIPAL."""
-    with guard(ctx, "handoff.create") as st:
-        b = st.client()
-        handoff = b.handoffs.create(
-            to_principal,
-            subject_id,
-            checkpoint_id=checkpoint_id,
-            context_id=context_id,
-            message=message,
-            lease=lease_proof(b, lease_id, execution_key) if lease_id else None,
-            idempotency_key=idempotency_key,
-            expires_in_seconds=expires_in_seconds,
-        )
-        emit_ok(st.format, "handoff.create", "handoff", handoff)
+    b = state(ctx).client()
+    return b.handoffs.create(
+        to_principal,
+        subject_id,
+        checkpoint_id=checkpoint_id,
+        context_id=context_id,
+        message=message,
+        lease=lease_proof(b, lease_id, execution_key) if lease_id else None,
+        idempotency_key=idempotency_key,
+        expires_in_seconds=expires_in_seconds,
+    )
 
 
 class StatusFilter(enum.StrEnum):
@@ -106,7 +100,7 @@ class StatusFilter(enum.StrEnum):
     any = "any"
 
 
-@app.command("inbox")
+@command(app, "handoff.inbox", "handoffs", columns=HANDOFF_COLUMNS)
 def inbox(
     ctx: typer.Context,
     limit: Annotated[int, row_limit(10_000)] = 100,
@@ -131,27 +125,24 @@ def inbox(
             help="With --party or --all: only handoffs of this status (default pending).",
         ),
     ] = None,
-) -> None:
+) -> list[Handoff]:
     """List pending handoffs addressed to you (with --party or --all: a principal's or
     everyone's, sent or received, oldest first). Exit 6 (FORBIDDEN) when an agent asks for
     another's or everyone's; exit 2 (VALIDATION_ERROR) for a bad limit, --party with
     --all, or --status without either."""
-    with guard(ctx, "handoff.inbox") as st:
-        if all_ and party is not None and party != "*":
-            raise ValidationError("give --party or --all, not both")
-        who = "*" if all_ else party
-        handoffs_api = st.client().handoffs
-        if who is None:
-            if status is not None:
-                raise ValidationError("--status needs --party or --all")
-            handoffs = handoffs_api.inbox(limit=limit)
-        else:
-            wanted = "pending" if status is None else status.value
-            handoffs = handoffs_api.list(party=who, status=wanted, limit=limit)
-        emit_ok(st.format, "handoff.inbox", "handoffs", handoffs, columns=HANDOFF_COLUMNS)
+    if all_ and party is not None and party != "*":
+        raise ValidationError("give --party or --all, not both")
+    who = "*" if all_ else party
+    handoffs_api = state(ctx).client().handoffs
+    if who is None:
+        if status is not None:
+            raise ValidationError("--status needs --party or --all")
+        return handoffs_api.inbox(limit=limit)
+    wanted = "pending" if status is None else status.value
+    return handoffs_api.list(party=who, status=wanted, limit=limit)
 
 
-@app.command("resolve")
+@command(app, "handoff.resolve", "handoff")
 def resolve(
     ctx: typer.Context,
     handoff_id: HandoffId,
@@ -182,14 +173,16 @@ def resolve(
             help="Idempotency key (text); a retry replays instead of exiting 5 (NOT_FOUND).",
         ),
     ] = None,
-) -> None:
+) -> Handoff:
     """Accept or reject a pending handoff addressed to you.
 
     Accepting one that carries a lease transfers the lease to you. A second resolve exits
     5 (NOT_FOUND); resolving someone else's handoff exits 6 (FORBIDDEN).
     """
-    with guard(ctx, "handoff.resolve") as st:
-        handoff = st.client().handoffs.resolve(
+    return (
+        state(ctx)
+        .client()
+        .handoffs.resolve(
             handoff_id,
             status.value,
             note,
@@ -197,12 +190,10 @@ def resolve(
             ttl_seconds=ttl_seconds,
             idempotency_key=idempotency_key,
         )
-        emit_ok(st.format, "handoff.resolve", "handoff", handoff)
+    )
 
 
-@app.command("show")
-def show(ctx: typer.Context, handoff_id: HandoffId) -> None:
+@command(app, "handoff.show", "handoff")
+def show(ctx: typer.Context, handoff_id: HandoffId) -> Handoff:
     """Show a handoff you sent or received."""
-    with guard(ctx, "handoff.show") as st:
-        handoff = st.client().handoffs.get(handoff_id)
-        emit_ok(st.format, "handoff.show", "handoff", handoff)
+    return state(ctx).client().handoffs.get(handoff_id)

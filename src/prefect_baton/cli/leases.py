@@ -16,7 +16,8 @@ import typer
 from prefect_baton._rules.validation import TTL_RANGE
 from prefect_baton.cli._options import row_limit
 from prefect_baton.cli._output import emit_ok
-from prefect_baton.cli._state import guard, lease_proof
+from prefect_baton.cli._state import command, guard, lease_proof, state
+from prefect_baton.models import Lease, LeaseInfo, Receipt
 
 app = typer.Typer(
     name="lease",
@@ -78,7 +79,7 @@ ExpectedVersion = Annotated[
 ]
 
 
-@app.command("acquire")
+@command(app, "lease.acquire", "lease")
 def acquire(
     ctx: typer.Context,
     resource_type: ResourceType,
@@ -117,13 +118,15 @@ def acquire(
             "scopes of another principal's effective lease conflict.",
         ),
     ] = None,
-) -> None:
+) -> Lease:
     """Acquire (or take over after expiry) the lease on RESOURCE_TYPE RESOURCE_ID.
 
     Exits 3 (CONFLICT) when another holder has it, 4 on a stale --expected-version.
     """
-    with guard(ctx, "lease.acquire") as st:
-        lease = st.client().leases.acquire(
+    return (
+        state(ctx)
+        .client()
+        .leases.acquire(
             resource_type,
             resource_id,
             ttl_seconds=ttl_seconds,
@@ -132,21 +135,19 @@ def acquire(
             expected_version=expected_version,
             idempotency_key=idempotency_key,
         )
-        emit_ok(st.format, "lease.acquire", "lease", lease)
+    )
 
 
-@app.command("inspect")
-def inspect(ctx: typer.Context, resource_type: ResourceType, resource_id: ResourceId) -> None:
+@command(app, "lease.inspect", "info")
+def inspect(ctx: typer.Context, resource_type: ResourceType, resource_id: ResourceId) -> LeaseInfo:
     """Show whether a resource is held, until when, and its version and epoch.
 
     Only the holder sees its lease details; others never see holder, purpose or scopes.
     """
-    with guard(ctx, "lease.inspect") as st:
-        info = st.client().leases.inspect(resource_type, resource_id)
-        emit_ok(st.format, "lease.inspect", "info", info)
+    return state(ctx).client().leases.inspect(resource_type, resource_id)
 
 
-@app.command("renew")
+@command(app, "lease.renew", "lease")
 def renew(
     ctx: typer.Context,
     lease_id: LeaseId,
@@ -161,23 +162,21 @@ def renew(
     ] = None,
     expected_version: ExpectedVersion = None,
     idempotency_key: RetryKey = None,
-) -> None:
+) -> Lease:
     """Extend a lease you hold: version +1, new expiry; id, epoch and scopes unchanged.
 
     Exits 9 (LEASE_LOST) when the lease ended, expired or belongs to another execution.
     """
-    with guard(ctx, "lease.renew") as st:
-        b = st.client()
-        lease = b.leases.renew(
-            lease_proof(b, lease_id, execution_key),
-            ttl_seconds=ttl_seconds,
-            expected_version=expected_version,
-            idempotency_key=idempotency_key,
-        )
-        emit_ok(st.format, "lease.renew", "lease", lease)
+    b = state(ctx).client()
+    return b.leases.renew(
+        lease_proof(b, lease_id, execution_key),
+        ttl_seconds=ttl_seconds,
+        expected_version=expected_version,
+        idempotency_key=idempotency_key,
+    )
 
 
-@app.command("transfer")
+@command(app, "lease.transfer", "lease")
 def transfer(
     ctx: typer.Context,
     lease_id: LeaseId,
@@ -206,19 +205,17 @@ def transfer(
     execution_key: ExecutionKey = None,
     expected_version: ExpectedVersion = None,
     idempotency_key: RetryKey = None,
-) -> None:
+) -> Lease:
     """Hand a lease you hold to another principal: new lease id, version +1, epoch +1."""
-    with guard(ctx, "lease.transfer") as st:
-        b = st.client()
-        lease = b.leases.transfer(
-            lease_proof(b, lease_id, execution_key),
-            to_principal=to_principal,
-            new_execution_key=new_execution_key,
-            ttl_seconds=ttl_seconds,
-            expected_version=expected_version,
-            idempotency_key=idempotency_key,
-        )
-        emit_ok(st.format, "lease.transfer", "lease", lease)
+    b = state(ctx).client()
+    return b.leases.transfer(
+        lease_proof(b, lease_id, execution_key),
+        to_principal=to_principal,
+        new_execution_key=new_execution_key,
+        ttl_seconds=ttl_seconds,
+        expected_version=expected_version,
+        idempotency_key=idempotency_key,
+    )
 
 
 @app.command("release")
@@ -246,21 +243,19 @@ def release(
             typer.echo("warning: the lease had already expired before this release", err=True)
 
 
-@app.command("force-release")
+@command(app, "lease.force-release", "receipt")
 def force_release(
     ctx: typer.Context,
     lease_id: Annotated[
         str, typer.Argument(metavar="LEASE_ID", help="Lease id (text, 'lease_...') to release.")
     ],
     idempotency_key: RetryKey = None,
-) -> None:
+) -> Receipt:
     """Release anyone's lease of the org. Needs --role owner or admin (else exit 6)."""
-    with guard(ctx, "lease.force-release") as st:
-        receipt = st.client().leases.force_release(lease_id, idempotency_key=idempotency_key)
-        emit_ok(st.format, "lease.force-release", "receipt", receipt)
+    return state(ctx).client().leases.force_release(lease_id, idempotency_key=idempotency_key)
 
 
-@app.command("list")
+@command(app, "lease.list", "leases", columns=LEASE_COLUMNS)
 def list_(
     ctx: typer.Context,
     resource_type: Annotated[
@@ -278,10 +273,12 @@ def list_(
         bool, typer.Option("--all", help="Also list ended (released, expired, ...) leases.")
     ] = False,
     limit: Annotated[int, row_limit(10_000)] = 100,
-) -> None:
+) -> list[Lease]:
     """List your effective leases, newest first."""
-    with guard(ctx, "lease.list") as st:
-        leases = st.client().leases.list(
+    return (
+        state(ctx)
+        .client()
+        .leases.list(
             resource_type=resource_type, owner=owner, include_ended=include_ended, limit=limit
         )
-        emit_ok(st.format, "lease.list", "leases", leases, columns=LEASE_COLUMNS)
+    )

@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from prefect_baton.cli._options import Fence, IdempotencyKey, SubjectId, row_limit
-from prefect_baton.cli._output import emit_ok
-from prefect_baton.cli._state import fence_lease, guard, parse_evidence
+from prefect_baton.cli._state import command, fence_lease, parse_evidence, state
+from prefect_baton.models import Outcome
 
 app = typer.Typer(
     name="outcome",
@@ -35,7 +35,7 @@ class OutcomeStatus(enum.StrEnum):
     cancelled = "cancelled"
 
 
-@app.command("record")
+@command(app, "outcome.record", "outcome")
 def record(
     ctx: typer.Context,
     subject_id: SubjectId,
@@ -64,25 +64,23 @@ def record(
         str | None, typer.Option("--checkpoint-id", help="Link to this checkpoint id (text).")
     ] = None,
     idempotency_key: IdempotencyKey = None,
-) -> None:
+) -> Outcome:
     """Record STATUS for SUBJECT_ID with its evidence."""
-    with guard(ctx, "outcome.record") as st:
-        items = parse_evidence(evidence or [])
-        b = st.client()
-        outcome = b.outcomes.record(
-            subject_id,
-            status.value,
-            evidence=items,
-            fence=fence_lease(b, fence),
-            lease_id=lease_id,
-            handoff_id=handoff_id,
-            checkpoint_id=checkpoint_id,
-            idempotency_key=idempotency_key,
-        )
-        emit_ok(st.format, "outcome.record", "outcome", outcome)
+    items = parse_evidence(evidence or [])
+    b = state(ctx).client()
+    return b.outcomes.record(
+        subject_id,
+        status.value,
+        evidence=items,
+        fence=fence_lease(b, fence),
+        lease_id=lease_id,
+        handoff_id=handoff_id,
+        checkpoint_id=checkpoint_id,
+        idempotency_key=idempotency_key,
+    )
 
 
-@app.command("list")
+@command(app, "outcome.list", "outcomes", columns=OUTCOME_COLUMNS)
 def list_(
     ctx: typer.Context,
     subject_id: Annotated[
@@ -92,8 +90,6 @@ def list_(
         ),
     ] = None,
     limit: Annotated[int, row_limit(100_000)] = 1000,
-) -> None:
+) -> list[Outcome]:
     """List outcomes of the org (of one subject when given), oldest first."""
-    with guard(ctx, "outcome.list") as st:
-        outcomes = st.client().outcomes.list(subject_id, limit=limit)
-        emit_ok(st.format, "outcome.list", "outcomes", outcomes, columns=OUTCOME_COLUMNS)
+    return state(ctx).client().outcomes.list(subject_id, limit=limit)

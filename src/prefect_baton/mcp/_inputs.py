@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from prefect_baton._rules.validation import MAX_SAFE_INTEGER, TTL_RANGE
+from prefect_baton._rules.validation import LIFETIME_RANGE, MAX_SAFE_INTEGER, TTL_RANGE
 from prefect_baton.rest import _schemas as rest_schemas
 from prefect_baton.rest._schemas import Id, Lifetime, Scopes, Text
 
@@ -94,7 +94,7 @@ class CheckpointSaveIn(_Fenced):
     state: dict[str, Any] = Field(description="The resumable state, a JSON object (<= 1 MiB).")
     expected_version: Version | None = None
     ttl_seconds: Lifetime | None = Field(
-        None, description="Seconds (1 to 31622400) after which it is no longer returned."
+        None, description=f"Seconds ({LIFETIME_RANGE}) after which it is no longer returned."
     )
     idempotency_key: IdempotencyKey | None = None
 

@@ -89,8 +89,8 @@ def _free_port() -> int:
 
 class Server:
     """``python -m prefect_baton.rest`` (uvicorn, ``workers`` processes; ``None``: its
-    default) in a process of its own on a free loopback port; :meth:`stop` ends it by its
-    process id."""
+    default; or ``launcher``, a command taking the same arguments) in a process of its own
+    on a free loopback port; :meth:`stop` ends it by its process id."""
 
     def __init__(
         self,
@@ -100,6 +100,7 @@ class Server:
         workers: int | None = None,
         *,
         baton_serve: bool = False,
+        launcher: list[str] | None = None,
     ) -> None:
         self.port = _free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -109,7 +110,8 @@ class Server:
             cmd += ["--redis-url", redis_url] if redis_url else []
             cmd += ["serve", "--host", "127.0.0.1", "--port", str(self.port)]
         else:
-            cmd = [sys.executable, "-m", "prefect_baton.rest", "--host", "127.0.0.1"]
+            cmd = launcher or [sys.executable, "-m", "prefect_baton.rest"]
+            cmd = [*cmd, "--host", "127.0.0.1"]
             cmd += ["--port", str(self.port), "--ledger-url", ledger_url]
             cmd += ["--redis-url", redis_url] if redis_url else []
         if workers is not None:

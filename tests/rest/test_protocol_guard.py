@@ -1,7 +1,8 @@
-""":class:`~prefect_baton.rest._protocol.GuardedH11Protocol` under uvicorn on a free
-loopback port, with short deadlines and a small connection cap: half-sent heads and
-bodies and idle connections are closed, and the cap closes the longest-idle connection or
-answers 503."""
+"""The guarded protocols of :mod:`prefect_baton.rest._protocol` (``httptools``, the default,
+and the ``h11`` fallback) under uvicorn on a free loopback port, with short deadlines and a
+small connection cap: half-sent heads and bodies and idle connections are closed, the cap
+closes the longest-idle connection or answers 503, and malformed or overlong heads are
+answered with the JSON envelope."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from typing import Any
 import pytest
 import uvicorn
 
-from prefect_baton.rest._protocol import GuardedH11Protocol
+from prefect_baton.rest import _protocol
+from prefect_baton.rest._protocol import GuardedH11Protocol, GuardedProtocol
 
 DEADLINE = 0.3
 seen: list[str] = []
@@ -39,17 +41,58 @@ async def app(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-class Short(GuardedH11Protocol):
+class ShortH11(GuardedH11Protocol):
     header_timeout = DEADLINE
     body_timeout = DEADLINE
     cap = 3
 
 
-def _serve(protocol: type[GuardedH11Protocol]) -> Iterator[int]:
+PROTOCOLS: list[Any] = [ShortH11]
+if hasattr(_protocol, "GuardedHttpToolsProtocol"):
+
+    class ShortHttpTools(_protocol.GuardedHttpToolsProtocol):
+        header_timeout = DEADLINE
+        body_timeout = DEADLINE
+        cap = 3
+
+    PROTOCOLS.insert(0, ShortHttpTools)
+
+
+def test_the_server_uses_httptools_when_installed() -> None:
+    """``run_app`` serves with the httptools protocol when httptools is importable."""
+    pytest.importorskip("httptools")
+    assert GuardedProtocol is _protocol.GuardedHttpToolsProtocol
+
+
+def test_without_httptools_the_server_uses_h11() -> None:
+    """With httptools not importable, the guarded h11 protocol is the one served (checked
+    in a new interpreter, so that this process's classes stay as they are)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['uvicorn.protocols.http.httptools_impl'] = None\n"
+        "from prefect_baton.rest import _protocol as p\n"
+        "print(p.GuardedProtocol is p.GuardedH11Protocol, hasattr(p, 'GuardedHttpToolsProtocol'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.split() == ["True", "False"], out.stderr
+
+
+def _serve(protocol: type[Any]) -> Iterator[int]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, http=protocol, log_level="error")
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        http=protocol,
+        log_level="error",
+        h11_max_incomplete_event_size=_protocol.MAX_HEAD_BYTES,
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -63,10 +106,10 @@ def _serve(protocol: type[GuardedH11Protocol]) -> Iterator[int]:
         thread.join(timeout=30)
 
 
-@pytest.fixture
-def port() -> Iterator[int]:
-    """A server with 0.3 s deadlines and at most 3 connections."""
-    yield from _serve(Short)
+@pytest.fixture(params=PROTOCOLS, ids=lambda p: str(p.__name__))
+def port(request: pytest.FixtureRequest) -> Iterator[int]:
+    """A server with 0.3 s deadlines and at most 3 connections, for each protocol."""
+    yield from _serve(request.param)
 
 
 def _closed_within(sock: socket.socket, seconds: float) -> bool:
@@ -148,3 +191,52 @@ def test_over_the_cap_with_every_connection_busy_is_503(port: int) -> None:
     assert head.startswith(b"HTTP/1.1 503"), reply[:200]
     assert json.loads(body)["error"]["code"] == "UNAVAILABLE"
     assert _get(port).startswith(b"HTTP/1.1 200")
+
+
+def _exchange(port: int, data: bytes) -> bytes:
+    """Send ``data`` on a new connection; everything the server sends until it closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        reply = b""
+        try:
+            while chunk := sock.recv(65536):
+                reply += chunk
+        except ConnectionResetError:
+            pass
+    return reply
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", id="malformed"),
+        pytest.param(
+            b"GET / HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * (_protocol.MAX_HEAD_BYTES + 100),
+            id="overlong",
+        ),
+    ],
+)
+def test_a_malformed_or_overlong_head_is_a_json_400(port: int, data: bytes) -> None:
+    """A malformed head, or more than MAX_HEAD_BYTES of a head without its end, is answered
+    400 with the JSON envelope (VALIDATION_ERROR) and the connection is closed."""
+    reply = _exchange(port, data)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), reply[:200]
+    assert b"connection: close" in head.lower()
+    assert json.loads(body)["error"]["code"] == "VALIDATION_ERROR"
+
+
+def test_pipelined_requests_are_answered_then_the_idle_connection_closed(port: int) -> None:
+    """Two requests sent at once on one keep-alive connection are both answered, in order;
+    then the connection, idle, is closed after the header deadline."""
+    request = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request * 2)
+        reply = b""
+        while reply.count(b"HTTP/1.1 200") < 2:
+            chunk = sock.recv(65536)
+            assert chunk, reply
+            reply += chunk
+        started = time.monotonic()
+        assert _closed_within(sock, 5)
+        assert time.monotonic() - started < 5

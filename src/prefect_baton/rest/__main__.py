@@ -7,8 +7,9 @@ uvicorn's log lines pass through :class:`RedactKeys`, so a bearer key that a cli
 where it does not belong (a URL, a query string) is never written to the log; uvicorn
 never logs request headers. They also pass through :class:`RateLimitRepeats`, so a fault
 that repeats (file descriptors running out, a database gone) cannot fill the disk. The
-connections are served by :class:`~prefect_baton.rest._protocol.GuardedH11Protocol`
-(header and body deadlines, a connection cap).
+connections are served by :data:`~prefect_baton.rest._protocol.GuardedProtocol` (uvicorn's
+``httptools`` protocol, or its ``h11`` one when ``httptools`` is not installed, with header
+and body deadlines and a connection cap), on ``uvloop``'s event loop when it is installed.
 """
 
 from __future__ import annotations
@@ -136,7 +137,8 @@ def run_app(app: Any, host: str, port: int, workers: int = 1) -> None:
     """Serve the ASGI ``app`` with uvicorn on ``host:port`` until interrupted (SIGINT or
     SIGTERM end it cleanly), its log lines passing through :class:`RedactKeys` and
     :class:`RateLimitRepeats`, its connections served by
-    :class:`~prefect_baton.rest._protocol.GuardedH11Protocol` (request head within 10 s,
+    :data:`~prefect_baton.rest._protocol.GuardedProtocol` (``httptools``, else ``h11``;
+    ``uvloop``'s event loop when installed, else asyncio's; request head within 10 s,
     body within 30 s, idle keep-alive 5 s, at most the file descriptor limit less a
     reserve of connections per process, ``503`` when every one is busy). The REST API
     and the MCP server over HTTP are both served by it.
@@ -154,7 +156,7 @@ def run_app(app: Any, host: str, port: int, workers: int = 1) -> None:
     """
     import uvicorn
 
-    from prefect_baton.rest._protocol import ACCEPT_BATCH, MAX_HEAD_BYTES, GuardedH11Protocol
+    from prefect_baton.rest._protocol import ACCEPT_BATCH, MAX_HEAD_BYTES, GuardedProtocol
 
     uvicorn.run(
         app,
@@ -162,8 +164,9 @@ def run_app(app: Any, host: str, port: int, workers: int = 1) -> None:
         port=port,
         log_level="info",
         log_config=log_config(),
-        http=GuardedH11Protocol,
-        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        http=GuardedProtocol,
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,  # the h11 fallback's head limit
+        loop="auto",  # uvloop when installed
         timeout_keep_alive=5,
         backlog=ACCEPT_BATCH,
         workers=workers,

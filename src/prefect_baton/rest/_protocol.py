@@ -1,10 +1,12 @@
-"""uvicorn's h11 protocol with the limits a server facing untrusted clients needs.
+"""uvicorn's HTTP protocols with the limits a server facing untrusted clients needs.
 
 uvicorn bounds only the idle time after a response (``timeout_keep_alive``); a connection
 that never sends a complete request head, or a body that never ends, is kept forever, and
 nothing bounds the number of open connections, so idle connections can use up the
-process's file descriptors (``EMFILE``) until no request is answered. :class:`GuardedH11Protocol`
-adds, per connection:
+process's file descriptors (``EMFILE``) until no request is answered.
+:class:`GuardedHttpToolsProtocol` (uvicorn's ``httptools`` protocol, the default when
+``httptools`` is installed) and :class:`GuardedH11Protocol` (uvicorn's ``h11`` protocol, the
+fallback) add the same guarantees, per connection:
 
 * a **header deadline**: the request head must be complete within
   :data:`HEADER_TIMEOUT_SECONDS` of the connection opening (or of the previous response),
@@ -16,8 +18,11 @@ adds, per connection:
   (idle, or with a half-sent head); when every connection is busy with a request, the new
   connection's request is answered ``503 UNAVAILABLE`` and it is closed;
 * ``TCP_NODELAY`` on every TCP connection, also in uvicorn's worker processes;
-* a malformed or oversized request head (over :data:`MAX_HEAD_BYTES`) is answered with the
-  JSON error envelope (``400 VALIDATION_ERROR``) rather than uvicorn's plain text.
+* a malformed request head, or an incomplete one over :data:`MAX_HEAD_BYTES`, is answered
+  with the JSON error envelope (``400 VALIDATION_ERROR``) rather than uvicorn's plain text,
+  and the connection is closed.
+
+:data:`GuardedProtocol` is the one :func:`~prefect_baton.rest.__main__.run_app` serves with.
 """
 
 from __future__ import annotations
@@ -34,12 +39,19 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from prefect_baton.rest._http import error_response
 
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # pragma: no cover - httptools missing: the h11 fallback
+    HttpToolsProtocol = None  # type: ignore[assignment,misc]
+
 __all__ = [
     "ACCEPT_BATCH",
     "BODY_TIMEOUT_SECONDS",
     "HEADER_TIMEOUT_SECONDS",
     "MAX_HEAD_BYTES",
     "GuardedH11Protocol",
+    "GuardedHttpToolsProtocol",
+    "GuardedProtocol",
     "max_connections",
 ]
 
@@ -47,7 +59,8 @@ __all__ = [
 HEADER_TIMEOUT_SECONDS = 10.0
 #: Seconds a request may take to send its body once its head has arrived.
 BODY_TIMEOUT_SECONDS = 30.0
-#: Largest request head (request line and headers) read, in bytes (h11's default).
+#: Largest incomplete request head (request line and headers) kept, in bytes (h11's
+#: default): a client that has sent more without ending its head is answered ``400``.
 MAX_HEAD_BYTES = 16 * 1024
 #: Connections accepted per wake-up of the listening socket, and its listen queue (uvicorn's
 #: ``backlog``). asyncio accepts a whole batch before the cap below can close any
@@ -59,6 +72,25 @@ FD_RESERVE = 2 * ACCEPT_BATCH + 100
 
 _SATURATED = error_response("UNAVAILABLE", "the server has too many open connections; retry later")
 _SATURATED.headers["connection"] = "close"
+
+_BAD_HEAD_BODY = json.dumps(
+    {
+        "error": {
+            "code": "VALIDATION_ERROR",
+            "message": f"malformed HTTP request, or its head is over {MAX_HEAD_BYTES} bytes",
+        }
+    }
+).encode()
+_BAD_HEAD_HEADERS = [
+    (b"content-type", b"application/json"),
+    (b"content-length", str(len(_BAD_HEAD_BODY)).encode()),
+    (b"connection", b"close"),
+]
+
+# The phases of a connection the deadlines follow.
+_WAITING = "waiting for a request head"  # idle, or part of a head received
+_BODY = "receiving a request body"
+_BUSY = "the app or the response runs"
 
 
 def max_connections() -> int:
@@ -74,27 +106,38 @@ async def _saturated(scope: Any, receive: Any, send: Any) -> None:
     await _SATURATED(scope, receive, send)
 
 
-class GuardedH11Protocol(H11Protocol):
-    """:class:`uvicorn.protocols.http.h11_impl.H11Protocol` with a header deadline, a body
-    deadline, a connection cap and JSON answers to malformed request heads (see the module
-    docstring). Pass it as uvicorn's ``http`` protocol class."""
+class _Guard:
+    """The guard itself, over either uvicorn protocol (a mixin placed before it): the
+    connection cap, the deadlines and ``TCP_NODELAY``. A subclass says which phase the
+    connection is in (:meth:`_phase`) and calls :meth:`_rearm` when it may have changed."""
 
     header_timeout: float = HEADER_TIMEOUT_SECONDS
     body_timeout: float = BODY_TIMEOUT_SECONDS
     cap: int | None = None  # None: max_connections() at the first connection
 
+    # Set by uvicorn's protocol classes.
+    app: Any
+    connections: set[Any]
+    cycle: Any
+    logger: Any
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._phase: object = None
+        self._phase_armed: str | None = None
         self._deadline: asyncio.TimerHandle | None = None
         self._waiting_since = time.monotonic()
 
+    def _phase(self) -> str:  # pragma: no cover - every subclass has its own
+        raise NotImplementedError
+
     # ------------------------------------------------------------------ connection cap
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:
         """Register the connection; over the cap, close the longest-waiting idle one (or
         answer this one's request ``503`` when none is idle); start the header deadline."""
-        super().connection_made(transport)
+        super().connection_made(transport)  # type: ignore[misc]
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             # asyncio sets it only when the listening socket says IPPROTO_TCP, which the
@@ -107,8 +150,7 @@ class GuardedH11Protocol(H11Protocol):
         # Connections closed earlier in this loop iteration are still registered.
         open_ = [c for c in self.connections if not c.transport.is_closing()]
         if len(open_) > cls.cap:
-            idle = [c for c in open_ if c is not self and isinstance(c, GuardedH11Protocol)]
-            idle = [c for c in idle if c._idle()]
+            idle = [c for c in open_ if c is not self and isinstance(c, _Guard) and c._idle()]
             if idle:
                 min(idle, key=lambda c: c._waiting_since)._close()
             else:
@@ -118,9 +160,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def _idle(self) -> bool:
         """Whether this connection waits for a request (idle or with a half-sent head)."""
-        return self.conn.their_state is h11.IDLE and (
-            self.cycle is None or self.cycle.response_complete
-        )
+        return self._phase() is _WAITING and (self.cycle is None or self.cycle.response_complete)
 
     def _close(self) -> None:
         if not self.transport.is_closing():
@@ -129,34 +169,29 @@ class GuardedH11Protocol(H11Protocol):
     # ------------------------------------------------------------------ read deadlines
 
     def _rearm(self) -> None:
-        """Arm the deadline of the phase the client is in: the head (``IDLE``) or the body
-        (``SEND_BODY``); none while the app or the response runs."""
-        phase = self.conn.their_state
-        if phase is self._phase:
+        """Arm the deadline of the phase the client is in: the head (:data:`_WAITING`) or
+        the body (:data:`_BODY`); none while the app or the response runs."""
+        phase = self._phase()
+        if phase is self._phase_armed:
             return
-        self._phase = phase
+        self._phase_armed = phase
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
-        if phase is h11.IDLE:
+        if phase is _WAITING:
             self._waiting_since = time.monotonic()
             self._deadline = self.loop.call_later(self.header_timeout, self._expire, phase)
-        elif phase is h11.SEND_BODY:
+        elif phase is _BODY:
             self._deadline = self.loop.call_later(self.body_timeout, self._expire, phase)
 
-    def _expire(self, phase: Any) -> None:
+    def _expire(self, phase: str) -> None:
         self._deadline = None
-        if self.conn.their_state is phase:
+        if self._phase() is phase:
             self._close()
-
-    def handle_events(self) -> None:
-        """uvicorn's event handling, then the deadline of the phase reached."""
-        super().handle_events()
-        self._rearm()
 
     def on_response_complete(self) -> None:
         """uvicorn's end of a response, then the deadline of the next request's head."""
-        super().on_response_complete()
+        super().on_response_complete()  # type: ignore[misc]
         self._rearm()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -164,34 +199,102 @@ class GuardedH11Protocol(H11Protocol):
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
-        super().connection_lost(exc)
+        super().connection_lost(exc)  # type: ignore[misc]
+
+
+class GuardedH11Protocol(_Guard, H11Protocol):  # type: ignore[misc]
+    """:class:`uvicorn.protocols.http.h11_impl.H11Protocol` with a header deadline, a body
+    deadline, a connection cap and JSON answers to malformed request heads (see the module
+    docstring). Pass it as uvicorn's ``http`` protocol class, with
+    ``h11_max_incomplete_event_size=MAX_HEAD_BYTES``."""
+
+    def _phase(self) -> str:
+        state = self.conn.their_state
+        if state is h11.IDLE:
+            return _WAITING
+        return _BODY if state is h11.SEND_BODY else _BUSY
+
+    def handle_events(self) -> None:
+        """uvicorn's event handling, then the deadline of the phase reached."""
+        super().handle_events()
+        self._rearm()
 
     # ------------------------------------------------------------------ malformed heads
 
     def send_400_response(self, msg: str) -> None:
         """Answer a request head h11 refused (malformed, or over :data:`MAX_HEAD_BYTES`)
         with the JSON error envelope ``400 VALIDATION_ERROR``, then close."""
-        body = json.dumps(
-            {
-                "error": {
-                    "code": "VALIDATION_ERROR",
-                    "message": "malformed HTTP request, or its head is over "
-                    f"{MAX_HEAD_BYTES} bytes",
-                }
-            }
-        ).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close"),
-        ]
         try:
             for event in (
-                h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
-                h11.Data(data=body),
+                h11.Response(status_code=400, headers=_BAD_HEAD_HEADERS, reason=b"Bad Request"),
+                h11.Data(data=_BAD_HEAD_BODY),
                 h11.EndOfMessage(),
             ):
                 self.transport.write(self.conn.send(event) or b"")
         except h11.LocalProtocolError:
             pass
         self.transport.close()
+
+
+if HttpToolsProtocol is not None:
+
+    class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):  # type: ignore[misc]
+        """:class:`uvicorn.protocols.http.httptools_impl.HttpToolsProtocol` with the
+        guarantees of :class:`GuardedH11Protocol` (see the module docstring); the parser
+        has no head size limit of its own, so this class answers ``400`` once more than
+        :data:`MAX_HEAD_BYTES` of a head have arrived without its end (as h11 does). Pass
+        it as uvicorn's ``http`` protocol class. Defined only when ``httptools`` is
+        installed."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._in_body = False  # between a head's end and its message's end
+            self._head_bytes = 0  # bytes received since the last head ended
+
+        def _phase(self) -> str:
+            if self._in_body:
+                return _BODY
+            if (self.cycle is None or self.cycle.response_complete) and not self.pipeline:
+                return _WAITING
+            return _BUSY
+
+        def data_received(self, data: bytes) -> None:
+            """uvicorn's parsing (its callbacks start requests), then the head size limit
+            and the deadline of the phase reached."""
+            if not self._in_body:
+                self._head_bytes += len(data)
+            super().data_received(data)
+            if self.transport.is_closing():
+                return
+            if not self._in_body and self._head_bytes > MAX_HEAD_BYTES:
+                self.logger.warning("Invalid HTTP request received.")
+                self.send_400_response("request head too long")
+                return
+            self._rearm()
+
+        def on_headers_complete(self) -> None:
+            """A head ended: its body (if any) follows; then uvicorn starts the request."""
+            self._head_bytes = 0
+            self._in_body = True
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            """The request's body ended; then uvicorn tells the app."""
+            self._in_body = False
+            super().on_message_complete()
+
+        def send_400_response(self, msg: str) -> None:
+            """Answer a request head the parser refused (malformed, or an incomplete one
+            over :data:`MAX_HEAD_BYTES`) with the JSON error envelope
+            ``400 VALIDATION_ERROR``, then close."""
+            head = [b"HTTP/1.1 400 Bad Request\r\n"]
+            head += [name + b": " + value + b"\r\n" for name, value in _BAD_HEAD_HEADERS]
+            self.transport.write(b"".join(head) + b"\r\n" + _BAD_HEAD_BODY)
+            self.transport.close()
+
+    #: The protocol :func:`~prefect_baton.rest.__main__.run_app` serves with:
+    #: :class:`GuardedHttpToolsProtocol` when ``httptools`` is installed (uvicorn's fast
+    #: parser, a C library), else :class:`GuardedH11Protocol`.
+    GuardedProtocol: type[asyncio.Protocol] = GuardedHttpToolsProtocol
+else:  # pragma: no cover - httptools missing
+    GuardedProtocol = GuardedH11Protocol

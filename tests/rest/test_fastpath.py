@@ -92,3 +92,30 @@ def test_a_route_with_query_parameters_is_refused() -> None:
     route = next(r for r in app.router.routes if isinstance(r, APIRoute))
     with pytest.raises(TypeError, match="query"):
         _fastpath.install(route)
+
+
+def test_an_app_whose_fast_path_cannot_be_installed_still_serves(
+    ledger_url: str, make_key: MakeKey, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """A FastAPI whose route internals the fast path cannot read (``install`` raising
+    ``AttributeError``) keeps FastAPI's own handlers: the app starts, says so in a
+    warning, and acquires and releases as before."""
+    from prefect_baton.rest import create_app
+
+    def unreadable(route: APIRoute) -> None:
+        raise AttributeError("'APIRoute' object has no attribute 'dependant'")
+
+    monkeypatch.setattr(_fastpath, "install", unreadable)
+    with caplog.at_level("WARNING", logger="prefect_baton.rest"):
+        app = create_app(ledger_url)
+    assert sum("no fast path for /v1/leases" in r.getMessage() for r in caplog.records) == 2
+    with TestClient(app, raise_server_exceptions=False) as c:
+        h = make_key()
+        acquired = c.post(
+            "/v1/leases",
+            json={"resource_type": "db", "resource_id": "slow", "ttl_seconds": 60},
+            headers=h,
+        )
+        assert acquired.status_code == 201, acquired.text
+        released = c.delete(f"/v1/leases/{acquired.json()['data']['lease_id']}", headers=h)
+        assert released.status_code == 200, released.text

@@ -88,12 +88,15 @@ def can_emit() -> bool:
     return bool(PREFECT_API_URL.value())
 
 
-def prefect_event_id(org: str, kind: str, payload: dict[str, Any], fallback: str) -> uuid.UUID:
+def prefect_event_id(
+    org: str, kind: str, payload: dict[str, Any], fallback: str | None
+) -> uuid.UUID:
     """The deterministic Prefect event id of one ledger transition (``uuid5``).
 
     Lease events are keyed by ``(kind, lease_id, version)``, handoff events by
     ``(kind, handoff_id)``, checkpoint events by ``(checkpoint_id, version)`` and outcome
-    events by ``outcome_id``; anything else by the ledger ``event_id`` (``fallback``).
+    events by ``outcome_id``; anything else by the ledger ``event_id`` (``fallback``; a
+    random one when ``None``, drawn only then).
     """
     if kind.startswith("lease.") and "lease_id" in payload:
         key = f"{kind}|{payload['lease_id']}|{payload.get('version')}"
@@ -104,7 +107,7 @@ def prefect_event_id(org: str, kind: str, payload: dict[str, Any], fallback: str
     elif kind.startswith("outcome.") and "outcome_id" in payload:
         key = f"{kind}|{payload['outcome_id']}"
     else:
-        key = f"event|{fallback}"
+        key = f"event|{fallback or random_uuid4_hex()}"
     return uuid.uuid5(_NS, f"{org}|{key}")
 
 
@@ -212,7 +215,7 @@ def emit_ledger_event(
                 }
             ],
             payload=payload,
-            id=prefect_event_id(org, kind, payload, event_id or random_uuid4_hex()),
+            id=prefect_event_id(org, kind, payload, event_id),
         )
 
     if background:

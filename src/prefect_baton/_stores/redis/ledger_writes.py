@@ -113,6 +113,13 @@ def _make_canonical() -> Callable[[Any], str]:
 
 _canonical = _make_canonical()
 
+_SQLITE_SQL: dict[str, str] = {}
+
+
+def _sqlite_sql(sql: str) -> str:
+    """``sql`` with SQLite's placeholders (``?`` for ``%s``), converted once per text."""
+    return _SQLITE_SQL.get(sql) or _SQLITE_SQL.setdefault(sql, sql.replace("%s", "?"))
+
 
 class LedgerWriter:
     """The ledger side of a drain: row gathering and bulk writes into ``store``
@@ -129,6 +136,27 @@ class LedgerWriter:
         #: (``lock_timeout``; seconds): SQLite's busy timeout, so a drainer stopped while
         #: holding the lock blocks the others for a bounded time on both databases
         self.lock_timeout_seconds: float = SQLITE_BUSY_TIMEOUT_MS / 1000
+
+    def _sqlite_run(self, conn: Connection, sql: str, params: Any, *, many: bool = False) -> Any:
+        """Run ``sql`` (``%s`` placeholders) on SQLite with the driver's cursor of ``conn``,
+        in its transaction (no statement wrapping: a drain round runs about six of them);
+        ``many``: ``params`` is a list of rows for ``executemany``. Returns the cursor.
+
+        Raises:
+            sqlalchemy.exc.DBAPIError: the driver's error wrapped as SQLAlchemy wraps it
+                (``IntegrityError``, ``OperationalError``, ...).
+        """
+        dbapi = conn.connection
+        cur = dbapi.driver_connection.cursor()  # type: ignore[union-attr]
+        sql = _sqlite_sql(sql)
+        try:
+            if many:
+                cur.executemany(sql, params)
+            else:
+                cur.execute(sql, params)
+        except self.store._driver_error as exc:
+            raise self.store._wrap(dbapi, cur, sql, params, exc) from exc
+        return cur
 
     def _lock(self, conn: Connection, key: str) -> None:
         if not self._sqlite:
@@ -176,7 +204,8 @@ class LedgerWriter:
         PostgreSQL: one round trip (a pipeline of the lock and the read)."""
         args = (org, SYSTEM_PRINCIPAL, JOURNAL_OP)
         if self._sqlite:
-            raw = conn.exec_driver_sql(CURSOR_SQL.replace("%s", "?"), args).scalar()
+            row = self._sqlite_run(conn, CURSOR_SQL, args).fetchone()
+            raw = None if row is None else row[0]
         else:
             pg = conn.connection.driver_connection
             assert pg is not None
@@ -374,8 +403,7 @@ class LedgerWriter:
         SQLite one by one, PostgreSQL in one pipeline on ``cur`` (a new cursor if none)."""
         if self._sqlite:
             for sql, params, many in stmts:
-                sql = sql.replace("%s", "?")
-                conn.exec_driver_sql(sql, params if many else tuple(params))
+                self._sqlite_run(conn, sql, params if many else tuple(params), many=many)
             return
         if cur is None:
             pg = conn.connection.driver_connection

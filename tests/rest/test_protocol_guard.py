@@ -240,3 +240,15 @@ def test_pipelined_requests_are_answered_then_the_idle_connection_closed(port: i
         started = time.monotonic()
         assert _closed_within(sock, 5)
         assert time.monotonic() - started < 5
+
+
+def test_a_malformed_head_after_pipelined_requests_is_answered_after_them(port: int) -> None:
+    """A malformed head sent right behind requests on one connection (pipelining) is
+    answered 400 only after their responses, in order: the requests before it run and
+    their answers are not cut off or dropped (the app of /slow is still running when the
+    parser reaches the bad head)."""
+    request = b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
+    reply = _exchange(port, request + b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"GARBAGE\r\n\r\n")
+    statuses = [part[:3] for part in reply.split(b"HTTP/1.1 ")[1:]]
+    assert statuses == [b"200", b"200", b"400"], reply[:400]
+    assert json.loads(reply.rpartition(b"\r\n\r\n")[2])["error"]["code"] == "VALIDATION_ERROR"

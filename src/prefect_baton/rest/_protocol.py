@@ -250,6 +250,7 @@ if HttpToolsProtocol is not None:
             super().__init__(*args, **kwargs)
             self._in_body = False  # between a head's end and its message's end
             self._head_bytes = 0  # bytes received since the last head ended
+            self._refused = False  # a head was refused; its 400 ends the connection
 
         def _phase(self) -> str:
             if self._in_body:
@@ -260,7 +261,10 @@ if HttpToolsProtocol is not None:
 
         def data_received(self, data: bytes) -> None:
             """uvicorn's parsing (its callbacks start requests), then the head size limit
-            and the deadline of the phase reached."""
+            and the deadline of the phase reached. Nothing more is read once a head was
+            refused."""
+            if self._refused:
+                return
             if not self._in_body:
                 self._head_bytes += len(data)
             super().data_received(data)
@@ -286,11 +290,25 @@ if HttpToolsProtocol is not None:
         def send_400_response(self, msg: str) -> None:
             """Answer a request head the parser refused (malformed, or an incomplete one
             over :data:`MAX_HEAD_BYTES`) with the JSON error envelope
-            ``400 VALIDATION_ERROR``, then close."""
-            head = [b"HTTP/1.1 400 Bad Request\r\n"]
-            head += [name + b": " + value + b"\r\n" for name, value in _BAD_HEAD_HEADERS]
-            self.transport.write(b"".join(head) + b"\r\n" + _BAD_HEAD_BODY)
-            self.transport.close()
+            ``400 VALIDATION_ERROR``, then close; when requests sent before it on this
+            connection are still running or queued (pipelining), only after their
+            responses, in order, as h11 answers: the parser reads ahead of the app, so
+            answering at once would cut a response in progress or drop a request that has
+            already run."""
+            self._refused = True
+            self.flow.pause_reading()
+            if (self.cycle is None or self.cycle.response_complete) and not self.pipeline:
+                head = [b"HTTP/1.1 400 Bad Request\r\n"]
+                head += [name + b": " + value + b"\r\n" for name, value in _BAD_HEAD_HEADERS]
+                self.transport.write(b"".join(head) + b"\r\n" + _BAD_HEAD_BODY)
+                self.transport.close()
+
+        def on_response_complete(self) -> None:
+            """uvicorn's end of a response (which starts the next pipelined request); then
+            the refusal of a head that followed them, once none is left."""
+            super().on_response_complete()
+            if self._refused and not self.transport.is_closing():
+                self.send_400_response("")
 
     #: The protocol :func:`~prefect_baton.rest.__main__.run_app` serves with:
     #: :class:`GuardedHttpToolsProtocol` when ``httptools`` is installed (uvicorn's fast

@@ -214,11 +214,30 @@ def _exchange(port: int, data: bytes) -> bytes:
             b"GET / HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * (_protocol.MAX_HEAD_BYTES + 100),
             id="overlong",
         ),
+        pytest.param(
+            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"zz\r\nab\r\n0\r\n\r\n",
+            id="bad-chunk-size",
+        ),
+        pytest.param(
+            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+            id="gzip-chunked",
+        ),
+        pytest.param(
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            id="length-and-chunked",
+        ),
+        pytest.param(b"GET / HTTP/1.1\r\n\r\n", id="no-host"),
+        pytest.param(b"GET / HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", id="two-hosts"),
     ],
 )
 def test_a_malformed_or_overlong_head_is_a_json_400(port: int, data: bytes) -> None:
-    """A malformed head, or more than MAX_HEAD_BYTES of a head without its end, is answered
-    400 with the JSON envelope (VALIDATION_ERROR) and the connection is closed."""
+    """A malformed head or chunked body, more than MAX_HEAD_BYTES of a head without its
+    end, or a head whose framing the two parsers take differently (head_problem: a
+    Transfer-Encoding other than chunked or beside Content-Length, no Host or two) is
+    answered 400 with the JSON envelope (VALIDATION_ERROR) on both protocols, at once, and
+    the connection is closed."""
     reply = _exchange(port, data)
     head, _, body = reply.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400"), reply[:200]
@@ -240,3 +259,27 @@ def test_pipelined_requests_are_answered_then_the_idle_connection_closed(port: i
         started = time.monotonic()
         assert _closed_within(sock, 5)
         assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param(b"GARBAGE\r\n\r\n", id="malformed-head"),
+        pytest.param(
+            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            id="malformed-chunked-body",
+        ),
+    ],
+)
+def test_a_malformed_request_after_pipelined_ones_is_answered_after_them(
+    port: int, bad: bytes
+) -> None:
+    """A malformed head or body sent right behind requests on one connection (pipelining)
+    is answered 400 only after their responses, in order: the requests before it run and
+    their answers are not cut off or dropped (the app of /slow is still running when the
+    parser reaches the bad request)."""
+    requests = b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n"
+    reply = _exchange(port, requests + bad)
+    statuses = [part[:3] for part in reply.split(b"HTTP/1.1 ")[1:]]
+    assert statuses == [b"200", b"200", b"400"], reply[:400]
+    assert json.loads(reply.rpartition(b"\r\n\r\n")[2])["error"]["code"] == "VALIDATION_ERROR"

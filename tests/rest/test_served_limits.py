@@ -185,6 +185,28 @@ def test_a_key_outside_the_authorization_header_is_refused_and_not_logged(
     assert served.key[3:] not in log
 
 
+@pytest.mark.parametrize("keyed", [True, False], ids=["keyed", "no-key"])
+def test_a_websocket_upgrade_is_answered_as_a_plain_request(served: Served, keyed: bool) -> None:
+    """A request asking for a WebSocket upgrade gets the answer the same request gets
+    without it (the key checked, the JSON envelope), not a WebSocket handshake's
+    plain-text 400 or empty 403: no route is a WebSocket."""
+    if keyed and served.kind == "mcp":
+        pytest.skip("uvicorn's httptools protocol drops the body of a request with Upgrade")
+    auth = [("Authorization", f"Bearer {served.key}")] if keyed else []
+    upgrade = [
+        ("Upgrade", "websocket"),
+        ("Connection", "Upgrade"),
+        ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+        ("Sec-WebSocket-Version", "13"),
+    ]
+    plain = served.request(served.path, auth)
+    resp = served.request(served.path, [*auth, *upgrade])
+    assert resp.status_code == plain.status_code != 101, resp.text
+    assert resp.headers["content-type"].startswith("application/json"), resp.text
+    if not keyed:
+        assert resp.json()["error"] == plain.json()["error"]
+
+
 def test_two_authorization_headers_are_refused(served: Served) -> None:
     """Two Authorization headers are 400 VALIDATION_ERROR (the JSON envelope), whichever
     comes last."""

@@ -140,8 +140,9 @@ def run_app(app: Any, host: str, port: int, workers: int = 1) -> None:
     :data:`~prefect_baton.rest._protocol.GuardedProtocol` (``httptools``, else ``h11``;
     ``uvloop``'s event loop when installed, else asyncio's; request head within 10 s,
     body within 30 s, idle keep-alive 5 s, at most the file descriptor limit less a
-    reserve of connections per process, ``503`` when every one is busy). The REST API
-    and the MCP server over HTTP are both served by it.
+    reserve of connections per process, ``503`` when every one is busy; no WebSocket
+    upgrade: such a request is answered as a plain one). The REST API and the MCP server
+    over HTTP are both served by it.
 
     Args:
         app: the ASGI application (FastAPI or Starlette), or with ``workers`` over 1 the
@@ -167,6 +168,9 @@ def run_app(app: Any, host: str, port: int, workers: int = 1) -> None:
         http=GuardedProtocol,
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,  # the h11 fallback's head limit
         loop="auto",  # uvloop when installed
+        # No route is a WebSocket: an Upgrade request is served as plain HTTP (auth, JSON
+        # errors) instead of reaching a WebSocket handshake's plain-text 400 or empty 403.
+        ws="none",
         timeout_keep_alive=5,
         backlog=ACCEPT_BATCH,
         workers=workers,

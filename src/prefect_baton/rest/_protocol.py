@@ -20,7 +20,9 @@ fallback) add the same guarantees, per connection:
 * ``TCP_NODELAY`` on every TCP connection, also in uvicorn's worker processes;
 * a malformed request head, or an incomplete one over :data:`MAX_HEAD_BYTES`, is answered
   with the JSON error envelope (``400 VALIDATION_ERROR``) rather than uvicorn's plain text,
-  and the connection is closed.
+  and the connection is closed; so is a head whose framing either parser would take
+  differently from the other (:func:`head_problem`: ``Transfer-Encoding`` other than
+  ``chunked``, or with ``Content-Length``; no ``Host`` in HTTP/1.1, or two).
 
 :data:`GuardedProtocol` is the one :func:`~prefect_baton.rest.__main__.run_app` serves with.
 """
@@ -32,6 +34,7 @@ import json
 import resource
 import socket
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import h11
@@ -52,6 +55,7 @@ __all__ = [
     "GuardedH11Protocol",
     "GuardedHttpToolsProtocol",
     "GuardedProtocol",
+    "head_problem",
     "max_connections",
 ]
 
@@ -91,6 +95,58 @@ _BAD_HEAD_HEADERS = [
 _WAITING = "waiting for a request head"  # idle, or part of a head received
 _BODY = "receiving a request body"
 _BUSY = "the app or the response runs"
+
+
+def head_problem(http_version: str, headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """Why a request head that its parser took is refused anyway (``str``), or ``None``.
+    httptools and h11 disagree on these heads (one answers ``400``, the other serves the
+    request); both protocols refuse them, with ``400 VALIDATION_ERROR``, so a client (or a
+    proxy in front) sees one answer whichever is installed, and no two parties can frame
+    the body differently (request smuggling): a ``Transfer-Encoding`` other than
+    ``chunked`` (httptools took ``gzip, chunked`` and handed the app the still-encoded
+    body), ``Transfer-Encoding`` together with ``Content-Length`` (h11 took it), several
+    ``Host`` headers, or none in an HTTP/1.1 request (httptools took both; RFC 9112
+    section 3.2 requires ``400``).
+
+    Args:
+        http_version: the request's HTTP version (``str``, e.g. ``"1.1"``).
+        headers: its header fields as ``(name, value)`` byte pairs, names in any case.
+    """
+    hosts = 0
+    encodings = []
+    has_length = False
+    for name, value in headers:
+        name = name.lower()
+        if name == b"host":
+            hosts += 1
+        elif name == b"transfer-encoding":
+            encodings.append(value.strip().lower())
+        elif name == b"content-length":
+            has_length = True
+    if encodings and encodings != [b"chunked"]:
+        return "Transfer-Encoding must be chunked, once"
+    if encodings and has_length:
+        return "Transfer-Encoding and Content-Length together"
+    if hosts > 1 or (hosts == 0 and http_version == "1.1"):
+        return "an HTTP/1.1 request needs one Host header"
+    return None
+
+
+class _CheckedConnection(h11.Connection):
+    """h11's server connection, refusing the heads :func:`head_problem` names as malformed."""
+
+    def next_event(self) -> Any:
+        """h11's next event; a request whose head :func:`head_problem` refuses raises.
+
+        Raises:
+            h11.RemoteProtocolError: malformed, or refused by :func:`head_problem`.
+        """
+        event = super().next_event()
+        if isinstance(event, h11.Request):
+            problem = head_problem(event.http_version.decode("ascii"), event.headers)
+            if problem is not None:
+                raise h11.RemoteProtocolError(problem, error_status_hint=400)
+        return event
 
 
 def max_connections() -> int:
@@ -208,6 +264,12 @@ class GuardedH11Protocol(_Guard, H11Protocol):  # type: ignore[misc]
     docstring). Pass it as uvicorn's ``http`` protocol class, with
     ``h11_max_incomplete_event_size=MAX_HEAD_BYTES``."""
 
+    def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)
+        self.conn = _CheckedConnection(
+            h11.SERVER, config.h11_max_incomplete_event_size or MAX_HEAD_BYTES
+        )
+
     def _phase(self) -> str:
         state = self.conn.their_state
         if state is h11.IDLE:
@@ -250,6 +312,9 @@ if HttpToolsProtocol is not None:
             super().__init__(*args, **kwargs)
             self._in_body = False  # between a head's end and its message's end
             self._head_bytes = 0  # bytes received since the last head ended
+            self._refused = False  # a message was refused; its 400 ends the connection
+            self._refused_cycle: Any = None  # the request whose body was refused
+            self._running: Any = None  # the request uvicorn started last
 
         def _phase(self) -> str:
             if self._in_body:
@@ -260,7 +325,10 @@ if HttpToolsProtocol is not None:
 
         def data_received(self, data: bytes) -> None:
             """uvicorn's parsing (its callbacks start requests), then the head size limit
-            and the deadline of the phase reached."""
+            and the deadline of the phase reached. Nothing more is read once a head was
+            refused."""
+            if self._refused:
+                return
             if not self._in_body:
                 self._head_bytes += len(data)
             super().data_received(data)
@@ -273,7 +341,15 @@ if HttpToolsProtocol is not None:
             self._rearm()
 
         def on_headers_complete(self) -> None:
-            """A head ended: its body (if any) follows; then uvicorn starts the request."""
+            """A head ended: its body (if any) follows; then uvicorn starts the request.
+
+            Raises:
+                ValueError: :func:`head_problem` refuses the head (the parser then stops,
+                    and the connection is answered ``400``).
+            """
+            problem = head_problem(self.parser.get_http_version(), self.headers)
+            if problem is not None:
+                raise ValueError(problem)
             self._head_bytes = 0
             self._in_body = True
             super().on_headers_complete()
@@ -286,11 +362,39 @@ if HttpToolsProtocol is not None:
         def send_400_response(self, msg: str) -> None:
             """Answer a request head the parser refused (malformed, or an incomplete one
             over :data:`MAX_HEAD_BYTES`) with the JSON error envelope
-            ``400 VALIDATION_ERROR``, then close."""
-            head = [b"HTTP/1.1 400 Bad Request\r\n"]
-            head += [name + b": " + value + b"\r\n" for name, value in _BAD_HEAD_HEADERS]
-            self.transport.write(b"".join(head) + b"\r\n" + _BAD_HEAD_BODY)
-            self.transport.close()
+            ``400 VALIDATION_ERROR``, then close; when requests sent before it on this
+            connection are still running or queued (pipelining), only after their
+            responses, in order, as h11 answers: the parser reads ahead of the app, so
+            answering at once would cut a response in progress or drop a request that has
+            already run. A request whose body the parser refused never runs (if queued)
+            or sees ``http.disconnect`` (if running)."""
+            if not self._refused:
+                self._refused = True
+                self.flow.pause_reading()
+                if self._in_body:  # the refused message is the latest request
+                    self._in_body = False
+                    self._refused_cycle = self.cycle
+                    if self.pipeline and self.pipeline[0][0] is self.cycle:
+                        self.pipeline.popleft()  # queued behind a running one
+            running = self._running
+            done = running is None or running.response_complete or running is self._refused_cycle
+            if done and not self.pipeline:
+                head = [b"HTTP/1.1 400 Bad Request\r\n"]
+                head += [name + b": " + value + b"\r\n" for name, value in _BAD_HEAD_HEADERS]
+                self.transport.write(b"".join(head) + b"\r\n" + _BAD_HEAD_BODY)
+                self.transport.close()
+
+        def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+            """uvicorn's start of a request's app (noted: the refusal waits for it)."""
+            self._running = cycle
+            super()._start_asgi_task(cycle, app)
+
+        def on_response_complete(self) -> None:
+            """uvicorn's end of a response (which starts the next pipelined request); then
+            the refusal of a head that followed them, once none is left."""
+            super().on_response_complete()
+            if self._refused and not self.transport.is_closing():
+                self.send_400_response("")
 
     #: The protocol :func:`~prefect_baton.rest.__main__.run_app` serves with:
     #: :class:`GuardedHttpToolsProtocol` when ``httptools`` is installed (uvicorn's fast

@@ -242,6 +242,7 @@ def _worker(conn: Connection) -> None:
         conn.send("ready")
         start, end = conn.recv()
         time.sleep(max(0.0, start - time.time()))
+        cpu0 = time.process_time()
         ok = 0
         errors: Counter[str] = Counter()
         lat = array.array("d")
@@ -255,8 +256,9 @@ def _worker(conn: Connection) -> None:
                 ok += 1
             else:
                 errors[err] += 1
+        cpu = time.process_time() - cpu0
         client.close()
-        conn.send({"ok": ok, "errors": dict(errors), "lat": lat.tobytes()})
+        conn.send({"ok": ok, "errors": dict(errors), "lat": lat.tobytes(), "cpu": cpu})
 
 
 class Pool:
@@ -276,7 +278,7 @@ class Pool:
     def phase(self, cfgs: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
         """Run one phase (``cfgs[i]`` for client ``i``, the first ``len(cfgs)`` client
         processes) for ``seconds``; pairs/s, errors, p50/p99 latency of a successful pair
-        in ms."""
+        in ms, and the client processes' CPU seconds (user + system) over the phase."""
         conns = self.conns[: len(cfgs)]
         for conn, cfg in zip(conns, cfgs, strict=True):
             conn.send(cfg)
@@ -305,6 +307,7 @@ class Pool:
             "p50_ms": _quantile(lat, 0.50) * 1e3,
             "p99_ms": _quantile(lat, 0.99) * 1e3,
             "errors": dict(errors),
+            "client_cpu_s": sum(r["cpu"] for r in results),
         }
 
     def close(self) -> None:
@@ -436,13 +439,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         row["server_cpu_ms_per_pair"] = (
                             cpu * 1e3 / pairs if arm == "rest" and s.pids and pairs else None
                         )
+                        row["client_cpu_ms_per_pair"] = (
+                            row.pop("client_cpu_s") * 1e3 / pairs if pairs else None
+                        )
                         per_round[n][s.authority][arm].append(row)
                         print(
                             f"round {rnd + 1} clients {n:3d} {s.authority:7s} {arm:6s} "
                             f"{row['pairs_per_s']:8.1f} pairs/s  p50 {row['p50_ms']:.2f} ms  "
                             f"p99 {row['p99_ms']:.2f} ms  "
                             f"errors {sum(row['errors'].values())}  "
-                            f"server CPU/pair {_ms(row['server_cpu_ms_per_pair'])} ms",
+                            f"server CPU/pair {_ms(row['server_cpu_ms_per_pair'])} ms  "
+                            f"client CPU/pair {_ms(row['client_cpu_ms_per_pair'])} ms",
                             file=sys.stderr,
                             flush=True,
                         )
@@ -492,6 +499,9 @@ def _summarise(per_round: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[st
                 "server_cpu_ms_per_pair": _median_or_none(
                     [r["server_cpu_ms_per_pair"] for r in rounds]
                 ),
+                "client_cpu_ms_per_pair": _median_or_none(
+                    [r["client_cpu_ms_per_pair"] for r in rounds]
+                ),
                 "errors": dict(errors),
             }
         if arms["inproc"]:
@@ -516,9 +526,9 @@ LABEL = {
 def _print_table(res: dict[str, Any]) -> None:
     print(
         "| clients | authority | path | pairs/s | p50 ms | p99 ms | errors "
-        "| server CPU ms/pair | REST / in-process | REST / compare |"
+        "| server CPU ms/pair | client CPU ms/pair | REST / in-process | REST / compare |"
     )
-    print("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for clients, rows in res["results"].items():
         for authority, row in rows.items():
             for arm, name in (("inproc", "in-process `Baton`"), ("rest", "REST (httpx)")):
@@ -530,7 +540,7 @@ def _print_table(res: dict[str, Any]) -> None:
                 print(
                     f"| {clients} | {LABEL[authority]} | {name} | {a['pairs_per_s']:,.0f} "
                     f"| {a['p50_ms']:.2f} | {a['p99_ms']:.2f} | {sum(a['errors'].values())} "
-                    f"| {_ms(a['server_cpu_ms_per_pair'])} "
+                    f"| {_ms(a['server_cpu_ms_per_pair'])} | {_ms(a['client_cpu_ms_per_pair'])} "
                     f"| {'' if inproc is None else f'{inproc:.3f}'} "
                     f"| {'' if compare is None else f'{compare:.3f}'} |"
                 )

@@ -24,6 +24,7 @@ from sqlalchemy import delete, event, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlmodel import Session, col
 
 from prefect_baton._rules import core as _core
@@ -418,6 +419,13 @@ class StoreBase:
                     last = exc
                     continue
                 raise
+            except PoolTimeoutError as exc:
+                # SQLite: this process's one write connection stayed busy for the whole busy
+                # timeout (see engine._sqlite_engine), as a lock held that long would
+                raise UnavailableError(
+                    "ledger write waited longer than the busy timeout for this process's "
+                    "write connection"
+                ) from exc
         raise UnavailableError(f"ledger write did not settle after {MAX_ATTEMPTS} tries: {last}")
 
     def _record_refusal(

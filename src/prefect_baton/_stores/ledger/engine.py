@@ -32,10 +32,11 @@ VERSION_TABLE = "baton_alembic_version"
 #: ``tests/unit/test_migrations.py`` checks this against Alembic's script directory.
 HEAD_REVISION = "0005"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
-#: Connections each SQLite engine keeps open once opened (10 more may be opened, and are
-#: closed on return): AnyIO's default worker-thread limit, so a REST server running that
-#: many requests on the ledger at once neither reopens connections (with their PRAGMAs)
-#: nor waits for one. Opened on demand: a single-threaded client still holds one.
+#: Connections the SQLite read engine keeps open once opened (10 more may be opened, and
+#: are closed on return): AnyIO's default worker-thread limit, so a REST server running that
+#: many reads at once neither reopens connections (with their PRAGMAs) nor waits for one.
+#: Opened on demand: a single-threaded client still holds one. The write engine has one
+#: connection (see :func:`_sqlite_engine`).
 SQLITE_POOL_SIZE = 40
 #: The URL an in-memory ledger reports (:func:`make_memory_engines`); ``normalize_url`` still
 #: refuses it, since every connection of a pool would see its own empty database.
@@ -147,12 +148,23 @@ def _set_wal(cur: Any) -> None:
 
 
 def _sqlite_engine(url: str, *, immediate: bool) -> Engine:
+    """An engine on the SQLite file ``url``; ``immediate``: the write engine, whose
+    transactions begin with ``BEGIN IMMEDIATE`` (the database's write lock, taken up front).
+
+    SQLite has one writer at a time. The write engine holds a single connection, so the
+    threads of one process wait for their turn in the pool's queue (in arrival order, woken
+    as soon as the connection is returned) instead of in SQLite's busy handler, which polls
+    with sleeps of up to 100 ms and lets a late arrival win: with 16 REST clients on one
+    server that put the p99 latency near 0.5 s (``benchmarks/rest.py``). A wait longer than
+    the busy timeout raises ``sqlalchemy.exc.TimeoutError``, which the store reports as
+    ``UnavailableError``. Writers in other processes still meet in the busy handler."""
     eng = create_engine(
         url,
         connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
         pool_pre_ping=False,
-        pool_size=SQLITE_POOL_SIZE,
-        max_overflow=10,
+        pool_size=1 if immediate else SQLITE_POOL_SIZE,
+        max_overflow=0 if immediate else 10,
+        pool_timeout=SQLITE_BUSY_TIMEOUT_MS / 1000,
     )
 
     @event.listens_for(eng, "connect")

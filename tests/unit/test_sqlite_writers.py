@@ -1,0 +1,86 @@
+"""Writers of one process on a SQLite ledger take turns on the write engine's single
+connection (in arrival order, woken when it is returned) instead of polling in SQLite's busy
+handler; a turn that never comes is UNAVAILABLE, with nothing written."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from sqlalchemy import event
+
+from prefect_baton import Baton, UnavailableError
+from prefect_baton._stores.ledger.store import LedgerStore
+
+
+def test_threads_writing_at_once_share_one_write_connection(tmp_path: Path) -> None:
+    """Eight threads acquiring and releasing at once (each on a resource of its own) all
+    succeed, each resource's fencing tokens rise by one per lease, and the write engine
+    never lends more than one connection at a time."""
+    b = Baton(ledger_url=f"sqlite:///{tmp_path / 'l.db'}", org="o", principal="a")
+    store = b.store
+    assert isinstance(store, LedgerStore)
+    pool = store.engines.write.pool
+    out = 0
+    most = 0
+    count = threading.Lock()
+
+    def on_checkout(*_args: object) -> None:
+        nonlocal out, most
+        with count:
+            out += 1
+            most = max(most, out)
+
+    def on_checkin(*_args: object) -> None:
+        nonlocal out
+        with count:
+            out -= 1
+
+    event.listen(pool, "checkout", on_checkout)
+    event.listen(pool, "checkin", on_checkin)
+    epochs: dict[int, list[int]] = {i: [] for i in range(8)}
+    failures: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            for _ in range(15):
+                lease = b.leases.acquire("r", f"x{i}", ttl_seconds=30)
+                epochs[i].append(lease.epoch)
+                b.leases.release(lease)
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    b.close()
+    assert not failures
+    assert all(e == list(range(1, 16)) for e in epochs.values()), epochs
+    assert most == 1
+
+
+def test_a_turn_that_never_comes_is_unavailable_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While something in this process holds the write connection past the wait limit (here
+    shortened to 0.3 s), an acquire raises UNAVAILABLE; no lease was written, and the next
+    acquire once the connection is free succeeds."""
+    b = Baton(ledger_url=f"sqlite:///{tmp_path / 'l.db'}", org="o", principal="a")
+    b.leases.acquire("r", "warm", ttl_seconds=30)  # registers the caller first
+    store = b.store
+    assert isinstance(store, LedgerStore)
+    pool = store.engines.write.pool
+    monkeypatch.setattr(pool, "_timeout", 0.3)
+    held = store.engines.write.connect()
+    try:
+        with pytest.raises(UnavailableError):
+            b.leases.acquire("r", "x", ttl_seconds=30)
+    finally:
+        held.close()
+    assert not b.leases.inspect("r", "x").held
+    lease = b.leases.acquire("r", "x", ttl_seconds=30)
+    assert lease.epoch == 1
+    b.close()

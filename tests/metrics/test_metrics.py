@@ -140,15 +140,60 @@ def test_enable_refuses_a_bad_port(port: object) -> None:
 
 
 def test_label_values_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Past the cap of distinct resource types, new ones are recorded as ``_other``."""
-    monkeypatch.setattr(_state, "_seen", {"organization": set(), "resource_type": set()})
+    """Past the cap of distinct resource types of one organization, its new ones are
+    recorded as ``_other``."""
+    monkeypatch.setattr(_state, "_seen", {})
+    monkeypatch.setattr(_state, "_totals", {"organization": 0, "resource_type": 0})
     monkeypatch.setitem(_state.MAX_LABEL_VALUES, "resource_type", 2)
-    assert [_state.bounded("resource_type", t) for t in ("a", "b", "c", "a")] == [
+    assert [_state.bounded("resource_type", t, "o1") for t in ("a", "b", "c", "a")] == [
         "a",
         "b",
         "_other",
         "a",
     ]
+
+
+def test_one_organizations_resource_types_do_not_fold_anothers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The resource-type cap counts per organization: an organization that has used up its
+    own cap does not turn another organization's types into ``_other``; the total over all
+    organizations is capped too."""
+    monkeypatch.setattr(_state, "_seen", {})
+    monkeypatch.setattr(_state, "_totals", {"organization": 0, "resource_type": 0})
+    monkeypatch.setitem(_state.MAX_LABEL_VALUES, "resource_type", 2)
+    monkeypatch.setitem(_state.MAX_LABEL_TOTAL, "resource_type", 5)
+    assert [_state.bounded("resource_type", t, "noisy") for t in ("a", "b", "c", "d")] == [
+        "a",
+        "b",
+        "_other",
+        "_other",
+    ]
+    assert [_state.bounded("resource_type", t, "quiet") for t in ("a", "x")] == ["a", "x"]
+    assert _state.bounded("resource_type", "y", "third") == "y"
+    assert _state.bounded("resource_type", "z", "third") == "_other"  # 5 pairs in all
+    assert _state.bounded("resource_type", "y", "third") == "y"
+
+
+def test_gauges_fold_resource_types_per_organization(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lease gauges keep each organization's largest resource types up to the cap and
+    fold only that organization's others into ``_other``."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    from prefect_baton.metrics import _prom
+
+    monkeypatch.setitem(_state.MAX_LABEL_VALUES, "resource_type", 2)
+    family = GaugeMetricFamily("g", "help", labels=["organization", "resource_type"])
+    rows = [("noisy", "a", 9), ("noisy", "b", 8), ("noisy", "c", 7), ("quiet", "x", 1)]
+    rows += [("noisy", "d", 1)]
+    _prom.StoreGauges._leases(family, rows)
+    got = {(s.labels["organization"], s.labels["resource_type"]): s.value for s in family.samples}
+    assert got == {
+        ("noisy", "a"): 9,
+        ("noisy", "b"): 8,
+        ("noisy", "_other"): 8,
+        ("quiet", "x"): 1,
+    }
 
 
 @pytest.mark.parametrize("ledger_url", ["sqlite"], indirect=True)

@@ -6,8 +6,9 @@ Recording is off until :func:`enable` is called (``baton serve`` enables it for 
 process); until then a recording site costs one attribute read, and importing
 :mod:`prefect_baton` does not import ``prometheus_client``. Labels carry only the
 organization, the resource type and a bounded result, status, reason or kind: never
-resource ids, lease ids, principals or keys; each of organization and resource type takes
-at most :data:`~prefect_baton.metrics._specs.MAX_LABEL_VALUES` values per process (then
+resource ids, lease ids, principals or keys. A process records at most
+:data:`~prefect_baton.metrics._specs.MAX_LABEL_VALUES` organizations and resource types per
+organization, and :data:`~prefect_baton.metrics._specs.MAX_LABEL_TOTAL` in all (then
 ``_other``).
 
 Operations are recorded where they are decided: by a client on the ledger or on Redis, and

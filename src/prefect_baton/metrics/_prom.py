@@ -23,7 +23,13 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from prefect_baton.errors import BatonError, UnavailableError
-from prefect_baton.metrics._specs import GAUGES, INSTRUMENTS, MAX_LABEL_VALUES, OTHER
+from prefect_baton.metrics._specs import (
+    GAUGES,
+    INSTRUMENTS,
+    MAX_LABEL_TOTAL,
+    MAX_LABEL_VALUES,
+    OTHER,
+)
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -133,13 +139,20 @@ class StoreGauges(Collector):
 
     @staticmethod
     def _leases(family: GaugeMetricFamily, rows: Iterable[tuple[str, str, int]]) -> None:
-        """Add ``rows`` (largest first), folding resource types past the label cap into
-        ``_other`` per organization."""
-        kept: set[str] = set()
+        """Add ``rows`` (largest first), folding each organization's resource types past
+        the label cap (per organization, and over all organizations together) into
+        ``_other``."""
+        kept: dict[str, set[str]] = {}
+        total = 0
         other: dict[str, int] = {}
         for org, rtype, n in rows:
-            if rtype in kept or len(kept) < MAX_LABEL_VALUES["resource_type"]:
-                kept.add(rtype)
+            mine = kept.setdefault(org, set())
+            if rtype in mine or (
+                len(mine) < MAX_LABEL_VALUES["resource_type"]
+                and total < MAX_LABEL_TOTAL["resource_type"]
+            ):
+                total += rtype not in mine
+                mine.add(rtype)
                 family.add_metric([org, rtype], n)
             else:
                 other[org] = other.get(org, 0) + n

@@ -12,15 +12,21 @@ from typing import Literal
 __all__ = [
     "GAUGES",
     "INSTRUMENTS",
+    "MAX_LABEL_TOTAL",
     "MAX_LABEL_VALUES",
     "OTHER",
     "Instrument",
 ]
 
-#: Distinct values one label (``organization``, ``resource_type``) takes in one process;
+#: Distinct values one label takes in one process: organizations in all, resource types per
+#: organization (one organization's many types never fold another's into :data:`OTHER`);
 #: later new values are recorded as :data:`OTHER`, so a caller cannot grow the series
 #: without bound.
 MAX_LABEL_VALUES = {"organization": 1000, "resource_type": 200}
+#: Distinct values one label takes in one process over all organizations together (for
+#: ``resource_type``: distinct (organization, resource type) pairs); past it new values are
+#: recorded as :data:`OTHER` too.
+MAX_LABEL_TOTAL = {"organization": 1000, "resource_type": 5000}
 #: The label value that stands for every value past :data:`MAX_LABEL_VALUES`.
 OTHER = "_other"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
-from prefect_baton.metrics._specs import INSTRUMENTS, MAX_LABEL_VALUES, OTHER
+from prefect_baton.metrics._specs import INSTRUMENTS, MAX_LABEL_TOTAL, MAX_LABEL_VALUES, OTHER
 
 __all__ = ["SINKS", "Sink", "bounded", "enabled", "record", "set_sinks"]
 
@@ -24,7 +24,10 @@ class Sink(Protocol):
 #: The enabled backends (empty: nothing is recorded). Replaced whole, never mutated.
 SINKS: tuple[Sink, ...] = ()
 
-_seen: dict[str, set[str]] = {name: set() for name in MAX_LABEL_VALUES}
+#: The label values seen so far, by (label, organization); for ``organization`` itself the
+#: organization is ``""``.
+_seen: dict[tuple[str, str], set[str]] = {}
+_totals: dict[str, int] = dict.fromkeys(MAX_LABEL_VALUES, 0)
 _seen_lock = threading.Lock()
 
 
@@ -33,17 +36,27 @@ def enabled() -> bool:
     return bool(SINKS)
 
 
-def bounded(label: str, value: str) -> str:
-    """``value`` of the label ``label``, or :data:`~prefect_baton.metrics._specs.OTHER` once
+def bounded(label: str, value: str, organization: str = "") -> str:
+    """``value`` (``str``) of the label ``label`` (``str``), or
+    :data:`~prefect_baton.metrics._specs.OTHER` once
     :data:`~prefect_baton.metrics._specs.MAX_LABEL_VALUES` other values of that label were
-    seen in this process (labels without a cap pass unchanged)."""
-    seen = _seen.get(label)
-    if seen is None or value in seen:
+    seen in this process for ``organization`` (``str``; ``""`` for the ``organization``
+    label itself), or :data:`~prefect_baton.metrics._specs.MAX_LABEL_TOTAL` over all
+    organizations. Labels without a cap pass unchanged."""
+    cap = MAX_LABEL_VALUES.get(label)
+    if cap is None:
+        return value
+    seen = _seen.get((label, organization))
+    if seen is not None and value in seen:
         return value
     with _seen_lock:
-        if len(seen) >= MAX_LABEL_VALUES[label]:
+        seen = _seen.setdefault((label, organization), set())
+        if value in seen:
+            return value
+        if len(seen) >= cap or _totals[label] >= MAX_LABEL_TOTAL[label]:
             return OTHER
         seen.add(value)
+        _totals[label] += 1
     return value
 
 
@@ -51,8 +64,9 @@ def forget_label_values() -> None:
     """Forget the label values seen so far, so that the caps of :func:`bounded` count from
     zero again (for test suites, which make thousands of organizations in one process)."""
     with _seen_lock:
-        for seen in _seen.values():
-            seen.clear()
+        _seen.clear()
+        for label in _totals:
+            _totals[label] = 0
 
 
 def record(name: str, organization: str, *labels: str, value: float = 1.0) -> None:
@@ -66,7 +80,7 @@ def record(name: str, organization: str, *labels: str, value: float = 1.0) -> No
     org = bounded("organization", organization)
     rest = labels
     if labels and name not in _NO_RESOURCE_TYPE:
-        rest = (bounded("resource_type", labels[0]), *labels[1:])
+        rest = (bounded("resource_type", labels[0], org), *labels[1:])
     for sink in sinks:
         sink.add(name, (org, *rest), value)
 

@@ -1,8 +1,9 @@
 """The lease authorities held to the decision core by one state machine.
 
 The Lua scripts of the Redis authority (``_stores/redis/scripts/*.lua``) and the SQL ledger
-store both restate the decisions of :mod:`prefect_baton._rules.core`. A hypothesis state
-machine runs the same random operation sequences, in lock step, against:
+store both restate the decisions of :mod:`prefect_baton._rules.core` and
+:mod:`prefect_baton._rules.transitions`. A hypothesis state machine runs the same random
+operation sequences, in lock step, against:
 
 * two references built on the core itself (:class:`CoreRef`: lease rows by id, the newest
   row of a resource being its head, and acquire receipts; every outcome is decided by
@@ -65,17 +66,18 @@ from hypothesis.stateful import (
 )
 
 from prefect_baton._rules import core as _core
+from prefect_baton._rules import transitions as _transitions
 from prefect_baton._rules.core import Decision, Generation, Proof
 from prefect_baton._stores.ledger.convert import generation_to_lease
 from prefect_baton._stores.protocol import (
     AcquireRequest,
     Caller,
     Execution,
-    LeaseQuery,
     ReleaseRequest,
     RenewRequest,
     TransferRequest,
 )
+from prefect_baton._stores.queries import LeaseQuery
 from prefect_baton._stores.redis.rebuild import EPOCH_RANGE
 from prefect_baton.errors import BatonError, IdempotencyMismatchError
 from prefect_baton.models import Lease, LeaseInfo, Receipt, to_ms
@@ -216,7 +218,7 @@ class CoreRef:
         return generation_to_lease(d.new)
 
     def renew(self, proof: Proof, ttl_s: int, expected: int | None, now: int) -> Lease:
-        d = _core.decide_renew(
+        d = _transitions.decide_renew(
             self.rows.get(proof.lease_id), RenewRequest(proof, ttl_s * 1000, expected), now_ms=now
         )
         apply_decision(self.rows, d)
@@ -235,7 +237,7 @@ class CoreRef:
         new_id: str,
     ) -> Lease:
         row = self.rows.get(proof.lease_id)
-        d = _core.decide_transfer(
+        d = _transitions.decide_transfer(
             row,
             TransferRequest(proof, to, new_key, ttl_s * 1000, expected),
             epoch_floor=self.floor,
@@ -257,17 +259,19 @@ class CoreRef:
 
     def release(self, proof: Proof, expected: int | None, now: int) -> Receipt:
         row = self.rows.get(proof.lease_id)
-        d = _core.decide_release(row, ReleaseRequest(proof, expected), now_ms=now)
+        d = _transitions.decide_release(row, ReleaseRequest(proof, expected), now_ms=now)
         return self._receipt("release", d)
 
     def release_by_id(self, principal: str, lease_id: str, now: int) -> Receipt:
         row = self.rows.get(lease_id)
-        d = _core.decide_release_by_id(row, principal=principal, lease_id=lease_id, now_ms=now)
+        d = _transitions.decide_release_by_id(
+            row, principal=principal, lease_id=lease_id, now_ms=now
+        )
         return self._receipt("release_by_id", d)
 
     def force_release(self, principal: str, role: str, lease_id: str, now: int) -> Receipt:
         row = self.rows.get(lease_id)
-        d = _core.decide_force_release(
+        d = _transitions.decide_force_release(
             row, principal=principal, role=role, lease_id=lease_id, now_ms=now
         )
         return self._receipt("force_release", d)

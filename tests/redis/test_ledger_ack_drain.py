@@ -14,7 +14,7 @@ import pytest
 
 from prefect_baton import Baton, UnavailableError
 from prefect_baton._stores.ledger.store import LedgerStore
-from prefect_baton._stores.protocol import LeaseQuery
+from prefect_baton._stores.queries import LeaseQuery
 from prefect_baton._stores.redis.authority import RedisAuthority, connect
 from prefect_baton._stores.redis.keys import org_keys
 from tests.conftest import REDIS_URL, require_redis

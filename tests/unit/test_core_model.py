@@ -1,4 +1,5 @@
-"""The lease decision core (``prefect_baton._rules.core``) against a simple reference model.
+"""The lease decision core (``prefect_baton._rules.core`` and ``prefect_baton._rules.transitions``)
+against a simple reference model.
 
 A hypothesis state machine drives the pure decision functions with an injected clock over a
 few resources, principals and execution keys. Each decision is applied to an in-memory table
@@ -25,6 +26,7 @@ from sqlalchemy import text
 
 from prefect_baton._rules import core as _core
 from prefect_baton._rules import scopes as _scopes
+from prefect_baton._rules import transitions as _transitions
 from prefect_baton._rules.core import Decision, Generation, Proof
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.protocol import Caller, Execution
@@ -627,7 +629,7 @@ class LeaseCoreMachine(RuleBasedStateMachine):
         ttl_ms = _core.validate_ttl(ttl_s)
         was_effective = row is not None and row.effective(self.now)
         d, exc = _call(
-            _core.decide_renew,
+            _transitions.decide_renew,
             row,
             _core.RenewRequest(Proof(lease_id, owner, key), ttl_ms, expected),
             now_ms=self.now,
@@ -683,7 +685,7 @@ class LeaseCoreMachine(RuleBasedStateMachine):
             self.model.scope_blockers(to, row.scopes, row.resource_id, self.now) if row else set()
         )
         d, exc = _call(
-            _core.decide_transfer,
+            _transitions.decide_transfer,
             row,
             _core.TransferRequest(Proof(lease_id, owner, key), to, new_key, ttl_ms, expected),
             now_ms=self.now,
@@ -725,7 +727,7 @@ class LeaseCoreMachine(RuleBasedStateMachine):
         row = self.rows.get(lease_id)
         expected = _expected_version(exp_mode, row.version if row else 0)
         d, exc = _call(
-            _core.decide_release,
+            _transitions.decide_release,
             row,
             _core.ReleaseRequest(Proof(lease_id, owner, key), expected),
             now_ms=self.now,
@@ -753,7 +755,7 @@ class LeaseCoreMachine(RuleBasedStateMachine):
         row = self.rows.get(lease_id)
         if role == "by_id":
             d, exc = _call(
-                _core.decide_release_by_id,
+                _transitions.decide_release_by_id,
                 row,
                 principal=principal,
                 lease_id=lease_id,
@@ -762,7 +764,7 @@ class LeaseCoreMachine(RuleBasedStateMachine):
             pred = self.model.release_by_id(lease_id, principal, self.now)
         else:
             d, exc = _call(
-                _core.decide_force_release,
+                _transitions.decide_force_release,
                 row,
                 principal=principal,
                 role=role,
@@ -927,8 +929,12 @@ def test_exhausted_counters_refuse_acquire_and_renew_but_allow_release() -> None
         _acquire(_holding(epoch=top, expires_at_ms=T0))
     row = _holding(version=top)
     with pytest.raises(ValidationError):
-        _core.decide_renew(row, _core.RenewRequest(Proof("L1", "alice", "k1"), 10_000), now_ms=T0)
-    d = _core.decide_release(row, _core.ReleaseRequest(Proof("L1", "alice", "k1")), now_ms=T0)
+        _transitions.decide_renew(
+            row, _core.RenewRequest(Proof("L1", "alice", "k1"), 10_000), now_ms=T0
+        )
+    d = _transitions.decide_release(
+        row, _core.ReleaseRequest(Proof("L1", "alice", "k1")), now_ms=T0
+    )
     assert d.receipt_status == "released"
     assert d.new is not None
     assert d.new.version == top
@@ -965,14 +971,14 @@ def test_keyless_reacquire_supersedes_with_new_id() -> None:
     assert d.new.lease_id == "L2"
     assert d.new.epoch == head.epoch + 1
     with pytest.raises(NotFoundError):
-        _core.decide_release_by_id(d.ended, principal="alice", lease_id="L1", now_ms=T0)
+        _transitions.decide_release_by_id(d.ended, principal="alice", lease_id="L1", now_ms=T0)
 
 
 def test_renew_at_exact_expiry_is_lost() -> None:
     """A lease whose expiry equals the authority's clock is no longer held."""
     row = _holding()
     with pytest.raises(LeaseLostError):
-        _core.decide_renew(
+        _transitions.decide_renew(
             row, _core.RenewRequest(Proof("L1", "alice", "k1"), 10_000), now_ms=row.expires_at_ms
         )
 
@@ -994,16 +1000,16 @@ def test_transfer_epoch_rises_above_the_floor() -> None:
         Proof(lease_id="L1", owner="alice", execution_key="k1"), "bob", "k2", 10_000
     )
     kw: dict[str, object] = {"now_ms": T0 + 1_000, "new_lease_id": "L2"}
-    d = _core.decide_transfer(row, request, **kw)
+    d = _transitions.decide_transfer(row, request, **kw)
     assert d.new is not None
     assert d.new.epoch == 3
-    d = _core.decide_transfer(row, request, epoch_floor=2**32, **kw)
+    d = _transitions.decide_transfer(row, request, epoch_floor=2**32, **kw)
     assert d.new is not None
     assert d.new.epoch == 2**32 + 1
     assert d.new.version == row.version + 1
     assert d.ended is not None
     assert d.ended.epoch == row.epoch
-    d = _core.decide_transfer(row, request, epoch_floor=1, **kw)
+    d = _transitions.decide_transfer(row, request, epoch_floor=1, **kw)
     assert d.new is not None
     assert d.new.epoch == 3
 

@@ -18,7 +18,8 @@ from prefect_baton._client.requests import (
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.core import ReleaseRequest, RenewRequest, TransferRequest
 from prefect_baton._rules.paging import decode_cursor
-from prefect_baton._stores.protocol import AcquireRequest, Execution, LeaseAuthority, LeaseQuery
+from prefect_baton._stores.protocol import AcquireRequest, Execution, LeaseAuthority
+from prefect_baton._stores.queries import LeaseQuery
 from prefect_baton.models import Lease, LeaseInfo, Receipt
 
 

@@ -24,10 +24,10 @@ from prefect_baton._rules.validation import LIFETIME_RANGE, validate_lifetime
 from prefect_baton._stores.protocol import (
     CheckpointWrite,
     HandoffOffer,
-    HandoffQuery,
     OutcomeWrite,
     ResolveRequest,
 )
+from prefect_baton._stores.queries import HandoffQuery
 from prefect_baton.errors import ValidationError, from_pydantic
 from prefect_baton.models import Checkpoint, Event, Evidence, Handoff, Outcome
 

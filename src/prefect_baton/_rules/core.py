@@ -1,4 +1,4 @@
-"""The pure decision core: input validation and the lease state machine.
+"""The pure decision core: input validation, the lease types and the acquire decision.
 
 No I/O and no clock: every function takes ``now_ms`` (epoch milliseconds read from the
 authority) and the rows it needs, and returns a decision or raises a :class:`BatonError`.
@@ -10,6 +10,9 @@ Rules come from ``DESIGN.md`` ("Leases"), which merges the seed coordination ser
 release by id of a released lease is not found) and the task-lease lifecycle (seed 004:
 versions, epochs, execution keys, write scopes, proof-bearing renew/transfer/release,
 durable ``no_change`` release receipts, safe-integer exhaustion).
+
+The decisions on a granted generation (renew, transfer, release by proof or by id, force
+release, and expiry on release) are in :mod:`prefect_baton._rules.transitions`.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NamedTuple
 
-from prefect_baton._rules.access import check_force_release
 from prefect_baton._rules.validation import (
     DEFAULT_STATE_MAX_BYTES,
     MAX_ID_LENGTH,
@@ -44,7 +46,6 @@ from prefect_baton.errors import (
     ConflictError,
     IdempotencyInFlightError,
     LeaseLostError,
-    NotFoundError,
     StaleFenceError,
     ValidationError,
     VersionConflictError,
@@ -76,11 +77,6 @@ __all__ = [  # the decision core, plus the validation it re-exports for its call
     "check_fencing_token",
     "conflict",
     "decide_acquire",
-    "decide_force_release",
-    "decide_release",
-    "decide_release_by_id",
-    "decide_renew",
-    "decide_transfer",
     "in_flight",
     "incarnation_epochs",
     "next_epoch",
@@ -155,7 +151,8 @@ class AcquireRequest(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class RenewRequest:
-    """A renewal (:func:`decide_renew`; validated by the client).
+    """A renewal (validated by the client; decided by
+    :func:`~prefect_baton._rules.transitions.decide_renew`).
 
     Attributes:
         proof: names the lease, held by the caller under its execution key.
@@ -171,7 +168,8 @@ class RenewRequest:
 
 @dataclass(frozen=True, slots=True)
 class ReleaseRequest:
-    """A release by proof (:func:`decide_release`; validated by the client).
+    """A release by proof (validated by the client; decided by
+    :func:`~prefect_baton._rules.transitions.decide_release`).
 
     Attributes:
         proof: names the lease, held by the caller under its execution key.
@@ -185,7 +183,8 @@ class ReleaseRequest:
 
 @dataclass(frozen=True, slots=True)
 class TransferRequest:
-    """A transfer (:func:`decide_transfer`; validated by the client).
+    """A transfer (validated by the client; decided by
+    :func:`~prefect_baton._rules.transitions.decide_transfer`).
 
     Attributes:
         proof: names the lease, held by the caller (the sender) under its execution key.
@@ -347,154 +346,6 @@ def decide_acquire(
         purpose=request.purpose,
     )
     return Decision(action=action, new=new, ended=ended)
-
-
-def _check_proof(row: Generation | None, proof: Proof) -> Generation:
-    """Common proof check: unknown or another principal's lease is not found; a wrong
-    execution key is a lost lease (the generation belongs to another execution)."""
-    if row is None or row.owner != proof.owner:
-        raise NotFoundError(f"lease {proof.lease_id} not found")
-    if row.execution_key != proof.execution_key:
-        raise LeaseLostError(f"lease {proof.lease_id} is held by another execution")
-    return row
-
-
-def _check_held(
-    row: Generation | None, proof: Proof, expected_version: int | None, now_ms: int
-) -> Generation:
-    """The lease ``proof`` names, still effective at ``now_ms`` and at ``expected_version``
-    (when given): what renew and transfer act on (seed 004). Raises as :func:`_check_proof`,
-    then LeaseLostError (ended or expired), VersionConflictError."""
-    row = _check_proof(row, proof)
-    if not row.effective(now_ms):
-        raise LeaseLostError(
-            f"lease {row.lease_id} is no longer held ({_lost_reason(row, now_ms)})"
-        )
-    _check_version(row.version, expected_version)
-    return row
-
-
-def decide_renew(row: Generation | None, request: RenewRequest, *, now_ms: int) -> Decision:
-    """Decide a renewal of the generation ``row`` that ``request.proof`` names, at
-    ``now_ms`` (epoch milliseconds): version +1, expiry = now + ``request.ttl_ms``; id,
-    owner, key, epoch, scopes kept.
-
-    Raises:
-        NotFoundError: unknown lease id, or owned by another principal.
-        LeaseLostError: the generation ended or expired (an expired lease is never silently
-            re-acquired by a renew).
-        VersionConflictError: ``expected_version`` differs from the lease's version.
-    """
-    row = _check_held(row, request.proof, request.expected_version, now_ms)
-    _check_counters(row, epoch_too=False)
-    ttl_ms = request.ttl_ms
-    new = replace(row, version=row.version + 1, expires_at_ms=now_ms + ttl_ms, ttl_ms=ttl_ms)
-    return Decision(action="renew", new=new)
-
-
-def decide_transfer(
-    row: Generation | None,
-    request: TransferRequest,
-    *,
-    now_ms: int,
-    new_lease_id: str,
-    scope_conflict_expires_ms: int | None = None,
-    epoch_floor: int = 0,
-) -> Decision:
-    """Decide a transfer of the generation ``row`` that ``request.proof`` names, at
-    ``now_ms`` (epoch milliseconds): a new generation ``new_lease_id`` for
-    ``request.to_principal`` under ``request.new_execution_key`` for ``request.ttl_ms``;
-    version +1, epoch +1 (and above ``epoch_floor``, see :func:`next_epoch`), scopes kept
-    (seed 004 transfer rule). ``scope_conflict_expires_ms``: the expiry of another
-    effective lease whose scopes overlap the kept ones, or ``None``.
-
-    Raises:
-        NotFoundError, LeaseLostError, VersionConflictError: as :func:`decide_renew`.
-        ValidationError: the new execution key equals the current one.
-        ConflictError: the kept scopes overlap another effective lease of the receiver's
-            competitors.
-    """
-    row = _check_held(row, request.proof, request.expected_version, now_ms)
-    if request.new_execution_key == row.execution_key:
-        raise ValidationError("transfer needs a new execution key for the receiver")
-    if scope_conflict_expires_ms is not None:
-        raise conflict(scope_conflict_expires_ms, "A write scope")
-    _check_counters(row, epoch_too=True)
-    ended = replace(row, status="transferred", ended_at_ms=now_ms)
-    new = replace(
-        row,
-        lease_id=new_lease_id,
-        owner=request.to_principal,
-        execution_key=request.new_execution_key,
-        version=row.version + 1,
-        epoch=next_epoch(row.epoch, epoch_floor),
-        acquired_at_ms=now_ms,
-        expires_at_ms=now_ms + request.ttl_ms,
-        ttl_ms=request.ttl_ms,
-        status="active",
-        ended_at_ms=None,
-        ended_by=None,
-    )
-    return Decision(action="transfer", new=new, ended=ended)
-
-
-def decide_release(row: Generation | None, request: ReleaseRequest, *, now_ms: int) -> Decision:
-    """Decide a release of the generation ``row`` that ``request.proof`` names, at
-    ``now_ms`` (epoch milliseconds; seed 004 release rule, with DESIGN.md's receipts).
-
-    - effective lease: ``released``;
-    - own lease past expiry that nobody took: cleaned up, receipt status ``expired``;
-    - already released by the same proof: durable ``no_change``;
-    - superseded by the holder's own re-acquire: :class:`NotFoundError` (seed service: the
-      old id is not found);
-    - taken over, transferred or revoked: :class:`LeaseLostError`.
-
-    Version and epoch are kept. Raises :class:`NotFoundError` for an unknown or foreign
-    lease and :class:`VersionConflictError` for a wrong ``request.expected_version``.
-    """
-    row = _check_proof(row, request.proof)
-    _check_version(row.version, request.expected_version)
-    if row.status in ("released", "expired"):
-        return Decision(action="release", new=row, receipt_status="no_change", noop=True)
-    if row.status == "superseded":
-        # Re-acquire is not renew: the old id is then not found (seed service rule).
-        raise NotFoundError(f"lease {row.lease_id} not found")
-    if row.status != "active":
-        raise LeaseLostError(f"lease {row.lease_id} is no longer held ({row.status})")
-    return _end_by_holder(row, now_ms, action="release")
-
-
-def _end_by_holder(row: Generation, now_ms: int, *, action: str) -> Decision:
-    if row.expires_at_ms > now_ms:
-        ended = replace(row, status="released", ended_at_ms=now_ms)
-        return Decision(action=action, new=ended, receipt_status="released")
-    ended = replace(row, status="expired", ended_at_ms=now_ms)
-    return Decision(action=action, new=ended, receipt_status="expired")
-
-
-def decide_release_by_id(
-    row: Generation | None, *, principal: str, lease_id: str, now_ms: int
-) -> Decision:
-    """Decide a release by lease id alone (the seed service's ``DELETE /v1/leases/:id``).
-
-    Only the owner may release this way; a lease that is released, unknown, another
-    principal's or in another org is not found (seed service rule).
-    """
-    if row is None or row.owner != principal or row.status != "active":
-        raise NotFoundError(f"lease {lease_id} not found")
-    return _end_by_holder(row, now_ms, action="release")
-
-
-def decide_force_release(
-    row: Generation | None, *, principal: str, role: str, lease_id: str, now_ms: int
-) -> Decision:
-    """Decide a force release: only an ``owner`` or ``admin`` of the org; the lease ends as
-    ``revoked`` with who forced it. A lease that is not active is not found."""
-    check_force_release(role)
-    if row is None or row.status != "active":
-        raise NotFoundError(f"lease {lease_id} not found")
-    ended = replace(row, status="revoked", ended_at_ms=now_ms, ended_by=principal)
-    return Decision(action="force_release", new=ended, receipt_status="released")
 
 
 def check_fence(

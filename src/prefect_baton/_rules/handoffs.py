@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from prefect_baton._rules.core import Decision, Generation, Proof, ReleaseRequest, decide_release
+from prefect_baton._rules.core import Decision, Generation, Proof, ReleaseRequest
 from prefect_baton._rules.events import RELEASE_HANDOFF_EXPIRED, released_by_handoff
+from prefect_baton._rules.transitions import decide_release
 from prefect_baton.errors import ValidationError
 
 __all__ = [

@@ -13,8 +13,11 @@ Two protocols, both implemented by every store the client runs on:
 
 One conformance suite holds every store to the same results. Arguments arrive validated by
 the client (:mod:`prefect_baton._rules`); times are milliseconds; every method raises the
-:mod:`prefect_baton.errors` of the matching rule in :mod:`prefect_baton._rules.core`, and
-:class:`~prefect_baton.errors.UnavailableError` when its backing service cannot be reached.
+:mod:`prefect_baton.errors` of the matching rule in :mod:`prefect_baton._rules.core` or
+:mod:`prefect_baton._rules.transitions`, and :class:`~prefect_baton.errors.UnavailableError`
+when its backing service cannot be reached. The queries of the list operations
+(:class:`~prefect_baton._stores.queries.LeaseQuery`,
+:class:`~prefect_baton._stores.queries.HandoffQuery`) are in :mod:`prefect_baton._stores.queries`.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from prefect_baton._rules.core import (
     RenewRequest,
     TransferRequest,
 )
+from prefect_baton._stores.queries import HandoffQuery, LeaseQuery
 from prefect_baton.models import (
     Checkpoint,
     Event,
@@ -50,10 +54,8 @@ __all__ = [
     "Execution",
     "Fence",
     "HandoffOffer",
-    "HandoffQuery",
     "Idempotency",
     "LeaseAuthority",
-    "LeaseQuery",
     "OutcomeWrite",
     "RecordStore",
     "ReleaseRequest",
@@ -194,50 +196,6 @@ class OutcomeWrite:
     checkpoint_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class LeaseQuery:
-    """Which leases :meth:`LeaseAuthority.list_leases` lists (validated by the client).
-
-    Attributes:
-        resource_type: only leases of this type (``str``), or ``None`` (any).
-        owner: whose leases: ``None`` (the caller's), a principal (``str`` id) or ``"*"``
-            (everyone's); another principal's needs ``owner``/``admin``.
-        include_ended: also ended and expired generations (``bool``).
-        limit: at most this many leases (``int``, 1 to 10,000).
-        after: the page continues after this ``(acquired_at ms, lease_id)`` (the last
-            lease of the previous page), or ``None`` (the first page).
-    """
-
-    resource_type: str | None = None
-    owner: str | None = None
-    include_ended: bool = False
-    limit: int = 100
-    after: tuple[int, str] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class HandoffQuery:
-    """Which handoffs :meth:`RecordStore.handoff_list` lists (validated by the client).
-
-    Attributes:
-        party: whose handoffs: ``None`` (the caller's: those it sent or received), a
-            principal (``str`` id: those it sent or received) or ``"*"`` (everyone's in the
-            org); another principal's or everyone's needs ``owner``/``admin``
-            (:func:`prefect_baton._rules.access.check_list_owner`).
-        status: only handoffs that read as this status (``pending``, ``accepted``,
-            ``rejected`` or ``expired``; a pending one past its expiry reads ``expired``),
-            or ``None`` (any).
-        limit: at most this many handoffs (``int``, 1 to 10,000).
-        after: the page continues after this ``(created_at ms, handoff_id)`` (the last
-            handoff of the previous page), or ``None`` (the first page).
-    """
-
-    party: str | None = None
-    status: str | None = "pending"
-    limit: int = 100
-    after: tuple[int, str] | None = None
-
-
 @dataclass(frozen=True)
 class Fence:
     """A lease presented as a fencing token: its id and epoch.
@@ -342,7 +300,7 @@ class LeaseAuthority(Protocol):
         self, caller: Caller, request: RenewRequest, *, idempotency: Idempotency | None = None
     ) -> Lease:
         """Extend the lease ``request.proof`` names to the authority's now +
-        ``request.ttl_ms`` (rules: :func:`prefect_baton._rules.core.decide_renew`);
+        ``request.ttl_ms`` (rules: :func:`prefect_baton._rules.transitions.decide_renew`);
         ``idempotency``: see :class:`Idempotency` (operation ``renew``).
 
         Raises:
@@ -357,7 +315,7 @@ class LeaseAuthority(Protocol):
     ) -> Lease:
         """Hand the lease ``request.proof`` names to ``request.to_principal`` under its new
         execution key for its ``ttl_ms`` (rules:
-        :func:`prefect_baton._rules.core.decide_transfer`); returns the receiver's lease.
+        :func:`prefect_baton._rules.transitions.decide_transfer`); returns the receiver's lease.
 
         Raises:
             As :meth:`renew`, plus ValidationError: the execution key is not new.
@@ -368,7 +326,7 @@ class LeaseAuthority(Protocol):
         self, caller: Caller, request: ReleaseRequest, *, idempotency: Idempotency | None = None
     ) -> Receipt:
         """Release the lease ``request.proof`` names (rules:
-        :func:`prefect_baton._rules.core.decide_release`); status ``released``, ``expired``
+        :func:`prefect_baton._rules.transitions.decide_release`); status ``released``, ``expired``
         or ``no_change`` (already released by this proof).
 
         Raises:

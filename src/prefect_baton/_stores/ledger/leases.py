@@ -1,4 +1,9 @@
-"""Lease operations of the ledger store: the embedded lease authority."""
+"""Lease operations of the ledger store, the embedded lease authority: its lease rows and
+the writes (acquire, renew, transfer, release, force release, the expiry report).
+
+Its reads are in :mod:`~prefect_baton._stores.ledger.lease_reads`; the fence checks of
+record writes in :mod:`~prefect_baton._stores.ledger.fences`.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +11,13 @@ import json
 from collections import namedtuple
 from collections.abc import Callable
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import func, select
 from sqlmodel import Session, col
 
 from prefect_baton._rules import core as _core
 from prefect_baton._rules import events as _events
 from prefect_baton._rules import scopes as _scopes
-from prefect_baton._rules.access import check_list_owner, may_read
+from prefect_baton._rules import transitions as _transitions
 from prefect_baton._rules.core import (
     Decision,
     Generation,
@@ -22,29 +27,25 @@ from prefect_baton._rules.core import (
 )
 from prefect_baton._rules.digests import acquire_digest, resource_key
 from prefect_baton._rules.keeping import heartbeat_call_timeout
-from prefect_baton._stores.ledger.base import StoreBase, T, Tx
+from prefect_baton._stores.ledger.base import T, Tx
 from prefect_baton._stores.ledger.convert import (
     GENERATION_FIELDS,
     copy_fields,
     generation_to_lease,
-    lease_info,
     lease_payload,
     row_to_generation,
     shared_fields,
     subject_of,
 )
+from prefect_baton._stores.ledger.lease_reads import LeaseReads
 from prefect_baton._stores.ledger.receipted_ops import ReceiptedLeaseOps
 from prefect_baton._stores.ledger.tables import (
     GenerationRow,
     LeaseTransition,
 )
-from prefect_baton._stores.protocol import AcquireRequest, Caller, Execution, Fence, LeaseQuery
-from prefect_baton.errors import ConflictError, NotFoundError, StaleFenceError
-from prefect_baton.models import (
-    Lease,
-    LeaseInfo,
-    Receipt,
-)
+from prefect_baton._stores.protocol import AcquireRequest, Caller, Execution
+from prefect_baton.errors import ConflictError, NotFoundError
+from prefect_baton.models import Lease, Receipt
 
 ATTEMPT_FIELD = "attempt"
 """The key of an acquire receipt's stored response (the lease's JSON) that holds the token of
@@ -108,8 +109,9 @@ _Located = tuple[str, str, bool]
 LOCATED_MAX = 10_000
 
 
-class LeaseOps(StoreBase, ReceiptedLeaseOps):
-    """The lease authority half of :class:`LedgerStore` (see :mod:`prefect_baton._rules.core`)."""
+class LeaseOps(LeaseReads, ReceiptedLeaseOps):
+    """The lease authority half of :class:`LedgerStore` (see :mod:`prefect_baton._rules.core`);
+    its reads are :class:`~prefect_baton._stores.ledger.lease_reads.LeaseReads`."""
 
     # ------------------------------------------------------------------ lease rows
 
@@ -158,12 +160,6 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
                 pass
         located[(org, g.lease_id)] = where
         return where
-
-    def _row_by_id(self, session: Session, org: str, lease_id: str) -> GenerationRow | None:
-        row = session.get(GenerationRow, lease_id)
-        if row is None or row.org_id != org:
-            return None
-        return row
 
     def _scope_conflict(
         self, tx: Tx, principal: str, scopes: tuple[str, ...], exclude: tuple[str, str]
@@ -420,13 +416,13 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
         return self._write(caller, locks, op, statement_timeout_ms=statement_timeout_ms)
 
     def _renew(self, caller: Caller, request: RenewRequest) -> Lease:
-        """Renew a lease the caller holds (see :func:`prefect_baton._rules.core.decide_renew`).
-        On PostgreSQL its statements time out after
-        :func:`~prefect_baton._rules.keeping.heartbeat_call_timeout` of the TTL, below the
-        keeper's renew deadline."""
+        """Renew a lease the caller holds (see
+        :func:`prefect_baton._rules.transitions.decide_renew`). On PostgreSQL its statements
+        time out after :func:`~prefect_baton._rules.keeping.heartbeat_call_timeout` of the
+        TTL, below the keeper's renew deadline."""
 
         def fn(tx: Tx, row: Generation | None, resource: tuple[str, str]) -> Lease:
-            d = _core.decide_renew(row, request, now_ms=tx.now_ms)
+            d = _transitions.decide_renew(row, request, now_ms=tx.now_ms)
             self._apply(tx, d, caller.org, resource=resource)
             assert d.new is not None
             return generation_to_lease(d.new)
@@ -442,7 +438,7 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
         request: TransferRequest,
     ) -> Lease:
         scopes = row.scopes if row else ()
-        d = _core.decide_transfer(
+        d = _transitions.decide_transfer(
             row,
             request,
             now_ms=tx.now_ms,
@@ -457,7 +453,7 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
         return generation_to_lease(d.new)
 
     def _transfer(self, caller: Caller, request: TransferRequest) -> Lease:
-        """Transfer a lease as ``request`` says (see :func:`_core.decide_transfer`)."""
+        """Transfer a lease as ``request`` says (see :func:`_transitions.decide_transfer`)."""
 
         def fn(tx: Tx, row: Generation | None, resource: tuple[str, str]) -> Lease:
             return self._transfer_in_tx(tx, row, resource, request)
@@ -472,19 +468,19 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
         return Receipt(action=action, status=status, lease=generation_to_lease(d.new))  # type: ignore[arg-type,unused-ignore]
 
     def _release(self, caller: Caller, request: ReleaseRequest) -> Receipt:
-        """Release by proof (see :func:`_core.decide_release`)."""
+        """Release by proof (see :func:`_transitions.decide_release`)."""
 
         def fn(tx: Tx, row: Generation | None, resource: tuple[str, str]) -> Receipt:
-            d = _core.decide_release(row, request, now_ms=tx.now_ms)
+            d = _transitions.decide_release(row, request, now_ms=tx.now_ms)
             return self._receipt_of(tx, d, "release", resource)
 
         return self._by_proof(caller, request.proof.lease_id, fn)
 
     def _release_by_id(self, caller: Caller, lease_id: str) -> Receipt:
-        """Release by id alone, as the holder (see :func:`_core.decide_release_by_id`)."""
+        """Release by id alone, as the holder (see :func:`_transitions.decide_release_by_id`)."""
 
         def fn(tx: Tx, row: Generation | None, resource: tuple[str, str]) -> Receipt:
-            d = _core.decide_release_by_id(
+            d = _transitions.decide_release_by_id(
                 row, principal=caller.principal, lease_id=lease_id, now_ms=tx.now_ms
             )
             return self._receipt_of(tx, d, "release_by_id", resource)
@@ -493,10 +489,10 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
 
     def _force_release(self, caller: Caller, lease_id: str) -> Receipt:
         """Force-release any lease of the org, as ``owner`` or ``admin`` (see
-        :func:`_core.decide_force_release`)."""
+        :func:`_transitions.decide_force_release`)."""
 
         def fn(tx: Tx, row: Generation | None, resource: tuple[str, str]) -> Receipt:
-            d = _core.decide_force_release(
+            d = _transitions.decide_force_release(
                 row,
                 principal=caller.principal,
                 role=caller.role,
@@ -506,117 +502,6 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
             return self._receipt_of(tx, d, "force_release", resource)
 
         return self._by_proof(caller, lease_id, fn)
-
-    def inspect(self, caller: Caller, resource_type: str, resource_id: str) -> LeaseInfo:
-        """What any principal of the org may see about a resource (holder details only for
-        the holder itself)."""
-        with self._read() as (s, now):
-            row = s.execute(
-                select(GenerationRow)
-                .where(
-                    col(GenerationRow.org_id) == caller.org,
-                    col(GenerationRow.resource_type) == resource_type,
-                    col(GenerationRow.resource_id) == resource_id,
-                )
-                .order_by(col(GenerationRow.epoch).desc())
-                .limit(1)
-            ).scalar_one_or_none()
-            head = row_to_generation(row) if row is not None else None
-            return lease_info(caller, resource_type, resource_id, head, now)
-
-    def get(self, caller: Caller, lease_id: str) -> Lease:
-        """The lease generation ``lease_id`` as its owner sees it.
-
-        Raises:
-            NotFoundError: unknown, another org's, or another principal's lease (unless the
-                caller is ``owner``/``admin``).
-        """
-        with self._read() as (s, _now):
-            row = self._row_by_id(s, caller.org, lease_id)
-            if row is None or not may_read(caller.role, caller.principal, (row.owner,)):
-                raise NotFoundError(f"lease {lease_id} not found")
-            return generation_to_lease(row_to_generation(row))
-
-    def list_leases(self, caller: Caller, query: LeaseQuery) -> list[Lease]:
-        """Leases of the org: the caller's own by default; ``owner``/``admin`` roles may list
-        anyone's (``owner="*"`` for all). Effective ones only unless ``include_ended``.
-        Newest first; ``query.after``: the page continues after this ``(acquired_at ms,
-        lease_id)``."""
-        who = caller.principal if query.owner is None else query.owner
-        check_list_owner(caller.role, caller.principal, who)
-        with self._read() as (s, now):
-            q = select(GenerationRow).where(col(GenerationRow.org_id) == caller.org)
-            if who != "*":
-                q = q.where(col(GenerationRow.owner) == who)
-            if query.resource_type is not None:
-                q = q.where(col(GenerationRow.resource_type) == query.resource_type)
-            if not query.include_ended:
-                q = q.where(
-                    col(GenerationRow.status) == "active", col(GenerationRow.expires_at_ms) > now
-                )
-            if query.after is not None:
-                at, lease_id = query.after
-                q = q.where(
-                    or_(
-                        col(GenerationRow.acquired_at_ms) < at,
-                        and_(
-                            col(GenerationRow.acquired_at_ms) == at,
-                            col(GenerationRow.lease_id) < lease_id,
-                        ),
-                    )
-                )
-            q = q.order_by(
-                col(GenerationRow.acquired_at_ms).desc(), col(GenerationRow.lease_id).desc()
-            ).limit(max(1, min(query.limit, 10_000)))
-            return [generation_to_lease(row_to_generation(r)) for r in s.execute(q).scalars()]
-
-    # ------------------------------------------------------------------ fences
-
-    def _check_fence(self, tx: Tx, fence: Fence | None, write: str) -> Generation | None:
-        """Check ``fence`` in write transaction ``tx`` (the authority's generation when the
-        fence has a ``check``, else the ledger's row): :func:`_core.check_fence`. A refusal
-        of a lease of a known resource leaves ``fence.rejected`` (naming ``write``, the
-        operation) to be recorded once ``tx`` has rolled back (:attr:`Tx.on_refusal`).
-
-        Raises:
-            StaleFenceError: the fence is not the writer's effective generation.
-        """
-        if fence is None:
-            return None
-        if fence.check is not None:
-            held, now_ms = fence.check()
-        else:
-            row = self._row_by_id(tx.session, tx.caller.org, fence.lease_id)
-            held, now_ms = (row_to_generation(row) if row else None), tx.now_ms
-        try:
-            return _core.check_fence(
-                held,
-                lease_id=fence.lease_id,
-                epoch=fence.epoch,
-                now_ms=now_ms,
-                principal=tx.caller.principal,
-            )
-        except StaleFenceError:
-            if held is None and fence.check is not None:  # Redis forgot it: the ledger's copy
-                row = self._row_by_id(tx.session, tx.caller.org, fence.lease_id)
-                held = row_to_generation(row) if row else None
-            if held is not None:
-                resource = (held.resource_type, held.resource_id)
-                payload = _events.fence_rejected_payload(
-                    fence.lease_id, fence.epoch, resource[0], resource[1], write
-                )
-                tx.on_refusal.append((_events.FENCE_REJECTED, subject_of(resource), payload))
-            raise
-
-    def _fence_locks(self, caller: Caller, fence: Fence | None) -> list[str]:
-        if fence is None:
-            return []
-        if fence.resource is not None:
-            return [f"res:{caller.org}:{resource_key(*fence.resource)}"]
-        located = self._resource_of(caller, fence.lease_id)
-        if located is None:
-            return []
-        return [f"res:{caller.org}:{resource_key(located[0], located[1])}"]
 
     def _expiry_reported(self, tx: Tx, h: Generation) -> bool:
         found = tx.session.execute(
@@ -684,27 +569,3 @@ class LeaseOps(StoreBase, ReceiptedLeaseOps):
         if not candidates:
             return []
         return self._write(caller, [f"expiry:{caller.org}"], op)
-
-    def lease_history(self, org: str) -> tuple[list[Generation], list[LeaseTransition]]:
-        """Every lease generation and transition of ``org`` (for the audit)."""
-        with self._read() as (s, _now):
-            rows = [
-                row_to_generation(r)
-                for r in s.execute(
-                    select(GenerationRow)
-                    .where(col(GenerationRow.org_id) == org)
-                    .order_by(
-                        GenerationRow.resource_type,
-                        col(GenerationRow.resource_id),
-                        col(GenerationRow.epoch),
-                    )
-                ).scalars()
-            ]
-            transitions = list(
-                s.execute(
-                    select(LeaseTransition)
-                    .where(col(LeaseTransition.org_id) == org)
-                    .order_by(col(LeaseTransition.seq))
-                ).scalars()
-            )
-            return rows, transitions

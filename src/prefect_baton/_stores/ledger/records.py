@@ -1,50 +1,26 @@
-"""Checkpoints, handoffs, outcomes and events of the ledger store."""
+"""Checkpoints, outcomes and events of the ledger store, and :class:`RecordOps`, which adds
+them to the handoffs (:mod:`~prefect_baton._stores.ledger.handoffs`) and the fence checks of
+record writes (:mod:`~prefect_baton._stores.ledger.fences`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import or_, select
 from sqlmodel import Session, col
 
 from prefect_baton._rules import core as _core
-from prefect_baton._rules.access import (
-    check_checkpoint_delete,
-    check_list_owner,
-    check_resolver,
-    may_read,
-    may_read_checkpoint,
-)
-from prefect_baton._rules.core import Proof, TransferRequest
+from prefect_baton._rules.access import check_checkpoint_delete
 from prefect_baton._rules.digests import (
     checkpoint_save_digest,
-    handoff_create_digest,
     operation_digest,
     outcome_record_digest,
 )
-from prefect_baton._rules.events import RELEASE_HANDOFF_REJECTED
-from prefect_baton._rules.handoffs import (
-    carried_lease_lapsed,
-    decide_carried_release,
-    stored_statuses,
-)
-from prefect_baton._rules.validation import canonical_json
 from prefect_baton._stores.ledger.base import Tx
-from prefect_baton._stores.ledger.convert import (
-    checkpoint_model,
-    copy_fields,
-    generation_to_lease,
-    handoff_model,
-    handoff_payload,
-    new_id,
-    outcome_model,
-    row_to_generation,
-    shared_fields,
-)
-from prefect_baton._stores.ledger.expiry import ExpiryOps, carried_lapsed
-from prefect_baton._stores.ledger.expiry import carried as carried_of
+from prefect_baton._stores.ledger.convert import checkpoint_model, new_id, outcome_model
+from prefect_baton._stores.ledger.fences import FenceOps
+from prefect_baton._stores.ledger.handoffs import HandoffOps, _readable
 from prefect_baton._stores.ledger.tables import (
     CheckpointRow,
     CheckpointVersion,
@@ -52,29 +28,10 @@ from prefect_baton._stores.ledger.tables import (
     GenerationRow,
     HandoffRow,
     OutcomeRow,
-    Principal,
 )
-from prefect_baton._stores.protocol import (
-    Caller,
-    CheckpointWrite,
-    HandoffOffer,
-    HandoffQuery,
-    OutcomeWrite,
-    ResolveRequest,
-)
-from prefect_baton.errors import (
-    LeaseLostError,
-    NotFoundError,
-    ValidationError,
-)
-from prefect_baton.models import (
-    Checkpoint,
-    Event,
-    Handoff,
-    Lease,
-    Outcome,
-    from_ms,
-)
+from prefect_baton._stores.protocol import Caller, CheckpointWrite, OutcomeWrite
+from prefect_baton.errors import NotFoundError, ValidationError
+from prefect_baton.models import Checkpoint, Event, Outcome, from_ms
 
 
 def _checkpoint_row(
@@ -92,41 +49,16 @@ def _checkpoint_row(
     ).scalar_one_or_none()
 
 
-#: Copied from a :class:`HandoffOffer` to its :class:`HandoffRow` (the recipient, subject,
-#: checkpoint, context and message).
-_OFFER_FIELDS = shared_fields(
-    HandoffRow.model_fields, [f.name for f in dataclasses.fields(HandoffOffer)]
-)
-
-
 def _ckpt_scope(ck: CheckpointRow | CheckpointWrite) -> str:
     """The receipt scope and lock name part of a checkpoint's saves: its subject and kind."""
     return f"{len(ck.subject_id)}:{ck.subject_id}:{ck.kind}"
 
 
-def _readable(s: Session, caller: Caller, row: CheckpointRow | None) -> CheckpointRow | None:
-    """``row`` if ``caller`` may read it (:func:`~prefect_baton._rules.access.may_read_checkpoint`:
-    its writer, the recipient of a handoff of the org carrying it, ``owner``/``admin``),
-    else ``None``: to anyone else it does not exist. Another org's row is ``None`` too."""
-    if row is None or row.org_id != caller.org:
-        return None
-    recipients: list[str] = []
-    if caller.principal != row.principal:
-        recipients = list(
-            s.execute(
-                select(col(HandoffRow.to_principal)).where(
-                    col(HandoffRow.org_id) == caller.org,
-                    col(HandoffRow.checkpoint_id) == row.checkpoint_id,
-                )
-            ).scalars()
-        )
-    if may_read_checkpoint(caller.role, caller.principal, row.principal, recipients):
-        return row
-    return None
-
-
-class RecordOps(ExpiryOps):
-    """Checkpoints, handoffs, outcomes and the event stream of :class:`LedgerStore`."""
+class RecordOps(HandoffOps, FenceOps):
+    """Checkpoints, handoffs, outcomes and the event stream of :class:`LedgerStore`: the
+    handoffs are :class:`~prefect_baton._stores.ledger.handoffs.HandoffOps`, the fence
+    checks of checkpoint saves and outcome records
+    :class:`~prefect_baton._stores.ledger.fences.FenceOps`."""
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -321,246 +253,6 @@ class RecordOps(ExpiryOps):
                 .order_by(col(CheckpointVersion.version))
             ).scalars()
             return [checkpoint_model(row, saved=v) for v in versions]
-
-    # ------------------------------------------------------------------ handoffs
-
-    def handoff_create(
-        self, caller: Caller, offer: HandoffOffer, *, idempotency_key: str | None
-    ) -> Handoff:
-        """Create a pending handoff (see :meth:`prefect_baton.Baton.handoffs`)."""
-        digest = handoff_create_digest(
-            to_principal=offer.to_principal,
-            subject_id=offer.subject_id,
-            checkpoint_id=offer.checkpoint_id,
-            context_id=offer.context_id,
-            message=offer.message,
-            lease_id=offer.lease.lease_id if offer.lease else None,
-            expires_in_ms=offer.expires_in_ms,
-            parameters=offer.parameters,
-        )
-
-        def op(tx: Tx) -> Handoff:
-            s = tx.session
-            if offer.to_principal == caller.principal:
-                raise ValidationError("a handoff must name another principal")
-            # Only a checkpoint the sender may read can be handed on: attaching one makes
-            # the recipient a reader.
-            attached = s.get(CheckpointRow, offer.checkpoint_id) if offer.checkpoint_id else None
-            if offer.checkpoint_id is not None and _readable(s, caller, attached) is None:
-                raise NotFoundError(f"checkpoint {offer.checkpoint_id} not found")
-            if offer.lease is not None:
-                row = self._row_by_id(s, caller.org, offer.lease.lease_id)
-                held = _core._check_proof(row_to_generation(row) if row else None, offer.lease)
-                if not held.effective(tx.now_ms):
-                    raise LeaseLostError(f"lease {offer.lease.lease_id} is no longer held")
-            self._insert_ignore(
-                s,
-                Principal,
-                {
-                    "org_id": caller.org,
-                    "name": offer.to_principal,
-                    "role": "agent",
-                    "created_at_ms": tx.now_ms,
-                },
-            )
-            row_h = HandoffRow(
-                **copy_fields(offer, _OFFER_FIELDS),
-                handoff_id=new_id("hoff"),
-                org_id=caller.org,
-                from_principal=caller.principal,
-                lease_id=offer.lease.lease_id if offer.lease else None,
-                status="pending",
-                created_at_ms=tx.now_ms,
-                expires_at_ms=tx.now_ms + offer.expires_in_ms if offer.expires_in_ms else None,
-                parameters_json=(
-                    None if offer.parameters is None else canonical_json(offer.parameters)
-                ),
-            )
-            s.add(row_h)
-            s.flush()
-            model = handoff_model(row_h, tx.now_ms)
-            tx.emit("handoff.created", offer.subject_id, handoff_payload(row_h))
-            return model
-
-        return self._write_once(
-            caller, [], "handoff.create", idempotency_key, "", digest, Handoff, op
-        )
-
-    def handoff_inbox(
-        self, caller: Caller, *, limit: int = 100, after: tuple[int, str] | None = None
-    ) -> list[Handoff]:
-        """Pending, unexpired handoffs addressed to the caller, oldest first; ``after``:
-        the page continues after this ``(created_at ms, handoff_id)``."""
-        to_caller = col(HandoffRow.to_principal) == caller.principal
-        return self._handoff_page(caller, to_caller, "pending", limit, after)
-
-    def handoff_list(self, caller: Caller, query: HandoffQuery) -> list[Handoff]:
-        """Handoffs of the org sent or received by ``query.party`` (default the caller;
-        ``"*"`` everyone's, needing ``owner``/``admin``: :func:`check_list_owner`) that read
-        as ``query.status`` (``None``: any), oldest first; ``query.after``: the page
-        continues after this ``(created_at ms, handoff_id)``.
-
-        Raises:
-            ForbiddenError: another principal's or everyone's handoffs asked by an agent.
-        """
-        who = caller.principal if query.party is None else query.party
-        check_list_owner(caller.role, caller.principal, who, "handoffs")
-        party = None
-        if who != "*":
-            party = or_(col(HandoffRow.from_principal) == who, col(HandoffRow.to_principal) == who)
-        return self._handoff_page(caller, party, query.status, query.limit, query.after)
-
-    def _handoff_page(
-        self,
-        caller: Caller,
-        party: Any,
-        status: str | None,
-        limit: int,
-        after: tuple[int, str] | None,
-    ) -> list[Handoff]:
-        """One page of the org's handoffs matching the SQL condition ``party`` (``None``:
-        all) that read as ``status`` (``None``: any; :func:`handoff_status`), oldest first,
-        at most ``limit`` (1..10,000), after the ``(created_at ms, handoff_id)`` ``after``.
-        Rows whose stored status differs from how they read (a pending one past its expiry,
-        or whose carried lease lapsed) are skipped by reading on until the page is full."""
-
-        def past(at: int, handoff_id: str) -> Any:
-            return or_(
-                col(HandoffRow.created_at_ms) > at,
-                and_(col(HandoffRow.created_at_ms) == at, col(HandoffRow.handoff_id) > handoff_id),
-            )
-
-        with self._read() as (s, now):
-            q = select(HandoffRow).where(col(HandoffRow.org_id) == caller.org)
-            if party is not None:
-                q = q.where(party)
-            if status is not None:
-                q = q.where(col(HandoffRow.status).in_(stored_statuses(status)))
-            if status == "pending":
-                unexpired = col(HandoffRow.expires_at_ms) > now
-                q = q.where(or_(col(HandoffRow.expires_at_ms).is_(None), unexpired))
-            if after is not None:
-                q = q.where(past(*after))
-            q = q.order_by(col(HandoffRow.created_at_ms), col(HandoffRow.handoff_id))
-            want = max(1, min(limit, 10_000))
-            out: list[Handoff] = []
-            while len(out) < want:
-                rows = list(s.execute(q.limit(want)).scalars())
-                for r in rows:
-                    h = handoff_model(r, now, carried_lapsed=carried_lapsed(s, r, now))
-                    if (status is None or h.status == status) and len(out) < want:
-                        out.append(h)
-                if len(rows) < want:
-                    break
-                q = q.where(past(rows[-1].created_at_ms, rows[-1].handoff_id))
-            return out
-
-    def handoff_get(self, caller: Caller, handoff_id: str) -> Handoff:
-        """A handoff, for its sender or recipient (or an owner/admin).
-
-        Raises:
-            NotFoundError: unknown, another org's, or not the caller's.
-        """
-        with self._read() as (s, now):
-            row = s.get(HandoffRow, handoff_id)
-            if (
-                row is None
-                or row.org_id != caller.org
-                or not may_read(
-                    caller.role, caller.principal, (row.from_principal, row.to_principal)
-                )
-            ):
-                raise NotFoundError(f"handoff {handoff_id} not found")
-            lease = None
-            if row.accepted_lease_id:
-                lrow = s.get(GenerationRow, row.accepted_lease_id)
-                if lrow is not None and lrow.owner == caller.principal:
-                    lease = generation_to_lease(row_to_generation(lrow))
-            return handoff_model(row, now, lease, carried_lapsed=carried_lapsed(s, row, now))
-
-    def _handoff_resolve(self, caller: Caller, resolution: ResolveRequest) -> Handoff:
-        """Resolve a pending handoff addressed to the caller as ``accepted`` or ``rejected``.
-
-        Accepting a handoff that carries a lease transfers the lease to the caller under
-        ``resolution.execution_key`` (default ``handoff:<id>``) in the same transaction.
-        """
-        handoff_id, status = resolution.handoff_id, resolution.status
-        lease_id: str | None = None
-        expired = False
-        with self._read() as (s, now):
-            h = s.get(HandoffRow, handoff_id)
-            if h is not None and h.org_id == caller.org:
-                lease_id = h.lease_id  # accepting moves it, rejecting may release it
-                expired = h.status == "pending" and (
-                    handoff_model(h, now, carried_lapsed=carried_lapsed(s, h, now)).status
-                    == "expired"
-                )
-        if expired:  # end it (releasing its lease) before answering that it expired
-            self.expire_handoffs(caller, handoff_id=handoff_id)
-            raise NotFoundError(f"handoff {handoff_id} has expired")
-        # looked up after the first read ends: one connection at a time (the in-memory
-        # ledger of prefect_baton.testing has only one)
-        located = None if lease_id is None else self._resource_of(caller, lease_id)
-
-        def op(tx: Tx) -> Handoff:
-            s = tx.session
-            row = s.get(HandoffRow, handoff_id)
-            if row is None or row.org_id != caller.org or row.status != "pending":
-                raise NotFoundError(f"pending handoff {handoff_id} not found")
-            carried = carried_of(s, row)
-            lapsed = carried_lease_lapsed(carried, tx.now_ms)
-            if handoff_model(row, tx.now_ms, carried_lapsed=lapsed).status == "expired":
-                raise NotFoundError(f"handoff {handoff_id} has expired")
-            check_resolver(row.to_principal, caller.principal)
-            lease: Lease | None = None
-            released: Lease | None = None
-            release = (
-                decide_carried_release(
-                    carried,
-                    handoff_id=handoff_id,
-                    from_principal=row.from_principal,
-                    reason=RELEASE_HANDOFF_REJECTED,
-                    now_ms=tx.now_ms,
-                )
-                if status == "rejected"
-                else None
-            )
-            if release is not None and carried is not None and release.new is not None:
-                self._apply(
-                    tx, release, caller.org, resource=(carried.resource_type, carried.resource_id)
-                )
-                released = generation_to_lease(release.new)
-            if status == "accepted" and row.lease_id:
-                lrow = self._row_by_id(s, caller.org, row.lease_id)
-                held = row_to_generation(lrow) if lrow else None
-                if held is None:
-                    raise NotFoundError(f"lease {row.lease_id} not found")
-                request = TransferRequest(
-                    Proof(held.lease_id, row.from_principal, held.execution_key),
-                    caller.principal,
-                    resolution.execution_key or f"handoff:{handoff_id}",
-                    resolution.ttl_ms or held.ttl_ms,
-                )
-                resource = (held.resource_type, held.resource_id)
-                lease = self._transfer_in_tx(tx, held, resource, request)
-                row.accepted_lease_id = lease.lease_id
-            row.status = status
-            row.note = resolution.note
-            row.resolved_at_ms = tx.now_ms
-            s.add(row)
-            s.flush()
-            payload = (
-                handoff_payload(row)
-                if lease is None
-                else handoff_payload(row, accepted_lease_id=lease.lease_id, epoch=lease.epoch)
-            )
-            tx.emit(f"handoff.{status}", row.subject_id, payload)
-            return handoff_model(row, tx.now_ms, lease, released=released)
-
-        locks = [f"hoff:{handoff_id}"]
-        if located is not None:
-            locks += self._lease_locks(caller, located[0], located[1], located[2])
-        return self._write(caller, locks, op)
 
     # ------------------------------------------------------------------ outcomes
 

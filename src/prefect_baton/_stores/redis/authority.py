@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from prefect_baton._ids import random_hex, random_uuid4_hex
-from prefect_baton._rules import core as _core
+from prefect_baton._rules import transitions as _transitions
 from prefect_baton._rules.access import check_list_owner, may_read
 from prefect_baton._rules.core import (
     Decision,
@@ -55,9 +55,9 @@ from prefect_baton._stores.protocol import (
     Caller,
     Execution,
     Fence,
-    LeaseQuery,
     ResolveRequest,
 )
+from prefect_baton._stores.queries import LeaseQuery
 from prefect_baton._stores.redis.base import AuthorityBase
 from prefect_baton._stores.redis.codec import (
     construct,
@@ -344,18 +344,18 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         raise AssertionError("unreachable")
 
     def _renew(self, caller: Caller, request: RenewRequest) -> Lease:
-        """Renew by proof (rules: :func:`prefect_baton._rules.core.decide_renew`)."""
+        """Renew by proof (rules: :func:`prefect_baton._rules.transitions.decide_renew`)."""
         return self._by_proof(
             caller,
             "renew",
             request.proof,
             [str(request.ttl_ms), opt(request.expected_version)],
-            lambda row, now: _core.decide_renew(row, request, now_ms=now),
+            lambda row, now: _transitions.decide_renew(row, request, now_ms=now),
         )
 
     def _transfer(self, caller: Caller, request: TransferRequest) -> Lease:
         """Transfer by proof as ``request`` says (rules:
-        :func:`prefect_baton._rules.core.decide_transfer`; the new epoch is also above the
+        :func:`prefect_baton._rules.transitions.decide_transfer`; the new epoch is also above the
         incarnation's floor)."""
         return self._by_proof(
             caller,
@@ -373,7 +373,9 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
                 "",
                 str(HANDOFF_KEY_TTL_MS),
             ],
-            lambda row, now: _core.decide_transfer(row, request, now_ms=now, new_lease_id="-"),
+            lambda row, now: _transitions.decide_transfer(
+                row, request, now_ms=now, new_lease_id="-"
+            ),
         )
 
     def _release(
@@ -383,7 +385,7 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         *,
         by_handoff: tuple[str, str] | None = None,
     ) -> Receipt:
-        """Release by proof (rules: :func:`prefect_baton._rules.core.decide_release`).
+        """Release by proof (rules: :func:`prefect_baton._rules.transitions.decide_release`).
 
         ``by_handoff``: ``(handoff id, reason)`` when a handoff's end releases the lease it
         carries (:func:`prefect_baton._rules.handoffs.decide_carried_release`): the
@@ -403,7 +405,7 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
             d = self._unknown(
                 caller,
                 request.proof.lease_id,
-                lambda row, now: _core.decide_release(row, request, now_ms=now),
+                lambda row, now: _transitions.decide_release(row, request, now_ms=now),
             )
             assert d.new is not None
             return Receipt(action="release", status="no_change", lease=generation_to_lease(d.new))
@@ -421,12 +423,12 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         raise AssertionError("unreachable")
 
     def _release_by_id(self, caller: Caller, lease_id: str) -> Receipt:
-        """Release by id, as its owner (rules: :func:`_core.decide_release_by_id`)."""
+        """Release by id, as its owner (rules: :func:`_transitions.decide_release_by_id`)."""
         return self._end_by_id(caller, "release_by_id", lease_id)
 
     def _force_release(self, caller: Caller, lease_id: str) -> Receipt:
         """Revoke any lease of the org, as ``owner``/``admin`` (the caller's role checked
-        first by :meth:`force_release`; :func:`_core.decide_force_release`).
+        first by :meth:`force_release`; :func:`_transitions.decide_force_release`).
 
         Raises:
             NotFoundError: not active/unknown.

@@ -34,12 +34,11 @@ from prefect_baton._stores.protocol import (
     Execution,
     Fence,
     HandoffOffer,
-    HandoffQuery,
     Idempotency,
-    LeaseQuery,
     OutcomeWrite,
     ResolveRequest,
 )
+from prefect_baton._stores.queries import HandoffQuery, LeaseQuery
 from prefect_baton._stores.rest.http import (
     DEFAULT_TIMEOUT_SECONDS,
     _params,

@@ -1,6 +1,6 @@
--- release.lua: release a lease by proof (mirror of _core.decide_release): an effective lease
--- ends "released", one past its expiry that nobody took ends "expired"; a lease already
--- released by this proof is a durable no_change. Version and epoch are kept.
+-- release.lua: release a lease by proof (mirror of _transitions.decide_release): an
+-- effective lease ends "released", one past its expiry that nobody took ends "expired"; a
+-- lease already released by this proof is a durable no_change. Version and epoch are kept.
 -- KEYS[1..10]: the per-org keys listed in _lib.lua.
 -- ARGV[1] principal, ARGV[2] role, ARGV[3] execution key ("" or "=" .. key), ARGV[4] lease id,
 -- ARGV[5] expected version ("" or "=" .. n), ARGV[6] the handoff whose end releases it ("" or

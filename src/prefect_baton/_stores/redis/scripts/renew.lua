@@ -1,4 +1,4 @@
--- renew.lua: extend a lease by proof (mirror of _core.decide_renew): version +1,
+-- renew.lua: extend a lease by proof (mirror of _transitions.decide_renew): version +1,
 -- expiry = Redis TIME + ttl; id, owner, key, epoch and scopes unchanged.
 -- KEYS[1..10]: the per-org keys listed in _lib.lua.
 -- ARGV[1] principal, ARGV[2] role, ARGV[3] execution key ("" or "=" .. key), ARGV[4] lease id,

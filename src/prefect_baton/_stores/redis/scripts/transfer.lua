@@ -1,4 +1,4 @@
--- transfer.lua: hand a lease to another principal (mirror of _core.decide_transfer): new
+-- transfer.lua: hand a lease to another principal (mirror of _transitions.decide_transfer): new
 -- lease id, version +1, epoch +1 (at least the incarnation's floor + 1), owner and key
 -- replaced, scopes kept. In handoff mode (ARGV[11] given) it also settles the handoff's
 -- resolution key, so that accept and reject of one handoff can never both win, and an

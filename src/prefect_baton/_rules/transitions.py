@@ -1,0 +1,185 @@
+"""The decisions on a granted lease generation: renew, transfer, and its end by its holder
+(release by proof or by id; past its TTL it ends as ``expired``) or by an owner/admin
+(force release).
+
+Pure like :mod:`prefect_baton._rules.core`, whose types (:class:`Generation`,
+:class:`Decision`, the requests) and checks (versions, counters, epochs, the conflict) they
+use: no I/O and no clock, every function takes ``now_ms`` and the generation it acts on.
+Acquire, and the replay of an acquire receipt, are decided in :mod:`prefect_baton._rules.core`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from prefect_baton._rules.access import check_force_release
+from prefect_baton._rules.core import (
+    Decision,
+    Generation,
+    Proof,
+    ReleaseRequest,
+    RenewRequest,
+    TransferRequest,
+    _check_counters,
+    _check_version,
+    _lost_reason,
+    conflict,
+    next_epoch,
+)
+from prefect_baton.errors import LeaseLostError, NotFoundError, ValidationError
+
+__all__ = [
+    "decide_force_release",
+    "decide_release",
+    "decide_release_by_id",
+    "decide_renew",
+    "decide_transfer",
+]
+
+
+def _check_proof(row: Generation | None, proof: Proof) -> Generation:
+    """Common proof check: unknown or another principal's lease is not found; a wrong
+    execution key is a lost lease (the generation belongs to another execution)."""
+    if row is None or row.owner != proof.owner:
+        raise NotFoundError(f"lease {proof.lease_id} not found")
+    if row.execution_key != proof.execution_key:
+        raise LeaseLostError(f"lease {proof.lease_id} is held by another execution")
+    return row
+
+
+def _check_held(
+    row: Generation | None, proof: Proof, expected_version: int | None, now_ms: int
+) -> Generation:
+    """The lease ``proof`` names, still effective at ``now_ms`` and at ``expected_version``
+    (when given): what renew and transfer act on (seed 004). Raises as :func:`_check_proof`,
+    then LeaseLostError (ended or expired), VersionConflictError."""
+    row = _check_proof(row, proof)
+    if not row.effective(now_ms):
+        raise LeaseLostError(
+            f"lease {row.lease_id} is no longer held ({_lost_reason(row, now_ms)})"
+        )
+    _check_version(row.version, expected_version)
+    return row
+
+
+def decide_renew(row: Generation | None, request: RenewRequest, *, now_ms: int) -> Decision:
+    """Decide a renewal of the generation ``row`` that ``request.proof`` names, at
+    ``now_ms`` (epoch milliseconds): version +1, expiry = now + ``request.ttl_ms``; id,
+    owner, key, epoch, scopes kept.
+
+    Raises:
+        NotFoundError: unknown lease id, or owned by another principal.
+        LeaseLostError: the generation ended or expired (an expired lease is never silently
+            re-acquired by a renew).
+        VersionConflictError: ``expected_version`` differs from the lease's version.
+    """
+    row = _check_held(row, request.proof, request.expected_version, now_ms)
+    _check_counters(row, epoch_too=False)
+    ttl_ms = request.ttl_ms
+    new = replace(row, version=row.version + 1, expires_at_ms=now_ms + ttl_ms, ttl_ms=ttl_ms)
+    return Decision(action="renew", new=new)
+
+
+def decide_transfer(
+    row: Generation | None,
+    request: TransferRequest,
+    *,
+    now_ms: int,
+    new_lease_id: str,
+    scope_conflict_expires_ms: int | None = None,
+    epoch_floor: int = 0,
+) -> Decision:
+    """Decide a transfer of the generation ``row`` that ``request.proof`` names, at
+    ``now_ms`` (epoch milliseconds): a new generation ``new_lease_id`` for
+    ``request.to_principal`` under ``request.new_execution_key`` for ``request.ttl_ms``;
+    version +1, epoch +1 (and above ``epoch_floor``, see :func:`next_epoch`), scopes kept
+    (seed 004 transfer rule). ``scope_conflict_expires_ms``: the expiry of another
+    effective lease whose scopes overlap the kept ones, or ``None``.
+
+    Raises:
+        NotFoundError, LeaseLostError, VersionConflictError: as :func:`decide_renew`.
+        ValidationError: the new execution key equals the current one.
+        ConflictError: the kept scopes overlap another effective lease of the receiver's
+            competitors.
+    """
+    row = _check_held(row, request.proof, request.expected_version, now_ms)
+    if request.new_execution_key == row.execution_key:
+        raise ValidationError("transfer needs a new execution key for the receiver")
+    if scope_conflict_expires_ms is not None:
+        raise conflict(scope_conflict_expires_ms, "A write scope")
+    _check_counters(row, epoch_too=True)
+    ended = replace(row, status="transferred", ended_at_ms=now_ms)
+    new = replace(
+        row,
+        lease_id=new_lease_id,
+        owner=request.to_principal,
+        execution_key=request.new_execution_key,
+        version=row.version + 1,
+        epoch=next_epoch(row.epoch, epoch_floor),
+        acquired_at_ms=now_ms,
+        expires_at_ms=now_ms + request.ttl_ms,
+        ttl_ms=request.ttl_ms,
+        status="active",
+        ended_at_ms=None,
+        ended_by=None,
+    )
+    return Decision(action="transfer", new=new, ended=ended)
+
+
+def decide_release(row: Generation | None, request: ReleaseRequest, *, now_ms: int) -> Decision:
+    """Decide a release of the generation ``row`` that ``request.proof`` names, at
+    ``now_ms`` (epoch milliseconds; seed 004 release rule, with DESIGN.md's receipts).
+
+    - effective lease: ``released``;
+    - own lease past expiry that nobody took: cleaned up, receipt status ``expired``;
+    - already released by the same proof: durable ``no_change``;
+    - superseded by the holder's own re-acquire: :class:`NotFoundError` (seed service: the
+      old id is not found);
+    - taken over, transferred or revoked: :class:`LeaseLostError`.
+
+    Version and epoch are kept. Raises :class:`NotFoundError` for an unknown or foreign
+    lease and :class:`VersionConflictError` for a wrong ``request.expected_version``.
+    """
+    row = _check_proof(row, request.proof)
+    _check_version(row.version, request.expected_version)
+    if row.status in ("released", "expired"):
+        return Decision(action="release", new=row, receipt_status="no_change", noop=True)
+    if row.status == "superseded":
+        # Re-acquire is not renew: the old id is then not found (seed service rule).
+        raise NotFoundError(f"lease {row.lease_id} not found")
+    if row.status != "active":
+        raise LeaseLostError(f"lease {row.lease_id} is no longer held ({row.status})")
+    return _end_by_holder(row, now_ms, action="release")
+
+
+def _end_by_holder(row: Generation, now_ms: int, *, action: str) -> Decision:
+    if row.expires_at_ms > now_ms:
+        ended = replace(row, status="released", ended_at_ms=now_ms)
+        return Decision(action=action, new=ended, receipt_status="released")
+    ended = replace(row, status="expired", ended_at_ms=now_ms)
+    return Decision(action=action, new=ended, receipt_status="expired")
+
+
+def decide_release_by_id(
+    row: Generation | None, *, principal: str, lease_id: str, now_ms: int
+) -> Decision:
+    """Decide a release by lease id alone (the seed service's ``DELETE /v1/leases/:id``).
+
+    Only the owner may release this way; a lease that is released, unknown, another
+    principal's or in another org is not found (seed service rule).
+    """
+    if row is None or row.owner != principal or row.status != "active":
+        raise NotFoundError(f"lease {lease_id} not found")
+    return _end_by_holder(row, now_ms, action="release")
+
+
+def decide_force_release(
+    row: Generation | None, *, principal: str, role: str, lease_id: str, now_ms: int
+) -> Decision:
+    """Decide a force release: only an ``owner`` or ``admin`` of the org; the lease ends as
+    ``revoked`` with who forced it. A lease that is not active is not found."""
+    check_force_release(role)
+    if row is None or row.status != "active":
+        raise NotFoundError(f"lease {lease_id} not found")
+    ended = replace(row, status="revoked", ended_at_ms=now_ms, ended_by=principal)
+    return Decision(action="force_release", new=ended, receipt_status="released")

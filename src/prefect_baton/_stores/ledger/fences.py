@@ -1,0 +1,67 @@
+"""Fence checks of the ledger store: whether a fenced record write (a checkpoint save, an
+outcome record) still holds the effective generation of the lease it presents
+(:meth:`~FenceOps._check_fence`), and the resource lock the write takes for it
+(:meth:`~FenceOps._fence_locks`)."""
+
+from __future__ import annotations
+
+from prefect_baton._rules import core as _core
+from prefect_baton._rules import events as _events
+from prefect_baton._rules.core import Generation
+from prefect_baton._rules.digests import resource_key
+from prefect_baton._stores.ledger.base import Tx
+from prefect_baton._stores.ledger.convert import row_to_generation, subject_of
+from prefect_baton._stores.ledger.leases import LeaseOps
+from prefect_baton._stores.protocol import Caller, Fence
+from prefect_baton.errors import StaleFenceError
+
+
+class FenceOps(LeaseOps):
+    """The fence checks of the record writes of
+    :class:`~prefect_baton._stores.ledger.records.RecordOps`."""
+
+    def _check_fence(self, tx: Tx, fence: Fence | None, write: str) -> Generation | None:
+        """Check ``fence`` in write transaction ``tx`` (the authority's generation when the
+        fence has a ``check``, else the ledger's row): :func:`_core.check_fence`. A refusal
+        of a lease of a known resource leaves ``fence.rejected`` (naming ``write``, the
+        operation) to be recorded once ``tx`` has rolled back (:attr:`Tx.on_refusal`).
+
+        Raises:
+            StaleFenceError: the fence is not the writer's effective generation.
+        """
+        if fence is None:
+            return None
+        if fence.check is not None:
+            held, now_ms = fence.check()
+        else:
+            row = self._row_by_id(tx.session, tx.caller.org, fence.lease_id)
+            held, now_ms = (row_to_generation(row) if row else None), tx.now_ms
+        try:
+            return _core.check_fence(
+                held,
+                lease_id=fence.lease_id,
+                epoch=fence.epoch,
+                now_ms=now_ms,
+                principal=tx.caller.principal,
+            )
+        except StaleFenceError:
+            if held is None and fence.check is not None:  # Redis forgot it: the ledger's copy
+                row = self._row_by_id(tx.session, tx.caller.org, fence.lease_id)
+                held = row_to_generation(row) if row else None
+            if held is not None:
+                resource = (held.resource_type, held.resource_id)
+                payload = _events.fence_rejected_payload(
+                    fence.lease_id, fence.epoch, resource[0], resource[1], write
+                )
+                tx.on_refusal.append((_events.FENCE_REJECTED, subject_of(resource), payload))
+            raise
+
+    def _fence_locks(self, caller: Caller, fence: Fence | None) -> list[str]:
+        if fence is None:
+            return []
+        if fence.resource is not None:
+            return [f"res:{caller.org}:{resource_key(*fence.resource)}"]
+        located = self._resource_of(caller, fence.lease_id)
+        if located is None:
+            return []
+        return [f"res:{caller.org}:{resource_key(located[0], located[1])}"]

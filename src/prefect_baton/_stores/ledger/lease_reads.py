@@ -1,0 +1,116 @@
+"""Lease reads of the ledger store: :meth:`~LeaseReads.inspect`, :meth:`~LeaseReads.get`,
+:meth:`~LeaseReads.list_leases` and the audit's :meth:`~LeaseReads.lease_history`, which
+read lease rows in a read transaction and write nothing."""
+
+from __future__ import annotations
+
+from sqlalchemy import and_, or_, select
+from sqlmodel import Session, col
+
+from prefect_baton._rules.access import check_list_owner, may_read
+from prefect_baton._rules.core import Generation
+from prefect_baton._stores.ledger.base import StoreBase
+from prefect_baton._stores.ledger.convert import generation_to_lease, lease_info, row_to_generation
+from prefect_baton._stores.ledger.tables import GenerationRow, LeaseTransition
+from prefect_baton._stores.protocol import Caller
+from prefect_baton._stores.queries import LeaseQuery
+from prefect_baton.errors import NotFoundError
+from prefect_baton.models import Lease, LeaseInfo
+
+
+class LeaseReads(StoreBase):
+    """The lease reads of :class:`~prefect_baton._stores.ledger.leases.LeaseOps` (and
+    :meth:`_row_by_id`, the lease row by id its writes read too)."""
+
+    def _row_by_id(self, session: Session, org: str, lease_id: str) -> GenerationRow | None:
+        row = session.get(GenerationRow, lease_id)
+        if row is None or row.org_id != org:
+            return None
+        return row
+
+    def inspect(self, caller: Caller, resource_type: str, resource_id: str) -> LeaseInfo:
+        """What any principal of the org may see about a resource (holder details only for
+        the holder itself)."""
+        with self._read() as (s, now):
+            row = s.execute(
+                select(GenerationRow)
+                .where(
+                    col(GenerationRow.org_id) == caller.org,
+                    col(GenerationRow.resource_type) == resource_type,
+                    col(GenerationRow.resource_id) == resource_id,
+                )
+                .order_by(col(GenerationRow.epoch).desc())
+                .limit(1)
+            ).scalar_one_or_none()
+            head = row_to_generation(row) if row is not None else None
+            return lease_info(caller, resource_type, resource_id, head, now)
+
+    def get(self, caller: Caller, lease_id: str) -> Lease:
+        """The lease generation ``lease_id`` as its owner sees it.
+
+        Raises:
+            NotFoundError: unknown, another org's, or another principal's lease (unless the
+                caller is ``owner``/``admin``).
+        """
+        with self._read() as (s, _now):
+            row = self._row_by_id(s, caller.org, lease_id)
+            if row is None or not may_read(caller.role, caller.principal, (row.owner,)):
+                raise NotFoundError(f"lease {lease_id} not found")
+            return generation_to_lease(row_to_generation(row))
+
+    def list_leases(self, caller: Caller, query: LeaseQuery) -> list[Lease]:
+        """Leases of the org: the caller's own by default; ``owner``/``admin`` roles may list
+        anyone's (``owner="*"`` for all). Effective ones only unless ``include_ended``.
+        Newest first; ``query.after``: the page continues after this ``(acquired_at ms,
+        lease_id)``."""
+        who = caller.principal if query.owner is None else query.owner
+        check_list_owner(caller.role, caller.principal, who)
+        with self._read() as (s, now):
+            q = select(GenerationRow).where(col(GenerationRow.org_id) == caller.org)
+            if who != "*":
+                q = q.where(col(GenerationRow.owner) == who)
+            if query.resource_type is not None:
+                q = q.where(col(GenerationRow.resource_type) == query.resource_type)
+            if not query.include_ended:
+                q = q.where(
+                    col(GenerationRow.status) == "active", col(GenerationRow.expires_at_ms) > now
+                )
+            if query.after is not None:
+                at, lease_id = query.after
+                q = q.where(
+                    or_(
+                        col(GenerationRow.acquired_at_ms) < at,
+                        and_(
+                            col(GenerationRow.acquired_at_ms) == at,
+                            col(GenerationRow.lease_id) < lease_id,
+                        ),
+                    )
+                )
+            q = q.order_by(
+                col(GenerationRow.acquired_at_ms).desc(), col(GenerationRow.lease_id).desc()
+            ).limit(max(1, min(query.limit, 10_000)))
+            return [generation_to_lease(row_to_generation(r)) for r in s.execute(q).scalars()]
+
+    def lease_history(self, org: str) -> tuple[list[Generation], list[LeaseTransition]]:
+        """Every lease generation and transition of ``org`` (for the audit)."""
+        with self._read() as (s, _now):
+            rows = [
+                row_to_generation(r)
+                for r in s.execute(
+                    select(GenerationRow)
+                    .where(col(GenerationRow.org_id) == org)
+                    .order_by(
+                        GenerationRow.resource_type,
+                        col(GenerationRow.resource_id),
+                        col(GenerationRow.epoch),
+                    )
+                ).scalars()
+            ]
+            transitions = list(
+                s.execute(
+                    select(LeaseTransition)
+                    .where(col(LeaseTransition.org_id) == org)
+                    .order_by(col(LeaseTransition.seq))
+                ).scalars()
+            )
+            return rows, transitions

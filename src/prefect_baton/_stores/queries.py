@@ -1,0 +1,57 @@
+"""The queries of the stores' list operations: which leases
+:meth:`~prefect_baton._stores.protocol.LeaseAuthority.list_leases` lists
+(:class:`LeaseQuery`) and which handoffs
+:meth:`~prefect_baton._stores.protocol.RecordStore.handoff_list` lists
+(:class:`HandoffQuery`), as the client validated them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["HandoffQuery", "LeaseQuery"]
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseQuery:
+    """Which leases :meth:`~prefect_baton._stores.protocol.LeaseAuthority.list_leases`
+    lists (validated by the client).
+
+    Attributes:
+        resource_type: only leases of this type (``str``), or ``None`` (any).
+        owner: whose leases: ``None`` (the caller's), a principal (``str`` id) or ``"*"``
+            (everyone's); another principal's needs ``owner``/``admin``.
+        include_ended: also ended and expired generations (``bool``).
+        limit: at most this many leases (``int``, 1 to 10,000).
+        after: the page continues after this ``(acquired_at ms, lease_id)`` (the last
+            lease of the previous page), or ``None`` (the first page).
+    """
+
+    resource_type: str | None = None
+    owner: str | None = None
+    include_ended: bool = False
+    limit: int = 100
+    after: tuple[int, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffQuery:
+    """Which handoffs :meth:`~prefect_baton._stores.protocol.RecordStore.handoff_list`
+    lists (validated by the client).
+
+    Attributes:
+        party: whose handoffs: ``None`` (the caller's: those it sent or received), a
+            principal (``str`` id: those it sent or received) or ``"*"`` (everyone's in the
+            org); another principal's or everyone's needs ``owner``/``admin``
+            (:func:`prefect_baton._rules.access.check_list_owner`).
+        status: only handoffs that read as this status (``pending``, ``accepted``,
+            ``rejected`` or ``expired``; a pending one past its expiry reads ``expired``),
+            or ``None`` (any).
+        limit: at most this many handoffs (``int``, 1 to 10,000).
+        after: the page continues after this ``(created_at ms, handoff_id)`` (the last
+            handoff of the previous page), or ``None`` (the first page).
+    """
+
+    party: str | None = None
+    status: str | None = "pending"
+    limit: int = 100
+    after: tuple[int, str] | None = None

@@ -228,6 +228,22 @@ def _exchange(port: int, data: bytes) -> bytes:
             b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
             id="length-and-chunked",
         ),
+        pytest.param(
+            b"GET / HTTP/1.1\r\nHost: x\r\nX-Long: "
+            + b"a" * (_protocol.MAX_HEAD_BYTES + 100)
+            + b"\r\n\r\n",
+            id="overlong-complete",
+        ),
+        pytest.param(
+            b"GET /" + b"a" * (_protocol.MAX_HEAD_BYTES + 100) + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+            id="overlong-target-complete",
+        ),
+        pytest.param(
+            b"GET / HTTP/1.1\r\nHost: x\r\n"
+            + b"".join(b"X-%d: %s\r\n" % (i, b"b" * 100) for i in range(200))
+            + b"\r\n",
+            id="many-headers-complete",
+        ),
         pytest.param(b"GET / HTTP/1.1\r\n\r\n", id="no-host"),
         pytest.param(b"GET / HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", id="two-hosts"),
     ],

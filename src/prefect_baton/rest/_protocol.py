@@ -97,7 +97,9 @@ _BODY = "receiving a request body"
 _BUSY = "the app or the response runs"
 
 
-def head_problem(http_version: str, headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+def head_problem(
+    http_version: str, target: bytes, headers: Iterable[tuple[bytes, bytes]]
+) -> str | None:
     """Why a request head that its parser took is refused anyway (``str``), or ``None``.
     httptools and h11 disagree on these heads (one answers ``400``, the other serves the
     request); both protocols refuse them, with ``400 VALIDATION_ERROR``, so a client (or a
@@ -106,16 +108,22 @@ def head_problem(http_version: str, headers: Iterable[tuple[bytes, bytes]]) -> s
     ``chunked`` (httptools took ``gzip, chunked`` and handed the app the still-encoded
     body), ``Transfer-Encoding`` together with ``Content-Length`` (h11 took it), several
     ``Host`` headers, or none in an HTTP/1.1 request (httptools took both; RFC 9112
-    section 3.2 requires ``400``).
+    section 3.2 requires ``400``). Also a complete head over :data:`MAX_HEAD_BYTES`
+    (counted as the request target plus each header line, ``name: value`` and its line
+    end): both parsers limit only a head still incomplete, so one that arrived whole in
+    one read was served.
 
     Args:
         http_version: the request's HTTP version (``str``, e.g. ``"1.1"``).
+        target: its request target (``bytes``, e.g. ``b"/v1/leases"``).
         headers: its header fields as ``(name, value)`` byte pairs, names in any case.
     """
     hosts = 0
     encodings = []
     has_length = False
+    size = len(target)
     for name, value in headers:
+        size += len(name) + len(value) + 4
         name = name.lower()
         if name == b"host":
             hosts += 1
@@ -129,6 +137,8 @@ def head_problem(http_version: str, headers: Iterable[tuple[bytes, bytes]]) -> s
         return "Transfer-Encoding and Content-Length together"
     if hosts > 1 or (hosts == 0 and http_version == "1.1"):
         return "an HTTP/1.1 request needs one Host header"
+    if size > MAX_HEAD_BYTES:
+        return "request head too long"
     return None
 
 
@@ -143,7 +153,7 @@ class _CheckedConnection(h11.Connection):
         """
         event = super().next_event()
         if isinstance(event, h11.Request):
-            problem = head_problem(event.http_version.decode("ascii"), event.headers)
+            problem = head_problem(event.http_version.decode("ascii"), event.target, event.headers)
             if problem is not None:
                 raise h11.RemoteProtocolError(problem, error_status_hint=400)
         return event
@@ -347,7 +357,7 @@ if HttpToolsProtocol is not None:
                 ValueError: :func:`head_problem` refuses the head (the parser then stops,
                     and the connection is answered ``400``).
             """
-            problem = head_problem(self.parser.get_http_version(), self.headers)
+            problem = head_problem(self.parser.get_http_version(), self.url, self.headers)
             if problem is not None:
                 raise ValueError(problem)
             self._head_bytes = 0

@@ -116,8 +116,18 @@ def test_status_filter(baton: Baton) -> None:
     expired = boss.handoffs.list(party="*", status="expired")
     assert [(h.handoff_id, h.status) for h in expired] == [(lapsing.handoff_id, "expired")]
     everything = boss.handoffs.list(party="*", status="any")
-    assert _ids(everything) == _ids([accepted, rejected, pending, lapsing])
-    assert [h.status for h in everything] == ["accepted", "rejected", "pending", "expired"]
+    # oldest first, as documented: by creation time (ms), then id (two made in one ms)
+    made = sorted(
+        [accepted, rejected, pending, lapsing], key=lambda h: (h.created_at, h.handoff_id)
+    )
+    assert _ids(everything) == _ids(made)
+    status = {
+        accepted.handoff_id: "accepted",
+        rejected.handoff_id: "rejected",
+        pending.handoff_id: "pending",
+        lapsing.handoff_id: "expired",
+    }
+    assert [h.status for h in everything] == [status[h.handoff_id] for h in made]
 
 
 @pytest.mark.parametrize("limit", [0, -1, 10_001, True, "5", 2.5])

@@ -86,11 +86,15 @@ def _env(redis_url: str | None) -> dict[str, str]:
     return env
 
 
-def _rss_mb(pid: int) -> tuple[float, float, int]:
-    """Resident memory of process ``pid`` and its descendants: total MB, the largest
-    process's MB, and the number of processes."""
-    sizes = [kb for kb in map(_rss_kb, _tree(pid)) if kb is not None]
-    return sum(sizes) / 1024, max(sizes, default=0) / 1024, len(sizes)
+def _rss_mb(pid: int) -> tuple[float, float, int, float]:
+    """Resident memory of process ``pid`` and its descendants: total RSS in MB, the largest
+    process's RSS in MB, the number of processes, and their total PSS in MB (proportional
+    set size: a page shared by n of them counts 1/n in each, so with worker processes
+    the total is not inflated by the libraries they share)."""
+    tree = _tree(pid)
+    sizes = [kb for kb in map(_rss_kb, tree) if kb is not None]
+    pss = [kb for kb in map(_pss_kb, tree) if kb is not None]
+    return sum(sizes) / 1024, max(sizes, default=0) / 1024, len(sizes), sum(pss) / 1024
 
 
 def _tree(pid: int) -> list[int]:
@@ -106,6 +110,17 @@ def _tree(pid: int) -> list[int]:
         except OSError:
             continue
     return out
+
+
+def _pss_kb(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
 
 
 def _rss_kb(pid: int) -> int | None:
@@ -345,8 +360,8 @@ def run_arm(arm: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
         time.sleep(max(0.0, start - time.time()))
         next_print = start + 60
         while time.time() < end:
-            total, largest, nproc = _rss_mb(server.proc.pid)
-            samples.append((time.time() - start, total, largest, nproc))
+            total, largest, nproc, pss = _rss_mb(server.proc.pid)
+            samples.append((time.time() - start, total, largest, nproc, pss))
             if time.time() >= next_print:
                 print(
                     f"{arm}: {(time.time() - start) / 60:.1f} min, server RSS {total:.1f} MB "
@@ -356,8 +371,8 @@ def run_arm(arm: str, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
                 )
                 next_print += 60
             time.sleep(min(args.sample_seconds, max(0.0, end - time.time())))
-        total, largest, nproc = _rss_mb(server.proc.pid)
-        samples.append((time.time() - start, total, largest, nproc))
+        total, largest, nproc, pss = _rss_mb(server.proc.pid)
+        samples.append((time.time() - start, total, largest, nproc, pss))
         for conn in conns:
             if not conn.poll(300):
                 raise RuntimeError("a client did not report")
@@ -381,7 +396,7 @@ def _summarise_arm(
     arm: str,
     args: argparse.Namespace,
     reports: list[dict[str, Any]],
-    samples: list[tuple[float, float, float, int]],
+    samples: list[tuple[float, float, float, int, float]],
     audit: dict[str, Any],
 ) -> dict[str, Any]:
     seconds = args.minutes * 60
@@ -433,10 +448,11 @@ def _summarise_arm(
             "max": round(rss_max, 1),
             "largest_process_max": round(max((s[2] for s in samples), default=0.0), 1),
             "processes": max((s[3] for s in samples), default=0),
+            "pss_max": round(max((s[4] for s in samples), default=0.0), 1),
             "growth_after_warmup": round(growth, 4),
             "samples": [
                 [round(t, 1), round(mb, 1)]
-                for t, mb, _largest, _n in samples[:: max(1, len(samples) // 60)]
+                for t, mb, _largest, _n, _pss in samples[:: max(1, len(samples) // 60)]
             ],
         },
         "operations": ops,
@@ -456,7 +472,8 @@ def _print_arm(res: dict[str, Any]) -> None:
         f"{res['errors']} errors, {res['expected_conflicts']} expected conflicts, audit "
         f"{'clean' if res['targets']['audit_clean'] else 'FAILED'}; server RSS "
         f"{rss['after_warmup']} MB after warm-up, {rss['end']} MB at the end "
-        f"({rss['growth_after_warmup']:+.1%}), max {rss['max']} MB",
+        f"({rss['growth_after_warmup']:+.1%}), max {rss['max']} MB over {rss['processes']} "
+        f"processes (PSS at most {rss['pss_max']} MB)",
         file=sys.stderr,
     )
     print("| operation | calls | per s | p50 ms | p99 ms |", file=sys.stderr)

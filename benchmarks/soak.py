@@ -113,21 +113,20 @@ def _tree(pid: int) -> list[int]:
 
 
 def _pss_kb(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
+    return _proc_kb(f"/proc/{pid}/smaps_rollup", "Pss:")
 
 
 def _rss_kb(pid: int) -> int | None:
+    return _proc_kb(f"/proc/{pid}/status", "VmRSS:")
+
+
+def _proc_kb(path: str, field: str) -> int | None:
+    """The kB value of the line starting with ``field`` in the ``/proc`` file ``path``
+    (``None`` when the process is gone or the line is missing)."""
     try:
-        with open(f"/proc/{pid}/status") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field):
                     return int(line.split()[1])
     except OSError:
         return None

@@ -139,12 +139,20 @@ def test_enable_refuses_a_bad_port(port: object) -> None:
         metrics.enable(port=port)  # type: ignore[arg-type]
 
 
-def test_label_values_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Past the cap of distinct resource types of one organization, its new ones are
-    recorded as ``_other``."""
+@pytest.fixture
+def no_labels_seen(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No label value seen yet in this process, and a cap of 2 resource types per
+    organization; the monkeypatch, for more settings."""
     monkeypatch.setattr(_state, "_seen", {})
     monkeypatch.setattr(_state, "_totals", {"organization": 0, "resource_type": 0})
     monkeypatch.setitem(_state.MAX_LABEL_VALUES, "resource_type", 2)
+    return monkeypatch
+
+
+@pytest.mark.usefixtures("no_labels_seen")
+def test_label_values_are_capped() -> None:
+    """Past the cap of distinct resource types of one organization, its new ones are
+    recorded as ``_other``."""
     assert [_state.bounded("resource_type", t, "o1") for t in ("a", "b", "c", "a")] == [
         "a",
         "b",
@@ -154,15 +162,12 @@ def test_label_values_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_one_organizations_resource_types_do_not_fold_anothers(
-    monkeypatch: pytest.MonkeyPatch,
+    no_labels_seen: pytest.MonkeyPatch,
 ) -> None:
     """The resource-type cap counts per organization: an organization that has used up its
     own cap does not turn another organization's types into ``_other``; the total over all
     organizations is capped too."""
-    monkeypatch.setattr(_state, "_seen", {})
-    monkeypatch.setattr(_state, "_totals", {"organization": 0, "resource_type": 0})
-    monkeypatch.setitem(_state.MAX_LABEL_VALUES, "resource_type", 2)
-    monkeypatch.setitem(_state.MAX_LABEL_TOTAL, "resource_type", 5)
+    no_labels_seen.setitem(_state.MAX_LABEL_TOTAL, "resource_type", 5)
     assert [_state.bounded("resource_type", t, "noisy") for t in ("a", "b", "c", "d")] == [
         "a",
         "b",

@@ -14,6 +14,7 @@ events and the receipt, and commits.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,10 +31,12 @@ from sqlmodel import Session, col
 from prefect_baton._rules import core as _core
 from prefect_baton._stores.ledger.convert import new_id
 from prefect_baton._stores.ledger.engine import (
+    SQLITE_BUSY_TIMEOUT_MS,
     Engines,
     make_engines,
     make_memory_engines,
     upgrade,
+    write_turn_timed_out,
 )
 from prefect_baton._stores.ledger.receipts import (
     RECEIPT_DELETE,
@@ -256,6 +259,7 @@ class StoreBase(Statements):
             self._write(caller, [], self._register, register=False)
         last: Exception | None = None
         reconnected = False
+        locked_deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
         for _attempt in range(MAX_ATTEMPTS):
             committing = False
             tx: Tx | None = None
@@ -290,7 +294,16 @@ class StoreBase(Statements):
             except OperationalError as exc:
                 last = exc
                 if self.engines.is_sqlite and "locked" in str(exc.orig).lower():
-                    continue
+                    # SQLITE_BUSY at once (no busy handler, e.g. a WAL snapshot race) is
+                    # retried; a lock another process held for the whole busy timeout is
+                    # not waited for again: the write then waited as long as its threads
+                    # waiting for the connection do (write_turn_timed_out)
+                    if time.monotonic() < locked_deadline:
+                        continue
+                    raise UnavailableError(
+                        f"ledger database stayed locked for {SQLITE_BUSY_TIMEOUT_MS / 1000:g} "
+                        f"s by another writer: {exc.orig}; retry"
+                    ) from exc
                 if exc.connection_invalidated and not committing and not reconnected:
                     # a pooled connection found closed before COMMIT was sent: nothing of
                     # this transaction was committed, so it runs once more on a new one
@@ -304,12 +317,7 @@ class StoreBase(Statements):
                     continue
                 raise
             except PoolTimeoutError as exc:
-                # SQLite: this process's one write connection stayed busy for the whole busy
-                # timeout (see engine._sqlite_engine), as a lock held that long would
-                raise UnavailableError(
-                    "ledger write waited longer than the busy timeout for this process's "
-                    "write connection"
-                ) from exc
+                raise write_turn_timed_out() from exc
         raise UnavailableError(f"ledger write did not settle after {MAX_ATTEMPTS} tries: {last}")
 
     def _record_refusal(

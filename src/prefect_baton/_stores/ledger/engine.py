@@ -131,6 +131,16 @@ def normalize_url(url: str) -> str:
     return u.render_as_string(hide_password=False)
 
 
+def write_turn_timed_out() -> UnavailableError:
+    """The error of a SQLite write that waited longer than :data:`SQLITE_BUSY_TIMEOUT_MS`
+    for its process's one write connection (the pool's ``sqlalchemy.exc.TimeoutError``,
+    see :func:`_sqlite_engine`): as a write lock held that long, ``UNAVAILABLE``."""
+    return UnavailableError(
+        f"ledger write waited more than {SQLITE_BUSY_TIMEOUT_MS / 1000:g} s for this "
+        "process's write connection (another write held the database's write lock); retry"
+    )
+
+
 def _set_wal(cur: Any) -> None:
     """Switch to WAL mode. Two processes opening a new file at once can see SQLITE_BUSY here
     without the busy handler being consulted, so retry for up to the busy timeout."""
@@ -157,7 +167,8 @@ def _sqlite_engine(url: str, *, immediate: bool) -> Engine:
     with sleeps of up to 100 ms and lets a late arrival win: with 16 REST clients on one
     server that put the p99 latency near 0.5 s (``benchmarks/rest.py``). A wait longer than
     the busy timeout raises ``sqlalchemy.exc.TimeoutError``, which the store reports as
-    ``UnavailableError``. Writers in other processes still meet in the busy handler."""
+    ``UnavailableError`` (:func:`write_turn_timed_out`). Writers in other processes still
+    meet in the busy handler."""
     eng = create_engine(
         url,
         connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},

@@ -67,7 +67,9 @@ from typing import Any
 import psycopg
 from redis.exceptions import RedisError
 from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
+from prefect_baton._stores.ledger.engine import write_turn_timed_out
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.redis.cluster import RedisClient, node_time_ms
 from prefect_baton._stores.redis.codec import journal_payload
@@ -208,6 +210,8 @@ class Reconciler(LedgerWriter):
             raise UnavailableError(
                 f"ledger database unavailable: {getattr(exc, 'orig', None) or exc}"
             ) from exc
+        except PoolTimeoutError as exc:
+            raise write_turn_timed_out() from exc
         if last is None:
             return 0, None
         self._committed(org, batch)

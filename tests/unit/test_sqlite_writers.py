@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import uuid
 from pathlib import Path
+from typing import Any
 
 import fakeredis
 import pytest
 from sqlalchemy import event
 
+import redis
 from prefect_baton import Baton, UnavailableError
 from prefect_baton._stores.ledger import base, engine
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.redis.authority import RedisAuthority
+from tests.conftest import REDIS_URL, require_redis
 
 
 def test_threads_writing_at_once_share_one_write_connection(tmp_path: Path) -> None:
@@ -124,16 +128,23 @@ def test_a_lock_held_past_the_busy_timeout_is_waited_for_once(
     b.close()
 
 
+@pytest.mark.parametrize("server", ["fakeredis", "redis"])
 def test_the_redis_drain_reports_a_turn_that_never_comes_as_unavailable(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: str
 ) -> None:
     """With Redis as the lease authority and ``ack="ledger"``, a drain into the SQLite
     ledger that cannot get the process's write connection (held past the wait limit, here
     0.3 s) makes the acquire UNAVAILABLE with the ledger's own message, not the pool's."""
     ledger = LedgerStore(f"sqlite:///{tmp_path / 'l.db'}")
-    client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    client: Any
+    if server == "redis":
+        require_redis()
+        client = redis.Redis.from_url(REDIS_URL)
+    else:
+        client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
     auth = RedisAuthority(client, ledger, ack="ledger")
-    b = Baton(org="o", principal="a", store=ledger, lease_authority=auth)
+    org = f"o-{uuid.uuid4().hex[:12]}"
+    b = Baton(org=org, principal="a", store=ledger, lease_authority=auth)
     b.leases.release(b.leases.acquire("r", "warm", ttl_seconds=30))
     monkeypatch.setattr(ledger.engines.write.pool, "_timeout", 0.3)
     held = ledger.engines.write.connect()

@@ -108,21 +108,9 @@ class Tx:
 
 
 class StoreBase(Statements):
-    """The SQL ledger and the embedded lease authority.
-
-    Args:
-        url: SQLAlchemy URL, ``sqlite:///path`` or ``postgresql://...`` (psycopg 3).
-        receipt_retention_seconds: how long idempotency receipts are kept (default 24 h).
-        state_max_bytes: the checkpoint state cap in bytes (default 1 MiB).
-        migrate: apply the shipped Alembic migrations on first use (default ``True``).
-        clock: where the store reads "now": a callable returning epoch milliseconds
-            (``int``), called once per transaction. Default ``None``: the database clock,
-            read inside the transaction. Meant for tests (see :mod:`prefect_baton.testing`);
-            every process sharing a ledger must read the same clock.
-
-    Raises:
-        ValidationError: a malformed URL. UnavailableError: the database cannot be reached.
-    """
+    """The plumbing under :class:`~prefect_baton._stores.ledger.store.LedgerStore` (the
+    transaction loop, locks, receipts, the outbox); the constructor's arguments and errors
+    are documented there."""
 
     def __init__(
         self,

@@ -216,13 +216,16 @@ def test_serve_bad_ledger_url_is_validation_error(cli: Cli) -> None:
     assert run.json["error"]["code"] == "VALIDATION_ERROR"
 
 
-def test_serve_on_a_taken_port_is_unavailable(cli: Cli) -> None:
-    """A port another socket listens on exits 11 with UNAVAILABLE (a real process)."""
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_on_a_taken_port_is_unavailable(cli: Cli, workers: str) -> None:
+    """A port another socket listens on exits 11 with UNAVAILABLE (a real process), with
+    one worker and with several (the address is bound before the process is replaced by
+    the lean supervisor)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        run = cli.proc("serve", "--port", str(port))
+        run = cli.proc("serve", "--port", str(port), "--workers", workers)
     assert run.code == 11, run.text
     assert run.json["error"]["code"] == "UNAVAILABLE"
 

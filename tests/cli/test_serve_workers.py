@@ -65,6 +65,56 @@ def test_two_workers_serve_one_port_and_stop_together(cli: Cli) -> None:
         assert not os.path.exists(f"/proc/{pid}") or _zombie(pid)
 
 
+def test_without_a_metrics_port_a_lean_supervisor_runs_the_workers(cli: Cli) -> None:
+    """With --workers 2 and no --metrics-port, the process that checked the ledger replaces
+    itself (same process id) with a supervisor that has none of the stores or web libraries
+    loaded (no pydantic_core, SQLite or FastAPI code mapped), its workers answer, leases
+    held through one are refused through the other, and SIGTERM ends them all (exit 0,
+    the metrics directory it made removed)."""
+    port = _free_port()
+    argv = [str(BATON_SCRIPT), "serve", "--port", str(port), "--ledger-url", cli.ledger_url]
+    argv += ["--workers", "2"]
+    alice = cli.ok("keys", "create", "--scope", "leases:write", principal="alice")["secret"]
+    bob = cli.ok("keys", "create", "--scope", "leases:write", principal="bob")["secret"]
+    env = process_env()
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    try:
+        _wait_until_listening(proc, port)
+        assert "supervise()" in _cmdline(proc.pid)
+        with open(f"/proc/{proc.pid}/maps") as f:
+            mapped = f.read()
+        for heavy in ("pydantic_core", "_sqlite3", "sqlalchemy", "hiredis"):
+            assert heavy not in mapped, heavy
+        workers = [p for p in _children(proc.pid) if "spawn_main" in _cmdline(p)]
+        assert len(workers) == 2
+        with open(f"/proc/{workers[0]}/environ", "rb") as f:  # set before they started
+            environ = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+        metrics_dir = environ[b"PROMETHEUS_MULTIPROC_DIR"].decode()
+        assert os.path.isdir(metrics_dir)
+        url = f"http://127.0.0.1:{port}"
+        for i in range(4):
+            with httpx.Client(base_url=url, timeout=60) as c:
+                body = {**LEASE, "resource_id": f"lean{i}"}
+                r = c.post("/v1/leases", json=body, headers={"Authorization": f"Bearer {alice}"})
+                assert r.status_code == 201, r.text
+            with httpx.Client(base_url=url, timeout=60) as other:
+                refused = other.post(
+                    "/v1/leases", json=body, headers={"Authorization": f"Bearer {bob}"}
+                )
+                assert refused.status_code == 409, refused.text
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert "Uvicorn running on" in out
+    for pid in workers:
+        assert not os.path.exists(f"/proc/{pid}") or _zombie(pid)
+    assert not os.path.exists(metrics_dir)
+
+
 def _assert_metrics_summed(org: str, url: str, mport: int, key: str) -> None:
     """The 8 grants, 16 conflicts and 8 releases of the test above, whichever worker
     answered them, on the loopback metrics port and on the API's ``/metrics``."""

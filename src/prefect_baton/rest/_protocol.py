@@ -41,6 +41,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from prefect_baton.rest._http import error_response
+from prefect_baton.rest._limits import ACCEPT_BATCH, MAX_HEAD_BYTES
 
 try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -63,13 +64,6 @@ __all__ = [
 HEADER_TIMEOUT_SECONDS = 10.0
 #: Seconds a request may take to send its body once its head has arrived.
 BODY_TIMEOUT_SECONDS = 30.0
-#: Largest incomplete request head (request line and headers) kept, in bytes (h11's
-#: default): a client that has sent more without ending its head is answered ``400``.
-MAX_HEAD_BYTES = 16 * 1024
-#: Connections accepted per wake-up of the listening socket, and its listen queue (uvicorn's
-#: ``backlog``). asyncio accepts a whole batch before the cap below can close any
-#: connection, so the cap leaves room for two batches.
-ACCEPT_BATCH = 100
 #: File descriptors kept free of client connections: two accept batches, the ledger and
 #: Redis pools, log files (at most a quarter of the limit).
 FD_RESERVE = 2 * ACCEPT_BATCH + 100

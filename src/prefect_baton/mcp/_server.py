@@ -346,18 +346,16 @@ def http_app(
     close = stores.close
 
     server = build_server(_key_identity(store, authority, settings), on_close=close)
+    limit = request_body_limit(store.state_max_bytes)
     app = server.streamable_http_app(
         host=host,
         auth=auth,
         token_verifier=_KeyVerifier(lambda: store.engines),
+        max_request_body_size=limit,  # the mcp package's own cap (4 MiB) would cut ours
     )
     app.add_middleware(_UnavailableAs503)
     # Outermost: request ids, one Authorization header, no key in the URL, the body cap.
-    app.add_middleware(
-        BatonMiddleware,
-        engines=lambda: store.engines,
-        max_body_bytes=request_body_limit(store.state_max_bytes),
-    )
+    app.add_middleware(BatonMiddleware, engines=lambda: store.engines, max_body_bytes=limit)
     return app
 
 

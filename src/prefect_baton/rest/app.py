@@ -131,10 +131,11 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
     app.state.authority = authority
     app.state.key_cache = KeyCache(settings.key_cache_seconds)
     app.state.batons = {}  # the Baton of each caller, see _deps._baton
+    body_limit = request_body_limit(store.state_max_bytes)
     app.add_middleware(
         BatonMiddleware,
         engines=lambda: store.engines,
-        max_body_bytes=request_body_limit(store.state_max_bytes),
+        max_body_bytes=body_limit,
         key_cache=app.state.key_cache,
     )
 
@@ -207,5 +208,5 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         return _reply(request, _calls.reconciler_lag(b, authority))
 
     _ui.add_routes(app)
-    install_openapi(app)
+    install_openapi(app, body_limit)
     return app

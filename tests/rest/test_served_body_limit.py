@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -27,9 +26,11 @@ from prefect_baton._rules.validation import request_body_limit
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton.rest.keys import create_key
 from tests.conftest import PG_URL, REDIS_URL, require_postgresql, require_redis
+from tests.mcp.conftest import stop
 from tests.unit.test_body_limit import WIDE, state_at
 
 from .conftest import row_counts
+from .test_served_limits import INITIALIZE
 
 BATON = str(Path(sys.executable).parent / "baton")
 MIB = 1024 * 1024
@@ -88,17 +89,6 @@ def start(args: list[str], cap: int | None, log: Path) -> tuple[subprocess.Popen
                 stop(proc)
                 raise AssertionError(log.read_text()) from None
             time.sleep(0.05)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """Stop the server by its pid (SIGTERM, then SIGKILL)."""
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module", params=SERVERS, ids=[f"{a}-{c or 'default'}" for a, c in SERVERS])
@@ -248,8 +238,9 @@ def test_mcp_saves_a_state_at_the_cap_sent_escaped(
     cap: int | None, tmp_path: Path, org: str
 ) -> None:
     """``baton mcp --transport http`` takes a ``baton_checkpoint_save`` whose state is at
-    the cap of 4-byte characters, ASCII-escaped (a body over 3 times the cap), and a body
-    one byte over the limit is 413 PAYLOAD_TOO_LARGE."""
+    the cap of 4-byte characters, ASCII-escaped (a body over 3 times the cap), and reads
+    it back equal; a body one byte over the limit is 413 PAYLOAD_TOO_LARGE and writes
+    nothing."""
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     LedgerStore(url).close()
     key, _ = create_key(url, org=org, principal="alice", role="agent")
@@ -257,17 +248,7 @@ def test_mcp_saves_a_state_at_the_cap_sent_escaped(
     endpoint = f"http://127.0.0.1:{port}/mcp"
     headers = {**MCP_HEADERS, "Authorization": f"Bearer {key}"}
     try:
-        init = {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-06-18",
-                "capabilities": {},
-                "clientInfo": {"name": "raw", "version": "0"},
-            },
-        }
-        resp = httpx.post(endpoint, json=init, headers=headers, timeout=30)
+        resp = httpx.post(endpoint, json=INITIALIZE, headers=headers, timeout=30)
         _message(resp)
         headers["mcp-session-id"] = resp.headers["mcp-session-id"]
         headers["mcp-protocol-version"] = "2025-06-18"
@@ -284,11 +265,16 @@ def test_mcp_saves_a_state_at_the_cap_sent_escaped(
         result = _message(resp)["result"]
         assert not result.get("isError"), str(result)[:300]
         assert result["structuredContent"]["state"] == state
+        get = _call(4, "baton_checkpoint_get", {"subject_id": "s", "kind": "k"})
+        got = _message(httpx.post(endpoint, json=get, headers=headers, timeout=120))
+        assert got["result"]["structuredContent"]["state"] == state
+        before = row_counts(url)
         limit = request_body_limit(state_max)
         over = b'{"x": "' + b"a" * (limit + 1 - 9) + b'"}'
         assert len(over) == limit + 1
         resp = httpx.post(endpoint, content=over, headers=headers, timeout=120)
         assert resp.status_code == 413, resp.text[:300]
         assert resp.json()["error"]["code"] == "PAYLOAD_TOO_LARGE"
+        assert row_counts(url) == before
     finally:
         stop(proc)

@@ -62,10 +62,26 @@ def test_every_v1_operation_declares_its_success_envelope(client: TestClient) ->
         meta = components[schema["properties"]["meta"]["$ref"].rsplit("/", 1)[-1]]
         assert meta["required"] == ["request_id", "replayed"]
         assert {"400", "401", "403", "404", "409", "413", "503"} <= set(op["responses"])
+        too_large = op["responses"]["413"]["description"]
+        assert f"body over {MAX_BODY_BYTES:,} bytes" in too_large, too_large
         assert "422" not in op["responses"]
         assert op["security"] == [{"bearer": []}]
     assert "replayed" not in components["Lease"]["properties"]
-    assert str(MAX_BODY_BYTES // 1024 // 1024) + " MiB" in str(doc["paths"])
+
+
+def test_the_document_states_the_servers_body_limit(
+    ledger_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 413 of an app whose state cap is 3 MiB states its own limit (9 MiB + 64 KiB) and
+    the rule."""
+    monkeypatch.setenv("BATON_STATE_MAX_BYTES", str(3 * 1024 * 1024))
+    app = create_app(ledger_url)
+    try:
+        doc = app.openapi()
+    finally:
+        app.state.close_stores()
+    text = doc["paths"]["/v1/checkpoints"]["put"]["responses"]["413"]["description"]
+    assert "body over 9,502,720 bytes: the larger of 2 MiB and 3 times" in text, text
 
 
 def test_real_responses_match_the_document(client: TestClient, make_key: MakeKey) -> None:

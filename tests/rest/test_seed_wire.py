@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from prefect_baton.rest import MAX_BODY_BYTES
+
 from .conftest import MakeKey, data, error, row_counts
 
 LEASE = {"resource_type": "deploy", "resource_id": "checkout", "ttl_seconds": 60}
@@ -84,7 +86,7 @@ def test_error_bodies_carry_the_request_id(client: TestClient, make_key: MakeKey
     )
     error(client.get("/v1/leases/lease_nope", headers=h), 404, "NOT_FOUND")
     error(client.get("/v1/nowhere", headers=h), 404, "NOT_FOUND")
-    big = b"{" + b" " * (3 * 1024 * 1024) + b"}"
+    big = b"{" + b" " * MAX_BODY_BYTES + b"}"
     error(client.post("/v1/leases", content=big, headers=h), 413, "PAYLOAD_TOO_LARGE")
     client.post("/v1/leases", json=LEASE, headers=h)
     r = client.post("/v1/leases", json=LEASE, headers=make_key("agent-b"))

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from prefect_baton._stores.ledger.store import LedgerStore
+from prefect_baton.rest import MAX_BODY_BYTES
 from prefect_baton.rest.keys import create_key
 
 BATON = str(Path(sys.executable).parent / "baton")
@@ -224,11 +225,11 @@ def test_two_authorization_headers_are_refused(served: Served) -> None:
         assert resp.json()["error"]["code"] == "VALIDATION_ERROR"
 
 
-def test_a_body_over_2_mib_is_413(served: Served) -> None:
-    """A request body over 2 MiB (by one byte, 2.2 MiB, 3 MiB) is 413 PAYLOAD_TOO_LARGE,
-    REST and MCP alike."""
+def test_a_body_over_the_limit_is_413(served: Served) -> None:
+    """A request body over the limit (MAX_BODY_BYTES with the default state cap: by one
+    byte, by 10 %, 4 MiB) is 413 PAYLOAD_TOO_LARGE, REST and MCP alike."""
     path = "/v1/leases" if served.kind == "rest" else "/mcp"
-    for size in (2 * 1024 * 1024 + 1, 2_306_867, 3 * 1024 * 1024):
+    for size in (MAX_BODY_BYTES + 1, MAX_BODY_BYTES * 11 // 10, 4 * 1024 * 1024):
         body = b'{"x": "' + b"a" * (size - 9) + b'"}'
         assert len(body) == size
         resp = served.request(path, [("Authorization", f"Bearer {served.key}")], content=body)

@@ -23,8 +23,25 @@ MAX_TEXT_LENGTH = 4096
 MAX_SCOPES = 64
 MAX_SCOPE_LENGTH = 1024
 DEFAULT_STATE_MAX_BYTES = 1024 * 1024
-#: Largest HTTP request body the REST API and the MCP server over HTTP accept (bytes, 2 MiB).
+#: The floor of the HTTP request body limit of the REST API and the MCP server over HTTP
+#: (bytes, 2 MiB): the limit whatever the checkpoint state cap, see
+#: :func:`request_body_limit`.
 MAX_REQUEST_BODY_BYTES = 2 * 1024 * 1024
+#: How many bytes a client's JSON may spend on one byte of a state's canonical JSON: ASCII
+#: escapes (``json.dumps``' default) write a 2-byte UTF-8 character as 6 bytes (``\u00e9``)
+#: and a 4-byte one as a 12-byte surrogate pair; a 3-byte one as 6 bytes, a space after each
+#: ``:`` and ``,`` at most doubles a 1-byte token. See :func:`request_body_limit`.
+STATE_ESCAPE_FACTOR = 3
+#: Room in a checkpoint-save body for everything but the state (bytes, 64 KiB). The largest
+#: other fields: over REST ``subject_id``, ``kind`` and ``fence_lease_id`` (ids of at most
+#: 256 characters; a character outside the BMP, ASCII-escaped, is 12 bytes: 3,072 bytes
+#: each), ``expected_version`` and ``fence_epoch`` (at most 16 digits), ``ttl_seconds``
+#: (8 digits); over MCP ``subject_id``, ``kind``, ``lease_id`` and ``idempotency_key`` (4 times
+#: 3,072 bytes), ``expected_version``, ``epoch``, ``ttl_seconds`` and the JSON-RPC envelope
+#: (``jsonrpc``, ``id``, ``method``, ``params.name``). With field names, quotes and spaces
+#: that is under 13 KiB; the rest of the 64 KiB is for a client's own JSON-RPC ``id`` and
+#: ``_meta``.
+REQUEST_BODY_MARGIN_BYTES = 64 * 1024
 ROLES = ("agent", "owner", "admin")
 TTL_RANGE = f"{TTL_MIN_SECONDS} to {TTL_MAX_SECONDS}"
 """The legal lease TTL range in seconds as messages and help texts write it."""
@@ -209,6 +226,34 @@ def validate_state(
         raise ValidationError(f"state is {size} bytes of JSON; at most {max_bytes}")
     parsed: dict[str, Any] = json.loads(text)
     return parsed, text, "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def request_body_limit(state_max_bytes: int) -> int:
+    """The largest HTTP request body (bytes) the REST API and the MCP server over HTTP accept
+    from a server whose checkpoint state cap is ``state_max_bytes`` (``int``, bytes of
+    canonical JSON, ``BATON_STATE_MAX_BYTES``): the larger of :data:`MAX_REQUEST_BODY_BYTES`
+    (2 MiB) and :data:`STATE_ESCAPE_FACTOR` (3) times ``state_max_bytes`` +
+    :data:`REQUEST_BODY_MARGIN_BYTES` (64 KiB).
+
+    Why: the cap counts canonical JSON (UTF-8, ``ensure_ascii=False``, no spaces), but a
+    client may send the same state with ASCII escapes and spaces (Python's ``json.dumps``
+    default, ``requests``' ``json=``), up to 3 times larger; every state within the cap then
+    fits in a body within the limit, whatever the client's encoding, and a state over the cap
+    gets the cap's own ``400 VALIDATION_ERROR`` rather than ``413``. (Not covered: a client
+    that indents, pads numbers or escapes ASCII letters.) One limit for every route: the
+    middleware applies it before the route is known.
+
+    Raises:
+        ValidationError: ``state_max_bytes`` is not a positive ``int`` (``bool`` included).
+    """
+    if isinstance(state_max_bytes, bool) or not isinstance(state_max_bytes, int):
+        raise ValidationError(
+            f"state_max_bytes must be an integer, got {type(state_max_bytes).__name__}"
+        )
+    if state_max_bytes < 1:
+        raise ValidationError(f"state_max_bytes must be positive, got {state_max_bytes}")
+    scaled = STATE_ESCAPE_FACTOR * state_max_bytes + REQUEST_BODY_MARGIN_BYTES
+    return max(MAX_REQUEST_BODY_BYTES, scaled)
 
 
 def _check_keys(value: object, depth: int = 0) -> None:

@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from prefect_baton import __version__
 from prefect_baton._client.sync import Baton
+from prefect_baton._rules.validation import request_body_limit
 from prefect_baton._settings import BatonSettings
 from prefect_baton._stores.factory import open_stores
 from prefect_baton._stores.ledger.engine import Engines
@@ -318,7 +319,9 @@ def http_app(
     ``FORBIDDEN`` tool error. A missing, unknown or revoked key is answered ``401`` before
     any tool runs; a ledger that cannot be reached then, ``503``. Keys are accepted only in
     the ``Authorization`` header: a key in the URL is ``401``, two ``Authorization`` headers
-    are ``400``, and a body over 2 MiB is ``413`` (as the REST API, through its
+    are ``400``, and a body over the REST API's limit (the larger of 2 MiB and 3 times the
+    checkpoint state cap + 64 KiB, :func:`~prefect_baton._rules.validation.request_body_limit`
+    of the store's ``state_max_bytes``) is ``413`` (as the REST API, through its
     :class:`~prefect_baton.rest._http.BatonMiddleware`). Keys are never logged.
 
     Args:
@@ -343,14 +346,16 @@ def http_app(
     close = stores.close
 
     server = build_server(_key_identity(store, authority, settings), on_close=close)
+    limit = request_body_limit(store.state_max_bytes)
     app = server.streamable_http_app(
         host=host,
         auth=auth,
         token_verifier=_KeyVerifier(lambda: store.engines),
+        max_request_body_size=limit,  # the mcp package's own cap (4 MiB) would cut ours
     )
     app.add_middleware(_UnavailableAs503)
     # Outermost: request ids, one Authorization header, no key in the URL, the body cap.
-    app.add_middleware(BatonMiddleware, engines=lambda: store.engines)
+    app.add_middleware(BatonMiddleware, engines=lambda: store.engines, max_body_bytes=limit)
     return app
 
 

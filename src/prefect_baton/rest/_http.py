@@ -22,7 +22,7 @@ import anyio.to_thread
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from prefect_baton._rules.validation import MAX_REQUEST_BODY_BYTES
+from prefect_baton._rules.validation import DEFAULT_STATE_MAX_BYTES, request_body_limit
 from prefect_baton._stores.ledger.engine import Engines
 from prefect_baton._stores.protocol import Caller
 from prefect_baton.errors import BatonError, ValidationError
@@ -63,9 +63,12 @@ def check_host(host: str) -> None:
         ) from None
 
 
-#: Largest request body accepted, in bytes (2 MiB); a larger one gets ``413``. The REST
+#: Largest request body a server with the default checkpoint state cap (1 MiB) accepts, in
+#: bytes (3 MiB + 64 KiB = 3,211,264); a larger one gets ``413``. A server's own limit
+#: follows its ``state_max_bytes`` (``BATON_STATE_MAX_BYTES``):
+#: :func:`~prefect_baton._rules.validation.request_body_limit`, never below 2 MiB. The REST
 #: API and the MCP server over HTTP share it.
-MAX_BODY_BYTES = MAX_REQUEST_BODY_BYTES
+MAX_BODY_BYTES = request_body_limit(DEFAULT_STATE_MAX_BYTES)
 
 #: A bearer key's secret as it appears in a URL (percent-decoded): ``bk_`` and 43 URL-safe
 #: characters (:func:`~prefect_baton.rest.keys.create_key`).
@@ -218,7 +221,10 @@ class BatonMiddleware:
 
     Args:
         app: the wrapped ASGI app. engines: callable returning the ledger's engines (keys).
-        max_body_bytes: the body limit (``int``, default :data:`MAX_BODY_BYTES`).
+        max_body_bytes: the body limit (``int``, bytes; default :data:`MAX_BODY_BYTES`, the
+            default state cap's; servers pass
+            :func:`~prefect_baton._rules.validation.request_body_limit` of their store's
+            ``state_max_bytes``).
         key_cache: the cache of looked-up keys (:class:`~prefect_baton.rest.keys.KeyCache`;
             default: none, every request asks the ledger).
     """

@@ -48,7 +48,9 @@ _STATUSES = {
     "404": "NOT_FOUND: unknown, not in the needed state, or another org's",
     "409": "CONFLICT, VERSION_CONFLICT, IDEMPOTENCY_MISMATCH, IDEMPOTENCY_IN_FLIGHT, "
     "LEASE_LOST or STALE_FENCE",
-    "413": "PAYLOAD_TOO_LARGE: body over 2 MiB",
+    "413": "PAYLOAD_TOO_LARGE: body over {limit:,} bytes: the larger of 2 MiB and 3 times "
+    "the checkpoint state cap (state_max_bytes, GET /v1/me) + 64 KiB, so that a state within "
+    "the cap fits even when sent with ASCII escapes",
     "503": "UNAVAILABLE: the ledger or lease authority cannot be reached",
 }
 
@@ -99,8 +101,9 @@ def _declare_success(responses: dict[str, Any], envelope: dict[str, Any] | None)
             response["content"] = {"application/json": {"schema": envelope}}
 
 
-def install_openapi(app: FastAPI) -> None:
-    """Make ``app.openapi()`` (``FastAPI``) return the corrected document (built once)."""
+def install_openapi(app: FastAPI, max_body_bytes: int) -> None:
+    """Make ``app.openapi()`` (``FastAPI``) return the corrected document (built once);
+    its ``413`` states ``max_body_bytes`` (``int``, the app's body limit in bytes)."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is not None:
@@ -134,7 +137,10 @@ def install_openapi(app: FastAPI) -> None:
                     for status, text in _STATUSES.items():
                         responses.setdefault(
                             status,
-                            {"description": text, "content": {"application/json": {"schema": ref}}},
+                            {
+                                "description": text.format(limit=max_body_bytes),
+                                "content": {"application/json": {"schema": ref}},
+                            },
                         )
         app.openapi_schema = doc
         return doc

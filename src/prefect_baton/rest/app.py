@@ -15,7 +15,8 @@ fields: FastAPI's 422 is replaced), ``401 UNAUTHENTICATED`` (no, unknown or revo
 ``409`` for ``CONFLICT``, ``VERSION_CONFLICT``, ``IDEMPOTENCY_MISMATCH``,
 ``IDEMPOTENCY_IN_FLIGHT``, ``LEASE_LOST`` and ``STALE_FENCE`` (all say: the state the request
 presumed no longer holds; the code tells them apart), ``413 PAYLOAD_TOO_LARGE`` (body over
-2 MiB, :data:`~prefect_baton.rest._http.MAX_BODY_BYTES`), ``503 UNAVAILABLE`` and ``500
+the larger of 2 MiB and 3 times the checkpoint state cap + 64 KiB, 3,211,264 bytes by default:
+:func:`~prefect_baton._rules.validation.request_body_limit`), ``503 UNAVAILABLE`` and ``500
 INTERNAL`` (whose message names only the request id: the detail, e.g. a database driver's
 error, stays in the server log, see :func:`~prefect_baton.rest._http.client_error`).
 
@@ -51,6 +52,7 @@ from starlette.responses import Response
 from starlette.routing import Match
 
 from prefect_baton import metrics
+from prefect_baton._rules.validation import request_body_limit
 from prefect_baton._stores.factory import open_stores
 from prefect_baton._stores.ledger.tables import ApiKeyRow
 from prefect_baton._stores.protocol import Caller
@@ -96,6 +98,10 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
             neither set: the ledger is the authority). ``BATON_REDIS_ACK`` and
             ``BATON_REDIS_POST_LOSS`` apply to it.
 
+    A request body may be at most
+    :func:`~prefect_baton._rules.validation.request_body_limit` of the store's
+    ``state_max_bytes`` (``BATON_STATE_MAX_BYTES``) bytes, else ``413``.
+
     Bearer keys looked up are cached for ``BATON_KEY_CACHE_SECONDS`` (see
     :class:`~prefect_baton.rest.keys.KeyCache`; ``app.state.key_cache``). Building the app
     enables metrics recording in the process (:func:`prefect_baton.metrics.enable`);
@@ -125,8 +131,12 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
     app.state.authority = authority
     app.state.key_cache = KeyCache(settings.key_cache_seconds)
     app.state.batons = {}  # the Baton of each caller, see _deps._baton
+    body_limit = request_body_limit(store.state_max_bytes)
     app.add_middleware(
-        BatonMiddleware, engines=lambda: store.engines, key_cache=app.state.key_cache
+        BatonMiddleware,
+        engines=lambda: store.engines,
+        max_body_bytes=body_limit,
+        key_cache=app.state.key_cache,
     )
 
     @app.exception_handler(BatonError)
@@ -198,5 +208,5 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         return _reply(request, _calls.reconciler_lag(b, authority))
 
     _ui.add_routes(app)
-    install_openapi(app)
+    install_openapi(app, body_limit)
     return app

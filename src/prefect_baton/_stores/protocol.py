@@ -551,9 +551,17 @@ class RecordStore(Protocol):
         ...
 
     def events_list(
-        self, caller: Caller, *, after_seq: int = 0, limit: int = 100, kind: str | None = None
+        self,
+        caller: Caller,
+        *,
+        after_seq: int = 0,
+        limit: int = 100,
+        kind: str | None = None,
+        resource: tuple[str, str] | None = None,
+        subject: str | None = None,
     ) -> list[Event]:
-        """Events with ``seq > after_seq`` in commit order (of ``kind`` when given)."""
+        """Events with ``seq > after_seq`` in commit order (of ``kind``, of the leases of
+        ``resource`` ``(resource_type, resource_id)`` and of ``subject`` when given)."""
         ...
 
     def report_expired(self, caller: Caller, *, limit: int = 1000) -> list[Lease]:

@@ -479,9 +479,24 @@ class RestStore(_Transport):
         return self._list(Outcome, data, "outcomes")
 
     def events_list(
-        self, caller: Caller, *, after_seq: int = 0, limit: int = 100, kind: str | None = None
+        self,
+        caller: Caller,
+        *,
+        after_seq: int = 0,
+        limit: int = 100,
+        kind: str | None = None,
+        resource: tuple[str, str] | None = None,
+        subject: str | None = None,
     ) -> list[Event]:
         """``GET /v1/events``."""
-        params = _params(after=after_seq, limit=limit, kind=kind)
+        rtype, rid = resource if resource is not None else (None, None)
+        params = _params(
+            after=after_seq,
+            limit=limit,
+            kind=kind,
+            resource_type=rtype,
+            resource_id=rid,
+            subject=subject,
+        )
         data, _ = self._call("GET", "/v1/events", params=params)
         return self._list(Event, data, "events")

@@ -27,7 +27,7 @@ from prefect_baton._stores.protocol import (
     OutcomeWrite,
     ResolveRequest,
 )
-from prefect_baton._stores.queries import HandoffQuery
+from prefect_baton._stores.queries import EventQuery, HandoffQuery
 from prefect_baton.errors import ValidationError, from_pydantic
 from prefect_baton.models import Checkpoint, Event, Evidence, Handoff, Outcome
 
@@ -418,11 +418,11 @@ class EventAPI(_API):
             or not 0 <= after_seq <= 2**63 - 1
         ):
             raise ValidationError("after_seq must be an integer from 0 to 2**63 - 1")
-        return self._store.events_list(
-            self._caller,
+        query = EventQuery(
             after_seq=after_seq,
             limit=_limit(limit, 1000),
             kind=validate_event_kind(kind),
             resource=validate_resource_filter(resource_type, resource_id),
             subject=_core.validate_optional_id("subject", subject),
         )
+        return self._store.events_list(self._caller, query)

@@ -38,7 +38,7 @@ from prefect_baton._stores.protocol import (
     OutcomeWrite,
     ResolveRequest,
 )
-from prefect_baton._stores.queries import HandoffQuery, LeaseQuery
+from prefect_baton._stores.queries import EventQuery, HandoffQuery, LeaseQuery
 from prefect_baton._stores.rest.http import (
     DEFAULT_TIMEOUT_SECONDS,
     _params,
@@ -478,25 +478,16 @@ class RestStore(_Transport):
         data, _ = self._call("GET", "/v1/outcomes", params=params)
         return self._list(Outcome, data, "outcomes")
 
-    def events_list(
-        self,
-        caller: Caller,
-        *,
-        after_seq: int = 0,
-        limit: int = 100,
-        kind: str | None = None,
-        resource: tuple[str, str] | None = None,
-        subject: str | None = None,
-    ) -> list[Event]:
+    def events_list(self, caller: Caller, query: EventQuery) -> list[Event]:
         """``GET /v1/events``."""
-        rtype, rid = resource if resource is not None else (None, None)
+        rtype, rid = query.resource or (None, None)
         params = _params(
-            after=after_seq,
-            limit=limit,
-            kind=kind,
+            after=query.after_seq,
+            limit=query.limit,
+            kind=query.kind,
             resource_type=rtype,
             resource_id=rid,
-            subject=subject,
+            subject=query.subject,
         )
         data, _ = self._call("GET", "/v1/events", params=params)
         return self._list(Event, data, "events")

@@ -185,6 +185,61 @@ def test_events_tail_rejects_bad_paging(cli: Cli) -> None:
     assert cli("events", "tail", "--follow", "--interval", "0").code == 2
 
 
+def test_events_tail_by_resource_and_subject(cli: Cli) -> None:
+    """--resource-type with --resource-id keeps the events of that resource's leases,
+    --subject those of that subject; --follow takes them too."""
+    cli.ok("lease", "acquire", "deploy", "a", "--ttl-seconds", "60")
+    cli.ok("lease", "acquire", "deploy", "b", "--ttl-seconds", "60")
+    cli.ok("checkpoint", "save", "a", "progress", '{"n": 1}')
+    mine = cli.ok("events", "tail", "--resource-type", "deploy", "--resource-id", "a")
+    assert [(e["kind"], e["subject"]) for e in mine["events"]] == [("lease.acquired", "deploy/a")]
+    assert mine["next_after"] == mine["events"][0]["seq"]
+    by_subject = cli.ok("events", "tail", "--subject", "a")["events"]
+    assert [e["kind"] for e in by_subject] == ["checkpoint.saved"]
+    none = cli.ok(
+        "events",
+        "tail",
+        "--resource-type",
+        "deploy",
+        "--resource-id",
+        "a",
+        "--after",
+        str(mine["next_after"]),
+    )
+    assert none["events"] == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--resource-type", "deploy"],
+        ["--resource-id", "a"],
+        ["--resource-type", "", "--resource-id", "a"],
+        ["--resource-type", "deploy", "--resource-id", "x" * 257],
+        ["--resource-type", "deploy", "--resource-id", "a\tb"],
+        ["--subject", ""],
+        ["--subject", "s" * 257],
+        ["--follow", "--resource-type", "deploy"],
+    ],
+    ids=[
+        "type-alone",
+        "id-alone",
+        "type-empty",
+        "id-too-long",
+        "id-control",
+        "subject-empty",
+        "subject-too-long",
+        "follow-type-alone",
+    ],
+)
+def test_events_tail_rejects_a_bad_filter(cli: Cli, args: list[str]) -> None:
+    """Only one of --resource-type/--resource-id, or a bad id, is VALIDATION_ERROR (exit
+    2), also with --follow (checked before polling)."""
+    run = cli("events", "tail", *args)
+    assert run.code == 2
+    assert run.json["error"]["code"] == "VALIDATION_ERROR"
+
+
 # ----------------------------------------------------------------------------- db, audit
 
 

@@ -235,6 +235,64 @@ def test_events_after_limit_kind(client: TestClient, make_key: MakeKey) -> None:
     assert {e["kind"] for e in only["events"]} == {"handoff.created"}
 
 
+def test_events_by_resource_and_subject(client: TestClient, make_key: MakeKey) -> None:
+    """``resource_type`` with ``resource_id`` keeps the events of that resource's leases,
+    ``subject`` those of that subject; both page with ``next_cursor`` (the filters given
+    again) and are documented query parameters."""
+    h = make_key("agent-a")
+    client.post("/v1/leases", json=LEASE, headers=h)
+    client.post("/v1/leases", json={**LEASE, "resource_id": "other"}, headers=h)
+    client.post("/v1/handoffs", json={"to_principal": "agent-b", "subject_id": "s"}, headers=h)
+    mine = {"resource_type": "deploy", "resource_id": "checkout"}
+    got = data(client.get("/v1/events", params=mine, headers=h))
+    assert [(e["kind"], e["subject"]) for e in got["events"]] == [
+        ("lease.acquired", "deploy/checkout")
+    ]
+    assert got["next_cursor"] is None
+    by_subject = data(client.get("/v1/events", params={"subject": "s"}, headers=h))["events"]
+    assert [e["kind"] for e in by_subject] == ["handoff.created"]
+    first = data(
+        client.get("/v1/events", params={"limit": 1, "subject": "deploy/other"}, headers=h)
+    )
+    assert first["next_cursor"] is not None
+    rest = {"cursor": first["next_cursor"], "subject": "deploy/other"}
+    assert data(client.get("/v1/events", params=rest, headers=h))["events"] == []
+    documented = client.get("/openapi.json").json()["paths"]["/v1/events"]["get"]["parameters"]
+    assert {"resource_type", "resource_id", "subject"} <= {p["name"] for p in documented}
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"resource_type": "deploy"},
+        {"resource_id": "checkout"},
+        {"resource_type": "", "resource_id": "checkout"},
+        {"resource_type": "deploy", "resource_id": ""},
+        {"resource_type": "deploy", "resource_id": "a\x00b"},
+        {"resource_type": "d" * 257, "resource_id": "checkout"},
+        {"subject": ""},
+        {"subject": "s\x1f"},
+        {"subject": "s" * 257},
+    ],
+    ids=[
+        "type-alone",
+        "id-alone",
+        "type-empty",
+        "id-empty",
+        "id-control",
+        "type-too-long",
+        "subject-empty",
+        "subject-control",
+        "subject-too-long",
+    ],
+)
+def test_bad_event_filter_is_400(
+    client: TestClient, make_key: MakeKey, params: dict[str, str]
+) -> None:
+    """Only one of resource_type/resource_id, or a bad id, is ``400 VALIDATION_ERROR``."""
+    error(client.get("/v1/events", params=params, headers=make_key()), 400, "VALIDATION_ERROR")
+
+
 def test_openapi_is_served(client: TestClient) -> None:
     """The OpenAPI document is served without a key and lists the /v1 routes."""
     doc = client.get("/openapi.json").json()

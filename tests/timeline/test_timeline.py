@@ -21,9 +21,19 @@ from prefect_baton import Baton, Lease, StaleFenceError, ValidationError
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton.prefect import timelines_markdown
 from prefect_baton.testing import ManualClock
-from prefect_baton.timeline import build_timeline, render_html, render_svg, write_timeline
+from prefect_baton.timeline import (
+    Timeline,
+    build_timeline,
+    read_events,
+    render_html,
+    render_svg,
+    write_timeline,
+)
 from tests.cli.conftest import Cli
 from tests.conformance._util import wait_until_expired
+from tests.conformance.test_event_filters import RID as F_RID
+from tests.conformance.test_event_filters import RT as F_RT
+from tests.conformance.test_event_filters import _history
 from tests.conftest import redis_authority
 
 RT, RID = "file", "report.py"
@@ -306,3 +316,32 @@ def test_characters_xml_forbids_leave_the_picture_well_formed(tmp_path: Path) ->
     assert "\uffff" not in svg
     assert "x\ufffdy\ufffd[31m\ufffd" in svg
     ET.fromstring(svg)
+
+
+def _drawn(tl: Timeline) -> dict[str, object]:
+    return tl.model_dump(exclude={"generated_at"})
+
+
+@pytest.mark.parametrize("role", ["agent", "owner"])
+def test_filtered_read_draws_what_the_whole_stream_draws(baton: Baton, role: str) -> None:
+    """On every arm, the timeline read through the event filters (the default) equals the
+    one folded from the org's whole stream (``events=read_events(...)``), for each viewer
+    role: the resource's generations, a handoff carrying its lease under another subject,
+    the handoff and outcome of its subject, and a stale fenced write; and so does another
+    resource's. Resources whose ``<type>/<id>`` subjects coincide are kept apart."""
+    _history(baton)
+    viewer = baton.as_principal("viewer", role)
+    everything = read_events(viewer)
+    for rtype, rid in ((F_RT, F_RID), (F_RT, "svc-2")):
+        filtered = build_timeline(viewer, rtype, rid)
+        assert _drawn(filtered) == _drawn(build_timeline(viewer, rtype, rid, events=everything))
+    whole = build_timeline(viewer, F_RT, F_RID)
+    assert len(whole.generations) == 2
+    assert {m.kind for m in whole.marks} >= {
+        "handoff_created",
+        "handoff_accepted",
+        "fence_rejected",
+        "outcome",
+    }
+    for rtype, rid in ((F_RT, f"{F_RID}/x"), (f"{F_RT}/{F_RID}", "x")):
+        assert len(build_timeline(viewer, rtype, rid).generations) == 1

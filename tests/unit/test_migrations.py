@@ -209,3 +209,48 @@ def test_a_ledger_from_a_newer_release_is_refused(tmp_path: Path) -> None:
         assert current_revision(engines) == "9999"
     finally:
         engines.dispose()
+
+
+#: Events as a ledger at 0005 holds them: (kind, payload), ``lease_id`` as 0006 fills it in.
+_EVENTS_0005 = [
+    ("lease.acquired", '{"epoch":1,"lease_id":"lease_a","resource_id":"r","resource_type":"t"}'),
+    ("fence.rejected", '{"epoch":1,"lease_id":"lease_a","resource_id":"r","write":"x"}'),
+    ("handoff.created", '{"handoff_id":"ho_1","lease_id":"lease_a","to_principal":"b"}'),
+    ("handoff.created", '{"handoff_id":"ho_2","lease_id":null,"to_principal":"b"}'),
+    ("checkpoint.saved", '{"checkpoint_id":"ck_1","kind":"plan","version":1}'),
+    ("outcome.recorded", '{"evidence_count":0,"outcome_id":"oc_1","status":"failed"}'),
+]
+
+
+def _upgrade_from_0005_fills_event_lease_ids(url: str) -> None:
+    engines = make_engines(url)
+    try:
+        assert upgrade(engines, "0005") == "0005"
+        with engines.write.begin() as conn:
+            for n, (kind, payload) in enumerate(_EVENTS_0005):
+                conn.execute(
+                    text(
+                        "INSERT INTO baton_events (event_id, org_id, kind, principal, subject,"
+                        " payload, occurred_at_ms) VALUES (:e, 'o', :k, 'p', 's', :p, 1)"
+                    ),
+                    {"e": f"evt_{n}", "k": kind, "p": payload},
+                )
+        assert upgrade(engines) == head_revision()
+        with engines.read.connect() as conn:
+            rows = conn.execute(text("SELECT lease_id FROM baton_events ORDER BY seq")).all()
+        assert [r[0] for r in rows] == ["lease_a", "lease_a", "lease_a", None, None, None]
+    finally:
+        engines.dispose()
+    assert _schema_diff(url) == []
+
+
+def test_sqlite_0006_fills_event_lease_ids(tmp_path: Path) -> None:
+    """0006 on a SQLite ledger at 0005 fills each event's ``lease_id`` from its payload
+    (lease, fence and carrying handoff events; none for the others) and builds the model
+    schema."""
+    _upgrade_from_0005_fills_event_lease_ids(f"sqlite:///{tmp_path / 'ledger.db'}")
+
+
+def test_postgresql_0006_fills_event_lease_ids(pg_fresh_url: str) -> None:
+    """As on SQLite, on PostgreSQL."""
+    _upgrade_from_0005_fills_event_lease_ids(pg_fresh_url)

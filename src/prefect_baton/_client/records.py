@@ -17,7 +17,7 @@ from prefect_baton._client.api_base import (
 from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._client.requests import keyed, resolve_fields
 from prefect_baton._rules import core as _core
-from prefect_baton._rules.events import validate_event_kind
+from prefect_baton._rules.events import validate_event_kind, validate_resource_filter
 from prefect_baton._rules.handoffs import validate_status_filter
 from prefect_baton._rules.paging import decode_cursor
 from prefect_baton._rules.validation import LIFETIME_RANGE, validate_lifetime
@@ -27,7 +27,7 @@ from prefect_baton._stores.protocol import (
     OutcomeWrite,
     ResolveRequest,
 )
-from prefect_baton._stores.queries import HandoffQuery
+from prefect_baton._stores.queries import EventQuery, HandoffQuery
 from prefect_baton.errors import ValidationError, from_pydantic
 from prefect_baton.models import Checkpoint, Event, Evidence, Handoff, Outcome
 
@@ -382,12 +382,35 @@ class OutcomeAPI(_API):
 class EventAPI(_API):
     """The event stream (``b.events``)."""
 
-    def list(self, after_seq: int = 0, limit: int = 100, kind: str | None = None) -> list[Event]:
-        """Events with ``seq > after_seq`` in commit order (``limit`` 1..1000); ``kind``
-        (``str``, one of :data:`~prefect_baton._rules.events.EVENT_KINDS`) keeps one kind.
+    def list(
+        self,
+        after_seq: int = 0,
+        limit: int = 100,
+        kind: str | None = None,
+        resource_type: str | None = None,
+        resource_id: str | None = None,
+        subject: str | None = None,
+    ) -> list[Event]:
+        """Events with ``seq > after_seq`` in commit order (``limit`` 1..1000), every role
+        alike; each filter given narrows the list:
+
+        * ``kind`` (``str``, one of :data:`~prefect_baton._rules.events.EVENT_KINDS`): one
+          kind;
+        * ``resource_type`` and ``resource_id`` (``str`` ids as for ``leases.acquire``, given
+          together): the events of that resource's leases: its ``lease.*`` and
+          ``fence.rejected`` events, and the ``handoff.*`` events of the handoffs that
+          carried one of its leases (checkpoint and outcome events, and handoffs without a
+          lease, name a subject, not a resource: filter them by ``subject``). A lease
+          transition is listed here once the ledger has it (on Redis: once drained);
+        * ``subject`` (``str`` id): the events whose ``subject`` is exactly this (the
+          ``subject_id`` of a checkpoint, handoff or outcome; a lease event's subject is
+          ``<resource_type>/<resource_id>``).
+
+        Page on with ``after_seq`` set to the last ``seq`` returned, as unfiltered.
 
         Raises:
-            ValidationError: a bad ``after_seq`` or ``limit``, or an unknown ``kind``.
+            ValidationError: a bad ``after_seq`` or ``limit``, an unknown ``kind``, only one
+                of ``resource_type``/``resource_id``, or a bad id.
         """
         if (
             isinstance(after_seq, bool)
@@ -395,9 +418,11 @@ class EventAPI(_API):
             or not 0 <= after_seq <= 2**63 - 1
         ):
             raise ValidationError("after_seq must be an integer from 0 to 2**63 - 1")
-        return self._store.events_list(
-            self._caller,
+        query = EventQuery(
             after_seq=after_seq,
             limit=_limit(limit, 1000),
             kind=validate_event_kind(kind),
+            resource=validate_resource_filter(resource_type, resource_id),
+            subject=_core.validate_optional_id("subject", subject),
         )
+        return self._store.events_list(self._caller, query)

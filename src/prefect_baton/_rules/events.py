@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from prefect_baton._rules.validation import validate_id
 from prefect_baton.errors import ValidationError
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "LEASE_EVENT_KINDS",
     "RELEASE_HANDOFF_EXPIRED",
     "RELEASE_HANDOFF_REJECTED",
+    "event_lease_id",
     "expired_payload",
     "fence_rejected_payload",
     "handoff_payload",
@@ -26,6 +28,7 @@ __all__ = [
     "released_by_handoff",
     "reports_expiry",
     "validate_event_kind",
+    "validate_resource_filter",
 ]
 
 LEASE_EVENT_KINDS = {
@@ -67,6 +70,35 @@ def validate_event_kind(kind: object) -> str | None:
     if kind is None or (isinstance(kind, str) and kind in EVENT_KINDS):
         return kind
     raise ValidationError(f"unknown event kind {kind!r}; known kinds: {', '.join(EVENT_KINDS)}")
+
+
+def validate_resource_filter(resource_type: object, resource_id: object) -> tuple[str, str] | None:
+    """Check the resource filter of an event listing: both ``None`` (every resource), or
+    both ids of one resource (as ``leases.acquire`` checks them). The one check of every
+    surface (client, CLI, REST).
+
+    Returns:
+        ``(resource_type, resource_id)``, or ``None`` when neither is given.
+
+    Raises:
+        ValidationError: only one of the two given, or a bad id (not a ``str`` of 1..256
+            characters without control characters).
+    """
+    if resource_type is None and resource_id is None:
+        return None
+    if resource_type is None or resource_id is None:
+        raise ValidationError("give resource_type and resource_id together, or neither")
+    return validate_id("resource_type", resource_type), validate_id("resource_id", resource_id)
+
+
+def event_lease_id(payload: dict[str, Any]) -> str | None:
+    """The lease an event concerns, as the ledger stores it beside the payload (the column
+    the event listing filters a resource's events by): the payload's ``lease_id`` (a
+    ``lease.*`` event's generation, the fence of a ``fence.rejected``, the lease a
+    ``handoff.*`` carried), or ``None`` (no lease: checkpoint and outcome events, a handoff
+    without one)."""
+    lease_id = payload.get("lease_id")
+    return lease_id if isinstance(lease_id, str) else None
 
 
 def lease_payload(

@@ -34,7 +34,7 @@ from prefect_baton._rules.core import (
     RenewRequest,
     TransferRequest,
 )
-from prefect_baton._stores.queries import HandoffQuery, LeaseQuery
+from prefect_baton._stores.queries import EventQuery, HandoffQuery, LeaseQuery
 from prefect_baton.models import (
     Checkpoint,
     Event,
@@ -550,10 +550,8 @@ class RecordStore(Protocol):
         """Outcomes of the org (of one subject when given), oldest first."""
         ...
 
-    def events_list(
-        self, caller: Caller, *, after_seq: int = 0, limit: int = 100, kind: str | None = None
-    ) -> list[Event]:
-        """Events with ``seq > after_seq`` in commit order (of ``kind`` when given)."""
+    def events_list(self, caller: Caller, query: EventQuery) -> list[Event]:
+        """The events ``query`` keeps (:class:`EventQuery`), in commit order."""
         ...
 
     def report_expired(self, caller: Caller, *, limit: int = 1000) -> list[Lease]:

@@ -2,13 +2,15 @@
 :meth:`~prefect_baton._stores.protocol.LeaseAuthority.list_leases` lists
 (:class:`LeaseQuery`) and which handoffs
 :meth:`~prefect_baton._stores.protocol.RecordStore.handoff_list` lists
-(:class:`HandoffQuery`), as the client validated them."""
+(:class:`HandoffQuery`) and which events
+:meth:`~prefect_baton._stores.protocol.RecordStore.events_list` lists (:class:`EventQuery`),
+as the client validated them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["HandoffQuery", "LeaseQuery"]
+__all__ = ["EventQuery", "HandoffQuery", "LeaseQuery"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,3 +57,27 @@ class HandoffQuery:
     status: str | None = "pending"
     limit: int = 100
     after: tuple[int, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EventQuery:
+    """Which events :meth:`~prefect_baton._stores.protocol.RecordStore.events_list` lists,
+    in ``seq`` order (validated by the client).
+
+    Attributes:
+        after_seq: only events with ``seq`` above this (``int``, 0: from the start).
+        limit: at most this many events (``int``, 1 to 1,000).
+        kind: only events of this kind (one of
+            :data:`~prefect_baton._rules.events.EVENT_KINDS`), or ``None`` (any).
+        resource: only the events of the leases of this ``(resource_type, resource_id)``
+            (the events whose payload's ``lease_id`` names one of its generations: its
+            ``lease.*`` and ``fence.rejected`` events, and the ``handoff.*`` events of
+            handoffs carrying one), or ``None`` (any).
+        subject: only events whose ``subject`` is exactly this (``str``), or ``None``.
+    """
+
+    after_seq: int = 0
+    limit: int = 100
+    kind: str | None = None
+    resource: tuple[str, str] | None = None
+    subject: str | None = None

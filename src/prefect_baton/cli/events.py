@@ -7,7 +7,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -32,14 +32,14 @@ def _line(st: CliState, ev: Event) -> str:
     )
 
 
-def _follow(st: CliState, after: int, limit: int, kind: str | None, interval: float) -> None:
+def _follow(st: CliState, after: int, limit: int, filters: dict[str, Any], interval: float) -> None:
     b = st.client()
     if threading.current_thread() is threading.main_thread():
         # Ctrl-C must interrupt even when started with SIGINT ignored (background jobs).
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         while True:
-            batch = b.events.list(after_seq=after, limit=limit, kind=kind)
+            batch = b.events.list(after_seq=after, limit=limit, **filters)
             for ev in batch:
                 sys.stdout.write(_line(st, ev) + "\n")
                 after = ev.seq
@@ -81,20 +81,50 @@ def tail(
         float,
         typer.Option("--interval", help="With --follow: seconds (number) between polls when idle."),
     ] = 1.0,
+    resource_type: Annotated[
+        str | None,
+        typer.Option(
+            "--resource-type",
+            help="With --resource-id: only the events of this resource's leases (text, 1 to "
+            "256 characters): lease.*, fence.rejected, and handoff.* of handoffs that carried "
+            "one. Giving only one of the two is VALIDATION_ERROR.",
+        ),
+    ] = None,
+    resource_id: Annotated[
+        str | None,
+        typer.Option(
+            "--resource-id",
+            help="With --resource-type: the id of that resource (text, 1 to 256 characters).",
+        ),
+    ] = None,
+    subject: Annotated[
+        str | None,
+        typer.Option(
+            "--subject",
+            help="Only events with exactly this subject (text, 1 to 256 characters: the "
+            "subject id of a checkpoint, handoff or outcome).",
+        ),
+    ] = None,
 ) -> None:
     """Show the org's events with sequence number > --after, in commit order.
 
     Without --follow: one page. The JSON receipt's 'next_after' is the value to pass as
-    --after for the next page.
+    --after for the next page (with the same filters).
     """
+    filters: dict[str, Any] = {
+        "kind": kind,
+        "resource_type": resource_type,
+        "resource_id": resource_id,
+        "subject": subject,
+    }
     with guard(ctx, "events.tail") as st:
         if not interval > 0:
             usage_error(st, "events.tail", "--interval must be a positive number of seconds")
         if follow:
-            st.client().events.list(after_seq=after, limit=limit, kind=kind)  # validate
-            _follow(st, after, limit, kind, interval)
+            st.client().events.list(after_seq=after, limit=limit, **filters)  # validate
+            _follow(st, after, limit, filters, interval)
             return
-        events = st.client().events.list(after_seq=after, limit=limit, kind=kind)
+        events = st.client().events.list(after_seq=after, limit=limit, **filters)
         next_after = events[-1].seq if events else after
         emit_ok(
             st.format,

@@ -367,20 +367,37 @@ def handoffs_page(
 
 
 def events_page(
-    b: Baton, *, after: int, limit: int, kind: str | None, cursor: str | None
+    b: Baton,
+    *,
+    after: int,
+    limit: int,
+    kind: str | None,
+    cursor: str | None,
+    resource_type: str | None = None,
+    resource_id: str | None = None,
+    subject: str | None = None,
 ) -> EventPage:
     """One page of ``b.events.list``: events with ``seq > after`` (``int``), or after
-    ``cursor`` (as :func:`leases_page`), in commit order, ``limit`` 1..1,000.
+    ``cursor`` (as :func:`leases_page`), in commit order, ``limit`` 1..1,000; of ``kind``,
+    of resource ``(resource_type, resource_id)`` and of ``subject`` when given (``str``,
+    as ``b.events.list``).
 
     Raises:
-        BatonError: VALIDATION_ERROR (a bad limit or cursor, or both ``after`` and
-            ``cursor``).
+        BatonError: VALIDATION_ERROR (a bad limit, cursor, kind or id, only one of
+            ``resource_type``/``resource_id``, or both ``after`` and ``cursor``).
     """
     if cursor is not None:
         if after:
             raise ValidationError("give after or cursor, not both")
         (after,) = decode_cursor("events", cursor)
-    events = b.events.list(after, limit, kind)
+    events = b.events.list(
+        after,
+        limit,
+        kind,
+        resource_type=resource_type,
+        resource_id=resource_id,
+        subject=subject,
+    )
     return EventPage(events=events, next_cursor=next_cursor("events", events, limit))
 
 

@@ -158,8 +158,23 @@ def add_routes(app: FastAPI) -> None:
         limit: Limit = 100,
         kind: str | None = None,
         cursor: str | None = None,
+        resource_type: str | None = None,
+        resource_id: str | None = None,
+        subject: str | None = None,
     ) -> Response:
         """Events with ``seq > after`` (or after ``cursor``) in commit order, one page of
-        ``limit``; ``next_cursor`` gives the next page."""
-        page = _calls.events_page(b, after=after, limit=limit, kind=kind, cursor=cursor)
+        ``limit``; ``next_cursor`` gives the next page. Filters: ``kind``; ``resource_type``
+        with ``resource_id`` (the events of that resource's leases: ``lease.*``,
+        ``fence.rejected``, and ``handoff.*`` of handoffs carrying one); ``subject`` (the
+        events with exactly this subject)."""
+        page = _calls.events_page(
+            b,
+            after=after,
+            limit=limit,
+            kind=kind,
+            cursor=cursor,
+            resource_type=resource_type,
+            resource_id=resource_id,
+            subject=subject,
+        )
         return _reply(request, page)

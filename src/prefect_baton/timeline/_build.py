@@ -1,5 +1,5 @@
 """Building a :class:`~prefect_baton.timeline.Timeline` through the public client API:
-the org's event stream, the resource's outcomes and current epoch, and the leases and
+the resource's events, the resource's outcomes and current epoch, and the leases and
 handoffs the caller may read (so it works on every arm and respects organization and
 role)."""
 
@@ -29,14 +29,36 @@ def read_events(baton: Baton) -> list[Event]:
     Raises:
         UnavailableError: the store cannot be reached.
     """
+    return _pages(baton)
+
+
+def _pages(baton: Baton, **filters: str) -> list[Event]:
+    """Every event of ``baton``'s org that ``filters`` (of ``events.list``) keep, oldest
+    first, 1,000 a call."""
     events: list[Event] = []
     after = 0
     while True:
-        page = baton.events.list(after_seq=after, limit=_PAGE)
+        page = baton.events.list(after_seq=after, limit=_PAGE, **filters)
         events += page
         if len(page) < _PAGE:
             return events
         after = page[-1].seq
+
+
+def _resource_events(baton: Baton, resource_type: str, resource_id: str) -> list[Event]:
+    """The events a timeline of ``(resource_type, resource_id)`` is folded from, oldest
+    first: those of the resource's leases (its lease and fence events, and the events of
+    handoffs carrying one of its leases) and those whose subject is ``resource_id`` (its
+    handoffs and outcomes), each read through the filter of ``events.list`` (paged, 1,000
+    a call), so the cost follows the resource's history, not the org's.
+
+    Raises:
+        ValidationError: a bad resource id. UnavailableError: the store cannot be reached.
+    """
+    of_leases = _pages(baton, resource_type=resource_type, resource_id=resource_id)
+    by_seq = {e.seq: e for e in _pages(baton, subject=resource_id)}
+    by_seq.update((e.seq, e) for e in of_leases)
+    return [by_seq[seq] for seq in sorted(by_seq)]
 
 
 def build_timeline(
@@ -51,11 +73,11 @@ def build_timeline(
     see it, read through the public client API (works on every arm: SQLite/PostgreSQL
     ledger, Redis authority, REST client).
 
-    Reads the org's event stream (paged, 1,000 events a call), the outcomes of subject
-    ``resource_id``, the resource's current epoch (``inspect``), and for the generations and
-    handoffs the caller may read, the lease (execution key, purpose) and the handoff (an
-    unresolved one that expired). Another organization's resource reads as an empty
-    timeline (:attr:`Timeline.empty`).
+    Reads the resource's events (:func:`_resource_events`: filtered by the store, paged,
+    1,000 events a call), the outcomes of subject ``resource_id``, the resource's current
+    epoch (``inspect``), and for the generations and handoffs the caller may read, the lease
+    (execution key, purpose) and the handoff (an unresolved one that expired). Another
+    organization's resource reads as an empty timeline (:attr:`Timeline.empty`).
 
     Args:
         baton: the client; its organization and role decide what is shown.
@@ -63,8 +85,9 @@ def build_timeline(
         since: only generations and marks from this time on (an aware ``datetime``; a naive
             one is taken as UTC).
         events: the org's events as :func:`read_events` returns them, read once for
-            several resources (default: read here). Only events ``baton`` may list belong
-            there: another org's are not filtered out.
+            several resources (default: only this resource's, read here with
+            :func:`_resource_events`). Only events ``baton`` may list belong there: another
+            org's are not filtered out.
 
     Raises:
         ValidationError: a bad resource id. UnavailableError: the store cannot be reached.
@@ -74,7 +97,7 @@ def build_timeline(
     if since is not None and since.tzinfo is None:
         since = since.replace(tzinfo=UTC)
     if events is None:
-        events = read_events(baton)
+        events = _resource_events(baton, rtype, rid)
     info = baton.leases.inspect(rtype, rid)
     whom: dict[str, Any] = {
         "org": baton.org,

@@ -29,6 +29,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlmodel import Session, col
 
 from prefect_baton._rules import core as _core
+from prefect_baton._rules.events import event_lease_id
 from prefect_baton._stores.ledger.convert import new_id
 from prefect_baton._stores.ledger.engine import (
     SQLITE_BUSY_TIMEOUT_MS,
@@ -61,7 +62,7 @@ from prefect_baton.errors import (
 #: The outbox insert of :meth:`StoreBase._flush_events` (``?`` placeholders).
 _INSERT_EVENT = (
     f"INSERT INTO {EventRow.__tablename__} (event_id, org_id, kind, principal, subject, "
-    "payload, occurred_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?)"
+    "payload, occurred_at_ms, lease_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
 #: A statement's prefix that first takes the transaction advisory lock of its first
 #: parameter (PostgreSQL); the statement reads ``FROM locked``.
@@ -70,7 +71,7 @@ _LOCKED = "WITH locked AS (SELECT pg_advisory_xact_lock(hashtextextended(?, 0)))
 #: out in commit order.
 _LOCKED_INSERT_EVENT = (
     f"{_LOCKED}INSERT INTO {EventRow.__tablename__} (event_id, org_id, kind, principal, "
-    "subject, payload, occurred_at_ms) SELECT ?, ?, ?, ?, ?, ?, ? FROM locked"
+    "subject, payload, occurred_at_ms, lease_id) SELECT ?, ?, ?, ?, ?, ?, ?, ? FROM locked"
 )
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -404,6 +405,7 @@ class StoreBase(Statements):
                     subject,
                     _core.canonical_json(payload),
                     tx.now_ms,
+                    event_lease_id(payload),
                 ),
             )
 

@@ -30,7 +30,7 @@ VERSION_TABLE = "baton_alembic_version"
 #: The newest migration revision shipped in the package. Alembic (and the scan of the
 #: migration scripts) is loaded only when a ledger needs upgrading, not at every start;
 #: ``tests/unit/test_migrations.py`` checks this against Alembic's script directory.
-HEAD_REVISION = "0005"
+HEAD_REVISION = "0006"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: Connections the SQLite read engine keeps open once opened (10 more may be opened, and
 #: are closed on return): AnyIO's default worker-thread limit, so a REST server running that

@@ -30,6 +30,7 @@ from prefect_baton._stores.ledger.tables import (
     OutcomeRow,
 )
 from prefect_baton._stores.protocol import Caller, CheckpointWrite, OutcomeWrite
+from prefect_baton._stores.queries import EventQuery
 from prefect_baton.errors import NotFoundError, ValidationError
 from prefect_baton.models import Checkpoint, Event, Outcome, from_ms
 
@@ -350,19 +351,32 @@ class RecordOps(HandoffOps, FenceOps):
 
     # ------------------------------------------------------------------ events, history
 
-    def events_list(
-        self, caller: Caller, *, after_seq: int = 0, limit: int = 100, kind: str | None = None
-    ) -> list[Event]:
-        """Events of the caller's org with ``seq > after_seq``, in order, at most ``limit``
-        (1..1000)."""
+    def events_list(self, caller: Caller, query: EventQuery) -> list[Event]:
+        """The events of the caller's org that ``query`` keeps, in ``seq`` order (a
+        resource's: those whose ``lease_id`` column names one of its generations)."""
+        resource = query.resource
         with self._read() as (s, _now):
             q = select(EventRow).where(
                 col(EventRow.org_id) == caller.org,
-                col(EventRow.seq) > after_seq,
+                col(EventRow.seq) > query.after_seq,
             )
-            if kind is not None:
-                q = q.where(col(EventRow.kind) == kind)
-            q = q.order_by(col(EventRow.seq)).limit(max(1, min(limit, 1000)))
+            if query.kind is not None:
+                q = q.where(col(EventRow.kind) == query.kind)
+            if resource is not None:
+                leases = select(col(GenerationRow.lease_id)).where(
+                    col(GenerationRow.org_id) == caller.org,
+                    col(GenerationRow.resource_type) == resource[0],
+                    col(GenerationRow.resource_id) == resource[1],
+                )
+                q = q.where(col(EventRow.lease_id).in_(leases))
+            if query.subject is not None:
+                q = q.where(col(EventRow.subject) == query.subject)
+            # by resource: sorted as an expression, else SQLite (no statistics) walks the
+            # org's whole stream in ix_event_org_seq for its order, instead of each lease's
+            # events in ix_event_lease and a sort of the resource's few
+            seq = col(EventRow.seq)
+            q = q.order_by(seq if resource is None else seq + 0)
+            q = q.limit(max(1, min(query.limit, 1000)))
             out = []
             for r in s.execute(q).scalars():
                 at = from_ms(r.occurred_at_ms)

@@ -222,7 +222,13 @@ class EventRow(SQLModel, table=True):
     """The outbox: one event per committed transition, in the same transaction."""
 
     __tablename__ = "baton_events"
-    __table_args__ = (Index("ix_event_org_seq", "org_id", "seq"),)
+    __table_args__ = (
+        Index("ix_event_org_seq", "org_id", "seq"),
+        # the events of one lease (of one resource's leases: the resource filter)
+        Index("ix_event_lease", "org_id", "lease_id", "seq"),
+        # the events of one subject
+        Index("ix_event_subject", "org_id", "subject", "seq"),
+    )
     seq: int | None = Field(default=None, sa_column=_serial())
     event_id: str = Field(max_length=64, unique=True)
     org_id: str = Field(max_length=256)
@@ -231,6 +237,10 @@ class EventRow(SQLModel, table=True):
     subject: str = Field(max_length=600)
     payload: str = Field(sa_column=Column(Text, nullable=False))
     occurred_at_ms: int = Field(sa_column=_ms())
+    #: The payload's ``lease_id`` (a ``lease.*`` event's generation, the fence of a
+    #: ``fence.rejected``, the lease a ``handoff.*`` carried), else ``None``: the lease, and
+    #: through it the resource, the event concerns.
+    lease_id: str | None = Field(default=None, max_length=64)
 
 
 class ApiKeyRow(SQLModel, table=True):

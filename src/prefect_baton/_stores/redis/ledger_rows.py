@@ -114,7 +114,16 @@ TRANSITION_TABLE = BulkTable(
 )
 EVENT_TABLE = BulkTable(
     EventRow,
-    ("event_id", "org_id", "kind", "principal", "subject", "payload", "occurred_at_ms"),
+    (
+        "event_id",
+        "org_id",
+        "kind",
+        "principal",
+        "subject",
+        "payload",
+        "occurred_at_ms",
+        "lease_id",
+    ),
 )
 PRINCIPAL_TABLE = BulkTable(Principal, ("org_id", "name", "role", "created_at_ms"))
 RECEIPT_TABLE = BulkTable(

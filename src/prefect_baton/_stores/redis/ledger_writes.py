@@ -45,7 +45,12 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import col
 
-from prefect_baton._rules.events import lease_events, released_by_handoff, reports_expiry
+from prefect_baton._rules.events import (
+    event_lease_id,
+    lease_events,
+    released_by_handoff,
+    reports_expiry,
+)
 from prefect_baton._stores.ledger.convert import handoff_payload
 from prefect_baton._stores.ledger.engine import SQLITE_BUSY_TIMEOUT_MS
 from prefect_baton._stores.ledger.leases import ATTEMPT_FIELD
@@ -310,6 +315,7 @@ class LedgerWriter:
                     subject,
                     _canonical(payload),
                     at,
+                    event_lease_id(payload),
                 )
             )
 

@@ -38,7 +38,7 @@ from prefect_baton._stores.protocol import (
     OutcomeWrite,
     ResolveRequest,
 )
-from prefect_baton._stores.queries import HandoffQuery, LeaseQuery
+from prefect_baton._stores.queries import EventQuery, HandoffQuery, LeaseQuery
 from prefect_baton._stores.rest.http import (
     DEFAULT_TIMEOUT_SECONDS,
     _params,
@@ -478,10 +478,16 @@ class RestStore(_Transport):
         data, _ = self._call("GET", "/v1/outcomes", params=params)
         return self._list(Outcome, data, "outcomes")
 
-    def events_list(
-        self, caller: Caller, *, after_seq: int = 0, limit: int = 100, kind: str | None = None
-    ) -> list[Event]:
+    def events_list(self, caller: Caller, query: EventQuery) -> list[Event]:
         """``GET /v1/events``."""
-        params = _params(after=after_seq, limit=limit, kind=kind)
+        rtype, rid = query.resource or (None, None)
+        params = _params(
+            after=query.after_seq,
+            limit=query.limit,
+            kind=query.kind,
+            resource_type=rtype,
+            resource_id=rid,
+            subject=query.subject,
+        )
         data, _ = self._call("GET", "/v1/events", params=params)
         return self._list(Event, data, "events")

@@ -12,7 +12,7 @@ import typer
 
 from prefect_baton._rules.validation import LIFETIME_RANGE
 
-__all__ = ["Fence", "IdempotencyKey", "SubjectId", "lifetime", "row_limit"]
+__all__ = ["Cursor", "Fence", "IdempotencyKey", "SubjectId", "lifetime", "row_limit"]
 
 #: ``SUBJECT_ID``: the subject a checkpoint, handoff or outcome is about.
 SubjectId = Annotated[
@@ -33,6 +33,19 @@ Fence = Annotated[
         "--fence",
         help="Lease id (text) to fence the write with: rejected (exit 10, STALE_FENCE) "
         "once that lease generation is no longer current.",
+    ),
+]
+
+#: ``--cursor`` of a paged listing command (``lease list``, ``handoff inbox``).
+Cursor = Annotated[
+    str | None,
+    typer.Option(
+        "--cursor",
+        help="Start after the page this cursor ends (opaque text, 'c1.'...): the "
+        "'next_cursor' of the previous page's JSON receipt, or the --cursor that the table "
+        "format's hint on stderr names. A page that is not full has no next cursor. Give "
+        "the same filters again. A malformed cursor, or one of another list, is "
+        "VALIDATION_ERROR (exit 2).",
     ),
 ]
 

@@ -19,6 +19,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
@@ -32,9 +33,11 @@ __all__ = [
     "EXIT_OK",
     "EXIT_USAGE",
     "OutputFormat",
+    "Page",
     "dump",
     "emit_error",
     "emit_ok",
+    "emit_page",
     "exit_code_for",
     "exit_codes_help",
     "format_from_argv",
@@ -204,6 +207,49 @@ def emit_ok(
         _render_object(title, data)
     for name, v in (extra or {}).items():
         _console().print(Text(f"{name}: {v}"))
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a paged list (leases, handoffs), as a listing command returns it.
+
+    Attributes:
+        items: the page's rows (models), in the list's order.
+        next_cursor: the cursor of the next page (``str``, from
+            :func:`prefect_baton._rules.paging.next_cursor`), or ``None`` when this page was
+            not full (nothing follows it).
+    """
+
+    items: Sequence[BaseModel]
+    next_cursor: str | None
+
+
+def emit_page(
+    fmt: OutputFormat, action: str, key: str, page: Page, *, columns: Sequence[str] | None = None
+) -> None:
+    """Print one page of a list: in JSON, the receipt of :func:`emit_ok` with a top-level
+    ``next_cursor`` (``str`` or ``null``); as a table, the table on stdout and, when a next
+    page exists, one line on stderr naming the ``--cursor`` that fetches it (stdout stays
+    the table alone).
+
+    Args:
+        fmt: the output format.
+        action: ``group.command`` (e.g. ``lease.list``).
+        key: the receipt key of the rows (``leases``, ``handoffs``).
+        page: the rows and the next page's cursor.
+        columns: the columns of the table (default: the first row's fields).
+    """
+    rows = list(page.items)
+    if fmt is OutputFormat.json:
+        emit_ok(fmt, action, key, rows, columns=columns, extra={"next_cursor": page.next_cursor})
+        return
+    emit_ok(fmt, action, key, rows, columns=columns)
+    if page.next_cursor is not None:
+        sys.stdout.flush()
+        sys.stderr.write(
+            f"baton {action.replace('.', ' ')}: more rows; next page: --cursor {page.next_cursor}\n"
+        )
+        sys.stderr.flush()
 
 
 def emit_error(

@@ -18,7 +18,14 @@ import typer
 
 from prefect_baton._client.sync import Baton
 from prefect_baton._settings import BatonSettings, load_settings
-from prefect_baton.cli._output import EXIT_USAGE, OutputFormat, emit_error, emit_ok
+from prefect_baton.cli._output import (
+    EXIT_USAGE,
+    OutputFormat,
+    Page,
+    emit_error,
+    emit_ok,
+    emit_page,
+)
 from prefect_baton.errors import BatonError, ValidationError
 from prefect_baton.models import Lease
 
@@ -116,7 +123,9 @@ def command(
     The body is an ordinary Typer command (its parameters are the command's arguments and
     options, its docstring the help text) taking the context as ``ctx``; it runs under
     :func:`guard`, so a :class:`BatonError` it raises becomes the error receipt and its exit
-    status, and what it returns is printed by :func:`~prefect_baton.cli._output.emit_ok`.
+    status, and what it returns is printed by :func:`~prefect_baton.cli._output.emit_ok`
+    (a :class:`~prefect_baton.cli._output.Page`, one page of a paged list, by
+    :func:`~prefect_baton.cli._output.emit_page`: with its ``next_cursor``).
 
     Args:
         app: the command group (``typer.Typer``) the command is registered in.
@@ -124,7 +133,7 @@ def command(
             ``action``, of the result and of an error alike; the command's name is the part
             after the first dot.
         key: the receipt key of the result (``str``: ``lease``, ``checkpoint``, ...).
-        columns: for a list result, the columns of the table.
+        columns: for a list result (or a page), the columns of the table.
 
     Returns:
         The decorator; it returns the registered command, which prints and returns ``None``.
@@ -140,7 +149,11 @@ def command(
             # Typer passes every parameter by name, the context as the body's ``ctx``.
             ctx = cast(typer.Context, kwargs["ctx"])
             with guard(ctx, action) as st:
-                emit_ok(st.format, action, key, body(*args, **kwargs), columns=columns)
+                result = body(*args, **kwargs)
+                if isinstance(result, Page):
+                    emit_page(st.format, action, key, result, columns=columns)
+                else:
+                    emit_ok(st.format, action, key, result, columns=columns)
 
         app.command(action.partition(".")[2])(run)
         return run

@@ -7,8 +7,10 @@ from typing import Annotated
 
 import typer
 
+from prefect_baton._rules.paging import next_cursor
 from prefect_baton._rules.validation import TTL_RANGE
-from prefect_baton.cli._options import IdempotencyKey, SubjectId, lifetime, row_limit
+from prefect_baton.cli._options import Cursor, IdempotencyKey, SubjectId, lifetime, row_limit
+from prefect_baton.cli._output import Page
 from prefect_baton.cli._state import command, lease_proof, state
 from prefect_baton.errors import ValidationError
 from prefect_baton.models import Handoff
@@ -125,11 +127,17 @@ def inbox(
             help="With --party or --all: only handoffs of this status (default pending).",
         ),
     ] = None,
-) -> list[Handoff]:
+    cursor: Cursor = None,
+) -> Page:
     """List pending handoffs addressed to you (with --party or --all: a principal's or
-    everyone's, sent or received, oldest first). Exit 6 (FORBIDDEN) when an agent asks for
-    another's or everyone's; exit 2 (VALIDATION_ERROR) for a bad limit, --party with
-    --all, or --status without either."""
+    everyone's, sent or received), oldest first (by creation time, then handoff id). Exit 6
+    (FORBIDDEN) when an agent asks for another's or everyone's; exit 2 (VALIDATION_ERROR)
+    for a bad limit or cursor, --party with --all, or --status without either.
+
+    One page of at most --limit rows. When the page is full, the JSON receipt's
+    'next_cursor' (null otherwise) is the --cursor of the next page; the table format names
+    it on stderr.
+    """
     if all_ and party is not None and party != "*":
         raise ValidationError("give --party or --all, not both")
     who = "*" if all_ else party
@@ -137,9 +145,11 @@ def inbox(
     if who is None:
         if status is not None:
             raise ValidationError("--status needs --party or --all")
-        return handoffs_api.inbox(limit=limit)
-    wanted = "pending" if status is None else status.value
-    return handoffs_api.list(party=who, status=wanted, limit=limit)
+        handoffs = handoffs_api.inbox(limit=limit, cursor=cursor)
+    else:
+        wanted = "pending" if status is None else status.value
+        handoffs = handoffs_api.list(party=who, status=wanted, limit=limit, cursor=cursor)
+    return Page(handoffs, next_cursor("handoffs", handoffs, limit))
 
 
 @command(app, "handoff.resolve", "handoff")

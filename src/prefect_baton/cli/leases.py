@@ -13,9 +13,10 @@ from typing import Annotated
 
 import typer
 
+from prefect_baton._rules.paging import next_cursor
 from prefect_baton._rules.validation import TTL_RANGE
-from prefect_baton.cli._options import row_limit
-from prefect_baton.cli._output import emit_ok
+from prefect_baton.cli._options import Cursor, row_limit
+from prefect_baton.cli._output import Page, emit_ok
 from prefect_baton.cli._state import command, guard, lease_proof, state
 from prefect_baton.models import Lease, LeaseInfo, Receipt
 
@@ -273,12 +274,23 @@ def list_(
         bool, typer.Option("--all", help="Also list ended (released, expired, ...) leases.")
     ] = False,
     limit: Annotated[int, row_limit(10_000)] = 100,
-) -> list[Lease]:
-    """List your effective leases, newest first."""
-    return (
+    cursor: Cursor = None,
+) -> Page:
+    """List your effective leases, newest first (by acquire time, then lease id).
+
+    One page of at most --limit rows. When the page is full, the JSON receipt's
+    'next_cursor' (null otherwise) is the --cursor of the next page; the table format names
+    it on stderr.
+    """
+    leases = (
         state(ctx)
         .client()
         .leases.list(
-            resource_type=resource_type, owner=owner, include_ended=include_ended, limit=limit
+            resource_type=resource_type,
+            owner=owner,
+            include_ended=include_ended,
+            limit=limit,
+            cursor=cursor,
         )
     )
+    return Page(leases, next_cursor("leases", leases, limit))

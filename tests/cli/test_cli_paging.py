@@ -1,0 +1,174 @@
+"""Paging on the command line: ``baton lease list`` and ``baton handoff inbox`` take
+``--cursor`` and report the next page's cursor (``next_cursor`` in the JSON receipt, a hint
+on stderr in the table format), the cursor of ``_rules.paging`` that the REST lists use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from prefect_baton import Baton
+
+from ..conftest import REDIS_URL, require_redis
+from .conftest import Cli
+
+
+class RedisCli(Cli):
+    """``baton`` with leases on the Redis fast path (``--redis-url``)."""
+
+    def argv(self, args: tuple[str, ...], principal: str, role: str, fmt: str) -> list[str]:
+        return ["--redis-url", REDIS_URL, *super().argv(args, principal, role, fmt)]
+
+
+def _pages(cli: Cli, *args: str, key: str, limit: int, **kwargs: Any) -> list[list[Any]]:
+    """Every page of a list command, following ``next_cursor`` until it is null."""
+    pages: list[list[Any]] = []
+    cursor: tuple[str, ...] = ()
+    while True:
+        receipt = cli.ok(*args, "--limit", str(limit), *cursor, **kwargs)
+        pages.append(receipt[key])
+        assert len(pages) <= 50, "paging does not end"
+        if receipt["next_cursor"] is None:
+            return pages
+        assert len(receipt[key]) == limit  # only a full page has a next one
+        cursor = ("--cursor", receipt["next_cursor"])
+
+
+def _lease_order(leases: list[dict[str, Any]]) -> list[str]:
+    """Lease ids in the list's documented order: newest first, by acquire time then id."""
+    ordered = sorted(leases, key=lambda x: (x["acquired_at"], x["lease_id"]), reverse=True)
+    return [x["lease_id"] for x in ordered]
+
+
+def _acquire(cli: Cli, count: int, *, redis: bool = False) -> list[str]:
+    extra: dict[str, Any] = {"redis_url": REDIS_URL, "ack": "ledger"} if redis else {}
+    with Baton(ledger_url=cli.ledger_url, org=cli.org, principal="alice", **extra) as b:
+        return [
+            b.leases.acquire("deploy", f"svc-{i}", ttl_seconds=300).lease_id for i in range(count)
+        ]
+
+
+def test_lease_list_pages_through_every_lease_once(cli: Cli) -> None:
+    """Seven leases (two of them ended) paged three at a time: every lease exactly once,
+    newest first, and the last page's next_cursor is null."""
+    ids = _acquire(cli, 7)
+    with Baton(ledger_url=cli.ledger_url, org=cli.org, principal="alice") as b:
+        for lease_id in ids[2:4]:
+            b.leases.release(b.leases.get(lease_id))
+    pages = _pages(cli, "lease", "list", "--all", key="leases", limit=3)
+    assert [len(p) for p in pages] == [3, 3, 1]
+    rows = [x for p in pages for x in p]
+    assert sorted(x["lease_id"] for x in rows) == sorted(ids)
+    assert [x["lease_id"] for x in rows] == _lease_order(rows)
+    active = [x for p in _pages(cli, "lease", "list", key="leases", limit=2) for x in p]
+    assert sorted(x["lease_id"] for x in active) == sorted(ids[:2] + ids[4:])
+
+
+def test_lease_list_of_a_full_last_page_ends_with_an_empty_page(cli: Cli) -> None:
+    """Six leases by three: the second page is full, so it names a cursor; the page after it
+    is empty with next_cursor null. A page smaller than --limit has next_cursor null."""
+    ids = _acquire(cli, 6)
+    pages = _pages(cli, "lease", "list", key="leases", limit=3)
+    assert [len(p) for p in pages] == [3, 3, 0]
+    assert sorted(x["lease_id"] for p in pages for x in p) == sorted(ids)
+    assert cli.ok("lease", "list", "--limit", "100")["next_cursor"] is None
+
+
+def test_lease_list_pages_on_redis(cli: Cli) -> None:
+    """With --redis-url the leases list from the Redis fast path pages the same way."""
+    require_redis()
+    rcli = RedisCli(cli.ledger_url, cli.org)
+    ids = _acquire(rcli, 5, redis=True)
+    pages = _pages(rcli, "lease", "list", key="leases", limit=2)
+    assert [len(p) for p in pages] == [2, 2, 1]
+    rows = [x for p in pages for x in p]
+    assert sorted(x["lease_id"] for x in rows) == sorted(ids)
+    assert [x["lease_id"] for x in rows] == _lease_order(rows)
+    bad = rcli("lease", "list", "--cursor", "c1.bm90LWEtY3Vyc29y")
+    assert bad.code == 2
+    assert bad.json["error"]["code"] == "VALIDATION_ERROR"
+
+
+def _offer(cli: Cli, count: int) -> list[str]:
+    with Baton(ledger_url=cli.ledger_url, org=cli.org, principal="bob") as b:
+        return [b.handoffs.create("alice", f"doc-{i}").handoff_id for i in range(count)]
+
+
+def _handoff_order(handoffs: list[dict[str, Any]]) -> list[str]:
+    """Handoff ids in the inbox's documented order: oldest first, by creation time then id."""
+    ordered = sorted(handoffs, key=lambda h: (h["created_at"], h["handoff_id"]))
+    return [h["handoff_id"] for h in ordered]
+
+
+def test_handoff_inbox_pages_through_every_handoff_once(cli: Cli) -> None:
+    """Seven handoffs to alice paged three at a time: each exactly once, oldest first, the
+    last page's next_cursor null; --all (as owner) pages the same list of the org."""
+    ids = _offer(cli, 7)
+    pages = _pages(cli, "handoff", "inbox", key="handoffs", limit=3)
+    assert [len(p) for p in pages] == [3, 3, 1]
+    rows = [h for p in pages for h in p]
+    assert [h["handoff_id"] for h in rows] == _handoff_order(rows)
+    assert sorted(h["handoff_id"] for h in rows) == sorted(ids)
+    everyone = _pages(
+        cli, "handoff", "inbox", "--all", key="handoffs", limit=4, principal="boss", role="owner"
+    )
+    assert [len(p) for p in everyone] == [4, 3]
+    assert [h["handoff_id"] for p in everyone for h in p] == [h["handoff_id"] for h in rows]
+
+
+def test_table_format_names_the_next_cursor_on_stderr(cli: Cli) -> None:
+    """In the table format stdout is the table alone; a full page adds one stderr line with
+    the cursor of the next page (the JSON receipt's next_cursor), the last page none."""
+    _acquire(cli, 3)
+    _offer(cli, 3)
+    for args, key in ((("lease", "list"), "leases"), (("handoff", "inbox"), "handoffs")):
+        receipt = cli.ok(*args, "--limit", "2")
+        assert len(receipt[key]) == 2
+        cursor = receipt["next_cursor"]
+        first = cli(*args, "--limit", "2", fmt="table")
+        assert first.code == 0, first.text
+        assert "c1." not in first.stdout
+        name = " ".join(args)
+        assert first.stderr == f"baton {name}: more rows; next page: --cursor {cursor}\n"
+        last = cli(*args, "--limit", "2", "--cursor", cursor, fmt="table")
+        assert last.code == 0, last.text
+        assert last.stderr == ""
+        assert f"{args[0]}.{args[1]} (1)" in last.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("lease", "list"),
+        ("handoff", "inbox"),
+        ("handoff", "inbox", "--all"),
+        ("handoff", "inbox", "--party", "alice"),
+    ],
+)
+def test_a_bad_cursor_is_validation_error(cli: Cli, args: tuple[str, ...]) -> None:
+    """A malformed or altered cursor, and a cursor of the other list (a handoffs cursor given
+    to lease list, a leases cursor to handoff inbox), exit 2 with the VALIDATION_ERROR
+    envelope (JSON on stdout; one line on stderr in the table format)."""
+    _acquire(cli, 2)
+    _offer(cli, 2)
+    leases_cursor = cli.ok("lease", "list", "--limit", "1")["next_cursor"]
+    handoffs_cursor = cli.ok("handoff", "inbox", "--limit", "1")["next_cursor"]
+    assert leases_cursor
+    assert handoffs_cursor
+    other = handoffs_cursor if args[0] == "lease" else leases_cursor
+    action = f"{args[0]}.{args[1]}"
+    for bad in ("not-a-cursor", "c1.", "c1.!!!", leases_cursor[:-3] + "xyz", other):
+        run = cli(*args, "--cursor", bad, principal="alice", role="owner")
+        assert run.code == 2, (bad, run.text)
+        assert run.json == {
+            "ok": False,
+            "action": action,
+            "error": {"code": "VALIDATION_ERROR", "message": run.json["error"]["message"]},
+        }
+        assert "cursor" in run.json["error"]["message"]
+        table = cli(*args, "--cursor", bad, principal="alice", role="owner", fmt="table")
+        assert table.code == 2
+        assert table.stdout == ""
+        assert table.stderr.startswith(f"baton {args[0]} {args[1]}: VALIDATION_ERROR: ")
+        assert table.stderr.count("\n") == 1

@@ -116,9 +116,7 @@ def test_without_a_metrics_port_a_lean_supervisor_runs_the_workers(cli: Cli) -> 
     assert not os.path.exists(metrics_dir)
 
 
-def test_lean_supervisor_ignores_modules_in_the_working_directory(
-    cli: Cli, tmp_path: Path
-) -> None:
+def test_lean_supervisor_ignores_modules_in_the_working_directory(cli: Cli, tmp_path: Path) -> None:
     """Started from a directory holding a ``tempfile.py`` and a ``uvicorn.py`` (as a user's
     project might), the supervisor and its workers import the real modules, not these
     (``python -c`` alone would put the directory first on ``sys.path``), and answer."""

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
         Receipt,
     )
 else:
-    from prefect_baton._lazy import exports
+    from prefect_baton._lazy import exports, listing
 
     # The names below are imported on first access (PEP 562), so that importing the
     # package (or a light submodule such as ``prefect_baton.rest.__main__``) loads no
@@ -93,6 +93,7 @@ else:
             "Receipt": "prefect_baton.models",
         },
     )
+    __dir__ = listing(__name__)
 
 __version__ = "0.1.0"
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["exports"]
+__all__ = ["exports", "listing"]
 
 
 def exports(package: str, names: Mapping[str, str]) -> Callable[[str], Any]:
@@ -46,3 +46,16 @@ def exports(package: str, names: Mapping[str, str]) -> Callable[[str], Any]:
         return value
 
     return __getattr__
+
+
+def listing(package: str) -> Callable[[], list[str]]:
+    """A module ``__dir__`` for ``package`` (``str``, its ``__name__``): the names already in
+    its namespace and those of its ``__all__``, sorted (``list[str]``), so ``dir()``, ``help()``
+    and attribute completion show the lazy exports before their first access. Imports
+    nothing."""
+
+    def __dir__() -> list[str]:
+        namespace = sys.modules[package].__dict__
+        return sorted({*namespace, *namespace.get("__all__", ())})
+
+    return __dir__

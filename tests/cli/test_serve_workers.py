@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import httpx
 import pytest
@@ -113,6 +114,40 @@ def test_without_a_metrics_port_a_lean_supervisor_runs_the_workers(cli: Cli) -> 
     for pid in workers:
         assert not os.path.exists(f"/proc/{pid}") or _zombie(pid)
     assert not os.path.exists(metrics_dir)
+
+
+def test_lean_supervisor_ignores_modules_in_the_working_directory(cli: Cli, tmp_path: Path) -> None:
+    """Started from a directory holding a ``tempfile.py`` and a ``uvicorn.py`` (as a user's
+    project might), the supervisor and its workers import the real modules, not these
+    (``python -c`` alone would put the directory first on ``sys.path``), and answer."""
+    for name in ("tempfile", "uvicorn", "socket"):
+        (tmp_path / f"{name}.py").write_text('raise SystemExit("imported from the cwd")\n')
+    port = _free_port()
+    argv = [str(BATON_SCRIPT), "serve", "--port", str(port), "--ledger-url", cli.ledger_url]
+    argv += ["--workers", "2"]
+    alice = cli.ok("keys", "create", "--scope", "leases:write", principal="alice")["secret"]
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=process_env(),
+        cwd=tmp_path,
+    )
+    try:
+        _wait_until_listening(proc, port)  # bound before the supervisor starts: ask too
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/leases",
+            json={**LEASE, "resource_id": "cwd"},
+            headers={"Authorization": f"Bearer {alice}"},
+            timeout=60,
+        )
+        assert r.status_code == 201, r.text
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert "imported from the cwd" not in out
 
 
 def _assert_metrics_summed(org: str, url: str, mport: int, key: str) -> None:

@@ -60,3 +60,19 @@ def test_submodules_are_attributes_and_unknown_names_are_attribute_errors() -> N
         prefect_baton.Bton  # type: ignore[attr-defined]  # noqa: B018
     assert not hasattr(prefect_baton, "no_such_module")
     assert getattr(prefect_baton.rest, "__wrapped__", None) is None
+
+
+@pytest.mark.parametrize("package", ["prefect_baton", "prefect_baton.rest"])
+def test_dir_lists_the_exports_before_they_are_loaded(package: str) -> None:
+    """In a new interpreter, ``dir()`` of the package (attribute completion, ``help()``)
+    already lists every name of ``__all__``, and listing them imports none of them."""
+    code = (
+        f"import json, sys, {package} as p\n"
+        "print(json.dumps([sorted(dir(p)), sorted(p.__all__), 'fastapi' in sys.modules]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    listed, exported, loaded = json.loads(out.stdout)
+    assert set(exported) <= set(listed)
+    assert not loaded

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from prefect_baton.rest.app import create_app
     from prefect_baton.rest.keys import ALL_SCOPES, ApiKey, create_key, list_keys, revoke_key
 else:
-    from prefect_baton._lazy import exports
+    from prefect_baton._lazy import exports, listing
 
     __getattr__ = exports(
         __name__,
@@ -31,6 +31,7 @@ else:
             "revoke_key": "prefect_baton.rest.keys",
         },
     )
+    __dir__ = listing(__name__)
 
 __all__ = [
     "ALL_SCOPES",

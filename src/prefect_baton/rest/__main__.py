@@ -211,8 +211,13 @@ def _exec_supervisor(host: str, port: int, workers: int) -> NoReturn:
     sock = uvicorn.Config(
         WORKER_APP, host=host, port=port, **uvicorn_options(workers)
     ).bind_socket()
-    code = "from prefect_baton.rest.__main__ import supervise; supervise()"
-    argv = [sys.executable, "-c", code, host, str(port), str(workers), str(sock.fileno())]
+    # -P and this process's own sys.path: ``python -c`` would put the working directory
+    # first, so a ``tempfile.py`` or ``uvicorn/`` there would be imported in its place.
+    code = (
+        f"import sys; sys.path[:] = {sys.path!r}; "
+        "from prefect_baton.rest.__main__ import supervise; supervise()"
+    )
+    argv = [sys.executable, "-P", "-c", code, host, str(port), str(workers), str(sock.fileno())]
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     logging.shutdown()  # flush the log handlers (the "running on" line) before the exec

@@ -52,7 +52,9 @@ class BatonSettings(BaseSettings):
             ``maxmemory-policy`` is not ``noeviction`` (default ``false``: refused, see
             :func:`prefect_baton._stores.redis.base.check_eviction_policy`).
         receipt_retention_seconds: ``BATON_RECEIPT_RETENTION_SECONDS`` (default 86,400).
-        state_max_bytes: ``BATON_STATE_MAX_BYTES``, checkpoint state cap (default 1 MiB).
+        state_max_bytes: ``BATON_STATE_MAX_BYTES``, checkpoint state cap in bytes (default
+            1 MiB; 1,024 to 16 MiB: a server buffers up to 3 times it + 64 KiB per request
+            body, see :func:`prefect_baton._rules.validation.request_body_limit`).
         api_url: ``BATON_API_URL``; base URL of the REST API (e.g.
             ``http://127.0.0.1:8787``). When set (and no ledger is passed explicitly), a
             :class:`prefect_baton.Baton` runs every operation through the API.
@@ -80,7 +82,9 @@ class BatonSettings(BaseSettings):
     redis_max_lag_entries: int = Field(default=10_000, ge=0)
     redis_allow_eviction: bool = False
     receipt_retention_seconds: int = Field(default=86_400, ge=60)
-    state_max_bytes: int = Field(default=1024 * 1024, ge=1024)
+    # At most 16 MiB: a server buffers up to 3 times it + 64 KiB per request body
+    # (request_body_limit), and a few concurrent bodies of a larger cap exhaust memory.
+    state_max_bytes: int = Field(default=1024 * 1024, ge=1024, le=16 * 1024 * 1024)
     api_url: str | None = None
     api_key: SecretStr | None = None
     api_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)

@@ -16,6 +16,7 @@ from prefect_baton import Baton, ValidationError
         ("BATON_API_TIMEOUT_SECONDS", "-1"),
         ("BATON_RECEIPT_RETENTION_SECONDS", "ten"),
         ("BATON_STATE_MAX_BYTES", "1"),
+        ("BATON_STATE_MAX_BYTES", str(16 * 1024 * 1024 + 1)),
         ("BATON_KEY_CACHE_SECONDS", "9999"),
     ],
 )

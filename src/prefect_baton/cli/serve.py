@@ -53,8 +53,9 @@ def serve(
     after the requests in flight finish. GET /metrics (any valid key; not in the OpenAPI
     document) shows the Prometheus metrics of the key's organization; with --workers over
     1 they are summed over the workers (prometheus_client's multiprocess mode). Exit
-    status: VALIDATION_ERROR (2) for a malformed URL or port, UNAVAILABLE (11) when the
-    ledger cannot be reached or a port cannot be bound.
+    status: VALIDATION_ERROR (2) for a malformed URL or port, or a PROMETHEUS_MULTIPROC_DIR
+    that is not a writable directory; UNAVAILABLE (11) when the ledger cannot be reached or
+    a port cannot be bound.
     """
     with guard(ctx, "serve") as st:
         from prefect_baton.rest.__main__ import serve as run

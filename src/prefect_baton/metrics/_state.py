@@ -5,6 +5,7 @@ recording goes through. Imports nothing from a metrics library: while nothing is
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Protocol
 
@@ -73,7 +74,13 @@ def record(name: str, organization: str, *labels: str, value: float = 1.0) -> No
     """Record ``value`` (default 1, a count; seconds for a histogram) on the instrument
     ``name`` of :data:`~prefect_baton.metrics._specs.INSTRUMENTS` for ``organization`` and
     the instrument's further ``labels`` in order (a ``resource_type`` second, when the
-    instrument has one). Does nothing when no backend is enabled."""
+    instrument has one). Does nothing when no backend is enabled.
+
+    Never raises: a recording follows the call it measures, often a committed write, and a
+    backend's failure (prometheus_client's multiprocess directory removed or unwritable, a
+    full disk) must not turn that call into an error the caller would retry. A failure is
+    logged (``prefect_baton.metrics``, warning, with its traceback) the first time for each
+    backend and kind of error, and the value is dropped."""
     sinks = SINKS
     if not sinks:
         return
@@ -82,7 +89,29 @@ def record(name: str, organization: str, *labels: str, value: float = 1.0) -> No
     if labels and name not in _NO_RESOURCE_TYPE:
         rest = (bounded("resource_type", labels[0], org), *labels[1:])
     for sink in sinks:
-        sink.add(name, (org, *rest), value)
+        try:
+            sink.add(name, (org, *rest), value)
+        except Exception as exc:
+            _report_failure(sink, exc)
+
+
+_log = logging.getLogger("prefect_baton.metrics")
+#: (backend class, error class) pairs already logged by :func:`_report_failure`.
+_failures_logged: set[tuple[str, str]] = set()
+
+
+def _report_failure(sink: Sink, exc: Exception) -> None:
+    kind = (type(sink).__qualname__, type(exc).__qualname__)
+    if kind in _failures_logged:
+        return
+    _failures_logged.add(kind)
+    _log.warning(
+        "metrics backend %s failed (%s); values it cannot record are dropped, the calls they "
+        "measure are not affected (logged once per kind of error)",
+        kind[0],
+        kind[1],
+        exc_info=exc,
+    )
 
 
 _NO_RESOURCE_TYPE = frozenset(n for n, i in INSTRUMENTS.items() if "resource_type" not in i.labels)

@@ -29,6 +29,7 @@ from urllib.parse import unquote_plus
 __all__ = [
     "RateLimitRepeats",
     "RedactKeys",
+    "check_metrics_dir",
     "check_metrics_port",
     "default_workers",
     "log_config",
@@ -325,6 +326,25 @@ def check_metrics_port(metrics_port: object, port: int) -> int | None:
     return metrics_port
 
 
+def check_metrics_dir() -> None:
+    """Check ``PROMETHEUS_MULTIPROC_DIR`` when it is set: prometheus_client's multiprocess
+    mode writes each process's values there, so it must be an existing directory this
+    process may write in.
+
+    Raises:
+        ValidationError: it is set to anything else (a missing path, a file, a directory
+            without write permission).
+    """
+    from prefect_baton.errors import ValidationError
+
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if path and not (os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)):
+        raise ValidationError(
+            f"PROMETHEUS_MULTIPROC_DIR={path!r} is not a directory this process can write "
+            "in; create it, or unset it (with --workers over 1 a temporary one is made)"
+        )
+
+
 def serve(
     host: str = "127.0.0.1",
     port: int = 8787,
@@ -359,7 +379,9 @@ def serve(
     Raises:
         ValidationError: a malformed URL, a ``host`` that is neither a host name nor an
             IP address (:func:`~prefect_baton.rest._http.check_host`, as ``baton mcp``),
-            or a bad ``metrics_port`` (:func:`check_metrics_port`).
+            a bad ``metrics_port`` (:func:`check_metrics_port`), or a
+            ``PROMETHEUS_MULTIPROC_DIR`` that is not a writable directory
+            (:func:`check_metrics_dir`).
         UnavailableError: the ledger cannot be reached, or ``metrics_port`` cannot be bound.
         SystemExit: uvicorn could not bind ``host:port`` (code 1, reason in the log).
     """
@@ -374,6 +396,7 @@ def serve(
     if workers is not None and workers < 1:
         raise ValidationError(f"workers must be at least 1, got {workers} (--workers)")
     metrics_port = check_metrics_port(metrics_port, port)
+    check_metrics_dir()
     n = workers if workers is not None else default_workers(ledger_url, redis_url)
     lean = n > 1 and metrics_port is None and os.name == "posix"
     made_dir = None

@@ -1,5 +1,5 @@
-"""Paged lists (lease list, handoff inbox, event stream: ``limit`` and an opaque
-``cursor``, keyset paging) and the deletion of one's own checkpoint (the seed service's
+"""Paged lists (lease list, handoff inbox, event stream, outcomes: ``limit`` and an
+opaque ``cursor``, keyset paging) and the deletion of one's own checkpoint (the seed service's
 ``DELETE``; DESIGN.md "Checkpoints": history stays, a pending handoff keeps what it
 carries), on every store arm."""
 
@@ -71,6 +71,43 @@ def test_bad_inbox_cursor_is_validation_error(baton: Baton) -> None:
     """A lease list's cursor given to the inbox is VALIDATION_ERROR."""
     with pytest.raises(ValidationError):
         baton.handoffs.inbox(cursor=encode_cursor("leases", (1, "lease_x")))
+
+
+def test_outcome_list_pages_by_cursor(baton: Baton) -> None:
+    """Seven outcomes (of two subjects, several often in one millisecond) read two at a
+    time: every outcome once, oldest first (by record time, then outcome id), the order of
+    the unpaged list; a subject's outcomes page the same way."""
+    made = [baton.outcomes.record(f"subj-{i % 2}", "failed") for i in range(7)]
+    everything = baton.outcomes.list()
+    paged = pages(lambda c: baton.outcomes.list(limit=2, cursor=c), "outcomes", 2)
+    assert [o.outcome_id for o in paged] == [o.outcome_id for o in everything]
+    assert sorted(o.outcome_id for o in paged) == sorted(o.outcome_id for o in made)
+    keys = [(o.recorded_at, o.outcome_id) for o in paged]
+    assert keys == sorted(keys)
+    one = pages(lambda c: baton.outcomes.list("subj-1", limit=2, cursor=c), "outcomes", 2)
+    assert [o.outcome_id for o in one] == [o.outcome_id for o in made if o.subject_id == "subj-1"]
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "",
+        "nonsense",
+        "c1.",
+        "c1.!!!!",
+        "c1." + "A" * 2000,
+        encode_cursor("outcomes", (1, "x\x00")),  # an id no database can hold
+        encode_cursor("events", (3,)),  # another list's
+        encode_cursor("handoffs", (1, "hoff_x")),
+        encode_cursor("leases", (1, "lease_x")),
+        encode_cursor("keys", (1, "key_x")),
+    ],
+)
+def test_bad_outcome_cursor_is_validation_error(baton: Baton, cursor: str) -> None:
+    """A cursor that is not one of the outcome list is VALIDATION_ERROR."""
+    baton.outcomes.record("s", "failed")
+    with pytest.raises(ValidationError, match="cursor"):
+        baton.outcomes.list(cursor=cursor)
 
 
 def test_delete_own_checkpoint(baton: Baton) -> None:

@@ -36,7 +36,8 @@ Fence = Annotated[
     ),
 ]
 
-#: ``--cursor`` of a paged listing command (``lease list``, ``handoff inbox``).
+#: ``--cursor`` of a paged listing command (``lease list``, ``handoff inbox``, ``outcome
+#: list``, ``keys list``).
 Cursor = Annotated[
     str | None,
     typer.Option(

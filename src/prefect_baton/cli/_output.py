@@ -188,16 +188,17 @@ def emit_ok(
 
 @dataclass(frozen=True)
 class Page:
-    """One page of a paged list (leases, handoffs), as a listing command returns it.
+    """One page of a paged list (leases, handoffs, outcomes, keys), as a listing command
+    returns it.
 
     Attributes:
-        items: the page's rows (models), in the list's order.
+        items: the page's rows (models, or rows as mappings), in the list's order.
         next_cursor: the cursor of the next page (``str``, from
             :func:`prefect_baton._rules.paging.next_cursor`), or ``None`` when this page was
             not full (nothing follows it).
     """
 
-    items: Sequence[BaseModel]
+    items: Sequence[BaseModel | Mapping[str, Any]]
     next_cursor: str | None
 
 

@@ -33,9 +33,12 @@ from sqlalchemy import update
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, col, select
 
+from prefect_baton._client.api_base import _limit
 from prefect_baton._rules import core as _core
+from prefect_baton._rules.paging import decode_cursor
 from prefect_baton._settings import load_settings
 from prefect_baton._stores.ledger.engine import Engines, make_engines, upgrade
+from prefect_baton._stores.ledger.paging import after_key
 from prefect_baton._stores.ledger.tables import ApiKeyRow
 from prefect_baton.errors import NotFoundError, UnavailableError, ValidationError
 
@@ -187,19 +190,30 @@ def list_keys(
     *,
     org: str | None = None,
     include_revoked: bool = False,
+    limit: int = 1000,
+    cursor: str | None = None,
     engines: Engines | None = None,
 ) -> list[ApiKey]:
-    """The stored keys (never their secrets), oldest first.
+    """One page of the stored keys (never their secrets), oldest first (by creation time
+    in ms, then key id).
 
     Args:
         ledger_url: the ledger (``str``; default ``BATON_LEDGER_URL``).
         org: only this org's keys (``str``). include_revoked: also revoked keys (``bool``).
+        limit: at most this many keys (``int``, 1..10,000; default 1,000).
+        cursor: continue after the page this cursor ends (``str``: the ``next_cursor`` of
+            ``baton keys list``, or :func:`prefect_baton._rules.paging.next_cursor`
+            ``("keys", page, limit)``); give the same ``org`` and ``include_revoked``
+            again.
         engines: an open ledger to use instead of ``ledger_url``.
 
     Raises:
-        ValidationError: a bad org id. UnavailableError: the ledger is down.
+        ValidationError: a bad org id or limit, or a cursor that is not one of the key
+            list. UnavailableError: the ledger is down.
     """
     org_ = _core.validate_optional_id("org", org)
+    limit_ = _limit(limit, 10_000)
+    after = None if cursor is None else decode_cursor("keys", cursor)
     own = engines is None
     eng = engines or _engines(ledger_url)
     try:
@@ -209,7 +223,10 @@ def list_keys(
                 q = q.where(col(ApiKeyRow.org_id) == org_)
             if not include_revoked:
                 q = q.where(col(ApiKeyRow.revoked_at_ms).is_(None))
-            q = q.order_by(col(ApiKeyRow.created_at_ms), col(ApiKeyRow.key_id))
+            at, kid = col(ApiKeyRow.created_at_ms), col(ApiKeyRow.key_id)
+            if after is not None:
+                q = q.where(after_key(at, kid, after))
+            q = q.order_by(at, kid).limit(limit_)
             return [_to_model(r) for r in session.exec(q).all()]
     finally:
         if own:

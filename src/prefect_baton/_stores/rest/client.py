@@ -471,10 +471,16 @@ class RestStore(_Transport):
         return self._parse(Outcome, data, replayed=replayed)
 
     def outcome_list(
-        self, caller: Caller, subject_id: str | None = None, *, limit: int = 1000
+        self,
+        caller: Caller,
+        subject_id: str | None = None,
+        *,
+        limit: int = 1000,
+        after: tuple[int, str] | None = None,
     ) -> list[Outcome]:
-        """``GET /v1/outcomes``."""
-        params = _params(subject_id=subject_id, limit=limit)
+        """``GET /v1/outcomes`` (``after`` sent as the page's ``cursor``)."""
+        cursor = None if after is None else encode_cursor("outcomes", after)
+        params = _params(subject_id=subject_id, limit=limit, cursor=cursor)
         data, _ = self._call("GET", "/v1/outcomes", params=params)
         return self._list(Outcome, data, "outcomes")
 

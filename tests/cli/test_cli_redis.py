@@ -78,3 +78,42 @@ def test_a_redis_database_the_server_lacks_is_validation_error(tmp_path: Path) -
     assert isinstance(error, dict)
     assert (code, error["code"]) == (2, "VALIDATION_ERROR"), out
     assert "DB index is out of range" in str(error["message"])
+
+
+def _invoke(*args: str) -> tuple[int, str, str]:
+    res = CliRunner().invoke(app, list(args))
+    return res.exit_code, res.stdout, res.stderr
+
+
+def test_a_client_without_redis_url_is_refused_until_the_org_is_returned(tmp_path: Path) -> None:
+    """Once a command with --redis-url used an org, one without it is refused
+    (UNAVAILABLE, exit 11, naming the remedy) instead of granting on the ledger's copy;
+    ``baton reconcile --return-to-ledger`` hands the org back (the lease Redis granted is
+    held on the ledger too), and refuses --follow with it (exit 2)."""
+    require_redis()
+    ledger = f"sqlite:///{tmp_path / 'l.db'}"
+    org = f"cli-{uuid.uuid4().hex[:8]}"
+    base = ["--ledger-url", ledger, "--org", org, "--format", "json"]
+    redis = [*base, "--redis-url", REDIS_URL]
+    acquire = ["lease", "acquire", "deploy", "svc", "--ttl-seconds", "30"]
+    code, out, _err = _invoke(*redis, "--principal", "a", *acquire)
+    assert code == 0, out
+    code, out, _err = _invoke(
+        *base, "--principal", "b", "lease", "acquire", "deploy", "other", "--ttl-seconds", "30"
+    )
+    assert code == 11, out
+    error = json.loads(out)["error"]
+    assert error["code"] == "UNAVAILABLE"
+    assert "decided by Redis" in error["message"]
+    assert "--return-to-ledger" in error["message"]
+    code, out, _err = _invoke(*redis, "reconcile", "--return-to-ledger", "--follow")
+    assert code == 2, out
+    code, out, _err = _invoke(*redis, "reconcile", "--return-to-ledger")
+    assert code == 0, out
+    assert json.loads(out)["reconcile"] == {"org": org, "returned": True}
+    code, _out, err = _invoke(*base, "--principal", "b", *acquire)
+    assert code == 3, err  # CONFLICT: the lease Redis granted is on the ledger
+    code, out, _err = _invoke(
+        *base, "--principal", "b", "lease", "acquire", "deploy", "other", "--ttl-seconds", "30"
+    )
+    assert code == 0, out

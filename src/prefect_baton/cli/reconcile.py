@@ -1,4 +1,5 @@
-"""``baton reconcile [--follow]``: drain the Redis lease journal into the ledger."""
+"""``baton reconcile [--follow | --return-to-ledger]``: drain the Redis lease journal into
+the ledger, or hand an organization's leases back to the ledger."""
 
 from __future__ import annotations
 
@@ -39,12 +40,30 @@ def reconcile(
     batch_size: Annotated[
         int, typer.Option("--batch-size", min=1, help="Journal entries per ledger transaction.")
     ] = DEFAULT_BATCH,
+    return_to_ledger: Annotated[
+        bool,
+        typer.Option(
+            "--return-to-ledger",
+            help="Hand the org's leases (--org, else BATON_ORG) back to the ledger, so "
+            "clients without a Redis URL may decide them again.",
+        ),
+    ] = False,
 ) -> None:
     """Drain the Redis lease journal into the ledger and report the lag.
 
     Drains the org of --org when given, else every org that used Redis. Needs a Redis URL
     (--redis-url or BATON_REDIS_URL). With --follow it runs until SIGINT or SIGTERM.
+
+    Once a client with a Redis URL has used an org, the ledger refuses to decide that
+    org's leases for clients without one (UNAVAILABLE, exit 11): the ledger's copy lags
+    Redis. With --return-to-ledger the org's Redis operations stop (they fail closed), the
+    journal is drained, and the ledger decides the org's leases again; a Redis client that
+    uses the org later rebuilds its state from the ledger and takes the org back. Output:
+    the org and whether Redis decided it until now (returned).
     """
+    if return_to_ledger:
+        _return_to_ledger(ctx, follow)
+        return
     with guard(ctx, "reconcile") as st:
         from prefect_baton.reconcile import run_reconciler  # Redis and the drivers, only here
 
@@ -99,3 +118,31 @@ def reconcile(
             "lag": {org: _lag(lag) for org, lag in report.lag.items()},
         }
         emit_ok(st.format, "reconcile", "reconcile", data)
+
+
+def _return_to_ledger(ctx: typer.Context, follow: bool) -> None:
+    """``baton reconcile --return-to-ledger``: see :func:`reconcile`."""
+    with guard(ctx, "reconcile") as st:
+        from prefect_baton._rules.validation import validate_id
+        from prefect_baton._stores.ledger.store import LedgerStore
+        from prefect_baton._stores.redis.authority import RedisAuthority
+        from prefect_baton.errors import ValidationError
+
+        if follow:
+            raise ValidationError("give --follow or --return-to-ledger, not both")
+        settings = st.settings()
+        secret = settings.redis_url
+        redis_url = st.redis_url or (secret.get_secret_value() if secret else None)
+        if not redis_url:
+            raise ValidationError("no Redis URL: pass --redis-url or set BATON_REDIS_URL")
+        org = validate_id("org", st.resolved_org())
+        ledger = LedgerStore.from_settings(settings, st.resolved_ledger_url())
+        try:
+            auth = RedisAuthority.from_url(redis_url, ledger)
+            try:
+                returned = auth.return_to_ledger(org)
+            finally:
+                auth.close()
+        finally:
+            ledger.close()
+        emit_ok(st.format, "reconcile", "reconcile", {"org": org, "returned": returned})

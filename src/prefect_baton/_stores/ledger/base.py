@@ -30,6 +30,14 @@ from sqlmodel import Session, col
 
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.events import event_lease_id
+from prefect_baton._stores.ledger.authority import (
+    INCARNATION_OP,
+    SHARED_LOCK_PREFIX,
+    STATE_KEY,
+    SYSTEM_PRINCIPAL,
+    authority_lock,
+    redis_authority_sql,
+)
 from prefect_baton._stores.ledger.convert import new_id
 from prefect_baton._stores.ledger.engine import (
     SQLITE_BUSY_TIMEOUT_MS,
@@ -67,6 +75,10 @@ _INSERT_EVENT = (
 #: A statement's prefix that first takes the transaction advisory lock of its first
 #: parameter (PostgreSQL); the statement reads ``FROM locked``.
 _LOCKED = "WITH locked AS (SELECT pg_advisory_xact_lock(hashtextextended(?, 0))) "
+#: :data:`_LOCKED` with a shared lock (a key with :data:`SHARED_LOCK_PREFIX`).
+_LOCKED_SHARED = "WITH locked AS (SELECT pg_advisory_xact_lock_shared(hashtextextended(?, 0))) "
+#: Whether Redis decides the organization's leases (``authority.py``).
+_REDIS_AUTHORITY = redis_authority_sql()
 #: The outbox insert behind the org's event lock (PostgreSQL): sequence numbers are handed
 #: out in commit order.
 _LOCKED_INSERT_EVENT = (
@@ -79,6 +91,14 @@ MAX_ATTEMPTS = 8
 DEFAULT_RECEIPT_RETENTION_SECONDS = 24 * 3600
 PRUNE_EVERY_WRITES = 500  # every this many writes, also delete expired receipts ...
 PRUNE_BATCH = 1000  # ... at most this many at a time
+
+
+def _lock_sql(key: str) -> tuple[str, str]:
+    """The ``WITH locked AS (...)`` prefix that takes lock ``key`` and the key to hash:
+    shared for a key with :data:`SHARED_LOCK_PREFIX` (which is removed), else exclusive."""
+    if key.startswith(SHARED_LOCK_PREFIX):
+        return _LOCKED_SHARED, key[len(SHARED_LOCK_PREFIX) :]
+    return _LOCKED, key
 
 
 @dataclass
@@ -194,8 +214,32 @@ class StoreBase(Statements):
     # ------------------------------------------------------------------ plumbing
 
     def _lock(self, session: Session, key: str) -> None:
+        """Take the transaction advisory lock ``key`` (PostgreSQL; shared for a key with
+        :data:`SHARED_LOCK_PREFIX`); nothing on SQLite (``BEGIN IMMEDIATE`` locked it all)."""
         if not self.engines.is_sqlite:
-            self._sql(session, "SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", (key,))
+            sql, key = _lock_sql(key)
+            self._sql(session, f"{sql}SELECT 1 FROM locked", (key,))
+
+    def _check_ledger_authority(self, session: Session, org: str, *, lock: bool = False) -> None:
+        """Refuse a lease transition of ``org`` decided on the ledger while Redis decides
+        its leases (:mod:`prefect_baton._stores.ledger.authority`). Read in the
+        transition's own transaction, under the shared lock of the org's incarnation
+        counter: taken by :meth:`_write` with ``authority``, or here with ``lock`` (after
+        the transaction's other locks, as every transaction orders them).
+
+        Raises:
+            UnavailableError: Redis decides ``org``'s leases.
+        """
+        if lock:
+            self._lock(session, SHARED_LOCK_PREFIX + authority_lock(org))
+        args = (org, SYSTEM_PRINCIPAL, INCARNATION_OP, STATE_KEY)
+        if self._sql(session, _REDIS_AUTHORITY, args).fetchone() is not None:
+            raise UnavailableError(
+                f"the leases of org {org!r} are decided by Redis (a client with a Redis URL "
+                "has used it), and this client has none: set BATON_REDIS_URL (or "
+                "Baton(redis_url=...)) like every other client of the org, or hand the org "
+                "back to the ledger with 'baton reconcile --return-to-ledger'"
+            )
 
     def _connection_lost(self) -> None:
         """A pooled database connection was found closed (e.g. the server restarted):
@@ -217,8 +261,9 @@ class StoreBase(Statements):
             return int(self.clock())
         if not keys:
             return int(self._sql(session, self._now_sql.text).fetchone()[0])
-        now_sql = f"{_LOCKED}{self._now_sql.text} FROM locked"
-        return int(self._sql(session, now_sql, (keys[-1],)).fetchone()[0])
+        locked, key = _lock_sql(keys[-1])
+        now_sql = f"{locked}{self._now_sql.text} FROM locked"
+        return int(self._sql(session, now_sql, (key,)).fetchone()[0])
 
     def _write(
         self,
@@ -228,6 +273,7 @@ class StoreBase(Statements):
         *,
         statement_timeout_ms: int | None = None,
         register: bool = True,
+        authority: bool = False,
     ) -> T:
         """Run ``fn`` in a write transaction, retrying on serialization/unique races.
 
@@ -240,6 +286,14 @@ class StoreBase(Statements):
 
         ``register``: first register the caller's org and principal (:meth:`_register`) in
         a transaction of its own when this store has not yet done so.
+
+        ``authority``: ``fn`` decides a lease transition on the ledger's own lease rows
+        (the ledger is the lease authority): refused when Redis decides the org's leases
+        (:meth:`_check_ledger_authority`).
+
+        Raises:
+            UnavailableError: with ``authority``, Redis decides the org's leases; or the
+                database is unreachable, or stayed locked.
         """
         if register and (caller.org, caller.principal, caller.role) not in self._registered:
             # in a transaction of its own, before any lock: a first write that inserted its
@@ -260,7 +314,11 @@ class StoreBase(Statements):
                                 text(f"SET LOCAL statement_timeout = {int(statement_timeout_ms)}")
                             )
                         keys = sorted(set(locks(session) if callable(locks) else locks))
+                        if authority:  # last: every transaction takes its locks in order
+                            keys.append(SHARED_LOCK_PREFIX + authority_lock(caller.org))
                         now_ms = self._lock_all_then_now(session, keys)
+                        if authority:
+                            self._check_ledger_authority(session, caller.org)
                         tx = Tx(session=session, now_ms=now_ms, caller=caller)
                         result = fn(tx)
                         self._flush_events(tx)

@@ -169,7 +169,7 @@ class ExpiryOps(LeaseOps):
                     return None
                 return generation_to_lease(applied.new)
 
-            lease = self._write(caller, locks, op)
+            lease = self._write(caller, locks, op, authority=release and located is not None)
             if lease is not None:
                 out.append(lease)
         return out

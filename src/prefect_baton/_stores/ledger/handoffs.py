@@ -297,6 +297,9 @@ class HandoffOps(ExpiryOps):
                     resolution.ttl_ms or held.ttl_ms,
                 )
                 resource = (held.resource_type, held.resource_id)
+                # the ledger decides this transfer (with Redis as the authority the
+                # acceptance of a handoff that carries a lease never comes here)
+                self._check_ledger_authority(tx.session, caller.org, lock=True)
                 lease = self._transfer_in_tx(tx, held, resource, request)
                 row.accepted_lease_id = lease.lease_id
             row.status = status

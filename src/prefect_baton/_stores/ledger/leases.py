@@ -285,6 +285,7 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
                 caller, request.resource_type, request.resource_id, bool(request.scopes)
             ),
             lambda tx: self._acquire_in_tx(tx, caller, request, execution),
+            authority=True,
         )
 
     def _acquire_in_tx(
@@ -413,7 +414,9 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
             tx.stored_lease_ids.add(lease_id)
             return fn(tx, g, (where[0][0], where[0][1]))
 
-        return self._write(caller, locks, op, statement_timeout_ms=statement_timeout_ms)
+        return self._write(
+            caller, locks, op, statement_timeout_ms=statement_timeout_ms, authority=True
+        )
 
     def _renew(self, caller: Caller, request: RenewRequest) -> Lease:
         """Renew a lease the caller holds (see

@@ -168,4 +168,4 @@ def ledger_acquire_many(
                 raise refused(exc, i, req) from None
         return out
 
-    return store._write(caller, locks, op)
+    return store._write(caller, locks, op, authority=True)

@@ -424,6 +424,14 @@ class AuthorityBase:
 
         return rebuild(self, org)
 
+    def return_to_ledger(self, org: str) -> bool:
+        """Hand ``org``'s leases back to the ledger (see
+        :func:`prefect_baton._stores.redis.rebuild.return_to_ledger`); whether Redis
+        decided them until now."""
+        from prefect_baton._stores.redis.rebuild import return_to_ledger
+
+        return return_to_ledger(self, org)
+
     def close(self) -> None:
         """Stop the drain thread after a last drain of the orgs it served, and close the
         client when this authority owns it."""

@@ -40,7 +40,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, select, text, update
+from sqlalchemy import Connection, delete, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import col
@@ -51,6 +51,7 @@ from prefect_baton._rules.events import (
     released_by_handoff,
     reports_expiry,
 )
+from prefect_baton._stores.ledger.authority import STATE_KEY, SYSTEM_PRINCIPAL
 from prefect_baton._stores.ledger.convert import handoff_payload
 from prefect_baton._stores.ledger.engine import SQLITE_BUSY_TIMEOUT_MS
 from prefect_baton._stores.ledger.leases import ATTEMPT_FIELD
@@ -89,9 +90,6 @@ __all__ = ["FAULT_OP", "FOREVER_MS", "MAX_FAULTS", "SYSTEM_PRINCIPAL", "Batch", 
 
 log = logging.getLogger("prefect_baton.reconciler")
 
-SYSTEM_PRINCIPAL = "__baton_authority__"
-"""The principal name under which the authority keeps its own records in the ledger's
-receipts table (the journal cursor and the incarnation counter); never a real caller."""
 JOURNAL_OP = "redis.journal"
 """The receipts-table operation under which an org's journal cursor is kept."""
 FAULT_OP = "redis.fault"
@@ -164,30 +162,51 @@ class LedgerWriter:
         return cur
 
     def _lock(self, conn: Connection, key: str) -> None:
+        """Take the exclusive transaction advisory lock ``key`` (PostgreSQL; on SQLite the
+        transaction's ``BEGIN IMMEDIATE`` holds the database)."""
         if not self._sqlite:
             conn.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"), {"k": key})
 
-    def _system_row(self, conn: Connection, org: str, operation: str) -> dict[str, Any] | None:
+    def _system_where(self, org: str, operation: str, key: str) -> list[Any]:
+        return [
+            col(ReceiptRow.org_id) == org,
+            col(ReceiptRow.principal) == SYSTEM_PRINCIPAL,
+            col(ReceiptRow.operation) == operation,
+            col(ReceiptRow.idem_key) == key,
+            col(ReceiptRow.scope_key) == "",
+        ]
+
+    def _system_row(
+        self, conn: Connection, org: str, operation: str, key: str = STATE_KEY
+    ) -> dict[str, Any] | None:
+        """The authority's own record ``operation`` of ``org`` (under ``key``), or ``None``."""
         raw = conn.execute(
-            select(col(ReceiptRow.response)).where(
-                col(ReceiptRow.org_id) == org,
-                col(ReceiptRow.principal) == SYSTEM_PRINCIPAL,
-                col(ReceiptRow.operation) == operation,
-                col(ReceiptRow.idem_key) == "state",
-                col(ReceiptRow.scope_key) == "",
-            )
+            select(col(ReceiptRow.response)).where(*self._system_where(org, operation, key))
         ).scalar_one_or_none()
         return None if raw is None else dict(json.loads(raw))
 
-    def _set_system_row(
-        self, conn: Connection, org: str, operation: str, value: dict[str, Any], now_ms: int
+    def _delete_system_row(
+        self, conn: Connection, org: str, operation: str, key: str = STATE_KEY
     ) -> None:
+        """Delete the authority's record ``operation`` of ``org`` (under ``key``)."""
+        conn.execute(delete(ReceiptRow).where(*self._system_where(org, operation, key)))
+
+    def _set_system_row(
+        self,
+        conn: Connection,
+        org: str,
+        operation: str,
+        value: dict[str, Any],
+        now_ms: int,
+        key: str = STATE_KEY,
+    ) -> None:
+        """Write the authority's record ``operation`` of ``org`` (under ``key``)."""
         response = json.dumps(value)
         stmt = self._insert(ReceiptRow).values(
             org_id=org,
             principal=SYSTEM_PRINCIPAL,
             operation=operation,
-            idem_key="state",
+            idem_key=key,
             scope_key="",
             request_digest="-",
             response=response,

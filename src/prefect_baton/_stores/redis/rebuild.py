@@ -62,6 +62,7 @@ from sqlalchemy import and_, func, select
 from sqlmodel import col
 
 from prefect_baton._rules.core import EPOCH_RANGE, incarnation_epochs
+from prefect_baton._stores.ledger.authority import INCARNATION_OP, RETURNED_KEY, authority_lock
 from prefect_baton._stores.ledger.leases import ATTEMPT_FIELD
 from prefect_baton._stores.ledger.store import row_to_generation
 from prefect_baton._stores.ledger.tables import GenerationRow, ReceiptRow
@@ -74,13 +75,12 @@ from prefect_baton.errors import UnavailableError
 if TYPE_CHECKING:
     from prefect_baton._stores.redis.base import AuthorityBase
 
-__all__ = ["EPOCH_RANGE", "rebuild", "recover", "rotate"]
+__all__ = ["EPOCH_RANGE", "rebuild", "recover", "return_to_ledger", "rotate"]
 
 log = logging.getLogger("prefect_baton.redis")
 
 REBUILD_LOCK_MS = 120_000
 RESTORE_BATCH = 200
-_INCARNATION_OP = "redis.incarnation"
 
 
 def recover(auth: AuthorityBase, org: str) -> None:
@@ -120,15 +120,84 @@ class RebuildInProgress(UnavailableError):
 
 def bump_incarnation(auth: AuthorityBase, org: str) -> tuple[int, bool]:
     """Record the org's next incarnation number in the ledger and return ``(n, existed)``:
-    ``n`` is 0 the first time (``existed`` false), else the recorded number + 1."""
+    ``n`` is 0 the first time, else the recorded number + 1 (of an org handed back to the
+    ledger too: :func:`return_to_ledger`); ``existed``: Redis decided the org's leases
+    until now (its state was lost, or its epoch range used up).
+
+    From this commit on the ledger refuses to decide the org's leases itself
+    (:mod:`prefect_baton._stores.ledger.authority`): the row is written under the exclusive
+    lock that every ledger lease transition takes shared, before the caller loads the
+    ledger's leases into Redis.
+    """
     rec = auth.reconciler
     with auth.store.engines.write.begin() as conn:
-        rec._lock(conn, f"incarnation:{org}")
-        row = rec._system_row(conn, org, _INCARNATION_OP)
-        n = 0 if row is None else int(row["n"]) + 1
+        rec._lock(conn, authority_lock(org))
+        row = rec._system_row(conn, org, INCARNATION_OP)
+        returned = (
+            None if row is not None else rec._system_row(conn, org, INCARNATION_OP, RETURNED_KEY)
+        )
+        last = row or returned
+        n = 0 if last is None else int(last["n"]) + 1
         now = int(conn.execute(auth.store._now_sql).scalar_one())
-        rec._set_system_row(conn, org, _INCARNATION_OP, {"n": n}, now)
+        rec._set_system_row(conn, org, INCARNATION_OP, {"n": n}, now)
+        if returned is not None:
+            rec._delete_system_row(conn, org, INCARNATION_OP, RETURNED_KEY)
     return n, row is not None
+
+
+def return_to_ledger(auth: AuthorityBase, org: str) -> bool:
+    """Hand ``org``'s leases back to the ledger (``baton reconcile --return-to-ledger``):
+    clients without a Redis URL may decide them again.
+
+    Under the org's rebuild lock: the org's incarnation marker is removed from Redis first,
+    so every Redis operation of the org fails closed from then on; the journal is drained
+    into the ledger (everything Redis granted is then in the ledger); the ledger's record
+    that Redis decides the org (:data:`~prefect_baton._stores.ledger.authority.INCARNATION_OP`)
+    is moved aside, keeping the incarnation count; the rest of the org's Redis state is
+    cleared. A Redis client that uses the org later rebuilds its state from the ledger, and
+    the ledger refuses to decide again from that moment, with epochs above every earlier one.
+
+    Returns:
+        ``True`` when Redis decided the org's leases until now; ``False`` when the ledger
+        did already (nothing changed in the ledger; the org's Redis state is cleared).
+
+    Raises:
+        UnavailableError: another client holds the org's rebuild lock (a rebuild, or
+            another hand-back), or Redis or the ledger failed (the marker may be gone from
+            Redis: the next Redis operation rebuilds, and the ledger still refuses).
+    """
+    keys = org_keys(org)
+    client = auth.client
+    token = uuid.uuid4().hex
+    lock_keys = [*keys.base, keys.rebuild]
+    rec = auth.reconciler
+    try:
+        if not client.set(keys.rebuild, token, nx=True, px=REBUILD_LOCK_MS):
+            raise RebuildInProgress(
+                f"the Redis lease state of org {org!r} is being rebuilt or handed back; retry"
+            )
+        try:
+            client.delete(keys.inc)  # from here every Redis operation of the org fails closed
+            rec.drain(org)
+            with auth.store.engines.write.begin() as conn:
+                rec._lock(conn, authority_lock(org))
+                row = rec._system_row(conn, org, INCARNATION_OP)
+                if row is not None:
+                    now = int(conn.execute(auth.store._now_sql).scalar_one())
+                    rec._delete_system_row(conn, org, INCARNATION_OP)
+                    rec._set_system_row(conn, org, INCARNATION_OP, row, now, RETURNED_KEY)
+            _check(auth.scripts["clear"](keys=lock_keys, args=[token]), org)
+            client.srem(ORGS_KEY, org)
+        finally:
+            try:
+                auth.scripts["unlock"](keys=[keys.rebuild], args=[token])
+            except RedisError:
+                pass
+    except RedisError as exc:
+        raise UnavailableError(f"Redis unavailable while handing back org {org!r}: {exc}") from exc
+    auth._known.discard(org)
+    log.warning("the leases of org %r are decided by the ledger again", org)
+    return row is not None
 
 
 def _heads(auth: AuthorityBase, org: str) -> Iterator[GenerationRow]:

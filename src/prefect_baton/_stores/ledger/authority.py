@@ -1,0 +1,67 @@
+"""Which lease authority decides an organization's leases: the ledger, or Redis.
+
+DESIGN.md "Storage": with Redis as the lease authority the ledger's copy of the leases lags
+Redis (the reconciler drains the journal into it), so a client without a Redis URL that
+decided on that copy could grant a resource a Redis client holds, and hand out a fencing
+token twice. The ledger therefore records, per organization, that Redis decides its leases:
+the row of the incarnation counter (:data:`INCARNATION_OP`) that a Redis client writes when
+it first builds the organization's Redis state from the ledger
+(:func:`prefect_baton._stores.redis.rebuild.bump_incarnation`). While that row is present,
+every lease transition the ledger would decide itself is refused
+(:func:`check_ledger_authority`), in the same transaction and, on PostgreSQL, under a shared
+lock on the same key as the counter's update (:func:`authority_lock`): a ledger grant either
+commits before the counter is written, and the Redis state built after it contains it, or
+sees the counter and is refused.
+
+``baton reconcile --return-to-ledger`` hands an organization back to the ledger
+(:func:`prefect_baton._stores.redis.rebuild.return_to_ledger`): the journal is drained, the
+organization's Redis state removed and the row moved aside (:data:`RETURNED_KEY`), keeping
+the incarnation count so that fencing tokens keep rising when Redis is used again.
+"""
+
+from __future__ import annotations
+
+from prefect_baton._stores.ledger.tables import ReceiptRow
+
+__all__ = [
+    "INCARNATION_OP",
+    "RETURNED_KEY",
+    "SHARED_LOCK_PREFIX",
+    "STATE_KEY",
+    "SYSTEM_PRINCIPAL",
+    "authority_lock",
+    "redis_authority_sql",
+]
+
+SYSTEM_PRINCIPAL = "__baton_authority__"
+"""The principal name under which the authority keeps its own records in the ledger's
+receipts table (the journal cursor and the incarnation counter); never a real caller."""
+
+INCARNATION_OP = "redis.incarnation"
+"""The receipts-table operation of an organization's Redis incarnation counter."""
+
+STATE_KEY = "state"
+"""The ``idem_key`` of the counter while Redis decides the organization's leases."""
+
+RETURNED_KEY = "returned"
+"""The ``idem_key`` the counter is moved to when the organization is handed back to the
+ledger (``baton reconcile --return-to-ledger``)."""
+
+SHARED_LOCK_PREFIX = "shared:"
+"""A lock key with this prefix is taken shared (PostgreSQL ``pg_advisory_xact_lock_shared``
+on the key without the prefix); others exclusively."""
+
+
+def authority_lock(org: str) -> str:
+    """The lock key of ``org``'s incarnation counter (``str``): taken exclusively by the
+    counter's update, shared by every lease transition the ledger decides."""
+    return f"incarnation:{org}"
+
+
+def redis_authority_sql() -> str:
+    """The statement (``?`` placeholders: org, principal, operation, key) that returns a row
+    when Redis decides the organization's leases."""
+    return (
+        f"SELECT 1 FROM {ReceiptRow.__tablename__} WHERE org_id = ? AND principal = ? "
+        "AND operation = ? AND idem_key = ? AND scope_key = ''"
+    )

@@ -1,0 +1,175 @@
+"""One lease authority per organization (DESIGN.md "Storage"): once a client with a Redis
+URL has used an org, a client without one is refused every lease transition of that org
+(``UNAVAILABLE``) instead of deciding on the ledger's lagging copy and handing out a
+resource, and a fencing token, that Redis already gave; leases the ledger granted before
+Redis was first used are in Redis from then on; ``return_to_ledger`` hands the org back, and
+a later Redis client takes it again with higher epochs. On SQLite and PostgreSQL, with
+fakeredis and the real server."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+
+import fakeredis
+import pytest
+from sqlmodel import Session, func, select
+
+from prefect_baton import Baton, ConflictError, UnavailableError
+from prefect_baton._stores.ledger.store import LedgerStore
+from prefect_baton._stores.ledger.tables import EventRow, GenerationRow
+from prefect_baton._stores.redis.authority import RedisAuthority, connect
+from prefect_baton._stores.redis.keys import org_keys
+from prefect_baton.audit import audit_ledger
+from tests.conftest import REDIS_URL, require_redis, store_for
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger(request: pytest.FixtureRequest) -> LedgerStore:
+    url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+    return store_for(str(url))
+
+
+@pytest.fixture(params=["fakeredis", "redis"])
+def auth(request: pytest.FixtureRequest, ledger: LedgerStore) -> Iterator[RedisAuthority]:
+    if request.param == "fakeredis":
+        client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+        a = RedisAuthority(client, ledger, ack="ledger", owns_client=True, functions=False)
+    else:
+        require_redis()
+        a = RedisAuthority(connect(REDIS_URL), ledger, ack="ledger", owns_client=True)
+    yield a
+    a.close()
+
+
+@pytest.fixture
+def org() -> str:
+    return f"org-{uuid.uuid4().hex[:12]}"
+
+
+def _counts(ledger: LedgerStore, org: str) -> tuple[int, int]:
+    with Session(ledger.engines.read) as s:
+        leases = s.exec(select(func.count()).where(GenerationRow.org_id == org)).one()
+        events = s.exec(select(func.count()).where(EventRow.org_id == org)).one()
+    return int(leases), int(events)
+
+
+def test_a_client_without_redis_is_refused_once_redis_decides_the_org(
+    ledger: LedgerStore, auth: RedisAuthority, org: str
+) -> None:
+    """Every lease transition of a ledger-only client is refused, naming the remedy, and
+    writes nothing; the Redis client's leases stay the only ones."""
+    fast = Baton(org=org, principal="fast", store=ledger, lease_authority=auth)
+    slow = Baton(org=org, principal="slow", store=ledger)
+    held = fast.leases.acquire("file", "a.py", ttl_seconds=60)
+    fast.leases.release(held)
+    mine = fast.leases.acquire("file", "b.py", ttl_seconds=60)
+    auth.reconciler.drain(org)
+    before = _counts(ledger, org)
+    with pytest.raises(UnavailableError, match=r"decided by Redis.*BATON_REDIS_URL"):
+        slow.leases.acquire("file", "a.py", ttl_seconds=60)
+    with pytest.raises(UnavailableError, match="return-to-ledger"):
+        slow.leases.acquire_many([("file", "c.py"), ("file", "d.py")], ttl_seconds=60)
+    # the holder's own lease through a ledger-only client: refused too, not decided on the
+    # ledger's copy
+    as_holder = Baton(org=org, principal="fast", store=ledger)
+    for call in (
+        lambda: as_holder.leases.renew(mine, ttl_seconds=60),
+        lambda: as_holder.leases.release(mine),
+        lambda: as_holder.leases.transfer(
+            mine, to_principal="slow", new_execution_key="k2", ttl_seconds=60
+        ),
+    ):
+        with pytest.raises(UnavailableError, match="decided by Redis"):
+            call()
+    assert _counts(ledger, org) == before
+    assert fast.leases.renew(mine, ttl_seconds=60).version == mine.version + 1
+
+
+def test_leases_the_ledger_granted_before_redis_are_in_redis(
+    ledger: LedgerStore, auth: RedisAuthority, org: str
+) -> None:
+    """A lease granted by a ledger-only client before any Redis client used the org is
+    loaded into Redis when the first one does: it is not granted again, and the next
+    epoch is above it."""
+    slow = Baton(org=org, principal="slow", store=ledger)
+    fast = Baton(org=org, principal="fast", role="owner", store=ledger, lease_authority=auth)
+    before = slow.leases.acquire("file", "a.py", ttl_seconds=60)
+    with pytest.raises(ConflictError):
+        fast.leases.acquire("file", "a.py", ttl_seconds=60)
+    with pytest.raises(UnavailableError, match="decided by Redis"):
+        slow.leases.release(before)
+    taken = fast.leases.force_release(before.lease_id)
+    assert taken.lease.lease_id == before.lease_id
+    after = fast.leases.acquire("file", "a.py", ttl_seconds=60)
+    assert after.epoch > before.epoch
+
+
+def test_return_to_ledger_and_back(ledger: LedgerStore, auth: RedisAuthority, org: str) -> None:
+    """Handing the org back drains the journal first (a lease Redis granted is held on the
+    ledger too) and lets ledger-only clients decide again; a Redis client that uses the org
+    afterwards takes it back, with epochs above every earlier one, and the audit is clean."""
+    fast = Baton(org=org, principal="fast", store=ledger, lease_authority=auth)
+    slow = Baton(org=org, principal="slow", store=ledger)
+    kept = fast.leases.acquire("file", "a.py", ttl_seconds=60)
+    assert auth.return_to_ledger(org) is True
+    assert not auth.client.exists(org_keys(org).inc)
+    with pytest.raises(ConflictError):  # the lease Redis granted, now decided by the ledger
+        slow.leases.acquire("file", "a.py", ttl_seconds=60)
+    on_ledger = slow.leases.acquire("file", "b.py", ttl_seconds=60)
+    assert auth.return_to_ledger(org) is False  # the ledger decides already
+    # Redis takes the org back: the ledger's grant is loaded, epochs rise above it
+    with pytest.raises(ConflictError):
+        fast.leases.acquire("file", "b.py", ttl_seconds=60)
+    with pytest.raises(UnavailableError, match="decided by Redis"):
+        slow.leases.acquire("file", "c.py", ttl_seconds=60)
+    renewed = fast.leases.renew(kept, ttl_seconds=60)
+    assert renewed.lease_id == kept.lease_id
+    fresh = fast.leases.acquire("file", "c.py", ttl_seconds=60)
+    assert fresh.epoch > max(kept.epoch, on_ledger.epoch)
+    auth.reconciler.drain(org)
+    assert audit_ledger(ledger, org).violations == []
+
+
+def test_no_resource_is_granted_by_both_while_redis_first_takes_the_org(
+    ledger: LedgerStore, auth: RedisAuthority, org: str
+) -> None:
+    """Ledger-only clients acquire many resources while a Redis client uses the org for
+    the first time. Each ledger grant either committed before Redis took the org (and
+    Redis then refuses the resource) or was refused; no resource is held by both."""
+    names = [f"r{i}" for i in range(40)]
+    granted: list[str] = []
+    refused: list[str] = []
+    start = threading.Barrier(3)
+
+    def ledger_only(part: list[str]) -> None:
+        b = Baton(org=org, principal="slow", store=ledger)
+        start.wait()
+        for name in part:
+            try:
+                b.leases.acquire("res", name, ttl_seconds=60)
+                granted.append(name)
+            except UnavailableError:
+                refused.append(name)
+
+    threads = [
+        threading.Thread(target=ledger_only, args=(names[i::2],), name=f"slow-{i}")
+        for i in range(2)
+    ]
+    for t in threads:
+        t.start()
+    fast = Baton(org=org, principal="fast", store=ledger, lease_authority=auth)
+    start.wait()
+    fast.leases.acquire("res", "first", ttl_seconds=60)  # Redis takes the org
+    for t in threads:
+        t.join()
+    assert sorted(granted + refused) == sorted(names)
+    for name in names:
+        if name in granted:
+            with pytest.raises(ConflictError):
+                fast.leases.acquire("res", name, ttl_seconds=60)
+        else:
+            fast.leases.acquire("res", name, ttl_seconds=60)
+    auth.reconciler.drain(org)
+    assert audit_ledger(ledger, org).violations == []

@@ -32,17 +32,29 @@ def read_events(baton: Baton) -> list[Event]:
     return _pages(baton)
 
 
-def _pages(baton: Baton, **filters: str) -> list[Event]:
-    """Every event of ``baton``'s org that ``filters`` (of ``events.list``) keep, oldest
+def _pages(
+    baton: Baton,
+    *,
+    resource_type: str | None = None,
+    resource_id: str | None = None,
+    subject: str | None = None,
+) -> list[Event]:
+    """Every event of ``baton``'s org that the filters (of ``events.list``) keep, oldest
     first, 1,000 a call."""
     events: list[Event] = []
-    after = 0
+    cursor: str | None = None
     while True:
-        page = baton.events.list(after_seq=after, limit=_PAGE, **filters)
+        page = baton.events.list(
+            limit=_PAGE,
+            resource_type=resource_type,
+            resource_id=resource_id,
+            subject=subject,
+            cursor=cursor,
+        )
         events += page
-        if len(page) < _PAGE:
+        if page.next_cursor is None:
             return events
-        after = page[-1].seq
+        cursor = page.next_cursor
 
 
 def _resource_events(baton: Baton, resource_type: str, resource_id: str) -> list[Event]:

@@ -17,6 +17,7 @@ from prefect_baton._rules.digests import (
     operation_digest,
     outcome_record_digest,
 )
+from prefect_baton._rules.paging import store_limit
 from prefect_baton._stores.ledger.base import Tx
 from prefect_baton._stores.ledger.convert import checkpoint_model, new_id, outcome_model
 from prefect_baton._stores.ledger.fences import FenceOps
@@ -376,7 +377,7 @@ class RecordOps(HandoffOps, FenceOps):
             # events in ix_event_lease and a sort of the resource's few
             seq = col(EventRow.seq)
             q = q.order_by(seq if resource is None else seq + 0)
-            q = q.limit(max(1, min(query.limit, 1000)))
+            q = q.limit(store_limit("events", query.limit))
             out = []
             for r in s.execute(q).scalars():
                 at = from_ms(r.occurred_at_ms)

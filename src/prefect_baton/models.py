@@ -308,13 +308,13 @@ class Event(_Model):
     occurred_at: Time
 
 
-_Item = TypeVar("_Item", bound="Lease | Handoff | Event")
+_Item = TypeVar("_Item")
 
 
 class Page(list[_Item]):
     """One page of a paged list (``leases.list``, ``handoffs.inbox``, ``handoffs.list``,
-    ``events.list``): a ``list`` of its items, in the list's order, and
-    :attr:`next_cursor`.
+    ``events.list``, ``outcomes.list``, ``prefect_baton.rest.list_keys``): a ``list``
+    of its items, in the list's order, and :attr:`next_cursor`.
 
     Attributes:
         next_cursor: the ``cursor`` argument that fetches the next page (``str``, opaque),

@@ -1,6 +1,7 @@
-"""Paging on the command line: ``baton lease list`` and ``baton handoff inbox`` take
-``--cursor`` and report the next page's cursor (``next_cursor`` in the JSON receipt, a hint
-on stderr in the table format), the cursor of ``_rules.paging`` that the REST lists use."""
+"""Paging on the command line: ``baton lease list``, ``baton handoff inbox``, ``baton
+outcome list`` and ``baton keys list`` take ``--cursor`` and report the next page's cursor
+(``next_cursor`` in the JSON receipt, a hint on stderr in the table format), the cursor of
+``_rules.paging`` that the REST lists use."""
 
 from __future__ import annotations
 
@@ -188,3 +189,112 @@ def test_a_bad_cursor_is_validation_error(cli: Cli, args: tuple[str, ...]) -> No
         assert table.stdout == ""
         assert table.stderr.startswith(f"baton {args[0]} {args[1]}: VALIDATION_ERROR: ")
         assert table.stderr.count("\n") == 1
+
+
+def _record(cli: Cli, count: int) -> list[str]:
+    with Baton(ledger_url=cli.ledger_url, org=cli.org, principal="bob") as b:
+        return [b.outcomes.record(f"doc-{i % 2}", "failed").outcome_id for i in range(count)]
+
+
+def test_outcome_list_pages_through_every_outcome_once(cli: Cli) -> None:
+    """Seven outcomes paged three at a time: each exactly once, oldest first (by record
+    time, then outcome id), the order of the unpaged list; a subject's pages alike."""
+    ids = _record(cli, 7)
+    pages = _pages(cli, "outcome", "list", key="outcomes", limit=3)
+    assert [len(p) for p in pages] == [3, 3, 1]
+    rows = [o for p in pages for o in p]
+    assert [o["outcome_id"] for o in rows] == [
+        o["outcome_id"] for o in cli.ok("outcome", "list")["outcomes"]
+    ]
+    assert sorted(o["outcome_id"] for o in rows) == sorted(ids)
+    keys = [(o["recorded_at"], o["outcome_id"]) for o in rows]
+    assert keys == sorted(keys)
+    one = [
+        o["outcome_id"]
+        for p in _pages(cli, "outcome", "list", "doc-1", key="outcomes", limit=2)
+        for o in p
+    ]
+    assert one == [o["outcome_id"] for o in rows if o["subject_id"] == "doc-1"]
+
+
+def _make_keys(cli: Cli, count: int) -> list[str]:
+    return [cli.ok("keys", "create", principal=f"agent-{i}")["key"]["key_id"] for i in range(count)]
+
+
+def test_keys_list_pages_through_every_key_once(cli: Cli) -> None:
+    """Five keys of the org paged two at a time: each exactly once, oldest first (by
+    creation time, then key id); --active-only pages the unrevoked ones."""
+    ids = _make_keys(cli, 5)
+    cli.ok("keys", "revoke", ids[1])
+    pages = _pages(cli, "keys", "list", key="keys", limit=2)
+    assert [len(p) for p in pages] == [2, 2, 1]
+    rows = [k for p in pages for k in p]
+    assert [k["key_id"] for k in rows] == [k["key_id"] for k in cli.ok("keys", "list")["keys"]]
+    assert sorted(k["key_id"] for k in rows) == sorted(ids)
+    keys = [(k["created_at"], k["key_id"]) for k in rows]
+    assert keys == sorted(keys)
+    active = [
+        k["key_id"]
+        for p in _pages(cli, "keys", "list", "--active-only", key="keys", limit=2)
+        for k in p
+    ]
+    assert active == [k for k in [r["key_id"] for r in rows] if k != ids[1]]
+
+
+def test_outcome_and_keys_table_format_name_the_next_cursor(cli: Cli) -> None:
+    """In the table format a page of outcome list or keys list that more rows follow adds
+    the stderr line with the next page's cursor; the last page adds none."""
+    _record(cli, 3)
+    _make_keys(cli, 3)
+    for args, key in ((("outcome", "list"), "outcomes"), (("keys", "list"), "keys")):
+        cursor = cli.ok(*args, "--limit", "2")["next_cursor"]
+        first = cli(*args, "--limit", "2", fmt="table")
+        assert first.code == 0, first.text
+        name = " ".join(args)
+        assert first.stderr == f"baton {name}: more rows; next page: --cursor {cursor}\n"
+        last = cli(*args, "--limit", "2", "--cursor", cursor, fmt="table")
+        assert last.code == 0, last.text
+        assert last.stderr == ""
+        assert len(cli.ok(*args, "--limit", "2", "--cursor", cursor)[key]) == 1
+
+
+def test_outcome_and_keys_lists_of_an_exactly_full_last_page_have_no_next_cursor(
+    cli: Cli,
+) -> None:
+    """Four outcomes, and four keys, by two: two full pages, the second with next_cursor
+    null (no empty page to fetch); by four: one page without a cursor."""
+    _record(cli, 4)
+    _make_keys(cli, 4)
+    for args, key in ((("outcome", "list"), "outcomes"), (("keys", "list"), "keys")):
+        assert [len(p) for p in _pages(cli, *args, key=key, limit=2)] == [2, 2], key
+        assert cli.ok(*args, "--limit", "4")["next_cursor"] is None, key
+
+
+@pytest.mark.parametrize("args", [("outcome", "list"), ("keys", "list")])
+def test_a_bad_outcome_or_key_cursor_is_validation_error(cli: Cli, args: tuple[str, ...]) -> None:
+    """A malformed or altered cursor, and a cursor of another list (leases, or the other of
+    outcomes and keys), and a --limit out of range, exit 2 with the VALIDATION_ERROR
+    envelope; nothing is listed."""
+    _acquire(cli, 2)
+    _record(cli, 2)
+    _make_keys(cli, 2)
+    cursors = {
+        name: cli.ok(*cmd, "--limit", "1")["next_cursor"]
+        for name, cmd in (
+            ("lease", ("lease", "list")),
+            ("outcome", ("outcome", "list")),
+            ("keys", ("keys", "list")),
+        )
+    }
+    assert all(cursors.values())
+    own = cursors[args[0]]
+    others = [c for name, c in cursors.items() if name != args[0]]
+    for bad in ("not-a-cursor", "c1.", "c1.!!!", own[:-3] + "xyz", *others):
+        run = cli(*args, "--cursor", bad)
+        assert run.code == 2, (bad, run.text)
+        assert run.json["error"]["code"] == "VALIDATION_ERROR"
+        assert "cursor" in run.json["error"]["message"]
+    for limit in ("0", "100001"):
+        run = cli(*args, "--limit", limit)
+        assert run.code == 2, run.text
+        assert run.json["error"]["code"] == "VALIDATION_ERROR"

@@ -4,14 +4,24 @@ them all; the default number of workers follows the ledger and authority."""
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
+import socket
 import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
-from prefect_baton.rest.__main__ import default_workers
+import prefect_baton.rest.__main__ as rest_main
+from prefect_baton._exit import exit_code_for
+from prefect_baton.errors import UnavailableError
+from prefect_baton.rest.__main__ import MAX_WORKERS, default_workers
 
 from .conftest import BATON_SCRIPT, Cli, process_env
 from .test_serve_keys import LEASE, _free_port, _wait_until_listening
@@ -203,8 +213,252 @@ def test_default_workers_follow_the_ledger_and_authority(
     assert default_workers(ledger_url, redis_url) == (cpus if expected == "cpus" else expected)
 
 
-def test_serve_zero_workers_is_validation_error(cli: Cli) -> None:
-    """--workers 0 exits 2 before anything is served."""
-    run = cli("serve", "--port", str(_free_port()), "--workers", "0")
+@pytest.mark.parametrize("workers", ["0", str(MAX_WORKERS + 1), "1000"])
+def test_serve_workers_out_of_range_is_validation_error(cli: Cli, workers: str) -> None:
+    """--workers 0, or over MAX_WORKERS (64, as the help says), exits 2 before anything
+    is served."""
+    run = cli("serve", "--port", str(_free_port()), "--workers", workers)
     assert run.code == 2, run.text
     assert run.json["error"]["code"] == "VALIDATION_ERROR"
+    assert f"from 1 to {MAX_WORKERS}" in run.json["error"]["message"]
+    assert f"--workers outside 1-{MAX_WORKERS}," in " ".join(cli("serve", "--help").text.split())
+
+
+@pytest.mark.parametrize("workers", ["0", str(MAX_WORKERS + 1)])
+def test_module_entry_point_reports_a_bad_option_in_one_line(workers: str) -> None:
+    """``python -m prefect_baton.rest --workers 0`` (or 65) prints one line with the error
+    code on stderr, no traceback, and exits with the status ``baton serve`` gives it."""
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "prefect_baton.rest",
+            "--port",
+            str(_free_port()),
+            "--workers",
+            workers,
+        ],
+        capture_output=True,
+        text=True,
+        env=process_env(),
+        timeout=120,
+    )
+    assert run.returncode == exit_code_for("VALIDATION_ERROR") == 2, run.stderr
+    assert run.stderr.splitlines() == [
+        "python -m prefect_baton.rest: VALIDATION_ERROR: workers must be from 1 to "
+        f"{MAX_WORKERS}, got {workers} (--workers)"
+    ]
+
+
+def test_module_entry_point_reports_an_unreachable_ledger_in_one_line(tmp_path: Path) -> None:
+    """A ledger that cannot be opened is ``UNAVAILABLE`` (exit 11, as ``baton serve``), one
+    line on stderr."""
+    (tmp_path / "ledger.db").mkdir()  # a directory where the SQLite file should be
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "prefect_baton.rest",
+            "--port",
+            str(_free_port()),
+            "--ledger-url",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        env=process_env(),
+        timeout=120,
+    )
+    assert run.returncode == exit_code_for("UNAVAILABLE") == 11, run.stderr
+    lines = run.stderr.splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("python -m prefect_baton.rest: UNAVAILABLE: ")
+
+
+def _until(ok: Callable[[], bool], what: str, seconds: float = 180.0) -> None:
+    """Poll ``ok`` until it holds; fail with ``what`` after a generous ``seconds``."""
+    pause = threading.Event()
+    deadline = time.monotonic() + seconds
+    while not ok():
+        assert time.monotonic() < deadline, what
+        pause.wait(0.1)
+
+
+def _workers(pid: int) -> list[int]:
+    try:
+        return [p for p in _children(pid) if "spawn_main" in _cmdline(p)]
+    except OSError:
+        return []
+
+
+def _gone(pid: int) -> bool:
+    return not os.path.exists(f"/proc/{pid}") or _zombie(pid)
+
+
+def _answers(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/openapi.json", timeout=10).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10):
+            return True
+    except OSError:
+        return False
+
+
+def _start_two_workers(cli: Cli, log: Path) -> tuple[subprocess.Popen[bytes], int]:
+    port = _free_port()
+    argv = [str(BATON_SCRIPT), "serve", "--port", str(port), "--ledger-url", cli.ledger_url]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [*argv, "--workers", "2"], stdout=out, stderr=subprocess.STDOUT, env=process_env()
+        )
+    return proc, port
+
+
+def _stop(proc: subprocess.Popen[bytes], pids: list[int]) -> None:
+    """Clean up after a failed test: kill what is left, by process id."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=60)
+    for pid in pids:
+        if not _gone(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_workers_end_when_the_supervisor_is_killed(cli: Cli, tmp_path: Path) -> None:
+    """SIGKILL of the server process (the lean supervisor, which cannot stop anything
+    then) still ends its workers, each told by the kernel: the port stops accepting
+    connections and no worker process is left."""
+    proc, port = _start_two_workers(cli, tmp_path / "serve.log")
+    workers: list[int] = []
+    try:
+        _until(lambda: _answers(port), "no worker answered")
+        _until(lambda: len(_workers(proc.pid)) == 2, "two workers did not start")
+        workers = _workers(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        _until(lambda: all(_gone(pid) for pid in workers), "a worker outlived its supervisor")
+        _until(lambda: not _accepts(port), "the port still accepts connections")
+    finally:
+        _stop(proc, workers)
+
+
+def test_without_prctl_a_thread_ends_the_worker_with_its_parent() -> None:
+    """Where the kernel cannot signal a parent's death, a thread of the worker notices its
+    parent is gone and ends it with SIGTERM."""
+    worker = (
+        "import sys, time; import prefect_baton.rest.__main__ as m; "
+        "m._set_parent_death_signal = lambda signum: False; "
+        "m._end_with_parent(int(sys.argv[1])); print('ready', flush=True); time.sleep(600)"
+    )
+    parent = (
+        "import os, subprocess, sys; "
+        f"w = subprocess.Popen([sys.executable, '-c', {worker!r}, str(os.getpid())], "
+        "stdout=subprocess.PIPE, text=True); w.stdout.readline(); print(w.pid, flush=True)"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", parent], capture_output=True, text=True, timeout=120, check=True
+    )
+    pid = int(run.stdout)
+    try:
+        _until(lambda: _gone(pid), "the worker outlived its parent")
+    finally:
+        if not _gone(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_worker_that_cannot_start_waits_and_tries_again(cli: Cli, tmp_path: Path) -> None:
+    """A worker started while the ledger cannot be opened logs one line per attempt (no
+    traceback) and tries again in the same process, pausing longer each time, instead of
+    being restarted in a loop; once the ledger is back it serves."""
+    log = tmp_path / "serve.log"
+    proc, port = _start_two_workers(cli, log)
+    workers: list[int] = []
+    ledger = Path(cli.ledger_url.removeprefix("sqlite:///"))
+    try:
+        _until(lambda: _answers(port), "no worker answered")
+        _until(lambda: len(_workers(proc.pid)) == 2, "two workers did not start")
+        workers = _workers(proc.pid)
+        ledger.rename(ledger.with_suffix(".away"))
+        ledger.mkdir()  # the ledger cannot be opened now
+        os.kill(workers[0], signal.SIGKILL)  # its replacement starts without a ledger
+
+        def failures() -> list[str]:
+            return [ln for ln in log.read_text().splitlines() if "cannot start" in ln]
+
+        _until(lambda: len(failures()) >= 3, "the new worker did not report its failures")
+        new = [pid for pid in _workers(proc.pid) if pid not in workers]
+        assert len(new) == 1
+        workers += new
+        lines = failures()
+        assert all(f"worker [{new[0]}] cannot start: UNAVAILABLE: " in ln for ln in lines)
+        assert [ln.rsplit("again in ", 1)[1] for ln in lines[:3]] == ["1 s", "2 s", "4 s"]
+        text = log.read_text()
+        assert "Traceback" not in text
+        assert text.count("died") == 1  # the killed one: the new worker was never replaced
+        ledger.rmdir()
+        ledger.with_suffix(".away").rename(ledger)
+        _until(
+            lambda: f"Started server process [{new[0]}]" in log.read_text(),
+            "the worker did not start once the ledger was back",
+        )
+        assert _answers(port)
+        proc.terminate()
+        assert proc.wait(timeout=120) == 0
+    finally:
+        _stop(proc, workers)
+
+
+def test_build_with_retries_pauses_longer_each_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """1, 2, 4, ... seconds between attempts, at most WORKER_RETRY_MAX_SECONDS; a
+    BatonError is one line without traceback, another error has its traceback the first
+    time only."""
+    pauses: list[float] = []
+    monkeypatch.setattr(rest_main, "_pause", lambda seconds: pauses.append(seconds) or False)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("prefect_baton.rest")
+    logger.addHandler(handler)
+    errors: list[Exception] = [UnavailableError("ledger\ngone")] * 6
+    errors += [RuntimeError("boom"), RuntimeError("boom")]
+
+    def build() -> str:
+        if errors:
+            raise errors.pop(0)
+        return "app"
+
+    try:
+        assert rest_main._build_with_retries(build) == "app"
+    finally:
+        logger.removeHandler(handler)
+    assert pauses == [1, 2, 4, 8, 16, 30, 30, 30]
+    assert rest_main.WORKER_RETRY_MAX_SECONDS == 30
+    assert "UNAVAILABLE: ledger gone; trying again in 1 s" in records[0].getMessage()
+    assert [bool(r.exc_info) for r in records] == [False] * 6 + [True, False]
+    assert "RuntimeError: boom" in records[7].getMessage()
+    assert "Traceback" in logging.Formatter().format(records[6])
+
+
+def test_pause_ends_on_sigterm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM during a pause ends it at once (True) and the previous handler is back."""
+    before = signal.getsignal(signal.SIGTERM)
+    sleep = time.sleep
+    calls: list[float] = []
+
+    def first_sleep_gets_sigterm(seconds: float) -> None:
+        calls.append(seconds)
+        if len(calls) == 1:
+            signal.raise_signal(signal.SIGTERM)
+        sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", first_sleep_gets_sigterm)
+    assert rest_main._pause(600) is True
+    assert len(calls) == 1
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -1,5 +1,5 @@
-"""Paged lists (lease list, handoff inbox, event stream: ``limit`` and an opaque
-``cursor``, keyset paging) and the deletion of one's own checkpoint (the seed service's
+"""Paged lists (lease list, handoff inbox, event stream, outcomes: ``limit`` and an
+opaque ``cursor``, keyset paging) and the deletion of one's own checkpoint (the seed service's
 ``DELETE``; DESIGN.md "Checkpoints": history stays, a pending handoff keeps what it
 carries), on every store arm."""
 
@@ -79,21 +79,28 @@ def test_bad_inbox_cursor_is_validation_error(baton: Baton) -> None:
 
 def _lists(baton: Baton) -> dict[str, Callable[..., Page[Any]]]:
     """The paged lists of one arm, each filled by :func:`_add` (leases of ``baton``,
-    handoffs to agent-b read from agent-b's inbox and from the org's list, events)."""
+    handoffs to agent-b read from agent-b's inbox and from the org's list, outcomes,
+    events)."""
     b = baton.as_principal("agent-b")
     return {
         "leases": baton.leases.list,
         "inbox": b.handoffs.inbox,
         "handoffs": b.handoffs.list,
+        "outcomes": baton.outcomes.list,
         "events": baton.events.list,
     }
 
 
+#: How many items of each list of :func:`_lists` one :func:`_add` makes (1 unless named).
+_PER_ADD = {"events": 3}
+
+
 def _add(baton: Baton, i: int) -> None:
-    """One more item in every list of :func:`_lists`: a lease (an event) and a handoff
-    (an event)."""
+    """One more item in every list of :func:`_lists` but events, three more events: a
+    lease, a handoff and an outcome (each an event)."""
     baton.leases.acquire("deploy", f"r{i}", ttl_seconds=60)
     baton.handoffs.create("agent-b", f"s{i}")
+    baton.outcomes.record(f"o{i}", "failed")
 
 
 def test_an_exactly_full_last_page_has_no_next_cursor(baton: Baton) -> None:
@@ -102,13 +109,13 @@ def test_an_exactly_full_last_page_has_no_next_cursor(baton: Baton) -> None:
     for i in range(2):
         _add(baton, i)
     for name, listing in _lists(baton).items():
-        limit = 4 if name == "events" else 2
+        limit = 2 * _PER_ADD.get(name, 1)
         whole = listing(limit=limit)
         assert len(whole) == limit, name
         assert whole.next_cursor is None, name
     _add(baton, 2)
     for name, listing in _lists(baton).items():
-        limit = 6 if name == "events" else 3
+        limit = 3 * _PER_ADD.get(name, 1)
         assert listing(limit=limit).next_cursor is None, name
         first = listing(limit=limit - 1)
         assert first.next_cursor is not None, name
@@ -124,8 +131,8 @@ def test_the_largest_page_learns_whether_another_follows(
     """At the largest page the store still serves the one item more (the REST store asks
     the API for it with the page's cursor), so a full page at the maximum has a cursor
     only when an item follows; ``limit`` above the maximum stays VALIDATION_ERROR."""
-    largest = {"leases": 2, "inbox": 2, "handoffs": 2, "events": 4}
-    for name in ("leases", "handoffs", "events"):
+    largest = {"leases": 2, "inbox": 2, "handoffs": 2, "outcomes": 2, "events": 6}
+    for name in ("leases", "handoffs", "outcomes", "events"):
         monkeypatch.setitem(MAX_PAGE, name, largest[name])
     for i in range(2):
         _add(baton, i)
@@ -154,10 +161,48 @@ def test_events_after_seq_or_cursor(baton: Baton) -> None:
     for after in (0, 1):
         with pytest.raises(ValidationError, match=r"^give after_seq or cursor, not both$"):
             baton.events.list(after_seq=after, cursor=first.next_cursor)
-    assert [e.kind for e in baton.events.list()] == ["lease.acquired", "handoff.created"]
+    kinds_ = ["lease.acquired", "handoff.created", "outcome.recorded"]
+    assert [e.kind for e in baton.events.list()] == kinds_
     assert baton.events.list(cursor=first.next_cursor) == baton.events.list(after_seq=first[0].seq)
     with pytest.raises(ValidationError, match=r"^after_seq must be an integer from 0 to"):
         baton.events.list(after_seq=-1)
+
+
+def test_outcome_list_pages_by_cursor(baton: Baton) -> None:
+    """Seven outcomes (of two subjects, several often in one millisecond) read two at a
+    time: every outcome once, oldest first (by record time, then outcome id), the order of
+    the unpaged list; a subject's outcomes page the same way."""
+    made = [baton.outcomes.record(f"subj-{i % 2}", "failed") for i in range(7)]
+    everything = baton.outcomes.list()
+    paged = pages(lambda c: baton.outcomes.list(limit=2, cursor=c), "outcomes", 2)
+    assert [o.outcome_id for o in paged] == [o.outcome_id for o in everything]
+    assert sorted(o.outcome_id for o in paged) == sorted(o.outcome_id for o in made)
+    keys = [(o.recorded_at, o.outcome_id) for o in paged]
+    assert keys == sorted(keys)
+    one = pages(lambda c: baton.outcomes.list("subj-1", limit=2, cursor=c), "outcomes", 2)
+    assert [o.outcome_id for o in one] == [o.outcome_id for o in made if o.subject_id == "subj-1"]
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "",
+        "nonsense",
+        "c1.",
+        "c1.!!!!",
+        "c1." + "A" * 2000,
+        encode_cursor("outcomes", (1, "x\x00")),  # an id no database can hold
+        encode_cursor("events", (3,)),  # another list's
+        encode_cursor("handoffs", (1, "hoff_x")),
+        encode_cursor("leases", (1, "lease_x")),
+        encode_cursor("keys", (1, "key_x")),
+    ],
+)
+def test_bad_outcome_cursor_is_validation_error(baton: Baton, cursor: str) -> None:
+    """A cursor that is not one of the outcome list is VALIDATION_ERROR."""
+    baton.outcomes.record("s", "failed")
+    with pytest.raises(ValidationError, match="cursor"):
+        baton.outcomes.list(cursor=cursor)
 
 
 def test_delete_own_checkpoint(baton: Baton) -> None:

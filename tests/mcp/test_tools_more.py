@@ -126,8 +126,8 @@ def test_leases_transfer_force_release_and_paging(open_session: Open) -> None:
 
 def test_events_history_outcomes_and_seed_names(open_session: Open) -> None:
     """The seed's tool names with the seed's argument names (``agent_id``, ``run_id``)
-    reach the same tools; checkpoint history, outcome list and the event stream paged by
-    cursor show what they wrote."""
+    reach the same tools; checkpoint history, the outcome list and the event stream paged
+    by cursor show what they wrote, and a cursor of another list is VALIDATION_ERROR."""
 
     async def main() -> None:
         async with open_session("agent-a") as a, open_session("agent-b") as b:
@@ -231,6 +231,24 @@ def test_events_history_outcomes_and_seed_names(open_session: Open) -> None:
             assert leases_cursor is not None
             wrong = await a.call_tool("baton_event_list", {"cursor": leases_cursor})
             tool_error(wrong, "VALIDATION_ERROR")
+
+            for status in ("failed", "cancelled"):
+                record = {"subject_id": "user_rama", "status": status}
+                ok(await a.call_tool("baton_outcome_record", record))
+            listed = ok(await b.call_tool("baton_outcome_list", {"subject_id": "user_rama"}))
+            paged: list[str] = []
+            args = {"subject_id": "user_rama", "limit": 2}
+            while True:
+                page = ok(await b.call_tool("baton_outcome_list", args))
+                paged += [o["outcome_id"] for o in page["outcomes"]]
+                if page["next_cursor"] is None:
+                    break
+                args = {"subject_id": "user_rama", "limit": 2, "cursor": page["next_cursor"]}
+            assert paged == [o["outcome_id"] for o in listed["outcomes"]]
+            assert len(paged) == 3
+            for bad in ("c1.nonsense", leases_cursor):
+                wrong = await b.call_tool("baton_outcome_list", {"cursor": bad})
+                tool_error(wrong, "VALIDATION_ERROR")
             clash = await b.call_tool(
                 "titen_checkpoint_get",
                 {"subject_id": "s", "kind": "k", "agent_id": "a", "principal": "a"},

@@ -20,6 +20,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prefect_baton import (
     Baton,
     ConflictError,
+    IdempotencyInFlightError,
     LeaseLostError,
     StaleFenceError,
     ValidationError,
@@ -27,6 +28,7 @@ from prefect_baton import (
     metrics,
 )
 from prefect_baton.metrics import _state
+from prefect_baton.metrics._calls import acquire_result
 
 from ..conftest import metric_value
 
@@ -272,3 +274,27 @@ def test_importing_the_package_does_not_import_prometheus_client() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    ("error", "result"),
+    [
+        (
+            VersionConflictError("version 2 expected", current_version=3, expected_version=2),
+            "version_conflict",
+        ),
+        (ConflictError("held by agent-b"), "conflict"),
+        (IdempotencyInFlightError("key in flight"), "in_flight"),
+        (LeaseLostError("lapsed"), "lost"),
+        (ValidationError("bad ttl"), "error"),
+        (RuntimeError("driver failure"), "error"),
+        (None, "error"),
+    ],
+)
+def test_a_refused_acquire_is_labelled_by_its_error_code(
+    error: BaseException | None, result: str
+) -> None:
+    """The ``result`` label of an acquire that returned no lease follows the error's stable
+    code, so a dashboard can tell contention (``conflict``, ``version_conflict``), a retry
+    still in flight and a lost lease from other failures (``error``)."""
+    assert acquire_result(None, error) == result

@@ -214,6 +214,36 @@ def test_outcomes_record_and_list(client: TestClient, make_key: MakeKey) -> None
     assert data(r)["status"] == "succeeded"
     listed = data(client.get("/v1/outcomes", params={"subject_id": "ticket-1"}, headers=h))
     assert [o["outcome_id"] for o in listed["outcomes"]] == [data(r)["outcome_id"]]
+    assert listed["next_cursor"] is None
+
+
+def test_outcomes_page_by_cursor(client: TestClient, make_key: MakeKey) -> None:
+    """``GET /v1/outcomes`` answers one page with ``next_cursor``; following it gives every
+    outcome once, oldest first (the unpaged order); a malformed cursor, one of another list
+    and one naming an id no database can hold are 400 VALIDATION_ERROR."""
+    h = make_key("agent-a")
+    for i in range(5):
+        body = {"subject_id": f"ticket-{i % 2}", "status": "failed"}
+        assert client.post("/v1/outcomes", json=body, headers=h).status_code == 201
+    everything = data(client.get("/v1/outcomes", headers=h))["outcomes"]
+    assert len(everything) == 5
+    seen: list[str] = []
+    params: dict[str, object] = {"limit": 2}
+    for _ in range(5):
+        page = data(client.get("/v1/outcomes", params=params, headers=h))
+        assert set(page) == {"outcomes", "next_cursor"}
+        seen += [o["outcome_id"] for o in page["outcomes"]]
+        if page["next_cursor"] is None:
+            break
+        params = {"limit": 2, "cursor": page["next_cursor"]}
+    assert seen == [o["outcome_id"] for o in everything]
+    leases_cursor = "c1." + base64.urlsafe_b64encode(b'["leases",1,"lease_x"]').decode()
+    forged = "c1." + base64.urlsafe_b64encode(
+        json.dumps(["outcomes", 1, "x\x00"]).encode()
+    ).decode().rstrip("=")
+    for bad in ("nonsense", "c1.!!!", leases_cursor, forged):
+        r = client.get("/v1/outcomes", params={"cursor": bad}, headers=h)
+        error(r, 400, "VALIDATION_ERROR")
 
 
 def test_events_after_limit_kind(client: TestClient, make_key: MakeKey) -> None:
@@ -328,7 +358,7 @@ def test_events_after_with_cursor_is_refused_even_at_zero(
     assert len(after_cursor["events"]) == 1
 
 
-@pytest.mark.parametrize("path", ["/v1/leases", "/v1/handoffs", "/v1/events"])
+@pytest.mark.parametrize("path", ["/v1/leases", "/v1/handoffs", "/v1/outcomes", "/v1/events"])
 def test_an_exactly_full_last_page_has_no_next_cursor(
     client: TestClient, make_key: MakeKey, path: str
 ) -> None:
@@ -342,6 +372,8 @@ def test_an_exactly_full_last_page_has_no_next_cursor(
         if key == "handoffs":
             offer = {"to_principal": "agent-b", "subject_id": f"s{i}"}
             client.post("/v1/handoffs", json=offer, headers=sender)
+        elif key == "outcomes":
+            client.post("/v1/outcomes", json={"subject_id": f"s{i}", "status": "failed"}, headers=h)
         else:
             client.post("/v1/leases", json={**LEASE, "resource_id": f"r{i}"}, headers=h)
 

@@ -48,6 +48,7 @@ async def records(ab: AsyncBaton) -> None:
     out = await ab.outcomes.record("svc", "succeeded", evidence=[{"kind": "file", "uri": "u"}])
     assert_type(out, Outcome)
     assert_type(await ab.outcomes.record("svc", "failed"), Outcome)
+    assert_type(await ab.outcomes.list("svc", limit=10, cursor=None), Page[Outcome])
     assert_type(await ab.events.list(after_seq=0, limit=10), Page[Event])
     assert_type(await ab.prune_receipts(), int)
     assert_type(ab.as_principal("agent-b"), AsyncBaton)

@@ -45,6 +45,7 @@ def records(b: Baton) -> None:
     out = b.outcomes.record("svc", "succeeded", evidence=[{"kind": "file", "uri": "u"}])
     assert_type(out, Outcome)
     assert_type(b.outcomes.record("svc", "failed"), Outcome)
+    assert_type(b.outcomes.list("svc", limit=10, cursor=None), Page[Outcome])
     assert_type(b.events.list(after_seq=0, limit=10), Page[Event])
     assert_type(b.prune_receipts(), int)
     assert_type(b.as_principal("agent-b"), Baton)

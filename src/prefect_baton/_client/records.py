@@ -375,14 +375,35 @@ class OutcomeAPI(_API):
         key = _core.validate_optional_id("idempotency_key", idempotency_key)
         return self._store.outcome_record(self._caller, record, idempotency_key=key)
 
-    def list(self, subject_id: str | None = None, *, limit: int = 1000) -> list[Outcome]:
-        """Outcomes of the org, of one subject when given, oldest first by the
-        ledger clock (outcomes recorded in the same millisecond come in no fixed order)."""
-        return self._store.outcome_list(
+    def list(
+        self, subject_id: str | None = None, *, limit: int = 1000, cursor: str | None = None
+    ) -> Page[Outcome]:
+        """Outcomes of the org, of one subject when given, oldest first by the ledger
+        clock, then by outcome id.
+
+        Args:
+            subject_id: only this subject's outcomes (``str`` id), or ``None`` (all).
+            limit: 1..100,000 outcomes.
+            cursor: continue after the page this cursor ends (``str``: the
+                ``next_cursor`` of a previous page, of the REST list, MCP tool or CLI
+                receipt); give the same ``subject_id`` again.
+
+        Returns:
+            One page: a list of outcomes whose ``next_cursor`` is the ``cursor`` of the
+            next page (``str``), or ``None`` when no outcome follows.
+
+        Raises:
+            ValidationError: a bad subject id or limit, or a cursor that is not one of the
+                outcome list.
+        """
+        n = _limit(limit, MAX_PAGE["outcomes"])
+        found = self._store.outcome_list(
             self._caller,
             _core.validate_optional_id("subject_id", subject_id),
-            limit=_limit(limit, 100_000),
+            limit=n + 1,
+            after=None if cursor is None else decode_cursor("outcomes", cursor),
         )
+        return page_of("outcomes", found, n)
 
 
 class EventAPI(_API):

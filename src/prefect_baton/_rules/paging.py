@@ -1,19 +1,22 @@
-"""Cursors of paged lists (leases, the handoff inbox, events): opaque strings naming the
-last item of a page, so the next page starts strictly after it (keyset paging: a row
-inserted or ended meanwhile never shifts a page). No I/O.
+"""Cursors of paged lists (leases, the handoff inbox, events, outcomes, API keys): opaque
+strings naming the last item of a page, so the next page starts strictly after it (keyset
+paging: a row inserted or ended meanwhile never shifts a page). No I/O.
 
 A cursor is ``c1.`` + base64url of the JSON ``[list, *key]``; the list's name is inside, so
 a cursor of another list is refused. The keys, in each list's order:
 
 * ``leases`` (newest first): ``(acquired_at ms, lease_id)``, descending;
 * ``handoffs`` (the inbox, oldest first): ``(created_at ms, handoff_id)``, ascending;
-* ``events`` (commit order): ``(seq,)``, ascending.
+* ``events`` (commit order): ``(seq,)``, ascending;
+* ``outcomes`` (oldest first): ``(recorded_at ms, outcome_id)``, ascending;
+* ``keys`` (the REST API's bearer keys, oldest first): ``(created_at ms, key_id)``,
+  ascending.
 
 A page has a next cursor only when an item follows it: the client asks the store for one
 item more than the page (:func:`store_limit` lets the store serve that one at the largest
-page) and :func:`page_of` keeps the page (a :class:`~prefect_baton.models.Page`) and notes whether
-the extra item was there, so a
-page that is exactly full at the end of the list has no cursor.
+page) and :func:`page_of` keeps the page (a :class:`~prefect_baton.models.Page`) and notes
+whether the extra item was there, so a page that is exactly full at the end of the list has
+no cursor.
 """
 
 from __future__ import annotations
@@ -22,11 +25,14 @@ import base64
 import binascii
 import json
 from collections.abc import Sequence
-from typing import Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Literal, TypeVar, overload
 
 from prefect_baton._rules.validation import validate_id
 from prefect_baton.errors import ValidationError
-from prefect_baton.models import Event, Handoff, Lease, Page, to_ms
+from prefect_baton.models import Event, Handoff, Lease, Outcome, Page, to_ms
+
+if TYPE_CHECKING:  # the REST package's model (a key is the item that is none of the others)
+    from prefect_baton.rest.keys import ApiKey
 
 __all__ = [
     "MAX_PAGE",
@@ -38,13 +44,19 @@ __all__ = [
     "store_limit",
 ]
 
-ListName = Literal["leases", "handoffs", "events"]
-#: The key of the last item of a page: ``(ms, id)`` of leases and handoffs, ``(seq,)`` of
-#: events.
+ListName = Literal["leases", "handoffs", "events", "outcomes", "keys"]
+#: The key of the last item of a page: ``(ms, id)`` of leases, handoffs, outcomes and keys,
+#: ``(seq,)`` of events.
 PageKey = tuple[int, str] | tuple[int]
 
 #: The largest page (``limit``) of each list a caller may ask for.
-MAX_PAGE: dict[ListName, int] = {"leases": 10_000, "handoffs": 10_000, "events": 1_000}
+MAX_PAGE: dict[ListName, int] = {
+    "leases": 10_000,
+    "handoffs": 10_000,
+    "events": 1_000,
+    "outcomes": 100_000,
+    "keys": 10_000,
+}
 
 _PREFIX = "c1."
 _MAX_CURSOR = 1024
@@ -57,7 +69,9 @@ def encode_cursor(name: ListName, key: PageKey) -> str:
 
 
 @overload
-def decode_cursor(name: Literal["leases", "handoffs"], cursor: str) -> tuple[int, str]: ...
+def decode_cursor(
+    name: Literal["leases", "handoffs", "outcomes", "keys"], cursor: str
+) -> tuple[int, str]: ...
 @overload
 def decode_cursor(name: Literal["events"], cursor: str) -> tuple[int]: ...
 def decode_cursor(name: ListName, cursor: str) -> PageKey:
@@ -92,10 +106,10 @@ def decode_cursor(name: ListName, cursor: str) -> PageKey:
 
 
 def _is_id(value: object) -> bool:
-    """Whether ``value`` could be the id a cursor names (a lease or handoff id): an id as
-    :func:`~prefect_baton._rules.validation.validate_id` admits it. A decoded cursor can
-    hold any JSON string, and one no database can store (a lone surrogate; NUL, which
-    PostgreSQL refuses) must be refused here, not fail in the query."""
+    """Whether ``value`` could be the id a cursor names (a lease, handoff, outcome or key
+    id): an id as :func:`~prefect_baton._rules.validation.validate_id` admits it. A decoded
+    cursor can hold any JSON string, and one no database can store (a lone surrogate; NUL,
+    which PostgreSQL refuses) must be refused here, not fail in the query."""
     try:
         validate_id("cursor", value)
     except ValidationError:
@@ -103,15 +117,19 @@ def _is_id(value: object) -> bool:
     return True
 
 
-def _key(item: Lease | Handoff | Event) -> PageKey:
+def _key(item: Lease | Handoff | Event | Outcome | ApiKey) -> PageKey:
     if isinstance(item, Lease):
         return (to_ms(item.acquired_at), item.lease_id)
     if isinstance(item, Handoff):
         return (to_ms(item.created_at), item.handoff_id)
-    return (item.seq,)
+    if isinstance(item, Outcome):
+        return (to_ms(item.recorded_at), item.outcome_id)
+    if isinstance(item, Event):
+        return (item.seq,)
+    return (item.created_at_ms, item.key_id)
 
 
-_Item = TypeVar("_Item", bound=Lease | Handoff | Event)
+_Item = TypeVar("_Item", bound="Lease | Handoff | Event | Outcome | ApiKey")
 
 
 def store_limit(name: ListName, limit: int) -> int:

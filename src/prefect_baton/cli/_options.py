@@ -36,8 +36,8 @@ Fence = Annotated[
     ),
 ]
 
-#: ``--cursor`` of a paged listing command (``lease list``, ``handoff inbox``,
-#: ``events tail``).
+#: ``--cursor`` of a paged listing command (``lease list``, ``handoff inbox``, ``outcome
+#: list``, ``keys list``, ``events tail``).
 Cursor = Annotated[
     str | None,
     typer.Option(

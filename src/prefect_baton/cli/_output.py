@@ -26,6 +26,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from prefect_baton._exit import (
+    EXIT_CODES,
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    error_line,
+    exit_code_for,
+    one_line,
+)
 from prefect_baton.models import Page
 
 __all__ = [
@@ -67,45 +76,12 @@ def format_from_argv(args: Sequence[str]) -> OutputFormat:
     return OutputFormat.json if fmt.lower() == "json" else OutputFormat.table
 
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-
-#: Exit status of ``baton`` per error code. Usage errors (missing option, bad value) exit
-#: with 2 like ``VALIDATION_ERROR``; any other failure (audit violations, an internal
-#: error, an unavailable ``baton demo``) exits with 1.
-EXIT_CODES: dict[str, int] = {
-    "OK": EXIT_OK,
-    "VALIDATION_ERROR": EXIT_USAGE,
-    "CONFLICT": 3,
-    "VERSION_CONFLICT": 4,
-    "NOT_FOUND": 5,
-    "FORBIDDEN": 6,
-    "IDEMPOTENCY_MISMATCH": 7,
-    "IDEMPOTENCY_IN_FLIGHT": 8,
-    "LEASE_LOST": 9,
-    "STALE_FENCE": 10,
-    "UNAVAILABLE": 11,
-    "UNAUTHENTICATED": 12,
-}
-
-
-def exit_code_for(code: str) -> int:
-    """The exit status for an error ``code`` (1 for codes not in :data:`EXIT_CODES`)."""
-    return EXIT_CODES.get(code, EXIT_FAILURE)
-
-
 def exit_codes_help() -> str:
     """The exit code table as text, for ``baton --help``."""
     rows = [f"{n:>3}  {code}" for code, n in EXIT_CODES.items()]
     rows.insert(2, "  2  usage error (missing option, bad value)")
     rows.append("  1  any other failure (audit violations, internal error)")
     return "Exit codes:\n" + "\n".join(rows)
-
-
-def one_line(text: str) -> str:
-    """``text`` with every run of whitespace (newlines included) collapsed to one space."""
-    return " ".join(str(text).split())
 
 
 def dump(obj: Any) -> Any:
@@ -226,8 +202,9 @@ def emit_page(
     Args:
         fmt: the output format.
         action: ``group.command`` (e.g. ``lease.list``).
-        key: the receipt key of the rows (``leases``, ``handoffs``).
-        page: the rows and the next page's cursor (a
+        key: the receipt key of the rows (``leases``, ``handoffs``, ``outcomes``,
+            ``keys``).
+        page: the rows (models, or rows as mappings) and the next page's cursor (a
             :class:`~prefect_baton.models.Page` as the client's listing returns it:
             a cursor only when a row follows the page).
         columns: the columns of the table (default: the first row's fields).
@@ -266,14 +243,7 @@ def emit_error(
         sys.stdout.write(json.dumps(receipt) + "\n")
         sys.stdout.flush()
     else:
-        message = one_line(str(err.get("message", "")))
-        details = [
-            f"{k}={err[k]}"
-            for k in ("current_version", "expected_version")
-            if k in err and str(err[k]) not in message
-        ]
-        tail = f" ({', '.join(details)})" if details else ""
         who = "baton" if action == "baton" else f"baton {action.replace('.', ' ')}"
-        sys.stderr.write(f"{who}: {code}: {message}{tail}\n")
+        sys.stderr.write(error_line(who, err))
         sys.stderr.flush()
     return exit_code

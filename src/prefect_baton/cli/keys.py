@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from prefect_baton.cli._output import emit_ok
+from prefect_baton.cli._options import Cursor, row_limit
+from prefect_baton.cli._output import Page, emit_ok, emit_page
 from prefect_baton.cli._state import CliState, guard, usage_error
 from prefect_baton.models import from_ms, wire_time
 
@@ -94,14 +95,29 @@ def list_(
     active_only: Annotated[
         bool, typer.Option("--active-only", help="Leave out revoked keys.")
     ] = False,
+    limit: Annotated[int, row_limit(10_000)] = 1000,
+    cursor: Cursor = None,
 ) -> None:
-    """List keys (of --org when given, else of every org), oldest first, revoked ones too
-    unless --active-only. Never shows a secret or a hash."""
+    """List keys (of --org when given, else of every org), oldest first (by creation time,
+    then key id), revoked ones too unless --active-only. Never shows a secret or a hash.
+    Exit 2 (VALIDATION_ERROR) for a bad org, limit or cursor.
+
+    One page of at most --limit rows. When more rows follow, the JSON receipt's
+    'next_cursor' (null otherwise) is the --cursor of the next page; the table format names
+    it on stderr.
+    """
     from prefect_baton.rest.keys import list_keys
 
     with guard(ctx, "keys.list") as st:
-        keys = list_keys(st.resolved_ledger_url(), org=st.org, include_revoked=not active_only)
-        emit_ok(st.format, "keys.list", "keys", [key_row(k) for k in keys], columns=KEY_COLUMNS)
+        keys = list_keys(
+            st.resolved_ledger_url(),
+            org=st.org,
+            include_revoked=not active_only,
+            limit=limit,
+            cursor=cursor,
+        )
+        page = Page([key_row(k) for k in keys], keys.next_cursor)
+        emit_page(st.format, "keys.list", "keys", page, columns=KEY_COLUMNS)
 
 
 @app.command("revoke")

@@ -28,10 +28,11 @@ def serve(
         int | None,
         typer.Option(
             "--workers",
-            min=1,
-            help="Worker processes (integer, at least 1). Default: one per CPU (at most 4) "
-            "with --redis-url or on PostgreSQL, 1 on a SQLite ledger alone (one writer at "
-            "a time).",
+            help="Worker processes (integer, 1-64). Default: one per CPU (at most 4) with "
+            "--redis-url or on PostgreSQL, 1 on a SQLite ledger alone (one writer at a "
+            "time). A worker ends when the server process does, even one killed by "
+            "SIGKILL; one that cannot reach the ledger at start tries again, pausing up to "
+            "30 s.",
         ),
     ] = None,
     metrics_port: Annotated[
@@ -53,9 +54,9 @@ def serve(
     after the requests in flight finish. GET /metrics (any valid key; not in the OpenAPI
     document) shows the Prometheus metrics of the key's organization; with --workers over
     1 they are summed over the workers (prometheus_client's multiprocess mode). Exit
-    status: VALIDATION_ERROR (2) for a malformed URL or port, or a PROMETHEUS_MULTIPROC_DIR
-    that is not a writable directory; UNAVAILABLE (11) when the ledger cannot be reached or
-    a port cannot be bound.
+    status: VALIDATION_ERROR (2) for a malformed URL or port, --workers outside 1-64, or a
+    PROMETHEUS_MULTIPROC_DIR that is not a writable directory; UNAVAILABLE (11) when the
+    ledger cannot be reached or a port cannot be bound.
     """
     with guard(ctx, "serve") as st:
         from prefect_baton.rest.__main__ import serve as run

@@ -250,6 +250,7 @@ class OutcomeListIn(_In):
 
     subject_id: Id | None = Field(None, description="Only this subject's.")
     limit: Annotated[int, Field(ge=1, le=100_000)] = 1000
+    cursor: Cursor | None = None
 
 
 class WhoAmIIn(_In):

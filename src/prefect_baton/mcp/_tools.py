@@ -48,7 +48,7 @@ from prefect_baton.rest._responses import (
     LeaseList,
     LeasePage,
     Me,
-    OutcomeList,
+    OutcomePage,
 )
 from prefect_baton.rest._schemas import ResourceIn
 
@@ -172,7 +172,7 @@ def _checkpoint_delete(b: Baton, a: CheckpointDeleteIn) -> dict[str, Any]:
 
 
 def _outcome_list(b: Baton, a: OutcomeListIn) -> dict[str, Any]:
-    return _json(OutcomeList(outcomes=rest_calls.list_outcomes(b, a.subject_id, a.limit)))
+    return _json(rest_calls.outcomes_page(b, a.subject_id, limit=a.limit, cursor=a.cursor))
 
 
 def _whoami(b: Baton, _a: WhoAmIIn, grant: Grant) -> dict[str, Any]:
@@ -427,10 +427,11 @@ _SPECS = (
     ToolSpec(
         "baton_outcome_list",
         "Outcomes of the organization (of one subject when given), oldest first, with their "
-        "evidence, as {'outcomes': [...]}.",
+        "evidence, as {'outcomes': [...], 'next_cursor': ...}; pass next_cursor as cursor "
+        "for the next page (null: no more).",
         OutcomeListIn,
         _outcome_list,
-        OutcomeList,
+        OutcomePage,
         "outcomes:read",
         read_only=True,
     ),

@@ -18,15 +18,6 @@ from datetime import UTC, datetime
 from functools import cache
 from typing import Any, TypeVar
 
-from prefect_baton.errors import (
-    BatonError,
-    ConflictError,
-    IdempotencyInFlightError,
-    LeaseLostError,
-    StaleFenceError,
-    ValidationError,
-    VersionConflictError,
-)
 from prefect_baton.metrics._state import record
 from prefect_baton.models import Handoff, Lease, Receipt
 
@@ -34,12 +25,14 @@ __all__ = ["acquire_result", "observed"]
 
 R = TypeVar("R")
 
-_ACQUIRE_ERRORS: tuple[tuple[type[BatonError], str], ...] = (
-    (VersionConflictError, "version_conflict"),
-    (ConflictError, "conflict"),
-    (IdempotencyInFlightError, "in_flight"),
-    (LeaseLostError, "lost"),
-)
+#: The ``result`` label of a refused acquire, by the error's stable code
+#: (:data:`prefect_baton.errors.ERROR_CODES`, lower case).
+_ACQUIRE_RESULTS = {
+    "version_conflict": "version_conflict",
+    "conflict": "conflict",
+    "idempotency_in_flight": "in_flight",
+    "lease_lost": "lost",
+}
 
 #: Where a fenced ledger write is rejected, by client operation.
 _FENCED = {
@@ -55,10 +48,7 @@ def acquire_result(lease: Lease | None, error: BaseException | None) -> str:
     ``error``)."""
     if lease is not None:
         return "replayed" if lease.replayed else "granted"
-    for kind, result in _ACQUIRE_ERRORS:
-        if isinstance(error, kind):
-            return result
-    return "error"
+    return _ACQUIRE_RESULTS.get(_code(error), "error")
 
 
 @cache
@@ -72,7 +62,9 @@ def _resource_type(obj: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _code(error: BaseException) -> str:
+def _code(error: BaseException | None) -> str:
+    """The error's stable code in lower case (``internal_error`` for an exception that is
+    not a :class:`~prefect_baton.errors.BatonError`, or for none)."""
     return str(getattr(error, "code", "internal_error")).lower()
 
 
@@ -133,7 +125,7 @@ def _record(call: _Call, result: Any, error: BaseException | None, seconds: floa
     if name == "leases.acquire":
         lease = result if isinstance(result, Lease) else None
         rt = lease.resource_type if lease is not None else ""
-        if lease is None and not isinstance(error, ValidationError):
+        if lease is None and _code(error) != "validation_error":
             rt = str(call.argument("resource_type") or "")
         _acquired(org, rt, acquire_result(lease, error), seconds)
     elif name == "leases.acquire_many":
@@ -157,7 +149,7 @@ def _record(call: _Call, result: Any, error: BaseException | None, seconds: floa
         if result.resolved_at is not None:
             waited = (result.resolved_at - result.created_at).total_seconds()
             record("baton_handoff_resolve_seconds", org, result.status, value=max(0.0, waited))
-    if isinstance(error, StaleFenceError) and name in _FENCED:
+    if _code(error) == "stale_fence" and name in _FENCED:
         fence = call.argument("lease" if name == "handoffs.create" else "fence")
         record("baton_stale_fence_rejections", org, _resource_type(fence), _FENCED[name])
 

@@ -17,7 +17,14 @@ from prefect_baton._client.sync import Baton
 from prefect_baton._rules.paging import events_after
 from prefect_baton.errors import ValidationError
 from prefect_baton.models import Checkpoint, Handoff, Lease, Outcome, Receipt
-from prefect_baton.rest._responses import EventPage, HandoffPage, LeasePage, Me, ReconcilerLag
+from prefect_baton.rest._responses import (
+    EventPage,
+    HandoffPage,
+    LeasePage,
+    Me,
+    OutcomePage,
+    ReconcilerLag,
+)
 
 __all__ = [
     "acquire",
@@ -29,8 +36,8 @@ __all__ = [
     "force_release",
     "handoffs_page",
     "leases_page",
-    "list_outcomes",
     "me",
+    "outcomes_page",
     "record_outcome",
     "release",
     "renew",
@@ -411,14 +418,18 @@ def checkpoint_history(
     return b.checkpoints.history(subject_id, kind, principal)
 
 
-def list_outcomes(b: Baton, subject_id: str | None, limit: int) -> list[Outcome]:
-    """``b.outcomes.list``: outcomes of the org (of ``subject_id`` when given), oldest
-    first, at most ``limit`` (``int``, 1..100,000).
+def outcomes_page(
+    b: Baton, subject_id: str | None, *, limit: int, cursor: str | None
+) -> OutcomePage:
+    """One page of ``b.outcomes.list``: outcomes of the org (of ``subject_id`` when
+    given), oldest first, at most ``limit`` (``int``, 1..100,000), after ``cursor`` as in
+    :func:`leases_page`.
 
     Raises:
-        BatonError: VALIDATION_ERROR.
+        BatonError: VALIDATION_ERROR (a bad subject id, limit or cursor).
     """
-    return b.outcomes.list(subject_id, limit=limit)
+    outcomes = b.outcomes.list(subject_id, limit=limit, cursor=cursor)
+    return OutcomePage(outcomes=outcomes, next_cursor=outcomes.next_cursor)
 
 
 def me(b: Baton, scopes: Collection[str] | None, key_id: str | None) -> Me:

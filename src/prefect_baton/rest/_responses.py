@@ -36,7 +36,7 @@ __all__ = [
     "LeasePage",
     "Me",
     "Meta",
-    "OutcomeList",
+    "OutcomePage",
     "ReconcilerLag",
     "Released",
     "success_schemas",
@@ -84,10 +84,12 @@ class CheckpointList(_Out):
     checkpoints: list[Checkpoint]
 
 
-class OutcomeList(_Out):
-    """``GET /v1/outcomes``."""
+class OutcomePage(_Out):
+    """``GET /v1/outcomes``: one page of the org's outcomes, oldest first; ``next_cursor``
+    as for :class:`LeasePage`."""
 
     outcomes: list[Outcome]
+    next_cursor: str | None
 
 
 class EventPage(_Out):
@@ -164,7 +166,7 @@ DATA_BY_OPERATION: dict[tuple[str, str], type[BaseModel]] = {
     ("GET", "/v1/checkpoints/{checkpoint_id}"): Checkpoint,
     ("DELETE", "/v1/checkpoints/{checkpoint_id}"): Checkpoint,
     ("POST", "/v1/outcomes"): Outcome,
-    ("GET", "/v1/outcomes"): OutcomeList,
+    ("GET", "/v1/outcomes"): OutcomePage,
     ("GET", "/v1/events"): EventPage,
     ("GET", "/v1/me"): Me,
     ("GET", "/v1/reconciler/lag"): ReconcilerLag,

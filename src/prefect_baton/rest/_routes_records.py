@@ -145,10 +145,17 @@ def add_routes(app: FastAPI) -> None:
 
     @app.get("/v1/outcomes", tags=["outcomes"])
     def outcomes(
-        request: Request, b: B, subject_id: str | None = None, limit: Limit = 1000
+        request: Request,
+        b: B,
+        subject_id: str | None = None,
+        limit: Limit = 1000,
+        cursor: str | None = None,
     ) -> Response:
-        """Outcomes of the org, of one subject when given."""
-        return _reply(request, _calls.list_outcomes(b, subject_id, limit), key="outcomes")
+        """Outcomes of the org, of one subject when given, oldest first (by record time,
+        then outcome id), one page of ``limit``; ``next_cursor`` (as ``cursor=``) gives the
+        next page."""
+        page = _calls.outcomes_page(b, subject_id, limit=limit, cursor=cursor)
+        return _reply(request, page)
 
     @app.get("/v1/events", tags=["events"])
     def events(

@@ -21,44 +21,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect_baton.errors import ValidationError
-from prefect_baton.timeline._build import build_timeline, read_events
-from prefect_baton.timeline._model import (
-    GenerationEnd,
-    GenerationStart,
-    MarkKind,
-    Timeline,
-    TimelineGeneration,
-    TimelineMark,
-    timeline_from_events,
-)
-from prefect_baton.timeline._render import (
-    END_COLORS,
-    MARK_STYLES,
-    render_html,
-    render_page,
-    render_svg,
-)
+from prefect_baton.timeline import _build, _model, _render
+from prefect_baton.timeline._build import *  # noqa: F403 (each module's __all__)
+from prefect_baton.timeline._model import *  # noqa: F403
+from prefect_baton.timeline._render import *  # noqa: F403
 
-__all__ = [
-    "END_COLORS",
-    "FORMATS",
-    "MARK_STYLES",
-    "GenerationEnd",
-    "GenerationStart",
-    "MarkKind",
-    "Timeline",
-    "TimelineGeneration",
-    "TimelineMark",
-    "build_timeline",
-    "read_events",
-    "render_html",
-    "render_page",
-    "render_png",
-    "render_svg",
-    "timeline_format",
-    "timeline_from_events",
-    "write_timeline",
-]
+__all__ = ["FORMATS", "render_png", "timeline_format", "write_timeline"]
+__all__ += _build.__all__
+__all__ += _model.__all__
+__all__ += _render.__all__
 
 FORMATS = (".svg", ".html", ".png")
 """The file extensions :func:`write_timeline` writes (``.png`` needs the ``png`` extra)."""
@@ -79,7 +50,7 @@ def timeline_format(path: Path) -> str:
     return suffix
 
 
-def render_png(timeline: Timeline, *, width: int = 1000) -> bytes:
+def render_png(timeline: _model.Timeline, *, width: int = 1000) -> bytes:
     """:func:`render_svg` rasterised to PNG (``bytes``) by resvg (the ``resvg-py`` package,
     a self-contained wheel: no system library), with the system's fonts.
 
@@ -87,7 +58,7 @@ def render_png(timeline: Timeline, *, width: int = 1000) -> bytes:
         ValidationError: ``resvg-py`` is not installed (``pip install 'prefect-baton[png]'``),
             or a bad ``width``.
     """
-    svg = render_svg(timeline, width=width)
+    svg = _render.render_svg(timeline, width=width)
     try:
         import resvg_py
     except ImportError:
@@ -98,7 +69,7 @@ def render_png(timeline: Timeline, *, width: int = 1000) -> bytes:
     return bytes(resvg_py.svg_to_bytes(svg_string=svg, background="#ffffff"))
 
 
-def write_timeline(timeline: Timeline, path: Path, *, width: int = 1000) -> Path:
+def write_timeline(timeline: _model.Timeline, path: Path, *, width: int = 1000) -> Path:
     """Write ``timeline`` to ``path`` as SVG, HTML or PNG, by its extension (parent
     directories are created); returns the path written.
 
@@ -115,7 +86,9 @@ def write_timeline(timeline: Timeline, path: Path, *, width: int = 1000) -> Path
         path.write_bytes(data)
         return path
     text = (
-        render_svg(timeline, width=width) if fmt == ".svg" else render_html(timeline, width=width)
+        _render.render_svg(timeline, width=width)
+        if fmt == ".svg"
+        else _render.render_html(timeline, width=width)
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")

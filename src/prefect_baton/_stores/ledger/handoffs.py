@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import or_, select
 from sqlmodel import Session, col
 
 from prefect_baton._rules import transitions as _transitions
@@ -44,6 +44,7 @@ from prefect_baton._stores.ledger.convert import (
 )
 from prefect_baton._stores.ledger.expiry import ExpiryOps, carried_lapsed
 from prefect_baton._stores.ledger.expiry import carried as carried_of
+from prefect_baton._stores.ledger.paging import after_key
 from prefect_baton._stores.ledger.tables import CheckpointRow, GenerationRow, HandoffRow, Principal
 from prefect_baton._stores.protocol import Caller, HandoffOffer, ResolveRequest
 from prefect_baton._stores.queries import HandoffQuery
@@ -185,12 +186,7 @@ class HandoffOps(ExpiryOps):
         Rows whose stored status differs from how they read (a pending one past its expiry,
         or whose carried lease lapsed) are skipped by reading on until the page is full."""
 
-        def past(at: int, handoff_id: str) -> Any:
-            return or_(
-                col(HandoffRow.created_at_ms) > at,
-                and_(col(HandoffRow.created_at_ms) == at, col(HandoffRow.handoff_id) > handoff_id),
-            )
-
+        at, hid = col(HandoffRow.created_at_ms), col(HandoffRow.handoff_id)
         with self._read() as (s, now):
             q = select(HandoffRow).where(col(HandoffRow.org_id) == caller.org)
             if party is not None:
@@ -201,8 +197,8 @@ class HandoffOps(ExpiryOps):
                 unexpired = col(HandoffRow.expires_at_ms) > now
                 q = q.where(or_(col(HandoffRow.expires_at_ms).is_(None), unexpired))
             if after is not None:
-                q = q.where(past(*after))
-            q = q.order_by(col(HandoffRow.created_at_ms), col(HandoffRow.handoff_id))
+                q = q.where(after_key(at, hid, after))
+            q = q.order_by(at, hid)
             want = store_limit("handoffs", limit)
             out: list[Handoff] = []
             while len(out) < want:
@@ -213,7 +209,7 @@ class HandoffOps(ExpiryOps):
                         out.append(h)
                 if len(rows) < want:
                     break
-                q = q.where(past(rows[-1].created_at_ms, rows[-1].handoff_id))
+                q = q.where(after_key(at, hid, (rows[-1].created_at_ms, rows[-1].handoff_id)))
             return out
 
     def handoff_get(self, caller: Caller, handoff_id: str) -> Handoff:

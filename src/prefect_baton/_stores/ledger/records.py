@@ -22,6 +22,7 @@ from prefect_baton._stores.ledger.base import Tx
 from prefect_baton._stores.ledger.convert import checkpoint_model, new_id, outcome_model
 from prefect_baton._stores.ledger.fences import FenceOps
 from prefect_baton._stores.ledger.handoffs import HandoffOps, _readable
+from prefect_baton._stores.ledger.paging import after_key
 from prefect_baton._stores.ledger.tables import (
     CheckpointRow,
     CheckpointVersion,
@@ -337,17 +338,25 @@ class RecordOps(HandoffOps, FenceOps):
         )
 
     def outcome_list(
-        self, caller: Caller, subject_id: str | None = None, *, limit: int = 1000
+        self,
+        caller: Caller,
+        subject_id: str | None = None,
+        *,
+        limit: int = 1000,
+        after: tuple[int, str] | None = None,
     ) -> list[Outcome]:
-        """Outcomes of the org (of one subject when given), oldest first by the
-        ledger clock (outcomes recorded in the same millisecond come in no fixed order)."""
+        """Outcomes of the org (of one subject when given), oldest first by the ledger
+        clock, then by outcome id, at most ``limit`` (1..100,001,
+        :func:`~prefect_baton._rules.paging.store_limit`); ``after``: the page continues
+        after this ``(recorded_at ms, outcome_id)``."""
+        at, oid = col(OutcomeRow.recorded_at_ms), col(OutcomeRow.outcome_id)
         with self._read() as (s, _now):
             q = select(OutcomeRow).where(col(OutcomeRow.org_id) == caller.org)
             if subject_id is not None:
                 q = q.where(col(OutcomeRow.subject_id) == subject_id)
-            q = q.order_by(col(OutcomeRow.recorded_at_ms), col(OutcomeRow.outcome_id)).limit(
-                max(1, min(limit, 100_000))
-            )
+            if after is not None:
+                q = q.where(after_key(at, oid, after))
+            q = q.order_by(at, oid).limit(store_limit("outcomes", limit))
             return [outcome_model(r) for r in s.execute(q).scalars()]
 
     # ------------------------------------------------------------------ events, history

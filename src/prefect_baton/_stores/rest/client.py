@@ -487,12 +487,17 @@ class RestStore(_Transport):
         return self._parse(Outcome, data, replayed=replayed)
 
     def outcome_list(
-        self, caller: Caller, subject_id: str | None = None, *, limit: int = 1000
+        self,
+        caller: Caller,
+        subject_id: str | None = None,
+        *,
+        limit: int = 1000,
+        after: tuple[int, str] | None = None,
     ) -> list[Outcome]:
-        """``GET /v1/outcomes``."""
-        params = _params(subject_id=subject_id, limit=limit)
-        data, _ = self._call("GET", "/v1/outcomes", params=params)
-        return self._list(Outcome, data, "outcomes")
+        """``GET /v1/outcomes`` (``after`` sent as the page's ``cursor``)."""
+        cursor = None if after is None else encode_cursor("outcomes", after)
+        params = _params(subject_id=subject_id, cursor=cursor)
+        return self._paged("outcomes", "/v1/outcomes", params, limit, Outcome)
 
     def events_list(self, caller: Caller, query: EventQuery) -> list[Event]:
         """``GET /v1/events``."""

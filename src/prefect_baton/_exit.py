@@ -1,0 +1,66 @@
+"""The exit status of each error code, and the one-line error on stderr, shared by the
+command-line entry points: ``baton`` (:mod:`prefect_baton.cli`) and
+``python -m prefect_baton.rest`` (:func:`prefect_baton.rest.__main__.main`). Imports nothing
+of the package, so the server's entry point can use it without loading the CLI."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "EXIT_CODES",
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "error_line",
+    "exit_code_for",
+    "one_line",
+]
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+#: Exit status of ``baton`` per error code. Usage errors (missing option, bad value) exit
+#: with 2 like ``VALIDATION_ERROR``; any other failure (audit violations, an internal
+#: error, an unavailable ``baton demo``) exits with 1.
+EXIT_CODES: dict[str, int] = {
+    "OK": EXIT_OK,
+    "VALIDATION_ERROR": EXIT_USAGE,
+    "CONFLICT": 3,
+    "VERSION_CONFLICT": 4,
+    "NOT_FOUND": 5,
+    "FORBIDDEN": 6,
+    "IDEMPOTENCY_MISMATCH": 7,
+    "IDEMPOTENCY_IN_FLIGHT": 8,
+    "LEASE_LOST": 9,
+    "STALE_FENCE": 10,
+    "UNAVAILABLE": 11,
+    "UNAUTHENTICATED": 12,
+}
+
+
+def exit_code_for(code: str) -> int:
+    """The exit status for an error ``code`` (1 for codes not in :data:`EXIT_CODES`)."""
+    return EXIT_CODES.get(code, EXIT_FAILURE)
+
+
+def one_line(text: str) -> str:
+    """``text`` with every run of whitespace (newlines included) collapsed to one space."""
+    return " ".join(str(text).split())
+
+
+def error_line(who: str, error: Mapping[str, Any]) -> str:
+    """The error ``{"code", "message", ...}`` (``Mapping``) as one line for stderr,
+    ``who: CODE: message`` (``who``: the command, ``str``), with the versions of a
+    ``VERSION_CONFLICT`` the message does not already name; ends with a newline."""
+    code = str(error.get("code", "ERROR"))
+    message = one_line(str(error.get("message", "")))
+    details = [
+        f"{k}={error[k]}"
+        for k in ("current_version", "expected_version")
+        if k in error and str(error[k]) not in message
+    ]
+    tail = f" ({', '.join(details)})" if details else ""
+    return f"{who}: {code}: {message}{tail}\n"

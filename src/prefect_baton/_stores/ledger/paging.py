@@ -1,0 +1,18 @@
+"""The SQL side of keyset paging (:mod:`prefect_baton._rules.paging`): the condition that
+keeps the rows after a page's last key in a list ordered oldest first."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import and_, or_
+
+__all__ = ["after_key"]
+
+
+def after_key(at: Any, id_: Any, key: tuple[int, str]) -> Any:
+    """The condition (a SQLAlchemy expression) that a row comes after ``key`` (``(ms,
+    id)``, the last key of the previous page) in a list ordered by the columns ``at`` (epoch
+    milliseconds) and then ``id_``, both ascending."""
+    ms, last = key
+    return or_(at > ms, and_(at == ms, id_ > last))

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
         Lease,
         LeaseInfo,
         Outcome,
+        Page,
         Receipt,
     )
 else:
@@ -90,6 +91,7 @@ else:
             "Lease": "prefect_baton.models",
             "LeaseInfo": "prefect_baton.models",
             "Outcome": "prefect_baton.models",
+            "Page": "prefect_baton.models",
             "Receipt": "prefect_baton.models",
         },
     )
@@ -127,6 +129,7 @@ __all__ = [
     "NotFoundError",
     "Outcome",
     "OutcomeAPI",
+    "Page",
     "Receipt",
     "StaleFenceError",
     "UnauthenticatedError",

@@ -9,8 +9,9 @@ CLI ``--format json``, stored receipts) is the seed service's ``2026-07-30T10:58
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -31,6 +32,7 @@ __all__ = [
     "Lease",
     "LeaseInfo",
     "Outcome",
+    "Page",
     "Receipt",
     "from_ms",
     "to_ms",
@@ -304,3 +306,24 @@ class Event(_Model):
     subject: str
     payload: dict[str, Any]
     occurred_at: Time
+
+
+_Item = TypeVar("_Item")
+
+
+class Page(list[_Item]):
+    """One page of a paged list (``leases.list``, ``handoffs.inbox``, ``handoffs.list``,
+    ``events.list``, ``outcomes.list``, ``prefect_baton.rest.list_keys``): a ``list``
+    of its items, in the list's order, and :attr:`next_cursor`.
+
+    Attributes:
+        next_cursor: the ``cursor`` argument that fetches the next page (``str``, opaque),
+            or ``None`` when no item follows this page (a page exactly ``limit`` long at
+            the end of the list has none).
+    """
+
+    next_cursor: str | None
+
+    def __init__(self, items: Iterable[_Item] = (), next_cursor: str | None = None) -> None:
+        super().__init__(items)
+        self.next_cursor = next_cursor

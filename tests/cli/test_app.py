@@ -175,9 +175,48 @@ def test_events_tail_pages_with_after_and_next_after(cli: Cli) -> None:
     assert cli("events", "tail", fmt="table").code == 0
 
 
+def test_events_tail_pages_with_cursor(cli: Cli) -> None:
+    """events tail --cursor continues after the page whose next_cursor it is; a page
+    exactly --limit long at the end of the stream has next_cursor null, one with an event
+    after it names a cursor, and the table format prints it."""
+    cli.ok("lease", "acquire", "deploy", "a", "--ttl-seconds", "60")
+    cli.ok("checkpoint", "save", "doc", "progress", '{"n": 1}')
+    assert cli.ok("events", "tail", "--limit", "2")["next_cursor"] is None
+    cli.ok("handoff", "create", "bob", "doc")
+    first = cli.ok("events", "tail", "--limit", "2")
+    assert first["next_cursor"] is not None
+    rest = cli.ok("events", "tail", "--limit", "2", "--cursor", first["next_cursor"])
+    assert [e["kind"] for e in rest["events"]] == ["handoff.created"]
+    assert rest["next_cursor"] is None
+    assert rest["next_after"] == rest["events"][0]["seq"]
+    table = cli("events", "tail", "--limit", "2", fmt="table")
+    assert f"next_cursor: {first['next_cursor']}" in table.stdout
+    assert "next_cursor" not in cli("events", "tail", fmt="table").stdout
+
+
+def test_events_tail_refuses_after_with_cursor(cli: Cli) -> None:
+    """--after with --cursor is VALIDATION_ERROR (exit 2) whatever --after is, 0 too;
+    no --after and no --cursor reads from the start."""
+    cli.ok("lease", "acquire", "deploy", "a", "--ttl-seconds", "60")
+    cli.ok("checkpoint", "save", "doc", "progress", '{"n": 1}')
+    cursor = cli.ok("events", "tail", "--limit", "1")["next_cursor"]
+    for after in ("0", "1"):
+        run = cli("events", "tail", "--after", after, "--cursor", cursor)
+        assert run.code == 2
+        assert run.json["error"] == {
+            "code": "VALIDATION_ERROR",
+            "message": "give --after or cursor, not both",
+        }
+    assert len(cli.ok("events", "tail")["events"]) == 2
+
+
 def test_events_tail_rejects_bad_paging(cli: Cli) -> None:
-    """A negative --after, a zero --limit and a zero --interval exit 2."""
-    assert cli("events", "tail", "--after", "-1").code == 2
+    """A negative --after (the message names --after), a zero --limit and a zero
+    --interval exit 2."""
+    negative = cli("events", "tail", "--after", "-1")
+    assert negative.code == 2
+    assert negative.json["error"]["message"] == "--after must be an integer from 0 to 2**63 - 1"
+    assert cli("events", "tail", "--after", "-1", "--follow").code == 2
     assert cli("events", "tail", "--limit", "0").code == 2
     unknown = cli("events", "tail", "--kind", "nope")
     assert unknown.code == 2

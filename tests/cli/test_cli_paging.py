@@ -66,14 +66,30 @@ def test_lease_list_pages_through_every_lease_once(cli: Cli) -> None:
     assert sorted(x["lease_id"] for x in active) == sorted(ids[:2] + ids[4:])
 
 
-def test_lease_list_of_a_full_last_page_ends_with_an_empty_page(cli: Cli) -> None:
-    """Six leases by three: the second page is full, so it names a cursor; the page after it
-    is empty with next_cursor null. A page smaller than --limit has next_cursor null."""
+def test_lease_list_of_an_exactly_full_last_page_has_no_next_cursor(cli: Cli) -> None:
+    """Six leases by three: the second page is full but nothing follows it, so its
+    next_cursor is null (no empty page to fetch). Seven leases by six: the first page names
+    a cursor, the second holds the one lease left and none."""
     ids = _acquire(cli, 6)
     pages = _pages(cli, "lease", "list", key="leases", limit=3)
-    assert [len(p) for p in pages] == [3, 3, 0]
+    assert [len(p) for p in pages] == [3, 3]
     assert sorted(x["lease_id"] for p in pages for x in p) == sorted(ids)
+    assert cli.ok("lease", "list", "--limit", "6")["next_cursor"] is None
     assert cli.ok("lease", "list", "--limit", "100")["next_cursor"] is None
+    with Baton(ledger_url=cli.ledger_url, org=cli.org, principal="alice") as b:
+        ids.append(b.leases.acquire("deploy", "svc-6", ttl_seconds=300).lease_id)
+    pages = _pages(cli, "lease", "list", key="leases", limit=6)
+    assert [len(p) for p in pages] == [6, 1]
+    assert sorted(x["lease_id"] for p in pages for x in p) == sorted(ids)
+
+
+def test_handoff_inbox_of_an_exactly_full_page_has_no_next_cursor(cli: Cli) -> None:
+    """Three handoffs by three: one page, next_cursor null; a fourth: a page of three with a
+    cursor, then the one handoff left with none."""
+    _offer(cli, 3)
+    assert [len(p) for p in _pages(cli, "handoff", "inbox", key="handoffs", limit=3)] == [3]
+    _offer(cli, 1)
+    assert [len(p) for p in _pages(cli, "handoff", "inbox", key="handoffs", limit=3)] == [3, 1]
 
 
 def test_lease_list_pages_on_redis(cli: Cli) -> None:
@@ -226,8 +242,8 @@ def test_keys_list_pages_through_every_key_once(cli: Cli) -> None:
 
 
 def test_outcome_and_keys_table_format_name_the_next_cursor(cli: Cli) -> None:
-    """In the table format a full page of outcome list or keys list adds the stderr line
-    with the next page's cursor; a page that is not full adds none."""
+    """In the table format a page of outcome list or keys list that more rows follow adds
+    the stderr line with the next page's cursor; the last page adds none."""
     _record(cli, 3)
     _make_keys(cli, 3)
     for args, key in ((("outcome", "list"), "outcomes"), (("keys", "list"), "keys")):
@@ -240,6 +256,18 @@ def test_outcome_and_keys_table_format_name_the_next_cursor(cli: Cli) -> None:
         assert last.code == 0, last.text
         assert last.stderr == ""
         assert len(cli.ok(*args, "--limit", "2", "--cursor", cursor)[key]) == 1
+
+
+def test_outcome_and_keys_lists_of_an_exactly_full_last_page_have_no_next_cursor(
+    cli: Cli,
+) -> None:
+    """Four outcomes, and four keys, by two: two full pages, the second with next_cursor
+    null (no empty page to fetch); by four: one page without a cursor."""
+    _record(cli, 4)
+    _make_keys(cli, 4)
+    for args, key in ((("outcome", "list"), "outcomes"), (("keys", "list"), "keys")):
+        assert [len(p) for p in _pages(cli, *args, key=key, limit=2)] == [2, 2], key
+        assert cli.ok(*args, "--limit", "4")["next_cursor"] is None, key
 
 
 @pytest.mark.parametrize("args", [("outcome", "list"), ("keys", "list")])

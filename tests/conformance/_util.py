@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from prefect_baton import Baton, Handoff, Lease
-from prefect_baton._rules.paging import next_cursor
+from prefect_baton import Baton, Handoff, Lease, Page
 from prefect_baton.testing import ManualClock, clock_of
 
 
@@ -74,17 +73,21 @@ def assert_refusal_recorded(b: Baton, before: list[str], lease: Lease, write: st
     }
 
 
-def pages(fetch: Callable[[str | None], Sequence[Any]], name: Any, limit: int) -> list[Any]:
-    """Every item of a list read ``limit`` at a time, following the cursors."""
+def pages(fetch: Callable[[str | None], Page[Any]], name: Any, limit: int) -> list[Any]:
+    """Every item of a list read ``limit`` at a time, following the cursors: every page but
+    the last is full, and the last (``next_cursor`` ``None``) is not empty unless it is the
+    only one."""
     out: list[Any] = []
     cursor = None
     for _ in range(50):
         page = fetch(cursor)
         assert len(page) <= limit
         out += page
-        cursor = next_cursor(name, page, limit)
+        cursor = page.next_cursor
         if cursor is None:
+            assert page or not out, f"an empty last page of the {name} list"
             return out
+        assert len(page) == limit
     raise AssertionError("paging did not end")
 
 

@@ -5,6 +5,9 @@ carries), on every store arm."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
 from prefect_baton import (
@@ -12,10 +15,11 @@ from prefect_baton import (
     ConflictError,
     ForbiddenError,
     NotFoundError,
+    Page,
     ValidationError,
     VersionConflictError,
 )
-from prefect_baton._rules.paging import encode_cursor
+from prefect_baton._rules.paging import MAX_PAGE, encode_cursor
 
 from ._util import kinds, pages
 
@@ -71,6 +75,97 @@ def test_bad_inbox_cursor_is_validation_error(baton: Baton) -> None:
     """A lease list's cursor given to the inbox is VALIDATION_ERROR."""
     with pytest.raises(ValidationError):
         baton.handoffs.inbox(cursor=encode_cursor("leases", (1, "lease_x")))
+
+
+def _lists(baton: Baton) -> dict[str, Callable[..., Page[Any]]]:
+    """The paged lists of one arm, each filled by :func:`_add` (leases of ``baton``,
+    handoffs to agent-b read from agent-b's inbox and from the org's list, outcomes,
+    events)."""
+    b = baton.as_principal("agent-b")
+    return {
+        "leases": baton.leases.list,
+        "inbox": b.handoffs.inbox,
+        "handoffs": b.handoffs.list,
+        "outcomes": baton.outcomes.list,
+        "events": baton.events.list,
+    }
+
+
+#: How many items of each list of :func:`_lists` one :func:`_add` makes (1 unless named).
+_PER_ADD = {"events": 3}
+
+
+def _add(baton: Baton, i: int) -> None:
+    """One more item in every list of :func:`_lists` but events, three more events: a
+    lease, a handoff and an outcome (each an event)."""
+    baton.leases.acquire("deploy", f"r{i}", ttl_seconds=60)
+    baton.handoffs.create("agent-b", f"s{i}")
+    baton.outcomes.record(f"o{i}", "failed")
+
+
+def test_an_exactly_full_last_page_has_no_next_cursor(baton: Baton) -> None:
+    """A list of exactly ``limit`` items is one page with ``next_cursor`` None; one item
+    more: a page of ``limit`` with a cursor, then a page of the one item left without."""
+    for i in range(2):
+        _add(baton, i)
+    for name, listing in _lists(baton).items():
+        limit = 2 * _PER_ADD.get(name, 1)
+        whole = listing(limit=limit)
+        assert len(whole) == limit, name
+        assert whole.next_cursor is None, name
+    _add(baton, 2)
+    for name, listing in _lists(baton).items():
+        limit = 3 * _PER_ADD.get(name, 1)
+        assert listing(limit=limit).next_cursor is None, name
+        first = listing(limit=limit - 1)
+        assert first.next_cursor is not None, name
+        second = listing(limit=limit - 1, cursor=first.next_cursor)
+        assert len(second) == 1, name
+        assert second[0] not in first, name
+        assert second.next_cursor is None, name
+
+
+def test_the_largest_page_learns_whether_another_follows(
+    baton: Baton, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the largest page the store still serves the one item more (the REST store asks
+    the API for it with the page's cursor), so a full page at the maximum has a cursor
+    only when an item follows; ``limit`` above the maximum stays VALIDATION_ERROR."""
+    largest = {"leases": 2, "inbox": 2, "handoffs": 2, "outcomes": 2, "events": 6}
+    for name in ("leases", "handoffs", "outcomes", "events"):
+        monkeypatch.setitem(MAX_PAGE, name, largest[name])
+    for i in range(2):
+        _add(baton, i)
+    for name, listing in _lists(baton).items():
+        n = largest[name]
+        assert listing(limit=n).next_cursor is None, name
+        with pytest.raises(ValidationError, match=f"limit must be an integer from 1 to {n}"):
+            listing(limit=n + 1)
+    _add(baton, 2)
+    for name, listing in _lists(baton).items():
+        n = largest[name]
+        first = listing(limit=n)
+        assert len(first) == n, name
+        assert first.next_cursor is not None, name
+        second = listing(limit=n, cursor=first.next_cursor)
+        assert len(second) == 3 * n // 2 - n, name
+        assert second.next_cursor is None, name
+
+
+def test_events_after_seq_or_cursor(baton: Baton) -> None:
+    """``after_seq`` given at all (0 too) with ``cursor`` is VALIDATION_ERROR naming
+    ``after_seq``; neither reads from the start; a bad ``after_seq`` is named so."""
+    _add(baton, 0)
+    first = baton.events.list(limit=1)
+    assert first.next_cursor is not None
+    for after in (0, 1):
+        with pytest.raises(ValidationError, match=r"^give after_seq or cursor, not both$"):
+            baton.events.list(after_seq=after, cursor=first.next_cursor)
+    kinds_ = ["lease.acquired", "handoff.created", "outcome.recorded"]
+    assert [e.kind for e in baton.events.list()] == kinds_
+    assert baton.events.list(cursor=first.next_cursor) == baton.events.list(after_seq=first[0].seq)
+    with pytest.raises(ValidationError, match=r"^after_seq must be an integer from 0 to"):
+        baton.events.list(after_seq=-1)
 
 
 def test_outcome_list_pages_by_cursor(baton: Baton) -> None:

@@ -193,8 +193,7 @@ def test_events_history_outcomes_and_seed_names(open_session: Open) -> None:
             tool_error(await b.call_tool("baton_checkpoint_delete", delete), "FORBIDDEN")
             inbox = ok(await b.call_tool("baton_handoff_inbox", {"limit": 1}))
             assert [h["handoff_id"] for h in inbox["handoffs"]] == [handoff["handoff_id"]]
-            rest = ok(await b.call_tool("baton_handoff_inbox", {"cursor": inbox["next_cursor"]}))
-            assert rest == {"handoffs": [], "next_cursor": None}
+            assert inbox["next_cursor"] is None  # the one handoff: nothing follows
 
             evidence = [{"kind": "log", "uri": "file:///smoke.log"}]
             ok(
@@ -226,7 +225,10 @@ def test_events_history_outcomes_and_seed_names(open_session: Open) -> None:
             ]
             both = await a.call_tool("baton_event_list", {"after": 1, "cursor": args["cursor"]})
             tool_error(both, "VALIDATION_ERROR")
+            other = {"resource_type": "deploy", "resource_id": "other", "ttl_seconds": 60}
+            ok(await a.call_tool("baton_lease_acquire", other))
             leases_cursor = ok(await a.call_tool("baton_lease_list", {"limit": 1}))["next_cursor"]
+            assert leases_cursor is not None
             wrong = await a.call_tool("baton_event_list", {"cursor": leases_cursor})
             tool_error(wrong, "VALIDATION_ERROR")
 
@@ -281,5 +283,61 @@ def test_handoff_inbox_by_party(open_session: Open) -> None:
                 await a.call_tool("baton_handoff_inbox", {"status": "pending"}),
                 "VALIDATION_ERROR",
             )
+
+    run(main)
+
+
+def test_event_list_filters_and_paging(open_session: Open) -> None:
+    """baton_event_list takes the filters of events.list: resource_type with resource_id
+    (the events of that resource's leases), subject; only one of the resource pair, or a
+    bad id, is VALIDATION_ERROR. ``after`` given at all (0 too) with ``cursor`` is
+    VALIDATION_ERROR, and a bad ``after`` names ``after``. A page exactly ``limit`` long at
+    the end has no next_cursor."""
+
+    async def main() -> None:
+        async with open_session("agent-a") as a:
+            for rid in ("web", "db"):
+                lease = {"resource_type": "deploy", "resource_id": rid, "ttl_seconds": 60}
+                ok(await a.call_tool("baton_lease_acquire", lease))
+            save = {"subject_id": "web", "kind": "progress", "state": {"n": 1}}
+            ok(await a.call_tool("baton_checkpoint_save", save))
+            web = {"resource_type": "deploy", "resource_id": "web"}
+            mine = ok(await a.call_tool("baton_event_list", web))
+            assert [(e["kind"], e["subject"]) for e in mine["events"]] == [
+                ("lease.acquired", "deploy/web")
+            ]
+            assert mine["next_cursor"] is None
+            by_subject = ok(await a.call_tool("baton_event_list", {"subject": "web"}))
+            assert [e["kind"] for e in by_subject["events"]] == ["checkpoint.saved"]
+            both = ok(await a.call_tool("baton_event_list", {**web, "subject": "web"}))
+            assert both["events"] == []
+            for bad in (
+                {"resource_type": "deploy"},
+                {"resource_id": "web"},
+                {"resource_type": "deploy", "resource_id": ""},
+                {"subject": "s" * 257},
+            ):
+                tool_error(await a.call_tool("baton_event_list", bad), "VALIDATION_ERROR")
+
+            whole = ok(await a.call_tool("baton_event_list", {"limit": 3}))
+            assert len(whole["events"]) == 3
+            assert whole["next_cursor"] is None
+            first = ok(await a.call_tool("baton_event_list", {"limit": 2}))
+            assert first["next_cursor"] is not None
+            last = ok(
+                await a.call_tool("baton_event_list", {"limit": 2, "cursor": first["next_cursor"]})
+            )
+            assert [e["kind"] for e in last["events"]] == ["checkpoint.saved"]
+            assert last["next_cursor"] is None
+            for after in (0, 1):
+                clash = {"after": after, "cursor": first["next_cursor"]}
+                err = tool_error(await a.call_tool("baton_event_list", clash), "VALIDATION_ERROR")
+                assert err["message"] == "give after or cursor, not both"
+            negative = tool_error(
+                await a.call_tool("baton_event_list", {"after": -1}), "VALIDATION_ERROR"
+            )
+            assert "after" in negative["message"]
+            assert "after_seq" not in negative["message"]
+            assert len(ok(await a.call_tool("baton_event_list", {}))["events"]) == 3
 
     run(main)

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
 from prefect_baton import errors
-from prefect_baton._rules.paging import encode_cursor, next_cursor
+from prefect_baton._rules.paging import encode_cursor
 from prefect_baton.rest import ALL_SCOPES, create_key, list_keys, revoke_key
 
 from .conftest import MakeKey, data, error, row_counts
@@ -54,19 +54,24 @@ def test_list_keys_pages_by_cursor(
     arm: str, ledger_url: str, org: str, request: pytest.FixtureRequest
 ) -> None:
     """list_keys read two at a time, following next_cursor, gives every key of the org
-    once, oldest first (the unpaged order), revoked ones only with include_revoked; a
+    once, oldest first (the unpaged order), revoked ones only with include_revoked, and
+    the four unrevoked keys in two full pages (the second without a next cursor); a
     malformed cursor, one of another list, and a bad limit are VALIDATION_ERROR."""
     url = ledger_url if arm == "sqlite" else str(request.getfixturevalue("pg_url"))
     made = [create_key(url, org=org, principal=f"p-{i}")[1] for i in range(5)]
     revoke_key(url, key_id=made[2].key_id)
 
+    sizes: list[int] = []
+
     def walk(include_revoked: bool) -> list[str]:
         out: list[str] = []
+        sizes.clear()
         cursor = None
         for _ in range(10):
             page = list_keys(url, org=org, include_revoked=include_revoked, limit=2, cursor=cursor)
             out += [k.key_id for k in page]
-            cursor = next_cursor("keys", page, 2)
+            sizes.append(len(page))
+            cursor = page.next_cursor
             if cursor is None:
                 return out
         raise AssertionError("paging did not end")
@@ -75,6 +80,8 @@ def test_list_keys_pages_by_cursor(
     assert sorted(every) == sorted(k.key_id for k in made)
     assert walk(True) == every
     assert walk(False) == [k for k in every if k != made[2].key_id]
+    assert sizes == [2, 2]
+    assert list_keys(url, org=org, limit=4).next_cursor is None
     listed = list_keys(url, org=org, include_revoked=True)
     assert [(k.created_at_ms, k.key_id) for k in listed] == sorted(
         (k.created_at_ms, k.key_id) for k in listed

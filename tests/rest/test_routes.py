@@ -281,12 +281,15 @@ def test_events_by_resource_and_subject(client: TestClient, make_key: MakeKey) -
     assert got["next_cursor"] is None
     by_subject = data(client.get("/v1/events", params={"subject": "s"}, headers=h))["events"]
     assert [e["kind"] for e in by_subject] == ["handoff.created"]
-    first = data(
-        client.get("/v1/events", params={"limit": 1, "subject": "deploy/other"}, headers=h)
-    )
+    client.post(f"/v1/leases/{got['events'][0]['payload']['lease_id']}/renew", headers=h)
+    renewed = {"subject": "deploy/checkout"}
+    first = data(client.get("/v1/events", params={"limit": 1, **renewed}, headers=h))
+    assert [e["kind"] for e in first["events"]] == ["lease.acquired"]
     assert first["next_cursor"] is not None
-    rest = {"cursor": first["next_cursor"], "subject": "deploy/other"}
-    assert data(client.get("/v1/events", params=rest, headers=h))["events"] == []
+    rest = {"cursor": first["next_cursor"], **renewed}
+    last = data(client.get("/v1/events", params=rest, headers=h))
+    assert [e["kind"] for e in last["events"]] == ["lease.renewed"]
+    assert last["next_cursor"] is None
     documented = client.get("/openapi.json").json()["paths"]["/v1/events"]["get"]["parameters"]
     assert {"resource_type", "resource_id", "subject"} <= {p["name"] for p in documented}
 
@@ -321,6 +324,72 @@ def test_bad_event_filter_is_400(
 ) -> None:
     """Only one of resource_type/resource_id, or a bad id, is ``400 VALIDATION_ERROR``."""
     error(client.get("/v1/events", params=params, headers=make_key()), 400, "VALIDATION_ERROR")
+
+
+def test_events_after_is_named_after(client: TestClient, make_key: MakeKey) -> None:
+    """A bad ``after`` is ``400 VALIDATION_ERROR`` whose message names ``after`` (the query
+    parameter), not the Python keyword."""
+    h = make_key()
+    for after in (-1, 2**63):
+        body = error(
+            client.get("/v1/events", params={"after": after}, headers=h), 400, "VALIDATION_ERROR"
+        )
+        assert body["message"] == "after must be an integer from 0 to 2**63 - 1"
+        assert "after_seq" not in body["message"]
+
+
+def test_events_after_with_cursor_is_refused_even_at_zero(
+    client: TestClient, make_key: MakeKey
+) -> None:
+    """``after`` given at all (``after=0`` too) with ``cursor`` is ``400 VALIDATION_ERROR``;
+    neither reads from the start, ``after=0`` alone too."""
+    h = make_key()
+    for rid in "ab":
+        client.post("/v1/leases", json={**LEASE, "resource_id": rid}, headers=h)
+    cursor = data(client.get("/v1/events", params={"limit": 1}, headers=h))["next_cursor"]
+    assert cursor is not None
+    for after in (0, 1, 5):
+        both = client.get("/v1/events", params={"after": after, "cursor": cursor}, headers=h)
+        body = error(both, 400, "VALIDATION_ERROR")
+        assert body["message"] == "give after or cursor, not both"
+    assert len(data(client.get("/v1/events", headers=h))["events"]) == 2
+    assert len(data(client.get("/v1/events", params={"after": 0}, headers=h))["events"]) == 2
+    after_cursor = data(client.get("/v1/events", params={"cursor": cursor}, headers=h))
+    assert len(after_cursor["events"]) == 1
+
+
+@pytest.mark.parametrize("path", ["/v1/leases", "/v1/handoffs", "/v1/outcomes", "/v1/events"])
+def test_an_exactly_full_last_page_has_no_next_cursor(
+    client: TestClient, make_key: MakeKey, path: str
+) -> None:
+    """A list of exactly ``limit`` items is one page without ``next_cursor``; one item more
+    makes a first page of ``limit`` with a cursor and a second page of the one item left,
+    without one."""
+    sender, h = make_key("agent-a"), make_key("agent-b")
+    key = path.rsplit("/", 1)[1]
+
+    def add(i: int) -> None:
+        if key == "handoffs":
+            offer = {"to_principal": "agent-b", "subject_id": f"s{i}"}
+            client.post("/v1/handoffs", json=offer, headers=sender)
+        elif key == "outcomes":
+            client.post("/v1/outcomes", json={"subject_id": f"s{i}", "status": "failed"}, headers=h)
+        else:
+            client.post("/v1/leases", json={**LEASE, "resource_id": f"r{i}"}, headers=h)
+
+    for i in range(3):
+        add(i)
+    whole = data(client.get(path, params={"limit": 3}, headers=h))
+    assert len(whole[key]) == 3
+    assert whole["next_cursor"] is None
+    add(3)
+    first = data(client.get(path, params={"limit": 3}, headers=h))
+    assert len(first[key]) == 3
+    assert first["next_cursor"] is not None
+    second = data(client.get(path, params={"limit": 3, "cursor": first["next_cursor"]}, headers=h))
+    assert len(second[key]) == 1
+    assert second[key][0] not in first[key]
+    assert second["next_cursor"] is None
 
 
 def test_openapi_is_served(client: TestClient) -> None:

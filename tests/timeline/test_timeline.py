@@ -14,10 +14,11 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from prefect_baton import Baton, Lease, StaleFenceError, ValidationError
+from prefect_baton import Baton, Event, Lease, Page, StaleFenceError, ValidationError
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton.prefect import timelines_markdown
 from prefect_baton.testing import ManualClock
@@ -29,6 +30,7 @@ from prefect_baton.timeline import (
     render_svg,
     write_timeline,
 )
+from prefect_baton.timeline._build import _resource_events
 from tests.cli.conftest import Cli
 from tests.conformance._util import wait_until_expired
 from tests.conformance.test_event_filters import RID as F_RID
@@ -345,3 +347,31 @@ def test_filtered_read_draws_what_the_whole_stream_draws(baton: Baton, role: str
     }
     for rtype, rid in ((F_RT, f"{F_RID}/x"), (f"{F_RT}/{F_RID}", "x")):
         assert len(build_timeline(viewer, rtype, rid).generations) == 1
+
+
+def test_an_event_committed_between_the_filtered_reads_is_in_both_or_neither(
+    baton: Baton, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The timeline reads the resource's events by two filters (its leases', its
+    subject's); writes committed right after the first read (a renewal of its lease, then
+    an outcome of its subject) are both in the events it folds, as in one read of the
+    whole stream, not the outcome alone."""
+    lease = baton.leases.acquire("deploy", "race", ttl_seconds=60)
+    real = baton.events.list
+    reads: list[dict[str, object]] = []
+
+    def list_then_write(*args: Any, **kwargs: Any) -> Page[Event]:
+        page = real(*args, **kwargs)
+        reads.append(kwargs)
+        if len(reads) == 1:  # the first filtered read: commit under both filters now
+            baton.leases.renew(lease)
+            baton.outcomes.record("race", "failed")
+        return page
+
+    monkeypatch.setattr(baton.events, "list", list_then_write)
+    got = [e.kind for e in _resource_events(baton, "deploy", "race")]
+    assert got == ["lease.acquired", "lease.renewed", "outcome.recorded"]
+    assert reads[0]["resource_type"] == "deploy"
+    monkeypatch.undo()
+    whole = build_timeline(baton, "deploy", "race", events=read_events(baton))
+    assert _drawn(build_timeline(baton, "deploy", "race")) == _drawn(whole)

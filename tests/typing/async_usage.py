@@ -16,6 +16,7 @@ from prefect_baton import (
     LeaseInfo,
     LeaseKeeper,
     Outcome,
+    Page,
     Receipt,
 )
 
@@ -26,7 +27,7 @@ async def leases(ab: AsyncBaton) -> None:
     assert_type(lease, Lease)
     assert_type(await ab.leases.renew(lease, ttl_seconds=30), Lease)
     assert_type(await ab.leases.inspect("deploy", "svc"), LeaseInfo)
-    assert_type(await ab.leases.list(limit=10), list[Lease])
+    assert_type(await ab.leases.list(limit=10), Page[Lease])
     many = await ab.leases.acquire_many([("deploy", "a"), ("deploy", "b")], ttl_seconds=60)
     assert_type(many, list[Lease])
     assert_type(await ab.leases.release(lease), Receipt)
@@ -42,12 +43,13 @@ async def records(ab: AsyncBaton) -> None:
     h = await ab.handoffs.create("agent-b", "svc", checkpoint_id=ck.checkpoint_id)
     assert_type(h, Handoff)
     assert_type(await ab.handoffs.resolve(h.handoff_id, "accepted", "ok"), Handoff)
-    assert_type(await ab.handoffs.inbox(limit=10), list[Handoff])
-    assert_type(await ab.handoffs.list(party="*", status="pending", limit=10), list[Handoff])
+    assert_type(await ab.handoffs.inbox(limit=10), Page[Handoff])
+    assert_type(await ab.handoffs.list(party="*", status="pending", limit=10), Page[Handoff])
     out = await ab.outcomes.record("svc", "succeeded", evidence=[{"kind": "file", "uri": "u"}])
     assert_type(out, Outcome)
     assert_type(await ab.outcomes.record("svc", "failed"), Outcome)
-    assert_type(await ab.events.list(after_seq=0, limit=10), list[Event])
+    assert_type(await ab.outcomes.list("svc", limit=10, cursor=None), Page[Outcome])
+    assert_type(await ab.events.list(after_seq=0, limit=10), Page[Event])
     assert_type(await ab.prune_receipts(), int)
     assert_type(ab.as_principal("agent-b"), AsyncBaton)
     assert_type(ab.sync, Baton)

@@ -13,6 +13,7 @@ from prefect_baton import (
     LeaseInfo,
     LeaseKeeper,
     Outcome,
+    Page,
     Receipt,
 )
 
@@ -22,7 +23,7 @@ def leases(b: Baton) -> None:
     assert_type(lease, Lease)
     assert_type(b.leases.renew(lease, ttl_seconds=30), Lease)
     assert_type(b.leases.inspect("deploy", "svc"), LeaseInfo)
-    assert_type(b.leases.list(limit=10), list[Lease])
+    assert_type(b.leases.list(limit=10), Page[Lease])
     assert_type(
         b.leases.acquire_many([("deploy", "a"), ("deploy", "b")], ttl_seconds=60), list[Lease]
     )
@@ -39,11 +40,12 @@ def records(b: Baton) -> None:
     h = b.handoffs.create("agent-b", "svc", checkpoint_id=ck.checkpoint_id)
     assert_type(h, Handoff)
     assert_type(b.handoffs.resolve(h.handoff_id, "accepted", "ok"), Handoff)
-    assert_type(b.handoffs.inbox(limit=10), list[Handoff])
-    assert_type(b.handoffs.list(party="*", status="pending", limit=10), list[Handoff])
+    assert_type(b.handoffs.inbox(limit=10), Page[Handoff])
+    assert_type(b.handoffs.list(party="*", status="pending", limit=10), Page[Handoff])
     out = b.outcomes.record("svc", "succeeded", evidence=[{"kind": "file", "uri": "u"}])
     assert_type(out, Outcome)
     assert_type(b.outcomes.record("svc", "failed"), Outcome)
-    assert_type(b.events.list(after_seq=0, limit=10), list[Event])
+    assert_type(b.outcomes.list("svc", limit=10, cursor=None), Page[Outcome])
+    assert_type(b.events.list(after_seq=0, limit=10), Page[Event])
     assert_type(b.prune_receipts(), int)
     assert_type(b.as_principal("agent-b"), Baton)

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from prefect_baton._rules.paging import decode_cursor, encode_cursor, next_cursor
+from prefect_baton._rules.paging import decode_cursor, encode_cursor, page_of, store_limit
 from prefect_baton.errors import ConflictError, ValidationError, error_for_code
 from prefect_baton.models import Event, Lease, from_ms, wire_time
 
@@ -101,11 +101,27 @@ def test_cursor_naming_an_impossible_id_is_refused(bad_id: str) -> None:
             decode_cursor(name, encode_cursor(name, (MS, bad_id)))
 
 
-def test_next_cursor_only_after_a_full_page() -> None:
-    """A page shorter than its limit has no next cursor; a full one names its last item."""
-    leases = [_lease(lease_id=f"lease_{i}") for i in range(3)]
-    assert next_cursor("leases", leases, 4) is None
-    assert next_cursor("leases", [], 1) is None
-    cursor = next_cursor("leases", leases, 3)
-    assert cursor is not None
-    assert decode_cursor("leases", cursor) == (MS, "lease_2")
+def test_a_page_has_a_cursor_only_when_an_item_follows() -> None:
+    """``page_of`` reads the store's answer to ``limit + 1``: up to ``limit`` items (an
+    exactly full last page included) have no next cursor; one more item makes a page of
+    ``limit`` whose cursor names its last item."""
+    leases = [_lease(lease_id=f"lease_{i}") for i in range(4)]
+    assert page_of("leases", leases[:3], 4).next_cursor is None
+    assert page_of("leases", [], 1) == []
+    exactly_full = page_of("leases", leases[:3], 3)
+    assert exactly_full == leases[:3]
+    assert exactly_full.next_cursor is None
+    page = page_of("leases", leases, 3)
+    assert page == leases[:3]
+    assert page.next_cursor is not None
+    assert decode_cursor("leases", page.next_cursor) == (MS, "lease_2")
+
+
+def test_store_limit_serves_one_more_than_the_largest_page() -> None:
+    """The store serves ``limit + 1`` at the largest page (to learn whether a page
+    follows), never more, never less than 1."""
+    assert store_limit("leases", 10_001) == 10_001
+    assert store_limit("handoffs", 10_002) == 10_001
+    assert store_limit("events", 1_001) == 1_001
+    assert store_limit("events", 5_000) == 1_001
+    assert store_limit("leases", 0) == 1

@@ -17,10 +17,10 @@ from prefect_baton._client.requests import (
 )
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.core import ReleaseRequest, RenewRequest, TransferRequest
-from prefect_baton._rules.paging import decode_cursor
+from prefect_baton._rules.paging import MAX_PAGE, decode_cursor, page_of
 from prefect_baton._stores.protocol import AcquireRequest, Execution, LeaseAuthority
 from prefect_baton._stores.queries import LeaseQuery
-from prefect_baton.models import Lease, LeaseInfo, Receipt
+from prefect_baton.models import Lease, LeaseInfo, Page, Receipt
 
 
 class AcquireKeywords(TypedDict, total=False):
@@ -347,25 +347,29 @@ class LeaseAPI(_API):
         include_ended: bool = False,
         limit: int = 100,
         cursor: str | None = None,
-    ) -> list[Lease]:
+    ) -> Page[Lease]:
         """Your effective leases (``owner="*"`` or a name needs owner/admin), newest first.
 
         Args:
             resource_type: only this type. include_ended: also ended generations.
             limit: 1..10,000 rows.
             cursor: continue after the page this cursor ends (``str``, the
-                ``next_cursor`` of the REST list or MCP tool, or
-                :func:`prefect_baton._rules.paging.next_cursor` of a page).
+                ``next_cursor`` of a previous page, of the REST list or of the MCP tool).
+
+        Returns:
+            One page: a list of leases whose ``next_cursor`` is the ``cursor`` of the next
+            page (``str``), or ``None`` when no lease follows.
 
         Raises:
             ValidationError: a bad argument, or a cursor that is not one of this list.
         """
         after = None if cursor is None else decode_cursor("leases", cursor)
+        n = _limit(limit, MAX_PAGE["leases"])
         query = LeaseQuery(
             resource_type=_core.validate_optional_id("resource_type", resource_type),
             owner=_core.validate_optional_id("owner", owner),
             include_ended=bool(include_ended),
-            limit=_limit(limit, 10_000),
+            limit=n + 1,
             after=after,
         )
-        return self._authority.list_leases(self._caller, query)
+        return page_of("leases", self._authority.list_leases(self._caller, query), n)

@@ -19,7 +19,7 @@ from prefect_baton._client.requests import keyed, resolve_fields
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.events import validate_event_kind, validate_resource_filter
 from prefect_baton._rules.handoffs import validate_status_filter
-from prefect_baton._rules.paging import decode_cursor
+from prefect_baton._rules.paging import MAX_PAGE, decode_cursor, events_after, page_of
 from prefect_baton._rules.validation import LIFETIME_RANGE, validate_lifetime
 from prefect_baton._stores.protocol import (
     CheckpointWrite,
@@ -29,7 +29,7 @@ from prefect_baton._stores.protocol import (
 )
 from prefect_baton._stores.queries import EventQuery, HandoffQuery
 from prefect_baton.errors import ValidationError, from_pydantic
-from prefect_baton.models import Checkpoint, Event, Evidence, Handoff, Outcome
+from prefect_baton.models import Checkpoint, Event, Evidence, Handoff, Outcome, Page
 
 
 class CheckpointAPI(_API):
@@ -191,7 +191,7 @@ class HandoffAPI(_API):
             )
         return handoff
 
-    def inbox(self, *, limit: int = 100, cursor: str | None = None) -> list[Handoff]:
+    def inbox(self, *, limit: int = 100, cursor: str | None = None) -> Page[Handoff]:
         """Pending handoffs addressed to you (a sender's own inbox stays empty), oldest
         first.
 
@@ -200,15 +200,17 @@ class HandoffAPI(_API):
             cursor: continue after the page this cursor ends (``str``, as
                 :meth:`prefect_baton.Baton.leases` ``list`` takes it).
 
+        Returns:
+            One page: a list of handoffs whose ``next_cursor`` is the ``cursor`` of the
+            next page (``str``), or ``None`` when no handoff follows.
+
         Raises:
             ValidationError: a bad limit, or a cursor that is not one of the inbox.
         """
         after = None if cursor is None else decode_cursor("handoffs", cursor)
-        return self._store.handoff_inbox(
-            self._caller,
-            limit=_limit(limit, 10_000),
-            after=after,
-        )
+        n = _limit(limit, MAX_PAGE["handoffs"])
+        found = self._store.handoff_inbox(self._caller, limit=n + 1, after=after)
+        return page_of("handoffs", found, n)
 
     def list(
         self,
@@ -217,7 +219,7 @@ class HandoffAPI(_API):
         status: str = "pending",
         limit: int = 100,
         cursor: str | None = None,
-    ) -> list[Handoff]:
+    ) -> Page[Handoff]:
         """Handoffs of your organization, oldest first (by creation time, then id).
 
         Args:
@@ -233,19 +235,23 @@ class HandoffAPI(_API):
             cursor: continue after the page this cursor ends (``str``, as :meth:`inbox`
                 takes it; the two lists share their order and cursors).
 
+        Returns:
+            One page, as :meth:`inbox` returns it.
+
         Raises:
             ValidationError: a bad party, status or limit (``VALIDATION_ERROR``), or a
                 cursor that is not one of the handoff lists.
             ForbiddenError: another principal's or everyone's handoffs asked with the
                 ``agent`` role (``FORBIDDEN``).
         """
+        n = _limit(limit, MAX_PAGE["handoffs"])
         query = HandoffQuery(
             party=_core.validate_optional_id("party", party),
             status=validate_status_filter(status),
-            limit=_limit(limit, 10_000),
+            limit=n + 1,
             after=None if cursor is None else decode_cursor("handoffs", cursor),
         )
-        return self._store.handoff_list(self._caller, query)
+        return page_of("handoffs", self._store.handoff_list(self._caller, query), n)
 
     def get(self, handoff_id: str) -> Handoff:
         """A handoff you sent or received. Raises :class:`NotFoundError` otherwise.
@@ -371,7 +377,7 @@ class OutcomeAPI(_API):
 
     def list(
         self, subject_id: str | None = None, *, limit: int = 1000, cursor: str | None = None
-    ) -> list[Outcome]:
+    ) -> Page[Outcome]:
         """Outcomes of the org, of one subject when given, oldest first by the ledger
         clock, then by outcome id.
 
@@ -379,20 +385,25 @@ class OutcomeAPI(_API):
             subject_id: only this subject's outcomes (``str`` id), or ``None`` (all).
             limit: 1..100,000 outcomes.
             cursor: continue after the page this cursor ends (``str``: the
-                ``next_cursor`` of the REST list, MCP tool or CLI receipt, or
-                :func:`prefect_baton._rules.paging.next_cursor` ``("outcomes", page,
-                limit)``); give the same ``subject_id`` again.
+                ``next_cursor`` of a previous page, of the REST list, MCP tool or CLI
+                receipt); give the same ``subject_id`` again.
+
+        Returns:
+            One page: a list of outcomes whose ``next_cursor`` is the ``cursor`` of the
+            next page (``str``), or ``None`` when no outcome follows.
 
         Raises:
             ValidationError: a bad subject id or limit, or a cursor that is not one of the
                 outcome list.
         """
-        return self._store.outcome_list(
+        n = _limit(limit, MAX_PAGE["outcomes"])
+        found = self._store.outcome_list(
             self._caller,
             _core.validate_optional_id("subject_id", subject_id),
-            limit=_limit(limit, 100_000),
+            limit=n + 1,
             after=None if cursor is None else decode_cursor("outcomes", cursor),
         )
+        return page_of("outcomes", found, n)
 
 
 class EventAPI(_API):
@@ -400,13 +411,15 @@ class EventAPI(_API):
 
     def list(
         self,
-        after_seq: int = 0,
+        after_seq: int | None = None,
         limit: int = 100,
         kind: str | None = None,
         resource_type: str | None = None,
         resource_id: str | None = None,
         subject: str | None = None,
-    ) -> list[Event]:
+        *,
+        cursor: str | None = None,
+    ) -> Page[Event]:
         """Events with ``seq > after_seq`` in commit order (``limit`` 1..1000), every role
         alike; each filter given narrows the list:
 
@@ -422,23 +435,27 @@ class EventAPI(_API):
           ``subject_id`` of a checkpoint, handoff or outcome; a lease event's subject is
           ``<resource_type>/<resource_id>``).
 
-        Page on with ``after_seq`` set to the last ``seq`` returned, as unfiltered.
+        ``after_seq`` (``int`` >= 0) and ``cursor`` (``str``, the ``next_cursor`` of a
+        previous page) are alternatives; with neither the list starts at the beginning.
+        Page on with ``cursor=page.next_cursor`` (or ``after_seq`` set to the last ``seq``
+        returned), with the same filters.
+
+        Returns:
+            One page: a list of events whose ``next_cursor`` is the ``cursor`` of the next
+            page (``str``), or ``None`` when no event follows.
 
         Raises:
-            ValidationError: a bad ``after_seq`` or ``limit``, an unknown ``kind``, only one
-                of ``resource_type``/``resource_id``, or a bad id.
+            ValidationError: a bad ``after_seq``, ``limit`` or cursor, both ``after_seq``
+                and ``cursor`` given, an unknown ``kind``, only one of
+                ``resource_type``/``resource_id``, or a bad id.
         """
-        if (
-            isinstance(after_seq, bool)
-            or not isinstance(after_seq, int)
-            or not 0 <= after_seq <= 2**63 - 1
-        ):
-            raise ValidationError("after_seq must be an integer from 0 to 2**63 - 1")
+        start = events_after(after_seq, cursor, name="after_seq")
+        n = _limit(limit, MAX_PAGE["events"])
         query = EventQuery(
-            after_seq=after_seq,
-            limit=_limit(limit, 1000),
+            after_seq=start,
+            limit=n + 1,
             kind=validate_event_kind(kind),
             resource=validate_resource_filter(resource_type, resource_id),
             subject=_core.validate_optional_id("subject", subject),
         )
-        return self._store.events_list(self._caller, query)
+        return page_of("events", self._store.events_list(self._caller, query), n)

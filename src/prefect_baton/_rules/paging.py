@@ -11,6 +11,12 @@ a cursor of another list is refused. The keys, in each list's order:
 * ``outcomes`` (oldest first): ``(recorded_at ms, outcome_id)``, ascending;
 * ``keys`` (the REST API's bearer keys, oldest first): ``(created_at ms, key_id)``,
   ascending.
+
+A page has a next cursor only when an item follows it: the client asks the store for one
+item more than the page (:func:`store_limit` lets the store serve that one at the largest
+page) and :func:`page_of` keeps the page (a :class:`~prefect_baton.models.Page`) and notes
+whether the extra item was there, so a page that is exactly full at the end of the list has
+no cursor.
 """
 
 from __future__ import annotations
@@ -19,21 +25,38 @@ import base64
 import binascii
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal, overload
+from typing import TYPE_CHECKING, Literal, TypeVar, overload
 
 from prefect_baton._rules.validation import validate_id
 from prefect_baton.errors import ValidationError
-from prefect_baton.models import Event, Handoff, Lease, Outcome, to_ms
+from prefect_baton.models import Event, Handoff, Lease, Outcome, Page, to_ms
 
 if TYPE_CHECKING:  # the REST package's model (a key is the item that is none of the others)
     from prefect_baton.rest.keys import ApiKey
 
-__all__ = ["PageKey", "decode_cursor", "encode_cursor", "next_cursor"]
+__all__ = [
+    "MAX_PAGE",
+    "PageKey",
+    "decode_cursor",
+    "encode_cursor",
+    "events_after",
+    "page_of",
+    "store_limit",
+]
 
 ListName = Literal["leases", "handoffs", "events", "outcomes", "keys"]
 #: The key of the last item of a page: ``(ms, id)`` of leases, handoffs, outcomes and keys,
 #: ``(seq,)`` of events.
 PageKey = tuple[int, str] | tuple[int]
+
+#: The largest page (``limit``) of each list a caller may ask for.
+MAX_PAGE: dict[ListName, int] = {
+    "leases": 10_000,
+    "handoffs": 10_000,
+    "events": 1_000,
+    "outcomes": 100_000,
+    "keys": 10_000,
+}
 
 _PREFIX = "c1."
 _MAX_CURSOR = 1024
@@ -106,17 +129,45 @@ def _key(item: Lease | Handoff | Event | Outcome | ApiKey) -> PageKey:
     return (item.created_at_ms, item.key_id)
 
 
-def next_cursor(
-    name: ListName,
-    items: Sequence[Lease]
-    | Sequence[Handoff]
-    | Sequence[Event]
-    | Sequence[Outcome]
-    | Sequence[ApiKey],
-    limit: int,
-) -> str | None:
-    """The cursor of the page after ``items`` (a full page of at most ``limit`` items of
-    list ``name``), or ``None`` when the page is not full (nothing follows it)."""
-    if not items or len(items) < limit:
-        return None
-    return encode_cursor(name, _key(items[-1]))
+_Item = TypeVar("_Item", bound="Lease | Handoff | Event | Outcome | ApiKey")
+
+
+def store_limit(name: ListName, limit: int) -> int:
+    """How many items a store serves for a query of ``limit`` (``int``) of list ``name``:
+    ``limit`` within 1 and :data:`MAX_PAGE` + 1 (the client asks one item more than the
+    largest page, to learn whether another page follows)."""
+    return max(1, min(limit, MAX_PAGE[name] + 1))
+
+
+def page_of(name: ListName, items: Sequence[_Item], limit: int) -> Page[_Item]:
+    """The page of at most ``limit`` items of list ``name`` from ``items``, the store's
+    answer to a query of ``limit + 1``: its first ``limit`` items, with a
+    :attr:`~Page.next_cursor` (naming its last item) only when ``items`` held more, so
+    a page exactly full at the end of the list has none (:attr:`Page.next_cursor
+    <prefect_baton.models.Page.next_cursor>`)."""
+    if len(items) <= limit:
+        return Page(items)
+    page = items[:limit]
+    return Page(page, encode_cursor(name, _key(page[-1])))
+
+
+def events_after(after: object, cursor: str | None, *, name: str) -> int:
+    """The ``seq`` an event listing starts after: ``after`` when given (``int`` from 0 to
+    2**63 - 1; ``None``: not given), else the one ``cursor`` (an ``events`` cursor, or
+    ``None``) names, else 0 (from the start). The one check of every surface; ``name`` is
+    the caller's name of ``after`` (``after_seq`` in Python, ``after`` over REST and MCP,
+    ``--after`` on the command line), for the messages.
+
+    Raises:
+        ValidationError: ``after`` not such an integer (``bool`` included), both ``after``
+            and ``cursor`` given (``after=0`` too), or a cursor not of the events list.
+    """
+    if after is not None:
+        if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after <= 2**63 - 1:
+            raise ValidationError(f"{name} must be an integer from 0 to 2**63 - 1")
+        if cursor is not None:
+            raise ValidationError(f"give {name} or cursor, not both")
+        return after
+    if cursor is None:
+        return 0
+    return decode_cursor("events", cursor)[0]

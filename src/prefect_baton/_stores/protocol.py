@@ -553,8 +553,9 @@ class RecordStore(Protocol):
         after: tuple[int, str] | None = None,
     ) -> list[Outcome]:
         """Outcomes of the org (of one subject when given), oldest first (by record time
-        in ms, then outcome id), at most ``limit``; ``after``: the ``(recorded_at ms,
-        outcome_id)`` of the last outcome of the previous page."""
+        in ms, then outcome id), at most ``limit`` (1 to 100,001: one more than the largest
+        page, :func:`~prefect_baton._rules.paging.store_limit`); ``after``: the
+        ``(recorded_at ms, outcome_id)`` of the last outcome of the previous page."""
         ...
 
     def events_list(self, caller: Caller, query: EventQuery) -> list[Event]:

@@ -23,7 +23,8 @@ class LeaseQuery:
         owner: whose leases: ``None`` (the caller's), a principal (``str`` id) or ``"*"``
             (everyone's); another principal's needs ``owner``/``admin``.
         include_ended: also ended and expired generations (``bool``).
-        limit: at most this many leases (``int``, 1 to 10,000).
+        limit: at most this many leases (``int``, 1 to 10,001: one more than the largest
+            page, :func:`~prefect_baton._rules.paging.store_limit`).
         after: the page continues after this ``(acquired_at ms, lease_id)`` (the last
             lease of the previous page), or ``None`` (the first page).
     """
@@ -48,7 +49,7 @@ class HandoffQuery:
         status: only handoffs that read as this status (``pending``, ``accepted``,
             ``rejected`` or ``expired``; a pending one past its expiry reads ``expired``),
             or ``None`` (any).
-        limit: at most this many handoffs (``int``, 1 to 10,000).
+        limit: at most this many handoffs (``int``, 1 to 10,001, as ``LeaseQuery.limit``).
         after: the page continues after this ``(created_at ms, handoff_id)`` (the last
             handoff of the previous page), or ``None`` (the first page).
     """
@@ -66,7 +67,7 @@ class EventQuery:
 
     Attributes:
         after_seq: only events with ``seq`` above this (``int``, 0: from the start).
-        limit: at most this many events (``int``, 1 to 1,000).
+        limit: at most this many events (``int``, 1 to 1,001, as ``LeaseQuery.limit``).
         kind: only events of this kind (one of
             :data:`~prefect_baton._rules.events.EVENT_KINDS`), or ``None`` (any).
         resource: only the events of the leases of this ``(resource_type, resource_id)``

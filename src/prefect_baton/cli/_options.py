@@ -37,14 +37,14 @@ Fence = Annotated[
 ]
 
 #: ``--cursor`` of a paged listing command (``lease list``, ``handoff inbox``, ``outcome
-#: list``, ``keys list``).
+#: list``, ``keys list``, ``events tail``).
 Cursor = Annotated[
     str | None,
     typer.Option(
         "--cursor",
         help="Start after the page this cursor ends (opaque text, 'c1.'...): the "
         "'next_cursor' of the previous page's JSON receipt, or the --cursor that the table "
-        "format's hint on stderr names. A page that is not full has no next cursor. Give "
+        "format's hint on stderr names. The last page has no next cursor. Give "
         "the same filters again. A malformed cursor, or one of another list, is "
         "VALIDATION_ERROR (exit 2).",
     ),

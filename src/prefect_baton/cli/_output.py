@@ -19,7 +19,6 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
@@ -36,6 +35,7 @@ from prefect_baton._exit import (
     exit_code_for,
     one_line,
 )
+from prefect_baton.models import Page
 
 __all__ = [
     "EXIT_CODES",
@@ -186,24 +186,13 @@ def emit_ok(
         _console().print(Text(f"{name}: {v}"))
 
 
-@dataclass(frozen=True)
-class Page:
-    """One page of a paged list (leases, handoffs, outcomes, keys), as a listing command
-    returns it.
-
-    Attributes:
-        items: the page's rows (models, or rows as mappings), in the list's order.
-        next_cursor: the cursor of the next page (``str``, from
-            :func:`prefect_baton._rules.paging.next_cursor`), or ``None`` when this page was
-            not full (nothing follows it).
-    """
-
-    items: Sequence[BaseModel | Mapping[str, Any]]
-    next_cursor: str | None
-
-
 def emit_page(
-    fmt: OutputFormat, action: str, key: str, page: Page, *, columns: Sequence[str] | None = None
+    fmt: OutputFormat,
+    action: str,
+    key: str,
+    page: Page[Any],
+    *,
+    columns: Sequence[str] | None = None,
 ) -> None:
     """Print one page of a list: in JSON, the receipt of :func:`emit_ok` with a top-level
     ``next_cursor`` (``str`` or ``null``); as a table, the table on stdout and, when a next
@@ -213,11 +202,14 @@ def emit_page(
     Args:
         fmt: the output format.
         action: ``group.command`` (e.g. ``lease.list``).
-        key: the receipt key of the rows (``leases``, ``handoffs``).
-        page: the rows and the next page's cursor.
+        key: the receipt key of the rows (``leases``, ``handoffs``, ``outcomes``,
+            ``keys``).
+        page: the rows (models, or rows as mappings) and the next page's cursor (a
+            :class:`~prefect_baton.models.Page` as the client's listing returns it:
+            a cursor only when a row follows the page).
         columns: the columns of the table (default: the first row's fields).
     """
-    rows = list(page.items)
+    rows = list(page)
     if fmt is OutputFormat.json:
         emit_ok(fmt, action, key, rows, columns=columns, extra={"next_cursor": page.next_cursor})
         return

@@ -11,7 +11,9 @@ from typing import Annotated, Any
 
 import typer
 
-from prefect_baton.cli._output import emit_ok
+from prefect_baton._rules.paging import events_after
+from prefect_baton.cli._options import Cursor
+from prefect_baton.cli._output import OutputFormat, emit_ok
 from prefect_baton.cli._state import CliState, guard, usage_error
 from prefect_baton.models import Event
 
@@ -55,11 +57,14 @@ def _follow(st: CliState, after: int, limit: int, filters: dict[str, Any], inter
 def tail(
     ctx: typer.Context,
     after: Annotated[
-        int,
+        int | None,
         typer.Option(
-            "--after", help="Start after this sequence number (integer, 0 = from the start)."
+            "--after",
+            help="Start after this sequence number (integer, 0 = from the start; default: "
+            "from the start, or from --cursor). Giving --after and --cursor is "
+            "VALIDATION_ERROR (exit 2).",
         ),
-    ] = 0,
+    ] = None,
     limit: Annotated[
         int,
         typer.Option("--limit", help="At most this many events per page (integer, 1 to 1000)."),
@@ -105,11 +110,13 @@ def tail(
             "subject id of a checkpoint, handoff or outcome).",
         ),
     ] = None,
+    cursor: Cursor = None,
 ) -> None:
     """Show the org's events with sequence number > --after, in commit order.
 
     Without --follow: one page. The JSON receipt's 'next_after' is the value to pass as
-    --after for the next page (with the same filters).
+    --after for the next page (with the same filters); its 'next_cursor' (null when no
+    event follows) is the --cursor of the next page.
     """
     filters: dict[str, Any] = {
         "kind": kind,
@@ -120,17 +127,13 @@ def tail(
     with guard(ctx, "events.tail") as st:
         if not interval > 0:
             usage_error(st, "events.tail", "--interval must be a positive number of seconds")
+        start = events_after(after, cursor, name="--after")
         if follow:
-            st.client().events.list(after_seq=after, limit=limit, **filters)  # validate
-            _follow(st, after, limit, filters, interval)
+            st.client().events.list(after_seq=start, limit=limit, **filters)  # validate
+            _follow(st, start, limit, filters, interval)
             return
-        events = st.client().events.list(after_seq=after, limit=limit, **filters)
-        next_after = events[-1].seq if events else after
-        emit_ok(
-            st.format,
-            "events.tail",
-            "events",
-            events,
-            columns=EVENT_COLUMNS,
-            extra={"next_after": next_after},
-        )
+        events = st.client().events.list(after_seq=start, limit=limit, **filters)
+        extra: dict[str, Any] = {"next_after": events[-1].seq if events else start}
+        if st.format is OutputFormat.json or events.next_cursor is not None:
+            extra["next_cursor"] = events.next_cursor
+        emit_ok(st.format, "events.tail", "events", events, columns=EVENT_COLUMNS, extra=extra)

@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from prefect_baton._rules.paging import next_cursor
 from prefect_baton._rules.validation import TTL_RANGE
 from prefect_baton.cli._options import Cursor, IdempotencyKey, SubjectId, lifetime, row_limit
 from prefect_baton.cli._output import Page
@@ -128,13 +127,13 @@ def inbox(
         ),
     ] = None,
     cursor: Cursor = None,
-) -> Page:
+) -> Page[Handoff]:
     """List pending handoffs addressed to you (with --party or --all: a principal's or
     everyone's, sent or received), oldest first (by creation time, then handoff id). Exit 6
     (FORBIDDEN) when an agent asks for another's or everyone's; exit 2 (VALIDATION_ERROR)
     for a bad limit or cursor, --party with --all, or --status without either.
 
-    One page of at most --limit rows. When the page is full, the JSON receipt's
+    One page of at most --limit rows. When more rows follow, the JSON receipt's
     'next_cursor' (null otherwise) is the --cursor of the next page; the table format names
     it on stderr.
     """
@@ -149,7 +148,7 @@ def inbox(
     else:
         wanted = "pending" if status is None else status.value
         handoffs = handoffs_api.list(party=who, status=wanted, limit=limit, cursor=cursor)
-    return Page(handoffs, next_cursor("handoffs", handoffs, limit))
+    return handoffs
 
 
 @command(app, "handoff.resolve", "handoff")

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from prefect_baton._rules.paging import next_cursor
 from prefect_baton.cli._options import Cursor, row_limit
 from prefect_baton.cli._output import Page, emit_ok, emit_page
 from prefect_baton.cli._state import CliState, guard, usage_error
@@ -103,7 +102,7 @@ def list_(
     then key id), revoked ones too unless --active-only. Never shows a secret or a hash.
     Exit 2 (VALIDATION_ERROR) for a bad org, limit or cursor.
 
-    One page of at most --limit rows. When the page is full, the JSON receipt's
+    One page of at most --limit rows. When more rows follow, the JSON receipt's
     'next_cursor' (null otherwise) is the --cursor of the next page; the table format names
     it on stderr.
     """
@@ -117,7 +116,7 @@ def list_(
             limit=limit,
             cursor=cursor,
         )
-        page = Page([key_row(k) for k in keys], next_cursor("keys", keys, limit))
+        page = Page([key_row(k) for k in keys], keys.next_cursor)
         emit_page(st.format, "keys.list", "keys", page, columns=KEY_COLUMNS)
 
 

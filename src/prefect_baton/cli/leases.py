@@ -13,7 +13,6 @@ from typing import Annotated
 
 import typer
 
-from prefect_baton._rules.paging import next_cursor
 from prefect_baton._rules.validation import TTL_RANGE
 from prefect_baton.cli._options import Cursor, row_limit
 from prefect_baton.cli._output import Page, emit_ok
@@ -275,14 +274,14 @@ def list_(
     ] = False,
     limit: Annotated[int, row_limit(10_000)] = 100,
     cursor: Cursor = None,
-) -> Page:
+) -> Page[Lease]:
     """List your effective leases, newest first (by acquire time, then lease id).
 
-    One page of at most --limit rows. When the page is full, the JSON receipt's
+    One page of at most --limit rows. When more rows follow, the JSON receipt's
     'next_cursor' (null otherwise) is the --cursor of the next page; the table format names
     it on stderr.
     """
-    leases = (
+    return (
         state(ctx)
         .client()
         .leases.list(
@@ -293,4 +292,3 @@ def list_(
             cursor=cursor,
         )
     )
-    return Page(leases, next_cursor("leases", leases, limit))

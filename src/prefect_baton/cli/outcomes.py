@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from prefect_baton._rules.paging import next_cursor
 from prefect_baton.cli._options import Cursor, Fence, IdempotencyKey, SubjectId, row_limit
 from prefect_baton.cli._output import Page
 from prefect_baton.cli._state import command, fence_lease, parse_evidence, state
@@ -93,13 +92,12 @@ def list_(
     ] = None,
     limit: Annotated[int, row_limit(100_000)] = 1000,
     cursor: Cursor = None,
-) -> Page:
+) -> Page[Outcome]:
     """List outcomes of the org (of one subject when given), oldest first (by record time,
     then outcome id). Exit 2 (VALIDATION_ERROR) for a bad subject id, limit or cursor.
 
-    One page of at most --limit rows. When the page is full, the JSON receipt's
+    One page of at most --limit rows. When more rows follow, the JSON receipt's
     'next_cursor' (null otherwise) is the --cursor of the next page; the table format names
     it on stderr.
     """
-    outcomes = state(ctx).client().outcomes.list(subject_id, limit=limit, cursor=cursor)
-    return Page(outcomes, next_cursor("outcomes", outcomes, limit))
+    return state(ctx).client().outcomes.list(subject_id, limit=limit, cursor=cursor)

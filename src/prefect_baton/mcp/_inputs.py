@@ -213,12 +213,21 @@ class LeaseListIn(_In):
 class EventListIn(_In):
     """Read the organization's event stream in commit order, one page at a time."""
 
-    after: Annotated[int, Field(ge=0, le=2**63 - 1)] = Field(
-        0, description="Events with seq above this (or give cursor)."
+    after: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = Field(
+        None, description="Events with seq above this (or give cursor; neither: from the start)."
     )
     limit: Annotated[int, Field(ge=1, le=1000)] = 100
     kind: Id | None = Field(None, description="Only this kind, e.g. 'lease.acquired'.")
     cursor: Cursor | None = None
+    resource_type: Id | None = Field(
+        None,
+        description="With resource_id: only the events of this resource's leases (lease.*, "
+        "fence.rejected, and handoff.* of handoffs that carried one).",
+    )
+    resource_id: Id | None = Field(None, description="With resource_type: that resource's id.")
+    subject: Id | None = Field(
+        None, description="Only events with exactly this subject (a subject_id)."
+    )
 
 
 class CheckpointHistoryIn(_In):

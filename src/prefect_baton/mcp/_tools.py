@@ -149,7 +149,16 @@ def _lease_list(b: Baton, a: LeaseListIn) -> dict[str, Any]:
 
 
 def _event_list(b: Baton, a: EventListIn) -> dict[str, Any]:
-    page = rest_calls.events_page(b, after=a.after, limit=a.limit, kind=a.kind, cursor=a.cursor)
+    page = rest_calls.events_page(
+        b,
+        after=a.after,
+        limit=a.limit,
+        kind=a.kind,
+        cursor=a.cursor,
+        resource_type=a.resource_type,
+        resource_id=a.resource_id,
+        subject=a.subject,
+    )
     return _json(page)
 
 
@@ -387,7 +396,8 @@ _SPECS = (
         "baton_event_list",
         "The organization's events in commit order (lease.acquired, checkpoint.saved, "
         "handoff.created, ...), as {'events': [...], 'next_cursor': ...}; pass next_cursor "
-        "as cursor (or the last seq as after) for the next page.",
+        "as cursor (or the last seq as after) for the next page. Filters: kind; "
+        "resource_type with resource_id (both or neither); subject.",
         EventListIn,
         _event_list,
         EventPage,

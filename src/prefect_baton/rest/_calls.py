@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel
 
 from prefect_baton._client.sync import Baton
-from prefect_baton._rules.paging import decode_cursor, next_cursor
+from prefect_baton._rules.paging import events_after
 from prefect_baton.errors import ValidationError
 from prefect_baton.models import Checkpoint, Handoff, Lease, Outcome, Receipt
 from prefect_baton.rest._responses import (
@@ -343,7 +343,7 @@ def leases_page(
         limit=limit,
         cursor=cursor,
     )
-    return LeasePage(leases=leases, next_cursor=next_cursor("leases", leases, limit))
+    return LeasePage(leases=leases, next_cursor=leases.next_cursor)
 
 
 def handoffs_page(
@@ -370,13 +370,13 @@ def handoffs_page(
             limit=limit,
             cursor=cursor,
         )
-    return HandoffPage(handoffs=handoffs, next_cursor=next_cursor("handoffs", handoffs, limit))
+    return HandoffPage(handoffs=handoffs, next_cursor=handoffs.next_cursor)
 
 
 def events_page(
     b: Baton,
     *,
-    after: int,
+    after: int | None,
     limit: int,
     kind: str | None,
     cursor: str | None,
@@ -384,28 +384,26 @@ def events_page(
     resource_id: str | None = None,
     subject: str | None = None,
 ) -> EventPage:
-    """One page of ``b.events.list``: events with ``seq > after`` (``int``), or after
-    ``cursor`` (as :func:`leases_page`), in commit order, ``limit`` 1..1,000; of ``kind``,
-    of resource ``(resource_type, resource_id)`` and of ``subject`` when given (``str``,
-    as ``b.events.list``).
+    """One page of ``b.events.list``: events with ``seq > after`` (``int``; ``None``: not
+    given), or after ``cursor`` (as :func:`leases_page`), or from the start when neither is
+    given, in commit order, ``limit`` 1..1,000; of ``kind``, of resource
+    ``(resource_type, resource_id)`` and of ``subject`` when given (``str``, as
+    ``b.events.list``).
 
     Raises:
-        BatonError: VALIDATION_ERROR (a bad limit, cursor, kind or id, only one of
-            ``resource_type``/``resource_id``, or both ``after`` and ``cursor``).
+        BatonError: VALIDATION_ERROR (a bad ``after`` (named so), limit, cursor, kind or
+            id, only one of ``resource_type``/``resource_id``, or both ``after`` and
+            ``cursor``, ``after=0`` too).
     """
-    if cursor is not None:
-        if after:
-            raise ValidationError("give after or cursor, not both")
-        (after,) = decode_cursor("events", cursor)
     events = b.events.list(
-        after,
+        events_after(after, cursor, name="after"),
         limit,
         kind,
         resource_type=resource_type,
         resource_id=resource_id,
         subject=subject,
     )
-    return EventPage(events=events, next_cursor=next_cursor("events", events, limit))
+    return EventPage(events=events, next_cursor=events.next_cursor)
 
 
 def checkpoint_history(
@@ -431,7 +429,7 @@ def outcomes_page(
         BatonError: VALIDATION_ERROR (a bad subject id, limit or cursor).
     """
     outcomes = b.outcomes.list(subject_id, limit=limit, cursor=cursor)
-    return OutcomePage(outcomes=outcomes, next_cursor=next_cursor("outcomes", outcomes, limit))
+    return OutcomePage(outcomes=outcomes, next_cursor=outcomes.next_cursor)
 
 
 def me(b: Baton, scopes: Collection[str] | None, key_id: str | None) -> Me:

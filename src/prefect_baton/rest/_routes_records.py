@@ -161,7 +161,7 @@ def add_routes(app: FastAPI) -> None:
     def events(
         request: Request,
         b: B,
-        after: int = 0,
+        after: int | None = None,
         limit: Limit = 100,
         kind: str | None = None,
         cursor: str | None = None,
@@ -169,8 +169,9 @@ def add_routes(app: FastAPI) -> None:
         resource_id: str | None = None,
         subject: str | None = None,
     ) -> Response:
-        """Events with ``seq > after`` (or after ``cursor``) in commit order, one page of
-        ``limit``; ``next_cursor`` gives the next page. Filters: ``kind``; ``resource_type``
+        """Events with ``seq > after`` (or after ``cursor``, not both; neither: from the
+        start) in commit order, one page of ``limit``; ``next_cursor`` gives the next page
+        (``null``: no event follows). Filters: ``kind``; ``resource_type``
         with ``resource_id`` (the events of that resource's leases: ``lease.*``,
         ``fence.rejected``, and ``handoff.*`` of handoffs carrying one); ``subject`` (the
         events with exactly this subject)."""

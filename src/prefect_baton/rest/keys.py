@@ -35,12 +35,13 @@ from sqlmodel import Session, col, select
 
 from prefect_baton._client.api_base import _limit
 from prefect_baton._rules import core as _core
-from prefect_baton._rules.paging import decode_cursor
+from prefect_baton._rules.paging import MAX_PAGE, decode_cursor, page_of
 from prefect_baton._settings import load_settings
 from prefect_baton._stores.ledger.engine import Engines, make_engines, upgrade
 from prefect_baton._stores.ledger.paging import after_key
 from prefect_baton._stores.ledger.tables import ApiKeyRow
 from prefect_baton.errors import NotFoundError, UnavailableError, ValidationError
+from prefect_baton.models import Page
 
 __all__ = [
     "ALL_SCOPES",
@@ -193,7 +194,7 @@ def list_keys(
     limit: int = 1000,
     cursor: str | None = None,
     engines: Engines | None = None,
-) -> list[ApiKey]:
+) -> Page[ApiKey]:
     """One page of the stored keys (never their secrets), oldest first (by creation time
     in ms, then key id).
 
@@ -202,17 +203,20 @@ def list_keys(
         org: only this org's keys (``str``). include_revoked: also revoked keys (``bool``).
         limit: at most this many keys (``int``, 1..10,000; default 1,000).
         cursor: continue after the page this cursor ends (``str``: the ``next_cursor`` of
-            ``baton keys list``, or :func:`prefect_baton._rules.paging.next_cursor`
-            ``("keys", page, limit)``); give the same ``org`` and ``include_revoked``
-            again.
+            a previous page, or of ``baton keys list``); give the same ``org`` and
+            ``include_revoked`` again.
         engines: an open ledger to use instead of ``ledger_url``.
+
+    Returns:
+        One page: a list of keys whose ``next_cursor`` is the ``cursor`` of the next page
+        (``str``), or ``None`` when no key follows.
 
     Raises:
         ValidationError: a bad org id or limit, or a cursor that is not one of the key
             list. UnavailableError: the ledger is down.
     """
     org_ = _core.validate_optional_id("org", org)
-    limit_ = _limit(limit, 10_000)
+    n = _limit(limit, MAX_PAGE["keys"])
     after = None if cursor is None else decode_cursor("keys", cursor)
     own = engines is None
     eng = engines or _engines(ledger_url)
@@ -226,8 +230,9 @@ def list_keys(
             at, kid = col(ApiKeyRow.created_at_ms), col(ApiKeyRow.key_id)
             if after is not None:
                 q = q.where(after_key(at, kid, after))
-            q = q.order_by(at, kid).limit(limit_)
-            return [_to_model(r) for r in session.exec(q).all()]
+            # one key more than the page: whether another page follows
+            q = q.order_by(at, kid).limit(n + 1)
+            return page_of("keys", [_to_model(r) for r in session.exec(q).all()], n)
     finally:
         if own:
             eng.dispose()

@@ -32,17 +32,35 @@ def read_events(baton: Baton) -> list[Event]:
     return _pages(baton)
 
 
-def _pages(baton: Baton, **filters: str) -> list[Event]:
-    """Every event of ``baton``'s org that ``filters`` (of ``events.list``) keep, oldest
-    first, 1,000 a call."""
+def _pages(
+    baton: Baton,
+    *,
+    after: int = 0,
+    resource_type: str | None = None,
+    resource_id: str | None = None,
+    subject: str | None = None,
+) -> list[Event]:
+    """Every event of ``baton``'s org after ``seq`` ``after`` that the filters (of
+    ``events.list``) keep, oldest first, 1,000 a call."""
     events: list[Event] = []
-    after = 0
+    cursor: str | None = None
     while True:
-        page = baton.events.list(after_seq=after, limit=_PAGE, **filters)
+        page = baton.events.list(
+            after_seq=after if cursor is None else None,
+            limit=_PAGE,
+            resource_type=resource_type,
+            resource_id=resource_id,
+            subject=subject,
+            cursor=cursor,
+        )
         events += page
-        if len(page) < _PAGE:
+        if page.next_cursor is None:
             return events
-        after = page[-1].seq
+        cursor = page.next_cursor
+
+
+#: The most filtered reads :func:`_resource_events` makes before it stops catching up.
+_MAX_READS = 20
 
 
 def _resource_events(baton: Baton, resource_type: str, resource_id: str) -> list[Event]:
@@ -52,12 +70,30 @@ def _resource_events(baton: Baton, resource_type: str, resource_id: str) -> list
     handoffs and outcomes), each read through the filter of ``events.list`` (paged, 1,000
     a call), so the cost follows the resource's history, not the org's.
 
+    The store has no "either filter" read, so the two filters are read in turn, each
+    again after its last event, until a read finds nothing new (usually the third): the
+    events are then those of one instant (the read before it), so an event committed
+    between two reads is in the timeline under both filters or under neither (events
+    commit in ``seq`` order). Under writes to the resource that never pause, it stops
+    after :data:`_MAX_READS` reads with what it has.
+
     Raises:
         ValidationError: a bad resource id. UnavailableError: the store cannot be reached.
     """
-    of_leases = _pages(baton, resource_type=resource_type, resource_id=resource_id)
-    by_seq = {e.seq: e for e in _pages(baton, subject=resource_id)}
-    by_seq.update((e.seq, e) for e in of_leases)
+    filters: list[dict[str, str]] = [
+        {"resource_type": resource_type, "resource_id": resource_id},
+        {"subject": resource_id},
+    ]
+    last = [0, 0]
+    by_seq: dict[int, Event] = {}
+    for n in range(_MAX_READS):
+        which = n % 2
+        got = _pages(baton, after=last[which], **filters[which])
+        if n and not got:
+            break
+        by_seq.update((e.seq, e) for e in got)
+        if got:
+            last[which] = got[-1].seq
     return [by_seq[seq] for seq in sorted(by_seq)]
 
 

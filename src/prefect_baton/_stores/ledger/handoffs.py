@@ -30,6 +30,7 @@ from prefect_baton._rules.handoffs import (
     decide_carried_release,
     stored_statuses,
 )
+from prefect_baton._rules.paging import store_limit
 from prefect_baton._rules.validation import canonical_json
 from prefect_baton._stores.ledger.base import Tx
 from prefect_baton._stores.ledger.convert import (
@@ -180,7 +181,8 @@ class HandoffOps(ExpiryOps):
     ) -> list[Handoff]:
         """One page of the org's handoffs matching the SQL condition ``party`` (``None``:
         all) that read as ``status`` (``None``: any; :func:`handoff_status`), oldest first,
-        at most ``limit`` (1..10,000), after the ``(created_at ms, handoff_id)`` ``after``.
+        at most ``limit`` (1..10,001, :func:`~prefect_baton._rules.paging.store_limit`),
+        after the ``(created_at ms, handoff_id)`` ``after``.
         Rows whose stored status differs from how they read (a pending one past its expiry,
         or whose carried lease lapsed) are skipped by reading on until the page is full."""
 
@@ -197,7 +199,7 @@ class HandoffOps(ExpiryOps):
             if after is not None:
                 q = q.where(after_key(at, hid, after))
             q = q.order_by(at, hid)
-            want = max(1, min(limit, 10_000))
+            want = store_limit("handoffs", limit)
             out: list[Handoff] = []
             while len(out) < want:
                 rows = list(s.execute(q.limit(want)).scalars())

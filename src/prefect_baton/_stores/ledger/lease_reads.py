@@ -9,6 +9,7 @@ from sqlmodel import Session, col
 
 from prefect_baton._rules.access import check_list_owner, may_read
 from prefect_baton._rules.core import Generation
+from prefect_baton._rules.paging import store_limit
 from prefect_baton._stores.ledger.base import StoreBase
 from prefect_baton._stores.ledger.convert import generation_to_lease, lease_info, row_to_generation
 from prefect_baton._stores.ledger.tables import GenerationRow, LeaseTransition
@@ -88,7 +89,7 @@ class LeaseReads(StoreBase):
                 )
             q = q.order_by(
                 col(GenerationRow.acquired_at_ms).desc(), col(GenerationRow.lease_id).desc()
-            ).limit(max(1, min(query.limit, 10_000)))
+            ).limit(store_limit("leases", query.limit))
             return [generation_to_lease(row_to_generation(r)) for r in s.execute(q).scalars()]
 
     def lease_history(self, org: str) -> tuple[list[Generation], list[LeaseTransition]]:

@@ -17,6 +17,7 @@ from prefect_baton._rules.digests import (
     operation_digest,
     outcome_record_digest,
 )
+from prefect_baton._rules.paging import store_limit
 from prefect_baton._stores.ledger.base import Tx
 from prefect_baton._stores.ledger.convert import checkpoint_model, new_id, outcome_model
 from prefect_baton._stores.ledger.fences import FenceOps
@@ -345,8 +346,9 @@ class RecordOps(HandoffOps, FenceOps):
         after: tuple[int, str] | None = None,
     ) -> list[Outcome]:
         """Outcomes of the org (of one subject when given), oldest first by the ledger
-        clock, then by outcome id; ``after``: the page continues after this
-        ``(recorded_at ms, outcome_id)``."""
+        clock, then by outcome id, at most ``limit`` (1..100,001,
+        :func:`~prefect_baton._rules.paging.store_limit`); ``after``: the page continues
+        after this ``(recorded_at ms, outcome_id)``."""
         at, oid = col(OutcomeRow.recorded_at_ms), col(OutcomeRow.outcome_id)
         with self._read() as (s, _now):
             q = select(OutcomeRow).where(col(OutcomeRow.org_id) == caller.org)
@@ -354,7 +356,7 @@ class RecordOps(HandoffOps, FenceOps):
                 q = q.where(col(OutcomeRow.subject_id) == subject_id)
             if after is not None:
                 q = q.where(after_key(at, oid, after))
-            q = q.order_by(at, oid).limit(max(1, min(limit, 100_000)))
+            q = q.order_by(at, oid).limit(store_limit("outcomes", limit))
             return [outcome_model(r) for r in s.execute(q).scalars()]
 
     # ------------------------------------------------------------------ events, history
@@ -384,7 +386,7 @@ class RecordOps(HandoffOps, FenceOps):
             # events in ix_event_lease and a sort of the resource's few
             seq = col(EventRow.seq)
             q = q.order_by(seq if resource is None else seq + 0)
-            q = q.limit(max(1, min(query.limit, 1000)))
+            q = q.limit(store_limit("events", query.limit))
             out = []
             for r in s.execute(q).scalars():
                 at = from_ms(r.occurred_at_ms)

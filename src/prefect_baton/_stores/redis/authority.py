@@ -46,6 +46,7 @@ from prefect_baton._rules.core import (
     TransferRequest,
 )
 from prefect_baton._rules.digests import acquire_digest
+from prefect_baton._rules.paging import store_limit
 from prefect_baton._stores.ledger.convert import lease_info
 from prefect_baton._stores.ledger.receipted_ops import ReceiptedLeaseOps
 from prefect_baton._stores.ledger.store import LedgerStore, generation_to_lease
@@ -484,7 +485,7 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
             after = query.after
             gens = [h for h in gens if (h.acquired_at_ms, h.lease_id) < after]
         gens.sort(key=lambda h: (h.acquired_at_ms, h.lease_id), reverse=True)
-        return [generation_to_lease(h) for h in gens[: max(1, min(query.limit, 10_000))]]
+        return [generation_to_lease(h) for h in gens[: store_limit("leases", query.limit)]]
 
     # ------------------------------------------------------------------ fences, handoffs
 

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 
 from prefect_baton._rules.core import Proof, ReleaseRequest, RenewRequest, TransferRequest
 from prefect_baton._rules.keeping import heartbeat_call_timeout
-from prefect_baton._rules.paging import encode_cursor
+from prefect_baton._rules.paging import MAX_PAGE, ListName, encode_cursor
 from prefect_baton._rules.validation import TTL_MIN_SECONDS
 from prefect_baton._stores.protocol import (
     AcquireRequest,
@@ -40,6 +40,7 @@ from prefect_baton._stores.protocol import (
 )
 from prefect_baton._stores.queries import EventQuery, HandoffQuery, LeaseQuery
 from prefect_baton._stores.rest.http import (
+    _M,
     DEFAULT_TIMEOUT_SECONDS,
     _params,
     _seg,
@@ -186,6 +187,26 @@ class RestStore(_Transport):
     def _lease(self, data: Any, replayed: bool = False) -> Lease:
         return self._parse(Lease, data, replayed=replayed)
 
+    def _paged(
+        self, name: ListName, path: str, params: dict[str, Any], limit: int, model: type[_M]
+    ) -> list[_M]:
+        """``GET path``: at most ``limit`` items of list ``name`` (the answer's field of that
+        name). ``limit`` may be one more than the largest page the API serves (the client
+        asks one item more than a page, :func:`~prefect_baton._rules.paging.store_limit`):
+        that item is then the first of the next page, asked with the answer's
+        ``next_cursor`` (in place of an ``after`` in ``params``)."""
+        first = min(limit, MAX_PAGE[name])
+        data, _ = self._call("GET", path, params={**params, "limit": first})
+        items = self._list(model, data, name)
+        cursor = data.get("next_cursor") if isinstance(data, dict) else None
+        if limit > first and isinstance(cursor, str):
+            params = {k: v for k, v in params.items() if k != "after"}
+            data, _ = self._call(
+                "GET", path, params={**params, "limit": limit - first, "cursor": cursor}
+            )
+            items += self._list(model, data, name)
+        return items
+
     def _by_proof(
         self,
         action: str,
@@ -307,11 +328,9 @@ class RestStore(_Transport):
             resource_type=query.resource_type,
             owner=query.owner,
             include_ended="true" if query.include_ended else None,
-            limit=query.limit,
             cursor=None if query.after is None else encode_cursor("leases", query.after),
         )
-        data, _ = self._call("GET", "/v1/leases", params=params)
-        return self._list(Lease, data, "leases")
+        return self._paged("leases", "/v1/leases", params, query.limit, Lease)
 
     def report_expired(self, caller: Caller, *, limit: int = 1000) -> list[Lease]:
         """``POST /v1/leases/report-expired``."""
@@ -411,8 +430,7 @@ class RestStore(_Transport):
     ) -> list[Handoff]:
         """``GET /v1/handoffs`` (``after`` sent as the page's ``cursor``)."""
         cursor = None if after is None else encode_cursor("handoffs", after)
-        data, _ = self._call("GET", "/v1/handoffs", params=_params(limit=limit, cursor=cursor))
-        return self._list(Handoff, data, "handoffs")
+        return self._paged("handoffs", "/v1/handoffs", _params(cursor=cursor), limit, Handoff)
 
     def handoff_list(self, caller: Caller, query: HandoffQuery) -> list[Handoff]:
         """``GET /v1/handoffs?party=...`` (the caller's own name when ``query.party`` is
@@ -420,11 +438,9 @@ class RestStore(_Transport):
         params = _params(
             party=caller.principal if query.party is None else query.party,
             status="any" if query.status is None else query.status,
-            limit=query.limit,
             cursor=None if query.after is None else encode_cursor("handoffs", query.after),
         )
-        data, _ = self._call("GET", "/v1/handoffs", params=params)
-        return self._list(Handoff, data, "handoffs")
+        return self._paged("handoffs", "/v1/handoffs", params, query.limit, Handoff)
 
     def handoff_get(self, caller: Caller, handoff_id: str) -> Handoff:
         """``GET /v1/handoffs/{id}``."""
@@ -480,20 +496,17 @@ class RestStore(_Transport):
     ) -> list[Outcome]:
         """``GET /v1/outcomes`` (``after`` sent as the page's ``cursor``)."""
         cursor = None if after is None else encode_cursor("outcomes", after)
-        params = _params(subject_id=subject_id, limit=limit, cursor=cursor)
-        data, _ = self._call("GET", "/v1/outcomes", params=params)
-        return self._list(Outcome, data, "outcomes")
+        params = _params(subject_id=subject_id, cursor=cursor)
+        return self._paged("outcomes", "/v1/outcomes", params, limit, Outcome)
 
     def events_list(self, caller: Caller, query: EventQuery) -> list[Event]:
         """``GET /v1/events``."""
         rtype, rid = query.resource or (None, None)
         params = _params(
             after=query.after_seq,
-            limit=query.limit,
             kind=query.kind,
             resource_type=rtype,
             resource_id=rid,
             subject=query.subject,
         )
-        data, _ = self._call("GET", "/v1/events", params=params)
-        return self._list(Event, data, "events")
+        return self._paged("events", "/v1/events", params, query.limit, Event)

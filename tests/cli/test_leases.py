@@ -322,6 +322,18 @@ def test_wrong_execution_key_exits_9(cli: Cli) -> None:
     assert run.json["error"]["code"] == "LEASE_LOST"
 
 
+def test_release_without_execution_key_says_how_to_pass_it(cli: Cli) -> None:
+    """Releasing your keyed lease without --execution-key stays exit 9 LEASE_LOST, with a
+    message saying the lease is held by you and naming --execution-key; it stays held."""
+    lease = acquire(cli)
+    run = cli("lease", "release", "--lease-id", lease["lease_id"])
+    assert run.code == 9
+    assert run.json["error"]["code"] == "LEASE_LOST"
+    assert "is held by you under an execution key" in run.json["error"]["message"]
+    assert "--execution-key" in run.json["error"]["message"]
+    assert cli.ok("lease", "inspect", "deploy", "svc")["info"]["held"]
+
+
 def test_release_after_transfer_exits_9(cli: Cli) -> None:
     """The sender's release after a transfer is LEASE_LOST and touches nothing."""
     lease = acquire(cli)

@@ -4,11 +4,13 @@ attached checkpoints, and lease transfer on acceptance."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 
 from prefect_baton import (
     Baton,
+    Lease,
     LeaseLostError,
     NotFoundError,
     StaleFenceError,
@@ -247,7 +249,7 @@ def test_reject_releases_carried_lease(baton: Baton) -> None:
 
 
 @pytest.mark.slow
-def test_handoff_whose_carried_lease_lapsed_reads_expired(baton: Baton) -> None:
+def test_handoff_whose_carried_lease_ran_out_reads_expired(baton: Baton) -> None:
     """A pending handoff whose carried lease ran out reads expired, leaves the recipient's
     inbox and can no longer be resolved; one without a lease stays pending."""
     lease = baton.leases.acquire(RT, RID, ttl_seconds=10, idempotency_key="w1")
@@ -265,17 +267,66 @@ def test_handoff_whose_carried_lease_lapsed_reads_expired(baton: Baton) -> None:
     assert baton.handoffs.get(plain.handoff_id).status == "pending"
 
 
-def test_accept_after_sender_lost_lease(baton: Baton) -> None:
-    """If the sender lost the lease, accepting is LEASE_LOST and the handoff stays pending."""
+def _release(baton: Baton, lease: Lease) -> None:
+    baton.leases.release(lease)
+
+
+def _force_release(baton: Baton, lease: Lease) -> None:
+    baton.as_principal("boss", role="admin").leases.force_release(lease.lease_id)
+
+
+def _supersede(baton: Baton, lease: Lease) -> None:
+    baton.leases.acquire(RT, RID, ttl_seconds=60)  # the holder's own keyless re-acquire
+
+
+def _transfer(baton: Baton, lease: Lease) -> None:
+    other = baton.handoffs.create("agent-c", SUBJ, lease=lease)
+    baton.as_principal("agent-c").handoffs.resolve(other.handoff_id, "accepted")
+
+
+@pytest.mark.parametrize(
+    "end",
+    [_release, _force_release, _supersede, _transfer],
+    ids=["released", "force-released", "superseded", "transferred"],
+)
+def test_handoff_whose_carried_lease_ended_reads_expired(
+    baton: Baton, end: Callable[[Baton, Lease], None]
+) -> None:
+    """A pending handoff whose carried lease is no longer in effect (released by its
+    sender, force-released, superseded by a re-acquire, moved by another accepted handoff)
+    can never be accepted: it reads expired, leaves the inbox, a resolve is NOT_FOUND and it
+    is stored expired, with no lease released under it; one without a lease stays pending."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=60)
+    h = baton.handoffs.create("agent-b", SUBJ, lease=lease)
+    plain = baton.handoffs.create("agent-b", "other-subject")
+    end(baton, lease)
+    released = len(baton.events.list(kind="lease.released"))
+    b = baton.as_principal("agent-b")
+    assert [x.handoff_id for x in b.handoffs.inbox()] == [plain.handoff_id]
+    assert b.handoffs.get(h.handoff_id).status == "expired"
+    for status in ("accepted", "rejected"):
+        with pytest.raises(NotFoundError):
+            b.handoffs.resolve(h.handoff_id, status)
+    assert [x.handoff_id for x in b.handoffs.list(status="expired")] == [h.handoff_id]
+    assert b.handoffs.list(status="pending") == [b.handoffs.get(plain.handoff_id)]
+    assert len(baton.events.list(kind="lease.released")) == released
+    assert baton.handoffs.get(plain.handoff_id).status == "pending"
+
+
+def test_sweep_stores_a_handoff_whose_carried_lease_was_released_expired(
+    baton: Baton,
+) -> None:
+    """The sweep (report_expired) ends a pending handoff whose carried lease its sender
+    released, as it ends one past its own expiry: afterwards it is stored expired (a
+    resolve finds it resolved, not pending)."""
     lease = baton.leases.acquire(RT, RID, ttl_seconds=60, idempotency_key="w1")
     h = baton.handoffs.create("agent-b", SUBJ, lease=lease)
     baton.leases.release(lease)
-    b = baton.as_principal("agent-b")
-    with pytest.raises(LeaseLostError):
-        b.handoffs.resolve(h.handoff_id, "accepted")
-    assert baton.handoffs.get(h.handoff_id).status == "pending"
-    assert not b.leases.inspect(RT, RID).held
-    assert b.handoffs.resolve(h.handoff_id, "rejected").status == "rejected"
+    baton.leases.report_expired()
+    assert baton.handoffs.get(h.handoff_id).status == "expired"
+    assert baton.as_principal("agent-b").handoffs.inbox() == []
+    with pytest.raises(NotFoundError, match="not found"):
+        baton.as_principal("agent-b").handoffs.resolve(h.handoff_id, "accepted")
 
 
 def test_create_with_lease_not_held(baton: Baton) -> None:
@@ -316,15 +367,16 @@ def test_accept_with_lease_is_atomic_in_events(baton: Baton) -> None:
 
 
 def test_lease_moves_only_once(baton: Baton) -> None:
-    """Of two handoffs carrying one lease only the first accepted moves it; the other is lost."""
+    """Of two handoffs carrying one lease only the first accepted moves it; the other then
+    reads expired and cannot be accepted (NOT_FOUND)."""
     lease = baton.leases.acquire(RT, RID, ttl_seconds=60, idempotency_key="w1")
     h1 = baton.handoffs.create("agent-b", SUBJ, lease=lease)
     h2 = baton.handoffs.create("agent-c", SUBJ, lease=lease)
     moved = baton.as_principal("agent-b").handoffs.resolve(h1.handoff_id, "accepted").lease
     assert moved is not None
-    with pytest.raises(LeaseLostError):
+    with pytest.raises(NotFoundError):
         baton.as_principal("agent-c").handoffs.resolve(h2.handoff_id, "accepted")
-    assert baton.handoffs.get(h2.handoff_id).status == "pending"
+    assert baton.handoffs.get(h2.handoff_id).status == "expired"
     info = baton.as_principal("agent-b").leases.inspect(RT, RID)
     assert info.lease is not None
     assert info.lease.lease_id == moved.lease_id

@@ -3,6 +3,7 @@ release, force release, inspect, CAS on versions, and expiry/takeover."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, timedelta
 
 import pytest
@@ -11,6 +12,7 @@ from prefect_baton import (
     Baton,
     ConflictError,
     ForbiddenError,
+    Lease,
     LeaseLostError,
     NotFoundError,
     StaleFenceError,
@@ -174,6 +176,60 @@ def test_renew_with_wrong_execution_key_is_lost(baton: Baton) -> None:
     with pytest.raises(LeaseLostError):
         baton.leases.renew(forged)
     assert baton.leases.inspect(RT, RID).version == lease.version
+
+
+@pytest.mark.parametrize("op", ["release", "renew", "transfer"])
+def test_own_lease_under_another_execution_key_says_how_to_pass_it(baton: Baton, op: str) -> None:
+    """Presenting your own keyed lease without its execution key, or with another one, stays
+    LEASE_LOST (the code clients rely on) but says the lease is held by you and how to pass
+    the key, never showing it; the lease is left as it was."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="secret-run-1")
+    calls: dict[str, Callable[[Lease], object]] = {
+        "release": baton.leases.release,
+        "renew": baton.leases.renew,
+        "transfer": lambda proof: baton.leases.transfer(
+            proof, to_principal="agent-b", new_execution_key="b-run", ttl_seconds=30
+        ),
+    }
+    for given in (None, "run-x"):
+        proof = lease.model_copy(update={"execution_key": given})
+        with pytest.raises(LeaseLostError) as caught:
+            calls[op](proof)
+        message = caught.value.message
+        assert caught.value.code == "LEASE_LOST"
+        assert f"lease {lease.lease_id} is held by you" in message
+        assert "execution_key=" in message
+        assert "--execution-key" in message
+        assert "secret-run-1" not in message
+        assert "run-x" not in message
+        assert ("none was given" in message) == (given is None)
+    info = baton.leases.inspect(RT, RID)
+    assert info.held
+    assert info.version == lease.version
+
+
+def test_key_given_for_a_keyless_lease_says_to_leave_it_out(baton: Baton) -> None:
+    """A lease acquired without an execution key presented with one is LEASE_LOST, saying
+    the lease is held by you without a key (the given key is not echoed)."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=30)
+    with pytest.raises(LeaseLostError) as caught:
+        baton.leases.release(lease.model_copy(update={"execution_key": "run-x"}))
+    assert "is held by you without an execution key" in caught.value.message
+    assert "run-x" not in caught.value.message
+    assert baton.leases.inspect(RT, RID).held
+
+
+def test_lease_accepted_from_a_handoff_names_its_key_form(baton: Baton) -> None:
+    """A lease taken over by accepting a handoff has the key handoff:<id>; releasing it
+    without a key is LEASE_LOST with a message naming that form."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="run-1")
+    h = baton.handoffs.create("agent-b", "subj", lease=lease)
+    b = baton.as_principal("agent-b")
+    moved = b.handoffs.resolve(h.handoff_id, "accepted").lease
+    assert moved is not None
+    with pytest.raises(LeaseLostError, match="handoff:<handoff id>"):
+        b.leases.release(moved.model_copy(update={"execution_key": None}))
+    assert b.leases.release(moved).status == "released"
 
 
 def test_renew_after_release_is_lost(baton: Baton) -> None:

@@ -31,7 +31,7 @@ from ._util import assert_nothing_written, kinds
 RT = "deploy"
 RID = "svc"
 
-BAD_TTLS = [9, 0, -1, -30, 86_401, 10**20, 10.5, 9.99, True, False, "30", None, float("nan")]
+BAD_TTLS = [9, 0, -1, -30, 86_401, 10**20, 10.5, 9.99, 60.0, True, False, "30", None, float("nan")]
 BAD_IDS = ["", " ", "   \t ", "x" * 10_000, "a\x00b", "line\nbreak", "bell\x07", "del\x7f", 7, None]
 BAD_ID_NAMES = [
     "empty",
@@ -64,7 +64,7 @@ def test_ttl_bounds_are_inclusive(baton: Baton, ttl: int) -> None:
     assert abs((lease.expires_at - lease.acquired_at).total_seconds() - ttl) <= 0.001
 
 
-@pytest.mark.parametrize("ttl", [9, 86_401, 10.5, True])
+@pytest.mark.parametrize("ttl", [9, 86_401, 10.5, 60.0, True])
 def test_bad_ttl_on_renew_and_transfer(baton: Baton, ttl: object) -> None:
     """A bad TTL on renew or transfer is VALIDATION_ERROR and leaves the lease as it was."""
     lease = baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="r1")
@@ -82,6 +82,31 @@ def test_bad_ttl_on_renew_and_transfer(baton: Baton, ttl: object) -> None:
     info = baton.leases.inspect(RT, RID)
     assert info.lease is not None
     assert (info.lease.lease_id, info.version) == (lease.lease_id, lease.version)
+
+
+@pytest.mark.parametrize("seconds", [60.0, True])
+def test_every_duration_in_seconds_refuses_a_float_or_bool(baton: Baton, seconds: object) -> None:
+    """A float (even a whole one, ``60.0``) or ``bool`` is not a number of seconds for any
+    duration: a batch acquire's TTL, a handoff's ``expires_in_seconds``, a checkpoint's
+    ``ttl_seconds`` and an accept's ``ttl_seconds`` are VALIDATION_ERROR and write nothing."""
+    h = baton.handoffs.create("agent-b", "subj")
+    events = kinds(baton)
+    calls = [
+        lambda: baton.leases.acquire_many(
+            [{"resource_type": RT, "resource_id": RID}], ttl_seconds=seconds
+        ),
+        lambda: baton.handoffs.create("agent-b", "subj", expires_in_seconds=seconds),
+        lambda: baton.checkpoints.save("subj", "draft", {"n": 1}, ttl_seconds=seconds),
+        lambda: baton.as_principal("agent-b").handoffs.resolve(
+            h.handoff_id, "accepted", ttl_seconds=seconds
+        ),
+    ]
+    for call in calls:
+        with pytest.raises(ValidationError) as ei:
+            call()
+        assert ei.value.code == "VALIDATION_ERROR"
+    assert kinds(baton) == events
+    assert baton.handoffs.get(h.handoff_id).status == "pending"
 
 
 ACQUIRE_ID_CASES = [

@@ -256,18 +256,33 @@ def test_method_not_allowed_lists_the_allowed_methods(
     assert r.headers["allow"] == "DELETE, GET"
 
 
-def test_integers_are_json_schema_integers(
+def test_durations_are_integers_without_a_fraction(
     client: TestClient, make_key: MakeKey, ledger_url: str
 ) -> None:
-    """``60.0`` is the integer the document allows; ``60.5``, ``"60"`` and ``true`` are 400
-    and write nothing."""
+    """A duration in seconds (a lease's ``ttl_seconds``, a checkpoint's ``ttl_seconds``, a
+    handoff's ``expires_in_seconds``, an accept's ``ttl_seconds``) is an integer as the
+    document says: ``60`` is taken; ``60.0``, ``60.5``, ``"60"`` and ``true`` are 400
+    VALIDATION_ERROR (as the Python API and the CLI refuse them) and write nothing."""
     h = {**make_key(), "content-type": "application/json"}
-    ok = b'{"resource_type": "deploy", "resource_id": "a", "ttl_seconds": 60.0}'
+    ok = b'{"resource_type": "deploy", "resource_id": "a", "ttl_seconds": 60}'
     r = client.post("/v1/leases", content=ok, headers=h)
     assert r.status_code == 201, r.text
     assert data(r)["ttl_seconds"] == 60
+    made = client.post("/v1/handoffs", json={"to_principal": "bob", "subject_id": "s"}, headers=h)
+    assert made.status_code == 201, made.text
+    resolve = f"/v1/handoffs/{data(made)['handoff_id']}/resolve"
     before = row_counts(ledger_url)
-    for bad in (b"60.5", b'"60"', b"true"):
-        raw = b'{"resource_type": "deploy", "resource_id": "b", "ttl_seconds": ' + bad + b"}"
-        error(client.post("/v1/leases", content=raw, headers=h), 400, "VALIDATION_ERROR")
+    for bad in (b"60.0", b"60.5", b'"60"', b"true"):
+        bodies = [
+            ("POST", "/v1/leases", b'{"resource_type": "deploy", "resource_id": "b", '),
+            ("PUT", "/v1/checkpoints", b'{"subject_id": "s", "kind": "k", "state": {}, '),
+            ("POST", "/v1/handoffs", b'{"to_principal": "bob", "subject_id": "s", '),
+            ("POST", resolve, b'{"status": "accepted", '),
+        ]
+        for (method, path, head), field in zip(
+            bodies, ["ttl_seconds", "ttl_seconds", "expires_in_seconds", "ttl_seconds"], strict=True
+        ):
+            raw = head + b'"' + field.encode() + b'": ' + bad + b"}"
+            r = client.request(method, path, content=raw, headers=h)
+            error(r, 400, "VALIDATION_ERROR")
     assert row_counts(ledger_url) == before

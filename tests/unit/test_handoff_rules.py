@@ -12,6 +12,7 @@ from prefect_baton._rules.core import Generation
 from prefect_baton._rules.handoffs import (
     HANDOFF_STATUSES,
     HandoffExpiry,
+    carried_lease_ended,
     decide_carried_release,
     decide_handoff_expiry,
     handoff_status,
@@ -111,8 +112,31 @@ def test_a_lapsed_carried_lease_expires_the_handoff_before_its_deadline() -> Non
     expiry = _expiry(T0 + 2_000, carried=lapsed)
     assert expiry is not None
     assert expiry.release is None
-    assert handoff_status("pending", None, T0 + 2_000, carried_lapsed=True) == "expired"
-    assert handoff_status("pending", None, T0 + 2_000, carried_lapsed=False) == "pending"
+    assert handoff_status("pending", None, T0 + 2_000, carried_ended=True) == "expired"
+    assert handoff_status("pending", None, T0 + 2_000, carried_ended=False) == "pending"
+
+
+@pytest.mark.parametrize(
+    "status", ["released", "transferred", "superseded", "revoked", "expired", "taken_over"]
+)
+def test_a_carried_lease_no_longer_in_effect_expires_the_handoff(status: str) -> None:
+    """Whatever ended the carried generation (its sender released it, it moved to another
+    generation, it was force-released, it ran out or was taken over), the pending handoff
+    reads expired before its own deadline and is ended, with nothing to release."""
+    ended = _carried(status=status, ended_at_ms=T0 + 1)
+    assert carried_lease_ended(ended, T0 + 2)
+    expiry = _expiry(T0 + 2, carried=ended)
+    assert expiry is not None
+    assert expiry.release is None
+
+
+def test_an_effective_or_absent_carried_lease_keeps_the_handoff_pending() -> None:
+    """A handoff whose lease is still in effect, or that carries none, stays pending until
+    its own deadline."""
+    assert not carried_lease_ended(_carried(), T0 + 2)
+    assert not carried_lease_ended(None, T0 + 2)
+    assert _expiry(T0 + 2) is None
+    assert handoff_status("pending", None, T0 + 2, carried_ended=False) == "pending"
 
 
 def test_rejection_release_names_its_reason() -> None:

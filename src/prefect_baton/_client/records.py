@@ -230,7 +230,7 @@ class HandoffAPI(_API):
                 (:func:`prefect_baton._rules.access.check_list_owner`).
             status: only handoffs that read as this status: ``"pending"`` (default),
                 ``"accepted"``, ``"rejected"``, ``"expired"`` (a pending one past its
-                expiry, or whose carried lease lapsed, reads ``expired``) or ``"any"``.
+                expiry, or whose carried lease ended, reads ``expired``) or ``"any"``.
             limit: 1..10,000 handoffs.
             cursor: continue after the page this cursor ends (``str``, as :meth:`inbox`
                 takes it; the two lists share their order and cursors).
@@ -292,11 +292,13 @@ class HandoffAPI(_API):
 
         Raises:
             ValidationError: ``status`` is not ``accepted``/``rejected``.
-            NotFoundError: unknown, already resolved (a second resolve), or expired.
+            NotFoundError: unknown, already resolved (a second resolve), or expired (its
+                own expiry passed, or the lease it carries is no longer in effect: ran out,
+                released, transferred, superseded, force-released or taken over).
             ValidationError: you are not its target ("Only the target principal can
                 resolve a handoff.", as the seed service answers).
-            LeaseLostError: the sender no longer holds the attached lease (the handoff
-                stays pending; reject it).
+            LeaseLostError: the sender's attached lease ended in the instant of acceptance
+                (the handoff then reads ``expired``).
             IdempotencyMismatchError: the key was used for a different request (nothing
                 done). IdempotencyInFlightError: a request under the key is still running.
         """

@@ -19,7 +19,7 @@ from prefect_baton.errors import ValidationError
 __all__ = [
     "HANDOFF_STATUSES",
     "HandoffExpiry",
-    "carried_lease_lapsed",
+    "carried_lease_ended",
     "decide_carried_release",
     "decide_handoff_expiry",
     "handoff_status",
@@ -51,33 +51,32 @@ def validate_status_filter(status: object) -> str | None:
 def stored_statuses(status: str) -> tuple[str, ...]:
     """The stored statuses of the handoffs that may read as ``status``
     (:func:`handoff_status`): a stored ``pending`` one reads ``expired`` once past its
-    expiry or once its carried lease lapsed, so ``expired`` is looked for among both."""
+    expiry or once its carried lease ended, so ``expired`` is looked for among both."""
     return ("pending", "expired") if status == "expired" else (status,)
 
 
-def carried_lease_lapsed(carried: Generation | None, now_ms: int) -> bool:
-    """Whether the lease a pending handoff carries ran out before anyone accepted it.
+def carried_lease_ended(carried: Generation | None, now_ms: int) -> bool:
+    """Whether the lease a pending handoff carries is no longer in effect, so the handoff
+    can never be accepted.
 
-    ``carried`` is the generation the handoff names (``None`` when unknown). It lapsed when
-    it is still ``active`` past its expiry on the authority's clock, or ended ``expired`` /
-    ``taken_over`` (another holder found it expired). A lease its sender released or moved
-    elsewhere did not lapse: accepting that handoff is ``LEASE_LOST`` and it stays pending.
+    ``carried`` is the generation the handoff names (``None``: the handoff carries no
+    lease, or it is unknown). It ended unless it is still ``active`` before its expiry on
+    the authority's clock: it ran out, or its sender released it, or it was transferred
+    (another handoff carrying it was accepted), superseded by a re-acquire, force-released
+    (``revoked``) or taken over. Such a handoff reads ``expired`` (:func:`handoff_status`).
     """
-    if carried is None:
-        return False
-    if carried.status == "active":
-        return carried.expires_at_ms <= now_ms
-    return carried.status in ("expired", "taken_over")
+    return carried is not None and not carried.effective(now_ms)
 
 
 def handoff_status(
-    status: str, expires_at_ms: int | None, now_ms: int, *, carried_lapsed: bool
+    status: str, expires_at_ms: int | None, now_ms: int, *, carried_ended: bool
 ) -> str:
     """The status a handoff reads as (DESIGN.md "Handoffs").
 
     A ``pending`` handoff reads ``expired`` once its own expiry (``expires_at_ms``) has
-    passed, or once the lease it carries lapsed (``carried_lapsed``, see
-    :func:`carried_lease_lapsed`): nothing can be transferred any more, so it leaves the
+    passed, or once the lease it carries is no longer in effect (``carried_ended``, see
+    :func:`carried_lease_ended`: it ran out, was released, transferred, superseded,
+    force-released or taken over): nothing can be transferred any more, so it leaves the
     recipient's inbox and can no longer be resolved (``NOT_FOUND``). Other statuses are kept
     (a stored ``expired`` too: :func:`decide_handoff_expiry` marks it).
     """
@@ -85,7 +84,7 @@ def handoff_status(
         return status
     if expires_at_ms is not None and expires_at_ms <= now_ms:
         return "expired"
-    return "expired" if carried_lapsed else "pending"
+    return "expired" if carried_ended else "pending"
 
 
 def releases_carried(carried: Generation | None, from_principal: str, now_ms: int) -> bool:
@@ -159,7 +158,7 @@ def decide_handoff_expiry(
     """Decide whether a handoff has expired and what becomes of the lease it carries.
 
     A ``pending`` handoff that reads ``expired`` (:func:`handoff_status`: its own
-    ``expires_at_ms`` passed, or its carried lease lapsed) is marked ``expired``; when its
+    ``expires_at_ms`` passed, or its carried lease ended) is marked ``expired``; when its
     carried lease is still the sender's and effective it is released in the same step,
     recorded as ``lease.released`` with ``reason`` ``handoff_expired``, so the resource is
     free at the handoff's deadline instead of at the lease's TTL. The decision is the same
@@ -179,10 +178,10 @@ def decide_handoff_expiry(
     Returns:
         A :class:`HandoffExpiry`, or ``None`` when the handoff is not an expired pending one.
     """
-    lapsed = carried_lease_lapsed(carried, now_ms)
+    ended = carried_lease_ended(carried, now_ms)
     if (
         status != "pending"
-        or handoff_status(status, expires_at_ms, now_ms, carried_lapsed=lapsed) != "expired"
+        or handoff_status(status, expires_at_ms, now_ms, carried_ended=ended) != "expired"
     ):
         return None
     release = decide_carried_release(

@@ -34,16 +34,50 @@ __all__ = [
     "decide_release_by_id",
     "decide_renew",
     "decide_transfer",
+    "wrong_execution_key",
 ]
+
+_PASS_KEY = (
+    "pass the execution key it was acquired with (execution_key= in Python, --execution-key "
+    "on the CLI, execution_key over REST; after a handoff accept it is handoff:<handoff id> "
+    "unless another was chosen)"
+)
+
+
+def wrong_execution_key(lease_id: str, *, held_key: bool, given_key: bool) -> LeaseLostError:
+    """The refusal of a proof naming the caller's own lease under another execution key
+    than the lease's: ``LEASE_LOST`` (the generation belongs to another execution of the
+    caller's principal), with a message that says the lease is the caller's and how to pass
+    its key. It never shows the lease's key, nor the one given.
+
+    Args:
+        lease_id: the lease. held_key: whether the lease has an execution key.
+        given_key: whether the proof gave one.
+    """
+    if held_key and not given_key:
+        why = "under an execution key, and none was given: " + _PASS_KEY
+    elif given_key and not held_key:
+        why = (
+            "without an execution key, but one was given: leave it out (execution_key=None "
+            "in Python, no --execution-key on the CLI)"
+        )
+    else:
+        why = "under a different execution key than the one given: " + _PASS_KEY
+    return LeaseLostError(f"lease {lease_id} is held by you {why}")
 
 
 def _check_proof(row: Generation | None, proof: Proof) -> Generation:
     """Common proof check: unknown or another principal's lease is not found; a wrong
-    execution key is a lost lease (the generation belongs to another execution)."""
+    execution key is a lost lease (the generation belongs to another execution; the message:
+    :func:`wrong_execution_key`)."""
     if row is None or row.owner != proof.owner:
         raise NotFoundError(f"lease {proof.lease_id} not found")
     if row.execution_key != proof.execution_key:
-        raise LeaseLostError(f"lease {proof.lease_id} is held by another execution")
+        raise wrong_execution_key(
+            proof.lease_id,
+            held_key=row.execution_key is not None,
+            given_key=proof.execution_key is not None,
+        )
     return row
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -131,16 +130,15 @@ def validate_text(name: str, value: object, limit: int = MAX_TEXT_LENGTH) -> str
 def validate_ttl(ttl_seconds: object, name: str = "ttl_seconds") -> int:
     """Check a lease TTL: an integer number of seconds from 10 to 86,400 (seed service rule).
 
-    Returns the TTL in milliseconds. Floats with no fractional part are accepted; ``bool``,
-    fractions, strings and out-of-range values raise :class:`ValidationError`.
+    Returns the TTL in milliseconds. Only an ``int`` is one: a ``float`` (even ``60.0``, as
+    the CLI and the REST API refuse it too), ``bool``, strings and out-of-range values raise
+    :class:`ValidationError`.
     """
-    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int | float):
-        raise ValidationError(f"{name} must be an integer number of seconds")
-    if isinstance(ttl_seconds, float) and (
-        not math.isfinite(ttl_seconds) or not ttl_seconds.is_integer()
-    ):
-        raise ValidationError(f"{name} must be an integer number of seconds")
-    ttl = int(ttl_seconds)
+    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int):
+        raise ValidationError(
+            f"{name} must be an integer number of seconds, got {type(ttl_seconds).__name__}"
+        )
+    ttl = ttl_seconds
     if not TTL_MIN_SECONDS <= ttl <= TTL_MAX_SECONDS:
         raise ValidationError(f"{name} must be from {TTL_RANGE} seconds, got {ttl}")
     return ttl * 1000

@@ -394,7 +394,8 @@ class LeaseAuthority(Protocol):
 
         Raises:
             NotFoundError: unknown, resolved, or expired. ValidationError: not its target.
-            LeaseLostError: the sender no longer holds the lease (it stays pending).
+            LeaseLostError: the sender's lease ended in the instant of acceptance (the
+                handoff then reads ``expired``).
             IdempotencyMismatchError, IdempotencyInFlightError.
         """
         ...

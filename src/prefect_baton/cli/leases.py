@@ -56,8 +56,9 @@ ExecutionKey = Annotated[
     str | None,
     typer.Option(
         "--execution-key",
-        help="Execution key (text) given as --idempotency-key at acquire; omit only for a "
-        "lease acquired without one.",
+        help="Execution key (text) given as --idempotency-key at acquire (handoff:<handoff "
+        "id> for a lease taken over by accepting a handoff); omit only for a lease acquired "
+        "without one.",
     ),
 ]
 RetryKey = Annotated[
@@ -229,7 +230,8 @@ def release(
     """Release a lease you hold, by proof. Safe to retry: a second release is 'no_change'.
 
     The receipt's status is 'released', or 'expired' when the lease had already run out
-    (your protection lapsed). Exits 9 (LEASE_LOST) if someone else took it since.
+    (your protection lapsed). Exits 9 (LEASE_LOST) if someone else took it since, or when
+    --execution-key is missing or differs from the lease's (the message says so).
     """
     with guard(ctx, "lease.release") as st:
         b = st.client()

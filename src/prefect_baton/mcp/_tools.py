@@ -325,8 +325,8 @@ _SPECS = (
         "baton_handoff_resolve",
         "Accept or reject a pending handoff addressed to you. Accepting one that carries a "
         "lease gives you that lease (in the result's 'lease'). Errors: NOT_FOUND (unknown, "
-        "expired or already resolved), VALIDATION_ERROR (not addressed to you), LEASE_LOST (the "
-        "sender no longer holds the lease).",
+        "expired, also when the sender's lease ended, or already resolved), VALIDATION_ERROR "
+        "(not addressed to you), LEASE_LOST (the sender's lease ended during the call).",
         HandoffResolveIn,
         _handoff_resolve,
         Handoff,

@@ -187,8 +187,9 @@ class AcceptedHandoff:
         """Accept now (with ``defer=True``); returns the taken-over lease or ``None``.
 
         Raises:
-            LeaseLostError: the sender no longer holds the attached lease (it expired
-            before acceptance); the handoff stays pending. NotFoundError: already resolved.
+            NotFoundError: already resolved, or expired (also when the sender's lease
+            ended before acceptance). LeaseLostError: the sender's lease ended in the
+            instant of acceptance.
         """
         if self.status == "pending":
             self._accept()
@@ -269,10 +270,10 @@ def accept_handoff(
             :func:`leased`); the handoff must be addressed to it.
 
     Raises:
-        NotFoundError: unknown, expired or already resolved (by someone else).
-        ValidationError: addressed to another principal. LeaseLostError: the sender's lease
-        lapsed before acceptance (the handoff stays pending), or the lease was lost during
-        the block (at exit).
+        NotFoundError: unknown, expired (its own expiry passed, or the sender's lease ended
+            before acceptance) or already resolved (by someone else).
+        ValidationError: addressed to another principal. LeaseLostError: the lease was lost
+        during the block (at exit), or the sender's ended in the instant of acceptance.
     """
     return AcceptedHandoff(
         handoff_id,

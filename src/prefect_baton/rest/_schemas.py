@@ -63,12 +63,15 @@ def _integral(value: Any) -> Any:
 
 
 _INTEGER = BeforeValidator(_integral)  # a JSON integer: 60 or 60.0, never "60"
-#: A lease TTL in seconds, ``TTL_MIN_SECONDS`` to ``TTL_MAX_SECONDS``.
-Ttl = Annotated[int, Field(ge=TTL_MIN_SECONDS, le=TTL_MAX_SECONDS), _INTEGER]
+#: A lease TTL in seconds, ``TTL_MIN_SECONDS`` to ``TTL_MAX_SECONDS``: a JSON integer
+#: written without a fraction (``60.0`` is refused, as ``_rules.validation.validate_ttl``
+#: refuses a float), like every duration in seconds.
+Ttl = Annotated[int, Field(ge=TTL_MIN_SECONDS, le=TTL_MAX_SECONDS)]
 #: A compare-and-swap version, 0 to 2**53 - 1.
 Version = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER), _INTEGER]
-#: A checkpoint or handoff lifetime in seconds, 1 to 31,622,400 (366 days).
-Lifetime = Annotated[int, Field(ge=1, le=CHECKPOINT_TTL_MAX_SECONDS), _INTEGER]
+#: A checkpoint or handoff lifetime in seconds, 1 to 31,622,400 (366 days); ``60.0`` is
+#: refused, as for :data:`Ttl`.
+Lifetime = Annotated[int, Field(ge=1, le=CHECKPOINT_TTL_MAX_SECONDS)]
 Scope = Annotated[str, Field(min_length=1, max_length=MAX_SCOPE_LENGTH, pattern=NO_CONTROL)]
 #: Write-scope patterns of a lease: at most 64, each 1 to 1,024 characters.
 Scopes = Annotated[list[Scope], Field(max_length=MAX_SCOPES)]

@@ -109,14 +109,14 @@ def handoff_model(
     now_ms: int,
     lease: Lease | None = None,
     *,
-    carried_lapsed: bool = False,
+    carried_ended: bool = False,
     released: Lease | None = None,
 ) -> Handoff:
     """The :class:`Handoff` of ``row`` at ``now_ms``; its status as
-    :func:`prefect_baton._rules.handoffs.handoff_status` reads it (``carried_lapsed``: the lease
-    it carries lapsed, :func:`prefect_baton._rules.handoffs.carried_lease_lapsed`;
+    :func:`prefect_baton._rules.handoffs.handoff_status` reads it (``carried_ended``: the lease
+    it carries is no longer in effect, :func:`prefect_baton._rules.handoffs.carried_lease_ended`;
     ``released``: the carried lease this call released, see ``Handoff.released_lease``)."""
-    status = handoff_status(row.status, row.expires_at_ms, now_ms, carried_lapsed=carried_lapsed)
+    status = handoff_status(row.status, row.expires_at_ms, now_ms, carried_ended=carried_ended)
     created = from_ms(row.created_at_ms)
     assert created is not None
     return Handoff(

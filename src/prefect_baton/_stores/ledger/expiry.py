@@ -21,7 +21,7 @@ from sqlalchemy import and_, or_, select
 from sqlmodel import Session, col
 
 from prefect_baton._rules.core import Decision, Generation
-from prefect_baton._rules.handoffs import carried_lease_lapsed, decide_handoff_expiry
+from prefect_baton._rules.handoffs import carried_lease_ended, decide_handoff_expiry
 from prefect_baton._stores.ledger.base import Tx
 from prefect_baton._stores.ledger.convert import generation_to_lease, row_to_generation
 from prefect_baton._stores.ledger.leases import LeaseOps
@@ -29,7 +29,7 @@ from prefect_baton._stores.ledger.tables import GenerationRow, HandoffRow
 from prefect_baton._stores.protocol import Caller
 from prefect_baton.models import Lease
 
-__all__ = ["ExpiryOps", "carried", "carried_lapsed"]
+__all__ = ["ExpiryOps", "carried", "carried_ended"]
 
 
 def carried(s: Session, row: HandoffRow) -> Generation | None:
@@ -40,9 +40,10 @@ def carried(s: Session, row: HandoffRow) -> Generation | None:
     return row_to_generation(lrow) if lrow is not None else None
 
 
-def carried_lapsed(s: Session, row: HandoffRow, now_ms: int) -> bool:
-    """Whether the lease handoff ``row`` carries lapsed (:func:`carried_lease_lapsed`)."""
-    return row.status == "pending" and carried_lease_lapsed(carried(s, row), now_ms)
+def carried_ended(s: Session, row: HandoffRow, now_ms: int) -> bool:
+    """Whether the lease pending handoff ``row`` carries is no longer in effect
+    (:func:`carried_lease_ended`)."""
+    return row.status == "pending" and carried_lease_ended(carried(s, row), now_ms)
 
 
 class ExpiryOps(LeaseOps):
@@ -104,7 +105,7 @@ class ExpiryOps(LeaseOps):
         self, caller: Caller, *, limit: int = 1000
     ) -> list[tuple[str, str | None]]:
         """The oldest ``limit`` (1..10,000) pending handoffs of the caller's org that read
-        ``expired`` (their own expiry passed, or their carried lease lapsed), as
+        ``expired`` (their own expiry passed, or their carried lease ended), as
         ``(handoff_id, carried lease id or None)`` pairs: what the sweep ends."""
         with self._read() as (s, now):
             q = (
@@ -113,13 +114,10 @@ class ExpiryOps(LeaseOps):
                 .where(
                     col(HandoffRow.org_id) == caller.org,
                     col(HandoffRow.status) == "pending",
-                    or_(
+                    or_(  # carried_lease_ended: the carried generation is not effective
                         col(HandoffRow.expires_at_ms) <= now,
-                        and_(
-                            col(GenerationRow.status) == "active",
-                            col(GenerationRow.expires_at_ms) <= now,
-                        ),
-                        col(GenerationRow.status).in_(("expired", "taken_over")),
+                        col(GenerationRow.status) != "active",
+                        col(GenerationRow.expires_at_ms) <= now,
                     ),
                 )
                 .order_by(col(HandoffRow.created_at_ms), col(HandoffRow.handoff_id))

@@ -26,7 +26,7 @@ from prefect_baton._rules.core import Proof, TransferRequest
 from prefect_baton._rules.digests import handoff_create_digest
 from prefect_baton._rules.events import RELEASE_HANDOFF_REJECTED
 from prefect_baton._rules.handoffs import (
-    carried_lease_lapsed,
+    carried_lease_ended,
     decide_carried_release,
     stored_statuses,
 )
@@ -42,7 +42,7 @@ from prefect_baton._stores.ledger.convert import (
     row_to_generation,
     shared_fields,
 )
-from prefect_baton._stores.ledger.expiry import ExpiryOps, carried_lapsed
+from prefect_baton._stores.ledger.expiry import ExpiryOps, carried_ended
 from prefect_baton._stores.ledger.expiry import carried as carried_of
 from prefect_baton._stores.ledger.paging import after_key
 from prefect_baton._stores.ledger.tables import CheckpointRow, GenerationRow, HandoffRow, Principal
@@ -184,7 +184,7 @@ class HandoffOps(ExpiryOps):
         at most ``limit`` (1..10,001, :func:`~prefect_baton._rules.paging.store_limit`),
         after the ``(created_at ms, handoff_id)`` ``after``.
         Rows whose stored status differs from how they read (a pending one past its expiry,
-        or whose carried lease lapsed) are skipped by reading on until the page is full."""
+        or whose carried lease ended) are skipped by reading on until the page is full."""
 
         at, hid = col(HandoffRow.created_at_ms), col(HandoffRow.handoff_id)
         with self._read() as (s, now):
@@ -204,7 +204,7 @@ class HandoffOps(ExpiryOps):
             while len(out) < want:
                 rows = list(s.execute(q.limit(want)).scalars())
                 for r in rows:
-                    h = handoff_model(r, now, carried_lapsed=carried_lapsed(s, r, now))
+                    h = handoff_model(r, now, carried_ended=carried_ended(s, r, now))
                     if (status is None or h.status == status) and len(out) < want:
                         out.append(h)
                 if len(rows) < want:
@@ -233,13 +233,17 @@ class HandoffOps(ExpiryOps):
                 lrow = s.get(GenerationRow, row.accepted_lease_id)
                 if lrow is not None and lrow.owner == caller.principal:
                     lease = generation_to_lease(row_to_generation(lrow))
-            return handoff_model(row, now, lease, carried_lapsed=carried_lapsed(s, row, now))
+            return handoff_model(row, now, lease, carried_ended=carried_ended(s, row, now))
 
-    def _handoff_resolve(self, caller: Caller, resolution: ResolveRequest) -> Handoff:
+    def _handoff_resolve(
+        self, caller: Caller, resolution: ResolveRequest, *, carried_released: bool = False
+    ) -> Handoff:
         """Resolve a pending handoff addressed to the caller as ``accepted`` or ``rejected``.
 
         Accepting a handoff that carries a lease transfers the lease to the caller under
         ``resolution.execution_key`` (default ``handoff:<id>``) in the same transaction.
+        ``carried_released``: the lease authority (Redis) already released the carried lease
+        for this rejection, so its end does not make the handoff read ``expired`` here.
         """
         handoff_id, status = resolution.handoff_id, resolution.status
         lease_id: str | None = None
@@ -248,9 +252,10 @@ class HandoffOps(ExpiryOps):
             h = s.get(HandoffRow, handoff_id)
             if h is not None and h.org_id == caller.org:
                 lease_id = h.lease_id  # accepting moves it, rejecting may release it
-                expired = h.status == "pending" and (
-                    handoff_model(h, now, carried_lapsed=carried_lapsed(s, h, now)).status
-                    == "expired"
+                ended = carried_ended(s, h, now) and not carried_released
+                expired = (
+                    h.status == "pending"
+                    and handoff_model(h, now, carried_ended=ended).status == "expired"
                 )
         if expired:  # end it (releasing its lease) before answering that it expired
             self.expire_handoffs(caller, handoff_id=handoff_id)
@@ -265,8 +270,8 @@ class HandoffOps(ExpiryOps):
             if row is None or row.org_id != caller.org or row.status != "pending":
                 raise NotFoundError(f"pending handoff {handoff_id} not found")
             carried = carried_of(s, row)
-            lapsed = carried_lease_lapsed(carried, tx.now_ms)
-            if handoff_model(row, tx.now_ms, carried_lapsed=lapsed).status == "expired":
+            ended = carried_lease_ended(carried, tx.now_ms) and not carried_released
+            if handoff_model(row, tx.now_ms, carried_ended=ended).status == "expired":
                 raise NotFoundError(f"handoff {handoff_id} has expired")
             check_resolver(row.to_principal, caller.principal)
             lease: Lease | None = None

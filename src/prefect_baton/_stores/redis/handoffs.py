@@ -40,7 +40,7 @@ from prefect_baton._rules.access import check_resolver
 from prefect_baton._rules.core import Generation, Proof, ReleaseRequest
 from prefect_baton._rules.events import RELEASE_HANDOFF_EXPIRED, RELEASE_HANDOFF_REJECTED
 from prefect_baton._rules.handoffs import decide_carried_release, decide_handoff_expiry
-from prefect_baton._stores.ledger.expiry import carried_lapsed
+from prefect_baton._stores.ledger.expiry import carried_ended
 from prefect_baton._stores.ledger.store import handoff_model
 from prefect_baton._stores.ledger.tables import HandoffRow
 from prefect_baton._stores.protocol import Caller, ResolveRequest
@@ -76,7 +76,8 @@ def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: ResolveReq
     Raises:
         NotFoundError: unknown, not pending, expired, or another org's handoff.
         ValidationError: the caller is not its target (the seed's message).
-        LeaseLostError: the sender no longer holds the lease (the handoff stays pending).
+        LeaseLostError: the sender's lease ended between the check and the transfer (the
+            handoff then reads ``expired``).
         UnavailableError: Redis or the ledger is unreachable.
     """
     handoff_id = resolution.handoff_id
@@ -90,7 +91,7 @@ def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: ResolveReq
             lease_id, from_principal = row.lease_id, row.from_principal
             expires_at_ms = row.expires_at_ms
             expired = (
-                handoff_model(row, now, carried_lapsed=carried_lapsed(s, row, now)).status
+                handoff_model(row, now, carried_ended=carried_ended(s, row, now)).status
                 == "expired"
             )
             if not expired:
@@ -103,7 +104,7 @@ def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: ResolveReq
     if resolution.status == "rejected":
         mark_rejected(auth, caller, handoff_id)
         released = release_carried(auth, caller, handoff_id, lease_id, from_principal)
-        rejected = store.handoff_resolve(caller, resolution)
+        rejected = store._handoff_resolve(caller, resolution, carried_released=True)
         if released is None:
             return rejected
         return rejected.model_copy(update={"released_lease": released})
@@ -153,7 +154,7 @@ def _release_by_handoff(
     """Release ``held`` on Redis with the sender's proof, the journal entry naming the
     handoff and reason ``by``, then drain the journal so the ledger sees it released (and
     leaves it alone). A crash in between leaves the handoff pending with its lease released:
-    accepting it is then ``LEASE_LOST``, and ending it again completes it.
+    it reads ``expired``, and ending it again completes it.
 
     Returns:
         The released generation, or ``None`` (already released, or moved on meanwhile).
@@ -191,14 +192,20 @@ def expire_handoff(auth: RedisAuthority, caller: Caller, handoff_id: str) -> Lea
     released = None
     if lease_id is not None:
         held, now = auth.generation(caller, lease_id)
-        expiry = decide_handoff_expiry(
-            handoff_id, "pending", expires_at_ms, carried=held, from_principal=sender, now_ms=now
-        )
-        if expiry is None:
-            return None  # not expired on the Redis clock: an accept may still win
-        if expiry.release is not None and held is not None:
-            by = (handoff_id, RELEASE_HANDOFF_EXPIRED)
-            released = _release_by_handoff(auth, caller, held, sender, by)
+        if held is not None:  # unknown to Redis (long ended): the ledger's copy decides below
+            expiry = decide_handoff_expiry(
+                handoff_id,
+                "pending",
+                expires_at_ms,
+                carried=held,
+                from_principal=sender,
+                now_ms=now,
+            )
+            if expiry is None:
+                return None  # not expired on the Redis clock: an accept may still win
+            if expiry.release is not None:
+                by = (handoff_id, RELEASE_HANDOFF_EXPIRED)
+                released = _release_by_handoff(auth, caller, held, sender, by)
         auth.sync_ledger(caller.org, strict=True)
     store.expire_handoffs(caller, handoff_id=handoff_id, release=False)
     return released
@@ -241,7 +248,7 @@ def transfer_lease(
 
     Raises:
         NotFoundError: the handoff was rejected, or expired; the lease is unknown.
-        LeaseLostError: the sender no longer holds the lease (the handoff stays pending).
+        LeaseLostError: the sender no longer holds the lease (the handoff reads ``expired``).
     """
     keys = org_keys(caller.org)
     new_id = (

@@ -44,6 +44,7 @@
 local C_OK, C_NOOP, C_REPLAY = 0, 1, 2
 local C_CONFLICT, C_VERSION, C_NOT_FOUND, C_LOST = 10, 11, 12, 13
 local C_MISMATCH, C_INVALID, C_FORBIDDEN, C_IN_FLIGHT, C_UNKNOWN = 14, 15, 16, 17, 20
+local C_WRONG_KEY = 18
 local C_NO_INCARNATION, C_ROTATE, C_REBUILD_LOST = 30, 31, 32
 local MAX_SAFE = 9007199254740991
 local EXHAUSTED = 'lease generation counters are exhausted (2**53 - 1); only release is allowed'
@@ -209,10 +210,16 @@ end
 
 -- The refusals of a lease presented by proof (mirrors of _core's proof checks), each nil
 -- when the check passes: generation g of lease `id` is another principal's (NOT_FOUND) or
--- another execution's (LEASE_LOST, `key` being the proof's execution key), ...
+-- another execution's (LEASE_LOST, `key` being the proof's execution key; Python words it:
+-- _transitions.wrong_execution_key, from whether the lease and the proof have a key), ...
 local function proof_refused(g, id, principal, key)
   if g.o ~= principal then return {C_NOT_FOUND, 'lease ' .. id .. ' not found'} end
-  if g.k ~= key then return {C_LOST, 'lease ' .. id .. ' is held by another execution'} end
+  if g.k ~= key then
+    local held, given = 0, 0
+    if g.k then held = 1 end
+    if key then given = 1 end
+    return {C_WRONG_KEY, id, held, given}
+  end
 end
 
 -- ... is no longer held at `now` (LEASE_LOST), ...

@@ -11,7 +11,8 @@
 --   {1, generation}                      no_change: already released/expired (no write)
 --   {11, current, expected}              VERSION_CONFLICT
 --   {12, message}                        NOT_FOUND (another principal's, or superseded)
---   {13, message}                        LEASE_LOST (another execution, or taken since)
+--   {13, message}                        LEASE_LOST (taken since)
+--   {18, lease id, held key?, given key?} LEASE_LOST (another execution key: _lib.lua)
 --   {20}                                 lease id unknown to Redis (Python asks the ledger)
 --   {30}                                 no incarnation marker
 local mk = marker()

@@ -19,6 +19,7 @@
 --   {11, current, expected}              VERSION_CONFLICT
 --   {12, message}                        NOT_FOUND
 --   {13, message}                        LEASE_LOST
+--   {18, lease id, held key?, given key?} LEASE_LOST (another execution key: _lib.lua)
 --   {15, message}                        VALIDATION_ERROR
 --   {20}                                 lease id unknown to Redis
 --   {30} / {31}                          as acquire.lua

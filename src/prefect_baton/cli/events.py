@@ -11,9 +11,10 @@ from typing import Annotated, Any
 
 import typer
 
-from prefect_baton.cli._output import emit_ok
-from prefect_baton.cli._state import CliState, guard, usage_error
-from prefect_baton.models import Event
+from prefect_baton.cli._options import poll_interval
+from prefect_baton.cli._output import emit_ok, visible
+from prefect_baton.cli._state import CliState, guard
+from prefect_baton.models import Event, wire_time
 
 app = typer.Typer(
     name="events",
@@ -27,9 +28,8 @@ EVENT_COLUMNS = ("seq", "kind", "subject", "principal", "occurred_at", "event_id
 def _line(st: CliState, ev: Event) -> str:
     if st.json:
         return json.dumps(ev.model_dump(mode="json"))
-    return "\t".join(
-        [str(ev.seq), ev.occurred_at.isoformat(), ev.kind, ev.subject, ev.principal, ev.event_id]
-    )
+    fields = [str(ev.seq), wire_time(ev.occurred_at), ev.kind, ev.subject, ev.principal]
+    return "\t".join(visible(f) for f in [*fields, ev.event_id])
 
 
 def _follow(st: CliState, after: int, limit: int, filters: dict[str, Any], interval: float) -> None:
@@ -78,8 +78,7 @@ def tail(
         typer.Option("--kind", help="Only events of this kind (text, e.g. 'lease.acquired')."),
     ] = None,
     interval: Annotated[
-        float,
-        typer.Option("--interval", help="With --follow: seconds (number) between polls when idle."),
+        float, poll_interval(0.05, "With --follow: the pause between polls when idle")
     ] = 1.0,
     resource_type: Annotated[
         str | None,
@@ -118,8 +117,6 @@ def tail(
         "subject": subject,
     }
     with guard(ctx, "events.tail") as st:
-        if not interval > 0:
-            usage_error(st, "events.tail", "--interval must be a positive number of seconds")
         if follow:
             st.client().events.list(after_seq=after, limit=limit, **filters)  # validate
             _follow(st, after, limit, filters, interval)

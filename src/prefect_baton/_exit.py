@@ -5,6 +5,7 @@ of the package, so the server's entry point can use it without loading the CLI."
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +17,7 @@ __all__ = [
     "error_line",
     "exit_code_for",
     "one_line",
+    "visible",
 ]
 
 EXIT_OK = 0
@@ -51,12 +53,37 @@ def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+#: What :func:`visible` escapes: the C0 controls and DEL, the C1 controls (U+0080 to U+009F),
+#: the line and paragraph separators, and the bidirectional formatting characters (marks,
+#: embeddings, overrides and isolates), which could move the cursor, recolour or clear a
+#: terminal, set its title, or make text read in another order than it is stored.
+_INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+_SHORT = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    code = ord(char)
+    return _SHORT.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def visible(text: str) -> str:
+    """``text`` (``str``) safe to print on a terminal: each character :data:`_INVISIBLE`
+    matches (controls such as ESC and BEL, C1 controls, bidirectional overrides) is written
+    as its Python escape (``\\t``, ``\\n``, ``\\x1b``, ``\\x85``, ``\\u202e``); everything
+    else is kept."""
+    return _INVISIBLE.sub(_escape, text)
+
+
 def error_line(who: str, error: Mapping[str, Any]) -> str:
     """The error ``{"code", "message", ...}`` (``Mapping``) as one line for stderr,
     ``who: CODE: message`` (``who``: the command, ``str``), with the versions of a
-    ``VERSION_CONFLICT`` the message does not already name; ends with a newline."""
-    code = str(error.get("code", "ERROR"))
-    message = one_line(str(error.get("message", "")))
+    ``VERSION_CONFLICT`` the message does not already name, control characters made
+    :func:`visible`; ends with a newline."""
+    code = visible(str(error.get("code", "ERROR")))
+    message = visible(one_line(str(error.get("message", ""))))
     details = [
         f"{k}={error[k]}"
         for k in ("current_version", "expected_version")

@@ -255,9 +255,15 @@ def from_pydantic(
         root: the field name of a problem at the top level (``str``).
         name: makes the field name from a location (default: its parts joined by ``.``).
         messages: a replacement message per ``pattern`` of a ``string_pattern_mismatch``.
+
+    A body that is not JSON at all (FastAPI's ``json_invalid``, located at the offset of
+    the fault) reads ``<root>: invalid JSON at byte N (reason)``.
     """
     parts = []
     for err in exc.errors()[:5]:
+        if err.get("type") == "json_invalid" and _is_offset(err.get("loc", ())):
+            parts.append(_json_decode_problem(exc, err, root))
+            continue
         loc = tuple(x for x in err.get("loc", ()) if x not in skip)
         field = name(loc) if name is not None else ".".join(str(x) for x in loc)
         msg = str(err.get("msg") or "invalid")
@@ -266,6 +272,23 @@ def from_pydantic(
             msg = messages.get(str(pattern), msg)
         parts.append(f"{field or root}: {msg}")
     return ValidationError(prefix + ("; ".join(parts) or f"invalid {root}"))
+
+
+def _is_offset(loc: Any) -> bool:
+    # FastAPI reports a body that is not JSON at ``("body", <offset>)``.
+    return isinstance(loc, tuple | list) and len(loc) == 2 and isinstance(loc[1], int)
+
+
+def _json_decode_problem(exc: Any, err: Mapping[str, Any], root: str) -> str:
+    """``body: invalid JSON at byte N (reason)`` for FastAPI's ``json_invalid`` error,
+    whose location holds the offset in the decoded text: counted in bytes of the body
+    (UTF-8) when the text is at hand."""
+    pos = int(err["loc"][1])
+    doc = getattr(exc, "body", None)
+    if isinstance(doc, str):
+        pos = len(doc[:pos].encode("utf-8", "surrogatepass"))
+    reason = str((err.get("ctx") or {}).get("error") or err.get("msg") or "malformed")
+    return f"{root}: invalid JSON at byte {pos} ({reason})"
 
 
 _BY_CODE: dict[str, type[BatonError]] = {

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+from .conftest import Cli, Run
 
 
 def _baton(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -73,3 +77,98 @@ def test_undecodable_argument_bytes_are_a_validation_error(tmp_path: Path) -> No
     )
     assert proc.returncode == 2, proc.stdout
     assert json.loads(proc.stdout)["error"]["code"] == "VALIDATION_ERROR"
+
+
+def _error(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    err: dict[str, Any] = json.loads(proc.stdout)["error"]
+    assert err["code"] == "VALIDATION_ERROR"
+    return err
+
+
+def test_an_endless_state_file_or_stdin_is_refused_unread(tmp_path: Path) -> None:
+    """``/dev/zero`` as the state file, and an endless stdin, are VALIDATION_ERROR naming
+    the state cap (1 MiB by default, BATON_STATE_MAX_BYTES): the CLI stops reading past the
+    read limit (the REST body limit of that cap) instead of running out of memory."""
+    err = _error(_baton(tmp_path, "checkpoint", "save", "s", "k", "/dev/zero"))
+    assert err["message"] == (
+        "state file '/dev/zero' is over 3211264 bytes; a state is at most 1048576 bytes of "
+        "JSON (BATON_STATE_MAX_BYTES)"
+    )
+    ledger = f"sqlite:///{tmp_path / 'l.db'}"
+    with open("/dev/zero", "rb") as endless:
+        proc = subprocess.run(
+            [sys.executable, "-m", "prefect_baton.cli", "--ledger-url", ledger, "--format",
+             "json", "checkpoint", "save", "s", "k", "-"],
+            stdin=endless, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert "state on stdin is over 3211264 bytes" in _error(proc)["message"]
+
+
+def test_a_huge_state_file_is_refused_by_its_first_bytes(tmp_path: Path) -> None:
+    """A 300 MB (sparse) state file is refused like a small one over the limit, and the
+    limit follows BATON_STATE_MAX_BYTES (never below the 2 MiB body floor)."""
+    huge = tmp_path / "huge.json"
+    with huge.open("wb") as f:
+        f.truncate(300 * 1024 * 1024)
+    err = _error(_baton(tmp_path, "checkpoint", "save", "s", "k", str(huge)))
+    assert "is over 3211264 bytes; a state is at most 1048576 bytes" in err["message"]
+    ledger = f"sqlite:///{tmp_path / 'l.db'}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "prefect_baton.cli", "--ledger-url", ledger, "--format",
+         "json", "checkpoint", "save", "s", "k", str(huge)],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "BATON_STATE_MAX_BYTES": "4096"},
+    )  # fmt: skip
+    assert "over 2097152 bytes; a state is at most 4096 bytes" in _error(proc)["message"]
+
+
+def test_an_indented_state_within_the_cap_is_read_whole(tmp_path: Path) -> None:
+    """The read limit is the body limit, not the cap: a state file whose spaces make it
+    larger than the cap is saved when its canonical JSON is within the cap."""
+    padded = tmp_path / "padded.json"
+    padded.write_text('{"n":' + " " * (1024 * 1024 + 10) + "1}")
+    proc = _baton(tmp_path, "checkpoint", "save", "s", "k", str(padded))
+    assert proc.returncode == 0, proc.stdout
+    assert json.loads(proc.stdout)["checkpoint"]["state"] == {"n": 1}
+
+
+def _usage(run: Run) -> str:
+    assert run.code == 2, run.text
+    assert run.json["error"]["code"] == "VALIDATION_ERROR"
+    message: str = run.json["error"]["message"]
+    return message
+
+
+def test_a_bad_poll_interval_is_a_validation_error(cli: Cli) -> None:
+    """``--interval`` of ``events tail`` and ``reconcile`` must be a finite number of
+    seconds within range: inf, nan, 1e12, a negative or too small one exits 2 with
+    VALIDATION_ERROR before anything runs (never INTERNAL_ERROR after the first page)."""
+    for value in ("inf", "nan", "1e12", "-1", "0", "0.01", "3601"):
+        message = _usage(cli("events", "tail", "-f", "--interval", value))
+        assert "--interval" in message, value
+        assert "0.05 to 3600" in message, value
+    assert "0.01 to 3600" in _usage(cli("reconcile", "--follow", "--interval", "inf"))
+
+
+def test_a_timeline_out_path_that_cannot_be_written(cli: Cli, tmp_path: Path) -> None:
+    """``timeline --out`` into a missing directory, under a file, or where the system
+    refuses the file is VALIDATION_ERROR naming the path and the reason; no directory is
+    created."""
+    missing = tmp_path / "no" / "such" / "t.svg"
+    assert _usage(cli("timeline", "deploy", "svc", "-o", str(missing))) == (
+        f"cannot write timeline file '{missing}': its directory '{missing.parent}' does not exist"
+    )
+    assert not (tmp_path / "no").exists()
+    a_file = tmp_path / "f"
+    a_file.write_text("")
+    message = _usage(cli("timeline", "deploy", "svc", "-o", str(a_file / "t.svg")))
+    assert message.endswith(f"its directory '{a_file}' is not a directory")
+    cli.ok("lease", "acquire", "deploy", "svc", "--ttl-seconds", "60")
+    a_dir = tmp_path / "d.svg"
+    a_dir.mkdir()
+    message = _usage(cli("timeline", "deploy", "svc", "-o", str(a_dir)))
+    assert message == f"cannot write timeline file '{a_dir}': Is a directory"
+    written = cli.ok("timeline", "deploy", "svc", "-o", str(tmp_path / "t.svg"))
+    assert written["timeline"]["path"] == str(tmp_path / "t.svg")

@@ -375,6 +375,29 @@ def test_unparseable_bodies_are_400(
     assert row_counts(ledger_url) == before, label
 
 
+def test_malformed_json_names_the_byte_and_the_reason(
+    client: TestClient, make_key: MakeKey
+) -> None:
+    """A body that is not JSON is 400 VALIDATION_ERROR whose message says so, with the
+    byte offset of the fault in the body (UTF-8 bytes, not characters) and the parser's
+    reason, not FastAPI's bare ``18: JSON decode error``."""
+    h = {**make_key(), "content-type": "application/json"}
+    err = error(
+        client.post("/v1/leases", content=b'{"resource_type": x}', headers=h),
+        400,
+        "VALIDATION_ERROR",
+    )
+    assert err["message"] == "body: invalid JSON at byte 18 (Expecting value)"
+    missing_name = b'{"resource_type": "d",}'
+    err = error(client.post("/v1/leases", content=missing_name, headers=h), 400, "VALIDATION_ERROR")
+    assert err["message"] == (
+        "body: invalid JSON at byte 22 (Expecting property name enclosed in double quotes)"
+    )
+    accented = '{"resource_type": "caf\u00e9", x}'.encode()  # é is 2 bytes, 1 character
+    err = error(client.post("/v1/leases", content=accented, headers=h), 400, "VALIDATION_ERROR")
+    assert err["message"].startswith("body: invalid JSON at byte 27 (")
+
+
 def test_revoked_key_is_401_on_every_route(
     client: TestClient, make_key: MakeKey, ledger_url: str, org: str
 ) -> None:

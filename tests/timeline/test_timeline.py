@@ -246,6 +246,7 @@ def test_cli_writes_the_file(sqlite_scenario: Scenario, tmp_path: Path) -> None:
     is VALIDATION_ERROR, an unknown resource NOT_FOUND; nothing is written for either."""
     cli = Cli(sqlite_scenario.ledger_url, sqlite_scenario.alice.org)
     out = tmp_path / "sub" / "timeline.svg"
+    out.parent.mkdir()  # an existing directory: a missing one is refused (test_cli_inputs)
     run = cli("timeline", RT, RID, "--out", str(out), principal="root", role="owner", fmt="json")
     assert run.code == 0, run.text
     assert run.json["timeline"]["path"] == str(out.resolve())
@@ -298,6 +299,25 @@ def test_png_without_resvg_is_a_validation_error(
     with pytest.raises(ValidationError, match=r"prefect-baton\[png\]"):
         write_timeline(tl, tmp_path / "t.png")
     assert not (tmp_path / "t.png").exists()
+
+
+def test_write_timeline_needs_an_existing_writable_directory(
+    sqlite_scenario: Scenario, tmp_path: Path
+) -> None:
+    """``write_timeline`` creates no directory: a missing parent, or a path the system
+    refuses (a directory), is VALIDATION_ERROR naming the path; an existing file is
+    replaced."""
+    tl = build_timeline(sqlite_scenario.alice, RT, RID)
+    with pytest.raises(ValidationError, match=r"its directory '.*/no' does not exist"):
+        write_timeline(tl, tmp_path / "no" / "t.svg")
+    assert not (tmp_path / "no").exists()
+    (tmp_path / "d.html").mkdir()
+    with pytest.raises(ValidationError, match=r"cannot write timeline file '.*d\.html': "):
+        write_timeline(tl, tmp_path / "d.html")
+    out = tmp_path / "t.svg"
+    out.write_text("old")
+    assert write_timeline(tl, out) == out
+    assert out.read_text().startswith("<svg")
 
 
 def test_characters_xml_forbids_leave_the_picture_well_formed(tmp_path: Path) -> None:

@@ -6,13 +6,26 @@ serves every command that takes it and the help texts cannot drift apart.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 import typer
 
 from prefect_baton._rules.validation import LIFETIME_RANGE
 
-__all__ = ["Cursor", "Fence", "IdempotencyKey", "SubjectId", "lifetime", "row_limit"]
+__all__ = [
+    "POLL_INTERVAL_MAX_SECONDS",
+    "Cursor",
+    "Fence",
+    "IdempotencyKey",
+    "SubjectId",
+    "lifetime",
+    "poll_interval",
+    "row_limit",
+]
+
+#: The longest ``--interval`` of a command that polls until stopped (seconds: one hour).
+POLL_INTERVAL_MAX_SECONDS = 3600.0
 
 #: ``SUBJECT_ID``: the subject a checkpoint, handoff or outcome is about.
 SubjectId = Annotated[
@@ -82,5 +95,37 @@ def lifetime(name: str, after: str) -> typer.models.OptionInfo:
     """
     option: typer.models.OptionInfo = typer.Option(
         name, help=f"Seconds (integer, {LIFETIME_RANGE}) after which {after}."
+    )
+    return option
+
+
+def poll_interval(minimum: float, what: str) -> typer.models.OptionInfo:
+    """The ``--interval`` option of a command that polls until stopped (``events tail
+    --follow``, ``reconcile --follow``): a finite number of seconds from ``minimum`` to
+    :data:`POLL_INTERVAL_MAX_SECONDS`. Anything else (``nan``, ``inf``, ``1e12``, a negative
+    or too small number) is a usage error, ``VALIDATION_ERROR`` (exit 2), before anything
+    runs.
+
+    Args:
+        minimum: the shortest interval (``float``, seconds), stated in the help text.
+        what: the help text's start (``str``), e.g. ``With --follow: the pause between
+            polls when idle``; the range follows it.
+
+    Returns:
+        The :class:`typer.models.OptionInfo` to put in an ``Annotated[float, ...]``.
+    """
+
+    def check(value: float) -> float:
+        if not (math.isfinite(value) and minimum <= value <= POLL_INTERVAL_MAX_SECONDS):
+            raise typer.BadParameter(
+                f"must be a number of seconds from {minimum:g} to "
+                f"{POLL_INTERVAL_MAX_SECONDS:g}, got {value:g}"
+            )
+        return value
+
+    option: typer.models.OptionInfo = typer.Option(
+        "--interval",
+        callback=check,
+        help=f"{what} (seconds, a number from {minimum:g} to {POLL_INTERVAL_MAX_SECONDS:g}).",
     )
     return option

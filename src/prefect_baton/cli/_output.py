@@ -34,6 +34,7 @@ from prefect_baton._exit import (
     error_line,
     exit_code_for,
     one_line,
+    visible,
 )
 from prefect_baton.models import Page
 
@@ -53,6 +54,7 @@ __all__ = [
     "format_from_argv",
     "one_line",
     "status_of",
+    "visible",
 ]
 
 
@@ -114,17 +116,24 @@ def _console(*, err: bool = False) -> Console:
 
 
 def _cell(value: Any) -> Text:
+    """The one rendering of a value in table output: ``-`` for ``None``, yes/no, a list
+    joined by commas, a nested value as JSON, else its text; always a plain :class:`Text`
+    (never parsed as Rich markup) with control characters made :func:`visible`, so a
+    value another principal wrote cannot restyle, move or clear the reader's terminal."""
     if value is None:
         return Text("-", style="dim")
     if isinstance(value, bool):
         return Text("yes" if value else "no")
     if isinstance(value, list | tuple):
         if all(not isinstance(v, dict | list) for v in value):
-            return Text(", ".join(str(v) for v in value) or "-")
-        return Text(json.dumps(value, sort_keys=True))
-    if isinstance(value, dict):
-        return Text(json.dumps(value, sort_keys=True))
-    return Text(str(value))
+            text = ", ".join(str(v) for v in value) or "-"
+        else:
+            text = json.dumps(value, sort_keys=True)
+    elif isinstance(value, dict):
+        text = json.dumps(value, sort_keys=True)
+    else:
+        text = str(value)
+    return Text(visible(text))
 
 
 def _render_object(title: str, data: Mapping[str, Any]) -> None:
@@ -132,13 +141,13 @@ def _render_object(title: str, data: Mapping[str, Any]) -> None:
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     for key, value in data.items():
-        table.add_row(Text(key), _cell(value))
+        table.add_row(_cell(key), _cell(value))
     _console().print(table)
 
 
 def _render_rows(title: str, rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> None:
     if not rows:
-        _console().print(Text(f"{title}: none"))
+        _console().print(Text(visible(f"{title}: none")))
         return
     table = Table(title=Text(f"{title} ({len(rows)})"), title_justify="left")
     for col in columns:
@@ -183,7 +192,7 @@ def emit_ok(
     else:
         _render_object(title, data)
     for name, v in (extra or {}).items():
-        _console().print(Text(f"{name}: {v}"))
+        _console().print(Text(visible(f"{name}: {v}")))
 
 
 def emit_page(

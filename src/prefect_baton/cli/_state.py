@@ -194,17 +194,35 @@ def fence_lease(b: Baton, fence: str | None) -> Lease | None:
     return b.leases.get(fence) if fence else None
 
 
-def _read_text(source: str, what: str) -> str:
+def _read_bounded(source: str, limit: int) -> bytes:
+    """At most ``limit`` + 1 bytes of ``source`` (a file path, or ``-`` for stdin): enough
+    to tell a text within ``limit`` from one over it without reading the rest."""
     if source == "-":
-        return sys.stdin.read()
+        stream = getattr(sys.stdin, "buffer", None)
+        if stream is None:  # a text-only stdin (an embedding that replaced sys.stdin)
+            return sys.stdin.read(limit + 1).encode("utf-8", "surrogateescape")
+        data: bytes = stream.read(limit + 1)
+        return data
+    with Path(source).expanduser().open("rb") as f:
+        return f.read(limit + 1)
+
+
+def _read_text(source: str, what: str, limit: int, why: str) -> str:
+    origin = "on stdin" if source == "-" else f"file {source!r}"
     try:
-        return Path(source).expanduser().read_text(encoding="utf-8")
+        data = _read_bounded(source, limit)
     except FileNotFoundError:
         raise ValidationError(
             f"{what} {source!r} is neither JSON text nor an existing file"
         ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValidationError(f"cannot read {what} file {source!r}: {exc}") from None
+    except OSError as exc:
+        raise ValidationError(f"cannot read {what} {origin}: {exc}") from None
+    if len(data) > limit:
+        raise ValidationError(f"{what} {origin} is over {limit} bytes{why}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValidationError(f"cannot read {what} {origin}: {exc}") from None
 
 
 def _load_json(text: str, what: str) -> Any:
@@ -218,16 +236,26 @@ def _load_json(text: str, what: str) -> Any:
         raise ValidationError(f"{what} is not usable JSON: {exc}") from None
 
 
-def read_json_object(source: str, what: str = "state") -> dict[str, Any]:
+def read_json_object(source: str, what: str, max_bytes: int, *, why: str = "") -> dict[str, Any]:
     """A JSON object from inline JSON text, a file path, or ``-`` (stdin).
 
-    Text whose first non-blank character is ``{`` or ``[`` is taken as inline JSON.
+    Text whose first non-blank character is ``{`` or ``[`` is taken as inline JSON. A file
+    or stdin is read up to ``max_bytes`` + 1 bytes only, so an endless or huge input
+    (``/dev/zero``, a stream) is refused without being read whole.
+
+    Args:
+        source: the inline JSON, the path, or ``-`` (``str``).
+        what: the argument's name in messages (``str``, e.g. ``"state"``).
+        max_bytes: the most bytes (``int``) of a file or of stdin that are read.
+        why: appended to the message of an input over ``max_bytes`` (``str``, e.g. the
+            limit's reason: ``"; ..."``).
 
     Raises:
-        ValidationError: unreadable file, malformed JSON, or not a JSON object.
+        ValidationError: unreadable file, more than ``max_bytes`` bytes, not UTF-8,
+            malformed JSON, or not a JSON object.
     """
     stripped = source.lstrip()
-    text = source if stripped[:1] in ("{", "[") else _read_text(source, what)
+    text = source if stripped[:1] in ("{", "[") else _read_text(source, what, max_bytes, why)
     value = _load_json(text, what)
     if not isinstance(value, dict):
         raise ValidationError(f"{what} must be a JSON object, got {type(value).__name__}")

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from prefect_baton._rules.validation import request_body_limit
 from prefect_baton.cli._options import Fence, IdempotencyKey, SubjectId, lifetime
 from prefect_baton.cli._state import command, fence_lease, read_json_object, state
 from prefect_baton.errors import NotFoundError, ValidationError
@@ -37,7 +38,10 @@ def save(
         str,
         typer.Argument(
             metavar="STATE",
-            help="The state, a JSON object: inline JSON text, a file path, or '-' for stdin.",
+            help="The state, a JSON object: inline JSON text, a file path, or '-' for stdin. "
+            "At most BATON_STATE_MAX_BYTES (default 1 MiB) of canonical JSON; a file or stdin "
+            "longer than the REST body limit (3 times that + 64 KiB, at least 2 MiB) is "
+            "refused without being read whole (exit 2).",
             show_default=False,
         ),
     ],
@@ -55,8 +59,14 @@ def save(
     ] = None,
 ) -> Checkpoint:
     """Write your checkpoint of SUBJECT_ID KIND from STATE; version +1 per write."""
-    state_obj = read_json_object(state_source, "state")
     b = state(ctx).client()
+    cap = b.checkpoints.state_max_bytes
+    state_obj = read_json_object(
+        state_source,
+        "state",
+        request_body_limit(cap),  # JSON text of a state within the cap fits, as over REST
+        why=f"; a state is at most {cap} bytes of JSON (BATON_STATE_MAX_BYTES)",
+    )
     return b.checkpoints.save(
         subject_id,
         kind,

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from prefect_baton.audit import audit_ledger
-from prefect_baton.cli._output import EXIT_FAILURE, emit_error, emit_ok
+from prefect_baton.cli._output import EXIT_FAILURE, emit_error, emit_ok, visible
 from prefect_baton.cli._state import guard
 from prefect_baton.ledger import ledger_revision, upgrade_ledger
 
@@ -86,8 +86,9 @@ def audit(ctx: typer.Context) -> None:
             summary = {k: v for k, v in data.items() if k != "violations"}
             emit_ok(st.format, "audit", "audit", summary)
             for line in report.violations:
-                sys.stdout.write(f"VIOLATION {line}\n")
+                sys.stdout.write(f"VIOLATION {visible(line)}\n")
             sys.stderr.write(
-                f"baton audit: {len(report.violations)} invariant violation(s) in org {target}\n"
+                f"baton audit: {len(report.violations)} invariant violation(s) in org "
+                f"{visible(target)}\n"
             )
         raise typer.Exit(EXIT_FAILURE)

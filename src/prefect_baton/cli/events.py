@@ -12,10 +12,10 @@ from typing import Annotated, Any
 import typer
 
 from prefect_baton._rules.paging import events_after
-from prefect_baton.cli._options import Cursor
-from prefect_baton.cli._output import OutputFormat, emit_ok
-from prefect_baton.cli._state import CliState, guard, usage_error
-from prefect_baton.models import Event
+from prefect_baton.cli._options import Cursor, poll_interval
+from prefect_baton.cli._output import OutputFormat, emit_ok, visible
+from prefect_baton.cli._state import CliState, guard
+from prefect_baton.models import Event, wire_time
 
 app = typer.Typer(
     name="events",
@@ -29,9 +29,8 @@ EVENT_COLUMNS = ("seq", "kind", "subject", "principal", "occurred_at", "event_id
 def _line(st: CliState, ev: Event) -> str:
     if st.json:
         return json.dumps(ev.model_dump(mode="json"))
-    return "\t".join(
-        [str(ev.seq), ev.occurred_at.isoformat(), ev.kind, ev.subject, ev.principal, ev.event_id]
-    )
+    fields = [str(ev.seq), wire_time(ev.occurred_at), ev.kind, ev.subject, ev.principal]
+    return "\t".join(visible(f) for f in [*fields, ev.event_id])
 
 
 def _follow(st: CliState, after: int, limit: int, filters: dict[str, Any], interval: float) -> None:
@@ -83,8 +82,7 @@ def tail(
         typer.Option("--kind", help="Only events of this kind (text, e.g. 'lease.acquired')."),
     ] = None,
     interval: Annotated[
-        float,
-        typer.Option("--interval", help="With --follow: seconds (number) between polls when idle."),
+        float, poll_interval(0.05, "With --follow: the pause between polls when idle")
     ] = 1.0,
     resource_type: Annotated[
         str | None,
@@ -125,8 +123,6 @@ def tail(
         "subject": subject,
     }
     with guard(ctx, "events.tail") as st:
-        if not interval > 0:
-            usage_error(st, "events.tail", "--interval must be a positive number of seconds")
         start = events_after(after, cursor, name="--after")
         if follow:
             st.client().events.list(after_seq=start, limit=limit, **filters)  # validate

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from prefect_baton._stores.redis.keys import DEFAULT_BATCH
-from prefect_baton.cli._output import emit_ok
+from prefect_baton.cli._options import poll_interval
+from prefect_baton.cli._output import emit_ok, visible
 from prefect_baton.cli._state import guard
 
 if TYPE_CHECKING:
@@ -31,10 +32,8 @@ def reconcile(
     ] = False,
     interval: Annotated[
         float,
-        typer.Option(
-            "--interval",
-            min=0.01,
-            help="Seconds to pause after a round that applied less than one full batch per org.",
+        poll_interval(
+            0.01, "The pause after a round that applied less than one full batch per org"
         ),
     ] = 0.5,
     batch_size: Annotated[
@@ -81,14 +80,16 @@ def reconcile(
             from rich.progress import Progress, SpinnerColumn, TextColumn
 
             bar = Progress(
-                SpinnerColumn(), TextColumn("{task.description}"), console=Console(stderr=True)
+                SpinnerColumn(),
+                TextColumn("{task.description}", markup=False),
+                console=Console(stderr=True),
             )
             bar.start()
             task = bar.add_task("reconcile: waiting for journal entries")
 
         def progress(org: str, applied: int, lag: Lag) -> None:
             line = (
-                f"reconcile: {org}: applied {applied}, lag {lag.entries} entries "
+                f"reconcile: {visible(org)}: applied {applied}, lag {lag.entries} entries "
                 f"/ {lag.seconds:.3f} s"
             )
             if bar is not None:

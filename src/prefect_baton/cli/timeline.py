@@ -12,7 +12,7 @@ import typer
 from prefect_baton.cli._output import emit_ok
 from prefect_baton.cli._state import guard, usage_error
 from prefect_baton.errors import NotFoundError
-from prefect_baton.timeline import build_timeline, timeline_format, write_timeline
+from prefect_baton.timeline import build_timeline, check_timeline_path, write_timeline
 
 __all__ = ["timeline"]
 
@@ -33,8 +33,8 @@ def timeline(
         typer.Option(
             "--out",
             "-o",
-            help="File to write (path ending in .svg, .html or .png; parent directories "
-            "are created). .png needs the png extra (resvg-py).",
+            help="File to write (path ending in .svg, .html or .png, in an existing "
+            "directory; an existing file is replaced). .png needs the png extra (resvg-py).",
         ),
     ] = Path("timeline.svg"),
     since: Annotated[
@@ -55,12 +55,14 @@ def timeline(
     transfers, handoffs, fenced writes rejected and outcomes with their evidence, read from
     the event stream as this principal may see it: holders, handoff parties and purposes
     of others are hidden unless the role is owner or admin. Exits 2 (VALIDATION_ERROR) for
-    a bad extension, --since or --width, or .png without the png extra (resvg-py); 5
+    a bad extension, --since or --width, .png without the png extra (resvg-py), a --out
+    whose directory does not exist or a file that cannot be written (the message names the
+    path and the reason); 5
     (NOT_FOUND) when nothing of the resource is visible (never leased, or another
     organization's).
     """
     with guard(ctx, "timeline") as st:
-        timeline_format(out)  # a bad extension fails before the ledger is opened
+        check_timeline_path(out)  # a bad extension or directory fails before the ledger opens
         try:
             start = _since(since)
         except ValueError:

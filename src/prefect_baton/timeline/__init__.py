@@ -26,7 +26,7 @@ from prefect_baton.timeline._build import *  # noqa: F403 (each module's __all__
 from prefect_baton.timeline._model import *  # noqa: F403
 from prefect_baton.timeline._render import *  # noqa: F403
 
-__all__ = ["FORMATS", "render_png", "timeline_format", "write_timeline"]
+__all__ = ["FORMATS", "check_timeline_path", "render_png", "timeline_format", "write_timeline"]
 __all__ += _build.__all__
 __all__ += _model.__all__
 __all__ += _render.__all__
@@ -50,6 +50,25 @@ def timeline_format(path: Path) -> str:
     return suffix
 
 
+def check_timeline_path(path: Path) -> str:
+    """Check that a timeline can be written to ``path`` (``Path``) before it is drawn: a
+    supported extension (:func:`timeline_format`) and an existing parent directory (missing
+    directories are not created). Returns the format, ``.svg``, ``.html`` or ``.png``.
+
+    Raises:
+        ValidationError: another extension, or the parent directory is missing or is not a
+            directory (the message names the path).
+    """
+    fmt = timeline_format(path)
+    parent = path.parent
+    if not parent.is_dir():
+        reason = "does not exist" if not parent.exists() else "is not a directory"
+        raise ValidationError(
+            f"cannot write timeline file '{path}': its directory '{parent}' {reason}"
+        )
+    return fmt
+
+
 def render_png(timeline: _model.Timeline, *, width: int = 1000) -> bytes:
     """:func:`render_svg` rasterised to PNG (``bytes``) by resvg (the ``resvg-py`` package,
     a self-contained wheel: no system library), with the system's fonts.
@@ -70,26 +89,30 @@ def render_png(timeline: _model.Timeline, *, width: int = 1000) -> bytes:
 
 
 def write_timeline(timeline: _model.Timeline, path: Path, *, width: int = 1000) -> Path:
-    """Write ``timeline`` to ``path`` as SVG, HTML or PNG, by its extension (parent
-    directories are created); returns the path written.
+    """Write ``timeline`` to ``path`` as SVG, HTML or PNG, by its extension, into an
+    existing directory (missing directories are not created); returns the path written.
 
     Raises:
-        ValidationError: an extension other than ``.svg`` / ``.html`` / ``.png``
-            (:func:`timeline_format`), ``.png`` without ``resvg-py`` (:func:`render_png`),
-            or a bad ``width``.
-        OSError: the file cannot be written.
+        ValidationError: an extension other than ``.svg`` / ``.html`` / ``.png`` or a
+            missing parent directory (:func:`check_timeline_path`), ``.png`` without
+            ``resvg-py`` (:func:`render_png`), a bad ``width``, or a file that cannot be
+            written (the message names the path and the system's reason, e.g.
+            ``Permission denied``).
     """
-    fmt = timeline_format(path)
-    if fmt == ".png":
-        data = render_png(timeline, width=width)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-        return path
-    text = (
-        _render.render_svg(timeline, width=width)
-        if fmt == ".svg"
-        else _render.render_html(timeline, width=width)
+    fmt = check_timeline_path(path)
+    data = (
+        render_png(timeline, width=width)
+        if fmt == ".png"
+        else (
+            _render.render_svg(timeline, width=width)
+            if fmt == ".svg"
+            else _render.render_html(timeline, width=width)
+        ).encode("utf-8")
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    try:
+        path.write_bytes(data)
+    except OSError as exc:
+        raise ValidationError(
+            f"cannot write timeline file '{path}': {exc.strerror or exc}"
+        ) from None
     return path

@@ -75,8 +75,6 @@ _INSERT_EVENT = (
 #: A statement's prefix that first takes the transaction advisory lock of its first
 #: parameter (PostgreSQL); the statement reads ``FROM locked``.
 _LOCKED = "WITH locked AS (SELECT pg_advisory_xact_lock(hashtextextended(?, 0))) "
-#: :data:`_LOCKED` with a shared lock (a key with :data:`SHARED_LOCK_PREFIX`).
-_LOCKED_SHARED = "WITH locked AS (SELECT pg_advisory_xact_lock_shared(hashtextextended(?, 0))) "
 #: Whether Redis decides the organization's leases (``authority.py``).
 _REDIS_AUTHORITY = redis_authority_sql()
 #: The outbox insert behind the org's event lock (PostgreSQL): sequence numbers are handed
@@ -94,11 +92,12 @@ PRUNE_BATCH = 1000  # ... at most this many at a time
 
 
 def _lock_sql(key: str) -> tuple[str, str]:
-    """The ``WITH locked AS (...)`` prefix that takes lock ``key`` and the key to hash:
-    shared for a key with :data:`SHARED_LOCK_PREFIX` (which is removed), else exclusive."""
+    """The PostgreSQL function that takes lock ``key`` and the key to hash: shared
+    (``pg_advisory_xact_lock_shared``) for a key with :data:`SHARED_LOCK_PREFIX`, which is
+    removed, else exclusive (``pg_advisory_xact_lock``)."""
     if key.startswith(SHARED_LOCK_PREFIX):
-        return _LOCKED_SHARED, key[len(SHARED_LOCK_PREFIX) :]
-    return _LOCKED, key
+        return "pg_advisory_xact_lock_shared", key[len(SHARED_LOCK_PREFIX) :]
+    return "pg_advisory_xact_lock", key
 
 
 @dataclass
@@ -217,8 +216,8 @@ class StoreBase(Statements):
         """Take the transaction advisory lock ``key`` (PostgreSQL; shared for a key with
         :data:`SHARED_LOCK_PREFIX`); nothing on SQLite (``BEGIN IMMEDIATE`` locked it all)."""
         if not self.engines.is_sqlite:
-            sql, key = _lock_sql(key)
-            self._sql(session, f"{sql}SELECT 1 FROM locked", (key,))
+            fn, key = _lock_sql(key)
+            self._sql(session, f"SELECT {fn}(hashtextextended(?, 0))", (key,))
 
     def _check_ledger_authority(self, session: Session, org: str, *, lock: bool = False) -> None:
         """Refuse a lease transition of ``org`` decided on the ledger while Redis decides
@@ -249,21 +248,23 @@ class StoreBase(Statements):
 
     def _lock_all_then_now(self, session: Session, keys: list[str]) -> int:
         """Take the locks ``keys`` in their order, then read the store's clock (epoch ms).
-        On PostgreSQL the last lock and the clock are one statement (a round trip less),
-        the clock read once the lock is held."""
+        On PostgreSQL the locks and the clock are one statement (one round trip), its
+        target list taking the locks left to right and the clock read once they are held."""
         if self.engines.is_sqlite:  # BEGIN IMMEDIATE locked the database
             keys = []
-        for key in keys[:-1]:
-            self._lock(session, key)
-        if self.clock is not None:
-            if keys:
-                self._lock(session, keys[-1])
-            return int(self.clock())
         if not keys:
+            if self.clock is not None:
+                return int(self.clock())
             return int(self._sql(session, self._now_sql.text).fetchone()[0])
-        locked, key = _lock_sql(keys[-1])
-        now_sql = f"{locked}{self._now_sql.text} FROM locked"
-        return int(self._sql(session, now_sql, (key,)).fetchone()[0])
+        locks = [_lock_sql(key) for key in keys]
+        taken = ", ".join(f"{fn}(hashtextextended(?, 0))" for fn, _key in locks)
+        read = "SELECT 0" if self.clock is not None else self._now_sql.text
+        row = self._sql(
+            session,
+            f"WITH locked AS (SELECT {taken}) {read} FROM locked",
+            tuple(key for _fn, key in locks),
+        ).fetchone()
+        return int(self.clock()) if self.clock is not None else int(row[0])
 
     def _write(
         self,

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-import prefect_baton.rest.__main__ as rest_main
+import prefect_baton.rest._worker as rest_worker
 from prefect_baton._exit import exit_code_for
 from prefect_baton.errors import UnavailableError
 from prefect_baton.rest.__main__ import MAX_WORKERS, default_workers
@@ -353,7 +353,7 @@ def test_without_prctl_a_thread_ends_the_worker_with_its_parent() -> None:
     """Where the kernel cannot signal a parent's death, a thread of the worker notices its
     parent is gone and ends it with SIGTERM."""
     worker = (
-        "import sys, time; import prefect_baton.rest.__main__ as m; "
+        "import sys, time; import prefect_baton.rest._worker as m; "
         "m._set_parent_death_signal = lambda signum: False; "
         "m._end_with_parent(int(sys.argv[1])); print('ready', flush=True); time.sleep(600)"
     )
@@ -420,7 +420,7 @@ def test_build_with_retries_pauses_longer_each_time(monkeypatch: pytest.MonkeyPa
     BatonError is one line without traceback, another error has its traceback the first
     time only."""
     pauses: list[float] = []
-    monkeypatch.setattr(rest_main, "_pause", lambda seconds: pauses.append(seconds) or False)
+    monkeypatch.setattr(rest_worker, "_pause", lambda seconds: pauses.append(seconds) or False)
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
@@ -435,11 +435,11 @@ def test_build_with_retries_pauses_longer_each_time(monkeypatch: pytest.MonkeyPa
         return "app"
 
     try:
-        assert rest_main._build_with_retries(build) == "app"
+        assert rest_worker._build_with_retries(build) == "app"
     finally:
         logger.removeHandler(handler)
     assert pauses == [1, 2, 4, 8, 16, 30, 30, 30]
-    assert rest_main.WORKER_RETRY_MAX_SECONDS == 30
+    assert rest_worker.WORKER_RETRY_MAX_SECONDS == 30
     assert "UNAVAILABLE: ledger gone; trying again in 1 s" in records[0].getMessage()
     assert [bool(r.exc_info) for r in records] == [False] * 6 + [True, False]
     assert "RuntimeError: boom" in records[7].getMessage()
@@ -459,6 +459,6 @@ def test_pause_ends_on_sigterm(monkeypatch: pytest.MonkeyPatch) -> None:
         sleep(seconds)
 
     monkeypatch.setattr(time, "sleep", first_sleep_gets_sigterm)
-    assert rest_main._pause(600) is True
+    assert rest_worker._pause(600) is True
     assert len(calls) == 1
     assert signal.getsignal(signal.SIGTERM) is before

@@ -20,11 +20,10 @@ import functools
 import logging
 import os
 import re
-import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NoReturn
 from urllib.parse import unquote_plus
 
@@ -41,7 +40,6 @@ __all__ = [
     "serve",
     "supervise",
     "uvicorn_options",
-    "worker_app",
 ]
 
 _SECRET = re.compile(r"bk_[A-Za-z0-9_\-]+|(?i:bearer)(?:\s|%20|\+)+[^\s&\"']+")
@@ -142,19 +140,12 @@ def log_config() -> dict[str, Any]:
 #: exhaust the machine's memory or process table.
 MAX_WORKERS = 64
 
-#: Longest pause (seconds) between a worker's attempts to build its app
-#: (:func:`_build_with_retries`): the pause starts at 1 s and doubles up to this.
-WORKER_RETRY_MAX_SECONDS = 30.0
-
-#: Seconds between the checks of the thread that ends a worker with its parent, where the
-#: kernel cannot do it (:func:`_end_with_parent`).
-PARENT_POLL_SECONDS = 1.0
-
 #: Seconds a worker process may take to start (and to answer its supervisor's ping).
 WORKER_START_SECONDS = 60
 
-#: The import string of the app of one worker process (:func:`worker_app`).
-WORKER_APP = "prefect_baton.rest.__main__:worker_app"
+#: The import string of the app of one worker process
+#: (:func:`prefect_baton.rest._worker.worker_app`).
+WORKER_APP = "prefect_baton.rest._worker:worker_app"
 
 
 def uvicorn_options(workers: int = 1) -> dict[str, Any]:
@@ -305,125 +296,6 @@ def default_workers(ledger_url: str | None, redis_url: str | None) -> int:
     return 1 if url.startswith("sqlite") else cpus
 
 
-def worker_app() -> Any:
-    """The app of one worker process of :func:`serve` with several workers (a uvicorn
-    factory): :func:`~prefect_baton.rest.app.create_app` over ``BATON_LEDGER_URL`` and
-    ``BATON_REDIS_URL``, which :func:`serve` set before starting the workers.
-
-    The worker ends with its supervisor: when the process that started it dies, even by
-    SIGKILL, the worker gets SIGTERM and stops as on any SIGTERM (requests in flight
-    finish), so no orphaned worker keeps serving on the port (:func:`_end_with_parent`).
-    A worker that cannot build its app (the ledger unreachable, say) keeps trying in the
-    same process, logging one line per attempt and pausing 1, 2, 4, ... up to
-    :data:`WORKER_RETRY_MAX_SECONDS` seconds between attempts
-    (:func:`_build_with_retries`); it stays up for its supervisor meanwhile, so it is
-    neither restarted in a loop nor in the way of a SIGTERM.
-
-    Raises:
-        SystemExit: (code 0) the supervisor is gone already, or SIGTERM or SIGINT
-            arrived while waiting to try again.
-    """
-    import multiprocessing
-
-    parent = multiprocessing.parent_process()
-    if parent is not None and parent.pid is not None:  # a worker process, not a server
-        _end_with_parent(parent.pid)
-    from prefect_baton.rest.app import create_app
-
-    return _build_with_retries(create_app)
-
-
-def _end_with_parent(parent_pid: int) -> None:
-    """Have SIGTERM sent to this process when its parent (``parent_pid``, ``int``) ends:
-    on Linux by the kernel (``prctl(PR_SET_PDEATHSIG)``), elsewhere by a daemon thread
-    that checks ``os.getppid()`` every :data:`PARENT_POLL_SECONDS`.
-
-    Raises:
-        SystemExit: (code 0) the parent had ended already.
-    """
-    if not _set_parent_death_signal(signal.SIGTERM):
-        threading.Thread(
-            target=_watch_parent, args=(parent_pid,), name="baton-parent-watch", daemon=True
-        ).start()
-    if os.getppid() != parent_pid:  # it died before the kernel was told to tell us
-        raise SystemExit(0)
-
-
-def _set_parent_death_signal(signum: int) -> bool:
-    """Ask the kernel to send ``signum`` (``int``) to this process when its parent thread
-    ends; whether it could (``bool``: ``False`` off Linux or without ``prctl``)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    import ctypes
-
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return False
-    pr_set_pdeathsig = 1
-    args = (pr_set_pdeathsig, signum, 0, 0, 0)
-    return int(prctl(*(ctypes.c_ulong(a) for a in args))) == 0
-
-
-def _watch_parent(parent_pid: int) -> None:
-    """Wait until this process's parent is no longer ``parent_pid`` (``int``; it ended and
-    the process was adopted), then send SIGTERM to this process."""
-    while os.getppid() == parent_pid:
-        time.sleep(PARENT_POLL_SECONDS)
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _build_with_retries(build: Callable[[], Any]) -> Any:
-    """What ``build`` returns, calling it again after each failure, pausing 1 s, then
-    twice as long each time, up to :data:`WORKER_RETRY_MAX_SECONDS`. Each failure is one
-    error line on the ``prefect_baton.rest`` logger (a :class:`~prefect_baton.errors.BatonError`
-    as its code and message; any other error with its traceback the first time only).
-
-    Raises:
-        SystemExit: (code 0) SIGTERM or SIGINT arrived during a pause.
-    """
-    from prefect_baton._exit import one_line
-    from prefect_baton.errors import BatonError
-
-    log = logging.getLogger("prefect_baton.rest")
-    delay, traced = 1.0, False
-    while True:
-        exc_info: BaseException | None = None
-        try:
-            return build()
-        except BatonError as exc:
-            reason = f"{exc.code}: {exc.message}"
-        except Exception as exc:
-            reason = f"{type(exc).__name__}: {exc}"
-            exc_info, traced = (None if traced else exc), True
-        log.error(
-            "worker [%d] cannot start: %s; trying again in %g s",
-            os.getpid(),
-            one_line(reason),
-            delay,
-            exc_info=exc_info,
-        )
-        if _pause(delay):
-            raise SystemExit(0)
-        delay = min(delay * 2, WORKER_RETRY_MAX_SECONDS)
-
-
-def _pause(seconds: float) -> bool:
-    """Sleep ``seconds`` (``float``) in the main thread, cut short by SIGTERM or SIGINT
-    (their handlers are restored after); whether one of them arrived (``bool``)."""
-    stopped: list[int] = []
-    signals = (signal.SIGTERM, signal.SIGINT)
-    previous = [signal.signal(s, lambda signum, _frame: stopped.append(signum)) for s in signals]
-    try:
-        deadline = time.monotonic() + seconds
-        while not stopped and (left := deadline - time.monotonic()) > 0:
-            time.sleep(min(left, 0.2))
-    finally:
-        for s, handler in zip(signals, previous, strict=True):
-            signal.signal(s, handler)
-    return bool(stopped)
-
-
 def check_metrics_port(metrics_port: object, port: int) -> int | None:
     """The ``--metrics-port`` of :func:`serve`: ``None``, or an integer from 1 to 65535
     other than the API's ``port``.
@@ -483,10 +355,11 @@ def serve(
     With more than one worker, the app is first built here (URLs and settings checked,
     the ledger migrated) and closed; then ``ledger_url`` and ``redis_url`` are put in
     ``BATON_LEDGER_URL`` and ``BATON_REDIS_URL`` for the worker processes, each of which
-    builds its own (:func:`worker_app`) and accepts on the one listening socket. Their
-    metrics are then prometheus_client's multiprocess values: ``PROMETHEUS_MULTIPROC_DIR``
-    is set (to a new temporary directory, removed at exit, unless already set) before the
-    workers start, and every read of ``/metrics`` sums the counters of all workers.
+    builds its own (:func:`~prefect_baton.rest._worker.worker_app`) and accepts on the one
+    listening socket. Their metrics are then prometheus_client's multiprocess values:
+    ``PROMETHEUS_MULTIPROC_DIR`` is set (to a new temporary directory, removed at exit,
+    unless already set) before the workers start, and every read of ``/metrics`` sums the
+    counters of all workers.
     Without ``metrics_port`` (on a POSIX system), this process then binds the address and
     replaces itself (same process id) with the lean supervisor :func:`supervise`, which
     holds none of the stores and libraries loaded for the checks (about 25 MB of memory
@@ -499,7 +372,7 @@ def serve(
         workers: worker processes (``int``, 1 to :data:`MAX_WORKERS`, 64; default
             :func:`default_workers`). Each ends when its supervisor does, even one killed
             by SIGKILL; one that cannot build its app tries again, pausing up to 30 s
-            (:func:`worker_app`).
+            (:func:`~prefect_baton.rest._worker.worker_app`).
         metrics_port: also serve the metrics of every organization, unauthenticated, on
             ``127.0.0.1:metrics_port`` (``int``, 1..65535, not ``port``; ``None``: only
             the authenticated ``/metrics`` route), from this process.

@@ -6,7 +6,8 @@ starts that deployment with the parameters stored with the handoff (``handoff_to
 parameters=...)``) and ``handoff_id``, using the handoff id as Prefect's idempotency key, so
 dispatching twice starts one run; a handoff whose run exists already is reported as
 ``already started (state X)`` and left alone. Useful when the sender did not name a
-deployment, or its start failed.
+deployment, or its start failed. It reads the org's pending handoffs as the principal
+``prefect-baton.dispatcher`` with the ``owner`` role (listing everyone's handoffs needs it).
 
 Run once: ``python flows/dispatch_handoffs.py``; serve it: add ``--serve``.
 """
@@ -23,24 +24,33 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from prefect import flow, get_run_logger
 
-from prefect_baton import Baton
+from prefect_baton import Baton, Handoff
+from prefect_baton._rules.paging import next_cursor
 from prefect_baton.prefect import start_recipient
 
 
-def recipients_from_events(b: Baton, scan_limit: int = 10_000) -> list[str]:
-    """Every principal a handoff was ever addressed to in ``b``'s org (from the events)."""
-    names: set[str] = set()
-    after = 0
-    while after < scan_limit:
-        page = b.events.list(after_seq=after, limit=1000, kind="handoff.created")
-        if not page:
-            break
-        for ev in page:
-            to = ev.payload.get("to_principal")
-            if isinstance(to, str):
-                names.add(to)
-        after = page[-1].seq
-    return sorted(names)
+def pending_handoffs(b: Baton, page_size: int = 1000) -> dict[str, list[Handoff]]:
+    """Every pending handoff of ``b``'s org, by recipient principal (oldest first).
+
+    Reads the handoff list itself (``b.handoffs.list(party="*")``, paged with its cursor),
+    so every pending handoff is found however long the org's event history is.
+
+    Args:
+        b: a client with the ``owner`` or ``admin`` role (listing everyone's handoffs).
+        page_size: handoffs per page (1..10,000).
+
+    Raises:
+        ForbiddenError: ``b`` has the ``agent`` role.
+    """
+    by_recipient: dict[str, list[Handoff]] = {}
+    cursor: str | None = None
+    while True:
+        page = b.handoffs.list(party="*", status="pending", limit=page_size, cursor=cursor)
+        for h in page:
+            by_recipient.setdefault(h.to_principal, []).append(h)
+        cursor = next_cursor("handoffs", page, page_size)
+        if cursor is None:
+            return by_recipient
 
 
 def existing_run(handoff_id: str) -> Any:
@@ -64,8 +74,8 @@ def dispatch_handoffs(recipients: list[str] | None = None) -> dict[str, Any]:
     """Start the deployment of every pending handoff's recipient.
 
     Args:
-        recipients: recipient principals (deployment names) to serve; default: every
-            recipient found in the org's ``handoff.created`` events.
+        recipients: recipient principals (deployment names) to serve; default: the
+            recipient of every pending handoff of the org.
 
     Returns:
         ``{"started": [{"handoff_id", "deployment", "flow_run_id"}], "running": [{"handoff_id",
@@ -76,12 +86,14 @@ def dispatch_handoffs(recipients: list[str] | None = None) -> dict[str, Any]:
         UnavailableError: the ledger cannot be reached.
     """
     log = get_run_logger()
-    b = Baton.from_settings(principal="prefect-baton.dispatcher")
+    # the owner role lists everyone's pending handoffs (the dispatcher starts any recipient)
+    b = Baton.from_settings(principal="prefect-baton.dispatcher", role="owner")
     started: list[dict[str, str]] = []
     running: list[dict[str, str]] = []
     skipped: list[dict[str, str]] = []
-    for name in recipients or recipients_from_events(b):
-        inbox = b.as_principal(name).handoffs.inbox(limit=1000)
+    pending = pending_handoffs(b)
+    for name in recipients or sorted(pending):
+        inbox = pending.get(name, [])
         if inbox and "/" not in name:
             skipped += [
                 {"handoff_id": h.handoff_id, "reason": f"{name!r} names no deployment"}

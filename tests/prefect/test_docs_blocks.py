@@ -85,6 +85,7 @@ def test_handoff_flows_block(
 
     monkeypatch.setenv("PREFECT_RESULTS_PERSIST_BY_DEFAULT", "true")  # to read the return value
     module = run_block("handoff_flows.py", tmp_path)
+    assert module.reviewer(report="r0") is None  # run by hand, without a handoff_id
     with serving(module.reviewer.to_deployment(name="reviewer")):
         handoff_id = module.writer(report="r1")
         with get_client(sync_client=True) as client:

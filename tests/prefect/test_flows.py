@@ -75,6 +75,42 @@ def test_dispatch_starts_the_recipients_deployment(
     assert sender.handoffs.get(h.handoff_id).status == "accepted"
 
 
+def test_pending_handoffs_finds_every_recipient_on_a_long_ledger(make_baton: MakeBaton) -> None:
+    """Every pending handoff is found, past many other events and over several pages; a
+    resolved one is not; listing everyone's needs the owner role."""
+    from prefect_baton import ForbiddenError
+
+    pending_handoffs = load_script("flows/dispatch_handoffs.py").pending_handoffs
+    sender = make_baton("sender")
+    lease = sender.leases.acquire("file", "busy", ttl_seconds=600, idempotency_key="k")
+    for _ in range(120):  # events that are no handoff.created
+        lease = sender.leases.renew(lease)
+    early = [sender.handoffs.create("a/b", f"s{i}") for i in range(25)]
+    late = sender.handoffs.create("late/recipient", "zz")
+    done = sender.handoffs.create("done/recipient", "d")
+    make_baton("done/recipient").handoffs.resolve(done.handoff_id, "rejected")
+    found = pending_handoffs(make_baton("dispatcher", role="owner"), page_size=10)
+    assert sorted(found) == ["a/b", "late/recipient"]
+    assert [h.handoff_id for h in found["a/b"]] == [h.handoff_id for h in early]
+    assert [h.handoff_id for h in found["late/recipient"]] == [late.handoff_id]
+    with pytest.raises(ForbiddenError):
+        pending_handoffs(make_baton("dispatcher"))
+
+
+def test_dispatch_reports_an_unknown_deployment_readably(
+    baton_env: dict[str, str], make_baton: MakeBaton
+) -> None:
+    """A pending handoff to a principal that names no existing deployment is skipped with
+    the reason ``handoff_to`` gives for the same mistake."""
+    dispatch = load_script("flows/dispatch_handoffs.py").dispatch_handoffs
+    h = make_baton("sender").handoffs.create("someone/else", "t1")
+    out = dispatch()
+    assert out["started"] == []
+    assert out["skipped"] == [
+        {"handoff_id": h.handoff_id, "reason": "NotFoundError: deployment 'someone/else' not found"}
+    ]
+
+
 def test_four_role_scenario_hands_off_by_deployment(
     baton_env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -187,6 +187,42 @@ def test_handoff_to_an_unknown_deployment_records_nothing(make_baton: MakeBaton)
     assert sender.leases.release(held).status == "released"
 
 
+def test_start_recipient_of_an_unknown_deployment_says_so(make_baton: MakeBaton) -> None:
+    """``start_recipient`` for a deployment Prefect does not know: the same NotFoundError
+    message as ``handoff_to`` gives (not Prefect's ``ObjectNotFound: None``)."""
+    from prefect_baton import NotFoundError
+    from prefect_baton.prefect import start_recipient
+
+    with pytest.raises(NotFoundError, match=r"^deployment 'someone/else' not found$") as info:
+        start_recipient("hoff_x", "someone/else")
+    assert info.value.code == "NOT_FOUND"
+
+
+def test_accepting_a_handoff_of_other_principals_names_the_runs_principal(
+    make_baton: MakeBaton,
+) -> None:
+    """A handoff neither sent nor received by the run's principal stays NOT_FOUND (nothing of
+    it is shown), and the message names the principal the run acted as."""
+    from prefect_baton import NotFoundError
+
+    sent = make_baton("sender").handoffs.create("reviewer/reviewer", "r9", message="secret")
+
+    @flow(name="baton-test-wrong-principal")
+    def receive(handoff_id: str) -> None:
+        with accept_handoff(handoff_id, baton=make_baton, principal="writer/writer"):
+            pass
+
+    with pytest.raises(NotFoundError) as info:
+        receive(sent.handoff_id)
+    msg = str(info.value)
+    assert info.value.code == "NOT_FOUND"
+    assert f"handoff {sent.handoff_id} not found for principal 'writer/writer'" in msg
+    assert "BATON_PREFECT_PRINCIPAL" in msg
+    for detail in ("reviewer/reviewer", "'sender'", "secret"):  # nothing of the handoff
+        assert detail not in msg
+    assert make_baton("sender").handoffs.get(sent.handoff_id).status == "pending"
+
+
 def test_async_handoff_and_accept(make_baton: MakeBaton) -> None:
     """``ahandoff_to`` and ``async with accept_handoff`` move the lease in async flows."""
     import asyncio

@@ -255,6 +255,46 @@ def test_refused_run_names_the_resource_without_a_traceback(
     assert "Traceback" not in run_logs.text()
 
 
+@pytest.mark.parametrize("mode", ["cancel", "raise"])
+def test_refused_deployment_run_logs_no_engine_traceback(
+    make_baton: MakeBaton, run_logs: _Records, mode: Any
+) -> None:
+    """A refused ``@leased`` flow run through Prefect's engine as a deployment run is (the
+    engine re-raises the final state's exception to its run logger) ends ``Cancelled``
+    (``"cancel"``) or ``Failed`` (``"raise"``), logs no traceback and no "Engine execution
+    exited with unexpected exception" line; the final state line names the resource."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import CancelledRun
+    from prefect.flow_engine import flow_run_logger, run_flow
+
+    gate = threading.Event()
+    t = _holder(make_baton, gate)
+    try:
+
+        @flow(name=f"baton-test-refused-{mode}")
+        @leased("db", "orders", ttl_seconds=30, on_conflict=mode, baton=make_baton)
+        def refused() -> str:
+            return "ran"
+
+        with get_client(sync_client=True) as client:
+            flow_run = client.create_flow_run(refused)
+        expected_error = CancelledRun if mode == "cancel" else ConflictError
+        with pytest.raises(expected_error, match="db/orders"):
+            run_flow(refused, flow_run=flow_run, error_logger=flow_run_logger(flow_run))
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(flow_run.id).state
+    finally:
+        gate.set()
+        t.join(60)
+    assert state is not None
+    assert state.is_cancelled() if mode == "cancel" else state.is_failed()
+    assert "db/orders" in (state.message or "")
+    msgs = [r.getMessage() for r in run_logs.records]
+    assert any("Finished in state" in m and "db/orders" in m for m in msgs), msgs
+    assert not any("Engine execution exited" in m for m in msgs), msgs
+    assert "Traceback" not in run_logs.text()
+
+
 def test_waiting_is_logged_to_the_run(make_baton: MakeBaton, run_logs: _Records) -> None:
     """``on_conflict="wait"`` says in the run's logs what it waits for, and gives up
     naming the resource."""

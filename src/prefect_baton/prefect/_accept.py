@@ -76,7 +76,17 @@ class AcceptedHandoff:
     def _open(self) -> None:
         ident = self._ident = run_identity()
         b = self._b = resolve_baton(self.baton, ident.principal, self.principal)
-        h = self.handoff = b.handoffs.get(self.handoff_id)
+        try:
+            h = self.handoff = b.handoffs.get(self.handoff_id)
+        except NotFoundError:
+            # invisible to this principal (or unknown): name who asked, never the handoff's
+            # parties (another principal's handoff stays NOT_FOUND, details unseen)
+            raise NotFoundError(
+                f"handoff {self.handoff_id} not found for principal {b.principal!r} (a handoff "
+                "is visible to its sender and recipient only; the run acts as principal= of "
+                "accept_handoff, else BATON_PREFECT_PRINCIPAL, else the deployment's full "
+                "name)"
+            ) from None
         # a first read past its expiry ended it and released its lease: say so once
         emit_carried_release(b, h, RELEASE_HANDOFF_EXPIRED)
         if h.to_principal != b.principal:
@@ -271,9 +281,11 @@ def accept_handoff(
 
     Raises:
         NotFoundError: unknown, expired (its own expiry passed, or the sender's lease ended
-            before acceptance) or already resolved (by someone else).
-        ValidationError: addressed to another principal. LeaseLostError: the lease was lost
-        during the block (at exit), or the sender's ended in the instant of acceptance.
+            before acceptance) or already resolved (by someone else); also a handoff
+            neither sent nor received by the principal the run acts as (the message names
+            that principal). ValidationError: addressed to another principal (the run's
+            principal sent it). LeaseLostError: the lease was lost during the block (at
+            exit), or the sender's ended in the instant of acceptance.
     """
     return AcceptedHandoff(
         handoff_id,

@@ -86,15 +86,25 @@ def start_recipient(
         The created ``prefect.client.schemas.objects.FlowRun`` (not awaited: ``timeout=0``).
 
     Raises:
-        ValueError, prefect.exceptions.ObjectNotFound: unknown deployment; what Prefect's
+        NotFoundError: no such deployment (``deployment '<name>' not found``, as
+        :func:`handoff_to` says). ValueError and other Prefect errors: what Prefect's
         ``run_deployment`` raises.
     """
     from prefect.deployments import run_deployment
+    from prefect.exceptions import ObjectNotFound
 
     params = {**(parameters or {}), HANDOFF_PARAMETER: handoff_id}
-    return run_deployment(
-        deployment, parameters=params, timeout=0, idempotency_key=handoff_id, as_subflow=False
-    )
+    try:
+        return run_deployment(
+            deployment, parameters=params, timeout=0, idempotency_key=handoff_id, as_subflow=False
+        )
+    except ObjectNotFound:
+        raise deployment_not_found(deployment) from None
+
+
+def deployment_not_found(deployment: str) -> NotFoundError:
+    """The error for a deployment name the Prefect API does not know."""
+    return NotFoundError(f"deployment {deployment!r} not found")
 
 
 def check_deployment(deployment: str) -> None:
@@ -118,7 +128,7 @@ def check_deployment(deployment: str) -> None:
         with get_client(sync_client=True) as client:
             client.read_deployment_by_name(deployment)
     except ObjectNotFound:
-        raise NotFoundError(f"deployment {deployment!r} not found") from None
+        raise deployment_not_found(deployment) from None
 
 
 def _client_for(

@@ -7,6 +7,11 @@ still raised (the caller catches :class:`~prefect_baton.errors.ConflictError` as
 the exception is marked with :func:`expected`, and a filter on Prefect's ``prefect.task_runs``
 and ``prefect.flow_runs`` loggers drops the traceback of a marked exception from the record,
 keeping the one-line message (which names the resource and the holder's expiry).
+
+A deployment run re-raises the final state's exception after "Finished in state ...", and
+Prefect's engine logs it as "Engine execution exited with unexpected exception": for a marked
+exception (a conflict, or the ``CancelledRun`` of an ``on_conflict="cancel"`` run) that record
+is dropped, since the outcome is expected and the final state line already says it.
 """
 
 from __future__ import annotations
@@ -41,12 +46,19 @@ def run_logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
     return log
 
 
+# what prefect.flow_engine.run_flow logs when the run's final state raises (Prefect 3)
+_ENGINE_EXIT = "Engine execution exited with unexpected exception"
+
+
 class _NoExpectedTraceback(logging.Filter):
-    """Drops the traceback of an exception marked :func:`expected` from a log record."""
+    """Drops the traceback of an exception marked :func:`expected` from a log record, and
+    the engine's "unexpected exception" record for it altogether."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         info = record.exc_info
         if info and info[1] is not None and info[1] in _expected:
+            if record.msg == _ENGINE_EXIT:
+                return False
             record.exc_info = None
             record.exc_text = None
         return True

@@ -236,10 +236,14 @@ class LeaseScope:
         run_logger().info(message)
         if not self.call.ident.in_run:
             return None
+        from prefect.exceptions import CancelledRun
         from prefect.states import Cancelled, Completed
 
         if self._skip.cancel:
-            return Cancelled(message=message)
+            # the exception the state raises is ours, marked expected: Prefect's engine then
+            # logs neither its traceback nor "Engine execution exited with unexpected
+            # exception" when a deployment run ends Cancelled this way
+            return Cancelled(message=message, data=expected(CancelledRun(message)))
         return Completed(name="Skipped", message=message)
 
     # ---------------------------------------------------------------- hold

@@ -25,7 +25,6 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 from prefect import flow, get_run_logger
 
 from prefect_baton import Baton, Handoff
-from prefect_baton._rules.paging import next_cursor
 from prefect_baton.prefect import start_recipient
 
 
@@ -48,7 +47,7 @@ def pending_handoffs(b: Baton, page_size: int = 1000) -> dict[str, list[Handoff]
         page = b.handoffs.list(party="*", status="pending", limit=page_size, cursor=cursor)
         for h in page:
             by_recipient.setdefault(h.to_principal, []).append(h)
-        cursor = next_cursor("handoffs", page, page_size)
+        cursor = page.next_cursor
         if cursor is None:
             return by_recipient
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from prefect_baton._rules.paging import decode_cursor, encode_cursor, next_cursor
-from prefect_baton.errors import ConflictError, ValidationError, error_for_code
+from prefect_baton.errors import ConflictError, LeaseLostError, ValidationError, error_for_code
 from prefect_baton.models import Event, Lease, from_ms, wire_time
 
 MS = 1_785_409_093_829  # 2026-07-30T10:58:13.829Z
@@ -109,3 +109,21 @@ def test_next_cursor_only_after_a_full_page() -> None:
     cursor = next_cursor("leases", leases, 3)
     assert cursor is not None
     assert decode_cursor("leases", cursor) == (MS, "lease_2")
+
+
+def test_lease_lost_status_round_trips() -> None:
+    """``LeaseLostError.status`` (how the lease ended) is in the JSON error when known and is
+    read back from it; absent, it stays ``None``."""
+    err = LeaseLostError("lease l1 is no longer held (transferred)", status="transferred")
+    d = err.to_dict()
+    assert d == {
+        "code": "LEASE_LOST",
+        "message": "lease l1 is no longer held (transferred)",
+        "status": "transferred",
+    }
+    back = error_for_code(**d)
+    assert isinstance(back, LeaseLostError)
+    assert back.status == "transferred"
+    bare = error_for_code("LEASE_LOST", "gone")
+    assert isinstance(bare, LeaseLostError)
+    assert (bare.status, "status" in bare.to_dict()) == (None, False)

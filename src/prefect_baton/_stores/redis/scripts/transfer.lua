@@ -18,7 +18,7 @@
 --   {10, expires_at_ms, 0|1}             CONFLICT (post-loss lock delay, or 1: a scope)
 --   {11, current, expected}              VERSION_CONFLICT
 --   {12, message}                        NOT_FOUND
---   {13, message}                        LEASE_LOST
+--   {13, message[, status]}              LEASE_LOST
 --   {15, message}                        VALIDATION_ERROR
 --   {20}                                 lease id unknown to Redis
 --   {30} / {31}                          as acquire.lua

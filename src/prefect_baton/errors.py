@@ -156,9 +156,27 @@ class IdempotencyInFlightError(BatonError):
 
 class LeaseLostError(BatonError):
     """The caller's lease is no longer held: it expired, was released, force-released,
-    transferred or taken over. Renewing, releasing or replaying it cannot bring it back."""
+    transferred or taken over. Renewing, releasing or replaying it cannot bring it back.
+
+    Attributes:
+        status: how the lease generation ended, when the refusal knows it (``str`` or
+            ``None``): ``"transferred"`` (moved to another principal, e.g. by an accepted
+            handoff), ``"expired"``, ``"released"``, ``"taken_over"``, ``"revoked"``,
+            ``"superseded"``, or ``"gone"`` (no such generation any more). The message names
+            it too.
+    """
 
     code = "LEASE_LOST"
+
+    def __init__(self, message: str, *, status: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        if self.status is not None:
+            d["status"] = self.status
+        return d
 
 
 class StaleFenceError(BatonError):
@@ -330,4 +348,7 @@ def error_for_code(code: str, message: str, **fields: Any) -> BatonError:
         return ConflictError(
             message, expires_at=datetime.fromisoformat(exp) if isinstance(exp, str) else exp
         )
+    if cls is LeaseLostError:
+        status = fields.get("status")
+        return LeaseLostError(message, status=status if isinstance(status, str) else None)
     return cls(message)

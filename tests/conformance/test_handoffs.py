@@ -212,10 +212,11 @@ def test_accept_fences_out_old_holder(baton: Baton) -> None:
     b = baton.as_principal("agent-b")
     moved = b.handoffs.resolve(h.handoff_id, "accepted").lease
     assert moved is not None
-    with pytest.raises(LeaseLostError):
+    with pytest.raises(LeaseLostError) as renewed:
         baton.leases.renew(lease)
-    with pytest.raises(LeaseLostError):
+    with pytest.raises(LeaseLostError) as released:
         baton.leases.release(lease)
+    assert (renewed.value.status, released.value.status) == ("transferred", "transferred")
     with pytest.raises(StaleFenceError):
         baton.checkpoints.save(SUBJ, "draft", {"late": True}, fence=lease)
     with pytest.raises(StaleFenceError):

@@ -112,6 +112,7 @@ def test_replay_does_not_revive_released_lease(baton: Baton) -> None:
     with pytest.raises(LeaseLostError) as ei:
         baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="run-1")
     assert ei.value.code == "LEASE_LOST"
+    assert ei.value.status == "released"
     assert kinds(baton) == events
     assert not baton.leases.inspect(RT, RID).held
 
@@ -122,8 +123,9 @@ def test_replay_does_not_revive_transferred_lease(baton: Baton) -> None:
     moved = baton.leases.transfer(
         lease, to_principal="agent-b", new_execution_key="run-2", ttl_seconds=30
     )
-    with pytest.raises(LeaseLostError):
+    with pytest.raises(LeaseLostError) as ei:
         baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="run-1")
+    assert ei.value.status == "transferred"  # how it ended, e.g. for a Prefect retry
     info = baton.as_principal("agent-b").leases.inspect(RT, RID)
     assert info.lease is not None
     assert info.lease.lease_id == moved.lease_id
@@ -133,8 +135,9 @@ def test_replay_does_not_revive_revoked_lease(baton: Baton) -> None:
     """A replayed acquire whose lease was force-released is LEASE_LOST."""
     lease = baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="run-1")
     baton.as_principal("boss", role="admin").leases.force_release(lease.lease_id)
-    with pytest.raises(LeaseLostError):
+    with pytest.raises(LeaseLostError) as ei:
         baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="run-1")
+    assert ei.value.status == "revoked"
     assert not baton.leases.inspect(RT, RID).held
 
 

@@ -11,7 +11,14 @@ import pytest
 from prefect import flow
 
 from prefect_baton import Baton, Handoff
-from prefect_baton.prefect import HandoffRejected, accept_handoff, current_lease, handoff_to
+from prefect_baton.prefect import (
+    HandoffRejected,
+    accept_handoff,
+    current_lease,
+    handoff_to,
+    lease,
+    leased,
+)
 
 from .conftest import load_script
 
@@ -227,7 +234,7 @@ def test_async_handoff_and_accept(make_baton: MakeBaton) -> None:
     """``ahandoff_to`` and ``async with accept_handoff`` move the lease in async flows."""
     import asyncio
 
-    from prefect_baton.prefect import ahandoff_to, leased
+    from prefect_baton.prefect import ahandoff_to
 
     box: dict[str, Any] = {}
 
@@ -252,3 +259,63 @@ def test_async_handoff_and_accept(make_baton: MakeBaton) -> None:
     assert epoch == 2
     assert box["state"] == {"n": 1}
     assert make_baton("baton-test-async-receiver").handoffs.get(handoff_id).status == "accepted"
+
+
+def _generations(make_baton: MakeBaton, resource_id: str) -> list[tuple[int, str]]:
+    """``(epoch, status)`` of every generation of ``report/<resource_id>``, oldest first."""
+    admin = make_baton("admin", role="owner")
+    rows = admin.leases.list(resource_type="report", owner="*", include_ended=True)
+    return sorted((g.epoch, g.status) for g in rows if g.resource_id == resource_id)
+
+
+@pytest.mark.parametrize("use", ["decorator", "block"])
+def test_retry_of_a_sender_whose_handoff_was_accepted_ends_handed_off(
+    make_baton: MakeBaton, use: str
+) -> None:
+    """A Prefect retry of a run whose lease was handed off and accepted does not take the
+    resource again nor run the body: it ends ``Completed(name="HandedOff")``, naming the
+    resource, the handoff and its recipient (``@leased`` and ``with lease(...)`` alike)."""
+    reviewer = make_baton("reviewer")
+    runs: list[int] = []
+    sent: list[str] = []
+
+    def body(report: str) -> None:
+        held = current_lease()
+        assert held is not None
+        runs.append(held.epoch)
+        handoff = handoff_to("reviewer", report, checkpoint={"sections_done": 2}, lease=held)
+        sent.append(handoff.handoff_id)
+        # the recipient accepts (and finishes) before the sender's retry
+        accepted = reviewer.handoffs.resolve(handoff.handoff_id, "accepted")
+        assert accepted.lease is not None
+        reviewer.leases.release(accepted.lease)
+        raise RuntimeError("crash after handing off")
+
+    if use == "decorator":
+
+        @flow(name="baton-test-handed-off", retries=1, retry_delay_seconds=0)
+        @leased("report", "{report}", ttl_seconds=30, baton=make_baton)
+        def writer(report: str) -> None:
+            body(report)
+
+    else:
+
+        @flow(name="baton-test-handed-off", retries=1, retry_delay_seconds=0)
+        def writer(report: str) -> Any:
+            block = lease("report", report, ttl_seconds=30, baton=make_baton)
+            with block as held:
+                if held is None:
+                    return block.skip_state
+                body(report)
+            return None
+
+    state: Any = writer("q3", return_state=True)
+    assert runs == [1]  # the retry did not run the body
+    assert state.is_completed()
+    assert state.name == "HandedOff"
+    (handoff_id,) = sent
+    for part in ("report/q3", "transferred", handoff_id, "to reviewer"):
+        assert part in state.message
+    # no generation after the recipient's: the sender's, transferred; the reviewer's, released
+    assert _generations(make_baton, "q3") == [(1, "transferred"), (2, "released")]
+    assert not reviewer.leases.inspect("report", "q3").held

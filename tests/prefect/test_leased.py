@@ -446,3 +446,32 @@ def test_lease_block_takes_every_option_of_leased() -> None:
         with pytest.raises(ValidationError) as info:
             lease("file", "a.txt", ttl_seconds=30, **bad)  # type: ignore[arg-type]
         assert info.value.code == "VALIDATION_ERROR"
+
+
+def test_retry_after_the_lease_expired_acquires_anew() -> None:
+    """A retry whose previous attempt's lease lapsed (expired between attempts) still
+    acquires anew, at a new epoch, and runs the body."""
+    from prefect_baton.testing import ManualClock, memory_baton
+
+    clock = ManualClock()
+    runs: list[int] = []
+    with memory_baton(org="test", principal="admin", role="owner", clock=clock) as b:
+
+        @flow(name="baton-test-lapsed", retries=1, retry_delay_seconds=0)
+        @leased("report", "{report}", ttl_seconds=10, baton=b.as_principal)
+        def writer(report: str) -> int:
+            held = current_lease()
+            assert held is not None
+            runs.append(held.epoch)
+            if len(runs) == 1:
+                clock.advance(11)  # the retry comes after the TTL
+                raise RuntimeError("transient failure")
+            return held.epoch
+
+        state: Any = writer("q4", return_state=True)
+        assert state.is_completed()
+        assert state.name == "Completed"
+        assert runs == [1, 2]
+        rows = b.leases.list(resource_type="report", owner="*", include_ended=True)
+        # the expired generation ends "taken_over" when the new one replaces it
+        assert sorted((g.epoch, g.status) for g in rows) == [(1, "taken_over"), (2, "released")]

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from prefect_baton._rules.paging import decode_cursor, encode_cursor, page_of, store_limit
-from prefect_baton.errors import ConflictError, ValidationError, error_for_code
+from prefect_baton.errors import ConflictError, LeaseLostError, ValidationError, error_for_code
 from prefect_baton.models import Event, Lease, from_ms, wire_time
 
 MS = 1_785_409_093_829  # 2026-07-30T10:58:13.829Z
@@ -125,3 +125,21 @@ def test_store_limit_serves_one_more_than_the_largest_page() -> None:
     assert store_limit("events", 1_001) == 1_001
     assert store_limit("events", 5_000) == 1_001
     assert store_limit("leases", 0) == 1
+
+
+def test_lease_lost_status_round_trips() -> None:
+    """``LeaseLostError.status`` (how the lease ended) is in the JSON error when known and is
+    read back from it; absent, it stays ``None``."""
+    err = LeaseLostError("lease l1 is no longer held (transferred)", status="transferred")
+    d = err.to_dict()
+    assert d == {
+        "code": "LEASE_LOST",
+        "message": "lease l1 is no longer held (transferred)",
+        "status": "transferred",
+    }
+    back = error_for_code(**d)
+    assert isinstance(back, LeaseLostError)
+    assert back.status == "transferred"
+    bare = error_for_code("LEASE_LOST", "gone")
+    assert isinstance(bare, LeaseLostError)
+    assert (bare.status, "status" in bare.to_dict()) == (None, False)

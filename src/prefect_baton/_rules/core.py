@@ -474,7 +474,8 @@ def replay_check(
     why = "gone" if row is None else _lost_reason(row, now_ms)
     raise LeaseLostError(
         f"lease {lease_id} acquired under this execution key is no longer held ({why}); "
-        "a replayed receipt does not revive it: use a new execution key"
+        "a replayed receipt does not revive it: use a new execution key",
+        status=why,
     )
 
 

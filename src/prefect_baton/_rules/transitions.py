@@ -89,9 +89,8 @@ def _check_held(
     then LeaseLostError (ended or expired), VersionConflictError."""
     row = _check_proof(row, proof)
     if not row.effective(now_ms):
-        raise LeaseLostError(
-            f"lease {row.lease_id} is no longer held ({_lost_reason(row, now_ms)})"
-        )
+        why = _lost_reason(row, now_ms)
+        raise LeaseLostError(f"lease {row.lease_id} is no longer held ({why})", status=why)
     _check_version(row.version, expected_version)
     return row
 
@@ -182,7 +181,9 @@ def decide_release(row: Generation | None, request: ReleaseRequest, *, now_ms: i
         # Re-acquire is not renew: the old id is then not found (seed service rule).
         raise NotFoundError(f"lease {row.lease_id} not found")
     if row.status != "active":
-        raise LeaseLostError(f"lease {row.lease_id} is no longer held ({row.status})")
+        raise LeaseLostError(
+            f"lease {row.lease_id} is no longer held ({row.status})", status=row.status
+        )
     return _end_by_holder(row, now_ms, action="release")
 
 

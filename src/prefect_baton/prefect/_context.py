@@ -385,12 +385,16 @@ class LeaseSlot:
         identity: the run identity it was acquired under.
         handed_off: set by :func:`handoff_to` when the lease rides on a handoff: the block
             then neither releases it nor treats its later loss as a failure.
+        handed_to: ``"handoff <id> to <principal>"`` (``str``) when :func:`handoff_to` set
+            ``handed_off``, for the message of a Prefect retry that finds the lease
+            transferred; else ``None``.
     """
 
     keeper: LeaseKeeper
     baton: Baton
     identity: RunIdentity
     handed_off: bool = False
+    handed_to: str | None = None
 
 
 _CURRENT: contextvars.ContextVar[LeaseSlot | None] = contextvars.ContextVar(

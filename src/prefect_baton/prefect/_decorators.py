@@ -103,7 +103,11 @@ def leased(
     - a Prefect **retry** of the same run replays its own acquire (same ``lease_id`` and
       epoch): when the body fails and Prefect will retry, the lease is kept (not released)
       for the retry; it is released on success, on the final failure and on cancellation.
-      If the retry delay outlasts the TTL the lease lapses, and the retry acquires anew;
+      If the retry delay outlasts the TTL the lease lapses, and the retry acquires anew.
+      If the lease was *transferred* meanwhile (a :func:`handoff_to` the recipient
+      accepted), the work is the recipient's: the retry neither acquires nor runs the
+      body, and the run ends ``Completed(name="HandedOff")`` naming the resource (and the
+      handoff and its recipient, when this process sent it);
     - a *different* run conflicts, even of the same deployment (seed 004 execution keys).
 
     A heartbeat thread renews the lease every ``ttl_seconds / 3`` for the body's whole

@@ -232,6 +232,7 @@ def handoff_to(
         lease.release_on_exit = False
         if slot is not None and slot.keeper is lease:
             slot.handed_off = True
+            slot.handed_to = f"handoff {handoff.handoff_id} to {handoff.to_principal}"
     if not handoff.replayed:
         emit_handoff_event(b, "handoff.created", handoff)
         run_logger().info(

@@ -30,16 +30,18 @@ class LeaseBlock:
 
     Entering it acquires the lease and returns the running :class:`LeaseKeeper` (pass it
     as ``fence=``), or ``None`` when ``on_conflict`` is ``"skip"`` or ``"cancel"`` and the
-    resource is taken: the body then runs with ``None`` and should return at once, for
-    example ``return block.skip_state``.
+    resource is taken, or in a Prefect retry whose previous attempt's lease was
+    transferred (handed off): the body then runs with ``None`` and should return at once,
+    for example ``return block.skip_state``.
 
     Attributes:
         options: the validated :class:`LeaseOptions`.
         skipped: ``True`` when the block was entered without the lease (``bool``).
         skip_message: why, naming the resource and the holder's expiry (``str`` or ``None``).
         skip_state: inside a Prefect run, the state to return from the task or flow so the
-            run ends ``Completed(name="Skipped")`` (``"skip"``) or ``Cancelled``
-            (``"cancel"``) with ``skip_message``; ``None`` otherwise.
+            run ends ``Completed(name="Skipped")`` (``"skip"``), ``Cancelled``
+            (``"cancel"``) or ``Completed(name="HandedOff")`` (a retry after the lease was
+            transferred) with ``skip_message``; ``None`` otherwise.
     """
 
     def __init__(self, options: LeaseOptions) -> None:
@@ -132,7 +134,9 @@ def lease(
     a run the lease is acquired under the run identity (principal, and the task run id or
     flow run id as execution key), :func:`current_lease` returns it in the block, Prefect
     events are emitted, and when the block fails and Prefect will retry the run the lease
-    is kept for the retry, which replays it (same ``lease_id`` and epoch). Outside a run the
+    is kept for the retry, which replays it (same ``lease_id`` and epoch), or, if the lease
+    was transferred meanwhile (handed off), is entered with ``None`` and
+    ``block.skip_state`` ``Completed(name="HandedOff")``. Outside a run the
     principal is ``BATON_PRINCIPAL`` (or ``principal=``) and each block a new execution.
 
     ``resource_id`` and ``scopes`` are used as given (no templates: format them yourself).

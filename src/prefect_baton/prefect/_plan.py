@@ -29,6 +29,8 @@ _WAIT_CAP_SECONDS = 5.0
 
 # base execution key -> key actually holding the lease between Prefect retries (this process)
 _held_keys: dict[str, str] = {}
+# base execution key -> "handoff <id> to <principal>" the previous attempt sent its lease on
+_handed_to: dict[str, str] = {}
 _held_lock = threading.Lock()
 
 
@@ -57,10 +59,12 @@ class Sleep:
 @dataclass(frozen=True)
 class Skip:
     """Do not run the body; end with ``message`` (``on_conflict="skip"`` or ``"cancel"``:
-    ``cancel`` is true for the latter)."""
+    ``cancel`` is true for the latter; a Prefect retry of an attempt that handed its lease
+    off). A run that is not cancelled ends ``Completed`` with the state name ``name``."""
 
     message: str
     cancel: bool = False
+    name: str = "Skipped"
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,7 @@ class LeaseCall:
         self.base_key = ident.execution_key
         with _held_lock:
             self.key = _held_keys.get(self.base_key, self.base_key)
+            self.handed_to = _handed_to.get(self.base_key)
         self.rekeyed = False
         self.attempts = 0
         timeout = opts.wait_timeout_seconds
@@ -124,14 +129,7 @@ class LeaseCall:
         """Decide after a failed acquire: sleep and retry (``wait``), skip, re-key, or fail."""
         self.attempts += 1
         if isinstance(exc, LeaseLostError) and self.ident.run_count > 1 and not self.rekeyed:
-            # A retry whose earlier attempt's lease lapsed meanwhile (retry delay > TTL): the
-            # old receipt cannot revive it, so this attempt acquires under a key of its own.
-            self.rekeyed = True
-            self.key = f"{self.base_key}:attempt-{self.ident.run_count}"
-            return Again(
-                f"{self.what}: the lease of the previous attempt lapsed ({exc.message}); "
-                "acquiring anew"
-            )
+            return self.after_previous_attempt(exc)
         mode = self.opts.on_conflict
         # Another attempt of this run (a second process that picked it up) holds the lease:
         # refused like a conflict, so on_conflict="wait" waits for it to end or expire.
@@ -166,19 +164,53 @@ class LeaseCall:
             message = f"{why} Waiting {until} (on_conflict='wait'; waited {waited:.1f} s so far)"
         return Sleep(delay, message)
 
+    def after_previous_attempt(self, exc: LeaseLostError) -> Skip | Again:
+        """Decide what a Prefect retry does when replaying the previous attempt's acquire
+        raised ``exc``: that attempt's lease is no longer held.
+
+        - ``exc.status == "transferred"``: the lease moved on (a handoff sent with
+          :func:`handoff_to` was accepted, or the body transferred it): the work is the
+          recipient's now, so the retry neither acquires the resource again nor runs the
+          body: :class:`Skip`, a Prefect run ending ``Completed(name="HandedOff")`` with a
+          message naming the resource and, when this process sent it, the handoff and its
+          recipient;
+        - otherwise it lapsed (expired, released, revoked, taken over: retry delay > TTL):
+          the old receipt cannot revive it, so this attempt acquires anew under a key of its
+          own (:class:`Again`, logged as a warning; a new epoch, or a conflict when someone
+          else took the resource meanwhile).
+        """
+        if exc.status == "transferred":
+            via = f" ({self.handed_to})" if self.handed_to is not None else ""
+            with _held_lock:
+                _held_keys.pop(self.base_key, None)
+                _handed_to.pop(self.base_key, None)
+            return Skip(
+                f"Handed off {self.fn_name}: the lease of the previous attempt on {self.what} "
+                f"was transferred{via}; the work is the recipient's, so this retry does not "
+                "acquire it again nor run the body",
+                name="HandedOff",
+            )
+        self.rekeyed = True
+        self.key = f"{self.base_key}:attempt-{self.ident.run_count}"
+        return Again(
+            f"{self.what}: the lease of the previous attempt lapsed ({exc.message}); acquiring anew"
+        )
+
     def release_at_exit(self, slot: LeaseSlot, exc: BaseException | None) -> bool:
         """Release on success, final failure, cancellation; keep it when a Prefect retry
-        follows (that retry then replays this acquire: same lease, same epoch), and never
-        release a lease handed off with :func:`handoff_to`."""
-        if slot.handed_off:
-            return False
-        keep = exc is not None and retry_follows(self.ident, exc)
+        follows (that retry then replays this acquire: same lease, same epoch, or ends
+        ``HandedOff`` if it was transferred meanwhile, see :meth:`after_previous_attempt`),
+        and never release a lease handed off with :func:`handoff_to`."""
+        retry = exc is not None and retry_follows(self.ident, exc)
         with _held_lock:
-            if keep:
+            if retry:
                 _held_keys[self.base_key] = self.key
+                if slot.handed_to is not None:
+                    _handed_to[self.base_key] = slot.handed_to
             else:
                 _held_keys.pop(self.base_key, None)
-        return not keep
+                _handed_to.pop(self.base_key, None)
+        return not (retry or slot.handed_off)
 
     def keeper(self, slot_on_lost: Callable[[LeaseKeeper], Any] | None, b: Any) -> LeaseKeeper:
         """A keeper for the next acquire attempt."""

@@ -229,8 +229,9 @@ class LeaseScope:
     def skipped(self) -> Any:
         """The result of a skipped body (its message is logged to the run, or to the
         ``prefect_baton.prefect`` logger outside one): inside a run the Prefect state to end
-        it with, ``Completed(name="Skipped")`` (``on_conflict="skip"``) or ``Cancelled``
-        (``"cancel"``), with the reason as the state message; ``None`` outside a run."""
+        it with, ``Completed(name="Skipped")`` (``on_conflict="skip"``), ``Cancelled``
+        (``"cancel"``) or ``Completed(name="HandedOff")`` (a retry of an attempt whose lease
+        was transferred), with the reason as the state message; ``None`` outside a run."""
         assert self._skip is not None
         message = self._skip.message
         run_logger().info(message)
@@ -244,7 +245,7 @@ class LeaseScope:
             # logs neither its traceback nor "Engine execution exited with unexpected
             # exception" when a deployment run ends Cancelled this way
             return Cancelled(message=message, data=expected(CancelledRun(message)))
-        return Completed(name="Skipped", message=message)
+        return Completed(name=self._skip.name, message=message)
 
     # ---------------------------------------------------------------- hold
 

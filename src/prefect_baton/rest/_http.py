@@ -2,9 +2,9 @@
 
 Every error body is ``{"error": {"code": ..., "message": ...}, "meta": {"request_id":
 ...}}``: the seed service's error envelope, the error's own fields (``expires_at`` of a
-lease conflict, ``current_version``/``expected_version`` of a version conflict), and the
-request id of the ``X-Request-ID`` header as a success body carries it. The HTTP status of
-each code is fixed by :data:`STATUS_BY_CODE`.
+lease conflict, ``current_version``/``expected_version`` of a version conflict, ``status``
+of a lost lease when known), and the request id of the ``X-Request-ID`` header as a success
+body carries it. The HTTP status of each code is fixed by :data:`STATUS_BY_CODE`.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ _ERROR_SCHEMA: dict[str, Any] = {
                 "expires_at": {"type": "string"},
                 "current_version": {"type": "integer"},
                 "expected_version": {"type": "integer"},
+                "status": {"type": "string"},
             },
         },
         "meta": {

@@ -7,7 +7,7 @@ Every ``/v1`` request carries ``Authorization: Bearer bk_...`` (see
 * success: ``{"data": ..., "meta": {"request_id": "req_...", "replayed": bool}}``;
 * error: ``{"error": {"code": ..., "message": ...}, "meta": {"request_id": "req_..."}}``
   (+ ``expires_at`` on a lease ``CONFLICT``, ``current_version``/``expected_version`` on
-  ``VERSION_CONFLICT``).
+  ``VERSION_CONFLICT``, ``status`` on ``LEASE_LOST`` when the lease's end is known).
 
 Fixed statuses: ``400 VALIDATION_ERROR`` (bad values, malformed JSON, wrong types, unknown
 fields: FastAPI's 422 is replaced), ``401 UNAUTHENTICATED`` (no, unknown or revoked key),

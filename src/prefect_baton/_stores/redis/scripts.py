@@ -97,7 +97,7 @@ CODES: dict[int, Callable[[Sequence[Any]], BatonError]] = {
     CONFLICT: _conflict,
     VERSION: _version,
     NOT_FOUND: lambda a: NotFoundError(_text(a[0])),
-    LOST: lambda a: LeaseLostError(_text(a[0])),
+    LOST: lambda a: LeaseLostError(_text(a[0]), status=_text(a[1]) if len(a) > 1 else None),
     MISMATCH: _mismatch,
     INVALID: lambda a: ValidationError(_text(a[0])),
     FORBIDDEN: lambda a: ForbiddenError(_text(a[0])),

@@ -26,7 +26,7 @@ local function decide_acquire(it, principal, key, now, mk, raw)
         if g then why = lost_reason(g, now) end
         return {C_LOST, 'lease ' .. rec.id .. ' acquired under this execution key is no '
           .. 'longer held (' .. why .. '); a replayed receipt does not revive it: use a new '
-          .. 'execution key'}
+          .. 'execution key', why}
       end
       -- another attempt acquires afresh; apply_acquire replaces the receipt
     end

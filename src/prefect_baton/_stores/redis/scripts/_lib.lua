@@ -225,7 +225,8 @@ end
 -- ... is no longer held at `now` (LEASE_LOST), ...
 local function lost_refused(g, now)
   if not effective(g, now) then
-    return {C_LOST, 'lease ' .. g.id .. ' is no longer held (' .. lost_reason(g, now) .. ')'}
+    local why = lost_reason(g, now)
+    return {C_LOST, 'lease ' .. g.id .. ' is no longer held (' .. why .. ')', why}
   end
 end
 

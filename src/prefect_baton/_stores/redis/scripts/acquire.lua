@@ -14,7 +14,7 @@
 --   {2, generation}                      an exact retry: the receipt's lease, still held
 --   {10, expires_at_ms, 0|1}             CONFLICT (1: a write scope overlaps)
 --   {11, current, expected}              VERSION_CONFLICT
---   {13, message}                        LEASE_LOST (replay of a lost lease)
+--   {13, message[, status]}              LEASE_LOST (replay of a lost lease)
 --   {14, key}                            IDEMPOTENCY_MISMATCH
 --   {17, key, expires_at_ms}             IDEMPOTENCY_IN_FLIGHT (another attempt holds it)
 --   {15, message}                        VALIDATION_ERROR (counters exhausted)

@@ -11,7 +11,7 @@
 --   {1, generation}                      no_change: already released/expired (no write)
 --   {11, current, expected}              VERSION_CONFLICT
 --   {12, message}                        NOT_FOUND (another principal's, or superseded)
---   {13, message}                        LEASE_LOST (taken since)
+--   {13, message[, status]}              LEASE_LOST (another execution, or taken since)
 --   {18, lease id, held key?, given key?} LEASE_LOST (another execution key: _lib.lua)
 --   {20}                                 lease id unknown to Redis (Python asks the ledger)
 --   {30}                                 no incarnation marker
@@ -26,7 +26,7 @@ if refused then return refused end
 if g.s == 'released' or g.s == 'expired' then return {C_NOOP, g.raw or enc(g)} end
 if g.s == 'superseded' then return {C_NOT_FOUND, 'lease ' .. id .. ' not found'} end
 if g.s ~= 'active' then
-  return {C_LOST, 'lease ' .. g.id .. ' is no longer held (' .. g.s .. ')'}
+  return {C_LOST, 'lease ' .. g.id .. ' is no longer held (' .. g.s .. ')', g.s}
 end
 local sid = g.sid
 local st = 'expired'

@@ -7,7 +7,7 @@
 --   {0, journal entry id, generation}   renewed
 --   {11, current, expected}              VERSION_CONFLICT
 --   {12, message}                        NOT_FOUND (another principal's lease)
---   {13, message}                        LEASE_LOST (ended or expired)
+--   {13, message[, status]}              LEASE_LOST (other execution, ended or expired)
 --   {18, lease id, held key?, given key?} LEASE_LOST (another execution key: _lib.lua)
 --   {15, message}                        VALIDATION_ERROR (version counter exhausted)
 --   {20}                                 lease id unknown to Redis (Python asks the ledger)

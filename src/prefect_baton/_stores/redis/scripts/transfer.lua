@@ -18,7 +18,7 @@
 --   {10, expires_at_ms, 0|1}             CONFLICT (post-loss lock delay, or 1: a scope)
 --   {11, current, expected}              VERSION_CONFLICT
 --   {12, message}                        NOT_FOUND
---   {13, message}                        LEASE_LOST
+--   {13, message[, status]}              LEASE_LOST
 --   {18, lease id, held key?, given key?} LEASE_LOST (another execution key: _lib.lua)
 --   {15, message}                        VALIDATION_ERROR
 --   {20}                                 lease id unknown to Redis

@@ -87,7 +87,7 @@ def _invoke(*args: str) -> tuple[int, str, str]:
 
 def test_a_client_without_redis_url_is_refused_until_the_org_is_returned(tmp_path: Path) -> None:
     """Once a command with --redis-url used an org, one without it is refused
-    (UNAVAILABLE, exit 11, naming the remedy) instead of granting on the ledger's copy;
+    (FORBIDDEN, exit 6, naming the remedy) instead of granting on the ledger's copy;
     ``baton reconcile --return-to-ledger`` hands the org back (the lease Redis granted is
     held on the ledger too), and refuses --follow with it (exit 2)."""
     require_redis()
@@ -101,9 +101,9 @@ def test_a_client_without_redis_url_is_refused_until_the_org_is_returned(tmp_pat
     code, out, _err = _invoke(
         *base, "--principal", "b", "lease", "acquire", "deploy", "other", "--ttl-seconds", "30"
     )
-    assert code == 11, out
+    assert code == 6, out
     error = json.loads(out)["error"]
-    assert error["code"] == "UNAVAILABLE"
+    assert error["code"] == "FORBIDDEN"
     assert "decided by Redis" in error["message"]
     assert "--return-to-ledger" in error["message"]
     code, out, _err = _invoke(*redis, "reconcile", "--return-to-ledger", "--follow")

@@ -20,7 +20,7 @@ import pytest
 
 import prefect_baton.rest._worker as rest_worker
 from prefect_baton._exit import exit_code_for
-from prefect_baton.errors import UnavailableError
+from prefect_baton.errors import UnavailableError, ValidationError
 from prefect_baton.rest.__main__ import MAX_WORKERS, default_workers
 
 from .conftest import BATON_SCRIPT, Cli, process_env
@@ -416,9 +416,10 @@ def test_a_worker_that_cannot_start_waits_and_tries_again(cli: Cli, tmp_path: Pa
 
 
 def test_build_with_retries_pauses_longer_each_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    """1, 2, 4, ... seconds between attempts, at most WORKER_RETRY_MAX_SECONDS; a
-    BatonError is one line without traceback, another error has its traceback the first
-    time only."""
+    """While the app cannot reach its ledger (UNAVAILABLE): 1, 2, 4, ... seconds between
+    attempts, at most WORKER_RETRY_MAX_SECONDS, one line each without traceback. Any other
+    failure is not retried: a BatonError is one line, another error has its traceback, and
+    the worker stops (uvicorn then stops its supervisor, as without retries)."""
     pauses: list[float] = []
     monkeypatch.setattr(rest_worker, "_pause", lambda seconds: pauses.append(seconds) or False)
     records: list[logging.LogRecord] = []
@@ -426,24 +427,37 @@ def test_build_with_retries_pauses_longer_each_time(monkeypatch: pytest.MonkeyPa
     handler.emit = records.append  # type: ignore[method-assign]
     logger = logging.getLogger("prefect_baton.rest")
     logger.addHandler(handler)
-    errors: list[Exception] = [UnavailableError("ledger\ngone")] * 6
-    errors += [RuntimeError("boom"), RuntimeError("boom")]
+    errors: list[Exception] = [UnavailableError("ledger\ngone")] * 8
 
     def build() -> str:
         if errors:
             raise errors.pop(0)
         return "app"
 
+    def failing(exc: Exception) -> Callable[[], str]:
+        def build() -> str:
+            raise exc
+
+        return build
+
     try:
         assert rest_worker._build_with_retries(build) == "app"
+        assert pauses == [1, 2, 4, 8, 16, 30, 30, 30]
+        assert rest_worker.WORKER_RETRY_MAX_SECONDS == 30
+        assert "UNAVAILABLE: ledger gone; trying again in 1 s" in records[0].getMessage()
+        assert not any(r.exc_info for r in records)
+        records.clear()
+        with pytest.raises(ValidationError):
+            rest_worker._build_with_retries(failing(ValidationError("bad setting")))
+        assert [r.getMessage().endswith("VALIDATION_ERROR: bad setting") for r in records] == [True]
+        assert not records[0].exc_info
+        records.clear()
+        with pytest.raises(RuntimeError):
+            rest_worker._build_with_retries(failing(RuntimeError("boom")))
+        assert "Traceback" in logging.Formatter().format(records[0])
     finally:
         logger.removeHandler(handler)
-    assert pauses == [1, 2, 4, 8, 16, 30, 30, 30]
-    assert rest_worker.WORKER_RETRY_MAX_SECONDS == 30
-    assert "UNAVAILABLE: ledger gone; trying again in 1 s" in records[0].getMessage()
-    assert [bool(r.exc_info) for r in records] == [False] * 6 + [True, False]
-    assert "RuntimeError: boom" in records[7].getMessage()
-    assert "Traceback" in logging.Formatter().format(records[6])
+    assert len(pauses) == 8  # neither was retried
 
 
 def test_pause_ends_on_sigterm(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -198,7 +198,7 @@ def test_own_lease_under_another_execution_key_says_how_to_pass_it(baton: Baton,
         message = caught.value.message
         assert caught.value.code == "LEASE_LOST"
         assert f"lease {lease.lease_id} is held by you" in message
-        assert "execution_key=" in message
+        assert "execution_key over REST" in message
         assert "--execution-key" in message
         assert "secret-run-1" not in message
         assert "run-x" not in message

@@ -1,6 +1,6 @@
 """One lease authority per organization (DESIGN.md "Storage"): once a client with a Redis
 URL has used an org, a client without one is refused every lease transition of that org
-(``UNAVAILABLE``) instead of deciding on the ledger's lagging copy and handing out a
+(``FORBIDDEN``) instead of deciding on the ledger's lagging copy and handing out a
 resource, and a fencing token, that Redis already gave; leases the ledger granted before
 Redis was first used are in Redis from then on; ``return_to_ledger`` hands the org back, and
 a later Redis client takes it again with higher epochs. On SQLite and PostgreSQL, with
@@ -16,7 +16,7 @@ import fakeredis
 import pytest
 from sqlmodel import Session, func, select
 
-from prefect_baton import Baton, ConflictError, UnavailableError
+from prefect_baton import Baton, ConflictError, ForbiddenError
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.ledger.tables import EventRow, GenerationRow
 from prefect_baton._stores.redis.authority import RedisAuthority, connect
@@ -67,9 +67,9 @@ def test_a_client_without_redis_is_refused_once_redis_decides_the_org(
     mine = fast.leases.acquire("file", "b.py", ttl_seconds=60)
     auth.reconciler.drain(org)
     before = _counts(ledger, org)
-    with pytest.raises(UnavailableError, match=r"decided by Redis.*BATON_REDIS_URL"):
+    with pytest.raises(ForbiddenError, match=r"decided by Redis.*BATON_REDIS_URL"):
         slow.leases.acquire("file", "a.py", ttl_seconds=60)
-    with pytest.raises(UnavailableError, match="return-to-ledger"):
+    with pytest.raises(ForbiddenError, match="return-to-ledger"):
         slow.leases.acquire_many([("file", "c.py"), ("file", "d.py")], ttl_seconds=60)
     # the holder's own lease through a ledger-only client: refused too, not decided on the
     # ledger's copy
@@ -81,7 +81,7 @@ def test_a_client_without_redis_is_refused_once_redis_decides_the_org(
             mine, to_principal="slow", new_execution_key="k2", ttl_seconds=60
         ),
     ):
-        with pytest.raises(UnavailableError, match="decided by Redis"):
+        with pytest.raises(ForbiddenError, match="decided by Redis"):
             call()
     assert _counts(ledger, org) == before
     assert fast.leases.renew(mine, ttl_seconds=60).version == mine.version + 1
@@ -98,7 +98,7 @@ def test_leases_the_ledger_granted_before_redis_are_in_redis(
     before = slow.leases.acquire("file", "a.py", ttl_seconds=60)
     with pytest.raises(ConflictError):
         fast.leases.acquire("file", "a.py", ttl_seconds=60)
-    with pytest.raises(UnavailableError, match="decided by Redis"):
+    with pytest.raises(ForbiddenError, match="decided by Redis"):
         slow.leases.release(before)
     taken = fast.leases.force_release(before.lease_id)
     assert taken.lease.lease_id == before.lease_id
@@ -122,12 +122,13 @@ def test_return_to_ledger_and_back(ledger: LedgerStore, auth: RedisAuthority, or
     # Redis takes the org back: the ledger's grant is loaded, epochs rise above it
     with pytest.raises(ConflictError):
         fast.leases.acquire("file", "b.py", ttl_seconds=60)
-    with pytest.raises(UnavailableError, match="decided by Redis"):
+    with pytest.raises(ForbiddenError, match="decided by Redis"):
         slow.leases.acquire("file", "c.py", ttl_seconds=60)
     renewed = fast.leases.renew(kept, ttl_seconds=60)
     assert renewed.lease_id == kept.lease_id
     fresh = fast.leases.acquire("file", "c.py", ttl_seconds=60)
-    assert fresh.epoch > max(kept.epoch, on_ledger.epoch)
+    assert fresh.epoch > kept.epoch  # the next incarnation's range
+    assert on_ledger.epoch > kept.epoch  # the ledger granted above the last incarnation
     auth.reconciler.drain(org)
     assert audit_ledger(ledger, org).violations == []
 
@@ -150,7 +151,7 @@ def test_no_resource_is_granted_by_both_while_redis_first_takes_the_org(
             try:
                 b.leases.acquire("res", name, ttl_seconds=60)
                 granted.append(name)
-            except UnavailableError:
+            except ForbiddenError:
                 refused.append(name)
 
     threads = [
@@ -173,3 +174,26 @@ def test_no_resource_is_granted_by_both_while_redis_first_takes_the_org(
             fast.leases.acquire("res", name, ttl_seconds=60)
     auth.reconciler.drain(org)
     assert audit_ledger(ledger, org).violations == []
+
+
+def test_after_a_redis_data_loss_a_hand_back_keeps_fencing_tokens_rising(
+    ledger: LedgerStore, auth: RedisAuthority, org: str
+) -> None:
+    """Redis grants a lease and loses its data before the grant reached the ledger; the org
+    is then handed back. The ledger's next grant of the resource takes an epoch above every
+    epoch of that Redis incarnation, so it never repeats the lost grant's fencing token."""
+    # ack="redis": a grant is acknowledged once Redis has it; the ledger gets it later
+    quick = RedisAuthority(auth.client, ledger, ack="redis", functions=False)
+    fast = Baton(org=org, principal="fast", store=ledger, lease_authority=quick)
+    slow = Baton(org=org, principal="slow", store=ledger)
+    try:
+        with quick.drain_paused():
+            lost = fast.leases.acquire("file", "a.py", ttl_seconds=600)
+            auth.client.delete(*org_keys(org).base)  # Redis loses the org's state
+        assert quick.return_to_ledger(org) is True
+    finally:
+        quick.close()
+    granted = slow.leases.acquire("file", "a.py", ttl_seconds=600)
+    assert granted.epoch > lost.epoch
+    again = slow.leases.acquire("file", "b.py", ttl_seconds=600)
+    assert again.epoch > lost.epoch

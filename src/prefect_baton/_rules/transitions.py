@@ -38,9 +38,9 @@ __all__ = [
 ]
 
 _PASS_KEY = (
-    "pass the execution key it was acquired with (execution_key= in Python, --execution-key "
-    "on the CLI, execution_key over REST; after a handoff accept it is handoff:<handoff id> "
-    "unless another was chosen)"
+    "pass the execution key it was acquired with (in Python the Lease that acquired it "
+    "carries it; --execution-key on the CLI, execution_key over REST; after a handoff "
+    "accept it is handoff:<handoff id> unless another was chosen)"
 )
 
 
@@ -58,8 +58,8 @@ def wrong_execution_key(lease_id: str, *, held_key: bool, given_key: bool) -> Le
         why = "under an execution key, and none was given: " + _PASS_KEY
     elif given_key and not held_key:
         why = (
-            "without an execution key, but one was given: leave it out (execution_key=None "
-            "in Python, no --execution-key on the CLI)"
+            "without an execution key, but one was given: leave it out (no --execution-key on "
+            "the CLI, no execution_key over REST; in Python pass the Lease that acquired it)"
         )
     else:
         why = "under a different execution key than the one given: " + _PASS_KEY

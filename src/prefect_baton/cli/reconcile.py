@@ -54,7 +54,7 @@ def reconcile(
     (--redis-url or BATON_REDIS_URL). With --follow it runs until SIGINT or SIGTERM.
 
     Once a client with a Redis URL has used an org, the ledger refuses to decide that
-    org's leases for clients without one (UNAVAILABLE, exit 11): the ledger's copy lags
+    org's leases for clients without one (FORBIDDEN, exit 6): the ledger's copy lags
     Redis. With --return-to-ledger the org's Redis operations stop (they fail closed), the
     journal is drained, and the ledger decides the org's leases again; a Redis client that
     uses the org later rebuilds its state from the ledger and takes the org back. Output:
@@ -127,6 +127,7 @@ def _return_to_ledger(ctx: typer.Context, follow: bool) -> None:
         from prefect_baton._rules.validation import validate_id
         from prefect_baton._stores.ledger.store import LedgerStore
         from prefect_baton._stores.redis.authority import RedisAuthority
+        from prefect_baton._stores.redis.base import options_from
         from prefect_baton.errors import ValidationError
 
         if follow:
@@ -137,9 +138,10 @@ def _return_to_ledger(ctx: typer.Context, follow: bool) -> None:
         if not redis_url:
             raise ValidationError("no Redis URL: pass --redis-url or set BATON_REDIS_URL")
         org = validate_id("org", st.resolved_org())
+        options = options_from(settings)  # the BATON_REDIS_* settings, before a ledger opens
         ledger = LedgerStore.from_settings(settings, st.resolved_ledger_url())
         try:
-            auth = RedisAuthority.from_url(redis_url, ledger)
+            auth = RedisAuthority.from_url(redis_url, ledger, **options)
             try:
                 returned = auth.return_to_ledger(org)
             finally:

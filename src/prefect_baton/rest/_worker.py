@@ -97,34 +97,42 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 def _build_with_retries(build: Callable[[], Any]) -> Any:
-    """What ``build`` returns, calling it again after each failure, pausing 1 s, then
-    twice as long each time, up to :data:`WORKER_RETRY_MAX_SECONDS`. Each failure is one
-    error line on the ``prefect_baton.rest`` logger (a :class:`~prefect_baton.errors.BatonError`
-    as its code and message; any other error with its traceback the first time only).
+    """What ``build`` returns, calling it again while it fails with
+    :class:`~prefect_baton.errors.UnavailableError` (the ledger or Redis cannot be reached
+    yet), pausing 1 s, then twice as long each time, up to
+    :data:`WORKER_RETRY_MAX_SECONDS`; each such failure is one error line on the
+    ``prefect_baton.rest`` logger (its code and message, no traceback).
 
     Raises:
+        BatonError: any other error of prefect-baton (bad settings, say), logged as one
+            line: the worker stops, and uvicorn's supervisor with it, as it would without
+            retries.
+        Exception: any other failure, logged with its traceback.
         SystemExit: (code 0) SIGTERM or SIGINT arrived during a pause.
     """
     from prefect_baton._exit import one_line
-    from prefect_baton.errors import BatonError
+    from prefect_baton.errors import BatonError, UnavailableError
 
     log = logging.getLogger("prefect_baton.rest")
-    delay, traced = 1.0, False
+    delay = 1.0
     while True:
-        exc_info: BaseException | None = None
         try:
             return build()
-        except BatonError as exc:
+        except UnavailableError as exc:
             reason = f"{exc.code}: {exc.message}"
-        except Exception as exc:
-            reason = f"{type(exc).__name__}: {exc}"
-            exc_info, traced = (None if traced else exc), True
+        except BatonError as exc:
+            log.error(
+                "worker [%d] cannot start: %s", os.getpid(), one_line(f"{exc.code}: {exc.message}")
+            )
+            raise
+        except Exception:
+            log.exception("worker [%d] cannot start", os.getpid())
+            raise
         log.error(
             "worker [%d] cannot start: %s; trying again in %g s",
             os.getpid(),
             one_line(reason),
             delay,
-            exc_info=exc_info,
         )
         if _pause(delay):
             raise SystemExit(0)

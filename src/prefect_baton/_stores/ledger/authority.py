@@ -7,16 +7,20 @@ token twice. The ledger therefore records, per organization, that Redis decides 
 the row of the incarnation counter (:data:`INCARNATION_OP`) that a Redis client writes when
 it first builds the organization's Redis state from the ledger
 (:func:`prefect_baton._stores.redis.rebuild.bump_incarnation`). While that row is present,
-every lease transition the ledger would decide itself is refused
-(:func:`check_ledger_authority`), in the same transaction and, on PostgreSQL, under a shared
-lock on the same key as the counter's update (:func:`authority_lock`): a ledger grant either
-commits before the counter is written, and the Redis state built after it contains it, or
-sees the counter and is refused.
+every lease decision the ledger would apply itself is refused
+(``StoreBase._check_ledger_authority``, called by ``LeaseOps._apply`` for every decision),
+in the same transaction and, on PostgreSQL, under a shared lock on the same key as the
+counter's update (:func:`authority_lock`): a ledger grant either commits before the counter
+is written, and the Redis state built after it contains it, or sees the counter and is
+refused.
 
 ``baton reconcile --return-to-ledger`` hands an organization back to the ledger
 (:func:`prefect_baton._stores.redis.rebuild.return_to_ledger`): the journal is drained, the
 organization's Redis state removed and the row moved aside (:data:`RETURNED_KEY`), keeping
-the incarnation count so that fencing tokens keep rising when Redis is used again.
+the incarnation count so that fencing tokens keep rising when Redis is used again. The
+ledger's own grants then take epochs above that incarnation's ceiling
+(:func:`~prefect_baton._rules.core.incarnation_epochs`): grants Redis made and lost before
+they reached the ledger (a loss of Redis data) were all below it.
 """
 
 from __future__ import annotations
@@ -59,9 +63,11 @@ def authority_lock(org: str) -> str:
 
 
 def redis_authority_sql() -> str:
-    """The statement (``?`` placeholders: org, principal, operation, key) that returns a row
-    when Redis decides the organization's leases."""
+    """The statement (``?`` placeholders: org, principal, operation, :data:`STATE_KEY`,
+    :data:`RETURNED_KEY`) that returns the organization's incarnation counter rows
+    ``(idem_key, response)``: one under :data:`STATE_KEY` while Redis decides its leases,
+    one under :data:`RETURNED_KEY` once it was handed back."""
     return (
-        f"SELECT 1 FROM {ReceiptRow.__tablename__} WHERE org_id = ? AND principal = ? "
-        "AND operation = ? AND idem_key = ? AND scope_key = ''"
+        f"SELECT idem_key, response FROM {ReceiptRow.__tablename__} WHERE org_id = ? "
+        "AND principal = ? AND operation = ? AND idem_key IN (?, ?) AND scope_key = ''"
     )

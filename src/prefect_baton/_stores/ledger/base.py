@@ -32,6 +32,7 @@ from prefect_baton._rules import core as _core
 from prefect_baton._rules.events import event_lease_id
 from prefect_baton._stores.ledger.authority import (
     INCARNATION_OP,
+    RETURNED_KEY,
     SHARED_LOCK_PREFIX,
     STATE_KEY,
     SYSTEM_PRINCIPAL,
@@ -63,6 +64,7 @@ from prefect_baton._stores.ledger.tables import (
 from prefect_baton._stores.protocol import Caller
 from prefect_baton.errors import (
     BatonError,
+    ForbiddenError,
     IdempotencyMismatchError,
     UnavailableError,
 )
@@ -116,6 +118,10 @@ class Tx:
     #: Events to record in a transaction of their own when this one fails with a
     #: :class:`BatonError` (a refused fenced write's ``fence.rejected``).
     on_refusal: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    #: The ledger may decide the org's leases (checked in this transaction, under the
+    #: lock: :meth:`StoreBase._check_ledger_authority`), and the epoch floor of its grants.
+    authority_checked: bool = False
+    epoch_floor: int = 0
 
     def emit(self, kind: str, subject: str, payload: dict[str, Any]) -> None:
         self.events.append((kind, subject, payload))
@@ -219,26 +225,34 @@ class StoreBase(Statements):
             fn, key = _lock_sql(key)
             self._sql(session, f"SELECT {fn}(hashtextextended(?, 0))", (key,))
 
-    def _check_ledger_authority(self, session: Session, org: str, *, lock: bool = False) -> None:
-        """Refuse a lease transition of ``org`` decided on the ledger while Redis decides
-        its leases (:mod:`prefect_baton._stores.ledger.authority`). Read in the
-        transition's own transaction, under the shared lock of the org's incarnation
-        counter: taken by :meth:`_write` with ``authority``, or here with ``lock`` (after
-        the transaction's other locks, as every transaction orders them).
+    def _check_ledger_authority(self, tx: Tx, *, lock: bool = False) -> None:
+        """Refuse a lease decision of ``tx``'s org applied on the ledger while Redis
+        decides its leases (:mod:`prefect_baton._stores.ledger.authority`), once per
+        transaction; note the epoch floor of the ledger's grants in an org handed back
+        (``tx.epoch_floor``: the last Redis incarnation's ceiling). Read in the decision's
+        own transaction, under the shared lock of the org's incarnation counter: taken by
+        :meth:`_write` with ``authority``, or here with ``lock`` (after the transaction's
+        other locks, as every transaction orders them).
 
         Raises:
-            UnavailableError: Redis decides ``org``'s leases.
+            ForbiddenError: Redis decides the org's leases.
         """
+        if tx.authority_checked:
+            return
+        org = tx.caller.org
         if lock:
-            self._lock(session, SHARED_LOCK_PREFIX + authority_lock(org))
-        args = (org, SYSTEM_PRINCIPAL, INCARNATION_OP, STATE_KEY)
-        if self._sql(session, _REDIS_AUTHORITY, args).fetchone() is not None:
-            raise UnavailableError(
-                f"the leases of org {org!r} are decided by Redis (a client with a Redis URL "
-                "has used it), and this client has none: set BATON_REDIS_URL (or "
-                "Baton(redis_url=...)) like every other client of the org, or hand the org "
-                "back to the ledger with 'baton reconcile --return-to-ledger'"
-            )
+            self._lock(tx.session, SHARED_LOCK_PREFIX + authority_lock(org))
+        args = (org, SYSTEM_PRINCIPAL, INCARNATION_OP, STATE_KEY, RETURNED_KEY)
+        for key, response in self._sql(tx.session, _REDIS_AUTHORITY, args).fetchall():
+            if key == STATE_KEY:
+                raise ForbiddenError(
+                    f"the leases of org {org!r} are decided by Redis (a client with a Redis "
+                    "URL has used it), and this client has none: set BATON_REDIS_URL (or "
+                    "Baton(redis_url=...)) like every other client of the org, or hand the "
+                    "org back to the ledger with 'baton reconcile --return-to-ledger'"
+                )
+            tx.epoch_floor = _core.incarnation_epochs(int(json.loads(response)["n"]))[1]
+        tx.authority_checked = True
 
     def _connection_lost(self) -> None:
         """A pooled database connection was found closed (e.g. the server restarted):
@@ -288,13 +302,14 @@ class StoreBase(Statements):
         ``register``: first register the caller's org and principal (:meth:`_register`) in
         a transaction of its own when this store has not yet done so.
 
-        ``authority``: ``fn`` decides a lease transition on the ledger's own lease rows
-        (the ledger is the lease authority): refused when Redis decides the org's leases
-        (:meth:`_check_ledger_authority`).
+        ``authority``: ``fn`` decides lease transitions on the ledger's own lease rows (the
+        ledger is the lease authority): checked up front, the org's authority lock taken
+        with the others (:meth:`_check_ledger_authority`; ``LeaseOps._apply`` checks any
+        other decision itself).
 
         Raises:
-            UnavailableError: with ``authority``, Redis decides the org's leases; or the
-                database is unreachable, or stayed locked.
+            ForbiddenError: with ``authority``, Redis decides the org's leases.
+            UnavailableError: the database is unreachable, or stayed locked.
         """
         if register and (caller.org, caller.principal, caller.role) not in self._registered:
             # in a transaction of its own, before any lock: a first write that inserted its
@@ -318,9 +333,9 @@ class StoreBase(Statements):
                         if authority:  # last: every transaction takes its locks in order
                             keys.append(SHARED_LOCK_PREFIX + authority_lock(caller.org))
                         now_ms = self._lock_all_then_now(session, keys)
-                        if authority:
-                            self._check_ledger_authority(session, caller.org)
                         tx = Tx(session=session, now_ms=now_ms, caller=caller)
+                        if authority:
+                            self._check_ledger_authority(tx)
                         result = fn(tx)
                         self._flush_events(tx)
                         self._writes += 1

@@ -284,7 +284,7 @@ class HandoffOps(ExpiryOps):
                     reason=RELEASE_HANDOFF_REJECTED,
                     now_ms=tx.now_ms,
                 )
-                if status == "rejected"
+                if status == "rejected" and not carried_released
                 else None
             )
             if release is not None and carried is not None and release.new is not None:
@@ -304,9 +304,6 @@ class HandoffOps(ExpiryOps):
                     resolution.ttl_ms or held.ttl_ms,
                 )
                 resource = (held.resource_type, held.resource_id)
-                # the ledger decides this transfer (with Redis as the authority the
-                # acceptance of a handoff that carries a lease never comes here)
-                self._check_ledger_authority(tx.session, caller.org, lock=True)
                 lease = self._transfer_in_tx(tx, held, resource, request)
                 row.accepted_lease_id = lease.lease_id
             row.status = status

@@ -184,7 +184,13 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
         return None
 
     def _apply(self, tx: Tx, decision: Decision, org: str, *, resource: tuple[str, str]) -> None:
-        """Write a lease decision: ended row, new/updated row, transitions and events."""
+        """Write a lease decision: ended row, new/updated row, transitions and events.
+
+        Raises:
+            ForbiddenError: Redis decides the org's leases (every lease decision the
+                ledger applies is checked here, :meth:`_check_ledger_authority`).
+        """
+        self._check_ledger_authority(tx, lock=True)
         s = tx.session
         s.flush()  # ORM objects a caller added go first, as they always did
         actor = tx.caller.principal
@@ -365,8 +371,9 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
             scope_conflict_expires_ms=self._scope_conflict(
                 tx, tx.caller.principal, req.scopes, resource
             ),
-            # the head is the generation with the highest epoch: the ledger's floor
-            epoch_floor=head.epoch if head is not None else 0,
+            # the head is the generation with the highest epoch: the ledger's floor (above
+            # the last Redis incarnation's epochs in an org handed back to the ledger)
+            epoch_floor=max(head.epoch if head is not None else 0, tx.epoch_floor),
         )
 
     def _expired_carrier(self, tx: Tx, head: Generation) -> Generation | None:

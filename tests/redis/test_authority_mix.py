@@ -16,7 +16,7 @@ import fakeredis
 import pytest
 from sqlmodel import Session, func, select
 
-from prefect_baton import Baton, ConflictError, ForbiddenError
+from prefect_baton import Baton, ConflictError, ForbiddenError, StaleFenceError
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.ledger.tables import EventRow, GenerationRow
 from prefect_baton._stores.redis.authority import RedisAuthority, connect
@@ -197,3 +197,55 @@ def test_after_a_redis_data_loss_a_hand_back_keeps_fencing_tokens_rising(
     assert granted.epoch > lost.epoch
     again = slow.leases.acquire("file", "b.py", ttl_seconds=600)
     assert again.epoch > lost.epoch
+
+
+def test_a_ledger_only_fence_check_is_refused_where_redis_decides(
+    ledger: LedgerStore, auth: RedisAuthority, org: str
+) -> None:
+    """A fenced write checked on the ledger's copy of a Redis-decided lease is refused: the
+    generation it names ended in Redis (taken over here) before the ledger heard of it, so
+    the copy would still call it current and accept a write under a stale fencing token."""
+    quick = RedisAuthority(auth.client, ledger, ack="redis", functions=False)
+    fast = Baton(org=org, principal="fast", store=ledger, lease_authority=quick)
+    other = Baton(org=org, principal="other", role="owner", store=ledger, lease_authority=quick)
+    as_holder = Baton(org=org, principal="fast", store=ledger)
+    try:
+        old = fast.leases.acquire("file", "a.py", ttl_seconds=600)
+        quick.reconciler.drain(org)
+        with quick.drain_paused():
+            other.leases.force_release(old.lease_id)
+            new = other.leases.acquire("file", "a.py", ttl_seconds=600)
+            before = _counts(ledger, org)
+            with pytest.raises(ForbiddenError, match="decided by Redis"):
+                as_holder.checkpoints.save("a.py", "progress", {"step": 1}, fence=old)
+            assert _counts(ledger, org) == before
+            assert as_holder.checkpoints.get("a.py", "progress") is None
+        assert new.epoch > old.epoch
+        # the Redis client's own fenced write is checked in Redis: the old generation is stale
+        with pytest.raises(StaleFenceError):
+            fast.checkpoints.save("a.py", "progress", {"step": 1}, fence=old)
+        assert other.checkpoints.save("a.py", "progress", {"step": 2}, fence=new).version == 1
+    finally:
+        quick.close()
+
+
+def test_a_ledger_only_expiry_report_is_refused_where_redis_decides(
+    ledger: LedgerStore, auth: RedisAuthority, org: str
+) -> None:
+    """A ledger-only client does not report a lease expired from the ledger's copy: Redis
+    renewed it meanwhile (not drained yet; here the copy's expiry is set in the past), so
+    ``lease.expired`` would be false."""
+    fast = Baton(org=org, principal="fast", store=ledger, lease_authority=auth)
+    slow = Baton(org=org, principal="slow", store=ledger)
+    held = fast.leases.acquire("file", "a.py", ttl_seconds=600)
+    auth.reconciler.drain(org)
+    with Session(ledger.engines.write) as s:  # the copy: as before a renewal it has not seen
+        row = s.exec(select(GenerationRow).where(GenerationRow.lease_id == held.lease_id)).one()
+        row.expires_at_ms = ledger.now_ms() - 1000
+        s.add(row)
+        s.commit()
+    before = _counts(ledger, org)
+    with pytest.raises(ForbiddenError, match="decided by Redis"):
+        slow.leases.report_expired()
+    assert _counts(ledger, org) == before
+    assert fast.leases.report_expired() == []

@@ -337,7 +337,7 @@ class LeaseAPI(_API):
         """
         n = _limit(limit, 10_000)
         self._authority.expire_handoffs(self._caller, limit=n)
-        return self._store.report_expired(self._caller, limit=n)
+        return self._authority.report_expired(self._caller, limit=n)
 
     def list(
         self,

@@ -123,6 +123,11 @@ class Generation:
         """Active and not yet expired on the authority's clock."""
         return self.status == "active" and self.expires_at_ms > now_ms
 
+    def lapsed(self, now_ms: int) -> bool:
+        """Still active on its record but past its TTL on the authority's clock: what
+        ``report_expired`` reports (nobody has acted on it since it expired)."""
+        return self.status == "active" and self.expires_at_ms <= now_ms
+
 
 @dataclass(frozen=True, slots=True)
 class Proof:

@@ -416,6 +416,18 @@ class LeaseAuthority(Protocol):
         """
         ...
 
+    def report_expired(self, caller: Caller, *, limit: int = 1000) -> list[Lease]:
+        """Record ``lease.expired`` once for each lease of the org this authority finds past
+        its TTL that nobody acted on since (at most ``limit``, 1..10,000, oldest expiry
+        first); returns those leases. Expiry is judged by the authority, never by a lagging
+        copy of its leases.
+
+        Raises:
+            ForbiddenError: the ledger, while Redis decides the org's leases.
+            UnavailableError: the authority cannot be reached.
+        """
+        ...
+
     def fence(self, caller: Caller, lease: Lease) -> Fence:
         """The fence a fenced record write (checkpoint save, outcome record) of ``lease``
         presents to the record store: its id and epoch, and with an authority other than
@@ -561,11 +573,6 @@ class RecordStore(Protocol):
 
     def events_list(self, caller: Caller, query: EventQuery) -> list[Event]:
         """The events ``query`` keeps (:class:`EventQuery`), in commit order."""
-        ...
-
-    def report_expired(self, caller: Caller, *, limit: int = 1000) -> list[Lease]:
-        """Record ``lease.expired`` once for each lease of the org past its TTL that nobody
-        acted on since (at most ``limit``); returns those leases."""
         ...
 
     def prune_receipts(self, caller: Caller) -> int:

@@ -22,18 +22,23 @@ class FenceOps(LeaseOps):
 
     def _check_fence(self, tx: Tx, fence: Fence | None, write: str) -> Generation | None:
         """Check ``fence`` in write transaction ``tx`` (the authority's generation when the
-        fence has a ``check``, else the ledger's row): :func:`_core.check_fence`. A refusal
+        fence has a ``check``, else the ledger's row, and only where the ledger decides the
+        org's leases: :meth:`_check_ledger_authority`, since in an org Redis decides the
+        ledger's copy lags and would accept a generation Redis has already ended):
+        :func:`_core.check_fence`. A refusal
         of a lease of a known resource leaves ``fence.rejected`` (naming ``write``, the
         operation) to be recorded once ``tx`` has rolled back (:attr:`Tx.on_refusal`).
 
         Raises:
             StaleFenceError: the fence is not the writer's effective generation.
+            ForbiddenError: no ``check`` and Redis decides the org's leases.
         """
         if fence is None:
             return None
         if fence.check is not None:
             held, now_ms = fence.check()
         else:
+            self._check_ledger_authority(tx, lock=True)
             row = self._row_by_id(tx.session, tx.caller.org, fence.lease_id)
             held, now_ms = (row_to_generation(row) if row else None), tx.now_ms
         try:

@@ -523,7 +523,13 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
         ).first()
         return found is not None
 
-    def report_expired(self, caller: Caller, *, limit: int = 1000) -> list[Lease]:
+    def report_expired(
+        self,
+        caller: Caller,
+        *,
+        limit: int = 1000,
+        check: Callable[[str], tuple[Generation | None, int]] | None = None,
+    ) -> list[Lease]:
         """Record ``lease.expired`` once for each active lease of the org whose TTL has
         passed and that nobody has acted on since (a crashed holder's, typically).
 
@@ -531,11 +537,24 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
         judged when someone next acts), its holder's release still answers ``expired``, and a
         later takeover does not record ``lease.expired`` a second time.
 
+        Expiry is judged by the org's lease authority. Without ``check`` that is the ledger
+        itself, so a client without Redis in an org Redis decides is refused
+        (:meth:`_check_ledger_authority`): the ledger's copy lags (a renewal Redis applied
+        may not be drained yet) and the event would be false. With ``check`` (from
+        :meth:`RedisAuthority.report_expired`) the ledger's copy only proposes candidates:
+        one is recorded when ``check(lease_id)`` (the authority's generation of that lease,
+        or ``None``, and the authority's clock in epoch ms; read inside the transaction,
+        under the resource's lock) shows the same generation still active and past its TTL.
+
         Args:
             limit: at most this many leases per call (1..10,000), oldest expiry first.
+            check: the authority's view of a lease (see above), or ``None``.
 
         Returns:
             The leases newly reported by this call.
+
+        Raises:
+            ForbiddenError: no ``check`` and Redis decides the org's leases.
         """
         with self._read() as (s, now):
             candidates = [
@@ -560,8 +579,14 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
                 if row is None:
                     continue
                 h = row_to_generation(row)
-                if h.status != "active" or h.expires_at_ms > tx.now_ms:
+                if not h.lapsed(tx.now_ms):
                     continue  # renewed or ended meanwhile
+                if check is not None:
+                    held, now_ms = check(lease_id)
+                    if held is None or held.version != h.version:
+                        continue  # the authority moved on (or forgot it): not this generation
+                    if not held.lapsed(now_ms):
+                        continue
                 if self._expiry_reported(tx, h):
                     continue
                 resource = (rtype, rid)
@@ -578,4 +603,4 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
 
         if not candidates:
             return []
-        return self._write(caller, [f"expiry:{caller.org}"], op)
+        return self._write(caller, [f"expiry:{caller.org}"], op, authority=check is None)

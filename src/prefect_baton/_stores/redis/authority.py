@@ -246,6 +246,24 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         ended = [expire_handoff(self, caller, h) for h in ids]
         return [lease for lease in ended if lease is not None]
 
+    def report_expired(self, caller: Caller, *, limit: int = 1000) -> list[Lease]:
+        """Record ``lease.expired`` for the org's leases that Redis finds past their TTL and
+        untouched since (at most ``limit``, 1..10,000, oldest expiry first), on the ledger.
+
+        The journal is drained first (so the ledger's copy proposes the right candidates),
+        and each candidate is confirmed in Redis inside the ledger's write transaction (the
+        generation Redis has, on the Redis clock: :meth:`fence_check`), so a renewal or
+        takeover Redis applied is never reported as an expiry.
+
+        Raises:
+            UnavailableError: Redis or the ledger cannot be reached, or the org's Redis state
+                is missing (rebuilt by the next lease operation).
+        """
+        self.sync_ledger(caller.org, strict=True)
+        return self.store.report_expired(
+            caller, limit=limit, check=lambda lease_id: self.fence_check(caller, lease_id, None)
+        )
+
     def _acquire(self, caller: Caller, request: AcquireRequest, execution: Execution) -> Lease:
         self._backpressure(caller.org)
         args, rkey = self._item(caller, request, execution.key)

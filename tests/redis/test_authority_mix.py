@@ -249,3 +249,38 @@ def test_a_ledger_only_expiry_report_is_refused_where_redis_decides(
         slow.leases.report_expired()
     assert _counts(ledger, org) == before
     assert fast.leases.report_expired() == []
+
+
+def test_a_rotation_racing_a_hand_back_leaves_the_org_to_the_ledger(
+    ledger: LedgerStore, auth: RedisAuthority, org: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The org is handed back to the ledger between a rotation's read of the incarnation and
+    its ledger write: the rotation gives up instead of recording that Redis decides the org
+    again, so ledger-only clients keep deciding (with epochs above Redis's), and the next
+    Redis client takes the org back with higher epochs still."""
+    from prefect_baton._stores.redis import rebuild
+
+    fast = Baton(org=org, principal="fast", store=ledger, lease_authority=auth)
+    slow = Baton(org=org, principal="slow", store=ledger)
+    first = fast.leases.acquire("file", "a.py", ttl_seconds=60)
+    fast.leases.release(first)
+    real_hget = auth.client.hget
+    handed_back: list[bool] = []
+
+    def hget_then_hand_back(*args: object) -> object:
+        seen = real_hget(*args)
+        if not handed_back:
+            handed_back.append(auth.return_to_ledger(org))
+        return seen
+
+    monkeypatch.setattr(auth.client, "hget", hget_then_hand_back)
+    rebuild.rotate(auth, org)
+    monkeypatch.undo()
+    assert handed_back == [True]
+    mine = slow.leases.acquire("file", "a.py", ttl_seconds=60)  # the ledger decides again
+    assert mine.epoch > first.epoch
+    slow.leases.release(mine)
+    again = fast.leases.acquire("file", "a.py", ttl_seconds=60)
+    assert again.epoch > mine.epoch
+    with pytest.raises(ForbiddenError):
+        slow.leases.acquire("file", "b.py", ttl_seconds=60)

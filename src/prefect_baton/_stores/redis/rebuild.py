@@ -118,11 +118,17 @@ class RebuildInProgress(UnavailableError):
     """Another client holds the org's rebuild lock (code ``UNAVAILABLE``)."""
 
 
-def bump_incarnation(auth: AuthorityBase, org: str) -> tuple[int, bool]:
+def bump_incarnation(
+    auth: AuthorityBase, org: str, *, decided_only: bool = False
+) -> tuple[int, bool] | None:
     """Record the org's next incarnation number in the ledger and return ``(n, existed)``:
     ``n`` is 0 the first time, else the recorded number + 1 (of an org handed back to the
     ledger too: :func:`return_to_ledger`); ``existed``: Redis decided the org's leases
     until now (its state was lost, or its epoch range used up).
+
+    With ``decided_only`` (a rotation: :func:`rotate`) nothing is written and ``None`` is
+    returned unless Redis decides the org now: an org handed back meanwhile stays the
+    ledger's.
 
     From this commit on the ledger refuses to decide the org's leases itself
     (:mod:`prefect_baton._stores.ledger.authority`): the row is written under the exclusive
@@ -136,6 +142,8 @@ def bump_incarnation(auth: AuthorityBase, org: str) -> tuple[int, bool]:
         returned = (
             None if row is not None else rec._system_row(conn, org, INCARNATION_OP, RETURNED_KEY)
         )
+        if row is None and decided_only:
+            return None
         last = row or returned
         n = 0 if last is None else int(last["n"]) + 1
         now = int(conn.execute(auth.store._now_sql).scalar_one())
@@ -289,7 +297,9 @@ def rebuild(auth: AuthorityBase, org: str) -> int:
                 auth.scripts["unlock"](keys=[keys.rebuild], args=[token])
                 return -1
             auth.reconciler.drain(org)
-            n, existed = bump_incarnation(auth, org)
+            bumped = bump_incarnation(auth, org)
+            assert bumped is not None  # not decided_only
+            n, existed = bumped
             _check(auth.scripts["clear"](keys=lock_keys, args=[token]), org)
             batch: list[str] = []
             restored = 0
@@ -366,7 +376,10 @@ def rotate(auth: AuthorityBase, org: str) -> None:
         seen = auth.client.hget(keys.inc, "id")
         if seen is None:
             return  # lost meanwhile: the next call rebuilds
-        n, _existed = bump_incarnation(auth, org)
+        bumped = bump_incarnation(auth, org, decided_only=True)
+        if bumped is None:
+            return  # handed back to the ledger meanwhile: its Redis state is cleared
+        n = bumped[0]
         auth.scripts["rotate"](keys=list(keys.base), args=[seen, n, *incarnation_epochs(n)])
     except RedisError as exc:
         raise UnavailableError(f"Redis unavailable while rotating org {org!r}: {exc}") from exc

@@ -399,3 +399,43 @@ def test_renew_and_release_with_a_retry_key_replay_and_refuse_another_request(cl
     replay = cli.ok(*release)
     assert replay["status"] == "replayed"
     assert replay["receipt"] == {**done["receipt"], "replayed": True}
+
+
+def _lapse(cli: Cli, lease_id: str) -> None:
+    """Set the lease's expiry in the past, as if its holder had crashed a while ago."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(cli.ledger_url)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE baton_leases SET expires_at_ms = expires_at_ms - 120000 WHERE lease_id = :i"
+            ),
+            {"i": lease_id},
+        )
+    engine.dispose()
+
+
+@pytest.mark.parametrize("ledger", ["sqlite", "postgresql"])
+def test_report_expired_reports_a_lapsed_lease_once(ledger: str, cli: Cli, pg_cli: Cli) -> None:
+    """``baton lease report-expired`` records lease.expired (reason 'lapsed') once for a
+    lease past its TTL that nobody acted on, prints it, and reports nothing the second
+    time; a lease still in effect is not reported; a bad --limit is VALIDATION_ERROR."""
+    c = cli if ledger == "sqlite" else pg_cli
+    crashed = acquire(c, "crashed", key="run-1")
+    acquire(c, "alive", key="run-2")
+    _lapse(c, crashed["lease_id"])
+    first = c.ok("lease", "report-expired", role="owner")
+    assert first["action"] == "lease.report-expired"
+    assert [lease["lease_id"] for lease in first["leases"]] == [crashed["lease_id"]]
+    assert c.ok("lease", "report-expired", role="owner")["leases"] == []
+    events = c.ok("events", "tail", "--kind", "lease.expired", role="owner")["events"]
+    assert [(e["subject"], e["payload"]["reason"]) for e in events] == [
+        ("deploy/crashed", "lapsed")
+    ]
+    table = c("lease", "report-expired", fmt="table")
+    assert table.code == 0, table.text
+    for bad in ("0", "10001", "x"):
+        run = c("lease", "report-expired", "--limit", bad)
+        assert run.code == 2, run.text
+        assert run.json["error"]["code"] == "VALIDATION_ERROR"

@@ -1,4 +1,5 @@
-"""``baton lease ...``: acquire, inspect, renew, transfer, release, force-release, list.
+"""``baton lease ...``: acquire, inspect, renew, transfer, release, force-release, list,
+report-expired.
 
 The command line is stateless between invocations, so lease operations after acquire take
 the proof by flags: ``--lease-id`` and ``--execution-key`` (the ``--idempotency-key`` used at
@@ -294,3 +295,21 @@ def list_(
             cursor=cursor,
         )
     )
+
+
+@command(app, "lease.report-expired", "leases", columns=LEASE_COLUMNS)
+def report_expired(
+    ctx: typer.Context,
+    limit: Annotated[int, row_limit(10_000)] = 1000,
+) -> list[Lease]:
+    """Record lease.expired for the org's leases found past their TTL that nobody acted on.
+
+    Each such lease (a crashed holder's, typically) gets one lease.expired event (reason
+    'lapsed'); the leases newly reported are printed, oldest expiry first, at most --limit.
+    The org's pending handoffs that expired unaccepted are ended too, releasing the lease
+    each carries. Nothing needs this for correctness (expiry is judged when someone next
+    acts): run it now and then for the events, e.g. from cron or the report-expired flow in
+    flows/. Running it twice reports nothing new. Without --redis-url in an org whose leases
+    Redis decides, exits 6 (FORBIDDEN).
+    """
+    return state(ctx).client().leases.report_expired(limit=limit)

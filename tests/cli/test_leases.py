@@ -439,3 +439,21 @@ def test_report_expired_reports_a_lapsed_lease_once(ledger: str, cli: Cli, pg_cl
         run = c("lease", "report-expired", "--limit", bad)
         assert run.code == 2, run.text
         assert run.json["error"]["code"] == "VALIDATION_ERROR"
+
+
+def test_show_prints_a_lease_by_id_to_its_holder_and_owners_only(cli: Cli) -> None:
+    """``baton lease show LEASE_ID``: the holder and an owner see the generation (also after
+    it ended); another agent and an unknown id get NOT_FOUND (exit 5)."""
+    lease = acquire(cli)
+    mine = cli.ok("lease", "show", lease["lease_id"])
+    assert mine["action"] == "lease.show"
+    assert (mine["lease"]["lease_id"], mine["lease"]["epoch"]) == (lease["lease_id"], 1)
+    cli.ok("lease", "release", "--lease-id", lease["lease_id"], "--execution-key", "run-1")
+    ended = cli.ok("lease", "show", lease["lease_id"], principal="boss", role="owner")
+    assert ended["lease"]["status"] == "released"
+    for run in (
+        cli("lease", "show", lease["lease_id"], principal="bob"),
+        cli("lease", "show", "lease_unknown"),
+    ):
+        assert run.code == 5, run.text
+        assert run.json["error"]["code"] == "NOT_FOUND"

@@ -1,4 +1,4 @@
-"""``baton lease ...``: acquire, inspect, renew, transfer, release, force-release, list,
+"""``baton lease ...``: acquire, inspect, show, renew, transfer, release, force-release, list,
 report-expired.
 
 The command line is stateless between invocations, so lease operations after acquire take
@@ -147,6 +147,21 @@ def inspect(ctx: typer.Context, resource_type: ResourceType, resource_id: Resour
     Only the holder sees its lease details; others never see holder, purpose or scopes.
     """
     return state(ctx).client().leases.inspect(resource_type, resource_id)
+
+
+@command(app, "lease.show", "lease")
+def show(
+    ctx: typer.Context,
+    lease_id: Annotated[
+        str, typer.Argument(metavar="LEASE_ID", help="Lease id (text, 'lease_...').")
+    ],
+) -> Lease:
+    """Show one lease generation by id: holder, execution key, version, epoch, status, expiry.
+
+    Yours only, any of the org's with --role owner or admin; exits 5 (NOT_FOUND) for an
+    unknown lease, another org's or (as an agent) another principal's.
+    """
+    return state(ctx).client().leases.get(lease_id)
 
 
 @command(app, "lease.renew", "lease")

@@ -33,9 +33,8 @@ from sqlalchemy import update
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, col, select
 
-from prefect_baton._client.api_base import _limit
 from prefect_baton._rules import core as _core
-from prefect_baton._rules.paging import MAX_PAGE, decode_cursor, page_of
+from prefect_baton._rules.paging import decode_cursor, fetch_page
 from prefect_baton._settings import load_settings
 from prefect_baton._stores.ledger.engine import Engines, make_engines, upgrade
 from prefect_baton._stores.ledger.paging import after_key
@@ -216,26 +215,29 @@ def list_keys(
             list. UnavailableError: the ledger is down.
     """
     org_ = _core.validate_optional_id("org", org)
-    n = _limit(limit, MAX_PAGE["keys"])
-    after = None if cursor is None else decode_cursor("keys", cursor)
-    own = engines is None
-    eng = engines or _engines(ledger_url)
-    try:
-        with Session(eng.read) as session:
-            q = select(ApiKeyRow)
-            if org_ is not None:
-                q = q.where(col(ApiKeyRow.org_id) == org_)
-            if not include_revoked:
-                q = q.where(col(ApiKeyRow.revoked_at_ms).is_(None))
-            at, kid = col(ApiKeyRow.created_at_ms), col(ApiKeyRow.key_id)
-            if after is not None:
-                q = q.where(after_key(at, kid, after))
-            # one key more than the page: whether another page follows
-            q = q.order_by(at, kid).limit(n + 1)
-            return page_of("keys", [_to_model(r) for r in session.exec(q).all()], n)
-    finally:
-        if own:
-            eng.dispose()
+
+    def fetch(n: int) -> list[ApiKey]:
+        after = None if cursor is None else decode_cursor("keys", cursor)
+        own = engines is None
+        eng = engines or _engines(ledger_url)
+        try:
+            with Session(eng.read) as session:
+                q = select(ApiKeyRow)
+                if org_ is not None:
+                    q = q.where(col(ApiKeyRow.org_id) == org_)
+                if not include_revoked:
+                    q = q.where(col(ApiKeyRow.revoked_at_ms).is_(None))
+                at, kid = col(ApiKeyRow.created_at_ms), col(ApiKeyRow.key_id)
+                if after is not None:
+                    q = q.where(after_key(at, kid, after))
+                # n: one key more than the page (fetch_page), whether another page follows
+                q = q.order_by(at, kid).limit(n)
+                return [_to_model(r) for r in session.exec(q).all()]
+        finally:
+            if own:
+                eng.dispose()
+
+    return fetch_page("keys", limit, fetch)
 
 
 def revoke_key(

@@ -11,6 +11,7 @@ from prefect_baton._rules.access import check_list_owner, may_read
 from prefect_baton._rules.core import Generation
 from prefect_baton._rules.paging import store_limit
 from prefect_baton._stores.ledger.base import StoreBase
+from prefect_baton._stores.ledger.conditions import lease_effective
 from prefect_baton._stores.ledger.convert import generation_to_lease, lease_info, row_to_generation
 from prefect_baton._stores.ledger.tables import GenerationRow, LeaseTransition
 from prefect_baton._stores.protocol import Caller
@@ -73,9 +74,7 @@ class LeaseReads(StoreBase):
             if query.resource_type is not None:
                 q = q.where(col(GenerationRow.resource_type) == query.resource_type)
             if not query.include_ended:
-                q = q.where(
-                    col(GenerationRow.status) == "active", col(GenerationRow.expires_at_ms) > now
-                )
+                q = q.where(lease_effective(now))
             if query.after is not None:
                 at, lease_id = query.after
                 q = q.where(

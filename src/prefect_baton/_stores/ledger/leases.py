@@ -28,6 +28,7 @@ from prefect_baton._rules.core import (
 from prefect_baton._rules.digests import acquire_digest, resource_key
 from prefect_baton._rules.keeping import heartbeat_call_timeout
 from prefect_baton._stores.ledger.base import T, Tx
+from prefect_baton._stores.ledger.conditions import lease_effective
 from prefect_baton._stores.ledger.convert import (
     GENERATION_FIELDS,
     copy_fields,
@@ -170,9 +171,8 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
         rows = tx.session.execute(
             select(GenerationRow).where(
                 col(GenerationRow.org_id) == tx.caller.org,
-                col(GenerationRow.status) == "active",
+                lease_effective(tx.now_ms),
                 col(GenerationRow.has_scopes) == 1,
-                col(GenerationRow.expires_at_ms) > tx.now_ms,
                 col(GenerationRow.owner) != principal,
             )
         ).scalars()

@@ -25,7 +25,7 @@ from prefect_baton._rules.core import (
     RenewRequest,
     TransferRequest,
 )
-from prefect_baton._rules.digests import acquire_digest, resource_key
+from prefect_baton._rules.digests import acquire_request_digest, resource_key
 from prefect_baton._rules.keeping import heartbeat_call_timeout
 from prefect_baton._stores.ledger.base import T, Tx
 from prefect_baton._stores.ledger.conditions import lease_effective
@@ -304,12 +304,7 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
         key, attempt = execution.key, execution.attempt
         resource = (req.resource_type, req.resource_id)
         scope = resource_key(*resource)
-        digest = acquire_digest(
-            ttl_ms=req.ttl_ms,
-            scopes=req.scopes,
-            purpose=req.purpose,
-            expected_version=req.expected_version,
-        )
+        digest = acquire_request_digest(req)
         stored = self._receipt(tx, "acquire", key, scope, digest)
         if stored is not None:
             row = self._row_by_id(tx.session, caller.org, stored["lease_id"])

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, runtime_che
 
 from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._rules.core import Proof
+from prefect_baton._rules.validation import validate_limit
 from prefect_baton._stores.protocol import Caller, RecordStore
 from prefect_baton.errors import BatonError, ValidationError, as_baton_error
 from prefect_baton.metrics import _state as _metrics_state
@@ -60,10 +61,9 @@ def _fence_lease(fence: object) -> Lease | None:
     raise ValidationError(f"fence must be a Lease (or the lease block), got {type(fence).__name__}")
 
 
-def _limit(limit: object, maximum: int) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= maximum:
-        raise ValidationError(f"limit must be an integer from 1 to {maximum}")
-    return limit
+#: The client's check of a ``limit`` argument (``ValidationError`` unless an ``int`` from 1
+#: to the maximum), :func:`~prefect_baton._rules.validation.validate_limit`.
+_limit = validate_limit
 
 
 class _Identity:

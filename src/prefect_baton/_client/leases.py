@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Required, TypedDict
 
 from prefect_baton._client.api_base import _API, LeaseLike, _lease_of, _limit
@@ -17,7 +17,7 @@ from prefect_baton._client.requests import (
 )
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.core import ReleaseRequest, RenewRequest, TransferRequest
-from prefect_baton._rules.paging import MAX_PAGE, decode_cursor, page_of
+from prefect_baton._rules.paging import decode_cursor, fetch_page
 from prefect_baton._stores.protocol import AcquireRequest, Execution, LeaseAuthority
 from prefect_baton._stores.queries import LeaseQuery
 from prefect_baton.models import Lease, LeaseInfo, Page, Receipt
@@ -364,12 +364,15 @@ class LeaseAPI(_API):
             ValidationError: a bad argument, or a cursor that is not one of this list.
         """
         after = None if cursor is None else decode_cursor("leases", cursor)
-        n = _limit(limit, MAX_PAGE["leases"])
-        query = LeaseQuery(
-            resource_type=_core.validate_optional_id("resource_type", resource_type),
-            owner=_core.validate_optional_id("owner", owner),
-            include_ended=bool(include_ended),
-            limit=n + 1,
-            after=after,
-        )
-        return page_of("leases", self._authority.list_leases(self._caller, query), n)
+
+        def fetch(n: int) -> Sequence[Lease]:
+            query = LeaseQuery(
+                resource_type=_core.validate_optional_id("resource_type", resource_type),
+                owner=_core.validate_optional_id("owner", owner),
+                include_ended=bool(include_ended),
+                limit=n,
+                after=after,
+            )
+            return self._authority.list_leases(self._caller, query)
+
+        return fetch_page("leases", limit, fetch)

@@ -12,14 +12,13 @@ from prefect_baton._client.api_base import (
     HANDOFF_RESOLUTIONS,
     OUTCOME_STATUSES,
     LeaseLike,
-    _limit,
 )
 from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._client.requests import keyed, resolve_fields
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.events import validate_event_kind, validate_resource_filter
 from prefect_baton._rules.handoffs import validate_status_filter
-from prefect_baton._rules.paging import MAX_PAGE, decode_cursor, events_after, page_of
+from prefect_baton._rules.paging import decode_cursor, events_after, fetch_page
 from prefect_baton._rules.validation import LIFETIME_RANGE, validate_lifetime
 from prefect_baton._stores.protocol import (
     CheckpointWrite,
@@ -208,9 +207,11 @@ class HandoffAPI(_API):
             ValidationError: a bad limit, or a cursor that is not one of the inbox.
         """
         after = None if cursor is None else decode_cursor("handoffs", cursor)
-        n = _limit(limit, MAX_PAGE["handoffs"])
-        found = self._store.handoff_inbox(self._caller, limit=n + 1, after=after)
-        return page_of("handoffs", found, n)
+        return fetch_page(
+            "handoffs",
+            limit,
+            lambda n: self._store.handoff_inbox(self._caller, limit=n, after=after),
+        )
 
     def list(
         self,
@@ -244,14 +245,17 @@ class HandoffAPI(_API):
             ForbiddenError: another principal's or everyone's handoffs asked with the
                 ``agent`` role (``FORBIDDEN``).
         """
-        n = _limit(limit, MAX_PAGE["handoffs"])
-        query = HandoffQuery(
-            party=_core.validate_optional_id("party", party),
-            status=validate_status_filter(status),
-            limit=n + 1,
-            after=None if cursor is None else decode_cursor("handoffs", cursor),
-        )
-        return page_of("handoffs", self._store.handoff_list(self._caller, query), n)
+
+        def fetch(n: int) -> Sequence[Handoff]:
+            query = HandoffQuery(
+                party=_core.validate_optional_id("party", party),
+                status=validate_status_filter(status),
+                limit=n,
+                after=None if cursor is None else decode_cursor("handoffs", cursor),
+            )
+            return self._store.handoff_list(self._caller, query)
+
+        return fetch_page("handoffs", limit, fetch)
 
     def get(self, handoff_id: str) -> Handoff:
         """A handoff you sent or received. Raises :class:`NotFoundError` otherwise.
@@ -398,14 +402,16 @@ class OutcomeAPI(_API):
             ValidationError: a bad subject id or limit, or a cursor that is not one of the
                 outcome list.
         """
-        n = _limit(limit, MAX_PAGE["outcomes"])
-        found = self._store.outcome_list(
-            self._caller,
-            _core.validate_optional_id("subject_id", subject_id),
-            limit=n + 1,
-            after=None if cursor is None else decode_cursor("outcomes", cursor),
+        return fetch_page(
+            "outcomes",
+            limit,
+            lambda n: self._store.outcome_list(
+                self._caller,
+                _core.validate_optional_id("subject_id", subject_id),
+                limit=n,
+                after=None if cursor is None else decode_cursor("outcomes", cursor),
+            ),
         )
-        return page_of("outcomes", found, n)
 
 
 class EventAPI(_API):
@@ -452,12 +458,15 @@ class EventAPI(_API):
                 ``resource_type``/``resource_id``, or a bad id.
         """
         start = events_after(after_seq, cursor, name="after_seq")
-        n = _limit(limit, MAX_PAGE["events"])
-        query = EventQuery(
-            after_seq=start,
-            limit=n + 1,
-            kind=validate_event_kind(kind),
-            resource=validate_resource_filter(resource_type, resource_id),
-            subject=_core.validate_optional_id("subject", subject),
-        )
-        return page_of("events", self._store.events_list(self._caller, query), n)
+
+        def fetch(n: int) -> Sequence[Event]:
+            query = EventQuery(
+                after_seq=start,
+                limit=n,
+                kind=validate_event_kind(kind),
+                resource=validate_resource_filter(resource_type, resource_id),
+                subject=_core.validate_optional_id("subject", subject),
+            )
+            return self._store.events_list(self._caller, query)
+
+        return fetch_page("events", limit, fetch)

@@ -12,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from prefect_baton._rules.core import AcquireRequest
 from prefect_baton._rules.validation import request_digest
 
 __all__ = [
     "acquire_digest",
+    "acquire_request_digest",
     "checkpoint_save_digest",
     "handoff_create_digest",
     "operation_digest",
@@ -50,6 +52,17 @@ def acquire_digest(
             "scopes": list(scopes),
             "purpose": purpose,
         },
+    )
+
+
+def acquire_request_digest(request: AcquireRequest) -> str:
+    """:func:`acquire_digest` of the acquire ``request`` (an
+    :class:`~prefect_baton._rules.core.AcquireRequest`): the fields its receipt binds."""
+    return acquire_digest(
+        ttl_ms=request.ttl_ms,
+        scopes=request.scopes,
+        purpose=request.purpose,
+        expected_version=request.expected_version,
     )
 
 

@@ -16,7 +16,8 @@ A page has a next cursor only when an item follows it: the client asks the store
 item more than the page (:func:`store_limit` lets the store serve that one at the largest
 page) and :func:`page_of` keeps the page (a :class:`~prefect_baton.models.Page`) and notes
 whether the extra item was there, so a page that is exactly full at the end of the list has
-no cursor.
+no cursor. :func:`fetch_page` is that exchange, the one every list of the client (and the
+key list) runs; it does no I/O itself, the store query it is given does.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal, TypeVar, overload
 
-from prefect_baton._rules.validation import validate_id
+from prefect_baton._rules.validation import validate_id, validate_limit
 from prefect_baton.errors import ValidationError
 from prefect_baton.models import Event, Handoff, Lease, Outcome, Page, to_ms
 
@@ -40,6 +41,7 @@ __all__ = [
     "decode_cursor",
     "encode_cursor",
     "events_after",
+    "fetch_page",
     "page_of",
     "store_limit",
 ]
@@ -149,6 +151,21 @@ def page_of(name: ListName, items: Sequence[_Item], limit: int) -> Page[_Item]:
         return Page(items)
     page = items[:limit]
     return Page(page, encode_cursor(name, _key(page[-1])))
+
+
+def fetch_page(
+    name: ListName, limit: object, fetch: Callable[[int], Sequence[_Item]]
+) -> Page[_Item]:
+    """One page of list ``name``: ``limit`` checked (an ``int`` from 1 to
+    :data:`MAX_PAGE` of the list), then ``fetch`` (the store query, given how many items to
+    serve) asked for ``limit + 1`` items, of which :func:`page_of` makes the page.
+
+    Raises:
+        ValidationError: a bad ``limit`` (``fetch`` is not called), or what ``fetch``
+            raises.
+    """
+    n = validate_limit(limit, MAX_PAGE[name])
+    return page_of(name, fetch(n + 1), n)
 
 
 def events_after(after: object, cursor: str | None, *, name: str) -> int:

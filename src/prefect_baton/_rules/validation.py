@@ -275,6 +275,18 @@ def request_digest(operation: str, fields: Mapping[str, object]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def validate_limit(limit: object, maximum: int) -> int:
+    """``limit`` (the size of a page, or of a batch), checked: an ``int`` from 1 to
+    ``maximum`` (``bool`` excluded).
+
+    Raises:
+        ValidationError: anything else (``limit must be an integer from 1 to <maximum>``).
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= maximum:
+        raise ValidationError(f"limit must be an integer from 1 to {maximum}")
+    return limit
+
+
 def validate_lifetime(seconds: object, error: str) -> int | None:
     """Milliseconds of an optional lifetime given in whole seconds (a checkpoint's
     ``ttl_seconds``, a handoff's ``expires_in_seconds``): ``None`` for none.

@@ -26,16 +26,16 @@ import secrets
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import update
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, col, select
 
-from prefect_baton._client.api_base import _limit
 from prefect_baton._rules import core as _core
-from prefect_baton._rules.paging import MAX_PAGE, decode_cursor, page_of
+from prefect_baton._rules.paging import decode_cursor, fetch_page
 from prefect_baton._settings import load_settings
 from prefect_baton._stores.ledger.engine import Engines, make_engines, upgrade
 from prefect_baton._stores.ledger.paging import after_key
@@ -104,10 +104,20 @@ def hash_key(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
 
 
-def _engines(ledger_url: str | None) -> Engines:
-    engines = make_engines(ledger_url or load_settings().ledger_url)
-    upgrade(engines)
-    return engines
+@contextmanager
+def _ledger(ledger_url: str | None, engines: Engines | None) -> Iterator[Engines]:
+    """The ledger a key function works on: ``engines`` when given (left open), else the
+    ledger of ``ledger_url`` (default ``BATON_LEDGER_URL``), migrated if needed and
+    disposed of on exit."""
+    if engines is not None:
+        yield engines
+        return
+    own = make_engines(ledger_url or load_settings().ledger_url)
+    upgrade(own)
+    try:
+        yield own
+    finally:
+        own.dispose()
 
 
 def _to_model(row: ApiKeyRow) -> ApiKey:
@@ -175,15 +185,10 @@ def create_key(
         scopes=json.dumps(list(scopes_)),
         created_at_ms=int(time.time() * 1000),
     )
-    own = engines is None
-    eng = engines or _engines(ledger_url)
-    try:
+    with _ledger(ledger_url, engines) as eng:
         with Session(eng.write, expire_on_commit=False) as session, session.begin():
             session.add(row)
         return secret, _to_model(row)
-    finally:
-        if own:
-            eng.dispose()
 
 
 def list_keys(
@@ -216,12 +221,10 @@ def list_keys(
             list. UnavailableError: the ledger is down.
     """
     org_ = _core.validate_optional_id("org", org)
-    n = _limit(limit, MAX_PAGE["keys"])
-    after = None if cursor is None else decode_cursor("keys", cursor)
-    own = engines is None
-    eng = engines or _engines(ledger_url)
-    try:
-        with Session(eng.read) as session:
+
+    def fetch(n: int) -> list[ApiKey]:
+        after = None if cursor is None else decode_cursor("keys", cursor)
+        with _ledger(ledger_url, engines) as eng, Session(eng.read) as session:
             q = select(ApiKeyRow)
             if org_ is not None:
                 q = q.where(col(ApiKeyRow.org_id) == org_)
@@ -230,12 +233,11 @@ def list_keys(
             at, kid = col(ApiKeyRow.created_at_ms), col(ApiKeyRow.key_id)
             if after is not None:
                 q = q.where(after_key(at, kid, after))
-            # one key more than the page: whether another page follows
-            q = q.order_by(at, kid).limit(n + 1)
-            return page_of("keys", [_to_model(r) for r in session.exec(q).all()], n)
-    finally:
-        if own:
-            eng.dispose()
+            # n: one key more than the page (fetch_page), whether another page follows
+            q = q.order_by(at, kid).limit(n)
+            return [_to_model(r) for r in session.exec(q).all()]
+
+    return fetch_page("keys", limit, fetch)
 
 
 def revoke_key(
@@ -253,9 +255,7 @@ def revoke_key(
         UnavailableError: the ledger is down.
     """
     kid = _core.validate_id("key_id", key_id)
-    own = engines is None
-    eng = engines or _engines(ledger_url)
-    try:
+    with _ledger(ledger_url, engines) as eng:
         with Session(eng.write, expire_on_commit=False) as session, session.begin():
             session.execute(
                 update(ApiKeyRow)
@@ -268,9 +268,6 @@ def revoke_key(
             revoked = _to_model(row)
         _revoked_here()
         return revoked
-    finally:
-        if own:
-            eng.dispose()
 
 
 def authenticate(engines: Engines, secret: str) -> ApiKey | None:

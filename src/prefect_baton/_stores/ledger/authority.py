@@ -25,6 +25,13 @@ they reached the ledger (a loss of Redis data) were all below it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import String, bindparam, literal_column, select
+from sqlalchemy.dialects import sqlite
+from sqlmodel import col
+
 from prefect_baton._stores.ledger.tables import ReceiptRow
 
 __all__ = [
@@ -35,6 +42,7 @@ __all__ = [
     "SYSTEM_PRINCIPAL",
     "authority_lock",
     "redis_authority_sql",
+    "system_where",
 ]
 
 SYSTEM_PRINCIPAL = "__baton_authority__"
@@ -62,12 +70,33 @@ def authority_lock(org: str) -> str:
     return f"incarnation:{org}"
 
 
+def system_where(
+    org: Any, operation: Any, keys: Sequence[Any], principal: Any = SYSTEM_PRINCIPAL
+) -> list[Any]:
+    """The conditions (SQLAlchemy expressions, to be ANDed) that select the authority's own
+    record ``operation`` of ``org`` in the receipts table: its principal (default
+    :data:`SYSTEM_PRINCIPAL`), its ``idem_key`` (one of ``keys``, e.g. ``(STATE_KEY,)``)
+    and no scope key. Each value may be a bound parameter (:func:`redis_authority_sql`).
+    """
+    key = col(ReceiptRow.idem_key)
+    return [
+        col(ReceiptRow.org_id) == org,
+        col(ReceiptRow.principal) == principal,
+        col(ReceiptRow.operation) == operation,
+        key == keys[0] if len(keys) == 1 else key.in_(keys),
+        col(ReceiptRow.scope_key) == literal_column("''"),
+    ]
+
+
 def redis_authority_sql() -> str:
     """The statement (``?`` placeholders: org, principal, operation, :data:`STATE_KEY`,
     :data:`RETURNED_KEY`) that returns the organization's incarnation counter rows
     ``(idem_key, response)``: one under :data:`STATE_KEY` while Redis decides its leases,
     one under :data:`RETURNED_KEY` once it was handed back."""
-    return (
-        f"SELECT idem_key, response FROM {ReceiptRow.__tablename__} WHERE org_id = ? "
-        "AND principal = ? AND operation = ? AND idem_key IN (?, ?) AND scope_key = ''"
+    org, principal, operation, state, returned = (
+        bindparam(name, type_=String)
+        for name in ("org", "principal", "operation", "state", "returned")
     )
+    where = system_where(org, operation, (state, returned), principal=principal)
+    stmt = select(col(ReceiptRow.idem_key), col(ReceiptRow.response)).where(*where)
+    return str(stmt.compile(dialect=sqlite.dialect()))

@@ -4,10 +4,11 @@ one short read transaction each, on the ledger's clock."""
 
 from __future__ import annotations
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, col
 
+from prefect_baton._stores.ledger.conditions import handoff_unexpired, lease_effective
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.ledger.tables import GenerationRow, HandoffRow
 from prefect_baton.errors import UnavailableError
@@ -26,7 +27,7 @@ def effective_leases(store: LedgerStore, org: str | None = None) -> list[tuple[s
     n = func.count()
     query = (
         select(col(GenerationRow.org_id), col(GenerationRow.resource_type), n)
-        .where(col(GenerationRow.status) == "active", col(GenerationRow.expires_at_ms) > now)
+        .where(lease_effective(now))
         .group_by(col(GenerationRow.org_id), col(GenerationRow.resource_type))
         .order_by(n.desc())
     )
@@ -49,10 +50,7 @@ def pending_handoffs(store: LedgerStore, org: str | None = None) -> list[tuple[s
     now = store.now_ms()
     query = (
         select(col(HandoffRow.org_id), func.count())
-        .where(
-            col(HandoffRow.status) == "pending",
-            or_(col(HandoffRow.expires_at_ms).is_(None), col(HandoffRow.expires_at_ms) > now),
-        )
+        .where(col(HandoffRow.status) == "pending", handoff_unexpired(now))
         .group_by(col(HandoffRow.org_id))
     )
     if org is not None:

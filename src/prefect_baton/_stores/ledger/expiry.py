@@ -23,6 +23,7 @@ from sqlmodel import Session, col
 from prefect_baton._rules.core import Decision, Generation
 from prefect_baton._rules.handoffs import carried_lease_ended, decide_handoff_expiry
 from prefect_baton._stores.ledger.base import Tx
+from prefect_baton._stores.ledger.conditions import handoff_expired
 from prefect_baton._stores.ledger.convert import generation_to_lease, row_to_generation
 from prefect_baton._stores.ledger.leases import LeaseOps
 from prefect_baton._stores.ledger.tables import GenerationRow, HandoffRow
@@ -114,11 +115,7 @@ class ExpiryOps(LeaseOps):
                 .where(
                     col(HandoffRow.org_id) == caller.org,
                     col(HandoffRow.status) == "pending",
-                    or_(  # carried_lease_ended: the carried generation is not effective
-                        col(HandoffRow.expires_at_ms) <= now,
-                        col(GenerationRow.status) != "active",
-                        col(GenerationRow.expires_at_ms) <= now,
-                    ),
+                    handoff_expired(now),
                 )
                 .order_by(col(HandoffRow.created_at_ms), col(HandoffRow.handoff_id))
                 .limit(max(1, min(limit, 10_000)))

@@ -33,6 +33,7 @@ from prefect_baton._rules.handoffs import (
 from prefect_baton._rules.paging import store_limit
 from prefect_baton._rules.validation import canonical_json
 from prefect_baton._stores.ledger.base import Tx
+from prefect_baton._stores.ledger.conditions import handoff_unexpired
 from prefect_baton._stores.ledger.convert import (
     copy_fields,
     generation_to_lease,
@@ -194,8 +195,7 @@ class HandoffOps(ExpiryOps):
             if status is not None:
                 q = q.where(col(HandoffRow.status).in_(stored_statuses(status)))
             if status == "pending":
-                unexpired = col(HandoffRow.expires_at_ms) > now
-                q = q.where(or_(col(HandoffRow.expires_at_ms).is_(None), unexpired))
+                q = q.where(handoff_unexpired(now))
             if after is not None:
                 q = q.where(after_key(at, hid, after))
             q = q.order_by(at, hid)

@@ -4,14 +4,16 @@ read lease rows in a read transaction and write nothing."""
 
 from __future__ import annotations
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import select
 from sqlmodel import Session, col
 
 from prefect_baton._rules.access import check_list_owner, may_read
 from prefect_baton._rules.core import Generation
 from prefect_baton._rules.paging import store_limit
 from prefect_baton._stores.ledger.base import StoreBase
+from prefect_baton._stores.ledger.conditions import lease_effective
 from prefect_baton._stores.ledger.convert import generation_to_lease, lease_info, row_to_generation
+from prefect_baton._stores.ledger.paging import after_key
 from prefect_baton._stores.ledger.tables import GenerationRow, LeaseTransition
 from prefect_baton._stores.protocol import Caller
 from prefect_baton._stores.queries import LeaseQuery
@@ -73,23 +75,11 @@ class LeaseReads(StoreBase):
             if query.resource_type is not None:
                 q = q.where(col(GenerationRow.resource_type) == query.resource_type)
             if not query.include_ended:
-                q = q.where(
-                    col(GenerationRow.status) == "active", col(GenerationRow.expires_at_ms) > now
-                )
+                q = q.where(lease_effective(now))
+            at, lid = col(GenerationRow.acquired_at_ms), col(GenerationRow.lease_id)
             if query.after is not None:
-                at, lease_id = query.after
-                q = q.where(
-                    or_(
-                        col(GenerationRow.acquired_at_ms) < at,
-                        and_(
-                            col(GenerationRow.acquired_at_ms) == at,
-                            col(GenerationRow.lease_id) < lease_id,
-                        ),
-                    )
-                )
-            q = q.order_by(
-                col(GenerationRow.acquired_at_ms).desc(), col(GenerationRow.lease_id).desc()
-            ).limit(store_limit("leases", query.limit))
+                q = q.where(after_key(at, lid, query.after, descending=True))
+            q = q.order_by(at.desc(), lid.desc()).limit(store_limit("leases", query.limit))
             return [generation_to_lease(row_to_generation(r)) for r in s.execute(q).scalars()]
 
     def lease_history(self, org: str) -> tuple[list[Generation], list[LeaseTransition]]:

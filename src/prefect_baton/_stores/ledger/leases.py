@@ -25,9 +25,10 @@ from prefect_baton._rules.core import (
     RenewRequest,
     TransferRequest,
 )
-from prefect_baton._rules.digests import acquire_digest, resource_key
+from prefect_baton._rules.digests import acquire_request_digest, resource_key
 from prefect_baton._rules.keeping import heartbeat_call_timeout
 from prefect_baton._stores.ledger.base import T, Tx
+from prefect_baton._stores.ledger.conditions import lease_effective, lease_lapsed
 from prefect_baton._stores.ledger.convert import (
     GENERATION_FIELDS,
     copy_fields,
@@ -170,9 +171,8 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
         rows = tx.session.execute(
             select(GenerationRow).where(
                 col(GenerationRow.org_id) == tx.caller.org,
-                col(GenerationRow.status) == "active",
+                lease_effective(tx.now_ms),
                 col(GenerationRow.has_scopes) == 1,
-                col(GenerationRow.expires_at_ms) > tx.now_ms,
                 col(GenerationRow.owner) != principal,
             )
         ).scalars()
@@ -304,12 +304,7 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
         key, attempt = execution.key, execution.attempt
         resource = (req.resource_type, req.resource_id)
         scope = resource_key(*resource)
-        digest = acquire_digest(
-            ttl_ms=req.ttl_ms,
-            scopes=req.scopes,
-            purpose=req.purpose,
-            expected_version=req.expected_version,
-        )
+        digest = acquire_request_digest(req)
         stored = self._receipt(tx, "acquire", key, scope, digest)
         if stored is not None:
             row = self._row_by_id(tx.session, caller.org, stored["lease_id"])
@@ -561,11 +556,7 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
                 (r.lease_id, r.resource_type, r.resource_id)
                 for r in s.execute(
                     select(GenerationRow)
-                    .where(
-                        col(GenerationRow.org_id) == caller.org,
-                        col(GenerationRow.status) == "active",
-                        col(GenerationRow.expires_at_ms) <= now,
-                    )
+                    .where(col(GenerationRow.org_id) == caller.org, lease_lapsed(now))
                     .order_by(col(GenerationRow.expires_at_ms))
                     .limit(max(1, min(limit, 10_000)))
                 ).scalars()

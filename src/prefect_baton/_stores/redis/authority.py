@@ -45,7 +45,7 @@ from prefect_baton._rules.core import (
     RenewRequest,
     TransferRequest,
 )
-from prefect_baton._rules.digests import acquire_digest
+from prefect_baton._rules.digests import acquire_request_digest
 from prefect_baton._rules.paging import store_limit
 from prefect_baton._stores.ledger.convert import lease_info
 from prefect_baton._stores.ledger.receipted_ops import ReceiptedLeaseOps
@@ -156,12 +156,7 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         rt, rid = req.resource_type, req.resource_id
         digest = ""
         if key is not None:
-            digest = acquire_digest(
-                ttl_ms=req.ttl_ms,
-                scopes=req.scopes,
-                purpose=req.purpose,
-                expected_version=req.expected_version,
-            )
+            digest = acquire_request_digest(req)
         scopes_json = meta = ""
         if req.scopes:
             scopes_json = json.dumps(list(req.scopes), ensure_ascii=False)
@@ -264,6 +259,17 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
             caller, limit=limit, check=lambda lease_id: self.fence_check(caller, lease_id, None)
         )
 
+    def _applied(self, org: str, reply: Sequence[Any]) -> Lease:
+        """The lease of a script's ``OK`` reply (``[OK, journal entry id, generation,
+        ...]``), once the journal entry of ``org`` is acknowledged (:meth:`_acked`).
+
+        Raises:
+            UnavailableError: as :meth:`_acked`.
+        """
+        lease = lease_from_gen(reply[2])
+        self._acked(org, reply[1])
+        return lease
+
     def _acquire(self, caller: Caller, request: AcquireRequest, execution: Execution) -> Lease:
         self._backpressure(caller.org)
         args, rkey = self._item(caller, request, execution.key)
@@ -275,9 +281,7 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         )
         code = int(reply[0])
         if code == OK:
-            lease = lease_from_gen(reply[2])
-            self._acked(caller.org, reply[1])
-            return lease
+            return self._applied(caller.org, reply)
         if code in (NOOP, REPLAY):
             return lease_from_gen(reply[1], replayed=True)
         raise_for(reply)
@@ -354,9 +358,7 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         reply = self._run(caller.org, name, [*_proof_args(caller, proof), *args])
         code = int(reply[0])
         if code == OK:
-            lease = lease_from_gen(reply[2])
-            self._acked(caller.org, reply[1])
-            return lease
+            return self._applied(caller.org, reply)
         if code == UNKNOWN:
             self._unknown(caller, proof.lease_id, decide)
         raise_for(reply)
@@ -415,8 +417,7 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         reply = self._run(caller.org, "release", args)
         code = int(reply[0])
         if code == OK:
-            lease = lease_from_gen(reply[2])
-            self._acked(caller.org, reply[1])
+            lease = self._applied(caller.org, reply)
             return _receipt("release", _end_status(lease.status), lease)
         if code == NOOP:
             return _receipt("release", "no_change", lease_from_gen(reply[1]))
@@ -434,8 +435,7 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
     def _end_by_id(self, caller: Caller, name: str, lease_id: str) -> Receipt:
         reply = self._run(caller.org, name, [caller.principal, caller.role, lease_id])
         if int(reply[0]) == OK:
-            lease = lease_from_gen(reply[2])
-            self._acked(caller.org, reply[1])
+            lease = self._applied(caller.org, reply)
             status = "released" if name == "force_release" else _end_status(lease.status)
             return _receipt(name, status, lease)
         raise_for(reply)

@@ -51,7 +51,7 @@ from prefect_baton._rules.events import (
     released_by_handoff,
     reports_expiry,
 )
-from prefect_baton._stores.ledger.authority import STATE_KEY, SYSTEM_PRINCIPAL
+from prefect_baton._stores.ledger.authority import STATE_KEY, SYSTEM_PRINCIPAL, system_where
 from prefect_baton._stores.ledger.convert import handoff_payload
 from prefect_baton._stores.ledger.engine import SQLITE_BUSY_TIMEOUT_MS
 from prefect_baton._stores.ledger.leases import ATTEMPT_FIELD
@@ -167,21 +167,12 @@ class LedgerWriter:
         if not self._sqlite:
             conn.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"), {"k": key})
 
-    def _system_where(self, org: str, operation: str, key: str) -> list[Any]:
-        return [
-            col(ReceiptRow.org_id) == org,
-            col(ReceiptRow.principal) == SYSTEM_PRINCIPAL,
-            col(ReceiptRow.operation) == operation,
-            col(ReceiptRow.idem_key) == key,
-            col(ReceiptRow.scope_key) == "",
-        ]
-
     def _system_row(
         self, conn: Connection, org: str, operation: str, key: str = STATE_KEY
     ) -> dict[str, Any] | None:
         """The authority's own record ``operation`` of ``org`` (under ``key``), or ``None``."""
         raw = conn.execute(
-            select(col(ReceiptRow.response)).where(*self._system_where(org, operation, key))
+            select(col(ReceiptRow.response)).where(*system_where(org, operation, (key,)))
         ).scalar_one_or_none()
         return None if raw is None else dict(json.loads(raw))
 
@@ -189,7 +180,7 @@ class LedgerWriter:
         self, conn: Connection, org: str, operation: str, key: str = STATE_KEY
     ) -> None:
         """Delete the authority's record ``operation`` of ``org`` (under ``key``)."""
-        conn.execute(delete(ReceiptRow).where(*self._system_where(org, operation, key)))
+        conn.execute(delete(ReceiptRow).where(*system_where(org, operation, (key,))))
 
     def _set_system_row(
         self,

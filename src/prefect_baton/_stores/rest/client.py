@@ -63,6 +63,12 @@ def _key(idempotency: Idempotency | None) -> str | None:
     return None if idempotency is None else idempotency.key
 
 
+def _seconds(ms: int | None) -> int | None:
+    """A duration of ``ms`` milliseconds as the API's whole seconds (``None`` stays
+    ``None``): the client turned the caller's whole seconds into milliseconds."""
+    return ms // 1000 if ms is not None else None
+
+
 def _fence_fields(fence: Fence | None) -> dict[str, object]:
     """The body fields of a fenced write (``fence_lease_id`` and ``fence_epoch``, ``None``
     without a fence)."""
@@ -187,6 +193,15 @@ class RestStore(_Transport):
     def _lease(self, data: Any, replayed: bool = False) -> Lease:
         return self._parse(Lease, data, replayed=replayed)
 
+    def _send(
+        self, model: type[_M], method: str, path: str, key: str | None, body: Any = None
+    ) -> _M:
+        """``method path`` with the JSON ``body`` (none for ``None``) and the
+        ``Idempotency-Key`` ``key`` when given: the answer as ``model``, marked replayed when
+        the server replayed it."""
+        data, replayed = self._call(method, path, json=body, idempotency_key=key)
+        return self._parse(model, data, replayed=replayed)
+
     def _paged(
         self, name: ListName, path: str, params: dict[str, Any], limit: int, model: type[_M]
     ) -> list[_M]:
@@ -232,8 +247,7 @@ class RestStore(_Transport):
     def acquire(self, caller: Caller, request: AcquireRequest, execution: Execution) -> Lease:
         """``POST /v1/leases`` (``execution.attempt`` in the body when given)."""
         body = _with_attempt(_acquire_body(request), execution)
-        data, replayed = self._call("POST", "/v1/leases", json=body, idempotency_key=execution.key)
-        return self._lease(data, replayed)
+        return self._send(Lease, "POST", "/v1/leases", execution.key, body)
 
     def acquire_many(
         self, caller: Caller, requests: Sequence[AcquireRequest], execution: Execution
@@ -303,10 +317,8 @@ class RestStore(_Transport):
         self, caller: Caller, lease_id: str, *, idempotency: Idempotency | None = None
     ) -> Receipt:
         """``POST /v1/leases/{id}/force-release`` (``Idempotency-Key`` when given)."""
-        data, replayed = self._call(
-            "POST", f"/v1/leases/{_seg(lease_id)}/force-release", idempotency_key=_key(idempotency)
-        )
-        return self._parse(Receipt, data, replayed=replayed)
+        path = f"/v1/leases/{_seg(lease_id)}/force-release"
+        return self._send(Receipt, "POST", path, _key(idempotency))
 
     def inspect(self, caller: Caller, resource_type: str, resource_id: str) -> LeaseInfo:
         """``GET /v1/leases/inspect``."""
@@ -360,12 +372,9 @@ class RestStore(_Transport):
             "state": write.state,
             "expected_version": write.expected_version,
             **_fence_fields(write.fence),
-            "ttl_seconds": write.ttl_ms // 1000 if write.ttl_ms is not None else None,
+            "ttl_seconds": _seconds(write.ttl_ms),
         }
-        data, replayed = self._call(
-            "PUT", "/v1/checkpoints", json=body, idempotency_key=idempotency_key
-        )
-        return self._parse(Checkpoint, data, replayed=replayed)
+        return self._send(Checkpoint, "PUT", "/v1/checkpoints", idempotency_key, body)
 
     def checkpoint_get(
         self, caller: Caller, subject_id: str, kind: str, principal: str | None = None
@@ -382,10 +391,8 @@ class RestStore(_Transport):
         self, caller: Caller, checkpoint_id: str, *, idempotency_key: str | None
     ) -> Checkpoint:
         """``DELETE /v1/checkpoints/{id}`` (``Idempotency-Key`` when given)."""
-        data, replayed = self._call(
-            "DELETE", f"/v1/checkpoints/{_seg(checkpoint_id)}", idempotency_key=idempotency_key
-        )
-        return self._parse(Checkpoint, data, replayed=replayed)
+        path = f"/v1/checkpoints/{_seg(checkpoint_id)}"
+        return self._send(Checkpoint, "DELETE", path, idempotency_key)
 
     def checkpoint_get_by_id(self, caller: Caller, checkpoint_id: str) -> Checkpoint:
         """``GET /v1/checkpoints/{id}``."""
@@ -406,7 +413,7 @@ class RestStore(_Transport):
         self, caller: Caller, offer: HandoffOffer, *, idempotency_key: str | None
     ) -> Handoff:
         """``POST /v1/handoffs``."""
-        lease, expires_in_ms = offer.lease, offer.expires_in_ms
+        lease = offer.lease
         body: dict[str, Any] = {
             "to_principal": offer.to_principal,
             "subject_id": offer.subject_id,
@@ -414,16 +421,13 @@ class RestStore(_Transport):
             "context_id": offer.context_id,
             "message": offer.message,
             "lease_id": lease.lease_id if lease else None,
-            "expires_in_seconds": expires_in_ms // 1000 if expires_in_ms is not None else None,
+            "expires_in_seconds": _seconds(offer.expires_in_ms),
         }
         if offer.parameters is not None:
             body["parameters"] = offer.parameters
         if lease is not None:
             body["lease_execution_key"] = lease.execution_key
-        data, replayed = self._call(
-            "POST", "/v1/handoffs", json=body, idempotency_key=idempotency_key
-        )
-        return self._parse(Handoff, data, replayed=replayed)
+        return self._send(Handoff, "POST", "/v1/handoffs", idempotency_key, body)
 
     def handoff_inbox(
         self, caller: Caller, *, limit: int = 100, after: tuple[int, str] | None = None
@@ -451,20 +455,14 @@ class RestStore(_Transport):
         self, caller: Caller, request: ResolveRequest, *, idempotency: Idempotency | None = None
     ) -> Handoff:
         """``POST /v1/handoffs/{id}/resolve`` (``Idempotency-Key`` when given)."""
-        ttl_ms = request.ttl_ms
         body = {
             "status": request.status,
             "note": request.note,
             "execution_key": request.execution_key,
-            "ttl_seconds": ttl_ms // 1000 if ttl_ms is not None else None,
+            "ttl_seconds": _seconds(request.ttl_ms),
         }
-        data, replayed = self._call(
-            "POST",
-            f"/v1/handoffs/{_seg(request.handoff_id)}/resolve",
-            json=body,
-            idempotency_key=_key(idempotency),
-        )
-        return self._parse(Handoff, data, replayed=replayed)
+        path = f"/v1/handoffs/{_seg(request.handoff_id)}/resolve"
+        return self._send(Handoff, "POST", path, _key(idempotency), body)
 
     # ------------------------------------------------------------------ outcomes, events
 
@@ -481,10 +479,7 @@ class RestStore(_Transport):
             "handoff_id": record.handoff_id,
             "checkpoint_id": record.checkpoint_id,
         }
-        data, replayed = self._call(
-            "POST", "/v1/outcomes", json=body, idempotency_key=idempotency_key
-        )
-        return self._parse(Outcome, data, replayed=replayed)
+        return self._send(Outcome, "POST", "/v1/outcomes", idempotency_key, body)
 
     def outcome_list(
         self,

@@ -13,7 +13,7 @@ from prefect_baton._stores.ledger.engine import (
     current_revision,
     head_revision,
     make_engines,
-    upgrade,
+    upgrade_from_to,
 )
 
 __all__ = ["LedgerRevision", "ledger_revision", "upgrade_ledger"]
@@ -53,12 +53,13 @@ def upgrade_ledger(ledger_url: str, revision: str = "head") -> LedgerRevision:
     lock serialises them).
 
     Raises:
-        ValidationError: a malformed or unsupported URL. UnavailableError: unreachable.
+        ValidationError: a malformed or unsupported URL; ``revision`` not shipped, or older
+            than the ledger's (an upgrade never downgrades).
+        UnavailableError: unreachable.
     """
     engines = make_engines(ledger_url)
     try:
-        before = current_revision(engines)
-        after = upgrade(engines, revision)
+        before, after = upgrade_from_to(engines, revision)
         return LedgerRevision(_safe(engines.url), before, after, head_revision())
     finally:
         engines.dispose()

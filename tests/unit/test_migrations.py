@@ -254,3 +254,47 @@ def test_sqlite_0006_fills_event_lease_ids(tmp_path: Path) -> None:
 def test_postgresql_0006_fills_event_lease_ids(pg_fresh_url: str) -> None:
     """As on SQLite, on PostgreSQL."""
     _upgrade_from_0005_fills_event_lease_ids(pg_fresh_url)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_of_concurrent_upgrades_exactly_one_reports_the_change(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Four threads upgrade one empty ledger at once: each reads the revision it started
+    from under the migration lock, so exactly one reports ``None -> head`` (``baton db
+    upgrade``'s ``ok``) and the others ``head -> head`` (``no_change``)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from prefect_baton.ledger import upgrade_ledger
+
+    url = (
+        f"sqlite:///{tmp_path / 'ledger.db'}"
+        if backend == "sqlite"
+        else str(request.getfixturevalue("pg_fresh_url"))
+    )
+    with ThreadPoolExecutor(4) as pool:
+        reports = list(pool.map(lambda _i: upgrade_ledger(url), range(4)))
+    moves = sorted((r.previous_revision or "", r.revision or "") for r in reports)
+    head = head_revision()
+    assert moves == [("", head)] + [(head, head)] * 3
+
+
+def test_an_unknown_or_older_target_revision_is_refused(tmp_path: Path) -> None:
+    """``db upgrade --revision``: a revision the package does not ship is named as such (not
+    as an unknown ledger schema), and one older than the ledger's is refused (an upgrade
+    never downgrades); neither changes the ledger."""
+    from prefect_baton.ledger import upgrade_ledger
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with pytest.raises(ValidationError, match=r"unknown revision '9999'.*ships revisions 0001"):
+        upgrade_ledger(url, "9999")
+    assert upgrade_ledger(url, "0003").revision == "0003"
+    assert upgrade_ledger(url, "0003").previous_revision == "0003"
+    assert upgrade_ledger(url).revision == head_revision()
+    with pytest.raises(ValidationError, match=r"past 0002: an upgrade never downgrades"):
+        upgrade_ledger(url, "0002")
+    engines = make_engines(url)
+    try:
+        assert current_revision(engines) == head_revision()
+    finally:
+        engines.dispose()

@@ -306,14 +306,31 @@ def current_revision(engines: Engines) -> str | None:
     """The revision the database is at, ``None`` for an empty database (read from Alembic's
     version table with one query, without loading Alembic)."""
     with _db_errors(), engines.read.connect() as conn:
-        if not inspect(conn).has_table(VERSION_TABLE):
-            return None
-        rows = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
-        if len(rows) > 1:
-            raise ValidationError(
-                f"the ledger's {VERSION_TABLE} names {len(rows)} revisions; expected one"
-            )
-        return str(rows[0]) if rows else None
+        return _revision_on(conn)
+
+
+def _revision_on(conn: Any) -> str | None:
+    """The revision of the database behind connection ``conn`` (``None``: empty).
+
+    Raises:
+        ValidationError: the version table names more than one revision.
+    """
+    if not inspect(conn).has_table(VERSION_TABLE):
+        return None
+    rows = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
+    if len(rows) > 1:
+        raise ValidationError(
+            f"the ledger's {VERSION_TABLE} names {len(rows)} revisions; expected one"
+        )
+    return str(rows[0]) if rows else None
+
+
+def shipped_revisions() -> list[str]:
+    """The migration revisions shipped in the package, oldest first (``list[str]``)."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(_alembic_config())
+    return [s.revision for s in reversed(list(script.walk_revisions()))]
 
 
 def _command_error() -> type[Exception]:
@@ -348,15 +365,44 @@ def upgrade(engines: Engines, revision: str = "head") -> str | None:
     """Apply the Alembic migrations up to ``revision``; safe when many processes start at
     once (SQLite's write lock or a PostgreSQL advisory lock serialises them).
 
-    Returns the revision the database is at afterwards.
+    Returns the revision the database is at afterwards (see :func:`upgrade_from_to`).
+    """
+    return upgrade_from_to(engines, revision)[1]
+
+
+def upgrade_from_to(engines: Engines, revision: str = "head") -> tuple[str | None, str | None]:
+    """Apply the Alembic migrations up to ``revision`` (``"head"``, or one of
+    :func:`shipped_revisions`) and return ``(before, after)``: the revision the database was
+    at when this call took the migration lock (``None``: empty) and the one it is at after.
+    Of several processes upgrading at once, each reads ``before`` under the lock, so only
+    the one that migrated sees it differ from ``after``.
+
+    Raises:
+        ValidationError: ``revision`` is not a shipped revision, the database is past it
+            (an upgrade never downgrades), or its schema is not one this version knows.
+        UnavailableError: the database is unreachable.
     """
     with _db_errors():
-        if revision == "head" and current_revision(engines) == head_revision():
-            return head_revision()
+        shipped = [] if revision == "head" else shipped_revisions()
+        if revision == "head":
+            now = current_revision(engines)
+            if now == head_revision():
+                return now, now
+        elif revision not in shipped:
+            raise ValidationError(
+                f"unknown revision {revision!r}: this version of prefect-baton ships "
+                f"revisions {', '.join(shipped)} (newest: {head_revision()})"
+            )
         with engines.write.begin() as conn:
             if not engines.is_sqlite:
                 conn.execute(text(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK_KEY})"))
+            before = _revision_on(conn)
+            if before in shipped and shipped.index(before) > shipped.index(revision):
+                raise ValidationError(
+                    f"the ledger is at revision {before}, past {revision}: an upgrade never "
+                    "downgrades"
+                )
             from alembic import command
 
             command.upgrade(_alembic_config(conn), revision)
-        return current_revision(engines)
+        return before, current_revision(engines)

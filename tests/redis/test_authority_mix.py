@@ -284,3 +284,30 @@ def test_a_rotation_racing_a_hand_back_leaves_the_org_to_the_ledger(
     assert again.epoch > mine.epoch
     with pytest.raises(ForbiddenError):
         slow.leases.acquire("file", "b.py", ttl_seconds=60)
+
+
+def test_a_hand_back_leaves_nothing_of_the_org_in_redis(
+    ledger: LedgerStore, auth: RedisAuthority, org: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After ``return_to_ledger`` no key of the org is left in Redis (acquire receipts and
+    handoff keys included, dropped in several batches here), and a Redis client taking the
+    org back still replays a keyed acquire from the ledger's receipt."""
+    from prefect_baton._stores.redis import rebuild
+
+    monkeypatch.setattr(rebuild, "SCAN_BATCH", 3)
+    fast = Baton(org=org, principal="fast", store=ledger, lease_authority=auth)
+    leases = [
+        fast.leases.acquire("file", f"f{i}.py", ttl_seconds=60, idempotency_key=f"run-{i}")
+        for i in range(8)
+    ]
+    h = fast.handoffs.create("other", "f0.py", lease=leases[0])
+    Baton(org=org, principal="other", store=ledger, lease_authority=auth).handoffs.resolve(
+        h.handoff_id, "rejected"
+    )
+    prefix = org_keys(org).prefix
+    assert len(list(auth.client.scan_iter(match=f"{prefix}[ih]:*"))) >= 8
+    assert auth.return_to_ledger(org) is True
+    assert list(auth.client.scan_iter(match=f"{prefix}*")) == []
+    again = fast.leases.acquire("file", "f1.py", ttl_seconds=60, idempotency_key="run-1")
+    assert again.replayed
+    assert again.lease_id == leases[1].lease_id

@@ -50,6 +50,7 @@ be in force. With ``ack="ledger"`` no acknowledged transition is lost at all.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
@@ -68,6 +69,7 @@ from prefect_baton._stores.ledger.store import row_to_generation
 from prefect_baton._stores.ledger.tables import GenerationRow, ReceiptRow
 from prefect_baton._stores.redis.cluster import node_time_ms
 from prefect_baton._stores.redis.codec import encode_gen, scope_meta
+from prefect_baton._stores.redis.connection import as_text
 from prefect_baton._stores.redis.keys import ORGS_KEY, org_keys
 from prefect_baton._stores.redis.scripts import OK, REBUILD_LOST
 from prefect_baton.errors import UnavailableError
@@ -81,6 +83,9 @@ log = logging.getLogger("prefect_baton.redis")
 
 REBUILD_LOCK_MS = 120_000
 RESTORE_BATCH = 200
+#: Keys read per ``SCAN`` step, and dropped per script call, when a hand-back drops an org's
+#: acquire receipts and handoff keys.
+SCAN_BATCH = 500
 
 
 def recover(auth: AuthorityBase, org: str) -> None:
@@ -195,6 +200,12 @@ def return_to_ledger(auth: AuthorityBase, org: str) -> bool:
                     rec._delete_system_row(conn, org, INCARNATION_OP)
                     rec._set_system_row(conn, org, INCARNATION_OP, row, now, RETURNED_KEY)
             _check(auth.scripts["clear"](keys=lock_keys, args=[token]), org)
+            # the acquire receipts and handoff keys too (they expire on their own, but a
+            # Redis client taking the org back must find only what it rebuilds from the
+            # ledger); under the rebuild lock, so none of a later incarnation is dropped
+            found = client.scan_iter(match=f"{keys.prefix}[ih]:*", count=SCAN_BATCH)
+            while batch := [as_text(k) for k in itertools.islice(found, SCAN_BATCH)]:
+                _check(auth.scripts["clear"](keys=[*lock_keys, *batch], args=[token]), org)
             client.srem(ORGS_KEY, org)
         finally:
             try:
@@ -204,7 +215,10 @@ def return_to_ledger(auth: AuthorityBase, org: str) -> bool:
     except RedisError as exc:
         raise UnavailableError(f"Redis unavailable while handing back org {org!r}: {exc}") from exc
     auth._known.discard(org)
-    log.warning("the leases of org %r are decided by the ledger again", org)
+    if row is not None:
+        log.warning("the leases of org %r are decided by the ledger again", org)
+    else:
+        log.info("the leases of org %r were decided by the ledger already", org)
     return row is not None
 
 

@@ -2,6 +2,7 @@
 -- (the journal has been drained into the ledger first).
 -- KEYS[1..10]: the per-org keys listed in _lib.lua.
 -- KEYS[11]: the rebuild lock.
+-- KEYS[12..]: more keys of the org to drop (a hand-back's acquire receipts and handoff keys).
 -- ARGV[1] rebuild token.
 -- Returns:
 --   {0}                                  cleared
@@ -10,4 +11,5 @@ if redis.call('GET', KEYS[11]) ~= ARGV[1] then return {C_REBUILD_LOST} end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {C_REBUILD_LOST} end
 redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9],
   KEYS[10])
+for i = 12, #KEYS do redis.call('DEL', KEYS[i]) end
 return {C_OK}

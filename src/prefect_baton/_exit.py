@@ -6,6 +6,7 @@ of the package, so the server's entry point can use it without loading the CLI."
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,28 +54,45 @@ def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-#: What :func:`visible` escapes: the C0 controls and DEL, the C1 controls (U+0080 to U+009F),
-#: the line and paragraph separators, and the bidirectional formatting characters (marks,
-#: embeddings, overrides and isolates), which could move the cursor, recolour or clear a
-#: terminal, set its title, or make text read in another order than it is stored.
-_INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+#: The characters :func:`visible` looks at: an ASCII backslash or control (decided here),
+#: and any character outside ASCII (decided by its category, :func:`_escaped`).
+_CANDIDATES = re.compile("[\\\\\x00-\x1f\x7f]|[^\x00-\x7f]")
+
+#: The Unicode categories :func:`visible` escapes: controls (C0, DEL, C1), format
+#: characters (zero-width spaces and joiners, the soft hyphen, the byte order mark, word
+#: joiners, the bidirectional marks, embeddings, overrides and isolates, the tag
+#: characters U+E0000..U+E007F, ...), and the line and paragraph separators. They could
+#: move the cursor, recolour or clear a terminal, set its title, make text read in another
+#: order than it is stored, or make two different strings print the same.
+_ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+_SHORT = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
 
 
-_SHORT = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
-
-
-def _escape(match: re.Match[str]) -> str:
+def _escaped(match: re.Match[str]) -> str:
     char = match.group()
+    short = _SHORT.get(char)
+    if short is not None:
+        return short
+    if unicodedata.category(char) not in _ESCAPED_CATEGORIES:
+        return char
     code = ord(char)
-    return _SHORT.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def visible(text: str) -> str:
-    """``text`` (``str``) safe to print on a terminal: each character :data:`_INVISIBLE`
-    matches (controls such as ESC and BEL, C1 controls, bidirectional overrides) is written
-    as its Python escape (``\\t``, ``\\n``, ``\\x1b``, ``\\x85``, ``\\u202e``); everything
-    else is kept."""
-    return _INVISIBLE.sub(_escape, text)
+    """``text`` (``str``) safe to print on a terminal, and unambiguous: each control
+    character (C0 such as ESC and BEL, DEL, C1), format character (Unicode category
+    ``Cf``: zero-width space U+200B, soft hyphen U+00AD, byte order mark U+FEFF, word
+    joiner U+2060, bidirectional marks and overrides such as U+202E, tag characters
+    U+E0000..U+E007F, ...) and line or paragraph separator is written as its Python escape
+    (``\\t``, ``\\n``, ``\\x1b``, ``\\x85``, ``\\u202e``, ``\\U000e0041``), and a
+    backslash as two (``\\\\``), so an escape in the output always stands for the character
+    it names: ``a<ESC>b`` prints ``a\\x1bb``, the text ``a\\x1bb`` prints ``a\\\\x1bb``.
+    Everything else (letters of any script, accents, emoji) is kept."""
+    return _CANDIDATES.sub(_escaped, text)
 
 
 def error_line(who: str, error: Mapping[str, Any]) -> str:

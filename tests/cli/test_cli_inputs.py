@@ -172,3 +172,21 @@ def test_a_timeline_out_path_that_cannot_be_written(cli: Cli, tmp_path: Path) ->
     assert message == f"cannot write timeline file '{a_dir}': Is a directory"
     written = cli.ok("timeline", "deploy", "svc", "-o", str(tmp_path / "t.svg"))
     assert written["timeline"]["path"] == str(tmp_path / "t.svg")
+
+
+def test_ids_with_format_characters_are_a_validation_error(cli: Cli) -> None:
+    """A resource id, subject or recipient holding an invisible format character (U+200B,
+    U+FEFF, a tag character) exits 2 with VALIDATION_ERROR, as in Python and over REST;
+    the table format's error line shows the character escaped, not invisibly."""
+    for args in (
+        ("lease", "acquire", "deploy", "svc\u200b", "--ttl-seconds", "60"),
+        ("handoff", "create", "bob\ufeff", "doc-1"),
+        ("outcome", "record", "doc\U000e0041", "failed"),
+    ):
+        message = _usage(cli(*args))
+        assert "must not contain invisible format characters (Unicode category Cf)" in message
+    shown = cli("lease", "acquire", "deploy", "svc\u200b", "--ttl-seconds", "60", fmt="table")
+    assert shown.code == 2, shown.text
+    assert "\u200b" not in shown.stderr
+    assert "found U+200B" in shown.stderr
+    assert cli("lease", "list").json["leases"] == []

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from prefect_baton._exit import error_line, visible
 
 from .conftest import Cli
@@ -25,6 +27,34 @@ def test_visible_escapes_controls_and_keeps_other_text() -> None:
     assert visible(HOSTILE) == SHOWN
     assert visible("tab\there\nnl\x7f\u2066i\u2069") == r"tab\there\nnl\x7f\u2066i\u2069"
     assert visible("café 東京 🚀 [b]x[/b]") == "café 東京 🚀 [b]x[/b]"
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("zero\u200bwidth", r"zero\u200bwidth"),
+        ("\ufeffbom", r"\ufeffbom"),
+        ("soft\u00adhyphen", r"soft\xadhyphen"),
+        ("word\u2060joiner", r"word\u2060joiner"),
+        ("tag\U000e0041\U000e007f", r"tag\U000e0041\U000e007f"),
+        ("arabic\u0600mark", r"arabic\u0600mark"),
+    ],
+    ids=["U+200B", "U+FEFF", "U+00AD", "U+2060", "tags", "U+0600"],
+)
+def test_visible_escapes_format_characters(text: str, shown: str) -> None:
+    """Format characters (Unicode category Cf), invisible on a terminal, are escaped, so
+    two strings that differ only by one never print the same."""
+    assert visible(text) == shown
+    assert visible(text) != visible(text.encode("ascii", "ignore").decode())
+
+
+def test_visible_is_unambiguous_about_backslashes() -> None:
+    """A backslash prints as two, so the escape of a control character and the same
+    characters typed literally print differently."""
+    assert visible("a\x1bb") == r"a\x1bb"
+    assert visible(r"a\x1bb") == r"a\\x1bb"
+    assert visible("C:\\dir") == r"C:\\dir"
+    assert visible("\\\n") == r"\\\n"
 
 
 def test_a_hostile_handoff_message_prints_escaped_in_the_table(cli: Cli) -> None:
@@ -85,7 +115,7 @@ def test_events_follow_prints_wire_times_and_escaped_fields(cli: Cli) -> None:
     from prefect_baton.cli import events as events_cli
     from prefect_baton.cli._state import CliState
 
-    cli.ok("handoff", "create", "bob", "doc-\u202e1")
+    cli.ok("handoff", "create", "bob", "doc-\u20281")
     st = CliState(ledger_url=cli.ledger_url, org=cli.org, principal="alice")
     try:
         ev = st.client().events.list(after_seq=0, limit=10)[0]
@@ -94,4 +124,4 @@ def test_events_follow_prints_wire_times_and_escaped_fields(cli: Cli) -> None:
         st.close()
     fields = line.split("\t")
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", fields[1]), line
-    assert fields[3] == "doc-\\u202e1"
+    assert fields[3] == "doc-\\u20281"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import threading
 import time
@@ -177,6 +178,18 @@ def test_over_the_cap_the_longest_idle_connection_is_closed(port: int) -> None:
         s.close()
 
 
+def _assert_request_id(head: bytes, body: bytes) -> str:
+    """The answer's ``meta.request_id``, asserting it is a request id and the one of its
+    ``X-Request-ID`` header, as every other answer of the server carries."""
+    headers = dict(
+        line.split(b": ", 1) for line in head.lower().split(b"\r\n")[1:] if b": " in line
+    )
+    rid = json.loads(body)["meta"]["request_id"]
+    assert re.fullmatch(r"req_[0-9a-f]{32}", rid), body
+    assert headers[b"x-request-id"].decode() == rid, head
+    return str(rid)
+
+
 def test_over_the_cap_with_every_connection_busy_is_503(port: int) -> None:
     """When every connection is busy with a request, a connection over the cap is answered
     503 UNAVAILABLE (the JSON envelope) and closed."""
@@ -190,6 +203,7 @@ def test_over_the_cap_with_every_connection_busy_is_503(port: int) -> None:
     head, _, body = reply.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 503"), reply[:200]
     assert json.loads(body)["error"]["code"] == "UNAVAILABLE"
+    _assert_request_id(head, body)
     assert _get(port).startswith(b"HTTP/1.1 200")
 
 
@@ -259,6 +273,7 @@ def test_a_malformed_or_overlong_head_is_a_json_400(port: int, data: bytes) -> N
     assert head.startswith(b"HTTP/1.1 400"), reply[:200]
     assert b"connection: close" in head.lower()
     assert json.loads(body)["error"]["code"] == "VALIDATION_ERROR"
+    _assert_request_id(head, body)
 
 
 def test_pipelined_requests_are_answered_then_the_idle_connection_closed(port: int) -> None:

@@ -320,6 +320,53 @@ def test_write_timeline_needs_an_existing_writable_directory(
     assert out.read_text().startswith("<svg")
 
 
+@pytest.mark.parametrize("fails", ["write", "fsync", "replace"])
+def test_a_failed_write_leaves_the_old_file_and_no_partial_one(
+    sqlite_scenario: Scenario, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: str
+) -> None:
+    """The file is written to a temporary file in the same directory, then renamed over
+    the target: a failure while writing, flushing or renaming (a full disk, a crash) leaves
+    the old file whole and no temporary file behind, and is VALIDATION_ERROR naming the
+    path."""
+    import os
+
+    tl = build_timeline(sqlite_scenario.alice, RT, RID)
+    out = tmp_path / "t.svg"
+    out.write_text("old")
+    out.chmod(0o640)
+
+    def broken(*_a: object, **_k: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    if fails == "write":
+        monkeypatch.setattr(os, "fsync", lambda _fd: None)
+        real_fdopen = os.fdopen
+
+        def half_written(fd: int, *a: Any, **k: Any) -> Any:
+            f = real_fdopen(fd, *a, **k)
+            real_write = f.write
+
+            def write(data: bytes) -> int:
+                real_write(data[: len(data) // 2])
+                raise OSError(28, "No space left on device")
+
+            f.write = write
+            return f
+
+        monkeypatch.setattr(os, "fdopen", half_written)
+    else:
+        monkeypatch.setattr(os, fails, broken)
+    with pytest.raises(ValidationError, match=r"cannot write timeline file '.*t\.svg': No space"):
+        write_timeline(tl, out)
+    monkeypatch.undo()
+    assert out.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.svg"]
+    assert write_timeline(tl, out) == out
+    assert out.read_text().startswith("<svg")
+    assert out.stat().st_mode & 0o777 == 0o640  # the replaced file's mode is kept
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.svg"]
+
+
 def test_characters_xml_forbids_leave_the_picture_well_formed(tmp_path: Path) -> None:
     """A purpose holding control characters and U+FFFF (which the API accepts) is drawn with
     U+FFFD in their place: the SVG still parses as XML."""

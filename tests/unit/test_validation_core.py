@@ -108,6 +108,37 @@ def test_id_rejected(value: object) -> None:
     assert "resource_id" in str(ei.value)
 
 
+@pytest.mark.parametrize(
+    "char",
+    [
+        "\u200b",
+        "\u200d",
+        "\ufeff",
+        "\u00ad",
+        "\u2060",
+        "\u202e",
+        "\u061c",
+        "\U000e0001",
+        "\U000e007f",
+    ],
+    ids=lambda c: f"U+{ord(c):04X}",
+)
+def test_ids_with_format_characters_are_rejected(char: str) -> None:
+    """An id holding a format character (Unicode category Cf: zero-width, soft hyphen, byte
+    order mark, word joiner, bidirectional controls, tag characters), anywhere in it, is a
+    VALIDATION_ERROR naming the argument and the character; so is a principal."""
+    for value in (f"{char}deploy", f"de{char}ploy", f"deploy{char}", f"é{char}"):
+        with pytest.raises(ValidationError) as ei:
+            validate_id("resource_id", value)
+        assert ei.value.code == "VALIDATION_ERROR"
+        assert str(ei.value) == (
+            "resource_id must not contain invisible format characters (Unicode category Cf), "
+            f"found U+{ord(char):04X}"
+        )
+    with pytest.raises(ValidationError, match="to_principal must not contain invisible"):
+        validate_principal("to_principal", f"bob{char}")
+
+
 # --------------------------------------------------------------------------- scopes
 
 

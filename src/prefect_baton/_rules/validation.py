@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -62,7 +63,9 @@ def validate_id(name: str, value: object) -> str:
 
     Args:
         name: the argument's name, for the message.
-        value: must be a ``str`` of 1..256 characters with no control characters.
+        value: must be a ``str`` of 1..256 characters with no control characters
+            (U+0000..U+001F, U+007F), no format characters (Unicode category ``Cf``, e.g.
+            U+200B) and no lone surrogates.
 
     Raises:
         ValidationError: otherwise.
@@ -75,8 +78,23 @@ def validate_id(name: str, value: object) -> str:
         raise ValidationError(f"{name} is {len(value)} characters long; at most {MAX_ID_LENGTH}")
     if _CONTROL.search(value) is not None:
         raise ValidationError(f"{name} must not contain control characters")
-    _check_utf8(name, value)
+    if not value.isascii():
+        _check_no_format_character(name, value)
+        _check_utf8(name, value)
     return value
+
+
+def _check_no_format_character(name: str, value: str) -> None:
+    """Reject an identifier holding a Unicode format character (category ``Cf``: zero-width
+    space U+200B, soft hyphen U+00AD, byte order mark U+FEFF, word joiner U+2060,
+    bidirectional marks and overrides, tag characters U+E0000..U+E007F, ...): invisible
+    when printed, they make two different ids look the same."""
+    for char in value:
+        if unicodedata.category(char) == "Cf":
+            raise ValidationError(
+                f"{name} must not contain invisible format characters "
+                f"(Unicode category Cf), found U+{ord(char):04X}"
+            )
 
 
 def _check_utf8(name: str, value: str) -> None:

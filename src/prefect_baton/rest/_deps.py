@@ -8,8 +8,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import Depends, Header, Request
-from pydantic import BaseModel, ValidatorFunctionWrapHandler, WrapValidator
-from pydantic import ValidationError as PydanticValidationError
+from pydantic import BaseModel
 from starlette.responses import JSONResponse
 
 from prefect_baton._client.sync import Baton
@@ -140,16 +139,6 @@ async def _baton(request: Request) -> Baton:
 B = Annotated[Baton, Depends(_baton)]
 
 
-def _checked_by_the_client(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-    """The integer ``value`` is, or ``value`` as sent: the client's check (``_limit``) then
-    refuses it with the same message as an out-of-range one."""
-    try:
-        return handler(value)
-    except PydanticValidationError:
-        return value
-
-
-#: The ``limit`` query parameter of a listing: an integer in the OpenAPI document; any
-#: value that is not one reaches the client's check, so ``?limit=abc`` and ``?limit=0``
-#: get one message (``limit must be an integer from 1 to N``).
-Limit = Annotated[int, WrapValidator(_checked_by_the_client)]
+#: The ``limit`` query parameter of a listing (:data:`~prefect_baton.rest._schemas.QueryInt`;
+#: the client's ``_limit`` decides its range: ``limit must be an integer from 1 to N``).
+Limit = s.QueryInt

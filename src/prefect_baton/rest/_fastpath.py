@@ -1,7 +1,9 @@
 """A shorter way through FastAPI for the hottest routes (``POST /v1/leases``, ``DELETE
 /v1/leases/{lease_id}``): :func:`install` gives a route a request handler that reads the
 route's parameters itself, validates each with the very field FastAPI would validate it
-with, and runs the endpoint on a worker thread as FastAPI does; anything out of the
+with (the body read by :func:`~prefect_baton.rest._http.parse_json_body`, the JSON rule
+of the whole API: a body it refuses is ``400 VALIDATION_ERROR`` here too), and runs the
+endpoint on a worker thread as FastAPI does; anything else out of the
 ordinary (a validation error, a body that is not ``Content-Type: application/json``, a
 missing required value, dependency overrides, FastAPI's telemetry switched on) is handed
 to FastAPI's own handler of the route, which answers it as before. Responses, errors and
@@ -12,7 +14,6 @@ dependency solving costs about 350 Python calls per acquire+release pair).
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,6 +22,8 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
+
+from prefect_baton.rest._http import parse_json_body
 
 try:
     from fastapi.telemetry import get_telemetry_data
@@ -148,11 +151,10 @@ def install(route: APIRoute) -> None:
             if body_field is not None:
                 if request.headers.get("content-type") != "application/json":
                     raise _Fallback
-                try:
-                    raw = await request.body()
-                    data = json.loads(raw)  # as Starlette's Request.json
-                except Exception:  # malformed, nested too deep (RecursionError), empty
-                    raise _Fallback from None
+                raw = await request.body()
+                if not raw:  # FastAPI: the body is missing
+                    raise _Fallback
+                data = parse_json_body(raw)  # the JSON rule of BatonMiddleware (raises 400)
                 values[body_field.name] = _field_value(body_field, data, ("body",))
             params = request.path_params
             for name, field in path_fields:

@@ -9,14 +9,17 @@ body carries it. The HTTP status of each code is fixed by :data:`STATUS_BY_CODE`
 
 from __future__ import annotations
 
+import email.message
+import json
 import logging
 import os
 import random
 import re
+import sys
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from typing import Any
-from urllib.parse import unquote_to_bytes
+from urllib.parse import parse_qsl, unquote_to_bytes
 
 import anyio.to_thread
 from starlette.responses import JSONResponse
@@ -37,6 +40,7 @@ __all__ = [
     "error_response",
     "new_request_id",
     "ok",
+    "parse_json_body",
 ]
 
 logger = logging.getLogger("prefect_baton.rest")
@@ -174,14 +178,121 @@ def new_request_id() -> str:
     return f"req_{_request_ids.getrandbits(128):032x}"
 
 
+class _DuplicateKey(ValueError):
+    """A JSON object names ``key`` twice."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """The object of ``pairs`` (``json``'s ``object_pairs_hook``).
+
+    Raises:
+        _DuplicateKey: a key appears twice (``dict`` would keep the last value silently).
+    """
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return obj
+
+
+def _shown(key: str, limit: int = 64) -> str:
+    """``key`` quoted for an error message, cut to ``limit`` characters."""
+    return repr(key if len(key) <= limit else key[:limit] + "...")
+
+
+def parse_json_body(raw: bytes) -> Any:
+    """The JSON document of a request body ``raw`` (``bytes``; UTF-8, or UTF-16/32 as
+    :func:`json.loads` detects it), read as :func:`json.loads` reads it except that an
+    object naming a key twice is refused (``json.loads`` keeps the last value, so a check
+    of the first would pass a value that never takes effect). The one JSON rule of the REST
+    API (:class:`BatonMiddleware` applies it to every JSON body before any route runs, and
+    the fast path of :mod:`prefect_baton.rest._fastpath` to the bodies it reads) and of the
+    MCP server over HTTP.
+
+    Raises:
+        ValidationError: ``body: invalid JSON at byte N (reason)``: malformed (the offset
+            counts bytes of ``raw``), not text in its encoding, or an integer longer than
+            Python reads (:func:`sys.get_int_max_str_digits`); ``body: invalid JSON (the
+            key 'k' appears twice in one object)``; ``body: invalid JSON (nested too
+            deeply)``.
+    """
+    encoding = json.detect_encoding(raw)
+    try:
+        text = raw.decode(encoding, "surrogatepass")
+    except UnicodeDecodeError as exc:
+        raise ValidationError(
+            f"body: invalid JSON at byte {exc.start} (not {encoding.upper()} text)"
+        ) from None
+
+    def at(pos: int) -> int:  # a character offset of ``text`` as a byte offset of ``raw``
+        return len(text[:pos].encode(encoding, "surrogatepass"))
+
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except json.JSONDecodeError as exc:
+        raise ValidationError(f"body: invalid JSON at byte {at(exc.pos)} ({exc.msg})") from None
+    except _DuplicateKey as exc:
+        raise ValidationError(
+            f"body: invalid JSON (the key {_shown(exc.key)} appears twice in one object)"
+        ) from None
+    except RecursionError:
+        raise ValidationError("body: invalid JSON (nested too deeply)") from None
+    except ValueError:  # an integer over the digits int() reads
+        most = sys.get_int_max_str_digits()
+        found = re.search(f"[0-9]{{{most + 1},}}", text)
+        where = f" at byte {at(found.start())}" if found else ""
+        raise ValidationError(
+            f"body: invalid JSON{where} (an integer of more than {most} digits)"
+        ) from None
+
+
+def _is_json(scope: Scope) -> bool:
+    """Whether FastAPI reads the body of this request as JSON: no ``Content-Type``, or
+    ``application/json`` or ``application/*+json`` (parsed as FastAPI parses it)."""
+    value = next((v for n, v in scope.get("headers", []) if n.lower() == b"content-type"), None)
+    if not value:
+        return True
+    message = email.message.Message()
+    message["content-type"] = value.decode("latin-1")
+    if message.get_content_maintype() != "application":
+        return False
+    subtype = message.get_content_subtype()
+    return subtype == "json" or subtype.endswith("+json")
+
+
+def _repeated_parameter(query: bytes) -> str | None:
+    """The first query parameter named more than once in ``query`` (the raw query
+    string), else ``None``. No parameter of the API takes several values, and which of
+    two counts would be a guess (FastAPI keeps the last one)."""
+    seen: set[str] = set()
+    for name, _ in parse_qsl(query.decode("latin-1"), keep_blank_values=True):
+        if name in seen:
+            return name
+        seen.add(name)
+    return None
+
+
 def _refused_head(scope: Scope) -> JSONResponse | None:
     """The answer to a request whose head is refused before anything else, else ``None``:
     more than one ``Authorization`` header (``400``: which one counts would be a guess),
-    or a bearer key in the URL's path or query (``401``: keys are accepted only in the
-    ``Authorization`` header; the access log redacts it)."""
+    a query parameter given more than once (``400``, likewise), or a bearer key in the
+    URL's path or query (``401``: keys are accepted only in the ``Authorization`` header;
+    the access log redacts it)."""
     headers = scope.get("headers", [])
     if sum(1 for name, _ in headers if name.lower() == b"authorization") > 1:
         return error_response("VALIDATION_ERROR", "send one Authorization header, not several")
+    repeated = _repeated_parameter(bytes(scope.get("query_string", b"")))
+    if repeated is not None:
+        return error_response(
+            "VALIDATION_ERROR", f"query parameter {_shown(repeated)} is given more than once"
+        )
     target = bytes(scope.get("raw_path") or scope.get("path", "").encode()) + b"?"
     target += bytes(scope.get("query_string", b""))
     if _KEY_IN_URL.search(unquote_to_bytes(target.replace(b"+", b" "))):
@@ -206,8 +317,9 @@ class BatonMiddleware:
     """ASGI middleware in front of every route.
 
     * gives each request an id (``scope["state"]["request_id"]``, header ``X-Request-ID``);
-    * refuses more than one ``Authorization`` header (``400``) and a bearer key in the URL
-      (``401``; keys are accepted only in the ``Authorization`` header);
+    * refuses more than one ``Authorization`` header and a query parameter given more
+      than once (``400``), and a bearer key in the URL (``401``; keys are accepted only in
+      the ``Authorization`` header);
     * under ``/v1`` and at ``/metrics``: authenticates the bearer key (``401`` when
       missing, unknown or revoked) and checks the route's scope (``<area>:read`` for ``GET``, else
       ``<area>:write``; ``403`` when missing), before the body is parsed; the caller is
@@ -217,7 +329,10 @@ class BatonMiddleware:
       cached (see :class:`~prefect_baton.rest.keys.KeyCache` for when a revocation
       applies);
     * refuses bodies over ``max_body_bytes`` with ``413`` (by ``Content-Length`` or by
-      counting a streamed body) before any route runs.
+      counting a streamed body) before any route runs;
+    * refuses a JSON body (no ``Content-Type``, or a JSON one: what FastAPI reads as JSON)
+      that :func:`parse_json_body` refuses (malformed, a key twice in one object, ...)
+      with ``400 VALIDATION_ERROR``, before any route runs.
 
     Args:
         app: the wrapped ASGI app. engines: callable returning the ledger's engines (keys).
@@ -276,6 +391,12 @@ class BatonMiddleware:
             )
             await resp(scope, receive, send_with_id)
             return
+        if body and _is_json(scope):
+            try:
+                parse_json_body(body)
+            except ValidationError as exc:
+                await baton_error_response(exc, request_id)(scope, receive, send_with_id)
+                return
         sent = False
 
         async def replay() -> Message:

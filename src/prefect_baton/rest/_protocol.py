@@ -19,8 +19,9 @@ fallback) add the same guarantees, per connection:
   connection's request is answered ``503 UNAVAILABLE`` and it is closed;
 * ``TCP_NODELAY`` on every TCP connection, also in uvicorn's worker processes;
 * a malformed request head, or an incomplete one over :data:`MAX_HEAD_BYTES`, is answered
-  with the JSON error envelope (``400 VALIDATION_ERROR``) rather than uvicorn's plain text,
-  and the connection is closed; so is a head whose framing either parser would take
+  with the JSON error envelope (``400 VALIDATION_ERROR``, with a request id in
+  ``meta.request_id`` and ``X-Request-ID`` as every answer) rather than uvicorn's plain
+  text, and the connection is closed; so is a head whose framing either parser would take
   differently from the other (:func:`head_problem`: ``Transfer-Encoding`` other than
   ``chunked``, or with ``Content-Length``; no ``Host`` in HTTP/1.1, or two).
 
@@ -30,7 +31,6 @@ fallback) add the same guarantees, per connection:
 from __future__ import annotations
 
 import asyncio
-import json
 import resource
 import socket
 import time
@@ -40,7 +40,7 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from prefect_baton.rest._http import error_response
+from prefect_baton.rest._http import error_response, new_request_id
 from prefect_baton.rest._limits import ACCEPT_BATCH, MAX_HEAD_BYTES
 
 try:
@@ -68,22 +68,24 @@ BODY_TIMEOUT_SECONDS = 30.0
 #: Redis pools, log files (at most a quarter of the limit).
 FD_RESERVE = 2 * ACCEPT_BATCH + 100
 
-_SATURATED = error_response("UNAVAILABLE", "the server has too many open connections; retry later")
-_SATURATED.headers["connection"] = "close"
+_SATURATED_MESSAGE = "the server has too many open connections; retry later"
+_BAD_HEAD_MESSAGE = f"malformed HTTP request, or its head is over {MAX_HEAD_BYTES} bytes"
 
-_BAD_HEAD_BODY = json.dumps(
-    {
-        "error": {
-            "code": "VALIDATION_ERROR",
-            "message": f"malformed HTTP request, or its head is over {MAX_HEAD_BYTES} bytes",
-        }
-    }
-).encode()
-_BAD_HEAD_HEADERS = [
-    (b"content-type", b"application/json"),
-    (b"content-length", str(len(_BAD_HEAD_BODY)).encode()),
-    (b"connection", b"close"),
-]
+
+def _bad_head() -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """The headers and body of the ``400`` answer to a refused request head: the JSON
+    error envelope (``VALIDATION_ERROR``) with a new request id in ``meta.request_id`` and
+    ``X-Request-ID``, as every other answer carries one; the connection closes after it."""
+    request_id = new_request_id()
+    body = bytes(error_response("VALIDATION_ERROR", _BAD_HEAD_MESSAGE, request_id=request_id).body)
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+        (b"x-request-id", request_id.encode()),
+    ]
+    return headers, body
+
 
 # The phases of a connection the deadlines follow.
 _WAITING = "waiting for a request head"  # idle, or part of a head received
@@ -163,7 +165,12 @@ def max_connections() -> int:
 
 
 async def _saturated(scope: Any, receive: Any, send: Any) -> None:
-    await _SATURATED(scope, receive, send)
+    """Answer ``503 UNAVAILABLE`` (with a new request id, as every answer has one) and close."""
+    request_id = new_request_id()
+    response = error_response("UNAVAILABLE", _SATURATED_MESSAGE, request_id=request_id)
+    response.headers["connection"] = "close"
+    response.headers["x-request-id"] = request_id
+    await response(scope, receive, send)
 
 
 class _Guard:
@@ -290,10 +297,11 @@ class GuardedH11Protocol(_Guard, H11Protocol):  # type: ignore[misc]
     def send_400_response(self, msg: str) -> None:
         """Answer a request head h11 refused (malformed, or over :data:`MAX_HEAD_BYTES`)
         with the JSON error envelope ``400 VALIDATION_ERROR``, then close."""
+        headers, body = _bad_head()
         try:
             for event in (
-                h11.Response(status_code=400, headers=_BAD_HEAD_HEADERS, reason=b"Bad Request"),
-                h11.Data(data=_BAD_HEAD_BODY),
+                h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                h11.Data(data=body),
                 h11.EndOfMessage(),
             ):
                 self.transport.write(self.conn.send(event) or b"")
@@ -383,9 +391,10 @@ if HttpToolsProtocol is not None:
             running = self._running
             done = running is None or running.response_complete or running is self._refused_cycle
             if done and not self.pipeline:
+                headers, body = _bad_head()
                 head = [b"HTTP/1.1 400 Bad Request\r\n"]
-                head += [name + b": " + value + b"\r\n" for name, value in _BAD_HEAD_HEADERS]
-                self.transport.write(b"".join(head) + b"\r\n" + _BAD_HEAD_BODY)
+                head += [name + b": " + value + b"\r\n" for name, value in headers]
+                self.transport.write(b"".join(head) + b"\r\n" + body)
                 self.transport.close()
 
         def _start_asgi_task(self, cycle: Any, app: Any) -> None:

@@ -161,7 +161,7 @@ def add_routes(app: FastAPI) -> None:
     def events(
         request: Request,
         b: B,
-        after: int | None = None,
+        after: s.After | None = None,
         limit: Limit = 100,
         kind: str | None = None,
         cursor: str | None = None,

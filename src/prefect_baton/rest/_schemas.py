@@ -1,6 +1,6 @@
 """Request bodies of the REST API. Every model forbids unknown fields and is strict about
-types (``"600"`` is not an integer; ``600.0`` is, as JSON Schema has it); a failure is
-``400 VALIDATION_ERROR``.
+types: an integer field takes only a JSON integer (``600``; not ``"600"``, ``600.0`` or
+``true``), as the Python API takes only an ``int``; a failure is ``400 VALIDATION_ERROR``.
 
 The declared limits (id lengths, TTL ranges, text lengths) are the ones the Python API
 enforces, so the OpenAPI document states what the server accepts; the Python API still
@@ -9,9 +9,16 @@ checks everything else (control characters, state size, ...), also with ``400``.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+)
 
 from prefect_baton._rules.validation import (
     CHECKPOINT_TTL_MAX_SECONDS,
@@ -54,27 +61,48 @@ PATTERN_MESSAGES = {
 }
 
 
-def _integral(value: Any) -> Any:
-    """``60.0`` is the JSON integer 60 (JSON Schema says so); ``60.5``, ``"60"`` and
-    ``true`` stay what they are and fail the strict integer check."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-_INTEGER = BeforeValidator(_integral)  # a JSON integer: 60 or 60.0, never "60"
 #: A lease TTL in seconds, ``TTL_MIN_SECONDS`` to ``TTL_MAX_SECONDS``: a JSON integer
 #: written without a fraction (``60.0`` is refused, as ``_rules.validation.validate_ttl``
 #: refuses a float), like every duration in seconds.
-Ttl = Annotated[int, Field(ge=TTL_MIN_SECONDS, le=TTL_MAX_SECONDS)]
-#: A compare-and-swap version, 0 to 2**53 - 1.
-Version = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER), _INTEGER]
+Ttl = Annotated[int, Field(ge=TTL_MIN_SECONDS, le=TTL_MAX_SECONDS, strict=True)]
+#: A compare-and-swap version (also an epoch), 0 to 2**53 - 1: a JSON integer, as
+#: ``_rules.validation.validate_version`` takes only an ``int`` (``3.0`` is refused).
+Version = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER, strict=True)]
 #: A checkpoint or handoff lifetime in seconds, 1 to 31,622,400 (366 days); ``60.0`` is
 #: refused, as for :data:`Ttl`.
-Lifetime = Annotated[int, Field(ge=1, le=CHECKPOINT_TTL_MAX_SECONDS)]
+Lifetime = Annotated[int, Field(ge=1, le=CHECKPOINT_TTL_MAX_SECONDS, strict=True)]
 Scope = Annotated[str, Field(min_length=1, max_length=MAX_SCOPE_LENGTH, pattern=NO_CONTROL)]
 #: Write-scope patterns of a lease: at most 64, each 1 to 1,024 characters.
 Scopes = Annotated[list[Scope], Field(max_length=MAX_SCOPES)]
+
+
+#: An integer as a query parameter writes it: canonical decimal in the ASCII digits 0-9 (no
+#: sign, leading zero, underscore, point, exponent, space or other script's digits).
+_DECIMAL = re.compile(r"0|[1-9][0-9]*")
+
+
+def _decimal(value: Any, _handler: ValidatorFunctionWrapHandler) -> Any:
+    """The integer ``value`` (a query parameter's text) writes, when written as
+    :data:`_DECIMAL` says; else ``value`` as sent, which the client's check of the
+    parameter (``_limit``, ``events_after``) then refuses, with the same message as an
+    out-of-range integer (``limit must be an integer from 1 to N``). pydantic's own
+    reading of a query integer would take ``10.0``, ``1_0``, ``+3`` and `` 3``."""
+    if isinstance(value, str) and _DECIMAL.fullmatch(value) is not None:
+        try:
+            return int(value)
+        except ValueError:  # more digits than int() reads: out of every range
+            pass
+    return value
+
+
+#: An integer query parameter: an integer in the OpenAPI document; a value written
+#: otherwise than :data:`_DECIMAL` reaches the client's check as the text sent, so
+#: ``?limit=abc``, ``?limit=1_0`` and ``?limit=0`` get one message. Every integer query
+#: parameter of the API has this type.
+QueryInt = Annotated[int, WrapValidator(_decimal)]
+#: The ``after`` query parameter of the event listing (:data:`QueryInt`; the rule's
+#: ``events_after`` decides its range, 0 to 2**63 - 1).
+After = QueryInt
 
 
 class _In(BaseModel):

@@ -18,6 +18,9 @@ every arm and respects organization isolation and roles.
 
 from __future__ import annotations
 
+import os
+import secrets
+import stat
 from pathlib import Path
 
 from prefect_baton.errors import ValidationError
@@ -91,6 +94,8 @@ def render_png(timeline: _model.Timeline, *, width: int = 1000) -> bytes:
 def write_timeline(timeline: _model.Timeline, path: Path, *, width: int = 1000) -> Path:
     """Write ``timeline`` to ``path`` as SVG, HTML or PNG, by its extension, into an
     existing directory (missing directories are not created); returns the path written.
+    The file is replaced atomically: a reader, or a crash, sees the old file or the whole
+    new one, and a failed write leaves no partial or temporary file.
 
     Raises:
         ValidationError: an extension other than ``.svg`` / ``.html`` / ``.png`` or a
@@ -110,9 +115,41 @@ def write_timeline(timeline: _model.Timeline, path: Path, *, width: int = 1000) 
         ).encode("utf-8")
     )
     try:
-        path.write_bytes(data)
+        _replace_atomically(path, data)
     except OSError as exc:
         raise ValidationError(
             f"cannot write timeline file '{path}': {exc.strerror or exc}"
         ) from None
     return path
+
+
+def _replace_atomically(path: Path, data: bytes) -> None:
+    """Make ``data`` the content of ``path`` at once: written to a new temporary file in
+    the same directory (created with the mode a new file gets, or an existing file's
+    mode), flushed to disk, then renamed over ``path`` (:func:`os.replace`, atomic within
+    one file system). A crash leaves the old file or the new one, never a part; on a
+    failure the temporary file is removed. A symbolic link at ``path`` is followed (the
+    file it names is replaced), as writing through it would.
+
+    Raises:
+        OSError: the directory cannot be written, ``path`` is a directory, the disk is
+            full, ...
+    """
+    target = Path(os.path.realpath(path))
+    try:
+        mode: int | None = stat.S_IMODE(target.stat().st_mode)
+    except OSError:
+        mode = None  # a new file: 0o666 less the umask (os.open applies it)
+    tmp = target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -115,7 +115,7 @@ def test_events_follow_prints_wire_times_and_escaped_fields(cli: Cli) -> None:
     from prefect_baton.cli import events as events_cli
     from prefect_baton.cli._state import CliState
 
-    cli.ok("handoff", "create", "bob", "doc-\u20281")
+    cli.ok("handoff", "create", "bob", "doc-\\x1b")  # a backslash: ids refuse controls
     st = CliState(ledger_url=cli.ledger_url, org=cli.org, principal="alice")
     try:
         ev = st.client().events.list(after_seq=0, limit=10)[0]
@@ -124,4 +124,4 @@ def test_events_follow_prints_wire_times_and_escaped_fields(cli: Cli) -> None:
         st.close()
     fields = line.split("\t")
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", fields[1]), line
-    assert fields[3] == "doc-\\u20281"
+    assert fields[3] == "doc-\\\\x1b"  # not to be read as the escape of ESC

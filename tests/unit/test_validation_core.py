@@ -139,6 +139,20 @@ def test_ids_with_format_characters_are_rejected(char: str) -> None:
         validate_principal("to_principal", f"bob{char}")
 
 
+@pytest.mark.parametrize("char", ["\x80", "\x85", "\x9f", "\u2028", "\u2029"], ids=ascii)
+def test_ids_with_c1_controls_or_line_separators_are_rejected(char: str) -> None:
+    """A C1 control character (NEL U+0085 ...) or U+2028/U+2029 in an id is a
+    VALIDATION_ERROR naming the character: they break lines in logs and terminals."""
+    for value in (f"{char}deploy", f"de{char}ploy", f"é{char}"):
+        with pytest.raises(ValidationError) as ei:
+            validate_id("resource_id", value)
+        assert str(ei.value) == (
+            "resource_id must not contain control characters or line breaks, "
+            f"found U+{ord(char):04X}"
+        )
+    assert validate_id("resource_id", "déploy\u00a0ü") == "déploy\u00a0ü"  # other text is fine
+
+
 # --------------------------------------------------------------------------- scopes
 
 

@@ -64,8 +64,9 @@ def validate_id(name: str, value: object) -> str:
     Args:
         name: the argument's name, for the message.
         value: must be a ``str`` of 1..256 characters with no control characters
-            (U+0000..U+001F, U+007F), no format characters (Unicode category ``Cf``, e.g.
-            U+200B) and no lone surrogates.
+            (U+0000..U+001F, U+007F, U+0080..U+009F), no line or paragraph separator
+            (U+2028, U+2029), no format characters (Unicode category ``Cf``, e.g. U+200B)
+            and no lone surrogates.
 
     Raises:
         ValidationError: otherwise.
@@ -88,12 +89,19 @@ def _check_no_format_character(name: str, value: str) -> None:
     """Reject an identifier holding a Unicode format character (category ``Cf``: zero-width
     space U+200B, soft hyphen U+00AD, byte order mark U+FEFF, word joiner U+2060,
     bidirectional marks and overrides, tag characters U+E0000..U+E007F, ...): invisible
-    when printed, they make two different ids look the same."""
+    when printed, they make two different ids look the same; or a C1 control character
+    (U+0080..U+009F, e.g. NEL U+0085) or U+2028/U+2029, which break lines and logs."""
     for char in value:
-        if unicodedata.category(char) == "Cf":
+        category = unicodedata.category(char)
+        if category == "Cf":
             raise ValidationError(
                 f"{name} must not contain invisible format characters "
                 f"(Unicode category Cf), found U+{ord(char):04X}"
+            )
+        if category in ("Cc", "Zl", "Zp"):  # C1 controls (U+0080..U+009F), U+2028, U+2029
+            raise ValidationError(
+                f"{name} must not contain control characters or line breaks, "
+                f"found U+{ord(char):04X}"
             )
 
 

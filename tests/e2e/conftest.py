@@ -40,6 +40,8 @@ DEPLOYMENTS = (
     "baton-e2e-contend/contend",
     "baton-e2e-sender/sender",
     "baton-e2e-receiver/receiver",
+    "baton-e2e-flaky/flaky",
+    "baton-e2e-rerun/rerun",
 )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -174,14 +174,17 @@ def test_automation_on_handoff_created_starts_the_recipient(served: Served) -> N
     assert resumed.state == {"sections_done": 3}
 
 
-def _logs_until_handed_off(run: Any) -> list[str]:
-    """The messages of ``run``'s logs, read once its "Finished in state HandedOff" line and
-    whatever the engine logged after it reached the API (the runner's subprocess ships logs
-    in batches)."""
+def _logs_until_handed_off(run: Any, since: datetime | None) -> list[str]:
+    """The messages of ``run``'s logs from ``since`` on (all with ``None``), read once its
+    "Finished in state HandedOff" line and whatever the engine logged after it reached the
+    API (the runner's subprocess ships logs in batches)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTimestamp
 
-    log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id]))
+    log_filter = LogFilter(
+        flow_run_id=LogFilterFlowRunId(any_=[run.id]),
+        timestamp=LogFilterTimestamp(after_=since),
+    )
     deadline = time.monotonic() + 60
     with get_client(sync_client=True) as client:
         while True:
@@ -194,9 +197,11 @@ def _logs_until_handed_off(run: Any) -> list[str]:
         return [log.message for log in client.read_logs(log_filter=log_filter)]
 
 
-def _handed_off_once(served: Served, deployment: str, run: Any, report: str) -> None:
-    """``run`` ended ``HandedOff``, its body ran once, and nothing acquired the resource
-    after the recipient."""
+def _handed_off_once(
+    served: Served, deployment: str, run: Any, report: str, since: datetime | None = None
+) -> None:
+    """``run`` ended ``HandedOff``, its body ran once, nothing acquired the resource after
+    the recipient, and its logs from ``since`` on have no engine error."""
     assert (run.state.type.value, run.state.name) == ("COMPLETED", "HandedOff"), run.state
     assert run.run_count == 2
     assert f"e2e-report/{report}" in (run.state.message or "")
@@ -207,7 +212,7 @@ def _handed_off_once(served: Served, deployment: str, run: Any, report: str) -> 
     rows = admin.leases.list(resource_type="e2e-report", owner="*", include_ended=True)
     generations = sorted((g.epoch, g.status) for g in rows if g.resource_id == report)
     assert generations == [(1, "transferred"), (2, "released")]
-    messages = _logs_until_handed_off(run)
+    messages = _logs_until_handed_off(run, since)
     assert any("Finished in state HandedOff" in m for m in messages)
     assert not any("Engine execution exited with unexpected exception" in m for m in messages)
 
@@ -229,7 +234,8 @@ def test_rerun_in_a_new_process_after_a_handoff_ends_handed_off(served: Served) 
 
     first = wait_for_run(_start(served, RERUN, report="q7").id, timeout_seconds=RUN_TIMEOUT)
     assert first.state.type.value == "FAILED", first.state
+    since = datetime.now(UTC)
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(first.id, AwaitingRetry(), force=True)
     again = wait_for_run(first.id, timeout_seconds=RUN_TIMEOUT)
-    _handed_off_once(served, RERUN, again, "q7")
+    _handed_off_once(served, RERUN, again, "q7", since)

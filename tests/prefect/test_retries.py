@@ -215,19 +215,12 @@ def test_flow_retry_ending_handed_off_returns_and_logs_no_engine_error(
         flow_runs.append(str(ctx.flow_run.id))
         _hand_off_then_fail(writer, reviewer, report, runs)
 
-    if kind == "sync":
+    async def abody(report: str) -> None:
+        body(report)
 
-        @flow(name="baton-test-handed-off-exit", retries=1, retry_delay_seconds=0)
-        @leased("report", "{report}", ttl_seconds=30, baton=writer)
-        def run(report: str) -> None:
-            body(report)
-
-    else:
-
-        @flow(name="baton-test-handed-off-exit", retries=1, retry_delay_seconds=0)
-        @leased("report", "{report}", ttl_seconds=30, baton=writer)
-        async def run(report: str) -> None:
-            body(report)
+    held = leased("report", "{report}", ttl_seconds=30, baton=writer)
+    retried = flow(name="baton-test-handed-off-exit", retries=1, retry_delay_seconds=0)
+    run: Any = retried(held(body if kind == "sync" else abody))
 
     def finish(out: Any) -> Any:
         return asyncio.run(out) if kind == "async" else out

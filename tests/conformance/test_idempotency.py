@@ -306,6 +306,33 @@ def test_new_attempt_takes_over_after_expiry_with_new_epoch(baton: Baton) -> Non
     assert baton.checkpoints.save("subj", "progress", {"n": 1}, fence=new).version == 1
 
 
+@pytest.mark.parametrize("recipient", ["holds", "released"])
+def test_no_attempt_acquires_again_after_a_transfer(baton: Baton, recipient: str) -> None:
+    """Once the lease of an execution was transferred (its work went to the recipient),
+    every attempt of that execution is refused LEASE_LOST with status ``transferred``:
+    another process of it does not take the resource again, even after the recipient
+    released it; nothing is written."""
+    kw: dict[str, Any] = {"ttl_seconds": 30, "idempotency_key": "run-123"}
+    old = baton.leases.acquire(RT, RID, attempt="attempt-1", **kw)
+    reviewer = baton.as_principal("reviewer")
+    moved = baton.leases.transfer(
+        old, to_principal="reviewer", new_execution_key="review-1", ttl_seconds=30
+    )
+    if recipient == "released":
+        reviewer.leases.release(moved)
+    events = kinds(baton)
+    for attempt in ("attempt-1", "attempt-2", None):
+        with pytest.raises(LeaseLostError) as info:
+            baton.leases.acquire(RT, RID, attempt=attempt, **kw)
+        assert info.value.code == "LEASE_LOST"
+        assert info.value.status == "transferred"
+    with pytest.raises(LeaseLostError):
+        baton.leases.acquire_many([(RT, RID), (RT, "other")], attempt="attempt-2", **kw)
+    assert not baton.leases.inspect(RT, "other").held
+    assert kinds(baton) == events
+    assert baton.leases.inspect(RT, RID).held is (recipient == "holds")
+
+
 def test_block_retries_its_acquire_after_a_lost_response(
     baton: Baton, monkeypatch: pytest.MonkeyPatch
 ) -> None:

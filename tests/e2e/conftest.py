@@ -40,6 +40,8 @@ DEPLOYMENTS = (
     "baton-e2e-contend/contend",
     "baton-e2e-sender/sender",
     "baton-e2e-receiver/receiver",
+    "baton-e2e-flaky/flaky",
+    "baton-e2e-rerun/rerun",
 )
 
 
@@ -180,6 +182,7 @@ def served(prefect_settings: str, tmp_path: Path) -> Iterator[Served]:
     env.update(
         PREFECT_API_URL=prefect_settings,
         PREFECT_RUNNER_POLL_FREQUENCY="1",
+        PREFECT_LOGGING_LEVEL="INFO",  # the runs' logs in the API: what the UI shows
         BATON_LEDGER_URL=ledger_url,
         BATON_ORG=org,
     )

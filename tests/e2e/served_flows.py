@@ -27,6 +27,9 @@ from prefect_baton.prefect import (
 CONTEND = "baton-e2e-contend/contend"
 SENDER = "baton-e2e-sender/sender"
 RECEIVER = "baton-e2e-receiver/receiver"
+FLAKY = "baton-e2e-flaky/flaky"
+RERUN = "baton-e2e-rerun/rerun"
+REVIEWER = "e2e-reviewer"
 
 
 def _other_runs_final(item: str, timeout_seconds: float = 180.0) -> None:
@@ -115,10 +118,41 @@ def receiver(
     return {"rejected": handoff_id}
 
 
+def _hand_off_then_fail(report: str) -> None:
+    """Count the run of the body (the checkpoint ``(report, "ran")`` gets a version per
+    run), hand the lease to ``e2e-reviewer``, which accepts and finishes at once, then
+    fail."""
+    held = current_lease()
+    current_baton().checkpoints.save(report, "ran", {"run_count": flow_run.run_count}, fence=held)
+    sent = handoff_to(REVIEWER, report, lease=held)
+    reviewer = Baton.from_settings(principal=REVIEWER)
+    accepted = reviewer.handoffs.resolve(sent.handoff_id, "accepted")
+    assert accepted.lease is not None
+    reviewer.leases.release(accepted.lease)
+    raise RuntimeError("crash after handing off")
+
+
+@flow(name="baton-e2e-flaky", retries=1, retry_delay_seconds=0)
+@leased("e2e-report", "{report}", ttl_seconds=300)
+def flaky(report: str) -> None:
+    """Hands off, then fails; Prefect retries it in the same process."""
+    _hand_off_then_fail(report)
+
+
+@flow(name="baton-e2e-rerun")
+@leased("e2e-report", "{report}", ttl_seconds=300)
+def rerun(report: str) -> None:
+    """Hands off, then fails (no retries: the test re-runs the flow run, in a new
+    process)."""
+    _hand_off_then_fail(report)
+
+
 if __name__ == "__main__":
     serve(
         contend.to_deployment(name="contend"),
         sender.to_deployment(name="sender"),
         receiver.to_deployment(name="receiver"),
+        flaky.to_deployment(name="flaky"),
+        rerun.to_deployment(name="rerun"),
         limit=None,
     )

@@ -3,8 +3,10 @@
 A real ``prefect server start`` (see ``conftest.py``), the flows of ``served_flows.py``
 served by ``prefect.serve`` in a subprocess, runs started through the Prefect client: two
 runs of one deployment contend for a resource, a handoff between two deployments is
-accepted and resumed from its checkpoint, a rejected handoff frees the resource, and an
-Automation on ``prefect-baton.handoff.created`` starts the recipient deployment.
+accepted and resumed from its checkpoint, a rejected handoff frees the resource, an
+Automation on ``prefect-baton.handoff.created`` starts the recipient deployment, and a run
+that handed its lease off and failed ends ``HandedOff`` when retried, in its own process or
+re-run in a new one, without running its body again.
 """
 
 from __future__ import annotations
@@ -12,15 +14,16 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from prefect_baton import Baton
 from prefect_baton.prefect import wait_for_run
 
 from .conftest import Served
-from .served_flows import CONTEND, RECEIVER, SENDER
+from .served_flows import CONTEND, FLAKY, RECEIVER, RERUN, SENDER
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -169,3 +172,70 @@ def test_automation_on_handoff_created_starts_the_recipient(served: Served) -> N
     resumed = b.checkpoints.get("q5", "progress")
     assert resumed is not None
     assert resumed.state == {"sections_done": 3}
+
+
+def _logs_until_handed_off(run: Any, since: datetime | None) -> list[str]:
+    """The messages of ``run``'s logs from ``since`` on (all with ``None``), read once its
+    "Finished in state HandedOff" line and whatever the engine logged after it reached the
+    API (the runner's subprocess ships logs in batches)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTimestamp
+
+    log_filter = LogFilter(
+        flow_run_id=LogFilterFlowRunId(any_=[run.id]),
+        timestamp=LogFilterTimestamp(after_=since),
+    )
+    deadline = time.monotonic() + 60
+    with get_client(sync_client=True) as client:
+        while True:
+            messages = [log.message for log in client.read_logs(log_filter=log_filter)]
+            finished = any("Finished in state HandedOff" in m for m in messages)
+            if finished or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        time.sleep(3)  # the batch after the last line
+        return [log.message for log in client.read_logs(log_filter=log_filter)]
+
+
+def _handed_off_once(
+    served: Served, deployment: str, run: Any, report: str, since: datetime | None = None
+) -> None:
+    """``run`` ended ``HandedOff``, its body ran once, nothing acquired the resource after
+    the recipient, and its logs from ``since`` on have no engine error."""
+    assert (run.state.type.value, run.state.name) == ("COMPLETED", "HandedOff"), run.state
+    assert run.run_count == 2
+    assert f"e2e-report/{report}" in (run.state.message or "")
+    ran = served.baton(deployment).checkpoints.get(report, "ran")
+    assert ran is not None
+    assert (ran.version, ran.state) == (1, {"run_count": 1})  # the retry did not run the body
+    admin = Baton(ledger_url=served.ledger_url, org=served.org, principal="admin", role="owner")
+    rows = admin.leases.list(resource_type="e2e-report", owner="*", include_ended=True)
+    generations = sorted((g.epoch, g.status) for g in rows if g.resource_id == report)
+    assert generations == [(1, "transferred"), (2, "released")]
+    messages = _logs_until_handed_off(run, since)
+    assert any("Finished in state HandedOff" in m for m in messages)
+    assert not any("Engine execution exited with unexpected exception" in m for m in messages)
+
+
+def test_retry_after_a_handoff_ends_handed_off_without_an_engine_error(served: Served) -> None:
+    """Prefect retries the run that handed its lease off and failed, in the same process:
+    it ends ``HandedOff`` and its logs have no "Engine execution exited with unexpected
+    exception" carrying the failed attempt's traceback."""
+    run = wait_for_run(_start(served, FLAKY, report="q6").id, timeout_seconds=RUN_TIMEOUT)
+    _handed_off_once(served, FLAKY, run, "q6")
+
+
+def test_rerun_in_a_new_process_after_a_handoff_ends_handed_off(served: Served) -> None:
+    """The run that handed its lease off and failed is re-run (as the UI's Retry does): the
+    runner starts it in a new process (run count 2), which finds the lease transferred in
+    the ledger and ends ``HandedOff`` without acquiring the resource or running the body."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import AwaitingRetry
+
+    first = wait_for_run(_start(served, RERUN, report="q7").id, timeout_seconds=RUN_TIMEOUT)
+    assert first.state.type.value == "FAILED", first.state
+    since = datetime.now(UTC)
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(first.id, AwaitingRetry(), force=True)
+    again = wait_for_run(first.id, timeout_seconds=RUN_TIMEOUT)
+    _handed_off_once(served, RERUN, again, "q7", since)

@@ -83,8 +83,10 @@ class LeaseAPI(_API):
                 execution (the same key presented by two processes) never both hold the
                 lease: only the attempt that acquired replays its receipt; another one gets
                 ``IDEMPOTENCY_IN_FLIGHT`` while the lease is held, and once it ended or
-                expired acquires afresh (a new generation, a new epoch). Retry after a lost
-                response with the same token. :meth:`Baton.lease` and ``@leased`` pass one.
+                expired acquires afresh (a new generation, a new epoch), except once it
+                was transferred: then every attempt gets ``LEASE_LOST`` (status
+                ``transferred``; the execution's work went to the recipient). Retry after
+                a lost response with the same token. :meth:`Baton.lease` and ``@leased`` pass one.
 
         Returns:
             The new :class:`Lease` (new ``lease_id``, version +1, epoch +1).
@@ -93,7 +95,8 @@ class LeaseAPI(_API):
             ConflictError: held by another holder (the message gives only the expiry) or a
                 scope overlaps. VersionConflictError: ``expected_version`` is stale.
             IdempotencyMismatchError: the key was used for a different request.
-            LeaseLostError: a replay whose lease was since lost. ValidationError: bad input.
+            LeaseLostError: a replay whose lease was since lost; any attempt under a key
+                whose lease was transferred. ValidationError: bad input.
             IdempotencyInFlightError: another attempt of the execution holds the lease.
         """
         rt = _core.validate_id("resource_type", resource_type)

@@ -449,7 +449,12 @@ def replay_check(
     - the receipt's lease is still held by the execution (same owner, key and epoch,
       effective): the same attempt replays it; another attempt is refused, the lease being
       held by a live attempt (:class:`IdempotencyInFlightError`);
-    - it is no longer held (transferred, released, revoked, expired, taken over): the same
+    - it was transferred (a handoff carrying it was accepted, or the holder transferred
+      it): the execution's work went with it to the recipient, so no attempt of the
+      execution acquires the resource again under this key (:class:`LeaseLostError` with
+      status ``transferred``, whatever the attempt: otherwise a second process of the
+      execution would do the work the recipient does);
+    - it is no longer held otherwise (released, revoked, expired, taken over): the same
       attempt's replay does not revive it (:class:`LeaseLostError`); another attempt
       acquires afresh (``None``: decide with :func:`decide_acquire`, a new generation with a
       new epoch, and replace the receipt).
@@ -459,7 +464,8 @@ def replay_check(
 
     Raises:
         IdempotencyInFlightError: another attempt of the execution holds the lease.
-        LeaseLostError: this attempt's lease is no longer held.
+        LeaseLostError: this attempt's lease is no longer held, or any attempt's when it
+            was transferred.
     """
     held = (
         row is not None
@@ -474,9 +480,9 @@ def replay_check(
         if same_attempt:
             return row
         raise in_flight(execution_key, row.expires_at_ms)
-    if not same_attempt:
-        return None
     why = "gone" if row is None else _lost_reason(row, now_ms)
+    if not same_attempt and why != "transferred":
+        return None
     raise LeaseLostError(
         f"lease {lease_id} acquired under this execution key is no longer held ({why}); "
         "a replayed receipt does not revive it: use a new execution key",

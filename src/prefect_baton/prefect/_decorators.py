@@ -107,7 +107,10 @@ def leased(
       If the lease was *transferred* meanwhile (a :func:`handoff_to` the recipient
       accepted), the work is the recipient's: the retry neither acquires nor runs the
       body, and the run ends ``Completed(name="HandedOff")`` naming the resource (and the
-      handoff and its recipient, when this process sent it);
+      handoff and its recipient, when this process sent it), in whichever process the
+      retry runs (the ledger refuses every attempt of the run's execution key once its
+      lease was transferred). A flow ending so after a failed attempt returns ``None``
+      (the failed attempt's exception is neither re-raised nor logged as the run's end);
     - a *different* run conflicts, even of the same deployment (seed 004 execution keys).
 
     A heartbeat thread renews the lease every ``ttl_seconds / 3`` for the body's whole

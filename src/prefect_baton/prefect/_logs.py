@@ -12,20 +12,34 @@ A deployment run re-raises the final state's exception after "Finished in state 
 Prefect's engine logs it as "Engine execution exited with unexpected exception": for a marked
 exception (a conflict, or the ``CancelledRun`` of an ``on_conflict="cancel"`` run) that record
 is dropped, since the outcome is expected and the final state line already says it.
+
+A flow run retry that ends without running the body (``Completed(name="HandedOff")``,
+``Skipped`` or ``Cancelled``) after an attempt that failed: Prefect 3.9's
+``FlowRunEngine.result()`` re-raises the *failed attempt's* exception whenever the run's
+return value is a State (the engine keeps it as ``_raised``), so calling the flow raised it
+and a deployment run logged it as "Engine execution exited with unexpected exception" (and
+exited 1 without a runner to report the final state). :func:`settle_failed_attempt` marks
+that exception expected and makes the engine forget it.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import weakref
+from types import FrameType
+from typing import Any
 
 from prefect.context import FlowRunContext, TaskRunContext
 
-__all__ = ["expected", "run_logger"]
+__all__ = ["expected", "run_logger", "settle_failed_attempt"]
 
 log = logging.getLogger("prefect_baton.prefect")
 
+#: the attribute marking an exception expected (any exception with a ``__dict__``, built-in
+#: ones included, which cannot be weakly referenced), else membership of ``_expected``
+_MARK = "_prefect_baton_expected"
 _expected: weakref.WeakSet[BaseException] = weakref.WeakSet()
 _installed = False
 _install_lock = threading.Lock()
@@ -56,7 +70,7 @@ class _NoExpectedTraceback(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         info = record.exc_info
-        if info and info[1] is not None and info[1] in _expected:
+        if info and info[1] is not None and _is_expected(info[1]):
             if record.msg == _ENGINE_EXIT:
                 return False
             record.exc_info = None
@@ -64,11 +78,26 @@ class _NoExpectedTraceback(logging.Filter):
         return True
 
 
+def _is_expected(exc: BaseException) -> bool:
+    if getattr(exc, _MARK, False) is True:
+        return True
+    try:
+        return exc in _expected
+    except TypeError:
+        return False
+
+
 def expected(exc: BaseException) -> BaseException:
     """Mark ``exc`` as an expected outcome whose traceback Prefect's run loggers leave out;
     returns ``exc``. The filter is installed on the first call."""
     global _installed
-    _expected.add(exc)
+    try:
+        setattr(exc, _MARK, True)
+    except (AttributeError, TypeError):  # an exception without a __dict__
+        try:
+            _expected.add(exc)
+        except TypeError:  # nor weak references: its traceback stays
+            pass
     if not _installed:
         with _install_lock:
             if not _installed:
@@ -76,3 +105,57 @@ def expected(exc: BaseException) -> BaseException:
                     logging.getLogger(name).addFilter(_NoExpectedTraceback())
                 _installed = True
     return exc
+
+
+_MISSING = object()
+
+
+def _flow_engine(flow_run_id: str) -> Any:
+    """Prefect's flow run engine running ``flow_run_id``, found among the callers' frames
+    (the engine calls the flow's function), or ``None``."""
+    try:
+        from prefect.flow_engine import BaseFlowRunEngine
+    except ImportError:  # pragma: no cover - another Prefect layout
+        return None
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        for name in ("self", "engine"):
+            found = frame.f_locals.get(name)
+            if isinstance(found, BaseFlowRunEngine):
+                run = getattr(found, "flow_run", None)
+                if str(getattr(run, "id", None)) == flow_run_id:
+                    return found
+        frame = frame.f_back
+    return None
+
+
+def settle_failed_attempt(flow_run_id: str, failure: BaseException | None) -> None:
+    """Call when a retry of the flow run ``flow_run_id`` ends without running its body
+    (its final state is returned, not raised) after an attempt that failed: the failed
+    attempt's exception is then no outcome of the run.
+
+    Marks ``failure`` (what that attempt raised, when this process saw it) and the
+    exception Prefect's engine kept from it :func:`expected` (the filter drops the engine's
+    "Engine execution exited with unexpected exception" record of it), and resets the
+    engine's record of it so that ``FlowRunEngine.result()`` returns the final state's
+    result instead of re-raising it (the caller of the flow gets ``None``, or the
+    ``CancelledRun`` of a ``Cancelled`` run; a deployment run's process exits 0). The
+    engine's record is Prefect's private ``_raised`` attribute (Prefect 3.9): it is read
+    and reset only when present, else only the log record is dropped.
+
+    Args:
+        flow_run_id: the flow run's id (``str``).
+        failure: the failed attempt's exception, or ``None``.
+    """
+    if failure is not None:
+        expected(failure)
+    engine = _flow_engine(flow_run_id)
+    if engine is None:
+        return
+    raised = getattr(engine, "_raised", _MISSING)
+    if not isinstance(raised, BaseException):
+        return
+    expected(raised)
+    unset = getattr(type(engine), "_raised", _MISSING)  # the field's default: Prefect's NotSet
+    if unset is not _MISSING and not isinstance(unset, BaseException):
+        engine._raised = unset

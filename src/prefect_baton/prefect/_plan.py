@@ -27,10 +27,17 @@ __all__ = ["Again", "Fail", "LeaseCall", "Skip", "Sleep", "Step"]
 _WAIT_FIRST_SECONDS = 0.25
 _WAIT_CAP_SECONDS = 5.0
 
-# base execution key -> key actually holding the lease between Prefect retries (this process)
-_held_keys: dict[str, str] = {}
-# base execution key -> "handoff <id> to <principal>" the previous attempt sent its lease on
+# What this process remembers of a run between its Prefect retries (per execution key). It
+# never decides whether a retry acquires or runs the body: the store does (a replayed acquire
+# under the run's key is refused LEASE_LOST "transferred" by every attempt once the lease was
+# handed off), so a retry in another process decides the same way.
+# execution key -> attempt token that holds the lease kept for the retry (when it is not this
+# process's own token: an attempt that acquired anew after its previous lease lapsed)
+_held_attempts: dict[str, str] = {}
+# execution key -> "handoff <id> to <principal>" the previous attempt sent its lease on
 _handed_to: dict[str, str] = {}
+# execution key -> what the previous attempt raised (Prefect retries the run after it)
+_failed: dict[str, BaseException] = {}
 _held_lock = threading.Lock()
 
 
@@ -85,7 +92,18 @@ Step = Sleep | Skip | Again | Fail
 
 
 class LeaseCall:
-    """One call of a ``@leased`` function. No I/O: the drivers ask it what to do next."""
+    """One call of a ``@leased`` function. No I/O: the drivers ask it what to do next.
+
+    Attributes:
+        key: the execution key it acquires under (``str``, the run's, see
+            :class:`RunIdentity`).
+        attempt: the attempt token it acquires as (``str``): this process's, or the one
+            that acquired the lease kept for this retry.
+        handed_to: ``"handoff <id> to <principal>"`` when an earlier attempt in this
+            process handed its lease off, else ``None`` (for messages only).
+        earlier_failure: what the previous attempt raised when it failed in this process
+            and Prefect retried the run, else ``None``.
+    """
 
     def __init__(
         self,
@@ -99,11 +117,12 @@ class LeaseCall:
         self.fn_name = fn_name
         self.ident = ident
         self.resource_id, self.scopes = resource
-        self.base_key = ident.execution_key
+        self.key = ident.execution_key
         with _held_lock:
-            self.key = _held_keys.get(self.base_key, self.base_key)
-            self.handed_to = _handed_to.get(self.base_key)
-        self.rekeyed = False
+            self.attempt = _held_attempts.get(self.key, _process_attempt)
+            self.handed_to = _handed_to.get(self.key)
+            self.earlier_failure = _failed.get(self.key)
+        self.acquiring_anew = False
         self.attempts = 0
         timeout = opts.wait_timeout_seconds
         self.deadline = None if timeout is None else now + timeout
@@ -126,9 +145,16 @@ class LeaseCall:
         return f"{self.what}: acquired after waiting {now - self.started:.1f} s"
 
     def on_acquire_error(self, exc: BatonError, now: float) -> Step:
-        """Decide after a failed acquire: sleep and retry (``wait``), skip, re-key, or fail."""
+        """Decide after a failed acquire: sleep and retry (``wait``), skip, acquire anew as
+        a new attempt (a retry whose previous lease lapsed), or fail."""
         self.attempts += 1
-        if isinstance(exc, LeaseLostError) and self.ident.run_count > 1 and not self.rekeyed:
+        step = self._decide(exc, now)
+        if isinstance(step, Skip | Fail):
+            self._forget()  # no lease is kept for a later retry: nothing to remember
+        return step
+
+    def _decide(self, exc: BatonError, now: float) -> Step:
+        if isinstance(exc, LeaseLostError) and self.ident.run_count > 1 and not self.acquiring_anew:
             return self.after_previous_attempt(exc)
         mode = self.opts.on_conflict
         # Another attempt of this run (a second process that picked it up) holds the lease:
@@ -165,36 +191,44 @@ class LeaseCall:
         return Sleep(delay, message)
 
     def after_previous_attempt(self, exc: LeaseLostError) -> Skip | Again:
-        """Decide what a Prefect retry does when replaying the previous attempt's acquire
-        raised ``exc``: that attempt's lease is no longer held.
+        """Decide what a Prefect retry does when its acquire under the run's execution key
+        raised ``exc``: the lease an earlier attempt of the run acquired is no longer held.
+        The store says so, not this process's memory, so a retry run by another process (a
+        worker re-running the flow run) decides the same way.
 
         - ``exc.status == "transferred"``: the lease moved on (a handoff sent with
-          :func:`handoff_to` was accepted, or the body transferred it): the work is the
-          recipient's now, so the retry neither acquires the resource again nor runs the
-          body: :class:`Skip`, a Prefect run ending ``Completed(name="HandedOff")`` with a
-          message naming the resource and, when this process sent it, the handoff and its
-          recipient;
+          :func:`handoff_to` was accepted, or the body transferred it). The store refuses
+          every attempt of the run then, whichever process makes it: the work is the
+          recipient's, so the retry neither acquires the resource again nor runs the body:
+          :class:`Skip`, a Prefect run ending ``Completed(name="HandedOff")`` with a message
+          naming the resource and, when this process sent it, the handoff and its recipient;
         - otherwise it lapsed (expired, released, revoked, taken over: retry delay > TTL):
-          the old receipt cannot revive it, so this attempt acquires anew under a key of its
-          own (:class:`Again`, logged as a warning; a new epoch, or a conflict when someone
-          else took the resource meanwhile).
+          the old receipt cannot revive it, so this attempt acquires anew under the same
+          key as a new attempt (:class:`Again`, logged as a warning; a new epoch, or a
+          conflict when someone else took the resource meanwhile). Its receipt replaces the
+          lapsed one, so a later retry in another process finds this lease: refused
+          ``IDEMPOTENCY_IN_FLIGHT`` (a conflict, as ``on_conflict`` says) while it is held,
+          ``transferred`` once handed off.
         """
         if exc.status == "transferred":
             via = f" ({self.handed_to})" if self.handed_to is not None else ""
-            with _held_lock:
-                _held_keys.pop(self.base_key, None)
-                _handed_to.pop(self.base_key, None)
             return Skip(
                 f"Handed off {self.fn_name}: the lease of the previous attempt on {self.what} "
                 f"was transferred{via}; the work is the recipient's, so this retry does not "
                 "acquire it again nor run the body",
                 name="HandedOff",
             )
-        self.rekeyed = True
-        self.key = f"{self.base_key}:attempt-{self.ident.run_count}"
+        self.acquiring_anew = True
+        self.attempt = f"{_process_attempt}:run-{self.ident.run_count}"
         return Again(
             f"{self.what}: the lease of the previous attempt lapsed ({exc.message}); acquiring anew"
         )
+
+    def _forget(self) -> None:
+        with _held_lock:
+            _held_attempts.pop(self.key, None)
+            _handed_to.pop(self.key, None)
+            _failed.pop(self.key, None)
 
     def release_at_exit(self, slot: LeaseSlot, exc: BaseException | None) -> bool:
         """Release on success, final failure, cancellation; keep it when a Prefect retry
@@ -202,15 +236,17 @@ class LeaseCall:
         ``HandedOff`` if it was transferred meanwhile, see :meth:`after_previous_attempt`),
         and never release a lease handed off with :func:`handoff_to`."""
         retry = exc is not None and retry_follows(self.ident, exc)
+        if not retry:
+            self._forget()
+            return not slot.handed_off
+        assert exc is not None
         with _held_lock:
-            if retry:
-                _held_keys[self.base_key] = self.key
-                if slot.handed_to is not None:
-                    _handed_to[self.base_key] = slot.handed_to
-            else:
-                _held_keys.pop(self.base_key, None)
-                _handed_to.pop(self.base_key, None)
-        return not (retry or slot.handed_off)
+            if self.attempt != _process_attempt:
+                _held_attempts[self.key] = self.attempt
+            if slot.handed_to is not None:
+                _handed_to[self.key] = slot.handed_to
+            _failed[self.key] = exc
+        return False
 
     def keeper(self, slot_on_lost: Callable[[LeaseKeeper], Any] | None, b: Any) -> LeaseKeeper:
         """A keeper for the next acquire attempt."""
@@ -223,7 +259,7 @@ class LeaseCall:
             idempotency_key=self.key,
             renew_deadline_seconds=self.opts.renew_deadline_seconds,
             max_hold_seconds=self.opts.max_hold_seconds,
-            attempt=_process_attempt,
+            attempt=self.attempt,
             on_lost=slot_on_lost,
         )
         return lease

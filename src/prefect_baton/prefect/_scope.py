@@ -52,7 +52,7 @@ from prefect_baton.prefect._context import (
 )
 from prefect_baton.prefect._events import emit_lease_event
 from prefect_baton.prefect._interrupt import Interrupt, LeaseInterrupt
-from prefect_baton.prefect._logs import expected, run_logger
+from prefect_baton.prefect._logs import expected, run_logger, settle_failed_attempt
 from prefect_baton.prefect._options import LeaseOptions
 from prefect_baton.prefect._plan import Again, Fail, LeaseCall, Skip, Sleep
 
@@ -231,12 +231,19 @@ class LeaseScope:
         ``prefect_baton.prefect`` logger outside one): inside a run the Prefect state to end
         it with, ``Completed(name="Skipped")`` (``on_conflict="skip"``), ``Cancelled``
         (``"cancel"``) or ``Completed(name="HandedOff")`` (a retry of an attempt whose lease
-        was transferred), with the reason as the state message; ``None`` outside a run."""
+        was transferred), with the reason as the state message; ``None`` outside a run.
+
+        In a retry of a flow run (``run_count > 1``) the previous attempt failed: its
+        exception is no outcome of the run any more (:func:`settle_failed_attempt`), so
+        Prefect neither re-raises nor logs it as the run's end."""
         assert self._skip is not None
         message = self._skip.message
         run_logger().info(message)
-        if not self.call.ident.in_run:
+        ident = self.call.ident
+        if not ident.in_run:
             return None
+        if ident.kind == "flow" and ident.run_count > 1 and ident.flow_run_id is not None:
+            settle_failed_attempt(ident.flow_run_id, self.call.earlier_failure)
         from prefect.exceptions import CancelledRun
         from prefect.states import Cancelled, Completed
 

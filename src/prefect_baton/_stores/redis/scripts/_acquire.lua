@@ -21,9 +21,10 @@ local function decide_acquire(it, principal, key, now, mk, raw)
         if same then return {C_REPLAY, enc(g)} end
         return {C_IN_FLIGHT, key, I(g.x)}
       end
-      if same then
-        local why = 'gone'
-        if g then why = lost_reason(g, now) end
+      local why = 'gone'
+      if g then why = lost_reason(g, now) end
+      -- a transferred lease refuses every attempt (its work went to the recipient)
+      if same or why == 'transferred' then
         return {C_LOST, 'lease ' .. rec.id .. ' acquired under this execution key is no '
           .. 'longer held (' .. why .. '); a replayed receipt does not revive it: use a new '
           .. 'execution key', why}

@@ -16,6 +16,7 @@ from typing import Any, NoReturn, ParamSpec, TypeVar, cast
 
 import typer
 
+from prefect_baton._client.leases import fence_by_id
 from prefect_baton._client.sync import Baton
 from prefect_baton._settings import BatonSettings, load_settings
 from prefect_baton.cli._output import (
@@ -186,12 +187,14 @@ def lease_proof(b: Baton, lease_id: str, execution_key: str | None) -> Lease:
 
 def fence_lease(b: Baton, fence: str | None) -> Lease | None:
     """The lease a write is fenced with: the caller's lease ``fence`` (the ``--fence`` lease
-    id, ``str``), or ``None`` without ``--fence``.
+    id, ``str``), or ``None`` without ``--fence``
+    (:func:`~prefect_baton._client.leases.fence_by_id`, as the MCP tools build theirs).
 
     Raises:
-        NotFoundError: unknown, another org's or another principal's lease.
+        StaleFenceError: unknown, another org's or another principal's lease (the write is
+            refused as the Python API refuses it).
     """
-    return b.leases.get(fence) if fence else None
+    return fence_by_id(b.leases, fence) if fence else None
 
 
 def _read_bounded(source: str, limit: int) -> bytes:

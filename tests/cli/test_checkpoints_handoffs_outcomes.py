@@ -204,6 +204,10 @@ def test_second_resolve_exits_5_and_foreign_resolve_exits_2(cli: Cli) -> None:
     again = cli("handoff", "resolve", hid, "accepted", principal="bob")
     assert again.code == 5
     assert again.json["error"]["code"] == "NOT_FOUND"
+    # ... and the help says so (it once promised 6, FORBIDDEN, for the foreign resolve)
+    shown = " ".join(cli("handoff", "resolve", "--help").stdout.split())
+    assert "someone else exits 2 (VALIDATION_ERROR" in shown
+    assert "FORBIDDEN" not in shown
 
 
 def test_unknown_handoff_status_is_a_usage_error(cli: Cli) -> None:

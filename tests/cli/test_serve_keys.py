@@ -250,3 +250,15 @@ def test_log_filter_redacts_keys(caplog: pytest.LogCaptureFixture) -> None:
     cfg = log_config()
     assert cfg["handlers"]
     assert all("redact_keys" in h["filters"] for h in cfg["handlers"].values())
+
+
+def test_keys_revoke_help_names_the_servers_key_cache(cli: Cli) -> None:
+    """The help does not promise an immediate 401: it names the key cache of a running
+    server and its default, the value the server uses (BatonSettings)."""
+    from prefect_baton._settings import BatonSettings
+
+    default = BatonSettings.model_fields["key_cache_seconds"].default
+    shown = " ".join(cli("keys", "revoke", "--help").stdout.split())
+    assert f"at the latest BATON_KEY_CACHE_SECONDS (default {default:g} s" in shown
+    assert "at once" not in shown
+

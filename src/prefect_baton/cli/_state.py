@@ -72,6 +72,23 @@ class CliState:
         """``--ledger-url``, else ``BATON_LEDGER_URL``, else ``./.baton/ledger.db``."""
         return self.ledger_url or self.settings().ledger_url
 
+    def local_ledger_url(self) -> str:
+        """The ledger of a command that acts on the ledger itself, never through the REST
+        API (``baton keys``, ``baton db``): :meth:`resolved_ledger_url`.
+
+        Raises:
+            ValidationError: ``BATON_API_URL`` is set and no ledger URL was given
+                (``--ledger-url`` or ``BATON_LEDGER_URL``): every other command would run
+                through the API, so the default ``./.baton/ledger.db`` is never what was
+                meant (and would be created and migrated here).
+        """
+        if self.ledger_url is None and self.settings().api_url is not None:
+            raise ValidationError(
+                "this command acts on the ledger directly, not through the REST API of "
+                "BATON_API_URL: pass --ledger-url (or BATON_LEDGER_URL), or unset BATON_API_URL"
+            )
+        return self.resolved_ledger_url()
+
     def resolved_org(self) -> str:
         return self.org or self.settings().org
 

@@ -83,7 +83,7 @@ def create(
     with guard(ctx, "keys.create") as st:
         org, principal, role = _identity(st)
         secret, key = create_key(
-            st.resolved_ledger_url(), org=org, principal=principal, role=role, scopes=scope
+            st.local_ledger_url(), org=org, principal=principal, role=role, scopes=scope
         )
         emit_ok(st.format, "keys.create", "key", key_row(key), extra={"secret": secret})
         sys.stderr.write(f"baton keys create: {WARNING}\n")
@@ -111,7 +111,7 @@ def list_(
 
     with guard(ctx, "keys.list") as st:
         keys = list_keys(
-            st.resolved_ledger_url(),
+            st.local_ledger_url(),
             org=st.org,
             include_revoked=not active_only,
             limit=limit,
@@ -147,5 +147,5 @@ def revoke(
     from prefect_baton.rest.keys import revoke_key
 
     with guard(ctx, "keys.revoke") as st:
-        key = revoke_key(st.resolved_ledger_url(), key_id=key_id)
+        key = revoke_key(st.local_ledger_url(), key_id=key_id)
         emit_ok(st.format, "keys.revoke", "key", key_row(key))

@@ -406,4 +406,3 @@ def fence_by_id(leases: LeaseAPI, lease_id: str, epoch: int | None = None) -> Le
         _core.check_fence(None, lease_id=lease_id, epoch=epoch or 0, now_ms=0)
         raise  # not reached: check_fence refuses a fence it cannot find
     return lease if epoch in (None, lease.epoch) else lease.model_copy(update={"epoch": epoch})
-

@@ -26,6 +26,8 @@ CLEAN_ENV: dict[str, str | None] = dict.fromkeys(
         "BATON_REDIS_URL",
         "BATON_FORMAT",
         "BATON_CLI_TRACEBACK",
+        "BATON_API_URL",
+        "BATON_API_KEY",
     )
 )
 BATON_SCRIPT = Path(sys.executable).with_name("baton")

@@ -178,7 +178,8 @@ def test_events_tail_pages_with_after_and_next_after(cli: Cli) -> None:
 def test_events_tail_pages_with_cursor(cli: Cli) -> None:
     """events tail --cursor continues after the page whose next_cursor it is; a page
     exactly --limit long at the end of the stream has next_cursor null, one with an event
-    after it names a cursor, and the table format prints it."""
+    after it names a cursor, and the table format names it on stderr (as every paged list
+    does), keeping stdout the table alone."""
     cli.ok("lease", "acquire", "deploy", "a", "--ttl-seconds", "60")
     cli.ok("checkpoint", "save", "doc", "progress", '{"n": 1}')
     assert cli.ok("events", "tail", "--limit", "2")["next_cursor"] is None
@@ -190,8 +191,14 @@ def test_events_tail_pages_with_cursor(cli: Cli) -> None:
     assert rest["next_cursor"] is None
     assert rest["next_after"] == rest["events"][0]["seq"]
     table = cli("events", "tail", "--limit", "2", fmt="table")
-    assert f"next_cursor: {first['next_cursor']}" in table.stdout
-    assert "next_cursor" not in cli("events", "tail", fmt="table").stdout
+    assert table.stderr == (
+        f"baton events tail: more rows; next page: --cursor {first['next_cursor']}\n"
+    )
+    assert "next_" not in table.stdout
+    assert first["next_cursor"] not in table.stdout
+    last = cli("events", "tail", fmt="table")
+    assert (last.code, last.stderr) == (0, "")
+    assert "next_" not in last.stdout
 
 
 def test_events_tail_refuses_after_with_cursor(cli: Cli) -> None:

@@ -204,6 +204,10 @@ def test_second_resolve_exits_5_and_foreign_resolve_exits_2(cli: Cli) -> None:
     again = cli("handoff", "resolve", hid, "accepted", principal="bob")
     assert again.code == 5
     assert again.json["error"]["code"] == "NOT_FOUND"
+    # ... and the help says so (it once promised 6, FORBIDDEN, for the foreign resolve)
+    shown = " ".join(cli("handoff", "resolve", "--help").stdout.split())
+    assert "someone else exits 2 (VALIDATION_ERROR" in shown
+    assert "FORBIDDEN" not in shown
 
 
 def test_unknown_handoff_status_is_a_usage_error(cli: Cli) -> None:
@@ -325,3 +329,39 @@ def test_fenced_outcome_after_transfer_exits_10(cli: Cli) -> None:
     run = cli("outcome", "record", "doc-1", "failed", "--fence", lease["lease_id"])
     assert run.code == 10
     assert run.json["error"]["code"] == "STALE_FENCE"
+
+
+def test_fence_of_unknown_lease_is_stale_fence_on_both_writes(cli: Cli) -> None:
+    """``--fence`` with a lease id nobody holds is refused as Python refuses it: STALE_FENCE,
+    exit 10, naming the fence (not NOT_FOUND, exit 5)."""
+    message = "fence lease lease_nope is not a current lease of the writer"
+    save = cli("checkpoint", "save", "doc-1", "progress", "{}", "--fence", "lease_nope")
+    record = cli("outcome", "record", "doc-1", "failed", "--fence", "lease_nope")
+    for run in (save, record):
+        assert run.code == 10, run.text
+        assert run.json["error"] == {"code": "STALE_FENCE", "message": message}
+    assert cli("checkpoint", "get", "doc-1", "progress").code == 5  # nothing was written
+
+
+def test_fence_of_another_principals_lease_is_stale_fence(cli: Cli) -> None:
+    """bob presenting alice's lease id (the lease she handed to him and its old id) is
+    STALE_FENCE, exit 10; an owner, who can read alice's lease, is refused by the write
+    itself, which records ``fence.rejected`` as the Python API does."""
+    lease = acquire(cli)
+    run = cli(
+        "checkpoint", "save", "doc-1", "progress", "{}", "--fence", lease["lease_id"],
+        principal="bob",
+    )  # fmt: skip
+    assert run.code == 10, run.text
+    assert run.json["error"]["code"] == "STALE_FENCE"
+    owner = cli(
+        "outcome", "record", "doc-1", "failed", "--fence", lease["lease_id"],
+        principal="carol", role="owner",
+    )  # fmt: skip
+    assert owner.code == 10, owner.text
+    assert owner.json["error"]["code"] == "STALE_FENCE"
+    events = cli.ok("events", "tail", principal="carol", role="owner")["events"]
+    rejected = [e for e in events if e["kind"] == "fence.rejected"]
+    assert [(e["principal"], e["payload"]["write"]) for e in rejected] == [
+        ("carol", "outcome.record")
+    ]

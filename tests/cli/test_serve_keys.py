@@ -4,12 +4,14 @@ nothing; neither secrets nor their hashes are listed or logged."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import socket
 import subprocess
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -250,3 +252,53 @@ def test_log_filter_redacts_keys(caplog: pytest.LogCaptureFixture) -> None:
     cfg = log_config()
     assert cfg["handlers"]
     assert all("redact_keys" in h["filters"] for h in cfg["handlers"].values())
+
+
+def test_keys_revoke_help_names_the_servers_key_cache(cli: Cli) -> None:
+    """The help does not promise an immediate 401: it names the key cache of a running
+    server and its default, the value the server uses (BatonSettings)."""
+    from prefect_baton._settings import BatonSettings
+
+    default = BatonSettings.model_fields["key_cache_seconds"].default
+    shown = " ".join(cli("keys", "revoke", "--help").stdout.split())
+    assert f"at the latest BATON_KEY_CACHE_SECONDS (default {default:g} s" in shown
+    assert "at once" not in shown
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [("keys", "list"), ("keys", "revoke", "key_x"), ("db", "current"), ("db", "upgrade")],
+)
+def test_keys_and_db_refuse_the_rest_api_without_a_ledger_url(
+    argv: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With BATON_API_URL set (the CLI talking to a server), keys and db, which act on a
+    ledger directly, are VALIDATION_ERROR (exit 2) unless a ledger URL is given, and create
+    no ./.baton/ledger.db; with --ledger-url or BATON_LEDGER_URL they run on that ledger."""
+    monkeypatch.chdir(tmp_path)
+    env = {**CLEAN_ENV, "BATON_API_URL": "http://127.0.0.1:9", "BATON_API_KEY": "bk_x"}
+    runner = CliRunner()
+    run = runner.invoke(app, ["--format", "json", *argv], env=env)
+    assert run.exit_code == 2, run.stdout
+    error = json.loads(run.stdout)["error"]
+    assert error["code"] == "VALIDATION_ERROR"
+    assert "acts on the ledger directly" in error["message"]
+    assert "--ledger-url" in error["message"]
+    assert list(tmp_path.iterdir()) == []
+    ledger = f"sqlite:///{tmp_path / 'given.db'}"
+    given = runner.invoke(
+        app, ["--ledger-url", ledger, "--format", "json", "db", "current"], env=env
+    )
+    assert given.exit_code == 0, given.stdout
+    by_env = runner.invoke(
+        app, ["--format", "json", "keys", "list"], env={**env, "BATON_LEDGER_URL": ledger}
+    )
+    assert by_env.exit_code == 0, by_env.stdout
+    assert [p.name for p in tmp_path.iterdir()] == ["given.db"]
+
+
+def test_root_help_names_the_rest_api_variables() -> None:
+    """``baton --help`` lists BATON_API_URL and BATON_API_KEY beside the other variables."""
+    shown = CliRunner().invoke(app, ["--help"], env=CLEAN_ENV).stdout
+    assert "BATON_API_URL" in shown
+    assert "BATON_API_KEY" in shown

@@ -137,6 +137,9 @@ def test_lost_lease_is_flagged_and_raises_at_exit(baton: Baton) -> None:
     with pytest.raises(LeaseLostError) as ei:
         _run(held, body)
     assert ei.value.code == "LEASE_LOST"
+    assert ei.value.status == "revoked"  # as the message says: errors.md's .status
+    assert "(revoked)" in ei.value.message
+    assert ei.value.to_dict()["status"] == "revoked"
     assert held.lost
     assert calls == [held]
 
@@ -151,8 +154,9 @@ def test_loss_noticed_at_exit_raises(baton: Baton) -> None:
         )
         assert not h.lost
 
-    with pytest.raises(LeaseLostError):
+    with pytest.raises(LeaseLostError) as ei:
         _run(held, body)
+    assert ei.value.status == "transferred"  # the refused release's status, at exit
     assert held.lost
     b = baton.as_principal("agent-b").leases.inspect(RT, RID)
     assert b.lease is not None

@@ -451,3 +451,36 @@ def test_another_orgs_key_sees_and_replays_nothing_of_this_org(
     lid = data(first)["lease_id"]
     error(client.delete(f"/v1/leases/{lid}", headers=plain), 404, "NOT_FOUND")
     assert row_counts(ledger_url) == before
+
+
+@pytest.mark.parametrize(
+    ("content_type", "got"),
+    [
+        (None, "no Content-Type"),  # a client that sends none
+        ("application/x-www-form-urlencoded", "Content-Type: application/x-www-form-urlencoded"),
+        ("text/plain; charset=utf-8", "Content-Type: text/plain"),
+    ],
+)
+def test_json_body_without_a_json_content_type_says_so(
+    client: TestClient, make_key: MakeKey, ledger_url: str, content_type: str | None, got: str
+) -> None:
+    """A JSON object sent without ``Content-Type: application/json`` (``curl -d`` sends
+    ``application/x-www-form-urlencoded``) is 400 VALIDATION_ERROR naming the header to send
+    (not pydantic's "Input should be a valid dictionary"), and writes nothing; on a records
+    route as on a lease route."""
+    h = make_key()
+    if content_type is not None:
+        h["content-type"] = content_type
+    before = row_counts(ledger_url)
+    lease = b'{"resource_type": "deploy", "resource_id": "x", "ttl_seconds": 60}'
+    outcome = b'{"subject_id": "s", "status": "failed"}'
+    for path, raw in (("/v1/leases", lease), ("/v1/outcomes", outcome)):
+        err = error(client.post(path, content=raw, headers=h), 400, "VALIDATION_ERROR")
+        assert err["message"] == (
+            f"body: the body must be JSON with Content-Type: application/json (got {got})"
+        )
+    assert row_counts(ledger_url) == before
+    sent = client.post(
+        "/v1/leases", content=lease, headers={**h, "content-type": "application/json"}
+    )
+    assert sent.status_code == 201, sent.text

@@ -239,6 +239,9 @@ def test_since_keeps_the_later_part(scenario: Scenario) -> None:
     tl = build_timeline(owner, RT, RID, since=cut)
     assert [g.epoch for g in tl.generations] == [2, 3, 4]
     assert [m.kind for m in tl.marks] == MARK_ORDER[MARK_ORDER.index("transferred") :]
+    dropped = MARK_ORDER.index("transferred") + 1  # the marks before the cut, generation 1
+    assert tl.before_since == dropped
+    assert not tl.empty
 
 
 def test_cli_writes_the_file(sqlite_scenario: Scenario, tmp_path: Path) -> None:
@@ -274,6 +277,36 @@ def test_cli_writes_the_file(sqlite_scenario: Scenario, tmp_path: Path) -> None:
     assert (missing.code, missing.json["error"]["code"]) == (5, "NOT_FOUND")
     assert not (tmp_path / "t.pdf").exists()
     assert not (tmp_path / "n.svg").exists()
+
+
+def test_cli_since_after_all_history_names_the_window(
+    sqlite_scenario: Scenario, tmp_path: Path
+) -> None:
+    """``--since`` after the resource's whole history is NOT_FOUND saying that nothing falls
+    in that window (and how much was left out before it), not that there is no history; a
+    resource never leased still says nothing of it is visible."""
+    cli = Cli(sqlite_scenario.ledger_url, sqlite_scenario.alice.org)
+    out = tmp_path / "t.svg"
+    owner = sqlite_scenario.alice.as_principal("root", role="owner")
+    full = build_timeline(owner, RT, RID)
+    run = cli(
+        "timeline", RT, RID, "-o", str(out), "--since", "2099-01-01T00:00:00Z",
+        principal="root", role="owner", fmt="json",
+    )  # fmt: skip
+    assert (run.code, run.json["error"]["code"]) == (5, "NOT_FOUND")
+    left_out = len(full.generations) + len(full.marks)
+    assert run.json["error"]["message"] == (
+        f"no lease history of {RT}/{RID} falls in the window since 2099-01-01T00:00:00.000Z "
+        f"({left_out} earlier generation(s) and mark(s) left out)"
+    )
+    never = cli(
+        "timeline", RT, "never.py", "-o", str(out), "--since", "2099-01-01T00:00:00Z",
+        principal="root", role="owner", fmt="json",
+    )  # fmt: skip
+    assert never.json["error"]["message"] == (
+        f"no lease history of {RT}/never.py visible in org {sqlite_scenario.alice.org}"
+    )
+    assert not out.exists()
 
 
 def test_board_embeds_the_timeline_as_an_svg_image(sqlite_scenario: Scenario) -> None:

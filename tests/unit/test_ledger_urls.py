@@ -31,6 +31,21 @@ def test_sqlite_path_problems_are_validation_errors(tmp_path: Path) -> None:
     assert not (tmp_path / "a").exists()
 
 
+def test_missing_folder_tree_names_the_ledgers_own_folder(tmp_path: Path) -> None:
+    """``sqlite:///<missing>/dir/x.db`` names the ledger's folder (``<missing>/dir``), not
+    only its parent, and says why it is not created; a missing folder whose parent exists
+    is created (one level)."""
+    folder = tmp_path / "nonexistent" / "dir"
+    with pytest.raises(ValidationError) as ei:
+        Baton(ledger_url=f"sqlite:///{folder}/x.db", org="o", principal="a")
+    assert ei.value.message == (
+        f"ledger folder {folder} does not exist, and neither does its parent "
+        f"{folder.parent} (only the ledger's own folder is created)"
+    )
+    Baton(ledger_url=f"sqlite:///{tmp_path}/one/x.db", org="o", principal="a").close()
+    assert (tmp_path / "one" / "x.db").is_file()
+
+
 def test_newer_schema_is_a_validation_error(tmp_path: Path) -> None:
     """A ledger at a migration revision this package does not ship is refused clearly."""
     import sqlite3

@@ -160,6 +160,7 @@ class LeaseKeeper:
         self._running = False
         self.lost_reason: str | None = None
         self._lost_kind = ""
+        self._lost_status: str | None = None  # how the generation ended, when the refusal said
         self.renewals = 0
         self.receipt_status: str | None = None
         self._handoff_accepted: Callable[[], bool] | None = None
@@ -254,15 +255,17 @@ class LeaseKeeper:
         """The ``reason`` label of a loss at the renew deadline (``baton_leases_lost``)."""
         return "max_hold" if self._capped else "renew_deadline"
 
-    def _flag_lost(self, reason: str, kind: str) -> bool:
+    def _flag_lost(self, reason: str, kind: str, status: str | None = None) -> bool:
         """Set :attr:`lost` with ``reason`` (and ``kind``, its bounded label for
-        ``baton_leases_lost``); ``False`` if it was already set."""
+        ``baton_leases_lost``, and ``status``, how the generation ended when known: the
+        :attr:`LeaseLostError.status` raised at exit); ``False`` if it was already set."""
         with self._lock:
             if self._lost:
                 return False
             self._lost = True
             self.lost_reason = reason
             self._lost_kind = kind
+            self._lost_status = status
             return True
 
     def _tell_lost(self, reason: str) -> None:
@@ -281,9 +284,16 @@ class LeaseKeeper:
             except Exception:
                 log.exception("on_lost callback failed")
 
-    def _mark_lost(self, reason: str, kind: str) -> None:
-        if self._flag_lost(reason, kind):
+    def _mark_lost(self, reason: str, kind: str, status: str | None = None) -> None:
+        if self._flag_lost(reason, kind, status):
             self._tell_lost(reason)
+
+    @staticmethod
+    def _loss(err: BatonError) -> tuple[str, str, str | None]:
+        """The ``(reason, kind, status)`` of a loss answered by the authority with ``err``
+        (one of :data:`_LOST_ERRORS`): the reason names the error, the status is the
+        error's own (:attr:`LeaseLostError.status`, ``None`` when it has none)."""
+        return f"{err.code}: {err.message}", err.code.lower(), getattr(err, "status", None)
 
     def _check_deadline(self) -> float | None:
         """The renew-deadline step: seconds until the renew deadline, or ``None`` once the
@@ -308,6 +318,7 @@ class LeaseKeeper:
             if self._stop.is_set() or os.getpid() != self._pid or self._lost:
                 return None
             now = time.monotonic()
+            status: str | None = None
             if now >= self._deadline:
                 reason, kind = self._deadline_reason(), self._deadline_kind()
             elif not times.may_renew(self._started_at, now):
@@ -320,7 +331,7 @@ class LeaseKeeper:
                 except _LOST_ERRORS as exc:
                     if self._handoff_accepted is not None and self._handoff_accepted():
                         return None  # the lease moved on through an accepted handoff
-                    reason, kind = f"{exc.code}: {exc.message}", exc.code.lower()
+                    reason, kind, status = self._loss(exc)
                 except (UnavailableError, OSError, Exception) as exc:  # transient: retry
                     log.info("renewal of %s failed, retrying: %s", self.lease.lease_id, exc)
                     self._backoff = min(self._backoff * 2, 2.0)
@@ -332,7 +343,7 @@ class LeaseKeeper:
                         self.renewals += 1
                     self._backoff = 0.1
                     return times.renew_every
-            flagged = self._flag_lost(reason, kind)
+            flagged = self._flag_lost(reason, kind, status)
         if flagged:  # warn and call back outside the lock (on_lost may stop the block)
             self._tell_lost(reason)
         return None
@@ -383,9 +394,11 @@ class LeaseKeeper:
                 receipt = self._release_with_retry()
                 self.receipt_status = receipt
                 if receipt == "expired":
-                    self._mark_lost("the lease had expired before it was released", "expired")
+                    self._mark_lost(
+                        "the lease had expired before it was released", "expired", "expired"
+                    )
             except _LOST_ERRORS as err:
-                self._mark_lost(f"{err.code}: {err.message}", err.code.lower())
+                self._mark_lost(*self._loss(err))
             except BatonError as err:
                 # A lease already known lost stays a LEASE_LOST at exit even when the
                 # clean-up release is refused for another reason (e.g. a revoked API key).
@@ -399,7 +412,8 @@ class LeaseKeeper:
         if self._lost:
             raise LeaseLostError(
                 f"lease {self._lease.lease_id} on {self._lease.resource_type}/"
-                f"{self._lease.resource_id} was lost: {self.lost_reason}"
+                f"{self._lease.resource_id} was lost: {self.lost_reason}",
+                status=self._lost_status,
             ) from exc
 
     def _release_with_retry(self) -> str:

@@ -20,6 +20,7 @@ from prefect_baton._rules.core import ReleaseRequest, RenewRequest, TransferRequ
 from prefect_baton._rules.paging import decode_cursor, fetch_page
 from prefect_baton._stores.protocol import AcquireRequest, Execution, LeaseAuthority
 from prefect_baton._stores.queries import LeaseQuery
+from prefect_baton.errors import NotFoundError
 from prefect_baton.models import Lease, LeaseInfo, Page, Receipt
 
 
@@ -379,3 +380,32 @@ class LeaseAPI(_API):
             return self._authority.list_leases(self._caller, query)
 
         return fetch_page("leases", limit, fetch)
+
+
+def fence_by_id(leases: LeaseAPI, lease_id: str, epoch: int | None = None) -> Lease:
+    """The lease a fenced write presents when the writer names it by id (the CLI's
+    ``--fence``, the MCP tools' ``lease_id``): the caller's lease ``lease_id``, at ``epoch``
+    when given. A lease the caller can read is returned as it is, so the write itself judges
+    it (as the Python API judges a :class:`Lease` passed as ``fence=``: STALE_FENCE, with a
+    ``fence.rejected`` event when the lease is another principal's or no longer current).
+
+    Args:
+        leases: the caller's lease API (``b.leases``).
+        lease_id: the fence's lease id (``str``).
+        epoch: the fencing token presented (``int``), ``None`` for the lease's own.
+
+    Returns:
+        The :class:`Lease` to pass as ``fence=``.
+
+    Raises:
+        StaleFenceError: the lease id is unknown to the caller (unknown, another org's, or
+            another principal's that the caller's role cannot read), as a write fenced by
+            it is refused.
+        ValidationError: a malformed lease id.
+    """
+    try:
+        lease = leases.get(lease_id)
+    except NotFoundError:
+        _core.check_fence(None, lease_id=lease_id, epoch=epoch or 0, now_ms=0)
+        raise  # not reached: check_fence refuses a fence it cannot find
+    return lease if epoch in (None, lease.epoch) else lease.model_copy(update={"epoch": epoch})

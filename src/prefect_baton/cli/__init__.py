@@ -192,7 +192,10 @@ app = typer.Typer(
     help="Leases with fencing tokens, checkpoints, handoffs and outcomes on a shared ledger.\n\n"
     "Global options default to the BATON_* environment (BATON_ORG, BATON_PRINCIPAL, "
     "BATON_ROLE, BATON_LEDGER_URL, BATON_REDIS_URL, BATON_FORMAT) and may also follow the "
-    "command: baton lease inspect deploy svc --format json.",
+    "command: baton lease inspect deploy svc --format json.\n\n"
+    "With BATON_API_URL and BATON_API_KEY (a bearer key from baton keys create) and no "
+    "--ledger-url, commands run through that REST API (baton serve) as the key's "
+    "principal; baton keys and baton db act on a ledger only and need --ledger-url then.",
     epilog=exit_codes_help(),
     no_args_is_help=True,
     add_completion=False,

@@ -202,6 +202,7 @@ def emit_page(
     page: Page[Any],
     *,
     columns: Sequence[str] | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> None:
     """Print one page of a list: in JSON, the receipt of :func:`emit_ok` with a top-level
     ``next_cursor`` (``str`` or ``null``); as a table, the table on stdout and, when a next
@@ -217,10 +218,13 @@ def emit_page(
             :class:`~prefect_baton.models.Page` as the client's listing returns it:
             a cursor only when a row follows the page).
         columns: the columns of the table (default: the first row's fields).
+        extra: further top-level fields of the JSON receipt (a mapping; e.g. the
+            ``next_after`` of ``events.tail``), before ``next_cursor``; a table shows none.
     """
     rows = list(page)
     if fmt is OutputFormat.json:
-        emit_ok(fmt, action, key, rows, columns=columns, extra={"next_cursor": page.next_cursor})
+        fields = {**(extra or {}), "next_cursor": page.next_cursor}
+        emit_ok(fmt, action, key, rows, columns=columns, extra=fields)
         return
     emit_ok(fmt, action, key, rows, columns=columns)
     if page.next_cursor is not None:

@@ -16,6 +16,7 @@ from typing import Any, NoReturn, ParamSpec, TypeVar, cast
 
 import typer
 
+from prefect_baton._client.leases import fence_by_id
 from prefect_baton._client.sync import Baton
 from prefect_baton._settings import BatonSettings, load_settings
 from prefect_baton.cli._output import (
@@ -70,6 +71,23 @@ class CliState:
     def resolved_ledger_url(self) -> str:
         """``--ledger-url``, else ``BATON_LEDGER_URL``, else ``./.baton/ledger.db``."""
         return self.ledger_url or self.settings().ledger_url
+
+    def local_ledger_url(self) -> str:
+        """The ledger of a command that acts on the ledger itself, never through the REST
+        API (``baton keys``, ``baton db``): :meth:`resolved_ledger_url`.
+
+        Raises:
+            ValidationError: ``BATON_API_URL`` is set and no ledger URL was given
+                (``--ledger-url`` or ``BATON_LEDGER_URL``): every other command would run
+                through the API, so the default ``./.baton/ledger.db`` is never what was
+                meant (and would be created and migrated here).
+        """
+        if self.ledger_url is None and self.settings().api_url is not None:
+            raise ValidationError(
+                "this command acts on the ledger directly, not through the REST API of "
+                "BATON_API_URL: pass --ledger-url (or BATON_LEDGER_URL), or unset BATON_API_URL"
+            )
+        return self.resolved_ledger_url()
 
     def resolved_org(self) -> str:
         return self.org or self.settings().org
@@ -186,12 +204,14 @@ def lease_proof(b: Baton, lease_id: str, execution_key: str | None) -> Lease:
 
 def fence_lease(b: Baton, fence: str | None) -> Lease | None:
     """The lease a write is fenced with: the caller's lease ``fence`` (the ``--fence`` lease
-    id, ``str``), or ``None`` without ``--fence``.
+    id, ``str``), or ``None`` without ``--fence``
+    (:func:`~prefect_baton._client.leases.fence_by_id`, as the MCP tools build theirs).
 
     Raises:
-        NotFoundError: unknown, another org's or another principal's lease.
+        StaleFenceError: unknown, another org's or another principal's lease (the write is
+            refused as the Python API refuses it).
     """
-    return b.leases.get(fence) if fence else None
+    return fence_by_id(b.leases, fence) if fence else None
 
 
 def _read_bounded(source: str, limit: int) -> bytes:

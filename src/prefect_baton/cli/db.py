@@ -32,7 +32,7 @@ def db_upgrade(
     Other commands also migrate on first use; this makes it an explicit deployment step.
     """
     with guard(ctx, "db.upgrade") as st:
-        r = upgrade_ledger(st.resolved_ledger_url(), revision)
+        r = upgrade_ledger(st.local_ledger_url(), revision)
         info = {
             "ledger_url": r.ledger_url,
             "previous_revision": r.previous_revision,
@@ -47,7 +47,7 @@ def db_upgrade(
 def db_current(ctx: typer.Context) -> None:
     """Show the ledger's migration revision and the newest one this package ships."""
     with guard(ctx, "db.current") as st:
-        r = ledger_revision(st.resolved_ledger_url())
+        r = ledger_revision(st.local_ledger_url())
         info = {
             "ledger_url": r.ledger_url,
             "revision": r.revision,

@@ -13,7 +13,7 @@ import typer
 
 from prefect_baton._rules.paging import events_after
 from prefect_baton.cli._options import Cursor, poll_interval
-from prefect_baton.cli._output import OutputFormat, emit_ok, visible
+from prefect_baton.cli._output import emit_page, visible
 from prefect_baton.cli._state import CliState, guard
 from prefect_baton.models import Event, wire_time
 
@@ -114,7 +114,8 @@ def tail(
 
     Without --follow: one page. The JSON receipt's 'next_after' is the value to pass as
     --after for the next page (with the same filters); its 'next_cursor' (null when no
-    event follows) is the --cursor of the next page.
+    event follows) is the --cursor of the next page. As a table, stdout is the table alone
+    and the --cursor of the next page, when an event follows, goes to stderr.
     """
     filters: dict[str, Any] = {
         "kind": kind,
@@ -129,7 +130,12 @@ def tail(
             _follow(st, start, limit, filters, interval)
             return
         events = st.client().events.list(after_seq=start, limit=limit, **filters)
-        extra: dict[str, Any] = {"next_after": events[-1].seq if events else start}
-        if st.format is OutputFormat.json or events.next_cursor is not None:
-            extra["next_cursor"] = events.next_cursor
-        emit_ok(st.format, "events.tail", "events", events, columns=EVENT_COLUMNS, extra=extra)
+        next_after = events[-1].seq if events else start
+        emit_page(
+            st.format,
+            "events.tail",
+            "events",
+            events,
+            columns=EVENT_COLUMNS,
+            extra={"next_after": next_after},
+        )

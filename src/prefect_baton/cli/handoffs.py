@@ -186,7 +186,8 @@ def resolve(
     """Accept or reject a pending handoff addressed to you.
 
     Accepting one that carries a lease transfers the lease to you. A second resolve exits
-    5 (NOT_FOUND); resolving someone else's handoff exits 6 (FORBIDDEN).
+    5 (NOT_FOUND); resolving a handoff addressed to someone else exits 2
+    (VALIDATION_ERROR: only the target principal can resolve a handoff).
     """
     return (
         state(ctx)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from prefect_baton._settings import BatonSettings
 from prefect_baton.cli._options import Cursor, row_limit
 from prefect_baton.cli._output import Page, emit_ok, emit_page
 from prefect_baton.cli._state import CliState, guard, usage_error
@@ -82,7 +83,7 @@ def create(
     with guard(ctx, "keys.create") as st:
         org, principal, role = _identity(st)
         secret, key = create_key(
-            st.resolved_ledger_url(), org=org, principal=principal, role=role, scopes=scope
+            st.local_ledger_url(), org=org, principal=principal, role=role, scopes=scope
         )
         emit_ok(st.format, "keys.create", "key", key_row(key), extra={"secret": secret})
         sys.stderr.write(f"baton keys create: {WARNING}\n")
@@ -110,7 +111,7 @@ def list_(
 
     with guard(ctx, "keys.list") as st:
         keys = list_keys(
-            st.resolved_ledger_url(),
+            st.local_ledger_url(),
             org=st.org,
             include_revoked=not active_only,
             limit=limit,
@@ -120,17 +121,31 @@ def list_(
         emit_page(st.format, "keys.list", "keys", page, columns=KEY_COLUMNS)
 
 
-@app.command("revoke")
+#: How long a running ``baton serve`` keeps accepting a key revoked by another process:
+#: the default of ``BATON_KEY_CACHE_SECONDS`` (seconds), the server's key cache.
+_KEY_CACHE_DEFAULT = BatonSettings.model_fields["key_cache_seconds"].default
+
+
+@app.command(
+    "revoke",
+    help=(
+        "Revoke a key: a running baton serve refuses it (401) at the latest "
+        f"BATON_KEY_CACHE_SECONDS (default {_KEY_CACHE_DEFAULT:g} s, its key cache) after "
+        "the revocation; until then it still accepts the key. Revoking again keeps the "
+        "first time. Exit status 5 (NOT_FOUND) for an unknown id."
+    ),
+)
 def revoke(
     ctx: typer.Context,
     key_id: Annotated[
         str, typer.Argument(metavar="KEY_ID", help="Key id (text, 'key_...') from create or list.")
     ],
 ) -> None:
-    """Revoke a key: it stops authenticating at once (401). Revoking again keeps the first
-    time. Exit status 5 (NOT_FOUND) for an unknown id."""
+    """Revoke the key ``key_id`` (``str``) in the ledger; a running ``baton serve`` refuses
+    it (401) at most ``BATON_KEY_CACHE_SECONDS`` later (its key cache). Exit status 5
+    (NOT_FOUND) for an unknown id."""
     from prefect_baton.rest.keys import revoke_key
 
     with guard(ctx, "keys.revoke") as st:
-        key = revoke_key(st.resolved_ledger_url(), key_id=key_id)
+        key = revoke_key(st.local_ledger_url(), key_id=key_id)
         emit_ok(st.format, "keys.revoke", "key", key_row(key))

@@ -59,7 +59,7 @@ def timeline(
     whose directory does not exist or a file that cannot be written (the message names the
     path and the reason); 5
     (NOT_FOUND) when nothing of the resource is visible (never leased, or another
-    organization's).
+    organization's) or nothing of it falls in the --since window.
     """
     with guard(ctx, "timeline") as st:
         check_timeline_path(out)  # a bad extension or directory fails before the ledger opens
@@ -69,9 +69,7 @@ def timeline(
             usage_error(st, "timeline", f"--since must be an ISO 8601 time, got {since!r}")
         tl = build_timeline(st.client(), resource_type, resource_id, since=start)
         if tl.empty:
-            raise NotFoundError(
-                f"no lease history of {resource_type}/{resource_id} visible in org {tl.org}"
-            )
+            raise NotFoundError(tl.empty_reason)
         path = write_timeline(tl, out, width=width)
         emit_ok(
             st.format,

@@ -16,8 +16,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from prefect_baton._client.leases import fence_by_id
 from prefect_baton._client.sync import Baton
-from prefect_baton.errors import NotFoundError, StaleFenceError, ValidationError
+from prefect_baton.errors import NotFoundError, ValidationError
 from prefect_baton.mcp._inputs import (
     CheckpointDeleteIn,
     CheckpointGetIn,
@@ -68,13 +69,7 @@ def _fence(b: Baton, lease_id: str | None, epoch: int | None) -> Lease | None:
     """
     if lease_id is None or epoch is None:
         return None
-    try:
-        lease = b.leases.get(lease_id)
-    except NotFoundError:
-        raise StaleFenceError(
-            f"fence lease {lease_id} is not a current lease of the writer"
-        ) from None
-    return lease if lease.epoch == epoch else lease.model_copy(update={"epoch": epoch})
+    return fence_by_id(b.leases, lease_id, epoch)
 
 
 def _lease_acquire(b: Baton, a: LeaseAcquireIn) -> dict[str, Any]:

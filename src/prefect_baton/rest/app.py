@@ -145,6 +145,13 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
 
     @app.exception_handler(RequestValidationError)
     async def _on_invalid(_r: Request, exc: RequestValidationError) -> Response:
+        if isinstance(exc.body, bytes):  # a body FastAPI did not read as JSON: say why
+            sent = _r.headers.get("content-type", "").split(";")[0].strip()[:100]
+            got = f"Content-Type: {sent}" if sent else "no Content-Type"
+            return error_response(
+                "VALIDATION_ERROR",
+                f"body: the body must be JSON with Content-Type: application/json (got {got})",
+            )
         err = from_pydantic(exc, skip={"body"}, root="body", messages=s.PATTERN_MESSAGES)
         return error_response(err.code, err.message)
 

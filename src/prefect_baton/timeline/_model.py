@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from prefect_baton._rules.access import may_read
 from prefect_baton._rules.events import EXPIRY_TAKEN_OVER, FENCE_REJECTED
-from prefect_baton.models import Event, Evidence, Handoff, Lease, Outcome, Time, from_ms
+from prefect_baton.models import Event, Evidence, Handoff, Lease, Outcome, Time, from_ms, wire_time
 
 __all__ = [
     "GenerationEnd",
@@ -137,6 +137,8 @@ class Timeline(_Model):
         org, resource_type, resource_id: the resource.
         viewer, role: who it was built for (holders they may not see are ``None``).
         since: the lower time bound asked for, or ``None``.
+        before_since: how many generations and marks ``since`` left out (``int``): the
+            visible history before the window.
         generated_at: when it was built (aware UTC, this machine's clock; for display).
         generations: the lease generations, oldest first.
         marks: the marks, in event order.
@@ -148,6 +150,7 @@ class Timeline(_Model):
     viewer: str
     role: str
     since: Time | None = None
+    before_since: int = 0
     generated_at: Time
     generations: tuple[TimelineGeneration, ...] = ()
     marks: tuple[TimelineMark, ...] = ()
@@ -157,6 +160,20 @@ class Timeline(_Model):
         """``True`` when nothing of the resource is visible (never leased, or another
         organization's)."""
         return not self.generations and not self.marks
+
+    @property
+    def empty_reason(self) -> str:
+        """Why an :attr:`empty` timeline shows nothing (``str``, naming the resource): no
+        visible history at all, or none in the window from :attr:`since` on (history
+        before it was left out)."""
+        what = f"{self.resource_type}/{self.resource_id}"
+        if self.since is not None and self.before_since:
+            return (
+                f"no lease history of {what} falls in the window since "
+                f"{wire_time(self.since)} ({self.before_since} earlier generation(s) and "
+                "mark(s) left out)"
+            )
+        return f"no lease history of {what} visible in org {self.org}"
 
     @property
     def bounds(self) -> tuple[datetime, datetime]:
@@ -457,12 +474,14 @@ def timeline_from_events(
             )
     known = {lease.lease_id: lease for lease in leases}
     gens: list[TimelineGeneration] = []
+    before_since = 0
     for g in r.gens.values():
         if g.end == "active" and g.epoch != effective_epoch:
             g.end, g.ended_at = "expired", g.expires_at
         lease = known.get(g.lease_id)
         holder = r.who(g.owner)
         if since is not None and g.ended_at is not None and g.ended_at < since:
+            before_since += 1
             continue
         gens.append(
             TimelineGeneration(
@@ -474,16 +493,11 @@ def timeline_from_events(
             )
         )
     handed = {g.epoch for g in r.gens.values() if g.start == "handed_off"}
-    marks = sorted(
-        (
-            m
-            for m in r.marks
-            if (since is None or m.at >= since)
-            # a handoff's transfer is drawn once, as its acceptance
-            and not (m.kind == "transferred" and m.epoch in handed)
-        ),
-        key=lambda m: (m.at, m.seq if m.seq is not None else 2**63),
-    )
+    # a handoff's transfer is drawn once, as its acceptance
+    drawn = [m for m in r.marks if not (m.kind == "transferred" and m.epoch in handed)]
+    in_window = [m for m in drawn if since is None or m.at >= since]
+    before_since += len(drawn) - len(in_window)
+    marks = sorted(in_window, key=lambda m: (m.at, m.seq if m.seq is not None else 2**63))
     return Timeline(
         org=org,
         resource_type=resource_type,
@@ -491,6 +505,7 @@ def timeline_from_events(
         viewer=viewer,
         role=role,
         since=since,
+        before_since=before_since,
         generated_at=generated_at or datetime.now(UTC),
         generations=tuple(sorted(gens, key=lambda g: g.epoch)),
         marks=tuple(marks),

@@ -118,8 +118,11 @@ def normalize_url(url: str) -> str:
         if not db.startswith("file:"):
             folder = Path(db).expanduser().resolve().parent
             if not folder.exists():
-                if not folder.parent.is_dir():
-                    raise ValidationError(f"ledger folder {folder.parent} does not exist")
+                if not folder.parent.is_dir():  # only the ledger's own folder is created
+                    raise ValidationError(
+                        f"ledger folder {folder} does not exist, and neither does its parent "
+                        f"{folder.parent} (only the ledger's own folder is created)"
+                    )
                 try:
                     folder.mkdir(exist_ok=True)  # one level, e.g. ./.baton: never a whole tree
                 except OSError as exc:

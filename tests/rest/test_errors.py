@@ -474,7 +474,8 @@ def test_json_body_without_a_json_content_type_says_so(
     before = row_counts(ledger_url)
     lease = b'{"resource_type": "deploy", "resource_id": "x", "ttl_seconds": 60}'
     outcome = b'{"subject_id": "s", "status": "failed"}'
-    for path, raw in (("/v1/leases", lease), ("/v1/outcomes", outcome)):
+    malformed = b'{"resource_type": "deploy", "resource_type": "x"'  # not read as JSON either
+    for path, raw in (("/v1/leases", lease), ("/v1/outcomes", outcome), ("/v1/leases", malformed)):
         err = error(client.post(path, content=raw, headers=h), 400, "VALIDATION_ERROR")
         assert err["message"] == (
             f"body: the body must be JSON with Content-Type: application/json (got {got})"

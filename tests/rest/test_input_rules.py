@@ -64,8 +64,9 @@ DUPLICATES: list[tuple[str, str, bytes]] = [
 @pytest.mark.parametrize(("label", "path", "raw"), DUPLICATES, ids=[d[0] for d in DUPLICATES])
 @pytest.mark.parametrize(
     "content_type",
-    ["application/json", "application/json; charset=utf-8", "application/problem+json", None],
-    ids=["fast-path", "fastapi", "plus-json", "no-content-type"],
+    # without a JSON Content-Type the body is not read as JSON at all (test_errors.py)
+    ["application/json", "application/json; charset=utf-8", "application/problem+json"],
+    ids=["fast-path", "fastapi", "plus-json"],
 )
 def test_a_key_twice_in_one_object_is_400(
     client: TestClient,
@@ -74,14 +75,12 @@ def test_a_key_twice_in_one_object_is_400(
     label: str,
     path: str,
     raw: bytes,
-    content_type: str | None,
+    content_type: str,
 ) -> None:
     """A JSON object naming a key twice is refused wherever it is (top level, nested state,
     array item), however the key is spelt, through the fast path and FastAPI's handler
     alike, rather than the last value silently winning; nothing is written."""
-    h = make_key()
-    if content_type is not None:
-        h = _json(h, content_type)
+    h = _json(make_key(), content_type)
     before = row_counts(ledger_url)
     method = "PUT" if path == "/v1/checkpoints" else "POST"
     err = error(client.request(method, path, content=raw, headers=h), 400, "VALIDATION_ERROR")

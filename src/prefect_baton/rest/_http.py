@@ -254,11 +254,13 @@ def parse_json_body(raw: bytes) -> Any:
 
 
 def _is_json(scope: Scope) -> bool:
-    """Whether FastAPI reads the body of this request as JSON: no ``Content-Type``, or
-    ``application/json`` or ``application/*+json`` (parsed as FastAPI parses it)."""
+    """Whether FastAPI reads the body of this request as JSON: a ``Content-Type`` of
+    ``application/json`` or ``application/*+json`` (the first such header, parsed as
+    FastAPI parses it). Without one FastAPI (``strict_content_type``, its default) does not
+    read it as JSON; the route's validation error then says what to send."""
     value = next((v for n, v in scope.get("headers", []) if n.lower() == b"content-type"), None)
     if not value:
-        return True
+        return False
     message = email.message.Message()
     message["content-type"] = value.decode("latin-1")
     if message.get_content_maintype() != "application":
@@ -330,7 +332,7 @@ class BatonMiddleware:
       applies);
     * refuses bodies over ``max_body_bytes`` with ``413`` (by ``Content-Length`` or by
       counting a streamed body) before any route runs;
-    * refuses a JSON body (no ``Content-Type``, or a JSON one: what FastAPI reads as JSON)
+    * refuses a JSON body (a JSON ``Content-Type``: what FastAPI reads as JSON)
       that :func:`parse_json_body` refuses (malformed, a key twice in one object, ...)
       with ``400 VALIDATION_ERROR``, before any route runs.
 

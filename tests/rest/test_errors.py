@@ -138,6 +138,25 @@ def test_stale_fence(client: TestClient, make_key: MakeKey) -> None:
     error(client.get("/v1/checkpoints", params=params, headers=h), 404, "NOT_FOUND")
 
 
+def test_a_fence_of_another_principals_lease_is_stale_and_recorded(
+    client: TestClient, make_key: MakeKey
+) -> None:
+    """An owner presenting another principal's lease as a fence gets 409 STALE_FENCE, as in
+    Python, and the refusal is recorded as a ``fence.rejected`` event of that resource; an
+    agent, who cannot read that lease, gets STALE_FENCE too."""
+    alice = make_key("alice")
+    boss, bob = make_key("boss", role="owner"), make_key("bob")
+    lease = data(client.post("/v1/leases", json=LEASE, headers=alice))
+    for who in (boss, bob):
+        body = {"subject_id": "s", "kind": "k", "state": {}, "fence_lease_id": lease["lease_id"]}
+        error(client.put("/v1/checkpoints", json=body, headers=who), 409, "STALE_FENCE")
+    events = data(client.get("/v1/events", headers=boss))["events"]
+    rejected = [e for e in events if e["kind"] == "fence.rejected"]
+    assert [(e["principal"], e["payload"]["lease_id"]) for e in rejected] == [
+        ("boss", lease["lease_id"])
+    ]
+
+
 def test_forbidden_role_and_recipient(client: TestClient, two: tuple[dict[str, str], ...]) -> None:
     """An agent's force-release is 403 FORBIDDEN; a non-recipient's resolve is the seed's
     400 VALIDATION_ERROR "Only the target principal can resolve a handoff."."""

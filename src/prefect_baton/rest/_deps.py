@@ -11,10 +11,10 @@ from fastapi import Depends, Header, Request
 from pydantic import BaseModel
 from starlette.responses import JSONResponse
 
+from prefect_baton._client.leases import fence_by_id
 from prefect_baton._client.sync import Baton
-from prefect_baton._rules import core as _core
 from prefect_baton._stores.protocol import Caller
-from prefect_baton.errors import NotFoundError, ValidationError
+from prefect_baton.errors import ValidationError
 from prefect_baton.models import Lease
 from prefect_baton.rest import _schemas as s
 from prefect_baton.rest._http import ok
@@ -72,24 +72,14 @@ def _proof_lease(b: Baton, lease_id: str, body: BaseModel) -> Lease:
 
 
 def _fence(b: Baton, lease_id: str | None, epoch: int | None) -> Lease | None:
-    """The lease presented as a fence: the caller's lease ``lease_id`` at ``epoch``.
+    """The lease presented as a fence: the caller's lease ``lease_id`` at ``epoch``
+    (:func:`~prefect_baton._client.leases.fence_by_id`, as the CLI and MCP tools).
 
     Raises:
-        StaleFenceError: the lease is unknown, another principal's or another org's (as
-            the Python API refuses such a fence).
+        StaleFenceError: the lease is unknown to the caller (as the Python API refuses such
+            a fence); one the caller can read is judged by the write itself.
     """
-    if lease_id is None:
-        return None
-    try:
-        lease = b.leases.get(lease_id)
-    except NotFoundError:
-        lease = None
-    if lease is None or lease.owner != b.principal:
-        _core.check_fence(None, lease_id=lease_id, epoch=epoch or 0, now_ms=0)
-    assert lease is not None
-    if epoch is not None and epoch != lease.epoch:
-        lease = lease.model_copy(update={"epoch": epoch})
-    return lease
+    return None if lease_id is None else fence_by_id(b.leases, lease_id, epoch)
 
 
 def _dump(obj: Any) -> Any:

@@ -27,15 +27,16 @@ def _lease(client: TestClient, auth: dict[str, str]) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     "execution_key",
-    ["", "k\x00", "k\x1b", "k" * 257],
-    ids=["empty", "nul", "control", "too-long"],
+    ["", "k\x00", "k\x1b", "k" * 257, "\u0085", "k\u2028", "k\u200b", " "],
+    ids=["empty", "nul", "control", "too-long", "c1-alone", "line-separator", "format", "blank"],
 )
 @pytest.mark.parametrize("route", ["renew", "release", "transfer"])
 def test_a_malformed_proof_execution_key_is_400(
     client: TestClient, make_key: MakeKey, ledger_url: str, route: str, execution_key: str
 ) -> None:
     """``execution_key`` on renew, release and transfer follows the rules of an execution
-    key (1..256 characters, no control characters): 400, and nothing is written."""
+    key (1..256 characters, no control, line-separator or format characters, not blank):
+    400, not a LEASE_LOST decided on it, and nothing is written."""
     auth = make_key()
     lease = _lease(client, auth)
     body: dict[str, Any] = {"execution_key": execution_key}

@@ -188,6 +188,25 @@ def test_a_query_parameter_given_twice_is_400(
     assert err["message"] == f"query parameter '{name}' is given more than once", err
 
 
+@pytest.mark.parametrize("path", ["/v1/leases", "/v1/outcomes"])  # the fast path and FastAPI
+def test_two_idempotency_key_headers_are_400(
+    client: TestClient, make_key: MakeKey, ledger_url: str, path: str
+) -> None:
+    """Two ``Idempotency-Key`` headers are refused (which one counts would be a guess, as
+    for two ``Authorization`` headers), and nothing is written."""
+    body = (
+        b'{"resource_type": "deploy", "resource_id": "x", "ttl_seconds": 60}'
+        if path == "/v1/leases"
+        else b'{"subject_id": "s", "status": "failed"}'
+    )
+    headers = [*_json(make_key()).items(), ("idempotency-key", "A"), ("idempotency-key", "B")]
+    before = row_counts(ledger_url)
+    resp = client.post(path, content=body, headers=headers)
+    err = error(resp, 400, "VALIDATION_ERROR")
+    assert err["message"] == "send one Idempotency-Key header, not several"
+    assert row_counts(ledger_url) == before
+
+
 def test_distinct_query_parameters_still_work(client: TestClient, make_key: MakeKey) -> None:
     """Several different parameters are fine."""
     resp = client.get("/v1/events?limit=5&after=0", headers=make_key())

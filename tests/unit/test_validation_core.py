@@ -143,7 +143,7 @@ def test_ids_with_format_characters_are_rejected(char: str) -> None:
 def test_ids_with_c1_controls_or_line_separators_are_rejected(char: str) -> None:
     """A C1 control character (NEL U+0085 ...) or U+2028/U+2029 in an id is a
     VALIDATION_ERROR naming the character: they break lines in logs and terminals."""
-    for value in (f"{char}deploy", f"de{char}ploy", f"é{char}"):
+    for value in (char, f"{char}deploy", f"de{char}ploy", f"é{char}"):  # alone: not "empty"
         with pytest.raises(ValidationError) as ei:
             validate_id("resource_id", value)
         assert str(ei.value) == (

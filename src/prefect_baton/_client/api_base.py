@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, runtime_checkable
 
 from prefect_baton._client.keeper import LeaseKeeper
+from prefect_baton._rules import core as _core
 from prefect_baton._rules.core import Proof
 from prefect_baton._rules.validation import validate_limit
 from prefect_baton._stores.protocol import Caller, RecordStore
@@ -160,7 +161,10 @@ class _API:
 
         Raises:
             ValidationError: ``lease`` is not a lease, or one inherited across ``fork()``
-                (only the process that acquired it may renew, transfer or release it).
+                (only the process that acquired it may renew, transfer or release it), or
+                its id or execution key breaks the id rules
+                (:func:`~prefect_baton._rules.validation.validate_id`: a proof built from
+                outside input, such as a REST body's ``execution_key``).
         """
         lease_ = _lease_of(lease)
         if not lease_.made_in_this_process:
@@ -168,7 +172,11 @@ class _API:
                 f"lease {lease_.lease_id} was inherited across fork(): only the process that "
                 "acquired it may renew, transfer or release it"
             )
-        return Proof(lease_.lease_id, self._caller.principal, lease_.execution_key)
+        return Proof(
+            _core.validate_id("lease_id", lease_.lease_id),
+            self._caller.principal,
+            _core.validate_optional_id("execution_key", lease_.execution_key),
+        )
 
     @property
     def _store(self) -> RecordStore:

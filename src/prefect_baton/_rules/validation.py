@@ -73,15 +73,16 @@ def validate_id(name: str, value: object) -> str:
     """
     if not isinstance(value, str):
         raise ValidationError(f"{name} must be a string, got {type(value).__name__}")
-    if not value or not value.strip():
-        raise ValidationError(f"{name} must not be empty")
     if len(value) > MAX_ID_LENGTH:
         raise ValidationError(f"{name} is {len(value)} characters long; at most {MAX_ID_LENGTH}")
+    # the characters first: "\x85" or "\n" alone is refused for what it holds, not as empty
     if _CONTROL.search(value) is not None:
         raise ValidationError(f"{name} must not contain control characters")
     if not value.isascii():
         _check_no_format_character(name, value)
         _check_utf8(name, value)
+    if not value.strip():
+        raise ValidationError(f"{name} must not be empty")
     return value
 
 

@@ -283,13 +283,16 @@ def _repeated_parameter(query: bytes) -> str | None:
 
 def _refused_head(scope: Scope) -> JSONResponse | None:
     """The answer to a request whose head is refused before anything else, else ``None``:
-    more than one ``Authorization`` header (``400``: which one counts would be a guess),
+    more than one ``Authorization`` or ``Idempotency-Key`` header (``400``: which one
+    counts would be a guess),
     a query parameter given more than once (``400``, likewise), or a bearer key in the
     URL's path or query (``401``: keys are accepted only in the ``Authorization`` header;
     the access log redacts it)."""
     headers = scope.get("headers", [])
-    if sum(1 for name, _ in headers if name.lower() == b"authorization") > 1:
-        return error_response("VALIDATION_ERROR", "send one Authorization header, not several")
+    for single in ("Authorization", "Idempotency-Key"):
+        lowered = single.lower().encode()
+        if sum(1 for name, _ in headers if name.lower() == lowered) > 1:
+            return error_response("VALIDATION_ERROR", f"send one {single} header, not several")
     repeated = _repeated_parameter(bytes(scope.get("query_string", b"")))
     if repeated is not None:
         return error_response(
@@ -319,9 +322,9 @@ class BatonMiddleware:
     """ASGI middleware in front of every route.
 
     * gives each request an id (``scope["state"]["request_id"]``, header ``X-Request-ID``);
-    * refuses more than one ``Authorization`` header and a query parameter given more
-      than once (``400``), and a bearer key in the URL (``401``; keys are accepted only in
-      the ``Authorization`` header);
+    * refuses more than one ``Authorization`` or ``Idempotency-Key`` header and a query
+      parameter given more than once (``400``), and a bearer key in the URL (``401``; keys
+      are accepted only in the ``Authorization`` header);
     * under ``/v1`` and at ``/metrics``: authenticates the bearer key (``401`` when
       missing, unknown or revoked) and checks the route's scope (``<area>:read`` for ``GET``, else
       ``<area>:write``; ``403`` when missing), before the body is parsed; the caller is

@@ -16,7 +16,7 @@ import fakeredis
 import pytest
 from sqlmodel import Session, func, select
 
-from prefect_baton import Baton, ConflictError, ForbiddenError, StaleFenceError
+from prefect_baton import Baton, ConflictError, ForbiddenError, LeaseLostError, StaleFenceError
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.ledger.tables import EventRow, GenerationRow
 from prefect_baton._stores.redis.authority import RedisAuthority, connect
@@ -311,3 +311,32 @@ def test_a_hand_back_leaves_nothing_of_the_org_in_redis(
     again = fast.leases.acquire("file", "f1.py", ttl_seconds=60, idempotency_key="run-1")
     assert again.replayed
     assert again.lease_id == leases[1].lease_id
+
+
+def test_a_handoff_carries_a_lease_only_if_the_authority_says_it_is_held(
+    ledger: LedgerStore, auth: RedisAuthority, org: str
+) -> None:
+    """Creating a handoff that carries a lease asks the org's lease authority whether the
+    lease is held: a client without Redis is refused in an org Redis decides (the ledger's
+    copy lags), and a Redis client's lease that Redis already ended is LEASE_LOST even
+    before the journal brought that end to the ledger; nothing is written."""
+    quick = RedisAuthority(auth.client, ledger, ack="redis", functions=False)
+    fast = Baton(org=org, principal="fast", store=ledger, lease_authority=quick)
+    boss = Baton(org=org, principal="boss", role="owner", store=ledger, lease_authority=quick)
+    as_holder = Baton(org=org, principal="fast", store=ledger)
+    try:
+        held = fast.leases.acquire("file", "a.py", ttl_seconds=600)
+        quick.reconciler.drain(org)
+        before = _counts(ledger, org)
+        with pytest.raises(ForbiddenError, match="decided by Redis"):
+            as_holder.handoffs.create("other", "a.py", lease=held)
+        assert _counts(ledger, org) == before
+        with quick.drain_paused():
+            boss.leases.force_release(held.lease_id)
+            with pytest.raises(LeaseLostError):
+                fast.handoffs.create("other", "a.py", lease=held)
+        mine = fast.leases.acquire("file", "b.py", ttl_seconds=600)
+        sent = fast.handoffs.create("other", "b.py", lease=mine)
+        assert (sent.lease_id, sent.status) == (mine.lease_id, "pending")
+    finally:
+        quick.close()

@@ -179,7 +179,8 @@ class HandoffAPI(_API):
         )
         params = None if parameters is None else _core.validate_state(parameters)[0]
         proof = None if lease is None else self._proof(lease)
-        offer = HandoffOffer(to, subject, ck, ctx, msg, proof, exp_ms, params)
+        fence = None if lease is None else self._b._fence(lease)
+        offer = HandoffOffer(to, subject, ck, ctx, msg, proof, exp_ms, params, fence)
         handoff = self._store.handoff_create(self._caller, offer, idempotency_key=key)
         if isinstance(lease, LeaseKeeper):
             hid = handoff.handoff_id

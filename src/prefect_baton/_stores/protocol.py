@@ -160,6 +160,10 @@ class HandoffOffer:
             ``None`` (never).
         parameters: parameters for the recipient's run (a JSON object, validated by
             :func:`prefect_baton._rules.validation.validate_state`), or ``None``.
+        lease_fence: the lease authority's :class:`Fence` of that lease
+            (:meth:`LeaseAuthority.fence`): with a ``check``, whether the lease is held is
+            read from the authority (Redis) instead of the ledger's copy; without one the
+            ledger judges it, only where the ledger decides the org's leases.
     """
 
     to_principal: str
@@ -170,6 +174,7 @@ class HandoffOffer:
     lease: Proof | None = None
     expires_in_ms: int | None = None
     parameters: dict[str, Any] | None = None
+    lease_fence: Fence | None = None
 
 
 @dataclass(frozen=True, slots=True)

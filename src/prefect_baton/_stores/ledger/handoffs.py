@@ -87,7 +87,16 @@ class HandoffOps(ExpiryOps):
     def handoff_create(
         self, caller: Caller, offer: HandoffOffer, *, idempotency_key: str | None
     ) -> Handoff:
-        """Create a pending handoff (see :meth:`prefect_baton.Baton.handoffs`)."""
+        """Create a pending handoff (see :meth:`prefect_baton.Baton.handoffs`).
+
+        A carried lease must be held: judged by the lease authority through
+        ``offer.lease_fence``'s check (Redis), else on the ledger's rows, and then only
+        where the ledger decides the org's leases (:meth:`_check_ledger_authority`).
+
+        Raises:
+            ForbiddenError: a carried lease, no authority check, and Redis decides the
+                org's leases.
+        """
         digest = handoff_create_digest(
             to_principal=offer.to_principal,
             subject_id=offer.subject_id,
@@ -109,11 +118,15 @@ class HandoffOps(ExpiryOps):
             if offer.checkpoint_id is not None and _readable(s, caller, attached) is None:
                 raise NotFoundError(f"checkpoint {offer.checkpoint_id} not found")
             if offer.lease is not None:
-                row = self._row_by_id(s, caller.org, offer.lease.lease_id)
-                held = _transitions._check_proof(
-                    row_to_generation(row) if row else None, offer.lease
-                )
-                if not held.effective(tx.now_ms):
+                fence = offer.lease_fence
+                if fence is not None and fence.check is not None:
+                    found, now_ms = fence.check()  # the authority's generation and clock
+                else:  # the ledger's own rows: only where it decides the org's leases
+                    self._check_ledger_authority(tx, lock=True)
+                    row = self._row_by_id(s, caller.org, offer.lease.lease_id)
+                    found, now_ms = (row_to_generation(row) if row else None), tx.now_ms
+                held = _transitions._check_proof(found, offer.lease)
+                if not held.effective(now_ms):
                     raise LeaseLostError(f"lease {offer.lease.lease_id} is no longer held")
             self._insert_ignore(
                 s,

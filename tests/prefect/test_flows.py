@@ -91,7 +91,9 @@ def test_pending_handoffs_finds_every_recipient_on_a_long_ledger(make_baton: Mak
     make_baton("done/recipient").handoffs.resolve(done.handoff_id, "rejected")
     found = pending_handoffs(make_baton("dispatcher", role="owner"), page_size=10)
     assert sorted(found) == ["a/b", "late/recipient"]
-    assert [h.handoff_id for h in found["a/b"]] == [h.handoff_id for h in early]
+    # oldest first: by creation time (ms), then handoff id (several may share a millisecond)
+    oldest_first = sorted(early, key=lambda h: (h.created_at, h.handoff_id))
+    assert [h.handoff_id for h in found["a/b"]] == [h.handoff_id for h in oldest_first]
     assert [h.handoff_id for h in found["late/recipient"]] == [late.handoff_id]
     with pytest.raises(ForbiddenError):
         pending_handoffs(make_baton("dispatcher"))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -197,6 +197,28 @@ def _logs_until_handed_off(run: Any, since: datetime | None) -> list[str]:
         return [log.message for log in client.read_logs(log_filter=log_filter)]
 
 
+def _after_engine_error(run: Any) -> datetime:
+    """Just after the last log line of ``run``'s failed first attempt. The engine logs
+    "Engine execution exited with unexpected exception" after it set the run's FAILED
+    state, so the line can reach the API after the test saw FAILED; the re-run's logs are
+    read from this instant on."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id]))
+    deadline = time.monotonic() + 60
+    with get_client(sync_client=True) as client:
+        while True:
+            logs = client.read_logs(log_filter=log_filter)
+            if any("Engine execution exited" in log.message for log in logs):
+                break
+            assert time.monotonic() < deadline, [log.message for log in logs]
+            time.sleep(0.5)
+        time.sleep(2)  # the batch after the engine's last line
+        logs = client.read_logs(log_filter=log_filter)
+    return max(log.timestamp for log in logs) + timedelta(milliseconds=1)
+
+
 def _handed_off_once(
     served: Served, deployment: str, run: Any, report: str, since: datetime | None = None
 ) -> None:
@@ -234,7 +256,7 @@ def test_rerun_in_a_new_process_after_a_handoff_ends_handed_off(served: Served) 
 
     first = wait_for_run(_start(served, RERUN, report="q7").id, timeout_seconds=RUN_TIMEOUT)
     assert first.state.type.value == "FAILED", first.state
-    since = datetime.now(UTC)
+    since = _after_engine_error(first)
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(first.id, AwaitingRetry(), force=True)
     again = wait_for_run(first.id, timeout_seconds=RUN_TIMEOUT)

@@ -267,14 +267,25 @@ def test_keys_revoke_help_names_the_servers_key_cache(cli: Cli) -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [("keys", "list"), ("keys", "revoke", "key_x"), ("db", "current"), ("db", "upgrade")],
+    [
+        ("keys", "list"),
+        ("keys", "revoke", "key_x"),
+        ("db", "current"),
+        ("db", "upgrade"),
+        ("serve", "--port", "9"),
+        ("ui", "--port", "9"),
+        ("reconcile", "--redis-url", "redis://127.0.0.1:9/0"),
+        ("reconcile", "--return-to-ledger", "--redis-url", "redis://127.0.0.1:9/0"),
+        ("mcp", "--transport", "http", "--port", "9"),
+    ],
 )
-def test_keys_and_db_refuse_the_rest_api_without_a_ledger_url(
+def test_ledger_commands_refuse_the_rest_api_without_a_ledger_url(
     argv: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With BATON_API_URL set (the CLI talking to a server), keys and db, which act on a
-    ledger directly, are VALIDATION_ERROR (exit 2) unless a ledger URL is given, and create
-    no ./.baton/ledger.db; with --ledger-url or BATON_LEDGER_URL they run on that ledger."""
+    """With BATON_API_URL set (the CLI talking to a server), the commands that act on a
+    ledger directly (keys, db, serve, ui, reconcile, mcp over HTTP) are VALIDATION_ERROR
+    (exit 2) unless a ledger URL is given, and create no ./.baton/ledger.db; with
+    --ledger-url or BATON_LEDGER_URL they run on that ledger."""
     monkeypatch.chdir(tmp_path)
     env = {**CLEAN_ENV, "BATON_API_URL": "http://127.0.0.1:9", "BATON_API_KEY": "bk_x"}
     runner = CliRunner()

@@ -55,7 +55,7 @@ def mcp(
         secret = st.settings().redis_url
         redis_url = st.redis_url or (secret.get_secret_value() if secret else None)
         try:
-            serve_http(host, port, ledger_url=st.resolved_ledger_url(), redis_url=redis_url)
+            serve_http(host, port, ledger_url=st.local_ledger_url(), redis_url=redis_url)
         except SystemExit as exc:  # uvicorn could not bind: its own status would read as a code
             if exc.code not in (None, 0):
                 fail(st, "mcp", "UNAVAILABLE", f"cannot serve on {host}:{port}; see the log")

@@ -100,7 +100,7 @@ def reconcile(
         try:
             report = run_reconciler(
                 redis_url,
-                st.resolved_ledger_url(),
+                st.local_ledger_url(),
                 orgs=[st.org] if st.org else None,
                 follow=follow,
                 interval_seconds=interval,
@@ -139,7 +139,7 @@ def _return_to_ledger(ctx: typer.Context, follow: bool) -> None:
             raise ValidationError("no Redis URL: pass --redis-url or set BATON_REDIS_URL")
         org = validate_id("org", st.resolved_org())
         options = options_from(settings)  # the BATON_REDIS_* settings, before a ledger opens
-        ledger = LedgerStore.from_settings(settings, st.resolved_ledger_url())
+        ledger = LedgerStore.from_settings(settings, st.local_ledger_url())
         try:
             auth = RedisAuthority.from_url(redis_url, ledger, **options)
             try:

@@ -62,7 +62,7 @@ def serve(
         from prefect_baton.rest.__main__ import serve as run
 
         try:
-            run(host, port, st.resolved_ledger_url(), st.redis_url, workers, metrics_port)
+            run(host, port, st.local_ledger_url(), st.redis_url, workers, metrics_port)
         except SystemExit as exc:
             if exc.code not in (None, 0):
                 fail(st, "serve", "UNAVAILABLE", f"cannot serve on {host}:{port}; see the log")

@@ -60,7 +60,7 @@ def ui(
         from prefect_baton.rest.app import create_app
         from prefect_baton.rest.keys import create_key, revoke_key
 
-        ledger_url = st.resolved_ledger_url()
+        ledger_url = st.local_ledger_url()
         principal = st.principal or st.settings().principal
         app = create_app(ledger_url, st.redis_url)
         try:

@@ -47,3 +47,23 @@ def test_reconciler_lag_on_redis(redis_client: TestClient, make_key: MakeKey) ->
     assert got["authority"] == "redis"
     assert isinstance(got["entries"], int)
     assert isinstance(got["seconds"], float)
+
+
+def test_reconciler_lag_without_redis_in_a_redis_decided_org(
+    redis_client: TestClient, ledger_url: str, make_key: MakeKey
+) -> None:
+    """A server without a Redis URL on the same ledger cannot see the journal of an org
+    whose leases Redis decides: its lag read is 403 FORBIDDEN naming the remedy, as its
+    lease writes are, not a
+    false ``ledger`` with 0 entries; an org Redis never used still reads ``ledger``."""
+    key = make_key("agent-a")
+    assert redis_client.post("/v1/leases", json=LEASE, headers=key).status_code == 201
+    with TestClient(create_app(ledger_url, None), raise_server_exceptions=False) as plain:
+        err = error(plain.get("/v1/reconciler/lag", headers=key), 403, "FORBIDDEN")
+        assert "decided by Redis" in err["message"]
+        assert "BATON_REDIS_URL" in err["message"]
+        refused = plain.post("/v1/leases", json={**LEASE, "resource_id": "x"}, headers=key)
+        assert error(refused, 403, "FORBIDDEN")["message"] == err["message"]
+        other = make_key("agent-b", org_="never-redis")
+        got = data(plain.get("/v1/reconciler/lag", headers=other))
+        assert got == {"authority": "ledger", "entries": 0, "seconds": 0.0}

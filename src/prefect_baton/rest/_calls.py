@@ -9,7 +9,7 @@ tool argument) and the lease a fence or proof presents are given as arguments.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel
 
@@ -25,6 +25,9 @@ from prefect_baton.rest._responses import (
     OutcomePage,
     ReconcilerLag,
 )
+
+if TYPE_CHECKING:
+    from prefect_baton._stores.ledger.store import LedgerStore
 
 __all__ = [
     "acquire",
@@ -446,16 +449,20 @@ def me(b: Baton, scopes: Collection[str] | None, key_id: str | None) -> Me:
     )
 
 
-def reconciler_lag(b: Baton, authority: object) -> ReconcilerLag:
-    """How far the ledger is behind ``authority`` (the app's lease authority) for ``b``'s
-    org: 0 entries when the ledger is the authority, else the Redis reconciler's
-    :meth:`~prefect_baton._stores.redis.reconciler.Reconciler.lag`.
+def reconciler_lag(b: Baton, authority: object, ledger: LedgerStore) -> ReconcilerLag:
+    """How far ``ledger`` (the app's ledger) is behind ``authority`` (the app's lease
+    authority) for ``b``'s org: 0 entries when the ledger is the authority, else the Redis
+    reconciler's :meth:`~prefect_baton._stores.redis.reconciler.Reconciler.lag`.
 
     Raises:
         UnavailableError: Redis cannot be reached.
+        ForbiddenError: the server has no Redis URL and Redis decides the org's leases
+            (:meth:`LedgerStore.check_ledger_decides`): the ledger's copy lags an authority
+            this server does not see, so its lag is unknown here.
     """
     reconciler = getattr(authority, "reconciler", None)
     if reconciler is None:
+        ledger.check_ledger_decides(b.org)
         return ReconcilerLag(authority="ledger", entries=0, seconds=0.0)
     lag = reconciler.lag(b.org)
     return ReconcilerLag(authority="redis", entries=lag.entries, seconds=round(lag.seconds, 3))

@@ -45,7 +45,8 @@ _ERROR_SCHEMA: dict[str, Any] = {
 _STATUSES = {
     "400": "VALIDATION_ERROR: bad values, malformed JSON, wrong types, unknown fields",
     "401": "UNAUTHENTICATED: no, unknown or revoked bearer key",
-    "403": "FORBIDDEN: the role or the key's scopes do not allow it",
+    "403": "FORBIDDEN: the role or the key's scopes do not allow it, or Redis decides "
+    "the org's leases and this server has no Redis URL",
     "404": "NOT_FOUND: unknown, not in the needed state, or another org's",
     "409": "CONFLICT, VERSION_CONFLICT, IDEMPOTENCY_MISMATCH, IDEMPOTENCY_IN_FLIGHT, "
     "LEASE_LOST or STALE_FENCE",

@@ -211,8 +211,9 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         """How far the ledger is behind the lease authority for the caller's org:
         ``authority`` (``ledger``: the ledger is the authority, nothing lags; ``redis``:
         ``entries`` journal entries not yet applied, the oldest ``seconds`` old). Needs no
-        scope."""
-        return _reply(request, _calls.reconciler_lag(b, authority))
+        scope. 503 UNAVAILABLE when Redis cannot be reached; 403 FORBIDDEN when this server
+        has no Redis URL and Redis decides the org's leases."""
+        return _reply(request, _calls.reconciler_lag(b, authority, store))
 
     _ui.add_routes(app)
     install_openapi(app, body_limit)

@@ -79,6 +79,19 @@ _INSERT_EVENT = (
 _LOCKED = "WITH locked AS (SELECT pg_advisory_xact_lock(hashtextextended(?, 0))) "
 #: Whether Redis decides the organization's leases (``authority.py``).
 _REDIS_AUTHORITY = redis_authority_sql()
+
+
+def _redis_decides(org: str) -> ForbiddenError:
+    """The refusal of a ledger-only client acting as the lease authority of ``org``, which
+    Redis decides."""
+    return ForbiddenError(
+        f"the leases of org {org!r} are decided by Redis (a client with a Redis URL has "
+        "used it), and this client has none: set BATON_REDIS_URL (or Baton(redis_url=...)) "
+        "like every other client of the org, or hand the org back to the ledger with "
+        "'baton reconcile --return-to-ledger'"
+    )
+
+
 #: The outbox insert behind the org's event lock (PostgreSQL): sequence numbers are handed
 #: out in commit order.
 _LOCKED_INSERT_EVENT = (
@@ -225,6 +238,22 @@ class StoreBase(Statements):
             fn, key = _lock_sql(key)
             self._sql(session, f"SELECT {fn}(hashtextextended(?, 0))", (key,))
 
+    def check_ledger_decides(self, org: str) -> None:
+        """Refuse to act as the lease authority of ``org`` (``str``) when Redis decides its
+        leases (a client with a Redis URL has used the org and it was not handed back:
+        :mod:`prefect_baton._stores.ledger.authority`). A read of the ledger, no lock; the
+        lease decisions themselves check in their own transaction.
+
+        Raises:
+            ForbiddenError: Redis decides the org's leases (the message names the remedy).
+            UnavailableError: the ledger cannot be reached.
+        """
+        args = (org, SYSTEM_PRINCIPAL, INCARNATION_OP, STATE_KEY, RETURNED_KEY)
+        with self._read() as (session, _now_ms):
+            rows = self._sql(session, _REDIS_AUTHORITY, args).fetchall()
+        if any(key == STATE_KEY for key, _response in rows):
+            raise _redis_decides(org)
+
     def _check_ledger_authority(self, tx: Tx, *, lock: bool = False) -> None:
         """Refuse a lease decision of ``tx``'s org applied on the ledger while Redis
         decides its leases (:mod:`prefect_baton._stores.ledger.authority`), once per
@@ -245,12 +274,7 @@ class StoreBase(Statements):
         args = (org, SYSTEM_PRINCIPAL, INCARNATION_OP, STATE_KEY, RETURNED_KEY)
         for key, response in self._sql(tx.session, _REDIS_AUTHORITY, args).fetchall():
             if key == STATE_KEY:
-                raise ForbiddenError(
-                    f"the leases of org {org!r} are decided by Redis (a client with a Redis "
-                    "URL has used it), and this client has none: set BATON_REDIS_URL (or "
-                    "Baton(redis_url=...)) like every other client of the org, or hand the "
-                    "org back to the ledger with 'baton reconcile --return-to-ledger'"
-                )
+                raise _redis_decides(org)
             tx.epoch_floor = _core.incarnation_epochs(int(json.loads(response)["n"]))[1]
         tx.authority_checked = True
 

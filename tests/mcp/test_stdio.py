@@ -3,6 +3,7 @@ client is a ``baton mcp`` subprocess acting as the principal it was started with
 
 from __future__ import annotations
 
+import json
 import subprocess
 from contextlib import AsyncExitStack
 from typing import Any
@@ -346,3 +347,46 @@ def test_a_bad_ledger_url_exits_before_serving() -> None:
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert "VALIDATION_ERROR" in proc.stderr
+
+
+def test_unreadable_lines_get_a_json_rpc_error_and_the_server_goes_on(ledger_url: str) -> None:
+    """A stdin line that is not JSON gets ``-32700`` and a JSON value that is not a
+    JSON-RPC message ``-32600``, both with ``id`` null (JSON-RPC 2.0: the id could not be
+    read), so a client does not wait for an answer that never comes; blank lines get none;
+    the next good request is answered as usual."""
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "test", "version": "1"},
+        },
+    }
+    lines = [
+        "not json",
+        "",
+        "   ",
+        '{"jsonrpc": "2.0", "id": 7, "method": 5}',
+        "[1, 2]",
+        '{"jsonrpc": "2.0", "id": 8, "method": "tools/list"',
+        json.dumps(initialize),
+    ]
+    proc = subprocess.run(
+        [BATON, "--ledger-url", ledger_url, "mcp"],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    replies = [json.loads(line) for line in proc.stdout.splitlines()]
+    codes = [r["error"]["code"] for r in replies[:-1]]
+    assert codes == [-32700, -32600, -32600, -32700]
+    assert all(r["id"] is None and r["jsonrpc"] == "2.0" for r in replies[:-1])
+    assert replies[0]["error"]["message"].startswith("Parse error: ")
+    assert replies[1]["error"]["message"].startswith("Invalid Request: ")
+    assert replies[-1]["id"] == 1
+    assert replies[-1]["result"]["serverInfo"]["name"] == "prefect-baton"

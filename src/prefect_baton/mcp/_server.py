@@ -26,6 +26,7 @@ from mcp.server.auth.settings import AuthSettings
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -209,9 +210,47 @@ def build_server(identity: Identity, *, on_close: Callable[[], None] | None = No
     )
 
 
+def _unreadable_line(exc: Exception) -> types.JSONRPCError | None:
+    """The JSON-RPC 2.0 answer to a stdin line the ``mcp`` package could not read as one
+    message (``exc``: its parse error): ``-32700`` (parse error) for a line that is not
+    JSON, else ``-32600`` (invalid request), with ``id`` null as JSON-RPC 2.0 requires
+    when the id cannot be read; ``None`` for a blank line (no message, no answer)."""
+    errors = exc.errors() if isinstance(exc, pydantic.ValidationError) else []
+    if errors and isinstance(errors[0].get("input"), str) and not errors[0]["input"].strip():
+        return None
+    not_json = any(e.get("type") == "json_invalid" for e in errors) or not errors
+    code, label = (
+        (types.PARSE_ERROR, "Parse error")
+        if not_json
+        else (types.INVALID_REQUEST, "Invalid Request")
+    )
+    detail = errors[0].get("msg", "") if errors else str(exc)
+    return types.JSONRPCError(
+        jsonrpc="2.0", id=None, error=types.ErrorData(code=code, message=f"{label}: {detail}")
+    )
+
+
 async def _run_stdio(server: Server[Any]) -> None:
+    """Serve ``server`` over stdin/stdout. A line the ``mcp`` package cannot read as a
+    JSON-RPC message (the package passes its parse error on, and its server only logs it)
+    is answered with :func:`_unreadable_line` instead of no answer at all, so a client
+    waiting on that request's reply learns at once that it was not read."""
     async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+        send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+
+        async def answer_unreadable() -> None:
+            async with send:
+                async for item in read_stream:
+                    if isinstance(item, Exception):
+                        answer = _unreadable_line(item)
+                        if answer is not None:
+                            await write_stream.send(SessionMessage(answer))
+                    else:
+                        await send.send(item)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(answer_unreadable)
+            await server.run(receive, write_stream, server.create_initialization_options())
 
 
 def serve_stdio(baton: Baton) -> None:

@@ -132,29 +132,11 @@ def _lease_acquire_many(b: Baton, a: LeaseAcquireManyIn) -> dict[str, Any]:
 
 
 def _lease_list(b: Baton, a: LeaseListIn) -> dict[str, Any]:
-    page = rest_calls.leases_page(
-        b,
-        resource_type=a.resource_type,
-        owner=a.owner,
-        include_ended=a.include_ended,
-        limit=a.limit,
-        cursor=a.cursor,
-    )
-    return _json(page)
+    return _json(rest_calls.leases_page(b, a))
 
 
 def _event_list(b: Baton, a: EventListIn) -> dict[str, Any]:
-    page = rest_calls.events_page(
-        b,
-        after=a.after,
-        limit=a.limit,
-        kind=a.kind,
-        cursor=a.cursor,
-        resource_type=a.resource_type,
-        resource_id=a.resource_id,
-        subject=a.subject,
-    )
-    return _json(page)
+    return _json(rest_calls.events_page(b, a))
 
 
 def _checkpoint_history(b: Baton, a: CheckpointHistoryIn) -> dict[str, Any]:

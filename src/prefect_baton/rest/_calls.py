@@ -127,6 +127,28 @@ class ResolveFields(Protocol):
     ttl_seconds: int | None
 
 
+class LeaseListFields(Protocol):
+    """The filters and page of a lease listing (REST ``LeaseQuery``, MCP ``LeaseListIn``)."""
+
+    resource_type: str | None
+    owner: str | None
+    include_ended: bool
+    limit: int
+    cursor: str | None
+
+
+class EventListFields(Protocol):
+    """The filters and page of an event listing (REST ``EventQuery``, MCP ``EventListIn``)."""
+
+    after: int | None
+    limit: int
+    kind: str | None
+    cursor: str | None
+    resource_type: str | None
+    resource_id: str | None
+    subject: str | None
+
+
 class OutcomeFields(Protocol):
     """The fields of an outcome (REST ``OutcomeIn``, MCP ``OutcomeRecordIn``)."""
 
@@ -320,28 +342,21 @@ def acquire_many(
     )
 
 
-def leases_page(
-    b: Baton,
-    *,
-    resource_type: str | None,
-    owner: str | None,
-    include_ended: bool,
-    limit: int,
-    cursor: str | None,
-) -> LeasePage:
-    """One page of ``b.leases.list`` (newest first, ``limit`` 1..10,000) after
-    ``cursor`` (``str`` from a previous page's ``next_cursor``, or ``None``).
+def leases_page(b: Baton, q: LeaseListFields) -> LeasePage:
+    """One page of ``b.leases.list`` with the filters of ``q`` (newest first, ``q.limit``
+    1..10,000) after ``q.cursor`` (``str`` from a previous page's ``next_cursor``, or
+    ``None``).
 
     Raises:
         BatonError: VALIDATION_ERROR (a bad limit or cursor), FORBIDDEN (another
             principal's leases asked by an ``agent``).
     """
     leases = b.leases.list(
-        resource_type=resource_type,
-        owner=owner,
-        include_ended=include_ended,
-        limit=limit,
-        cursor=cursor,
+        resource_type=q.resource_type,
+        owner=q.owner,
+        include_ended=q.include_ended,
+        limit=q.limit,
+        cursor=q.cursor,
     )
     return LeasePage(leases=leases, next_cursor=leases.next_cursor)
 
@@ -373,21 +388,11 @@ def handoffs_page(
     return HandoffPage(handoffs=handoffs, next_cursor=handoffs.next_cursor)
 
 
-def events_page(
-    b: Baton,
-    *,
-    after: int | None,
-    limit: int,
-    kind: str | None,
-    cursor: str | None,
-    resource_type: str | None = None,
-    resource_id: str | None = None,
-    subject: str | None = None,
-) -> EventPage:
-    """One page of ``b.events.list``: events with ``seq > after`` (``int``; ``None``: not
-    given), or after ``cursor`` (as :func:`leases_page`), or from the start when neither is
-    given, in commit order, ``limit`` 1..1,000; of ``kind``, of resource
-    ``(resource_type, resource_id)`` and of ``subject`` when given (``str``, as
+def events_page(b: Baton, q: EventListFields) -> EventPage:
+    """One page of ``b.events.list``: events with ``seq > q.after`` (``int``; ``None``: not
+    given), or after ``q.cursor`` (as :func:`leases_page`), or from the start when neither
+    is given, in commit order, ``q.limit`` 1..1,000; of ``q.kind``, of resource
+    ``(q.resource_type, q.resource_id)`` and of ``q.subject`` when given (``str``, as
     ``b.events.list``).
 
     Raises:
@@ -396,12 +401,12 @@ def events_page(
             ``cursor``, ``after=0`` too).
     """
     events = b.events.list(
-        events_after(after, cursor, name="after"),
-        limit,
-        kind,
-        resource_type=resource_type,
-        resource_id=resource_id,
-        subject=subject,
+        events_after(q.after, q.cursor, name="after"),
+        q.limit,
+        q.kind,
+        resource_type=q.resource_type,
+        resource_id=q.resource_id,
+        subject=q.subject,
     )
     return EventPage(events=events, next_cursor=events.next_cursor)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import FastAPI, Query, Request
+from pydantic import BaseModel
 from starlette.responses import Response
 
 from prefect_baton._client.sync import Baton
@@ -21,6 +22,18 @@ _PARTY = (
     "admin role (else 403 FORBIDDEN)."
 )
 _STATUS = "With party only (else 400): pending (default), accepted, rejected, expired or any."
+
+
+class EventQuery(BaseModel):
+    """The query of ``GET /v1/events``: its filters and page (the client checks them)."""
+
+    after: s.After | None = None
+    limit: Limit = 100
+    kind: str | None = None
+    cursor: str | None = None
+    resource_type: str | None = None
+    resource_id: str | None = None
+    subject: str | None = None
 
 
 class HandoffProofIn(s.HandoffIn):
@@ -158,31 +171,11 @@ def add_routes(app: FastAPI) -> None:
         return _reply(request, page)
 
     @app.get("/v1/events", tags=["events"])
-    def events(
-        request: Request,
-        b: B,
-        after: s.After | None = None,
-        limit: Limit = 100,
-        kind: str | None = None,
-        cursor: str | None = None,
-        resource_type: str | None = None,
-        resource_id: str | None = None,
-        subject: str | None = None,
-    ) -> Response:
+    def events(request: Request, b: B, q: Annotated[EventQuery, Query()]) -> Response:
         """Events with ``seq > after`` (or after ``cursor``, not both; neither: from the
         start) in commit order, one page of ``limit``; ``next_cursor`` gives the next page
         (``null``: no event follows). Filters: ``kind``; ``resource_type``
         with ``resource_id`` (the events of that resource's leases: ``lease.*``,
         ``fence.rejected``, and ``handoff.*`` of handoffs carrying one); ``subject`` (the
         events with exactly this subject)."""
-        page = _calls.events_page(
-            b,
-            after=after,
-            limit=limit,
-            kind=kind,
-            cursor=cursor,
-            resource_type=resource_type,
-            resource_id=resource_id,
-            subject=subject,
-        )
-        return _reply(request, page)
+        return _reply(request, _calls.events_page(b, q))

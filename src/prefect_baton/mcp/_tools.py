@@ -111,10 +111,7 @@ def _handoff_create(b: Baton, a: HandoffCreateIn) -> dict[str, Any]:
 
 
 def _handoff_inbox(b: Baton, a: HandoffInboxIn) -> dict[str, Any]:
-    page = rest_calls.handoffs_page(
-        b, party=a.party, status=a.status, limit=a.limit, cursor=a.cursor
-    )
-    return _json(page)
+    return _json(rest_calls.handoffs_page(b, a))
 
 
 def _lease_transfer(b: Baton, a: LeaseTransferIn) -> dict[str, Any]:
@@ -149,7 +146,7 @@ def _checkpoint_delete(b: Baton, a: CheckpointDeleteIn) -> dict[str, Any]:
 
 
 def _outcome_list(b: Baton, a: OutcomeListIn) -> dict[str, Any]:
-    return _json(rest_calls.outcomes_page(b, a.subject_id, limit=a.limit, cursor=a.cursor))
+    return _json(rest_calls.outcomes_page(b, a))
 
 
 def _whoami(b: Baton, _a: WhoAmIIn, grant: Grant) -> dict[str, Any]:

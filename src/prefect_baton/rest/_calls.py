@@ -149,6 +149,29 @@ class EventListFields(Protocol):
     subject: str | None
 
 
+class HandoffListFields(Protocol):
+    """The filters and page of a handoff listing (REST ``HandoffQuery``, MCP
+    ``HandoffInboxIn``)."""
+
+    party: str | None
+    limit: int
+    cursor: str | None
+
+    @property
+    def status(self) -> str | None:
+        """The status to list (read-only, so either server's type fits)."""
+        ...
+
+
+class OutcomeListFields(Protocol):
+    """The filter and page of an outcome listing (REST ``OutcomeQuery``, MCP
+    ``OutcomeListIn``)."""
+
+    subject_id: str | None
+    limit: int
+    cursor: str | None
+
+
 class OutcomeFields(Protocol):
     """The fields of an outcome (REST ``OutcomeIn``, MCP ``OutcomeRecordIn``)."""
 
@@ -361,12 +384,10 @@ def leases_page(b: Baton, q: LeaseListFields) -> LeasePage:
     return LeasePage(leases=leases, next_cursor=leases.next_cursor)
 
 
-def handoffs_page(
-    b: Baton, *, party: str | None, status: str | None, limit: int, cursor: str | None
-) -> HandoffPage:
-    """One page (oldest first, ``limit`` 1..10,000, after ``cursor`` as in
-    :func:`leases_page`) of ``b.handoffs.inbox`` without ``party``, else of
-    ``b.handoffs.list`` (``party``: a principal or ``"*"``; ``status`` default
+def handoffs_page(b: Baton, q: HandoffListFields) -> HandoffPage:
+    """One page (oldest first, ``q.limit`` 1..10,000, after ``q.cursor`` as in
+    :func:`leases_page`) of ``b.handoffs.inbox`` without ``q.party``, else of
+    ``b.handoffs.list`` (``q.party``: a principal or ``"*"``; ``q.status`` default
     ``pending``).
 
     Raises:
@@ -374,16 +395,16 @@ def handoffs_page(
             without ``party``), FORBIDDEN (another principal's or everyone's handoffs
             asked by an ``agent``).
     """
-    if party is None:
-        if status is not None:
+    if q.party is None:
+        if q.status is not None:
             raise ValidationError("status filters a listing by party: give party as well")
-        handoffs = b.handoffs.inbox(limit=limit, cursor=cursor)
+        handoffs = b.handoffs.inbox(limit=q.limit, cursor=q.cursor)
     else:
         handoffs = b.handoffs.list(
-            party=party,
-            status="pending" if status is None else status,
-            limit=limit,
-            cursor=cursor,
+            party=q.party,
+            status="pending" if q.status is None else q.status,
+            limit=q.limit,
+            cursor=q.cursor,
         )
     return HandoffPage(handoffs=handoffs, next_cursor=handoffs.next_cursor)
 
@@ -423,17 +444,15 @@ def checkpoint_history(
     return b.checkpoints.history(subject_id, kind, principal)
 
 
-def outcomes_page(
-    b: Baton, subject_id: str | None, *, limit: int, cursor: str | None
-) -> OutcomePage:
-    """One page of ``b.outcomes.list``: outcomes of the org (of ``subject_id`` when
-    given), oldest first, at most ``limit`` (``int``, 1..100,000), after ``cursor`` as in
-    :func:`leases_page`.
+def outcomes_page(b: Baton, q: OutcomeListFields) -> OutcomePage:
+    """One page of ``b.outcomes.list``: outcomes of the org (of ``q.subject_id`` when
+    given), oldest first, at most ``q.limit`` (``int``, 1..100,000), after ``q.cursor`` as
+    in :func:`leases_page`.
 
     Raises:
         BatonError: VALIDATION_ERROR (a bad subject id, limit or cursor).
     """
-    outcomes = b.outcomes.list(subject_id, limit=limit, cursor=cursor)
+    outcomes = b.outcomes.list(q.subject_id, limit=q.limit, cursor=q.cursor)
     return OutcomePage(outcomes=outcomes, next_cursor=outcomes.next_cursor)
 
 

@@ -128,7 +128,7 @@ class ResolveFields(Protocol):
 
 
 class LeaseListFields(Protocol):
-    """The filters and page of a lease listing (REST ``LeaseQuery``, MCP ``LeaseListIn``)."""
+    """The filters and page of a lease listing (REST ``LeaseListQuery``, MCP ``LeaseListIn``)."""
 
     resource_type: str | None
     owner: str | None
@@ -138,7 +138,7 @@ class LeaseListFields(Protocol):
 
 
 class EventListFields(Protocol):
-    """The filters and page of an event listing (REST ``EventQuery``, MCP ``EventListIn``)."""
+    """The filters and page of an event listing (REST ``EventListQuery``, MCP ``EventListIn``)."""
 
     after: int | None
     limit: int
@@ -150,7 +150,7 @@ class EventListFields(Protocol):
 
 
 class HandoffListFields(Protocol):
-    """The filters and page of a handoff listing (REST ``HandoffQuery``, MCP
+    """The filters and page of a handoff listing (REST ``HandoffListQuery``, MCP
     ``HandoffInboxIn``)."""
 
     party: str | None
@@ -164,7 +164,7 @@ class HandoffListFields(Protocol):
 
 
 class OutcomeListFields(Protocol):
-    """The filter and page of an outcome listing (REST ``OutcomeQuery``, MCP
+    """The filter and page of an outcome listing (REST ``OutcomeListQuery``, MCP
     ``OutcomeListIn``)."""
 
     subject_id: str | None

@@ -31,7 +31,7 @@ from prefect_baton.rest._http import ok
 log = logging.getLogger("prefect_baton.rest")
 
 
-class LeaseQuery(BaseModel):
+class LeaseListQuery(BaseModel):
     """The query of ``GET /v1/leases``: its filters and page (the client checks them)."""
 
     resource_type: str | None = None
@@ -79,7 +79,7 @@ def add_routes(app: FastAPI) -> None:
         return _reply(request, lease, status=201)
 
     @app.get("/v1/leases", tags=["leases"])
-    def list_leases(request: Request, b: B, q: Annotated[LeaseQuery, Query()]) -> Response:
+    def list_leases(request: Request, b: B, q: Annotated[LeaseListQuery, Query()]) -> Response:
         """Your effective leases (``owner`` needs owner/admin), newest first, one page of
         ``limit``; ``next_cursor`` (as ``cursor=``) gives the next page."""
         return _reply(request, _calls.leases_page(b, q))

@@ -17,7 +17,7 @@ from prefect_baton.rest import _schemas as s
 from prefect_baton.rest._deps import B, Epoch, ExecutionKey, IdemKey, Limit, _fence, _reply, _utf8
 
 
-class HandoffQuery(BaseModel):
+class HandoffListQuery(BaseModel):
     """The query of ``GET /v1/handoffs``: the inbox, or a party's handoffs of a status, one
     page (the client checks them)."""
 
@@ -36,7 +36,7 @@ class HandoffQuery(BaseModel):
     )
 
 
-class OutcomeQuery(BaseModel):
+class OutcomeListQuery(BaseModel):
     """The query of ``GET /v1/outcomes``: a subject's outcomes (all without one), one page
     (the client checks them)."""
 
@@ -45,7 +45,7 @@ class OutcomeQuery(BaseModel):
     cursor: str | None = None
 
 
-class EventQuery(BaseModel):
+class EventListQuery(BaseModel):
     """The query of ``GET /v1/events``: its filters and page (the client checks them)."""
 
     after: s.After | None = None
@@ -96,7 +96,7 @@ def add_routes(app: FastAPI) -> None:
         return _reply(request, handoff, status=201)
 
     @app.get("/v1/handoffs", tags=["handoffs"])
-    def inbox(request: Request, b: B, q: Annotated[HandoffQuery, Query()]) -> Response:
+    def inbox(request: Request, b: B, q: Annotated[HandoffListQuery, Query()]) -> Response:
         """Without ``party``: pending handoffs addressed to the caller (the inbox). With
         ``party``: handoffs sent or received by that principal (your own name: yours;
         another's, or ``*`` for everyone's in the org, needs owner/admin, else 403) that
@@ -170,14 +170,14 @@ def add_routes(app: FastAPI) -> None:
         return _reply(request, outcome, status=201)
 
     @app.get("/v1/outcomes", tags=["outcomes"])
-    def outcomes(request: Request, b: B, q: Annotated[OutcomeQuery, Query()]) -> Response:
+    def outcomes(request: Request, b: B, q: Annotated[OutcomeListQuery, Query()]) -> Response:
         """Outcomes of the org, of one subject when given, oldest first (by record time,
         then outcome id), one page of ``limit``; ``next_cursor`` (as ``cursor=``) gives the
         next page."""
         return _reply(request, _calls.outcomes_page(b, q))
 
     @app.get("/v1/events", tags=["events"])
-    def events(request: Request, b: B, q: Annotated[EventQuery, Query()]) -> Response:
+    def events(request: Request, b: B, q: Annotated[EventListQuery, Query()]) -> Response:
         """Events with ``seq > after`` (or after ``cursor``, not both; neither: from the
         start) in commit order, one page of ``limit``; ``next_cursor`` gives the next page
         (``null``: no event follows). Filters: ``kind``; ``resource_type``

@@ -111,10 +111,7 @@ def _handoff_create(b: Baton, a: HandoffCreateIn) -> dict[str, Any]:
 
 
 def _handoff_inbox(b: Baton, a: HandoffInboxIn) -> dict[str, Any]:
-    page = rest_calls.handoffs_page(
-        b, party=a.party, status=a.status, limit=a.limit, cursor=a.cursor
-    )
-    return _json(page)
+    return _json(rest_calls.handoffs_page(b, a))
 
 
 def _lease_transfer(b: Baton, a: LeaseTransferIn) -> dict[str, Any]:
@@ -132,29 +129,11 @@ def _lease_acquire_many(b: Baton, a: LeaseAcquireManyIn) -> dict[str, Any]:
 
 
 def _lease_list(b: Baton, a: LeaseListIn) -> dict[str, Any]:
-    page = rest_calls.leases_page(
-        b,
-        resource_type=a.resource_type,
-        owner=a.owner,
-        include_ended=a.include_ended,
-        limit=a.limit,
-        cursor=a.cursor,
-    )
-    return _json(page)
+    return _json(rest_calls.leases_page(b, a))
 
 
 def _event_list(b: Baton, a: EventListIn) -> dict[str, Any]:
-    page = rest_calls.events_page(
-        b,
-        after=a.after,
-        limit=a.limit,
-        kind=a.kind,
-        cursor=a.cursor,
-        resource_type=a.resource_type,
-        resource_id=a.resource_id,
-        subject=a.subject,
-    )
-    return _json(page)
+    return _json(rest_calls.events_page(b, a))
 
 
 def _checkpoint_history(b: Baton, a: CheckpointHistoryIn) -> dict[str, Any]:
@@ -167,7 +146,7 @@ def _checkpoint_delete(b: Baton, a: CheckpointDeleteIn) -> dict[str, Any]:
 
 
 def _outcome_list(b: Baton, a: OutcomeListIn) -> dict[str, Any]:
-    return _json(rest_calls.outcomes_page(b, a.subject_id, limit=a.limit, cursor=a.cursor))
+    return _json(rest_calls.outcomes_page(b, a))
 
 
 def _whoami(b: Baton, _a: WhoAmIIn, grant: Grant) -> dict[str, Any]:

@@ -130,6 +130,51 @@ class ResolveFields(Protocol):
     ttl_seconds: int | None
 
 
+class LeaseListFields(Protocol):
+    """The filters and page of a lease listing (REST ``LeaseListQuery``, MCP ``LeaseListIn``)."""
+
+    resource_type: str | None
+    owner: str | None
+    include_ended: bool
+    limit: int
+    cursor: str | None
+
+
+class EventListFields(Protocol):
+    """The filters and page of an event listing (REST ``EventListQuery``, MCP ``EventListIn``)."""
+
+    after: int | None
+    limit: int
+    kind: str | None
+    cursor: str | None
+    resource_type: str | None
+    resource_id: str | None
+    subject: str | None
+
+
+class HandoffListFields(Protocol):
+    """The filters and page of a handoff listing (REST ``HandoffListQuery``, MCP
+    ``HandoffInboxIn``)."""
+
+    party: str | None
+    limit: int
+    cursor: str | None
+
+    @property
+    def status(self) -> str | None:
+        """The status to list (read-only, so either server's type fits)."""
+        ...
+
+
+class OutcomeListFields(Protocol):
+    """The filter and page of an outcome listing (REST ``OutcomeListQuery``, MCP
+    ``OutcomeListIn``)."""
+
+    subject_id: str | None
+    limit: int
+    cursor: str | None
+
+
 class OutcomeFields(Protocol):
     """The fields of an outcome (REST ``OutcomeIn``, MCP ``OutcomeRecordIn``)."""
 
@@ -323,38 +368,29 @@ def acquire_many(
     )
 
 
-def leases_page(
-    b: Baton,
-    *,
-    resource_type: str | None,
-    owner: str | None,
-    include_ended: bool,
-    limit: int,
-    cursor: str | None,
-) -> LeasePage:
-    """One page of ``b.leases.list`` (newest first, ``limit`` 1..10,000) after
-    ``cursor`` (``str`` from a previous page's ``next_cursor``, or ``None``).
+def leases_page(b: Baton, q: LeaseListFields) -> LeasePage:
+    """One page of ``b.leases.list`` with the filters of ``q`` (newest first, ``q.limit``
+    1..10,000) after ``q.cursor`` (``str`` from a previous page's ``next_cursor``, or
+    ``None``).
 
     Raises:
         BatonError: VALIDATION_ERROR (a bad limit or cursor), FORBIDDEN (another
             principal's leases asked by an ``agent``).
     """
     leases = b.leases.list(
-        resource_type=resource_type,
-        owner=owner,
-        include_ended=include_ended,
-        limit=limit,
-        cursor=cursor,
+        resource_type=q.resource_type,
+        owner=q.owner,
+        include_ended=q.include_ended,
+        limit=q.limit,
+        cursor=q.cursor,
     )
     return LeasePage(leases=leases, next_cursor=leases.next_cursor)
 
 
-def handoffs_page(
-    b: Baton, *, party: str | None, status: str | None, limit: int, cursor: str | None
-) -> HandoffPage:
-    """One page (oldest first, ``limit`` 1..10,000, after ``cursor`` as in
-    :func:`leases_page`) of ``b.handoffs.inbox`` without ``party``, else of
-    ``b.handoffs.list`` (``party``: a principal or ``"*"``; ``status`` default
+def handoffs_page(b: Baton, q: HandoffListFields) -> HandoffPage:
+    """One page (oldest first, ``q.limit`` 1..10,000, after ``q.cursor`` as in
+    :func:`leases_page`) of ``b.handoffs.inbox`` without ``q.party``, else of
+    ``b.handoffs.list`` (``q.party``: a principal or ``"*"``; ``q.status`` default
     ``pending``).
 
     Raises:
@@ -362,35 +398,25 @@ def handoffs_page(
             without ``party``), FORBIDDEN (another principal's or everyone's handoffs
             asked by an ``agent``).
     """
-    if party is None:
-        if status is not None:
+    if q.party is None:
+        if q.status is not None:
             raise ValidationError("status filters a listing by party: give party as well")
-        handoffs = b.handoffs.inbox(limit=limit, cursor=cursor)
+        handoffs = b.handoffs.inbox(limit=q.limit, cursor=q.cursor)
     else:
         handoffs = b.handoffs.list(
-            party=party,
-            status="pending" if status is None else status,
-            limit=limit,
-            cursor=cursor,
+            party=q.party,
+            status="pending" if q.status is None else q.status,
+            limit=q.limit,
+            cursor=q.cursor,
         )
     return HandoffPage(handoffs=handoffs, next_cursor=handoffs.next_cursor)
 
 
-def events_page(
-    b: Baton,
-    *,
-    after: int | None,
-    limit: int,
-    kind: str | None,
-    cursor: str | None,
-    resource_type: str | None = None,
-    resource_id: str | None = None,
-    subject: str | None = None,
-) -> EventPage:
-    """One page of ``b.events.list``: events with ``seq > after`` (``int``; ``None``: not
-    given), or after ``cursor`` (as :func:`leases_page`), or from the start when neither is
-    given, in commit order, ``limit`` 1..1,000; of ``kind``, of resource
-    ``(resource_type, resource_id)`` and of ``subject`` when given (``str``, as
+def events_page(b: Baton, q: EventListFields) -> EventPage:
+    """One page of ``b.events.list``: events with ``seq > q.after`` (``int``; ``None``: not
+    given), or after ``q.cursor`` (as :func:`leases_page`), or from the start when neither
+    is given, in commit order, ``q.limit`` 1..1,000; of ``q.kind``, of resource
+    ``(q.resource_type, q.resource_id)`` and of ``q.subject`` when given (``str``, as
     ``b.events.list``).
 
     Raises:
@@ -399,12 +425,12 @@ def events_page(
             ``cursor``, ``after=0`` too).
     """
     events = b.events.list(
-        events_after(after, cursor, name="after"),
-        limit,
-        kind,
-        resource_type=resource_type,
-        resource_id=resource_id,
-        subject=subject,
+        events_after(q.after, q.cursor, name="after"),
+        q.limit,
+        q.kind,
+        resource_type=q.resource_type,
+        resource_id=q.resource_id,
+        subject=q.subject,
     )
     return EventPage(events=events, next_cursor=events.next_cursor)
 
@@ -421,17 +447,15 @@ def checkpoint_history(
     return b.checkpoints.history(subject_id, kind, principal)
 
 
-def outcomes_page(
-    b: Baton, subject_id: str | None, *, limit: int, cursor: str | None
-) -> OutcomePage:
-    """One page of ``b.outcomes.list``: outcomes of the org (of ``subject_id`` when
-    given), oldest first, at most ``limit`` (``int``, 1..100,000), after ``cursor`` as in
-    :func:`leases_page`.
+def outcomes_page(b: Baton, q: OutcomeListFields) -> OutcomePage:
+    """One page of ``b.outcomes.list``: outcomes of the org (of ``q.subject_id`` when
+    given), oldest first, at most ``q.limit`` (``int``, 1..100,000), after ``q.cursor`` as
+    in :func:`leases_page`.
 
     Raises:
         BatonError: VALIDATION_ERROR (a bad subject id, limit or cursor).
     """
-    outcomes = b.outcomes.list(subject_id, limit=limit, cursor=cursor)
+    outcomes = b.outcomes.list(q.subject_id, limit=q.limit, cursor=q.cursor)
     return OutcomePage(outcomes=outcomes, next_cursor=outcomes.next_cursor)
 
 

@@ -31,6 +31,16 @@ from prefect_baton.rest._http import ok
 log = logging.getLogger("prefect_baton.rest")
 
 
+class LeaseListQuery(BaseModel):
+    """The query of ``GET /v1/leases``: its filters and page (the client checks them)."""
+
+    resource_type: str | None = None
+    owner: str | None = None
+    include_ended: bool = False
+    limit: Limit = 100
+    cursor: str | None = None
+
+
 class _ProofIn(BaseModel):
     """The execution key of a lease proof. Absent: the lease's own (the seed service's
     behaviour); present (``null`` included): exactly the key the Python client presents."""
@@ -69,26 +79,10 @@ def add_routes(app: FastAPI) -> None:
         return _reply(request, lease, status=201)
 
     @app.get("/v1/leases", tags=["leases"])
-    def list_leases(
-        request: Request,
-        b: B,
-        resource_type: str | None = None,
-        owner: str | None = None,
-        include_ended: bool = False,
-        limit: Annotated[Limit, Query()] = 100,
-        cursor: str | None = None,
-    ) -> Response:
+    def list_leases(request: Request, b: B, q: Annotated[LeaseListQuery, Query()]) -> Response:
         """Your effective leases (``owner`` needs owner/admin), newest first, one page of
         ``limit``; ``next_cursor`` (as ``cursor=``) gives the next page."""
-        page = _calls.leases_page(
-            b,
-            resource_type=resource_type,
-            owner=owner,
-            include_ended=include_ended,
-            limit=limit,
-            cursor=cursor,
-        )
-        return _reply(request, page)
+        return _reply(request, _calls.leases_page(b, q))
 
     @app.get("/v1/leases/inspect", tags=["leases"])
     def inspect(request: Request, b: B, resource_type: str, resource_id: str) -> Response:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import FastAPI, Query, Request
+from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from prefect_baton._client.sync import Baton
@@ -15,12 +16,45 @@ from prefect_baton.rest import _calls
 from prefect_baton.rest import _schemas as s
 from prefect_baton.rest._deps import B, Epoch, ExecutionKey, IdemKey, Limit, _fence, _reply, _utf8
 
-_PARTY = (
-    "Instead of the inbox: the handoffs this principal sent or received (your own name: "
-    "yours), or '*' for everyone's in the org; another's or everyone's needs the owner or "
-    "admin role (else 403 FORBIDDEN)."
-)
-_STATUS = "With party only (else 400): pending (default), accepted, rejected, expired or any."
+
+class HandoffListQuery(BaseModel):
+    """The query of ``GET /v1/handoffs``: the inbox, or a party's handoffs of a status, one
+    page (the client checks them)."""
+
+    limit: Limit = 100
+    cursor: str | None = None
+    party: str | None = Field(
+        None,
+        description="Instead of the inbox: the handoffs this principal sent or received "
+        "(your own name: yours), or '*' for everyone's in the org; another's or everyone's "
+        "needs the owner or admin role (else 403 FORBIDDEN).",
+    )
+    status: str | None = Field(
+        None,
+        description="With party only (else 400): pending (default), accepted, rejected, "
+        "expired or any.",
+    )
+
+
+class OutcomeListQuery(BaseModel):
+    """The query of ``GET /v1/outcomes``: a subject's outcomes (all without one), one page
+    (the client checks them)."""
+
+    subject_id: str | None = None
+    limit: Limit = 1000
+    cursor: str | None = None
+
+
+class EventListQuery(BaseModel):
+    """The query of ``GET /v1/events``: its filters and page (the client checks them)."""
+
+    after: s.After | None = None
+    limit: Limit = 100
+    kind: str | None = None
+    cursor: str | None = None
+    resource_type: str | None = None
+    resource_id: str | None = None
+    subject: str | None = None
 
 
 class HandoffProofIn(s.HandoffIn):
@@ -62,22 +96,14 @@ def add_routes(app: FastAPI) -> None:
         return _reply(request, handoff, status=201)
 
     @app.get("/v1/handoffs", tags=["handoffs"])
-    def inbox(
-        request: Request,
-        b: B,
-        limit: Limit = 100,
-        cursor: str | None = None,
-        party: Annotated[str | None, Query(description=_PARTY)] = None,
-        status: Annotated[str | None, Query(description=_STATUS)] = None,
-    ) -> Response:
+    def inbox(request: Request, b: B, q: Annotated[HandoffListQuery, Query()]) -> Response:
         """Without ``party``: pending handoffs addressed to the caller (the inbox). With
         ``party``: handoffs sent or received by that principal (your own name: yours;
         another's, or ``*`` for everyone's in the org, needs owner/admin, else 403) that
         read as ``status`` (``pending`` by default, ``accepted``, ``rejected``,
         ``expired`` or ``any``; only with ``party``). Oldest first, one page of
         ``limit``; ``next_cursor`` (as ``cursor=``) gives the next page."""
-        page = _calls.handoffs_page(b, party=party, status=status, limit=limit, cursor=cursor)
-        return _reply(request, page)
+        return _reply(request, _calls.handoffs_page(b, q))
 
     @app.get("/v1/handoffs/{handoff_id}", tags=["handoffs"])
     def show_handoff(request: Request, handoff_id: str, b: B) -> Response:
@@ -144,45 +170,18 @@ def add_routes(app: FastAPI) -> None:
         return _reply(request, outcome, status=201)
 
     @app.get("/v1/outcomes", tags=["outcomes"])
-    def outcomes(
-        request: Request,
-        b: B,
-        subject_id: str | None = None,
-        limit: Limit = 1000,
-        cursor: str | None = None,
-    ) -> Response:
+    def outcomes(request: Request, b: B, q: Annotated[OutcomeListQuery, Query()]) -> Response:
         """Outcomes of the org, of one subject when given, oldest first (by record time,
         then outcome id), one page of ``limit``; ``next_cursor`` (as ``cursor=``) gives the
         next page."""
-        page = _calls.outcomes_page(b, subject_id, limit=limit, cursor=cursor)
-        return _reply(request, page)
+        return _reply(request, _calls.outcomes_page(b, q))
 
     @app.get("/v1/events", tags=["events"])
-    def events(
-        request: Request,
-        b: B,
-        after: s.After | None = None,
-        limit: Limit = 100,
-        kind: str | None = None,
-        cursor: str | None = None,
-        resource_type: str | None = None,
-        resource_id: str | None = None,
-        subject: str | None = None,
-    ) -> Response:
+    def events(request: Request, b: B, q: Annotated[EventListQuery, Query()]) -> Response:
         """Events with ``seq > after`` (or after ``cursor``, not both; neither: from the
         start) in commit order, one page of ``limit``; ``next_cursor`` gives the next page
         (``null``: no event follows). Filters: ``kind``; ``resource_type``
         with ``resource_id`` (the events of that resource's leases: ``lease.*``,
         ``fence.rejected``, and ``handoff.*`` of handoffs carrying one); ``subject`` (the
         events with exactly this subject)."""
-        page = _calls.events_page(
-            b,
-            after=after,
-            limit=limit,
-            kind=kind,
-            cursor=cursor,
-            resource_type=resource_type,
-            resource_id=resource_id,
-            subject=subject,
-        )
-        return _reply(request, page)
+        return _reply(request, _calls.events_page(b, q))

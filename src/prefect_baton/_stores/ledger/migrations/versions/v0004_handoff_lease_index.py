@@ -19,10 +19,8 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("baton_handoffs", schema=None) as batch_op:
-        batch_op.create_index("ix_handoff_lease", ["lease_id"], unique=False)
+    op.create_index("ix_handoff_lease", "baton_handoffs", ["lease_id"])
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("baton_handoffs", schema=None) as batch_op:
-        batch_op.drop_index("ix_handoff_lease")
+    op.drop_index("ix_handoff_lease", table_name="baton_handoffs")

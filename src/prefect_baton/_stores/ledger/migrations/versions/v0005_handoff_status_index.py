@@ -19,14 +19,12 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("baton_handoffs", schema=None) as batch_op:
-        batch_op.create_index(
-            "ix_handoff_org_status",
-            ["org_id", "status", "created_at_ms", "handoff_id"],
-            unique=False,
-        )
+    op.create_index(
+        "ix_handoff_org_status",
+        "baton_handoffs",
+        ["org_id", "status", "created_at_ms", "handoff_id"],
+    )
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("baton_handoffs", schema=None) as batch_op:
-        batch_op.drop_index("ix_handoff_org_status")
+    op.drop_index("ix_handoff_org_status", table_name="baton_handoffs")

@@ -26,7 +26,7 @@ from prefect_baton._stores.protocol import (
     OutcomeWrite,
     ResolveRequest,
 )
-from prefect_baton._stores.queries import EventQuery, HandoffQuery
+from prefect_baton._stores.queries import EventQuery, HandoffQuery, OutcomeQuery
 from prefect_baton.errors import ValidationError, from_pydantic
 from prefect_baton.models import Checkpoint, Event, Evidence, Handoff, Outcome, Page
 
@@ -408,9 +408,11 @@ class OutcomeAPI(_API):
             limit,
             lambda n: self._store.outcome_list(
                 self._caller,
-                _core.validate_optional_id("subject_id", subject_id),
-                limit=n,
-                after=None if cursor is None else decode_cursor("outcomes", cursor),
+                OutcomeQuery(
+                    subject_id=_core.validate_optional_id("subject_id", subject_id),
+                    limit=n,
+                    after=None if cursor is None else decode_cursor("outcomes", cursor),
+                ),
             ),
         )
 

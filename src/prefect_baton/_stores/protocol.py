@@ -34,7 +34,7 @@ from prefect_baton._rules.core import (
     RenewRequest,
     TransferRequest,
 )
-from prefect_baton._stores.queries import EventQuery, HandoffQuery, LeaseQuery
+from prefect_baton._stores.queries import EventQuery, HandoffQuery, LeaseQuery, OutcomeQuery
 from prefect_baton.models import (
     Checkpoint,
     Event,
@@ -562,18 +562,9 @@ class RecordStore(Protocol):
         """
         ...
 
-    def outcome_list(
-        self,
-        caller: Caller,
-        subject_id: str | None = None,
-        *,
-        limit: int = 1000,
-        after: tuple[int, str] | None = None,
-    ) -> list[Outcome]:
-        """Outcomes of the org (of one subject when given), oldest first (by record time
-        in ms, then outcome id), at most ``limit`` (1 to 100,001: one more than the largest
-        page, :func:`~prefect_baton._rules.paging.store_limit`); ``after``: the
-        ``(recorded_at ms, outcome_id)`` of the last outcome of the previous page."""
+    def outcome_list(self, caller: Caller, query: OutcomeQuery) -> list[Outcome]:
+        """The outcomes of the org that ``query`` keeps (:class:`OutcomeQuery`), oldest
+        first (by record time in ms, then outcome id)."""
         ...
 
     def events_list(self, caller: Caller, query: EventQuery) -> list[Event]:

@@ -2,15 +2,16 @@
 :meth:`~prefect_baton._stores.protocol.LeaseAuthority.list_leases` lists
 (:class:`LeaseQuery`) and which handoffs
 :meth:`~prefect_baton._stores.protocol.RecordStore.handoff_list` lists
-(:class:`HandoffQuery`) and which events
-:meth:`~prefect_baton._stores.protocol.RecordStore.events_list` lists (:class:`EventQuery`),
-as the client validated them."""
+(:class:`HandoffQuery`), which events
+:meth:`~prefect_baton._stores.protocol.RecordStore.events_list` lists (:class:`EventQuery`)
+and which outcomes :meth:`~prefect_baton._stores.protocol.RecordStore.outcome_list` lists
+(:class:`OutcomeQuery`), as the client validated them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["EventQuery", "HandoffQuery", "LeaseQuery"]
+__all__ = ["EventQuery", "HandoffQuery", "LeaseQuery", "OutcomeQuery"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,3 +83,21 @@ class EventQuery:
     kind: str | None = None
     resource: tuple[str, str] | None = None
     subject: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeQuery:
+    """Which outcomes :meth:`~prefect_baton._stores.protocol.RecordStore.outcome_list`
+    lists, oldest first (by record time in ms, then outcome id; validated by the client).
+
+    Attributes:
+        subject_id: only the outcomes of this subject (``str`` id), or ``None`` (any).
+        limit: at most this many outcomes (``int``, 1 to 100,001: one more than the largest
+            page, :func:`~prefect_baton._rules.paging.store_limit`).
+        after: the page continues after this ``(recorded_at ms, outcome_id)`` (the last
+            outcome of the previous page), or ``None`` (the first page).
+    """
+
+    subject_id: str | None = None
+    limit: int = 1000
+    after: tuple[int, str] | None = None

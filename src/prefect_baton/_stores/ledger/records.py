@@ -32,7 +32,7 @@ from prefect_baton._stores.ledger.tables import (
     OutcomeRow,
 )
 from prefect_baton._stores.protocol import Caller, CheckpointWrite, OutcomeWrite
-from prefect_baton._stores.queries import EventQuery
+from prefect_baton._stores.queries import EventQuery, OutcomeQuery
 from prefect_baton.errors import NotFoundError, ValidationError
 from prefect_baton.models import Checkpoint, Event, Outcome, from_ms
 
@@ -337,26 +337,17 @@ class RecordOps(HandoffOps, FenceOps):
             op,
         )
 
-    def outcome_list(
-        self,
-        caller: Caller,
-        subject_id: str | None = None,
-        *,
-        limit: int = 1000,
-        after: tuple[int, str] | None = None,
-    ) -> list[Outcome]:
-        """Outcomes of the org (of one subject when given), oldest first by the ledger
-        clock, then by outcome id, at most ``limit`` (1..100,001,
-        :func:`~prefect_baton._rules.paging.store_limit`); ``after``: the page continues
-        after this ``(recorded_at ms, outcome_id)``."""
+    def outcome_list(self, caller: Caller, query: OutcomeQuery) -> list[Outcome]:
+        """The outcomes of the caller's org that ``query`` keeps, oldest first by the
+        ledger clock, then by outcome id."""
         at, oid = col(OutcomeRow.recorded_at_ms), col(OutcomeRow.outcome_id)
         with self._read() as (s, _now):
             q = select(OutcomeRow).where(col(OutcomeRow.org_id) == caller.org)
-            if subject_id is not None:
-                q = q.where(col(OutcomeRow.subject_id) == subject_id)
-            if after is not None:
-                q = q.where(after_key(at, oid, after))
-            q = q.order_by(at, oid).limit(store_limit("outcomes", limit))
+            if query.subject_id is not None:
+                q = q.where(col(OutcomeRow.subject_id) == query.subject_id)
+            if query.after is not None:
+                q = q.where(after_key(at, oid, query.after))
+            q = q.order_by(at, oid).limit(store_limit("outcomes", query.limit))
             return [outcome_model(r) for r in s.execute(q).scalars()]
 
     # ------------------------------------------------------------------ events, history

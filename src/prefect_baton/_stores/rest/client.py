@@ -38,7 +38,7 @@ from prefect_baton._stores.protocol import (
     OutcomeWrite,
     ResolveRequest,
 )
-from prefect_baton._stores.queries import EventQuery, HandoffQuery, LeaseQuery
+from prefect_baton._stores.queries import EventQuery, HandoffQuery, LeaseQuery, OutcomeQuery
 from prefect_baton._stores.rest.http import (
     _M,
     DEFAULT_TIMEOUT_SECONDS,
@@ -481,18 +481,11 @@ class RestStore(_Transport):
         }
         return self._send(Outcome, "POST", "/v1/outcomes", idempotency_key, body)
 
-    def outcome_list(
-        self,
-        caller: Caller,
-        subject_id: str | None = None,
-        *,
-        limit: int = 1000,
-        after: tuple[int, str] | None = None,
-    ) -> list[Outcome]:
-        """``GET /v1/outcomes`` (``after`` sent as the page's ``cursor``)."""
-        cursor = None if after is None else encode_cursor("outcomes", after)
-        params = _params(subject_id=subject_id, cursor=cursor)
-        return self._paged("outcomes", "/v1/outcomes", params, limit, Outcome)
+    def outcome_list(self, caller: Caller, query: OutcomeQuery) -> list[Outcome]:
+        """``GET /v1/outcomes`` (``query.after`` sent as the page's ``cursor``)."""
+        cursor = None if query.after is None else encode_cursor("outcomes", query.after)
+        params = _params(subject_id=query.subject_id, cursor=cursor)
+        return self._paged("outcomes", "/v1/outcomes", params, query.limit, Outcome)
 
     def events_list(self, caller: Caller, query: EventQuery) -> list[Event]:
         """``GET /v1/events``."""

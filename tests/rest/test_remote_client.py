@@ -5,10 +5,12 @@ HTML page, a timeout) through httpx's mock transport."""
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -125,6 +127,47 @@ def test_environment_selects_the_rest_api(
     monkeypatch.delenv("BATON_API_KEY")
     with pytest.raises(ValidationError, match="api_key"):
         Baton()
+
+
+def test_cli_and_python_pick_the_same_store_from_one_environment(
+    rest_api: str,
+    secret: MakeSecret,
+    monkeypatch: pytest.MonkeyPatch,
+    org: str,
+    tmp_path: Path,
+) -> None:
+    """With BATON_API_URL, BATON_API_KEY and also BATON_LEDGER_URL (another ledger) in the
+    environment, ``baton`` runs through the REST API as ``Baton()`` does: both see one
+    lease, never one holder on each store; only the --ledger-url flag picks a ledger."""
+    from typer.testing import CliRunner
+
+    from prefect_baton.cli import app
+
+    other = tmp_path / "other.db"
+    env = {
+        "BATON_API_URL": rest_api,
+        "BATON_API_KEY": secret("agent-env"),
+        "BATON_LEDGER_URL": f"sqlite:///{other}",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    runner = CliRunner()
+    argv = ["--format", "json", "lease", "acquire", "deploy", "shared", "--ttl-seconds", "60"]
+    first = runner.invoke(app, argv)
+    assert first.exit_code == 0, first.stdout
+    assert json.loads(first.stdout)["lease"]["owner"] == "agent-env"
+    with Baton() as b:
+        assert isinstance(b.authority, RestStore)
+        assert (b.org, b.principal) == (org, "agent-env")
+        assert b.leases.inspect("deploy", "shared").held
+    rival = Baton(api_url=rest_api, api_key=secret("agent-other"))
+    with rival, pytest.raises(ConflictError):
+        rival.leases.acquire("deploy", "shared", ttl_seconds=60)
+    assert not other.exists()
+    local = runner.invoke(app, ["--ledger-url", f"sqlite:///{other}", "--principal", "ops", *argv])
+    assert local.exit_code == 0, local.stdout
+    assert json.loads(local.stdout)["lease"]["owner"] == "ops"
+    assert other.exists()
 
 
 # ------------------------------------------------------------------------------ bad input

@@ -194,8 +194,10 @@ app = typer.Typer(
     "BATON_ROLE, BATON_LEDGER_URL, BATON_REDIS_URL, BATON_FORMAT) and may also follow the "
     "command: baton lease inspect deploy svc --format json.\n\n"
     "With BATON_API_URL and BATON_API_KEY (a bearer key from baton keys create) and no "
-    "--ledger-url, commands run through that REST API (baton serve) as the key's "
-    "principal; baton keys and baton db act on a ledger only and need --ledger-url then.",
+    "--ledger-url or --redis-url flag, commands run through that REST API (baton serve) as "
+    "the key's principal, as Baton() does in Python, even when BATON_LEDGER_URL or "
+    "BATON_REDIS_URL is set too; baton keys, db, serve, ui, reconcile and mcp --transport "
+    "http act on a ledger and need --ledger-url or BATON_LEDGER_URL then.",
     epilog=exit_codes_help(),
     no_args_is_help=True,
     add_completion=False,
@@ -321,12 +323,22 @@ def root(
         org=org,
         principal=principal,
         role=role,
-        ledger_url=ledger_url,
-        redis_url=redis_url,
+        # Only the flags choose the store; BATON_LEDGER_URL and BATON_REDIS_URL reach the
+        # client through its settings, as they reach Baton() in Python: so that one
+        # environment with BATON_API_URL picks the same store on both (the REST API).
+        ledger_url=_flag(ctx, "ledger_url", ledger_url),
+        redis_url=_flag(ctx, "redis_url", redis_url),
         format=fmt,
     )
     ctx.obj = st
     ctx.call_on_close(st.close)
+
+
+def _flag(ctx: typer.Context, name: str, value: str | None) -> str | None:
+    """``value`` of the root option ``name`` when it was given on the command line, else
+    ``None`` (its environment variable, if any, is read by the client's settings)."""
+    source = ctx.get_parameter_source(name)  # Typer's own click: compare by name
+    return value if source is not None and source.name == "COMMANDLINE" else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -83,7 +83,9 @@ class CliState:
                 through the API, so the default ``./.baton/ledger.db`` is never what was
                 meant (and would be created and migrated here).
         """
-        if self.ledger_url is None and self.settings().api_url is not None:
+        settings = self.settings()
+        from_env = "ledger_url" in settings.model_fields_set  # BATON_LEDGER_URL
+        if self.ledger_url is None and not from_env and settings.api_url is not None:
             raise ValidationError(
                 "this command acts on the ledger directly, not through the REST API of "
                 "BATON_API_URL: pass --ledger-url (or BATON_LEDGER_URL), or unset BATON_API_URL"

@@ -385,8 +385,8 @@ def test_lease_moves_only_once(baton: Baton) -> None:
 
 def test_handoff_keeps_its_parameters(baton: Baton) -> None:
     """Parameters for the recipient's run are stored with the handoff and read back by the
-    recipient (inbox and get); a handoff without them reads ``None``; a non-object is
-    VALIDATION_ERROR and writes nothing."""
+    recipient (inbox and get); a handoff without them reads ``None``; a non-object or
+    parameters over the size cap are VALIDATION_ERROR naming `parameters` and write nothing."""
     params = {"report": "r1", "sections": [1, 2], "nested": {"a": None}}
     h = baton.handoffs.create("agent-b", SUBJ, parameters=params, idempotency_key="p1")
     assert h.parameters == params
@@ -397,6 +397,8 @@ def test_handoff_keeps_its_parameters(baton: Baton) -> None:
     assert (again.replayed, again.handoff_id) == (True, h.handoff_id)
     assert baton.handoffs.create("agent-b", "plain").parameters is None
     before = kinds(baton)
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValidationError, match=r"^parameters must be a JSON object"):
         baton.handoffs.create("agent-b", SUBJ, parameters=["not", "an", "object"])  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match=r"^parameters is \d+ bytes of JSON"):
+        baton.handoffs.create("agent-b", SUBJ, parameters={"big": "x" * (2 * 1024 * 1024)})
     assert kinds(baton) == before

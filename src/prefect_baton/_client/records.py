@@ -177,7 +177,9 @@ class HandoffAPI(_API):
         exp_ms = validate_lifetime(
             expires_in_seconds, "expires_in_seconds must be a positive integer"
         )
-        params = None if parameters is None else _core.validate_state(parameters)[0]
+        params = (
+            None if parameters is None else _core.validate_state(parameters, name="parameters")[0]
+        )
         proof = None if lease is None else self._proof(lease)
         fence = None if lease is None else self._b._fence(lease)
         offer = HandoffOffer(to, subject, ck, ctx, msg, proof, exp_ms, params, fence)

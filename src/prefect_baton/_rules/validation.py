@@ -232,23 +232,29 @@ def canonical_json(value: object) -> str:
 
 
 def validate_state(
-    state: object, max_bytes: int = DEFAULT_STATE_MAX_BYTES
+    state: object, max_bytes: int = DEFAULT_STATE_MAX_BYTES, name: str = "state"
 ) -> tuple[dict[str, Any], str, str]:
-    """Check checkpoint state: a JSON object of at most ``max_bytes`` bytes (UTF-8).
+    """Check checkpoint state (or another JSON object the ledger stores, such as a
+    handoff's ``parameters``): a JSON object of at most ``max_bytes`` bytes (UTF-8);
+    ``name`` (``str``) is what error messages call it.
 
     Returns ``(state, canonical_text, state_hash)`` where ``state_hash`` is
     ``"sha256:" + hex digest`` of the canonical JSON.
+
+    Raises:
+        ValidationError: not a JSON object, a non-string key, nested more than 200 levels,
+            a lone surrogate, or over ``max_bytes``.
     """
     if not isinstance(state, Mapping):
-        raise ValidationError(f"state must be a JSON object, got {type(state).__name__}")
-    _check_keys(state)
+        raise ValidationError(f"{name} must be a JSON object, got {type(state).__name__}")
+    _check_keys(state, name)
     text = canonical_json(dict(state))
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError:
-        raise ValidationError("state is not valid UTF-8 text (lone surrogate)") from None
+        raise ValidationError(f"{name} is not valid UTF-8 text (lone surrogate)") from None
     if size > max_bytes:
-        raise ValidationError(f"state is {size} bytes of JSON; at most {max_bytes}")
+        raise ValidationError(f"{name} is {size} bytes of JSON; at most {max_bytes}")
     parsed: dict[str, Any] = json.loads(text)
     return parsed, text, "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -281,19 +287,20 @@ def request_body_limit(state_max_bytes: int) -> int:
     return max(MAX_REQUEST_BODY_BYTES, scaled)
 
 
-def _check_keys(value: object, depth: int = 0) -> None:
+def _check_keys(value: object, name: str, depth: int = 0) -> None:
     """JSON object keys are strings: reject ``{1: ...}`` rather than silently turning it
-    into ``{"1": ...}`` (two different states would then share one hash)."""
+    into ``{"1": ...}`` (two different states would then share one hash); ``name``: what
+    the messages call the value."""
     if depth > 200:
-        raise ValidationError("state is nested more than 200 levels deep")
+        raise ValidationError(f"{name} is nested more than 200 levels deep")
     if isinstance(value, Mapping):
         for k, v in value.items():
             if not isinstance(k, str):
-                raise ValidationError(f"state object keys must be strings, got {k!r}")
-            _check_keys(v, depth + 1)
+                raise ValidationError(f"{name} object keys must be strings, got {k!r}")
+            _check_keys(v, name, depth + 1)
     elif isinstance(value, list | tuple):
         for v in value:
-            _check_keys(v, depth + 1)
+            _check_keys(v, name, depth + 1)
 
 
 def request_digest(operation: str, fields: Mapping[str, object]) -> str:

@@ -39,7 +39,7 @@ class Resolution(enum.StrEnum):
 
 
 HandoffId = Annotated[
-    str, typer.Argument(metavar="HANDOFF_ID", help="Handoff id (text, 'handoff_...').")
+    str, typer.Argument(metavar="HANDOFF_ID", help="Handoff id (text, 'hoff_...').")
 ]
 
 

@@ -89,7 +89,8 @@ def test_a_client_without_redis_url_is_refused_until_the_org_is_returned(tmp_pat
     """Once a command with --redis-url used an org, one without it is refused
     (FORBIDDEN, exit 6, naming the remedy) instead of granting on the ledger's copy;
     ``baton reconcile --return-to-ledger`` hands the org back (the lease Redis granted is
-    held on the ledger too), and refuses --follow with it (exit 2)."""
+    held on the ledger too), and refuses --follow with it (exit 2), --force without it
+    (exit 2) and a hand-back through another Redis than the org's (exit 6)."""
     require_redis()
     ledger = f"sqlite:///{tmp_path / 'l.db'}"
     org = f"cli-{uuid.uuid4().hex[:8]}"
@@ -108,6 +109,14 @@ def test_a_client_without_redis_url_is_refused_until_the_org_is_returned(tmp_pat
     assert "--return-to-ledger" in error["message"]
     code, out, _err = _invoke(*redis, "reconcile", "--return-to-ledger", "--follow")
     assert code == 2, out
+    code, out, _err = _invoke(*redis, "reconcile", "--force")
+    assert code == 2, out
+    assert "--force goes with --return-to-ledger" in json.loads(out)["error"]["message"]
+    base_url, _, db = REDIS_URL.rpartition("/")
+    other = [*base, "--redis-url", f"{base_url}/{(int(db or 0) + 1) % 16}"]
+    code, out, _err = _invoke(*other, "reconcile", "--return-to-ledger")
+    assert code == 6, out  # through another Redis than the org's: FORBIDDEN, names --force
+    assert "--force" in json.loads(out)["error"]["message"]
     code, out, _err = _invoke(*redis, "reconcile", "--return-to-ledger")
     assert code == 0, out
     assert json.loads(out)["reconcile"] == {"org": org, "returned": True}

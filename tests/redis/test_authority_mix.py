@@ -340,3 +340,60 @@ def test_a_handoff_carries_a_lease_only_if_the_authority_says_it_is_held(
         assert (sent.lease_id, sent.status) == (mine.lease_id, "pending")
     finally:
         quick.close()
+
+
+def _other_db(url: str) -> str:
+    """``url`` with another database number of the same server (another keyspace)."""
+    base, _, db = url.rpartition("/")
+    return f"{base}/{(int(db or 0) + 1) % 16}"
+
+
+def test_a_client_on_another_redis_is_refused_not_rebuilt(ledger: LedgerStore, org: str) -> None:
+    """A client whose BATON_REDIS_URL names another Redis (here another database of the
+    server) finds no state for an org Redis decides. It is refused (FORBIDDEN, naming both
+    addresses), not rebuilt as after a data loss: a rebuild would let both Redis grant the
+    same resource. A data loss on the org's own Redis still rebuilds there; a hand-back
+    goes through the org's own Redis (through another only with force), and a Redis that
+    takes the org after it grants higher epochs."""
+    require_redis()
+    home = RedisAuthority(connect(REDIS_URL), ledger, ack="redis", owns_client=True)
+    stray = RedisAuthority(connect(_other_db(REDIS_URL)), ledger, ack="redis", owns_client=True)
+    try:
+        a = Baton(org=org, principal="a", store=ledger, lease_authority=home)
+        b = Baton(org=org, principal="b", store=ledger, lease_authority=stray)
+        held = a.leases.acquire("job", "r1", ttl_seconds=60)
+        home.reconciler.drain(org)
+        before = _counts(ledger, org)
+        with pytest.raises(ForbiddenError, match=r"decided by the Redis at .*has no state"):
+            b.leases.acquire("job", "r1", ttl_seconds=60)
+        with pytest.raises(ForbiddenError, match="return-to-ledger"):
+            b.leases.acquire("job", "r2", ttl_seconds=60)
+        assert _counts(ledger, org) == before
+        assert not stray.client.exists(org_keys(org).inc)
+        assert a.leases.renew(held, ttl_seconds=60).epoch == held.epoch
+        # a data loss on the org's own Redis: rebuilt there, epochs above every earlier one
+        home.client.delete(*home.client.keys(org_keys(org).prefix + "*"))
+        again = a.leases.acquire("job", "r2", ttl_seconds=60)
+        assert again.epoch > held.epoch
+        # a hand-back through the other Redis is refused (the org's Redis would go on
+        # granting beside the ledger) unless forced; through the org's own Redis it works
+        with pytest.raises(ForbiddenError, match="--force"):
+            stray.return_to_ledger(org)
+        assert home.client.exists(org_keys(org).inc)
+        a.leases.release(again)
+        a.leases.release(held)
+        assert home.return_to_ledger(org) is True
+        taken = b.leases.acquire("job", "r1", ttl_seconds=60)
+        assert taken.epoch > again.epoch
+        # the org's Redis is now the other one; say it is gone for good: the first Redis
+        # hands the org back only with force, then takes it with higher epochs
+        with pytest.raises(ForbiddenError, match="--force"):
+            home.return_to_ledger(org)
+        stray.reconciler.drain(org)
+        assert home.return_to_ledger(org, force=True) is True
+        back = a.leases.acquire("job", "r2", ttl_seconds=60)
+        assert back.epoch > taken.epoch
+    finally:
+        for auth in (home, stray):
+            auth.client.delete(*(auth.client.keys(org_keys(org).prefix + "*") or ["-"]))
+            auth.close()

@@ -14,6 +14,7 @@ from prefect_baton._stores.redis.keys import DEFAULT_BATCH
 from prefect_baton.cli._options import poll_interval
 from prefect_baton.cli._output import emit_ok, visible
 from prefect_baton.cli._state import guard
+from prefect_baton.errors import ValidationError
 
 if TYPE_CHECKING:
     from prefect_baton.reconcile import Lag
@@ -47,6 +48,15 @@ def reconcile(
             "clients without a Redis URL may decide them again.",
         ),
     ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="With --return-to-ledger: hand back also when this Redis has no state for "
+            "the org and the ledger names another Redis as the org's (only when that Redis "
+            "is gone for good).",
+        ),
+    ] = False,
 ) -> None:
     """Drain the Redis lease journal into the ledger and report the lag.
 
@@ -59,11 +69,18 @@ def reconcile(
     journal is drained, and the ledger decides the org's leases again; a Redis client that
     uses the org later rebuilds its state from the ledger and takes the org back. Output:
     the org and whether Redis decided it until now (returned).
+
+    The ledger records which Redis server decides an org: a client whose Redis has no
+    state for the org and is another server (a wrong BATON_REDIS_URL) is refused
+    (FORBIDDEN) instead of rebuilding it as after a data loss, and --return-to-ledger
+    through such a Redis is refused too unless --force says the org's Redis is gone.
     """
     if return_to_ledger:
-        _return_to_ledger(ctx, follow)
+        _return_to_ledger(ctx, follow, force)
         return
     with guard(ctx, "reconcile") as st:
+        if force:
+            raise ValidationError("--force goes with --return-to-ledger")
         from prefect_baton.reconcile import run_reconciler  # Redis and the drivers, only here
 
         secret = st.settings().redis_url
@@ -121,14 +138,13 @@ def reconcile(
         emit_ok(st.format, "reconcile", "reconcile", data)
 
 
-def _return_to_ledger(ctx: typer.Context, follow: bool) -> None:
+def _return_to_ledger(ctx: typer.Context, follow: bool, force: bool) -> None:
     """``baton reconcile --return-to-ledger``: see :func:`reconcile`."""
     with guard(ctx, "reconcile") as st:
         from prefect_baton._rules.validation import validate_id
         from prefect_baton._stores.ledger.store import LedgerStore
         from prefect_baton._stores.redis.authority import RedisAuthority
         from prefect_baton._stores.redis.base import options_from
-        from prefect_baton.errors import ValidationError
 
         if follow:
             raise ValidationError("give --follow or --return-to-ledger, not both")
@@ -143,7 +159,7 @@ def _return_to_ledger(ctx: typer.Context, follow: bool) -> None:
         try:
             auth = RedisAuthority.from_url(redis_url, ledger, **options)
             try:
-                returned = auth.return_to_ledger(org)
+                returned = auth.return_to_ledger(org, force=force)
             finally:
                 auth.close()
         finally:

@@ -424,13 +424,13 @@ class AuthorityBase:
 
         return rebuild(self, org)
 
-    def return_to_ledger(self, org: str) -> bool:
+    def return_to_ledger(self, org: str, *, force: bool = False) -> bool:
         """Hand ``org``'s leases back to the ledger (see
-        :func:`prefect_baton._stores.redis.rebuild.return_to_ledger`); whether Redis
-        decided them until now."""
+        :func:`prefect_baton._stores.redis.rebuild.return_to_ledger`, which also says what
+        ``force`` allows and the errors raised); whether Redis decided them until now."""
         from prefect_baton._stores.redis.rebuild import return_to_ledger
 
-        return return_to_ledger(self, org)
+        return return_to_ledger(self, org, force=force)
 
     def close(self) -> None:
         """Stop the drain thread after a last drain of the orgs it served, and close the

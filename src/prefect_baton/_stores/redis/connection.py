@@ -135,6 +135,22 @@ def redis_error(exc: RedisError) -> BatonError:
     return UnavailableError(f"Redis unavailable: {exc}")
 
 
+def server_address(client: RedisClient) -> str | None:
+    """Where ``client`` (one Redis server, ``redis.Redis``) keeps its data: ``host:port/db``
+    or ``unix:path/db`` (``str``, no credentials), as its URL named it; ``None`` for a
+    Redis Cluster client and for fakeredis (whose "host" is a random name per client). The
+    ledger records it with an org's Redis incarnation, so that a client whose Redis lacks
+    the org's state can tell a data loss on that server from another server
+    (:func:`prefect_baton._stores.redis.rebuild.bump_incarnation`)."""
+    if not isinstance(client, Redis) or type(client).__module__.startswith("fakeredis"):
+        return None
+    kwargs = client.connection_pool.connection_kwargs
+    db = kwargs.get("db", 0)
+    if kwargs.get("path"):
+        return f"unix:{kwargs['path']}/{db}"
+    return f"{str(kwargs.get('host', 'localhost')).lower()}:{kwargs.get('port', 6379)}/{db}"
+
+
 def as_text(value: Any) -> str:
     """A reply field (``bytes`` or any value) as ``str``."""
     return value.decode() if isinstance(value, bytes) else str(value)

@@ -69,10 +69,10 @@ from prefect_baton._stores.ledger.store import row_to_generation
 from prefect_baton._stores.ledger.tables import GenerationRow, ReceiptRow
 from prefect_baton._stores.redis.cluster import node_time_ms
 from prefect_baton._stores.redis.codec import encode_gen, scope_meta
-from prefect_baton._stores.redis.connection import as_text
+from prefect_baton._stores.redis.connection import as_text, server_address
 from prefect_baton._stores.redis.keys import ORGS_KEY, org_keys
 from prefect_baton._stores.redis.scripts import OK, REBUILD_LOST
-from prefect_baton.errors import UnavailableError
+from prefect_baton.errors import ForbiddenError, UnavailableError
 
 if TYPE_CHECKING:
     from prefect_baton._stores.redis.base import AuthorityBase
@@ -138,9 +138,17 @@ def bump_incarnation(
     From this commit on the ledger refuses to decide the org's leases itself
     (:mod:`prefect_baton._stores.ledger.authority`): the row is written under the exclusive
     lock that every ledger lease transition takes shared, before the caller loads the
-    ledger's leases into Redis.
+    ledger's leases into Redis. The row also records the Redis server's address
+    (:func:`~prefect_baton._stores.redis.connection.server_address`).
+
+    Raises:
+        ForbiddenError: Redis decides the org and the row names another Redis server than
+            ``auth``'s (a client configured with the wrong Redis URL, whose empty server
+            would otherwise be rebuilt as if the org's Redis had lost its data, and grant
+            beside the org's real Redis). Nothing is written.
     """
     rec = auth.reconciler
+    here = server_address(auth.client)
     with auth.store.engines.write.begin() as conn:
         rec._lock(conn, authority_lock(org))
         row = rec._system_row(conn, org, INCARNATION_OP)
@@ -149,16 +157,27 @@ def bump_incarnation(
         )
         if row is None and decided_only:
             return None
+        recorded = None if row is None else row.get("redis")
+        if recorded is not None and here is not None and recorded != here and not decided_only:
+            raise ForbiddenError(
+                f"the leases of org {org!r} are decided by the Redis at {recorded} and this "
+                f"client's Redis ({here}) has no state for the org: every client of an org "
+                "must use the same Redis (check BATON_REDIS_URL); if that Redis is gone for "
+                "good, hand the org back to the ledger with 'baton reconcile "
+                "--return-to-ledger' on this Redis, then use it"
+            )
         last = row or returned
         n = 0 if last is None else int(last["n"]) + 1
         now = int(conn.execute(auth.store._now_sql).scalar_one())
-        rec._set_system_row(conn, org, INCARNATION_OP, {"n": n}, now)
+        address = recorded if decided_only else here
+        value: dict[str, Any] = {"n": n} if address is None else {"n": n, "redis": address}
+        rec._set_system_row(conn, org, INCARNATION_OP, value, now)
         if returned is not None:
             rec._delete_system_row(conn, org, INCARNATION_OP, RETURNED_KEY)
     return n, row is not None
 
 
-def return_to_ledger(auth: AuthorityBase, org: str) -> bool:
+def return_to_ledger(auth: AuthorityBase, org: str, *, force: bool = False) -> bool:
     """Hand ``org``'s leases back to the ledger (``baton reconcile --return-to-ledger``):
     clients without a Redis URL may decide them again.
 
@@ -170,11 +189,19 @@ def return_to_ledger(auth: AuthorityBase, org: str) -> bool:
     cleared. A Redis client that uses the org later rebuilds its state from the ledger, and
     the ledger refuses to decide again from that moment, with epochs above every earlier one.
 
+    Args:
+        force: hand back also when ``auth``'s Redis has no state for the org and the ledger
+            records another Redis server as the org's (``bool``): only when that server is
+            gone for good; while clients still use it, it would go on granting beside the
+            ledger.
+
     Returns:
         ``True`` when Redis decided the org's leases until now; ``False`` when the ledger
         did already (nothing changed in the ledger; the org's Redis state is cleared).
 
     Raises:
+        ForbiddenError: without ``force``, ``auth``'s Redis has no state for the org and
+            the ledger names another Redis server as the org's; nothing is changed.
         UnavailableError: another client holds the org's rebuild lock (a rebuild, or
             another hand-back), or Redis or the ledger failed (the marker may be gone from
             Redis: the next Redis operation rebuilds, and the ledger still refuses).
@@ -185,6 +212,8 @@ def return_to_ledger(auth: AuthorityBase, org: str) -> bool:
     lock_keys = [*keys.base, keys.rebuild]
     rec = auth.reconciler
     try:
+        if not force and not client.exists(keys.inc):
+            _check_same_server(auth, org)
         if not client.set(keys.rebuild, token, nx=True, px=REBUILD_LOCK_MS):
             raise RebuildInProgress(
                 f"the Redis lease state of org {org!r} is being rebuilt or handed back; retry"
@@ -220,6 +249,25 @@ def return_to_ledger(auth: AuthorityBase, org: str) -> bool:
     else:
         log.info("the leases of org %r were decided by the ledger already", org)
     return row is not None
+
+
+def _check_same_server(auth: AuthorityBase, org: str) -> None:
+    """Refuse to hand ``org`` back through a Redis other than the one the ledger records as
+    the org's (:func:`return_to_ledger` without ``force``).
+
+    Raises:
+        ForbiddenError: the ledger records another Redis server for the org.
+    """
+    with auth.store.engines.read.connect() as conn:
+        row = auth.reconciler._system_row(conn, org, INCARNATION_OP)
+    recorded = None if row is None else row.get("redis")
+    here = server_address(auth.client)
+    if recorded is not None and here is not None and recorded != here:
+        raise ForbiddenError(
+            f"the leases of org {org!r} are decided by the Redis at {recorded}, not this "
+            f"one ({here}): hand the org back through that Redis, or, if it is gone for "
+            "good, again with --force"
+        )
 
 
 def _heads(auth: AuthorityBase, org: str) -> Iterator[GenerationRow]:

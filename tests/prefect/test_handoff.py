@@ -319,3 +319,27 @@ def test_retry_of_a_sender_whose_handoff_was_accepted_ends_handed_off(
     # no generation after the recipient's: the sender's, transferred; the reviewer's, released
     assert _generations(make_baton, "q3") == [(1, "transferred"), (2, "released")]
     assert not reviewer.leases.inspect("report", "q3").held
+
+
+def test_handoffs_create_with_the_current_lease_hands_it_off(make_baton: MakeBaton) -> None:
+    """``handoffs.create(..., lease=current_lease())`` in a ``@leased`` flow gives the lease
+    to the handoff as :func:`handoff_to` does: the flow ends without releasing it, and the
+    recipient accepts it afterwards with the next epoch."""
+    from prefect_baton.prefect import current_baton
+
+    @flow(name="baton-test-create-sender")
+    @leased("report", "create-r", ttl_seconds=30, baton=make_baton)
+    def send() -> tuple[str, int]:
+        b, held = current_baton(), current_lease()
+        assert b is not None
+        assert held is not None
+        h = b.handoffs.create("reviewer", "create-r", lease=held)
+        return h.handoff_id, held.epoch
+
+    handoff_id, epoch = send()
+    reviewer = make_baton("reviewer")
+    assert reviewer.leases.inspect("report", "create-r").held
+    accepted = reviewer.handoffs.resolve(handoff_id, "accepted")
+    assert accepted.lease is not None
+    assert (accepted.lease.owner, accepted.lease.epoch) == ("reviewer", epoch + 1)
+    assert _generations(make_baton, "create-r") == [(1, "transferred"), (2, "active")]

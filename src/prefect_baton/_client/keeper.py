@@ -43,7 +43,7 @@ from prefect_baton.errors import (
 )
 from prefect_baton.metrics._state import enabled as metrics_enabled
 from prefect_baton.metrics._state import record as record_metric
-from prefect_baton.models import Lease, LeaseStatus
+from prefect_baton.models import Handoff, Lease, LeaseStatus
 
 if TYPE_CHECKING:
     from prefect_baton._client.leases import LeaseAPI
@@ -122,6 +122,14 @@ class LeaseKeeper:
     Attributes:
         lost: ``True`` once the lease is known or presumed lost (``bool``).
         renewals: how many renewals succeeded (``int``).
+        receipt_status: how the block's exit left the lease (``str``): ``"released"`` or
+            ``"expired"`` (the release receipt), ``"handed_off"`` (it rides on
+            :attr:`handoff`, so the exit left it to that handoff), ``None`` (not ended yet,
+            or not released: ``release_on_exit`` false).
+        handoff: the handoff this lease rides on (:class:`Handoff`, as created), set by
+            :meth:`attach_handoff`; ``None`` until then.
+        release_on_exit: release the lease when the block ends (``bool``); a lease that
+            rides on a handoff is never released by the block, whatever this says.
     """
 
     def __init__(
@@ -163,6 +171,7 @@ class LeaseKeeper:
         self._lost_status: str | None = None  # how the generation ended, when the refusal said
         self.renewals = 0
         self.receipt_status: str | None = None
+        self.handoff: Handoff | None = None
         self._handoff_accepted: Callable[[], bool] | None = None
 
     # ------------------------------------------------------------------ lease view
@@ -207,12 +216,25 @@ class LeaseKeeper:
     released_at = _LeaseView[datetime | None]()
     replayed = _LeaseView[bool]()
 
-    def attach_handoff(self, accepted: Callable[[], bool]) -> None:
-        """Note that this lease rides on a handoff; ``accepted()`` tells whether the recipient
-        resolved it (accepted it, or rejected it, which releases the carried lease). A lease
-        that moved on or was released that way ends the block cleanly
-        (``receipt_status == "handed_off"``) instead of raising :class:`LeaseLostError`."""
-        self._handoff_accepted = accepted
+    def attach_handoff(self, handoff: Handoff, resolved: Callable[[], bool]) -> None:
+        """Note that this lease rides on ``handoff`` (what :meth:`HandoffAPI.create
+        <prefect_baton._client.records.HandoffAPI.create>` does when given the block as
+        ``lease=``, and so :func:`prefect_baton.prefect.handoff_to`).
+
+        From then on the block gives the lease to the handoff: its exit does not release it
+        (it stays held, unrenewed, until the recipient accepts it, or the handoff is
+        rejected or expires, which releases it, or its TTL runs out) and ends with
+        ``receipt_status == "handed_off"``. ``resolved()`` (``bool``) tells whether the
+        handoff has ended: accepted (the lease moved on), rejected or expired (its end
+        released the lease); a lease that moved on or was released that way is not a loss,
+        so the block ends cleanly instead of raising :class:`LeaseLostError`.
+
+        Args:
+            handoff: the handoff carrying this lease (:class:`Handoff`).
+            resolved: asks the ledger whether that handoff has ended (no arguments).
+        """
+        self.handoff = handoff
+        self._handoff_accepted = resolved
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -359,7 +381,9 @@ class LeaseKeeper:
             yield
 
     def stop(self, exc: BaseException | None = None) -> None:
-        """Stop the heartbeat and release (what ``__exit__`` does).
+        """Stop the heartbeat and release (what ``__exit__`` does); a lease that rides on a
+        handoff (:meth:`attach_handoff`) is left to it instead of released
+        (``receipt_status == "handed_off"``).
 
         Raises:
             LeaseLostError: the lease was lost during the block, or had already run out
@@ -389,7 +413,7 @@ class LeaseKeeper:
             return
         # Releasing by proof is safe even when the lease is presumed lost: it cleans up an
         # expired lease nobody took, and answers LEASE_LOST without touching a new holder's.
-        if self.release_on_exit and not stuck:
+        if self.release_on_exit and self.handoff is None and not stuck:
             try:
                 receipt = self._release_with_retry()
                 self.receipt_status = receipt
@@ -405,10 +429,12 @@ class LeaseKeeper:
                 if not self._lost:
                     raise
                 log.info("release of lost lease %s refused: %s", self._lease.lease_id, err)
-        if self._lost and self._handoff_accepted is not None and self._handoff_accepted():
-            self._lost = False
-            self.receipt_status = "handed_off"
-            return
+        if self.handoff is not None:
+            if self._lost and self._handoff_accepted is not None and self._handoff_accepted():
+                self._lost = False  # it moved on, or the handoff's end released it
+            if not self._lost:
+                self.receipt_status = "handed_off"
+                return
         if self._lost:
             raise LeaseLostError(
                 f"lease {self._lease.lease_id} on {self._lease.resource_type}/"

@@ -157,8 +157,14 @@ class HandoffAPI(_API):
             checkpoint_id: a checkpoint you may read (else ``NotFoundError``); the
                 recipient may then read it too.
             lease: a lease you hold; accepting the handoff transfers it to the recipient.
-                When it is the lease block itself (``with b.lease(...) as held``), the block
-                then ends cleanly once the recipient has accepted.
+                When it is the lease block itself (``with b.lease(...) as held``), the
+                block gives its lease to the handoff (:meth:`LeaseKeeper.attach_handoff
+                <prefect_baton._client.keeper.LeaseKeeper.attach_handoff>`): its exit does
+                not release it but leaves it held, unrenewed, for the recipient to accept
+                (choose a TTL longer than the recipient takes), and ends cleanly
+                (``held.receipt_status == "handed_off"``), also after the recipient
+                accepted, rejected it or it expired (both release the lease). A create
+                that fails leaves the block as it was.
             expires_in_seconds: after this (1..31,622,400 s) it reads as ``expired``.
             parameters: parameters for the recipient's run (a JSON object of at most the
                 checkpoint state size, 1 MiB), kept with the handoff as ``parameters``;
@@ -189,7 +195,7 @@ class HandoffAPI(_API):
             # accepted: the lease moved on; rejected or expired: its end released it
             # (_rules.handoffs.releases_carried). Either way the sender's block ends cleanly.
             lease.attach_handoff(
-                lambda: self.get(hid).status in ("accepted", "rejected", "expired")
+                handoff, lambda: self.get(hid).status in ("accepted", "rejected", "expired")
             )
         return handoff
 

@@ -183,7 +183,7 @@ class AcceptedHandoff:
             )
         assert self._ident is not None
         keep = exc is not None and retry_follows(self._ident, exc)
-        keeper.release_on_exit = not keep and not slot.handed_off
+        keeper.release_on_exit = not keep  # a handed-off lease is left to its handoff
         keeper.stop(exc)
         if keeper.receipt_status in ("released", "expired"):
             emit_lease_event(

@@ -383,18 +383,26 @@ class LeaseSlot:
         keeper: the :class:`LeaseKeeper` holding the lease.
         baton: the client that acquired it.
         identity: the run identity it was acquired under.
-        handed_off: set by :func:`handoff_to` when the lease rides on a handoff: the block
-            then neither releases it nor treats its later loss as a failure.
-        handed_to: ``"handoff <id> to <principal>"`` (``str``) when :func:`handoff_to` set
-            ``handed_off``, for the message of a Prefect retry that finds the lease
-            transferred; else ``None``.
     """
 
     keeper: LeaseKeeper
     baton: Baton
     identity: RunIdentity
-    handed_off: bool = False
-    handed_to: str | None = None
+
+    @property
+    def handed_off(self) -> bool:
+        """``True`` once the lease rides on a handoff (:func:`handoff_to`, or
+        ``handoffs.create(..., lease=current_lease())``; the keeper's
+        :attr:`~LeaseKeeper.handoff`): the block then neither releases it nor treats its
+        later loss as a failure."""
+        return self.keeper.handoff is not None
+
+    @property
+    def handed_to(self) -> str | None:
+        """``"handoff <id> to <principal>"`` (``str``) when :attr:`handed_off`, for the
+        message of a Prefect retry that finds the lease transferred; else ``None``."""
+        h = self.keeper.handoff
+        return None if h is None else f"handoff {h.handoff_id} to {h.to_principal}"
 
 
 _CURRENT: contextvars.ContextVar[LeaseSlot | None] = contextvars.ContextVar(

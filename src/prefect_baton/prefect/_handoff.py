@@ -165,9 +165,11 @@ def handoff_to(
             :class:`Checkpoint`, or a checkpoint id.
         message: a note for the recipient.
         lease: a lease you hold (typically ``current_lease()``); accepting the handoff
-            transfers it to the recipient. The lease is then no longer released when your
-            block ends (it stays held, unrenewed after the block, until the recipient
-            accepts or its TTL runs out: choose a TTL longer than the recipient's start-up).
+            transfers it to the recipient. A lease block (``current_lease()``) then rides on
+            the handoff, as with ``handoffs.create(..., lease=held)``: it is no longer
+            released when your block ends (it stays held, unrenewed after the block, until
+            the recipient accepts, the handoff is rejected or expires, which releases it,
+            or its TTL runs out: choose a TTL longer than the recipient's start-up).
         deployment: the recipient's deployment ``"<flow>/<deployment>"``; checked first
             (an unknown one raises before anything is recorded), then started with
             ``handoff_id`` among its parameters and the handoff id as Prefect idempotency
@@ -228,11 +230,8 @@ def handoff_to(
         expires_in_seconds=expires_in_seconds,
         parameters=parameters,
     )
-    if isinstance(lease, LeaseKeeper):
-        lease.release_on_exit = False
-        if slot is not None and slot.keeper is lease:
-            slot.handed_off = True
-            slot.handed_to = f"handoff {handoff.handoff_id} to {handoff.to_principal}"
+    # A lease block given as lease= now rides on the handoff (LeaseKeeper.attach_handoff,
+    # done by handoffs.create): its exit leaves the lease to the recipient.
     if not handoff.replayed:
         emit_handoff_event(b, "handoff.created", handoff)
         run_logger().info(

@@ -233,12 +233,13 @@ class LeaseCall:
     def release_at_exit(self, slot: LeaseSlot, exc: BaseException | None) -> bool:
         """Release on success, final failure, cancellation; keep it when a Prefect retry
         follows (that retry then replays this acquire: same lease, same epoch, or ends
-        ``HandedOff`` if it was transferred meanwhile, see :meth:`after_previous_attempt`),
-        and never release a lease handed off with :func:`handoff_to`."""
+        ``HandedOff`` if it was transferred meanwhile, see :meth:`after_previous_attempt`).
+        A lease handed off with :func:`handoff_to` is never released: the keeper leaves it
+        to its handoff (:meth:`LeaseKeeper.attach_handoff`) whatever this returns."""
         retry = exc is not None and retry_follows(self.ident, exc)
         if not retry:
             self._forget()
-            return not slot.handed_off
+            return True
         assert exc is not None
         with _held_lock:
             if self.attempt != _process_attempt:

@@ -134,8 +134,12 @@ def cli_org() -> str:
 
 @pytest.fixture
 def sqlite_ledger(tmp_path: Path) -> str:
-    """A SQLite ledger file under the test's temporary directory."""
-    return f"sqlite:///{tmp_path / 'ledger.db'}"
+    """A SQLite ledger file under the test's temporary directory, as an empty file (no
+    tables yet: the first command migrates it; a command that only reads refuses a file
+    that does not exist, tests/cli/test_app.py)."""
+    path = tmp_path / "ledger.db"
+    path.touch()
+    return f"sqlite:///{path}"
 
 
 @pytest.fixture

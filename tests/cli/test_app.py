@@ -459,3 +459,38 @@ def test_the_cli_on_the_embedded_ledger_loads_no_redis_or_postgres_driver() -> N
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert out.stdout.strip() == "[]", out.stdout
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("lease", "inspect", "deploy", "svc"),
+        ("lease", "list"),
+        ("lease", "show", "lease_x"),
+        ("checkpoint", "get", "subject", "kind"),
+        ("checkpoint", "history", "subject", "kind"),
+        ("handoff", "inbox"),
+        ("handoff", "show", "hoff_x"),
+        ("outcome", "list"),
+        ("events", "tail"),
+        ("audit",),
+        ("timeline", "deploy", "svc", "--out", "t.svg"),
+    ],
+)
+def test_a_read_of_a_missing_sqlite_ledger_is_not_found_and_creates_nothing(
+    argv: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command that only reads, given a SQLite ledger file that does not exist (a
+    mistyped path), is NOT_FOUND naming the path and the remedy, and creates no file: it
+    does not answer from a new empty ledger ("not held" for a resource someone holds)."""
+    monkeypatch.chdir(tmp_path)
+    missing = tmp_path / "typo.db"
+    run = CliRunner().invoke(
+        app, ["--ledger-url", f"sqlite:///{missing}", "--format", "json", *argv], env=CLEAN_ENV
+    )
+    error = json.loads(run.stdout)["error"]
+    assert error["code"] == "NOT_FOUND", run.stdout
+    assert str(missing) in error["message"]
+    assert "--ledger-url" in error["message"]
+    assert run.exit_code != 0
+    assert list(tmp_path.iterdir()) == []

@@ -27,7 +27,7 @@ from prefect_baton.cli._output import (
     emit_ok,
     emit_page,
 )
-from prefect_baton.errors import BatonError, ValidationError
+from prefect_baton.errors import BatonError, NotFoundError, ValidationError
 from prefect_baton.models import Lease
 
 __all__ = [
@@ -45,6 +45,26 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
+#: The commands that only read the ledger: on a SQLite ledger file that does not exist they
+#: are NOT_FOUND, instead of creating an empty ledger and answering from it (a mistyped
+#: path would read as "not held").
+READ_ONLY_ACTIONS = frozenset(
+    {
+        "audit",
+        "checkpoint.get",
+        "checkpoint.history",
+        "events.tail",
+        "handoff.inbox",
+        "handoff.show",
+        "lease.inspect",
+        "lease.list",
+        "lease.show",
+        "outcome.list",
+        "timeline",
+    }
+)
+
+
 @dataclass
 class CliState:
     """Global options of one ``baton`` invocation; unset ones come from ``BATON_*``."""
@@ -55,6 +75,7 @@ class CliState:
     ledger_url: str | None = None
     redis_url: str | None = None  # the Redis fast path for leases (None: BATON_REDIS_URL)
     format: OutputFormat = OutputFormat.table
+    action: str | None = None  # the running command's receipt action (set by guard)
     _settings: BatonSettings | None = field(default=None, repr=False)
     _client: Baton | None = field(default=None, repr=False)
 
@@ -96,8 +117,15 @@ class CliState:
         return self.org or self.settings().org
 
     def client(self) -> Baton:
-        """The client, built on first use (this opens the ledger and applies migrations)."""
+        """The client, built on first use (this opens the ledger and applies migrations).
+
+        Raises:
+            NotFoundError: a command of :data:`READ_ONLY_ACTIONS` on a SQLite ledger file
+                that does not exist (nothing is created).
+        """
         if self._client is None:
+            if self.action in READ_ONLY_ACTIONS:
+                self._require_ledger_file()
             self._client = Baton(
                 ledger_url=self.ledger_url,
                 org=self.org,
@@ -107,6 +135,24 @@ class CliState:
                 redis_url=self.redis_url,
             )
         return self._client
+
+    def _require_ledger_file(self) -> None:
+        """Refuse to read a SQLite ledger file that does not exist (a client through the
+        REST API reads no file).
+
+        Raises:
+            NotFoundError: the file of the resolved SQLite ledger URL does not exist.
+        """
+        from prefect_baton._stores.ledger.engine import sqlite_file  # SQLAlchemy: only here
+
+        if self.ledger_url is None and self.settings().api_url is not None:
+            return
+        path = sqlite_file(self.resolved_ledger_url())
+        if path is not None and not path.exists():
+            raise NotFoundError(
+                f"no ledger at {path}: check --ledger-url (or BATON_LEDGER_URL); a command "
+                "that writes (lease acquire, db upgrade, ...) creates it"
+            )
 
     def close(self) -> None:
         if self._client is not None:
@@ -129,6 +175,7 @@ def guard(ctx: typer.Context, action: str) -> Iterator[CliState]:
     """Run a command body; a :class:`BatonError` becomes an error receipt and its exit
     status (``typer.Exit``), never a traceback."""
     st = state(ctx)
+    st.action = st.action or action
     try:
         yield st
     except BatonError as exc:

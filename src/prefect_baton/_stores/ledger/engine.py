@@ -134,6 +134,23 @@ def normalize_url(url: str) -> str:
     return u.render_as_string(hide_password=False)
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite ledger URL (``Path``, as given: relative to the working
+    directory when relative), or ``None`` for another database or a ``file:`` URI.
+
+    Raises:
+        ValidationError: the URL is not a database URL.
+    """
+    try:
+        u = make_url(url)
+    except Exception as exc:
+        raise ValidationError(f"ledger URL {url!r} is not a database URL: {exc}") from None
+    db = u.database
+    if u.get_backend_name() != "sqlite" or not db or db.startswith("file:"):
+        return None
+    return Path(db).expanduser()
+
+
 def write_turn_timed_out() -> UnavailableError:
     """The error of a SQLite write that waited longer than :data:`SQLITE_BUSY_TIMEOUT_MS`
     for its process's one write connection (the pool's ``sqlalchemy.exc.TimeoutError``,

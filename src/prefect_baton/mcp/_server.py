@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.to_thread
@@ -26,6 +28,7 @@ from mcp.server.auth.settings import AuthSettings
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared._stream_protocols import WriteStream
 from mcp.shared.message import SessionMessage
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -56,10 +59,12 @@ from prefect_baton.mcp._tools import (
 from prefect_baton.rest import _schemas as rest_schemas
 from prefect_baton.rest._http import (
     BatonMiddleware,
+    DuplicateKey,
     baton_error_response,
     check_host,
     client_error,
     new_request_id,
+    unique_keys,
 )
 
 __all__ = ["Identity", "build_server", "http_app", "serve_http", "serve_stdio", "tool_error"]
@@ -230,27 +235,171 @@ def _unreadable_line(exc: Exception) -> types.JSONRPCError | None:
     )
 
 
-async def _run_stdio(server: Server[Any]) -> None:
-    """Serve ``server`` over stdin/stdout. A line the ``mcp`` package cannot read as a
-    JSON-RPC message (the package passes its parse error on, and its server only logs it)
-    is answered with :func:`_unreadable_line` instead of no answer at all, so a client
-    waiting on that request's reply learns at once that it was not read."""
-    async with stdio_server() as (read_stream, write_stream):
-        send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+#: How long (seconds) a closed stdin waits for the answers to requests already read.
+EOF_GRACE_S = 60.0
 
-        async def answer_unreadable() -> None:
-            async with send:
+
+def _refusal(code: int, label: str, detail: str, rid: types.RequestId | None) -> SessionMessage:
+    return SessionMessage(
+        types.JSONRPCError(
+            jsonrpc="2.0", id=rid, error=types.ErrorData(code=code, message=f"{label}: {detail}")
+        )
+    )
+
+
+class _Pairs(list[tuple[str, Any]]):
+    """The key/value pairs of one JSON object, as read (repeats kept)."""
+
+
+def _repeated_key(text: str) -> tuple[str, types.RequestId | None] | None:
+    """``(message, id)`` when the JSON ``text`` has an object naming a key twice (the
+    REST API's rule, :func:`~prefect_baton.rest._http.unique_keys`): the rule's message and
+    the request's ``id`` when its top-level ``id`` is given once as a string or integer,
+    else ``None``; ``None`` when no key repeats or ``text`` is not JSON (the ``mcp``
+    package then answers it as unreadable)."""
+    try:
+        json.loads(text, object_pairs_hook=unique_keys)
+    except DuplicateKey as exc:
+        message = str(exc)
+    except (ValueError, RecursionError):
+        return None
+    else:
+        return None
+    top = json.loads(text, object_pairs_hook=_Pairs)
+    ids = [v for k, v in top if k == "id"] if isinstance(top, _Pairs) else []
+    rid = ids[0] if len(ids) == 1 else None
+    ok = isinstance(rid, str) or (isinstance(rid, int) and not isinstance(rid, bool))
+    return message, rid if ok else None
+
+
+class _StdinLines:
+    """``async for line in ...``: the process's stdin as ``str`` lines, for the ``stdin``
+    argument of :func:`mcp.server.stdio.stdio_server` (which would read it as UTF-8 with
+    ``errors="replace"``, so ``x\\xff`` and ``x\\xfe`` would both become ``x\\ufffd``). The bytes
+    are read on a worker thread, one line (to ``\\n``) at a time; a line that is not UTF-8
+    is answered ``-32700`` (naming its byte offset) and a line whose JSON names a key twice
+    ``-32600`` (:func:`_repeated_key`), through the write stream given to :meth:`attach`,
+    and is not passed on."""
+
+    def __init__(self) -> None:
+        self._write: WriteStream[SessionMessage] | None = None
+        self._attached = anyio.Event()
+
+    def attach(self, write: WriteStream[SessionMessage]) -> None:
+        """Send refusals to ``write`` (the stdout side of ``stdio_server``)."""
+        self._write = write
+        self._attached.set()
+
+    async def _refuse(self, answer: SessionMessage) -> None:
+        await self._attached.wait()
+        assert self._write is not None
+        await self._write.send(answer)
+
+    def __aiter__(self) -> _StdinLines:
+        return self
+
+    async def __anext__(self) -> str:
+        while True:
+            raw: bytes = await anyio.to_thread.run_sync(
+                sys.stdin.buffer.readline, abandon_on_cancel=True
+            )
+            if not raw:
+                raise StopAsyncIteration
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                detail = f"invalid JSON at byte {exc.start} (not UTF-8 text)"
+                await self._refuse(_refusal(types.PARSE_ERROR, "Parse error", detail, None))
+                continue
+            repeated = _repeated_key(line)
+            if repeated is not None:
+                message, rid = repeated
+                detail = f"invalid JSON ({message})"
+                await self._refuse(_refusal(types.INVALID_REQUEST, "Invalid Request", detail, rid))
+                continue
+            return line
+
+
+class _Unanswered:
+    """The ids of the requests passed to the server and not yet answered (a response or
+    an error written, or the client's ``notifications/cancelled``)."""
+
+    def __init__(self) -> None:
+        self._ids: Counter[types.RequestId] = Counter()
+        self._changed = anyio.Event()
+
+    def _drop(self, rid: Any) -> None:
+        if self._ids.get(rid):
+            self._ids[rid] -= 1
+            if not self._ids[rid]:
+                del self._ids[rid]
+            self._changed.set()
+
+    def read(self, message: types.JSONRPCMessage) -> None:
+        """Note a message from the client."""
+        if isinstance(message, types.JSONRPCRequest):
+            self._ids[message.id] += 1
+        elif (
+            isinstance(message, types.JSONRPCNotification)
+            and message.method == "notifications/cancelled"
+        ):
+            self._drop((message.params or {}).get("requestId"))
+
+    def written(self, message: types.JSONRPCMessage) -> None:
+        """Note a message to the client."""
+        if isinstance(message, (types.JSONRPCResponse, types.JSONRPCError)):
+            self._drop(message.id)
+
+    async def none_left(self) -> None:
+        """Return once every request read has been answered."""
+        while self._ids:
+            self._changed = anyio.Event()
+            await self._changed.wait()
+
+
+async def _run_stdio(server: Server[Any]) -> None:
+    """Serve ``server`` over stdin/stdout.
+
+    Stdin is read by :class:`_StdinLines` (strict UTF-8, no repeated keys). A line the
+    ``mcp`` package cannot read as a JSON-RPC message (the package passes its parse error
+    on, and its server only logs it) is answered with :func:`_unreadable_line` instead of
+    no answer at all, so a client waiting on that request's reply learns at once that it
+    was not read. When stdin ends, the server is stopped only once every request already
+    read has been answered (for at most :data:`EOF_GRACE_S` seconds), so ``printf
+    '...' | baton mcp`` gets every answer (the ``mcp`` package would stop at once and
+    drop the answers of calls still running, whose effects stay)."""
+    lines = _StdinLines()
+    async with stdio_server(stdin=cast(Any, lines)) as (read_stream, write_stream):
+        lines.attach(write_stream)
+        to_server, from_client = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+        from_server, to_client = anyio.create_memory_object_stream[SessionMessage](0)
+        unanswered = _Unanswered()
+
+        async def client_to_server() -> None:
+            async with to_server:
                 async for item in read_stream:
                     if isinstance(item, Exception):
                         answer = _unreadable_line(item)
                         if answer is not None:
                             await write_stream.send(SessionMessage(answer))
                     else:
-                        await send.send(item)
+                        unanswered.read(item.message)
+                        await to_server.send(item)
+                with anyio.move_on_after(EOF_GRACE_S):
+                    await unanswered.none_left()
+
+        async def server_to_client() -> None:
+            async with to_client:
+                async for item in to_client:
+                    unanswered.written(item.message)
+                    await write_stream.send(item)
+            await write_stream.aclose()
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(answer_unreadable)
-            await server.run(receive, write_stream, server.create_initialization_options())
+            tg.start_soon(client_to_server)
+            tg.start_soon(server_to_client)
+            async with from_server:
+                await server.run(from_client, from_server, server.create_initialization_options())
 
 
 def serve_stdio(baton: Baton) -> None:

@@ -4,6 +4,7 @@ decides org, principal and role."""
 
 from __future__ import annotations
 
+import json
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -381,3 +382,34 @@ def test_the_modern_protocol_path_also_uses_the_key(http_server: HttpServer) -> 
             tool_error(bad, "VALIDATION_ERROR")
 
     run(main)
+
+
+def _sse_json(resp: httpx.Response) -> dict[str, Any]:
+    """The JSON-RPC message of a POST answered as JSON or as one server-sent event."""
+    if resp.headers["content-type"].startswith("application/json"):
+        return dict(resp.json())
+    data = [line[5:].strip() for line in resp.text.splitlines() if line.startswith("data:")]
+    return dict(json.loads(next(d for d in data if d)))
+
+
+def test_http_keeps_no_sessions(http_server: HttpServer) -> None:
+    """Each request stands alone (its key decides who calls): ``initialize`` opens no
+    session (no ``Mcp-Session-Id``), so thousands of clients leave nothing behind to
+    expire, and a call needs no earlier ``initialize``."""
+    key = http_server.key("alice")
+    headers = {**MCP_HEADERS, "Authorization": f"Bearer {key}"}
+    for _ in range(3):
+        init = _raw_initialize(http_server.url, f"Bearer {key}")
+        assert init.status_code == 200, init.text
+        assert "mcp-session-id" not in init.headers
+        assert _sse_json(init)["result"]["serverInfo"]["name"] == "prefect-baton"
+    call = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "baton_whoami", "arguments": {}},
+    }
+    resp = httpx.post(http_server.url, json=call, headers=headers, timeout=30)
+    assert resp.status_code == 200, resp.text
+    assert "mcp-session-id" not in resp.headers
+    assert _sse_json(resp)["result"]["structuredContent"]["principal"] == "alice"

@@ -539,6 +539,9 @@ def http_app(
         host=host,
         auth=auth,
         token_verifier=_KeyVerifier(lambda: store.engines),
+        # Every call acts as its own request's key, so no session state is kept: no
+        # session id, nothing to expire or cap, no memory held between requests.
+        stateless_http=True,
         max_request_body_size=limit,  # the mcp package's own cap (4 MiB) would cut ours
     )
     app.add_middleware(_UnavailableAs503)

@@ -413,3 +413,19 @@ def test_http_keeps_no_sessions(http_server: HttpServer) -> None:
     assert resp.status_code == 200, resp.text
     assert "mcp-session-id" not in resp.headers
     assert _sse_json(resp)["result"]["structuredContent"]["principal"] == "alice"
+
+
+def test_a_malformed_tools_call_envelope_is_invalid_params_over_http(
+    http_server: HttpServer,
+) -> None:
+    """Over HTTP too, a ``tools/call`` with ``arguments`` that is not an object (or a
+    ``name`` that is not a string) is the JSON-RPC error ``-32602``, not a tool error."""
+    from .test_stdio import MALFORMED_CALLS
+
+    headers = {**MCP_HEADERS, "Authorization": f"Bearer {http_server.key('alice')}"}
+    for i, params in enumerate(MALFORMED_CALLS, start=2):
+        call = {"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": params}
+        resp = httpx.post(http_server.url, json=call, headers=headers, timeout=30)
+        reply = _sse_json(resp)
+        assert reply["id"] == i
+        assert reply["error"]["code"] == -32602, reply

@@ -490,3 +490,26 @@ def test_a_key_given_twice_is_an_invalid_request(ledger_url: str) -> None:
     assert "the key 'id' appears twice in one object" in null["error"]["message"]
     assert set(replies) == {None, 1, 2}
     assert row_counts(ledger_url)["baton_leases"] == 0
+
+
+MALFORMED_CALLS: list[dict[str, Any]] = [
+    {"name": "baton_whoami", "arguments": [1]},
+    {"name": 5, "arguments": {}},
+    {"arguments": {}},
+]
+
+
+def test_a_malformed_tools_call_envelope_is_invalid_params(ledger_url: str) -> None:
+    """A ``tools/call`` whose ``name`` is not a string or whose ``arguments`` is not an
+    object reaches no tool: the ``mcp`` package answers ``-32602`` with its id (not a
+    ``VALIDATION_ERROR`` tool error, which is about the arguments' contents, as
+    docs/mcp.md says)."""
+    lines = [
+        json.dumps({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": params}).encode()
+        for i, params in enumerate(MALFORMED_CALLS, start=2)
+    ]
+    before = row_counts(ledger_url)
+    replies = _piped(ledger_url, *lines)
+    for i in range(2, 2 + len(MALFORMED_CALLS)):
+        assert replies[i]["error"]["code"] == -32602, replies[i]
+    assert row_counts(ledger_url) == before

@@ -510,7 +510,9 @@ def http_app(
     are ``400``, and a body over the REST API's limit (the larger of 2 MiB and 3 times the
     checkpoint state cap + 64 KiB, :func:`~prefect_baton._rules.validation.request_body_limit`
     of the store's ``state_max_bytes``) is ``413`` (as the REST API, through its
-    :class:`~prefect_baton.rest._http.BatonMiddleware`). Keys are never logged.
+    :class:`~prefect_baton.rest._http.BatonMiddleware`). Keys are never logged. No MCP
+    session is kept (the ``mcp`` package's stateless mode): each request stands alone, so
+    clients leave no state behind.
 
     Args:
         ledger_url: SQLAlchemy URL of the ledger (``str``; default ``BATON_LEDGER_URL``),

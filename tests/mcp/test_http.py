@@ -18,19 +18,20 @@ from mcp.shared.exceptions import MCPError
 from prefect_baton.rest.keys import create_key, revoke_key
 
 from ..conftest import REDIS_URL, require_redis
-from .conftest import LEASE, HttpServer, ok, race, row_counts, run, start_http, stop, tool_error
+from .conftest import (
+    INITIALIZE,
+    LEASE,
+    HttpServer,
+    ok,
+    race,
+    row_counts,
+    run,
+    start_http,
+    stop,
+    tool_error,
+)
 from .test_stdio import TOOL_NAMES
 
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "0"},
-    },
-}
 MCP_HEADERS = {"Accept": "application/json, text/event-stream"}
 
 

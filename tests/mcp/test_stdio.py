@@ -10,7 +10,7 @@ from typing import Any
 
 from mcp.client.session import ClientSession
 
-from .conftest import BATON, LEASE, ok, race, row_counts, run, tool_error
+from .conftest import BATON, INITIALIZE, LEASE, ok, race, row_counts, run, tool_error
 
 TOOL_NAMES = {
     "baton_lease_acquire",
@@ -354,16 +354,6 @@ def test_unreadable_lines_get_a_json_rpc_error_and_the_server_goes_on(ledger_url
     JSON-RPC message ``-32600``, both with ``id`` null (JSON-RPC 2.0: the id could not be
     read), so a client does not wait for an answer that never comes; blank lines get none;
     the next good request is answered as usual."""
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "test", "version": "1"},
-        },
-    }
     lines = [
         "not json",
         "",
@@ -371,7 +361,7 @@ def test_unreadable_lines_get_a_json_rpc_error_and_the_server_goes_on(ledger_url
         '{"jsonrpc": "2.0", "id": 7, "method": 5}',
         "[1, 2]",
         '{"jsonrpc": "2.0", "id": 8, "method": "tools/list"',
-        json.dumps(initialize),
+        json.dumps(INITIALIZE),
     ]
     proc = subprocess.run(
         [BATON, "--ledger-url", ledger_url, "mcp"],
@@ -392,16 +382,6 @@ def test_unreadable_lines_get_a_json_rpc_error_and_the_server_goes_on(ledger_url
     assert replies[-1]["result"]["serverInfo"]["name"] == "prefect-baton"
 
 
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "test", "version": "1"},
-    },
-}
 INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
 
 

@@ -493,3 +493,23 @@ def test_a_malformed_tools_call_envelope_is_invalid_params(ledger_url: str) -> N
     for i in range(2, 2 + len(MALFORMED_CALLS)):
         assert replies[i]["error"]["code"] == -32602, replies[i]
     assert row_counts(ledger_url) == before
+
+
+def test_a_request_whose_id_is_not_a_string_or_integer_is_an_invalid_request(
+    ledger_url: str,
+) -> None:
+    """A request whose ``id`` is null, an object, a fraction or a boolean gets ``-32600``
+    (``id`` null) instead of being taken for a notification and answered with nothing."""
+    bad_ids: list[Any] = [None, {"a": 1}, 1.5, True]
+    lines = [
+        json.dumps({"jsonrpc": "2.0", "id": rid, "method": "tools/list"}).encode()
+        for rid in bad_ids
+    ]
+    good = json.dumps({"jsonrpc": "2.0", "id": "s", "method": "tools/list"}).encode()
+    replies = _piped(ledger_url, *lines, good)
+    assert [r["error"]["code"] for r in replies[None]] == [-32600] * len(bad_ids)
+    assert all(
+        r["error"]["message"] == "Invalid Request: id must be a string or an integer"
+        for r in replies[None]
+    )
+    assert len(replies["s"]["result"]["tools"]) == len(TOOL_NAMES)

@@ -251,25 +251,39 @@ class _Pairs(list[tuple[str, Any]]):
     """The key/value pairs of one JSON object, as read (repeats kept)."""
 
 
-def _repeated_key(text: str) -> tuple[str, types.RequestId | None] | None:
-    """``(message, id)`` when the JSON ``text`` has an object naming a key twice (the
-    REST API's rule, :func:`~prefect_baton.rest._http.unique_keys`): the rule's message and
-    the request's ``id`` when its top-level ``id`` is given once as a string or integer,
-    else ``None``; ``None`` when no key repeats or ``text`` is not JSON (the ``mcp``
-    package then answers it as unreadable)."""
+def _is_id(value: Any) -> bool:
+    """Whether ``value`` is an MCP request id: a string or an integer (not a boolean)."""
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _refused(text: str) -> SessionMessage | None:
+    """The answer to a stdin line (UTF-8 ``text``) that is refused before the ``mcp``
+    package reads it, else ``None`` (also when ``text`` is not JSON: the package then
+    answers it as unreadable, :func:`_unreadable_line`):
+
+    - an object naming a key twice, at any depth (the REST API's rule,
+      :func:`~prefect_baton.rest._http.unique_keys`): ``-32600`` with the rule's words, and
+      the request's ``id`` when its top-level ``id`` is given once as a string or integer,
+      else ``id`` null;
+    - a request (``method`` given) whose ``id`` is not a string or an integer (``null``,
+      an object, ``1.5``, ``true``): ``-32600``, ``id`` null. MCP ids are strings or
+      integers, and the package would take such a message for a notification and answer
+      nothing, leaving its client waiting.
+    """
     try:
-        json.loads(text, object_pairs_hook=unique_keys)
+        doc = json.loads(text, object_pairs_hook=unique_keys)
     except DuplicateKey as exc:
-        message = str(exc)
+        top = json.loads(text, object_pairs_hook=_Pairs)
+        ids = [v for k, v in top if k == "id"] if isinstance(top, _Pairs) else []
+        rid = ids[0] if len(ids) == 1 and _is_id(ids[0]) else None
+        detail = f"invalid JSON ({exc})"
+        return _refusal(types.INVALID_REQUEST, "Invalid Request", detail, rid)
     except (ValueError, RecursionError):
         return None
-    else:
-        return None
-    top = json.loads(text, object_pairs_hook=_Pairs)
-    ids = [v for k, v in top if k == "id"] if isinstance(top, _Pairs) else []
-    rid = ids[0] if len(ids) == 1 else None
-    ok = isinstance(rid, str) or (isinstance(rid, int) and not isinstance(rid, bool))
-    return message, rid if ok else None
+    if isinstance(doc, dict) and "method" in doc and "id" in doc and not _is_id(doc["id"]):
+        detail = "id must be a string or an integer"
+        return _refusal(types.INVALID_REQUEST, "Invalid Request", detail, None)
+    return None
 
 
 class _StdinLines:
@@ -277,9 +291,8 @@ class _StdinLines:
     argument of :func:`mcp.server.stdio.stdio_server` (which would read it as UTF-8 with
     ``errors="replace"``, so ``x\\xff`` and ``x\\xfe`` would both become ``x\\ufffd``). The bytes
     are read on a worker thread, one line (to ``\\n``) at a time; a line that is not UTF-8
-    is answered ``-32700`` (naming its byte offset) and a line whose JSON names a key twice
-    ``-32600`` (:func:`_repeated_key`), through the write stream given to :meth:`attach`,
-    and is not passed on."""
+    is answered ``-32700`` (naming its byte offset) and a line :func:`_refused` refuses with
+    its answer, through the write stream given to :meth:`attach`, and is not passed on."""
 
     def __init__(self) -> None:
         self._write: WriteStream[SessionMessage] | None = None
@@ -311,11 +324,9 @@ class _StdinLines:
                 detail = f"invalid JSON at byte {exc.start} (not UTF-8 text)"
                 await self._refuse(_refusal(types.PARSE_ERROR, "Parse error", detail, None))
                 continue
-            repeated = _repeated_key(line)
-            if repeated is not None:
-                message, rid = repeated
-                detail = f"invalid JSON ({message})"
-                await self._refuse(_refusal(types.INVALID_REQUEST, "Invalid Request", detail, rid))
+            refused = _refused(line)
+            if refused is not None:
+                await self._refuse(refused)
                 continue
             return line
 
@@ -360,14 +371,16 @@ class _Unanswered:
 async def _run_stdio(server: Server[Any]) -> None:
     """Serve ``server`` over stdin/stdout.
 
-    Stdin is read by :class:`_StdinLines` (strict UTF-8, no repeated keys). A line the
-    ``mcp`` package cannot read as a JSON-RPC message (the package passes its parse error
-    on, and its server only logs it) is answered with :func:`_unreadable_line` instead of
-    no answer at all, so a client waiting on that request's reply learns at once that it
-    was not read. When stdin ends, the server is stopped only once every request already
-    read has been answered (for at most :data:`EOF_GRACE_S` seconds), so ``printf
-    '...' | baton mcp`` gets every answer (the ``mcp`` package would stop at once and
-    drop the answers of calls still running, whose effects stay)."""
+    Stdin is read by :class:`_StdinLines` (strict UTF-8, no repeated keys, request ids
+    that are strings or integers). A line the ``mcp`` package cannot read as a JSON-RPC
+    message (the package passes its parse error on, and its server only logs it) is
+    answered with :func:`_unreadable_line` instead of no answer at all, so a client
+    waiting on that request's reply learns at once that it was not read.
+
+    When stdin ends, the server is stopped only once every request already read has been
+    answered (for at most :data:`EOF_GRACE_S` seconds), so ``printf '...' | baton mcp``
+    gets every answer (the ``mcp`` package would stop at once and drop the answers of
+    calls still running, whose effects stay)."""
     lines = _StdinLines()
     async with stdio_server(stdin=cast(Any, lines)) as (read_stream, write_stream):
         lines.attach(write_stream)

@@ -4,6 +4,7 @@ decides org, principal and role."""
 
 from __future__ import annotations
 
+import json
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -17,19 +18,20 @@ from mcp.shared.exceptions import MCPError
 from prefect_baton.rest.keys import create_key, revoke_key
 
 from ..conftest import REDIS_URL, require_redis
-from .conftest import LEASE, HttpServer, ok, race, row_counts, run, start_http, stop, tool_error
+from .conftest import (
+    INITIALIZE,
+    LEASE,
+    HttpServer,
+    ok,
+    race,
+    row_counts,
+    run,
+    start_http,
+    stop,
+    tool_error,
+)
 from .test_stdio import TOOL_NAMES
 
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "0"},
-    },
-}
 MCP_HEADERS = {"Accept": "application/json, text/event-stream"}
 
 
@@ -381,3 +383,50 @@ def test_the_modern_protocol_path_also_uses_the_key(http_server: HttpServer) -> 
             tool_error(bad, "VALIDATION_ERROR")
 
     run(main)
+
+
+def _sse_json(resp: httpx.Response) -> dict[str, Any]:
+    """The JSON-RPC message of a POST answered as JSON or as one server-sent event."""
+    if resp.headers["content-type"].startswith("application/json"):
+        return dict(resp.json())
+    data = [line[5:].strip() for line in resp.text.splitlines() if line.startswith("data:")]
+    return dict(json.loads(next(d for d in data if d)))
+
+
+def test_http_keeps_no_sessions(http_server: HttpServer) -> None:
+    """Each request stands alone (its key decides who calls): ``initialize`` opens no
+    session (no ``Mcp-Session-Id``), so thousands of clients leave nothing behind to
+    expire, and a call needs no earlier ``initialize``."""
+    key = http_server.key("alice")
+    headers = {**MCP_HEADERS, "Authorization": f"Bearer {key}"}
+    for _ in range(3):
+        init = _raw_initialize(http_server.url, f"Bearer {key}")
+        assert init.status_code == 200, init.text
+        assert "mcp-session-id" not in init.headers
+        assert _sse_json(init)["result"]["serverInfo"]["name"] == "prefect-baton"
+    call = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "baton_whoami", "arguments": {}},
+    }
+    resp = httpx.post(http_server.url, json=call, headers=headers, timeout=30)
+    assert resp.status_code == 200, resp.text
+    assert "mcp-session-id" not in resp.headers
+    assert _sse_json(resp)["result"]["structuredContent"]["principal"] == "alice"
+
+
+def test_a_malformed_tools_call_envelope_is_invalid_params_over_http(
+    http_server: HttpServer,
+) -> None:
+    """Over HTTP too, a ``tools/call`` with ``arguments`` that is not an object (or a
+    ``name`` that is not a string) is the JSON-RPC error ``-32602``, not a tool error."""
+    from .test_stdio import MALFORMED_CALLS
+
+    headers = {**MCP_HEADERS, "Authorization": f"Bearer {http_server.key('alice')}"}
+    for i, params in enumerate(MALFORMED_CALLS, start=2):
+        call = {"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": params}
+        resp = httpx.post(http_server.url, json=call, headers=headers, timeout=30)
+        reply = _sse_json(resp)
+        assert reply["id"] == i
+        assert reply["error"]["code"] == -32602, reply

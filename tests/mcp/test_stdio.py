@@ -10,7 +10,7 @@ from typing import Any
 
 from mcp.client.session import ClientSession
 
-from .conftest import BATON, LEASE, ok, race, row_counts, run, tool_error
+from .conftest import BATON, INITIALIZE, LEASE, ok, race, row_counts, run, tool_error
 
 TOOL_NAMES = {
     "baton_lease_acquire",
@@ -354,16 +354,6 @@ def test_unreadable_lines_get_a_json_rpc_error_and_the_server_goes_on(ledger_url
     JSON-RPC message ``-32600``, both with ``id`` null (JSON-RPC 2.0: the id could not be
     read), so a client does not wait for an answer that never comes; blank lines get none;
     the next good request is answered as usual."""
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "test", "version": "1"},
-        },
-    }
     lines = [
         "not json",
         "",
@@ -371,7 +361,7 @@ def test_unreadable_lines_get_a_json_rpc_error_and_the_server_goes_on(ledger_url
         '{"jsonrpc": "2.0", "id": 7, "method": 5}',
         "[1, 2]",
         '{"jsonrpc": "2.0", "id": 8, "method": "tools/list"',
-        json.dumps(initialize),
+        json.dumps(INITIALIZE),
     ]
     proc = subprocess.run(
         [BATON, "--ledger-url", ledger_url, "mcp"],
@@ -390,3 +380,136 @@ def test_unreadable_lines_get_a_json_rpc_error_and_the_server_goes_on(ledger_url
     assert replies[1]["error"]["message"].startswith("Invalid Request: ")
     assert replies[-1]["id"] == 1
     assert replies[-1]["result"]["serverInfo"]["name"] == "prefect-baton"
+
+
+INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+
+
+def _call_line(rid: int, name: str, arguments: dict[str, Any]) -> bytes:
+    msg = {"jsonrpc": "2.0", "id": rid, "method": "tools/call"}
+    msg["params"] = {"name": name, "arguments": arguments}
+    return json.dumps(msg).encode()
+
+
+def _piped(ledger_url: str, *lines: bytes) -> dict[Any, dict[str, Any]]:
+    """The replies of ``baton mcp`` to ``initialize``, ``initialized`` and ``lines`` on
+    its stdin (then closed), by id (``None``: the list of replies with id null); the
+    process must exit 0 and write only JSON lines."""
+    head = [json.dumps(INITIALIZE).encode(), json.dumps(INITIALIZED).encode()]
+    proc = subprocess.run(
+        [BATON, "--ledger-url", ledger_url, "--org", "acme", "--principal", "a", "mcp"],
+        input=b"\n".join([*head, *lines]) + b"\n",
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    replies: dict[Any, Any] = {None: []}
+    for line in proc.stdout.decode("utf-8").splitlines():
+        reply = json.loads(line)
+        if reply["id"] is None:
+            replies[None].append(reply)
+        else:
+            assert reply["id"] not in replies, reply
+            replies[reply["id"]] = reply
+    assert replies[1]["result"]["serverInfo"]["name"] == "prefect-baton"
+    return replies
+
+
+def test_every_call_read_before_stdin_ends_is_answered(ledger_url: str) -> None:
+    """``printf '<initialize>\\n<initialized>\\n<calls>\\n' | baton mcp``: the server
+    stops only once the calls it has read are answered, so no lease is taken without its
+    reply reaching the client."""
+    lines = [
+        _call_line(i, "baton_lease_acquire", {**LEASE, "resource_id": f"svc-{i}"})
+        for i in range(2, 6)
+    ]
+    replies = _piped(ledger_url, *lines)
+    assert sorted(k for k in replies if k is not None) == [1, 2, 3, 4, 5]
+    for i in range(2, 6):
+        result = replies[i]["result"]
+        assert result["isError"] is False, result
+        assert result["structuredContent"]["resource_id"] == f"svc-{i}"
+    assert replies[None] == []
+    assert row_counts(ledger_url)["baton_leases"] == 4
+
+
+def test_a_line_that_is_not_utf8_is_a_parse_error(ledger_url: str) -> None:
+    """A stdin line with bytes that are not UTF-8 is refused with ``-32700`` naming the
+    byte offset (``id`` null), not read with U+FFFD in their place (which would make
+    ``x\\xff`` and ``x\\xfe`` one resource id); nothing is written and the next line is
+    served."""
+    bad = _call_line(2, "baton_lease_acquire", {**LEASE, "resource_id": "x#"})
+    bad = bad.replace(b"x#", b"x\xff")
+    good = _call_line(3, "baton_lease_acquire", {**LEASE, "resource_id": "x\ufffd"})
+    replies = _piped(ledger_url, bad, good)
+    assert 2 not in replies
+    [refused] = replies[None]
+    assert refused["error"]["code"] == -32700
+    at = bad.index(b"\xff")
+    assert refused["error"]["message"] == f"Parse error: invalid JSON at byte {at} (not UTF-8 text)"
+    assert replies[3]["result"]["isError"] is False
+    assert row_counts(ledger_url)["baton_leases"] == 1
+
+
+def test_a_key_given_twice_is_an_invalid_request(ledger_url: str) -> None:
+    """A message naming a key twice in one object is refused with ``-32600`` and the
+    REST API's words (JSON would keep the last value silently, so ``ttl_seconds`` 60 then
+    5 would lease for 5 s): with the request's id when that is given once, else id null;
+    nothing is written."""
+    twice = _call_line(2, "baton_lease_acquire", LEASE).replace(
+        b'"ttl_seconds": 600', b'"ttl_seconds": 600, "ttl_seconds": 5'
+    )
+    two_ids = b'{"jsonrpc": "2.0", "id": 3, "id": 4, "method": "tools/list"}'
+    replies = _piped(ledger_url, twice, two_ids)
+    err = replies[2]["error"]
+    assert err["code"] == -32600
+    assert "the key 'ttl_seconds' appears twice in one object" in err["message"]
+    [null] = replies[None]
+    assert null["error"]["code"] == -32600
+    assert "the key 'id' appears twice in one object" in null["error"]["message"]
+    assert set(replies) == {None, 1, 2}
+    assert row_counts(ledger_url)["baton_leases"] == 0
+
+
+MALFORMED_CALLS: list[dict[str, Any]] = [
+    {"name": "baton_whoami", "arguments": [1]},
+    {"name": 5, "arguments": {}},
+    {"arguments": {}},
+]
+
+
+def test_a_malformed_tools_call_envelope_is_invalid_params(ledger_url: str) -> None:
+    """A ``tools/call`` whose ``name`` is not a string or whose ``arguments`` is not an
+    object reaches no tool: the ``mcp`` package answers ``-32602`` with its id (not a
+    ``VALIDATION_ERROR`` tool error, which is about the arguments' contents, as
+    docs/mcp.md says)."""
+    lines = [
+        json.dumps({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": params}).encode()
+        for i, params in enumerate(MALFORMED_CALLS, start=2)
+    ]
+    before = row_counts(ledger_url)
+    replies = _piped(ledger_url, *lines)
+    for i in range(2, 2 + len(MALFORMED_CALLS)):
+        assert replies[i]["error"]["code"] == -32602, replies[i]
+    assert row_counts(ledger_url) == before
+
+
+def test_a_request_whose_id_is_not_a_string_or_integer_is_an_invalid_request(
+    ledger_url: str,
+) -> None:
+    """A request whose ``id`` is null, an object, a fraction or a boolean gets ``-32600``
+    (``id`` null) instead of being taken for a notification and answered with nothing."""
+    bad_ids: list[Any] = [None, {"a": 1}, 1.5, True]
+    lines = [
+        json.dumps({"jsonrpc": "2.0", "id": rid, "method": "tools/list"}).encode()
+        for rid in bad_ids
+    ]
+    good = json.dumps({"jsonrpc": "2.0", "id": "s", "method": "tools/list"}).encode()
+    replies = _piped(ledger_url, *lines, good)
+    assert [r["error"]["code"] for r in replies[None]] == [-32600] * len(bad_ids)
+    assert all(
+        r["error"]["message"] == "Invalid Request: id must be a string or an integer"
+        for r in replies[None]
+    )
+    assert len(replies["s"]["result"]["tools"]) == len(TOOL_NAMES)

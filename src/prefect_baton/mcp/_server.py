@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.to_thread
@@ -26,6 +28,7 @@ from mcp.server.auth.settings import AuthSettings
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared._stream_protocols import WriteStream
 from mcp.shared.message import SessionMessage
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -56,10 +59,12 @@ from prefect_baton.mcp._tools import (
 from prefect_baton.rest import _schemas as rest_schemas
 from prefect_baton.rest._http import (
     BatonMiddleware,
+    DuplicateKey,
     baton_error_response,
     check_host,
     client_error,
     new_request_id,
+    unique_keys,
 )
 
 __all__ = ["Identity", "build_server", "http_app", "serve_http", "serve_stdio", "tool_error"]
@@ -230,27 +235,184 @@ def _unreadable_line(exc: Exception) -> types.JSONRPCError | None:
     )
 
 
-async def _run_stdio(server: Server[Any]) -> None:
-    """Serve ``server`` over stdin/stdout. A line the ``mcp`` package cannot read as a
-    JSON-RPC message (the package passes its parse error on, and its server only logs it)
-    is answered with :func:`_unreadable_line` instead of no answer at all, so a client
-    waiting on that request's reply learns at once that it was not read."""
-    async with stdio_server() as (read_stream, write_stream):
-        send, receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+#: How long (seconds) a closed stdin waits for the answers to requests already read.
+EOF_GRACE_S = 60.0
 
-        async def answer_unreadable() -> None:
-            async with send:
+
+def _refusal(code: int, label: str, detail: str, rid: types.RequestId | None) -> SessionMessage:
+    return SessionMessage(
+        types.JSONRPCError(
+            jsonrpc="2.0", id=rid, error=types.ErrorData(code=code, message=f"{label}: {detail}")
+        )
+    )
+
+
+class _Pairs(list[tuple[str, Any]]):
+    """The key/value pairs of one JSON object, as read (repeats kept)."""
+
+
+def _is_id(value: Any) -> bool:
+    """Whether ``value`` is an MCP request id: a string or an integer (not a boolean)."""
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _refused(text: str) -> SessionMessage | None:
+    """The answer to a stdin line (UTF-8 ``text``) that is refused before the ``mcp``
+    package reads it, else ``None`` (also when ``text`` is not JSON: the package then
+    answers it as unreadable, :func:`_unreadable_line`):
+
+    - an object naming a key twice, at any depth (the REST API's rule,
+      :func:`~prefect_baton.rest._http.unique_keys`): ``-32600`` with the rule's words, and
+      the request's ``id`` when its top-level ``id`` is given once as a string or integer,
+      else ``id`` null;
+    - a request (``method`` given) whose ``id`` is not a string or an integer (``null``,
+      an object, ``1.5``, ``true``): ``-32600``, ``id`` null. MCP ids are strings or
+      integers, and the package would take such a message for a notification and answer
+      nothing, leaving its client waiting.
+    """
+    try:
+        doc = json.loads(text, object_pairs_hook=unique_keys)
+    except DuplicateKey as exc:
+        top = json.loads(text, object_pairs_hook=_Pairs)
+        ids = [v for k, v in top if k == "id"] if isinstance(top, _Pairs) else []
+        rid = ids[0] if len(ids) == 1 and _is_id(ids[0]) else None
+        detail = f"invalid JSON ({exc})"
+        return _refusal(types.INVALID_REQUEST, "Invalid Request", detail, rid)
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(doc, dict) and "method" in doc and "id" in doc and not _is_id(doc["id"]):
+        detail = "id must be a string or an integer"
+        return _refusal(types.INVALID_REQUEST, "Invalid Request", detail, None)
+    return None
+
+
+class _StdinLines:
+    """``async for line in ...``: the process's stdin as ``str`` lines, for the ``stdin``
+    argument of :func:`mcp.server.stdio.stdio_server` (which would read it as UTF-8 with
+    ``errors="replace"``, so ``x\\xff`` and ``x\\xfe`` would both become ``x\\ufffd``). The bytes
+    are read on a worker thread, one line (to ``\\n``) at a time; a line that is not UTF-8
+    is answered ``-32700`` (naming its byte offset) and a line :func:`_refused` refuses with
+    its answer, through the write stream given to :meth:`attach`, and is not passed on."""
+
+    def __init__(self) -> None:
+        self._write: WriteStream[SessionMessage] | None = None
+        self._attached = anyio.Event()
+
+    def attach(self, write: WriteStream[SessionMessage]) -> None:
+        """Send refusals to ``write`` (the stdout side of ``stdio_server``)."""
+        self._write = write
+        self._attached.set()
+
+    async def _refuse(self, answer: SessionMessage) -> None:
+        await self._attached.wait()
+        assert self._write is not None
+        await self._write.send(answer)
+
+    def __aiter__(self) -> _StdinLines:
+        return self
+
+    async def __anext__(self) -> str:
+        while True:
+            raw: bytes = await anyio.to_thread.run_sync(
+                sys.stdin.buffer.readline, abandon_on_cancel=True
+            )
+            if not raw:
+                raise StopAsyncIteration
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                detail = f"invalid JSON at byte {exc.start} (not UTF-8 text)"
+                await self._refuse(_refusal(types.PARSE_ERROR, "Parse error", detail, None))
+                continue
+            refused = _refused(line)
+            if refused is not None:
+                await self._refuse(refused)
+                continue
+            return line
+
+
+class _Unanswered:
+    """The ids of the requests passed to the server and not yet answered (a response or
+    an error written, or the client's ``notifications/cancelled``)."""
+
+    def __init__(self) -> None:
+        self._ids: Counter[types.RequestId] = Counter()
+        self._changed = anyio.Event()
+
+    def _drop(self, rid: Any) -> None:
+        if self._ids.get(rid):
+            self._ids[rid] -= 1
+            if not self._ids[rid]:
+                del self._ids[rid]
+            self._changed.set()
+
+    def read(self, message: types.JSONRPCMessage) -> None:
+        """Note a message from the client."""
+        if isinstance(message, types.JSONRPCRequest):
+            self._ids[message.id] += 1
+        elif (
+            isinstance(message, types.JSONRPCNotification)
+            and message.method == "notifications/cancelled"
+        ):
+            self._drop((message.params or {}).get("requestId"))
+
+    def written(self, message: types.JSONRPCMessage) -> None:
+        """Note a message to the client."""
+        if isinstance(message, (types.JSONRPCResponse, types.JSONRPCError)):
+            self._drop(message.id)
+
+    async def none_left(self) -> None:
+        """Return once every request read has been answered."""
+        while self._ids:
+            self._changed = anyio.Event()
+            await self._changed.wait()
+
+
+async def _run_stdio(server: Server[Any]) -> None:
+    """Serve ``server`` over stdin/stdout.
+
+    Stdin is read by :class:`_StdinLines` (strict UTF-8, no repeated keys, request ids
+    that are strings or integers). A line the ``mcp`` package cannot read as a JSON-RPC
+    message (the package passes its parse error on, and its server only logs it) is
+    answered with :func:`_unreadable_line` instead of no answer at all, so a client
+    waiting on that request's reply learns at once that it was not read.
+
+    When stdin ends, the server is stopped only once every request already read has been
+    answered (for at most :data:`EOF_GRACE_S` seconds), so ``printf '...' | baton mcp``
+    gets every answer (the ``mcp`` package would stop at once and drop the answers of
+    calls still running, whose effects stay)."""
+    lines = _StdinLines()
+    async with stdio_server(stdin=cast(Any, lines)) as (read_stream, write_stream):
+        lines.attach(write_stream)
+        to_server, from_client = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+        from_server, to_client = anyio.create_memory_object_stream[SessionMessage](0)
+        unanswered = _Unanswered()
+
+        async def client_to_server() -> None:
+            async with to_server:
                 async for item in read_stream:
                     if isinstance(item, Exception):
                         answer = _unreadable_line(item)
                         if answer is not None:
                             await write_stream.send(SessionMessage(answer))
                     else:
-                        await send.send(item)
+                        unanswered.read(item.message)
+                        await to_server.send(item)
+                with anyio.move_on_after(EOF_GRACE_S):
+                    await unanswered.none_left()
+
+        async def server_to_client() -> None:
+            async with to_client:
+                async for item in to_client:
+                    unanswered.written(item.message)
+                    await write_stream.send(item)
+            await write_stream.aclose()
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(answer_unreadable)
-            await server.run(receive, write_stream, server.create_initialization_options())
+            tg.start_soon(client_to_server)
+            tg.start_soon(server_to_client)
+            async with from_server:
+                await server.run(from_client, from_server, server.create_initialization_options())
 
 
 def serve_stdio(baton: Baton) -> None:
@@ -361,7 +523,9 @@ def http_app(
     are ``400``, and a body over the REST API's limit (the larger of 2 MiB and 3 times the
     checkpoint state cap + 64 KiB, :func:`~prefect_baton._rules.validation.request_body_limit`
     of the store's ``state_max_bytes``) is ``413`` (as the REST API, through its
-    :class:`~prefect_baton.rest._http.BatonMiddleware`). Keys are never logged.
+    :class:`~prefect_baton.rest._http.BatonMiddleware`). Keys are never logged. No MCP
+    session is kept (the ``mcp`` package's stateless mode): each request stands alone, so
+    clients leave no state behind.
 
     Args:
         ledger_url: SQLAlchemy URL of the ledger (``str``; default ``BATON_LEDGER_URL``),
@@ -390,6 +554,9 @@ def http_app(
         host=host,
         auth=auth,
         token_verifier=_KeyVerifier(lambda: store.engines),
+        # Every call acts as its own request's key, so no session state is kept: no
+        # session id, nothing to expire or cap, no memory held between requests.
+        stateless_http=True,
         max_request_body_size=limit,  # the mcp package's own cap (4 MiB) would cut ours
     )
     app.add_middleware(_UnavailableAs503)

@@ -35,12 +35,14 @@ __all__ = [
     "MAX_BODY_BYTES",
     "STATUS_BY_CODE",
     "BatonMiddleware",
+    "DuplicateKey",
     "check_host",
     "client_error",
     "error_response",
     "new_request_id",
     "ok",
     "parse_json_body",
+    "unique_keys",
 ]
 
 logger = logging.getLogger("prefect_baton.rest")
@@ -178,26 +180,29 @@ def new_request_id() -> str:
     return f"req_{_request_ids.getrandbits(128):032x}"
 
 
-class _DuplicateKey(ValueError):
-    """A JSON object names ``key`` twice."""
+class DuplicateKey(ValueError):
+    """A JSON object names ``key`` (``str``) twice; ``str()`` of it is the rule's words,
+    ``the key 'k' appears twice in one object``."""
 
     def __init__(self, key: str) -> None:
-        super().__init__(key)
+        super().__init__(f"the key {_shown(key)} appears twice in one object")
         self.key = key
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """The object of ``pairs`` (``json``'s ``object_pairs_hook``).
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """The object of ``pairs`` (``json``'s ``object_pairs_hook``): the one rule on repeated
+    keys of the REST API and of the MCP server (over HTTP through
+    :func:`parse_json_body`, over stdio by itself).
 
     Raises:
-        _DuplicateKey: a key appears twice (``dict`` would keep the last value silently).
+        DuplicateKey: a key appears twice (``dict`` would keep the last value silently).
     """
     obj = dict(pairs)
     if len(obj) != len(pairs):
         seen: set[str] = set()
         for key, _ in pairs:
             if key in seen:
-                raise _DuplicateKey(key)
+                raise DuplicateKey(key)
             seen.add(key)
     return obj
 
@@ -235,13 +240,11 @@ def parse_json_body(raw: bytes) -> Any:
         return len(text[:pos].encode(encoding, "surrogatepass"))
 
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
+        return json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as exc:
         raise ValidationError(f"body: invalid JSON at byte {at(exc.pos)} ({exc.msg})") from None
-    except _DuplicateKey as exc:
-        raise ValidationError(
-            f"body: invalid JSON (the key {_shown(exc.key)} appears twice in one object)"
-        ) from None
+    except DuplicateKey as exc:
+        raise ValidationError(f"body: invalid JSON ({exc})") from None
     except RecursionError:
         raise ValidationError("body: invalid JSON (nested too deeply)") from None
     except ValueError:  # an integer over the digits int() reads

@@ -292,3 +292,16 @@ def metric_value(name: str, **labels: str) -> float:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for s in _stores.values():
         s.close()
+
+
+#: A raw ``initialize`` request (protocol 2025-06-18), for tests that write JSON-RPC lines.
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "test", "version": "1"},
+    },
+}

@@ -50,18 +50,6 @@ WRITE_TABLES = (
 
 LEASE = {"resource_type": "deploy", "resource_id": "checkout-service", "ttl_seconds": 600}
 
-#: A raw ``initialize`` request (protocol 2025-06-18), for tests that write JSON-RPC lines.
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "test", "version": "1"},
-    },
-}
-
 
 @pytest.fixture
 def ledger_url(tmp_path: Path) -> str:

@@ -16,10 +16,10 @@ from mcp.client.session import ClientSession
 from mcp.shared.exceptions import MCPError
 
 from prefect_baton.rest.keys import create_key, revoke_key
+from tests.conftest import INITIALIZE
 
 from ..conftest import REDIS_URL, require_redis
 from .conftest import (
-    INITIALIZE,
     LEASE,
     HttpServer,
     ok,

@@ -10,7 +10,9 @@ from typing import Any
 
 from mcp.client.session import ClientSession
 
-from .conftest import BATON, INITIALIZE, LEASE, ok, race, row_counts, run, tool_error
+from tests.conftest import INITIALIZE
+
+from .conftest import BATON, LEASE, ok, race, row_counts, run, tool_error
 
 TOOL_NAMES = {
     "baton_lease_acquire",

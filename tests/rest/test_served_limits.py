@@ -22,20 +22,11 @@ import pytest
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton.rest import MAX_BODY_BYTES
 from prefect_baton.rest.keys import create_key
+from tests.conftest import INITIALIZE
 
 BATON = str(Path(sys.executable).parent / "baton")
 FD_LIMIT = 1024
 IDLE_CONNECTIONS = 1100
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "0"},
-    },
-}
 
 
 @dataclass

@@ -44,7 +44,10 @@ def _raise(exc: BaseException) -> Any:
 
 @pytest.fixture
 def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'ledger.db'}"
+    """A SQLite ledger file, empty (created: the CLI's reads refuse a missing file)."""
+    path = tmp_path / "ledger.db"
+    path.touch()
+    return f"sqlite:///{path}"
 
 
 def test_the_rule() -> None:

@@ -33,6 +33,7 @@ from sqlalchemy.dialects import sqlite
 from sqlmodel import col
 
 from prefect_baton._stores.ledger.tables import ReceiptRow
+from prefect_baton.errors import ForbiddenError
 
 __all__ = [
     "INCARNATION_OP",
@@ -42,6 +43,7 @@ __all__ = [
     "SYSTEM_PRINCIPAL",
     "authority_lock",
     "redis_authority_sql",
+    "redis_decides_error",
     "system_where",
 ]
 
@@ -62,6 +64,17 @@ ledger (``baton reconcile --return-to-ledger``)."""
 SHARED_LOCK_PREFIX = "shared:"
 """A lock key with this prefix is taken shared (PostgreSQL ``pg_advisory_xact_lock_shared``
 on the key without the prefix); others exclusively."""
+
+
+def redis_decides_error(org: str) -> ForbiddenError:
+    """The refusal (:class:`ForbiddenError`) of a ledger-only client acting as the lease
+    authority of ``org`` (``str``), whose leases Redis decides; it names the remedies."""
+    return ForbiddenError(
+        f"the leases of org {org!r} are decided by Redis (a client with a Redis URL has "
+        "used it), and this client has none: set BATON_REDIS_URL (or Baton(redis_url=...)) "
+        "like every other client of the org, or hand the org back to the ledger with "
+        "'baton reconcile --return-to-ledger'"
+    )
 
 
 def authority_lock(org: str) -> str:

@@ -38,6 +38,7 @@ from prefect_baton._stores.ledger.authority import (
     SYSTEM_PRINCIPAL,
     authority_lock,
     redis_authority_sql,
+    redis_decides_error,
 )
 from prefect_baton._stores.ledger.convert import new_id
 from prefect_baton._stores.ledger.engine import (
@@ -64,7 +65,6 @@ from prefect_baton._stores.ledger.tables import (
 from prefect_baton._stores.protocol import Caller
 from prefect_baton.errors import (
     BatonError,
-    ForbiddenError,
     IdempotencyMismatchError,
     UnavailableError,
 )
@@ -79,17 +79,6 @@ _INSERT_EVENT = (
 _LOCKED = "WITH locked AS (SELECT pg_advisory_xact_lock(hashtextextended(?, 0))) "
 #: Whether Redis decides the organization's leases (``authority.py``).
 _REDIS_AUTHORITY = redis_authority_sql()
-
-
-def _redis_decides(org: str) -> ForbiddenError:
-    """The refusal of a ledger-only client acting as the lease authority of ``org``, which
-    Redis decides."""
-    return ForbiddenError(
-        f"the leases of org {org!r} are decided by Redis (a client with a Redis URL has "
-        "used it), and this client has none: set BATON_REDIS_URL (or Baton(redis_url=...)) "
-        "like every other client of the org, or hand the org back to the ledger with "
-        "'baton reconcile --return-to-ledger'"
-    )
 
 
 #: The outbox insert behind the org's event lock (PostgreSQL): sequence numbers are handed
@@ -252,7 +241,7 @@ class StoreBase(Statements):
         with self._read() as (session, _now_ms):
             rows = self._sql(session, _REDIS_AUTHORITY, args).fetchall()
         if any(key == STATE_KEY for key, _response in rows):
-            raise _redis_decides(org)
+            raise redis_decides_error(org)
 
     def _check_ledger_authority(self, tx: Tx, *, lock: bool = False) -> None:
         """Refuse a lease decision of ``tx``'s org applied on the ledger while Redis
@@ -274,7 +263,7 @@ class StoreBase(Statements):
         args = (org, SYSTEM_PRINCIPAL, INCARNATION_OP, STATE_KEY, RETURNED_KEY)
         for key, response in self._sql(tx.session, _REDIS_AUTHORITY, args).fetchall():
             if key == STATE_KEY:
-                raise _redis_decides(org)
+                raise redis_decides_error(org)
             tx.epoch_floor = _core.incarnation_epochs(int(json.loads(response)["n"]))[1]
         tx.authority_checked = True
 

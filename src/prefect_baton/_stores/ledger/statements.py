@@ -114,13 +114,22 @@ class Statements:
             return
         driver = dbapi.driver_connection
         cursor = driver.cursor()
+        first: Exception | None = None
         try:
             with driver.pipeline():
-                for statement, params in pending:
-                    cursor.execute(statement, params)
+                try:
+                    for statement, params in pending:
+                        cursor.execute(statement, params)
+                except self._driver_error as exc:
+                    # leave the pipeline with no exception in flight: psycopg would log its
+                    # own "pipeline aborted" on the way out as a warning (an expected
+                    # refusal, a unique key taken by a concurrent writer, is not one)
+                    first = exc
         except self._driver_error as exc:
+            first = first or exc
+        if first is not None:
             statements = "; ".join(statement for statement, _params in pending)
-            raise self._wrap(dbapi, cursor, statements, None, exc) from exc
+            raise self._wrap(dbapi, cursor, statements, None, first) from first
 
     def _before_execute(self, conn: Any, *_args: Any) -> None:
         """SQLAlchemy's ``before_cursor_execute`` (PostgreSQL): the writes waiting on the

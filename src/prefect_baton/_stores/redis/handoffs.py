@@ -18,7 +18,8 @@ A crash after 2 leaves Redis with the recipient holding and the ledger pending o
 any drain runs (the client's drain thread, ``baton reconcile``, the next ledger operation of
 any client of the org, or an exact retry), which completes it as ``accepted``; if Redis loses
 its data first, the transfer is lost with it and the rebuilt state is ``(pending, sender
-holds)``. Rejecting a lease-carrying handoff first settles the resolution key to
+holds)``; an accept that finds its entry gone so is answered ``UNAVAILABLE`` (retry), never
+with the lost lease. Rejecting a lease-carrying handoff first settles the resolution key to
 ``rejected`` (refused once it says ``accepted``), then releases the carried lease on Redis
 (``_rules.handoffs.decide_carried_release``), then records the rejection in the ledger; a
 crash in between leaves the handoff pending, and no accept can win afterwards.
@@ -48,7 +49,7 @@ from prefect_baton._stores.redis.codec import lease_from_gen, opt
 from prefect_baton._stores.redis.connection import as_text
 from prefect_baton._stores.redis.keys import HANDOFF_KEY_TTL_MS, org_keys
 from prefect_baton._stores.redis.scripts import OK, REPLAY, UNKNOWN, raise_for
-from prefect_baton.errors import LeaseLostError, NotFoundError
+from prefect_baton.errors import LeaseLostError, NotFoundError, UnavailableError
 from prefect_baton.models import Handoff, Lease
 
 if TYPE_CHECKING:
@@ -78,7 +79,9 @@ def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: ResolveReq
         ValidationError: the caller is not its target (the seed's message).
         LeaseLostError: the sender's lease ended between the check and the transfer (the
             handoff then reads ``expired``).
-        UnavailableError: Redis or the ledger is unreachable.
+        UnavailableError: Redis or the ledger is unreachable, or Redis lost its data
+            between the transfer and its drain into the ledger (the transfer is lost with
+            it; the handoff is still pending and a retry can accept it).
     """
     handoff_id = resolution.handoff_id
     store = auth.store
@@ -122,6 +125,14 @@ def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: ResolveReq
     with store._read() as (s, now):
         done = s.get(HandoffRow, handoff_id)
         assert done is not None
+        if done.status != "accepted":
+            # the drain found the journal without the transfer's entry: Redis lost it (and
+            # the transfer) before it reached the ledger; the rebuilt state is (pending,
+            # sender holds), so the lease in hand is not the recipient's
+            raise UnavailableError(
+                f"the acceptance of handoff {handoff_id} was lost with Redis's data before "
+                "it reached the ledger; the handoff is still pending: retry"
+            )
         return handoff_model(done, now, lease)
 
 

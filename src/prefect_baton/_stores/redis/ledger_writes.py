@@ -86,9 +86,26 @@ from prefect_baton._stores.redis.ledger_rows import (
     lease_row,
 )
 
-__all__ = ["FAULT_OP", "FOREVER_MS", "MAX_FAULTS", "SYSTEM_PRINCIPAL", "Batch", "LedgerWriter"]
+__all__ = [
+    "FAULT_OP",
+    "FOREVER_MS",
+    "MAX_FAULTS",
+    "SYSTEM_PRINCIPAL",
+    "Batch",
+    "LedgerWriter",
+    "journal_lock",
+]
 
 log = logging.getLogger("prefect_baton.reconciler")
+
+
+def journal_lock(org: str) -> str:
+    """The lock key of ``org``'s journal (``str``; a PostgreSQL advisory lock): held by a
+    drain from before it reads the journal from Redis until its batch is committed, and by
+    the incarnation bump of a rebuild (:func:`~prefect_baton._stores.redis.rebuild.
+    bump_incarnation`), which therefore waits for a drain in flight to commit."""
+    return f"journal:{org}"
+
 
 JOURNAL_OP = "redis.journal"
 """The receipts-table operation under which an org's journal cursor is kept."""
@@ -227,7 +244,7 @@ class LedgerWriter:
             with pg.pipeline(), pg.cursor() as lock, pg.cursor() as cur:
                 ms = max(1, int(self.lock_timeout_seconds * 1000))
                 lock.execute(f"SET LOCAL lock_timeout = {ms}")
-                lock.execute(LOCK_SQL, (f"journal:{org}",))
+                lock.execute(LOCK_SQL, (journal_lock(org),))
                 cur.execute(CURSOR_SQL, args)
                 row = cur.fetchone()
             raw = None if row is None else row[0]

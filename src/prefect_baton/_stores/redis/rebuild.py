@@ -10,7 +10,9 @@ granting from empty state. The first client that notices rebuilds:
 2. it drains whatever is left of the journal into the ledger (after a real loss nothing is
    left: then the ledger is all there is);
 3. it records the next incarnation number ``n`` in the ledger (a counter kept per org, taken
-   before anything is granted in that incarnation);
+   before anything is granted in that incarnation), under the org's journal lock: a drain of
+   another client or process that read journal entries before the loss commits them first,
+   so the ledger read of step 4 sees every grant that reached the ledger at all;
 4. it clears the org's remaining Redis state and loads every resource's newest generation,
    and the unexpired acquire receipts, from the ledger;
 5. it installs a new marker with the epoch floor ``n * 2**32`` and ceiling
@@ -71,10 +73,13 @@ from prefect_baton._stores.redis.cluster import node_time_ms
 from prefect_baton._stores.redis.codec import encode_gen, scope_meta
 from prefect_baton._stores.redis.connection import as_text, server_address
 from prefect_baton._stores.redis.keys import ORGS_KEY, org_keys
+from prefect_baton._stores.redis.ledger_writes import journal_lock
 from prefect_baton._stores.redis.scripts import OK, REBUILD_LOST
 from prefect_baton.errors import ForbiddenError, UnavailableError
 
 if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
     from prefect_baton._stores.redis.base import AuthorityBase
 
 __all__ = ["EPOCH_RANGE", "rebuild", "recover", "return_to_ledger", "rotate"]
@@ -150,7 +155,7 @@ def bump_incarnation(
     rec = auth.reconciler
     here = server_address(auth.client)
     with auth.store.engines.write.begin() as conn:
-        rec._lock(conn, authority_lock(org))
+        _lock_journal_and_authority(auth, conn, org)
         row = rec._system_row(conn, org, INCARNATION_OP)
         returned = (
             None if row is not None else rec._system_row(conn, org, INCARNATION_OP, RETURNED_KEY)
@@ -175,6 +180,21 @@ def bump_incarnation(
         if returned is not None:
             rec._delete_system_row(conn, org, INCARNATION_OP, RETURNED_KEY)
     return n, row is not None
+
+
+def _lock_journal_and_authority(auth: AuthorityBase, conn: Connection, org: str) -> None:
+    """Take the org's journal lock, then its authority lock, in the transaction of ``conn``
+    (PostgreSQL advisory locks; SQLite's ``BEGIN IMMEDIATE`` already holds the database).
+
+    The journal lock first, as a drain takes it (and takes no authority lock after it): a
+    drain that read journal entries from Redis before Redis lost them holds the journal lock
+    until their batch is committed, so the incarnation is bumped (and the ledger's leases
+    are then read to rebuild Redis) only once that batch is in the ledger. Without it a
+    rebuild could read the ledger while such a grant was still on its way, restore the
+    resource as free, grant it to another holder with a higher epoch, and the late commit
+    would then bring the earlier, lower fencing token back as the current one."""
+    auth.reconciler._lock(conn, journal_lock(org))
+    auth.reconciler._lock(conn, authority_lock(org))
 
 
 def return_to_ledger(auth: AuthorityBase, org: str, *, force: bool = False) -> bool:
@@ -222,7 +242,7 @@ def return_to_ledger(auth: AuthorityBase, org: str, *, force: bool = False) -> b
             client.delete(keys.inc)  # from here every Redis operation of the org fails closed
             rec.drain(org)
             with auth.store.engines.write.begin() as conn:
-                rec._lock(conn, authority_lock(org))
+                _lock_journal_and_authority(auth, conn, org)
                 row = rec._system_row(conn, org, INCARNATION_OP)
                 if row is not None:
                     now = int(conn.execute(auth.store._now_sql).scalar_one())

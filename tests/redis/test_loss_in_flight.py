@@ -131,10 +131,12 @@ def test_a_rebuild_waits_for_a_drain_in_flight(
     rec._flush = flush  # type: ignore[method-assign]
 
     assert drained == [1], drained
-    assert len(outcome) == 1 and isinstance(outcome[0], ConflictError), outcome
+    assert len(outcome) == 1, outcome
+    assert isinstance(outcome[0], ConflictError), outcome
     # the first holder still holds, at its epoch, and its fence still writes
     info = b.leases.inspect("res", "x")
-    assert info.held and info.epoch == held.epoch
+    assert info.held
+    assert info.epoch == held.epoch
     a.checkpoints.save("subject-x", "k", {"who": "a"}, fence=held)
     a.leases.renew(held, ttl_seconds=60)
     # after the holder lets go, the next grant's epoch is above every earlier one
@@ -182,8 +184,10 @@ def test_an_accept_whose_transfer_is_lost_is_unavailable_then_retried(
     assert sender.leases.inspect("res", "z").epoch == carried.epoch
     # the same key was not answered for good: the retry accepts
     accepted = recipient.handoffs.resolve(handoff.handoff_id, "accepted", idempotency_key="acc")
-    assert accepted.status == "accepted" and not accepted.replayed
-    assert accepted.lease is not None and accepted.lease.owner == "recipient"
+    assert accepted.status == "accepted"
+    assert not accepted.replayed
+    assert accepted.lease is not None
+    assert accepted.lease.owner == "recipient"
     assert accepted.lease.epoch > carried.epoch
     recipient.checkpoints.save("subject-z", "k", {"who": "recipient"}, fence=accepted.lease)
     with pytest.raises(StaleFenceError):

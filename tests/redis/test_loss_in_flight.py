@@ -45,14 +45,15 @@ def ledger(request: pytest.FixtureRequest) -> LedgerStore:
 @pytest.fixture
 def authorities(redis_server: RedisServer, ledger: LedgerStore) -> Iterator[list[RedisAuthority]]:
     """Two clients (two authorities, as two processes would have) of the test's Redis and
-    the ledger; ``ack="redis"`` and no drain thread to speak of (the test drains)."""
+    the ledger; ``ack="redis"`` and no drain thread (the test drains, or a call that
+    needs the ledger in step does)."""
     made = [
         RedisAuthority(
             connect(redis_server.url, socket_timeout=2.0),
             ledger,
             owns_client=True,
             ack="redis",
-            reconcile_interval_seconds=3600,
+            reconcile_in_client=False,
         )
         for _ in range(2)
     ]

@@ -65,7 +65,7 @@ def audit(ctx: typer.Context) -> None:
     transition. Prints the violations and exits 1 if there are any. Audits the org of
     --org (or BATON_ORG).
     """
-    with guard(ctx, "audit") as st:
+    with guard(ctx, "audit", reads_only=True) as st:
         target = st.resolved_org()
         report = audit_ledger(st.client().store, target)
         data: dict[str, Any] = dataclasses.asdict(report)

@@ -477,6 +477,8 @@ def test_the_cli_on_the_embedded_ledger_loads_no_redis_or_postgres_driver() -> N
         ("events", "tail"),
         ("audit",),
         ("timeline", "deploy", "svc", "--out", "t.svg"),
+        ("db", "current"),
+        ("keys", "list"),
     ],
 )
 def test_a_read_of_a_missing_sqlite_ledger_is_not_found_and_creates_nothing(

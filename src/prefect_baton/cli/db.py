@@ -45,8 +45,12 @@ def db_upgrade(
 
 @app.command("current")
 def db_current(ctx: typer.Context) -> None:
-    """Show the ledger's migration revision and the newest one this package ships."""
-    with guard(ctx, "db.current") as st:
+    """Show the ledger's migration revision and the newest one this package ships.
+
+    Exit 5 (NOT_FOUND) for a SQLite ledger file that does not exist: nothing is created
+    (db upgrade creates and migrates it).
+    """
+    with guard(ctx, "db.current", reads_only=True) as st:
         r = ledger_revision(st.local_ledger_url())
         info = {
             "ledger_url": r.ledger_url,

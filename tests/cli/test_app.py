@@ -11,9 +11,11 @@ import types
 from pathlib import Path
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from prefect_baton.cli import COMMANDS, EXIT_CODES, SUB_APPS, app, hoist_global_options
+from prefect_baton.cli._state import CliState, command
 from prefect_baton.errors import ERROR_CODES
 
 from .conftest import CLEAN_ENV, Cli
@@ -475,6 +477,8 @@ def test_the_cli_on_the_embedded_ledger_loads_no_redis_or_postgres_driver() -> N
         ("events", "tail"),
         ("audit",),
         ("timeline", "deploy", "svc", "--out", "t.svg"),
+        ("db", "current"),
+        ("keys", "list"),
     ],
 )
 def test_a_read_of_a_missing_sqlite_ledger_is_not_found_and_creates_nothing(
@@ -494,3 +498,38 @@ def test_a_read_of_a_missing_sqlite_ledger_is_not_found_and_creates_nothing(
     assert "--ledger-url" in error["message"]
     assert run.exit_code != 0
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_command_declared_reads_only_refuses_a_missing_sqlite_ledger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``reads_only=True`` where a command is declared is all a new read command needs: on a
+    SQLite ledger file that does not exist it is NOT_FOUND and creates nothing, while the
+    same command declared without it creates and reads the ledger."""
+    group = typer.Typer()
+
+    @command(group, "probe.read", "leases", reads_only=True)
+    def read(ctx: typer.Context) -> dict[str, str]:
+        return {"org": ctx.obj.client().org}
+
+    @command(group, "probe.write", "leases")
+    def write(ctx: typer.Context) -> dict[str, str]:
+        return {"org": ctx.obj.client().org}
+
+    monkeypatch.chdir(tmp_path)
+    missing = tmp_path / "typo.db"
+    root = typer.Typer()
+    root.add_typer(group, name="probe")
+
+    @root.callback()
+    def main(ctx: typer.Context) -> None:
+        ctx.obj = CliState(ledger_url=f"sqlite:///{missing}", org="o", principal="p")
+
+    runner = CliRunner()
+    run = runner.invoke(root, ["probe", "read"], env=CLEAN_ENV)
+    assert run.exit_code == 5, run.stdout
+    assert f"no ledger at {missing}" in run.output
+    assert list(tmp_path.iterdir()) == []
+    run = runner.invoke(root, ["probe", "write"], env=CLEAN_ENV)
+    assert run.exit_code == 0, run.stdout
+    assert missing.exists()

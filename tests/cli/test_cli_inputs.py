@@ -6,8 +6,12 @@ import json
 import os
 import subprocess
 import sys
+import typing
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import pytest
+from typer.models import ParameterInfo
 
 from .conftest import Cli, Run
 
@@ -190,3 +194,58 @@ def test_ids_with_format_characters_are_a_validation_error(cli: Cli) -> None:
     assert "\u200b" not in shown.stderr
     assert "found U+200B" in shown.stderr
     assert cli("lease", "list").json["leases"] == []
+
+
+@pytest.mark.parametrize(
+    ("line", "option"),
+    [
+        ("lease acquire deploy svc --ttl-seconds 60.0", "--ttl-seconds"),
+        ("lease acquire deploy svc --ttl-seconds 6e1", "--ttl-seconds"),
+        ("lease acquire deploy svc --ttl-seconds 60 --expected-version 1.0", "--expected-version"),
+        ("lease list --limit 5.0", "--limit"),
+        ("outcome list --limit 5.5", "--limit"),
+        ("serve --port 8080.0", "--port"),
+    ],
+)
+def test_integer_options_refuse_non_integers(cli: Cli, line: str, option: str) -> None:
+    """An integer option given a number with a fraction or exponent (``60.0``, ``6e1``) is a
+    usage error (VALIDATION_ERROR, exit 2) naming the option, not rounded to an integer."""
+    run = cli(*line.split())
+    assert run.code == 2, run.text
+    error = run.json["error"]
+    assert error["code"] == "VALIDATION_ERROR"
+    assert f"Invalid value for '{option}': must be an integer, got" in error["message"]
+
+
+def test_integer_options_keep_their_range(cli: Cli) -> None:
+    """A range declared on an integer option (``--port``: 1 to 65535) still holds."""
+    run = cli("serve", "--port", "0")
+    assert run.code == 2, run.text
+    assert "must be an integer from 1 to 65535, got 0" in run.json["error"]["message"]
+    assert (
+        cli.ok("lease", "acquire", "deploy", "svc", "--ttl-seconds", "+60")["lease"]["ttl_seconds"]
+        == 60
+    )
+
+
+def test_every_integer_option_of_baton_takes_the_integer_parser() -> None:
+    """Every ``int`` argument and option of every ``baton`` command got the shared parser
+    where the app is assembled, so a new integer option cannot be left lax."""
+    from prefect_baton.cli import COMMANDS, SUB_APPS
+
+    callbacks = [fn for _name, fn, _settings in COMMANDS]
+    callbacks += [i.callback for _name, sub in SUB_APPS for i in sub.registered_commands]
+    seen = 0
+    for fn in callbacks:
+        assert fn is not None
+        for name, hint in typing.get_type_hints(fn, include_extras=True).items():
+            if typing.get_origin(hint) is not Annotated:
+                continue
+            base, *meta = typing.get_args(hint)
+            if base not in (int, int | None):
+                continue
+            infos = [m for m in meta if isinstance(m, ParameterInfo)]
+            assert infos, (fn, name)
+            assert all(i.parser is not None for i in infos), (fn, name)
+            seen += 1
+    assert seen >= 10

@@ -298,7 +298,7 @@ def test_ledger_commands_refuse_the_rest_api_without_a_ledger_url(
     assert list(tmp_path.iterdir()) == []
     ledger = f"sqlite:///{tmp_path / 'given.db'}"
     given = runner.invoke(
-        app, ["--ledger-url", ledger, "--format", "json", "db", "current"], env=env
+        app, ["--ledger-url", ledger, "--format", "json", "db", "upgrade"], env=env
     )
     assert given.exit_code == 0, given.stdout
     by_env = runner.invoke(

@@ -16,10 +16,12 @@ import fakeredis
 import pytest
 from sqlmodel import Session, func, select
 
+import redis
 from prefect_baton import Baton, ConflictError, ForbiddenError, LeaseLostError, StaleFenceError
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.ledger.tables import EventRow, GenerationRow
 from prefect_baton._stores.redis.authority import RedisAuthority, connect
+from prefect_baton._stores.redis.connection import server_address
 from prefect_baton._stores.redis.keys import org_keys
 from prefect_baton.audit import audit_ledger
 from tests.conftest import REDIS_URL, require_redis, store_for
@@ -397,3 +399,22 @@ def test_a_client_on_another_redis_is_refused_not_rebuilt(ledger: LedgerStore, o
         for auth in (home, stray):
             auth.client.delete(*(auth.client.keys(org_keys(org).prefix + "*") or ["-"]))
             auth.close()
+
+
+class _OtherConnection(redis.Connection):
+    """A connection class of someone else's (as an in-process fake has): its ``host`` need
+    not name a server."""
+
+
+def test_only_redis_py_socket_connections_have_a_server_address() -> None:
+    """The address recorded with an org's Redis incarnation comes from a client's URL when its
+    pool makes redis-py's own TCP, TLS or Unix-socket connections; another connection class
+    (fakeredis's, whatever the client class) gives no address, so no check is made on it."""
+    assert server_address(redis.Redis.from_url("redis://Example.org:6380/3")) == (
+        "example.org:6380/3"
+    )
+    assert server_address(redis.Redis.from_url("rediss://u:p@h:6379/0")) == "h:6379/0"
+    assert server_address(redis.Redis.from_url("unix:///tmp/r.sock?db=2")) == "unix:/tmp/r.sock/2"
+    pool = redis.ConnectionPool(connection_class=_OtherConnection, host="a-random-name")
+    assert server_address(redis.Redis(connection_pool=pool)) is None
+    assert server_address(fakeredis.FakeRedis(server=fakeredis.FakeServer())) is None

@@ -44,6 +44,7 @@ from prefect_baton._rules.validation import (
 )
 from prefect_baton.errors import (
     ConflictError,
+    ForbiddenError,
     IdempotencyInFlightError,
     LeaseLostError,
     StaleFenceError,
@@ -75,6 +76,7 @@ __all__ = [  # the decision core, plus the validation it re-exports for its call
     "check_checkpoint_version",
     "check_fence",
     "check_fencing_token",
+    "check_org_redis",
     "conflict",
     "decide_acquire",
     "in_flight",
@@ -258,6 +260,42 @@ def incarnation_epochs(n: int) -> tuple[int, int]:
     the next incarnation's floor is this one's ceiling, so epochs keep rising across a
     loss of Redis data."""
     return n * EPOCH_RANGE, (n + 1) * EPOCH_RANGE
+
+
+def check_org_redis(org: str, recorded: str | None, here: str | None, *, hand_back: bool) -> None:
+    """Refuse a client whose Redis server is not the one the ledger records as deciding the
+    leases of ``org``.
+
+    Args:
+        org: the org (``str``, named in the message).
+        recorded: the address the ledger recorded with the org's Redis incarnation
+            (``host:port/db`` or ``unix:path/db``; ``None``: none recorded, or the org is
+            the ledger's).
+        here: the address of the client's own Redis server (``None`` when it cannot be
+            told: a Redis Cluster client, a client whose connections are not redis-py's
+            socket connections); ``None`` on either side passes.
+        hand_back: the client hands the org back to the ledger (``baton reconcile
+            --return-to-ledger``, the message names ``--force``) rather than rebuilding
+            the org's state on its Redis (the message names the remedy for that).
+
+    Raises:
+        ForbiddenError: both addresses are known and differ.
+    """
+    if recorded is None or here is None or recorded == here:
+        return
+    if hand_back:
+        raise ForbiddenError(
+            f"the leases of org {org!r} are decided by the Redis at {recorded}, not this "
+            f"one ({here}): hand the org back through that Redis, or, if it is gone for "
+            "good, again with --force"
+        )
+    raise ForbiddenError(
+        f"the leases of org {org!r} are decided by the Redis at {recorded} and this "
+        f"client's Redis ({here}) has no state for the org: every client of an org "
+        "must use the same Redis (check BATON_REDIS_URL); if that Redis is gone for "
+        "good, hand the org back to the ledger with 'baton reconcile "
+        "--return-to-ledger' on this Redis, then use it"
+    )
 
 
 def _check_counters(head: Generation | None, *, epoch_too: bool) -> None:

@@ -32,6 +32,7 @@ from prefect_baton.cli import (
     timeline,
     ui,
 )
+from prefect_baton.cli._options import whole_numbers
 from prefect_baton.cli._output import (
     EXIT_CODES,
     EXIT_FAILURE,
@@ -250,10 +251,13 @@ def reflow(doc: str | None) -> str | None:
 
 for _name, _sub in SUB_APPS:
     for _info in _sub.registered_commands:
-        if _info.help is None and _info.callback is not None:
-            _info.help = reflow(_info.callback.__doc__)
+        if _info.callback is not None:
+            whole_numbers(_info.callback)
+            if _info.help is None:
+                _info.help = reflow(_info.callback.__doc__)
     app.add_typer(_sub, name=_name)
 for _name, _fn, _settings in COMMANDS:
+    whole_numbers(_fn)
     app.command(_name, context_settings=_settings, help=reflow(_fn.__doc__))(_fn)
 
 

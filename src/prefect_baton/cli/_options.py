@@ -6,10 +6,17 @@ serves every command that takes it and the help texts cannot drift apart.
 
 from __future__ import annotations
 
+import inspect
 import math
-from typing import Annotated
+import re
+import types
+import typing
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
+from pydantic_core import PydanticCustomError
+from typer.models import ParameterInfo
 
 from prefect_baton._rules.validation import LIFETIME_RANGE
 
@@ -22,6 +29,7 @@ __all__ = [
     "lifetime",
     "poll_interval",
     "row_limit",
+    "whole_numbers",
 ]
 
 #: The longest ``--interval`` of a command that polls until stopped (seconds: one hour).
@@ -129,3 +137,86 @@ def poll_interval(minimum: float, what: str) -> typer.models.OptionInfo:
         help=f"{what} (seconds, a number from {minimum:g} to {POLL_INTERVAL_MAX_SECONDS:g}).",
     )
     return option
+
+
+#: An integer as the command line spells it: optional sign, decimal digits (``_`` between
+#: digits, as Python writes them), nothing else.
+_INTEGER = re.compile(r"[+-]?[0-9]+(?:_[0-9]+)*")
+
+
+def _integer_parser(info: ParameterInfo) -> Callable[[Any], int]:
+    """The parser of an integer argument or option: the text must be an integer
+    (``60``, not ``60.0``, ``6e1`` or ``60.5``), within ``info.min`` .. ``info.max`` when
+    the declaration gives them (a parser replaces Typer's own range check)."""
+    low, high = info.min, info.max
+
+    def parse(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise _refused(f"must be an integer, got {value!r}")
+        if isinstance(value, str) and not _INTEGER.fullmatch(value.strip()):
+            raise _refused(f"must be an integer, got {value!r}")
+        number = int(value)
+        if (low is not None and number < low) or (high is not None and number > high):
+            bounds = f"from {low:g}" if low is not None else ""
+            if high is not None:
+                bounds = f"{bounds} to {high:g}" if bounds else f"at most {high:g}"
+            else:
+                bounds = f"at least {low:g}"
+            raise _refused(f"must be an integer {bounds}, got {number}")
+        return number
+
+    return parse
+
+
+def _refused(message: str) -> PydanticCustomError:
+    """The error a parser raises: Typer shows its message after ``Invalid value for
+    '--name': `` (a ``ValueError`` would read ``Value error, ...``)."""
+    return PydanticCustomError("int_parsing", message)
+
+
+def _is_integer(annotation: Any) -> bool:
+    """``int`` or ``int | None``."""
+    if annotation is int:
+        return True
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return set(typing.get_args(annotation)) == {int, type(None)}
+    return False
+
+
+def whole_numbers(command: Callable[..., Any]) -> None:
+    """Make every integer argument and option of ``command`` (a Typer command or callback,
+    annotated ``int`` or ``int | None``) accept only integers: Typer converts through a lax
+    pydantic ``TypeAdapter`` that takes ``60.0`` for 60. Anything else is a usage error,
+    ``VALIDATION_ERROR`` (exit 2), before the command runs. Applied to every command where
+    the ``baton`` app is assembled (:mod:`prefect_baton.cli`), so no integer option is left
+    out; an option with a parser of its own keeps it.
+
+    Raises:
+        TypeError: an integer parameter declared without ``typer.Argument`` or
+            ``typer.Option`` (no declaration to give the parser to).
+    """
+    hints = typing.get_type_hints(command, include_extras=True)
+    # the evaluated annotations replace their text (``from __future__ import annotations``):
+    # Typer would evaluate the text again, into new declarations without the parser
+    annotations = inspect.unwrap(command).__annotations__
+    for name, param in inspect.signature(command).parameters.items():
+        hint = hints.get(name)
+        infos: list[Any] = []
+        if typing.get_origin(hint) is Annotated:
+            base, *infos = typing.get_args(hint)
+        else:
+            base = hint
+        if not _is_integer(base):
+            continue
+        if isinstance(param.default, ParameterInfo):
+            infos.append(param.default)
+        declared = [i for i in infos if isinstance(i, ParameterInfo)]
+        if not declared:
+            raise TypeError(
+                f"integer parameter {name!r} of {command.__qualname__} has no typer.Argument "
+                "or typer.Option to take the integer parser"
+            )
+        for info in declared:
+            if info.parser is None:
+                info.parser = _integer_parser(info)
+        annotations[name] = hint

@@ -45,26 +45,6 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-#: The commands that only read the ledger: on a SQLite ledger file that does not exist they
-#: are NOT_FOUND, instead of creating an empty ledger and answering from it (a mistyped
-#: path would read as "not held").
-READ_ONLY_ACTIONS = frozenset(
-    {
-        "audit",
-        "checkpoint.get",
-        "checkpoint.history",
-        "events.tail",
-        "handoff.inbox",
-        "handoff.show",
-        "lease.inspect",
-        "lease.list",
-        "lease.show",
-        "outcome.list",
-        "timeline",
-    }
-)
-
-
 @dataclass
 class CliState:
     """Global options of one ``baton`` invocation; unset ones come from ``BATON_*``."""
@@ -76,6 +56,10 @@ class CliState:
     redis_url: str | None = None  # the Redis fast path for leases (None: BATON_REDIS_URL)
     format: OutputFormat = OutputFormat.table
     action: str | None = None  # the running command's receipt action (set by guard)
+    #: the running command only reads the ledger (``reads_only`` of :func:`guard`): on a
+    #: SQLite ledger file that does not exist it is NOT_FOUND, instead of creating an empty
+    #: ledger and answering from it (a mistyped path would read as "not held")
+    reads_only: bool = False
     _settings: BatonSettings | None = field(default=None, repr=False)
     _client: Baton | None = field(default=None, repr=False)
 
@@ -103,6 +87,8 @@ class CliState:
                 (``--ledger-url`` or ``BATON_LEDGER_URL``): every other command would run
                 through the API, so the default ``./.baton/ledger.db`` is never what was
                 meant (and would be created and migrated here).
+            NotFoundError: a command that only reads (:attr:`reads_only`) on a SQLite
+                ledger file that does not exist (nothing is created).
         """
         settings = self.settings()
         from_env = "ledger_url" in settings.model_fields_set  # BATON_LEDGER_URL
@@ -111,7 +97,10 @@ class CliState:
                 "this command acts on the ledger directly, not through the REST API of "
                 "BATON_API_URL: pass --ledger-url (or BATON_LEDGER_URL), or unset BATON_API_URL"
             )
-        return self.resolved_ledger_url()
+        url = self.resolved_ledger_url()
+        if self.reads_only:
+            _require_ledger_file(url)
+        return url
 
     def resolved_org(self) -> str:
         return self.org or self.settings().org
@@ -120,12 +109,14 @@ class CliState:
         """The client, built on first use (this opens the ledger and applies migrations).
 
         Raises:
-            NotFoundError: a command of :data:`READ_ONLY_ACTIONS` on a SQLite ledger file
-                that does not exist (nothing is created).
+            NotFoundError: a command that only reads (:attr:`reads_only`) on a SQLite
+                ledger file that does not exist (nothing is created; a client through the
+                REST API reads no file).
         """
         if self._client is None:
-            if self.action in READ_ONLY_ACTIONS:
-                self._require_ledger_file()
+            through_api = self.ledger_url is None and self.settings().api_url is not None
+            if self.reads_only and not through_api:
+                _require_ledger_file(self.resolved_ledger_url())
             self._client = Baton(
                 ledger_url=self.ledger_url,
                 org=self.org,
@@ -136,28 +127,26 @@ class CliState:
             )
         return self._client
 
-    def _require_ledger_file(self) -> None:
-        """Refuse to read a SQLite ledger file that does not exist (a client through the
-        REST API reads no file).
-
-        Raises:
-            NotFoundError: the file of the resolved SQLite ledger URL does not exist.
-        """
-        from prefect_baton._stores.ledger.engine import sqlite_file  # SQLAlchemy: only here
-
-        if self.ledger_url is None and self.settings().api_url is not None:
-            return
-        path = sqlite_file(self.resolved_ledger_url())
-        if path is not None and not path.exists():
-            raise NotFoundError(
-                f"no ledger at {path}: check --ledger-url (or BATON_LEDGER_URL); a command "
-                "that writes (lease acquire, db upgrade, ...) creates it"
-            )
-
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def _require_ledger_file(url: str) -> None:
+    """Refuse to read a SQLite ledger file that does not exist.
+
+    Raises:
+        NotFoundError: ``url`` is a SQLite URL whose file does not exist.
+    """
+    from prefect_baton._stores.ledger.engine import sqlite_file  # SQLAlchemy: only here
+
+    path = sqlite_file(url)
+    if path is not None and not path.exists():
+        raise NotFoundError(
+            f"no ledger at {path}: check --ledger-url (or BATON_LEDGER_URL); a command "
+            "that writes (lease acquire, db upgrade, ...) creates it"
+        )
 
 
 def state(ctx: typer.Context) -> CliState:
@@ -171,11 +160,21 @@ def state(ctx: typer.Context) -> CliState:
 
 
 @contextmanager
-def guard(ctx: typer.Context, action: str) -> Iterator[CliState]:
+def guard(ctx: typer.Context, action: str, *, reads_only: bool = False) -> Iterator[CliState]:
     """Run a command body; a :class:`BatonError` becomes an error receipt and its exit
-    status (``typer.Exit``), never a traceback."""
+    status (``typer.Exit``), never a traceback.
+
+    Args:
+        ctx: the command's context.
+        action: the receipt's ``action`` (``str``).
+        reads_only: the command only reads the ledger (``bool``): on a SQLite ledger file
+            that does not exist it is NOT_FOUND (:attr:`CliState.reads_only`) instead of
+            creating the file. The first guard of an invocation decides.
+    """
     st = state(ctx)
-    st.action = st.action or action
+    if st.action is None:
+        st.action = action
+        st.reads_only = reads_only
     try:
         yield st
     except BatonError as exc:
@@ -183,7 +182,12 @@ def guard(ctx: typer.Context, action: str) -> Iterator[CliState]:
 
 
 def command(
-    app: typer.Typer, action: str, key: str, *, columns: Sequence[str] | None = None
+    app: typer.Typer,
+    action: str,
+    key: str,
+    *,
+    columns: Sequence[str] | None = None,
+    reads_only: bool = False,
 ) -> Callable[[Callable[P, T]], Callable[P, None]]:
     """Decorator: register a command whose body returns its result, and print that result
     as the receipt of ``action`` (the shared tail of the commands that call the API once).
@@ -202,6 +206,8 @@ def command(
             after the first dot.
         key: the receipt key of the result (``str``: ``lease``, ``checkpoint``, ...).
         columns: for a list result (or a page), the columns of the table.
+        reads_only: the command only reads the ledger (``bool``, :func:`guard`): NOT_FOUND
+            on a SQLite ledger file that does not exist.
 
     Returns:
         The decorator; it returns the registered command, which prints and returns ``None``.
@@ -216,7 +222,7 @@ def command(
         def run(*args: P.args, **kwargs: P.kwargs) -> None:
             # Typer passes every parameter by name, the context as the body's ``ctx``.
             ctx = cast(typer.Context, kwargs["ctx"])
-            with guard(ctx, action) as st:
+            with guard(ctx, action, reads_only=reads_only) as st:
                 result = body(*args, **kwargs)
                 if isinstance(result, Page):
                     emit_page(st.format, action, key, result, columns=columns)

@@ -78,7 +78,7 @@ def save(
     )
 
 
-@command(app, "checkpoint.get", "checkpoint")
+@command(app, "checkpoint.get", "checkpoint", reads_only=True)
 def get(
     ctx: typer.Context,
     subject_id: Annotated[
@@ -114,7 +114,7 @@ def get(
     return found
 
 
-@command(app, "checkpoint.history", "checkpoints", columns=HISTORY_COLUMNS)
+@command(app, "checkpoint.history", "checkpoints", columns=HISTORY_COLUMNS, reads_only=True)
 def history(
     ctx: typer.Context, subject_id: SubjectId, kind: Kind, principal: Principal = None
 ) -> list[Checkpoint]:

@@ -45,8 +45,12 @@ def db_upgrade(
 
 @app.command("current")
 def db_current(ctx: typer.Context) -> None:
-    """Show the ledger's migration revision and the newest one this package ships."""
-    with guard(ctx, "db.current") as st:
+    """Show the ledger's migration revision and the newest one this package ships.
+
+    Exit 5 (NOT_FOUND) for a SQLite ledger file that does not exist: nothing is created
+    (db upgrade creates and migrates it).
+    """
+    with guard(ctx, "db.current", reads_only=True) as st:
         r = ledger_revision(st.local_ledger_url())
         info = {
             "ledger_url": r.ledger_url,
@@ -65,7 +69,7 @@ def audit(ctx: typer.Context) -> None:
     transition. Prints the violations and exits 1 if there are any. Audits the org of
     --org (or BATON_ORG).
     """
-    with guard(ctx, "audit") as st:
+    with guard(ctx, "audit", reads_only=True) as st:
         target = st.resolved_org()
         report = audit_ledger(st.client().store, target)
         data: dict[str, Any] = dataclasses.asdict(report)

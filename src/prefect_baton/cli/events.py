@@ -123,7 +123,7 @@ def tail(
         "resource_id": resource_id,
         "subject": subject,
     }
-    with guard(ctx, "events.tail") as st:
+    with guard(ctx, "events.tail", reads_only=True) as st:
         start = events_after(after, cursor, name="--after")
         if follow:
             st.client().events.list(after_seq=start, limit=limit, **filters)  # validate

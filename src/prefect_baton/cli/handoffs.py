@@ -101,7 +101,7 @@ class StatusFilter(enum.StrEnum):
     any = "any"
 
 
-@command(app, "handoff.inbox", "handoffs", columns=HANDOFF_COLUMNS)
+@command(app, "handoff.inbox", "handoffs", columns=HANDOFF_COLUMNS, reads_only=True)
 def inbox(
     ctx: typer.Context,
     limit: Annotated[int, row_limit(10_000)] = 100,
@@ -203,7 +203,7 @@ def resolve(
     )
 
 
-@command(app, "handoff.show", "handoff")
+@command(app, "handoff.show", "handoff", reads_only=True)
 def show(ctx: typer.Context, handoff_id: HandoffId) -> Handoff:
     """Show a handoff you sent or received."""
     return state(ctx).client().handoffs.get(handoff_id)

@@ -101,7 +101,8 @@ def list_(
 ) -> None:
     """List keys (of --org when given, else of every org), oldest first (by creation time,
     then key id), revoked ones too unless --active-only. Never shows a secret or a hash.
-    Exit 2 (VALIDATION_ERROR) for a bad org, limit or cursor.
+    Exit 2 (VALIDATION_ERROR) for a bad org, limit or cursor; exit 5 (NOT_FOUND) for a
+    SQLite ledger file that does not exist (nothing is created).
 
     One page of at most --limit rows. When more rows follow, the JSON receipt's
     'next_cursor' (null otherwise) is the --cursor of the next page; the table format names
@@ -109,7 +110,7 @@ def list_(
     """
     from prefect_baton.rest.keys import list_keys
 
-    with guard(ctx, "keys.list") as st:
+    with guard(ctx, "keys.list", reads_only=True) as st:
         keys = list_keys(
             st.local_ledger_url(),
             org=st.org,

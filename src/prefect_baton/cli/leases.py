@@ -140,7 +140,7 @@ def acquire(
     )
 
 
-@command(app, "lease.inspect", "info")
+@command(app, "lease.inspect", "info", reads_only=True)
 def inspect(ctx: typer.Context, resource_type: ResourceType, resource_id: ResourceId) -> LeaseInfo:
     """Show whether a resource is held, until when, and its version and epoch.
 
@@ -149,7 +149,7 @@ def inspect(ctx: typer.Context, resource_type: ResourceType, resource_id: Resour
     return state(ctx).client().leases.inspect(resource_type, resource_id)
 
 
-@command(app, "lease.show", "lease")
+@command(app, "lease.show", "lease", reads_only=True)
 def show(
     ctx: typer.Context,
     lease_id: Annotated[
@@ -273,7 +273,7 @@ def force_release(
     return state(ctx).client().leases.force_release(lease_id, idempotency_key=idempotency_key)
 
 
-@command(app, "lease.list", "leases", columns=LEASE_COLUMNS)
+@command(app, "lease.list", "leases", columns=LEASE_COLUMNS, reads_only=True)
 def list_(
     ctx: typer.Context,
     resource_type: Annotated[

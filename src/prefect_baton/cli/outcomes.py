@@ -81,7 +81,7 @@ def record(
     )
 
 
-@command(app, "outcome.list", "outcomes", columns=OUTCOME_COLUMNS)
+@command(app, "outcome.list", "outcomes", columns=OUTCOME_COLUMNS, reads_only=True)
 def list_(
     ctx: typer.Context,
     subject_id: Annotated[

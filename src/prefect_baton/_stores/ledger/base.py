@@ -44,6 +44,7 @@ from prefect_baton._stores.ledger.convert import new_id
 from prefect_baton._stores.ledger.engine import (
     SQLITE_BUSY_TIMEOUT_MS,
     Engines,
+    ledger_failure,
     make_engines,
     make_memory_engines,
     upgrade,
@@ -386,7 +387,7 @@ class StoreBase(Statements):
                     reconnected = True
                     self._connection_lost()
                     continue
-                raise UnavailableError(f"ledger database unavailable: {exc.orig}") from exc
+                raise ledger_failure(self.engines, exc) from exc
             except DBAPIError as exc:
                 if getattr(exc.orig, "sqlstate", None) in ("40001", "40P01"):
                     last = exc
@@ -435,7 +436,7 @@ class StoreBase(Statements):
                 return
             except OperationalError as exc:
                 if started or not exc.connection_invalidated or attempt == 2:
-                    raise UnavailableError(f"ledger database unavailable: {exc.orig}") from exc
+                    raise ledger_failure(self.engines, exc) from exc
                 self._connection_lost()
 
     @property

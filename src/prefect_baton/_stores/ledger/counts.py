@@ -9,9 +9,9 @@ from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, col
 
 from prefect_baton._stores.ledger.conditions import handoff_unexpired, lease_effective
+from prefect_baton._stores.ledger.engine import ledger_failure
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.ledger.tables import GenerationRow, HandoffRow
-from prefect_baton.errors import UnavailableError
 
 __all__ = ["effective_leases", "pending_handoffs"]
 
@@ -37,7 +37,7 @@ def effective_leases(store: LedgerStore, org: str | None = None) -> list[tuple[s
         with Session(store.engines.read) as session:
             return [(str(o), str(t), int(c)) for o, t, c in session.execute(query)]
     except OperationalError as exc:
-        raise UnavailableError(f"ledger database unavailable: {exc.orig}") from exc
+        raise ledger_failure(store.engines, exc) from exc
 
 
 def pending_handoffs(store: LedgerStore, org: str | None = None) -> list[tuple[str, int]]:
@@ -59,4 +59,4 @@ def pending_handoffs(store: LedgerStore, org: str | None = None) -> list[tuple[s
         with Session(store.engines.read) as session:
             return [(str(o), int(c)) for o, c in session.execute(query)]
     except OperationalError as exc:
-        raise UnavailableError(f"ledger database unavailable: {exc.orig}") from exc
+        raise ledger_failure(store.engines, exc) from exc

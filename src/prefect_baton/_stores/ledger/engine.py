@@ -151,6 +151,43 @@ def sqlite_file(url: str) -> Path | None:
     return Path(db).expanduser()
 
 
+#: SQLite's result code ``SQLITE_READONLY`` (the low byte of its extended codes, e.g.
+#: ``SQLITE_READONLY_DIRECTORY``), and its extended code for a file moved or deleted while
+#: open, which is no matter of permissions.
+_SQLITE_READONLY = 8
+_SQLITE_READONLY_DBMOVED = 1032
+
+
+def ledger_failure(engines: Engines, exc: OperationalError) -> UnavailableError:
+    """The error of a ledger statement the database failed with ``exc``: ``UNAVAILABLE``
+    (the ledger cannot be used; the REST API and the MCP server tell their callers no more
+    than that, the detail goes to the server log).
+
+    When a SQLite ledger cannot be written for lack of permission (``SQLITE_READONLY``:
+    the file is read-only, or its directory, where SQLite keeps the ``-wal`` and ``-shm``
+    files beside it, or one of those files is), the message names the file and says it is
+    not writable: a retry meets the same permissions until they are changed. A read of a
+    read-only file in a writable directory works. Any other failure reads ``ledger database
+    unavailable: ...``.
+    """
+    orig = exc.orig
+    code = getattr(orig, "sqlite_errorcode", None)
+    if (
+        engines.is_sqlite
+        and isinstance(code, int)
+        and code & 0xFF == _SQLITE_READONLY
+        and code != _SQLITE_READONLY_DBMOVED
+    ):
+        where = sqlite_file(engines.url) or engines.url
+        return UnavailableError(
+            f"the SQLite ledger file {where} is not writable by this process ({orig}): "
+            "writing needs write permission on the file and on its directory (where SQLite "
+            "keeps its -wal and -shm files, which need it too; a read-only file in a "
+            "writable directory can still be read); retrying fails until that is changed"
+        )
+    return UnavailableError(f"ledger database unavailable: {orig}")
+
+
 def write_turn_timed_out() -> UnavailableError:
     """The error of a SQLite write that waited longer than :data:`SQLITE_BUSY_TIMEOUT_MS`
     for its process's one write connection (the pool's ``sqlalchemy.exc.TimeoutError``,
@@ -325,7 +362,7 @@ def head_revision() -> str:
 def current_revision(engines: Engines) -> str | None:
     """The revision the database is at, ``None`` for an empty database (read from Alembic's
     version table with one query, without loading Alembic)."""
-    with _db_errors(), engines.read.connect() as conn:
+    with _db_errors(engines), engines.read.connect() as conn:
         return _revision_on(conn)
 
 
@@ -361,13 +398,13 @@ def _command_error() -> type[Exception]:
 
 
 @contextmanager
-def _db_errors() -> Iterator[None]:
+def _db_errors(engines: Engines) -> Iterator[None]:
     from sqlalchemy.exc import DatabaseError, InterfaceError, OperationalError, ProgrammingError
 
     try:
         yield
     except OperationalError as exc:
-        raise UnavailableError(f"ledger database unavailable: {exc.orig}") from exc
+        raise ledger_failure(engines, exc) from exc
     except (ProgrammingError, InterfaceError) as exc:
         raise ValidationError(f"ledger URL or database rejected: {exc.orig}") from None
     except DatabaseError as exc:
@@ -402,7 +439,7 @@ def upgrade_from_to(engines: Engines, revision: str = "head") -> tuple[str | Non
             (an upgrade never downgrades), or its schema is not one this version knows.
         UnavailableError: the database is unreachable.
     """
-    with _db_errors():
+    with _db_errors(engines):
         shipped = [] if revision == "head" else shipped_revisions()
         if revision == "head":
             now = current_revision(engines)

@@ -33,7 +33,7 @@ from redis.retry import Retry
 from prefect_baton._stores.redis.cluster import RedisClient, connect_cluster, is_cluster_url
 from prefect_baton._stores.redis.scripts import Scripts, library
 from prefect_baton.errors import BatonError, UnavailableError, ValidationError
-from redis import ConnectionPool, Redis
+from redis import Connection, ConnectionPool, Redis, SSLConnection, UnixDomainSocketConnection
 
 __all__ = [
     "DirectConnections",
@@ -135,16 +135,27 @@ def redis_error(exc: RedisError) -> BatonError:
     return UnavailableError(f"Redis unavailable: {exc}")
 
 
+#: redis-py's own connection classes, whose ``host``/``port``/``path`` arguments name the
+#: socket they open: only a client connecting through one of these has a server address
+#: (:func:`server_address`).
+_SOCKET_CONNECTIONS: tuple[type[Any], ...] = (Connection, SSLConnection, UnixDomainSocketConnection)
+
+
 def server_address(client: RedisClient) -> str | None:
     """Where ``client`` (one Redis server, ``redis.Redis``) keeps its data: ``host:port/db``
-    or ``unix:path/db`` (``str``, no credentials), as its URL named it; ``None`` for a
-    Redis Cluster client and for fakeredis (whose "host" is a random name per client). The
-    ledger records it with an org's Redis incarnation, so that a client whose Redis lacks
-    the org's state can tell a data loss on that server from another server
+    or ``unix:path/db`` (``str``, no credentials), as its URL named it. ``None`` when that
+    cannot be told: a Redis Cluster client, and a client whose connection pool makes
+    connections of another class than redis-py's TCP, TLS and Unix-socket connections (an
+    in-process fake, a Sentinel-managed pool), whose ``host`` argument need not name a
+    server. The ledger records it with an org's Redis incarnation, so that a client whose
+    Redis lacks the org's state can tell a data loss on that server from another server
     (:func:`prefect_baton._stores.redis.rebuild.bump_incarnation`)."""
-    if not isinstance(client, Redis) or type(client).__module__.startswith("fakeredis"):
+    if not isinstance(client, Redis):
         return None
-    kwargs = client.connection_pool.connection_kwargs
+    pool = client.connection_pool
+    if getattr(pool, "connection_class", None) not in _SOCKET_CONNECTIONS:
+        return None
+    kwargs = pool.connection_kwargs
     db = kwargs.get("db", 0)
     if kwargs.get("path"):
         return f"unix:{kwargs['path']}/{db}"

@@ -64,7 +64,7 @@ from redis.exceptions import RedisError
 from sqlalchemy import and_, func, select
 from sqlmodel import col
 
-from prefect_baton._rules.core import EPOCH_RANGE, incarnation_epochs
+from prefect_baton._rules.core import EPOCH_RANGE, check_org_redis, incarnation_epochs
 from prefect_baton._stores.ledger.authority import INCARNATION_OP, RETURNED_KEY, authority_lock
 from prefect_baton._stores.ledger.leases import ATTEMPT_FIELD
 from prefect_baton._stores.ledger.store import row_to_generation
@@ -75,7 +75,7 @@ from prefect_baton._stores.redis.connection import as_text, server_address
 from prefect_baton._stores.redis.keys import ORGS_KEY, org_keys
 from prefect_baton._stores.redis.ledger_writes import journal_lock
 from prefect_baton._stores.redis.scripts import OK, REBUILD_LOST
-from prefect_baton.errors import ForbiddenError, UnavailableError
+from prefect_baton.errors import UnavailableError
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -163,14 +163,8 @@ def bump_incarnation(
         if row is None and decided_only:
             return None
         recorded = None if row is None else row.get("redis")
-        if recorded is not None and here is not None and recorded != here and not decided_only:
-            raise ForbiddenError(
-                f"the leases of org {org!r} are decided by the Redis at {recorded} and this "
-                f"client's Redis ({here}) has no state for the org: every client of an org "
-                "must use the same Redis (check BATON_REDIS_URL); if that Redis is gone for "
-                "good, hand the org back to the ledger with 'baton reconcile "
-                "--return-to-ledger' on this Redis, then use it"
-            )
+        if not decided_only:
+            check_org_redis(org, recorded, here, hand_back=False)
         last = row or returned
         n = 0 if last is None else int(last["n"]) + 1
         now = int(conn.execute(auth.store._now_sql).scalar_one())
@@ -281,13 +275,7 @@ def _check_same_server(auth: AuthorityBase, org: str) -> None:
     with auth.store.engines.read.connect() as conn:
         row = auth.reconciler._system_row(conn, org, INCARNATION_OP)
     recorded = None if row is None else row.get("redis")
-    here = server_address(auth.client)
-    if recorded is not None and here is not None and recorded != here:
-        raise ForbiddenError(
-            f"the leases of org {org!r} are decided by the Redis at {recorded}, not this "
-            f"one ({here}): hand the org back through that Redis, or, if it is gone for "
-            "good, again with --force"
-        )
+    check_org_redis(org, recorded, server_address(auth.client), hand_back=True)
 
 
 def _heads(auth: AuthorityBase, org: str) -> Iterator[GenerationRow]:

@@ -343,3 +343,85 @@ def test_handoffs_create_with_the_current_lease_hands_it_off(make_baton: MakeBat
     assert accepted.lease is not None
     assert (accepted.lease.owner, accepted.lease.epoch) == ("reviewer", epoch + 1)
     assert _generations(make_baton, "create-r") == [(1, "transferred"), (2, "active")]
+
+
+def test_retry_of_a_sender_whose_handoff_was_rejected_sends_a_new_one(
+    make_baton: MakeBaton,
+) -> None:
+    """A rejection released the carried lease, so the sender's Prefect retry acquires the
+    resource anew (next epoch) and runs the body again: its ``handoff_to`` with the default
+    key sends a new handoff carrying the new lease, instead of failing with
+    ``IDEMPOTENCY_MISMATCH`` against the rejected one."""
+    reviewer = make_baton("reviewer")
+    sent: list[Any] = []
+
+    @flow(name="baton-test-rejected-retry", retries=1, retry_delay_seconds=0)
+    @leased("report", "{report}", ttl_seconds=30, baton=make_baton)
+    def writer(report: str) -> None:
+        held = current_lease()
+        assert held is not None
+        handoff = handoff_to("reviewer", report, checkpoint={"sections_done": 2}, lease=held)
+        sent.append((handoff.handoff_id, handoff.handoff.lease_id, held.epoch))
+        if len(sent) == 1:
+            rejected = reviewer.handoffs.resolve(handoff.handoff_id, "rejected", "not today")
+            assert rejected.released_lease is not None
+            raise RuntimeError("crash after the rejection")
+
+    state: Any = writer("q4", return_state=True)
+    assert state.is_completed(), state
+    (first, lease1, epoch1), (second, lease2, epoch2) = sent
+    assert second != first
+    assert lease2 != lease1
+    assert epoch2 == epoch1 + 1
+    assert reviewer.handoffs.get(first).status == "rejected"
+    pending = reviewer.handoffs.get(second)
+    assert pending.status == "pending"
+    assert pending.lease_id == lease2
+    accepted = reviewer.handoffs.resolve(second, "accepted")
+    assert accepted.lease is not None
+    assert accepted.lease.epoch == epoch2 + 1
+
+
+def test_retry_of_a_sender_whose_handoff_is_pending_replays_it(make_baton: MakeBaton) -> None:
+    """While the handoff is pending, the retry replays the lease and the body, and the body's
+    ``handoff_to`` (checkpoint given as a dict) replays the same handoff: one handoff, one
+    lease, and the recipient accepts it with the next epoch."""
+    reviewer = make_baton("reviewer")
+    sent: list[Any] = []
+
+    @flow(name="baton-test-pending-retry", retries=1, retry_delay_seconds=0)
+    @leased("report", "{report}", ttl_seconds=30, baton=make_baton)
+    def writer(report: str) -> None:
+        held = current_lease()
+        assert held is not None
+        handoff = handoff_to("reviewer", report, checkpoint={"sections_done": 2}, lease=held)
+        sent.append((handoff.handoff_id, handoff.handoff.replayed, held.epoch))
+        if len(sent) == 1:
+            raise RuntimeError("crash with the handoff pending")
+
+    state: Any = writer("q5", return_state=True)
+    assert state.is_completed(), state
+    (first, replayed1, epoch1), (second, replayed2, epoch2) = sent
+    assert second == first
+    assert (replayed1, replayed2) == (False, True)
+    assert epoch2 == epoch1
+    accepted = reviewer.handoffs.resolve(first, "accepted")
+    assert accepted.lease is not None
+    assert accepted.lease.epoch == epoch1 + 1
+
+
+def test_the_default_handoff_key_of_long_names_stays_an_id() -> None:
+    """A recipient and subject long enough to make the default key longer than an id may be
+    (256 characters) give a key of the same execution that ends with the SHA-256 of the rest:
+    still one key per (recipient, subject, lease), accepted as an idempotency key."""
+    from prefect_baton._rules.validation import validate_id
+    from prefect_baton.prefect._handoff import default_handoff_key
+
+    run = "5ccac60a-f71c-4b7c-97af-928d3d539bf9"
+    short = default_handoff_key(run, "reviewer", "q1", None)
+    assert short == f"{run}:handoff:reviewer:q1"
+    long_a = default_handoff_key(run, "r" * 200, "s" * 200, None)
+    long_b = default_handoff_key(run, "r" * 200, "s" * 199, None)
+    assert long_a.startswith(f"{run}:handoff:sha256:")
+    assert long_a != long_b
+    assert validate_id("idempotency_key", long_a) == long_a

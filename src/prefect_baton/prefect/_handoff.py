@@ -9,6 +9,7 @@ writes fail with :class:`~prefect_baton.errors.StaleFenceError` (DESIGN.md "Hand
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,7 @@ import anyio.to_thread
 
 from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._client.sync import Baton
+from prefect_baton._rules.validation import MAX_ID_LENGTH
 from prefect_baton.errors import NotFoundError, ValidationError
 from prefect_baton.models import Checkpoint, Handoff, Lease
 from prefect_baton.prefect._context import (
@@ -139,6 +141,30 @@ def _client_for(
     return resolve_baton(baton, ident.principal, principal)
 
 
+def default_handoff_key(
+    execution_key: str, to: str, subject_id: str, lease: LeaseKeeper | Lease | None
+) -> str:
+    """The idempotency key :func:`handoff_to` gives a handoff inside a run (``str``):
+    ``"<execution key>:handoff:<recipient>:<subject_id>"``, then ``":<lease id>"`` when it
+    carries a lease.
+
+    A Prefect retry that carries the same lease (the handoff is still pending, so the retry
+    replayed the lease) replays the same handoff. One that carries a new lease (the first
+    handoff was rejected or expired, which released its lease, and the retry acquired the
+    resource anew) sends a new handoff instead of failing with ``IDEMPOTENCY_MISMATCH``
+    against the ended one. A key over the 256-character limit of ids keeps its execution
+    key and ends with the SHA-256 of the rest.
+    """
+    rest = f"{to}:{subject_id}"
+    if lease is not None:
+        held = lease.lease if isinstance(lease, LeaseKeeper) else lease
+        rest += f":{held.lease_id}"
+    key = f"{execution_key}:handoff:{rest}"
+    if len(key) > MAX_ID_LENGTH:
+        key = f"{execution_key}:handoff:sha256:{hashlib.sha256(rest.encode()).hexdigest()}"
+    return key
+
+
 def handoff_to(
     principal: str | None,
     subject_id: str,
@@ -181,8 +207,10 @@ def handoff_to(
             the enclosing lease's client, else ``Baton.from_settings()`` acting as the run's
             principal.
         idempotency_key: for the handoff record; default inside a run
-            ``"<execution key>:handoff:<principal>:<subject_id>"`` so a Prefect retry replays
-            the same handoff (and starts the same run).
+            :func:`default_handoff_key` (``"<execution key>:handoff:<principal>:<subject_id>"``
+            and the carried lease's id), so a Prefect retry carrying the same lease replays
+            the same handoff (and starts the same run), and one that acquired anew after a
+            rejection sends a new handoff.
         checkpoint_kind: the kind of a checkpoint saved from a dict (default ``handoff``).
         expires_in_seconds: the handoff reads ``expired`` after this long.
         from_principal: the principal to send as (``str``; default: the enclosing lease's,
@@ -210,7 +238,7 @@ def handoff_to(
     b = _client_for(baton, ident, slot, from_principal)
     key = idempotency_key
     if key is None and ident.in_run:
-        key = f"{ident.execution_key}:handoff:{to}:{subject_id}"
+        key = default_handoff_key(ident.execution_key, to, subject_id, lease)
     ck_id: str | None
     if isinstance(checkpoint, dict):
         ck_id = b.checkpoints.save(

@@ -36,6 +36,8 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
 from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from prefect_baton import __version__
@@ -68,6 +70,7 @@ from prefect_baton.rest._http import (
     baton_error_response,
     check_host,
     client_error,
+    is_json,
     new_request_id,
     unique_keys,
 )
@@ -267,9 +270,11 @@ def screen_message(
       an object, ``1.5``, ``true``): ``-32600``, ``id`` null. MCP ids are strings or
       integers, and the package would take such a message for a notification and answer
       nothing (HTTP ``202``), leaving its client waiting;
-    - a request whose ``params`` are not an object: ``-32602`` (invalid params) with its
-      ``id``; any other shape that is not a JSON-RPC message: ``-32600``, ``id`` null. The
-      message names the field and what it must be, in one line.
+    - a request whose ``params`` are not an object, or a ``tools/call`` whose ``name`` is
+      not a string or whose ``arguments`` are not an object: ``-32602`` (invalid params)
+      with its ``id``; any other shape that is not a JSON-RPC message: ``-32600``, ``id``
+      null. The message names the field and what it must be, in one line
+      (``Invalid params: params.arguments: Input should be a valid dictionary``).
     """
     if duplicate is not None:
         ids = [v for k, v in doc if k == "id"] if isinstance(doc, _Pairs) else [doc.get("id")]
@@ -286,11 +291,26 @@ def screen_message(
         if "method" not in doc:
             return types.jsonrpc_message_adapter.validate_python(doc, by_name=False)
         kind = types.JSONRPCRequest if "id" in doc else types.JSONRPCNotification
-        return kind.model_validate(doc, by_name=False)
+        message = kind.model_validate(doc, by_name=False)
     except pydantic.ValidationError as exc:
         code, label, detail = _envelope_problem(exc)
         rid = doc.get("id") if code == types.INVALID_PARAMS else None
         return _refusal(code, label, detail, rid)
+    params_type = _PARAMS.get(message.method)
+    if isinstance(message, types.JSONRPCRequest) and params_type is not None:
+        try:
+            params_type.model_validate(message.params or {}, by_name=False)
+        except pydantic.ValidationError as exc:
+            detail = str(from_pydantic(exc, name=lambda loc: ".".join(map(str, ("params", *loc)))))
+            return _refusal(types.INVALID_PARAMS, "Invalid params", detail, message.id)
+    return message
+
+
+#: The ``params`` model of each method whose params :func:`screen_message` checks, so a
+#: malformed ``tools/call`` (``arguments`` not an object, ``name`` not a string or
+#: missing) gets a message naming the field instead of the package's bare ``Invalid
+#: request parameters``.
+_PARAMS: dict[str, type[pydantic.BaseModel]] = {"tools/call": types.CallToolRequestParams}
 
 
 def _json_kind(doc: Any) -> str:
@@ -543,6 +563,77 @@ class _KeyVerifier:
         )
 
 
+class _ScreenedMessages:
+    """ASGI middleware in front of the ``mcp`` package's endpoint (:func:`_screen_endpoint`):
+    a JSON body of a request with a valid key that
+    :func:`screen_message` refuses (a request id that is not a string or an integer,
+    ``params`` that are not an object, an object that is not a JSON-RPC message) is
+    answered ``400`` with its JSON-RPC error, as over stdio, before the package sees it (it
+    would take a request with a bad id for a notification and answer ``202`` with nothing,
+    and put pydantic's whole report in the message of the others). Runs after
+    :class:`~prefect_baton.rest._http.BatonMiddleware`, which has already refused a body
+    over the limit, one that is not JSON and one naming a key twice."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        screened = scope["type"] == "http" and scope.get("method") == "POST" and is_json(scope)
+        # A request without a valid key is left to the package's bearer check (401).
+        if not screened or not isinstance(scope.get("user"), AuthenticatedUser):
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            more = bool(message.get("more_body", False))
+        body = b"".join(chunks)
+        answer = _screened_body(body)
+        if answer is not None:
+            text = answer.model_dump_json(by_alias=True, exclude_unset=True)
+            await Response(text, status_code=400, media_type="application/json")(
+                scope, receive, send
+            )
+            return
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _screen_endpoint(app: Starlette, path: str = "/mcp") -> None:
+    """Put :class:`_ScreenedMessages` in front of the endpoint at ``path`` of ``app``:
+    after the ``mcp`` package's authentication middleware, which tells it whether the
+    request carries a valid key (one without is left to the package's ``401``)."""
+    for route in app.routes:
+        if isinstance(route, Route) and route.path == path:
+            route.app = _ScreenedMessages(route.app)
+            return
+    raise RuntimeError(f"the mcp package's app has no route {path}")
+
+
+def _screened_body(body: bytes) -> types.JSONRPCError | None:
+    """The JSON-RPC error answering an HTTP ``body`` (``bytes``, JSON in the encoding
+    :func:`json.detect_encoding` finds) by :func:`read_message`, else ``None`` (no body,
+    or a message to serve)."""
+    try:
+        text = body.decode(json.detect_encoding(body), "surrogatepass")
+    except UnicodeDecodeError:  # refused already by BatonMiddleware
+        return None
+    answer = read_message(text)
+    return answer if isinstance(answer, types.JSONRPCError) else None
+
+
 class _UnavailableAs503:
     """ASGI middleware: a ledger that cannot be reached while a key is checked gives
     ``503 {"error": {"code": "UNAVAILABLE", ...}}`` instead of a bare 500."""
@@ -650,6 +741,7 @@ def http_app(
         stateless_http=True,
         max_request_body_size=limit,  # the mcp package's own cap (4 MiB) would cut ours
     )
+    _screen_endpoint(app)
     app.add_middleware(_UnavailableAs503)
     # Outermost: request ids, one Authorization header, no key in the URL, the body cap.
     app.add_middleware(BatonMiddleware, engines=lambda: store.engines, max_body_bytes=limit)

@@ -39,6 +39,7 @@ __all__ = [
     "check_host",
     "client_error",
     "error_response",
+    "is_json",
     "new_request_id",
     "ok",
     "parse_json_body",
@@ -256,7 +257,7 @@ def parse_json_body(raw: bytes) -> Any:
         ) from None
 
 
-def _is_json(scope: Scope) -> bool:
+def is_json(scope: Scope) -> bool:
     """Whether FastAPI reads the body of this request as JSON: a ``Content-Type`` of
     ``application/json`` or ``application/*+json`` (the first such header, parsed as
     FastAPI parses it). Without one FastAPI (``strict_content_type``, its default) does not
@@ -399,7 +400,7 @@ class BatonMiddleware:
             )
             await resp(scope, receive, send_with_id)
             return
-        if body and _is_json(scope):
+        if body and is_json(scope):
             try:
                 parse_json_body(body)
             except ValidationError as exc:

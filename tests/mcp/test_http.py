@@ -258,6 +258,33 @@ def test_a_key_without_the_scope_gets_forbidden(http_server: HttpServer) -> None
     assert row_counts(http_server.ledger_url) == before
 
 
+def test_the_scope_is_checked_before_the_arguments(http_server: HttpServer) -> None:
+    """A key without a tool's scope gets FORBIDDEN (the REST API's words) whatever the
+    call's arguments: unknown fields, wrong types, a seed alias given both names; the
+    same bad arguments from a key with the scope are VALIDATION_ERROR."""
+    reader = http_server.key("reader", scopes=["leases:read"])
+    writer = http_server.key("writer", scopes=["leases:write"])
+    bad_calls: list[tuple[str, dict[str, Any], str]] = [
+        ("baton_lease_acquire", {**LEASE, "x": 1}, "leases:write"),
+        ("baton_lease_acquire", {**LEASE, "ttl_seconds": "long"}, "leases:write"),
+        ("baton_lease_acquire", {}, "leases:write"),
+        ("titen_checkpoint_get", {"agent_id": "a", "principal": "b"}, "checkpoints:read"),
+    ]
+    before = row_counts(http_server.ledger_url)
+
+    async def main() -> None:
+        async with http_server.session(reader) as s:
+            for name, arguments, need in bad_calls:
+                err = tool_error(await s.call_tool(name, arguments), "FORBIDDEN")
+                assert err["message"] == f"this key lacks the scope {need}"
+        async with http_server.session(writer) as s:
+            for name, arguments, _ in bad_calls[:3]:
+                tool_error(await s.call_tool(name, arguments), "VALIDATION_ERROR")
+
+    run(main)
+    assert row_counts(http_server.ledger_url) == before
+
+
 def test_another_orgs_key_sees_nothing(http_server: HttpServer) -> None:
     """A key of another org gets NOT_FOUND for this org's handoff and lease ids."""
     mine = http_server.key("alice")

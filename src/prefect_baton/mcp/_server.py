@@ -42,6 +42,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from prefect_baton import __version__
 from prefect_baton._client.sync import Baton
+from prefect_baton._rules.access import check_scope
 from prefect_baton._rules.validation import request_body_limit
 from prefect_baton._settings import BatonSettings
 from prefect_baton._stores.factory import open_stores
@@ -61,7 +62,7 @@ from prefect_baton.mcp._tools import (
     Grant,
     SeedAlias,
     ToolSpec,
-    resolve_tool,
+    find_tool,
 )
 from prefect_baton.rest import _schemas as rest_schemas
 from prefect_baton.rest._http import (
@@ -134,13 +135,25 @@ def _tool(spec: ToolSpec, alias: SeedAlias | None = None) -> types.Tool:
 
 
 def _call(
-    identity: Identity, ctx: ServerRequestContext[Any, Any], spec: ToolSpec, args: Any
+    identity: Identity,
+    ctx: ServerRequestContext[Any, Any],
+    spec: ToolSpec,
+    alias: SeedAlias | None,
+    arguments: dict[str, Any],
 ) -> Any:
+    """Run one tool call (on a worker thread): the key's scope first
+    (:func:`~prefect_baton._rules.access.check_scope`, the REST API's rule and order, so a
+    key that may not use the tool gets ``FORBIDDEN`` whatever its arguments), then the
+    arguments (``VALIDATION_ERROR``), then the tool."""
     baton, granted = identity(ctx)
     grant = _TRUSTED if granted is None else granted
-    scopes = grant.scopes
-    if scopes is not None and spec.scope is not None and spec.scope not in scopes:
-        raise ForbiddenError(f"this key lacks the scope {spec.scope}")
+    check_scope(grant.scopes, spec.scope)
+    if alias is not None:
+        arguments = alias.arguments(arguments)
+    try:
+        args = spec.model.model_validate(arguments)
+    except pydantic.ValidationError as exc:
+        raise from_pydantic(exc, root="arguments", messages=rest_schemas.PATTERN_MESSAGES) from None
     if spec.with_grant:
         return spec.run(baton, args, grant)
     return spec.run(baton, args)
@@ -165,7 +178,9 @@ def build_server(identity: Identity, *, on_close: Callable[[], None] | None = No
         on_close: called once when the server's lifespan ends (e.g. to close the ledger).
 
     Returns:
-        A :class:`mcp.server.lowlevel.Server`. A call with unknown or badly typed arguments
+        A :class:`mcp.server.lowlevel.Server`. A call of a tool whose scope the key lacks
+        is a tool error with ``FORBIDDEN``, whatever its arguments (the scope is checked
+        first, as the REST API does); one with unknown or badly typed arguments
         is a tool error with ``VALIDATION_ERROR`` and writes nothing; a
         :class:`~prefect_baton.errors.BatonError` is a tool error with its ``code`` and
         ``message``; any other failure is a tool error with the code
@@ -183,20 +198,14 @@ def build_server(identity: Identity, *, on_close: Callable[[], None] | None = No
     async def call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        try:
-            found = resolve_tool(params.name, dict(params.arguments or {}))
-        except BatonError as exc:
-            return tool_error(exc.to_dict())
+        found = find_tool(params.name)
         if found is None:
             return tool_error({"code": "NOT_FOUND", "message": f"unknown tool {params.name!r}"})
-        spec, arguments = found
+        spec, alias = found
+        arguments = dict(params.arguments or {})
         try:
-            args = spec.model.model_validate(arguments)
-        except pydantic.ValidationError as exc:
-            err = from_pydantic(exc, root="arguments", messages=rest_schemas.PATTERN_MESSAGES)
-            return tool_error(err.to_dict())
-        try:
-            data = await anyio.to_thread.run_sync(partial(_call, identity, ctx, spec, args))
+            call = partial(_call, identity, ctx, spec, alias, arguments)
+            data = await anyio.to_thread.run_sync(call)
         except BatonError as exc:
             return tool_error(client_error(exc, _request_id(ctx)))
         except Exception as exc:

@@ -25,10 +25,11 @@ import anyio.to_thread
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from prefect_baton._rules.access import check_scope
 from prefect_baton._rules.validation import DEFAULT_STATE_MAX_BYTES, request_body_limit
 from prefect_baton._stores.ledger.engine import Engines
 from prefect_baton._stores.protocol import Caller
-from prefect_baton.errors import BatonError, ValidationError
+from prefect_baton.errors import BatonError, ForbiddenError, ValidationError
 from prefect_baton.rest.keys import AREAS, KEY_PREFIX, ApiKey, KeyCache, authenticate
 
 __all__ = [
@@ -439,8 +440,10 @@ class BatonMiddleware:
         area = _area(path)
         if area is not None:
             need = f"{area}:{'read' if method in ('GET', 'HEAD') else 'write'}"
-            if need not in key.scopes:
-                return error_response("FORBIDDEN", f"this key lacks the scope {need}")
+            try:
+                check_scope(key.scopes, need)
+            except ForbiddenError as exc:
+                return error_response(exc.code, exc.message)
         state["caller"] = Caller(org=key.org, principal=key.principal, role=key.role)
         state["key_id"] = key.key_id
         state["scopes"] = key.scopes

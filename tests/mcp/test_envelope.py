@@ -40,6 +40,14 @@ def test_a_key_twice_names_the_id_when_it_is_given_once() -> None:
     assert "the key 'a' appears twice in one object" in answer.error.message
 
 
+def test_a_key_twice_inside_an_array_is_an_invalid_request_with_id_null() -> None:
+    """A repeated key inside a top-level array: ``-32600``, ``id`` null (no id to read)."""
+    answer = _server.read_message('[{"a": 1, "a": 2}]')
+    assert isinstance(answer, types.JSONRPCError)
+    assert (answer.id, answer.error.code) == (None, types.INVALID_REQUEST)
+    assert "the key 'a' appears twice in one object" in answer.error.message
+
+
 @pytest.mark.parametrize("params", [[1], "x", 5])
 def test_params_that_are_not_an_object_are_invalid_params_in_one_line(params: Any) -> None:
     """``params`` that are not an object: ``-32602`` with the request's id and a short

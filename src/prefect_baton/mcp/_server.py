@@ -73,6 +73,7 @@ from prefect_baton.rest._http import (
     client_error,
     is_json,
     new_request_id,
+    replaying,
     unique_keys,
 )
 
@@ -286,7 +287,10 @@ def screen_message(
       (``Invalid params: params.arguments: Input should be a valid dictionary``).
     """
     if duplicate is not None:
-        ids = [v for k, v in doc if k == "id"] if isinstance(doc, _Pairs) else [doc.get("id")]
+        if isinstance(doc, _Pairs):
+            ids = [v for k, v in doc if k == "id"]
+        else:
+            ids = [doc.get("id")] if isinstance(doc, dict) else []
         rid = ids[0] if len(ids) == 1 and _is_id(ids[0]) else None
         detail = f"invalid JSON ({duplicate})"
         return _refusal(types.INVALID_REQUEST, "Invalid Request", detail, rid)
@@ -608,16 +612,7 @@ class _ScreenedMessages:
                 scope, receive, send
             )
             return
-        sent = False
-
-        async def replay() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(body, receive), send)
 
 
 def _screen_endpoint(app: Starlette, path: str = "/mcp") -> None:

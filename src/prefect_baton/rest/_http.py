@@ -44,6 +44,7 @@ __all__ = [
     "new_request_id",
     "ok",
     "parse_json_body",
+    "replaying",
     "unique_keys",
 ]
 
@@ -258,6 +259,22 @@ def parse_json_body(raw: bytes) -> Any:
         ) from None
 
 
+def replaying(body: bytes, receive: Receive) -> Receive:
+    """An ASGI ``receive`` for an app behind a middleware that has read the request's
+    whole ``body`` (``bytes``): it gives ``body`` as one message, then defers to
+    ``receive`` (e.g. for the disconnect)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
 def is_json(scope: Scope) -> bool:
     """Whether FastAPI reads the body of this request as JSON: a ``Content-Type`` of
     ``application/json`` or ``application/*+json`` (the first such header, parsed as
@@ -407,16 +424,7 @@ class BatonMiddleware:
             except ValidationError as exc:
                 await baton_error_response(exc, request_id)(scope, receive, send_with_id)
                 return
-        sent = False
-
-        async def replay() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send_with_id)
+        await self.app(scope, replaying(body, receive), send_with_id)
 
     async def _authorize(
         self, scope: Scope, state: dict[str, Any], path: str, method: str

@@ -507,11 +507,14 @@ async def _run_stdio(server: Server[Any]) -> int | None:
                 with reading:
                     async for raw in lines:
                         message = _read_stdin_line(raw)
-                        if isinstance(message, types.JSONRPCError):
-                            await write_stream.send(SessionMessage(message))
-                        elif message is not None:
-                            unanswered.read(message)
-                            await to_server.send(SessionMessage(message))
+                        # A line read is passed on whole even when a signal stops the
+                        # reading meanwhile: its request is then waited for.
+                        with anyio.CancelScope(shield=True):
+                            if isinstance(message, types.JSONRPCError):
+                                await write_stream.send(SessionMessage(message))
+                            elif message is not None:
+                                unanswered.read(message)
+                                await to_server.send(SessionMessage(message))
                 lines.close()
                 with grace, anyio.move_on_after(EOF_GRACE_S):
                     await unanswered.none_left()

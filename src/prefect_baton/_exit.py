@@ -17,6 +17,7 @@ __all__ = [
     "EXIT_USAGE",
     "error_line",
     "exit_code_for",
+    "exit_code_for_signal",
     "one_line",
     "visible",
 ]
@@ -47,6 +48,13 @@ EXIT_CODES: dict[str, int] = {
 def exit_code_for(code: str) -> int:
     """The exit status for an error ``code`` (1 for codes not in :data:`EXIT_CODES`)."""
     return EXIT_CODES.get(code, EXIT_FAILURE)
+
+
+def exit_code_for_signal(signum: int) -> int:
+    """The exit status of a command stopped by the signal ``signum`` (``int``) after it
+    cleaned up: 128 + ``signum``, as a shell reports a process killed by it (130 for
+    SIGINT, 143 for SIGTERM)."""
+    return 128 + int(signum)
 
 
 def one_line(text: str) -> str:

@@ -258,6 +258,33 @@ def test_a_key_without_the_scope_gets_forbidden(http_server: HttpServer) -> None
     assert row_counts(http_server.ledger_url) == before
 
 
+def test_the_scope_is_checked_before_the_arguments(http_server: HttpServer) -> None:
+    """A key without a tool's scope gets FORBIDDEN (the REST API's words) whatever the
+    call's arguments: unknown fields, wrong types, a seed alias given both names; the
+    same bad arguments from a key with the scope are VALIDATION_ERROR."""
+    reader = http_server.key("reader", scopes=["leases:read"])
+    writer = http_server.key("writer", scopes=["leases:write"])
+    bad_calls: list[tuple[str, dict[str, Any], str]] = [
+        ("baton_lease_acquire", {**LEASE, "x": 1}, "leases:write"),
+        ("baton_lease_acquire", {**LEASE, "ttl_seconds": "long"}, "leases:write"),
+        ("baton_lease_acquire", {}, "leases:write"),
+        ("titen_checkpoint_get", {"agent_id": "a", "principal": "b"}, "checkpoints:read"),
+    ]
+    before = row_counts(http_server.ledger_url)
+
+    async def main() -> None:
+        async with http_server.session(reader) as s:
+            for name, arguments, need in bad_calls:
+                err = tool_error(await s.call_tool(name, arguments), "FORBIDDEN")
+                assert err["message"] == f"this key lacks the scope {need}"
+        async with http_server.session(writer) as s:
+            for name, arguments, _ in bad_calls[:3]:
+                tool_error(await s.call_tool(name, arguments), "VALIDATION_ERROR")
+
+    run(main)
+    assert row_counts(http_server.ledger_url) == before
+
+
 def test_another_orgs_key_sees_nothing(http_server: HttpServer) -> None:
     """A key of another org gets NOT_FOUND for this org's handoff and lease ids."""
     mine = http_server.key("alice")
@@ -430,3 +457,54 @@ def test_a_malformed_tools_call_envelope_is_invalid_params_over_http(
         reply = _sse_json(resp)
         assert reply["id"] == i
         assert reply["error"]["code"] == -32602, reply
+
+
+BAD_IDS: list[Any] = [1.5, {"a": 1}, True, None]
+
+
+def test_a_request_with_a_bad_id_is_an_invalid_request_over_http(http_server: HttpServer) -> None:
+    """A request whose ``id`` is a fraction, an object, a boolean or null gets ``400`` with
+    the JSON-RPC error ``-32600`` (``id`` null), as over stdio, not ``202`` and no answer
+    (the ``mcp`` package would take it for a notification); without a key it is still
+    ``401`` first."""
+    headers = {**MCP_HEADERS, "Authorization": f"Bearer {http_server.key('alice')}"}
+    for rid in BAD_IDS:
+        body = {"jsonrpc": "2.0", "id": rid, "method": "tools/list"}
+        resp = httpx.post(http_server.url, json=body, headers=headers, timeout=30)
+        assert resp.status_code == 400, resp.text
+        assert resp.json() == {
+            "jsonrpc": "2.0",
+            "id": None,
+            "error": {
+                "code": -32600,
+                "message": "Invalid Request: id must be a string or an integer",
+            },
+        }
+    body = {"jsonrpc": "2.0", "id": 1.5, "method": "tools/list"}
+    resp = httpx.post(http_server.url, json=body, headers=MCP_HEADERS, timeout=30)
+    assert resp.status_code == 401, resp.text
+
+
+ENVELOPE_MESSAGES: list[tuple[Any, str]] = [
+    ([1], "Invalid params: params: Input should be a valid dictionary"),
+    (
+        {"name": "baton_whoami", "arguments": [1]},
+        "Invalid params: params.arguments: Input should be a valid dictionary",
+    ),
+    ({"name": 5, "arguments": {}}, "Invalid params: params.name: Input should be a valid string"),
+    ({"arguments": {}}, "Invalid params: params.name: Field required"),
+]
+
+
+def test_envelope_errors_over_http_are_short_and_readable(http_server: HttpServer) -> None:
+    """``params`` of the wrong shape: ``-32602`` with the request's id and one line naming
+    the field and what it must be, without pydantic's report or its documentation URL."""
+    headers = {**MCP_HEADERS, "Authorization": f"Bearer {http_server.key('alice')}"}
+    before = row_counts(http_server.ledger_url)
+    for params, message in ENVELOPE_MESSAGES:
+        call = {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": params}
+        resp = httpx.post(http_server.url, json=call, headers=headers, timeout=30)
+        reply = _sse_json(resp)
+        assert reply["id"] == 9, reply
+        assert reply["error"] == {"code": -32602, "message": message}
+    assert row_counts(http_server.ledger_url) == before

@@ -483,9 +483,9 @@ MALFORMED_CALLS: list[dict[str, Any]] = [
 
 def test_a_malformed_tools_call_envelope_is_invalid_params(ledger_url: str) -> None:
     """A ``tools/call`` whose ``name`` is not a string or whose ``arguments`` is not an
-    object reaches no tool: the ``mcp`` package answers ``-32602`` with its id (not a
-    ``VALIDATION_ERROR`` tool error, which is about the arguments' contents, as
-    docs/mcp.md says)."""
+    object reaches no tool: it is answered ``-32602`` with its id and one line naming the
+    field (not a ``VALIDATION_ERROR`` tool error, which is about the arguments' contents,
+    as docs/mcp.md says)."""
     lines = [
         json.dumps({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": params}).encode()
         for i, params in enumerate(MALFORMED_CALLS, start=2)
@@ -494,6 +494,11 @@ def test_a_malformed_tools_call_envelope_is_invalid_params(ledger_url: str) -> N
     replies = _piped(ledger_url, *lines)
     for i in range(2, 2 + len(MALFORMED_CALLS)):
         assert replies[i]["error"]["code"] == -32602, replies[i]
+    assert [replies[i]["error"]["message"] for i in (2, 3, 4)] == [
+        "Invalid params: params.arguments: Input should be a valid dictionary",
+        "Invalid params: params.name: Input should be a valid string",
+        "Invalid params: params.name: Field required",
+    ]
     assert row_counts(ledger_url) == before
 
 

@@ -9,7 +9,7 @@ read by its writer, the recipient of a handoff carrying it, and ``owner``/``admi
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,6 +27,7 @@ __all__ = [
     "check_force_release",
     "check_list_owner",
     "check_resolver",
+    "check_scope",
     "inspect_view",
     "may_read",
     "may_read_checkpoint",
@@ -51,6 +52,26 @@ def check_force_release(role: str) -> None:
     """Raise :class:`ForbiddenError` unless ``role`` may force-release."""
     if not can_force_release(role):
         raise ForbiddenError("force release needs the owner or admin role")
+
+
+def check_scope(granted: Collection[str] | None, need: str | None) -> None:
+    """The one scope rule of every surface that takes bearer keys (the REST API's routes,
+    its timeline picture, the MCP tools over HTTP): a key may act only within its scopes,
+    and this is checked before anything of the request's input is looked at, so a key
+    that may not use an operation learns that (``FORBIDDEN``) and nothing about its
+    arguments.
+
+    Args:
+        granted: the key's scopes (``Collection[str]``, e.g. ``("leases:read",)``), or
+            ``None`` for a caller trusted with every scope (MCP over stdio).
+        need: the scope the operation needs (``str``, ``<area>:read`` or
+            ``<area>:write``), or ``None`` when it needs none.
+
+    Raises:
+        ForbiddenError: ``this key lacks the scope <need>``.
+    """
+    if granted is not None and need is not None and need not in granted:
+        raise ForbiddenError(f"this key lacks the scope {need}")
 
 
 def may_read(role: str, principal: str, parties: Iterable[str]) -> bool:

@@ -23,6 +23,7 @@ from typing import Any, Literal, NamedTuple
 from prefect_baton._rules.validation import (
     DEFAULT_STATE_MAX_BYTES,
     MAX_ID_LENGTH,
+    MAX_JSON_DEPTH,
     MAX_SAFE_INTEGER,
     MAX_SCOPE_LENGTH,
     MAX_SCOPES,
@@ -57,6 +58,7 @@ __all__ = [  # the decision core, plus the validation it re-exports for its call
     "DEFAULT_STATE_MAX_BYTES",
     "EPOCH_RANGE",
     "MAX_ID_LENGTH",
+    "MAX_JSON_DEPTH",
     "MAX_SAFE_INTEGER",
     "MAX_SCOPES",
     "MAX_SCOPE_LENGTH",

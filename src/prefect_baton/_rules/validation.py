@@ -23,6 +23,13 @@ MAX_TEXT_LENGTH = 4096
 MAX_SCOPES = 64
 MAX_SCOPE_LENGTH = 1024
 DEFAULT_STATE_MAX_BYTES = 1024 * 1024
+#: The deepest nesting of a JSON object the ledger stores (checkpoint state, handoff
+#: ``parameters``), in levels: the object itself is level 1, each object or array inside
+#: it one more. One limit for every surface (Python client, CLI, REST API, MCP over stdio
+#: and HTTP), far below what their JSON parsers allow (the ``mcp`` package's pydantic parser
+#: stops near 200 levels of the whole message, Python's near 1000), so each reaches this
+#: check and gives its ``VALIDATION_ERROR``.
+MAX_JSON_DEPTH = 100
 #: The floor of the HTTP request body limit of the REST API and the MCP server over HTTP
 #: (bytes, 2 MiB): the limit whatever the checkpoint state cap, see
 #: :func:`request_body_limit`.
@@ -242,8 +249,9 @@ def validate_state(
     ``"sha256:" + hex digest`` of the canonical JSON.
 
     Raises:
-        ValidationError: not a JSON object, a non-string key, nested more than 200 levels,
-            a lone surrogate, or over ``max_bytes``.
+        ValidationError: not a JSON object, a non-string key, objects and arrays nested
+            more than :data:`MAX_JSON_DEPTH` (100) levels (``state is nested more than 100
+            levels deep``), a lone surrogate, or over ``max_bytes``.
     """
     if not isinstance(state, Mapping):
         raise ValidationError(f"{name} must be a JSON object, got {type(state).__name__}")
@@ -287,18 +295,21 @@ def request_body_limit(state_max_bytes: int) -> int:
     return max(MAX_REQUEST_BODY_BYTES, scaled)
 
 
-def _check_keys(value: object, name: str, depth: int = 0) -> None:
+def _check_keys(value: object, name: str, depth: int = 1) -> None:
     """JSON object keys are strings: reject ``{1: ...}`` rather than silently turning it
-    into ``{"1": ...}`` (two different states would then share one hash); ``name``: what
-    the messages call the value."""
-    if depth > 200:
-        raise ValidationError(f"{name} is nested more than 200 levels deep")
+    into ``{"1": ...}`` (two different states would then share one hash); and objects and
+    arrays are nested at most :data:`MAX_JSON_DEPTH` levels (``value`` is at level
+    ``depth``); ``name``: what the messages call the value."""
+    if not isinstance(value, Mapping | list | tuple):
+        return
+    if depth > MAX_JSON_DEPTH:
+        raise ValidationError(f"{name} is nested more than {MAX_JSON_DEPTH} levels deep")
     if isinstance(value, Mapping):
         for k, v in value.items():
             if not isinstance(k, str):
                 raise ValidationError(f"{name} object keys must be strings, got {k!r}")
             _check_keys(v, name, depth + 1)
-    elif isinstance(value, list | tuple):
+    else:
         for v in value:
             _check_keys(v, name, depth + 1)
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import enum
+import signal
 from typing import Annotated
 
 import typer
 
+from prefect_baton._exit import exit_code_for_signal
 from prefect_baton.cli._state import fail, guard
 
 __all__ = ["Transport", "mcp"]
@@ -45,12 +47,21 @@ def mcp(
     org, principal and role, and a missing, unknown or revoked key gets HTTP 401. Errors of
     the ledger URL, Redis URL or --host exit before serving (VALIDATION_ERROR, exit 2); a
     ledger that cannot be reached or a port that cannot be bound exits with UNAVAILABLE (11).
+
+    Over stdio, SIGINT (Ctrl-C) or SIGTERM stops reading stdin, waits for the answers of
+    the calls already read (at most 60 s; a second signal stops the wait), writes them,
+    and exits 130 (SIGINT) or 143 (SIGTERM); stdin closing exits 0 the same way.
     """
     from prefect_baton.mcp import serve_http, serve_stdio
 
     with guard(ctx, "mcp") as st:
         if transport is Transport.stdio:
-            serve_stdio(st.client())
+            try:
+                signum = serve_stdio(st.client())
+            except KeyboardInterrupt:  # Ctrl-C before the server watches for it
+                signum = signal.SIGINT
+            if signum is not None:
+                raise typer.Exit(exit_code_for_signal(signum))
             return
         secret = st.settings().redis_url
         redis_url = st.redis_url or (secret.get_secret_value() if secret else None)

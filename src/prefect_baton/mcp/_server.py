@@ -11,30 +11,38 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
+import os
+import signal
+import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any, cast
 
 import anyio
+import anyio.abc
+import anyio.from_thread
+import anyio.lowlevel
 import anyio.to_thread
 import mcp.types as types
 import pydantic
+from anyio.streams.memory import MemoryObjectSendStream
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
-from mcp.shared._stream_protocols import WriteStream
 from mcp.shared.message import SessionMessage
 from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from prefect_baton import __version__
 from prefect_baton._client.sync import Baton
+from prefect_baton._rules.access import check_scope
 from prefect_baton._rules.validation import request_body_limit
 from prefect_baton._settings import BatonSettings
 from prefect_baton._stores.factory import open_stores
@@ -54,7 +62,7 @@ from prefect_baton.mcp._tools import (
     Grant,
     SeedAlias,
     ToolSpec,
-    resolve_tool,
+    find_tool,
 )
 from prefect_baton.rest import _schemas as rest_schemas
 from prefect_baton.rest._http import (
@@ -63,7 +71,9 @@ from prefect_baton.rest._http import (
     baton_error_response,
     check_host,
     client_error,
+    is_json,
     new_request_id,
+    replaying,
     unique_keys,
 )
 
@@ -126,13 +136,25 @@ def _tool(spec: ToolSpec, alias: SeedAlias | None = None) -> types.Tool:
 
 
 def _call(
-    identity: Identity, ctx: ServerRequestContext[Any, Any], spec: ToolSpec, args: Any
+    identity: Identity,
+    ctx: ServerRequestContext[Any, Any],
+    spec: ToolSpec,
+    alias: SeedAlias | None,
+    arguments: dict[str, Any],
 ) -> Any:
+    """Run one tool call (on a worker thread): the key's scope first
+    (:func:`~prefect_baton._rules.access.check_scope`, the REST API's rule and order, so a
+    key that may not use the tool gets ``FORBIDDEN`` whatever its arguments), then the
+    arguments (``VALIDATION_ERROR``), then the tool."""
     baton, granted = identity(ctx)
     grant = _TRUSTED if granted is None else granted
-    scopes = grant.scopes
-    if scopes is not None and spec.scope is not None and spec.scope not in scopes:
-        raise ForbiddenError(f"this key lacks the scope {spec.scope}")
+    check_scope(grant.scopes, spec.scope)
+    if alias is not None:
+        arguments = alias.arguments(arguments)
+    try:
+        args = spec.model.model_validate(arguments)
+    except pydantic.ValidationError as exc:
+        raise from_pydantic(exc, root="arguments", messages=rest_schemas.PATTERN_MESSAGES) from None
     if spec.with_grant:
         return spec.run(baton, args, grant)
     return spec.run(baton, args)
@@ -157,7 +179,9 @@ def build_server(identity: Identity, *, on_close: Callable[[], None] | None = No
         on_close: called once when the server's lifespan ends (e.g. to close the ledger).
 
     Returns:
-        A :class:`mcp.server.lowlevel.Server`. A call with unknown or badly typed arguments
+        A :class:`mcp.server.lowlevel.Server`. A call of a tool whose scope the key lacks
+        is a tool error with ``FORBIDDEN``, whatever its arguments (the scope is checked
+        first, as the REST API does); one with unknown or badly typed arguments
         is a tool error with ``VALIDATION_ERROR`` and writes nothing; a
         :class:`~prefect_baton.errors.BatonError` is a tool error with its ``code`` and
         ``message``; any other failure is a tool error with the code
@@ -175,20 +199,14 @@ def build_server(identity: Identity, *, on_close: Callable[[], None] | None = No
     async def call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        try:
-            found = resolve_tool(params.name, dict(params.arguments or {}))
-        except BatonError as exc:
-            return tool_error(exc.to_dict())
+        found = find_tool(params.name)
         if found is None:
             return tool_error({"code": "NOT_FOUND", "message": f"unknown tool {params.name!r}"})
-        spec, arguments = found
+        spec, alias = found
+        arguments = dict(params.arguments or {})
         try:
-            args = spec.model.model_validate(arguments)
-        except pydantic.ValidationError as exc:
-            err = from_pydantic(exc, root="arguments", messages=rest_schemas.PATTERN_MESSAGES)
-            return tool_error(err.to_dict())
-        try:
-            data = await anyio.to_thread.run_sync(partial(_call, identity, ctx, spec, args))
+            call = partial(_call, identity, ctx, spec, alias, arguments)
+            data = await anyio.to_thread.run_sync(call)
         except BatonError as exc:
             return tool_error(client_error(exc, _request_id(ctx)))
         except Exception as exc:
@@ -215,40 +233,19 @@ def build_server(identity: Identity, *, on_close: Callable[[], None] | None = No
     )
 
 
-def _unreadable_line(exc: Exception) -> types.JSONRPCError | None:
-    """The JSON-RPC 2.0 answer to a stdin line the ``mcp`` package could not read as one
-    message (``exc``: its parse error): ``-32700`` (parse error) for a line that is not
-    JSON, else ``-32600`` (invalid request), with ``id`` null as JSON-RPC 2.0 requires
-    when the id cannot be read; ``None`` for a blank line (no message, no answer)."""
-    errors = exc.errors() if isinstance(exc, pydantic.ValidationError) else []
-    if errors and isinstance(errors[0].get("input"), str) and not errors[0]["input"].strip():
-        return None
-    not_json = any(e.get("type") == "json_invalid" for e in errors) or not errors
-    code, label = (
-        (types.PARSE_ERROR, "Parse error")
-        if not_json
-        else (types.INVALID_REQUEST, "Invalid Request")
-    )
-    detail = errors[0].get("msg", "") if errors else str(exc)
-    return types.JSONRPCError(
-        jsonrpc="2.0", id=None, error=types.ErrorData(code=code, message=f"{label}: {detail}")
-    )
-
-
-#: How long (seconds) a closed stdin waits for the answers to requests already read.
+#: How long (seconds) a closed stdin, SIGINT or SIGTERM waits for the answers to the
+#: requests already read.
 EOF_GRACE_S = 60.0
 
 
-def _refusal(code: int, label: str, detail: str, rid: types.RequestId | None) -> SessionMessage:
-    return SessionMessage(
-        types.JSONRPCError(
-            jsonrpc="2.0", id=rid, error=types.ErrorData(code=code, message=f"{label}: {detail}")
-        )
+def _refusal(code: int, label: str, detail: str, rid: types.RequestId | None) -> types.JSONRPCError:
+    return types.JSONRPCError(
+        jsonrpc="2.0", id=rid, error=types.ErrorData(code=code, message=f"{label}: {detail}")
     )
 
 
 class _Pairs(list[tuple[str, Any]]):
-    """The key/value pairs of one JSON object, as read (repeats kept)."""
+    """The key/value pairs of one JSON object that names a key twice, as read."""
 
 
 def _is_id(value: Any) -> bool:
@@ -256,79 +253,180 @@ def _is_id(value: Any) -> bool:
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
-def _refused(text: str) -> SessionMessage | None:
-    """The answer to a stdin line (UTF-8 ``text``) that is refused before the ``mcp``
-    package reads it, else ``None`` (also when ``text`` is not JSON: the package then
-    answers it as unreadable, :func:`_unreadable_line`):
+def _envelope_problem(exc: pydantic.ValidationError) -> tuple[int, str, str]:
+    """The JSON-RPC code, label and one-line detail of a message that is JSON but not a
+    JSON-RPC message of MCP: ``-32602`` (invalid params) when only its ``params`` are
+    wrong, else ``-32600`` (invalid request); the detail names each field and what it
+    must be (:func:`~prefect_baton.errors.from_pydantic`, no pydantic URL)."""
+    errors = exc.errors()
+    detail = str(from_pydantic(exc, root="message"))
+    if errors and all(tuple(e.get("loc", ()))[:1] == ("params",) for e in errors):
+        return types.INVALID_PARAMS, "Invalid params", detail
+    return types.INVALID_REQUEST, "Invalid Request", detail
 
-    - an object naming a key twice, at any depth (the REST API's rule,
-      :func:`~prefect_baton.rest._http.unique_keys`): ``-32600`` with the rule's words, and
-      the request's ``id`` when its top-level ``id`` is given once as a string or integer,
-      else ``id`` null;
+
+def screen_message(
+    doc: Any, duplicate: DuplicateKey | None = None
+) -> types.JSONRPCMessage | types.JSONRPCError:
+    """One JSON document ``doc`` a client sent (a stdin line or an HTTP body, read once by
+    :func:`read_message`) as the JSON-RPC message the ``mcp`` package serves, or the
+    JSON-RPC error that answers it instead. The one envelope rule of both transports:
+
+    - an object naming a key twice, at any depth (``duplicate``: the first one, by the
+      REST API's rule :func:`~prefect_baton.rest._http.unique_keys`): ``-32600`` with the
+      rule's words, and the request's ``id`` when its top-level ``id`` is given once as a
+      string or integer, else ``id`` null;
     - a request (``method`` given) whose ``id`` is not a string or an integer (``null``,
       an object, ``1.5``, ``true``): ``-32600``, ``id`` null. MCP ids are strings or
       integers, and the package would take such a message for a notification and answer
-      nothing, leaving its client waiting.
+      nothing (HTTP ``202``), leaving its client waiting;
+    - a request whose ``params`` are not an object, or a ``tools/call`` whose ``name`` is
+      not a string or whose ``arguments`` are not an object: ``-32602`` (invalid params)
+      with its ``id``; any other shape that is not a JSON-RPC message: ``-32600``, ``id``
+      null. The message names the field and what it must be, in one line
+      (``Invalid params: params.arguments: Input should be a valid dictionary``).
     """
-    try:
-        doc = json.loads(text, object_pairs_hook=unique_keys)
-    except DuplicateKey as exc:
-        top = json.loads(text, object_pairs_hook=_Pairs)
-        ids = [v for k, v in top if k == "id"] if isinstance(top, _Pairs) else []
+    if duplicate is not None:
+        if isinstance(doc, _Pairs):
+            ids = [v for k, v in doc if k == "id"]
+        else:
+            ids = [doc.get("id")] if isinstance(doc, dict) else []
         rid = ids[0] if len(ids) == 1 and _is_id(ids[0]) else None
-        detail = f"invalid JSON ({exc})"
+        detail = f"invalid JSON ({duplicate})"
         return _refusal(types.INVALID_REQUEST, "Invalid Request", detail, rid)
-    except (ValueError, RecursionError):
-        return None
-    if isinstance(doc, dict) and "method" in doc and "id" in doc and not _is_id(doc["id"]):
+    if not isinstance(doc, dict):
+        detail = f"a JSON-RPC message is a JSON object, not {_json_kind(doc)}"
+        return _refusal(types.INVALID_REQUEST, "Invalid Request", detail, None)
+    if "method" in doc and "id" in doc and not _is_id(doc["id"]):
         detail = "id must be a string or an integer"
         return _refusal(types.INVALID_REQUEST, "Invalid Request", detail, None)
-    return None
+    try:
+        if "method" not in doc:
+            return types.jsonrpc_message_adapter.validate_python(doc, by_name=False)
+        kind = types.JSONRPCRequest if "id" in doc else types.JSONRPCNotification
+        message = kind.model_validate(doc, by_name=False)
+    except pydantic.ValidationError as exc:
+        code, label, detail = _envelope_problem(exc)
+        rid = doc.get("id") if code == types.INVALID_PARAMS else None
+        return _refusal(code, label, detail, rid)
+    params_type = _PARAMS.get(message.method)
+    if isinstance(message, types.JSONRPCRequest) and params_type is not None:
+        try:
+            params_type.model_validate(message.params or {}, by_name=False)
+        except pydantic.ValidationError as exc:
+            detail = str(from_pydantic(exc, name=lambda loc: ".".join(map(str, ("params", *loc)))))
+            return _refusal(types.INVALID_PARAMS, "Invalid params", detail, message.id)
+    return message
 
 
-class _StdinLines:
-    """``async for line in ...``: the process's stdin as ``str`` lines, for the ``stdin``
-    argument of :func:`mcp.server.stdio.stdio_server` (which would read it as UTF-8 with
-    ``errors="replace"``, so ``x\\xff`` and ``x\\xfe`` would both become ``x\\ufffd``). The bytes
-    are read on a worker thread, one line (to ``\\n``) at a time; a line that is not UTF-8
-    is answered ``-32700`` (naming its byte offset) and a line :func:`_refused` refuses with
-    its answer, through the write stream given to :meth:`attach`, and is not passed on."""
+#: The ``params`` model of each method whose params :func:`screen_message` checks, so a
+#: malformed ``tools/call`` (``arguments`` not an object, ``name`` not a string or
+#: missing) gets a message naming the field instead of the package's bare ``Invalid
+#: request parameters``.
+_PARAMS: dict[str, type[pydantic.BaseModel]] = {"tools/call": types.CallToolRequestParams}
 
-    def __init__(self) -> None:
-        self._write: WriteStream[SessionMessage] | None = None
-        self._attached = anyio.Event()
 
-    def attach(self, write: WriteStream[SessionMessage]) -> None:
-        """Send refusals to ``write`` (the stdout side of ``stdio_server``)."""
-        self._write = write
-        self._attached.set()
+def _json_kind(doc: Any) -> str:
+    """What JSON value ``doc`` is (``an array``, ``a string``, ...)."""
+    if isinstance(doc, list):
+        return "an array"
+    if isinstance(doc, str):
+        return "a string"
+    if isinstance(doc, bool):
+        return "a boolean"
+    if doc is None:
+        return "null"
+    return "a number"
 
-    async def _refuse(self, answer: SessionMessage) -> None:
-        await self._attached.wait()
-        assert self._write is not None
-        await self._write.send(answer)
 
-    def __aiter__(self) -> _StdinLines:
+def read_message(text: str) -> types.JSONRPCMessage | types.JSONRPCError | None:
+    """The message of one client document ``text`` (``str``: a stdin line or an HTTP
+    body), parsed once and screened by :func:`screen_message`; ``None`` for blank text
+    (no message, no answer). Text that is not JSON is answered ``-32700`` (parse error,
+    ``id`` null, the position of the fault), JSON nested too deeply for Python
+    ``-32600``."""
+    if not text.strip():
+        return None
+    found: list[DuplicateKey] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> Any:
+        try:
+            return unique_keys(items)
+        except DuplicateKey as exc:
+            found.append(exc)
+            return _Pairs(items)
+
+    try:
+        doc = json.loads(text, object_pairs_hook=pairs)
+    except json.JSONDecodeError as exc:
+        at = len(text[: exc.pos].encode("utf-8", "surrogatepass"))
+        detail = f"invalid JSON at byte {at} ({exc.msg})"
+        return _refusal(types.PARSE_ERROR, "Parse error", detail, None)
+    except RecursionError:
+        return _refusal(types.INVALID_REQUEST, "Invalid Request", "nested too deeply", None)
+    except ValueError as exc:  # an integer over the digits int() reads
+        return _refusal(types.PARSE_ERROR, "Parse error", f"invalid JSON ({exc})", None)
+    return screen_message(doc, found[0] if found else None)
+
+
+def _stdin_lines(fd: int) -> Iterator[bytes]:
+    """The lines (``bytes``, each with its ``\\n``; the last one may lack it) read from the
+    file descriptor ``fd`` with :func:`os.read`, without Python's buffered reader (whose
+    lock a thread still blocked in it at exit would turn into a fatal error)."""
+    pending = bytearray()
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            if pending:
+                yield bytes(pending)
+            return
+        start = len(pending)
+        pending += chunk
+        while (end := pending.find(b"\n", start)) >= 0:
+            yield bytes(pending[: end + 1])
+            del pending[: end + 1]
+            start = 0
+
+
+def _read_stdin(send: MemoryObjectSendStream[bytes], token: Any) -> None:
+    """Pass the process's stdin (file descriptor 0), one line at a time, to ``send`` on
+    the event loop of ``token``, until stdin ends (then ``send`` is closed) or the server
+    stops reading. Runs on a daemon thread of its own, so a read still blocked when the
+    server stops on a signal does not keep the process alive (a worker thread of
+    ``anyio`` would)."""
+    try:
+        for raw in _stdin_lines(0):
+            anyio.from_thread.run(send.send, raw, token=token)
+        anyio.from_thread.run_sync(send.close, token=token)
+    except Exception:  # the server stopped reading: nobody wants the line
+        return
+
+
+class _NoLines:
+    """An empty stdin for :func:`mcp.server.stdio.stdio_server`: :func:`_run_stdio`
+    reads the process's stdin itself (:func:`_read_stdin`)."""
+
+    def __aiter__(self) -> _NoLines:
         return self
 
     async def __anext__(self) -> str:
-        while True:
-            raw: bytes = await anyio.to_thread.run_sync(
-                sys.stdin.buffer.readline, abandon_on_cancel=True
-            )
-            if not raw:
-                raise StopAsyncIteration
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                detail = f"invalid JSON at byte {exc.start} (not UTF-8 text)"
-                await self._refuse(_refusal(types.PARSE_ERROR, "Parse error", detail, None))
-                continue
-            refused = _refused(line)
-            if refused is not None:
-                await self._refuse(refused)
-                continue
-            return line
+        raise StopAsyncIteration
+
+
+def _read_stdin_line(raw: bytes) -> types.JSONRPCMessage | types.JSONRPCError | None:
+    """The message of one stdin line ``raw`` (``bytes``), by :func:`read_message`; a line
+    that is not UTF-8 is answered ``-32700`` naming its byte offset (the ``mcp`` package
+    would read it with ``errors="replace"``, so ``x\\xff`` and ``x\\xfe`` would both become
+    ``x\\ufffd``)."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        detail = f"invalid JSON at byte {exc.start} (not UTF-8 text)"
+        return _refusal(types.PARSE_ERROR, "Parse error", detail, None)
+    return read_message(line)
 
 
 class _Unanswered:
@@ -368,37 +466,57 @@ class _Unanswered:
             await self._changed.wait()
 
 
-async def _run_stdio(server: Server[Any]) -> None:
-    """Serve ``server`` over stdin/stdout.
+async def _run_stdio(server: Server[Any]) -> int | None:
+    """Serve ``server`` over stdin/stdout; returns the number of the signal that stopped
+    it (``SIGINT``, ``SIGTERM``), or ``None`` when stdin ended.
 
-    Stdin is read by :class:`_StdinLines` (strict UTF-8, no repeated keys, request ids
-    that are strings or integers). A line the ``mcp`` package cannot read as a JSON-RPC
-    message (the package passes its parse error on, and its server only logs it) is
-    answered with :func:`_unreadable_line` instead of no answer at all, so a client
-    waiting on that request's reply learns at once that it was not read.
+    Stdin is read here, one line at a time on a worker thread, and each line is parsed
+    once (:func:`_read_stdin_line`: strict UTF-8, no repeated keys, request ids that are
+    strings or integers); a line that is not a JSON-RPC message is answered with its
+    JSON-RPC error at once (the ``mcp`` package would only log it), so a client waiting on
+    that request's reply learns that it was not read.
 
-    When stdin ends, the server is stopped only once every request already read has been
-    answered (for at most :data:`EOF_GRACE_S` seconds), so ``printf '...' | baton mcp``
-    gets every answer (the ``mcp`` package would stop at once and drop the answers of
-    calls still running, whose effects stay)."""
-    lines = _StdinLines()
-    async with stdio_server(stdin=cast(Any, lines)) as (read_stream, write_stream):
-        lines.attach(write_stream)
+    When stdin ends, or on the first SIGINT or SIGTERM, no further line is read, and the
+    server is stopped only once every request already read has been answered (for at most
+    :data:`EOF_GRACE_S` seconds; a second signal stops the wait), so ``printf '...' | baton
+    mcp`` and Ctrl-C during a call get every answer: the ``mcp`` package would stop at
+    once and drop the answers of calls still running, whose effects (a lease taken, its
+    fencing token) stay."""
+    async with stdio_server(stdin=cast(Any, _NoLines())) as (read_stream, write_stream):
+        await read_stream.aclose()
         to_server, from_client = anyio.create_memory_object_stream[SessionMessage | Exception](0)
         from_server, to_client = anyio.create_memory_object_stream[SessionMessage](0)
         unanswered = _Unanswered()
+        reading, grace, watching = anyio.CancelScope(), anyio.CancelScope(), anyio.CancelScope()
+        send_line, lines = anyio.create_memory_object_stream[bytes](0)
+        token = anyio.lowlevel.current_token()
+        threading.Thread(
+            target=_read_stdin, args=(send_line, token), name="baton-mcp-stdin", daemon=True
+        ).start()
+        signalled: list[int] = []
+
+        async def watch_signals(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+            with watching, anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                task_status.started()
+                async for signum in signals:
+                    signalled.append(int(signum))
+                    (reading if len(signalled) == 1 else grace).cancel()
 
         async def client_to_server() -> None:
             async with to_server:
-                async for item in read_stream:
-                    if isinstance(item, Exception):
-                        answer = _unreadable_line(item)
-                        if answer is not None:
-                            await write_stream.send(SessionMessage(answer))
-                    else:
-                        unanswered.read(item.message)
-                        await to_server.send(item)
-                with anyio.move_on_after(EOF_GRACE_S):
+                with reading:
+                    async for raw in lines:
+                        message = _read_stdin_line(raw)
+                        # A line read is passed on whole even when a signal stops the
+                        # reading meanwhile: its request is then waited for.
+                        with anyio.CancelScope(shield=True):
+                            if isinstance(message, types.JSONRPCError):
+                                await write_stream.send(SessionMessage(message))
+                            elif message is not None:
+                                unanswered.read(message)
+                                await to_server.send(SessionMessage(message))
+                lines.close()
+                with grace, anyio.move_on_after(EOF_GRACE_S):
                     await unanswered.none_left()
 
         async def server_to_client() -> None:
@@ -409,14 +527,19 @@ async def _run_stdio(server: Server[Any]) -> None:
             await write_stream.aclose()
 
         async with anyio.create_task_group() as tg:
+            await tg.start(watch_signals)
             tg.start_soon(client_to_server)
             tg.start_soon(server_to_client)
             async with from_server:
                 await server.run(from_client, from_server, server.create_initialization_options())
+            watching.cancel()
+    return signalled[0] if signalled else None
 
 
-def serve_stdio(baton: Baton) -> None:
-    """Serve the tools over stdin/stdout until the client closes stdin.
+def serve_stdio(baton: Baton) -> int | None:
+    """Serve the tools over stdin/stdout until the client closes stdin or the process gets
+    SIGINT or SIGTERM; either way the calls already read are answered first (for at most
+    :data:`EOF_GRACE_S` seconds; a second signal stops that wait), and no new line is read.
 
     Every call acts as ``baton``'s identity (its org, principal and role): over stdio the
     process is trusted with the identity it was configured with, as every ``baton``
@@ -424,9 +547,13 @@ def serve_stdio(baton: Baton) -> None:
 
     Args:
         baton: the client (:class:`~prefect_baton.Baton`); the caller closes it.
+
+    Returns:
+        The number of the signal that stopped the server (``signal.SIGINT`` or
+        ``signal.SIGTERM``, ``int``), or ``None`` when stdin ended.
     """
     server = build_server(lambda _ctx: (baton, None))
-    anyio.run(_run_stdio, server)
+    return anyio.run(_run_stdio, server)
 
 
 class _KeyVerifier:
@@ -450,6 +577,68 @@ class _KeyVerifier:
             subject=key.principal,
             claims={"org": key.org, "principal": key.principal, "role": key.role},
         )
+
+
+class _ScreenedMessages:
+    """ASGI middleware in front of the ``mcp`` package's endpoint (:func:`_screen_endpoint`):
+    a JSON body of a request with a valid key that
+    :func:`screen_message` refuses (a request id that is not a string or an integer,
+    ``params`` that are not an object, an object that is not a JSON-RPC message) is
+    answered ``400`` with its JSON-RPC error, as over stdio, before the package sees it (it
+    would take a request with a bad id for a notification and answer ``202`` with nothing,
+    and put pydantic's whole report in the message of the others). Runs after
+    :class:`~prefect_baton.rest._http.BatonMiddleware`, which has already refused a body
+    over the limit, one that is not JSON and one naming a key twice."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        screened = scope["type"] == "http" and scope.get("method") == "POST" and is_json(scope)
+        # A request without a valid key is left to the package's bearer check (401).
+        if not screened or not isinstance(scope.get("user"), AuthenticatedUser):
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            more = bool(message.get("more_body", False))
+        body = b"".join(chunks)
+        answer = _screened_body(body)
+        if answer is not None:
+            text = answer.model_dump_json(by_alias=True, exclude_unset=True)
+            await Response(text, status_code=400, media_type="application/json")(
+                scope, receive, send
+            )
+            return
+        await self.app(scope, replaying(body, receive), send)
+
+
+def _screen_endpoint(app: Starlette, path: str = "/mcp") -> None:
+    """Put :class:`_ScreenedMessages` in front of the endpoint at ``path`` of ``app``:
+    after the ``mcp`` package's authentication middleware, which tells it whether the
+    request carries a valid key (one without is left to the package's ``401``)."""
+    for route in app.routes:
+        if isinstance(route, Route) and route.path == path:
+            route.app = _ScreenedMessages(route.app)
+            return
+    raise RuntimeError(f"the mcp package's app has no route {path}")
+
+
+def _screened_body(body: bytes) -> types.JSONRPCError | None:
+    """The JSON-RPC error answering an HTTP ``body`` (``bytes``, JSON in the encoding
+    :func:`json.detect_encoding` finds) by :func:`read_message`, else ``None`` (no body,
+    or a message to serve)."""
+    try:
+        text = body.decode(json.detect_encoding(body), "surrogatepass")
+    except UnicodeDecodeError:  # refused already by BatonMiddleware
+        return None
+    answer = read_message(text)
+    return answer if isinstance(answer, types.JSONRPCError) else None
 
 
 class _UnavailableAs503:
@@ -559,6 +748,7 @@ def http_app(
         stateless_http=True,
         max_request_body_size=limit,  # the mcp package's own cap (4 MiB) would cut ours
     )
+    _screen_endpoint(app)
     app.add_middleware(_UnavailableAs503)
     # Outermost: request ids, one Authorization header, no key in the URL, the body cap.
     app.add_middleware(BatonMiddleware, engines=lambda: store.engines, max_body_bytes=limit)

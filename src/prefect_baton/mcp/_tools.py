@@ -53,7 +53,7 @@ from prefect_baton.rest._responses import (
 )
 from prefect_baton.rest._schemas import ResourceIn
 
-__all__ = ["SEED_ALIASES", "TOOLS", "Grant", "SeedAlias", "ToolSpec", "resolve_tool"]
+__all__ = ["SEED_ALIASES", "TOOLS", "Grant", "SeedAlias", "ToolSpec", "find_tool"]
 
 
 def _json(model: BaseModel) -> dict[str, Any]:
@@ -499,18 +499,14 @@ SEED_ALIASES: dict[str, SeedAlias] = {
 }
 
 
-def resolve_tool(name: str, arguments: dict[str, Any]) -> tuple[ToolSpec, dict[str, Any]] | None:
-    """The tool that answers ``name`` (one of :data:`TOOLS` or a seed alias of
-    :data:`SEED_ALIASES`) and the call's ``arguments`` under its argument names, or
-    ``None`` for an unknown name.
-
-    Raises:
-        ValidationError: see :meth:`SeedAlias.arguments`.
-    """
+def find_tool(name: str) -> tuple[ToolSpec, SeedAlias | None] | None:
+    """The tool that answers ``name`` (one of :data:`TOOLS`, or a seed alias of
+    :data:`SEED_ALIASES`: then the alias too, which renames the call's arguments), or
+    ``None`` for an unknown name."""
     spec = TOOLS.get(name)
     if spec is not None:
-        return spec, arguments
+        return spec, None
     alias = SEED_ALIASES.get(name)
     if alias is None:
         return None
-    return TOOLS[alias.tool], alias.arguments(arguments)
+    return TOOLS[alias.tool], alias

@@ -25,10 +25,11 @@ import anyio.to_thread
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from prefect_baton._rules.access import check_scope
 from prefect_baton._rules.validation import DEFAULT_STATE_MAX_BYTES, request_body_limit
 from prefect_baton._stores.ledger.engine import Engines
 from prefect_baton._stores.protocol import Caller
-from prefect_baton.errors import BatonError, ValidationError
+from prefect_baton.errors import BatonError, ForbiddenError, ValidationError
 from prefect_baton.rest.keys import AREAS, KEY_PREFIX, ApiKey, KeyCache, authenticate
 
 __all__ = [
@@ -39,9 +40,11 @@ __all__ = [
     "check_host",
     "client_error",
     "error_response",
+    "is_json",
     "new_request_id",
     "ok",
     "parse_json_body",
+    "replaying",
     "unique_keys",
 ]
 
@@ -256,7 +259,23 @@ def parse_json_body(raw: bytes) -> Any:
         ) from None
 
 
-def _is_json(scope: Scope) -> bool:
+def replaying(body: bytes, receive: Receive) -> Receive:
+    """An ASGI ``receive`` for an app behind a middleware that has read the request's
+    whole ``body`` (``bytes``): it gives ``body`` as one message, then defers to
+    ``receive`` (e.g. for the disconnect)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def is_json(scope: Scope) -> bool:
     """Whether FastAPI reads the body of this request as JSON: a ``Content-Type`` of
     ``application/json`` or ``application/*+json`` (the first such header, parsed as
     FastAPI parses it). Without one FastAPI (``strict_content_type``, its default) does not
@@ -399,22 +418,13 @@ class BatonMiddleware:
             )
             await resp(scope, receive, send_with_id)
             return
-        if body and _is_json(scope):
+        if body and is_json(scope):
             try:
                 parse_json_body(body)
             except ValidationError as exc:
                 await baton_error_response(exc, request_id)(scope, receive, send_with_id)
                 return
-        sent = False
-
-        async def replay() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send_with_id)
+        await self.app(scope, replaying(body, receive), send_with_id)
 
     async def _authorize(
         self, scope: Scope, state: dict[str, Any], path: str, method: str
@@ -438,8 +448,10 @@ class BatonMiddleware:
         area = _area(path)
         if area is not None:
             need = f"{area}:{'read' if method in ('GET', 'HEAD') else 'write'}"
-            if need not in key.scopes:
-                return error_response("FORBIDDEN", f"this key lacks the scope {need}")
+            try:
+                check_scope(key.scopes, need)
+            except ForbiddenError as exc:
+                return error_response(exc.code, exc.message)
         state["caller"] = Caller(org=key.org, principal=key.principal, role=key.role)
         state["key_id"] = key.key_id
         state["scopes"] = key.scopes

@@ -14,7 +14,7 @@ from importlib.resources import files
 from fastapi import FastAPI, Request
 from starlette.responses import RedirectResponse, Response
 
-from prefect_baton.errors import ForbiddenError
+from prefect_baton._rules.access import check_scope
 from prefect_baton.rest._deps import B
 from prefect_baton.timeline import build_timeline, render_svg
 
@@ -86,8 +86,7 @@ def add_routes(app: FastAPI) -> None:
         key without :data:`TIMELINE_SCOPES`."""
         granted: tuple[str, ...] = request.state.scopes
         for need in TIMELINE_SCOPES:
-            if need not in granted:
-                raise ForbiddenError(f"this key lacks the scope {need}")
+            check_scope(granted, need)
         svg = render_svg(build_timeline(b, resource_type, resource_id))
         return Response(svg, media_type="image/svg+xml", headers=_SVG_HEADERS)
 

@@ -28,6 +28,7 @@ import pytest
 from prefect_baton import Baton, ConflictError, StaleFenceError, UnavailableError
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.redis.authority import RedisAuthority, connect
+from prefect_baton._stores.redis.keys import org_keys
 from prefect_baton.audit import audit_ledger
 from tests.conftest import PG_URL, store_for
 
@@ -193,5 +194,50 @@ def test_an_accept_whose_transfer_is_lost_is_unavailable_then_retried(
     recipient.checkpoints.save("subject-z", "k", {"who": "recipient"}, fence=accepted.lease)
     with pytest.raises(StaleFenceError):
         sender.checkpoints.save("subject-z", "k", {"who": "sender"}, fence=carried)
+    report = audit_ledger(ledger, org)
+    assert report.ok, report.violations
+
+
+@pytest.mark.parametrize("evicted", ["heads", "lid", "own", "sl"])
+def test_a_key_evicted_during_a_rebuild_makes_it_start_again(
+    redis_server: RedisServer,
+    ledger: LedgerStore,
+    authorities: list[RedisAuthority],
+    evicted: str,
+) -> None:
+    """A key of the org evicted between the rebuild's load of the ledger's leases and its
+    marker (a Redis with an allkeys-* policy) must not leave held resources looking free:
+    the marker is refused (``UNAVAILABLE``, nothing granted), and the next call rebuilds
+    again and finds the resource held."""
+    org = f"org-{uuid.uuid4().hex[:12]}"
+    auth_a, auth_b = authorities
+    a = Baton(org=org, principal="a", store=ledger, lease_authority=auth_a)
+    b = Baton(org=org, principal="b", store=ledger, lease_authority=auth_b)
+    held = a.leases.acquire("res", "x", ttl_seconds=600, scopes=["db/*"])
+    auth_a.reconciler.drain(org)
+    redis_server.kill()
+    redis_server.start()
+
+    keys = org_keys(org)
+    install = auth_b.scripts["install"]
+
+    def evicting_install(*, keys: list[str], args: list[Any]) -> Any:
+        auth_b.client.delete(f"{org_keys(org).prefix}{evicted}")
+        return install(keys=keys, args=args)
+
+    scripts = auth_b.scripts._by_name
+    scripts["install"] = evicting_install  # type: ignore[assignment]
+    try:
+        with pytest.raises(UnavailableError, match="rebuild"):
+            b.leases.acquire("res", "x", ttl_seconds=60)
+    finally:
+        scripts["install"] = install
+    assert not auth_b.client.exists(keys.inc)
+    with pytest.raises(ConflictError):
+        b.leases.acquire("res", "x", ttl_seconds=60)
+    info = b.leases.inspect("res", "x")
+    assert info.held
+    assert info.epoch == held.epoch
+    a.checkpoints.save("db/one", "k", {"who": "a"}, fence=held)
     report = audit_ledger(ledger, org)
     assert report.ok, report.violations

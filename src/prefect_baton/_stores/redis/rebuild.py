@@ -13,10 +13,13 @@ granting from empty state. The first client that notices rebuilds:
    before anything is granted in that incarnation), under the org's journal lock: a drain of
    another client or process that read journal entries before the loss commits them first,
    so the ledger read of step 4 sees every grant that reached the ledger at all;
-4. it clears the org's remaining Redis state and loads every resource's newest generation,
-   and the unexpired acquire receipts, from the ledger;
+4. it clears the org's remaining Redis state (leaving each of the org's keys one pad entry)
+   and loads every resource's newest generation, and the unexpired acquire receipts, from
+   the ledger;
 5. it installs a new marker with the epoch floor ``n * 2**32`` and ceiling
-   ``(n + 1) * 2**32``.
+   ``(n + 1) * 2**32``, only if every one of the org's keys still exists: a key evicted
+   meanwhile (a Redis with an ``allkeys-*`` policy, accepted with ``allow_eviction``) would
+   otherwise leave held resources looking free, so the rebuild is refused and done again.
 
 Fencing tokens (epochs) granted after the loss are therefore greater than every token granted
 before it, including tokens of transitions that the reconciler had not yet written and that
@@ -370,7 +373,7 @@ def rebuild(auth: AuthorityBase, org: str) -> int:
             bumped = bump_incarnation(auth, org)
             assert bumped is not None  # not decided_only
             n, existed = bumped
-            _check(auth.scripts["clear"](keys=lock_keys, args=[token]), org)
+            _check(auth.scripts["clear"](keys=lock_keys, args=[token, "pad"]), org)
             batch: list[str] = []
             restored = 0
             for row in _heads(auth, org):

@@ -95,6 +95,26 @@ local function intact()
   return false
 end
 
+-- Give every key of KEYS[2..10] its pad entry (the journal: an empty stream), so that all
+-- of them exist. clear.lua does it before a rebuild restores anything and install.lua
+-- checks that they all still exist before it sets the marker: a key evicted or deleted
+-- while the rebuild loaded the ledger's leases is then seen, and the rebuild is retried,
+-- instead of a marker installed over state with held resources missing.
+local function pad_keys()
+  redis.call('HSET', KEYS[2], PAD_FIELD, '1')
+  redis.call('HSET', KEYS[3], PAD_FIELD, PAD)
+  redis.call('HSET', KEYS[4], PAD_FIELD, '1')
+  redis.call('ZADD', KEYS[5], '+inf', PAD_FIELD)
+  redis.call('ZADD', KEYS[6], '0', PAD_MEMBER)
+  redis.call('ZADD', KEYS[7], '0', PAD_MEMBER)
+  redis.call('HSET', KEYS[8], PAD_FIELD, '1')
+  redis.call('HSET', KEYS[9], PAD_FIELD, '1')
+  if redis.call('EXISTS', KEYS[10]) == 0 then
+    -- an empty journal stream (the entry is trimmed at once)
+    redis.call('XADD', KEYS[10], 'MAXLEN', '0', '*', 'p', '')
+  end
+end
+
 -- The incarnation marker, or nil when Redis lost the org's state, in whole or in part
 -- (intact()). Operations that grant (full = true) read its numbers too; the others only
 -- its id.

@@ -8,23 +8,20 @@
 -- (lock_delay policy; 0 otherwise), ARGV[7] retention of superseded generations in ms.
 -- Returns:
 --   {0}                                  installed
---   {32}                                 the rebuild lock was lost, or a marker exists
+--   {32}                                 the rebuild lock was lost, a marker exists, or a
+--                                        key padded by clear.lua is gone (evicted while
+--                                        the ledger's leases were loaded): the lock is
+--                                        dropped and the next operation rebuilds again
 if redis.call('GET', KEYS[11]) ~= ARGV[1] then return {C_REBUILD_LOST} end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {C_REBUILD_LOST} end
+if redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8],
+    KEYS[9]) ~= 8 then
+  redis.call('DEL', KEYS[11])
+  return {C_REBUILD_LOST}
+end
 redis.call('HSET', KEYS[1], 'id', ARGV[2], 'n', ARGV[3], 'floor', ARGV[4], 'ceil', ARGV[5],
   'delay', ARGV[6], 'ret', ARGV[7], PAD_FIELD, PAD)
--- Every per-org key gets its pad entry, so that all of them exist from now on (marker()).
-redis.call('HSET', KEYS[2], PAD_FIELD, '1')
-redis.call('HSET', KEYS[3], PAD_FIELD, PAD)
-redis.call('HSET', KEYS[4], PAD_FIELD, '1')
-redis.call('ZADD', KEYS[5], '+inf', PAD_FIELD)
-redis.call('ZADD', KEYS[6], '0', PAD_MEMBER)
-redis.call('ZADD', KEYS[7], '0', PAD_MEMBER)
-redis.call('HSET', KEYS[8], PAD_FIELD, '1')
-redis.call('HSET', KEYS[9], PAD_FIELD, '1')
-if redis.call('EXISTS', KEYS[10]) == 0 then
-  -- an empty journal stream (the entry is trimmed at once)
-  redis.call('XADD', KEYS[10], 'MAXLEN', '0', '*', 'p', '')
-end
+-- Every per-org key keeps its pad entry, so that all of them exist from now on (marker()).
+pad_keys()
 redis.call('DEL', KEYS[11])
 return {C_OK}

@@ -197,8 +197,8 @@ app = typer.Typer(
     "With BATON_API_URL and BATON_API_KEY (a bearer key from baton keys create) and no "
     "--ledger-url or --redis-url flag, commands run through that REST API (baton serve) as "
     "the key's principal, as Baton() does in Python, even when BATON_LEDGER_URL or "
-    "BATON_REDIS_URL is set too; baton keys, db, serve, ui, reconcile and mcp --transport "
-    "http act on a ledger and need --ledger-url or BATON_LEDGER_URL then.",
+    "BATON_REDIS_URL is set too; baton keys, db, audit, serve, ui, reconcile and mcp "
+    "--transport http act on a ledger and need --ledger-url or BATON_LEDGER_URL then.",
     epilog=exit_codes_help(),
     no_args_is_help=True,
     add_completion=False,

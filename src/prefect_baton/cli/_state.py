@@ -79,8 +79,8 @@ class CliState:
 
     def local_ledger_url(self) -> str:
         """The ledger of a command that acts on the ledger itself, never through the REST
-        API (``baton keys``, ``baton db``, ``baton serve``, ``baton ui``, ``baton reconcile``,
-        ``baton mcp --transport http``): :meth:`resolved_ledger_url`.
+        API (``baton keys``, ``baton db``, ``baton audit``, ``baton serve``, ``baton ui``,
+        ``baton reconcile``, ``baton mcp --transport http``): :meth:`resolved_ledger_url`.
 
         Raises:
             ValidationError: ``BATON_API_URL`` is set and no ledger URL was given

@@ -151,6 +151,28 @@ def test_python_blocks_run(page: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, f"{page.name} blocks failed:\n{proc.stdout}\n{proc.stderr}"
 
 
+def test_concepts_blocks_run_twice_in_one_directory(tmp_path: Path) -> None:
+    """concepts.md's blocks, one script, run again in the same directory: nothing the first
+    run keeps (an idempotency key's receipt) trips the second."""
+    code = "\n".join(
+        b.code for b in blocks_of(DOCS / "concepts.md") if b.lang in PYTHON and not b.not_run
+    )
+    script = tmp_path / "concepts_blocks.py"
+    script.write_text(code, encoding="utf-8")
+    work = tmp_path / "work"
+    work.mkdir()
+    for _ in range(2):
+        proc = subprocess.run(
+            [sys.executable, str(script)],
+            cwd=work,
+            env=_clean_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr
+
+
 def test_fencing_first_sample_runs_twice(tmp_path: Path) -> None:
     """fencing.md's first sample is self-contained: run twice in one directory, it gives
     the same result (nothing it writes persists to trip the second run)."""

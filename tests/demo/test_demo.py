@@ -162,6 +162,29 @@ def test_baton_demo_takes_the_global_redis_url(tmp_path: Path) -> None:
         assert "baton demo: UNAVAILABLE: Redis unavailable" in proc.stderr
 
 
+def test_a_role_past_timeout_is_unavailable_with_the_cli_error_form(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A role that does not finish within --timeout is reported like every baton error:
+    `baton demo: UNAVAILABLE: ...` (or a JSON receipt) and exit status 11, naming the
+    timeout and the remedy."""
+    import prefect_baton.demo as demo
+
+    def late(_args: object) -> None:
+        raise TimeoutError("researchers did not finish in time")
+
+    monkeypatch.setattr(demo, "run_demo", late)
+    assert demo.main(["--timeout", "5"]) == EXIT_CODES["UNAVAILABLE"]
+    assert capsys.readouterr().err == (
+        "baton demo: UNAVAILABLE: researchers did not finish in time (after --timeout 5 s); "
+        "give a larger --timeout\n"
+    )
+    assert demo.main(["--timeout", "5", "--format", "json"]) == EXIT_CODES["UNAVAILABLE"]
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["code"] == "UNAVAILABLE"
+    assert "--timeout 5 s" in error["message"]
+
+
 def _no_baton_env() -> dict[str, str | None]:
     """Every ``BATON_*`` variable of this environment unset (for ``CliRunner``)."""
     return {k: None for k in os.environ if k.startswith("BATON_")}

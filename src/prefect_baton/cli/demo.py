@@ -54,8 +54,9 @@ def demo(ctx: typer.Context) -> None:
     seconds), --format table|json, --ledger-url URL, --redis-url URL (alias --redis);
     `baton demo --help` lists them all. A global --ledger-url, --redis-url or --format given
     before `demo` is passed on too. Bad options exit 2 with VALIDATION_ERROR; an unreachable
-    ledger or Redis exits 11 with UNAVAILABLE before any worker starts. Exits 1 if a file
-    is completed twice or left undone, or the verdict is not accepted.
+    ledger or Redis exits 11 with UNAVAILABLE before any worker starts, and so does a role
+    that does not finish within --timeout seconds. Exits 1 if a file is completed twice or
+    left undone, or the verdict is not accepted.
     """
     args = list(ctx.args)
     argv = _forwarded_globals(ctx, args) + args

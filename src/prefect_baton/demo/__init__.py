@@ -34,7 +34,7 @@ from prefect_baton.audit import audit_ledger
 from prefect_baton.cli._output import OutputFormat, emit_error, format_from_argv
 from prefect_baton.demo import analysis
 from prefect_baton.demo.timelines import write_demo_timelines
-from prefect_baton.errors import error_for_code
+from prefect_baton.errors import UnavailableError, error_for_code
 
 __all__ = ["DemoResult", "main", "run_demo"]
 
@@ -489,10 +489,10 @@ def main(argv: list[str] | None = None) -> int:
         argv: the demo's arguments (``list[str]``; default ``sys.argv[1:]``).
 
     Returns:
-        The exit status: 0 all good, 1 a check failed or a role did not finish within
-        ``--timeout`` seconds, else the exit status of the error's code (``2``
-        ``VALIDATION_ERROR`` for bad arguments, ``11`` ``UNAVAILABLE`` when the ledger or
-        Redis cannot be reached, ...). Errors are printed like every ``baton`` command's:
+        The exit status: 0 all good, 1 a check failed, else the exit status of the
+        error's code (``2`` ``VALIDATION_ERROR`` for bad arguments, ``11`` ``UNAVAILABLE``
+        when the ledger or Redis cannot be reached or a role did not finish within
+        ``--timeout`` seconds, ...). Errors are printed like every ``baton`` command's:
         ``baton demo: CODE: message`` on stderr, or a JSON receipt with ``--format json``.
         ``--help`` exits (``SystemExit(0)``) after printing the usage.
     """
@@ -504,8 +504,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run_demo(args)
     except TimeoutError as exc:
-        print(f"baton demo: {exc} (after --timeout {args.timeout} s)", file=sys.stderr)
-        return 1
+        late = UnavailableError(
+            f"{exc} (after --timeout {args.timeout} s); give a larger --timeout"
+        )
+        return emit_error(OutputFormat(args.format), "demo", late.to_dict())
     except BatonError as exc:
         return emit_error(OutputFormat(args.format), "demo", exc.to_dict())
     if args.format == "json":

@@ -144,6 +144,31 @@ def test_baton_demo_reports_bad_arguments_as_validation_errors(
     assert not (tmp_path / ".baton").exists()
 
 
+def test_baton_demo_refuses_org_principal_and_role_naming_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`baton demo --org x` (and --principal, --role) is VALIDATION_ERROR saying the demo
+    runs in an org of its own, not argparse's bare "unrecognized arguments"."""
+    monkeypatch.chdir(tmp_path)
+    for flag in ("--org", "--principal", "--role"):
+        result = CliRunner().invoke(app, ["demo", flag, "x"], env=_no_baton_env())
+        assert result.exit_code == EXIT_CODES["VALIDATION_ERROR"], result.output
+        assert result.stderr.startswith(f"baton demo: VALIDATION_ERROR: {flag}: ")
+        assert "new org of its own" in result.stderr
+    assert not (tmp_path / ".baton").exists()
+
+
+def test_every_demo_option_has_help_naming_its_engine() -> None:
+    """`baton demo --help` explains every option, and the options the Prefect engine does
+    not use say they are for --engine processes only."""
+    from prefect_baton.demo import _parser
+
+    actions = {a.option_strings[0]: a for a in _parser()._actions}
+    assert all(a.help for a in actions.values())
+    for flag in ("--crash", "--pause", "--ttl", "--lines-per-chunk", "--work-ms", "--timeout"):
+        assert "--engine processes only" in str(actions[flag].help), flag
+
+
 def test_baton_demo_takes_the_global_redis_url(tmp_path: Path) -> None:
     """`baton --redis-url URL demo` and `baton demo --redis-url URL` (alias --redis) reach the
     demo: an unreachable URL gives UNAVAILABLE before any worker starts."""

@@ -163,18 +163,34 @@ class BatonGroup(TyperGroup):
                 raise
             return emit_error(format_from_argv(argv), "baton", as_baton_error(exc).to_dict())
 
-    @staticmethod
-    def _usage_error(exc: Any, argv: list[str]) -> int:
+    def _usage_error(self, exc: Any, argv: list[str]) -> int:
         ctx = getattr(exc, "ctx", None)
         obj = ctx.find_root().obj if ctx is not None else None
         fmt = obj.format if isinstance(obj, CliState) else format_from_argv(argv)
-        action = _action_of(ctx.command_path) if ctx is not None else "baton"
+        # Click's option parser raises some errors (an option missing its value) without
+        # a context: the command is then named from argv.
+        path = ctx.command_path if ctx is not None else self._command_path(argv)
+        action = _action_of(path)
         message = one_line(exc.format_message())
-        if fmt is OutputFormat.table and ctx is not None:
-            message += f" (see '{ctx.command_path} --help')"
+        if fmt is OutputFormat.table and path != "baton":
+            message += f" (see '{path} --help')"
         emit_error(fmt, action, {"code": "VALIDATION_ERROR", "message": message})
         code = getattr(exc, "exit_code", EXIT_USAGE)
         return code if isinstance(code, int) else EXIT_USAGE
+
+    def _command_path(self, argv: list[str]) -> str:
+        """``baton`` and the (sub)command names ``argv`` gives after the global options
+        (``"baton lease renew"``); ``"baton"`` when it names none."""
+        path = ["baton"]
+        i = 0
+        while i < len(argv) and argv[i].startswith("-"):
+            i += 2 if argv[i] in GLOBAL_VALUE_OPTIONS else 1
+        commands: Any = self.commands
+        while i < len(argv) and isinstance(commands, dict) and argv[i] in commands:
+            path.append(argv[i])
+            commands = getattr(commands[argv[i]], "commands", None)  # a group's, else None
+            i += 1
+        return " ".join(path)
 
 
 def _stdout_gone() -> int:

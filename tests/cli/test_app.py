@@ -228,7 +228,7 @@ def test_events_tail_refuses_after_with_cursor(cli: Cli) -> None:
         assert run.code == 2
         assert run.json["error"] == {
             "code": "VALIDATION_ERROR",
-            "message": "give --after or cursor, not both",
+            "message": "give --after or --cursor, not both",
         }
     assert len(cli.ok("events", "tail")["events"]) == 2
 

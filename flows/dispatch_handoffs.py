@@ -15,7 +15,6 @@ Run once: ``python flows/dispatch_handoffs.py``; serve it: add ``--serve``.
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 # Prefect's temporary server must not send telemetry off this machine (set before
@@ -26,6 +25,7 @@ from prefect import flow, get_run_logger
 
 from prefect_baton import Baton, Handoff
 from prefect_baton.prefect import start_recipient
+from prefect_baton.prefect._serve import flow_main
 
 
 def pending_handoffs(b: Baton, page_size: int = 1000) -> dict[str, list[Handoff]]:
@@ -129,7 +129,4 @@ def dispatch_handoffs(recipients: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    if "--serve" in sys.argv:
-        dispatch_handoffs.serve(name="dispatch-handoffs", interval=60)
-    else:
-        print(dispatch_handoffs())
+    flow_main(dispatch_handoffs, name="dispatch-handoffs", doc=__doc__, interval_seconds=60)

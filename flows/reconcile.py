@@ -9,7 +9,6 @@ Run once: ``python flows/reconcile.py``; serve it: ``python flows/reconcile.py -
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 # Prefect's temporary server must not send telemetry off this machine (set before
@@ -19,6 +18,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 from prefect import flow, get_run_logger
 
 from prefect_baton import BatonSettings
+from prefect_baton.prefect._serve import flow_main
 
 NO_REDIS = (
     "No Redis authority is configured (BATON_REDIS_URL is unset): the ledger is the lease "
@@ -60,7 +60,4 @@ def reconcile(orgs: list[str] | None = None, batch_size: int = 500) -> dict[str,
 
 
 if __name__ == "__main__":
-    if "--serve" in sys.argv:
-        reconcile.serve(name="reconcile", interval=60)
-    else:
-        print(reconcile())
+    flow_main(reconcile, name="reconcile", doc=__doc__, interval_seconds=60)

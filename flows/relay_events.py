@@ -11,7 +11,6 @@ Run once: ``python flows/relay_events.py``; serve it: ``python flows/relay_event
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 # Prefect's temporary server must not send telemetry off this machine (set before
@@ -22,6 +21,7 @@ from prefect import flow, get_run_logger
 
 from prefect_baton import Baton
 from prefect_baton.prefect import relay_events
+from prefect_baton.prefect._serve import flow_main
 
 
 @flow(name="baton-relay-events", persist_result=True)
@@ -43,7 +43,4 @@ def relay(max_events: int = 10_000) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    if "--serve" in sys.argv:
-        relay.serve(name="relay-events", interval=30)
-    else:
-        print(relay())
+    flow_main(relay, name="relay-events", doc=__doc__, interval_seconds=30)

@@ -15,7 +15,6 @@ Run once: ``python flows/report_expired.py``; serve it: ``python flows/report_ex
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 # Prefect's temporary server must not send telemetry off this machine (set before
@@ -28,6 +27,7 @@ from prefect.artifacts import create_table_artifact
 from prefect_baton import Baton
 from prefect_baton._rules.events import EXPIRY_LAPSED, expired_payload, lease_payload
 from prefect_baton.prefect._events import emit_ledger_event
+from prefect_baton.prefect._serve import flow_main
 
 REPORTER = "prefect-baton.report-expired"
 
@@ -88,7 +88,4 @@ def report_expired(limit: int = 10_000) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    if "--serve" in sys.argv:
-        report_expired.serve(name="report-expired", interval=300)
-    else:
-        print(report_expired())
+    flow_main(report_expired, name="report-expired", doc=__doc__, interval_seconds=300)

@@ -18,13 +18,16 @@ Then it starts ``deployment`` with ``resource_type``, ``resource_id``, ``subject
 event is delivered, one expired generation starts at most one resume run. Otherwise it exits,
 saying why (``skipped``), without redoing finished work.
 
-Run once: ``python flows/resume_expired.py <resource_type> <resource_id> <epoch> <lease_id>``.
+Run once: ``python flows/resume_expired.py RESOURCE_TYPE RESOURCE_ID EPOCH LEASE_ID
+[--reason lapsed] [--subject-id S] [--deployment FLOW/DEPLOYMENT]``; serve it (without a
+schedule, for an Automation to run with the event's payload): ``python
+flows/resume_expired.py --serve --deployment FLOW/DEPLOYMENT``.
 """
 
 from __future__ import annotations
 
 import os
-import sys
+from argparse import ArgumentParser, Namespace
 from typing import Any
 
 # Prefect's temporary server must not send telemetry off this machine (set before
@@ -34,6 +37,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 from prefect import flow, get_run_logger
 
 from prefect_baton import Baton
+from prefect_baton.prefect._serve import flow_main
 
 RESUMER = "prefect-baton.resume-expired"
 
@@ -125,6 +129,54 @@ def resume_expired(
     return {"status": "started", "flow_run_id": str(run.id)}
 
 
+_EVENT = ("resource_type", "resource_id", "epoch", "lease_id")
+
+
+def _arguments(parser: ArgumentParser) -> None:
+    for field in _EVENT:
+        parser.add_argument(
+            field,
+            nargs="?",
+            type=int if field == "epoch" else str,
+            metavar=field.upper(),
+            help=f"the lease.expired event's {field} (run once; not with --serve)",
+        )
+    parser.add_argument("--reason", default="lapsed", help="the event's reason (run once)")
+    parser.add_argument("--subject-id", help="subject whose outcomes tell finished work")
+    parser.add_argument(
+        "--deployment",
+        help="FLOW/DEPLOYMENT to start for the resume (with --serve: the served "
+        "deployment's default); without it the flow only reports its verdict",
+    )
+
+
+def _parameters(ns: Namespace, parser: ArgumentParser) -> dict[str, Any]:
+    given = {field: getattr(ns, field) for field in _EVENT if getattr(ns, field) is not None}
+    if ns.serve:
+        if given:
+            parser.error("--serve takes no event arguments: the Automation passes them")
+        return {"deployment": ns.deployment} if ns.deployment else {}
+    if len(given) < len(_EVENT):
+        parser.error("give RESOURCE_TYPE RESOURCE_ID EPOCH LEASE_ID, or --serve")
+    return {
+        **given,
+        "reason": ns.reason,
+        "subject_id": ns.subject_id,
+        "deployment": ns.deployment,
+    }
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Run the flow once for one event, or serve it (``--serve``); see the module doc."""
+    return flow_main(
+        resume_expired,
+        name="resume-expired",
+        doc=__doc__,
+        argv=argv,
+        arguments=_arguments,
+        parameters=_parameters,
+    )
+
+
 if __name__ == "__main__":
-    rtype, rid, ep, lid = sys.argv[1:5]
-    print(resume_expired(rtype, rid, int(ep), lid))
+    main()

@@ -86,6 +86,20 @@ def test_missing_option_is_a_readable_usage_error(cli: Cli) -> None:
     assert "--ttl-seconds" in as_json.json["error"]["message"]
 
 
+def test_an_option_missing_its_value_names_the_command(cli: Cli) -> None:
+    """``baton lease renew --lease-id`` (no value; Click raises it without a context) names
+    the command like every other usage error, in the table line and the JSON action."""
+    run = cli("lease", "renew", "--lease-id", fmt="table")
+    assert run.code == 2
+    assert run.stderr == (
+        "baton lease renew: VALIDATION_ERROR: Option '--lease-id' requires an argument. "
+        "(see 'baton lease renew --help')\n"
+    )
+    as_json = cli("lease", "renew", "--lease-id")
+    assert as_json.code == 2
+    assert as_json.json["action"] == "lease.renew"
+
+
 def test_negative_ttl_is_a_readable_validation_error(cli: Cli) -> None:
     """--ttl-seconds -5 exits 2 with a message giving the allowed range, no traceback."""
     run = cli("lease", "acquire", "deploy", "svc", "--ttl-seconds", "-5", fmt="table")
@@ -214,7 +228,7 @@ def test_events_tail_refuses_after_with_cursor(cli: Cli) -> None:
         assert run.code == 2
         assert run.json["error"] == {
             "code": "VALIDATION_ERROR",
-            "message": "give --after or cursor, not both",
+            "message": "give --after or --cursor, not both",
         }
     assert len(cli.ok("events", "tail")["events"]) == 2
 

@@ -230,7 +230,8 @@ def test_handoff_inbox_table_lists_pending_handoffs(cli: Cli) -> None:
 def test_handoff_inbox_all_lists_everyone_s_for_an_owner_only(cli: Cli) -> None:
     """``--all`` (or ``--party '*'``) lists every pending handoff of the org to an owner,
     ``--status`` filters it; an agent gets exit 6 (FORBIDDEN); ``--party`` with one's own
-    name lists what one sent or received; ``--status`` alone and ``--limit 0`` exit 2."""
+    name lists what one sent or received; ``--party '*' --all`` is ``--all``; ``--status``
+    alone, ``--limit 0`` and ``--all`` with ``--party`` naming a principal exit 2."""
     first = cli.ok("handoff", "create", "bob", "doc-1")["handoff"]["handoff_id"]
     second = cli.ok("handoff", "create", "dave", "doc-2", principal="carol")["handoff"]
     cli.ok("handoff", "resolve", second["handoff_id"], "rejected", principal="dave")
@@ -244,6 +245,8 @@ def test_handoff_inbox_all_lists_everyone_s_for_an_owner_only(cli: Cli) -> None:
         "handoff", "inbox", "--all", "--status", "rejected", principal="boss", role="owner"
     )
     assert [h["handoff_id"] for h in rejected["handoffs"]] == [second["handoff_id"]]
+    both = cli.ok("handoff", "inbox", "--party", "*", "--all", principal="boss", role="owner")
+    assert [h["handoff_id"] for h in both["handoffs"]] == [first]
     refused = cli("handoff", "inbox", "--all", principal="bob")
     assert refused.code == 6
     assert refused.json["error"]["code"] == "FORBIDDEN"

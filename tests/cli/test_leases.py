@@ -441,6 +441,29 @@ def test_report_expired_reports_a_lapsed_lease_once(ledger: str, cli: Cli, pg_cl
         assert run.json["error"]["code"] == "VALIDATION_ERROR"
 
 
+def _table_line(table: str, lease_id: str) -> str:
+    return next(line for line in table.splitlines() if lease_id in line)
+
+
+def test_tables_show_a_lease_past_its_expiry_as_expired(cli: Cli) -> None:
+    """``lease list --all`` and ``lease report-expired`` show a lease still 'active' on its
+    record but past its expiry as 'expired' in the table; the JSON keeps 'active'."""
+    crashed = acquire(cli, "crashed", key="run-1")
+    alive = acquire(cli, "alive", key="run-2")
+    _lapse(cli, crashed["lease_id"])
+    listed = cli.ok("lease", "list", "--all")["leases"]
+    assert {x["lease_id"]: x["status"] for x in listed} == {
+        crashed["lease_id"]: "active",
+        alive["lease_id"]: "active",
+    }
+    table = cli("lease", "list", "--all", fmt="table").stdout
+    assert " expired " in _table_line(table, crashed["lease_id"])
+    assert " active " in _table_line(table, alive["lease_id"])
+    reported = cli("lease", "report-expired", role="owner", fmt="table").stdout
+    assert " expired " in _table_line(reported, crashed["lease_id"])
+    assert alive["lease_id"] not in reported
+
+
 def test_show_prints_a_lease_by_id_to_its_holder_and_owners_only(cli: Cli) -> None:
     """``baton lease show LEASE_ID``: the holder and an owner see the generation (also after
     it ended); another agent and an unknown id get NOT_FOUND (exit 5)."""

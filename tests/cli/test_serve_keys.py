@@ -272,6 +272,7 @@ def test_keys_revoke_help_names_the_servers_key_cache(cli: Cli) -> None:
         ("keys", "revoke", "key_x"),
         ("db", "current"),
         ("db", "upgrade"),
+        ("audit",),
         ("serve", "--port", "9"),
         ("ui", "--port", "9"),
         ("reconcile", "--redis-url", "redis://127.0.0.1:9/0"),
@@ -283,7 +284,7 @@ def test_ledger_commands_refuse_the_rest_api_without_a_ledger_url(
     argv: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With BATON_API_URL set (the CLI talking to a server), the commands that act on a
-    ledger directly (keys, db, serve, ui, reconcile, mcp over HTTP) are VALIDATION_ERROR
+    ledger directly (keys, db, audit, serve, ui, reconcile, mcp over HTTP) are VALIDATION_ERROR
     (exit 2) unless a ledger URL is given, and create no ./.baton/ledger.db; with
     --ledger-url or BATON_LEDGER_URL they run on that ledger."""
     monkeypatch.chdir(tmp_path)
@@ -306,6 +307,28 @@ def test_ledger_commands_refuse_the_rest_api_without_a_ledger_url(
     )
     assert by_env.exit_code == 0, by_env.stdout
     assert [p.name for p in tmp_path.iterdir()] == ["given.db"]
+
+
+def test_audit_runs_on_baton_ledger_url_beside_the_rest_api(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``baton audit`` reads the ledger itself (there is no audit over the REST API): with
+    BATON_API_URL and BATON_API_KEY set, BATON_LEDGER_URL is the ledger it audits, as for
+    ``baton keys`` and ``baton db``."""
+    monkeypatch.chdir(tmp_path)
+    ledger = f"sqlite:///{tmp_path / 'given.db'}"
+    env = {
+        **CLEAN_ENV,
+        "BATON_API_URL": "http://127.0.0.1:9",
+        "BATON_API_KEY": "bk_x",
+        "BATON_LEDGER_URL": ledger,
+        "BATON_ORG": "acme",
+    }
+    runner = CliRunner()
+    assert runner.invoke(app, ["db", "upgrade"], env=env).exit_code == 0
+    run = runner.invoke(app, ["--format", "json", "audit"], env=env)
+    assert run.exit_code == 0, run.stdout
+    assert json.loads(run.stdout)["audit"]["org"] == "acme"
 
 
 def test_root_help_names_the_rest_api_variables() -> None:

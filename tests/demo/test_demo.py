@@ -144,6 +144,31 @@ def test_baton_demo_reports_bad_arguments_as_validation_errors(
     assert not (tmp_path / ".baton").exists()
 
 
+def test_baton_demo_refuses_org_principal_and_role_naming_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`baton demo --org x` (and --principal, --role) is VALIDATION_ERROR saying the demo
+    runs in an org of its own, not argparse's bare "unrecognized arguments"."""
+    monkeypatch.chdir(tmp_path)
+    for flag in ("--org", "--principal", "--role"):
+        result = CliRunner().invoke(app, ["demo", flag, "x"], env=_no_baton_env())
+        assert result.exit_code == EXIT_CODES["VALIDATION_ERROR"], result.output
+        assert result.stderr.startswith(f"baton demo: VALIDATION_ERROR: {flag}: ")
+        assert "new org of its own" in result.stderr
+    assert not (tmp_path / ".baton").exists()
+
+
+def test_every_demo_option_has_help_naming_its_engine() -> None:
+    """`baton demo --help` explains every option, and the options the Prefect engine does
+    not use say they are for --engine processes only."""
+    from prefect_baton.demo import _parser
+
+    actions = {a.option_strings[0]: a for a in _parser()._actions}
+    assert all(a.help for a in actions.values())
+    for flag in ("--crash", "--pause", "--ttl", "--lines-per-chunk", "--work-ms", "--timeout"):
+        assert "--engine processes only" in str(actions[flag].help), flag
+
+
 def test_baton_demo_takes_the_global_redis_url(tmp_path: Path) -> None:
     """`baton --redis-url URL demo` and `baton demo --redis-url URL` (alias --redis) reach the
     demo: an unreachable URL gives UNAVAILABLE before any worker starts."""
@@ -160,6 +185,29 @@ def test_baton_demo_takes_the_global_redis_url(tmp_path: Path) -> None:
         )
         assert proc.returncode == EXIT_CODES["UNAVAILABLE"], proc.stderr
         assert "baton demo: UNAVAILABLE: Redis unavailable" in proc.stderr
+
+
+def test_a_role_past_timeout_is_unavailable_with_the_cli_error_form(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A role that does not finish within --timeout is reported like every baton error:
+    `baton demo: UNAVAILABLE: ...` (or a JSON receipt) and exit status 11, naming the
+    timeout and the remedy."""
+    import prefect_baton.demo as demo
+
+    def late(_args: object) -> None:
+        raise TimeoutError("researchers did not finish in time")
+
+    monkeypatch.setattr(demo, "run_demo", late)
+    assert demo.main(["--timeout", "5"]) == EXIT_CODES["UNAVAILABLE"]
+    assert capsys.readouterr().err == (
+        "baton demo: UNAVAILABLE: researchers did not finish in time (after --timeout 5 s); "
+        "give a larger --timeout\n"
+    )
+    assert demo.main(["--timeout", "5", "--format", "json"]) == EXIT_CODES["UNAVAILABLE"]
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["code"] == "UNAVAILABLE"
+    assert "--timeout 5 s" in error["message"]
 
 
 def _no_baton_env() -> dict[str, str | None]:

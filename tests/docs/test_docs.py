@@ -151,12 +151,11 @@ def test_python_blocks_run(page: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, f"{page.name} blocks failed:\n{proc.stdout}\n{proc.stderr}"
 
 
-def test_fencing_first_sample_runs_twice(tmp_path: Path) -> None:
-    """fencing.md's first sample is self-contained: run twice in one directory, it gives
-    the same result (nothing it writes persists to trip the second run)."""
-    first = next(b for b in blocks_of(DOCS / "fencing.md") if b.lang in PYTHON)
-    script = tmp_path / "fencing_first.py"
-    script.write_text(first.code, encoding="utf-8")
+def _run_twice(code: str, tmp_path: Path) -> list[str]:
+    """Run ``code`` as a script twice in one fresh directory; each run's stdout (both must
+    exit 0)."""
+    script = tmp_path / "twice.py"
+    script.write_text(code, encoding="utf-8")
     work = tmp_path / "work"
     work.mkdir()
     outputs = []
@@ -171,6 +170,23 @@ def test_fencing_first_sample_runs_twice(tmp_path: Path) -> None:
         )
         assert proc.returncode == 0, proc.stderr
         outputs.append(proc.stdout)
+    return outputs
+
+
+def test_concepts_blocks_run_twice_in_one_directory(tmp_path: Path) -> None:
+    """concepts.md's blocks, one script, run again in the same directory: nothing the first
+    run keeps (an idempotency key's receipt) trips the second."""
+    code = "\n".join(
+        b.code for b in blocks_of(DOCS / "concepts.md") if b.lang in PYTHON and not b.not_run
+    )
+    _run_twice(code, tmp_path)
+
+
+def test_fencing_first_sample_runs_twice(tmp_path: Path) -> None:
+    """fencing.md's first sample is self-contained: run twice in one directory, it gives
+    the same result (nothing it writes persists to trip the second run)."""
+    first = next(b for b in blocks_of(DOCS / "fencing.md") if b.lang in PYTHON)
+    outputs = _run_twice(first.code, tmp_path)
     assert outputs[0] == outputs[1]
     assert "('checkout', '2.0')" in outputs[1]
 

@@ -216,3 +216,30 @@ def test_resume_expired_skips_finished_or_moved_on_work(
     assert "succeeded" in verdict(b, "file", "r.py", again.epoch)
     out = module.resume_expired("file", "r.py", again.epoch, again.lease_id)
     assert out["status"] == "skipped"
+
+
+def test_resume_expired_command_line_runs_once_serves_or_says_how(
+    baton_env: dict[str, str],
+    make_baton: MakeBaton,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``python flows/resume_expired.py`` takes the event's four fields (a usage message,
+    exit 2, without them), and ``--serve`` serves deployment ``resume-expired`` with
+    ``--deployment`` as its default parameter, like the other flows' ``--serve``."""
+    module = load_script("flows/resume_expired.py")
+    with pytest.raises(SystemExit) as bare:
+        module.main([])
+    assert bare.value.code == 2
+    assert "RESOURCE_TYPE RESOURCE_ID EPOCH LEASE_ID, or --serve" in capsys.readouterr().err
+    b = make_baton("worker")
+    gone = b.leases.acquire("file", "cli.py", ttl_seconds=30)
+    b.leases.release(gone)
+    once = module.main(["file", "cli.py", str(gone.epoch), gone.lease_id])
+    assert once == {"status": "resumable"}
+    served: list[dict[str, object]] = []
+    monkeypatch.setattr(module.resume_expired, "serve", lambda **kw: served.append(kw))
+    assert module.main(["--serve", "--deployment", "work/work"]) is None
+    assert served == [
+        {"name": "resume-expired", "interval": None, "parameters": {"deployment": "work/work"}}
+    ]

@@ -83,6 +83,7 @@ __all__ = [  # the decision core, plus the validation it re-exports for its call
     "decide_acquire",
     "in_flight",
     "incarnation_epochs",
+    "lapsed",
     "next_epoch",
     "replay_check",
     "request_digest",
@@ -130,7 +131,14 @@ class Generation:
     def lapsed(self, now_ms: int) -> bool:
         """Still active on its record but past its TTL on the authority's clock: what
         ``report_expired`` reports (nobody has acted on it since it expired)."""
-        return self.status == "active" and self.expires_at_ms <= now_ms
+        return lapsed(self.status, self.expires_at_ms, now_ms)
+
+
+def lapsed(status: str, expires_at_ms: int, now_ms: int) -> bool:
+    """A lease whose record says ``active`` (``status``) but whose expiry
+    (``expires_at_ms``, epoch milliseconds) is not after ``now_ms``: expired, though
+    nobody has ended the generation yet."""
+    return status == "active" and expires_at_ms <= now_ms
 
 
 @dataclass(frozen=True, slots=True)

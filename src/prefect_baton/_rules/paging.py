@@ -168,12 +168,15 @@ def fetch_page(
     return page_of(name, fetch(n + 1), n)
 
 
-def events_after(after: object, cursor: str | None, *, name: str) -> int:
+def events_after(
+    after: object, cursor: str | None, *, name: str, cursor_name: str = "cursor"
+) -> int:
     """The ``seq`` an event listing starts after: ``after`` when given (``int`` from 0 to
     2**63 - 1; ``None``: not given), else the one ``cursor`` (an ``events`` cursor, or
-    ``None``) names, else 0 (from the start). The one check of every surface; ``name`` is
-    the caller's name of ``after`` (``after_seq`` in Python, ``after`` over REST and MCP,
-    ``--after`` on the command line), for the messages.
+    ``None``) names, else 0 (from the start). The one check of every surface; ``name`` and
+    ``cursor_name`` are the caller's names of ``after`` and ``cursor`` (``after_seq`` in
+    Python, ``after`` over REST and MCP, ``--after`` and ``--cursor`` on the command line),
+    for the messages.
 
     Raises:
         ValidationError: ``after`` not such an integer (``bool`` included), both ``after``
@@ -183,7 +186,7 @@ def events_after(after: object, cursor: str | None, *, name: str) -> int:
         if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after <= 2**63 - 1:
             raise ValidationError(f"{name} must be an integer from 0 to 2**63 - 1")
         if cursor is not None:
-            raise ValidationError(f"give {name} or cursor, not both")
+            raise ValidationError(f"give {name} or {cursor_name}, not both")
         return after
     if cursor is None:
         return 0

@@ -163,18 +163,34 @@ class BatonGroup(TyperGroup):
                 raise
             return emit_error(format_from_argv(argv), "baton", as_baton_error(exc).to_dict())
 
-    @staticmethod
-    def _usage_error(exc: Any, argv: list[str]) -> int:
+    def _usage_error(self, exc: Any, argv: list[str]) -> int:
         ctx = getattr(exc, "ctx", None)
         obj = ctx.find_root().obj if ctx is not None else None
         fmt = obj.format if isinstance(obj, CliState) else format_from_argv(argv)
-        action = _action_of(ctx.command_path) if ctx is not None else "baton"
+        # Click's option parser raises some errors (an option missing its value) without
+        # a context: the command is then named from argv.
+        path = ctx.command_path if ctx is not None else self._command_path(argv)
+        action = _action_of(path)
         message = one_line(exc.format_message())
-        if fmt is OutputFormat.table and ctx is not None:
-            message += f" (see '{ctx.command_path} --help')"
+        if fmt is OutputFormat.table and path != "baton":
+            message += f" (see '{path} --help')"
         emit_error(fmt, action, {"code": "VALIDATION_ERROR", "message": message})
         code = getattr(exc, "exit_code", EXIT_USAGE)
         return code if isinstance(code, int) else EXIT_USAGE
+
+    def _command_path(self, argv: list[str]) -> str:
+        """``baton`` and the (sub)command names ``argv`` gives after the global options
+        (``"baton lease renew"``); ``"baton"`` when it names none."""
+        path = ["baton"]
+        i = 0
+        while i < len(argv) and argv[i].startswith("-"):
+            i += 2 if argv[i] in GLOBAL_VALUE_OPTIONS else 1
+        commands: Any = self.commands
+        while i < len(argv) and isinstance(commands, dict) and argv[i] in commands:
+            path.append(argv[i])
+            commands = getattr(commands[argv[i]], "commands", None)  # a group's, else None
+            i += 1
+        return " ".join(path)
 
 
 def _stdout_gone() -> int:
@@ -193,12 +209,14 @@ app = typer.Typer(
     help="Leases with fencing tokens, checkpoints, handoffs and outcomes on a shared ledger.\n\n"
     "Global options default to the BATON_* environment (BATON_ORG, BATON_PRINCIPAL, "
     "BATON_ROLE, BATON_LEDGER_URL, BATON_REDIS_URL, BATON_FORMAT) and may also follow the "
-    "command: baton lease inspect deploy svc --format json.\n\n"
+    "command: baton lease inspect deploy svc --format json. baton demo is the exception: "
+    "it runs in a new org of its own, so after demo only --format, --ledger-url and "
+    "--redis-url are taken (see baton demo --help).\n\n"
     "With BATON_API_URL and BATON_API_KEY (a bearer key from baton keys create) and no "
     "--ledger-url or --redis-url flag, commands run through that REST API (baton serve) as "
     "the key's principal, as Baton() does in Python, even when BATON_LEDGER_URL or "
-    "BATON_REDIS_URL is set too; baton keys, db, serve, ui, reconcile and mcp --transport "
-    "http act on a ledger and need --ledger-url or BATON_LEDGER_URL then.",
+    "BATON_REDIS_URL is set too; baton keys, db, audit, serve, ui, reconcile and mcp "
+    "--transport http act on a ledger and need --ledger-url or BATON_LEDGER_URL then.",
     epilog=exit_codes_help(),
     no_args_is_help=True,
     add_completion=False,

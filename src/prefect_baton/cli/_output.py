@@ -18,7 +18,7 @@ import enum
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -45,6 +45,7 @@ __all__ = [
     "EXIT_USAGE",
     "OutputFormat",
     "Page",
+    "RowView",
     "dump",
     "emit_error",
     "emit_ok",
@@ -56,6 +57,10 @@ __all__ = [
     "status_of",
     "visible",
 ]
+
+
+#: How a row of a list (its JSON data) reads in a table (``emit_ok``'s ``shown``).
+RowView = Callable[[Mapping[str, Any]], Mapping[str, Any]]
 
 
 class OutputFormat(enum.StrEnum):
@@ -166,6 +171,7 @@ def emit_ok(
     status: str | None = None,
     columns: Sequence[str] | None = None,
     extra: Mapping[str, Any] | None = None,
+    shown: RowView | None = None,
 ) -> None:
     """Print a successful result.
 
@@ -177,6 +183,8 @@ def emit_ok(
         status: ``ok``/``replayed``/``no_change``; default from the value.
         columns: for a list, the columns of the table.
         extra: more top-level receipt fields (JSON) or rows shown under the table.
+        shown: for a list, how each row (its JSON data) reads in the table; the JSON
+            receipt is the data as it is.
     """
     data = dump(value)
     if status is None:
@@ -188,7 +196,8 @@ def emit_ok(
         return
     title = action if status == "ok" else f"{action}: {status}"
     if isinstance(data, list):
-        _render_rows(title, data, columns or (list(data[0]) if data else []))
+        rows = [shown(row) for row in data] if shown is not None else data
+        _render_rows(title, rows, columns or (list(data[0]) if data else []))
     else:
         _render_object(title, data)
     for name, v in (extra or {}).items():
@@ -203,6 +212,7 @@ def emit_page(
     *,
     columns: Sequence[str] | None = None,
     extra: Mapping[str, Any] | None = None,
+    shown: RowView | None = None,
 ) -> None:
     """Print one page of a list: in JSON, the receipt of :func:`emit_ok` with a top-level
     ``next_cursor`` (``str`` or ``null``); as a table, the table on stdout and, when a next
@@ -220,13 +230,14 @@ def emit_page(
         columns: the columns of the table (default: the first row's fields).
         extra: further top-level fields of the JSON receipt (a mapping; e.g. the
             ``next_after`` of ``events.tail``), before ``next_cursor``; a table shows none.
+        shown: how each row reads in the table (see :func:`emit_ok`).
     """
     rows = list(page)
     if fmt is OutputFormat.json:
         fields = {**(extra or {}), "next_cursor": page.next_cursor}
         emit_ok(fmt, action, key, rows, columns=columns, extra=fields)
         return
-    emit_ok(fmt, action, key, rows, columns=columns)
+    emit_ok(fmt, action, key, rows, columns=columns, shown=shown)
     if page.next_cursor is not None:
         sys.stdout.flush()
         sys.stderr.write(

@@ -23,6 +23,7 @@ from prefect_baton.cli._output import (
     EXIT_USAGE,
     OutputFormat,
     Page,
+    RowView,
     emit_error,
     emit_ok,
     emit_page,
@@ -79,8 +80,8 @@ class CliState:
 
     def local_ledger_url(self) -> str:
         """The ledger of a command that acts on the ledger itself, never through the REST
-        API (``baton keys``, ``baton db``, ``baton serve``, ``baton ui``, ``baton reconcile``,
-        ``baton mcp --transport http``): :meth:`resolved_ledger_url`.
+        API (``baton keys``, ``baton db``, ``baton audit``, ``baton serve``, ``baton ui``,
+        ``baton reconcile``, ``baton mcp --transport http``): :meth:`resolved_ledger_url`.
 
         Raises:
             ValidationError: ``BATON_API_URL`` is set and no ledger URL was given
@@ -188,6 +189,7 @@ def command(
     *,
     columns: Sequence[str] | None = None,
     reads_only: bool = False,
+    shown: Callable[[], RowView] | None = None,
 ) -> Callable[[Callable[P, T]], Callable[P, None]]:
     """Decorator: register a command whose body returns its result, and print that result
     as the receipt of ``action`` (the shared tail of the commands that call the API once).
@@ -208,6 +210,8 @@ def command(
         columns: for a list result (or a page), the columns of the table.
         reads_only: the command only reads the ledger (``bool``, :func:`guard`): NOT_FOUND
             on a SQLite ledger file that does not exist.
+        shown: for a list result, makes (once the result is in) how each row reads in the
+            table (see :func:`~prefect_baton.cli._output.emit_ok`); JSON is unchanged.
 
     Returns:
         The decorator; it returns the registered command, which prints and returns ``None``.
@@ -224,10 +228,11 @@ def command(
             ctx = cast(typer.Context, kwargs["ctx"])
             with guard(ctx, action, reads_only=reads_only) as st:
                 result = body(*args, **kwargs)
+                view = shown() if shown is not None else None
                 if isinstance(result, Page):
-                    emit_page(st.format, action, key, result, columns=columns)
+                    emit_page(st.format, action, key, result, columns=columns, shown=view)
                 else:
-                    emit_ok(st.format, action, key, result, columns=columns)
+                    emit_ok(st.format, action, key, result, columns=columns, shown=view)
 
         app.command(action.partition(".")[2])(run)
         return run

@@ -67,11 +67,20 @@ def audit(ctx: typer.Context) -> None:
     No two effective generations of a resource overlap in time, epochs strictly rise, versions
     rise by one, at most one active generation, every acquire receipt points at an existing
     transition. Prints the violations and exits 1 if there are any. Audits the org of
-    --org (or BATON_ORG).
+    --org (or BATON_ORG). Reads the ledger directly, never through the REST API: with
+    BATON_API_URL set it needs --ledger-url or BATON_LEDGER_URL (else exits 2,
+    VALIDATION_ERROR); a SQLite ledger file that does not exist is 5 (NOT_FOUND).
     """
     with guard(ctx, "audit", reads_only=True) as st:
-        target = st.resolved_org()
-        report = audit_ledger(st.client().store, target)
+        from prefect_baton._rules.validation import validate_id
+        from prefect_baton._stores.ledger.store import LedgerStore
+
+        target = validate_id("org", st.resolved_org())
+        ledger = LedgerStore.from_settings(st.settings(), st.local_ledger_url())
+        try:
+            report = audit_ledger(ledger, target)
+        finally:
+            ledger.close()
         data: dict[str, Any] = dataclasses.asdict(report)
         if report.ok:
             emit_ok(st.format, "audit", "audit", data)

@@ -46,16 +46,20 @@ def _forwarded_globals(ctx: typer.Context, args: list[str]) -> list[str]:
 def demo(ctx: typer.Context) -> None:
     """Run the four-role scenario (researchers, writer, operator, reviewer) on real files.
 
-    Separate OS processes share one ledger, with real crashes and pauses; prints a summary.
+    Separate OS processes share one ledger, with real crashes and pauses (or, with
+    --engine prefect, Prefect flows and deployments); prints a summary.
 
-    Options, forwarded unchanged to the demo: --workers N (researcher processes),
-    --input DIR (repeatable), --crash N (researchers SIGKILLed mid-file), --pause N
-    (researchers SIGSTOPped past their TTL), --ttl SECONDS (file lease TTL, integer
-    seconds), --format table|json, --ledger-url URL, --redis-url URL (alias --redis);
-    `baton demo --help` lists them all. A global --ledger-url, --redis-url or --format given
-    before `demo` is passed on too. Bad options exit 2 with VALIDATION_ERROR; an unreachable
-    ledger or Redis exits 11 with UNAVAILABLE before any worker starts. Exits 1 if a file
-    is completed twice or left undone, or the verdict is not accepted.
+    Options, forwarded unchanged to the demo: --engine processes|prefect, --workers N
+    (researchers), --input DIR (repeatable), --crash N (researchers SIGKILLed mid-file),
+    --pause N (researchers SIGSTOPped past their TTL) and --ttl SECONDS (file lease TTL,
+    integer seconds), these three with --engine processes only, --format table|json,
+    --ledger-url URL, --redis-url URL (alias --redis); `baton demo --help` lists them all.
+    A global --ledger-url, --redis-url or --format given before `demo` is passed on too;
+    --org, --principal and --role do not apply (every run has a new org of its own) and
+    exit 2 after `demo`. Bad options exit 2 with VALIDATION_ERROR; an unreachable
+    ledger or Redis exits 11 with UNAVAILABLE before any worker starts, and so does a role
+    that does not finish within --timeout seconds. Exits 1 if a file is completed twice or
+    left undone, or the verdict is not accepted.
     """
     args = list(ctx.args)
     argv = _forwarded_globals(ctx, args) + args

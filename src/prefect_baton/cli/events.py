@@ -124,7 +124,7 @@ def tail(
         "subject": subject,
     }
     with guard(ctx, "events.tail", reads_only=True) as st:
-        start = events_after(after, cursor, name="--after")
+        start = events_after(after, cursor, name="--after", cursor_name="--cursor")
         if follow:
             st.client().events.list(after_seq=start, limit=limit, **filters)  # validate
             _follow(st, start, limit, filters, interval)

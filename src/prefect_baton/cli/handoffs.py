@@ -116,7 +116,9 @@ def inbox(
     all_: Annotated[
         bool,
         typer.Option(
-            "--all", help="Everyone's handoffs of the organization (same as --party '*')."
+            "--all",
+            help="Everyone's handoffs of the organization (same as --party '*', which may "
+            "be given with it; --party naming a principal may not).",
         ),
     ] = False,
     status: Annotated[
@@ -131,7 +133,8 @@ def inbox(
     """List pending handoffs addressed to you (with --party or --all: a principal's or
     everyone's, sent or received), oldest first (by creation time, then handoff id). Exit 6
     (FORBIDDEN) when an agent asks for another's or everyone's; exit 2 (VALIDATION_ERROR)
-    for a bad limit or cursor, --party with --all, or --status without either.
+    for a bad limit or cursor, --all with --party naming a principal (--all with --party
+    '*' asks for the same list and is accepted), or --status without either.
 
     One page of at most --limit rows. When more rows follow, the JSON receipt's
     'next_cursor' (null otherwise) is the --cursor of the next page; the table format names

@@ -10,13 +10,17 @@ retry of the same command with the same key replays the stored result (``replaye
 
 from __future__ import annotations
 
-from typing import Annotated
+import time
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Annotated, Any
 
 import typer
 
+from prefect_baton._rules.core import lapsed
 from prefect_baton._rules.validation import TTL_RANGE
 from prefect_baton.cli._options import Cursor, row_limit
-from prefect_baton.cli._output import Page, emit_ok
+from prefect_baton.cli._output import Page, RowView, emit_ok
 from prefect_baton.cli._state import command, guard, lease_proof, state
 from prefect_baton.models import Lease, LeaseInfo, Receipt
 
@@ -37,6 +41,35 @@ LEASE_COLUMNS = (
     "status",
     "expires_at",
 )
+
+
+def _expired_in_table(now_ms: int) -> RowView:
+    """A lease row as the table shows it: status ``expired`` for a lease still ``active``
+    on its record whose expiry is not after ``now_ms`` (epoch milliseconds; nobody has
+    ended the generation yet); the JSON receipt keeps ``active`` and ``expires_at``."""
+
+    def view(row: Mapping[str, Any]) -> Mapping[str, Any]:
+        expires = row.get("expires_at")
+        if not isinstance(expires, str):
+            return row
+        expires_ms = round(datetime.fromisoformat(expires).timestamp() * 1000)
+        if lapsed(str(row.get("status")), expires_ms, now_ms):
+            return {**row, "status": "expired"}
+        return row
+
+    return view
+
+
+def _expired_now() -> RowView:
+    """:func:`_expired_in_table` on this machine's clock (``lease list``)."""
+    return _expired_in_table(time.time_ns() // 1_000_000)
+
+
+def _all_expired() -> RowView:
+    """:func:`_expired_in_table` for rows the authority found past their expiry
+    (``lease report-expired``): every ``active`` one reads ``expired``."""
+    return _expired_in_table(2**63)
+
 
 ResourceType = Annotated[
     str,
@@ -273,7 +306,7 @@ def force_release(
     return state(ctx).client().leases.force_release(lease_id, idempotency_key=idempotency_key)
 
 
-@command(app, "lease.list", "leases", columns=LEASE_COLUMNS, reads_only=True)
+@command(app, "lease.list", "leases", columns=LEASE_COLUMNS, reads_only=True, shown=_expired_now)
 def list_(
     ctx: typer.Context,
     resource_type: Annotated[
@@ -295,6 +328,10 @@ def list_(
 ) -> Page[Lease]:
     """List your effective leases, newest first (by acquire time, then lease id).
 
+    With --all, a lease past its expiry that nobody has ended yet shows status 'expired'
+    in the table (by this machine's clock); the JSON receipt keeps the record's 'active'
+    and its 'expires_at'.
+
     One page of at most --limit rows. When more rows follow, the JSON receipt's
     'next_cursor' (null otherwise) is the --cursor of the next page; the table format names
     it on stderr.
@@ -312,7 +349,7 @@ def list_(
     )
 
 
-@command(app, "lease.report-expired", "leases", columns=LEASE_COLUMNS)
+@command(app, "lease.report-expired", "leases", columns=LEASE_COLUMNS, shown=_all_expired)
 def report_expired(
     ctx: typer.Context,
     limit: Annotated[int, row_limit(10_000)] = 1000,
@@ -325,6 +362,7 @@ def report_expired(
     each carries. Nothing needs this for correctness (expiry is judged when someone next
     acts): run it now and then for the events, e.g. from cron or the report-expired flow in
     flows/. Running it twice reports nothing new. Without --redis-url in an org whose leases
-    Redis decides, exits 6 (FORBIDDEN).
+    Redis decides, exits 6 (FORBIDDEN). The table shows their status as 'expired'; the
+    JSON receipt keeps the record's 'active' (the generation has not been ended).
     """
     return state(ctx).client().leases.report_expired(limit=limit)

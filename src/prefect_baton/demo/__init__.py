@@ -34,7 +34,7 @@ from prefect_baton.audit import audit_ledger
 from prefect_baton.cli._output import OutputFormat, emit_error, format_from_argv
 from prefect_baton.demo import analysis
 from prefect_baton.demo.timelines import write_demo_timelines
-from prefect_baton.errors import error_for_code
+from prefect_baton.errors import UnavailableError, error_for_code
 
 __all__ = ["DemoResult", "main", "run_demo"]
 
@@ -97,39 +97,112 @@ class _Parser(argparse.ArgumentParser):
         raise ValidationError(message)
 
 
+#: Options that only ``--engine processes`` uses (the Prefect flows run without faults,
+#: with their own chunking and a 600 s limit per role).
+_PROCESSES_ONLY = "--engine processes only"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="baton demo",
         description=(
-            "Run the four-role scenario (researchers, writer, operator, reviewer) as separate "
-            "processes on real files, with real crashes and pauses."
+            "Run the four-role scenario (researchers, writer, operator, reviewer) on real "
+            "files: as separate OS processes with real crashes and pauses (--engine "
+            "processes, the default), or as Prefect flows and deployments (--engine prefect). "
+            "Every run uses a new org of its own (demo-...), so the global --org, "
+            "--principal and --role do not apply; --format, --ledger-url and --redis-url "
+            "may come before or after `demo`."
         ),
     )
-    p.add_argument("--workers", type=int, default=4, help="researcher processes (default 4)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=4,
+        metavar="N",
+        help="researcher processes (--engine prefect: concurrent researcher tasks); "
+        "integer >= 1, default 4",
+    )
     p.add_argument(
         "--input",
         action="append",
         type=Path,
-        help="directory of .py files to analyse (repeatable; default: json, email, http)",
+        metavar="DIR",
+        help="directory of .py files to analyse (repeatable; default: the json, email and "
+        "http packages of this Python)",
     )
-    p.add_argument("--crash", type=int, default=0, help="researchers that SIGKILL themselves")
-    p.add_argument("--pause", type=int, default=0, help="researchers SIGSTOPped past their TTL")
+    p.add_argument(
+        "--crash",
+        type=int,
+        default=0,
+        metavar="N",
+        help=f"researchers that SIGKILL themselves mid-file (integer >= 0, default 0; "
+        f"{_PROCESSES_ONLY})",
+    )
+    p.add_argument(
+        "--pause",
+        type=int,
+        default=0,
+        metavar="N",
+        help=f"researchers SIGSTOPped past their lease's TTL (integer >= 0, default 0; "
+        f"{_PROCESSES_ONLY}); --crash + --pause must leave one healthy researcher",
+    )
     p.add_argument(
         "--ttl",
         type=int,
         default=TTL_MIN_SECONDS,
-        help=f"file lease TTL in seconds ({TTL_RANGE}; default: {TTL_MIN_SECONDS})",
+        metavar="SECONDS",
+        help=f"file lease TTL in seconds ({TTL_RANGE}; default: {TTL_MIN_SECONDS}; "
+        f"{_PROCESSES_ONLY})",
     )
-    p.add_argument("--format", choices=("table", "json"), default="table")
-    p.add_argument("--ledger-url", help="ledger URL (default: a fresh SQLite file in the run dir)")
-    p.add_argument("--lines-per-chunk", type=int, default=60, help="lines per checkpoint")
-    p.add_argument("--work-ms", type=int, default=20, help="simulated work per chunk (ms)")
-    p.add_argument("--timeout", type=int, default=600, help="give up after this many seconds")
-    p.add_argument("--run-dir", type=Path, help="where the ledger, logs and report go")
+    p.add_argument(
+        "--format",
+        choices=("table", "json"),
+        default="table",
+        help="output: table (a summary table, default) or json (one JSON document); "
+        "errors as `baton demo: CODE: message` on stderr or a JSON receipt",
+    )
+    p.add_argument(
+        "--ledger-url",
+        metavar="URL",
+        help="ledger URL, sqlite:///path or postgresql://... (default: a new SQLite file "
+        "in the run directory)",
+    )
+    p.add_argument(
+        "--lines-per-chunk",
+        type=int,
+        default=60,
+        metavar="N",
+        help=f"source lines per checkpoint (integer >= 1, default 60; {_PROCESSES_ONLY})",
+    )
+    p.add_argument(
+        "--work-ms",
+        type=int,
+        default=20,
+        metavar="MS",
+        help=f"simulated work per chunk in milliseconds (integer >= 0, default 20; "
+        f"{_PROCESSES_ONLY})",
+    )
+    p.add_argument(
+        "--timeout",
+        type=int,
+        default=600,
+        metavar="SECONDS",
+        help=f"give up (UNAVAILABLE, exit 11) when a role has not finished after this "
+        f"many seconds (integer >= 1, default 600; {_PROCESSES_ONLY}: the Prefect flows "
+        f"wait 600 s per role)",
+    )
+    p.add_argument(
+        "--run-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the ledger, logs, report and timeline go (default: a new "
+        "./.baton/demo/<time>-<id>)",
+    )
     p.add_argument(
         "--redis-url",
         "--redis",
         dest="redis_url",
+        metavar="URL",
         help="Redis URL: hold the leases on the Redis fast path (default: the ledger holds "
         "them); --redis is an alias",
     )
@@ -451,6 +524,10 @@ def _print_table(r: DemoResult) -> None:
         print(f"audit: {v}", file=sys.stderr)
 
 
+#: Global ``baton`` options that the demo does not take (it makes its org and principals).
+_NOT_FOR_DEMO = frozenset({"--org", "--principal", "--role"})
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
     """Parse and check ``baton demo`` arguments.
 
@@ -458,6 +535,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         ValidationError: an unknown option, a bad value, or options that do not fit
             together (all problems in one message, ``; ``-separated).
     """
+    given = [a.split("=", 1)[0] for a in argv if a.split("=", 1)[0] in _NOT_FOR_DEMO]
+    if given:
+        raise ValidationError(
+            f"{', '.join(dict.fromkeys(given))}: baton demo runs in a new org of its own "
+            "(demo-...) with its own principals, so --org, --principal and --role do not apply"
+        )
     args = _parser().parse_args(argv)
     problems = []
     if args.workers < 1:
@@ -489,10 +572,10 @@ def main(argv: list[str] | None = None) -> int:
         argv: the demo's arguments (``list[str]``; default ``sys.argv[1:]``).
 
     Returns:
-        The exit status: 0 all good, 1 a check failed or a role did not finish within
-        ``--timeout`` seconds, else the exit status of the error's code (``2``
-        ``VALIDATION_ERROR`` for bad arguments, ``11`` ``UNAVAILABLE`` when the ledger or
-        Redis cannot be reached, ...). Errors are printed like every ``baton`` command's:
+        The exit status: 0 all good, 1 a check failed, else the exit status of the
+        error's code (``2`` ``VALIDATION_ERROR`` for bad arguments, ``11`` ``UNAVAILABLE``
+        when the ledger or Redis cannot be reached or a role did not finish within
+        ``--timeout`` seconds, ...). Errors are printed like every ``baton`` command's:
         ``baton demo: CODE: message`` on stderr, or a JSON receipt with ``--format json``.
         ``--help`` exits (``SystemExit(0)``) after printing the usage.
     """
@@ -504,8 +587,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run_demo(args)
     except TimeoutError as exc:
-        print(f"baton demo: {exc} (after --timeout {args.timeout} s)", file=sys.stderr)
-        return 1
+        late = UnavailableError(
+            f"{exc} (after --timeout {args.timeout} s); give a larger --timeout"
+        )
+        return emit_error(OutputFormat(args.format), "demo", late.to_dict())
     except BatonError as exc:
         return emit_error(OutputFormat(args.format), "demo", exc.to_dict())
     if args.format == "json":

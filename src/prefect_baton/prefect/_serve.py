@@ -7,13 +7,69 @@ same script. The served flow runs execute in subprocesses, as with ``prefect.ser
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["prefect_api", "serving", "wait_for_run"]
+__all__ = ["flow_main", "prefect_api", "serving", "wait_for_run"]
+
+
+def flow_main(
+    flow: Any,
+    *,
+    name: str,
+    doc: str | None,
+    interval_seconds: float | None = None,
+    argv: Sequence[str] | None = None,
+    arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+    parameters: Callable[[argparse.Namespace, argparse.ArgumentParser], dict[str, Any]]
+    | None = None,
+) -> Any:
+    """The command line of a script in ``flows/``: run ``flow`` once and print its result,
+    or serve it as deployment ``name`` with ``--serve``.
+
+    Args:
+        flow: the Prefect flow (``@flow`` function).
+        name: the deployment name ``--serve`` registers (``"<flow name>/<name>"`` to run).
+        doc: the script's docstring (its first line is the usage's description).
+        interval_seconds: the served deployment's schedule (seconds, ``float``); ``None``
+            serves it without one (runs start from an Automation or ``prefect deployment
+            run``).
+        argv: the arguments (default ``sys.argv[1:]``).
+        arguments: adds the script's own options to the parser.
+        parameters: the flow's parameters from the parsed options (with ``--serve``:
+            the served deployment's default parameters); may call ``parser.error``.
+
+    Returns:
+        The flow's result when run once; ``None`` after serving (which blocks until
+        interrupted).
+
+    Raises:
+        SystemExit: 2 with a usage message for bad arguments, 0 after ``--help``.
+    """
+    schedule = f" every {interval_seconds:g} s" if interval_seconds else " (no schedule)"
+    parser = argparse.ArgumentParser(
+        description=(doc or "").strip().split("\n")[0] or None,
+    )
+    parser.add_argument(
+        "--serve",
+        action="store_true",
+        help=f"serve the flow as deployment {name!r}{schedule} until interrupted, instead "
+        "of running it once",
+    )
+    if arguments is not None:
+        arguments(parser)
+    ns = parser.parse_args(argv)
+    params = parameters(ns, parser) if parameters is not None else {}
+    if ns.serve:
+        flow.serve(name=name, interval=interval_seconds, parameters=params or None)
+        return None
+    result = flow(**params)
+    print(result)
+    return result
 
 
 @contextmanager

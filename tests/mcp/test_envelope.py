@@ -1,4 +1,4 @@
-"""The one envelope rule of both MCP transports (:func:`prefect_baton.mcp._server.read_message`):
+"""The one envelope rule of both MCP transports (:func:`prefect_baton.mcp._envelope.read_message`):
 each client document is parsed once, and what is not a JSON-RPC message of MCP gets its
 JSON-RPC error with a short message."""
 
@@ -10,7 +10,7 @@ from typing import Any
 import mcp.types as types
 import pytest
 
-from prefect_baton.mcp import _server
+from prefect_baton.mcp import _envelope, _stdio
 
 
 def test_a_line_is_parsed_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -23,9 +23,9 @@ def test_a_line_is_parsed_once(monkeypatch: pytest.MonkeyPatch) -> None:
         calls.append(text)
         return loads(text, **kw)
 
-    monkeypatch.setattr(_server.json, "loads", counting)
+    monkeypatch.setattr(_envelope.json, "loads", counting)
     line = b'{"jsonrpc": "2.0", "id": 7, "method": "tools/list"}\n'
-    message = _server._read_stdin_line(line)
+    message = _stdio._read_stdin_line(line)
     assert isinstance(message, types.JSONRPCRequest)
     assert (message.id, message.method) == (7, "tools/list")
     assert len(calls) == 1
@@ -34,7 +34,7 @@ def test_a_line_is_parsed_once(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_key_twice_names_the_id_when_it_is_given_once() -> None:
     """A repeated key at any depth is ``-32600`` with the request's id (given once)."""
     text = '{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"a": 1, "a": 2}}'
-    answer = _server.read_message(text)
+    answer = _envelope.read_message(text)
     assert isinstance(answer, types.JSONRPCError)
     assert (answer.id, answer.error.code) == (3, types.INVALID_REQUEST)
     assert "the key 'a' appears twice in one object" in answer.error.message
@@ -42,7 +42,7 @@ def test_a_key_twice_names_the_id_when_it_is_given_once() -> None:
 
 def test_a_key_twice_inside_an_array_is_an_invalid_request_with_id_null() -> None:
     """A repeated key inside a top-level array: ``-32600``, ``id`` null (no id to read)."""
-    answer = _server.read_message('[{"a": 1, "a": 2}]')
+    answer = _envelope.read_message('[{"a": 1, "a": 2}]')
     assert isinstance(answer, types.JSONRPCError)
     assert (answer.id, answer.error.code) == (None, types.INVALID_REQUEST)
     assert "the key 'a' appears twice in one object" in answer.error.message
@@ -53,7 +53,7 @@ def test_params_that_are_not_an_object_are_invalid_params_in_one_line(params: An
     """``params`` that are not an object: ``-32602`` with the request's id and a short
     message naming the field, without pydantic's layout or URL."""
     doc = {"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": params}
-    answer = _server.read_message(json.dumps(doc))
+    answer = _envelope.read_message(json.dumps(doc))
     assert isinstance(answer, types.JSONRPCError)
     assert (answer.id, answer.error.code) == (4, types.INVALID_PARAMS)
     assert answer.error.message == "Invalid params: params: Input should be a valid dictionary"
@@ -63,7 +63,7 @@ def test_params_that_are_not_an_object_are_invalid_params_in_one_line(params: An
 def test_a_request_id_that_is_not_a_string_or_integer_is_an_invalid_request(rid: Any) -> None:
     """``-32600`` with id null: MCP ids are strings or integers."""
     doc = {"jsonrpc": "2.0", "id": rid, "method": "tools/list"}
-    answer = _server.read_message(json.dumps(doc))
+    answer = _envelope.read_message(json.dumps(doc))
     assert isinstance(answer, types.JSONRPCError)
     assert (answer.id, answer.error.code) == (None, types.INVALID_REQUEST)
     assert answer.error.message == "Invalid Request: id must be a string or an integer"

@@ -25,14 +25,9 @@ This package is named like the ``mcp`` package it builds on, as
 
 from __future__ import annotations
 
-from prefect_baton.mcp._server import (
-    Identity,
-    build_server,
-    http_app,
-    serve_http,
-    serve_stdio,
-    tool_error,
-)
+from prefect_baton.mcp._http import http_app, serve_http
+from prefect_baton.mcp._server import Identity, build_server, tool_error
+from prefect_baton.mcp._stdio import serve_stdio
 from prefect_baton.mcp._tools import SEED_ALIASES, TOOLS, Grant, SeedAlias, ToolSpec
 
 __all__ = [

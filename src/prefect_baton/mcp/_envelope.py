@@ -1,0 +1,156 @@
+"""The JSON-RPC envelope rule of both MCP transports: one parse of each message (duplicate
+keys refused as the REST API refuses them), an id that is a string or an integer, and short
+readable errors (``-32700`` not JSON, ``-32600`` not a request, ``-32602`` bad params) instead
+of the ``mcp`` package's silence or pydantic dumps.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import mcp.types as types
+import pydantic
+
+from prefect_baton.errors import (
+    from_pydantic,
+)
+from prefect_baton.rest._http import (
+    DuplicateKey,
+    unique_keys,
+)
+
+__all__ = ["read_message", "refusal", "screen_message"]
+
+
+def refusal(code: int, label: str, detail: str, rid: types.RequestId | None) -> types.JSONRPCError:
+    """The JSON-RPC error ``code`` (``int``) answering request ``rid`` (``None``: its id
+    could not be told), with the message ``"<label>: <detail>"``."""
+    return types.JSONRPCError(
+        jsonrpc="2.0", id=rid, error=types.ErrorData(code=code, message=f"{label}: {detail}")
+    )
+
+
+class _Pairs(list[tuple[str, Any]]):
+    """The key/value pairs of one JSON object that names a key twice, as read."""
+
+
+def _is_id(value: Any) -> bool:
+    """Whether ``value`` is an MCP request id: a string or an integer (not a boolean)."""
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _envelope_problem(exc: pydantic.ValidationError) -> tuple[int, str, str]:
+    """The JSON-RPC code, label and one-line detail of a message that is JSON but not a
+    JSON-RPC message of MCP: ``-32602`` (invalid params) when only its ``params`` are
+    wrong, else ``-32600`` (invalid request); the detail names each field and what it
+    must be (:func:`~prefect_baton.errors.from_pydantic`, no pydantic URL)."""
+    errors = exc.errors()
+    detail = str(from_pydantic(exc, root="message"))
+    if errors and all(tuple(e.get("loc", ()))[:1] == ("params",) for e in errors):
+        return types.INVALID_PARAMS, "Invalid params", detail
+    return types.INVALID_REQUEST, "Invalid Request", detail
+
+
+def screen_message(
+    doc: Any, duplicate: DuplicateKey | None = None
+) -> types.JSONRPCMessage | types.JSONRPCError:
+    """One JSON document ``doc`` a client sent (a stdin line or an HTTP body, read once by
+    :func:`read_message`) as the JSON-RPC message the ``mcp`` package serves, or the
+    JSON-RPC error that answers it instead. The one envelope rule of both transports:
+
+    - an object naming a key twice, at any depth (``duplicate``: the first one, by the
+      REST API's rule :func:`~prefect_baton.rest._http.unique_keys`): ``-32600`` with the
+      rule's words, and the request's ``id`` when its top-level ``id`` is given once as a
+      string or integer, else ``id`` null;
+    - a request (``method`` given) whose ``id`` is not a string or an integer (``null``,
+      an object, ``1.5``, ``true``): ``-32600``, ``id`` null. MCP ids are strings or
+      integers, and the package would take such a message for a notification and answer
+      nothing (HTTP ``202``), leaving its client waiting;
+    - a request whose ``params`` are not an object, or a ``tools/call`` whose ``name`` is
+      not a string or whose ``arguments`` are not an object: ``-32602`` (invalid params)
+      with its ``id``; any other shape that is not a JSON-RPC message: ``-32600``, ``id``
+      null. The message names the field and what it must be, in one line
+      (``Invalid params: params.arguments: Input should be a valid dictionary``).
+    """
+    if duplicate is not None:
+        if isinstance(doc, _Pairs):
+            ids = [v for k, v in doc if k == "id"]
+        else:
+            ids = [doc.get("id")] if isinstance(doc, dict) else []
+        rid = ids[0] if len(ids) == 1 and _is_id(ids[0]) else None
+        detail = f"invalid JSON ({duplicate})"
+        return refusal(types.INVALID_REQUEST, "Invalid Request", detail, rid)
+    if not isinstance(doc, dict):
+        detail = f"a JSON-RPC message is a JSON object, not {_json_kind(doc)}"
+        return refusal(types.INVALID_REQUEST, "Invalid Request", detail, None)
+    if "method" in doc and "id" in doc and not _is_id(doc["id"]):
+        detail = "id must be a string or an integer"
+        return refusal(types.INVALID_REQUEST, "Invalid Request", detail, None)
+    try:
+        if "method" not in doc:
+            return types.jsonrpc_message_adapter.validate_python(doc, by_name=False)
+        kind = types.JSONRPCRequest if "id" in doc else types.JSONRPCNotification
+        message = kind.model_validate(doc, by_name=False)
+    except pydantic.ValidationError as exc:
+        code, label, detail = _envelope_problem(exc)
+        rid = doc.get("id") if code == types.INVALID_PARAMS else None
+        return refusal(code, label, detail, rid)
+    params_type = _PARAMS.get(message.method)
+    if isinstance(message, types.JSONRPCRequest) and params_type is not None:
+        try:
+            params_type.model_validate(message.params or {}, by_name=False)
+        except pydantic.ValidationError as exc:
+            detail = str(from_pydantic(exc, name=lambda loc: ".".join(map(str, ("params", *loc)))))
+            return refusal(types.INVALID_PARAMS, "Invalid params", detail, message.id)
+    return message
+
+
+#: The ``params`` model of each method whose params :func:`screen_message` checks, so a
+#: malformed ``tools/call`` (``arguments`` not an object, ``name`` not a string or
+#: missing) gets a message naming the field instead of the package's bare ``Invalid
+#: request parameters``.
+_PARAMS: dict[str, type[pydantic.BaseModel]] = {"tools/call": types.CallToolRequestParams}
+
+
+def _json_kind(doc: Any) -> str:
+    """What JSON value ``doc`` is (``an array``, ``a string``, ...)."""
+    if isinstance(doc, list):
+        return "an array"
+    if isinstance(doc, str):
+        return "a string"
+    if isinstance(doc, bool):
+        return "a boolean"
+    if doc is None:
+        return "null"
+    return "a number"
+
+
+def read_message(text: str) -> types.JSONRPCMessage | types.JSONRPCError | None:
+    """The message of one client document ``text`` (``str``: a stdin line or an HTTP
+    body), parsed once and screened by :func:`screen_message`; ``None`` for blank text
+    (no message, no answer). Text that is not JSON is answered ``-32700`` (parse error,
+    ``id`` null, the position of the fault), JSON nested too deeply for Python
+    ``-32600``."""
+    if not text.strip():
+        return None
+    found: list[DuplicateKey] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> Any:
+        try:
+            return unique_keys(items)
+        except DuplicateKey as exc:
+            found.append(exc)
+            return _Pairs(items)
+
+    try:
+        doc = json.loads(text, object_pairs_hook=pairs)
+    except json.JSONDecodeError as exc:
+        at = len(text[: exc.pos].encode("utf-8", "surrogatepass"))
+        detail = f"invalid JSON at byte {at} ({exc.msg})"
+        return refusal(types.PARSE_ERROR, "Parse error", detail, None)
+    except RecursionError:
+        return refusal(types.INVALID_REQUEST, "Invalid Request", "nested too deeply", None)
+    except ValueError as exc:  # an integer over the digits int() reads
+        return refusal(types.PARSE_ERROR, "Parse error", f"invalid JSON ({exc})", None)
+    return screen_message(doc, found[0] if found else None)

@@ -1,0 +1,273 @@
+"""MCP over streamable HTTP (stateless): the REST API's bearer keys, host check and body
+limit, and the envelope rule of :mod:`._envelope` before the ``mcp`` package reads a message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.from_thread
+import anyio.lowlevel
+import anyio.to_thread
+import mcp.types as types
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.context import ServerRequestContext
+from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from prefect_baton._client.sync import Baton
+from prefect_baton._rules.validation import request_body_limit
+from prefect_baton._settings import BatonSettings
+from prefect_baton._stores.factory import open_stores
+from prefect_baton._stores.ledger.engine import Engines
+from prefect_baton._stores.ledger.store import LedgerStore
+from prefect_baton._stores.protocol import LeaseAuthority
+from prefect_baton.errors import (
+    ForbiddenError,
+    UnavailableError,
+)
+from prefect_baton.mcp._envelope import read_message
+from prefect_baton.mcp._server import Identity, build_server
+from prefect_baton.mcp._tools import (
+    Grant,
+)
+from prefect_baton.rest._http import (
+    BatonMiddleware,
+    baton_error_response,
+    check_host,
+    is_json,
+    new_request_id,
+    replaying,
+)
+
+__all__ = ["http_app", "serve_http"]
+
+
+class _KeyVerifier:
+    """The ``mcp`` package's token-verifier hook over the REST API's bearer keys: a key
+    that is unknown or revoked is refused (HTTP 401) before any tool runs."""
+
+    def __init__(self, engines: Callable[[], Engines]) -> None:
+        self._engines = engines
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        from prefect_baton.rest.keys import authenticate
+
+        key = await anyio.to_thread.run_sync(authenticate, self._engines(), token)
+        if key is None:
+            return None
+        # The secret itself is not kept: ``token`` holds the key's public id.
+        return AccessToken(
+            token=key.key_id,
+            client_id=key.key_id,
+            scopes=list(key.scopes),
+            subject=key.principal,
+            claims={"org": key.org, "principal": key.principal, "role": key.role},
+        )
+
+
+class _ScreenedMessages:
+    """ASGI middleware in front of the ``mcp`` package's endpoint (:func:`_screen_endpoint`):
+    a JSON body of a request with a valid key that
+    :func:`screen_message` refuses (a request id that is not a string or an integer,
+    ``params`` that are not an object, an object that is not a JSON-RPC message) is
+    answered ``400`` with its JSON-RPC error, as over stdio, before the package sees it (it
+    would take a request with a bad id for a notification and answer ``202`` with nothing,
+    and put pydantic's whole report in the message of the others). Runs after
+    :class:`~prefect_baton.rest._http.BatonMiddleware`, which has already refused a body
+    over the limit, one that is not JSON and one naming a key twice."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        screened = scope["type"] == "http" and scope.get("method") == "POST" and is_json(scope)
+        # A request without a valid key is left to the package's bearer check (401).
+        if not screened or not isinstance(scope.get("user"), AuthenticatedUser):
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            more = bool(message.get("more_body", False))
+        body = b"".join(chunks)
+        answer = _screened_body(body)
+        if answer is not None:
+            text = answer.model_dump_json(by_alias=True, exclude_unset=True)
+            await Response(text, status_code=400, media_type="application/json")(
+                scope, receive, send
+            )
+            return
+        await self.app(scope, replaying(body, receive), send)
+
+
+def _screen_endpoint(app: Starlette, path: str = "/mcp") -> None:
+    """Put :class:`_ScreenedMessages` in front of the endpoint at ``path`` of ``app``:
+    after the ``mcp`` package's authentication middleware, which tells it whether the
+    request carries a valid key (one without is left to the package's ``401``)."""
+    for route in app.routes:
+        if isinstance(route, Route) and route.path == path:
+            route.app = _ScreenedMessages(route.app)
+            return
+    raise RuntimeError(f"the mcp package's app has no route {path}")
+
+
+def _screened_body(body: bytes) -> types.JSONRPCError | None:
+    """The JSON-RPC error answering an HTTP ``body`` (``bytes``, JSON in the encoding
+    :func:`json.detect_encoding` finds) by :func:`read_message`, else ``None`` (no body,
+    or a message to serve)."""
+    try:
+        text = body.decode(json.detect_encoding(body), "surrogatepass")
+    except UnicodeDecodeError:  # refused already by BatonMiddleware
+        return None
+    answer = read_message(text)
+    return answer if isinstance(answer, types.JSONRPCError) else None
+
+
+class _UnavailableAs503:
+    """ASGI middleware: a ledger that cannot be reached while a key is checked gives
+    ``503 {"error": {"code": "UNAVAILABLE", ...}}`` instead of a bare 500."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except UnavailableError as exc:
+            if started or scope["type"] != "http":
+                raise
+            rid = scope.get("state", {}).get("request_id") or new_request_id()
+            await baton_error_response(exc, rid)(scope, receive, send)
+
+
+def _key_identity(
+    store: LedgerStore, authority: LeaseAuthority, settings: BatonSettings
+) -> Identity:
+    def identity(ctx: ServerRequestContext[Any, Any]) -> tuple[Baton, Grant | None]:
+        scope = getattr(ctx.request, "scope", None)
+        user = scope.get("user") if isinstance(scope, dict) else None
+        if not isinstance(user, AuthenticatedUser):
+            raise ForbiddenError("this request carries no authenticated key")
+        token = user.access_token
+        claims = token.claims or {}
+        baton = Baton(
+            org=str(claims["org"]),
+            principal=str(claims["principal"]),
+            role=str(claims["role"]),
+            settings=settings,
+            store=store,
+            lease_authority=authority,
+        )
+        return baton, Grant(scopes=frozenset(token.scopes), key_id=token.token)
+
+    return identity
+
+
+def _issuer(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def http_app(
+    ledger_url: str | None = None,
+    redis_url: str | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8788,
+) -> Starlette:
+    """The streamable HTTP app (endpoint ``/mcp``), authenticated by bearer keys.
+
+    Each request's ``Authorization: Bearer bk_...`` key (see
+    :func:`prefect_baton.rest.keys.create_key`) decides the org, principal and role of the
+    tool calls it carries; a tool needs the key's scope of its area (``leases:write`` for
+    ``baton_lease_acquire``, ``handoffs:read`` for ``baton_handoff_inbox``, ...), else it is a
+    ``FORBIDDEN`` tool error. A missing, unknown or revoked key is answered ``401`` before
+    any tool runs; a ledger that cannot be reached then, ``503``. Keys are accepted only in
+    the ``Authorization`` header: a key in the URL is ``401``, two ``Authorization`` headers
+    are ``400``, and a body over the REST API's limit (the larger of 2 MiB and 3 times the
+    checkpoint state cap + 64 KiB, :func:`~prefect_baton._rules.validation.request_body_limit`
+    of the store's ``state_max_bytes``) is ``413`` (as the REST API, through its
+    :class:`~prefect_baton.rest._http.BatonMiddleware`). Keys are never logged. No MCP
+    session is kept (the ``mcp`` package's stateless mode): each request stands alone, so
+    clients leave no state behind.
+
+    Args:
+        ledger_url: SQLAlchemy URL of the ledger (``str``; default ``BATON_LEDGER_URL``),
+            holding the keys.
+        redis_url: Redis URL of the lease authority (``str``; default none: the ledger).
+        host, port: where it will be served (``str``, ``int``); a loopback host turns on
+            the ``mcp`` package's DNS-rebinding protection (``Host``/``Origin`` checks).
+
+    Returns:
+        A Starlette app; its lifespan runs the MCP session manager and closes the ledger
+        (and the Redis authority) on shutdown.
+
+    Raises:
+        ValidationError: a malformed ledger or Redis URL, or a ``host`` that is neither a
+            host name nor an IP address. UnavailableError: the ledger cannot be reached.
+    """
+    check_host(host)
+    auth = AuthSettings(issuer_url=_issuer(host, port), resource_server_url=None)
+    stores = open_stores(ledger_url, redis_url)
+    settings, store, authority = stores.settings, stores.ledger, stores.authority
+    close = stores.close
+
+    server = build_server(_key_identity(store, authority, settings), on_close=close)
+    limit = request_body_limit(store.state_max_bytes)
+    app = server.streamable_http_app(
+        host=host,
+        auth=auth,
+        token_verifier=_KeyVerifier(lambda: store.engines),
+        # Every call acts as its own request's key, so no session state is kept: no
+        # session id, nothing to expire or cap, no memory held between requests.
+        stateless_http=True,
+        max_request_body_size=limit,  # the mcp package's own cap (4 MiB) would cut ours
+    )
+    _screen_endpoint(app)
+    app.add_middleware(_UnavailableAs503)
+    # Outermost: request ids, one Authorization header, no key in the URL, the body cap.
+    app.add_middleware(BatonMiddleware, engines=lambda: store.engines, max_body_bytes=limit)
+    return app
+
+
+def serve_http(
+    host: str = "127.0.0.1",
+    port: int = 8788,
+    ledger_url: str | None = None,
+    redis_url: str | None = None,
+) -> None:
+    """Serve :func:`http_app` until interrupted (SIGINT/SIGTERM), with the REST API's
+    uvicorn set-up (:func:`prefect_baton.rest.__main__.run_app`: bearer keys redacted from
+    the log).
+
+    Args:
+        host: interface to bind (``str``, default loopback). port: TCP port (``int``).
+        ledger_url, redis_url: as :func:`http_app`.
+
+    Raises:
+        ValidationError: a malformed URL. UnavailableError: the ledger cannot be reached.
+        SystemExit: uvicorn could not bind ``host:port`` (code 1, reason in the log).
+    """
+    from prefect_baton.rest.__main__ import run_app
+
+    run_app(http_app(ledger_url, redis_url, host=host, port=port), host, port)

@@ -67,3 +67,33 @@ def test_a_request_id_that_is_not_a_string_or_integer_is_an_invalid_request(rid:
     assert isinstance(answer, types.JSONRPCError)
     assert (answer.id, answer.error.code) == (None, types.INVALID_REQUEST)
     assert answer.error.message == "Invalid Request: id must be a string or an integer"
+
+
+@pytest.mark.parametrize("request_id", [{"x": 1}, [1], True, 1.0, None])
+def test_a_cancel_naming_no_request_id_changes_nothing(request_id: Any) -> None:
+    """``notifications/cancelled`` whose ``requestId`` is not a string or an integer (an
+    object or a list, which crashed the stdio server; ``true``, which cancelled request
+    ``1``) leaves the requests read waiting for their answers."""
+    waiting = _stdio._Unanswered()
+    waiting.read(types.JSONRPCRequest(jsonrpc="2.0", id=1, method="tools/list"))
+    cancel = types.JSONRPCNotification(
+        jsonrpc="2.0", method="notifications/cancelled", params={"requestId": request_id}
+    )
+    waiting.read(cancel)
+    assert dict(waiting._ids) == {1: 1}
+    waiting.read(
+        types.JSONRPCNotification(
+            jsonrpc="2.0", method="notifications/cancelled", params={"requestId": 1}
+        )
+    )
+    assert not waiting._ids
+
+
+def test_an_object_without_method_result_or_error_says_so() -> None:
+    """``{"jsonrpc": "2.0", "id": 13}`` is ``-32600`` saying what a message needs, not the
+    validation errors of four internal message types."""
+    answer = _envelope.read_message('{"jsonrpc": "2.0", "id": 13}')
+    assert isinstance(answer, types.JSONRPCError)
+    assert answer.error.code == types.INVALID_REQUEST
+    assert "needs a method" in answer.error.message
+    assert "JSONRPCRequest" not in answer.error.message

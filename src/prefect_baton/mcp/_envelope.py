@@ -20,7 +20,7 @@ from prefect_baton.rest._http import (
     unique_keys,
 )
 
-__all__ = ["read_message", "refusal", "screen_message"]
+__all__ = ["is_request_id", "read_message", "refusal", "screen_message"]
 
 
 def refusal(code: int, label: str, detail: str, rid: types.RequestId | None) -> types.JSONRPCError:
@@ -35,7 +35,7 @@ class _Pairs(list[tuple[str, Any]]):
     """The key/value pairs of one JSON object that names a key twice, as read."""
 
 
-def _is_id(value: Any) -> bool:
+def is_request_id(value: Any) -> bool:
     """Whether ``value`` is an MCP request id: a string or an integer (not a boolean)."""
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
@@ -71,21 +71,27 @@ def screen_message(
       not a string or whose ``arguments`` are not an object: ``-32602`` (invalid params)
       with its ``id``; any other shape that is not a JSON-RPC message: ``-32600``, ``id``
       null. The message names the field and what it must be, in one line
-      (``Invalid params: params.arguments: Input should be a valid dictionary``).
+      (``Invalid params: params.arguments: Input should be a valid dictionary``); an
+      object with none of ``method``, ``result`` and ``error`` says so.
     """
     if duplicate is not None:
         if isinstance(doc, _Pairs):
             ids = [v for k, v in doc if k == "id"]
         else:
             ids = [doc.get("id")] if isinstance(doc, dict) else []
-        rid = ids[0] if len(ids) == 1 and _is_id(ids[0]) else None
+        rid = ids[0] if len(ids) == 1 and is_request_id(ids[0]) else None
         detail = f"invalid JSON ({duplicate})"
         return refusal(types.INVALID_REQUEST, "Invalid Request", detail, rid)
     if not isinstance(doc, dict):
         detail = f"a JSON-RPC message is a JSON object, not {_json_kind(doc)}"
         return refusal(types.INVALID_REQUEST, "Invalid Request", detail, None)
-    if "method" in doc and "id" in doc and not _is_id(doc["id"]):
+    if "method" in doc and "id" in doc and not is_request_id(doc["id"]):
         detail = "id must be a string or an integer"
+        return refusal(types.INVALID_REQUEST, "Invalid Request", detail, None)
+    if not {"method", "result", "error"} & doc.keys():
+        detail = (
+            "a JSON-RPC message needs a method (a request or notification), a result or an error"
+        )
         return refusal(types.INVALID_REQUEST, "Invalid Request", detail, None)
     try:
         if "method" not in doc:

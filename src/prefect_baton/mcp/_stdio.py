@@ -23,7 +23,7 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
 
 from prefect_baton._client.sync import Baton
-from prefect_baton.mcp._envelope import read_message, refusal
+from prefect_baton.mcp._envelope import is_request_id, read_message, refusal
 from prefect_baton.mcp._server import build_server
 
 __all__ = ["EOF_GRACE_S", "serve_stdio"]
@@ -102,6 +102,8 @@ class _Unanswered:
         self._changed = anyio.Event()
 
     def _drop(self, rid: Any) -> None:
+        if not is_request_id(rid):  # a cancel naming no request: an object, a list, true
+            return
         if self._ids.get(rid):
             self._ids[rid] -= 1
             if not self._ids[rid]:

@@ -213,3 +213,33 @@ def test_a_changed_role_is_written_again(journal: fakeredis.FakeRedis, store: Le
     a.as_principal("boss", role="admin").leases.force_release(lease.lease_id)
     rec.drain(a.org)
     assert {"name": "boss", "role": "admin"} in _rows(store, a.org)["principals"]
+
+
+def test_a_drain_into_a_read_only_sqlite_ledger_says_the_file_is_not_writable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reconciler reports a ledger write refused for lack of permission as the ledger
+    store does (the one rule, ``ledger_failure``): ``UNAVAILABLE`` naming the file and
+    saying it is not writable, not the bare driver text."""
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    from prefect_baton.errors import UnavailableError
+
+    path = tmp_path / "ledger.db"
+    store = LedgerStore(f"sqlite:///{path}")
+    rec = Reconciler(fakeredis.FakeRedis(server=fakeredis.FakeServer()), store)
+    refused = sqlite3.OperationalError("attempt to write a readonly database")
+    refused.sqlite_errorcode = 8  # SQLITE_READONLY
+
+    def read_only(*_args: Any, **_kwargs: Any) -> Any:
+        raise OperationalError("INSERT ...", {}, refused)
+
+    monkeypatch.setattr(rec, "_apply", read_only)
+    try:
+        with pytest.raises(UnavailableError, match="not writable") as caught:
+            rec.drain_once("org-ro")
+        assert str(path) in caught.value.message
+    finally:
+        store.close()

@@ -158,7 +158,7 @@ _SQLITE_READONLY = 8
 _SQLITE_READONLY_DBMOVED = 1032
 
 
-def ledger_failure(engines: Engines, exc: OperationalError) -> UnavailableError:
+def ledger_failure(engines: Engines, exc: Exception) -> UnavailableError:
     """The error of a ledger statement the database failed with ``exc``: ``UNAVAILABLE``
     (the ledger cannot be used; the REST API and the MCP server tell their callers no more
     than that, the detail goes to the server log).
@@ -168,9 +168,10 @@ def ledger_failure(engines: Engines, exc: OperationalError) -> UnavailableError:
     files beside it, or one of those files is), the message names the file and says it is
     not writable: a retry meets the same permissions until they are changed. A read of a
     read-only file in a writable directory works. Any other failure reads ``ledger database
-    unavailable: ...``.
+    unavailable: ...``. ``exc`` is SQLAlchemy's ``OperationalError`` (the driver's error as
+    its ``orig``) or the driver's own error.
     """
-    orig = exc.orig
+    orig = getattr(exc, "orig", None) or exc
     code = getattr(orig, "sqlite_errorcode", None)
     if (
         engines.is_sqlite

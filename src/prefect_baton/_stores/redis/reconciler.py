@@ -69,7 +69,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
-from prefect_baton._stores.ledger.engine import write_turn_timed_out
+from prefect_baton._stores.ledger.engine import ledger_failure, write_turn_timed_out
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.redis.cluster import RedisClient, node_time_ms
 from prefect_baton._stores.redis.codec import journal_payload
@@ -207,9 +207,7 @@ class Reconciler(LedgerWriter):
         except RedisError as exc:
             raise _unavailable(exc) from exc
         except (OperationalError, psycopg.OperationalError) as exc:
-            raise UnavailableError(
-                f"ledger database unavailable: {getattr(exc, 'orig', None) or exc}"
-            ) from exc
+            raise ledger_failure(self.store.engines, exc) from exc
         except PoolTimeoutError as exc:
             raise write_turn_timed_out() from exc
         if last is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from fastapi.testclient import TestClient
 
 from .conftest import MakeKey, data, error
@@ -101,3 +102,17 @@ def test_timeline_needs_a_key_with_every_read_scope_it_draws_from(
         400,
         "VALIDATION_ERROR",
     )
+
+
+@pytest.mark.parametrize("query", [{}, {"resource_type": "deploy"}, {"resource_id": ""}])
+def test_timeline_checks_the_scopes_before_the_query(
+    client: TestClient, make_key: MakeKey, query: dict[str, str]
+) -> None:
+    """A key without the picture's scopes is refused (403) whatever its query, as every
+    other route refuses before it reads its input; a missing id is 400 only for a key
+    that may see the picture."""
+    lacking = make_key(scopes=["leases:read"])
+    error(client.get(TIMELINE, params=query, headers=lacking), 403, "FORBIDDEN")
+    if "resource_id" not in query:
+        ok = make_key(scopes=READS)
+        error(client.get(TIMELINE, params=query, headers=ok), 400, "VALIDATION_ERROR")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import cache
 from importlib.resources import files
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from starlette.responses import RedirectResponse, Response
 
 from prefect_baton._rules.access import check_scope
@@ -77,16 +77,25 @@ def add_routes(app: FastAPI) -> None:
     :data:`TIMELINE_SCOPES`); none of them is in the OpenAPI document, whose ``/v1``
     operations all answer JSON envelopes."""
 
-    # The ids are query parameters, as for inspect: an id may contain "/".
-    @app.get("/v1/resources/timeline.svg", include_in_schema=False)
-    def timeline(request: Request, resource_type: str, resource_id: str, b: B) -> Response:
-        """The resource's lease timeline as SVG (``image/svg+xml``), as the key's principal
-        may see it (:func:`~prefect_baton.timeline.build_timeline`): another org's resource
-        is an empty picture. Errors are JSON envelopes: ``400`` for a bad id, ``403`` for a
-        key without :data:`TIMELINE_SCOPES`."""
+    def timeline_scopes(request: Request) -> None:
+        """A route dependency, so it is checked before the query parameters are: a key
+        without :data:`TIMELINE_SCOPES` is refused whatever its query."""
         granted: tuple[str, ...] = request.state.scopes
         for need in TIMELINE_SCOPES:
             check_scope(granted, need)
+
+    # The ids are query parameters, as for inspect: an id may contain "/".
+    @app.get(
+        "/v1/resources/timeline.svg",
+        include_in_schema=False,
+        dependencies=[Depends(timeline_scopes)],
+    )
+    def timeline(resource_type: str, resource_id: str, b: B) -> Response:
+        """The resource's lease timeline as SVG (``image/svg+xml``), as the key's principal
+        may see it (:func:`~prefect_baton.timeline.build_timeline`): another org's resource
+        is an empty picture. Errors are JSON envelopes: ``403`` for a key without
+        :data:`TIMELINE_SCOPES` (before anything of the query is looked at), then ``400``
+        for a missing or bad id."""
         svg = render_svg(build_timeline(b, resource_type, resource_id))
         return Response(svg, media_type="image/svg+xml", headers=_SVG_HEADERS)
 

@@ -360,3 +360,36 @@ def test_connections_of_finished_threads_are_closed(
         gc.enable()
     # this thread's and the last finished thread's (closed when the next one starts)
     assert len(connected) <= 2
+
+
+def test_a_connection_the_server_dropped_is_replaced_before_the_next_command(
+    redis_server: RedisServer, make_authority: Callable[..., RedisAuthority]
+) -> None:
+    """CLIENT KILL (or a server timeout) closes this thread's connection between two calls:
+    the next call is sent on a new connection and succeeds, it does not fail UNAVAILABLE
+    with an unknown outcome. An open TCP connection is reused without the readiness poll
+    (a blocking system call that hands the GIL to the process's other threads)."""
+    auth = make_authority(ack="ledger")
+    b = _baton(auth)
+    lease = b.leases.acquire("db", "orders", ttl_seconds=30)
+    pool = auth._pool
+    assert pool is not None
+    conn = pool.get()
+
+    def no_poll() -> bool:
+        raise AssertionError("an open connection was polled before its command")
+
+    conn.can_read = no_poll
+    lease = b.leases.renew(lease, ttl_seconds=30)
+    del conn.can_read
+
+    conn.send_command("CLIENT", "ID")
+    own_id = conn.read_response()
+    admin = redis.Redis.from_url(redis_server.url)
+    try:
+        assert admin.client_kill_filter(_id=own_id) == 1
+    finally:
+        admin.close()
+    renewed = b.leases.renew(lease, ttl_seconds=30)
+    assert renewed.version == lease.version + 1
+    assert b.leases.release(renewed).status == "released"

@@ -13,6 +13,7 @@ library, or ``EVALSHA``), and
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -167,6 +168,34 @@ def as_text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+#: ``tcp_info.tcpi_state`` of a TCP connection on which neither side has closed (Linux).
+_TCP_ESTABLISHED = 1
+_TCP_INFO = getattr(socket, "TCP_INFO", None)
+
+
+def _established(conn: Any) -> bool:
+    """Whether ``conn`` is a plain TCP connection that is open and that the server has not
+    closed, told by the kernel's TCP state (``getsockopt(TCP_INFO)``, Linux), without
+    releasing the GIL: the readiness poll that tells it otherwise (redis-py's
+    ``can_read``) is a blocking system call, and in a process whose other threads are busy
+    (Prefect's engine, its events worker) each one costs about 0.2 ms waiting to take the
+    GIL back. A server that exits, restarts or drops the client closes the socket, which
+    moves it out of ``ESTABLISHED``. Unread data cannot wait on such a connection: every
+    command sent on it has its reply read, and any failure disconnects it (:func:`evalsha`).
+    ``False`` (check with the poll) for TLS and Unix-socket connections, off Linux, and
+    when redis-py keeps its socket elsewhere."""
+    if _TCP_INFO is None or type(conn) is not Connection:
+        return False
+    sock = getattr(conn, "_sock", None)
+    if not isinstance(sock, socket.socket):
+        return False
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 8)
+    except OSError:
+        return False
+    return info[0] == _TCP_ESTABLISHED
+
+
 class DirectConnections:
     """One connection per thread for the direct call path, made like the pool's own and kept
     by the thread (redis-py's pool spends about 7 µs per command taking a connection and
@@ -211,6 +240,8 @@ class DirectConnections:
                         owned.disconnect()
                 alive.append((weakref.ref(threading.current_thread()), conn))
                 self._owners = alive
+        if _established(conn):
+            return conn
         try:
             conn.connect()
             if conn.can_read():

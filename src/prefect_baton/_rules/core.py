@@ -186,13 +186,8 @@ class RenewRequest:
 @dataclass(frozen=True, slots=True)
 class ReleaseRequest:
     """A release by proof (validated by the client; decided by
-    :func:`~prefect_baton._rules.transitions.decide_release`).
-
-    Attributes:
-        proof: names the lease, held by the caller under its execution key.
-        expected_version: compare-and-swap on the lease version (``VersionConflictError``
-            when it differs), or ``None``.
-    """
+    :func:`~prefect_baton._rules.transitions.decide_release`): ``proof`` and
+    ``expected_version`` as in :class:`RenewRequest`."""
 
     proof: Proof
     expected_version: int | None = None

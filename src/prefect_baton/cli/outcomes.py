@@ -30,6 +30,15 @@ OUTCOME_COLUMNS = (
 )
 
 
+def _link(record: str) -> typer.models.OptionInfo:
+    """The ``--<record>-id`` option that links an outcome to a lease, handoff or checkpoint
+    (``record``, ``str``) by its id."""
+    option: typer.models.OptionInfo = typer.Option(
+        f"--{record}-id", help=f"Link to this {record} id (text)."
+    )
+    return option
+
+
 class OutcomeStatus(enum.StrEnum):
     succeeded = "succeeded"
     failed = "failed"
@@ -55,15 +64,9 @@ def record(
         ),
     ] = None,
     fence: Fence = None,
-    lease_id: Annotated[
-        str | None, typer.Option("--lease-id", help="Link to this lease id (text).")
-    ] = None,
-    handoff_id: Annotated[
-        str | None, typer.Option("--handoff-id", help="Link to this handoff id (text).")
-    ] = None,
-    checkpoint_id: Annotated[
-        str | None, typer.Option("--checkpoint-id", help="Link to this checkpoint id (text).")
-    ] = None,
+    lease_id: Annotated[str | None, _link("lease")] = None,
+    handoff_id: Annotated[str | None, _link("handoff")] = None,
+    checkpoint_id: Annotated[str | None, _link("checkpoint")] = None,
     idempotency_key: IdempotencyKey = None,
 ) -> Outcome:
     """Record STATUS for SUBJECT_ID with its evidence."""

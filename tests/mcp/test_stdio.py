@@ -538,9 +538,7 @@ def test_nan_is_a_parse_error(ledger_url: str) -> None:
     """A line with ``NaN``, ``Infinity`` or ``-Infinity`` (not JSON, though Python reads
     them) is answered ``-32700`` with id null and reaches no tool; nothing is written."""
     lines = [
-        _call_line(i, "baton_lease_acquire", {**LEASE, "ttl_seconds": 600}).replace(
-            b"600", literal
-        )
+        _call_line(i, "baton_lease_acquire", {**LEASE, "ttl_seconds": 600}).replace(b"600", literal)
         for i, literal in enumerate([b"NaN", b"Infinity", b"-Infinity"], start=2)
     ]
     replies = _piped(ledger_url, *lines)

@@ -464,6 +464,30 @@ def test_tables_show_a_lease_past_its_expiry_as_expired(cli: Cli) -> None:
     assert alive["lease_id"] not in reported
 
 
+def _field(table: str, name: str) -> str:
+    """The value of field ``name`` in the one-object table of a show command."""
+    line = next(line for line in table.splitlines() if line.startswith(f"│ {name} "))
+    return line.split("│")[2].strip()
+
+
+def test_show_and_inspect_do_not_call_a_lease_past_its_expiry_active(cli: Cli) -> None:
+    """``lease show`` of a lease still 'active' on its record but past its expiry shows
+    status 'expired' in the table, as ``lease list`` does (the JSON keeps 'active');
+    ``lease inspect`` says it is not held and shows no lease."""
+    crashed = acquire(cli, "crashed", key="run-1")
+    alive = acquire(cli, "alive", key="run-2")
+    _lapse(cli, crashed["lease_id"])
+    assert cli.ok("lease", "show", crashed["lease_id"])["lease"]["status"] == "active"
+    shown = cli("lease", "show", crashed["lease_id"], fmt="table")
+    assert shown.code == 0, shown.text
+    assert _field(shown.stdout, "status") == "expired"
+    alive_table = cli("lease", "show", alive["lease_id"], fmt="table").stdout
+    assert _field(alive_table, "status") == "active"
+    inspected = cli("lease", "inspect", "deploy", "crashed", fmt="table").stdout
+    assert (_field(inspected, "held"), _field(inspected, "lease")) == ("no", "-")
+    assert " active " not in inspected
+
+
 def test_show_prints_a_lease_by_id_to_its_holder_and_owners_only(cli: Cli) -> None:
     """``baton lease show LEASE_ID``: the holder and an owner see the generation (also after
     it ended); another agent and an unknown id get NOT_FOUND (exit 5)."""

@@ -158,6 +158,24 @@ def test_baton_demo_refuses_org_principal_and_role_naming_why(
     assert not (tmp_path / ".baton").exists()
 
 
+def test_baton_demo_refuses_a_global_org_principal_or_role_before_demo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`baton --org x demo` (and --principal, --role before `demo`) exits 2 with the same
+    VALIDATION_ERROR as after `demo`, instead of running in the demo's own org as if the
+    option had been read; BATON_ORG in the environment is not refused."""
+    monkeypatch.chdir(tmp_path)
+    for flag, value in (("--org", "x"), ("--principal", "x"), ("--role", "owner")):
+        result = CliRunner().invoke(app, [flag, value, "demo"], env=_no_baton_env())
+        assert result.exit_code == EXIT_CODES["VALIDATION_ERROR"], result.output
+        assert result.stderr.startswith(f"baton demo: VALIDATION_ERROR: {flag}: ")
+        assert "new org of its own" in result.stderr
+    assert not (tmp_path / ".baton").exists()
+    env = {**_no_baton_env(), "BATON_ORG": "x"}
+    result = CliRunner().invoke(app, ["demo", "--workers", "0"], env=env)
+    assert "--workers must be at least 1" in result.stderr, result.output
+
+
 def test_every_demo_option_has_help_naming_its_engine() -> None:
     """`baton demo --help` explains every option, and the options the Prefect engine does
     not use say they are for --engine processes only."""

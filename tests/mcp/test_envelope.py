@@ -97,3 +97,58 @@ def test_an_object_without_method_result_or_error_says_so() -> None:
     assert answer.error.code == types.INVALID_REQUEST
     assert "needs a method" in answer.error.message
     assert "JSONRPCRequest" not in answer.error.message
+
+
+BAD_NOTIFICATIONS: list[str] = [
+    '{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": 5}',
+    '{"jsonrpc": "2.0", "method": "notifications/initialized", "params": [1]}',
+    '{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"a": 1, "a": 2}}',
+]
+
+
+@pytest.mark.parametrize("text", BAD_NOTIFICATIONS)
+def test_a_refused_notification_is_dropped_not_answered(
+    text: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A notification (a method, no id) with bad params or a key twice gets no JSON-RPC
+    error (JSON-RPC 2.0 answers no notification; an error with id null would reach a
+    client that waits for nothing): it is dropped and logged with its method."""
+    with caplog.at_level("WARNING", logger="prefect_baton.mcp"):
+        answer = _envelope.read_message(text)
+    assert isinstance(answer, _envelope.Dropped)
+    assert answer.method == json.loads(text)["method"]
+    assert answer.method in caplog.text
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"jsonrpc": "2.0", "method": 5}', '{"jsonrpc": "1.0", "method": "x"}', '{"method": "x"}'],
+)
+def test_an_object_that_is_not_a_notification_still_gets_its_error(text: str) -> None:
+    """An object with no id whose method is not a string, or whose ``jsonrpc`` is not
+    ``"2.0"``, is not a valid notification: ``-32600`` with id null, as JSON-RPC 2.0 shows."""
+    answer = _envelope.read_message(text)
+    assert isinstance(answer, types.JSONRPCError)
+    assert (answer.id, answer.error.code) == (None, types.INVALID_REQUEST)
+
+
+@pytest.mark.parametrize(
+    ("text", "literal"),
+    [
+        ('{"jsonrpc": "2.0", "id": 1, "method": "x", "params": {"v": NaN}}', "NaN"),
+        ('{"jsonrpc": "2.0", "id": 1, "method": "x", "params": {"v": Infinity}}', "Infinity"),
+        ('{"jsonrpc": "2.0", "id": 1, "method": "x", "params": {"v": -Infinity}}', "-Infinity"),
+        ('{"jsonrpc": "2.0", "method": "NaN", "params": {"é NaN": [NaN]}}', "NaN"),
+    ],
+)
+def test_nan_and_infinity_are_not_json(text: str, literal: str) -> None:
+    """``NaN``, ``Infinity`` and ``-Infinity`` are not JSON (RFC 8259), though Python's
+    ``json`` reads them: ``-32700`` with id null naming the literal and its byte offset
+    (not the same word inside a string)."""
+    answer = _envelope.read_message(text)
+    assert isinstance(answer, types.JSONRPCError)
+    assert (answer.id, answer.error.code) == (None, types.PARSE_ERROR)
+    at = text.encode().rindex(literal.encode())
+    assert answer.error.message == (
+        f"Parse error: invalid JSON at byte {at} ({literal} is not a JSON value)"
+    )

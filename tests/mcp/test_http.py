@@ -508,3 +508,35 @@ def test_envelope_errors_over_http_are_short_and_readable(http_server: HttpServe
         assert reply["id"] == 9, reply
         assert reply["error"] == {"code": -32602, "message": message}
     assert row_counts(http_server.ledger_url) == before
+
+
+def test_a_refused_notification_is_accepted_with_no_body_over_http(
+    http_server: HttpServer,
+) -> None:
+    """A POST carrying a notification whose params are not an object is ``202`` with no
+    body, as the streamable HTTP transport answers every notification: JSON-RPC answers
+    no notification, so no error with id null. (A body naming a key twice is refused
+    ``400`` before, by the REST API's JSON rule.)"""
+    from .test_envelope import BAD_NOTIFICATIONS
+
+    headers = {
+        **MCP_HEADERS,
+        "Authorization": f"Bearer {http_server.key('alice')}",
+        "Content-Type": "application/json",
+    }
+    for text in BAD_NOTIFICATIONS[:2]:
+        resp = httpx.post(http_server.url, content=text, headers=headers, timeout=30)
+        assert (resp.status_code, resp.content) == (202, b""), resp.text
+
+
+def test_nan_is_a_parse_error_over_http(http_server: HttpServer) -> None:
+    """A body with ``NaN`` (not JSON, though Python reads it) is refused with ``400``."""
+    headers = {
+        **MCP_HEADERS,
+        "Authorization": f"Bearer {http_server.key('alice')}",
+        "Content-Type": "application/json",
+    }
+    text = '{"jsonrpc": "2.0", "id": 3, "method": "tools/list", "params": {"x": NaN}}'
+    resp = httpx.post(http_server.url, content=text, headers=headers, timeout=30)
+    assert resp.status_code == 400, resp.text
+    assert "NaN" in resp.text

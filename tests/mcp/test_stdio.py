@@ -520,3 +520,28 @@ def test_a_request_whose_id_is_not_a_string_or_integer_is_an_invalid_request(
         for r in replies[None]
     )
     assert len(replies["s"]["result"]["tools"]) == len(TOOL_NAMES)
+
+
+def test_a_refused_notification_gets_no_reply(ledger_url: str) -> None:
+    """A notification (a method, no id) with params that are not an object, or a key
+    given twice, is never answered (JSON-RPC 2.0): no error line with id null on stdout;
+    the next request is served."""
+    from .test_envelope import BAD_NOTIFICATIONS
+
+    good = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}).encode()
+    replies = _piped(ledger_url, *(n.encode() for n in BAD_NOTIFICATIONS), good)
+    assert replies[None] == []
+    assert len(replies[2]["result"]["tools"]) == len(TOOL_NAMES)
+
+
+def test_nan_is_a_parse_error(ledger_url: str) -> None:
+    """A line with ``NaN``, ``Infinity`` or ``-Infinity`` (not JSON, though Python reads
+    them) is answered ``-32700`` with id null and reaches no tool; nothing is written."""
+    lines = [
+        _call_line(i, "baton_lease_acquire", {**LEASE, "ttl_seconds": 600}).replace(b"600", literal)
+        for i, literal in enumerate([b"NaN", b"Infinity", b"-Infinity"], start=2)
+    ]
+    replies = _piped(ledger_url, *lines)
+    assert [r["error"]["code"] for r in replies[None]] == [-32700] * 3
+    assert set(replies) == {None, 1}
+    assert row_counts(ledger_url)["baton_leases"] == 0

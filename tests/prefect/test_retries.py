@@ -193,6 +193,43 @@ def test_retry_in_another_process_after_a_lapsed_lease_never_holds_a_second_one(
             assert generations == [(1, "taken_over"), (2, "transferred"), (3, "active")]
 
 
+def test_a_retry_after_a_lapsed_lease_warns_with_advice_a_prefect_user_can_follow(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A retry whose previous lease expired in between warns that it acquires anew, and
+    says what keeps the lease across retries (a TTL longer than the retry delay), not the
+    store's "use a new execution key": inside Prefect that key is the run id, which the
+    user does not choose."""
+    from prefect_baton.testing import ManualClock, memory_baton
+
+    clock = ManualClock()
+    runs: list[int] = []
+    with memory_baton(org="test", principal="admin", role="owner", clock=clock) as admin:
+
+        @flow(name="baton-test-lapsed-warning", retries=1, retry_delay_seconds=0)
+        def run(report: str) -> None:
+            write(report)
+
+        @leased("report", "{report}", ttl_seconds=10, baton=admin.as_principal)
+        def write(report: str) -> None:
+            runs.append(_run_count())
+            if len(runs) == 1:
+                clock.advance(11)  # the first attempt's lease lapses before its retry
+                raise RuntimeError("transient failure")
+
+        with caplog.at_level(logging.WARNING):
+            state: Any = run("q9", return_state=True)
+    assert state.is_completed(), state
+    assert runs == [1, 2]
+    [warning] = [r.getMessage() for r in caplog.records if "previous attempt" in r.getMessage()]
+    assert warning == (
+        "report/q9: the lease of the previous attempt is no longer held (expired); acquiring "
+        "anew as a new attempt of this run (it expired before this retry: choose ttl_seconds "
+        "(now 10) longer than the retry delay to keep the lease across retries)"
+    )
+    assert "execution key" not in warning
+
+
 # ------------------------------------------------- the failed attempt is no outcome of a retry
 
 

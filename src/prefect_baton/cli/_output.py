@@ -183,8 +183,8 @@ def emit_ok(
         status: ``ok``/``replayed``/``no_change``; default from the value.
         columns: for a list, the columns of the table.
         extra: more top-level receipt fields (JSON) or rows shown under the table.
-        shown: for a list, how each row (its JSON data) reads in the table; the JSON
-            receipt is the data as it is.
+        shown: how each row of a list (its JSON data), or the one object, reads in the
+            table; the JSON receipt is the data as it is.
     """
     data = dump(value)
     if status is None:
@@ -199,7 +199,7 @@ def emit_ok(
         rows = [shown(row) for row in data] if shown is not None else data
         _render_rows(title, rows, columns or (list(data[0]) if data else []))
     else:
-        _render_object(title, data)
+        _render_object(title, shown(data) if shown is not None else data)
     for name, v in (extra or {}).items():
         _console().print(Text(visible(f"{name}: {v}")))
 

@@ -210,8 +210,9 @@ def command(
         columns: for a list result (or a page), the columns of the table.
         reads_only: the command only reads the ledger (``bool``, :func:`guard`): NOT_FOUND
             on a SQLite ledger file that does not exist.
-        shown: for a list result, makes (once the result is in) how each row reads in the
-            table (see :func:`~prefect_baton.cli._output.emit_ok`); JSON is unchanged.
+        shown: makes (once the result is in) how each row of a list result, or the one
+            object, reads in the table (see :func:`~prefect_baton.cli._output.emit_ok`);
+            JSON is unchanged.
 
     Returns:
         The decorator; it returns the registered command, which prints and returns ``None``.

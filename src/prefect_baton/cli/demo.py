@@ -19,12 +19,17 @@ DEMO_CONTEXT = {
     "help_option_names": [],  # `baton demo --help` is answered by the demo itself
 }
 
-# Global options given explicitly before `demo` that the demo also understands:
-# (parameter, the demo's option, its aliases).
+# Global options given explicitly before `demo` that are passed on to the demo:
+# (parameter, the demo's option, its aliases). The demo takes the first three; it
+# refuses --org, --principal and --role (exit 2) wherever they are given, as it runs in
+# a new org of its own, so `baton --org x demo` is not silently run in another org.
 _FORWARDED_GLOBALS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("ledger_url", "--ledger-url", ()),
     ("redis_url", "--redis-url", ("--redis",)),
     ("fmt", "--format", ()),
+    ("org", "--org", ()),
+    ("principal", "--principal", ()),
+    ("role", "--role", ()),
 )
 
 
@@ -56,7 +61,8 @@ def demo(ctx: typer.Context) -> None:
     --ledger-url URL, --redis-url URL (alias --redis); `baton demo --help` lists them all.
     A global --ledger-url, --redis-url or --format given before `demo` is passed on too;
     --org, --principal and --role do not apply (every run has a new org of its own) and
-    exit 2 after `demo`. Bad options exit 2 with VALIDATION_ERROR; an unreachable
+    exit 2 with VALIDATION_ERROR, before `demo` or after it (BATON_ORG, BATON_PRINCIPAL
+    and BATON_ROLE are not used). Bad options exit 2 with VALIDATION_ERROR; an unreachable
     ledger or Redis exits 11 with UNAVAILABLE before any worker starts, and so does a role
     that does not finish within --timeout seconds. Exits 1 if a file is completed twice or
     left undone, or the verdict is not accepted.

@@ -61,7 +61,8 @@ def _expired_in_table(now_ms: int) -> RowView:
 
 
 def _expired_now() -> RowView:
-    """:func:`_expired_in_table` on this machine's clock (``lease list``)."""
+    """:func:`_expired_in_table` on this machine's clock (``lease list``, ``lease
+    show``)."""
     return _expired_in_table(time.time_ns() // 1_000_000)
 
 
@@ -182,7 +183,7 @@ def inspect(ctx: typer.Context, resource_type: ResourceType, resource_id: Resour
     return state(ctx).client().leases.inspect(resource_type, resource_id)
 
 
-@command(app, "lease.show", "lease", reads_only=True)
+@command(app, "lease.show", "lease", reads_only=True, shown=_expired_now)
 def show(
     ctx: typer.Context,
     lease_id: Annotated[
@@ -192,7 +193,9 @@ def show(
     """Show one lease generation by id: holder, execution key, version, epoch, status, expiry.
 
     Yours only, any of the org's with --role owner or admin; exits 5 (NOT_FOUND) for an
-    unknown lease, another org's or (as an agent) another principal's.
+    unknown lease, another org's or (as an agent) another principal's. A lease past its
+    expiry that nobody has ended yet shows status 'expired' in the table (by this
+    machine's clock); the JSON receipt keeps the record's 'active' and its 'expires_at'.
     """
     return state(ctx).client().leases.get(lease_id)
 

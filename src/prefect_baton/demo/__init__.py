@@ -110,8 +110,9 @@ def _parser() -> argparse.ArgumentParser:
             "files: as separate OS processes with real crashes and pauses (--engine "
             "processes, the default), or as Prefect flows and deployments (--engine prefect). "
             "Every run uses a new org of its own (demo-...), so the global --org, "
-            "--principal and --role do not apply; --format, --ledger-url and --redis-url "
-            "may come before or after `demo`."
+            "--principal and --role do not apply: given before or after `demo`, they exit "
+            "2 with VALIDATION_ERROR. --format, --ledger-url and --redis-url may come "
+            "before or after `demo`."
         ),
     )
     p.add_argument(

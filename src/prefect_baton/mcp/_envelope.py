@@ -1,12 +1,16 @@
 """The JSON-RPC envelope rule of both MCP transports: one parse of each message (duplicate
 keys refused as the REST API refuses them), an id that is a string or an integer, and short
 readable errors (``-32700`` not JSON, ``-32600`` not a request, ``-32602`` bad params) instead
-of the ``mcp`` package's silence or pydantic dumps.
+of the ``mcp`` package's silence or pydantic dumps; a notification is never answered
+(JSON-RPC 2.0), so one that is refused is only logged.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import re
+from dataclasses import dataclass
 from typing import Any
 
 import mcp.types as types
@@ -20,7 +24,20 @@ from prefect_baton.rest._http import (
     unique_keys,
 )
 
-__all__ = ["is_request_id", "read_message", "refusal", "screen_message"]
+__all__ = ["Dropped", "is_request_id", "read_message", "refusal", "screen_message"]
+
+logger = logging.getLogger("prefect_baton.mcp")
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A notification (a ``method``, no ``id``) that :func:`screen_message` refuses: it
+    gets no answer (JSON-RPC 2.0: a notification is never answered; over HTTP ``202``
+    with no body), only a warning in the log naming its ``method`` and the ``error``
+    (the JSON-RPC error it would have had)."""
+
+    method: str
+    error: types.ErrorData
 
 
 def refusal(code: int, label: str, detail: str, rid: types.RequestId | None) -> types.JSONRPCError:
@@ -52,12 +69,26 @@ def _envelope_problem(exc: pydantic.ValidationError) -> tuple[int, str, str]:
     return types.INVALID_REQUEST, "Invalid Request", detail
 
 
+def _notified_method(doc: Any) -> str | None:
+    """The ``method`` of ``doc`` when it is a notification: an object with ``jsonrpc``
+    ``"2.0"``, a string ``method`` and no ``id`` (read as given, the last of a key given
+    twice), else ``None``."""
+    fields = dict(doc) if isinstance(doc, (dict, _Pairs)) else {}
+    method = fields.get("method")
+    if "id" in fields or fields.get("jsonrpc") != "2.0" or not isinstance(method, str):
+        return None
+    return method
+
+
 def screen_message(
     doc: Any, duplicate: DuplicateKey | None = None
-) -> types.JSONRPCMessage | types.JSONRPCError:
+) -> types.JSONRPCMessage | types.JSONRPCError | Dropped:
     """One JSON document ``doc`` a client sent (a stdin line or an HTTP body, read once by
     :func:`read_message`) as the JSON-RPC message the ``mcp`` package serves, or the
-    JSON-RPC error that answers it instead. The one envelope rule of both transports:
+    JSON-RPC error that answers it instead, or :class:`Dropped` when that error would
+    answer a notification (``jsonrpc`` ``"2.0"``, a string ``method``, no ``id``: a key
+    given twice, or ``params`` that are not an object). The one envelope rule of both
+    transports:
 
     - an object naming a key twice, at any depth (``duplicate``: the first one, by the
       REST API's rule :func:`~prefect_baton.rest._http.unique_keys`): ``-32600`` with the
@@ -74,6 +105,18 @@ def screen_message(
       (``Invalid params: params.arguments: Input should be a valid dictionary``); an
       object with none of ``method``, ``result`` and ``error`` says so.
     """
+    answer = _screened(doc, duplicate)
+    method = _notified_method(doc)
+    if isinstance(answer, types.JSONRPCError) and method is not None:
+        logger.warning("notification %r not served: %s", method, answer.error.message)
+        return Dropped(method, answer.error)
+    return answer
+
+
+def _screened(
+    doc: Any, duplicate: DuplicateKey | None
+) -> types.JSONRPCMessage | types.JSONRPCError:
+    """:func:`screen_message` before a notification's error is dropped."""
     if duplicate is not None:
         if isinstance(doc, _Pairs):
             ids = [v for k, v in doc if k == "id"]
@@ -132,12 +175,35 @@ def _json_kind(doc: Any) -> str:
     return "a number"
 
 
-def read_message(text: str) -> types.JSONRPCMessage | types.JSONRPCError | None:
+class _NotJSON(ValueError):
+    """A ``NaN``, ``Infinity`` or ``-Infinity`` literal: Python's :mod:`json` reads them,
+    JSON (RFC 8259) has no such value."""
+
+
+def _not_json(literal: str) -> Any:
+    """``json``'s ``parse_constant`` hook: refuse ``literal``."""
+    raise _NotJSON(literal)
+
+
+#: A JSON string (skipped) or a literal that is not JSON, in text that is JSON up to it.
+_LITERAL = re.compile(r'"(?:[^"\\]|\\.)*"|(-?Infinity|NaN)')
+
+
+def _literal_at(text: str, literal: str) -> int:
+    """The offset in ``text`` of the first ``literal`` outside a string: the one
+    :func:`json.loads` stopped at, as the text before it is JSON."""
+    for match in _LITERAL.finditer(text):
+        if match.group(1) == literal:
+            return match.start()
+    return 0  # not reached: json.loads read the literal outside a string
+
+
+def read_message(text: str) -> types.JSONRPCMessage | types.JSONRPCError | Dropped | None:
     """The message of one client document ``text`` (``str``: a stdin line or an HTTP
     body), parsed once and screened by :func:`screen_message`; ``None`` for blank text
-    (no message, no answer). Text that is not JSON is answered ``-32700`` (parse error,
-    ``id`` null, the position of the fault), JSON nested too deeply for Python
-    ``-32600``."""
+    (no message, no answer). Text that is not JSON (RFC 8259: ``NaN``, ``Infinity`` and
+    ``-Infinity`` are not JSON either) is answered ``-32700`` (parse error, ``id`` null,
+    the position of the fault), JSON nested too deeply for Python ``-32600``."""
     if not text.strip():
         return None
     found: list[DuplicateKey] = []
@@ -150,13 +216,22 @@ def read_message(text: str) -> types.JSONRPCMessage | types.JSONRPCError | None:
             return _Pairs(items)
 
     try:
-        doc = json.loads(text, object_pairs_hook=pairs)
+        doc = json.loads(text, object_pairs_hook=pairs, parse_constant=_not_json)
     except json.JSONDecodeError as exc:
-        at = len(text[: exc.pos].encode("utf-8", "surrogatepass"))
-        detail = f"invalid JSON at byte {at} ({exc.msg})"
+        detail = f"invalid JSON at byte {_byte(text, exc.pos)} ({exc.msg})"
+        return refusal(types.PARSE_ERROR, "Parse error", detail, None)
+    except _NotJSON as exc:
+        literal = str(exc)
+        at = _byte(text, _literal_at(text, literal))
+        detail = f"invalid JSON at byte {at} ({literal} is not a JSON value)"
         return refusal(types.PARSE_ERROR, "Parse error", detail, None)
     except RecursionError:
         return refusal(types.INVALID_REQUEST, "Invalid Request", "nested too deeply", None)
     except ValueError as exc:  # an integer over the digits int() reads
         return refusal(types.PARSE_ERROR, "Parse error", f"invalid JSON ({exc})", None)
     return screen_message(doc, found[0] if found else None)
+
+
+def _byte(text: str, pos: int) -> int:
+    """The character offset ``pos`` of ``text`` as a byte offset of its UTF-8 encoding."""
+    return len(text[:pos].encode("utf-8", "surrogatepass"))

@@ -34,7 +34,7 @@ from prefect_baton.errors import (
     ForbiddenError,
     UnavailableError,
 )
-from prefect_baton.mcp._envelope import read_message
+from prefect_baton.mcp._envelope import Dropped, read_message
 from prefect_baton.mcp._server import Identity, build_server
 from prefect_baton.mcp._tools import (
     Grant,
@@ -81,7 +81,9 @@ class _ScreenedMessages:
     ``params`` that are not an object, an object that is not a JSON-RPC message) is
     answered ``400`` with its JSON-RPC error, as over stdio, before the package sees it (it
     would take a request with a bad id for a notification and answer ``202`` with nothing,
-    and put pydantic's whole report in the message of the others). Runs after
+    and put pydantic's whole report in the message of the others); a notification it
+    refuses is answered ``202`` with no body (JSON-RPC answers no notification) and
+    logged, and the package never sees it. Runs after
     :class:`~prefect_baton.rest._http.BatonMiddleware`, which has already refused a body
     over the limit, one that is not JSON and one naming a key twice."""
 
@@ -104,6 +106,9 @@ class _ScreenedMessages:
             more = bool(message.get("more_body", False))
         body = b"".join(chunks)
         answer = _screened_body(body)
+        if isinstance(answer, Dropped):  # a notification: never answered, but accepted
+            await Response(status_code=202)(scope, receive, send)
+            return
         if answer is not None:
             text = answer.model_dump_json(by_alias=True, exclude_unset=True)
             await Response(text, status_code=400, media_type="application/json")(
@@ -124,16 +129,17 @@ def _screen_endpoint(app: Starlette, path: str = "/mcp") -> None:
     raise RuntimeError(f"the mcp package's app has no route {path}")
 
 
-def _screened_body(body: bytes) -> types.JSONRPCError | None:
+def _screened_body(body: bytes) -> types.JSONRPCError | Dropped | None:
     """The JSON-RPC error answering an HTTP ``body`` (``bytes``, JSON in the encoding
-    :func:`json.detect_encoding` finds) by :func:`read_message`, else ``None`` (no body,
-    or a message to serve)."""
+    :func:`json.detect_encoding` finds) by :func:`read_message`, or :class:`Dropped` (a
+    refused notification, answered by nothing), else ``None`` (no body, or a message to
+    serve)."""
     try:
         text = body.decode(json.detect_encoding(body), "surrogatepass")
     except UnicodeDecodeError:  # refused already by BatonMiddleware
         return None
     answer = read_message(text)
-    return answer if isinstance(answer, types.JSONRPCError) else None
+    return answer if isinstance(answer, (types.JSONRPCError, Dropped)) else None
 
 
 class _UnavailableAs503:

@@ -23,7 +23,7 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
 
 from prefect_baton._client.sync import Baton
-from prefect_baton.mcp._envelope import is_request_id, read_message, refusal
+from prefect_baton.mcp._envelope import Dropped, is_request_id, read_message, refusal
 from prefect_baton.mcp._server import build_server
 
 __all__ = ["EOF_GRACE_S", "serve_stdio"]
@@ -80,7 +80,7 @@ class _NoLines:
         raise StopAsyncIteration
 
 
-def _read_stdin_line(raw: bytes) -> types.JSONRPCMessage | types.JSONRPCError | None:
+def _read_stdin_line(raw: bytes) -> types.JSONRPCMessage | types.JSONRPCError | Dropped | None:
     """The message of one stdin line ``raw`` (``bytes``), by :func:`read_message`; a line
     that is not UTF-8 is answered ``-32700`` naming its byte offset (the ``mcp`` package
     would read it with ``errors="replace"``, so ``x\\xff`` and ``x\\xfe`` would both become
@@ -140,7 +140,8 @@ async def _run_stdio(server: Server[Any]) -> int | None:
     once (:func:`_read_stdin_line`: strict UTF-8, no repeated keys, request ids that are
     strings or integers); a line that is not a JSON-RPC message is answered with its
     JSON-RPC error at once (the ``mcp`` package would only log it), so a client waiting on
-    that request's reply learns that it was not read.
+    that request's reply learns that it was not read; a notification is never answered
+    (JSON-RPC 2.0), so a refused one is only logged to stderr.
 
     When stdin ends, or on the first SIGINT or SIGTERM, no further line is read, and the
     server is stopped only once every request already read has been answered (for at most
@@ -178,7 +179,7 @@ async def _run_stdio(server: Server[Any]) -> int | None:
                         with anyio.CancelScope(shield=True):
                             if isinstance(message, types.JSONRPCError):
                                 await write_stream.send(SessionMessage(message))
-                            elif message is not None:
+                            elif message is not None and not isinstance(message, Dropped):
                                 unanswered.read(message)
                                 await to_server.send(SessionMessage(message))
                 lines.close()

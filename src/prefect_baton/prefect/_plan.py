@@ -76,7 +76,8 @@ class Skip:
 
 @dataclass(frozen=True)
 class Again:
-    """Acquire again at once (under a new execution key); log ``message`` (a warning)."""
+    """Acquire again at once (under the run's execution key, as a new attempt); log
+    ``message`` (a warning)."""
 
     message: str
 
@@ -220,9 +221,25 @@ class LeaseCall:
             )
         self.acquiring_anew = True
         self.attempt = f"{_process_attempt}:run-{self.ident.run_count}"
-        return Again(
-            f"{self.what}: the lease of the previous attempt lapsed ({exc.message}); acquiring anew"
+        return Again(self.lapsed_message(exc.status))
+
+    def lapsed_message(self, status: str | None) -> str:
+        """The warning of a retry whose previous attempt's lease is no longer held
+        (``status``: how it ended, :attr:`LeaseLostError.status`). Not the store's message,
+        whose advice (a new execution key) a Prefect user cannot follow: the key is the run
+        id. When it expired, what keeps it for the next retry: a TTL longer than the retry
+        delay."""
+        why = status or "no longer held"
+        message = (
+            f"{self.what}: the lease of the previous attempt is no longer held ({why}); "
+            "acquiring anew as a new attempt of this run"
         )
+        if status == "expired":
+            message += (
+                f" (it expired before this retry: choose ttl_seconds (now {self.opts.ttl_seconds})"
+                " longer than the retry delay to keep the lease across retries)"
+            )
+        return message
 
     def _forget(self) -> None:
         with _held_lock:

@@ -74,7 +74,13 @@ from prefect_baton._stores.redis.connection import as_text, connect
 from prefect_baton._stores.redis.handoffs import expire_handoff, resolve_handoff
 from prefect_baton._stores.redis.keys import HANDOFF_KEY_TTL_MS, org_keys, resource_digest
 from prefect_baton._stores.redis.scripts import NOOP, OK, REPLAY, UNKNOWN, raise_for
-from prefect_baton.errors import BatonError, ConflictError, NotFoundError, ValidationError
+from prefect_baton.errors import (
+    BatonError,
+    ConflictError,
+    LeaseLostError,
+    NotFoundError,
+    ValidationError,
+)
 from prefect_baton.models import (
     EndStatus,
     Handoff,
@@ -365,14 +371,46 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         raise AssertionError("unreachable")
 
     def _renew(self, caller: Caller, request: RenewRequest) -> Lease:
-        """Renew by proof (rules: :func:`prefect_baton._rules.transitions.decide_renew`)."""
-        return self._by_proof(
-            caller,
-            "renew",
-            request.proof,
-            [str(request.ttl_ms), opt(request.expected_version)],
-            lambda row, now: _transitions.decide_renew(row, request, now_ms=now),
-        )
+        """Renew by proof (rules: :func:`prefect_baton._rules.transitions.decide_renew`).
+
+        The earliest deadline of the pending handoffs carrying the lease (read from the
+        ledger, :meth:`_lease_carriers`) goes to ``renew.lua``, which refuses past it on the
+        Redis clock (``LEASE_LOST``, :func:`prefect_baton._rules.core.
+        handoff_deadline_passed`); such a refusal then ends those handoffs as an acquire
+        does (:func:`expire_handoff`: the lease released once, reason ``handoff_expired``).
+        """
+        carriers = self._lease_carriers(caller, request.proof.lease_id)
+        deadline = min((x for _h, x in carriers), default=None)
+        try:
+            return self._by_proof(
+                caller,
+                "renew",
+                request.proof,
+                [str(request.ttl_ms), opt(request.expected_version), opt(deadline)],
+                lambda row, now: _transitions.decide_renew(row, request, now_ms=now),
+            )
+        except LeaseLostError:
+            for handoff_id, _deadline in carriers:
+                expire_handoff(self, caller, handoff_id)  # idempotent; judged on Redis TIME
+            self._carriers_seen.pop((caller.org, request.proof.lease_id), None)
+            raise
+
+    def _lease_carriers(self, caller: Caller, lease_id: str) -> list[tuple[str, int]]:
+        """The pending handoffs carrying ``lease_id`` with their deadlines, as the ledger
+        has them (:meth:`LedgerStore.lease_carriers`), asked at most once per
+        :data:`CARRIER_RECHECK_SECONDS` per lease and process, so a heartbeat's renew stays
+        one Redis round trip. No deadline is missed: a handoff created after the ledger was
+        asked expires at least 1 s later (the shortest handoff expiry)."""
+        mono = time.monotonic()
+        seen = self._carriers_seen
+        found = seen.get((caller.org, lease_id))
+        if found is not None and found[0] > mono:
+            return found[1]
+        carriers = self.store.lease_carriers(caller, lease_id)
+        if len(seen) > 10_000:
+            seen.clear()
+        seen[(caller.org, lease_id)] = (mono + CARRIER_RECHECK_SECONDS, carriers)
+        return carriers
 
     def _transfer(self, caller: Caller, request: TransferRequest) -> Lease:
         """Transfer by proof as ``request`` says (rules:

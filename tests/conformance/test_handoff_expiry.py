@@ -105,15 +105,17 @@ def test_expired_handoff_releases_its_lease(baton: Baton) -> None:
 def test_carried_lease_is_over_at_the_handoff_deadline(baton: Baton) -> None:
     """From a lease-carrying handoff's deadline on, the carried lease is over for every
     operation, before any acquire or read of the handoff ends it: a write fenced by it is
-    ``STALE_FENCE``, a renew is ``LEASE_LOST`` and ends the handoff (its lease released
+    ``STALE_FENCE``, a transfer or renew is ``LEASE_LOST`` and ends the handoff (its lease released
     once, reason ``handoff_expired``); a retried renew does not revive it, and another
     principal's acquire gets a higher epoch (``_rules.core.handoff_deadline_passed``)."""
     b = baton.as_principal("agent-b")
     c = baton.as_principal("agent-c")
     lease = baton.leases.acquire(RT, "renew-late", ttl_seconds=300, idempotency_key="w-late")
     sent = baton.handoffs.create("agent-b", SUBJ, lease=lease, expires_in_seconds=1)
+    other = baton.leases.acquire(RT, "transfer-late", ttl_seconds=300)
+    other_sent = baton.handoffs.create("agent-b", SUBJ, lease=other, expires_in_seconds=1)
     assert baton.leases.renew(lease).version == lease.version + 1  # before the deadline
-    pass_deadline(baton, sent)
+    pass_deadline(baton, sent, other_sent)
 
     with pytest.raises(StaleFenceError) as stale:
         baton.checkpoints.save(SUBJ, "notes", {"n": 1}, fence=lease)
@@ -131,6 +133,11 @@ def test_carried_lease_is_over_at_the_handoff_deadline(baton: Baton) -> None:
     assert h.resolved_at is not None
     with pytest.raises(NotFoundError):
         b.handoffs.resolve(sent.handoff_id, "accepted")
+
+    with pytest.raises(LeaseLostError):
+        baton.leases.transfer(other, to_principal="agent-c", new_execution_key="k", ttl_seconds=60)
+    (payload,) = _released(baton, other.lease_id)
+    assert (payload["reason"], payload["handoff_id"]) == ("handoff_expired", other_sent.handoff_id)
 
     taker = c.leases.acquire(RT, "renew-late", ttl_seconds=60)
     assert taker.epoch > lease.epoch

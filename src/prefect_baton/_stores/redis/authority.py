@@ -379,20 +379,30 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         handoff_deadline_passed`); such a refusal then ends those handoffs as an acquire
         does (:func:`expire_handoff`: the lease released once, reason ``handoff_expired``).
         """
-        carriers = self._lease_carriers(caller, request.proof.lease_id)
-        deadline = min((x for _h, x in carriers), default=None)
-        try:
-            return self._by_proof(
+        return self._carried(
+            caller,
+            request.proof.lease_id,
+            lambda deadline: self._by_proof(
                 caller,
                 "renew",
                 request.proof,
                 [str(request.ttl_ms), opt(request.expected_version), opt(deadline)],
                 lambda row, now: _transitions.decide_renew(row, request, now_ms=now),
-            )
+            ),
+        )
+
+    def _carried(self, caller: Caller, lease_id: str, run: Callable[[int | None], Lease]) -> Lease:
+        """``run`` a renew or transfer script of ``lease_id`` with the earliest deadline of
+        the pending handoffs carrying it (:meth:`_lease_carriers`; ``None``: none), which
+        the script refuses past (``LEASE_LOST``); on a refusal, end those handoffs as an
+        acquire does (:func:`expire_handoff`, idempotent, judged on the Redis clock)."""
+        carriers = self._lease_carriers(caller, lease_id)
+        try:
+            return run(min((x for _h, x in carriers), default=None))
         except LeaseLostError:
             for handoff_id, _deadline in carriers:
-                expire_handoff(self, caller, handoff_id)  # idempotent; judged on Redis TIME
-            self._carriers_seen.pop((caller.org, request.proof.lease_id), None)
+                expire_handoff(self, caller, handoff_id)
+            self._carriers_seen.pop((caller.org, lease_id), None)
             raise
 
     def _lease_carriers(self, caller: Caller, lease_id: str) -> list[tuple[str, int]]:
@@ -415,25 +425,31 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
     def _transfer(self, caller: Caller, request: TransferRequest) -> Lease:
         """Transfer by proof as ``request`` says (rules:
         :func:`prefect_baton._rules.transitions.decide_transfer`; the new epoch is also above the
-        incarnation's floor)."""
-        return self._by_proof(
+        incarnation's floor); refused past the deadline of a handoff carrying the lease, as
+        :meth:`_renew`."""
+        return self._carried(
             caller,
-            "transfer",
-            request.proof,
-            [
-                request.to_principal,
-                request.new_execution_key,
-                str(request.ttl_ms),
-                opt(request.expected_version),
-                f"lease_{random_uuid4_hex()}",
-                caller.principal,
-                "",
-                "",
-                "",
-                str(HANDOFF_KEY_TTL_MS),
-            ],
-            lambda row, now: _transitions.decide_transfer(
-                row, request, now_ms=now, new_lease_id="-"
+            request.proof.lease_id,
+            lambda deadline: self._by_proof(
+                caller,
+                "transfer",
+                request.proof,
+                [
+                    request.to_principal,
+                    request.new_execution_key,
+                    str(request.ttl_ms),
+                    opt(request.expected_version),
+                    f"lease_{random_uuid4_hex()}",
+                    caller.principal,
+                    "",
+                    "",
+                    "",
+                    str(HANDOFF_KEY_TTL_MS),
+                    opt(deadline),
+                ],
+                lambda row, now: _transitions.decide_transfer(
+                    row, request, now_ms=now, new_lease_id="-"
+                ),
             ),
         )
 

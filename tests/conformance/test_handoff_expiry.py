@@ -10,7 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from prefect_baton import Baton, ConflictError, NotFoundError
+from prefect_baton import (
+    Baton,
+    ConflictError,
+    LeaseLostError,
+    NotFoundError,
+    StaleFenceError,
+)
 
 from ._util import pass_deadline
 
@@ -94,3 +100,47 @@ def test_expired_handoff_releases_its_lease(baton: Baton) -> None:
     with pytest.raises(ConflictError):
         c.leases.acquire(RT, "accepted", ttl_seconds=60)
     assert b.leases.renew(moved).epoch == moved.epoch
+
+
+def test_carried_lease_is_over_at_the_handoff_deadline(baton: Baton) -> None:
+    """From a lease-carrying handoff's deadline on, the carried lease is over for every
+    operation, before any acquire or read of the handoff ends it: a write fenced by it is
+    ``STALE_FENCE``, a transfer or renew is ``LEASE_LOST`` and ends the handoff (its lease released
+    once, reason ``handoff_expired``); a retried renew does not revive it, and another
+    principal's acquire gets a higher epoch (``_rules.core.handoff_deadline_passed``)."""
+    b = baton.as_principal("agent-b")
+    c = baton.as_principal("agent-c")
+    lease = baton.leases.acquire(RT, "renew-late", ttl_seconds=300, idempotency_key="w-late")
+    sent = baton.handoffs.create("agent-b", SUBJ, lease=lease, expires_in_seconds=1)
+    other = baton.leases.acquire(RT, "transfer-late", ttl_seconds=300)
+    other_sent = baton.handoffs.create("agent-b", SUBJ, lease=other, expires_in_seconds=1)
+    assert baton.leases.renew(lease).version == lease.version + 1  # before the deadline
+    pass_deadline(baton, sent, other_sent)
+
+    with pytest.raises(StaleFenceError) as stale:
+        baton.checkpoints.save(SUBJ, "notes", {"n": 1}, fence=lease)
+    assert stale.value.code == "STALE_FENCE"
+    for _retry in range(2):  # a duplicate delivery of the renew is refused the same way
+        with pytest.raises(LeaseLostError) as lost:
+            baton.leases.renew(lease)
+        assert lost.value.code == "LEASE_LOST"
+    (payload,) = _released(baton, lease.lease_id)
+    assert payload["reason"] == "handoff_expired"
+    assert payload["handoff_id"] == sent.handoff_id
+    assert baton.leases.get(lease.lease_id).status == "released"
+    h = b.handoffs.get(sent.handoff_id)
+    assert (h.status, h.released_lease) == ("expired", None)  # ended by the renew
+    assert h.resolved_at is not None
+    with pytest.raises(NotFoundError):
+        b.handoffs.resolve(sent.handoff_id, "accepted")
+
+    with pytest.raises(LeaseLostError):
+        baton.leases.transfer(other, to_principal="agent-c", new_execution_key="k", ttl_seconds=60)
+    (payload,) = _released(baton, other.lease_id)
+    assert (payload["reason"], payload["handoff_id"]) == ("handoff_expired", other_sent.handoff_id)
+
+    taker = c.leases.acquire(RT, "renew-late", ttl_seconds=60)
+    assert taker.epoch > lease.epoch
+    with pytest.raises(LeaseLostError):
+        baton.leases.renew(lease)
+    assert len(_released(baton, lease.lease_id)) == 1

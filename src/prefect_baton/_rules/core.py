@@ -81,6 +81,7 @@ __all__ = [  # the decision core, plus the validation it re-exports for its call
     "check_org_redis",
     "conflict",
     "decide_acquire",
+    "handoff_deadline_passed",
     "in_flight",
     "incarnation_epochs",
     "lapsed",
@@ -132,6 +133,23 @@ class Generation:
         """Still active on its record but past its TTL on the authority's clock: what
         ``report_expired`` reports (nobody has acted on it since it expired)."""
         return lapsed(self.status, self.expires_at_ms, now_ms)
+
+
+def handoff_deadline_passed(deadline_ms: int | None, now_ms: int) -> bool:
+    """Whether a pending handoff's own deadline (``deadline_ms``, epoch milliseconds;
+    ``None``: it has none) has passed at ``now_ms`` on the authority's clock: the one rule
+    of a handoff's expiry (DESIGN.md "Handoffs").
+
+    From that moment on the handoff reads ``expired``
+    (:func:`~prefect_baton._rules.handoffs.handoff_status`) and the lease it carries is over
+    for every operation: a renew or transfer by the sender's proof is ``LEASE_LOST``
+    (:func:`~prefect_baton._rules.transitions.decide_renew`), a write fenced by it is
+    ``STALE_FENCE`` (:func:`check_fence`), whether or not anyone has yet ended the handoff
+    (:func:`~prefect_baton._rules.handoffs.decide_handoff_expiry` records that, once).
+    Stores pass the earliest deadline of the pending handoffs carrying a lease; the Lua
+    scripts mirror it as ``carried_deadline_refused`` in ``_lib.lua``.
+    """
+    return deadline_ms is not None and deadline_ms <= now_ms
 
 
 def lapsed(status: str, expires_at_ms: int, now_ms: int) -> bool:
@@ -403,17 +421,26 @@ def check_fence(
     epoch: int,
     now_ms: int,
     principal: str | None = None,
+    handoff_deadline_ms: int | None = None,
 ) -> Generation:
     """Check a write fenced by a lease: the generation must still be the effective one, and
     (when ``principal`` is given) held by the writer: a write is fenced by *its own* lease.
 
+    ``handoff_deadline_ms``: the earliest deadline (epoch ms) of the pending handoffs
+    carrying the lease, or ``None``; once it passed the lease is over
+    (:func:`handoff_deadline_passed`).
+
     Raises:
-        StaleFenceError: the lease is unknown, another principal's, ended, expired, or its
-            epoch is not the one presented.
+        StaleFenceError: the lease is unknown, another principal's, ended, expired, past the
+            deadline of a handoff carrying it, or its epoch is not the one presented.
     """
     if row is None or (principal is not None and row.owner != principal):
         raise StaleFenceError(f"fence lease {lease_id} is not a current lease of the writer")
-    if row.epoch != epoch or not row.effective(now_ms):
+    if (
+        row.epoch != epoch
+        or not row.effective(now_ms)
+        or handoff_deadline_passed(handoff_deadline_ms, now_ms)
+    ):
         raise StaleFenceError(
             f"fence lease {lease_id} (epoch {epoch}) is no longer the effective lease of "
             f"{row.resource_type}/{row.resource_id}"

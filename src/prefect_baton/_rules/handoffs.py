@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from prefect_baton._rules.core import Decision, Generation, Proof, ReleaseRequest
+from prefect_baton._rules.core import (
+    Decision,
+    Generation,
+    Proof,
+    ReleaseRequest,
+    handoff_deadline_passed,
+)
 from prefect_baton._rules.events import RELEASE_HANDOFF_EXPIRED, released_by_handoff
 from prefect_baton._rules.transitions import decide_release
 from prefect_baton.errors import ValidationError
@@ -82,7 +88,7 @@ def handoff_status(
     """
     if status != "pending":
         return status
-    if expires_at_ms is not None and expires_at_ms <= now_ms:
+    if handoff_deadline_passed(expires_at_ms, now_ms):
         return "expired"
     return "expired" if carried_ended else "pending"
 

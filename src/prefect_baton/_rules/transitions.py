@@ -24,6 +24,7 @@ from prefect_baton._rules.core import (
     _check_version,
     _lost_reason,
     conflict,
+    handoff_deadline_passed,
     next_epoch,
 )
 from prefect_baton.errors import LeaseLostError, NotFoundError, ValidationError
@@ -82,31 +83,51 @@ def _check_proof(row: Generation | None, proof: Proof) -> Generation:
 
 
 def _check_held(
-    row: Generation | None, proof: Proof, expected_version: int | None, now_ms: int
+    row: Generation | None,
+    proof: Proof,
+    expected_version: int | None,
+    now_ms: int,
+    handoff_deadline_ms: int | None = None,
 ) -> Generation:
     """The lease ``proof`` names, still effective at ``now_ms`` and at ``expected_version``
     (when given): what renew and transfer act on (seed 004). Raises as :func:`_check_proof`,
-    then LeaseLostError (ended or expired), VersionConflictError."""
+    then LeaseLostError (ended or expired, or ``handoff_deadline_ms``, the earliest deadline
+    of a pending handoff carrying it, passed: :func:`handoff_deadline_passed`; the handoff's
+    end releases it, so the status given is ``released``), VersionConflictError."""
     row = _check_proof(row, proof)
     if not row.effective(now_ms):
         why = _lost_reason(row, now_ms)
         raise LeaseLostError(f"lease {row.lease_id} is no longer held ({why})", status=why)
+    if handoff_deadline_passed(handoff_deadline_ms, now_ms):
+        raise LeaseLostError(
+            f"lease {row.lease_id} is no longer held (released: the handoff carrying it "
+            "expired unaccepted)",
+            status="released",
+        )
     _check_version(row.version, expected_version)
     return row
 
 
-def decide_renew(row: Generation | None, request: RenewRequest, *, now_ms: int) -> Decision:
+def decide_renew(
+    row: Generation | None,
+    request: RenewRequest,
+    *,
+    now_ms: int,
+    handoff_deadline_ms: int | None = None,
+) -> Decision:
     """Decide a renewal of the generation ``row`` that ``request.proof`` names, at
     ``now_ms`` (epoch milliseconds): version +1, expiry = now + ``request.ttl_ms``; id,
-    owner, key, epoch, scopes kept.
+    owner, key, epoch, scopes kept. ``handoff_deadline_ms``: the earliest deadline (epoch
+    ms) of the pending handoffs carrying ``row``, or ``None``.
 
     Raises:
         NotFoundError: unknown lease id, or owned by another principal.
         LeaseLostError: the generation ended or expired (an expired lease is never silently
-            re-acquired by a renew).
+            re-acquired by a renew), or a handoff carrying it passed its deadline
+            unaccepted (:func:`~prefect_baton._rules.core.handoff_deadline_passed`).
         VersionConflictError: ``expected_version`` differs from the lease's version.
     """
-    row = _check_held(row, request.proof, request.expected_version, now_ms)
+    row = _check_held(row, request.proof, request.expected_version, now_ms, handoff_deadline_ms)
     _check_counters(row, epoch_too=False)
     ttl_ms = request.ttl_ms
     new = replace(row, version=row.version + 1, expires_at_ms=now_ms + ttl_ms, ttl_ms=ttl_ms)
@@ -121,13 +142,15 @@ def decide_transfer(
     new_lease_id: str,
     scope_conflict_expires_ms: int | None = None,
     epoch_floor: int = 0,
+    handoff_deadline_ms: int | None = None,
 ) -> Decision:
     """Decide a transfer of the generation ``row`` that ``request.proof`` names, at
     ``now_ms`` (epoch milliseconds): a new generation ``new_lease_id`` for
     ``request.to_principal`` under ``request.new_execution_key`` for ``request.ttl_ms``;
     version +1, epoch +1 (and above ``epoch_floor``, see :func:`next_epoch`), scopes kept
     (seed 004 transfer rule). ``scope_conflict_expires_ms``: the expiry of another
-    effective lease whose scopes overlap the kept ones, or ``None``.
+    effective lease whose scopes overlap the kept ones, or ``None``;
+    ``handoff_deadline_ms``: as :func:`decide_renew`.
 
     Raises:
         NotFoundError, LeaseLostError, VersionConflictError: as :func:`decide_renew`.
@@ -135,7 +158,7 @@ def decide_transfer(
         ConflictError: the kept scopes overlap another effective lease of the receiver's
             competitors.
     """
-    row = _check_held(row, request.proof, request.expected_version, now_ms)
+    row = _check_held(row, request.proof, request.expected_version, now_ms, handoff_deadline_ms)
     if request.new_execution_key == row.execution_key:
         raise ValidationError("transfer needs a new execution key for the receiver")
     if scope_conflict_expires_ms is not None:

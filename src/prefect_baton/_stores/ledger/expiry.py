@@ -169,6 +169,24 @@ class ExpiryOps(LeaseOps):
                 out.append(lease)
         return out
 
+    def lease_carriers(self, caller: Caller, lease_id: str) -> list[tuple[str, int]]:
+        """The pending handoffs of the caller's org with an expiry that carry lease
+        ``lease_id``, as ``(handoff_id, expires_at_ms)``, earliest deadline first: what an
+        authority keeping its leases elsewhere passes to a renew
+        (:func:`prefect_baton._rules.core.handoff_deadline_passed`)."""
+        with self._read() as (s, _now):
+            rows = s.execute(
+                select(col(HandoffRow.handoff_id), col(HandoffRow.expires_at_ms))
+                .where(
+                    col(HandoffRow.lease_id) == lease_id,
+                    col(HandoffRow.org_id) == caller.org,
+                    col(HandoffRow.status) == "pending",
+                    col(HandoffRow.expires_at_ms).is_not(None),
+                )
+                .order_by(col(HandoffRow.expires_at_ms))
+            ).all()
+            return [(str(h), int(x)) for h, x in rows]
+
     def handoff_carriers(
         self, caller: Caller, resources: list[tuple[str, str]]
     ) -> tuple[int, list[tuple[str, int, str, str]]]:

@@ -25,7 +25,7 @@ class FenceOps(LeaseOps):
         fence has a ``check``, else the ledger's row, and only where the ledger decides the
         org's leases: :meth:`_check_ledger_authority`, since in an org Redis decides the
         ledger's copy lags and would accept a generation Redis has already ended):
-        :func:`_core.check_fence`. A refusal
+        :func:`_core.check_fence`, with the deadline of a pending handoff carrying it. A refusal
         of a lease of a known resource leaves ``fence.rejected`` (naming ``write``, the
         operation) to be recorded once ``tx`` has rolled back (:attr:`Tx.on_refusal`).
 
@@ -48,6 +48,9 @@ class FenceOps(LeaseOps):
                 epoch=fence.epoch,
                 now_ms=now_ms,
                 principal=tx.caller.principal,
+                # the handoffs are the ledger's on every arm: a deadline judged on the
+                # authority's clock, as the generation is
+                handoff_deadline_ms=self._carried_deadline(tx, held),
             )
         except StaleFenceError:
             if held is None and fence.check is not None:  # Redis forgot it: the ledger's copy

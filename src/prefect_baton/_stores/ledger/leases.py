@@ -42,10 +42,11 @@ from prefect_baton._stores.ledger.lease_reads import LeaseReads
 from prefect_baton._stores.ledger.receipted_ops import ReceiptedLeaseOps
 from prefect_baton._stores.ledger.tables import (
     GenerationRow,
+    HandoffRow,
     LeaseTransition,
 )
 from prefect_baton._stores.protocol import AcquireRequest, Caller, Execution
-from prefect_baton.errors import ConflictError, NotFoundError
+from prefect_baton.errors import ConflictError, LeaseLostError, NotFoundError
 from prefect_baton.models import Lease, Receipt
 
 ATTEMPT_FIELD = "attempt"
@@ -426,14 +427,48 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
         time out after :func:`~prefect_baton._rules.keeping.heartbeat_call_timeout` of the
         TTL, below the keeper's renew deadline."""
 
-        def fn(tx: Tx, row: Generation | None, resource: tuple[str, str]) -> Lease:
-            d = _transitions.decide_renew(row, request, now_ms=tx.now_ms)
+        def fn(tx: Tx, row: Generation | None, resource: tuple[str, str]) -> Lease | LeaseLostError:
+            deadline = self._carried_deadline(tx, row)
+            try:
+                d = _transitions.decide_renew(
+                    row, request, now_ms=tx.now_ms, handoff_deadline_ms=deadline
+                )
+            except LeaseLostError as lost:
+                return self._end_carrier(tx, row, deadline, lost)
             self._apply(tx, d, caller.org, resource=resource)
             assert d.new is not None
             return generation_to_lease(d.new)
 
         timeout_ms = int(heartbeat_call_timeout(request.ttl_ms / 1000) * 1000)
-        return self._by_proof(caller, request.proof.lease_id, fn, statement_timeout_ms=timeout_ms)
+        return _raised(
+            self._by_proof(caller, request.proof.lease_id, fn, statement_timeout_ms=timeout_ms)
+        )
+
+    def _carried_deadline(self, tx: Tx, row: Generation | None) -> int | None:
+        """The earliest deadline (epoch ms) of the pending handoffs of the caller's org
+        carrying ``row``, or ``None`` (:func:`_core.handoff_deadline_passed`)."""
+        if row is None:
+            return None
+        return tx.session.execute(
+            select(func.min(col(HandoffRow.expires_at_ms))).where(
+                col(HandoffRow.lease_id) == row.lease_id,
+                col(HandoffRow.org_id) == tx.caller.org,
+                col(HandoffRow.status) == "pending",
+            )
+        ).scalar()
+
+    def _end_carrier(
+        self, tx: Tx, row: Generation | None, deadline: int | None, lost: LeaseLostError
+    ) -> LeaseLostError:
+        """A renew or transfer of ``row`` refused as ``lost``: when a handoff carrying
+        ``row`` passed its ``deadline``, end it here as an acquire does
+        (:meth:`_expired_carrier`: the handoff stored ``expired``, ``row`` released with
+        reason ``handoff_expired``) and return ``lost``, raised once ``tx`` commits
+        (:func:`_raised`); else raise ``lost`` (nothing to keep)."""
+        if row is None or not _core.handoff_deadline_passed(deadline, tx.now_ms):
+            raise lost
+        self._expired_carrier(tx, row)
+        return lost
 
     def _transfer_in_tx(
         self,
@@ -452,6 +487,7 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
                 tx, request.to_principal, scopes, resource
             ),
             epoch_floor=self._epoch_floor(tx, *resource),
+            handoff_deadline_ms=self._carried_deadline(tx, row),
         )
         self._apply(tx, d, tx.caller.org, resource=resource)
         assert d.new is not None
@@ -460,10 +496,13 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
     def _transfer(self, caller: Caller, request: TransferRequest) -> Lease:
         """Transfer a lease as ``request`` says (see :func:`_transitions.decide_transfer`)."""
 
-        def fn(tx: Tx, row: Generation | None, resource: tuple[str, str]) -> Lease:
-            return self._transfer_in_tx(tx, row, resource, request)
+        def fn(tx: Tx, row: Generation | None, resource: tuple[str, str]) -> Lease | LeaseLostError:
+            try:
+                return self._transfer_in_tx(tx, row, resource, request)
+            except LeaseLostError as lost:
+                return self._end_carrier(tx, row, self._carried_deadline(tx, row), lost)
 
-        return self._by_proof(caller, request.proof.lease_id, fn)
+        return _raised(self._by_proof(caller, request.proof.lease_id, fn))
 
     def _receipt_of(self, tx: Tx, d: Decision, action: str, resource: tuple[str, str]) -> Receipt:
         assert d.new is not None
@@ -595,3 +634,11 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
         if not candidates:
             return []
         return self._write(caller, [f"expiry:{caller.org}"], op, authority=check is None)
+
+
+def _raised(result: Lease | LeaseLostError) -> Lease:
+    """``result`` of a committed renew or transfer transaction, or the refusal it
+    committed (the end of an expired handoff, :meth:`LeaseOps._end_carrier`) raised."""
+    if isinstance(result, LeaseLostError):
+        raise result
+    return result

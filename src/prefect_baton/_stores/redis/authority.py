@@ -74,7 +74,13 @@ from prefect_baton._stores.redis.connection import as_text, connect
 from prefect_baton._stores.redis.handoffs import expire_handoff, resolve_handoff
 from prefect_baton._stores.redis.keys import HANDOFF_KEY_TTL_MS, org_keys, resource_digest
 from prefect_baton._stores.redis.scripts import NOOP, OK, REPLAY, UNKNOWN, raise_for
-from prefect_baton.errors import BatonError, ConflictError, NotFoundError, ValidationError
+from prefect_baton.errors import (
+    BatonError,
+    ConflictError,
+    LeaseLostError,
+    NotFoundError,
+    ValidationError,
+)
 from prefect_baton.models import (
     EndStatus,
     Handoff,
@@ -365,37 +371,85 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         raise AssertionError("unreachable")
 
     def _renew(self, caller: Caller, request: RenewRequest) -> Lease:
-        """Renew by proof (rules: :func:`prefect_baton._rules.transitions.decide_renew`)."""
-        return self._by_proof(
+        """Renew by proof (rules: :func:`prefect_baton._rules.transitions.decide_renew`).
+
+        The earliest deadline of the pending handoffs carrying the lease (read from the
+        ledger, :meth:`_lease_carriers`) goes to ``renew.lua``, which refuses past it on the
+        Redis clock (``LEASE_LOST``, :func:`prefect_baton._rules.core.
+        handoff_deadline_passed`); such a refusal then ends those handoffs as an acquire
+        does (:func:`expire_handoff`: the lease released once, reason ``handoff_expired``).
+        """
+        return self._carried(
             caller,
-            "renew",
-            request.proof,
-            [str(request.ttl_ms), opt(request.expected_version)],
-            lambda row, now: _transitions.decide_renew(row, request, now_ms=now),
+            request.proof.lease_id,
+            lambda deadline: self._by_proof(
+                caller,
+                "renew",
+                request.proof,
+                [str(request.ttl_ms), opt(request.expected_version), opt(deadline)],
+                lambda row, now: _transitions.decide_renew(row, request, now_ms=now),
+            ),
         )
+
+    def _carried(self, caller: Caller, lease_id: str, run: Callable[[int | None], Lease]) -> Lease:
+        """``run`` a renew or transfer script of ``lease_id`` with the earliest deadline of
+        the pending handoffs carrying it (:meth:`_lease_carriers`; ``None``: none), which
+        the script refuses past (``LEASE_LOST``); on a refusal, end those handoffs as an
+        acquire does (:func:`expire_handoff`, idempotent, judged on the Redis clock)."""
+        carriers = self._lease_carriers(caller, lease_id)
+        try:
+            return run(min((x for _h, x in carriers), default=None))
+        except LeaseLostError:
+            for handoff_id, _deadline in carriers:
+                expire_handoff(self, caller, handoff_id)
+            self._carriers_seen.pop((caller.org, lease_id), None)
+            raise
+
+    def _lease_carriers(self, caller: Caller, lease_id: str) -> list[tuple[str, int]]:
+        """The pending handoffs carrying ``lease_id`` with their deadlines, as the ledger
+        has them (:meth:`LedgerStore.lease_carriers`), asked at most once per
+        :data:`CARRIER_RECHECK_SECONDS` per lease and process, so a heartbeat's renew stays
+        one Redis round trip. No deadline is missed: a handoff created after the ledger was
+        asked expires at least 1 s later (the shortest handoff expiry)."""
+        mono = time.monotonic()
+        seen = self._carriers_seen
+        found = seen.get((caller.org, lease_id))
+        if found is not None and found[0] > mono:
+            return found[1]
+        carriers = self.store.lease_carriers(caller, lease_id)
+        if len(seen) > 10_000:
+            seen.clear()
+        seen[(caller.org, lease_id)] = (mono + CARRIER_RECHECK_SECONDS, carriers)
+        return carriers
 
     def _transfer(self, caller: Caller, request: TransferRequest) -> Lease:
         """Transfer by proof as ``request`` says (rules:
         :func:`prefect_baton._rules.transitions.decide_transfer`; the new epoch is also above the
-        incarnation's floor)."""
-        return self._by_proof(
+        incarnation's floor); refused past the deadline of a handoff carrying the lease, as
+        :meth:`_renew`."""
+        return self._carried(
             caller,
-            "transfer",
-            request.proof,
-            [
-                request.to_principal,
-                request.new_execution_key,
-                str(request.ttl_ms),
-                opt(request.expected_version),
-                f"lease_{random_uuid4_hex()}",
-                caller.principal,
-                "",
-                "",
-                "",
-                str(HANDOFF_KEY_TTL_MS),
-            ],
-            lambda row, now: _transitions.decide_transfer(
-                row, request, now_ms=now, new_lease_id="-"
+            request.proof.lease_id,
+            lambda deadline: self._by_proof(
+                caller,
+                "transfer",
+                request.proof,
+                [
+                    request.to_principal,
+                    request.new_execution_key,
+                    str(request.ttl_ms),
+                    opt(request.expected_version),
+                    f"lease_{random_uuid4_hex()}",
+                    caller.principal,
+                    "",
+                    "",
+                    "",
+                    str(HANDOFF_KEY_TTL_MS),
+                    opt(deadline),
+                ],
+                lambda row, now: _transitions.decide_transfer(
+                    row, request, now_ms=now, new_lease_id="-"
+                ),
             ),
         )
 

@@ -284,6 +284,8 @@ def transfer_lease(
             opt(note),
             opt(expires_at_ms),
             str(HANDOFF_KEY_TTL_MS),
+            # another pending handoff carrying the lease may have passed its deadline
+            opt(min((x for _h, x in auth._lease_carriers(caller, lease_id)), default=None)),
         ],
         [keys.handoff(handoff_id)],
     )

@@ -250,6 +250,17 @@ local function lost_refused(g, now)
   end
 end
 
+-- ... or is carried by a pending handoff whose earliest deadline `dl` (epoch ms, from the
+-- ledger; nil: none) has passed at `now` (LEASE_LOST: mirror of
+-- _core.handoff_deadline_passed as _transitions._check_held applies it; the handoff's end
+-- releases it, so the status is 'released'), ...
+local function carried_deadline_refused(g, dl, now)
+  if dl and tonumber(dl) <= now then
+    return {C_LOST, 'lease ' .. g.id .. ' is no longer held (released: the handoff carrying '
+      .. 'it expired unaccepted)', 'released'}
+  end
+end
+
 -- ... or has another version than the expected one `ev` (nil: any; VERSION_CONFLICT).
 local function version_refused(g, ev)
   if ev and tonumber(ev) ~= g.v then return {C_VERSION, I(g.v), ev} end

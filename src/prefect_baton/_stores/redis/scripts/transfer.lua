@@ -11,14 +11,17 @@
 -- ARGV[7] ttl_ms ("" = the lease's ttl), ARGV[8] expected version ("" or "=" .. n),
 -- ARGV[9] new lease id, ARGV[10] actor principal (recorded in the journal),
 -- ARGV[11] handoff id ("" or "=" .. id), ARGV[12] handoff note ("" or "=" .. note),
--- ARGV[13] handoff expires_at_ms ("" or "=" .. ms), ARGV[14] resolution key ttl_ms.
+-- ARGV[13] handoff expires_at_ms ("" or "=" .. ms), ARGV[14] resolution key ttl_ms,
+-- ARGV[15] the earliest deadline of the pending handoffs carrying the lease ("" or "=" ..
+-- epoch ms, read from the ledger; see renew.lua).
 -- Returns:
 --   {0, journal entry id, generation}   transferred
 --   {2, generation}                      handoff mode: already accepted by this handoff
 --   {10, expires_at_ms, 0|1}             CONFLICT (post-loss lock delay, or 1: a scope)
 --   {11, current, expected}              VERSION_CONFLICT
 --   {12, message}                        NOT_FOUND
---   {13, message[, status]}              LEASE_LOST
+--   {13, message[, status]}              LEASE_LOST (ended, expired, or past a carrying
+--                                        handoff's deadline)
 --   {18, lease id, held key?, given key?} LEASE_LOST (another execution key: _lib.lua)
 --   {15, message}                        VALIDATION_ERROR
 --   {20}                                 lease id unknown to Redis
@@ -47,7 +50,7 @@ if not g then return {C_UNKNOWN} end
 local key = opt(ARGV[3])
 if hid then key = g.k end
 local refused = proof_refused(g, id, principal, key) or lost_refused(g, now)
-  or version_refused(g, opt(ARGV[8]))
+  or carried_deadline_refused(g, opt(ARGV[15]), now) or version_refused(g, opt(ARGV[8]))
 if refused then return refused end
 if nkey == g.k then
   return {C_INVALID, 'transfer needs a new execution key for the receiver'}

@@ -54,9 +54,10 @@ from starlette.routing import Match
 from prefect_baton import metrics
 from prefect_baton._rules.validation import request_body_limit
 from prefect_baton._stores.factory import open_stores
+from prefect_baton._stores.ledger.engine import ledger_failure
 from prefect_baton._stores.ledger.tables import ApiKeyRow
 from prefect_baton._stores.protocol import Caller
-from prefect_baton.errors import BatonError, UnavailableError, as_baton_error, from_pydantic
+from prefect_baton.errors import BatonError, as_baton_error, from_pydantic
 from prefect_baton.rest import _calls, _routes_leases, _routes_records, _ui
 from prefect_baton.rest import _schemas as s
 from prefect_baton.rest._deps import B, _reply, _rid
@@ -186,7 +187,7 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
             with Session(store.engines.read) as session:
                 row = session.get(ApiKeyRow, key_id)
         except OperationalError as exc:
-            raise UnavailableError("ledger database unavailable") from exc
+            raise ledger_failure(store.engines, exc) from exc
         scopes = json.loads(row.scopes) if row is not None else []
         return _reply(request, _calls.me(b, scopes, key_id))
 

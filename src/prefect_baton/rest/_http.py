@@ -401,7 +401,8 @@ class BatonMiddleware:
       with ``400 VALIDATION_ERROR``, before any route runs; a body over
       :data:`THREAD_PARSE_BYTES` is parsed on a worker thread (:func:`read_json_body`),
       so other requests are answered meanwhile. The document is left in
-      ``scope["state"]["json_body"]`` (:data:`JSON_BODY_STATE`).
+      ``scope["state"]["json_body"]`` (:data:`JSON_BODY_STATE`), where the routes of
+      :func:`~prefect_baton.rest.create_app` read it instead of parsing the body again.
 
     Args:
         app: the wrapped ASGI app. engines: callable returning the ledger's engines (keys).

@@ -134,6 +134,10 @@ UNPARSEABLE: list[tuple[str, bytes, str]] = [
     ("nested too deep", b"[" * 100_000 + b"]" * 100_000, "body: invalid JSON (nested too deeply)"),
     ("trailing data", b'{"ttl_seconds": 60} x', "body: invalid JSON at byte 20 (Extra data)"),
     ("blank", b"   ", "body: invalid JSON at byte 3 (Expecting value)"),
+    # literals Python's json reads but JSON (RFC 8259) has not
+    ("NaN", b'{"ttl_seconds": NaN}', "body: invalid JSON (NaN is not JSON)"),
+    ("Infinity", b'{"ttl_seconds": Infinity}', "body: invalid JSON (Infinity is not JSON)"),
+    ("-Infinity", b'{"ttl_seconds": -Infinity}', "body: invalid JSON (-Infinity is not JSON)"),
 ]
 
 

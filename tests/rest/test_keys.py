@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -10,7 +11,9 @@ from sqlalchemy import create_engine, text
 
 from prefect_baton import errors
 from prefect_baton._rules.paging import encode_cursor
-from prefect_baton.rest import ALL_SCOPES, create_key, list_keys, revoke_key
+from prefect_baton._stores.ledger.engine import Engines
+from prefect_baton.rest import ALL_SCOPES, create_app, create_key, list_keys, revoke_key
+from prefect_baton.rest.keys import authenticate
 
 from .conftest import MakeKey, data, error, row_counts
 
@@ -181,3 +184,85 @@ def test_keys_never_appear_in_logs(
     client.get("/v1/leases", headers=h)
     assert secret not in caplog.text
     assert secret[3:] not in caplog.text
+
+
+# ---------------------------------------------------------------- a ledger that fails
+
+
+def _read_only(path: Path) -> Engines:
+    """Engines over the SQLite file ``path`` opened read-only (``mode=ro``: refused writes
+    are ``SQLITE_READONLY``, as for a file without write permission, even for root)."""
+    engine = create_engine(f"sqlite:///file:{path}?mode=ro&uri=true")
+    return Engines(url=f"sqlite:///{path}", dialect="sqlite", write=engine, read=engine)
+
+
+def _unreachable(tmp_path: Path) -> Engines:
+    """Engines over a SQLite "file" that is a directory: every connection fails."""
+    engine = create_engine(f"sqlite:///{tmp_path}")
+    return Engines(url=f"sqlite:///{tmp_path}", dialect="sqlite", write=engine, read=engine)
+
+
+def test_a_key_written_to_a_read_only_ledger_says_the_file_is_not_writable(
+    ledger_url: str, tmp_path: Path
+) -> None:
+    """Creating or revoking a key in a SQLite ledger that cannot be written is
+    ``UNAVAILABLE`` naming the file and saying it is not writable (the store's one rule,
+    ``ledger_failure``), not a driver exception."""
+    _secret, key = create_key(ledger_url, org="acme", principal="a")
+    engines = _read_only(tmp_path / "ledger.db")
+    try:
+        with pytest.raises(errors.UnavailableError, match="not writable") as made:
+            create_key(org="acme", principal="b", engines=engines)
+        assert str(tmp_path / "ledger.db") in made.value.message
+        with pytest.raises(errors.UnavailableError, match="not writable"):
+            revoke_key(key_id=key.key_id, engines=engines)
+    finally:
+        engines.dispose()
+    assert [k.key_id for k in list_keys(ledger_url)] == [key.key_id]
+
+
+def test_a_key_looked_up_in_an_unreachable_ledger_names_the_cause(tmp_path: Path) -> None:
+    """authenticate on a ledger it cannot open is ``UNAVAILABLE`` whose message names the
+    driver's cause, not a bare "ledger database unavailable"."""
+    engines = _unreachable(tmp_path)
+    try:
+        with pytest.raises(errors.UnavailableError) as failed:
+            authenticate(engines, "bk_" + "x" * 43)
+    finally:
+        engines.dispose()
+    assert failed.value.code == "UNAVAILABLE"
+    assert failed.value.message == "ledger database unavailable: unable to open database file"
+
+
+def test_served_ledger_failures_are_logged_with_their_cause(
+    ledger_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The key check of a request and ``GET /v1/me`` on a ledger that cannot be opened
+    answer ``503 UNAVAILABLE`` (the client is told only the request id) and the server log
+    names the cause."""
+    monkeypatch.setenv("BATON_KEY_CACHE_SECONDS", "300")  # the second /v1/me uses the cache
+    secret, _key = create_key(ledger_url, org="acme", principal="a")
+    auth = {"Authorization": f"Bearer {secret}"}
+    caplog.set_level(logging.WARNING, logger="prefect_baton.rest")
+    cause = "ledger database unavailable: unable to open database file"
+    with TestClient(create_app(ledger_url), raise_server_exceptions=False) as client:
+        other = {"Authorization": f"Bearer {create_key(ledger_url, org='acme', principal='b')[0]}"}
+        assert data(client.get("/v1/me", headers=auth))["principal"] == "a"
+        store = client.app.state.store  # type: ignore[attr-defined]
+        good = store.engines
+        broken = _unreachable(tmp_path / "unreachable")
+        (tmp_path / "unreachable").mkdir()
+        monkeypatch.setattr(store, "engines", broken)
+        try:
+            for headers in (auth, other):  # auth: key cached, /v1/me fails; other: key check
+                resp = client.get("/v1/me", headers=headers)
+                err = error(resp, 503, "UNAVAILABLE")
+                rid = resp.headers["x-request-id"]
+                assert rid in err["message"]
+                assert f"UNAVAILABLE for request {rid}: {cause}" in caplog.text
+        finally:
+            monkeypatch.setattr(store, "engines", good)
+            broken.dispose()

@@ -1,8 +1,9 @@
 """A shorter way through FastAPI for the hottest routes (``POST /v1/leases``, ``DELETE
 /v1/leases/{lease_id}``): :func:`install` gives a route a request handler that reads the
 route's parameters itself, validates each with the very field FastAPI would validate it
-with (the body read by :func:`~prefect_baton.rest._http.parse_json_body`, the JSON rule
-of the whole API: a body it refuses is ``400 VALIDATION_ERROR`` here too), and runs the
+with (the body as :class:`~prefect_baton.rest._http.BatonMiddleware` parsed it, else
+read by :func:`~prefect_baton.rest._http.read_json_body`, the JSON rule of the whole API:
+a body it refuses is ``400 VALIDATION_ERROR`` here too), and runs the
 endpoint on a worker thread as FastAPI does; anything else out of the
 ordinary (a validation error, a body that is not ``Content-Type: application/json``, a
 missing required value, dependency overrides, FastAPI's telemetry switched on) is handed
@@ -23,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from prefect_baton.rest._http import parse_json_body
+from prefect_baton.rest._http import JSON_BODY_STATE, read_json_body
 
 try:
     from fastapi.telemetry import get_telemetry_data
@@ -154,7 +155,11 @@ def install(route: APIRoute) -> None:
                 raw = await request.body()
                 if not raw:  # FastAPI: the body is missing
                     raise _Fallback
-                data = parse_json_body(raw)  # the JSON rule of BatonMiddleware (raises 400)
+                state = request.scope.get("state", {})
+                if JSON_BODY_STATE in state:  # parsed by BatonMiddleware already
+                    data = state[JSON_BODY_STATE]
+                else:  # the JSON rule of BatonMiddleware (raises 400)
+                    data = await read_json_body(raw)
                 values[body_field.name] = _field_value(body_field, data, ("body",))
             params = request.path_params
             for name, field in path_fields:

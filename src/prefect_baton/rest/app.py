@@ -40,31 +40,37 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import Match
+from starlette.types import Receive, Scope
 
 from prefect_baton import metrics
 from prefect_baton._rules.validation import request_body_limit
 from prefect_baton._stores.factory import open_stores
+from prefect_baton._stores.ledger.engine import ledger_failure
 from prefect_baton._stores.ledger.tables import ApiKeyRow
 from prefect_baton._stores.protocol import Caller
-from prefect_baton.errors import BatonError, UnavailableError, as_baton_error, from_pydantic
+from prefect_baton.errors import BatonError, as_baton_error, from_pydantic
 from prefect_baton.rest import _calls, _routes_leases, _routes_records, _ui
 from prefect_baton.rest import _schemas as s
 from prefect_baton.rest._deps import B, _reply, _rid
 from prefect_baton.rest._http import (
+    JSON_BODY_STATE,
     BatonMiddleware,
     baton_error_response,
     error_response,
     logger,
+    replaying,
 )
 from prefect_baton.rest._openapi import install_openapi
 from prefect_baton.rest.keys import KeyCache
@@ -86,6 +92,41 @@ def _allowed_methods(request: Request) -> str:
         if path is not None and getattr(route, "path", None) == path:
             methods |= set(getattr(route, "methods", None) or ())
     return ", ".join(sorted(methods))
+
+
+class _ParsedRequest(Request):
+    """A request whose JSON body :class:`~prefect_baton.rest._http.BatonMiddleware` has
+    parsed already: :meth:`json` gives that ``document`` instead of parsing the body again
+    (on the event loop, where FastAPI reads it)."""
+
+    def __init__(self, scope: Scope, receive: Receive, document: Any) -> None:
+        super().__init__(scope, receive)
+        self._document = document
+
+    async def json(self) -> Any:
+        """The body's JSON document, as the middleware read it."""
+        return self._document
+
+
+class _ParsedBodyRoute(APIRoute):
+    """The route class of the app: its handler reads a JSON body from the document the
+    middleware parsed (``scope["state"]["json_body"]``, taken from there) rather than
+    parsing the body a second time on the event loop, which would hold up every other
+    request of the process for as long as a large body takes."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def parsed_once(request: Request) -> Response:
+            state = request.scope.get("state", {})
+            if JSON_BODY_STATE in state:
+                document = state.pop(JSON_BODY_STATE)
+                body = await request.body()  # read already when the fast path fell back
+                receive = replaying(body, request.receive)
+                request = _ParsedRequest(request.scope, receive, document)
+            return await handler(request)
+
+        return parsed_once
 
 
 def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> FastAPI:
@@ -125,6 +166,7 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         stores.close()
 
     app = FastAPI(title="prefect-baton", version="1", lifespan=lifespan)
+    app.router.route_class = _ParsedBodyRoute
     app.state.store = store
     app.state.close_stores = stores.close  # for a server that builds the app only to check
     app.state.settings = settings
@@ -186,7 +228,7 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
             with Session(store.engines.read) as session:
                 row = session.get(ApiKeyRow, key_id)
         except OperationalError as exc:
-            raise UnavailableError("ledger database unavailable") from exc
+            raise ledger_failure(store.engines, exc) from exc
         scopes = json.loads(row.scopes) if row is not None else []
         return _reply(request, _calls.me(b, scopes, key_id))
 

@@ -37,10 +37,10 @@ from sqlmodel import Session, col, select
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.paging import decode_cursor, fetch_page
 from prefect_baton._settings import load_settings
-from prefect_baton._stores.ledger.engine import Engines, make_engines, upgrade
+from prefect_baton._stores.ledger.engine import Engines, ledger_failure, make_engines, upgrade
 from prefect_baton._stores.ledger.paging import after_key
 from prefect_baton._stores.ledger.tables import ApiKeyRow
-from prefect_baton.errors import NotFoundError, UnavailableError, ValidationError
+from prefect_baton.errors import NotFoundError, ValidationError
 from prefect_baton.models import Page
 
 __all__ = [
@@ -108,16 +108,21 @@ def hash_key(secret: str) -> str:
 def _ledger(ledger_url: str | None, engines: Engines | None) -> Iterator[Engines]:
     """The ledger a key function works on: ``engines`` when given (left open), else the
     ledger of ``ledger_url`` (default ``BATON_LEDGER_URL``), migrated if needed and
-    disposed of on exit."""
-    if engines is not None:
-        yield engines
-        return
-    own = make_engines(ledger_url or load_settings().ledger_url)
-    upgrade(own)
+    disposed of on exit. A statement the database fails with inside raises the store's
+    error of it (:func:`~prefect_baton._stores.ledger.engine.ledger_failure`:
+    ``UNAVAILABLE`` naming the cause, e.g. a read-only SQLite file)."""
+    own = None
+    if engines is None:
+        own = engines = make_engines(ledger_url or load_settings().ledger_url)
     try:
-        yield own
+        if own is not None:
+            upgrade(own)
+        yield engines
+    except OperationalError as exc:
+        raise ledger_failure(engines, exc) from exc
     finally:
-        own.dispose()
+        if own is not None:
+            own.dispose()
 
 
 def _to_model(row: ApiKeyRow) -> ApiKey:
@@ -274,20 +279,17 @@ def authenticate(engines: Engines, secret: str) -> ApiKey | None:
     """The valid (unrevoked) key whose hash matches ``secret`` (``str``), else ``None``.
 
     Raises:
-        UnavailableError: the ledger is down.
+        UnavailableError: the ledger cannot be read (the message names the cause).
     """
     if not secret.startswith(KEY_PREFIX) or len(secret) > 512:
         return None
     digest = hash_key(secret)
-    try:
-        with Session(engines.read) as session:
-            row = session.exec(
-                select(ApiKeyRow).where(
-                    col(ApiKeyRow.key_hash) == digest, col(ApiKeyRow.revoked_at_ms).is_(None)
-                )
-            ).first()
-    except OperationalError as exc:
-        raise UnavailableError("ledger database unavailable") from exc
+    with _ledger(None, engines), Session(engines.read) as session:
+        row = session.exec(
+            select(ApiKeyRow).where(
+                col(ApiKeyRow.key_hash) == digest, col(ApiKeyRow.revoked_at_ms).is_(None)
+            )
+        ).first()
     return None if row is None else _to_model(row)
 
 

@@ -125,7 +125,7 @@ def test_limit_zero_turns_it_off(
 def test_ledger_down_over_the_limit_fails_closed(
     make: Callable[..., RedisAuthority], client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The ledger cannot be written (its drain raises UNAVAILABLE): acquire and
+    """The ledger cannot be written or read (its drain raises UNAVAILABLE): acquire and
     acquire_many fail before granting anything (the resource stays free, the journal
     unchanged), each time and not only when the length is due to be read again; renew and
     release of a lease already held still work. Once the ledger is back, the next acquire
@@ -139,6 +139,8 @@ def test_ledger_down_over_the_limit_fails_closed(
         raise UnavailableError("ledger database unavailable: connection refused")
 
     monkeypatch.setattr(auth.reconciler, "drain", ledger_down)
+    # nor read: the handoffs carrying a lease cannot be asked for before a renew
+    monkeypatch.setattr(auth.store, "lease_carriers", ledger_down)
     before = client.xlen(journal)
     with pytest.raises(UnavailableError, match="max_lag_entries") as err:
         limited.leases.acquire("res", "blocked", ttl_seconds=30)

@@ -30,6 +30,7 @@ drain are in :mod:`prefect_baton._stores.redis.base`, the connection and error p
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -79,6 +80,7 @@ from prefect_baton.errors import (
     ConflictError,
     LeaseLostError,
     NotFoundError,
+    UnavailableError,
     ValidationError,
 )
 from prefect_baton.models import (
@@ -91,6 +93,8 @@ from prefect_baton.models import (
 )
 
 __all__ = ["RedisAuthority", "connect"]
+
+log = logging.getLogger("prefect_baton.redis")
 
 
 CARRIER_RECHECK_SECONDS = 0.5
@@ -408,15 +412,29 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
     def _lease_carriers(self, caller: Caller, lease_id: str) -> list[tuple[str, int]]:
         """The pending handoffs carrying ``lease_id`` with their deadlines, as the ledger
         has them (:meth:`LedgerStore.lease_carriers`), asked at most once per
-        :data:`CARRIER_RECHECK_SECONDS` per lease and process, so a heartbeat's renew stays
-        one Redis round trip. No deadline is missed: a handoff created after the ledger was
-        asked expires at least 1 s later (the shortest handoff expiry)."""
+        :data:`CARRIER_RECHECK_SECONDS` per lease and process. No deadline is missed: a
+        handoff created after the ledger was asked expires at least 1 s later (the shortest
+        handoff expiry).
+
+        While the ledger cannot be read (``UNAVAILABLE``) the answer is "none", not an
+        error: renewals of held leases go on while the ledger is down, as they did before
+        this check (see ``BATON_REDIS_MAX_LAG_ENTRIES``). That cannot give the lease to a
+        second holder: a handoff is accepted in the ledger, which refuses one past its
+        deadline, and the first renew once the ledger answers is refused."""
         mono = time.monotonic()
         seen = self._carriers_seen
         found = seen.get((caller.org, lease_id))
         if found is not None and found[0] > mono:
             return found[1]
-        carriers = self.store.lease_carriers(caller, lease_id)
+        try:
+            carriers = self.store.lease_carriers(caller, lease_id)
+        except UnavailableError:
+            log.warning(
+                "the ledger did not answer: lease %s is renewed without checking the "
+                "handoffs carrying it",
+                lease_id,
+            )
+            return []
         if len(seen) > 10_000:
             seen.clear()
         seen[(caller.org, lease_id)] = (mono + CARRIER_RECHECK_SECONDS, carriers)

@@ -137,6 +137,9 @@ def test_baton_demo_reports_bad_arguments_as_validation_errors(
     for args, message in (
         (["--bogus"], "unrecognized arguments: --bogus"),
         (["--input", str(missing)], f"--input {missing} is not a directory"),
+        (["--timeout", "0"], "--timeout must be at least 1 (got 0)"),
+        (["--lines-per-chunk", "0"], "--lines-per-chunk must be at least 1 (got 0)"),
+        (["--work-ms", "-5"], "--work-ms must not be negative (got -5)"),
     ):
         result = CliRunner().invoke(app, ["demo", *args], env=_no_baton_env())
         assert result.exit_code == EXIT_CODES["VALIDATION_ERROR"], result.output

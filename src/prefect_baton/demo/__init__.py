@@ -552,8 +552,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         problems.append("--crash + --pause must leave at least one healthy researcher")
     if args.engine == "prefect" and (args.crash or args.pause):
         problems.append("--crash and --pause apply to --engine processes only")
-    if args.work_ms < 0 or args.lines_per_chunk < 1 or args.timeout < 1:
-        problems.append("--work-ms must be >= 0, --lines-per-chunk and --timeout >= 1")
+    if args.work_ms < 0:
+        problems.append(f"--work-ms must not be negative (got {args.work_ms})")
+    for option, value in (("--lines-per-chunk", args.lines_per_chunk), ("--timeout", args.timeout)):
+        if value < 1:
+            problems.append(f"{option} must be at least 1 (got {value:g})")
     try:
         validate_ttl(args.ttl, "--ttl")
     except ValidationError:

@@ -504,3 +504,24 @@ def test_show_prints_a_lease_by_id_to_its_holder_and_owners_only(cli: Cli) -> No
     ):
         assert run.code == 5, run.text
         assert run.json["error"]["code"] == "NOT_FOUND"
+
+
+def test_release_table_shows_the_released_lease_field_by_field(cli: Cli) -> None:
+    """The table of a release receipt names each field of the lease it carries on a row of
+    its own (``lease.epoch``), not the whole lease as JSON in one cell."""
+    lease = acquire(cli)
+    out = cli(
+        "lease",
+        "release",
+        "--lease-id",
+        lease["lease_id"],
+        "--execution-key",
+        "run-1",
+        fmt="table",
+    )
+    assert out.code == 0, out.text
+    assert _field(out.stdout, "status") == "released"
+    assert _field(out.stdout, "lease.lease_id") == lease["lease_id"]
+    assert _field(out.stdout, "lease.epoch") == "1"
+    assert _field(out.stdout, "lease.status") == "released"
+    assert '"lease_id"' not in out.stdout

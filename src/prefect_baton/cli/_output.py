@@ -145,9 +145,22 @@ def _render_object(title: str, data: Mapping[str, Any]) -> None:
     table = Table(title=Text(title), show_header=False, title_justify="left")
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
-    for key, value in data.items():
+    for key, value in _fields(data):
         table.add_row(_cell(key), _cell(value))
     _console().print(table)
+
+
+def _fields(data: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """The rows of a one-object table: each field of ``data``, and each field of a nested
+    object on a row of its own, named by its path (``lease.epoch``), instead of the whole
+    nested object as JSON in one cell."""
+    rows: list[tuple[str, Any]] = []
+    for key, value in data.items():
+        if isinstance(value, Mapping) and value:
+            rows.extend(_fields(value, f"{prefix}{key}."))
+        else:
+            rows.append((f"{prefix}{key}", value))
+    return rows
 
 
 def _render_rows(title: str, rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> None:

@@ -30,7 +30,6 @@ drain are in :mod:`prefect_baton._stores.redis.base`, the connection and error p
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -72,15 +71,13 @@ from prefect_baton._stores.redis.codec import (
     scope_meta,
 )
 from prefect_baton._stores.redis.connection import as_text, connect
-from prefect_baton._stores.redis.handoffs import expire_handoff, resolve_handoff
+from prefect_baton._stores.redis.handoffs import expire_handoff, resolve_handoff, run_carried
 from prefect_baton._stores.redis.keys import HANDOFF_KEY_TTL_MS, org_keys, resource_digest
 from prefect_baton._stores.redis.scripts import NOOP, OK, REPLAY, UNKNOWN, raise_for
 from prefect_baton.errors import (
     BatonError,
     ConflictError,
-    LeaseLostError,
     NotFoundError,
-    UnavailableError,
     ValidationError,
 )
 from prefect_baton.models import (
@@ -93,8 +90,6 @@ from prefect_baton.models import (
 )
 
 __all__ = ["RedisAuthority", "connect"]
-
-log = logging.getLogger("prefect_baton.redis")
 
 
 CARRIER_RECHECK_SECONDS = 0.5
@@ -378,12 +373,14 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         """Renew by proof (rules: :func:`prefect_baton._rules.transitions.decide_renew`).
 
         The earliest deadline of the pending handoffs carrying the lease (read from the
-        ledger, :meth:`_lease_carriers`) goes to ``renew.lua``, which refuses past it on the
+        ledger, :func:`~prefect_baton._stores.redis.handoffs.lease_carriers`) goes to
+        ``renew.lua``, which refuses past it on the
         Redis clock (``LEASE_LOST``, :func:`prefect_baton._rules.core.
         handoff_deadline_passed`); such a refusal then ends those handoffs as an acquire
         does (:func:`expire_handoff`: the lease released once, reason ``handoff_expired``).
         """
-        return self._carried(
+        return run_carried(
+            self,
             caller,
             request.proof.lease_id,
             lambda deadline: self._by_proof(
@@ -395,57 +392,13 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
             ),
         )
 
-    def _carried(self, caller: Caller, lease_id: str, run: Callable[[int | None], Lease]) -> Lease:
-        """``run`` a renew or transfer script of ``lease_id`` with the earliest deadline of
-        the pending handoffs carrying it (:meth:`_lease_carriers`; ``None``: none), which
-        the script refuses past (``LEASE_LOST``); on a refusal, end those handoffs as an
-        acquire does (:func:`expire_handoff`, idempotent, judged on the Redis clock)."""
-        carriers = self._lease_carriers(caller, lease_id)
-        try:
-            return run(min((x for _h, x in carriers), default=None))
-        except LeaseLostError:
-            for handoff_id, _deadline in carriers:
-                expire_handoff(self, caller, handoff_id)
-            self._carriers_seen.pop((caller.org, lease_id), None)
-            raise
-
-    def _lease_carriers(self, caller: Caller, lease_id: str) -> list[tuple[str, int]]:
-        """The pending handoffs carrying ``lease_id`` with their deadlines, as the ledger
-        has them (:meth:`LedgerStore.lease_carriers`), asked at most once per
-        :data:`CARRIER_RECHECK_SECONDS` per lease and process. No deadline is missed: a
-        handoff created after the ledger was asked expires at least 1 s later (the shortest
-        handoff expiry).
-
-        While the ledger cannot be read (``UNAVAILABLE``) the answer is "none", not an
-        error: renewals of held leases go on while the ledger is down, as they did before
-        this check (see ``BATON_REDIS_MAX_LAG_ENTRIES``). That cannot give the lease to a
-        second holder: a handoff is accepted in the ledger, which refuses one past its
-        deadline, and the first renew once the ledger answers is refused."""
-        mono = time.monotonic()
-        seen = self._carriers_seen
-        found = seen.get((caller.org, lease_id))
-        if found is not None and found[0] > mono:
-            return found[1]
-        try:
-            carriers = self.store.lease_carriers(caller, lease_id)
-        except UnavailableError:
-            log.warning(
-                "the ledger did not answer: lease %s is renewed without checking the "
-                "handoffs carrying it",
-                lease_id,
-            )
-            return []
-        if len(seen) > 10_000:
-            seen.clear()
-        seen[(caller.org, lease_id)] = (mono + CARRIER_RECHECK_SECONDS, carriers)
-        return carriers
-
     def _transfer(self, caller: Caller, request: TransferRequest) -> Lease:
         """Transfer by proof as ``request`` says (rules:
         :func:`prefect_baton._rules.transitions.decide_transfer`; the new epoch is also above the
         incarnation's floor); refused past the deadline of a handoff carrying the lease, as
         :meth:`_renew`."""
-        return self._carried(
+        return run_carried(
+            self,
             caller,
             request.proof.lease_id,
             lambda deadline: self._by_proof(

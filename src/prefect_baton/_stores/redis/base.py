@@ -226,7 +226,7 @@ class AuthorityBase:
         # acquire does not ask the ledger for expired handoffs carrying its lease again
         self._carrier_quiet: dict[tuple[str, str, str], float] = {}
         #: (org, lease id) -> (monotonic time until which it holds, the pending handoffs
-        #: carrying the lease as ``(handoff id, deadline ms)``): see ``_lease_carriers``
+        #: carrying the lease as ``(handoff id, deadline ms)``): see ``handoffs.lease_carriers``
         self._carriers_seen: dict[tuple[str, str], tuple[float, list[tuple[str, int]]]] = {}
 
     # ------------------------------------------------------------------ plumbing

@@ -35,6 +35,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from prefect_baton._rules.access import check_resolver
@@ -57,11 +60,19 @@ if TYPE_CHECKING:
 
 __all__ = [
     "expire_handoff",
+    "lease_carriers",
     "mark_rejected",
     "release_carried",
     "resolve_handoff",
+    "run_carried",
     "transfer_lease",
 ]
+
+log = logging.getLogger("prefect_baton.redis")
+
+#: How long the answer of :func:`lease_carriers` is trusted (seconds; below the shortest
+#: handoff expiry, 1 s, so that no deadline is missed).
+LEASE_CARRIERS_RECHECK_SECONDS = 0.5
 
 
 def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: ResolveRequest) -> Handoff:
@@ -285,7 +296,7 @@ def transfer_lease(
             opt(expires_at_ms),
             str(HANDOFF_KEY_TTL_MS),
             # another pending handoff carrying the lease may have passed its deadline
-            opt(min((x for _h, x in auth._lease_carriers(caller, lease_id)), default=None)),
+            opt(min((x for _h, x in lease_carriers(auth, caller, lease_id)), default=None)),
         ],
         [keys.handoff(handoff_id)],
     )
@@ -301,3 +312,57 @@ def transfer_lease(
         raise NotFoundError(f"lease {lease_id} not found")
     raise_for(reply)
     raise AssertionError("unreachable")
+
+
+def run_carried(
+    auth: RedisAuthority, caller: Caller, lease_id: str, run: Callable[[int | None], Lease]
+) -> Lease:
+    """``run`` a renew or transfer script of ``lease_id`` with the earliest deadline of the
+    pending handoffs carrying it (:func:`lease_carriers`; ``None``: none), which the script
+    refuses past (``LEASE_LOST``, :func:`prefect_baton._rules.core.handoff_deadline_passed`);
+    on a refusal, end those handoffs as an acquire does (:func:`expire_handoff`, idempotent,
+    judged on the Redis clock: the lease released once, reason ``handoff_expired``).
+
+    Raises:
+        What ``run`` raises.
+    """
+    carriers = lease_carriers(auth, caller, lease_id)
+    try:
+        return run(min((x for _h, x in carriers), default=None))
+    except LeaseLostError:
+        for handoff_id, _deadline in carriers:
+            expire_handoff(auth, caller, handoff_id)
+        auth._carriers_seen.pop((caller.org, lease_id), None)
+        raise
+
+
+def lease_carriers(auth: RedisAuthority, caller: Caller, lease_id: str) -> list[tuple[str, int]]:
+    """The pending handoffs carrying ``lease_id`` with their deadlines (epoch ms), as the
+    ledger has them (:meth:`LedgerStore.lease_carriers`), asked at most once per
+    :data:`LEASE_CARRIERS_RECHECK_SECONDS` per lease and process. No deadline is missed: a
+    handoff created after the ledger was asked expires at least 1 s later (the shortest
+    handoff expiry).
+
+    While the ledger cannot be read (``UNAVAILABLE``) the answer is "none", not an error:
+    renewals of held leases go on while the ledger is down, as they did before this check
+    (see ``BATON_REDIS_MAX_LAG_ENTRIES``). That cannot give the lease to a second holder: a
+    handoff is accepted in the ledger, which refuses one past its deadline, and the first
+    renew once the ledger answers is refused."""
+    mono = time.monotonic()
+    seen = auth._carriers_seen
+    found = seen.get((caller.org, lease_id))
+    if found is not None and found[0] > mono:
+        return found[1]
+    try:
+        carriers = auth.store.lease_carriers(caller, lease_id)
+    except UnavailableError:
+        log.warning(
+            "the ledger did not answer: lease %s is renewed without checking the handoffs "
+            "carrying it",
+            lease_id,
+        )
+        return []
+    if len(seen) > 10_000:
+        seen.clear()
+    seen[(caller.org, lease_id)] = (mono + LEASE_CARRIERS_RECHECK_SECONDS, carriers)
+    return carriers

@@ -211,6 +211,33 @@ def test_two_idempotency_key_headers_are_400(
     assert row_counts(ledger_url) == before
 
 
+NOT_UTF8 = [
+    "/v1/leases/inspect?resource_type=deploy&resource_id=%ED%A0%80",
+    "/v1/leases/inspect?resource_type=deploy&resource_id=%FF",
+    "/v1/leases/lease_%FE",
+    "/v1/outcomes?subject_id=a%C3",
+]
+
+
+@pytest.mark.parametrize("url", NOT_UTF8)
+def test_percent_escapes_that_are_not_utf8_are_400(
+    client: TestClient, make_key: MakeKey, url: str
+) -> None:
+    """A path or query whose percent-escapes decode to bytes that are not UTF-8 is refused,
+    not read with U+FFFD in place of each bad byte (``%FF`` and ``%FE`` would name one id)."""
+    method = client.delete if url.startswith("/v1/leases/lease_") else client.get
+    err = error(method(url, headers=make_key()), 400, "VALIDATION_ERROR")
+    assert err["message"].startswith("the URL is not UTF-8 once percent-decoded"), err
+
+
+def test_percent_escaped_utf8_in_an_id_still_works(client: TestClient, make_key: MakeKey) -> None:
+    """Percent-escaped UTF-8 (``%C3%A9``) is read as the character it encodes."""
+    resp = client.get(
+        "/v1/leases/inspect?resource_type=deploy&resource_id=caf%C3%A9", headers=make_key()
+    )
+    assert data(resp)["resource_id"] == "caf\u00e9"
+
+
 def test_distinct_query_parameters_still_work(client: TestClient, make_key: MakeKey) -> None:
     """Several different parameters are fine."""
     resp = client.get("/v1/events?limit=5&after=0", headers=make_key())

@@ -346,9 +346,10 @@ def _refused_head(scope: Scope) -> JSONResponse | None:
     """The answer to a request whose head is refused before anything else, else ``None``:
     more than one ``Authorization`` or ``Idempotency-Key`` header (``400``: which one
     counts would be a guess),
-    a query parameter given more than once (``400``, likewise), or a bearer key in the
-    URL's path or query (``401``: keys are accepted only in the ``Authorization`` header;
-    the access log redacts it)."""
+    a query parameter given more than once (``400``, likewise), a path or query whose
+    percent-escapes do not decode to UTF-8 (``400``: read leniently, ``%FF`` and ``%FE``
+    would both name the id ``\ufffd``), or a bearer key in the URL's path or query (``401``:
+    keys are accepted only in the ``Authorization`` header; the access log redacts it)."""
     headers = scope.get("headers", [])
     for single in ("Authorization", "Idempotency-Key"):
         lowered = single.lower().encode()
@@ -361,7 +362,16 @@ def _refused_head(scope: Scope) -> JSONResponse | None:
         )
     target = bytes(scope.get("raw_path") or scope.get("path", "").encode()) + b"?"
     target += bytes(scope.get("query_string", b""))
-    if _KEY_IN_URL.search(unquote_to_bytes(target.replace(b"+", b" "))):
+    decoded = unquote_to_bytes(target.replace(b"+", b" "))
+    try:
+        decoded.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return error_response(
+            "VALIDATION_ERROR",
+            f"the URL is not UTF-8 once percent-decoded (byte {exc.start} of the decoded "
+            "path and query)",
+        )
+    if _KEY_IN_URL.search(decoded):
         return error_response(
             "UNAUTHENTICATED", "a bearer key is accepted only in the Authorization header"
         )

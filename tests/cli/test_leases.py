@@ -525,3 +525,12 @@ def test_release_table_shows_the_released_lease_field_by_field(cli: Cli) -> None
     assert _field(out.stdout, "lease.epoch") == "1"
     assert _field(out.stdout, "lease.status") == "released"
     assert '"lease_id"' not in out.stdout
+
+
+def test_free_form_json_stays_json_in_a_table(cli: Cli) -> None:
+    """A checkpoint's state (free-form JSON, not a record) stays one JSON cell in the
+    table, not split into rows."""
+    out = cli("checkpoint", "save", "subj", "k", '{"a": {"b": [1, 2]}, "c": 3}', fmt="table")
+    assert out.code == 0, out.text
+    assert _field(out.stdout, "state") == '{"a": {"b": [1, 2]}, "c": 3}'
+    assert "state.a" not in out.stdout

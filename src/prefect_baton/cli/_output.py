@@ -18,7 +18,7 @@ import enum
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -141,26 +141,29 @@ def _cell(value: Any) -> Text:
     return Text(visible(text))
 
 
-def _render_object(title: str, data: Mapping[str, Any]) -> None:
+def _render_object(title: str, data: Mapping[str, Any], records: Collection[str] = ()) -> None:
+    """A one-object table: a row per field of ``data``; each field of a nested record
+    named in ``records`` (the lease of a release receipt) on a row of its own, named by its
+    path (``lease.epoch``), instead of the whole record as JSON in one cell. Free-form JSON
+    (a checkpoint's state, a handoff's parameters) stays JSON."""
     table = Table(title=Text(title), show_header=False, title_justify="left")
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
-    for key, value in _fields(data):
-        table.add_row(_cell(key), _cell(value))
+    for key, value in data.items():
+        if key in records and isinstance(value, Mapping):
+            for name, v in value.items():
+                table.add_row(_cell(f"{key}.{name}"), _cell(v))
+        else:
+            table.add_row(_cell(key), _cell(value))
     _console().print(table)
 
 
-def _fields(data: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    """The rows of a one-object table: each field of ``data``, and each field of a nested
-    object on a row of its own, named by its path (``lease.epoch``), instead of the whole
-    nested object as JSON in one cell."""
-    rows: list[tuple[str, Any]] = []
-    for key, value in data.items():
-        if isinstance(value, Mapping) and value:
-            rows.extend(_fields(value, f"{prefix}{key}."))
-        else:
-            rows.append((f"{prefix}{key}", value))
-    return rows
+def _records(value: Any) -> list[str]:
+    """The fields of model ``value`` that hold a model themselves (a record such as the
+    lease of a receipt), not free-form JSON."""
+    if not isinstance(value, BaseModel):
+        return []
+    return [name for name, v in value if isinstance(v, BaseModel)]
 
 
 def _render_rows(title: str, rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> None:
@@ -212,7 +215,7 @@ def emit_ok(
         rows = [shown(row) for row in data] if shown is not None else data
         _render_rows(title, rows, columns or (list(data[0]) if data else []))
     else:
-        _render_object(title, shown(data) if shown is not None else data)
+        _render_object(title, shown(data) if shown is not None else data, _records(value))
     for name, v in (extra or {}).items():
         _console().print(Text(visible(f"{name}: {v}")))
 

@@ -89,6 +89,57 @@ def test_a_cancel_naming_no_request_id_changes_nothing(request_id: Any) -> None:
     assert not waiting._ids
 
 
+@pytest.mark.parametrize("request_id", ["1", "01", 1])
+def test_a_cancel_names_a_request_as_the_mcp_package_matches_it(request_id: Any) -> None:
+    """``notifications/cancelled`` with ``requestId`` ``"1"`` cancels request ``1`` in
+    the ``mcp`` package, so request ``1`` is no longer waited for (it would be, for the
+    whole grace period, with its answer lost)."""
+    waiting = _stdio._Unanswered()
+    waiting.read(types.JSONRPCRequest(jsonrpc="2.0", id=1, method="tools/list"))
+    waiting.read(
+        types.JSONRPCNotification(
+            jsonrpc="2.0", method="notifications/cancelled", params={"requestId": request_id}
+        )
+    )
+    assert not waiting._ids
+
+
+def test_a_clients_error_response_is_a_message_not_a_refusal() -> None:
+    """A JSON-RPC error response the client sent is served as a message (a response), not
+    taken for the server's refusal to be written back."""
+    text = '{"jsonrpc": "2.0", "id": 5, "error": {"code": 1, "message": "x"}}'
+    answer = _envelope.read_message(text)
+    assert isinstance(answer, types.JSONRPCError)
+    assert not isinstance(answer, _envelope.Refusal)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"jsonrpc": "2.0", "id": "\\ud800", "method": "ping"}',
+        '{"jsonrpc": "2.0", "id": 1, "method": "x\\udfff"}',
+        '{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"a": "\ud800"}}',
+    ],
+)
+def test_a_lone_surrogate_is_a_parse_error(text: str) -> None:
+    """A string holding a lone surrogate, escaped or as is, is not Unicode text:
+    ``-32700`` with id null naming the byte where that string starts."""
+    answer = _envelope.read_message(text)
+    assert isinstance(answer, _envelope.Refusal)
+    assert (answer.id, answer.error.code) == (None, types.PARSE_ERROR)
+    assert answer.error.message.endswith("(a lone surrogate is not Unicode text)")
+    assert "at byte " in answer.error.message
+
+
+def test_a_surrogate_pair_and_an_escaped_backslash_are_text() -> None:
+    """``"\\ud83d\\ude00"`` (a pair: U+1F600) and ``"\\\\ud800"`` (a backslash, then
+    ``ud800``) are Unicode text and served."""
+    for value in ['"\\ud83d\\ude00"', '"\\\\ud800"']:
+        text = '{"jsonrpc": "2.0", "id": ' + value + ', "method": "ping"}'
+        answer = _envelope.read_message(text)
+        assert isinstance(answer, types.JSONRPCRequest), answer
+
+
 def test_an_object_without_method_result_or_error_says_so() -> None:
     """``{"jsonrpc": "2.0", "id": 13}`` is ``-32600`` saying what a message needs, not the
     validation errors of four internal message types."""

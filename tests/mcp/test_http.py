@@ -540,3 +540,28 @@ def test_nan_is_a_parse_error_over_http(http_server: HttpServer) -> None:
     resp = httpx.post(http_server.url, content=text, headers=headers, timeout=30)
     assert resp.status_code == 400, resp.text
     assert "NaN" in resp.text
+
+
+def test_a_clients_error_response_is_accepted_like_a_result_over_http(
+    http_server: HttpServer,
+) -> None:
+    """A POST carrying a JSON-RPC error response of the client (``id`` and ``error``) is a
+    response like one with ``result``: ``202`` with no body, not echoed back as a ``400``;
+    a lone surrogate in a request's ``id`` is ``400`` ``-32700`` with id null, as over
+    stdio."""
+    headers = {
+        **MCP_HEADERS,
+        "Authorization": f"Bearer {http_server.key('alice')}",
+        "Content-Type": "application/json",
+    }
+    for text in [
+        '{"jsonrpc": "2.0", "id": 61, "error": {"code": 1, "message": "x"}}',
+        '{"jsonrpc": "2.0", "id": 62, "result": {}}',
+    ]:
+        resp = httpx.post(http_server.url, content=text, headers=headers, timeout=30)
+        assert (resp.status_code, resp.content) == (202, b""), resp.text
+    text = '{"jsonrpc": "2.0", "id": "\\ud800", "method": "ping"}'
+    resp = httpx.post(http_server.url, content=text, headers=headers, timeout=30)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["id"] is None
+    assert resp.json()["error"]["code"] == -32700

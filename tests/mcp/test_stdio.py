@@ -545,3 +545,36 @@ def test_nan_is_a_parse_error(ledger_url: str) -> None:
     assert [r["error"]["code"] for r in replies[None]] == [-32700] * 3
     assert set(replies) == {None, 1}
     assert row_counts(ledger_url)["baton_leases"] == 0
+
+
+def test_a_lone_surrogate_is_a_parse_error_and_the_server_goes_on(ledger_url: str) -> None:
+    """A line whose ``id``, ``method`` or any other string holds a lone surrogate
+    (``"\\ud800"``: not Unicode text, so it cannot be echoed in UTF-8) is answered
+    ``-32700`` with id null, as over HTTP, and the next request is answered; the server
+    exits 0."""
+    lines = [
+        b'{"jsonrpc": "2.0", "id": "\\ud800", "method": "ping"}',
+        b'{"jsonrpc": "2.0", "id": 24, "method": "x\\ud800"}',
+        b'{"jsonrpc": "2.0", "id": 25, "method": "ping", "params": {"\\udc00": 1, "\\udc00": 2}}',
+        b'{"jsonrpc": "2.0", "id": 22, "method": "ping"}',
+    ]
+    replies = _piped(ledger_url, *lines)
+    assert [r["error"]["code"] for r in replies[None]] == [-32700] * 3
+    assert all("lone surrogate" in r["error"]["message"] for r in replies[None])
+    assert replies[22]["result"] == {}
+    assert set(replies) == {None, 1, 22}
+
+
+def test_a_clients_error_response_is_not_echoed(ledger_url: str) -> None:
+    """A JSON-RPC error response the client sends (``id`` and ``error``) is a response,
+    like one with ``result``: it is not written back to the client as if it answered the
+    client's request of that id; that request gets its own answer."""
+    lines = [
+        b'{"jsonrpc": "2.0", "id": 5, "method": "ping"}',
+        b'{"jsonrpc": "2.0", "id": 5, "error": {"code": -32000, "message": "client says no"}}',
+        b'{"jsonrpc": "2.0", "id": 6, "error": {"code": -32000, "message": "client says no"}}',
+    ]
+    replies = _piped(ledger_url, *lines)
+    assert replies[5] == {"jsonrpc": "2.0", "id": 5, "result": {}}
+    assert set(replies) == {None, 1, 5}
+    assert replies[None] == []

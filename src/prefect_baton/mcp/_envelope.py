@@ -24,7 +24,7 @@ from prefect_baton.rest._http import (
     unique_keys,
 )
 
-__all__ = ["Dropped", "is_request_id", "read_message", "refusal", "screen_message"]
+__all__ = ["Dropped", "Refusal", "is_request_id", "read_message", "refusal", "screen_message"]
 
 logger = logging.getLogger("prefect_baton.mcp")
 
@@ -40,10 +40,17 @@ class Dropped:
     error: types.ErrorData
 
 
-def refusal(code: int, label: str, detail: str, rid: types.RequestId | None) -> types.JSONRPCError:
+class Refusal(types.JSONRPCError):
+    """The JSON-RPC error with which the server refuses a message a client sent (made by
+    :func:`refusal`), told apart from a JSON-RPC error response the client sent (a plain
+    :class:`mcp.types.JSONRPCError`, which is a response like a ``result``: passed to the
+    ``mcp`` package, never echoed back)."""
+
+
+def refusal(code: int, label: str, detail: str, rid: types.RequestId | None) -> Refusal:
     """The JSON-RPC error ``code`` (``int``) answering request ``rid`` (``None``: its id
     could not be told), with the message ``"<label>: <detail>"``."""
-    return types.JSONRPCError(
+    return Refusal(
         jsonrpc="2.0", id=rid, error=types.ErrorData(code=code, message=f"{label}: {detail}")
     )
 
@@ -82,10 +89,11 @@ def _notified_method(doc: Any) -> str | None:
 
 def screen_message(
     doc: Any, duplicate: DuplicateKey | None = None
-) -> types.JSONRPCMessage | types.JSONRPCError | Dropped:
+) -> types.JSONRPCMessage | Refusal | Dropped:
     """One JSON document ``doc`` a client sent (a stdin line or an HTTP body, read once by
-    :func:`read_message`) as the JSON-RPC message the ``mcp`` package serves, or the
-    JSON-RPC error that answers it instead, or :class:`Dropped` when that error would
+    :func:`read_message`) as the JSON-RPC message the ``mcp`` package serves (a JSON-RPC
+    error response the client sent is such a message, a response like a ``result``), or
+    the :class:`Refusal` that answers it instead, or :class:`Dropped` when that error would
     answer a notification (``jsonrpc`` ``"2.0"``, a string ``method``, no ``id``: a key
     given twice, or ``params`` that are not an object). The one envelope rule of both
     transports:
@@ -107,15 +115,13 @@ def screen_message(
     """
     answer = _screened(doc, duplicate)
     method = _notified_method(doc)
-    if isinstance(answer, types.JSONRPCError) and method is not None:
+    if isinstance(answer, Refusal) and method is not None:
         logger.warning("notification %r not served: %s", method, answer.error.message)
         return Dropped(method, answer.error)
     return answer
 
 
-def _screened(
-    doc: Any, duplicate: DuplicateKey | None
-) -> types.JSONRPCMessage | types.JSONRPCError:
+def _screened(doc: Any, duplicate: DuplicateKey | None) -> types.JSONRPCMessage | Refusal:
     """:func:`screen_message` before a notification's error is dropped."""
     if duplicate is not None:
         if isinstance(doc, _Pairs):
@@ -198,12 +204,14 @@ def _literal_at(text: str, literal: str) -> int:
     return 0  # not reached: json.loads read the literal outside a string
 
 
-def read_message(text: str) -> types.JSONRPCMessage | types.JSONRPCError | Dropped | None:
+def read_message(text: str) -> types.JSONRPCMessage | Refusal | Dropped | None:
     """The message of one client document ``text`` (``str``: a stdin line or an HTTP
     body), parsed once and screened by :func:`screen_message`; ``None`` for blank text
     (no message, no answer). Text that is not JSON (RFC 8259: ``NaN``, ``Infinity`` and
     ``-Infinity`` are not JSON either) is answered ``-32700`` (parse error, ``id`` null,
-    the position of the fault), JSON nested too deeply for Python ``-32600``."""
+    the position of the fault), and so is a string with a lone surrogate (``"\\ud800"``:
+    not Unicode text, so it cannot be echoed in UTF-8, and the ``mcp`` package's own
+    parser refuses it too); JSON nested too deeply for Python is ``-32600``."""
     if not text.strip():
         return None
     found: list[DuplicateKey] = []
@@ -229,7 +237,32 @@ def read_message(text: str) -> types.JSONRPCMessage | types.JSONRPCError | Dropp
         return refusal(types.INVALID_REQUEST, "Invalid Request", "nested too deeply", None)
     except ValueError as exc:  # an integer over the digits int() reads
         return refusal(types.PARSE_ERROR, "Parse error", f"invalid JSON ({exc})", None)
+    if (surrogate := _lone_surrogate_at(text)) is not None:
+        at = _byte(text, surrogate)
+        detail = f"invalid JSON at byte {at} (a lone surrogate is not Unicode text)"
+        return refusal(types.PARSE_ERROR, "Parse error", detail, None)
     return screen_message(doc, found[0] if found else None)
+
+
+def _lone_surrogate_at(text: str) -> int | None:
+    """The offset in JSON ``text`` of the first string (a key or a value) holding a lone
+    surrogate (U+D800 to U+DFFF not in a pair), escaped (``\\udc00``) or as is, else
+    ``None``."""
+    for match in _LITERAL.finditer(text):
+        string = match.group()
+        suspect = "\\u" in string or not _utf8(string)
+        if match.group(1) is None and suspect and not _utf8(json.loads(string)):
+            return match.start()
+    return None
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` is Unicode text (encodes as UTF-8: no lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _byte(text: str, pos: int) -> int:

@@ -13,7 +13,6 @@ import anyio.abc
 import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
-import mcp.types as types
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
@@ -34,7 +33,7 @@ from prefect_baton.errors import (
     ForbiddenError,
     UnavailableError,
 )
-from prefect_baton.mcp._envelope import Dropped, read_message
+from prefect_baton.mcp._envelope import Dropped, Refusal, read_message
 from prefect_baton.mcp._server import Identity, build_server
 from prefect_baton.mcp._tools import (
     Grant,
@@ -129,17 +128,17 @@ def _screen_endpoint(app: Starlette, path: str = "/mcp") -> None:
     raise RuntimeError(f"the mcp package's app has no route {path}")
 
 
-def _screened_body(body: bytes) -> types.JSONRPCError | Dropped | None:
-    """The JSON-RPC error answering an HTTP ``body`` (``bytes``, JSON in the encoding
-    :func:`json.detect_encoding` finds) by :func:`read_message`, or :class:`Dropped` (a
+def _screened_body(body: bytes) -> Refusal | Dropped | None:
+    """The JSON-RPC error (:class:`Refusal`) answering an HTTP ``body`` (``bytes``, JSON in
+    the encoding :func:`json.detect_encoding` finds) by :func:`read_message`, or :class:`Dropped` (a
     refused notification, answered by nothing), else ``None`` (no body, or a message to
-    serve)."""
+    serve, a JSON-RPC error response of the client among them)."""
     try:
         text = body.decode(json.detect_encoding(body), "surrogatepass")
     except UnicodeDecodeError:  # refused already by BatonMiddleware
         return None
     answer = read_message(text)
-    return answer if isinstance(answer, (types.JSONRPCError, Dropped)) else None
+    return answer if isinstance(answer, (Refusal, Dropped)) else None
 
 
 class _UnavailableAs503:

@@ -20,10 +20,11 @@ import mcp.types as types
 from anyio.streams.memory import MemoryObjectSendStream
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared.dispatcher import coerce_request_id
 from mcp.shared.message import SessionMessage
 
 from prefect_baton._client.sync import Baton
-from prefect_baton.mcp._envelope import Dropped, is_request_id, read_message, refusal
+from prefect_baton.mcp._envelope import Dropped, Refusal, is_request_id, read_message, refusal
 from prefect_baton.mcp._server import build_server
 
 __all__ = ["EOF_GRACE_S", "serve_stdio"]
@@ -80,7 +81,7 @@ class _NoLines:
         raise StopAsyncIteration
 
 
-def _read_stdin_line(raw: bytes) -> types.JSONRPCMessage | types.JSONRPCError | Dropped | None:
+def _read_stdin_line(raw: bytes) -> types.JSONRPCMessage | Refusal | Dropped | None:
     """The message of one stdin line ``raw`` (``bytes``), by :func:`read_message`; a line
     that is not UTF-8 is answered ``-32700`` naming its byte offset (the ``mcp`` package
     would read it with ``errors="replace"``, so ``x\\xff`` and ``x\\xfe`` would both become
@@ -95,7 +96,9 @@ def _read_stdin_line(raw: bytes) -> types.JSONRPCMessage | types.JSONRPCError | 
 
 class _Unanswered:
     """The ids of the requests passed to the server and not yet answered (a response or
-    an error written, or the client's ``notifications/cancelled``)."""
+    an error written, or the client's ``notifications/cancelled``), each counted under its
+    id as the ``mcp`` package matches ids (:func:`~mcp.shared.dispatcher.coerce_request_id`:
+    ``"1"`` names request ``1``), so a request the package cancelled is not waited for."""
 
     def __init__(self) -> None:
         self._ids: Counter[types.RequestId] = Counter()
@@ -104,16 +107,17 @@ class _Unanswered:
     def _drop(self, rid: Any) -> None:
         if not is_request_id(rid):  # a cancel naming no request: an object, a list, true
             return
-        if self._ids.get(rid):
-            self._ids[rid] -= 1
-            if not self._ids[rid]:
-                del self._ids[rid]
+        key = coerce_request_id(rid)
+        if self._ids.get(key):
+            self._ids[key] -= 1
+            if not self._ids[key]:
+                del self._ids[key]
             self._changed.set()
 
     def read(self, message: types.JSONRPCMessage) -> None:
         """Note a message from the client."""
         if isinstance(message, types.JSONRPCRequest):
-            self._ids[message.id] += 1
+            self._ids[coerce_request_id(message.id)] += 1
         elif (
             isinstance(message, types.JSONRPCNotification)
             and message.method == "notifications/cancelled"
@@ -177,7 +181,7 @@ async def _run_stdio(server: Server[Any]) -> int | None:
                         # A line read is passed on whole even when a signal stops the
                         # reading meanwhile: its request is then waited for.
                         with anyio.CancelScope(shield=True):
-                            if isinstance(message, types.JSONRPCError):
+                            if isinstance(message, Refusal):
                                 await write_stream.send(SessionMessage(message))
                             elif message is not None and not isinstance(message, Dropped):
                                 unanswered.read(message)

@@ -248,6 +248,8 @@ def _lone_surrogate_at(text: str) -> int | None:
     """The offset in JSON ``text`` of the first string (a key or a value) holding a lone
     surrogate (U+D800 to U+DFFF not in a pair), escaped (``\\udc00``) or as is, else
     ``None``."""
+    if "\\u" not in text and _utf8(text):  # no escape and no surrogate: nothing to find
+        return None
     for match in _LITERAL.finditer(text):
         string = match.group()
         suspect = "\\u" in string or not _utf8(string)

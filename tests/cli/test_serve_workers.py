@@ -385,8 +385,12 @@ def test_a_worker_that_cannot_start_waits_and_tries_again(cli: Cli, tmp_path: Pa
         _until(lambda: _answers(port), "no worker answered")
         _until(lambda: len(_workers(proc.pid)) == 2, "two workers did not start")
         workers = _workers(proc.pid)
-        # a worker may have waited for the other one's first ledger set-up: only the lines
-        # logged from here on are the replacement's
+        # both started (one answering is not enough: the other would then fail to start
+        # too); only the lines logged from here on are the replacement's
+        _until(
+            lambda: all(f"Started server process [{p}]" in log.read_text() for p in workers),
+            "both workers did not start",
+        )
         seen = len(log.read_text().splitlines())
         ledger.rename(ledger.with_suffix(".away"))
         ledger.mkdir()  # the ledger cannot be opened now

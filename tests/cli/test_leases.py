@@ -510,15 +510,8 @@ def test_release_table_shows_the_released_lease_field_by_field(cli: Cli) -> None
     """The table of a release receipt names each field of the lease it carries on a row of
     its own (``lease.epoch``), not the whole lease as JSON in one cell."""
     lease = acquire(cli)
-    out = cli(
-        "lease",
-        "release",
-        "--lease-id",
-        lease["lease_id"],
-        "--execution-key",
-        "run-1",
-        fmt="table",
-    )
+    proof = ("--lease-id", lease["lease_id"], "--execution-key", "run-1")
+    out = cli("lease", "release", *proof, fmt="table")
     assert out.code == 0, out.text
     assert _field(out.stdout, "status") == "released"
     assert _field(out.stdout, "lease.lease_id") == lease["lease_id"]

@@ -379,17 +379,29 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         handoff_deadline_passed`); such a refusal then ends those handoffs as an acquire
         does (:func:`expire_handoff`: the lease released once, reason ``handoff_expired``).
         """
+        return self._by_carried_proof(
+            caller,
+            "renew",
+            request.proof,
+            [str(request.ttl_ms), opt(request.expected_version)],
+            lambda row, now: _transitions.decide_renew(row, request, now_ms=now),
+        )
+
+    def _by_carried_proof(
+        self,
+        caller: Caller,
+        op: str,
+        proof: Proof,
+        args: list[str],
+        decide: Callable[[Generation | None, int], Decision],
+    ) -> Lease:
+        """:meth:`_by_proof` of a renew or transfer script, with the earliest deadline of the
+        pending handoffs carrying the lease appended to ``args`` (:func:`run_carried`)."""
         return run_carried(
             self,
             caller,
-            request.proof.lease_id,
-            lambda deadline: self._by_proof(
-                caller,
-                "renew",
-                request.proof,
-                [str(request.ttl_ms), opt(request.expected_version), opt(deadline)],
-                lambda row, now: _transitions.decide_renew(row, request, now_ms=now),
-            ),
+            proof.lease_id,
+            lambda deadline: self._by_proof(caller, op, proof, [*args, opt(deadline)], decide),
         )
 
     def _transfer(self, caller: Caller, request: TransferRequest) -> Lease:
@@ -397,30 +409,24 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         :func:`prefect_baton._rules.transitions.decide_transfer`; the new epoch is also above the
         incarnation's floor); refused past the deadline of a handoff carrying the lease, as
         :meth:`_renew`."""
-        return run_carried(
-            self,
+        return self._by_carried_proof(
             caller,
-            request.proof.lease_id,
-            lambda deadline: self._by_proof(
-                caller,
-                "transfer",
-                request.proof,
-                [
-                    request.to_principal,
-                    request.new_execution_key,
-                    str(request.ttl_ms),
-                    opt(request.expected_version),
-                    f"lease_{random_uuid4_hex()}",
-                    caller.principal,
-                    "",
-                    "",
-                    "",
-                    str(HANDOFF_KEY_TTL_MS),
-                    opt(deadline),
-                ],
-                lambda row, now: _transitions.decide_transfer(
-                    row, request, now_ms=now, new_lease_id="-"
-                ),
+            "transfer",
+            request.proof,
+            [
+                request.to_principal,
+                request.new_execution_key,
+                str(request.ttl_ms),
+                opt(request.expected_version),
+                f"lease_{random_uuid4_hex()}",
+                caller.principal,
+                "",
+                "",
+                "",
+                str(HANDOFF_KEY_TTL_MS),
+            ],
+            lambda row, now: _transitions.decide_transfer(
+                row, request, now_ms=now, new_lease_id="-"
             ),
         )
 

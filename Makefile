@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck docs install clean
+.PHONY: demo test lint typecheck docs cli-docs install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,6 +30,10 @@ typecheck: $(STAMP)
 
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict
+
+# Rewrites docs/cli.md from the Typer app; run it after changing any command's help.
+cli-docs: $(STAMP)
+	$(BIN)/python docs/_hooks/cli_reference.py
 
 clean:
 	rm -rf $(VENV) .baton

@@ -1,57 +1,140 @@
-"""MkDocs hook: fills the CLI reference page from the Typer app at build time.
+"""The CLI reference page, ``docs/cli.md``, generated from the Typer app.
 
-It runs ``python -m typer prefect_baton.cli utils docs --name baton`` with the interpreter
-that runs MkDocs, so the page always matches the installed ``baton`` command. A failure to
-generate fails the build instead of leaving the page empty.
+The page is committed whole, so it reads the same on GitHub as on the site. ``render()`` is
+the one function that produces it: ``python docs/_hooks/cli_reference.py`` (``make
+cli-docs``) writes it to ``docs/cli.md``. As an MkDocs hook this module fails the build when
+the committed page differs from what the installed ``baton`` command generates, and
+``tests/docs/test_cli_reference.py`` fails on the same check.
+
+The text comes from ``python -m typer prefect_baton.cli utils docs --name baton``, run with
+the interpreter that runs this module, at a fixed width, without colours and without the
+caller's ``BATON_*`` environment, so the same app always gives the same bytes.
 """
 
 from __future__ import annotations
 
+import difflib
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
-MARKER = "<!-- baton-cli-reference -->"
+PAGE = Path(__file__).resolve().parents[1] / "cli.md"
+REMEDY = "run `make cli-docs` and commit docs/cli.md"
+HEADER = (
+    "# CLI reference\n\n"
+    "Every `baton` command, generated from the Typer app (`prefect_baton.cli`) by\n"
+    "`make cli-docs`. Do not edit this page by hand: a test and the site build fail when it\n"
+    "differs from what the app generates.\n\n"
+)
 _EXIT_ROW = re.compile(r"^\s+\d+\s+\S")
+_ENV = {"COLUMNS": "100", "LINES": "50", "TERM": "dumb", "NO_COLOR": "1"}
+_COLOUR = {"FORCE_COLOR", "CLICOLOR_FORCE", "TTY_COMPATIBLE", "TTY_INTERACTIVE"}
 
 
-def generate() -> str:
-    """The Markdown of every ``baton`` command, headings one level below the page title."""
+def _typer_docs() -> str:
+    """The raw Markdown of ``typer ... utils docs`` (str).
+
+    Raises:
+        RuntimeError: the command failed or printed nothing.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_") and k not in _COLOUR}
     proc = subprocess.run(
         [sys.executable, "-m", "typer", "prefect_baton.cli", "utils", "docs", "--name", "baton"],
         capture_output=True,
         text=True,
         check=False,
+        env={**env, **_ENV},
     )
     if proc.returncode != 0 or not proc.stdout.strip():
         raise RuntimeError(f"typer utils docs failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def generate() -> str:
+    """The Markdown of every ``baton`` command, headings one level below the page title.
+
+    Usage lines are ``text`` blocks (a synopsis such as ``baton [OPTIONS] COMMAND`` is not a
+    command the docs tests should run); the root command's exit-code table stays
+    preformatted.
+
+    Raises:
+        RuntimeError: the Typer app could not be documented.
+    """
     out: list[str] = []
-    lines = proc.stdout.splitlines()
+    lines = _typer_docs().splitlines()
     in_fence = False
     i = 0
     while i < len(lines):
-        line = lines[i]
+        line = lines[i].rstrip()
         if line.startswith("```"):
+            if not in_fence and line == "```console":
+                line = "```text"
             in_fence = not in_fence
         elif not in_fence and line.startswith("#"):
             line = "#" + line
         elif not in_fence and line.strip() == "Exit codes:":
-            # The root command's epilog: keep its table as preformatted text.
             rows = [line]
             while i + 1 < len(lines) and _EXIT_ROW.match(lines[i + 1]):
                 i += 1
-                rows.append(lines[i])
+                rows.append(lines[i].rstrip())
             out += ["```text", *rows, "```"]
             i += 1
             continue
         out.append(line)
         i += 1
+    while out and not out[-1]:
+        out.pop()
     return "\n".join(out) + "\n"
 
 
-def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    """Replace the marker on the CLI page with the generated reference."""
-    if MARKER not in markdown:
-        return markdown
-    return markdown.replace(MARKER, generate())
+def render() -> str:
+    """The whole text of ``docs/cli.md`` (str).
+
+    Raises:
+        RuntimeError: the Typer app could not be documented.
+    """
+    return HEADER + generate()
+
+
+def stale(page: Path = PAGE) -> str | None:
+    """Why ``page`` is not the current reference (str, with the start of a diff and what to
+    run), or None when it is.
+
+    Raises:
+        RuntimeError: the Typer app could not be documented.
+    """
+    expected = render()
+    actual = page.read_text(encoding="utf-8") if page.exists() else ""
+    if actual == expected:
+        return None
+    diff = difflib.unified_diff(
+        actual.splitlines(), expected.splitlines(), "committed", "generated", lineterm="", n=1
+    )
+    head = "\n".join(list(diff)[:30])
+    return f"{page} is not the reference the Typer app generates; {REMEDY}.\n{head}"
+
+
+def on_pre_build(config: Any) -> None:
+    """MkDocs hook: fail the build when the committed CLI page is out of date.
+
+    Raises:
+        mkdocs.exceptions.PluginError: the page differs from the generated reference.
+    """
+    from mkdocs.exceptions import PluginError
+
+    message = stale(Path(config["docs_dir"]) / "cli.md")
+    if message is not None:
+        raise PluginError(message)
+
+
+def main() -> None:
+    """Write the generated reference to ``docs/cli.md``."""
+    PAGE.write_text(render(), encoding="utf-8")
+    print(f"wrote {PAGE}")
+
+
+if __name__ == "__main__":
+    main()

@@ -2,8 +2,10 @@
 
 Every fenced ``python`` block of ``docs/*.md`` runs (the blocks of one page in order, as one
 script, in a fresh temporary directory) unless the line before it is ``<!-- not-run -->``.
-Every ``sh`` / ``console`` block whose first command starts with ``baton `` runs (again one
-script per page, with ``set -euo pipefail``) against a temporary SQLite ledger.
+Every ``sh`` / ``console`` block whose first command calls ``baton`` (``baton ...``, or
+``NAME=$(baton ...)`` keeping its output) runs (again one script per page, with
+``set -euo pipefail``) against a temporary SQLite ledger; a block that calls ``baton`` further
+down but not first must be marked ``<!-- not-run -->``.
 ``mkdocs build --strict`` must succeed.
 """
 
@@ -30,6 +32,9 @@ INERT = {"text", "mermaid", "yaml", "toml", "json"}
 BIN = Path(sys.executable).parent
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})\s*(?P<lang>[\w+-]*)(?P<rest>.*)$")
+#: A command that runs ``baton``: ``baton ...`` or ``NAME=$(baton ...)``.
+_RUNS_BATON = re.compile(r"^(?:[A-Za-z_]\w*=\$\()?baton ")
+_CALLS_BATON = re.compile(r"(?<![\w-])baton ")
 
 
 @dataclass(frozen=True)
@@ -52,9 +57,10 @@ class Block:
 
     @property
     def runs_baton(self) -> bool:
-        """An ``sh``/``console`` block whose first command starts with ``baton ``."""
+        """An ``sh``/``console`` block whose first command is ``baton ...`` or
+        ``NAME=$(baton ...)``."""
         first = next((c for c in self.commands if c.strip()), "")
-        return self.lang in SHELL and first.startswith("baton ")
+        return self.lang in SHELL and _RUNS_BATON.match(first) is not None
 
 
 def blocks_of(page: Path) -> list[Block]:
@@ -127,6 +133,18 @@ def test_every_block_has_a_known_language() -> None:
                 f"{b.page}:{b.line}: fenced block with language {b.lang!r}; use one of "
                 f"{sorted(PYTHON | SHELL | INERT)}"
             )
+
+
+def test_every_shell_block_that_calls_baton_runs() -> None:
+    """A sh/console block with a ``baton`` command anywhere runs with its page or is marked
+    not-run: a walkthrough block that starts with another command is never skipped silently."""
+    for page in PAGES:
+        for b in blocks_of(page):
+            if b.lang in SHELL and not b.not_run and any(map(_CALLS_BATON.search, b.commands)):
+                assert b.runs_baton, (
+                    f"{b.page}:{b.line}: this block calls baton but its first command does not "
+                    f"(start it with `baton ...` or `NAME=$(baton ...)`, or mark it {NOT_RUN})"
+                )
 
 
 @pytest.mark.parametrize("page", _pages_with("python"), ids=lambda p: p.name)

@@ -111,3 +111,57 @@ def test_bad_scopes_are_validation_errors(baton: Baton, scopes: object) -> None:
         baton.leases.acquire(RT, "t1", ttl_seconds=30, scopes=scopes)  # type: ignore[arg-type]
     assert not baton.leases.inspect(RT, "t1").held
     assert kinds(baton) == []
+
+
+# No path matches both (one ends in b, the other in c), but finding that out takes 161,203
+# steps of the overlap walk, more than one decision may spend (SCOPE_CHECK_STEPS).
+COSTLY_HELD = ["a*" * 200 + "b"]
+COSTLY_WANTED = ["*a" * 200 + "c"]
+
+
+def test_scopes_too_costly_to_compare_are_refused_and_nothing_is_written(baton: Baton) -> None:
+    """An acquire whose scopes take more than SCOPE_CHECK_STEPS steps to compare with the
+    org's held scopes is VALIDATION_ERROR on every store: no lease, no event, and the
+    holder's lease and other principals' ordinary scopes are unaffected."""
+    held = baton.leases.acquire(RT, "t1", ttl_seconds=30, scopes=COSTLY_HELD)
+    b = baton.as_principal("agent-b")
+    events = kinds(baton)
+    with pytest.raises(ValidationError, match="too costly to compare"):
+        b.leases.acquire(RT, "t2", ttl_seconds=30, scopes=COSTLY_WANTED)
+    with pytest.raises(ValidationError, match="too costly to compare"):
+        b.leases.acquire_many(
+            [{"resource_type": RT, "resource_id": "t3", "scopes": COSTLY_WANTED}],
+            ttl_seconds=30,
+        )
+    assert not b.leases.inspect(RT, "t2").held
+    assert not b.leases.inspect(RT, "t3").held
+    assert kinds(baton) == events
+    # the holder's lease is untouched, and ordinary scopes are compared as before
+    assert baton.leases.renew(held).version == held.version + 1
+    with pytest.raises(ConflictError):
+        b.leases.acquire(RT, "t4", ttl_seconds=30, scopes=["*"])
+    assert b.leases.acquire(RT, "t5", ttl_seconds=30, scopes=["docs/**"]).owner == "agent-b"
+
+
+def test_a_transfer_whose_scopes_are_too_costly_to_compare_is_refused(baton: Baton) -> None:
+    """A transfer compares the lease's scopes with the leases of everyone but the receiver;
+    past SCOPE_CHECK_STEPS steps it is VALIDATION_ERROR and the lease stays with its holder."""
+    lease = baton.leases.acquire(RT, "t1", ttl_seconds=30, scopes=COSTLY_WANTED)
+    baton.leases.acquire(RT, "t2", ttl_seconds=30, scopes=COSTLY_HELD)  # same principal
+    with pytest.raises(ValidationError, match="too costly to compare"):
+        baton.leases.transfer(
+            lease, to_principal="agent-b", new_execution_key="k-b", ttl_seconds=30
+        )
+    assert baton.leases.inspect(RT, "t1").held
+    assert baton.leases.renew(lease).owner == baton.principal
+
+
+def test_the_longest_allowed_scopes_are_compared(baton: Baton) -> None:
+    """Scopes of 1,024 characters are compared like short ones (they overlap here)."""
+    lease = baton.leases.acquire(RT, "t1", ttl_seconds=30, scopes=["a" * 1024])
+    with pytest.raises(ConflictError) as ei:
+        baton.as_principal("agent-b").leases.acquire(
+            RT, "t2", ttl_seconds=30, scopes=["a" * 1023 + "*"]
+        )
+    assert ei.value.expires_at is not None
+    assert abs((ei.value.expires_at - lease.expires_at).total_seconds()) <= 0.001

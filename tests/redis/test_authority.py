@@ -28,7 +28,7 @@ from prefect_baton import (
     ValidationError,
     VersionConflictError,
 )
-from prefect_baton._rules.scopes import normalize_scope, sets_overlap
+from prefect_baton._rules.scopes import ScopeCheckBudget, normalize_scope, sets_overlap
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.ledger.tables import HandoffRow
 from prefect_baton._stores.redis.authority import RedisAuthority
@@ -87,9 +87,11 @@ def _overlap_clients() -> list[Any]:
     return clients
 
 
-OVERLAP_SCRIPT = (
+STEPS_SCRIPT = (
     source("inspect").split("-- inspect.lua")[0]
-    + "\nreturn S().sets_overlap(cjson.decode(ARGV[1]), cjson.decode(ARGV[2])) and 1 or 0\n"
+    + "\nS().steps(1000000000)"
+    + "\nlocal hit = S().sets_overlap(cjson.decode(ARGV[1]), cjson.decode(ARGV[2]))"
+    + "\nreturn {hit and 1 or 0, S().steps()}\n"
 )
 CLIENTS = _overlap_clients()
 
@@ -97,13 +99,16 @@ CLIENTS = _overlap_clients()
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(a=glob_sets, b=glob_sets)
 def test_lua_overlap_matches_python(a: list[str], b: list[str]) -> None:
-    """The scripts' scope overlap check answers exactly as prefect_baton._rules.scopes does."""
-    want = sets_overlap(tuple(a), tuple(b))
+    """The scripts' scope overlap check answers exactly as prefect_baton._rules.scopes does,
+    and spends the same steps of the decision's budget (ScopeCheckBudget), so a decision
+    runs out of steps on every store alike."""
+    budget = ScopeCheckBudget(10**9)
+    want = sets_overlap(tuple(a), tuple(b), budget)
     ta = json.dumps([scope_tokens(s) for s in a])
     tb = json.dumps([scope_tokens(s) for s in b])
     for client in CLIENTS:
-        got = client.eval(OVERLAP_SCRIPT, 0, ta, tb)
-        assert bool(got) == want, (client, a, b)
+        got, left = client.eval(STEPS_SCRIPT, 0, ta, tb)
+        assert (bool(got), int(left)) == (want, budget.left), (client, a, b)
 
 
 @pytest.mark.parametrize(

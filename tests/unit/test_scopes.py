@@ -9,13 +9,18 @@ one segment after a trailing ``/**``). The oracle adds that case explicitly.
 from __future__ import annotations
 
 import itertools
+import re
+from importlib import resources
 
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from wcmatch import glob as wglob
 
+from prefect_baton import ValidationError
 from prefect_baton._rules.scopes import (
+    SCOPE_CHECK_STEPS,
+    ScopeCheckBudget,
     literal_prefix,
     normalize_scope,
     scopes_overlap,
@@ -324,3 +329,65 @@ def test_literal_prefix_examples(scope: str, prefix: str) -> None:
 def test_normalize_scope_examples(scope: str, normal: str) -> None:
     """Equivalent spellings of a scope normalise to one form."""
     assert normalize_scope(scope) == normal
+
+
+# Long segments full of '*' make the walk take the product of the two patterns' lengths:
+# these two take 161,203 steps (no path matches both: one ends in b, the other in c).
+COSTLY_A = "a*" * 200 + "b"
+COSTLY_B = "*a" * 200 + "c"
+
+
+def test_patterns_of_the_longest_allowed_length_are_compared_without_recursion() -> None:
+    """Two 1,024-character patterns are compared (a few thousand steps), not refused with
+    an interpreter error as a recursive walk 1,024 deep was."""
+    assert scopes_overlap("a" * 1024, "a" * 1023 + "*")
+    assert not scopes_overlap("a" * 1024, "a" * 1023 + "b")
+    assert scopes_overlap("/".join(["a"] * 512), "/".join(["*"] * 511) + "/**")
+
+
+def test_a_comparison_over_its_steps_is_a_validation_error() -> None:
+    """A decision may spend SCOPE_CHECK_STEPS steps comparing scopes; past that it is
+    VALIDATION_ERROR (the caller writes nothing), whatever the answer would have been."""
+    with pytest.raises(ValidationError, match=r"too costly to compare .* 100,000 steps"):
+        scopes_overlap(COSTLY_A, COSTLY_B)
+    with pytest.raises(ValidationError, match="too costly"):  # a remembered answer too
+        scopes_overlap(COSTLY_A, COSTLY_B)
+    roomy = ScopeCheckBudget(10**6)
+    assert not scopes_overlap(COSTLY_A, COSTLY_B, roomy)
+    assert 10**6 - roomy.left == 161_203
+    again = ScopeCheckBudget(10**6)  # remembered, and spending the same steps
+    assert not scopes_overlap(COSTLY_A, COSTLY_B, again)
+    assert again.left == roomy.left
+
+
+def test_one_budget_is_shared_by_the_checks_of_one_decision() -> None:
+    """Checks that each fit the budget run out of it together: sets_overlap spends every
+    pair's steps from one ScopeCheckBudget."""
+    one = ScopeCheckBudget(10**9)
+    assert not sets_overlap(["a*" * 120 + "b"], ["*a" * 120 + "c"], one)
+    per_pair = 10**9 - one.left
+    assert SCOPE_CHECK_STEPS / 2 < per_pair < SCOPE_CHECK_STEPS
+    shared = ScopeCheckBudget()
+    assert not sets_overlap(["a*" * 120 + "b"], ["*a" * 120 + "c"], shared)
+    with pytest.raises(ValidationError, match="too costly"):
+        sets_overlap(["a*" * 120 + "b"], ["*a" * 120 + "c"], shared)
+
+
+def test_ordinary_scopes_take_a_few_steps() -> None:
+    """The budget leaves room for thousands of ordinary comparisons in one decision."""
+    budget = ScopeCheckBudget(10**9)
+    held = ["src/app/**/*.py", "docs/**", "tests/unit/test_[a-m]*.py"]
+    assert not sets_overlap(["src/lib/*.ts", "README.md", "tests/e2e/**"], held, budget)
+    assert 10**9 - budget.left < 100
+
+
+def test_the_lua_mirror_has_the_same_step_budget() -> None:
+    """The Redis scripts' SCOPE_CHECK_STEPS is the Python constant."""
+    lua = (
+        resources.files("prefect_baton._stores.redis")
+        .joinpath("scripts", "_lib.lua")
+        .read_text(encoding="utf-8")
+    )
+    found = re.search(r"^local SCOPE_CHECK_STEPS = (\d+)$", lua, re.M)
+    assert found is not None
+    assert int(found.group(1)) == SCOPE_CHECK_STEPS

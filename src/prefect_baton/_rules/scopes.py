@@ -6,16 +6,32 @@ Two scopes *overlap* when some path matches both, e.g. ``src/**`` and ``src/app/
 
 Written here rather than taken from wcmatch or pathspec: those match a path against a glob,
 and a lease needs to know whether two globs can ever match the same path, which neither
-offers. The algorithm is a memoised walk over the product of the two patterns.
+offers. The algorithm is a memoised walk over the product of the two patterns; the steps
+one decision may spend on it are bounded (:class:`ScopeCheckBudget`), so that long
+patterns full of ``*`` cannot hold a store for seconds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import cache, lru_cache
 from typing import TypeVar
 
-__all__ = ["literal_prefix", "normalize_scope", "scopes_overlap", "sets_overlap"]
+from prefect_baton.errors import ValidationError
+
+__all__ = [
+    "SCOPE_CHECK_STEPS",
+    "ScopeCheckBudget",
+    "literal_prefix",
+    "normalize_scope",
+    "scopes_overlap",
+    "sets_overlap",
+    "too_costly",
+]
+
+SCOPE_CHECK_STEPS = 100_000
+"""Steps one decision may spend comparing write scopes (:class:`ScopeCheckBudget`): one
+acquire, one item of ``acquire_many``, the receiver's check of a transfer. About 0.1 s of
+Python or 0.03 s of Lua; ordinary scopes take a few steps a pair."""
 
 _GLOB_CHARS = frozenset("*?[")
 
@@ -126,49 +142,173 @@ def _chars_compatible(a: _Token, b: _Token) -> bool:
     return True  # two negated (or huge) classes: some character fits both
 
 
+class ScopeCheckBudget:
+    """The steps one decision may spend comparing write scopes: a step is one state of the
+    overlap walk (a pair of positions in two patterns, or in two scopes' segment lists)
+    worked out for the first time. The walk is linear in ordinary scopes (``src/**``
+    against ``docs/*.md`` takes a few steps) but can take the product of two patterns'
+    lengths for long segments full of ``*``, so the total is bounded.
+
+    Args:
+        steps: how many steps may be spent (``int``; default :data:`SCOPE_CHECK_STEPS`).
+
+    Raises:
+        ValidationError: from :meth:`spend`, once more steps than ``steps`` are spent.
+    """
+
+    __slots__ = ("left",)
+
+    def __init__(self, steps: int = SCOPE_CHECK_STEPS) -> None:
+        self.left = steps
+
+    def spend(self, steps: int) -> None:
+        """Spend ``steps``.
+
+        Raises:
+            ValidationError: fewer than ``steps`` were left (nothing is decided or written).
+        """
+        self.left -= steps
+        if self.left < 0:
+            raise too_costly()
+
+
+def too_costly() -> ValidationError:
+    """The error of a decision whose write-scope comparisons ran out of steps
+    (``VALIDATION_ERROR``; the Redis scripts answer it with their code 19)."""
+    return ValidationError(
+        "the write scopes are too costly to compare with the scopes of the leases held in "
+        f"this org (more than {SCOPE_CHECK_STEPS:,} steps); use fewer patterns, or fewer "
+        "'*' in long path segments"
+    )
+
+
 def _overlap(
-    a: Sequence[_T], b: Sequence[_T], star: _T, compatible: Callable[[_T, _T], bool]
+    a: Sequence[_T],
+    b: Sequence[_T],
+    star: _T,
+    compatible: Callable[[_T, _T], bool],
+    budget: ScopeCheckBudget,
 ) -> bool:
     """Whether some text matches both patterns ``a`` and ``b``, given as item sequences in
     which ``star`` matches any run of items and two other items match a common item when
-    ``compatible(x, y)``: the one rule of segments (``*``) and of whole scopes (``**``)."""
+    ``compatible(x, y)``: the one rule of segments (``*``) and of whole scopes (``**``).
 
-    @cache
-    def go(i: int, j: int) -> bool:
-        if i == len(a) and j == len(b):
-            return True
-        if i < len(a) and a[i] == star:
-            if go(i + 1, j):
-                return True
-            return j < len(b) and go(i, j + 1)
-        if j < len(b) and b[j] == star:
-            if go(i, j + 1):
-                return True
-            return i < len(a) and go(i + 1, j)
-        if i == len(a) or j == len(b):
-            return False
-        return compatible(a[i], b[j]) and go(i + 1, j + 1)
+    A memoised walk over pairs of positions ``(i, j)``, with an explicit stack (patterns of
+    1,024 items would pass the interpreter's recursion limit). Each state is worked out once
+    and costs one step of ``budget``, in the order the Lua mirror (``overlap`` in
+    ``_lib.lua``) works them out, so both spend the same steps.
 
-    return go(0, 0)
+    Raises:
+        ValidationError: ``budget`` ran out.
+    """
+    na, nb = len(a), len(b)
+    memo: dict[int, bool] = {}
+    matched: set[int] = set()  # states whose two items were found compatible (asked once)
+    stack = [(0, 0)]
+    while stack:
+        i, j = stack[-1]
+        key = i * (nb + 1) + j
+        if key in memo:
+            stack.pop()
+            continue
+        # The states this one may move to, in the order they are tried: it holds if any of
+        # them does. `result` is set instead when it holds or fails by itself.
+        nexts: tuple[tuple[int, int], ...] = ()
+        result: bool | None = None
+        if i == na and j == nb:
+            result = True
+        elif i < na and a[i] == star:
+            nexts = ((i + 1, j), (i, j + 1)) if j < nb else ((i + 1, j),)
+        elif j < nb and b[j] == star:
+            nexts = ((i, j + 1), (i + 1, j)) if i < na else ((i, j + 1),)
+        elif i == na or j == nb:
+            result = False
+        elif key in matched or compatible(a[i], b[j]):
+            matched.add(key)
+            nexts = ((i + 1, j + 1),)
+        else:
+            result = False
+        if result is None:
+            for ni, nj in nexts:
+                done = memo.get(ni * (nb + 1) + nj)
+                if done is None:  # work that state out first, then come back
+                    stack.append((ni, nj))
+                    break
+                if done:
+                    result = True
+                    break
+            else:
+                result = False
+            if result is None:
+                continue
+        budget.spend(1)
+        memo[key] = result
+        stack.pop()
+    return memo[0]
 
 
-@lru_cache(maxsize=4096)
-def _segments_overlap(a: str, b: str) -> bool:
-    return _overlap(_tokenize(a), _tokenize(b), ("star",), _chars_compatible)
+def _segments_overlap(a: str, b: str, budget: ScopeCheckBudget) -> bool:
+    return _spent(_segment_walk, a, b, budget)
 
 
-@lru_cache(maxsize=8192)
-def scopes_overlap(a: str, b: str) -> bool:
+def _segment_walk(a: str, b: str, budget: ScopeCheckBudget) -> bool:
+    return _overlap(_tokenize(a), _tokenize(b), ("star",), _chars_compatible, budget)
+
+
+def _scope_walk(a: str, b: str, budget: ScopeCheckBudget) -> bool:
+    sa = normalize_scope(a).split("/")
+    sb = normalize_scope(b).split("/")
+    return _overlap(sa, sb, "**", lambda x, y: _segments_overlap(x, y, budget), budget)
+
+
+_known: dict[tuple[Callable[..., bool], str, str], tuple[bool, int]] = {}
+
+
+def _spent(
+    walk: Callable[[str, str, ScopeCheckBudget], bool], a: str, b: str, budget: ScopeCheckBudget
+) -> bool:
+    """``walk(a, b, budget)``, remembered (up to 8,192 answers): a remembered answer still
+    spends the steps it took, so a decision spends the same steps as the Lua mirror, which
+    remembers nothing between calls."""
+    found = _known.get((walk, a, b))
+    if found is not None:
+        budget.spend(found[1])
+        return found[0]
+    before = budget.left
+    answer = walk(a, b, budget)
+    if len(_known) >= 8192:
+        _known.clear()
+    _known[(walk, a, b)] = (answer, before - budget.left)
+    return answer
+
+
+def scopes_overlap(a: str, b: str, budget: ScopeCheckBudget | None = None) -> bool:
     """Whether some path matches both globs ``a`` and ``b`` (``str``, ``/``-separated).
 
     Examples: ``src/**`` overlaps ``src/app/*.py``; ``src/*.py`` does not overlap
     ``docs/**``; ``src/*.py`` does not overlap ``src/*.md``.
+
+    Args:
+        budget: the steps this check may spend (default: a fresh
+            :class:`ScopeCheckBudget`).
+
+    Raises:
+        ValidationError: the check took more than the budget's steps.
     """
-    sa = normalize_scope(a).split("/")
-    sb = normalize_scope(b).split("/")
-    return _overlap(sa, sb, "**", _segments_overlap)
+    return _spent(_scope_walk, a, b, ScopeCheckBudget() if budget is None else budget)
 
 
-def sets_overlap(a: tuple[str, ...] | list[str], b: tuple[str, ...] | list[str]) -> bool:
-    """Whether any scope of ``a`` overlaps any scope of ``b``."""
-    return any(scopes_overlap(x, y) for x in a for y in b)
+def sets_overlap(
+    a: tuple[str, ...] | list[str],
+    b: tuple[str, ...] | list[str],
+    budget: ScopeCheckBudget | None = None,
+) -> bool:
+    """Whether any scope of ``a`` overlaps any scope of ``b`` (pairs tried in order, ``a``
+    outer), spending from ``budget`` (default: a fresh :class:`ScopeCheckBudget`; pass one
+    budget to every call of one decision).
+
+    Raises:
+        ValidationError: the checks took more than the budget's steps.
+    """
+    spend = ScopeCheckBudget() if budget is None else budget
+    return any(scopes_overlap(x, y, spend) for x in a for y in b)

@@ -166,9 +166,15 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
     def _scope_conflict(
         self, tx: Tx, principal: str, scopes: tuple[str, ...], exclude: tuple[str, str]
     ) -> int | None:
-        """Expiry of another principal's effective lease whose scopes overlap ``scopes``."""
+        """Expiry of another principal's effective lease whose scopes overlap ``scopes``.
+
+        Raises:
+            ValidationError: the comparison took more than
+                :data:`~prefect_baton._rules.scopes.SCOPE_CHECK_STEPS` steps.
+        """
         if not scopes:
             return None
+        budget = _scopes.ScopeCheckBudget()
         rows = tx.session.execute(
             select(GenerationRow).where(
                 col(GenerationRow.org_id) == tx.caller.org,
@@ -180,7 +186,7 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
         for row in rows:
             if (row.resource_type, row.resource_id) == exclude:
                 continue
-            if _scopes.sets_overlap(scopes, json.loads(row.scopes)):
+            if _scopes.sets_overlap(scopes, json.loads(row.scopes), budget):
                 return int(row.expires_at_ms)
         return None
 

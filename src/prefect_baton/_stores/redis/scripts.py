@@ -23,6 +23,7 @@ from typing import Any
 from redis.commands.core import Script
 
 from prefect_baton._rules import core as _core
+from prefect_baton._rules import scopes as _scopes
 from prefect_baton._rules import transitions as _transitions
 from prefect_baton._stores.redis.cluster import RedisClient
 from prefect_baton.errors import (
@@ -41,6 +42,7 @@ OK, NOOP, REPLAY = 0, 1, 2
 CONFLICT, VERSION, NOT_FOUND, LOST = 10, 11, 12, 13
 MISMATCH, INVALID, FORBIDDEN, IN_FLIGHT, UNKNOWN = 14, 15, 16, 17, 20
 WRONG_KEY = 18
+SCOPE_STEPS = 19  # the write-scope comparison ran out of steps (ScopeCheckBudget)
 NO_INCARNATION, ROTATE, REBUILD_LOST = 30, 31, 32
 
 OPERATIONS = (
@@ -102,6 +104,7 @@ CODES: dict[int, Callable[[Sequence[Any]], BatonError]] = {
     INVALID: lambda a: ValidationError(_text(a[0])),
     FORBIDDEN: lambda a: ForbiddenError(_text(a[0])),
     IN_FLIGHT: lambda a: _core.in_flight(_text(a[0]), int(a[1])),
+    SCOPE_STEPS: lambda _a: _scopes.too_costly(),
     WRONG_KEY: lambda a: _transitions.wrong_execution_key(
         _text(a[0]), held_key=int(a[1]) == 1, given_key=int(a[2]) == 1
     ),

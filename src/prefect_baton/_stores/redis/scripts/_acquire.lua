@@ -49,7 +49,8 @@ local function decide_acquire(it, principal, key, now, mk, raw)
   if head then cur = head.v end
   if it.ev and it.ev ~= cur then return {C_VERSION, I(cur), I(it.ev)} end
   if it.sc then
-    local exp = S().scope_conflict(it.pf, it.tk, principal, it.rd, now)
+    local exp, costly = S().scope_conflict(it.pf, it.tk, principal, it.rd, now)
+    if costly then return {C_SCOPE_STEPS} end
     if exp then return {C_CONFLICT, I(exp), 1} end
   end
   if head and (head.v >= MAX_SAFE or head.e >= MAX_SAFE) then return {C_INVALID, EXHAUSTED} end

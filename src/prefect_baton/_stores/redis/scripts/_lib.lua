@@ -44,9 +44,11 @@
 local C_OK, C_NOOP, C_REPLAY = 0, 1, 2
 local C_CONFLICT, C_VERSION, C_NOT_FOUND, C_LOST = 10, 11, 12, 13
 local C_MISMATCH, C_INVALID, C_FORBIDDEN, C_IN_FLIGHT, C_UNKNOWN = 14, 15, 16, 17, 20
-local C_WRONG_KEY = 18
+local C_WRONG_KEY, C_SCOPE_STEPS = 18, 19
 local C_NO_INCARNATION, C_ROTATE, C_REBUILD_LOST = 30, 31, 32
 local MAX_SAFE = 9007199254740991
+-- prefect_baton._rules.scopes.SCOPE_CHECK_STEPS (tests/unit/test_scopes.py checks they agree)
+local SCOPE_CHECK_STEPS = 100000
 local EXHAUSTED = 'lease generation counters are exhausted (2**53 - 1); only release is allowed'
 local NUMS = {'v', 'e', 'a', 'x', 't', 'ea'}
 -- install.lua gives `inc` and `lid` one field (no lease id contains NUL) whose value is longer
@@ -327,6 +329,12 @@ local function S()
     return true
   end
   
+  -- The steps left to the decision being made (prefect_baton._rules.scopes.ScopeCheckBudget):
+  -- one per state of the walk worked out, in the order Python works them out. Set by
+  -- scope_conflict; running out raises OUT_OF_STEPS, which scope_conflict catches.
+  local steps_left = SCOPE_CHECK_STEPS
+  local OUT_OF_STEPS = {}
+
   -- Whether some text matches both patterns ta and tb, given as item lists in which an
   -- item for which is_star holds matches any run of items and two other items match a
   -- common item when compatible(x, y): the one rule of segments and of whole scopes.
@@ -349,23 +357,25 @@ local function S()
       else
         r = compatible(ta[i + 1], tb[j + 1]) and go(i + 1, j + 1)
       end
+      steps_left = steps_left - 1
+      if steps_left < 0 then error(OUT_OF_STEPS) end
       memo[key] = r
       return r
     end
     return go(0, 0)
   end
-  
+
   local function star_token(t) return t[1] == 2 end
   local function globstar(seg) return seg == '**' end
-  
+
   local function seg_overlap(ta, tb)
     return overlap(ta, tb, star_token, chars_compatible)
   end
-  
+
   local function scope_overlap(sa, sb)
     return overlap(sa, sb, globstar, seg_overlap)
   end
-  
+
   local function sets_overlap(A, B)
     for _, a in ipairs(A) do
       for _, b in ipairs(B) do
@@ -374,7 +384,7 @@ local function S()
     end
     return false
   end
-  
+
   -- ------------------------------------------------------------------ the scope index
   
   local function ancestors(p)
@@ -411,7 +421,10 @@ local function S()
   -- `toks`, or nil. Candidates come from the prefix index only: a scope can overlap another
   -- only if one's literal prefix is a segment prefix of the other's. Entries of leases that
   -- ran out are dropped from the index on the way (they can never become effective again).
+  -- The second result is true when the comparisons took more than SCOPE_CHECK_STEPS steps
+  -- (the caller answers C_SCOPE_STEPS and writes nothing).
   local function scope_conflict(prefixes, toks, principal, rd, now)
+    steps_left = SCOPE_CHECK_STEPS
     local seen, cands = {}, {}
     local function take(members)
       for _, m in ipairs(members) do
@@ -450,14 +463,26 @@ local function S()
           idx_remove(sid)
         elseif not found and string.sub(ev, z + 1) ~= principal then
           local meta = cjson.decode(redis.call('HGET', KEYS[8], sid))
-          if meta.r ~= rd and sets_overlap(toks, meta.t) then found = exp end
+          if meta.r ~= rd then
+            local ok, hit = pcall(sets_overlap, toks, meta.t)
+            if not ok then
+              if hit ~= OUT_OF_STEPS then error(hit) end
+              return nil, true
+            end
+            if hit then found = exp end
+          end
         end
       end
     end
-    return found
+    return found, false
+  end
+  -- steps(n) sets the steps left (when given) and returns them: for tests of the mirror.
+  local function steps(n)
+    if n then steps_left = n end
+    return steps_left
   end
   _scopes_lib = {sets_overlap = sets_overlap, scope_conflict = scope_conflict,
-                 idx_add = idx_add, idx_remove = idx_remove}
+                 idx_add = idx_add, idx_remove = idx_remove, steps = steps}
   return _scopes_lib
 end
 

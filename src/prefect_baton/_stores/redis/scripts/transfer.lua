@@ -57,7 +57,8 @@ if nkey == g.k then
 end
 if g.sid then
   local m = cjson.decode(redis.call('HGET', KEYS[8], g.sid))
-  local exp = S().scope_conflict(m.pf, m.t, to, g.rd, now)
+  local exp, costly = S().scope_conflict(m.pf, m.t, to, g.rd, now)
+  if costly then return {C_SCOPE_STEPS} end
   if exp then return {C_CONFLICT, I(exp), 1} end
 end
 if g.v >= MAX_SAFE or g.e >= MAX_SAFE then return {C_INVALID, EXHAUSTED} end

@@ -22,6 +22,7 @@ from prefect_baton._rules.validation import (
     validate_state,
 )
 from prefect_baton._stores.protocol import MAX_MANY
+from prefect_baton.errors import ValidationError
 from prefect_baton.rest._http import MAX_BODY_CONTAINERS, too_many_containers
 
 from .conftest import MakeKey, data, error, row_counts
@@ -61,6 +62,9 @@ def test_the_limit() -> None:
     assert request_container_limit(1000) == LIMIT
     three = 3 * DEFAULT_STATE_MAX_BYTES
     assert request_container_limit(three) == (three + REQUEST_BODY_MARGIN_BYTES) // 2
+    for bad in (0, True, 1.5):
+        with pytest.raises(ValidationError, match="state_max_bytes must be"):
+            request_container_limit(bad)  # type: ignore[arg-type]
 
 
 def test_containers_are_counted_outside_strings() -> None:

@@ -25,7 +25,7 @@ def test_a_line_is_parsed_once(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(_envelope.json, "loads", counting)
     line = b'{"jsonrpc": "2.0", "id": 7, "method": "tools/list"}\n'
-    message = _stdio._read_stdin_line(line)
+    message = _envelope.read_bytes(line)
     assert isinstance(message, types.JSONRPCRequest)
     assert (message.id, message.method) == (7, "tools/list")
     assert len(calls) == 1

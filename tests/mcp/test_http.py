@@ -15,6 +15,7 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.shared.exceptions import MCPError
 
+from prefect_baton.mcp._envelope import Refusal, read_bytes
 from prefect_baton.rest.keys import create_key, revoke_key
 from tests.conftest import INITIALIZE
 
@@ -513,10 +514,10 @@ def test_envelope_errors_over_http_are_short_and_readable(http_server: HttpServe
 def test_a_refused_notification_is_accepted_with_no_body_over_http(
     http_server: HttpServer,
 ) -> None:
-    """A POST carrying a notification whose params are not an object is ``202`` with no
-    body, as the streamable HTTP transport answers every notification: JSON-RPC answers
-    no notification, so no error with id null. (A body naming a key twice is refused
-    ``400`` before, by the REST API's JSON rule.)"""
+    """A POST carrying a notification whose params are not an object, or that names a key
+    twice, is ``202`` with no body, as the streamable HTTP transport answers every
+    notification: JSON-RPC answers no notification, so no error with id null (stdio drops
+    it likewise)."""
     from .test_envelope import BAD_NOTIFICATIONS
 
     headers = {
@@ -524,9 +525,74 @@ def test_a_refused_notification_is_accepted_with_no_body_over_http(
         "Authorization": f"Bearer {http_server.key('alice')}",
         "Content-Type": "application/json",
     }
-    for text in BAD_NOTIFICATIONS[:2]:
+    for text in BAD_NOTIFICATIONS:
         resp = httpx.post(http_server.url, content=text, headers=headers, timeout=30)
         assert (resp.status_code, resp.content) == (202, b""), resp.text
+
+
+#: Bodies that are not JSON text, and the JSON-RPC error (``-32700``, id null) stdio gives
+#: the same line.
+NOT_JSON: list[tuple[bytes, str]] = [
+    (
+        b'{"jsonrpc": "2.0", "id": 4, "method": "ping",',
+        "invalid JSON at byte 45 (Expecting property name enclosed in double quotes)",
+    ),
+    (
+        b'{"jsonrpc": "2.0", "id": 5, "method": "p\xffing"}',
+        "invalid JSON at byte 40 (not UTF-8 text)",
+    ),
+    (
+        b'{"jsonrpc": "2.0", "id": 6, "method": "ping", "params": {"x": NaN}}',
+        "invalid JSON at byte 62 (NaN is not a JSON value)",
+    ),
+]
+
+
+def test_a_body_that_is_not_json_is_a_parse_error_over_http(http_server: HttpServer) -> None:
+    """A body that is not JSON text (malformed, not UTF-8, ``NaN``) is ``400`` with the
+    JSON-RPC error ``-32700`` and ``id`` null, as stdio answers the same line, not the REST
+    API's error envelope."""
+    headers = {
+        **MCP_HEADERS,
+        "Authorization": f"Bearer {http_server.key('alice')}",
+        "Content-Type": "application/json",
+    }
+    for raw, detail in NOT_JSON:
+        resp = httpx.post(http_server.url, content=raw, headers=headers, timeout=30)
+        assert resp.status_code == 400, resp.text
+        expected = {
+            "jsonrpc": "2.0",
+            "id": None,
+            "error": {"code": -32700, "message": f"Parse error: {detail}"},
+        }
+        assert resp.json() == expected
+        stdio = read_bytes(raw)
+        assert isinstance(stdio, Refusal)
+        assert stdio.model_dump(mode="json", by_alias=True, exclude_unset=True) == expected
+
+
+def test_a_body_of_too_many_containers_is_413_over_http(http_server: HttpServer) -> None:
+    """A body holding more JSON objects and arrays than the limit (557,056 by default) is
+    ``413 PAYLOAD_TOO_LARGE`` before it is parsed, as by the REST API, and the server
+    answers the next request."""
+    from prefect_baton.rest._http import MAX_BODY_CONTAINERS
+
+    headers = {
+        **MCP_HEADERS,
+        "Authorization": f"Bearer {http_server.key('alice')}",
+        "Content-Type": "application/json",
+    }
+    arrays = b"[" + b",".join([b"[]"] * MAX_BODY_CONTAINERS) + b"]"
+    raw = (
+        b'{"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {"name": '
+        b'"baton_whoami", "arguments": {"x": ' + arrays + b"}}}"
+    )
+    resp = httpx.post(http_server.url, content=raw, headers=headers, timeout=60)
+    assert resp.status_code == 413, resp.text[:300]
+    assert resp.json()["error"]["code"] == "PAYLOAD_TOO_LARGE"
+    ping = {"jsonrpc": "2.0", "id": 9, "method": "ping"}
+    resp = httpx.post(http_server.url, json=ping, headers=headers, timeout=30)
+    assert _sse_json(resp) == {"jsonrpc": "2.0", "id": 9, "result": {}}
 
 
 def test_nan_is_a_parse_error_over_http(http_server: HttpServer) -> None:

@@ -82,8 +82,9 @@ def test_ids_with_format_characters_are_refused(char: str) -> None:
 
 def test_a_key_twice_in_a_request_body_is_400_over_http(http_server: HttpServer) -> None:
     """Over HTTP the body a JSON key appears twice in (here ``ttl_seconds`` in a tool's
-    arguments, or the JSON-RPC ``method``) is answered 400 VALIDATION_ERROR with a request
-    id before the MCP layer reads it, as by the REST API; nothing is written."""
+    arguments, or the JSON-RPC ``method``) is answered 400 with the JSON-RPC error stdio
+    gives the same line: ``-32600`` with the request's id and the REST API's words, before
+    the MCP layer reads it; nothing is written."""
     headers = {
         "Accept": "application/json, text/event-stream",
         "Content-Type": "application/json",
@@ -91,16 +92,27 @@ def test_a_key_twice_in_a_request_body_is_400_over_http(http_server: HttpServer)
     }
     arguments = json.dumps(LEASE)[:-1] + ', "ttl_seconds": 10}'
     bodies = [
-        '{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": '
-        '"baton_lease_acquire", "arguments": ' + arguments + "}}",
-        '{"jsonrpc": "2.0", "id": 1, "method": "initialize", "method": "ping", "params": {}}',
+        (
+            '{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": '
+            '"baton_lease_acquire", "arguments": ' + arguments + "}}",
+            "ttl_seconds",
+        ),
+        (
+            '{"jsonrpc": "2.0", "id": 1, "method": "initialize", "method": "ping", "params": {}}',
+            "method",
+        ),
     ]
     before = row_counts(http_server.ledger_url)
-    for body in bodies:
+    for body, key in bodies:
         resp = httpx.post(http_server.url, content=body.encode(), headers=headers, timeout=30)
         assert resp.status_code == 400, resp.text
-        envelope = resp.json()
-        assert envelope["error"]["code"] == "VALIDATION_ERROR"
-        assert "appears twice in one object" in envelope["error"]["message"]
-        assert envelope["meta"] == {"request_id": resp.headers["x-request-id"]}
+        assert resp.json() == {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "error": {
+                "code": -32600,
+                "message": f"Invalid Request: invalid JSON (the key '{key}' appears twice in "
+                "one object)",
+            },
+        }
     assert row_counts(http_server.ledger_url) == before

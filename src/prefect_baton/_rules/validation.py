@@ -285,14 +285,47 @@ def request_body_limit(state_max_bytes: int) -> int:
     Raises:
         ValidationError: ``state_max_bytes`` is not a positive ``int`` (``bool`` included).
     """
+    scaled = STATE_ESCAPE_FACTOR * _state_cap(state_max_bytes) + REQUEST_BODY_MARGIN_BYTES
+    return max(MAX_REQUEST_BODY_BYTES, scaled)
+
+
+def request_container_limit(state_max_bytes: int) -> int:
+    """The most JSON objects and arrays (counted together, at any depth) an HTTP request
+    body of the REST API or the MCP server over HTTP may hold, for a server whose
+    checkpoint state cap is ``state_max_bytes`` (``int``, bytes of canonical JSON,
+    ``BATON_STATE_MAX_BYTES``): half the larger of ``state_max_bytes`` and
+    :data:`DEFAULT_STATE_MAX_BYTES` (the cap of a handoff's ``parameters``), plus half of
+    :data:`REQUEST_BODY_MARGIN_BYTES`; 557,056 with the default cap.
+
+    Why: parsing JSON builds one Python object per object or array while holding the GIL
+    (about 1 s for the 1.6 million arrays that fit in a 3 MiB body), so every other request
+    of the process waits; a body over this count is refused before it is parsed. Every
+    legitimate body is within it: an object or an array takes at least 2 bytes (its
+    brackets), so a state within the cap, or ``parameters`` within theirs, holds at most
+    half as many, however it is encoded; the rest of a body holds few (``acquire_many``:
+    1,000 resources with a scope list each, about 2,000; an outcome: 1,000 evidence items),
+    far fewer than the 32,768 of the margin.
+
+    Raises:
+        ValidationError: ``state_max_bytes`` is not a positive ``int`` (``bool`` included).
+    """
+    document = max(_state_cap(state_max_bytes), DEFAULT_STATE_MAX_BYTES)
+    return (document + REQUEST_BODY_MARGIN_BYTES) // 2
+
+
+def _state_cap(state_max_bytes: int) -> int:
+    """``state_max_bytes`` (``int``), checked: a positive ``int``.
+
+    Raises:
+        ValidationError: not an ``int`` (``bool`` included), or not positive.
+    """
     if isinstance(state_max_bytes, bool) or not isinstance(state_max_bytes, int):
         raise ValidationError(
             f"state_max_bytes must be an integer, got {type(state_max_bytes).__name__}"
         )
     if state_max_bytes < 1:
         raise ValidationError(f"state_max_bytes must be positive, got {state_max_bytes}")
-    scaled = STATE_ESCAPE_FACTOR * state_max_bytes + REQUEST_BODY_MARGIN_BYTES
-    return max(MAX_REQUEST_BODY_BYTES, scaled)
+    return state_max_bytes
 
 
 def _check_keys(value: object, name: str, depth: int = 1) -> None:

@@ -24,7 +24,15 @@ from prefect_baton.rest._http import (
     unique_keys,
 )
 
-__all__ = ["Dropped", "Refusal", "is_request_id", "read_message", "refusal", "screen_message"]
+__all__ = [
+    "Dropped",
+    "Refusal",
+    "is_request_id",
+    "read_bytes",
+    "read_message",
+    "refusal",
+    "screen_message",
+]
 
 logger = logging.getLogger("prefect_baton.mcp")
 
@@ -242,6 +250,24 @@ def read_message(text: str) -> types.JSONRPCMessage | Refusal | Dropped | None:
         detail = f"invalid JSON at byte {at} (a lone surrogate is not Unicode text)"
         return refusal(types.PARSE_ERROR, "Parse error", detail, None)
     return screen_message(doc, found[0] if found else None)
+
+
+def read_bytes(
+    raw: bytes, encoding: str = "utf-8"
+) -> types.JSONRPCMessage | Refusal | Dropped | None:
+    """The message of one client document ``raw`` (``bytes``: a stdin line, in UTF-8, or
+    an HTTP body, in the ``encoding`` :func:`json.detect_encoding` finds), by
+    :func:`read_message`; the one reading rule of both transports. Bytes that are not text
+    in ``encoding`` are answered ``-32700`` (``id`` null) naming the offset of the first
+    bad one, ``Parse error: invalid JSON at byte N (not UTF-8 text)``: the ``mcp`` package
+    would read them with ``errors="replace"``, so ``x\\xff`` and ``x\\xfe`` would both
+    become ``x\\ufffd``."""
+    try:
+        text = raw.decode(encoding)
+    except UnicodeDecodeError as exc:
+        detail = f"invalid JSON at byte {exc.start} (not {encoding.upper()} text)"
+        return refusal(types.PARSE_ERROR, "Parse error", detail, None)
+    return read_message(text)
 
 
 def _lone_surrogate_at(text: str) -> int | None:

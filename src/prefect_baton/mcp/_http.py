@@ -1,5 +1,6 @@
 """MCP over streamable HTTP (stateless): the REST API's bearer keys, host check and body
-limit, and the envelope rule of :mod:`._envelope` before the ``mcp`` package reads a message.
+limits, and the reading rule of :mod:`._envelope` (the one of MCP over stdio) before the
+``mcp`` package reads a message.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from prefect_baton._client.sync import Baton
-from prefect_baton._rules.validation import request_body_limit
+from prefect_baton._rules.validation import request_body_limit, request_container_limit
 from prefect_baton._settings import BatonSettings
 from prefect_baton._stores.factory import open_stores
 from prefect_baton._stores.ledger.engine import Engines
@@ -33,7 +34,7 @@ from prefect_baton.errors import (
     ForbiddenError,
     UnavailableError,
 )
-from prefect_baton.mcp._envelope import Dropped, Refusal, read_message
+from prefect_baton.mcp._envelope import Dropped, Refusal, read_bytes
 from prefect_baton.mcp._server import Identity, build_server
 from prefect_baton.mcp._tools import (
     Grant,
@@ -45,6 +46,7 @@ from prefect_baton.rest._http import (
     is_json,
     new_request_id,
     replaying,
+    run_for_body,
 )
 
 __all__ = ["http_app", "serve_http"]
@@ -76,15 +78,18 @@ class _KeyVerifier:
 class _ScreenedMessages:
     """ASGI middleware in front of the ``mcp`` package's endpoint (:func:`_screen_endpoint`):
     a JSON body of a request with a valid key that
-    :func:`screen_message` refuses (a request id that is not a string or an integer,
-    ``params`` that are not an object, an object that is not a JSON-RPC message) is
-    answered ``400`` with its JSON-RPC error, as over stdio, before the package sees it (it
-    would take a request with a bad id for a notification and answer ``202`` with nothing,
-    and put pydantic's whole report in the message of the others); a notification it
-    refuses is answered ``202`` with no body (JSON-RPC answers no notification) and
-    logged, and the package never sees it. Runs after
-    :class:`~prefect_baton.rest._http.BatonMiddleware`, which has already refused a body
-    over the limit, one that is not JSON and one naming a key twice."""
+    :func:`~prefect_baton.mcp._envelope.read_bytes` refuses, as it refuses a stdin line
+    (not text, not JSON: ``-32700`` with ``id`` null; a key named twice, a request id that
+    is not a string or an integer, ``params`` that are not an object, an object that is not
+    a JSON-RPC message: ``-32600`` or ``-32602``), is answered ``400`` with that JSON-RPC
+    error before the package sees it (it would take a request with a bad id for a
+    notification and answer ``202`` with nothing, and put pydantic's whole report in the
+    message of the others); a notification it refuses is answered ``202`` with no body
+    (JSON-RPC answers no notification) and logged, and the package never sees it. A body
+    over :data:`~prefect_baton.rest._http.THREAD_PARSE_BYTES` is read on a worker thread.
+    Runs after :class:`~prefect_baton.rest._http.BatonMiddleware`, which has already
+    refused (``413``) a body over the size limit or holding too many objects and arrays,
+    and parses none (``parse_json=False``)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -104,7 +109,7 @@ class _ScreenedMessages:
             chunks.append(message.get("body", b""))
             more = bool(message.get("more_body", False))
         body = b"".join(chunks)
-        answer = _screened_body(body)
+        answer = await run_for_body(_screened_body, body)
         if isinstance(answer, Dropped):  # a notification: never answered, but accepted
             await Response(status_code=202)(scope, receive, send)
             return
@@ -130,14 +135,11 @@ def _screen_endpoint(app: Starlette, path: str = "/mcp") -> None:
 
 def _screened_body(body: bytes) -> Refusal | Dropped | None:
     """The JSON-RPC error (:class:`Refusal`) answering an HTTP ``body`` (``bytes``, JSON in
-    the encoding :func:`json.detect_encoding` finds) by :func:`read_message`, or :class:`Dropped` (a
-    refused notification, answered by nothing), else ``None`` (no body, or a message to
-    serve, a JSON-RPC error response of the client among them)."""
-    try:
-        text = body.decode(json.detect_encoding(body), "surrogatepass")
-    except UnicodeDecodeError:  # refused already by BatonMiddleware
-        return None
-    answer = read_message(text)
+    the encoding :func:`json.detect_encoding` finds) by
+    :func:`~prefect_baton.mcp._envelope.read_bytes`, or :class:`Dropped` (a refused
+    notification, answered by nothing), else ``None`` (no body, or a message to serve, a
+    JSON-RPC error response of the client among them)."""
+    answer = read_bytes(body, json.detect_encoding(body))
     return answer if isinstance(answer, (Refusal, Dropped)) else None
 
 
@@ -209,10 +211,14 @@ def http_app(
     ``FORBIDDEN`` tool error. A missing, unknown or revoked key is answered ``401`` before
     any tool runs; a ledger that cannot be reached then, ``503``. Keys are accepted only in
     the ``Authorization`` header: a key in the URL is ``401``, two ``Authorization`` headers
-    are ``400``, and a body over the REST API's limit (the larger of 2 MiB and 3 times the
+    are ``400``, and a body over the REST API's limits (the larger of 2 MiB and 3 times the
     checkpoint state cap + 64 KiB, :func:`~prefect_baton._rules.validation.request_body_limit`
-    of the store's ``state_max_bytes``) is ``413`` (as the REST API, through its
-    :class:`~prefect_baton.rest._http.BatonMiddleware`). Keys are never logged. No MCP
+    of the store's ``state_max_bytes``; more JSON objects and arrays than
+    :func:`~prefect_baton._rules.validation.request_container_limit`) is ``413`` (as the
+    REST API, through its :class:`~prefect_baton.rest._http.BatonMiddleware`). A body with
+    a valid key that is not a JSON-RPC message (not JSON, a key named twice, ...) gets
+    ``400`` and the JSON-RPC error stdio gives the same line, or ``202`` and no body when it
+    is a notification. Keys are never logged. No MCP
     session is kept (the ``mcp`` package's stateless mode): each request stands alone, so
     clients leave no state behind.
 
@@ -250,8 +256,15 @@ def http_app(
     )
     _screen_endpoint(app)
     app.add_middleware(_UnavailableAs503)
-    # Outermost: request ids, one Authorization header, no key in the URL, the body cap.
-    app.add_middleware(BatonMiddleware, engines=lambda: store.engines, max_body_bytes=limit)
+    # Outermost: request ids, one Authorization header, no key in the URL, the body caps;
+    # the body is read by _ScreenedMessages, whose refusals are JSON-RPC errors.
+    app.add_middleware(
+        BatonMiddleware,
+        engines=lambda: store.engines,
+        max_body_bytes=limit,
+        max_containers=request_container_limit(store.state_max_bytes),
+        parse_json=False,
+    )
     return app
 
 

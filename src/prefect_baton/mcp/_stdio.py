@@ -24,7 +24,7 @@ from mcp.shared.dispatcher import coerce_request_id
 from mcp.shared.message import SessionMessage
 
 from prefect_baton._client.sync import Baton
-from prefect_baton.mcp._envelope import Dropped, Refusal, is_request_id, read_message, refusal
+from prefect_baton.mcp._envelope import Dropped, Refusal, is_request_id, read_bytes
 from prefect_baton.mcp._server import build_server
 
 __all__ = ["EOF_GRACE_S", "serve_stdio"]
@@ -81,19 +81,6 @@ class _NoLines:
         raise StopAsyncIteration
 
 
-def _read_stdin_line(raw: bytes) -> types.JSONRPCMessage | Refusal | Dropped | None:
-    """The message of one stdin line ``raw`` (``bytes``), by :func:`read_message`; a line
-    that is not UTF-8 is answered ``-32700`` naming its byte offset (the ``mcp`` package
-    would read it with ``errors="replace"``, so ``x\\xff`` and ``x\\xfe`` would both become
-    ``x\\ufffd``)."""
-    try:
-        line = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        detail = f"invalid JSON at byte {exc.start} (not UTF-8 text)"
-        return refusal(types.PARSE_ERROR, "Parse error", detail, None)
-    return read_message(line)
-
-
 class _Unanswered:
     """The ids of the requests passed to the server and not yet answered (a response or
     an error written, or the client's ``notifications/cancelled``), each counted under its
@@ -141,11 +128,11 @@ async def _run_stdio(server: Server[Any]) -> int | None:
     it (``SIGINT``, ``SIGTERM``), or ``None`` when stdin ended.
 
     Stdin is read here, one line at a time on a worker thread, and each line is parsed
-    once (:func:`_read_stdin_line`: strict UTF-8, no repeated keys, request ids that are
-    strings or integers); a line that is not a JSON-RPC message is answered with its
-    JSON-RPC error at once (the ``mcp`` package would only log it), so a client waiting on
-    that request's reply learns that it was not read; a notification is never answered
-    (JSON-RPC 2.0), so a refused one is only logged to stderr.
+    once (:func:`~prefect_baton.mcp._envelope.read_bytes`: strict UTF-8, no repeated keys,
+    request ids that are strings or integers); a line that is not a JSON-RPC message is
+    answered with its JSON-RPC error at once (the ``mcp`` package would only log it), so a
+    client waiting on that request's reply learns that it was not read; a notification is
+    never answered (JSON-RPC 2.0), so a refused one is only logged to stderr.
 
     When stdin ends, or on the first SIGINT or SIGTERM, no further line is read, and the
     server is stopped only once every request already read has been answered (for at most
@@ -177,7 +164,7 @@ async def _run_stdio(server: Server[Any]) -> int | None:
             async with to_server:
                 with reading:
                     async for raw in lines:
-                        message = _read_stdin_line(raw)
+                        message = read_bytes(raw)
                         # A line read is passed on whole even when a signal stops the
                         # reading meanwhile: its request is then waited for.
                         with anyio.CancelScope(shield=True):

@@ -18,7 +18,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote_to_bytes
 
 import anyio.to_thread
@@ -26,7 +26,11 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from prefect_baton._rules.access import check_scope
-from prefect_baton._rules.validation import DEFAULT_STATE_MAX_BYTES, request_body_limit
+from prefect_baton._rules.validation import (
+    DEFAULT_STATE_MAX_BYTES,
+    request_body_limit,
+    request_container_limit,
+)
 from prefect_baton._stores.ledger.engine import Engines
 from prefect_baton._stores.protocol import Caller
 from prefect_baton.errors import BatonError, ForbiddenError, ValidationError
@@ -34,6 +38,7 @@ from prefect_baton.rest.keys import AREAS, KEY_PREFIX, ApiKey, KeyCache, authent
 
 __all__ = [
     "MAX_BODY_BYTES",
+    "MAX_BODY_CONTAINERS",
     "STATUS_BY_CODE",
     "BatonMiddleware",
     "DuplicateKey",
@@ -46,6 +51,8 @@ __all__ = [
     "parse_json_body",
     "read_json_body",
     "replaying",
+    "run_for_body",
+    "too_many_containers",
     "unique_keys",
 ]
 
@@ -79,6 +86,12 @@ def check_host(host: str) -> None:
 #: :func:`~prefect_baton._rules.validation.request_body_limit`, never below 2 MiB. The REST
 #: API and the MCP server over HTTP share it.
 MAX_BODY_BYTES = request_body_limit(DEFAULT_STATE_MAX_BYTES)
+#: Most JSON objects and arrays a request body of a server with the default checkpoint
+#: state cap may hold (557,056); a body with more gets ``413``. A server's own limit
+#: follows its ``state_max_bytes``:
+#: :func:`~prefect_baton._rules.validation.request_container_limit`. The REST API and the
+#: MCP server over HTTP share it.
+MAX_BODY_CONTAINERS = request_container_limit(DEFAULT_STATE_MAX_BYTES)
 
 #: A bearer key's secret as it appears in a URL (percent-decoded): ``bk_`` and 43 URL-safe
 #: characters (:func:`~prefect_baton.rest.keys.create_key`).
@@ -272,25 +285,60 @@ def parse_json_body(raw: bytes) -> Any:
         ) from None
 
 
+def too_many_containers(raw: bytes, limit: int) -> bool:
+    """Whether the JSON text ``raw`` (``bytes``, in the encoding :func:`json.detect_encoding`
+    finds) holds more than ``limit`` (``int``) objects and arrays, counted without parsing
+    it: the bytes ``[`` and ``{`` (at most a few milliseconds for 3 MiB); only when there
+    are more of them than ``limit``, those outside strings (the text split at its quotes,
+    once ``\\\\`` and ``\\"`` escapes are taken out; about 15 ms for 3 MiB of short
+    strings). Text that is not JSON may be counted wrong (it is refused either way), and
+    text that does not decode is not counted (``False``): the parser refuses it before it
+    builds anything.
+    """
+    if raw.count(b"[") + raw.count(b"{") <= limit:  # every object or array opens so
+        return False
+    try:
+        text = raw.decode(json.detect_encoding(raw), "surrogatepass")
+    except UnicodeDecodeError:
+        return False
+    if "\\" in text:  # a quote escaped inside a string does not end it
+        text = text.replace("\\\\", "").replace('\\"', "")
+    outside = "".join(text.split('"')[::2])
+    return outside.count("[") + outside.count("{") > limit
+
+
 #: Bodies of more than this many bytes are parsed on a worker thread by
-#: :func:`read_json_body`, smaller ones on the event loop: a parse of 16 KiB (up to about
-#: 0.5 ms for deeply nested text) costs about what the hop to a thread and back does, and
-#: a larger one would hold up every other request of the process while it runs (a 3 MB
-#: nested body takes about a second).
+#: :func:`read_json_body` (and :func:`run_for_body`), smaller ones on the event loop: a
+#: parse of 16 KiB (up to about 0.5 ms for deeply nested text) costs about what the hop to
+#: a thread and back does, and a larger one would hold up every other request of the
+#: process while it runs (a 3 MB nested body takes about a second).
 THREAD_PARSE_BYTES = 16 * 1024
+
+_T = TypeVar("_T")
+
+
+async def run_for_body(read: Callable[[bytes], _T], raw: bytes) -> _T:
+    """``read(raw)`` for an ``async`` caller (``read``: a function of a request body such
+    as :func:`parse_json_body`; ``raw``: the body, ``bytes``): on a worker thread when
+    ``raw`` is over :data:`THREAD_PARSE_BYTES`, so a large body does not stall the event
+    loop (the other requests of the process) while it is read, else at once.
+
+    Raises:
+        Exception: whatever ``read`` raises.
+    """
+    if len(raw) <= THREAD_PARSE_BYTES:
+        return read(raw)
+    return await anyio.to_thread.run_sync(read, raw)
 
 
 async def read_json_body(raw: bytes) -> Any:
-    """:func:`parse_json_body` of ``raw`` (``bytes``) for an ``async`` caller: on a worker
-    thread when ``raw`` is over :data:`THREAD_PARSE_BYTES`, so a large body does not stall
-    the event loop (the other requests of the process) while it is parsed.
+    """:func:`parse_json_body` of ``raw`` (``bytes``) for an ``async`` caller, by
+    :func:`run_for_body` (on a worker thread when ``raw`` is large).
 
     Raises:
         ValidationError: as :func:`parse_json_body`.
     """
-    if len(raw) <= THREAD_PARSE_BYTES:
-        return parse_json_body(raw)
-    return await anyio.to_thread.run_sync(parse_json_body, raw)
+    return await run_for_body(parse_json_body, raw)
 
 
 #: The key of ``scope["state"]`` under which :class:`BatonMiddleware` leaves the JSON
@@ -378,6 +426,10 @@ def _refused_head(scope: Scope) -> JSONResponse | None:
     return None
 
 
+class _TooManyContainers(Exception):
+    """A request body holds more JSON objects and arrays than the server's limit."""
+
+
 #: The path of the authenticated metrics exposition (any valid key may read it).
 METRICS_PATH = "/metrics"
 
@@ -406,13 +458,19 @@ class BatonMiddleware:
       applies);
     * refuses bodies over ``max_body_bytes`` with ``413`` (by ``Content-Length`` or by
       counting a streamed body) before any route runs;
-    * refuses a JSON body (a JSON ``Content-Type``: what FastAPI reads as JSON)
-      that :func:`parse_json_body` refuses (malformed, a key twice in one object, ...)
-      with ``400 VALIDATION_ERROR``, before any route runs; a body over
-      :data:`THREAD_PARSE_BYTES` is parsed on a worker thread (:func:`read_json_body`),
-      so other requests are answered meanwhile. The document is left in
+    * refuses a JSON body (a JSON ``Content-Type``: what FastAPI reads as JSON) holding
+      more than ``max_containers`` objects and arrays (:func:`too_many_containers`) with
+      ``413 PAYLOAD_TOO_LARGE``, before it is parsed;
+    * with ``parse_json`` (the REST API): refuses a JSON body that
+      :func:`parse_json_body` refuses (malformed, a key twice in one object, ...)
+      with ``400 VALIDATION_ERROR``, before any route runs. The document is left in
       ``scope["state"]["json_body"]`` (:data:`JSON_BODY_STATE`), where the routes of
       :func:`~prefect_baton.rest.create_app` read it instead of parsing the body again.
+      Without it (the MCP server over HTTP, which answers a body it cannot read with a
+      JSON-RPC error) the body is passed on unparsed.
+
+    A body over :data:`THREAD_PARSE_BYTES` is counted and parsed on a worker thread
+    (:func:`run_for_body`), so other requests are answered meanwhile.
 
     Args:
         app: the wrapped ASGI app. engines: callable returning the ledger's engines (keys).
@@ -422,6 +480,12 @@ class BatonMiddleware:
             ``state_max_bytes``).
         key_cache: the cache of looked-up keys (:class:`~prefect_baton.rest.keys.KeyCache`;
             default: none, every request asks the ledger).
+        max_containers: the limit on objects and arrays (``int``; default
+            :data:`MAX_BODY_CONTAINERS`, the default state cap's; servers pass
+            :func:`~prefect_baton._rules.validation.request_container_limit` of their
+            store's ``state_max_bytes``).
+        parse_json: whether JSON bodies are parsed and refused here (``bool``, default
+            ``True``).
     """
 
     def __init__(
@@ -430,11 +494,15 @@ class BatonMiddleware:
         engines: Callable[[], Engines],
         max_body_bytes: int = MAX_BODY_BYTES,
         key_cache: KeyCache | None = None,
+        max_containers: int = MAX_BODY_CONTAINERS,
+        parse_json: bool = True,
     ) -> None:
         self.app = app
         self.engines = engines
         self.max_body_bytes = max_body_bytes
         self.key_cache = key_cache or KeyCache(0)
+        self.max_containers = max_containers
+        self.parse_json = parse_json
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -473,11 +541,33 @@ class BatonMiddleware:
             return
         if body and is_json(scope):
             try:
-                state[JSON_BODY_STATE] = await read_json_body(body)
+                doc = await run_for_body(self._read_json, body)
+            except _TooManyContainers:
+                resp = error_response(
+                    "PAYLOAD_TOO_LARGE",
+                    f"request body holds more than {self.max_containers} JSON objects and "
+                    "arrays (the limit of this server)",
+                )
+                await resp(scope, receive, send_with_id)
+                return
             except ValidationError as exc:
                 await baton_error_response(exc, request_id)(scope, receive, send_with_id)
                 return
+            if self.parse_json:
+                state[JSON_BODY_STATE] = doc
         await self.app(scope, replaying(body, receive), send_with_id)
+
+    def _read_json(self, body: bytes) -> Any:
+        """The document of the JSON ``body`` (``bytes``) when :attr:`parse_json`, else
+        ``None``, once it is found to hold no more than :attr:`max_containers` objects and
+        arrays.
+
+        Raises:
+            _TooManyContainers: it holds more. ValidationError: as :func:`parse_json_body`.
+        """
+        if too_many_containers(body, self.max_containers):
+            raise _TooManyContainers
+        return parse_json_body(body) if self.parse_json else None
 
     async def _authorize(
         self, scope: Scope, state: dict[str, Any], path: str, method: str

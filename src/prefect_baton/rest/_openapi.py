@@ -52,7 +52,8 @@ _STATUSES = {
     "LEASE_LOST or STALE_FENCE",
     "413": "PAYLOAD_TOO_LARGE: body over {limit:,} bytes: the larger of 2 MiB and 3 times "
     "the checkpoint state cap (state_max_bytes, GET /v1/me) + 64 KiB, so that a state within "
-    "the cap fits even when sent with ASCII escapes",
+    "the cap fits even when sent with ASCII escapes; or a JSON body holding more objects and "
+    "arrays than half the larger of the state cap and 1 MiB, plus 32,768 (557,056 by default)",
     "503": "UNAVAILABLE: the ledger or lease authority cannot be reached",
 }
 

@@ -16,7 +16,9 @@ fields: FastAPI's 422 is replaced), ``401 UNAUTHENTICATED`` (no, unknown or revo
 ``IDEMPOTENCY_IN_FLIGHT``, ``LEASE_LOST`` and ``STALE_FENCE`` (all say: the state the request
 presumed no longer holds; the code tells them apart), ``413 PAYLOAD_TOO_LARGE`` (body over
 the larger of 2 MiB and 3 times the checkpoint state cap + 64 KiB, 3,211,264 bytes by default:
-:func:`~prefect_baton._rules.validation.request_body_limit`), ``503 UNAVAILABLE`` and ``500
+:func:`~prefect_baton._rules.validation.request_body_limit`, or holding more JSON objects and
+arrays than :func:`~prefect_baton._rules.validation.request_container_limit`, 557,056 by
+default), ``503 UNAVAILABLE`` and ``500
 INTERNAL`` (whose message names only the request id: the detail, e.g. a database driver's
 error, stays in the server log, see :func:`~prefect_baton.rest._http.client_error`).
 
@@ -55,7 +57,7 @@ from starlette.routing import Match
 from starlette.types import Receive, Scope
 
 from prefect_baton import metrics
-from prefect_baton._rules.validation import request_body_limit
+from prefect_baton._rules.validation import request_body_limit, request_container_limit
 from prefect_baton._stores.factory import open_stores
 from prefect_baton._stores.ledger.engine import ledger_failure
 from prefect_baton._stores.ledger.tables import ApiKeyRow
@@ -141,7 +143,9 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
 
     A request body may be at most
     :func:`~prefect_baton._rules.validation.request_body_limit` of the store's
-    ``state_max_bytes`` (``BATON_STATE_MAX_BYTES``) bytes, else ``413``.
+    ``state_max_bytes`` (``BATON_STATE_MAX_BYTES``) bytes, and hold at most
+    :func:`~prefect_baton._rules.validation.request_container_limit` of it JSON objects and
+    arrays, else ``413``.
 
     Bearer keys looked up are cached for ``BATON_KEY_CACHE_SECONDS`` (see
     :class:`~prefect_baton.rest.keys.KeyCache`; ``app.state.key_cache``). Building the app
@@ -179,6 +183,7 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         engines=lambda: store.engines,
         max_body_bytes=body_limit,
         key_cache=app.state.key_cache,
+        max_containers=request_container_limit(store.state_max_bytes),
     )
 
     @app.exception_handler(BatonError)

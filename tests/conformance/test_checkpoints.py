@@ -228,13 +228,15 @@ def test_fenced_save_after_transfer_or_release_is_stale(baton: Baton) -> None:
 
 
 def test_fence_with_wrong_epoch_is_stale(baton: Baton) -> None:
-    """A fence naming the current lease id with another epoch is STALE_FENCE."""
+    """A fence naming the current lease id with another epoch is STALE_FENCE, and the
+    message says the epoch does not match (not that the lease is no longer effective)."""
     lease = baton.leases.acquire("file", "main.py", ttl_seconds=30)
     for epoch in (lease.epoch - 1, lease.epoch + 1):
         forged = lease.model_copy(update={"epoch": epoch})
-        with pytest.raises(StaleFenceError):
+        said = f"fence lease {lease.lease_id} does not have epoch {epoch}"
+        with pytest.raises(StaleFenceError, match=said):
             baton.checkpoints.save(SUBJ, KIND, {"n": 1}, fence=forged)
-        with pytest.raises(StaleFenceError):
+        with pytest.raises(StaleFenceError, match=said):
             baton.outcomes.record(SUBJ, "failed", evidence=[], fence=forged)
     assert baton.checkpoints.get(SUBJ, KIND) is None
     assert baton.outcomes.list(SUBJ) == []

@@ -436,11 +436,12 @@ def check_fence(
     """
     if row is None or (principal is not None and row.owner != principal):
         raise StaleFenceError(f"fence lease {lease_id} is not a current lease of the writer")
-    if (
-        row.epoch != epoch
-        or not row.effective(now_ms)
-        or handoff_deadline_passed(handoff_deadline_ms, now_ms)
-    ):
+    if row.epoch != epoch:
+        raise StaleFenceError(
+            f"fence lease {lease_id} does not have epoch {epoch}: a fence names a lease and "
+            "the epoch it was granted with"
+        )
+    if not row.effective(now_ms) or handoff_deadline_passed(handoff_deadline_ms, now_ms):
         raise StaleFenceError(
             f"fence lease {lease_id} (epoch {epoch}) is no longer the effective lease of "
             f"{row.resource_type}/{row.resource_id}"

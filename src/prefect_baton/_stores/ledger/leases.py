@@ -435,7 +435,9 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
                     row, request, now_ms=tx.now_ms, handoff_deadline_ms=deadline
                 )
             except LeaseLostError as lost:
-                return self._end_carrier(tx, row, deadline, lost)
+                if not self._end_carrier(tx, row, deadline):
+                    raise
+                return lost
             self._apply(tx, d, caller.org, resource=resource)
             assert d.new is not None
             return generation_to_lease(d.new)
@@ -458,18 +460,17 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
             )
         ).scalar()
 
-    def _end_carrier(
-        self, tx: Tx, row: Generation | None, deadline: int | None, lost: LeaseLostError
-    ) -> LeaseLostError:
-        """A renew or transfer of ``row`` refused as ``lost``: when a handoff carrying
-        ``row`` passed its ``deadline``, end it here as an acquire does
-        (:meth:`_expired_carrier`: the handoff stored ``expired``, ``row`` released with
-        reason ``handoff_expired``) and return ``lost``, raised once ``tx`` commits
-        (:func:`_raised`); else raise ``lost`` (nothing to keep)."""
+    def _end_carrier(self, tx: Tx, row: Generation | None, deadline: int | None) -> bool:
+        """After a renew, transfer or fenced write of ``row`` was refused: when a handoff
+        carrying ``row`` passed its ``deadline`` (:func:`_core.handoff_deadline_passed`), end
+        it in ``tx`` as an acquire does (:meth:`_expired_carrier`: the handoff stored
+        ``expired``, ``row`` released with reason ``handoff_expired``) and return ``True``;
+        the refusal is then raised once ``tx`` commits (:func:`_raised`). Else ``False``
+        (nothing to keep)."""
         if row is None or not _core.handoff_deadline_passed(deadline, tx.now_ms):
-            raise lost
+            return False
         self._expired_carrier(tx, row)
-        return lost
+        return True
 
     def _transfer_in_tx(
         self,
@@ -501,7 +502,9 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
             try:
                 return self._transfer_in_tx(tx, row, resource, request)
             except LeaseLostError as lost:
-                return self._end_carrier(tx, row, self._carried_deadline(tx, row), lost)
+                if not self._end_carrier(tx, row, self._carried_deadline(tx, row)):
+                    raise
+                return lost
 
         return _raised(self._by_proof(caller, request.proof.lease_id, fn))
 

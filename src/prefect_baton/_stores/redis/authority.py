@@ -66,7 +66,12 @@ from prefect_baton._stores.redis.codec import (
     scope_meta,
 )
 from prefect_baton._stores.redis.connection import as_text, connect
-from prefect_baton._stores.redis.handoffs import expire_handoff, resolve_handoff, run_carried
+from prefect_baton._stores.redis.handoffs import (
+    end_carriers,
+    expire_handoff,
+    resolve_handoff,
+    run_carried,
+)
 from prefect_baton._stores.redis.keys import HANDOFF_KEY_TTL_MS, org_keys, resource_digest
 from prefect_baton._stores.redis.reads import RedisLeaseReads
 from prefect_baton._stores.redis.scripts import NOOP, OK, REPLAY, UNKNOWN, raise_for
@@ -483,8 +488,10 @@ class RedisAuthority(RedisLeaseReads, ReceiptedLeaseOps):
 
     def fence(self, caller: Caller, lease: Lease) -> Fence:
         """The fence of ``lease`` for a fenced ledger write: it names the lease's resource
-        (whose ledger lock serialises fenced writes of it) and checks the generation on
-        Redis inside the write transaction (:meth:`fence_check`).
+        (whose ledger lock serialises fenced writes of it), checks the generation on
+        Redis inside the write transaction (:meth:`fence_check`), and, refused past the
+        deadline of a handoff carrying the lease, ends that handoff as a refused renew
+        does (:func:`end_carriers`).
 
         Raises:
             UnavailableError: Redis cannot be reached or the org's state cannot be rebuilt.
@@ -493,7 +500,11 @@ class RedisAuthority(RedisLeaseReads, ReceiptedLeaseOps):
         lease_id = lease.lease_id
         self.ensure_ready(caller.org)
         return Fence(
-            lease_id, lease.epoch, resource, lambda: self.fence_check(caller, lease_id, resource)
+            lease_id,
+            lease.epoch,
+            resource,
+            lambda: self.fence_check(caller, lease_id, resource),
+            lambda: end_carriers(self, caller, lease_id),
         )
 
     def ledger_barrier(self, caller: Caller) -> None:

@@ -105,9 +105,10 @@ def test_expired_handoff_releases_its_lease(baton: Baton) -> None:
 def test_carried_lease_is_over_at_the_handoff_deadline(baton: Baton) -> None:
     """From a lease-carrying handoff's deadline on, the carried lease is over for every
     operation, before any acquire or read of the handoff ends it: a write fenced by it is
-    ``STALE_FENCE``, a transfer or renew is ``LEASE_LOST`` and ends the handoff (its lease released
-    once, reason ``handoff_expired``); a retried renew does not revive it, and another
-    principal's acquire gets a higher epoch (``_rules.core.handoff_deadline_passed``)."""
+    ``STALE_FENCE``, a transfer or renew is ``LEASE_LOST``, and the first refusal ends the
+    handoff (its lease released once, reason ``handoff_expired``); a retried renew does not
+    revive it, and another principal's acquire gets a higher epoch
+    (``_rules.core.handoff_deadline_passed``)."""
     b = baton.as_principal("agent-b")
     c = baton.as_principal("agent-c")
     lease = baton.leases.acquire(RT, "renew-late", ttl_seconds=300, idempotency_key="w-late")
@@ -129,7 +130,7 @@ def test_carried_lease_is_over_at_the_handoff_deadline(baton: Baton) -> None:
     assert payload["handoff_id"] == sent.handoff_id
     assert baton.leases.get(lease.lease_id).status == "released"
     h = b.handoffs.get(sent.handoff_id)
-    assert (h.status, h.released_lease) == ("expired", None)  # ended by the renew
+    assert (h.status, h.released_lease) == ("expired", None)  # ended by the fenced write
     assert h.resolved_at is not None
     with pytest.raises(NotFoundError):
         b.handoffs.resolve(sent.handoff_id, "accepted")
@@ -144,3 +145,57 @@ def test_carried_lease_is_over_at_the_handoff_deadline(baton: Baton) -> None:
     with pytest.raises(LeaseLostError):
         baton.leases.renew(lease)
     assert len(_released(baton, lease.lease_id)) == 1
+
+
+def _lease_events(b: Baton, lease_id: str) -> list[tuple[str, object, object]]:
+    """The ``(kind, reason, status)`` of the events naming lease ``lease_id``, oldest first,
+    leaving out the refusals (``fence.rejected``)."""
+    return [
+        (e.kind, e.payload.get("reason"), e.payload.get("status"))
+        for e in b.events.list(limit=1000)
+        if e.payload.get("lease_id") == lease_id and e.kind != "fence.rejected"
+    ]
+
+
+def test_fenced_write_past_the_deadline_ends_the_handoff(baton: Baton) -> None:
+    """A write fenced by a lease that a pending handoff carries, after the handoff's deadline,
+    is ``STALE_FENCE`` and ends the handoff as a refused renew does, before anyone reads it:
+    the handoff is stored ``expired``, the lease is released once (``lease.released``, reason
+    ``handoff_expired``, the same events as the renew's), and another principal's acquire
+    gets the resource with a higher epoch."""
+    b = baton.as_principal("agent-b")
+    c = baton.as_principal("agent-c")
+    written = baton.leases.acquire(RT, "write-late", ttl_seconds=300)
+    written_sent = baton.handoffs.create("agent-b", SUBJ, lease=written, expires_in_seconds=1)
+    renewed = baton.leases.acquire(RT, "renew-late", ttl_seconds=300)
+    renewed_sent = baton.handoffs.create("agent-b", SUBJ, lease=renewed, expires_in_seconds=1)
+    pass_deadline(baton, written_sent, renewed_sent)
+
+    with pytest.raises(StaleFenceError) as stale:
+        baton.checkpoints.save(SUBJ, "notes", {"n": 1}, fence=written)
+    assert stale.value.code == "STALE_FENCE"
+    with pytest.raises(LeaseLostError):
+        baton.leases.renew(renewed)
+
+    # ended by the refusals themselves: released once, before any read of the handoffs
+    (payload,) = _released(baton, written.lease_id)
+    assert (payload["reason"], payload["handoff_id"]) == (
+        "handoff_expired",
+        written_sent.handoff_id,
+    )
+    assert _lease_events(baton, written.lease_id) == _lease_events(baton, renewed.lease_id)
+    assert [e.kind for e in baton.events.list(kind="fence.rejected", limit=1000)] == [
+        "fence.rejected"
+    ]
+    for sent in (written_sent, renewed_sent):
+        h = b.handoffs.get(sent.handoff_id)
+        assert (h.status, h.released_lease) == ("expired", None)
+        assert h.resolved_at is not None
+    assert baton.leases.get(written.lease_id).status == "released"
+
+    # the lease is over: a second refused write ends nothing more, another principal takes over
+    with pytest.raises(StaleFenceError):
+        baton.checkpoints.save(SUBJ, "notes", {"n": 2}, fence=written)
+    taker = c.leases.acquire(RT, "write-late", ttl_seconds=60)
+    assert taker.epoch > written.epoch
+    assert len(_released(baton, written.lease_id)) == 1

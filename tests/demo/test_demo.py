@@ -182,9 +182,9 @@ def test_baton_demo_refuses_a_global_org_principal_or_role_before_demo(
 def test_every_demo_option_has_help_naming_its_engine() -> None:
     """`baton demo --help` explains every option, and the options the Prefect engine does
     not use say they are for --engine processes only."""
-    from prefect_baton.demo import _parser
+    from prefect_baton.demo.options import parser
 
-    actions = {a.option_strings[0]: a for a in _parser()._actions}
+    actions = {a.option_strings[0]: a for a in parser()._actions}
     assert all(a.help for a in actions.values())
     for flag in ("--crash", "--pause", "--ttl", "--lines-per-chunk", "--work-ms", "--timeout"):
         assert "--engine processes only" in str(actions[flag].help), flag

@@ -145,7 +145,8 @@ def handoff_deadline_passed(deadline_ms: int | None, now_ms: int) -> bool:
     for every operation: a renew or transfer by the sender's proof is ``LEASE_LOST``
     (:func:`~prefect_baton._rules.transitions.decide_renew`), a write fenced by it is
     ``STALE_FENCE`` (:func:`check_fence`), whether or not anyone has yet ended the handoff
-    (:func:`~prefect_baton._rules.handoffs.decide_handoff_expiry` records that, once).
+    (:func:`~prefect_baton._rules.handoffs.decide_handoff_expiry` records that, once; each
+    of these refusals does it).
     Stores pass the earliest deadline of the pending handoffs carrying a lease; the Lua
     scripts mirror it as ``carried_deadline_refused`` in ``_lib.lua``.
     """

@@ -208,7 +208,9 @@ class Fence:
     When another authority than the ledger holds the leases (Redis), ``resource`` names the
     lease's resource (its lock serialises fenced writes of that resource) and ``check``
     reads the generation and the authority's clock inside the write transaction, so the
-    fence is judged by the authority, not by the ledger's copy. Made by
+    fence is judged by the authority, not by the ledger's copy; ``end_carriers`` then ends
+    the expired pending handoffs carrying the lease on that authority, as its refused renew
+    does (run once a write refused past such a handoff's deadline has rolled back). Made by
     :meth:`LeaseAuthority.fence`.
     """
 
@@ -216,6 +218,7 @@ class Fence:
     epoch: int
     resource: tuple[str, str] | None = None
     check: Callable[[], tuple[Generation | None, int]] | None = None
+    end_carriers: Callable[[], object] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -121,6 +121,10 @@ class Tx:
     #: Events to record in a transaction of their own when this one fails with a
     #: :class:`BatonError` (a refused fenced write's ``fence.rejected``).
     on_refusal: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    #: What to run, each in transactions of its own, when this one fails with a
+    #: :class:`BatonError`, after :attr:`on_refusal` (a fenced write refused past the deadline
+    #: of a handoff carrying its lease ends that handoff, ``FenceOps._check_fence``).
+    after_refusal: list[Callable[[], object]] = field(default_factory=list)
     #: The ledger may decide the org's leases (checked in this transaction, under the
     #: lock: :meth:`StoreBase._check_ledger_authority`), and the epoch floor of its grants.
     authority_checked: bool = False
@@ -362,8 +366,8 @@ class StoreBase(Statements):
                         self._registered.add(tx.registered)
                     return result
             except BatonError:
-                if tx is not None and tx.on_refusal:
-                    self._record_refusal(caller, tx.on_refusal)
+                if tx is not None:
+                    self._after_refusal(caller, tx)
                 raise
             except IntegrityError as exc:
                 last = exc
@@ -397,21 +401,22 @@ class StoreBase(Statements):
                 raise write_turn_timed_out() from exc
         raise UnavailableError(f"ledger write did not settle after {MAX_ATTEMPTS} tries: {last}")
 
-    def _record_refusal(
-        self, caller: Caller, events: list[tuple[str, str, dict[str, Any]]]
-    ) -> None:
-        """Record ``events`` of a refused write (whose own transaction rolled back) in a
-        transaction of their own. Best effort: the refusal is what the caller gets, so a
-        failure to record it is dropped."""
+    def _after_refusal(self, caller: Caller, refused: Tx) -> None:
+        """After write transaction ``refused`` failed with a :class:`BatonError` (and rolled
+        back): record its :attr:`Tx.on_refusal` events in a transaction of their own, then
+        run its :attr:`Tx.after_refusal`. Best effort: the refusal is what the caller gets,
+        so a failure of either is dropped."""
 
         def op(tx: Tx) -> None:
-            for kind, subject, payload in events:
+            for kind, subject, payload in refused.on_refusal:
                 tx.emit(kind, subject, payload)
 
-        try:
-            self._write(caller, [], op)
-        except BatonError:
-            pass
+        steps = [lambda: self._write(caller, [], op)] if refused.on_refusal else []
+        for step in (*steps, *refused.after_refusal):
+            try:
+                step()
+            except BatonError:
+                pass
 
     @contextmanager
     def _read(self) -> Iterator[tuple[Session, int]]:

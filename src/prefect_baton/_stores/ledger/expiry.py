@@ -1,5 +1,6 @@
-"""Handoff expiry in the ledger: applying :func:`prefect_baton._rules.handoffs.
-decide_handoff_expiry`.
+"""Expiry in the ledger: the report of leases past their TTL
+(:meth:`ExpiryOps.report_expired`, ``lease.expired``) and handoff expiry, applying
+:func:`prefect_baton._rules.handoffs.decide_handoff_expiry`.
 
 A pending handoff that expired is stored as ``expired`` and, when the lease it carries is
 still its sender's and effective, that lease is released in the same transaction
@@ -17,14 +18,23 @@ deliveries and concurrent sweepers record one release.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sqlalchemy import and_, or_, select
 from sqlmodel import Session, col
 
+from prefect_baton._rules import events as _events
 from prefect_baton._rules.core import Decision, Generation
+from prefect_baton._rules.digests import resource_key
 from prefect_baton._rules.handoffs import carried_lease_ended, decide_handoff_expiry
 from prefect_baton._stores.ledger.base import Tx
-from prefect_baton._stores.ledger.conditions import handoff_expired
-from prefect_baton._stores.ledger.convert import generation_to_lease, row_to_generation
+from prefect_baton._stores.ledger.conditions import handoff_expired, lease_lapsed
+from prefect_baton._stores.ledger.convert import (
+    generation_to_lease,
+    lease_payload,
+    row_to_generation,
+    subject_of,
+)
 from prefect_baton._stores.ledger.leases import LeaseOps
 from prefect_baton._stores.ledger.tables import GenerationRow, HandoffRow
 from prefect_baton._stores.protocol import Caller
@@ -48,8 +58,8 @@ def carried_ended(s: Session, row: HandoffRow, now_ms: int) -> bool:
 
 
 class ExpiryOps(LeaseOps):
-    """Handoff expiry of :class:`~prefect_baton._stores.ledger.store.LedgerStore` (see the
-    module docstring)."""
+    """The expiry report and handoff expiry of
+    :class:`~prefect_baton._stores.ledger.store.LedgerStore` (see the module docstring)."""
 
     def _expire_in_tx(
         self, tx: Tx, row: HandoffRow, *, release: bool = True
@@ -101,6 +111,84 @@ class ExpiryOps(LeaseOps):
             if applied is not None:
                 return applied.new
         return None
+
+    def report_expired(
+        self,
+        caller: Caller,
+        *,
+        limit: int = 1000,
+        check: Callable[[str], tuple[Generation | None, int]] | None = None,
+    ) -> list[Lease]:
+        """Record ``lease.expired`` once for each active lease of the org whose TTL has
+        passed and that nobody has acted on since (a crashed holder's, typically).
+
+        Nothing about the lease changes: no sweeper is needed for correctness (expiry is
+        judged when someone next acts), its holder's release still answers ``expired``, and a
+        later takeover does not record ``lease.expired`` a second time.
+
+        Expiry is judged by the org's lease authority. Without ``check`` that is the ledger
+        itself, so a client without Redis in an org Redis decides is refused
+        (:meth:`_check_ledger_authority`): the ledger's copy lags (a renewal Redis applied
+        may not be drained yet) and the event would be false. With ``check`` (from
+        :meth:`RedisAuthority.report_expired`) the ledger's copy only proposes candidates:
+        one is recorded when ``check(lease_id)`` (the authority's generation of that lease,
+        or ``None``, and the authority's clock in epoch ms; read inside the transaction,
+        under the resource's lock) shows the same generation still active and past its TTL.
+
+        Args:
+            limit: at most this many leases per call (1..10,000), oldest expiry first.
+            check: the authority's view of a lease (see above), or ``None``.
+
+        Returns:
+            The leases newly reported by this call.
+
+        Raises:
+            ForbiddenError: no ``check`` and Redis decides the org's leases.
+        """
+        with self._read() as (s, now):
+            candidates = [
+                (r.lease_id, r.resource_type, r.resource_id)
+                for r in s.execute(
+                    select(GenerationRow)
+                    .where(col(GenerationRow.org_id) == caller.org, lease_lapsed(now))
+                    .order_by(col(GenerationRow.expires_at_ms))
+                    .limit(max(1, min(limit, 10_000)))
+                ).scalars()
+            ]
+
+        def op(tx: Tx) -> list[Lease]:
+            out: list[Lease] = []
+            for lease_id, rtype, rid in candidates:
+                self._lock(tx.session, f"res:{caller.org}:{resource_key(rtype, rid)}")
+                row = self._row_by_id(tx.session, caller.org, lease_id)
+                if row is None:
+                    continue
+                h = row_to_generation(row)
+                if not h.lapsed(tx.now_ms):
+                    continue  # renewed or ended meanwhile
+                if check is not None:
+                    held, now_ms = check(lease_id)
+                    if held is None or held.version != h.version:
+                        continue  # the authority moved on (or forgot it): not this generation
+                    if not held.lapsed(now_ms):
+                        continue
+                if self._expiry_reported(tx, h):
+                    continue
+                resource = (rtype, rid)
+                self._transition(
+                    tx, h, caller.org, resource, action="expired", actor=caller.principal
+                )
+                tx.emit(
+                    "lease.expired",
+                    subject_of(resource),
+                    _events.expired_payload(lease_payload(h, resource), _events.EXPIRY_LAPSED),
+                )
+                out.append(generation_to_lease(h))
+            return out
+
+        if not candidates:
+            return []
+        return self._write(caller, [f"expiry:{caller.org}"], op, authority=check is None)
 
     def expired_handoffs(
         self, caller: Caller, *, limit: int = 1000

@@ -1,9 +1,13 @@
 """Fence checks of the ledger store: whether a fenced record write (a checkpoint save, an
 outcome record) still holds the effective generation of the lease it presents
 (:meth:`~FenceOps._check_fence`), and the resource lock the write takes for it
-(:meth:`~FenceOps._fence_locks`)."""
+(:meth:`~FenceOps._fence_locks`). A write refused past the deadline of a pending handoff
+carrying its lease ends that handoff, as a refused renew does
+(:meth:`~FenceOps._end_carriers`)."""
 
 from __future__ import annotations
+
+from functools import partial
 
 from prefect_baton._rules import core as _core
 from prefect_baton._rules import events as _events
@@ -27,7 +31,9 @@ class FenceOps(LeaseOps):
         ledger's copy lags and would accept a generation Redis has already ended):
         :func:`_core.check_fence`, with the deadline of a pending handoff carrying it. A refusal
         of a lease of a known resource leaves ``fence.rejected`` (naming ``write``, the
-        operation) to be recorded once ``tx`` has rolled back (:attr:`Tx.on_refusal`).
+        operation) to be recorded once ``tx`` has rolled back (:attr:`Tx.on_refusal`); a
+        refusal past that deadline then ends the handoff (:attr:`Tx.after_refusal`: the
+        fence's ``end_carriers`` on another authority, else :meth:`_end_carriers`).
 
         Raises:
             StaleFenceError: the fence is not the writer's effective generation.
@@ -41,6 +47,9 @@ class FenceOps(LeaseOps):
             self._check_ledger_authority(tx, lock=True)
             row = self._row_by_id(tx.session, tx.caller.org, fence.lease_id)
             held, now_ms = (row_to_generation(row) if row else None), tx.now_ms
+        # the handoffs are the ledger's on every arm: a deadline judged on the authority's
+        # clock, as the generation is
+        deadline = self._carried_deadline(tx, held)
         try:
             return _core.check_fence(
                 held,
@@ -48,11 +57,12 @@ class FenceOps(LeaseOps):
                 epoch=fence.epoch,
                 now_ms=now_ms,
                 principal=tx.caller.principal,
-                # the handoffs are the ledger's on every arm: a deadline judged on the
-                # authority's clock, as the generation is
-                handoff_deadline_ms=self._carried_deadline(tx, held),
+                handoff_deadline_ms=deadline,
             )
         except StaleFenceError:
+            if held is not None and _core.handoff_deadline_passed(deadline, now_ms):
+                end = fence.end_carriers or partial(self._end_carriers, tx.caller, held.lease_id)
+                tx.after_refusal.append(end)
             if held is None and fence.check is not None:  # Redis forgot it: the ledger's copy
                 row = self._row_by_id(tx.session, tx.caller.org, fence.lease_id)
                 held = row_to_generation(row) if row else None
@@ -63,6 +73,21 @@ class FenceOps(LeaseOps):
                 )
                 tx.on_refusal.append((_events.FENCE_REJECTED, subject_of(resource), payload))
             raise
+
+    def _end_carriers(self, caller: Caller, lease_id: str) -> None:
+        """End the expired pending handoffs carrying lease ``lease_id`` in a transaction of
+        its own, as a refused renew ends them (:meth:`_end_carrier`): after a write fenced by
+        it was refused past such a handoff's deadline, on the ledger's own leases.
+
+        Raises:
+            NotFoundError: the lease is unknown.
+            ForbiddenError: Redis decides the org's leases.
+        """
+
+        def fn(tx: Tx, row: Generation | None, _resource: tuple[str, str]) -> None:
+            self._end_carrier(tx, row, self._carried_deadline(tx, row))
+
+        self._by_proof(caller, lease_id, fn)
 
     def _fence_locks(self, caller: Caller, fence: Fence | None) -> list[str]:
         if fence is None:

@@ -1,8 +1,9 @@
 """Lease operations of the ledger store, the embedded lease authority: its lease rows and
-the writes (acquire, renew, transfer, release, force release, the expiry report).
+the writes (acquire, renew, transfer, release, force release).
 
 Its reads are in :mod:`~prefect_baton._stores.ledger.lease_reads`; the fence checks of
-record writes in :mod:`~prefect_baton._stores.ledger.fences`.
+record writes in :mod:`~prefect_baton._stores.ledger.fences`; the expiry report and handoff
+expiry in :mod:`~prefect_baton._stores.ledger.expiry`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from prefect_baton._rules.core import (
 from prefect_baton._rules.digests import acquire_request_digest, resource_key
 from prefect_baton._rules.keeping import heartbeat_call_timeout
 from prefect_baton._stores.ledger.base import T, Tx
-from prefect_baton._stores.ledger.conditions import lease_effective, lease_lapsed
+from prefect_baton._stores.ledger.conditions import lease_effective
 from prefect_baton._stores.ledger.convert import (
     GENERATION_FIELDS,
     copy_fields,
@@ -440,7 +441,9 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
                     row, request, now_ms=tx.now_ms, handoff_deadline_ms=deadline
                 )
             except LeaseLostError as lost:
-                return self._end_carrier(tx, row, deadline, lost)
+                if not self._end_carrier(tx, row, deadline):
+                    raise
+                return lost
             self._apply(tx, d, caller.org, resource=resource)
             assert d.new is not None
             return generation_to_lease(d.new)
@@ -463,18 +466,17 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
             )
         ).scalar()
 
-    def _end_carrier(
-        self, tx: Tx, row: Generation | None, deadline: int | None, lost: LeaseLostError
-    ) -> LeaseLostError:
-        """A renew or transfer of ``row`` refused as ``lost``: when a handoff carrying
-        ``row`` passed its ``deadline``, end it here as an acquire does
-        (:meth:`_expired_carrier`: the handoff stored ``expired``, ``row`` released with
-        reason ``handoff_expired``) and return ``lost``, raised once ``tx`` commits
-        (:func:`_raised`); else raise ``lost`` (nothing to keep)."""
+    def _end_carrier(self, tx: Tx, row: Generation | None, deadline: int | None) -> bool:
+        """After a renew, transfer or fenced write of ``row`` was refused: when a handoff
+        carrying ``row`` passed its ``deadline`` (:func:`_core.handoff_deadline_passed`), end
+        it in ``tx`` as an acquire does (:meth:`_expired_carrier`: the handoff stored
+        ``expired``, ``row`` released with reason ``handoff_expired``) and return ``True``;
+        the refusal is then raised once ``tx`` commits (:func:`_raised`). Else ``False``
+        (nothing to keep)."""
         if row is None or not _core.handoff_deadline_passed(deadline, tx.now_ms):
-            raise lost
+            return False
         self._expired_carrier(tx, row)
-        return lost
+        return True
 
     def _transfer_in_tx(
         self,
@@ -506,7 +508,9 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
             try:
                 return self._transfer_in_tx(tx, row, resource, request)
             except LeaseLostError as lost:
-                return self._end_carrier(tx, row, self._carried_deadline(tx, row), lost)
+                if not self._end_carrier(tx, row, self._carried_deadline(tx, row)):
+                    raise
+                return lost
 
         return _raised(self._by_proof(caller, request.proof.lease_id, fn))
 
@@ -562,84 +566,6 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
             )
         ).first()
         return found is not None
-
-    def report_expired(
-        self,
-        caller: Caller,
-        *,
-        limit: int = 1000,
-        check: Callable[[str], tuple[Generation | None, int]] | None = None,
-    ) -> list[Lease]:
-        """Record ``lease.expired`` once for each active lease of the org whose TTL has
-        passed and that nobody has acted on since (a crashed holder's, typically).
-
-        Nothing about the lease changes: no sweeper is needed for correctness (expiry is
-        judged when someone next acts), its holder's release still answers ``expired``, and a
-        later takeover does not record ``lease.expired`` a second time.
-
-        Expiry is judged by the org's lease authority. Without ``check`` that is the ledger
-        itself, so a client without Redis in an org Redis decides is refused
-        (:meth:`_check_ledger_authority`): the ledger's copy lags (a renewal Redis applied
-        may not be drained yet) and the event would be false. With ``check`` (from
-        :meth:`RedisAuthority.report_expired`) the ledger's copy only proposes candidates:
-        one is recorded when ``check(lease_id)`` (the authority's generation of that lease,
-        or ``None``, and the authority's clock in epoch ms; read inside the transaction,
-        under the resource's lock) shows the same generation still active and past its TTL.
-
-        Args:
-            limit: at most this many leases per call (1..10,000), oldest expiry first.
-            check: the authority's view of a lease (see above), or ``None``.
-
-        Returns:
-            The leases newly reported by this call.
-
-        Raises:
-            ForbiddenError: no ``check`` and Redis decides the org's leases.
-        """
-        with self._read() as (s, now):
-            candidates = [
-                (r.lease_id, r.resource_type, r.resource_id)
-                for r in s.execute(
-                    select(GenerationRow)
-                    .where(col(GenerationRow.org_id) == caller.org, lease_lapsed(now))
-                    .order_by(col(GenerationRow.expires_at_ms))
-                    .limit(max(1, min(limit, 10_000)))
-                ).scalars()
-            ]
-
-        def op(tx: Tx) -> list[Lease]:
-            out: list[Lease] = []
-            for lease_id, rtype, rid in candidates:
-                self._lock(tx.session, f"res:{caller.org}:{resource_key(rtype, rid)}")
-                row = self._row_by_id(tx.session, caller.org, lease_id)
-                if row is None:
-                    continue
-                h = row_to_generation(row)
-                if not h.lapsed(tx.now_ms):
-                    continue  # renewed or ended meanwhile
-                if check is not None:
-                    held, now_ms = check(lease_id)
-                    if held is None or held.version != h.version:
-                        continue  # the authority moved on (or forgot it): not this generation
-                    if not held.lapsed(now_ms):
-                        continue
-                if self._expiry_reported(tx, h):
-                    continue
-                resource = (rtype, rid)
-                self._transition(
-                    tx, h, caller.org, resource, action="expired", actor=caller.principal
-                )
-                tx.emit(
-                    "lease.expired",
-                    subject_of(resource),
-                    _events.expired_payload(lease_payload(h, resource), _events.EXPIRY_LAPSED),
-                )
-                out.append(generation_to_lease(h))
-            return out
-
-        if not candidates:
-            return []
-        return self._write(caller, [f"expiry:{caller.org}"], op, authority=check is None)
 
 
 def _raised(result: Lease | LeaseLostError) -> Lease:

@@ -22,8 +22,9 @@ have been applied; retry it with the same idempotency key (a retried release is
 ``no_change``, a retried keyed acquire replays). The client made by :func:`connect` never
 retries a script on its own, so a script runs at most once per call.
 
-This module holds the lease operations; the shared state, the script call loop and the
-drain are in :mod:`prefect_baton._stores.redis.base`, the connection and error plumbing in
+This module holds the lease operations; the reads are in
+:mod:`prefect_baton._stores.redis.reads`, the shared state, the script call loop and the
+drain in :mod:`prefect_baton._stores.redis.base`, the connection and error plumbing in
 :mod:`prefect_baton._stores.redis.connection` (:func:`connect` is importable from both).
 """
 
@@ -36,7 +37,6 @@ from typing import Any
 
 from prefect_baton._ids import random_hex, random_uuid4_hex
 from prefect_baton._rules import transitions as _transitions
-from prefect_baton._rules.access import check_list_owner, may_read
 from prefect_baton._rules.core import (
     Decision,
     Generation,
@@ -46,8 +46,6 @@ from prefect_baton._rules.core import (
     TransferRequest,
 )
 from prefect_baton._rules.digests import acquire_request_digest
-from prefect_baton._rules.paging import store_limit
-from prefect_baton._stores.ledger.convert import lease_info
 from prefect_baton._stores.ledger.receipted_ops import ReceiptedLeaseOps
 from prefect_baton._stores.ledger.store import LedgerStore, generation_to_lease
 from prefect_baton._stores.protocol import (
@@ -58,11 +56,8 @@ from prefect_baton._stores.protocol import (
     Fence,
     ResolveRequest,
 )
-from prefect_baton._stores.queries import LeaseQuery
-from prefect_baton._stores.redis.base import AuthorityBase
 from prefect_baton._stores.redis.codec import (
     construct,
-    from_gen,
     is_plain,
     lease_from_gen,
     opt,
@@ -71,20 +66,24 @@ from prefect_baton._stores.redis.codec import (
     scope_meta,
 )
 from prefect_baton._stores.redis.connection import as_text, connect
-from prefect_baton._stores.redis.handoffs import expire_handoff, resolve_handoff, run_carried
+from prefect_baton._stores.redis.handoffs import (
+    end_carriers,
+    expire_handoff,
+    resolve_handoff,
+    run_carried,
+)
 from prefect_baton._stores.redis.keys import HANDOFF_KEY_TTL_MS, org_keys, resource_digest
+from prefect_baton._stores.redis.reads import RedisLeaseReads
 from prefect_baton._stores.redis.scripts import NOOP, OK, REPLAY, UNKNOWN, raise_for
 from prefect_baton.errors import (
     BatonError,
     ConflictError,
-    NotFoundError,
     ValidationError,
 )
 from prefect_baton.models import (
     EndStatus,
     Handoff,
     Lease,
-    LeaseInfo,
     Receipt,
     ReceiptStatus,
 )
@@ -97,7 +96,7 @@ CARRIER_RECHECK_SECONDS = 0.5
 pending handoff carries a lease on the resource (below the shortest handoff expiry, 1 s)."""
 
 
-class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
+class RedisAuthority(RedisLeaseReads, ReceiptedLeaseOps):
     """Leases on Redis, reconciled into the ledger.
 
     Args:
@@ -485,63 +484,14 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         """
         return self._end_by_id(caller, "force_release", lease_id)
 
-    # ------------------------------------------------------------------ reads
-
-    def inspect(self, caller: Caller, resource_type: str, resource_id: str) -> LeaseInfo:
-        """What any principal of the org may see about a resource (the holder also gets its
-        lease), judged on the Redis clock."""
-        reply = self._run(caller.org, "inspect", [resource_digest(resource_type, resource_id)])
-        head = from_gen(reply[2]) if reply[2] else None
-        return lease_info(caller, resource_type, resource_id, head, int(reply[1]))
-
-    def generation(
-        self, caller: Caller, lease_id: str, *, rebuild: bool = True
-    ) -> tuple[Generation | None, int]:
-        """The generation ``lease_id`` as Redis has it (``None`` when unknown to Redis) and
-        the Redis clock in epoch ms. With ``rebuild=False`` a missing incarnation marker
-        raises :class:`UnavailableError` instead of starting a rebuild."""
-        reply = self._run(caller.org, "get", [lease_id], rebuild=rebuild)
-        if int(reply[0]) == UNKNOWN:
-            return None, int(reply[1])
-        return from_gen(reply[2]), int(reply[1])
-
-    def get(self, caller: Caller, lease_id: str) -> Lease:
-        """A generation by id, for its owner (any of the org's for owner/admin).
-
-        Raises:
-            NotFoundError: unknown, another org's, or another principal's lease.
-        """
-        h, _now = self.generation(caller, lease_id)
-        if h is None:
-            self.sync_ledger(caller.org)
-            return self.store.get(caller, lease_id)
-        if not may_read(caller.role, caller.principal, (h.owner,)):
-            raise NotFoundError(f"lease {lease_id} not found")
-        return generation_to_lease(h)
-
-    def list_leases(self, caller: Caller, query: LeaseQuery) -> list[Lease]:
-        """Effective leases of the caller (``owner``: a name or ``"*"``, needs owner/admin),
-        newest first (``query.after``: continuing after this ``(acquired_at ms,
-        lease_id)``); with ``include_ended`` the ledger's history (after a drain)."""
-        who = caller.principal if query.owner is None else query.owner
-        check_list_owner(caller.role, caller.principal, who)
-        if query.include_ended:
-            self.sync_ledger(caller.org)
-            return self.store.list_leases(caller, query)
-        reply = self._run(caller.org, "list", ["" if who == "*" else who, opt(query.resource_type)])
-        gens = [from_gen(raw) for raw in reply[2:]]
-        if query.after is not None:
-            after = query.after
-            gens = [h for h in gens if (h.acquired_at_ms, h.lease_id) < after]
-        gens.sort(key=lambda h: (h.acquired_at_ms, h.lease_id), reverse=True)
-        return [generation_to_lease(h) for h in gens[: store_limit("leases", query.limit)]]
-
     # ------------------------------------------------------------------ fences, handoffs
 
     def fence(self, caller: Caller, lease: Lease) -> Fence:
         """The fence of ``lease`` for a fenced ledger write: it names the lease's resource
-        (whose ledger lock serialises fenced writes of it) and checks the generation on
-        Redis inside the write transaction (:meth:`fence_check`).
+        (whose ledger lock serialises fenced writes of it), checks the generation on
+        Redis inside the write transaction (:meth:`fence_check`), and, refused past the
+        deadline of a handoff carrying the lease, ends that handoff as a refused renew
+        does (:func:`end_carriers`).
 
         Raises:
             UnavailableError: Redis cannot be reached or the org's state cannot be rebuilt.
@@ -550,7 +500,11 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
         lease_id = lease.lease_id
         self.ensure_ready(caller.org)
         return Fence(
-            lease_id, lease.epoch, resource, lambda: self.fence_check(caller, lease_id, resource)
+            lease_id,
+            lease.epoch,
+            resource,
+            lambda: self.fence_check(caller, lease_id, resource),
+            lambda: end_carriers(self, caller, lease_id),
         )
 
     def ledger_barrier(self, caller: Caller) -> None:
@@ -572,23 +526,6 @@ class RedisAuthority(AuthorityBase, ReceiptedLeaseOps):
             UnavailableError.
         """
         return resolve_handoff(self, caller, resolution)
-
-    def fence_check(
-        self, caller: Caller, lease_id: str, resource: tuple[str, str] | None
-    ) -> tuple[Generation | None, int]:
-        """What a fenced ledger write checks, read from Redis: the generation ``lease_id``
-        (``None`` if unknown, or if it is not of ``resource``) and the Redis clock.
-
-        The ledger write calls this inside its transaction, holding the resource's lock,
-        so fenced writes of one resource are checked and committed one at a time: once a
-        newer generation has written, an older one's check can only fail. It never starts a
-        rebuild (that needs the ledger, whose write lock the caller holds): if Redis lost
-        its data the write fails closed with ``UNAVAILABLE``.
-        """
-        h, now = self.generation(caller, lease_id, rebuild=False)
-        if h is not None and resource is not None and (h.resource_type, h.resource_id) != resource:
-            h = None
-        return h, now
 
 
 def _refuse(reply: Sequence[Any], requests: Sequence[AcquireRequest]) -> None:

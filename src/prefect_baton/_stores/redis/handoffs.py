@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from prefect_baton._stores.redis.authority import RedisAuthority
 
 __all__ = [
+    "end_carriers",
     "expire_handoff",
     "lease_carriers",
     "mark_rejected",
@@ -330,10 +331,29 @@ def run_carried(
     try:
         return run(min((x for _h, x in carriers), default=None))
     except LeaseLostError:
-        for handoff_id, _deadline in carriers:
-            expire_handoff(auth, caller, handoff_id)
-        auth._carriers_seen.pop((caller.org, lease_id), None)
+        end_carriers(auth, caller, lease_id, carriers)
         raise
+
+
+def end_carriers(
+    auth: RedisAuthority,
+    caller: Caller,
+    lease_id: str,
+    carriers: list[tuple[str, int]] | None = None,
+) -> None:
+    """After a renew, transfer or fenced write of ``lease_id`` was refused past the deadline
+    of a pending handoff carrying it: end the handoffs ``carriers`` (default: those of
+    :func:`lease_carriers`) that expired (:func:`expire_handoff`, idempotent, judged on the
+    Redis clock: the lease released once, reason ``handoff_expired``).
+
+    Raises:
+        UnavailableError: Redis or the ledger cannot be reached.
+    """
+    if carriers is None:
+        carriers = lease_carriers(auth, caller, lease_id)
+    for handoff_id, _deadline in carriers:
+        expire_handoff(auth, caller, handoff_id)
+    auth._carriers_seen.pop((caller.org, lease_id), None)
 
 
 def lease_carriers(auth: RedisAuthority, caller: Caller, lease_id: str) -> list[tuple[str, int]]:

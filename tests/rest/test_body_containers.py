@@ -23,7 +23,8 @@ from prefect_baton._rules.validation import (
 )
 from prefect_baton._stores.protocol import MAX_MANY
 from prefect_baton.errors import ValidationError
-from prefect_baton.rest._http import MAX_BODY_CONTAINERS, too_many_containers
+from prefect_baton.rest._http import MAX_BODY_CONTAINERS
+from prefect_baton.rest._json_body import too_many_containers
 
 from .conftest import MakeKey, data, error, row_counts
 

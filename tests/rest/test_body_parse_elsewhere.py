@@ -14,7 +14,7 @@ import httpx
 import pytest
 import starlette.requests
 
-from prefect_baton.rest import _http, create_app
+from prefect_baton.rest import _http, _json_body, create_app
 
 from .conftest import MakeKey, data, error
 
@@ -58,7 +58,7 @@ def test_other_requests_are_answered_while_a_large_body_is_parsed(
     server. Parsed on the event loop, the held parse would block the other request
     until it gave up. The body is parsed once: the route reads the middleware's document
     (FastAPI would parse it again on the event loop)."""
-    parse = _http.parse_json_body
+    parse = _json_body.parse_json_body
     parsing = threading.Event()
     let_go = threading.Event()
     released: list[bool] = []
@@ -75,6 +75,7 @@ def test_other_requests_are_answered_while_a_large_body_is_parsed(
         return json.loads(raw)
 
     monkeypatch.setattr(_http, "parse_json_body", held_parse)
+    monkeypatch.setattr(_json_body, "parse_json_body", held_parse)
     monkeypatch.setattr(starlette.requests, "json", SimpleNamespace(loads=starlette_loads))
     auth = make_key()
     app = create_app(ledger_url)

@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from prefect_baton.errors import ValidationError
 from prefect_baton.rest import _fastpath
-from prefect_baton.rest._http import parse_json_body
+from prefect_baton.rest._json_body import parse_json_body
 
 from .conftest import MakeKey, data, error, row_counts
 

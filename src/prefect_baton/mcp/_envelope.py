@@ -19,7 +19,7 @@ import pydantic
 from prefect_baton.errors import (
     from_pydantic,
 )
-from prefect_baton.rest._http import (
+from prefect_baton.rest._json_body import (
     DuplicateKey,
     unique_keys,
 )
@@ -107,7 +107,7 @@ def screen_message(
     transports:
 
     - an object naming a key twice, at any depth (``duplicate``: the first one, by the
-      REST API's rule :func:`~prefect_baton.rest._http.unique_keys`): ``-32600`` with the
+      REST API's rule :func:`~prefect_baton.rest._json_body.unique_keys`): ``-32600`` with the
       rule's words, and the request's ``id`` when its top-level ``id`` is given once as a
       string or integer, else ``id`` null;
     - a request (``method`` given) whose ``id`` is not a string or an integer (``null``,

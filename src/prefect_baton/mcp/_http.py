@@ -46,8 +46,8 @@ from prefect_baton.rest._http import (
     is_json,
     new_request_id,
     replaying,
-    run_for_body,
 )
+from prefect_baton.rest._json_body import run_for_body
 
 __all__ = ["http_app", "serve_http"]
 
@@ -86,7 +86,7 @@ class _ScreenedMessages:
     notification and answer ``202`` with nothing, and put pydantic's whole report in the
     message of the others); a notification it refuses is answered ``202`` with no body
     (JSON-RPC answers no notification) and logged, and the package never sees it. A body
-    over :data:`~prefect_baton.rest._http.THREAD_PARSE_BYTES` is read on a worker thread.
+    over :data:`~prefect_baton.rest._json_body.THREAD_PARSE_BYTES` is read on a worker thread.
     Runs after :class:`~prefect_baton.rest._http.BatonMiddleware`, which has already
     refused (``413``) a body over the size limit or holding too many objects and arrays,
     and parses none (``parse_json=False``)."""

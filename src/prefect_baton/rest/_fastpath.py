@@ -2,7 +2,7 @@
 /v1/leases/{lease_id}``): :func:`install` gives a route a request handler that reads the
 route's parameters itself, validates each with the very field FastAPI would validate it
 with (the body as :class:`~prefect_baton.rest._http.BatonMiddleware` parsed it, else
-read by :func:`~prefect_baton.rest._http.read_json_body`, the JSON rule of the whole API:
+read by :func:`~prefect_baton.rest._json_body.read_json_body`, the JSON rule of the whole API:
 a body it refuses is ``400 VALIDATION_ERROR`` here too), and runs the
 endpoint on a worker thread as FastAPI does; anything else out of the
 ordinary (a validation error, a body that is not ``Content-Type: application/json``, a
@@ -24,7 +24,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from prefect_baton.rest._http import JSON_BODY_STATE, read_json_body
+from prefect_baton.rest._http import JSON_BODY_STATE
+from prefect_baton.rest._json_body import read_json_body
 
 try:
     from fastapi.telemetry import get_telemetry_data

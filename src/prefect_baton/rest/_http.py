@@ -10,15 +10,13 @@ body carries it. The HTTP status of each code is fixed by :data:`STATUS_BY_CODE`
 from __future__ import annotations
 
 import email.message
-import json
 import logging
 import os
 import random
 import re
-import sys
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes
 
 import anyio.to_thread
@@ -34,6 +32,12 @@ from prefect_baton._rules.validation import (
 from prefect_baton._stores.ledger.engine import Engines
 from prefect_baton._stores.protocol import Caller
 from prefect_baton.errors import BatonError, ForbiddenError, ValidationError
+from prefect_baton.rest._json_body import (
+    parse_json_body,
+    quoted,
+    run_for_body,
+    too_many_containers,
+)
 from prefect_baton.rest.keys import AREAS, KEY_PREFIX, ApiKey, KeyCache, authenticate
 
 __all__ = [
@@ -41,19 +45,13 @@ __all__ = [
     "MAX_BODY_CONTAINERS",
     "STATUS_BY_CODE",
     "BatonMiddleware",
-    "DuplicateKey",
     "check_host",
     "client_error",
     "error_response",
     "is_json",
     "new_request_id",
     "ok",
-    "parse_json_body",
-    "read_json_body",
     "replaying",
-    "run_for_body",
-    "too_many_containers",
-    "unique_keys",
 ]
 
 logger = logging.getLogger("prefect_baton.rest")
@@ -197,150 +195,6 @@ def new_request_id() -> str:
     return f"req_{_request_ids.getrandbits(128):032x}"
 
 
-class DuplicateKey(ValueError):
-    """A JSON object names ``key`` (``str``) twice; ``str()`` of it is the rule's words,
-    ``the key 'k' appears twice in one object``."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(f"the key {_shown(key)} appears twice in one object")
-        self.key = key
-
-
-def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """The object of ``pairs`` (``json``'s ``object_pairs_hook``): the one rule on repeated
-    keys of the REST API and of the MCP server (over HTTP through
-    :func:`parse_json_body`, over stdio by itself).
-
-    Raises:
-        DuplicateKey: a key appears twice (``dict`` would keep the last value silently).
-    """
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise DuplicateKey(key)
-            seen.add(key)
-    return obj
-
-
-def _shown(key: str, limit: int = 64) -> str:
-    """``key`` quoted for an error message, cut to ``limit`` characters."""
-    return repr(key if len(key) <= limit else key[:limit] + "...")
-
-
-class _NotJson(ValueError):
-    """A literal :func:`json.loads` reads that JSON has not (``NaN``, ``Infinity``,
-    ``-Infinity``); ``str()`` of it says so."""
-
-
-def _not_json(literal: str) -> Any:
-    """``json``'s ``parse_constant``: refuse the non-JSON ``literal`` (``str``)."""
-    raise _NotJson(f"{literal} is not JSON")
-
-
-def parse_json_body(raw: bytes) -> Any:
-    """The JSON document of a request body ``raw`` (``bytes``; UTF-8, or UTF-16/32 as
-    :func:`json.loads` detects it), read as :func:`json.loads` reads it except that an
-    object naming a key twice is refused (``json.loads`` keeps the last value, so a check
-    of the first would pass a value that never takes effect). The one JSON rule of the REST
-    API (:class:`BatonMiddleware` applies it to every JSON body before any route runs, and
-    the fast path of :mod:`prefect_baton.rest._fastpath` to the bodies it reads) and of the
-    MCP server over HTTP.
-
-    Raises:
-        ValidationError: ``body: invalid JSON at byte N (reason)``: malformed (the offset
-            counts bytes of ``raw``), not text in its encoding, or an integer longer than
-            Python reads (:func:`sys.get_int_max_str_digits`); ``body: invalid JSON (the
-            key 'k' appears twice in one object)``; ``body: invalid JSON (nested too
-            deeply)``; ``body: invalid JSON (NaN is not JSON)`` (likewise ``Infinity`` and
-            ``-Infinity``, which :func:`json.loads` reads by default; RFC 8259 has no such
-            value).
-    """
-    encoding = json.detect_encoding(raw)
-    try:
-        text = raw.decode(encoding, "surrogatepass")
-    except UnicodeDecodeError as exc:
-        raise ValidationError(
-            f"body: invalid JSON at byte {exc.start} (not {encoding.upper()} text)"
-        ) from None
-
-    def at(pos: int) -> int:  # a character offset of ``text`` as a byte offset of ``raw``
-        return len(text[:pos].encode(encoding, "surrogatepass"))
-
-    try:
-        return json.loads(text, object_pairs_hook=unique_keys, parse_constant=_not_json)
-    except json.JSONDecodeError as exc:
-        raise ValidationError(f"body: invalid JSON at byte {at(exc.pos)} ({exc.msg})") from None
-    except (DuplicateKey, _NotJson) as exc:
-        raise ValidationError(f"body: invalid JSON ({exc})") from None
-    except RecursionError:
-        raise ValidationError("body: invalid JSON (nested too deeply)") from None
-    except ValueError:  # an integer over the digits int() reads
-        most = sys.get_int_max_str_digits()
-        found = re.search(f"[0-9]{{{most + 1},}}", text)
-        where = f" at byte {at(found.start())}" if found else ""
-        raise ValidationError(
-            f"body: invalid JSON{where} (an integer of more than {most} digits)"
-        ) from None
-
-
-def too_many_containers(raw: bytes, limit: int) -> bool:
-    """Whether the JSON text ``raw`` (``bytes``, in the encoding :func:`json.detect_encoding`
-    finds) holds more than ``limit`` (``int``) objects and arrays, counted without parsing
-    it: the bytes ``[`` and ``{`` (at most a few milliseconds for 3 MiB); only when there
-    are more of them than ``limit``, those outside strings (the text split at its quotes,
-    once ``\\\\`` and ``\\"`` escapes are taken out; about 15 ms for 3 MiB of short
-    strings). Text that is not JSON may be counted wrong (it is refused either way), and
-    text that does not decode is not counted (``False``): the parser refuses it before it
-    builds anything.
-    """
-    if raw.count(b"[") + raw.count(b"{") <= limit:  # every object or array opens so
-        return False
-    try:
-        text = raw.decode(json.detect_encoding(raw), "surrogatepass")
-    except UnicodeDecodeError:
-        return False
-    if "\\" in text:  # a quote escaped inside a string does not end it
-        text = text.replace("\\\\", "").replace('\\"', "")
-    outside = "".join(text.split('"')[::2])
-    return outside.count("[") + outside.count("{") > limit
-
-
-#: Bodies of more than this many bytes are parsed on a worker thread by
-#: :func:`read_json_body` (and :func:`run_for_body`), smaller ones on the event loop: a
-#: parse of 16 KiB (up to about 0.5 ms for deeply nested text) costs about what the hop to
-#: a thread and back does, and a larger one would hold up every other request of the
-#: process while it runs (a 3 MB nested body takes about a second).
-THREAD_PARSE_BYTES = 16 * 1024
-
-_T = TypeVar("_T")
-
-
-async def run_for_body(read: Callable[[bytes], _T], raw: bytes) -> _T:
-    """``read(raw)`` for an ``async`` caller (``read``: a function of a request body such
-    as :func:`parse_json_body`; ``raw``: the body, ``bytes``): on a worker thread when
-    ``raw`` is over :data:`THREAD_PARSE_BYTES`, so a large body does not stall the event
-    loop (the other requests of the process) while it is read, else at once.
-
-    Raises:
-        Exception: whatever ``read`` raises.
-    """
-    if len(raw) <= THREAD_PARSE_BYTES:
-        return read(raw)
-    return await anyio.to_thread.run_sync(read, raw)
-
-
-async def read_json_body(raw: bytes) -> Any:
-    """:func:`parse_json_body` of ``raw`` (``bytes``) for an ``async`` caller, by
-    :func:`run_for_body` (on a worker thread when ``raw`` is large).
-
-    Raises:
-        ValidationError: as :func:`parse_json_body`.
-    """
-    return await run_for_body(parse_json_body, raw)
-
-
 #: The key of ``scope["state"]`` under which :class:`BatonMiddleware` leaves the JSON
 #: document of a request's body it has parsed (absent when it parsed none).
 JSON_BODY_STATE = "json_body"
@@ -406,7 +260,7 @@ def _refused_head(scope: Scope) -> JSONResponse | None:
     repeated = _repeated_parameter(bytes(scope.get("query_string", b"")))
     if repeated is not None:
         return error_response(
-            "VALIDATION_ERROR", f"query parameter {_shown(repeated)} is given more than once"
+            "VALIDATION_ERROR", f"query parameter {quoted(repeated)} is given more than once"
         )
     target = bytes(scope.get("raw_path") or scope.get("path", "").encode()) + b"?"
     target += bytes(scope.get("query_string", b""))

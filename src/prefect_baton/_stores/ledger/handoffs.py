@@ -147,7 +147,7 @@ class HandoffOps(ExpiryOps):
                     self._check_ledger_authority(tx, lock=True)
                     row = self._row_by_id(s, caller.org, offer.lease.lease_id)
                     found, now_ms = (row_to_generation(row) if row else None), tx.now_ms
-                held = _transitions._check_proof(found, offer.lease)
+                held = _transitions._check_proof(found, offer.lease, now_ms)
                 if not held.effective(now_ms):
                     raise LeaseLostError(f"lease {offer.lease.lease_id} is no longer held")
             self._insert_ignore(

@@ -4,8 +4,12 @@ wraps to the terminal, not source-width lines broken again at 80 columns."""
 from __future__ import annotations
 
 import itertools
+import re
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from prefect_baton.cli import app, reflow
@@ -45,3 +49,37 @@ def test_mcp_help_names_the_key_command() -> None:
     out = CliRunner().invoke(app, ["mcp", "--help"], env={"COLUMNS": "200"}).output
     assert "baton keys create" in out
     assert "create_key" not in out
+
+
+def _commands(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """Every command of the tree under ``command`` (a Typer command or group) with its
+    argv path (lazily loaded groups included)."""
+    yield path, command
+    if hasattr(command, "list_commands"):
+        ctx = typer.Context(command)
+        for name in command.list_commands(ctx):
+            sub = command.get_command(ctx, name)
+            if sub is not None:
+                yield from _commands(sub, (*path, name))
+
+
+def test_bracketed_option_help_is_shown() -> None:
+    """Text in square brackets in an option's help (``[default: user@host]``) reaches
+    ``--help``: escaped, so that Rich does not take it for markup and drop it."""
+    checked = 0
+    for path, command in _commands(typer.main.get_command(app)):
+        wanted = [
+            part
+            for p in command.params
+            for part in re.findall(
+                r"\[[^\]]*\]", (getattr(p, "help", None) or "").replace("\\[", "[")
+            )
+        ]
+        if not wanted:
+            continue
+        out = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "200"}).output
+        shown = " ".join(out.replace("│", " ").split())
+        for part in wanted:
+            assert " ".join(part.split()) in shown, (path, part)
+            checked += 1
+    assert checked >= 5, "the global options' defaults and keys create's are among them"

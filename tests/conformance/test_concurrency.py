@@ -12,6 +12,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from prefect_baton import Baton, IdempotencyInFlightError, Lease, StaleFenceError
+from prefect_baton import Baton, BatonError, IdempotencyInFlightError, Lease, StaleFenceError
 from prefect_baton._rules.scopes import sets_overlap
 from prefect_baton.audit import audit_ledger
 from prefect_baton.rest import create_key
@@ -301,3 +302,69 @@ def test_blocks_without_key_in_two_processes_do_not_supersede(
     (barrier / "release").touch()
     assert _result(first)["receipt"] == "released"
     b.close()
+
+
+# ------------------------------------------------- a checkpoint's delete against its handoff
+
+RACE_ROUNDS = 30
+
+
+def _code_of(call: Any) -> str:
+    """``"ok"`` when ``call()`` returns, else the code of the BatonError it raised."""
+    try:
+        call()
+    except BatonError as e:
+        return e.code
+    return "ok"
+
+
+def _delete_against_handoff(b: Baton, subject: str, *, reads: int) -> tuple[str, str]:
+    """Save a checkpoint of ``subject``, then from two threads started together delete it
+    and create a handoff carrying it, the latter after ``reads`` reads of the checkpoint
+    (so that either may come first); the outcomes (``"ok"`` or the error code) of the
+    delete and of the create."""
+    ckpt_id = b.checkpoints.save(subject, "draft", {"n": 1}).checkpoint_id
+    barrier = threading.Barrier(2)
+    got: dict[str, str] = {}
+
+    def run(name: str, call: Any) -> None:
+        barrier.wait()
+        for _ in range(reads if name == "handoff" else 0):
+            b.checkpoints.get(subject, "draft")
+        got[name] = _code_of(call)
+
+    threads = [
+        threading.Thread(target=run, args=("delete", lambda: b.checkpoints.delete(ckpt_id))),
+        threading.Thread(
+            target=run,
+            args=(
+                "handoff",
+                lambda: b.handoffs.create("agent-b", subject, checkpoint_id=ckpt_id),
+            ),
+        ),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return got["delete"], got["handoff"]
+
+
+@pytest.mark.parametrize("arm", ["sqlite", "postgresql"])
+def test_delete_and_handoff_of_a_checkpoint_never_both_succeed(
+    request: pytest.FixtureRequest, tmp_path: Path, arm: str
+) -> None:
+    """A checkpoint's delete and a handoff created carrying it, started together from two
+    threads: exactly one succeeds, every round. Either the delete wins and the handoff is
+    NOT_FOUND, or the handoff wins and the delete is CONFLICT (a pending handoff carries
+    the checkpoint)."""
+    if arm == "sqlite":
+        url = f"sqlite:///{tmp_path / 'race.db'}"
+    else:
+        url = str(request.getfixturevalue("pg_url"))
+    org = f"org-{uuid.uuid4().hex[:12]}"
+    writer = Baton(org=org, principal="agent-a", store=store_for(url))
+    outcomes = [
+        _delete_against_handoff(writer, f"subject-{i}", reads=i % 3) for i in range(RACE_ROUNDS)
+    ]
+    assert set(outcomes) <= {("ok", "NOT_FOUND"), ("CONFLICT", "ok")}, outcomes

@@ -17,6 +17,7 @@ from prefect_baton import (
     ValidationError,
     VersionConflictError,
 )
+from prefect_baton.testing import ManualClock, clock_of
 
 from ._util import kinds, wait_until_expired
 
@@ -168,6 +169,43 @@ def test_unknown_checkpoint_is_not_found(baton: Baton) -> None:
         baton.handoffs.create("agent-b", SUBJ, checkpoint_id="ckpt_" + "0" * 32)
     assert baton.as_principal("agent-b").handoffs.inbox() == []
     assert kinds(baton) == []
+
+
+def test_deleted_checkpoint_is_not_found(baton: Baton) -> None:
+    """A handoff cannot carry a checkpoint its writer deleted: NOT_FOUND, nothing created,
+    and the recipient still cannot read the checkpoint."""
+    ck = baton.checkpoints.save(SUBJ, "draft", {"sections": 3})
+    baton.checkpoints.delete(ck.checkpoint_id)
+    before = kinds(baton)
+    with pytest.raises(NotFoundError) as ei:
+        baton.handoffs.create("agent-b", SUBJ, checkpoint_id=ck.checkpoint_id)
+    assert ei.value.code == "NOT_FOUND"
+    b = baton.as_principal("agent-b")
+    assert b.handoffs.inbox() == []
+    assert kinds(baton) == before
+    with pytest.raises(NotFoundError):
+        b.checkpoints.get_by_id(ck.checkpoint_id)
+
+
+def test_expired_checkpoint_is_not_found(baton: Baton) -> None:
+    """A handoff cannot carry a checkpoint past its TTL: NOT_FOUND, nothing created."""
+    ck = baton.checkpoints.save(SUBJ, "draft", {"sections": 3}, ttl_seconds=1)
+    try:
+        clock: ManualClock | None = clock_of(baton)
+    except ValueError:
+        clock = None
+    if clock is not None:
+        clock.advance(1.001)
+    else:
+        time.sleep(1.2)
+    while baton.checkpoints.get(SUBJ, "draft") is not None:  # the store's clock, not ours
+        time.sleep(0.1)
+    before = kinds(baton)
+    with pytest.raises(NotFoundError) as ei:
+        baton.handoffs.create("agent-b", SUBJ, checkpoint_id=ck.checkpoint_id)
+    assert ei.value.code == "NOT_FOUND"
+    assert baton.as_principal("agent-b").handoffs.inbox() == []
+    assert kinds(baton) == before
 
 
 # ------------------------------------------------------------------------------- leases

@@ -449,6 +449,21 @@ def test_release_with_wrong_execution_key_is_refused(baton: Baton) -> None:
     assert baton.leases.inspect(RT, RID).held
 
 
+@pytest.mark.parametrize("key", ["run-x", None])
+def test_release_of_a_released_lease_under_another_key_says_it_is_no_longer_held(
+    baton: Baton, key: str | None
+) -> None:
+    """Releasing your already released lease with another execution key (or none) stays
+    LEASE_LOST but says the lease is no longer held, not that you hold it under another key."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=30, idempotency_key="run-1")
+    baton.leases.release(lease)
+    with pytest.raises(LeaseLostError) as ei:
+        baton.leases.release(lease.model_copy(update={"execution_key": key}))
+    assert ei.value.code == "LEASE_LOST"
+    assert ei.value.message == f"lease {lease.lease_id} is no longer held (released)"
+    assert ei.value.status == "released"
+
+
 # ------------------------------------------------------------------------------- force release
 
 

@@ -254,17 +254,23 @@ def test_semantics_table_covers_every_lease_operation() -> None:
 
 
 def test_error_page_lists_every_code_and_exit_status() -> None:
-    """The error page gives every error code and the exit status the CLI uses for it."""
+    """The error page gives every error code, those of the REST API's envelope included,
+    and the exit status the CLI uses for it; the REST page gives each envelope code's
+    HTTP status."""
+    from prefect_baton.cli._output import EXIT_CODES
     from prefect_baton.errors import ERROR_CODES
+    from prefect_baton.rest import STATUS_BY_CODE
 
     text = (DOCS / "errors.md").read_text(encoding="utf-8")
-    table = dict(re.findall(r"^\| `([A-Z_]+)` \| (\d+) \|", text, flags=re.M))
-    from prefect_baton.cli._output import EXIT_CODES
-
-    assert set(ERROR_CODES) <= set(table)
+    table = dict(re.findall(r"^\| `([A-Z_]+)` \| ([^|]+?) \|", text, flags=re.M))
+    assert set(ERROR_CODES) | set(STATUS_BY_CODE) <= set(table)
     for code, status in EXIT_CODES.items():
         if code != "OK":
             assert table.get(code) == str(status), code
+    rest = (DOCS / "rest.md").read_text(encoding="utf-8")
+    by_status = dict(re.findall(r"^\| (\d{3}) \| (`[A-Z_]+`(?:, `[A-Z_]+`)*) \|", rest, flags=re.M))
+    for code, http_status in STATUS_BY_CODE.items():
+        assert f"`{code}`" in by_status.get(str(http_status), ""), code
 
 
 def test_mkdocs_build_strict(tmp_path: Path) -> None:

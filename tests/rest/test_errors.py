@@ -83,6 +83,27 @@ def test_driver_detail_stays_in_the_server_log(
     assert any(rid in rec.getMessage() and detail in rec.getMessage() for rec in caplog.records)
 
 
+def test_internal_error_names_only_the_request_id(
+    client: TestClient,
+    make_key: MakeKey,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An unexpected failure (a bug) is 500 INTERNAL_ERROR whose message is ``internal
+    error`` and the request id, with no advice to retry; the server log keeps the detail
+    under that id."""
+    monkeypatch.setattr(LeaseAPI, "acquire", _raise(ValueError("secret detail")))
+    with caplog.at_level("WARNING", logger="prefect_baton.rest"):
+        r = client.post("/v1/leases", json=LEASE, headers=make_key())
+    err = error(r, 500, "INTERNAL_ERROR")  # X-Request-ID names the request, as on any answer
+    rid = r.headers["x-request-id"]
+    assert err["message"] == f"internal error (request {rid})"
+    assert "secret detail" not in r.text
+    assert any(
+        rid in rec.getMessage() and "secret detail" in rec.getMessage() for rec in caplog.records
+    )
+
+
 @pytest.fixture
 def two(client: TestClient, make_key: MakeKey) -> Iterator[tuple[dict[str, str], ...]]:
     """Headers of agent-a and agent-b of one org."""

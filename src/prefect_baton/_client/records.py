@@ -171,7 +171,8 @@ class HandoffAPI(_API):
                 ``flows/dispatch_handoffs.py`` starts the recipient's deployment with them.
 
         Raises:
-            NotFoundError: unknown checkpoint. LeaseLostError: the lease is not held.
+            NotFoundError: the checkpoint is unknown, deleted or expired. LeaseLostError: the
+                lease is not held.
             ValidationError: bad ids, a handoff to yourself.
         """
         to = _core.validate_principal("to_principal", to_principal)

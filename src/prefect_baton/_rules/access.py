@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prefect_baton._rules.validation import EVERYONE
-from prefect_baton.errors import ConflictError, ForbiddenError, ValidationError
+from prefect_baton.errors import ConflictError, ForbiddenError, NotFoundError, ValidationError
 
 if TYPE_CHECKING:
     from prefect_baton._rules.core import Generation
@@ -23,6 +23,7 @@ __all__ = [
     "PRIVILEGED_ROLES",
     "InspectView",
     "can_force_release",
+    "check_checkpoint_attachable",
     "check_checkpoint_delete",
     "check_force_release",
     "check_list_owner",
@@ -147,6 +148,30 @@ def check_checkpoint_delete(
             f"checkpoint {checkpoint_id} is carried by pending handoff {carried_by}; it can "
             "be deleted once that handoff is resolved or has expired"
         )
+
+
+def check_checkpoint_attachable(
+    checkpoint_id: str, *, readable: bool, expires_at_ms: int | None, now_ms: int
+) -> None:
+    """Check that a new handoff may carry checkpoint ``checkpoint_id``: the sender may read
+    it (:func:`may_read_checkpoint`: attaching it makes the recipient a reader) and it still
+    exists (a deleted one reads as expired since its delete). Decided under the lock that
+    :func:`check_checkpoint_delete` is decided under, so a checkpoint is never deleted while
+    a new pending handoff carries it.
+
+    Args:
+        readable: whether the checkpoint is of the sender's org and the sender may read it
+            (``False`` also when there is no such checkpoint).
+        expires_at_ms: when it expires or was deleted (epoch ms; ``None``: never).
+        now_ms: the store's clock (epoch ms).
+
+    Raises:
+        NotFoundError: unknown, not readable by the sender, deleted or past its TTL.
+    """
+    if not readable:
+        raise NotFoundError(f"checkpoint {checkpoint_id} not found")
+    if expires_at_ms is not None and expires_at_ms <= now_ms:
+        raise NotFoundError(f"checkpoint {checkpoint_id} has expired or was deleted")
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ __all__ = [
     "decide_release_by_id",
     "decide_renew",
     "decide_transfer",
+    "no_longer_held",
     "wrong_execution_key",
 ]
 
@@ -67,13 +68,23 @@ def wrong_execution_key(lease_id: str, *, held_key: bool, given_key: bool) -> Le
     return LeaseLostError(f"lease {lease_id} is held by you {why}")
 
 
-def _check_proof(row: Generation | None, proof: Proof) -> Generation:
-    """Common proof check: unknown or another principal's lease is not found; a wrong
-    execution key is a lost lease (the generation belongs to another execution; the message:
-    :func:`wrong_execution_key`)."""
+def no_longer_held(row: Generation, now_ms: int) -> LeaseLostError:
+    """The refusal of a proof naming generation ``row``, which is no longer effective at
+    ``now_ms`` (epoch ms): ``LEASE_LOST`` saying how it ended (``.status``)."""
+    why = _lost_reason(row, now_ms)
+    return LeaseLostError(f"lease {row.lease_id} is no longer held ({why})", status=why)
+
+
+def _check_proof(row: Generation | None, proof: Proof, now_ms: int) -> Generation:
+    """Common proof check at ``now_ms`` (epoch ms): unknown or another principal's lease is
+    not found; a wrong execution key is a lost lease: one no longer effective says so
+    (:func:`no_longer_held`), else the generation belongs to another execution of the
+    caller's principal (the message: :func:`wrong_execution_key`)."""
     if row is None or row.owner != proof.owner:
         raise NotFoundError(f"lease {proof.lease_id} not found")
     if row.execution_key != proof.execution_key:
+        if not row.effective(now_ms):
+            raise no_longer_held(row, now_ms)
         raise wrong_execution_key(
             proof.lease_id,
             held_key=row.execution_key is not None,
@@ -94,10 +105,9 @@ def _check_held(
     then LeaseLostError (ended or expired, or ``handoff_deadline_ms``, the earliest deadline
     of a pending handoff carrying it, passed: :func:`handoff_deadline_passed`; the handoff's
     end releases it, so the status given is ``released``), VersionConflictError."""
-    row = _check_proof(row, proof)
+    row = _check_proof(row, proof, now_ms)
     if not row.effective(now_ms):
-        why = _lost_reason(row, now_ms)
-        raise LeaseLostError(f"lease {row.lease_id} is no longer held ({why})", status=why)
+        raise no_longer_held(row, now_ms)
     if handoff_deadline_passed(handoff_deadline_ms, now_ms):
         raise LeaseLostError(
             f"lease {row.lease_id} is no longer held (released: the handoff carrying it "
@@ -196,7 +206,7 @@ def decide_release(row: Generation | None, request: ReleaseRequest, *, now_ms: i
     Version and epoch are kept. Raises :class:`NotFoundError` for an unknown or foreign
     lease and :class:`VersionConflictError` for a wrong ``request.expected_version``.
     """
-    row = _check_proof(row, request.proof)
+    row = _check_proof(row, request.proof, now_ms)
     _check_version(row.version, request.expected_version)
     if row.status in ("released", "expired"):
         return Decision(action="release", new=row, receipt_status="no_change", noop=True)

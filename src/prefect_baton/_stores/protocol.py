@@ -524,7 +524,8 @@ class RecordStore(Protocol):
         ``offer.lease``; ``idempotency_key``: an exact retry returns the stored handoff.
 
         Raises:
-            NotFoundError: unknown checkpoint. LeaseLostError: the lease is not held.
+            NotFoundError: the checkpoint is unknown, deleted or expired. LeaseLostError: the
+                lease is not held.
             ValidationError: a handoff to oneself. IdempotencyMismatchError.
         """
         ...

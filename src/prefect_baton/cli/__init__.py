@@ -290,20 +290,20 @@ def root(
     ctx: typer.Context,
     org: Annotated[
         str | None,
-        typer.Option("--org", envvar="BATON_ORG", help="Organization (text). [default: default]"),
+        typer.Option("--org", envvar="BATON_ORG", help="Organization (text). \\[default: default]"),
     ] = None,
     principal: Annotated[
         str | None,
         typer.Option(
             "--principal",
             envvar="BATON_PRINCIPAL",
-            help="Acting principal (text). [default: user@host]",
+            help="Acting principal (text). \\[default: user@host]",
         ),
     ] = None,
     role: Annotated[
         str | None,
         typer.Option(
-            "--role", envvar="BATON_ROLE", help="Role: agent, owner or admin. [default: agent]"
+            "--role", envvar="BATON_ROLE", help="Role: agent, owner or admin. \\[default: agent]"
         ),
     ] = None,
     ledger_url: Annotated[
@@ -312,7 +312,7 @@ def root(
             "--ledger-url",
             envvar="BATON_LEDGER_URL",
             help="Ledger URL: sqlite:///path or postgresql://... "
-            "[default: sqlite:///./.baton/ledger.db]",
+            "\\[default: sqlite:///./.baton/ledger.db]",
         ),
     ] = None,
     redis_url: Annotated[

@@ -67,7 +67,7 @@ def create(
         typer.Option(
             "--scope",
             help="Scope the key grants (repeatable): <area>:read or <area>:write, area one "
-            "of leases, handoffs, checkpoints, outcomes, events. [default: all ten]",
+            "of leases, handoffs, checkpoints, outcomes, events. \\[default: all ten]",
             show_default=False,
         ),
     ] = None,

@@ -156,13 +156,17 @@ def client_error(exc: BatonError, request_id: str) -> dict[str, Any]:
     """What a client of the REST API or the MCP server is told of ``exc``
     (:class:`~prefect_baton.errors.BatonError`): its ``to_dict()``, except that the message
     of an ``UNAVAILABLE`` or ``INTERNAL_ERROR`` error (which may name a database's host, port,
-    role or name) is replaced by a generic one naming ``request_id`` (``str``), and the
-    detail is logged (logger ``prefect_baton.rest``, with the request id)."""
+    role or name) is replaced by a generic one naming ``request_id`` (``str``): ``the service
+    is unavailable; retry later (request …)`` or ``internal error (request …)`` (a bug, which
+    a retry does not cure); the detail is logged (logger ``prefect_baton.rest``, with the
+    request id)."""
     d = exc.to_dict()
     if exc.code in _SERVER_SIDE_CODES:
         logger.warning("%s for request %s: %s", exc.code, request_id, exc.message)
-        what = "unavailable" if exc.code == "UNAVAILABLE" else "failed"
-        d["message"] = f"the service is {what}; retry later (request {request_id})"
+        if exc.code == "UNAVAILABLE":
+            d["message"] = f"the service is unavailable; retry later (request {request_id})"
+        else:
+            d["message"] = f"internal error (request {request_id})"
     return d
 
 

@@ -217,7 +217,9 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         # answered outside the middleware: the request id comes from the request's state
         rid = _rid(_r)
         logger.error("request %s failed", rid, exc_info=exc)
-        return baton_error_response(as_baton_error(exc), rid)
+        resp = baton_error_response(as_baton_error(exc), rid)
+        resp.headers["x-request-id"] = rid  # as on every other answer
+        return resp
 
     _routes_leases.add_routes(app)
     _routes_records.add_routes(app)

@@ -17,6 +17,7 @@ from sqlmodel import Session, col
 
 from prefect_baton._rules import transitions as _transitions
 from prefect_baton._rules.access import (
+    check_checkpoint_attachable,
     check_list_owner,
     check_resolver,
     may_read,
@@ -47,7 +48,7 @@ from prefect_baton._stores.ledger.expiry import ExpiryOps, carried_ended
 from prefect_baton._stores.ledger.expiry import carried as carried_of
 from prefect_baton._stores.ledger.paging import after_key
 from prefect_baton._stores.ledger.tables import CheckpointRow, GenerationRow, HandoffRow, Principal
-from prefect_baton._stores.protocol import Caller, HandoffOffer, ResolveRequest
+from prefect_baton._stores.protocol import Caller, CheckpointWrite, HandoffOffer, ResolveRequest
 from prefect_baton._stores.queries import HandoffQuery
 from prefect_baton.errors import LeaseLostError, NotFoundError, ValidationError
 from prefect_baton.models import Handoff, Lease
@@ -57,6 +58,17 @@ from prefect_baton.models import Handoff, Lease
 _OFFER_FIELDS = shared_fields(
     HandoffRow.model_fields, [f.name for f in dataclasses.fields(HandoffOffer)]
 )
+
+
+def checkpoint_lock(org: str, ck: CheckpointRow | CheckpointWrite) -> str:
+    """The lock of a checkpoint's saves, its delete and the handoffs created carrying it
+    (PostgreSQL advisory lock key ``str``): its org, subject and kind."""
+    return f"ckpt:{org}:{checkpoint_scope(ck)}"
+
+
+def checkpoint_scope(ck: CheckpointRow | CheckpointWrite) -> str:
+    """The receipt scope and lock name part of a checkpoint's saves: its subject and kind."""
+    return f"{len(ck.subject_id)}:{ck.subject_id}:{ck.kind}"
 
 
 def _readable(s: Session, caller: Caller, row: CheckpointRow | None) -> CheckpointRow | None:
@@ -93,7 +105,14 @@ class HandoffOps(ExpiryOps):
         ``offer.lease_fence``'s check (Redis), else on the ledger's rows, and then only
         where the ledger decides the org's leases (:meth:`_check_ledger_authority`).
 
+        An attached checkpoint must be readable by the sender and must still exist
+        (:func:`~prefect_baton._rules.access.check_checkpoint_attachable`); it is read under
+        the lock its delete takes, so a concurrent delete either wins (this is NOT_FOUND) or
+        is refused (CONFLICT, the pending handoff carries it).
+
         Raises:
+            NotFoundError: the attached checkpoint is unknown, not readable by the sender,
+                deleted or past its TTL.
             ForbiddenError: a carried lease, no authority check, and Redis decides the
                 org's leases.
         """
@@ -112,11 +131,14 @@ class HandoffOps(ExpiryOps):
             s = tx.session
             if offer.to_principal == caller.principal:
                 raise ValidationError("a handoff must name another principal")
-            # Only a checkpoint the sender may read can be handed on: attaching one makes
-            # the recipient a reader.
-            attached = s.get(CheckpointRow, offer.checkpoint_id) if offer.checkpoint_id else None
-            if offer.checkpoint_id is not None and _readable(s, caller, attached) is None:
-                raise NotFoundError(f"checkpoint {offer.checkpoint_id} not found")
+            if offer.checkpoint_id is not None:  # read under its lock, as its delete is
+                attached = _readable(s, caller, s.get(CheckpointRow, offer.checkpoint_id))
+                check_checkpoint_attachable(
+                    offer.checkpoint_id,
+                    readable=attached is not None,
+                    expires_at_ms=attached.expires_at_ms if attached is not None else None,
+                    now_ms=tx.now_ms,
+                )
             if offer.lease is not None:
                 fence = offer.lease_fence
                 if fence is not None and fence.check is not None:
@@ -125,7 +147,7 @@ class HandoffOps(ExpiryOps):
                     self._check_ledger_authority(tx, lock=True)
                     row = self._row_by_id(s, caller.org, offer.lease.lease_id)
                     found, now_ms = (row_to_generation(row) if row else None), tx.now_ms
-                held = _transitions._check_proof(found, offer.lease)
+                held = _transitions._check_proof(found, offer.lease, now_ms)
                 if not held.effective(now_ms):
                     raise LeaseLostError(f"lease {offer.lease.lease_id} is no longer held")
             self._insert_ignore(
@@ -157,8 +179,15 @@ class HandoffOps(ExpiryOps):
             tx.emit("handoff.created", offer.subject_id, handoff_payload(row_h))
             return model
 
+        locks: list[str] = []
+        if offer.checkpoint_id is not None:
+            with self._read() as (s, _now):
+                found = s.get(CheckpointRow, offer.checkpoint_id)
+                # the lock its delete takes: the delete and this create serialise
+                if found is not None and found.org_id == caller.org:
+                    locks.append(checkpoint_lock(caller.org, found))
         return self._write_once(
-            caller, [], "handoff.create", idempotency_key, "", digest, Handoff, op
+            caller, locks, "handoff.create", idempotency_key, "", digest, Handoff, op
         )
 
     def handoff_inbox(

@@ -21,7 +21,12 @@ from prefect_baton._rules.paging import store_limit
 from prefect_baton._stores.ledger.base import Tx
 from prefect_baton._stores.ledger.convert import checkpoint_model, new_id, outcome_model
 from prefect_baton._stores.ledger.fences import FenceOps
-from prefect_baton._stores.ledger.handoffs import HandoffOps, _readable
+from prefect_baton._stores.ledger.handoffs import (
+    HandoffOps,
+    _readable,
+    checkpoint_lock,
+    checkpoint_scope,
+)
 from prefect_baton._stores.ledger.paging import after_key
 from prefect_baton._stores.ledger.tables import (
     CheckpointRow,
@@ -52,11 +57,6 @@ def _checkpoint_row(
     ).scalar_one_or_none()
 
 
-def _ckpt_scope(ck: CheckpointRow | CheckpointWrite) -> str:
-    """The receipt scope and lock name part of a checkpoint's saves: its subject and kind."""
-    return f"{len(ck.subject_id)}:{ck.subject_id}:{ck.kind}"
-
-
 class RecordOps(HandoffOps, FenceOps):
     """Checkpoints, handoffs, outcomes and the event stream of :class:`LedgerStore`: the
     handoffs are :class:`~prefect_baton._stores.ledger.handoffs.HandoffOps`, the fence
@@ -72,7 +72,7 @@ class RecordOps(HandoffOps, FenceOps):
         ``write.expected_version``; fenced by a lease when ``write.fence`` is given."""
         subject_id, kind, fence, ttl_ms = write.subject_id, write.kind, write.fence, write.ttl_ms
         state_text, state_hash = write.state_text, write.state_hash
-        scope = _ckpt_scope(write)
+        scope = checkpoint_scope(write)
         digest = checkpoint_save_digest(
             state_hash=state_hash,
             expected_version=write.expected_version,
@@ -140,7 +140,7 @@ class RecordOps(HandoffOps, FenceOps):
             )
             return model
 
-        locks = [f"ckpt:{caller.org}:{scope}", *self._fence_locks(caller, fence)]
+        locks = [checkpoint_lock(caller.org, write), *self._fence_locks(caller, fence)]
         return self._write_once(
             caller, locks, "checkpoint.save", idempotency_key, scope, digest, Checkpoint, op
         )
@@ -201,7 +201,7 @@ class RecordOps(HandoffOps, FenceOps):
         with self._read() as (s, _now):
             found = s.get(CheckpointRow, checkpoint_id)
             # the lock of its saves (subject and kind), so a save and a delete serialise
-            locks = [] if found is None else [f"ckpt:{caller.org}:{_ckpt_scope(found)}"]
+            locks = [] if found is None else [checkpoint_lock(caller.org, found)]
         scope = f"{len(checkpoint_id)}:{checkpoint_id}"
         return self._write_once(
             caller,

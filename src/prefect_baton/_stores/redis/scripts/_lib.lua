@@ -230,25 +230,29 @@ local function gen_by_id(id, fast)
   return read(redis.call('HGET', KEYS[4], id)), false
 end
 
--- The refusals of a lease presented by proof (mirrors of _core's proof checks), each nil
--- when the check passes: generation g of lease `id` is another principal's (NOT_FOUND) or
--- another execution's (LEASE_LOST, `key` being the proof's execution key; Python words it:
--- _transitions.wrong_execution_key, from whether the lease and the proof have a key), ...
-local function proof_refused(g, id, principal, key)
-  if g.o ~= principal then return {C_NOT_FOUND, 'lease ' .. id .. ' not found'} end
-  if g.k ~= key then
-    local held, given = 0, 0
-    if g.k then held = 1 end
-    if key then given = 1 end
-    return {C_WRONG_KEY, id, held, given}
-  end
-end
-
--- ... is no longer held at `now` (LEASE_LOST), ...
+-- The refusals of a lease presented by proof (mirrors of _transitions' proof checks), each
+-- nil when the check passes: generation g of lease `id` is no longer held at `now`
+-- (LEASE_LOST: _transitions.no_longer_held), ...
 local function lost_refused(g, now)
   if not effective(g, now) then
     local why = lost_reason(g, now)
     return {C_LOST, 'lease ' .. g.id .. ' is no longer held (' .. why .. ')', why}
+  end
+end
+
+-- ... is another principal's (NOT_FOUND) or another execution's (LEASE_LOST, `key` being
+-- the proof's execution key: one no longer held at `now` says so, as lost_refused; else
+-- Python words it: _transitions.wrong_execution_key, from whether the lease and the proof
+-- have a key), ...
+local function proof_refused(g, id, principal, key, now)
+  if g.o ~= principal then return {C_NOT_FOUND, 'lease ' .. id .. ' not found'} end
+  if g.k ~= key then
+    local lost = lost_refused(g, now)
+    if lost then return lost end
+    local held, given = 0, 0
+    if g.k then held = 1 end
+    if key then given = 1 end
+    return {C_WRONG_KEY, id, held, given}
   end
 end
 

@@ -21,7 +21,7 @@ local now = now_ms()
 local principal, key, id = ARGV[1], opt(ARGV[3]), ARGV[4]
 local g = gen_by_id(id, true)
 if not g then return {C_UNKNOWN} end
-local refused = proof_refused(g, id, principal, key) or version_refused(g, opt(ARGV[5]))
+local refused = proof_refused(g, id, principal, key, now) or version_refused(g, opt(ARGV[5]))
 if refused then return refused end
 if g.s == 'released' or g.s == 'expired' then return {C_NOOP, g.raw or enc(g)} end
 if g.s == 'superseded' then return {C_NOT_FOUND, 'lease ' .. id .. ' not found'} end

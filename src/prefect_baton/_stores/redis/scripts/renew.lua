@@ -20,7 +20,7 @@ local now = now_ms()
 local principal, key, id = ARGV[1], opt(ARGV[3]), ARGV[4]
 local g = gen_by_id(id)
 if not g then return {C_UNKNOWN} end
-local refused = proof_refused(g, id, principal, key) or lost_refused(g, now)
+local refused = proof_refused(g, id, principal, key, now) or lost_refused(g, now)
   or carried_deadline_refused(g, opt(ARGV[7]), now) or version_refused(g, opt(ARGV[6]))
 if refused then return refused end
 if g.v >= MAX_SAFE then return {C_INVALID, EXHAUSTED} end

@@ -49,7 +49,7 @@ local g = gen_by_id(id)
 if not g then return {C_UNKNOWN} end
 local key = opt(ARGV[3])
 if hid then key = g.k end
-local refused = proof_refused(g, id, principal, key) or lost_refused(g, now)
+local refused = proof_refused(g, id, principal, key, now) or lost_refused(g, now)
   or carried_deadline_refused(g, opt(ARGV[15]), now) or version_refused(g, opt(ARGV[8]))
 if refused then return refused end
 if nkey == g.k then

@@ -165,3 +165,25 @@ def test_the_longest_allowed_scopes_are_compared(baton: Baton) -> None:
         )
     assert ei.value.expires_at is not None
     assert abs((ei.value.expires_at - lease.expires_at).total_seconds()) <= 0.001
+
+
+def test_acquire_many_shares_one_step_budget_across_its_resources(baton: Baton) -> None:
+    """The steps are counted per request: each resource alone fits SCOPE_CHECK_STEPS, two
+    together in one acquire_many do not (VALIDATION_ERROR, neither is held), so a request
+    of 1,000 resources cannot spend 1,000 budgets."""
+    baton.leases.acquire(RT, "t1", ttl_seconds=30, scopes=["a*" * 120 + "b"])
+    b = baton.as_principal("agent-b")
+    wanted = ["*a" * 120 + "c"]
+    events = kinds(baton)
+    with pytest.raises(ValidationError, match="too costly to compare"):
+        b.leases.acquire_many(
+            [
+                {"resource_type": RT, "resource_id": "t2", "scopes": wanted},
+                {"resource_type": RT, "resource_id": "t3", "scopes": wanted},
+            ],
+            ttl_seconds=30,
+        )
+    assert not b.leases.inspect(RT, "t2").held
+    assert not b.leases.inspect(RT, "t3").held
+    assert kinds(baton) == events
+    assert b.leases.acquire(RT, "t2", ttl_seconds=30, scopes=wanted).owner == "agent-b"

@@ -7,7 +7,7 @@ Two scopes *overlap* when some path matches both, e.g. ``src/**`` and ``src/app/
 Written here rather than taken from wcmatch or pathspec: those match a path against a glob,
 and a lease needs to know whether two globs can ever match the same path, which neither
 offers. The algorithm is a memoised walk over the product of the two patterns; the steps
-one decision may spend on it are bounded (:class:`ScopeCheckBudget`), so that long
+one request may spend on it are bounded (:class:`ScopeCheckBudget`), so that long
 patterns full of ``*`` cannot hold a store for seconds.
 """
 
@@ -29,9 +29,10 @@ __all__ = [
 ]
 
 SCOPE_CHECK_STEPS = 100_000
-"""Steps one decision may spend comparing write scopes (:class:`ScopeCheckBudget`): one
-acquire, one item of ``acquire_many``, the receiver's check of a transfer. About 0.1 s of
-Python or 0.03 s of Lua; ordinary scopes take a few steps a pair."""
+"""Steps one request may spend comparing write scopes (:class:`ScopeCheckBudget`): an
+acquire, a whole ``acquire_many`` (all its resources together), the receiver's check of a
+transfer. About 0.1 s of Python or 0.03 s of Lua; ordinary scopes take a few steps a
+pair."""
 
 _GLOB_CHARS = frozenset("*?[")
 
@@ -143,7 +144,7 @@ def _chars_compatible(a: _Token, b: _Token) -> bool:
 
 
 class ScopeCheckBudget:
-    """The steps one decision may spend comparing write scopes: a step is one state of the
+    """The steps one request may spend comparing write scopes: a step is one state of the
     overlap walk (a pair of positions in two patterns, or in two scopes' segment lists)
     worked out for the first time. The walk is linear in ordinary scopes (``src/**``
     against ``docs/*.md`` takes a few steps) but can take the product of two patterns'
@@ -173,7 +174,7 @@ class ScopeCheckBudget:
 
 
 def too_costly() -> ValidationError:
-    """The error of a decision whose write-scope comparisons ran out of steps
+    """The error of a request whose write-scope comparisons ran out of steps
     (``VALIDATION_ERROR``; the Redis scripts answer it with their code 19)."""
     return ValidationError(
         "the write scopes are too costly to compare with the scopes of the leases held in "
@@ -268,7 +269,7 @@ def _spent(
     walk: Callable[[str, str, ScopeCheckBudget], bool], a: str, b: str, budget: ScopeCheckBudget
 ) -> bool:
     """``walk(a, b, budget)``, remembered (up to 8,192 answers): a remembered answer still
-    spends the steps it took, so a decision spends the same steps as the Lua mirror, which
+    spends the steps it took, so a request spends the same steps as the Lua mirror, which
     remembers nothing between calls."""
     found = _known.get((walk, a, b))
     if found is not None:
@@ -305,7 +306,7 @@ def sets_overlap(
 ) -> bool:
     """Whether any scope of ``a`` overlaps any scope of ``b`` (pairs tried in order, ``a``
     outer), spending from ``budget`` (default: a fresh :class:`ScopeCheckBudget`; pass one
-    budget to every call of one decision).
+    budget to every call of one request).
 
     Raises:
         ValidationError: the checks took more than the budget's steps.

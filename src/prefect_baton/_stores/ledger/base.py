@@ -30,6 +30,7 @@ from sqlmodel import Session, col
 
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.events import event_lease_id
+from prefect_baton._rules.scopes import ScopeCheckBudget
 from prefect_baton._stores.ledger.authority import (
     INCARNATION_OP,
     RETURNED_KEY,
@@ -129,6 +130,9 @@ class Tx:
     #: lock: :meth:`StoreBase._check_ledger_authority`), and the epoch floor of its grants.
     authority_checked: bool = False
     epoch_floor: int = 0
+    #: The steps this transaction's write-scope comparisons may spend, all decisions of it
+    #: together (every resource of ``acquire_many``), as one call of the Redis scripts.
+    scope_steps: ScopeCheckBudget = field(default_factory=ScopeCheckBudget)
 
     def emit(self, kind: str, subject: str, payload: dict[str, Any]) -> None:
         self.events.append((kind, subject, payload))

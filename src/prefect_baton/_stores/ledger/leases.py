@@ -170,12 +170,13 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
         """Expiry of another principal's effective lease whose scopes overlap ``scopes``.
 
         Raises:
-            ValidationError: the comparison took more than
-                :data:`~prefect_baton._rules.scopes.SCOPE_CHECK_STEPS` steps.
+            ValidationError: the transaction's comparisons took more than
+                :data:`~prefect_baton._rules.scopes.SCOPE_CHECK_STEPS` steps
+                (:attr:`Tx.scope_steps`).
         """
         if not scopes:
             return None
-        budget = _scopes.ScopeCheckBudget()
+        budget = tx.scope_steps
         rows = tx.session.execute(
             select(GenerationRow).where(
                 col(GenerationRow.org_id) == tx.caller.org,

@@ -169,7 +169,8 @@ class Library:
         self.functions = {op: f"{self.name}_{op}" for op in OPERATIONS}
         registrations = [
             f"redis.register_function('{self.functions[op]}', function(keys, args)\n"
-            f"  KEYS, ARGV, _ints = keys, args, {{}}\n  return op_{op}()\nend)"
+            f"  KEYS, ARGV, _ints, _scope_steps = keys, args, {{}}, SCOPE_CHECK_STEPS\n"
+            f"  return op_{op}()\nend)"
             for op in OPERATIONS
         ]
         self.text = "\n".join([f"#!lua name={self.name}", core, *registrations, ""])

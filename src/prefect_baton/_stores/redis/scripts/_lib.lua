@@ -61,6 +61,11 @@ local PAD = 'a value longer than 64 bytes keeps this hash a hash table, not a li
 -- no owner, scope prefix or range of one starts with it.
 local PAD_MEMBER = '\255'
 
+-- The steps left to this script call's write-scope comparisons
+-- (prefect_baton._rules.scopes.ScopeCheckBudget: one per state of the overlap walk worked
+-- out, in the order Python works them out); reset with _ints at each call.
+local _scope_steps = SCOPE_CHECK_STEPS
+
 -- An integer as decimal text (exact up to 2**53), remembered for the call: the scripts
 -- format the same times (now, expiries) again and again.
 local _ints = {}
@@ -333,10 +338,7 @@ local function S()
     return true
   end
   
-  -- The steps left to the decision being made (prefect_baton._rules.scopes.ScopeCheckBudget):
-  -- one per state of the walk worked out, in the order Python works them out. Set by
-  -- scope_conflict; running out raises OUT_OF_STEPS, which scope_conflict catches.
-  local steps_left = SCOPE_CHECK_STEPS
+  -- Running out of _scope_steps raises OUT_OF_STEPS, which scope_conflict catches.
   local OUT_OF_STEPS = {}
 
   -- Whether some text matches both patterns ta and tb, given as item lists in which an
@@ -361,8 +363,8 @@ local function S()
       else
         r = compatible(ta[i + 1], tb[j + 1]) and go(i + 1, j + 1)
       end
-      steps_left = steps_left - 1
-      if steps_left < 0 then error(OUT_OF_STEPS) end
+      _scope_steps = _scope_steps - 1
+      if _scope_steps < 0 then error(OUT_OF_STEPS) end
       memo[key] = r
       return r
     end
@@ -425,10 +427,10 @@ local function S()
   -- `toks`, or nil. Candidates come from the prefix index only: a scope can overlap another
   -- only if one's literal prefix is a segment prefix of the other's. Entries of leases that
   -- ran out are dropped from the index on the way (they can never become effective again).
-  -- The second result is true when the comparisons took more than SCOPE_CHECK_STEPS steps
-  -- (the caller answers C_SCOPE_STEPS and writes nothing).
+  -- The second result is true when this call's comparisons (with those of the same script
+  -- call before it: every item of acquire_many) took more than SCOPE_CHECK_STEPS steps (the
+  -- caller answers C_SCOPE_STEPS and writes nothing).
   local function scope_conflict(prefixes, toks, principal, rd, now)
-    steps_left = SCOPE_CHECK_STEPS
     local seen, cands = {}, {}
     local function take(members)
       for _, m in ipairs(members) do
@@ -482,8 +484,8 @@ local function S()
   end
   -- steps(n) sets the steps left (when given) and returns them: for tests of the mirror.
   local function steps(n)
-    if n then steps_left = n end
-    return steps_left
+    if n then _scope_steps = n end
+    return _scope_steps
   end
   _scopes_lib = {sets_overlap = sets_overlap, scope_conflict = scope_conflict,
                  idx_add = idx_add, idx_remove = idx_remove, steps = steps}

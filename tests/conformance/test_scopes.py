@@ -187,3 +187,21 @@ def test_acquire_many_shares_one_step_budget_across_its_resources(baton: Baton) 
     assert not b.leases.inspect(RT, "t3").held
     assert kinds(baton) == events
     assert b.leases.acquire(RT, "t2", ttl_seconds=30, scopes=wanted).owner == "agent-b"
+
+
+def _wide_class(first: int) -> list[str]:
+    """One scope: a class of 340 ranges of 4,096 code points each (1,022 characters)."""
+    return ["[" + "".join(chr(first + k) + "-" + chr(first + k + 4095) for k in range(340)) + "]"]
+
+
+def test_classes_too_costly_to_compare_are_refused(baton: Baton) -> None:
+    """Two classes of 340 ranges cost 115,600 steps to compare (the product of their range
+    counts): VALIDATION_ERROR on every store, nothing written, the holder unaffected."""
+    held = baton.leases.acquire(RT, "t1", ttl_seconds=30, scopes=_wide_class(0x10000))
+    b = baton.as_principal("agent-b")
+    events = kinds(baton)
+    with pytest.raises(ValidationError, match="too costly to compare"):
+        b.leases.acquire(RT, "t2", ttl_seconds=30, scopes=_wide_class(0x30000))
+    assert not b.leases.inspect(RT, "t2").held
+    assert kinds(baton) == events
+    assert baton.leases.renew(held).version == held.version + 1

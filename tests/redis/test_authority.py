@@ -67,7 +67,11 @@ def _baton(a: RedisAuthority, org: str | None = None, principal: str = "agent-a"
 
 # --------------------------------------------------------------------------- overlap parity
 
-SEGMENT_TOKENS = ["a", "b", "é", ".", "*", "?", "[ab]", "[!a]", "[a-b]", "[!ab]", "[é-ê]", "[z-a]"]
+SEGMENT_TOKENS = [
+    *("a", "b", "é", ".", "*", "?", "[ab]", "[!a]", "[a-b]", "[!ab]", "[é-ê]", "[z-a]"),
+    # wide, several-range and overlapping classes (compared by their ranges)
+    *("[ -\u2000]", "[\u3000-\u5000]", "[!b-\u5000]", "[a-cx-z]", "[!a-cb-d]", "[!\u3000-\u4000]"),
+]
 segment = st.one_of(
     st.just("**"),
     st.lists(st.sampled_from(SEGMENT_TOKENS), min_size=1, max_size=3).map("".join),

@@ -391,3 +391,38 @@ def test_the_lua_mirror_has_the_same_step_budget() -> None:
     found = re.search(r"^local SCOPE_CHECK_STEPS = (\d+)$", lua, re.M)
     assert found is not None
     assert int(found.group(1)) == SCOPE_CHECK_STEPS
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "overlap"),
+    [
+        ("[ -\u2000]", "[\u3000-\u5000]", False),  # wide positive classes, disjoint
+        ("[ -\u3000]", "[\u3000-\u5000]", True),
+        ("[!a-z]", "[a-z]", False),
+        ("[!a-y]", "[a-z]", True),  # z
+        ("[!a-cb-d]", "[a-d]", False),  # overlapping ranges of a negated class
+        ("[!a-cb-d]", "[a-e]", True),
+        ("[!a-m]", "[!n-z]", True),  # neither covers '0'
+    ],
+)
+def test_classes_are_compared_by_their_ranges(a: str, b: str, overlap: bool) -> None:
+    """Two classes overlap when some character lies in both, however wide their ranges
+    (wide positive classes were taken to overlap without looking)."""
+    assert scopes_overlap(a, b) is overlap
+    assert scopes_overlap(b, a) is overlap
+
+
+def _wide_class(first: int) -> str:
+    """A class of 340 ranges of 4,096 code points each: 1,022 characters."""
+    return "[" + "".join(chr(first + k) + "-" + chr(first + k + 4095) for k in range(340)) + "]"
+
+
+def test_classes_of_many_ranges_spend_their_comparison_in_steps() -> None:
+    """Comparing two classes spends the product of their range counts: two classes of 340
+    ranges (115,600) are over the budget at once, where listing their characters took
+    about 20 s."""
+    with pytest.raises(ValidationError, match="too costly"):
+        scopes_overlap(_wide_class(0x10000), _wide_class(0x30000))
+    budget = ScopeCheckBudget(10**6)
+    assert not scopes_overlap(_wide_class(0x10000), _wide_class(0x30000), budget)
+    assert 10**6 - budget.left == 340 * 340 + 2  # and one state of the segment, one of the scope

@@ -14,6 +14,7 @@ patterns full of ``*`` cannot hold a store for seconds.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import TypeVar
 
 from prefect_baton.errors import ValidationError
@@ -104,26 +105,50 @@ def _tokenize(segment: str) -> tuple[_Token, ...]:
     return tuple(toks)
 
 
-def _in_class(ch: str, tok: _Token) -> bool:
-    negated = bool(tok[1])
+_MAX_CODE_POINT = 0x10FFFF
+
+
+@lru_cache(maxsize=4096)
+def _ranges(tok: _Token) -> tuple[tuple[int, int], ...]:
+    """A class token's ranges as code points, sorted (the order ``codec._token`` gives the
+    scripts), empty ranges (``z-a``) included: they match nothing."""
     ranges = tok[2]
     assert isinstance(ranges, frozenset)
-    hit = any(lo <= ch <= hi for lo, hi in ranges)
+    return tuple(sorted((ord(lo), ord(hi)) for lo, hi in ranges))
+
+
+def _in_class(ch: str, tok: _Token) -> bool:
+    negated = bool(tok[1])
+    hit = any(lo <= ord(ch) <= hi for lo, hi in _ranges(tok))
     return hit != negated
 
 
-def _class_chars(tok: _Token) -> list[str] | None:
-    """Enumerate a positive class's characters, or ``None`` when too large / negated."""
-    if tok[1]:
-        return None
-    ranges = tok[2]
-    assert isinstance(ranges, frozenset)
-    chars: list[str] = []
-    for lo, hi in ranges:
-        if ord(hi) - ord(lo) > 4096:
-            return None
-        chars.extend(chr(c) for c in range(ord(lo), ord(hi) + 1))
-    return chars
+def _gap(lo: int, hi: int, ranges: Sequence[tuple[int, int]]) -> bool:
+    """Whether some code point from ``lo`` to ``hi`` lies in none of ``ranges`` (sorted by
+    their first code point): one pass over them."""
+    c = lo
+    for rlo, rhi in ranges:
+        if rhi < c:
+            continue
+        if rlo > c:
+            return True
+        c = rhi + 1
+        if c > hi:
+            return False
+    return c <= hi
+
+
+def _classes_meet(a: _Token, b: _Token) -> bool:
+    """Whether some character lies in both classes ``a`` and ``b``, by their ranges (at
+    most one pass over ``b``'s ranges per range of ``a``)."""
+    ra, rb = _ranges(a), _ranges(b)
+    if a[1] and b[1]:  # outside both: any code point neither covers
+        return _gap(0, _MAX_CODE_POINT, sorted(ra + rb))
+    if a[1]:
+        a, b, ra, rb = b, a, rb, ra
+    if b[1]:  # a character of a that b's ranges leave out
+        return any(_gap(lo, hi, rb) for lo, hi in ra if lo <= hi)
+    return any(max(lo, blo) <= min(hi, bhi) for lo, hi in ra for blo, bhi in rb)
 
 
 def _chars_compatible(a: _Token, b: _Token) -> bool:
@@ -135,12 +160,18 @@ def _chars_compatible(a: _Token, b: _Token) -> bool:
         return _in_class(str(a[1]), b)
     if b[0] == "lit":
         return _in_class(str(b[1]), a)
-    # class vs class
-    for x, y in ((a, b), (b, a)):
-        chars = _class_chars(x)
-        if chars is not None:
-            return any(_in_class(ch, y) for ch in chars)
-    return True  # two negated (or huge) classes: some character fits both
+    return _classes_meet(a, b)
+
+
+def _chars_cost(a: _Token, b: _Token) -> int:
+    """The steps, beyond the state's own, of comparing two single-character tokens: none for
+    literals and ``?``; with a class, the product of both tokens' range counts (a literal
+    or ``?`` counting 1), which bounds the comparison's work."""
+    if a[0] != "class" and b[0] != "class":
+        return 0
+    na = len(_ranges(a)) if a[0] == "class" else 1
+    nb = len(_ranges(b)) if b[0] == "class" else 1
+    return na * nb
 
 
 class ScopeCheckBudget:
@@ -189,6 +220,7 @@ def _overlap(
     star: _T,
     compatible: Callable[[_T, _T], bool],
     budget: ScopeCheckBudget,
+    cost: Callable[[_T, _T], int] | None = None,
 ) -> bool:
     """Whether some text matches both patterns ``a`` and ``b``, given as item sequences in
     which ``star`` matches any run of items and two other items match a common item when
@@ -196,8 +228,9 @@ def _overlap(
 
     A memoised walk over pairs of positions ``(i, j)``, with an explicit stack (patterns of
     1,024 items would pass the interpreter's recursion limit). Each state is worked out once
-    and costs one step of ``budget``, in the order the Lua mirror (``overlap`` in
-    ``_lib.lua``) works them out, so both spend the same steps.
+    and costs one step of ``budget``, and ``cost(x, y)`` steps more (when given) before
+    ``compatible(x, y)`` is asked, in the order the Lua mirror (``overlap`` in ``_lib.lua``)
+    works them out, so both spend the same steps.
 
     Raises:
         ValidationError: ``budget`` ran out.
@@ -224,7 +257,9 @@ def _overlap(
             nexts = ((i, j + 1), (i + 1, j)) if i < na else ((i, j + 1),)
         elif i == na or j == nb:
             result = False
-        elif key in matched or compatible(a[i], b[j]):
+        elif key in matched:
+            nexts = ((i + 1, j + 1),)
+        elif (cost is None or _spend(budget, cost(a[i], b[j]))) and compatible(a[i], b[j]):
             matched.add(key)
             nexts = ((i + 1, j + 1),)
         else:
@@ -248,12 +283,23 @@ def _overlap(
     return memo[0]
 
 
+def _spend(budget: ScopeCheckBudget, steps: int) -> bool:
+    """Spend ``steps`` of ``budget`` (then ``True``, for use in a condition).
+
+    Raises:
+        ValidationError: as :meth:`ScopeCheckBudget.spend`.
+    """
+    if steps:
+        budget.spend(steps)
+    return True
+
+
 def _segments_overlap(a: str, b: str, budget: ScopeCheckBudget) -> bool:
     return _spent(_segment_walk, a, b, budget)
 
 
 def _segment_walk(a: str, b: str, budget: ScopeCheckBudget) -> bool:
-    return _overlap(_tokenize(a), _tokenize(b), ("star",), _chars_compatible, budget)
+    return _overlap(_tokenize(a), _tokenize(b), ("star",), _chars_compatible, budget, _chars_cost)
 
 
 def _scope_walk(a: str, b: str, budget: ScopeCheckBudget) -> bool:

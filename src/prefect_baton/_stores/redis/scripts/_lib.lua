@@ -295,29 +295,42 @@ local function S()
     end
     return hit ~= (tok[2] == 1)
   end
-  
-  local function enumerable(tok)
-    if tok[2] == 1 then return false end
-    for i = 3, #tok, 2 do
-      if tok[i + 1] - tok[i] > 4096 then return false end
+
+  -- Whether some code point from lo to hi lies in none of the ranges r (a flat list lo, hi,
+  -- lo, hi, ... from index `from`, sorted by lo): _rules.scopes._gap.
+  local function gap(lo, hi, r, from)
+    local c = lo
+    for k = from, #r, 2 do
+      if r[k + 1] >= c then
+        if r[k] > c then return true end
+        c = r[k + 1] + 1
+        if c > hi then return false end
+      end
     end
-    return true
+    return c <= hi
   end
-  
-  -- Whether some character of the positive class x lies in class y.
-  local function class_meets(x, y)
+
+  -- Whether some character lies in both classes x and y (_rules.scopes._classes_meet); a
+  -- class's ranges come sorted by their first code point (codec._token).
+  local function classes_meet(x, y)
+    if x[2] == 1 and y[2] == 1 then
+      local pairs_ = {}
+      for i = 3, #x, 2 do pairs_[#pairs_ + 1] = {x[i], x[i + 1]} end
+      for i = 3, #y, 2 do pairs_[#pairs_ + 1] = {y[i], y[i + 1]} end
+      table.sort(pairs_, function(p, q)
+        if p[1] ~= q[1] then return p[1] < q[1] end
+        return p[2] < q[2]
+      end)
+      local flat = {}
+      for _, p in ipairs(pairs_) do flat[#flat + 1] = p[1]; flat[#flat + 1] = p[2] end
+      return gap(0, 1114111, flat, 1)
+    end
+    if x[2] == 1 then x, y = y, x end
     for i = 3, #x, 2 do
       local lo, hi = x[i], x[i + 1]
       if lo <= hi then
         if y[2] == 1 then
-          local c, moved = lo, true
-          while c <= hi and moved do
-            moved = false
-            for k = 3, #y, 2 do
-              if y[k] <= c and c <= y[k + 1] then c = y[k + 1] + 1; moved = true; break end
-            end
-          end
-          if c <= hi then return true end
+          if gap(lo, hi, y, 3) then return true end
         else
           for k = 3, #y, 2 do
             if math.max(lo, y[k]) <= math.min(hi, y[k + 1]) then return true end
@@ -327,24 +340,32 @@ local function S()
     end
     return false
   end
-  
+
   local function chars_compatible(a, b)
     if a[1] == 1 or b[1] == 1 then return true end
     if a[1] == 0 and b[1] == 0 then return a[2] == b[2] end
     if a[1] == 0 then return in_class(a[2], b) end
     if b[1] == 0 then return in_class(b[2], a) end
-    if enumerable(a) then return class_meets(a, b) end
-    if enumerable(b) then return class_meets(b, a) end
-    return true
+    return classes_meet(a, b)
   end
-  
+
+  -- The steps, beyond the state's own, of comparing two single-character tokens
+  -- (_rules.scopes._chars_cost): with a class, the product of the range counts.
+  local function chars_cost(a, b)
+    if a[1] ~= 3 and b[1] ~= 3 then return 0 end
+    local na, nb = 1, 1
+    if a[1] == 3 then na = (#a - 2) / 2 end
+    if b[1] == 3 then nb = (#b - 2) / 2 end
+    return na * nb
+  end
+
   -- Running out of _scope_steps raises OUT_OF_STEPS, which scope_conflict catches.
   local OUT_OF_STEPS = {}
 
   -- Whether some text matches both patterns ta and tb, given as item lists in which an
   -- item for which is_star holds matches any run of items and two other items match a
   -- common item when compatible(x, y): the one rule of segments and of whole scopes.
-  local function overlap(ta, tb, is_star, compatible)
+  local function overlap(ta, tb, is_star, compatible, cost)
     local na, nb = #ta, #tb
     local memo = {}
     local function go(i, j)
@@ -361,6 +382,10 @@ local function S()
       elseif i == na or j == nb then
         r = false
       else
+        if cost then
+          _scope_steps = _scope_steps - cost(ta[i + 1], tb[j + 1])
+          if _scope_steps < 0 then error(OUT_OF_STEPS) end
+        end
         r = compatible(ta[i + 1], tb[j + 1]) and go(i + 1, j + 1)
       end
       _scope_steps = _scope_steps - 1
@@ -375,7 +400,7 @@ local function S()
   local function globstar(seg) return seg == '**' end
 
   local function seg_overlap(ta, tb)
-    return overlap(ta, tb, star_token, chars_compatible)
+    return overlap(ta, tb, star_token, chars_compatible, chars_cost)
   end
 
   local function scope_overlap(sa, sb)

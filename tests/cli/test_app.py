@@ -118,6 +118,22 @@ def test_non_integer_ttl_and_bad_format_are_usage_errors(cli: Cli) -> None:
     assert "yaml" in bad_format.stderr
 
 
+def test_choice_errors_read_without_pydantics_value_error_prefix(cli: Cli) -> None:
+    """A value outside an option's or argument's choices (Typer converts it with pydantic)
+    is reported as Click words it, without pydantic's ``Value error, `` start."""
+    bad_format = cli("lease", "list", fmt="yaml")
+    assert bad_format.code == 2
+    assert "Value error" not in bad_format.stderr
+    assert "'--format' (env var: 'BATON_FORMAT'): 'yaml' is not one of 'table', 'json'." in (
+        bad_format.stderr
+    )
+    bad_status = cli("handoff", "resolve", "hoff_x", "accept")
+    assert bad_status.code == 2
+    assert bad_status.json["error"]["message"] == (
+        "Invalid value for 'STATUS': 'accept' is not one of 'accepted', 'rejected'."
+    )
+
+
 def test_unknown_command_is_a_usage_error(cli: Cli) -> None:
     """An unknown command exits 2 with a readable message."""
     run = cli("lease", "grab", fmt="table")

@@ -73,3 +73,30 @@ def test_stale_page_names_the_make_target_and_fails_the_site_build(
     assert "+* `--org <str>`: Organization (text)." in message
     with pytest.raises(PluginError, match="make cli-docs"):
         hook.on_pre_build({"docs_dir": str(tmp_path)})
+
+
+def test_demo_section_shows_the_demo_parsers_options() -> None:
+    """`baton demo` parses its own options (argparse), so its section carries that parser's
+    help: every option of it, not only Typer's --help."""
+    from prefect_baton.demo.options import parser
+
+    text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    section = text.split("### `baton demo`\n", 1)[1].split("\n### ", 1)[0]
+    assert "```text\nusage: baton demo [-h]" in section
+    for action in parser()._actions:
+        for flag in action.option_strings:
+            assert flag in section, f"{flag} missing from the baton demo section"
+
+
+def test_help_text_is_unescaped_except_what_markdown_would_read_as_html(
+    hook: ModuleType,
+) -> None:
+    """Typer's HTML escapes are undone on the page ('key's', 'x>=1'), but a `<` that would
+    open a tag or a `&` that would start an entity stays escaped, and code spans are kept."""
+    text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    assert "&#x27;" not in text
+    assert "&gt;" not in text
+    assert "as the key's principal" in text
+    assert hook._unescape("a&#x27;s x&gt;=1 1&lt;=x &lt;id&gt; &amp;amp; `&lt;b&gt;`") == (
+        "a's x>=1 1<=x &lt;id> &amp;amp; `&lt;b&gt;`"
+    )

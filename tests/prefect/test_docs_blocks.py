@@ -188,3 +188,26 @@ def test_shared_principal_block(
     ck = make_baton("writer").checkpoints.get("r9", "progress")
     assert ck is not None
     assert ck.state == {"sections": 2}
+
+
+def test_reject_handoff_block(
+    make_baton: MakeBaton, baton_env: dict[str, str], tmp_path: Path
+) -> None:
+    """reject_handoff.py: a handoff whose checkpoint lacks sections 1-2 is rejected (its
+    lease released at once); one with them is accepted and its lease taken over."""
+    from prefect_baton.prefect import handoff_to
+
+    module = run_block("reject_handoff.py", tmp_path)
+    writer = make_baton("writer")  # the flow called directly acts as "reviewer", its name
+    for report, done, status in (("r1", 1, "rejected"), ("r2", 2, "accepted")):
+        held = writer.leases.acquire("report", report, ttl_seconds=60, idempotency_key=report)
+        sent = handoff_to(
+            "reviewer", report, checkpoint={"sections_done": done}, lease=held, baton=writer
+        )
+        assert module.review(report=report, handoff_id=sent.handoff_id) == status
+        assert writer.handoffs.get(sent.handoff_id).status == status
+        assert not writer.leases.inspect("report", report).held
+    (taken,) = make_baton("reviewer").leases.list(
+        resource_type="report", owner="reviewer", include_ended=True
+    )
+    assert (taken.resource_id, taken.status) == ("r2", "released")

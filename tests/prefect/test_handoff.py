@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -63,6 +64,35 @@ def test_rejection_before_acceptance_releases_the_carried_lease(make_baton: Make
     assert sender.handoffs.get(sent.handoff_id).note == "cannot take reports today"
     assert sender.leases.get(held.lease_id).status == "released"
     assert not sender.leases.inspect("report", "r1").held
+
+
+def test_rejection_after_acceptance_logs_that_rejecting_needs_defer(
+    make_baton: MakeBaton, caplog: pytest.LogCaptureFixture
+) -> None:
+    """HandoffRejected raised in a block that accepted on entry (no ``defer=True``) cannot
+    reject: the handoff stays accepted, the run fails, and the run log says to open the
+    handoff with ``defer=True`` and raise before ``h.accept()``."""
+    sender, receiver = make_baton("sender"), make_baton("receiver")
+    held = sender.leases.acquire("report", "r9", ttl_seconds=30, idempotency_key="s9")
+    sent = handoff_to("receiver", "r9", lease=held, baton=sender)
+
+    @flow(name="baton-test-reject-late")
+    def reject_late(handoff_id: str) -> None:
+        with accept_handoff(handoff_id, baton=receiver):
+            raise HandoffRejected("too late")
+
+    with caplog.at_level(logging.ERROR):
+        state: Any = reject_late(sent.handoff_id, return_state=True)
+    assert state.is_failed()
+    assert sender.handoffs.get(sent.handoff_id).status == "accepted"
+    [message] = [
+        r.getMessage() for r in caplog.records if "HandoffRejected after" in r.getMessage()
+    ]
+    assert message == (
+        f"HandoffRejected after {sent.handoff_id} was accepted: releasing its lease; the "
+        "handoff stays accepted (to be able to reject it, open it with "
+        "accept_handoff(handoff_id, defer=True) and raise HandoffRejected before h.accept())"
+    )
 
 
 def test_handoff_end_that_releases_the_lease_emits_lease_released_once(

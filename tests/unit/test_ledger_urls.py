@@ -16,6 +16,39 @@ def test_unsupported_ledger_urls_are_validation_errors(url: str) -> None:
         Baton(ledger_url=url, org="o", principal="a")
 
 
+@pytest.mark.parametrize(
+    "url", ["sqlite://tmp/x.db", "sqlite://localhost/x.db", "sqlite://u@/x.db"]
+)
+def test_sqlite_url_with_a_host_part_is_refused(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sqlite://tmp/x.db`` (two slashes) would be the file ``x.db``, SQLAlchemy dropping
+    the host ``tmp``: refused with VALIDATION_ERROR naming both right forms, by the client
+    and by the check of a ledger file that must exist (CLI reads), and no file is made."""
+    from prefect_baton._stores.ledger.engine import sqlite_file
+
+    forms = "sqlite:///relative/path.db or sqlite:////absolute/path.db"
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValidationError, match="has a host part") as ei:
+        Baton(ledger_url=url, org="o", principal="a")
+    assert forms in ei.value.message
+    with pytest.raises(ValidationError, match="has a host part"):
+        sqlite_file(url)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("url", "hint"),
+    [("/tmp/x.db", "sqlite:////tmp/x.db"), ("ledger.db", "sqlite:///ledger.db")],
+)
+def test_bare_path_as_ledger_url_hints_at_the_sqlite_url(url: str, hint: str) -> None:
+    """A file path given as the ledger URL is VALIDATION_ERROR with the SQLite URL of that
+    file as a hint."""
+    with pytest.raises(ValidationError, match="not a database URL") as ei:
+        Baton(ledger_url=url, org="o", principal="a")
+    assert ei.value.message.endswith(f"(for a SQLite file, {hint})")
+
+
 def test_sqlite_path_problems_are_validation_errors(tmp_path: Path) -> None:
     """A file where a folder should be, a missing folder tree, or a non-database file are
     VALIDATION_ERROR, and no folder tree is created."""

@@ -171,6 +171,7 @@ class BatonGroup(TyperGroup):
         # a context: the command is then named from argv.
         path = ctx.command_path if ctx is not None else self._command_path(argv)
         action = _action_of(path)
+        _drop_pydantic_prefix(exc)
         message = one_line(exc.format_message())
         if fmt is OutputFormat.table and path != "baton":
             message += f" (see '{path} --help')"
@@ -191,6 +192,19 @@ class BatonGroup(TyperGroup):
             commands = getattr(commands[argv[i]], "commands", None)  # a group's, else None
             i += 1
         return " ".join(path)
+
+
+#: The start pydantic gives the message of a ``ValueError`` raised while Typer converts a
+#: value (``'yaml' is not one of 'table', 'json'.``).
+_PYDANTIC_VALUE_ERROR = "Value error, "
+
+
+def _drop_pydantic_prefix(exc: Any) -> None:
+    """Remove pydantic's ``Value error, `` from the start of a usage error's message (the
+    part after Click's ``Invalid value for '--name': ``), in place."""
+    message = getattr(exc, "message", None)
+    if isinstance(message, str) and message.startswith(_PYDANTIC_VALUE_ERROR):
+        exc.message = message[len(_PYDANTIC_VALUE_ERROR) :]
 
 
 def _stdout_gone() -> int:

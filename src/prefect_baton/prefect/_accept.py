@@ -177,12 +177,16 @@ class AcceptedHandoff:
         if slot is None:
             return False
         keeper = slot.keeper
-        if isinstance(exc, HandoffRejected):
-            run_logger().error(
-                "HandoffRejected after %s was accepted: releasing its lease", self.handoff_id
-            )
         assert self._ident is not None
         keep = exc is not None and retry_follows(self._ident, exc)
+        if isinstance(exc, HandoffRejected):
+            run_logger().error(
+                "HandoffRejected after %s was accepted: %s; the handoff stays accepted (to be "
+                "able to reject it, open it with accept_handoff(handoff_id, defer=True) and "
+                "raise HandoffRejected before h.accept())",
+                self.handoff_id,
+                "keeping its lease for the retry" if keep else "releasing its lease",
+            )
         keeper.release_on_exit = not keep  # a handed-off lease is left to its handoff
         keeper.stop(exc)
         if keeper.receipt_status in ("released", "expired"):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, create_engine, event, inspect, text
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
 
@@ -94,16 +94,36 @@ class Engines:
             self.read.dispose()
 
 
-def normalize_url(url: str) -> str:
-    """Map ``postgresql://`` / ``postgres://`` to psycopg 3 and create a SQLite file's folder.
+def _parse_url(url: str) -> URL:
+    """``url`` parsed by SQLAlchemy (``URL``): the one check of a ledger URL's form.
 
     Raises:
-        ValidationError: the URL is not a SQLite or PostgreSQL SQLAlchemy URL.
+        ValidationError: ``url`` is not a database URL (a bare path gets the SQLite URL
+            of that file as a hint), or is a SQLite URL with a host part (``sqlite://tmp/x.db``
+            names the file ``x.db``: SQLAlchemy drops the host).
     """
     try:
         u = make_url(url)
     except Exception as exc:
-        raise ValidationError(f"ledger URL {url!r} is not a database URL: {exc}") from None
+        hint = "" if "://" in url else f" (for a SQLite file, sqlite:///{url})"
+        raise ValidationError(f"ledger URL {url!r} is not a database URL: {exc}{hint}") from None
+    if u.get_backend_name() == "sqlite" and (u.host or u.port is not None or u.username):
+        authority = url.split("://", 1)[-1].split("/", 1)[0]
+        raise ValidationError(
+            f"ledger URL {url!r} has a host part ({authority!r}), which SQLite does not use: "
+            "a SQLite file is sqlite:///relative/path.db or sqlite:////absolute/path.db"
+        )
+    return u
+
+
+def normalize_url(url: str) -> str:
+    """Map ``postgresql://`` / ``postgres://`` to psycopg 3 and create a SQLite file's folder.
+
+    Raises:
+        ValidationError: the URL is not a SQLite or PostgreSQL SQLAlchemy URL, or is a
+            SQLite URL with a host part (see :func:`_parse_url`).
+    """
+    u = _parse_url(url)
     backend = u.get_backend_name()
     if backend in ("postgresql", "postgres"):
         u = u.set(drivername="postgresql+psycopg")
@@ -139,12 +159,9 @@ def sqlite_file(url: str) -> Path | None:
     directory when relative), or ``None`` for another database or a ``file:`` URI.
 
     Raises:
-        ValidationError: the URL is not a database URL.
+        ValidationError: the URL is not a database URL, or is a SQLite URL with a host part.
     """
-    try:
-        u = make_url(url)
-    except Exception as exc:
-        raise ValidationError(f"ledger URL {url!r} is not a database URL: {exc}") from None
+    u = _parse_url(url)
     db = u.database
     if u.get_backend_name() != "sqlite" or not db or db.startswith("file:"):
         return None

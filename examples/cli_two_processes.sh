@@ -29,7 +29,7 @@ worker() {
     key="$me-$job"
     status=0
     receipt="$(baton --principal "$me" --format json lease acquire job "$job" \
-      --ttl-seconds 30 --idempotency-key "$key" --purpose "build $job")" || status=$?
+      --ttl-seconds 30 --execution-key "$key" --purpose "build $job")" || status=$?
     if [ "$status" -eq 3 ]; then
       echo "$me: $job is leased by someone else (CONFLICT), skipping"
       continue

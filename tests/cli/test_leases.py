@@ -14,7 +14,7 @@ from .conftest import Cli
 
 def acquire(cli: Cli, rid: str = "svc", key: str = "run-1", **kw: Any) -> dict[str, Any]:
     receipt = cli.ok(
-        "lease", "acquire", "deploy", rid, "--ttl-seconds", "60", "--idempotency-key", key, **kw
+        "lease", "acquire", "deploy", rid, "--ttl-seconds", "60", "--execution-key", key, **kw
     )
     lease: dict[str, Any] = receipt["lease"]
     return lease
@@ -195,10 +195,10 @@ def test_list_shows_your_effective_leases(cli: Cli) -> None:
 
 
 def test_list_of_an_empty_org_in_table_mode_says_none(cli: Cli) -> None:
-    """An empty list prints a readable 'none' line."""
+    """An empty list prints a readable line naming the org it looked in."""
     run = cli("lease", "list", fmt="table")
     assert run.code == 0
-    assert "none" in run.stdout
+    assert f"lease.list: no leases in org '{cli.org}'" in run.stdout
 
 
 # ----------------------------------------------------------------------------- errors

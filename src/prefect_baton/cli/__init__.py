@@ -7,6 +7,7 @@ Sub-commands are registered in :data:`SUB_APPS` and :data:`COMMANDS`; adding one
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import os
@@ -172,6 +173,7 @@ class BatonGroup(TyperGroup):
         path = ctx.command_path if ctx is not None else self._command_path(argv)
         action = _action_of(path)
         _drop_pydantic_prefix(exc)
+        _suggest_options(exc)
         message = one_line(exc.format_message())
         if fmt is OutputFormat.table and path != "baton":
             message += f" (see '{path} --help')"
@@ -205,6 +207,33 @@ def _drop_pydantic_prefix(exc: Any) -> None:
     message = getattr(exc, "message", None)
     if isinstance(message, str) and message.startswith(_PYDANTIC_VALUE_ERROR):
         exc.message = message[len(_PYDANTIC_VALUE_ERROR) :]
+
+
+def closest_options(name: str, options: Sequence[str]) -> list[str]:
+    """The ``options`` (long names, ``--ttl-seconds``) a mistyped option ``name`` may have
+    meant: those it begins (``--ttl`` for ``--ttl-seconds``, at least two letters after
+    ``--``), and those close to it in spelling (:func:`difflib.get_close_matches`, as Click
+    suggests them), sorted."""
+    prefix = [o for o in options if len(name) > 3 and o != name and o.startswith(name)]
+    return sorted({*prefix, *difflib.get_close_matches(name, options)})
+
+
+def _suggest_options(exc: Any) -> None:
+    """Make an unknown option's error (Click's ``NoSuchOption``) suggest the closest
+    visible options of its command (:func:`closest_options`), in place. Click suggests only
+    by spelling, over every name the parser knows (hidden ones included), so ``--ttl``
+    got nothing although ``--ttl-seconds`` starts with it."""
+    ctx = getattr(exc, "ctx", None)
+    if not isinstance(exc, _CLICK.NoSuchOption) or ctx is None:
+        return
+    names = [
+        opt
+        for param in ctx.command.get_params(ctx)
+        if not getattr(param, "hidden", False)
+        for opt in (*param.opts, *param.secondary_opts)
+        if opt.startswith("--")
+    ]
+    exc.possibilities = closest_options(exc.option_name, names)
 
 
 def _stdout_gone() -> int:

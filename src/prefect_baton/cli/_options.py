@@ -57,8 +57,8 @@ Fence = Annotated[
     ),
 ]
 
-#: ``--cursor`` of a paged listing command (``lease list``, ``handoff inbox``, ``outcome
-#: list``, ``keys list``, ``events tail``).
+#: ``--cursor`` of a paged listing command (``lease list``, ``handoff inbox`` and ``list``,
+#: ``outcome list``, ``keys list``, ``events tail`` and ``list``).
 Cursor = Annotated[
     str | None,
     typer.Option(

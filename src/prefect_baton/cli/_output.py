@@ -166,9 +166,11 @@ def _records(value: Any) -> list[str]:
     return [name for name, v in value if isinstance(v, BaseModel)]
 
 
-def _render_rows(title: str, rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> None:
+def _render_rows(
+    title: str, rows: Sequence[Mapping[str, Any]], columns: Sequence[str], empty: str | None
+) -> None:
     if not rows:
-        _console().print(Text(visible(f"{title}: none")))
+        _console().print(Text(visible(f"{title}: {empty or 'none'}")))
         return
     table = Table(title=Text(f"{title} ({len(rows)})"), title_justify="left")
     for col in columns:
@@ -188,6 +190,7 @@ def emit_ok(
     columns: Sequence[str] | None = None,
     extra: Mapping[str, Any] | None = None,
     shown: RowView | None = None,
+    empty: str | None = None,
 ) -> None:
     """Print a successful result.
 
@@ -201,6 +204,9 @@ def emit_ok(
         extra: more top-level receipt fields (JSON) or rows shown under the table.
         shown: how each row of a list (its JSON data), or the one object, reads in the
             table; the JSON receipt is the data as it is.
+        empty: for an empty list, what the table format prints after ``action: `` instead
+            of a table (``str``, e.g. ``no leases in org 'acme'``; default ``none``); the
+            JSON receipt is the empty list.
     """
     data = dump(value)
     if status is None:
@@ -213,7 +219,7 @@ def emit_ok(
     title = action if status == "ok" else f"{action}: {status}"
     if isinstance(data, list):
         rows = [shown(row) for row in data] if shown is not None else data
-        _render_rows(title, rows, columns or (list(data[0]) if data else []))
+        _render_rows(title, rows, columns or (list(data[0]) if data else []), empty)
     else:
         _render_object(title, shown(data) if shown is not None else data, _records(value))
     for name, v in (extra or {}).items():
@@ -229,6 +235,7 @@ def emit_page(
     columns: Sequence[str] | None = None,
     extra: Mapping[str, Any] | None = None,
     shown: RowView | None = None,
+    empty: str | None = None,
 ) -> None:
     """Print one page of a list: in JSON, the receipt of :func:`emit_ok` with a top-level
     ``next_cursor`` (``str`` or ``null``); as a table, the table on stdout and, when a next
@@ -247,13 +254,14 @@ def emit_page(
         extra: further top-level fields of the JSON receipt (a mapping; e.g. the
             ``next_after`` of ``events.tail``), before ``next_cursor``; a table shows none.
         shown: how each row reads in the table (see :func:`emit_ok`).
+        empty: what the table format says of an empty page (see :func:`emit_ok`).
     """
     rows = list(page)
     if fmt is OutputFormat.json:
         fields = {**(extra or {}), "next_cursor": page.next_cursor}
         emit_ok(fmt, action, key, rows, columns=columns, extra=fields)
         return
-    emit_ok(fmt, action, key, rows, columns=columns, shown=shown)
+    emit_ok(fmt, action, key, rows, columns=columns, shown=shown, empty=empty)
     if page.next_cursor is not None:
         sys.stdout.flush()
         sys.stderr.write(

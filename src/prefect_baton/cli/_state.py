@@ -38,6 +38,7 @@ __all__ = [
     "fence_lease",
     "guard",
     "lease_proof",
+    "nothing_found",
     "parse_evidence",
     "read_json_object",
 ]
@@ -190,6 +191,7 @@ def command(
     columns: Sequence[str] | None = None,
     reads_only: bool = False,
     shown: Callable[[], RowView] | None = None,
+    noun: str | None = None,
 ) -> Callable[[Callable[P, T]], Callable[P, None]]:
     """Decorator: register a command whose body returns its result, and print that result
     as the receipt of ``action`` (the shared tail of the commands that call the API once).
@@ -213,6 +215,8 @@ def command(
         shown: makes (once the result is in) how each row of a list result, or the one
             object, reads in the table (see :func:`~prefect_baton.cli._output.emit_ok`);
             JSON is unchanged.
+        noun: what the rows of a list result are, in the table format's line for an
+            empty list (``str``, default ``key``; :func:`nothing_found`).
 
     Returns:
         The decorator; it returns the registered command, which prints and returns ``None``.
@@ -230,15 +234,68 @@ def command(
             with guard(ctx, action, reads_only=reads_only) as st:
                 result = body(*args, **kwargs)
                 view = shown() if shown is not None else None
+                empty = None
+                if isinstance(result, list) and not result:
+                    b = st.client()
+                    empty = nothing_found(ctx, noun or key, b.org, b.principal)
                 if isinstance(result, Page):
-                    emit_page(st.format, action, key, result, columns=columns, shown=view)
+                    emit_page(
+                        st.format, action, key, result, columns=columns, shown=view, empty=empty
+                    )
                 else:
-                    emit_ok(st.format, action, key, result, columns=columns, shown=view)
+                    emit_ok(
+                        st.format, action, key, result, columns=columns, shown=view, empty=empty
+                    )
 
         app.command(action.partition(".")[2])(run)
         return run
 
     return register
+
+
+#: Parameters of a list command that do not narrow what it looks for.
+_NOT_FILTERS = frozenset({"limit", "interval"})
+
+
+def nothing_found(
+    ctx: typer.Context, noun: str, org: str | None, principal: str | None = None
+) -> str:
+    """What the table format says of an empty list, naming where it looked, so that a
+    mistyped ``--org`` or filter shows: ``no leases in org 'acme' as principal 'alice'
+    (--resource-type 'deploy', --all)``.
+
+    Args:
+        ctx: the list command's context; its arguments and options given on the command
+            line or by the environment (all but ``--limit``) are named as the filters.
+        noun: what the rows are (``str``, e.g. ``leases``).
+        org: the organization queried (``str``), or ``None`` for every org.
+        principal: the acting principal (``str``) when what is listed depends on it.
+    """
+    where = f"in org {org!r}" if org is not None else "in any org"
+    who = f" as principal {principal!r}" if principal is not None else ""
+    given: list[str] = []
+    for param in ctx.command.params:
+        name = param.name or ""
+        source = ctx.get_parameter_source(name)  # Typer's own click: compare by name
+        if name in _NOT_FILTERS or source is None or source.name.startswith("DEFAULT"):
+            continue
+        value = ctx.params.get(name)
+        label = param.opts[0] if param.param_type_name == "option" else _metavar(param)
+        values = value if isinstance(value, list | tuple) else [value]
+        for v in values:
+            v = getattr(v, "value", v)  # an enum choice
+            if isinstance(v, bool):
+                given += [label] if v else []
+            else:
+                given.append(f"{label} {str(v)!r}")
+    filters = f" ({', '.join(given)})" if given else ""
+    return f"no {noun} {where}{who}{filters}"
+
+
+def _metavar(param: Any) -> str:
+    """How the help names argument ``param`` (``SUBJECT_ID``)."""
+    metavar = getattr(param, "metavar", None)
+    return metavar if isinstance(metavar, str) else str(param.name).upper()
 
 
 def fail(st: CliState, action: str, code: str, message: str) -> NoReturn:

@@ -1,4 +1,5 @@
-"""``baton events tail``: page through (or follow) the org's event stream."""
+"""``baton events tail`` (and its alias ``baton events list``): page through (or follow)
+the org's event stream."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import typer
 from prefect_baton._rules.paging import events_after
 from prefect_baton.cli._options import Cursor, poll_interval
 from prefect_baton.cli._output import emit_page, visible
-from prefect_baton.cli._state import CliState, guard
+from prefect_baton.cli._state import CliState, guard, nothing_found
 from prefect_baton.models import Event, wire_time
 
 app = typer.Typer(
@@ -123,19 +124,30 @@ def tail(
         "resource_id": resource_id,
         "subject": subject,
     }
-    with guard(ctx, "events.tail", reads_only=True) as st:
+    action = f"events.{ctx.info_name}"  # events.tail, or events.list (the alias)
+    with guard(ctx, action, reads_only=True) as st:
         start = events_after(after, cursor, name="--after", cursor_name="--cursor")
         if follow:
             st.client().events.list(after_seq=start, limit=limit, **filters)  # validate
             _follow(st, start, limit, filters, interval)
             return
-        events = st.client().events.list(after_seq=start, limit=limit, **filters)
+        b = st.client()
+        events = b.events.list(after_seq=start, limit=limit, **filters)
         next_after = events[-1].seq if events else start
         emit_page(
             st.format,
-            "events.tail",
+            action,
             "events",
             events,
             columns=EVENT_COLUMNS,
             extra={"next_after": next_after},
+            empty=nothing_found(ctx, "events", b.org),
         )
+
+
+app.command(
+    "list",
+    help="List the org's events: the same command as 'baton events tail', with the same "
+    "options and output (the receipt's action is 'events.list'). See 'baton events tail "
+    "--help'.",
+)(tail)

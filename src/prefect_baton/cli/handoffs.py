@@ -1,4 +1,4 @@
-"""``baton handoff ...``: create, inbox, resolve, show."""
+"""``baton handoff ...``: create, inbox, list, resolve, show."""
 
 from __future__ import annotations
 
@@ -101,6 +101,28 @@ class StatusFilter(enum.StrEnum):
     any = "any"
 
 
+def _handoffs(
+    ctx: typer.Context,
+    who: str | None,
+    status: StatusFilter | None,
+    limit: int,
+    cursor: str | None,
+) -> Page[Handoff]:
+    """Your inbox (``who`` ``None``), else the handoffs principal ``who`` (``'*'``:
+    anyone) sent or received, of ``status`` (default ``pending``).
+
+    Raises:
+        ValidationError: ``status`` without ``who``.
+    """
+    handoffs_api = state(ctx).client().handoffs
+    if who is None:
+        if status is not None:
+            raise ValidationError("--status needs --party or --all")
+        return handoffs_api.inbox(limit=limit, cursor=cursor)
+    wanted = "pending" if status is None else status.value
+    return handoffs_api.list(party=who, status=wanted, limit=limit, cursor=cursor)
+
+
 @command(app, "handoff.inbox", "handoffs", columns=HANDOFF_COLUMNS, reads_only=True)
 def inbox(
     ctx: typer.Context,
@@ -142,16 +164,39 @@ def inbox(
     """
     if all_ and party is not None and party != "*":
         raise ValidationError("give --party or --all, not both")
-    who = "*" if all_ else party
-    handoffs_api = state(ctx).client().handoffs
-    if who is None:
-        if status is not None:
-            raise ValidationError("--status needs --party or --all")
-        handoffs = handoffs_api.inbox(limit=limit, cursor=cursor)
-    else:
-        wanted = "pending" if status is None else status.value
-        handoffs = handoffs_api.list(party=who, status=wanted, limit=limit, cursor=cursor)
-    return handoffs
+    return _handoffs(ctx, "*" if all_ else party, status, limit, cursor)
+
+
+@command(app, "handoff.list", "handoffs", columns=HANDOFF_COLUMNS, reads_only=True)
+def list_(
+    ctx: typer.Context,
+    limit: Annotated[int, row_limit(10_000)] = 100,
+    party: Annotated[
+        str,
+        typer.Option(
+            "--party",
+            help="Only the handoffs this principal (text) sent or received ('*': "
+            "everyone's). Others than yourself need --role owner or admin.",
+        ),
+    ] = "*",
+    status: Annotated[
+        StatusFilter,
+        typer.Option("--status", help="Only handoffs of this status ('any': all)."),
+    ] = StatusFilter.any,
+    cursor: Cursor = None,
+) -> Page[Handoff]:
+    """List the organization's handoffs of any status, sent or received by anyone, oldest
+    first (by creation time, then handoff id): the same as 'baton handoff inbox --all
+    --status any' (with --party P: 'handoff inbox --party P --status any'). Exit 6
+    (FORBIDDEN) for an agent (everyone's, or another principal's, needs --role owner or
+    admin; an agent may give --party with its own name); exit 2 (VALIDATION_ERROR) for a
+    bad limit or cursor.
+
+    One page of at most --limit rows. When more rows follow, the JSON receipt's
+    'next_cursor' (null otherwise) is the --cursor of the next page; the table format names
+    it on stderr.
+    """
+    return _handoffs(ctx, party, status, limit, cursor)
 
 
 @command(app, "handoff.resolve", "handoff")

@@ -14,7 +14,7 @@ import typer
 from prefect_baton._settings import BatonSettings
 from prefect_baton.cli._options import Cursor, row_limit
 from prefect_baton.cli._output import Page, emit_ok, emit_page
-from prefect_baton.cli._state import CliState, guard, usage_error
+from prefect_baton.cli._state import CliState, guard, nothing_found, usage_error
 from prefect_baton.models import from_ms, wire_time
 
 if TYPE_CHECKING:  # the REST package (FastAPI) is imported only when a command runs
@@ -119,7 +119,8 @@ def list_(
             cursor=cursor,
         )
         page = Page([key_row(k) for k in keys], keys.next_cursor)
-        emit_page(st.format, "keys.list", "keys", page, columns=KEY_COLUMNS)
+        empty = nothing_found(ctx, "keys", st.org)
+        emit_page(st.format, "keys.list", "keys", page, columns=KEY_COLUMNS, empty=empty)
 
 
 #: How long a running ``baton serve`` keeps accepting a key revoked by another process:

@@ -2,10 +2,11 @@
 report-expired.
 
 The command line is stateless between invocations, so lease operations after acquire take
-the proof by flags: ``--lease-id`` and ``--execution-key`` (the ``--idempotency-key`` used at
-acquire), plus an optional ``--expected-version`` compare-and-swap. On renew, transfer,
-release and force-release, ``--idempotency-key`` is a retry key (not the execution key): a
-retry of the same command with the same key replays the stored result (``replayed``).
+the proof by flags: ``--lease-id`` and ``--execution-key`` (the one given at acquire), plus
+an optional ``--expected-version`` compare-and-swap. On renew, transfer, release and
+force-release, ``--idempotency-key`` is a retry key (not the execution key): a retry of the
+same command with the same key replays the stored result (``replayed``). Acquire still
+takes its execution key as ``--idempotency-key`` too (hidden, deprecated: it warns).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from prefect_baton._rules.validation import TTL_RANGE
 from prefect_baton.cli._options import Cursor, row_limit
 from prefect_baton.cli._output import Page, RowView, emit_ok
 from prefect_baton.cli._state import command, guard, lease_proof, state
+from prefect_baton.errors import ValidationError
 from prefect_baton.models import Lease, LeaseInfo, Receipt
 
 app = typer.Typer(
@@ -91,7 +93,7 @@ ExecutionKey = Annotated[
     str | None,
     typer.Option(
         "--execution-key",
-        help="Execution key (text) given as --idempotency-key at acquire (handoff:<handoff "
+        help="Execution key (text) given as --execution-key at acquire (handoff:<handoff "
         "id> for a lease taken over by accepting a handoff); omit only for a lease acquired "
         "without one.",
     ),
@@ -128,12 +130,22 @@ def acquire(
             show_default=False,
         ),
     ],
-    idempotency_key: Annotated[
+    execution_key: Annotated[
+        str | None,
+        typer.Option(
+            "--execution-key",
+            help="Execution key (text, 1-256 characters; renew, transfer, release and "
+            "handoff create take it back as --execution-key): a retry with the same key and "
+            "request replays the receipt (status 'replayed'); another key conflicts while the "
+            "lease is held.",
+        ),
+    ] = None,
+    old_key: Annotated[
         str | None,
         typer.Option(
             "--idempotency-key",
-            help="Execution key (text): a retry with the same key and request replays the "
-            "receipt (status 'replayed'); another key conflicts while the lease is held.",
+            hidden=True,
+            help="Deprecated name of --execution-key on acquire (warns on stderr).",
         ),
     ] = None,
     expected_version: Annotated[
@@ -157,8 +169,11 @@ def acquire(
 ) -> Lease:
     """Acquire (or take over after expiry) the lease on RESOURCE_TYPE RESOURCE_ID.
 
-    Exits 3 (CONFLICT) when another holder has it, 4 on a stale --expected-version.
+    Exits 3 (CONFLICT) when another holder has it, 4 on a stale --expected-version, 2
+    (VALIDATION_ERROR) when --execution-key and its deprecated name --idempotency-key
+    disagree.
     """
+    key = _execution_key(execution_key, old_key)
     return (
         state(ctx)
         .client()
@@ -169,9 +184,30 @@ def acquire(
             purpose=purpose,
             scopes=scope or (),
             expected_version=expected_version,
-            idempotency_key=idempotency_key,
+            idempotency_key=key,
         )
     )
+
+
+def _execution_key(key: str | None, old_key: str | None) -> str | None:
+    """The execution key of ``lease acquire``: ``--execution-key``, or its deprecated name
+    ``--idempotency-key`` (with a warning on stderr).
+
+    Raises:
+        ValidationError: both are given, with different values.
+    """
+    if old_key is None:
+        return key
+    if key is not None and key != old_key:
+        raise ValidationError(
+            "--idempotency-key is the deprecated name of --execution-key on acquire: give one"
+        )
+    typer.echo(
+        "baton lease acquire: --idempotency-key is deprecated here; use --execution-key "
+        "(the same execution key)",
+        err=True,
+    )
+    return old_key
 
 
 @command(app, "lease.inspect", "info", reads_only=True)
@@ -352,7 +388,14 @@ def list_(
     )
 
 
-@command(app, "lease.report-expired", "leases", columns=LEASE_COLUMNS, shown=_all_expired)
+@command(
+    app,
+    "lease.report-expired",
+    "leases",
+    columns=LEASE_COLUMNS,
+    shown=_all_expired,
+    noun="newly expired leases",
+)
 def report_expired(
     ctx: typer.Context,
     limit: Annotated[int, row_limit(10_000)] = 1000,

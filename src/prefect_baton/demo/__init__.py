@@ -39,9 +39,11 @@ from prefect_baton.errors import UnavailableError, error_for_code
 __all__ = ["DemoResult", "main", "run_demo"]
 
 
-def _measure(label: str, default: Any = 0) -> Any:
-    """A :class:`DemoResult` field shown in the summary table as ``label``."""
-    return field(default=default, metadata={"label": label, "show": str})
+def _measure(label: str, default: Any = 0, engines: tuple[str, ...] = ()) -> Any:
+    """A :class:`DemoResult` field shown in the summary table as ``label``; with
+    ``engines``, it applies to those ``--engine`` values only (``n/a`` in the table, ``null``
+    in JSON, for another)."""
+    return field(default=default, metadata={"label": label, "show": str, "engines": engines})
 
 
 def _path(label: str) -> Any:
@@ -55,14 +57,17 @@ class DemoResult:
     """The demo's summary, read back from the ledger (counts are ``int``); the fields in the
     order of the summary table, with its labels; ``ledger`` (URL) and ``report`` (path) are
     printed under the table, one a line, and so is ``timeline`` (the HTML page of the
-    busiest resources' lease timelines)."""
+    busiest resources' lease timelines). ``crashes`` and ``pauses`` apply to ``engine``
+    ``processes`` only: with ``prefect`` (no faults are injected) the table shows ``n/a``
+    and the JSON summary ``null`` (:meth:`summary`)."""
 
+    engine: str = _measure("engine", "processes")
     files: int = _measure("files")
     completed: int = _measure("completed")
     duplicate_completions: int = _measure("duplicate completions")
     undone: int = _measure("left undone")
-    crashes: int = _measure("crashed researchers (SIGKILL)")
-    pauses: int = _measure("paused researchers (SIGSTOP/SIGCONT)")
+    crashes: int = _measure("crashed researchers (SIGKILL)", engines=("processes",))
+    pauses: int = _measure("paused researchers (SIGSTOP/SIGCONT)", engines=("processes",))
     takeovers: int = _measure("takeovers after expiry")
     resumed_from_checkpoint: int = _measure("resumed from checkpoint")
     stale_writes_rejected: int = _measure("stale writes rejected")
@@ -86,6 +91,15 @@ class DemoResult:
             and self.verdict == "accepted"
             and not self.audit_violations
         )
+
+    def summary(self) -> dict[str, Any]:
+        """The result as JSON data: every field, ``None`` for a measure that does not apply
+        to :attr:`engine`."""
+        data = asdict(self)
+        for f in fields(self):
+            if f.metadata.get("engines") and self.engine not in f.metadata["engines"]:
+                data[f.name] = None
+        return data
 
 
 def _stopped(pid: int) -> bool:
@@ -191,7 +205,7 @@ def run_demo(args: argparse.Namespace) -> DemoResult:
     ledger_url = args.ledger_url or f"sqlite:///{run_dir / 'ledger.db'}"
     org = f"demo-{uuid.uuid4().hex[:10]}"
     files = analysis.list_files(args.input or analysis.default_inputs())
-    result = DemoResult(files=len(files), ledger=ledger_url, org=org)
+    result = DemoResult(engine=args.engine, files=len(files), ledger=ledger_url, org=org)
     b = Baton(ledger_url=ledger_url, org=org, principal="orchestrator", redis_url=args.redis_url)
     try:  # are the ledger and the lease authority (Redis) reachable? Fail before any worker
         b.leases.inspect("file", next(iter(files), "probe"))
@@ -385,9 +399,13 @@ def _print_table(r: DemoResult) -> None:
     t = Table(title="prefect-baton demo", show_header=True)
     t.add_column("measure")
     t.add_column("value", justify="right", overflow="fold")
+    data = r.summary()
     for f in fields(r):
         if "label" in f.metadata:
-            t.add_row(f.metadata["label"], str(f.metadata["show"](getattr(r, f.name))))
+            value = data[f.name]
+            t.add_row(
+                f.metadata["label"], "n/a" if value is None else str(f.metadata["show"](value))
+            )
     Console().print(t)
     for f in fields(r):
         if "path" in f.metadata:
@@ -425,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     except BatonError as exc:
         return emit_error(OutputFormat(args.format), "demo", exc.to_dict())
     if args.format == "json":
-        print(json.dumps({"ok": result.ok, **asdict(result)}, indent=2))
+        print(json.dumps({"ok": result.ok, **result.summary()}, indent=2))
     else:
         _print_table(result)
     return 0 if result.ok else 1

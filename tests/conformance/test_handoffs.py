@@ -115,7 +115,7 @@ def test_second_resolve_is_not_found(baton: Baton, first: str, second: str) -> N
     h = baton.handoffs.create("agent-b", SUBJ)
     b = baton.as_principal("agent-b")
     b.handoffs.resolve(h.handoff_id, first)
-    with pytest.raises(NotFoundError):
+    with pytest.raises(NotFoundError, match=f"was already {first}; only a pending handoff"):
         b.handoffs.resolve(h.handoff_id, second)
     assert baton.handoffs.get(h.handoff_id).status == first
 
@@ -324,17 +324,23 @@ def _transfer(baton: Baton, lease: Lease) -> None:
 
 
 @pytest.mark.parametrize(
-    "end",
-    [_release, _force_release, _supersede, _transfer],
+    ("end", "how"),
+    [
+        (_release, "was released"),
+        (_force_release, "was force-released"),
+        (_supersede, "was re-acquired under a new generation"),
+        (_transfer, "moved to another holder"),
+    ],
     ids=["released", "force-released", "superseded", "transferred"],
 )
 def test_handoff_whose_carried_lease_ended_reads_expired(
-    baton: Baton, end: Callable[[Baton, Lease], None]
+    baton: Baton, end: Callable[[Baton, Lease], None], how: str
 ) -> None:
     """A pending handoff whose carried lease is no longer in effect (released by its
     sender, force-released, superseded by a re-acquire, moved by another accepted handoff)
-    can never be accepted: it reads expired, leaves the inbox, a resolve is NOT_FOUND and it
-    is stored expired, with no lease released under it; one without a lease stays pending."""
+    can never be accepted: it reads expired, leaves the inbox, a resolve is NOT_FOUND (the
+    first one saying how the lease ended) and it is stored expired, with no lease released
+    under it; one without a lease stays pending."""
     lease = baton.leases.acquire(RT, RID, ttl_seconds=60)
     h = baton.handoffs.create("agent-b", SUBJ, lease=lease)
     plain = baton.handoffs.create("agent-b", "other-subject")
@@ -343,6 +349,8 @@ def test_handoff_whose_carried_lease_ended_reads_expired(
     b = baton.as_principal("agent-b")
     assert [x.handoff_id for x in b.handoffs.inbox()] == [plain.handoff_id]
     assert b.handoffs.get(h.handoff_id).status == "expired"
+    with pytest.raises(NotFoundError, match=f"\\({lease.lease_id}\\) {how}"):
+        b.handoffs.resolve(h.handoff_id, "accepted")
     for status in ("accepted", "rejected"):
         with pytest.raises(NotFoundError):
             b.handoffs.resolve(h.handoff_id, status)
@@ -364,8 +372,13 @@ def test_sweep_stores_a_handoff_whose_carried_lease_was_released_expired(
     baton.leases.report_expired()
     assert baton.handoffs.get(h.handoff_id).status == "expired"
     assert baton.as_principal("agent-b").handoffs.inbox() == []
-    with pytest.raises(NotFoundError, match="not found"):
+    with pytest.raises(
+        NotFoundError,
+        match=f"has expired: the lease it carries \\({lease.lease_id}\\) was released",
+    ):
         baton.as_principal("agent-b").handoffs.resolve(h.handoff_id, "accepted")
+    with pytest.raises(NotFoundError, match=r"^pending handoff .* not found$"):  # not a party
+        baton.as_principal("agent-c").handoffs.resolve(h.handoff_id, "accepted")
 
 
 def test_create_with_lease_not_held(baton: Baton) -> None:
@@ -413,7 +426,7 @@ def test_lease_moves_only_once(baton: Baton) -> None:
     h2 = baton.handoffs.create("agent-c", SUBJ, lease=lease)
     moved = baton.as_principal("agent-b").handoffs.resolve(h1.handoff_id, "accepted").lease
     assert moved is not None
-    with pytest.raises(NotFoundError):
+    with pytest.raises(NotFoundError, match="moved to another holder"):
         baton.as_principal("agent-c").handoffs.resolve(h2.handoff_id, "accepted")
     assert baton.handoffs.get(h2.handoff_id).status == "expired"
     info = baton.as_principal("agent-b").leases.inspect(RT, RID)

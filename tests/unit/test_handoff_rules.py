@@ -15,7 +15,9 @@ from prefect_baton._rules.handoffs import (
     carried_lease_ended,
     decide_carried_release,
     decide_handoff_expiry,
+    expired_message,
     handoff_status,
+    not_pending_message,
     stored_statuses,
     validate_status_filter,
 )
@@ -201,3 +203,36 @@ def test_star_is_everyone_s_even_for_an_agent_named_star() -> None:
     with pytest.raises(ForbiddenError, match="another principal's handoffs"):
         check_list_owner("agent", "*", "*", "handoffs")
     check_list_owner("owner", "*", "*", "handoffs")
+
+
+@pytest.mark.parametrize(
+    ("status", "how"),
+    [
+        ("released", "was released"),
+        ("transferred", "moved to another holder"),
+        ("revoked", "was force-released"),
+        ("superseded", "was re-acquired"),
+        ("taken_over", "was taken over"),
+    ],
+)
+def test_expired_message_says_how_the_carried_lease_ended(status: str, how: str) -> None:
+    """A handoff read expired because its carried lease ended says how it ended; once the
+    handoff's own deadline has passed, or while the lease is in effect, it says only that
+    it expired (the lease's end may have been the expiry's own release)."""
+    ended = _carried(status=status)
+    msg = expired_message("h1", DEADLINE, ended, T0)
+    assert msg.startswith("handoff h1 has expired: the lease it carries (L1) " + how)
+    assert expired_message("h1", DEADLINE, ended, DEADLINE) == "handoff h1 has expired"
+    assert expired_message("h1", DEADLINE, _carried(), T0) == "handoff h1 has expired"
+    assert expired_message("h1", None, None, T0) == "handoff h1 has expired"
+
+
+def test_not_pending_message_names_the_stored_status() -> None:
+    """A resolve of an accepted or rejected handoff says it was already resolved so; an
+    expired one says why it expired."""
+    assert not_pending_message("h1", "accepted", DEADLINE, None, T0).startswith(
+        "handoff h1 was already accepted"
+    )
+    assert "was released" in not_pending_message(
+        "h1", "expired", DEADLINE, _carried(status="released"), T0
+    )

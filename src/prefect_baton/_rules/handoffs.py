@@ -28,7 +28,9 @@ __all__ = [
     "carried_lease_ended",
     "decide_carried_release",
     "decide_handoff_expiry",
+    "expired_message",
     "handoff_status",
+    "not_pending_message",
     "releases_carried",
     "stored_statuses",
     "validate_status_filter",
@@ -72,6 +74,55 @@ def carried_lease_ended(carried: Generation | None, now_ms: int) -> bool:
     (``revoked``) or taken over. Such a handoff reads ``expired`` (:func:`handoff_status`).
     """
     return carried is not None and not carried.effective(now_ms)
+
+
+#: How a carried lease that is no longer in effect ended, as :func:`expired_message` says it.
+_ENDED_HOW = {
+    "active": "ran out",
+    "expired": "ran out",
+    "released": "was released",
+    "transferred": "moved to another holder (another handoff carrying it was accepted, or "
+    "it was transferred)",
+    "superseded": "was re-acquired under a new generation",
+    "revoked": "was force-released",
+    "taken_over": "was taken over",
+}
+
+
+def expired_message(
+    handoff_id: str, expires_at_ms: int | None, carried: Generation | None, now_ms: int
+) -> str:
+    """The ``NOT_FOUND`` message for resolving handoff ``handoff_id`` once it reads (or is
+    stored) ``expired`` (:func:`handoff_status`): its own expiry (``expires_at_ms``) passed,
+    or the lease it carries (``carried``, ``None`` when it carries none) is no longer in
+    effect, which the message says, with how that lease ended (``... has expired: the lease
+    it carries (L) moved to another holder ...``)."""
+    if (expires_at_ms is not None and expires_at_ms <= now_ms) or not carried_lease_ended(
+        carried, now_ms
+    ):
+        return f"handoff {handoff_id} has expired"
+    assert carried is not None  # carried_lease_ended said so
+    how = _ENDED_HOW.get(carried.status, f"ended ({carried.status})")
+    return (
+        f"handoff {handoff_id} has expired: the lease it carries ({carried.lease_id}) {how}, "
+        "so it can no longer be accepted"
+    )
+
+
+def not_pending_message(
+    handoff_id: str,
+    status: str,
+    expires_at_ms: int | None,
+    carried: Generation | None,
+    now_ms: int,
+) -> str:
+    """The ``NOT_FOUND`` message, for its sender or recipient, for resolving handoff
+    ``handoff_id`` stored with ``status`` other than ``pending``: ``already accepted`` /
+    ``already rejected``, or why it expired (:func:`expired_message`). Anyone else is told
+    only ``pending handoff ... not found``."""
+    if status == "expired":
+        return expired_message(handoff_id, expires_at_ms, carried, now_ms)
+    return f"handoff {handoff_id} was already {status}; only a pending handoff can be resolved"
 
 
 def handoff_status(

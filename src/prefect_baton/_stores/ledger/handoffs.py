@@ -29,6 +29,8 @@ from prefect_baton._rules.events import RELEASE_HANDOFF_REJECTED
 from prefect_baton._rules.handoffs import (
     carried_lease_ended,
     decide_carried_release,
+    expired_message,
+    not_pending_message,
     stored_statuses,
 )
 from prefect_baton._rules.paging import store_limit
@@ -289,19 +291,21 @@ class HandoffOps(ExpiryOps):
         """
         handoff_id, status = resolution.handoff_id, resolution.status
         lease_id: str | None = None
-        expired = False
+        expired: str | None = None  # the message, when it reads expired
         with self._read() as (s, now):
             h = s.get(HandoffRow, handoff_id)
             if h is not None and h.org_id == caller.org:
                 lease_id = h.lease_id  # accepting moves it, rejecting may release it
-                ended = carried_ended(s, h, now) and not carried_released
-                expired = (
+                held = None if carried_released else carried_of(s, h)
+                ended = h.status == "pending" and carried_lease_ended(held, now)
+                if (
                     h.status == "pending"
                     and handoff_model(h, now, carried_ended=ended).status == "expired"
-                )
-        if expired:  # end it (releasing its lease) before answering that it expired
+                ):
+                    expired = expired_message(handoff_id, h.expires_at_ms, held, now)
+        if expired is not None:  # end it (releasing its lease) before answering
             self.expire_handoffs(caller, handoff_id=handoff_id)
-            raise NotFoundError(f"handoff {handoff_id} has expired")
+            raise NotFoundError(expired)
         # looked up after the first read ends: one connection at a time (the in-memory
         # ledger of prefect_baton.testing has only one)
         located = None if lease_id is None else self._resource_of(caller, lease_id)
@@ -309,12 +313,21 @@ class HandoffOps(ExpiryOps):
         def op(tx: Tx) -> Handoff:
             s = tx.session
             row = s.get(HandoffRow, handoff_id)
-            if row is None or row.org_id != caller.org or row.status != "pending":
+            if row is None or row.org_id != caller.org:
                 raise NotFoundError(f"pending handoff {handoff_id} not found")
             carried = carried_of(s, row)
+            if row.status != "pending":
+                if caller.principal not in (row.to_principal, row.from_principal):
+                    raise NotFoundError(f"pending handoff {handoff_id} not found")
+                raise NotFoundError(
+                    not_pending_message(
+                        handoff_id, row.status, row.expires_at_ms, carried, tx.now_ms
+                    )
+                )
             ended = carried_lease_ended(carried, tx.now_ms) and not carried_released
             if handoff_model(row, tx.now_ms, carried_ended=ended).status == "expired":
-                raise NotFoundError(f"handoff {handoff_id} has expired")
+                held = None if carried_released else carried
+                raise NotFoundError(expired_message(handoff_id, row.expires_at_ms, held, tx.now_ms))
             check_resolver(row.to_principal, caller.principal)
             lease: Lease | None = None
             released: Lease | None = None

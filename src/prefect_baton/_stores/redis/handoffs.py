@@ -43,8 +43,13 @@ from typing import TYPE_CHECKING
 from prefect_baton._rules.access import check_resolver
 from prefect_baton._rules.core import Generation, Proof, ReleaseRequest
 from prefect_baton._rules.events import RELEASE_HANDOFF_EXPIRED, RELEASE_HANDOFF_REJECTED
-from prefect_baton._rules.handoffs import decide_carried_release, decide_handoff_expiry
-from prefect_baton._stores.ledger.expiry import carried_ended
+from prefect_baton._rules.handoffs import (
+    carried_lease_ended,
+    decide_carried_release,
+    decide_handoff_expiry,
+    expired_message,
+)
+from prefect_baton._stores.ledger.expiry import carried
 from prefect_baton._stores.ledger.store import handoff_model
 from prefect_baton._stores.ledger.tables import HandoffRow
 from prefect_baton._stores.protocol import Caller, ResolveRequest
@@ -98,22 +103,22 @@ def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: ResolveReq
     handoff_id = resolution.handoff_id
     store = auth.store
     auth.sync_ledger(caller.org)
-    expired = False
+    expired: str | None = None  # the message, when it reads expired
     with store._read() as (s, now):
         row = s.get(HandoffRow, handoff_id)
         lease_id = from_principal = expires_at_ms = None
         if row is not None and row.org_id == caller.org and row.status == "pending":
             lease_id, from_principal = row.lease_id, row.from_principal
             expires_at_ms = row.expires_at_ms
-            expired = (
-                handoff_model(row, now, carried_ended=carried_ended(s, row, now)).status
-                == "expired"
-            )
-            if not expired:
+            held = carried(s, row)
+            ended = carried_lease_ended(held, now)
+            if handoff_model(row, now, carried_ended=ended).status == "expired":
+                expired = expired_message(handoff_id, row.expires_at_ms, held, now)
+            else:
                 check_resolver(row.to_principal, caller.principal)
-    if expired:  # end it (releasing its lease) before answering that it expired
+    if expired is not None:  # end it (releasing its lease) before answering
         expire_handoff(auth, caller, handoff_id)
-        raise NotFoundError(f"handoff {handoff_id} has expired")
+        raise NotFoundError(expired)
     if lease_id is None or from_principal is None:
         return store.handoff_resolve(caller, resolution)
     if resolution.status == "rejected":

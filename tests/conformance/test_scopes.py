@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from prefect_baton import Baton, ConflictError, ValidationError
+from prefect_baton import (
+    Baton,
+    ConflictError,
+    LeaseLostError,
+    ValidationError,
+    VersionConflictError,
+)
 
-from ._util import kinds
+from ._util import kinds, pass_deadline
 
 RT = "task"
 
@@ -205,3 +211,88 @@ def test_classes_too_costly_to_compare_are_refused(baton: Baton) -> None:
     assert not b.leases.inspect(RT, "t2").held
     assert kinds(baton) == events
     assert baton.leases.renew(held).version == held.version + 1
+
+
+# A literal segment of 400 characters: comparing two scopes that both start with it walks
+# it (about 400 steps) before their next segments tell them apart.
+LONG = "p" * 400
+
+
+def _under(tail: str, n: int) -> list[str]:
+    return [f"{LONG}/{tail}{k}/**" for k in range(n)]
+
+
+def test_leases_whose_prefixes_cannot_meet_spend_no_steps(baton: Baton) -> None:
+    """A lease whose scopes' literal prefixes cannot nest with the request's is never
+    compared (prefect_baton._rules.scopes.prefixes_meet): eight such leases of eight scopes
+    each would take about 200,000 steps against eight requested scopes, and every arm grants
+    the request; with a lease that overlaps among them every arm answers CONFLICT, whatever
+    order it meets them in."""
+    for i in range(8):
+        baton.leases.acquire(RT, f"far-{i}", ttl_seconds=30, scopes=_under(f"x{i}-", 8))
+    b = baton.as_principal("agent-b")
+    wanted = _under("y", 8)
+    mine = b.leases.acquire(RT, "mine", ttl_seconds=30, scopes=wanted)
+    b.leases.release(mine)
+    near = baton.leases.acquire(RT, "near", ttl_seconds=30, scopes=[f"{LONG}/y3/deep/*.py"])
+    with pytest.raises(ConflictError) as ei:
+        b.leases.acquire(RT, "mine", ttl_seconds=30, scopes=wanted)
+    assert ei.value.expires_at is not None
+    assert abs((ei.value.expires_at - near.expires_at).total_seconds()) <= 0.001
+
+
+# Two patterns that take between half and all of SCOPE_CHECK_STEPS to compare (see
+# test_acquire_many_shares_one_step_budget_across_its_resources).
+HALF_HELD = ["a*" * 120 + "b"]
+HALF_WANTED = ["*a" * 120 + "c"]
+
+
+def test_a_request_refused_before_its_scope_check_spends_no_steps(baton: Baton) -> None:
+    """The scope check comes after the holder, version and proof checks on every arm: an
+    acquire of a held resource is CONFLICT, one with a wrong expected version
+    VERSION_CONFLICT, a transfer of a released lease LEASE_LOST, even when comparing their
+    scopes would be too costly (VALIDATION_ERROR)."""
+    baton.leases.acquire(RT, "held", ttl_seconds=30)
+    baton.leases.acquire(RT, "costly", ttl_seconds=30, scopes=COSTLY_HELD)
+    b = baton.as_principal("agent-b")
+    with pytest.raises(ConflictError):
+        b.leases.acquire(RT, "held", ttl_seconds=30, scopes=COSTLY_WANTED)
+    with pytest.raises(VersionConflictError):
+        b.leases.acquire(RT, "free", ttl_seconds=30, scopes=COSTLY_WANTED, expected_version=3)
+    gone = baton.leases.acquire(RT, "gone", ttl_seconds=30, scopes=COSTLY_WANTED)
+    baton.leases.release(gone)
+    with pytest.raises(LeaseLostError):
+        baton.leases.transfer(gone, to_principal="agent-b", new_execution_key="k-b", ttl_seconds=30)
+    with pytest.raises(ValidationError, match="too costly to compare"):
+        b.leases.acquire(RT, "free", ttl_seconds=30, scopes=COSTLY_WANTED)
+
+
+def test_an_acquire_that_ends_an_expired_handoff_checks_its_scopes_once(baton: Baton) -> None:
+    """An acquire of a lease carried by a handoff past its deadline ends the handoff and
+    decides again; its scopes are compared once, so scopes that fit SCOPE_CHECK_STEPS once
+    (but not twice) are granted on every arm."""
+    carried = baton.leases.acquire(RT, "carried", ttl_seconds=300, idempotency_key="w-1")
+    sent = baton.handoffs.create("agent-b", "subject", lease=carried, expires_in_seconds=1)
+    baton.leases.acquire(RT, "other", ttl_seconds=300, scopes=HALF_HELD)
+    pass_deadline(baton, sent)
+    c = baton.as_principal("agent-c")
+    lease = c.leases.acquire(RT, "carried", ttl_seconds=30, scopes=HALF_WANTED)
+    assert lease.owner == "agent-c"
+    assert lease.epoch > carried.epoch
+
+
+def test_an_acquire_deciding_again_does_not_spend_its_steps_twice(baton: Baton) -> None:
+    """An acquire that finds a scope conflict on a resource carried by a handoff past its
+    deadline ends the handoff and decides again: the conflict found after about 58,000
+    steps stands (CONFLICT on every arm), it is not looked for a second time past
+    SCOPE_CHECK_STEPS (VALIDATION_ERROR)."""
+    c = baton.as_principal("agent-c")
+    carried = c.leases.acquire(RT, "carried", ttl_seconds=300)
+    sent = c.handoffs.create("agent-b", "subject", lease=carried, expires_in_seconds=1)
+    baton.leases.acquire(RT, "costly", ttl_seconds=300, scopes=HALF_HELD)
+    near = baton.leases.acquire(RT, "near", ttl_seconds=300, scopes=["*c"])
+    pass_deadline(baton, sent)
+    with pytest.raises(ConflictError) as ei:
+        c.leases.acquire(RT, "carried", ttl_seconds=30, scopes=HALF_WANTED)
+    assert ei.value.expires_at is not None
+    assert abs((ei.value.expires_at - near.expires_at).total_seconds()) <= 0.001

@@ -28,7 +28,12 @@ from prefect_baton import (
     ValidationError,
     VersionConflictError,
 )
-from prefect_baton._rules.scopes import ScopeCheckBudget, normalize_scope, sets_overlap
+from prefect_baton._rules.scopes import (
+    ScopeCheckBudget,
+    normalize_scope,
+    prefixes_meet,
+    sets_overlap,
+)
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.ledger.tables import HandoffRow
 from prefect_baton._stores.redis.authority import RedisAuthority
@@ -113,6 +118,49 @@ def test_lua_overlap_matches_python(a: list[str], b: list[str]) -> None:
     for client in CLIENTS:
         got, left = client.eval(STEPS_SCRIPT, 0, ta, tb)
         assert (bool(got), int(left)) == (want, budget.left), (client, a, b)
+
+
+# Leases (sid, literal prefixes) filed in the scope index, all expired at the call's `now`:
+# scope_conflict drops from the index exactly the candidates it visits (a lease that ran
+# out is forgotten when met), so the sids left are the ones it skipped.
+CANDIDATES_SCRIPT = (
+    source("inspect").split("-- inspect.lua")[0]
+    + """
+local leases = cjson.decode(ARGV[1])
+for _, l in ipairs(leases) do
+  S().idx_add(l[1], cjson.encode({r = 'r', t = {}, pf = l[2]}), l[2], 5, 'other')
+end
+S().scope_conflict(cjson.decode(ARGV[2]), {}, 'me', 'rd', 10)
+local skipped = {}
+for _, l in ipairs(leases) do
+  if redis.call('HEXISTS', KEYS[9], l[1]) == 1 then skipped[#skipped + 1] = l[1] end
+end
+redis.call('DEL', KEYS[7], KEYS[8], KEYS[9])
+return skipped
+"""
+)
+literal_prefixes = st.lists(
+    st.lists(st.sampled_from(["a", "b", "ab"]), max_size=3).map("/".join),
+    min_size=1,
+    max_size=3,
+    unique=True,
+).map(sorted)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mine=literal_prefixes, leases=st.lists(literal_prefixes, max_size=6))
+def test_lua_scope_candidates_are_the_leases_whose_prefixes_meet(
+    mine: list[str], leases: list[list[str]]
+) -> None:
+    """The scripts' prefix index visits exactly the leases for which
+    prefect_baton._rules.scopes.prefixes_meet holds (the rule the ledger skips others by),
+    so both stores spend steps on the same leases."""
+    keys = org_keys(f"org-{uuid.uuid4().hex[:12]}").base
+    filed = [[f"s{i}", pf] for i, pf in enumerate(leases)]
+    want = [sid for sid, pf in filed if not prefixes_meet(mine, pf)]
+    for client in CLIENTS:
+        got = client.eval(CANDIDATES_SCRIPT, len(keys), *keys, json.dumps(filed), json.dumps(mine))
+        assert [g.decode() if isinstance(g, bytes) else g for g in got] == want, (client, mine)
 
 
 @pytest.mark.parametrize(

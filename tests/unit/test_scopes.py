@@ -23,6 +23,8 @@ from prefect_baton._rules.scopes import (
     ScopeCheckBudget,
     literal_prefix,
     normalize_scope,
+    prefixes_meet,
+    scope_prefixes,
     scopes_overlap,
     sets_overlap,
 )
@@ -426,3 +428,45 @@ def test_classes_of_many_ranges_spend_their_comparison_in_steps() -> None:
     budget = ScopeCheckBudget(10**6)
     assert not scopes_overlap(_wide_class(0x10000), _wide_class(0x30000), budget)
     assert 10**6 - budget.left == 340 * 340 + 2  # and one state of the segment, one of the scope
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "meet"),
+    [
+        (["src"], ["src/app"], True),
+        (["src/app"], ["src"], True),
+        (["src"], ["src"], True),
+        (["src"], ["srcs"], False),  # a prefix of the text, not of the segments
+        (["src/app"], ["src/lib"], False),
+        ([""], ["anything/at/all"], True),
+        (["docs", "src/a"], ["lib", "src"], True),
+        (["docs", "src/a"], ["lib", "src/b"], False),
+        ([], ["src"], False),
+    ],
+)
+def test_prefixes_meet_examples(a: list[str], b: list[str], meet: bool) -> None:
+    """Literal prefixes meet when one of each side nests in the other, by whole segments."""
+    assert prefixes_meet(a, b) is meet
+    assert prefixes_meet(b, a) is meet
+
+
+def test_scope_prefixes_are_distinct_and_sorted() -> None:
+    """A scope set's prefixes, as the Redis index files them (codec.scope_meta "pf")."""
+    assert scope_prefixes(["src/**", "docs/*.md", "src/*.py", "**/x"]) == ("", "docs", "src")
+
+
+# globs behind a literal run of one to three segments over a, b: prefixes that often nest
+# and often do not
+prefixed_globs = st.tuples(
+    st.lists(st.sampled_from(["a", "b", "ab"]), min_size=1, max_size=3).map("/".join), globs()
+).map(lambda p: normalize_scope(f"{p[0]}/{p[1]}"))
+scope_sets = st.lists(st.one_of(prefixed_globs, globs()), min_size=1, max_size=3)
+
+
+@settings(max_examples=500, deadline=None)
+@given(scope_sets, scope_sets)
+def test_scope_sets_whose_prefixes_cannot_meet_never_overlap(a: list[str], b: list[str]) -> None:
+    """Skipping a lease whose prefixes cannot meet the request's (as every store does,
+    spending no steps on it) never misses a conflict."""
+    if not prefixes_meet(scope_prefixes(a), scope_prefixes(b)):
+        assert not sets_overlap(a, b, ScopeCheckBudget(10**9)), (a, b)

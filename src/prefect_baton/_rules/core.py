@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NamedTuple
 
+from prefect_baton._rules.scopes import ScopeConflict, scope_conflict_expiry
 from prefect_baton._rules.validation import (
     DEFAULT_STATE_MAX_BYTES,
     MAX_ID_LENGTH,
@@ -348,7 +349,7 @@ def decide_acquire(
     execution_key: str | None,
     now_ms: int,
     new_lease_id: str,
-    scope_conflict_expires_ms: int | None = None,
+    scope_conflict_expires_ms: ScopeConflict = None,
     epoch_floor: int = 0,
 ) -> Decision:
     """Decide an acquire or takeover of the resource whose newest generation is ``head``.
@@ -360,7 +361,9 @@ def decide_acquire(
             none); ``now_ms``: the authority's clock (epoch milliseconds);
             ``new_lease_id``: the id of a new generation.
         scope_conflict_expires_ms: expiry of another principal's effective lease whose scopes
-            overlap ``request.scopes`` (computed by the store), or ``None``.
+            overlap ``request.scopes``, or ``None``, or a function finding it out, called
+            only once the other checks passed
+            (:func:`~prefect_baton._rules.scopes.scope_conflict_expiry`).
         epoch_floor: the new epoch is at least ``epoch_floor + 1`` (see
             :func:`next_epoch`: the incarnation's floor after Redis data loss; the ledger
             passes the highest epoch it recorded for the resource).
@@ -375,7 +378,7 @@ def decide_acquire(
             effective lease, or a scope overlaps another principal's effective lease.
         VersionConflictError: ``request.expected_version`` differs from the current version (0 when
             never leased).
-        ValidationError: counters exhausted.
+        ValidationError: counters exhausted, or the scope check ran out of steps.
     """
     ended: Generation | None = None
     action = "acquire"
@@ -390,8 +393,8 @@ def decide_acquire(
             raise conflict(head.expires_at_ms, by="execution" if same_owner else "principal")
     current_version = head.version if head is not None else 0
     _check_version(current_version, request.expected_version)
-    if scope_conflict_expires_ms is not None:
-        raise conflict(scope_conflict_expires_ms, "A write scope")
+    if (expires := scope_conflict_expiry(scope_conflict_expires_ms)) is not None:
+        raise conflict(expires, "A write scope")
     _check_counters(head, epoch_too=True)
     if head is not None and head.status == "active" and ended is None:
         ended = replace(head, status="taken_over", ended_at_ms=now_ms)

@@ -13,7 +13,7 @@ patterns full of ``*`` cannot hold a store for seconds.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 from typing import TypeVar
 
@@ -22,8 +22,12 @@ from prefect_baton.errors import ValidationError
 __all__ = [
     "SCOPE_CHECK_STEPS",
     "ScopeCheckBudget",
+    "ScopeConflict",
     "literal_prefix",
     "normalize_scope",
+    "prefixes_meet",
+    "scope_conflict_expiry",
+    "scope_prefixes",
     "scopes_overlap",
     "sets_overlap",
     "too_costly",
@@ -48,6 +52,7 @@ def normalize_scope(scope: str) -> str:
     return "/".join(parts)
 
 
+@lru_cache(maxsize=8192)
 def literal_prefix(scope: str) -> str:
     """The leading segments of ``scope`` that contain no glob character (``str``, maybe
     empty). Two scopes can only overlap if one's literal prefix is a prefix (by segment) of
@@ -58,6 +63,34 @@ def literal_prefix(scope: str) -> str:
             break
         out.append(seg)
     return "/".join(out)
+
+
+def scope_prefixes(scopes: Iterable[str]) -> tuple[str, ...]:
+    """The distinct literal prefixes (:func:`literal_prefix`) of ``scopes``, sorted: what the
+    Redis scope index files a scoped lease under (``codec.scope_meta``'s ``"pf"``)."""
+    return tuple(sorted({literal_prefix(s) for s in scopes}))
+
+
+def prefixes_meet(a: Iterable[str], b: Iterable[str]) -> bool:
+    """Whether a scope check compares two scope sets whose literal prefixes
+    (:func:`scope_prefixes`) are ``a`` and ``b`` (``str`` each): some prefix of ``a`` and
+    some of ``b`` nest, one being the other or a leading run of its segments (``""`` nests
+    with every prefix; ``src`` with ``src/app``, not with ``srcs``).
+
+    When they do not, no scope of the one set overlaps a scope of the other
+    (:func:`sets_overlap` is ``False``: their paths differ in a segment both fix), and every
+    store skips the pair without spending steps of the :class:`ScopeCheckBudget`: the
+    ledger by this function, the Redis scripts by their prefix index (``scope_conflict``
+    in ``_lib.lua`` visits exactly the leases for which this holds), so a request is
+    refused as too costly on every store alike."""
+    bs = tuple(b)
+    return any(_nest(p, q) for p in a for q in bs)
+
+
+def _nest(p: str, q: str) -> bool:
+    if len(p) > len(q):
+        p, q = q, p
+    return p == "" or p == q or q.startswith(p + "/")
 
 
 def _tokenize(segment: str) -> tuple[_Token, ...]:
@@ -202,6 +235,26 @@ class ScopeCheckBudget:
         self.left -= steps
         if self.left < 0:
             raise too_costly()
+
+
+#: What a decision is told of the scopes of other leases (``scope_conflict_expires_ms`` of
+#: ``core.decide_acquire`` and ``transitions.decide_transfer``): the expiry (epoch ms) of
+#: another principal's effective lease whose scopes overlap the requested ones, ``None``
+#: when none does, or a function of no arguments finding it out (the store's scope check,
+#: which spends the request's :class:`ScopeCheckBudget`).
+ScopeConflict = int | None | Callable[[], int | None]
+
+
+def scope_conflict_expiry(found: ScopeConflict) -> int | None:
+    """The expiry ``found`` tells (``int`` epoch ms, or ``None``), calling it if it is a
+    function. A decision asks this after its other checks, so a request refused for another
+    reason (the resource held, a version or proof that does not match) spends none of its
+    steps, as in the Redis scripts, and both stores answer it the same refusal.
+
+    Raises:
+        ValidationError: ``found`` ran out of steps (:func:`too_costly`).
+    """
+    return found() if callable(found) else found
 
 
 def too_costly() -> ValidationError:

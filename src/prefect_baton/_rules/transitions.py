@@ -27,6 +27,7 @@ from prefect_baton._rules.core import (
     handoff_deadline_passed,
     next_epoch,
 )
+from prefect_baton._rules.scopes import ScopeConflict, scope_conflict_expiry
 from prefect_baton.errors import LeaseLostError, NotFoundError, ValidationError
 
 __all__ = [
@@ -150,7 +151,7 @@ def decide_transfer(
     *,
     now_ms: int,
     new_lease_id: str,
-    scope_conflict_expires_ms: int | None = None,
+    scope_conflict_expires_ms: ScopeConflict = None,
     epoch_floor: int = 0,
     handoff_deadline_ms: int | None = None,
 ) -> Decision:
@@ -159,7 +160,9 @@ def decide_transfer(
     ``request.to_principal`` under ``request.new_execution_key`` for ``request.ttl_ms``;
     version +1, epoch +1 (and above ``epoch_floor``, see :func:`next_epoch`), scopes kept
     (seed 004 transfer rule). ``scope_conflict_expires_ms``: the expiry of another
-    effective lease whose scopes overlap the kept ones, or ``None``;
+    effective lease whose scopes overlap the kept ones, or ``None``, or a function finding
+    it out, called only once the proof and the new key were accepted
+    (:func:`~prefect_baton._rules.scopes.scope_conflict_expiry`);
     ``handoff_deadline_ms``: as :func:`decide_renew`.
 
     Raises:
@@ -171,8 +174,8 @@ def decide_transfer(
     row = _check_held(row, request.proof, request.expected_version, now_ms, handoff_deadline_ms)
     if request.new_execution_key == row.execution_key:
         raise ValidationError("transfer needs a new execution key for the receiver")
-    if scope_conflict_expires_ms is not None:
-        raise conflict(scope_conflict_expires_ms, "A write scope")
+    if (expires := scope_conflict_expiry(scope_conflict_expires_ms)) is not None:
+        raise conflict(expires, "A write scope")
     _check_counters(row, epoch_too=True)
     ended = replace(row, status="transferred", ended_at_ms=now_ms)
     new = replace(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections import namedtuple
 from collections.abc import Callable
+from functools import cache
 
 from sqlalchemy import func, select
 from sqlmodel import Session, col
@@ -177,6 +178,7 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
         if not scopes:
             return None
         budget = tx.scope_steps
+        prefixes = _scopes.scope_prefixes(scopes)
         rows = tx.session.execute(
             select(GenerationRow).where(
                 col(GenerationRow.org_id) == tx.caller.org,
@@ -188,7 +190,12 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
         for row in rows:
             if (row.resource_type, row.resource_id) == exclude:
                 continue
-            if _scopes.sets_overlap(scopes, json.loads(row.scopes), budget):
+            theirs = json.loads(row.scopes)
+            # leases whose prefixes cannot meet ours are skipped, spending no steps, as the
+            # Redis scripts' prefix index skips them (_scopes.prefixes_meet)
+            if _scopes.prefixes_meet(
+                prefixes, _scopes.scope_prefixes(theirs)
+            ) and _scopes.sets_overlap(scopes, theirs, budget):
                 return int(row.expires_at_ms)
         return None
 
@@ -339,15 +346,20 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
             # orders them) and read the clock again under it, so no scoped grant falls inside
             # the recorded life of this generation
             tx.now_ms = self._lock_all_then_now(tx.session, [self._scopes_lock(caller)])
+        # the scope check runs at most once per request, only when the decision reaches it:
+        # deciding again below spends no more of the request's steps
+        scope_check = cache(
+            lambda: self._scope_conflict(tx, caller.principal, req.scopes, resource)
+        )
         try:
-            decision = self._decide_acquire(tx, head, req, key, resource)
+            decision = self._decide_acquire(tx, head, req, key, scope_check)
         except ConflictError:
             # held under a pending handoff whose deadline passed: that handoff ends and
             # releases it here (_rules.handoffs.decide_handoff_expiry), then decide again
             freed = None if head is None else self._expired_carrier(tx, head)
             if freed is None:
                 raise
-            decision = self._decide_acquire(tx, freed, req, key, resource)
+            decision = self._decide_acquire(tx, freed, req, key, scope_check)
         assert decision.new is not None
         if decision.noop:
             return generation_to_lease(decision.new, replayed=True)
@@ -363,7 +375,7 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
         head: Generation | None,
         req: AcquireRequest,
         key: str | None,
-        resource: tuple[str, str],
+        scope_check: Callable[[], int | None],
     ) -> Decision:
         return _core.decide_acquire(
             head,
@@ -372,9 +384,7 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
             execution_key=key,
             now_ms=tx.now_ms,
             new_lease_id=tx.new_lease_id(),
-            scope_conflict_expires_ms=self._scope_conflict(
-                tx, tx.caller.principal, req.scopes, resource
-            ),
+            scope_conflict_expires_ms=scope_check,
             # the head is the generation with the highest epoch: the ledger's floor (above
             # the last Redis incarnation's epochs in an org handed back to the ledger)
             epoch_floor=max(head.epoch if head is not None else 0, tx.epoch_floor),
@@ -492,7 +502,7 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
             request,
             now_ms=tx.now_ms,
             new_lease_id=tx.new_lease_id(),
-            scope_conflict_expires_ms=self._scope_conflict(
+            scope_conflict_expires_ms=lambda: self._scope_conflict(
                 tx, request.to_principal, scopes, resource
             ),
             epoch_floor=self._epoch_floor(tx, *resource),

@@ -404,7 +404,7 @@ def scope_tokens(scope: str) -> list[str | list[list[int]]]:
 def scope_meta(resource_type: str, resource_id: str, scopes: tuple[str, ...]) -> str:
     """The index entry of a scoped lease (JSON text): its resource digest ``r``, scope
     tokens ``t`` and the distinct literal prefixes ``pf`` of its scopes."""
-    prefixes = sorted({_scopes.literal_prefix(s) for s in scopes})
+    prefixes = list(_scopes.scope_prefixes(scopes))
     return json.dumps(
         {
             "r": resource_digest(resource_type, resource_id),

@@ -450,7 +450,11 @@ local function S()
   
   -- Expiry of another principal's effective lease (not on resource `rd`) whose scopes overlap
   -- `toks`, or nil. Candidates come from the prefix index only: a scope can overlap another
-  -- only if one's literal prefix is a segment prefix of the other's. Entries of leases that
+  -- only if one's literal prefix is a segment prefix of the other's, and the ranges below
+  -- visit exactly the leases for which prefect_baton._rules.scopes.prefixes_meet holds (the
+  -- rule by which the ledger skips the others; tests/redis/test_authority.py checks both
+  -- agree). Their order (by request prefix, then the index's order) is not the ledger's: it
+  -- decides only which conflict is met first. Entries of leases that
   -- ran out are dropped from the index on the way (they can never become effective again).
   -- The second result is true when this call's comparisons (with those of the same script
   -- call before it: every item of acquire_many) took more than SCOPE_CHECK_STEPS steps (the

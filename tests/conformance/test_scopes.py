@@ -296,3 +296,43 @@ def test_an_acquire_deciding_again_does_not_spend_its_steps_twice(baton: Baton) 
         c.leases.acquire(RT, "carried", ttl_seconds=30, scopes=HALF_WANTED)
     assert ei.value.expires_at is not None
     assert abs((ei.value.expires_at - near.expires_at).total_seconds()) <= 0.001
+
+
+@pytest.mark.parametrize("later_first", [True, False], ids=["later-first", "later-last"])
+def test_a_scope_conflict_reports_the_latest_overlapping_expiry(
+    baton: Baton, later_first: bool
+) -> None:
+    """With two leases of another principal overlapping the requested scopes, CONFLICT
+    says until when the later one runs (the request can only succeed once both ended), on
+    every arm and whichever was acquired first (the stores meet them in different orders)."""
+    made = [("t1", 30, ["src/**"]), ("t2", 90, ["src/app/*.py"])]
+    leases = [
+        baton.leases.acquire(RT, rid, ttl_seconds=ttl, scopes=scopes)
+        for rid, ttl, scopes in (made[::-1] if later_first else made)
+    ]
+    latest = max(lease.expires_at for lease in leases)
+    with pytest.raises(ConflictError) as ei:
+        baton.as_principal("agent-b").leases.acquire(
+            RT, "t3", ttl_seconds=30, scopes=["src/app/main.py"]
+        )
+    assert ei.value.expires_at is not None
+    assert abs((ei.value.expires_at - latest).total_seconds()) <= 0.001
+
+
+@pytest.mark.parametrize("cheap_first", [True, False], ids=["conflict-first", "costly-first"])
+def test_a_found_conflict_does_not_cut_a_costly_comparison_short(
+    baton: Baton, cheap_first: bool
+) -> None:
+    """Every candidate lease is compared, even after one overlapped: a request that
+    overlaps one lease cheaply but would take more than SCOPE_CHECK_STEPS against another is
+    VALIDATION_ERROR on every arm, whichever lease was acquired first (before, the verdict
+    depended on the order the store met them in: CONFLICT or VALIDATION_ERROR)."""
+    made = [("t1", ["**"]), ("t2", COSTLY_HELD)]
+    for rid, scopes in made if cheap_first else made[::-1]:
+        baton.leases.acquire(RT, rid, ttl_seconds=30, scopes=scopes)
+    b = baton.as_principal("agent-b")
+    events = kinds(baton)
+    with pytest.raises(ValidationError, match="too costly to compare"):
+        b.leases.acquire(RT, "t3", ttl_seconds=30, scopes=COSTLY_WANTED)
+    assert not b.leases.inspect(RT, "t3").held
+    assert kinds(baton) == events

@@ -21,6 +21,7 @@ from prefect_baton import ValidationError
 from prefect_baton._rules.scopes import (
     SCOPE_CHECK_STEPS,
     ScopeCheckBudget,
+    latest_overlap,
     literal_prefix,
     normalize_scope,
     prefixes_meet,
@@ -470,3 +471,30 @@ def test_scope_sets_whose_prefixes_cannot_meet_never_overlap(a: list[str], b: li
     spending no steps on it) never misses a conflict."""
     if not prefixes_meet(scope_prefixes(a), scope_prefixes(b)):
         assert not sets_overlap(a, b, ScopeCheckBudget(10**9)), (a, b)
+
+
+def _latest(scopes: list[str], others: list[tuple[list[str], int]], steps: int) -> object:
+    try:
+        return latest_overlap(scopes, others, ScopeCheckBudget(steps))
+    except ValidationError:
+        return "too costly"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    globs(),
+    st.lists(st.tuples(st.lists(globs(), min_size=1, max_size=2), st.integers(1, 9)), max_size=5),
+    st.integers(1, 400),
+    st.randoms(use_true_random=False),
+)
+def test_latest_overlap_does_not_depend_on_the_order_of_candidates(
+    wanted: str, others: list[tuple[list[str], int]], steps: int, rnd: object
+) -> None:
+    """The verdict (an expiry, none, or too costly) is the same in any order of the
+    candidates (the ledger and Redis meet them in different orders), and the expiry is the
+    latest among the overlapping ones."""
+    shuffled = list(others)
+    rnd.shuffle(shuffled)  # type: ignore[attr-defined]
+    assert _latest([wanted], others, steps) == _latest([wanted], shuffled, steps)
+    overlapping = [exp for scopes, exp in others if sets_overlap([wanted], scopes)]
+    assert _latest([wanted], others, 10**9) == (max(overlapping) if overlapping else None)

@@ -23,6 +23,7 @@ __all__ = [
     "SCOPE_CHECK_STEPS",
     "ScopeCheckBudget",
     "ScopeConflict",
+    "latest_overlap",
     "literal_prefix",
     "normalize_scope",
     "prefixes_meet",
@@ -235,6 +236,42 @@ class ScopeCheckBudget:
         self.left -= steps
         if self.left < 0:
             raise too_costly()
+
+
+def latest_overlap(
+    scopes: tuple[str, ...] | list[str],
+    others: Iterable[tuple[tuple[str, ...] | list[str], int]],
+    budget: ScopeCheckBudget,
+) -> int | None:
+    """The latest expiry (epoch ms) among ``others`` whose scopes overlap ``scopes``, or
+    ``None`` when none does: the write-scope check of an acquire or transfer (DESIGN.md
+    "Leases", write scopes).
+
+    Args:
+        scopes: the requested scopes (normalised globs).
+        others: the other principals' effective scoped leases to compare with, each as
+            ``(its scopes, its expiry in epoch ms)``; those whose literal prefixes cannot
+            meet the request's (:func:`prefixes_meet`) are skipped without spending steps.
+        budget: the request's steps (:class:`ScopeCheckBudget`).
+
+    Every candidate is compared, even after an overlap was found, so that neither the
+    verdict nor the expiry depends on the order the store meets the candidates in (the
+    ledger's rows and the Redis prefix index order them differently; ``scope_conflict`` in
+    ``_lib.lua`` applies this rule too). The expiry is the latest because the request can
+    only succeed once every overlapping lease has ended.
+
+    Raises:
+        ValidationError: the comparisons took more than the budget's steps
+            (:func:`too_costly`).
+    """
+    prefixes = scope_prefixes(scopes)
+    found: int | None = None
+    for theirs, expires_ms in others:
+        if not prefixes_meet(prefixes, scope_prefixes(theirs)):
+            continue
+        if sets_overlap(scopes, theirs, budget) and (found is None or expires_ms > found):
+            found = expires_ms
+    return found
 
 
 #: What a decision is told of the scopes of other leases (``scope_conflict_expires_ms`` of

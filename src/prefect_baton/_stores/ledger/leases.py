@@ -168,7 +168,8 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
     def _scope_conflict(
         self, tx: Tx, principal: str, scopes: tuple[str, ...], exclude: tuple[str, str]
     ) -> int | None:
-        """Expiry of another principal's effective lease whose scopes overlap ``scopes``.
+        """The latest expiry among other principals' effective leases whose scopes overlap
+        ``scopes`` (:func:`~prefect_baton._rules.scopes.latest_overlap`), or ``None``.
 
         Raises:
             ValidationError: the transaction's comparisons took more than
@@ -178,7 +179,6 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
         if not scopes:
             return None
         budget = tx.scope_steps
-        prefixes = _scopes.scope_prefixes(scopes)
         rows = tx.session.execute(
             select(GenerationRow).where(
                 col(GenerationRow.org_id) == tx.caller.org,
@@ -187,17 +187,15 @@ class LeaseOps(LeaseReads, ReceiptedLeaseOps):
                 col(GenerationRow.owner) != principal,
             )
         ).scalars()
-        for row in rows:
-            if (row.resource_type, row.resource_id) == exclude:
-                continue
-            theirs = json.loads(row.scopes)
-            # leases whose prefixes cannot meet ours are skipped, spending no steps, as the
-            # Redis scripts' prefix index skips them (_scopes.prefixes_meet)
-            if _scopes.prefixes_meet(
-                prefixes, _scopes.scope_prefixes(theirs)
-            ) and _scopes.sets_overlap(scopes, theirs, budget):
-                return int(row.expires_at_ms)
-        return None
+        return _scopes.latest_overlap(
+            scopes,
+            (
+                (json.loads(row.scopes), int(row.expires_at_ms))
+                for row in rows
+                if (row.resource_type, row.resource_id) != exclude
+            ),
+            budget,
+        )
 
     def _apply(self, tx: Tx, decision: Decision, org: str, *, resource: tuple[str, str]) -> None:
         """Write a lease decision: ended row, new/updated row, transitions and events.

@@ -448,17 +448,18 @@ local function S()
     redis.call('HSET', KEYS[9], sid, I(expires) .. '\0' .. owner)
   end
   
-  -- Expiry of another principal's effective lease (not on resource `rd`) whose scopes overlap
-  -- `toks`, or nil. Candidates come from the prefix index only: a scope can overlap another
-  -- only if one's literal prefix is a segment prefix of the other's, and the ranges below
-  -- visit exactly the leases for which prefect_baton._rules.scopes.prefixes_meet holds (the
-  -- rule by which the ledger skips the others; tests/redis/test_authority.py checks both
-  -- agree). Their order (by request prefix, then the index's order) is not the ledger's: it
-  -- decides only which conflict is met first. Entries of leases that
-  -- ran out are dropped from the index on the way (they can never become effective again).
-  -- The second result is true when this call's comparisons (with those of the same script
-  -- call before it: every item of acquire_many) took more than SCOPE_CHECK_STEPS steps (the
-  -- caller answers C_SCOPE_STEPS and writes nothing).
+  -- The latest expiry among other principals' effective leases (not on resource `rd`) whose
+  -- scopes overlap `toks`, or nil. Candidates come from the prefix index only: a scope can
+  -- overlap another only if one's literal prefix is a segment prefix of the other's, and the
+  -- ranges below visit exactly the leases for which prefect_baton._rules.scopes.prefixes_meet
+  -- holds (the rule by which the ledger skips the others; tests/redis/test_authority.py
+  -- checks both agree). Every candidate is compared, as the ledger compares them
+  -- (LeaseOps._scope_conflict), so neither the verdict (a conflict, or too costly) nor the
+  -- expiry depends on the order they are met in, which differs between the stores. Entries
+  -- of leases that ran out are dropped from the index on the way (they can never become
+  -- effective again). The second result is true when this call's comparisons (with those
+  -- of the same script call before it: every item of acquire_many) took more than
+  -- SCOPE_CHECK_STEPS steps (the caller answers C_SCOPE_STEPS and writes nothing).
   local function scope_conflict(prefixes, toks, principal, rd, now)
     local seen, cands = {}, {}
     local function take(members)
@@ -496,7 +497,7 @@ local function S()
         local exp = tonumber(string.sub(ev, 1, z - 1))
         if exp <= now then
           idx_remove(sid)
-        elseif not found and string.sub(ev, z + 1) ~= principal then
+        elseif string.sub(ev, z + 1) ~= principal then
           local meta = cjson.decode(redis.call('HGET', KEYS[8], sid))
           if meta.r ~= rd then
             local ok, hit = pcall(sets_overlap, toks, meta.t)
@@ -504,7 +505,7 @@ local function S()
               if hit ~= OUT_OF_STEPS then error(hit) end
               return nil, true
             end
-            if hit then found = exp end
+            if hit and (not found or exp > found) then found = exp end
           end
         end
       end

@@ -3,6 +3,7 @@ attached checkpoints, and lease transfer on acceptance."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -10,6 +11,8 @@ import pytest
 
 from prefect_baton import (
     Baton,
+    BatonError,
+    Handoff,
     Lease,
     LeaseLostError,
     NotFoundError,
@@ -453,3 +456,72 @@ def test_handoff_keeps_its_parameters(baton: Baton) -> None:
     with pytest.raises(ValidationError, match=r"^parameters is \d+ bytes of JSON"):
         baton.handoffs.create("agent-b", SUBJ, parameters={"big": "x" * (2 * 1024 * 1024)})
     assert kinds(baton) == before
+
+
+RACERS = 6
+
+
+def _race(calls: list[Callable[[], object]]) -> list[object]:
+    """Run ``calls`` at once from as many threads; each result, or the error it raised."""
+    start = threading.Barrier(len(calls))
+    out: list[object] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            out[i] = calls[i]()
+        except BatonError as err:
+            out[i] = err
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+@pytest.mark.parametrize("status", ["accepted", "rejected"])
+def test_concurrent_resolves_of_a_lease_handoff_have_one_winner(baton: Baton, status: str) -> None:
+    """Six resolves of one lease-carrying handoff at once (accepts under six execution
+    keys, or rejects), five rounds: exactly one succeeds and the others are NOT_FOUND,
+    every arm. An accept leaves the lease with the winner's execution key (no two runs
+    hold one fencing token); a reject leaves the handoff rejected and its lease released
+    once, with one handoff.rejected event (no request answered 4xx after releasing it)."""
+    b = baton.as_principal("agent-b")
+    for rnd in range(5):
+        lease = baton.leases.acquire(RT, f"race-{rnd}", ttl_seconds=60, idempotency_key="w")
+        h = baton.handoffs.create("agent-b", SUBJ, lease=lease)
+        results = _race(
+            [
+                lambda k=k, hid=h.handoff_id: b.handoffs.resolve(
+                    hid, status, execution_key=f"run-{k}"
+                )
+                for k in range(RACERS)
+            ]
+        )
+        wins = [r for r in results if isinstance(r, Handoff)]
+        assert len(wins) == 1, results
+        assert all(isinstance(r, NotFoundError) for r in results if r is not wins[0]), results
+        assert baton.handoffs.get(h.handoff_id).status == status
+        info = b.leases.inspect(RT, f"race-{rnd}")  # the holder's view shows the lease
+        if status == "accepted":
+            moved = wins[0].lease
+            assert moved is not None
+            assert info.lease is not None
+            assert (info.lease.lease_id, info.lease.owner) == (moved.lease_id, "agent-b")
+            assert info.lease.execution_key == moved.execution_key
+        else:
+            assert not info.held
+            ended = [
+                e
+                for e in baton.events.list(kind="lease.released")
+                if e.payload.get("lease_id") == lease.lease_id
+            ]
+            assert len(ended) == 1
+            rejected = [
+                e
+                for e in baton.events.list(kind="handoff.rejected")
+                if e.payload.get("handoff_id") == h.handoff_id
+            ]
+            assert len(rejected) == 1

@@ -454,6 +454,87 @@ def test_reject_settles_before_a_late_accept(auth: RedisAuthority) -> None:
     assert not a.leases.inspect("res", "r0").held  # the rejection released the carried lease
 
 
+def _interrupt_rejection(auth: RedisAuthority, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Make the next rejection stop after it settled in Redis and released the lease,
+    before the ledger records it (as a crash, or a slow caller, would)."""
+    real = auth.store._handoff_resolve
+
+    def stop(caller: Any, resolution: Any, *, carried_released: bool = False) -> Any:
+        if carried_released:
+            monkeypatch.setattr(auth.store, "_handoff_resolve", real)
+            raise UnavailableError("the ledger went away")
+        return real(caller, resolution, carried_released=carried_released)
+
+    monkeypatch.setattr(auth.store, "_handoff_resolve", stop)
+
+
+@pytest.mark.parametrize("then", ["rejected", "accepted", "sweep"])
+def test_an_interrupted_rejection_ends_rejected(
+    auth: RedisAuthority, monkeypatch: pytest.MonkeyPatch, then: str
+) -> None:
+    """A rejection that released the carried lease in Redis but did not reach the ledger
+    (interrupted, or still running when another resolve comes) ends the handoff
+    ``rejected``, never ``expired``: a second reject completes it (one handoff.rejected,
+    the lease released once), an accept is NOT_FOUND (it was rejected) and writes nothing,
+    and the expiry sweep completes it too."""
+    a = _baton(auth)
+    lease = a.leases.acquire("res", "r0", ttl_seconds=60, idempotency_key="w1")
+    h = a.handoffs.create("agent-b", "subject", lease=lease)
+    b = a.as_principal("agent-b")
+    _interrupt_rejection(auth, monkeypatch)
+    with pytest.raises(UnavailableError):
+        b.handoffs.resolve(h.handoff_id, "rejected")
+    assert not a.leases.inspect("res", "r0").held
+    if then == "rejected":
+        assert b.handoffs.resolve(h.handoff_id, "rejected").status == "rejected"
+    elif then == "accepted":
+        with pytest.raises(NotFoundError, match="was rejected"):
+            b.handoffs.resolve(h.handoff_id, "accepted", execution_key="run-2")
+        a.leases.report_expired()
+    else:
+        a.leases.report_expired()
+    assert b.handoffs.get(h.handoff_id).status == "rejected"
+    assert not a.leases.inspect("res", "r0").held
+    got = kinds_of(auth.store, a)
+    assert got.count("handoff.rejected") == 1
+    assert got.count("lease.released") == 1
+    assert "handoff.expired" not in got
+
+
+@pytest.mark.parametrize("key", ["run-2", None, "run-1"])
+def test_a_concurrent_accept_under_another_key_gets_no_lease(
+    auth: RedisAuthority, monkeypatch: pytest.MonkeyPatch, key: str | None
+) -> None:
+    """An accept that finds the handoff already accepted in Redis (the first accept's
+    ledger step not done when it read the handoff) gets the lease back only under the same
+    explicit execution key (the retry of that execution); under another key, or the
+    default one, it is NOT_FOUND, so no two runs hold the lease with one fencing token."""
+    a = _baton(auth)
+    lease = a.leases.acquire("res", "r0", ttl_seconds=60, idempotency_key="w1")
+    h = a.handoffs.create("agent-b", "subject", lease=lease)
+    b = a.as_principal("agent-b")
+    real_sync = auth.sync_ledger
+    with monkeypatch.context() as m:
+        m.setattr(auth.reconciler, "drain", _crash)
+        with pytest.raises(UnavailableError):
+            b.handoffs.resolve(h.handoff_id, "accepted", execution_key="run-1")
+    # the next accept reads the handoff while the ledger still says pending
+    monkeypatch.setattr(
+        auth, "sync_ledger", lambda org, strict=False: real_sync(org, strict=True) if strict else 0
+    )
+    if key == "run-1":
+        done = b.handoffs.resolve(h.handoff_id, "accepted", execution_key=key)
+        assert done.lease is not None
+        assert done.lease.execution_key == "run-1"
+    else:
+        with pytest.raises(NotFoundError, match="not found"):
+            b.handoffs.resolve(h.handoff_id, "accepted", execution_key=key)
+    got = b.handoffs.get(h.handoff_id)
+    assert got.status == "accepted"
+    assert got.lease is not None
+    assert got.lease.execution_key == "run-1"
+
+
 # --------------------------------------------------------------------------- acquire_many
 
 

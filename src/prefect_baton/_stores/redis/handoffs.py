@@ -12,7 +12,9 @@ states, ``(pending, sender holds)`` and ``(accepted, recipient holds)``:
    exact retry finds the transfer it already made instead of failing.
 3. The reconciler applies that entry in one ledger transaction: the lease transition *and*
    the handoff's move to ``accepted`` (with ``lease.transferred`` then ``handoff.accepted``
-   events). The call drains the journal up to its entry before returning.
+   events). The call drains the journal up to its entry before returning. Another accept
+   that finds the handoff already accepted in Redis gets that lease back only under the
+   same explicit execution key (a retry of that execution); any other is ``NOT_FOUND``.
 
 A crash after 2 leaves Redis with the recipient holding and the ledger pending only until
 any drain runs (the client's drain thread, ``baton reconcile``, the next ledger operation of
@@ -22,7 +24,9 @@ holds)``; an accept that finds its entry gone so is answered ``UNAVAILABLE`` (re
 with the lost lease. Rejecting a lease-carrying handoff first settles the resolution key to
 ``rejected`` (refused once it says ``accepted``), then releases the carried lease on Redis
 (``_rules.handoffs.decide_carried_release``), then records the rejection in the ledger; a
-crash in between leaves the handoff pending, and no accept can win afterwards.
+crash in between leaves the handoff pending, and no accept can win afterwards. A handoff
+marked rejected in Redis whose lease was released ends ``rejected``, never ``expired``:
+another reject completes it (an accept is ``NOT_FOUND``), and so does the expiry sweep.
 
 A handoff that expired unaccepted (:func:`expire_handoff`, ``_rules.handoffs.
 decide_handoff_expiry`` judged on the Redis clock and the generation Redis holds) releases
@@ -116,8 +120,14 @@ def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: ResolveReq
                 expired = expired_message(handoff_id, row.expires_at_ms, held, now)
             else:
                 check_resolver(row.to_principal, caller.principal)
-    if expired is not None:  # end it (releasing its lease) before answering
-        expire_handoff(auth, caller, handoff_id)
+    if expired is not None:
+        if rejection_marked(auth, caller, handoff_id):
+            # its lease was released by a rejection settled in Redis (mark_rejected), in
+            # flight or interrupted: that rejection ends it, it does not expire
+            if resolution.status != "rejected":
+                raise NotFoundError(f"handoff {handoff_id} was rejected")
+            return store._handoff_resolve(caller, resolution, carried_released=True)
+        expire_handoff(auth, caller, handoff_id)  # end it (releasing its lease) first
         raise NotFoundError(expired)
     if lease_id is None or from_principal is None:
         return store.handoff_resolve(caller, resolution)
@@ -134,7 +144,7 @@ def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: ResolveReq
         handoff_id,
         lease_id=lease_id,
         from_principal=from_principal,
-        execution_key=resolution.execution_key or f"handoff:{handoff_id}",
+        execution_key=resolution.execution_key,
         ttl_ms=resolution.ttl_ms,
         note=resolution.note,
         expires_at_ms=expires_at_ms,
@@ -217,6 +227,19 @@ def expire_handoff(auth: RedisAuthority, caller: Caller, handoff_id: str) -> Lea
         if row is None or row.org_id != caller.org or row.status != "pending":
             return None
         lease_id, sender, expires_at_ms = row.lease_id, row.from_principal, row.expires_at_ms
+        recipient = row.to_principal
+    if lease_id is not None and rejection_marked(auth, caller, handoff_id):
+        # a rejection settled in Redis and interrupted before the ledger recorded it (or
+        # still running): it is completed as rejected, its lease released by it or here
+        release_carried(auth, caller, handoff_id, lease_id, sender)
+        as_recipient = dataclasses.replace(caller, principal=recipient)
+        try:
+            store._handoff_resolve(
+                as_recipient, ResolveRequest(handoff_id, "rejected"), carried_released=True
+            )
+        except NotFoundError:
+            pass  # the rejection in flight recorded it first
+        return None
     released = None
     if lease_id is not None:
         held, now = auth.generation(caller, lease_id)
@@ -237,6 +260,15 @@ def expire_handoff(auth: RedisAuthority, caller: Caller, handoff_id: str) -> Lea
         auth.sync_ledger(caller.org, strict=True)
     store.expire_handoffs(caller, handoff_id=handoff_id, release=False)
     return released
+
+
+def rejection_marked(auth: RedisAuthority, caller: Caller, handoff_id: str) -> bool:
+    """Whether lease-carrying handoff ``handoff_id`` was settled as rejected in Redis
+    (:func:`mark_rejected`): a rejection is under way, or was interrupted before the ledger
+    recorded it. Such a handoff whose lease was released ends ``rejected``, not ``expired``.
+    """
+    reply = auth.client.get(org_keys(caller.org).handoff(handoff_id))
+    return reply is not None and as_text(reply) == "r"
 
 
 def mark_rejected(auth: RedisAuthority, caller: Caller, handoff_id: str) -> None:
@@ -263,19 +295,25 @@ def transfer_lease(
     *,
     lease_id: str,
     from_principal: str,
-    execution_key: str,
+    execution_key: str | None,
     ttl_ms: int | None,
     note: str | None,
     expires_at_ms: int | None,
 ) -> Lease:
-    """Transfer a handoff's lease to its recipient (the caller) and settle the handoff
-    as accepted in Redis, in one script; the journal entry carries the acceptance, so
-    the ledger records the transfer and the accepted handoff in one transaction. The
-    call returns once the ledger has both. An exact retry after a crash returns the
-    same generation (its lease id is derived from the handoff id).
+    """Transfer a handoff's lease to its recipient (the caller) under ``execution_key``
+    (``None``: ``handoff:<id>``) and settle the handoff as accepted in Redis, in one
+    script; the journal entry carries the acceptance, so the ledger records the transfer
+    and the accepted handoff in one transaction. The call returns once the ledger has both.
+
+    An accept that finds the handoff already accepted in Redis (its new lease id is derived
+    from the handoff id) gets that generation back only when it gave the same execution key
+    explicitly: the retry of one execution after a crash. Any other accept, a concurrent one
+    under another key or under the default key, is ``NOT_FOUND`` like a second resolve on
+    the ledger, so two runs never both hold the lease with one fencing token.
 
     Raises:
-        NotFoundError: the handoff was rejected, or expired; the lease is unknown.
+        NotFoundError: the handoff was rejected, expired or already accepted (by another
+            execution); the lease is unknown.
         LeaseLostError: the sender no longer holds the lease (the handoff reads ``expired``).
     """
     keys = org_keys(caller.org)
@@ -292,7 +330,7 @@ def transfer_lease(
             "",
             lease_id,
             caller.principal,
-            execution_key,
+            execution_key or f"handoff:{handoff_id}",
             "" if ttl_ms is None else str(ttl_ms),
             "",
             new_id,
@@ -313,7 +351,10 @@ def transfer_lease(
         return lease
     if code == REPLAY:
         auth.sync_ledger(caller.org, strict=True)
-        return lease_from_gen(reply[1])
+        done = lease_from_gen(reply[1])
+        if execution_key is None or done.execution_key != execution_key:
+            raise NotFoundError(f"pending handoff {handoff_id} not found")
+        return done
     if code == UNKNOWN:
         raise NotFoundError(f"lease {lease_id} not found")
     raise_for(reply)

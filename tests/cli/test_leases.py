@@ -445,6 +445,25 @@ def _table_line(table: str, lease_id: str) -> str:
     return next(line for line in table.splitlines() if lease_id in line)
 
 
+def test_release_of_a_lease_that_had_run_out_says_expired_at_the_top(cli: Cli) -> None:
+    """Releasing a lease past its expiry answers exit 0 with the receipt's top-level status
+    'expired' (JSON) and the title 'lease.release: expired' (table), not 'ok', so a script
+    checking ``.status`` sees that its protection had lapsed; a live release stays 'ok'."""
+    lapsed = acquire(cli, "lapsed", key="run-1")
+    live = acquire(cli, "live", key="run-2")
+    _lapse(cli, lapsed["lease_id"])
+    args = ("lease", "release", "--execution-key")
+    got = cli.ok(*args, "run-1", "--lease-id", lapsed["lease_id"])
+    assert (got["status"], got["receipt"]["status"]) == ("expired", "expired")
+    assert cli.ok(*args, "run-2", "--lease-id", live["lease_id"])["status"] == "ok"
+    again = acquire(cli, "lapsed", key="run-3")
+    _lapse(cli, again["lease_id"])
+    run = cli(*args, "run-3", "--lease-id", again["lease_id"], fmt="table")
+    assert run.code == 0, run.text
+    assert "lease.release: expired" in run.stdout
+    assert "had already expired" in run.stderr
+
+
 def test_tables_show_a_lease_past_its_expiry_as_expired(cli: Cli) -> None:
     """``lease list --all`` and ``lease report-expired`` show a lease still 'active' on its
     record but past its expiry as 'expired' in the table; the JSON keeps 'active'."""

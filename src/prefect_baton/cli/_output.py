@@ -36,7 +36,7 @@ from prefect_baton._exit import (
     one_line,
     visible,
 )
-from prefect_baton.models import Page
+from prefect_baton.models import Page, Receipt
 
 __all__ = [
     "EXIT_CODES",
@@ -103,11 +103,16 @@ def dump(obj: Any) -> Any:
 
 
 def status_of(obj: Any) -> str:
-    """``replayed``, ``no_change`` or ``ok`` for a returned model."""
+    """The receipt's top-level ``status`` for a returned model: ``replayed``, ``no_change``,
+    ``expired`` for a release :class:`~prefect_baton.models.Receipt` of a lease that had
+    run out before it was released (the holder's protection had lapsed: a script checking
+    ``.status`` must not read it as a clean release), else ``ok``."""
     if getattr(obj, "replayed", False):
         return "replayed"
     if getattr(obj, "status", None) == "no_change":
         return "no_change"
+    if isinstance(obj, Receipt) and obj.status == "expired":
+        return "expired"
     return "ok"
 
 

@@ -165,3 +165,23 @@ def test_demo_summary_marks_crashes_and_pauses_not_applicable_on_prefect(
     _print_table(on_processes)
     out = capsys.readouterr().out
     assert "n/a" not in out
+
+
+def test_reads_in_an_org_where_nothing_was_recorded_warn_of_a_mistyped_org(cli: Cli) -> None:
+    """``lease inspect``, ``lease list``, ``events tail`` and ``audit`` in an org with no
+    events (a mistyped --org) still answer, exit 0, with a warning on stderr naming the org;
+    the JSON on stdout is unchanged, and reads in the org that was used do not warn."""
+    cli.ok("lease", "acquire", "deploy", "svc", "--ttl-seconds", "60")
+    for args in (
+        ("lease", "inspect", "deploy", "svc"),
+        ("lease", "list"),
+        ("events", "tail"),
+        ("audit",),
+    ):
+        wrong = cli("--org", "acm", *args)
+        assert wrong.code == 0, wrong.text
+        assert "nothing was ever recorded in org 'acm'" in wrong.stderr, args
+        assert wrong.stdout.startswith('{"ok": true'), args
+        right = cli(*args)
+        assert right.code == 0, right.text
+        assert "nothing was ever recorded" not in right.stderr, args

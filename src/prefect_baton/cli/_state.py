@@ -41,6 +41,8 @@ __all__ = [
     "nothing_found",
     "parse_evidence",
     "read_json_object",
+    "warn_if_org_unused",
+    "warn_unused_org",
 ]
 
 P = ParamSpec("P")
@@ -162,7 +164,9 @@ def state(ctx: typer.Context) -> CliState:
 
 
 @contextmanager
-def guard(ctx: typer.Context, action: str, *, reads_only: bool = False) -> Iterator[CliState]:
+def guard(
+    ctx: typer.Context, action: str, *, reads_only: bool = False, org_reads: bool = False
+) -> Iterator[CliState]:
     """Run a command body; a :class:`BatonError` becomes an error receipt and its exit
     status (``typer.Exit``), never a traceback.
 
@@ -172,6 +176,8 @@ def guard(ctx: typer.Context, action: str, *, reads_only: bool = False) -> Itera
         reads_only: the command only reads the ledger (``bool``): on a SQLite ledger file
             that does not exist it is NOT_FOUND (:attr:`CliState.reads_only`) instead of
             creating the file. The first guard of an invocation decides.
+        org_reads: the command reads one organization's records (``bool``): after it
+            succeeds, :func:`warn_if_org_unused`.
     """
     st = state(ctx)
     if st.action is None:
@@ -181,6 +187,32 @@ def guard(ctx: typer.Context, action: str, *, reads_only: bool = False) -> Itera
         yield st
     except BatonError as exc:
         raise typer.Exit(emit_error(st.format, action, exc.to_dict())) from None
+    if org_reads:
+        warn_if_org_unused(st)
+
+
+def warn_if_org_unused(st: CliState) -> None:
+    """Warn on stderr when nothing was ever recorded in the client's organization (its
+    event stream is empty): a mistyped ``--org`` or ``BATON_ORG`` otherwise reads as a clean
+    answer (``held no``, an empty list, an audit of 0 resources). Silent when the events
+    cannot be read (another role's view, the ledger unreachable) or no client was made."""
+    b = st._client
+    if b is None:
+        return
+    try:
+        if b.events.list(limit=1):
+            return
+    except BatonError:
+        return
+    warn_unused_org(b.org)
+
+
+def warn_unused_org(org: str) -> None:
+    """Write the warning of :func:`warn_if_org_unused` for ``org`` (``str``) to stderr."""
+    sys.stderr.write(
+        f"warning: nothing was ever recorded in org {org!r} on this ledger "
+        "(a mistyped --org or BATON_ORG?)\n"
+    )
 
 
 def command(
@@ -231,7 +263,7 @@ def command(
         def run(*args: P.args, **kwargs: P.kwargs) -> None:
             # Typer passes every parameter by name, the context as the body's ``ctx``.
             ctx = cast(typer.Context, kwargs["ctx"])
-            with guard(ctx, action, reads_only=reads_only) as st:
+            with guard(ctx, action, reads_only=reads_only, org_reads=reads_only) as st:
                 result = body(*args, **kwargs)
                 view = shown() if shown is not None else None
                 empty = None

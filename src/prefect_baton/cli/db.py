@@ -10,7 +10,7 @@ import typer
 
 from prefect_baton.audit import audit_ledger
 from prefect_baton.cli._output import EXIT_FAILURE, emit_error, emit_ok, visible
-from prefect_baton.cli._state import guard
+from prefect_baton.cli._state import guard, warn_unused_org
 from prefect_baton.ledger import ledger_revision, upgrade_ledger
 
 app = typer.Typer(
@@ -82,6 +82,8 @@ def audit(ctx: typer.Context) -> None:
         finally:
             ledger.close()
         data: dict[str, Any] = dataclasses.asdict(report)
+        if not (report.resources or report.generations or report.transitions):
+            warn_unused_org(target)
         if report.ok:
             emit_ok(st.format, "audit", "audit", data)
             return

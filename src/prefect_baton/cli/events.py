@@ -125,7 +125,7 @@ def tail(
         "subject": subject,
     }
     action = f"events.{ctx.info_name}"  # events.tail, or events.list (the alias)
-    with guard(ctx, action, reads_only=True) as st:
+    with guard(ctx, action, reads_only=True, org_reads=True) as st:
         start = events_after(after, cursor, name="--after", cursor_name="--cursor")
         if follow:
             st.client().events.list(after_seq=start, limit=limit, **filters)  # validate

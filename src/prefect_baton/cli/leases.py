@@ -319,8 +319,9 @@ def release(
 
     The receipt's status is 'released', or 'expired' when the lease had already run out
     (your protection lapsed; the JSON receipt's top-level status is then 'expired' too, and
-    the table's title 'lease.release: expired'). Exits 9 (LEASE_LOST) if someone else took it since, or when
-    --execution-key is missing or differs from the lease's (the message says so).
+    the table's title 'lease.release: expired'). Exits 9 (LEASE_LOST) if someone else took
+    it since, or when --execution-key is missing or differs from the lease's (the message
+    says so).
     """
     with guard(ctx, "lease.release") as st:
         b = st.client()

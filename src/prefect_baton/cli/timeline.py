@@ -61,7 +61,7 @@ def timeline(
     (NOT_FOUND) when nothing of the resource is visible (never leased, or another
     organization's) or nothing of it falls in the --since window.
     """
-    with guard(ctx, "timeline", reads_only=True) as st:
+    with guard(ctx, "timeline", reads_only=True, org_reads=True) as st:
         check_timeline_path(out)  # a bad extension or directory fails before the ledger opens
         try:
             start = _since(since)

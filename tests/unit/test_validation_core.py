@@ -321,13 +321,13 @@ def test_different_state_different_hash() -> None:
     assert validate_state({"a": [1, 2]})[2] != validate_state({"a": [2, 1]})[2]
 
 
-@pytest.mark.parametrize("value", ["agent-a", "**", "a*", "%", "ann "])
+@pytest.mark.parametrize("value", ["agent-a", "**", "a*", "%", "ann lee"])
 def test_a_principal_is_any_id_but_star(value: str) -> None:
     """Any identifier names a principal, wildcard-looking ones included, except ``*``."""
     assert validate_principal("principal", value) == value
 
 
-@pytest.mark.parametrize("value", ["*", "", "a\x00", 7, None])
+@pytest.mark.parametrize("value", ["*", "", "a\x00", 7, None, "ann ", " ann", "ann\u00a0"])
 def test_star_and_bad_ids_are_not_principals(value: object) -> None:
     """``*`` (every principal, in a listing) and anything ``validate_id`` refuses are
     VALIDATION_ERROR."""
@@ -335,3 +335,13 @@ def test_star_and_bad_ids_are_not_principals(value: object) -> None:
         validate_principal("to_principal", value)
     assert ei.value.code == "VALIDATION_ERROR"
     assert "to_principal" in str(ei.value)
+
+
+@pytest.mark.parametrize("value", ["bob ", " bob", "\u3000bob", "bob\u00a0", "run-1 "])
+def test_ids_with_white_space_at_either_end_are_refused(value: str) -> None:
+    """An id with white space at either end is VALIDATION_ERROR (naming the argument and
+    showing the value): invisible when printed, ``bob `` would be another principal than
+    ``bob``, and a handoff to it would never reach bob's inbox; inner spaces are fine."""
+    with pytest.raises(ValidationError, match="to_principal must not start or end with white"):
+        validate_id("to_principal", value)
+    assert validate_id("to_principal", "bob smith") == "bob smith"

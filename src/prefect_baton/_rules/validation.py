@@ -72,8 +72,8 @@ def validate_id(name: str, value: object) -> str:
         name: the argument's name, for the message.
         value: must be a ``str`` of 1..256 characters with no control characters
             (U+0000..U+001F, U+007F, U+0080..U+009F), no line or paragraph separator
-            (U+2028, U+2029), no format characters (Unicode category ``Cf``, e.g. U+200B)
-            and no lone surrogates.
+            (U+2028, U+2029), no format characters (Unicode category ``Cf``, e.g. U+200B),
+            no lone surrogates, and no white space at either end.
 
     Raises:
         ValidationError: otherwise.
@@ -90,6 +90,10 @@ def validate_id(name: str, value: object) -> str:
         _check_utf8(name, value)
     if not value.strip():
         raise ValidationError(f"{name} must not be empty")
+    if value[0].isspace() or value[-1].isspace():
+        # invisible when printed: "bob " would be another principal than "bob", and a
+        # handoff to it would never reach bob's inbox
+        raise ValidationError(f"{name} must not start or end with white space, got {value!r}")
     return value
 
 

@@ -30,6 +30,7 @@ from prefect_baton import (
     Handoff,
     LeaseKeeper,
     LeaseLostError,
+    NotFoundError,
     StaleFenceError,
 )
 from prefect_baton._rules.validation import TTL_MIN_SECONDS
@@ -283,13 +284,38 @@ def writer(
     }
     with b.lease(REPORT, "draft", ttl_seconds=ttl_seconds, purpose="compile report") as held:
         ck = b.checkpoints.save(REPORT, "draft", report, fence=held)
-        return b.handoffs.create(
+        sent = b.handoffs.create(
             to_principal,
             REPORT,
             checkpoint_id=ck.checkpoint_id,
             message=f"Report compiled from {len(rows)} files; please deliver it.",
             idempotency_key=f"report-draft-v{ck.version}",
         )
+    _accept_analyses(b, files, researcher_principal)
+    return sent
+
+
+def _accept_analyses(b: Baton, files: dict[str, Path], researcher_principal: str) -> None:
+    """Accept the researchers' per-file handoffs (each carries a file's analysis
+    checkpoint, which the report was just compiled from), so none is left pending in the
+    writer's inbox; the writer keeps reading those checkpoints (a recipient of a handoff
+    carrying one may, whatever its status). One resolved meanwhile (a retried writer) is
+    passed over."""
+    analysed: list[Handoff] = []
+    cursor: str | None = None
+    while True:
+        page = b.handoffs.inbox(limit=1000, cursor=cursor)
+        analysed += [
+            h for h in page if h.from_principal == researcher_principal and h.subject_id in files
+        ]
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    for h in analysed:
+        try:
+            b.handoffs.resolve(h.handoff_id, "accepted", note="compiled into the report")
+        except NotFoundError:
+            pass
 
 
 def operator(

@@ -501,6 +501,24 @@ def test_an_interrupted_rejection_ends_rejected(
     assert "handoff.expired" not in got
 
 
+def test_an_acquire_past_the_deadline_of_a_half_rejected_handoff_gets_the_lease(
+    auth: RedisAuthority,
+) -> None:
+    """A rejection interrupted after it settled in Redis but before it released the lease:
+    once the handoff's deadline passes it expires like any other (the rejection is not
+    completed past it), and another principal's acquire is granted at once."""
+    a = _baton(auth)
+    lease = a.leases.acquire("res", "r0", ttl_seconds=60, idempotency_key="w1")
+    h = a.handoffs.create("agent-b", "subject", lease=lease, expires_in_seconds=1)
+    b = a.as_principal("agent-b")
+    mark_rejected(auth, b.caller, h.handoff_id)  # the reject's first step, then a crash
+    time.sleep(1.1)
+    got = a.as_principal("agent-c").leases.acquire("res", "r0", ttl_seconds=60)
+    assert got.owner == "agent-c"
+    assert got.epoch > lease.epoch
+    assert b.handoffs.get(h.handoff_id).status == "expired"
+
+
 @pytest.mark.parametrize("key", ["run-2", None, "run-1"])
 def test_a_concurrent_accept_under_another_key_gets_no_lease(
     auth: RedisAuthority, monkeypatch: pytest.MonkeyPatch, key: str | None

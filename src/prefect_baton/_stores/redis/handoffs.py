@@ -121,7 +121,7 @@ def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: ResolveReq
             else:
                 check_resolver(row.to_principal, caller.principal)
     if expired is not None:
-        if rejection_marked(auth, caller, handoff_id):
+        if completes_rejection(auth, caller, handoff_id, expires_at_ms, now):
             # its lease was released by a rejection settled in Redis (mark_rejected), in
             # flight or interrupted: that rejection ends it, it does not expire
             if resolution.status != "rejected":
@@ -219,19 +219,21 @@ def expire_handoff(auth: RedisAuthority, caller: Caller, handoff_id: str) -> Lea
     released, is left as it is.
 
     Returns:
-        The carried lease released by this call, or ``None``.
+        The carried lease released by this call, or ``None``. A handoff marked rejected in
+        Redis before its deadline (:func:`completes_rejection`) is completed as rejected
+        instead.
     """
     store = auth.store
-    with store._read() as (s, _now):
+    with store._read() as (s, now):
         row = s.get(HandoffRow, handoff_id)
         if row is None or row.org_id != caller.org or row.status != "pending":
             return None
         lease_id, sender, expires_at_ms = row.lease_id, row.from_principal, row.expires_at_ms
         recipient = row.to_principal
-    if lease_id is not None and rejection_marked(auth, caller, handoff_id):
+    if lease_id is not None and completes_rejection(auth, caller, handoff_id, expires_at_ms, now):
         # a rejection settled in Redis and interrupted before the ledger recorded it (or
         # still running): it is completed as rejected, its lease released by it or here
-        release_carried(auth, caller, handoff_id, lease_id, sender)
+        freed = release_carried(auth, caller, handoff_id, lease_id, sender)
         as_recipient = dataclasses.replace(caller, principal=recipient)
         try:
             store._handoff_resolve(
@@ -239,7 +241,7 @@ def expire_handoff(auth: RedisAuthority, caller: Caller, handoff_id: str) -> Lea
             )
         except NotFoundError:
             pass  # the rejection in flight recorded it first
-        return None
+        return freed
     released = None
     if lease_id is not None:
         held, now = auth.generation(caller, lease_id)
@@ -262,11 +264,20 @@ def expire_handoff(auth: RedisAuthority, caller: Caller, handoff_id: str) -> Lea
     return released
 
 
-def rejection_marked(auth: RedisAuthority, caller: Caller, handoff_id: str) -> bool:
-    """Whether lease-carrying handoff ``handoff_id`` was settled as rejected in Redis
-    (:func:`mark_rejected`): a rejection is under way, or was interrupted before the ledger
-    recorded it. Such a handoff whose lease was released ends ``rejected``, not ``expired``.
-    """
+def completes_rejection(
+    auth: RedisAuthority,
+    caller: Caller,
+    handoff_id: str,
+    expires_at_ms: int | None,
+    now_ms: int,
+) -> bool:
+    """Whether pending lease-carrying handoff ``handoff_id`` ends ``rejected`` rather than
+    ``expired``: it was settled as rejected in Redis (:func:`mark_rejected`; a rejection is
+    under way, or was interrupted before the ledger recorded it) and its own deadline
+    (``expires_at_ms``) has not passed at ``now_ms`` (the ledger's clock, by which the
+    ledger records the rejection; past it, it expires as any other)."""
+    if expires_at_ms is not None and expires_at_ms <= now_ms:
+        return False
     reply = auth.client.get(org_keys(caller.org).handoff(handoff_id))
     return reply is not None and as_text(reply) == "r"
 

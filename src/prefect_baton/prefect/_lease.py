@@ -139,7 +139,8 @@ def lease(
     ``block.skip_state`` ``Completed(name="HandedOff")``. Outside a run the
     principal is ``BATON_PRINCIPAL`` (or ``principal=``) and each block a new execution.
 
-    ``resource_id`` and ``scopes`` are used as given (no templates: format them yourself).
+    ``resource_type``, ``resource_id`` and ``scopes`` are used as given (no templates:
+    format them yourself); a ``resource_type`` holding ``{`` or ``}`` is refused.
     One run holding two blocks on the same resource one after the other presents the same
     execution key twice; the second block then fails with ``LEASE_LOST`` (the first one's
     receipt cannot be replayed once released): use one block, or a distinct resource.
@@ -165,24 +166,25 @@ def lease(
         A single-use :class:`LeaseBlock`; ``with`` / ``async with`` it.
 
     Raises:
-        ValidationError: at once, for a bad id, TTL, option mix or ``baton``. On entering:
+        ValidationError: at once, for a bad id (or ``{``/``}`` in ``resource_type``), TTL,
+        option mix or ``baton``. On entering:
         :class:`ConflictError` (``raise``, or ``wait`` timed out; the message names the
         resource and the holder's expiry), what acquiring raises. On leaving:
         :class:`LeaseLostError` (lost during the block), or what the block raised.
     """
-    return LeaseBlock(
-        LeaseOptions(
-            resource_type,
-            resource_id,
-            ttl_seconds=ttl_seconds,
-            purpose=purpose,
-            scopes=scopes,
-            on_conflict=on_conflict,
-            wait_timeout_seconds=wait_timeout_seconds,
-            cancel_on_loss=cancel_on_loss,
-            baton=baton,
-            principal=principal,
-            renew_deadline_seconds=renew_deadline_seconds,
-            max_hold_seconds=max_hold_seconds,
-        )
+    opts = LeaseOptions(
+        resource_type,
+        resource_id,
+        ttl_seconds=ttl_seconds,
+        purpose=purpose,
+        scopes=scopes,
+        on_conflict=on_conflict,
+        wait_timeout_seconds=wait_timeout_seconds,
+        cancel_on_loss=cancel_on_loss,
+        baton=baton,
+        principal=principal,
+        renew_deadline_seconds=renew_deadline_seconds,
+        max_hold_seconds=max_hold_seconds,
     )
+    opts.check_literal("lease()")
+    return LeaseBlock(opts)

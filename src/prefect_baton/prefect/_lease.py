@@ -42,9 +42,13 @@ class LeaseBlock:
             run ends ``Completed(name="Skipped")`` (``"skip"``), ``Cancelled``
             (``"cancel"``) or ``Completed(name="HandedOff")`` (a retry after the lease was
             transferred) with ``skip_message``; ``None`` otherwise.
+
+    Raises:
+        ValidationError: ``options.resource_type`` holds ``{`` or ``}`` (no templates).
     """
 
     def __init__(self, options: LeaseOptions) -> None:
+        options.check_literal("lease()")  # nothing fills templates here
         self.options = options
         self.skipped = False
         self.skip_message: str | None = None
@@ -172,19 +176,19 @@ def lease(
         resource and the holder's expiry), what acquiring raises. On leaving:
         :class:`LeaseLostError` (lost during the block), or what the block raised.
     """
-    opts = LeaseOptions(
-        resource_type,
-        resource_id,
-        ttl_seconds=ttl_seconds,
-        purpose=purpose,
-        scopes=scopes,
-        on_conflict=on_conflict,
-        wait_timeout_seconds=wait_timeout_seconds,
-        cancel_on_loss=cancel_on_loss,
-        baton=baton,
-        principal=principal,
-        renew_deadline_seconds=renew_deadline_seconds,
-        max_hold_seconds=max_hold_seconds,
+    return LeaseBlock(
+        LeaseOptions(
+            resource_type,
+            resource_id,
+            ttl_seconds=ttl_seconds,
+            purpose=purpose,
+            scopes=scopes,
+            on_conflict=on_conflict,
+            wait_timeout_seconds=wait_timeout_seconds,
+            cancel_on_loss=cancel_on_loss,
+            baton=baton,
+            principal=principal,
+            renew_deadline_seconds=renew_deadline_seconds,
+            max_hold_seconds=max_hold_seconds,
+        )
     )
-    opts.check_literal("lease()")
-    return LeaseBlock(opts)

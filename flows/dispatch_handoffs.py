@@ -6,8 +6,11 @@ starts that deployment with the parameters stored with the handoff (``handoff_to
 parameters=...)``) and ``handoff_id``, using the handoff id as Prefect's idempotency key, so
 dispatching twice starts one run; a handoff whose run exists already is reported as
 ``already started (state X)`` and left alone. Useful when the sender did not name a
-deployment, or its start failed. It reads the org's pending handoffs as the principal
-``prefect-baton.dispatcher`` with the ``owner`` role (listing everyone's handoffs needs it).
+deployment, or its start failed. The recipient's flow must take ``handoff_id`` and each
+key of the stored parameters, and require no other: a deployment that refuses them is
+skipped with a ValidationError naming it, the parameters given and Prefect's reason. It
+reads the org's pending handoffs as the principal ``prefect-baton.dispatcher`` with the
+``owner`` role (listing everyone's handoffs needs it).
 
 Run once: ``python flows/dispatch_handoffs.py``; serve it: add ``--serve``.
 """

@@ -14,7 +14,9 @@ again), so the flow never trusts the event alone. It resumes only when all of th
   ``succeeded`` outcome.
 
 Then it starts ``deployment`` with ``resource_type``, ``resource_id``, ``subject_id`` and
-``expired_lease_id``, with ``resume:<lease_id>`` as Prefect idempotency key: however often the
+``expired_lease_id`` (all ``str``: the resume deployment's flow must take these four and
+require no other, else the run fails with a ValidationError naming the deployment and
+Prefect's reason), with ``resume:<lease_id>`` as Prefect idempotency key: however often the
 event is delivered, one expired generation starts at most one resume run. Otherwise it exits,
 saying why (``skipped``), without redoing finished work.
 
@@ -37,6 +39,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 from prefect import flow, get_run_logger
 
 from prefect_baton import Baton
+from prefect_baton.prefect._handoff import start_deployment
 from prefect_baton.prefect._serve import flow_main
 
 RESUMER = "prefect-baton.resume-expired"
@@ -100,8 +103,10 @@ def resume_expired(
         deployment given) or ``{"status": "started", "flow_run_id": str}``.
 
     Raises:
-        UnavailableError: the ledger cannot be reached. Prefect errors from starting the
-        deployment.
+        UnavailableError: the ledger cannot be reached. NotFoundError: no such
+        ``deployment``. ValidationError: ``deployment`` refused the four parameters (its
+        flow must take ``resource_type``, ``resource_id``, ``subject_id`` and
+        ``expired_lease_id`` and require no other). Other Prefect errors from starting it.
     """
     log = get_run_logger()
     b = Baton.from_settings(principal=RESUMER)
@@ -111,19 +116,15 @@ def resume_expired(
         return {"status": "skipped", "reason": why}
     if deployment is None:
         return {"status": "resumable"}
-    from prefect.deployments import run_deployment
-
-    run = run_deployment(
+    run = start_deployment(
         deployment,
-        parameters={
+        {
             "resource_type": resource_type,
             "resource_id": resource_id,
             "subject_id": subject_id or f"{resource_type}/{resource_id}",
             "expired_lease_id": lease_id,
         },
-        timeout=0,
         idempotency_key=f"resume:{lease_id}",
-        as_subflow=False,
     )
     log.info("resuming %s/%s in flow run %s", resource_type, resource_id, run.id)
     return {"status": "started", "flow_run_id": str(run.id)}

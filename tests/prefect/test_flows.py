@@ -243,3 +243,38 @@ def test_resume_expired_command_line_runs_once_serves_or_says_how(
     assert served == [
         {"name": "resume-expired", "interval": None, "parameters": {"deployment": "work/work"}}
     ]
+
+
+def test_deployments_refusing_the_parameters_are_named(
+    baton_env: dict[str, str], make_baton: MakeBaton
+) -> None:
+    """A resume or recipient deployment whose flow requires other parameters (Prefect
+    answers 409 ``'table' is a required property``): ``resume_expired`` raises and
+    ``dispatch_handoffs`` reports a ValidationError naming the deployment, the parameters
+    given and the missing one, instead of Prefect's raw ``PrefectHTTPStatusError``."""
+    from prefect import flow
+
+    from prefect_baton import ValidationError
+
+    @flow(name="baton-test-migrate")
+    def migrate(table: str) -> str:
+        return table
+
+    migrate.to_deployment(name="db").apply()
+    name = "baton-test-migrate/db"
+    b = make_baton("worker")
+    gone = b.leases.acquire("file", "m.py", ttl_seconds=30)
+    b.leases.release(gone)
+    resume = load_script("flows/resume_expired.py").resume_expired
+    with pytest.raises(ValidationError) as info:
+        resume("file", "m.py", gone.epoch, gone.lease_id, deployment=name)
+    message = info.value.message
+    assert f"deployment {name!r} refused the parameters" in message
+    assert "(expired_lease_id, resource_id, resource_type, subject_id)" in message
+    assert "'table' is a required property" in message
+    h = make_baton("sender").handoffs.create(name, "t2")
+    [skipped] = load_script("flows/dispatch_handoffs.py").dispatch_handoffs()["skipped"]
+    assert skipped["handoff_id"] == h.handoff_id
+    assert skipped["reason"].startswith(f"ValidationError: deployment {name!r} refused")
+    assert "(handoff_id)" in skipped["reason"]
+    assert "'table' is a required property" in skipped["reason"]

@@ -455,3 +455,46 @@ def test_the_default_handoff_key_of_long_names_stays_an_id() -> None:
     assert long_a.startswith(f"{run}:handoff:sha256:")
     assert long_a != long_b
     assert validate_id("idempotency_key", long_a) == long_a
+
+
+def test_retry_of_a_recipient_whose_resource_was_taken_fails_naming_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A retry of the run that accepted a handoff, after its lease lapsed and another
+    principal took the resource, fails with one ``ConflictError`` line naming the resource
+    and the holder's expiry (as ``@leased`` does): no traceback, and run as a deployment's
+    flow run no "Engine execution exited with unexpected exception"."""
+    from prefect.flow_engine import run_flow
+
+    from prefect_baton import ConflictError
+    from prefect_baton.testing import ManualClock, memory_baton
+
+    clock = ManualClock()
+    runs: list[int] = []
+    with memory_baton(org="test", principal="admin", role="owner", clock=clock) as admin:
+        sender = admin.as_principal("sender")
+        held = sender.leases.acquire("report", "r9", ttl_seconds=10, idempotency_key="s9")
+        sent = handoff_to("baton-test-taken", "r9", lease=held, baton=sender)
+
+        @flow(name="baton-test-taken", retries=1, retry_delay_seconds=0)
+        def receive(handoff_id: str) -> None:
+            with accept_handoff(handoff_id, baton=admin.as_principal):
+                runs.append(1)
+                clock.advance(11)  # the lease lapses and someone else takes the resource
+                admin.as_principal("someone").leases.acquire("report", "r9", ttl_seconds=60)
+                raise RuntimeError("crash after accepting")
+
+        engine_logger = logging.getLogger("prefect.flow_runs")
+        with caplog.at_level(logging.INFO), pytest.raises(ConflictError) as info:
+            run_flow(
+                receive, parameters={"handoff_id": sent.handoff_id}, error_logger=engine_logger
+            )
+    assert runs == [1]
+    message = info.value.message
+    assert message.startswith("report/r9: Resource is leased by another principal until ")
+    assert message.endswith(f"(accepting handoff {sent.handoff_id})")
+    assert info.value.expires_at is not None
+    text = [r.getMessage() for r in caplog.records]
+    assert any("Finished in state Failed" in m and "report/r9" in m for m in text), text
+    assert not any(m == "Engine execution exited with unexpected exception" for m in text), text
+    assert all(r.exc_info is None for r in caplog.records if "report/r9" in r.getMessage())

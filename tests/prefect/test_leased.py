@@ -399,6 +399,47 @@ def test_bad_template_names_the_function() -> None:
         leased("deploy", "x", ttl_seconds=10, wait_timeout_seconds=3)
 
 
+def test_resource_type_is_a_template_too(make_baton: MakeBaton) -> None:
+    """``@leased("{resource_type}", "{resource_id}")`` leases the resource the task's
+    parameters name (a type literally named ``{resource_type}`` would let a second run in
+    while the first holds the resource), and a holder of that resource refuses it."""
+    seen: list[tuple[str, str]] = []
+
+    @task
+    @leased("{resource_type}", "{resource_id}", ttl_seconds=30, baton=make_baton)
+    def work(resource_type: str, resource_id: str) -> None:
+        held = current_lease()
+        assert held is not None
+        seen.append((held.resource_type, held.resource_id))
+        assert make_baton("x").leases.inspect(resource_type, resource_id).held
+
+    @flow(name="baton-test-type-template")
+    def run(resource_type: str, resource_id: str) -> None:
+        work(resource_type, resource_id)
+
+    run("deploy", "checkout")
+    assert seen == [("deploy", "checkout")]
+    assert make_baton("x").leases.inspect("{resource_type}", "checkout").epoch == 0
+    taken = pytest.raises(ConflictError, match="deploy/billing: Resource is leased")
+    with make_baton("other").lease("deploy", "billing", ttl_seconds=30), taken:
+        run("deploy", "billing")
+
+
+def test_resource_type_template_is_checked_when_applied() -> None:
+    """A resource type template naming a missing parameter is refused when applied, as for
+    ``resource_id``; ``lease(...)`` fills no templates, so a braced type is refused there."""
+    from prefect_baton.prefect import lease
+
+    def deploy(kind: str, service: str) -> None:
+        return None
+
+    with pytest.raises(ValidationError, match=r"deploy: resource_type template '\{knd\}'"):
+        leased("{knd}", "{service}", ttl_seconds=10)(deploy)
+    assert callable(leased("{kind}", "{service}", ttl_seconds=10)(deploy))
+    with pytest.raises(ValidationError, match=r"lease\(\): resource_type '\{kind\}'"):
+        lease("{kind}", "checkout", ttl_seconds=10)
+
+
 def test_plain_function_outside_a_run(make_baton: MakeBaton) -> None:
     """Outside Prefect it leases per call, and ``skip`` returns None without running."""
     b = make_baton("agent-a")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
@@ -12,7 +14,7 @@ import anyio.to_thread
 from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._client.sync import Baton
 from prefect_baton._rules.events import RELEASE_HANDOFF_EXPIRED, RELEASE_HANDOFF_REJECTED
-from prefect_baton.errors import LeaseLostError, NotFoundError, ValidationError
+from prefect_baton.errors import ConflictError, LeaseLostError, NotFoundError, ValidationError
 from prefect_baton.models import Checkpoint, Handoff, Lease
 from prefect_baton.prefect._context import (
     BatonLike,
@@ -30,7 +32,8 @@ from prefect_baton.prefect._events import (
     emit_lease_event,
 )
 from prefect_baton.prefect._handoff import HandoffRejected
-from prefect_baton.prefect._logs import run_logger
+from prefect_baton.prefect._logs import expected, run_logger
+from prefect_baton.prefect._plan import refused
 
 __all__ = ["AcceptedHandoff", "accept_handoff"]
 
@@ -120,8 +123,23 @@ class AcceptedHandoff:
             ttl_seconds=self.ttl_seconds or lease.ttl_seconds,
             idempotency_key=self._ident.execution_key,
         )
-        keeper.start()  # same principal and execution key: adopts the generation (no-op)
+        with self._naming_conflicts(lease):
+            keeper.start()  # same principal and execution key: adopts the generation (no-op)
         self._slot = LeaseSlot(keeper=keeper, baton=self._b, identity=self._ident)
+
+    @contextmanager
+    def _naming_conflicts(self, lease: Lease | None) -> Iterator[None]:
+        """Raise a conflict over ``lease``'s resource as ``@leased`` does: one line naming
+        the resource and the holder's expiry, marked expected (Prefect logs no traceback
+        for it, and a deployment run no "Engine execution exited" record); the run still
+        fails with the :class:`ConflictError`."""
+        try:
+            yield
+        except ConflictError as exc:
+            if lease is None:
+                raise
+            why = f"accepting handoff {self.handoff_id}"
+            raise expected(refused(lease.resource_type, lease.resource_id, exc, why)) from None
 
     def _accept(self) -> None:
         assert self._b is not None and self._ident is not None
@@ -133,13 +151,14 @@ class AcceptedHandoff:
             emit_carried_release(self._b, late, RELEASE_HANDOFF_EXPIRED)
             if late.status != "pending":
                 raise NotFoundError(f"pending handoff {late.handoff_id} not found ({late.status})")
-        h = self._b.handoffs.resolve(
-            self.handoff_id,
-            "accepted",
-            self.note,
-            execution_key=self._ident.execution_key,
-            ttl_seconds=self.ttl_seconds,
-        )
+        with self._naming_conflicts(self.handoff.lease if self.handoff is not None else None):
+            h = self._b.handoffs.resolve(
+                self.handoff_id,
+                "accepted",
+                self.note,
+                execution_key=self._ident.execution_key,
+                ttl_seconds=self.ttl_seconds,
+            )
         self.handoff = h
         self.status = "accepted"
         emit_handoff_event(self._b, "handoff.accepted", h)
@@ -289,7 +308,10 @@ def accept_handoff(
             neither sent nor received by the principal the run acts as (the message names
             that principal). ValidationError: addressed to another principal (the run's
             principal sent it). LeaseLostError: the lease was lost during the block (at
-            exit), or the sender's ended in the instant of acceptance.
+            exit), or the sender's ended in the instant of acceptance. ConflictError:
+            another principal holds the resource (a retry of the accepting run after its
+            lease lapsed); one line naming the resource and the holder's expiry, logged
+            without a traceback, and the run fails with it.
     """
     return AcceptedHandoff(
         handoff_id,

@@ -121,7 +121,8 @@ def leased(
     body, to pass as ``fence=``.
 
     Args:
-        resource_type: the resource type (``str``, 1..256 characters).
+        resource_type: the resource type (``str``, 1..256 characters once filled), or a
+            template over the call's parameters, as ``resource_id``.
         resource_id: the resource id, or a template over the call's parameters
             (``"{service}"``, ``"{cfg.name}"``).
         ttl_seconds: lease TTL, integer seconds from 10 to 86,400 (seed service rule).

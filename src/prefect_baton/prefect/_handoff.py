@@ -89,19 +89,55 @@ def start_recipient(
 
     Raises:
         NotFoundError: no such deployment (``deployment '<name>' not found``, as
-        :func:`handoff_to` says). ValueError and other Prefect errors: what Prefect's
-        ``run_deployment`` raises.
+        :func:`handoff_to` says). ValidationError: the deployment refused the parameters
+        (Prefect's 409: its flow requires one not given, or a given one is invalid; the
+        message names the deployment, the parameters given and Prefect's reason).
+        ValueError and other Prefect errors: what Prefect's ``run_deployment`` raises.
+    """
+    params = {**(parameters or {}), HANDOFF_PARAMETER: handoff_id}
+    return start_deployment(deployment, params, idempotency_key=handoff_id)
+
+
+def start_deployment(deployment: str, parameters: dict[str, Any], *, idempotency_key: str) -> Any:
+    """Start a run of ``deployment`` (``"<flow name>/<deployment name>"``) with
+    ``parameters``, without waiting for it (Prefect ``run_deployment``, ``timeout=0``);
+    ``idempotency_key`` makes a repeated call return the same flow run.
+
+    Returns:
+        The created ``prefect.client.schemas.objects.FlowRun``.
+
+    Raises:
+        NotFoundError: no such deployment. ValidationError: the deployment's parameter
+            schema refused ``parameters`` (Prefect answered 409, e.g. ``'table' is a
+            required property``); the message names the deployment, the parameters given
+            and Prefect's reason. Other Prefect errors as ``run_deployment`` raises them.
     """
     from prefect.deployments import run_deployment
-    from prefect.exceptions import ObjectNotFound
+    from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 
-    params = {**(parameters or {}), HANDOFF_PARAMETER: handoff_id}
     try:
         return run_deployment(
-            deployment, parameters=params, timeout=0, idempotency_key=handoff_id, as_subflow=False
+            deployment,
+            parameters=parameters,
+            timeout=0,
+            idempotency_key=idempotency_key,
+            as_subflow=False,
         )
     except ObjectNotFound:
         raise deployment_not_found(deployment) from None
+    except PrefectHTTPStatusError as exc:
+        if exc.response.status_code != 409:
+            raise
+        try:
+            reason = str(exc.response.json().get("detail", exc.response.text))
+        except ValueError:
+            reason = exc.response.text
+        given = ", ".join(sorted(parameters)) or "none"
+        raise ValidationError(
+            f"deployment {deployment!r} refused the parameters it was started with "
+            f"({given}): {reason.rstrip('.')}. Its flow must take these parameters and require no "
+            "other (see docs/prefect.md)"
+        ) from None
 
 
 def deployment_not_found(deployment: str) -> NotFoundError:
@@ -225,8 +261,9 @@ def handoff_to(
         without ``/``. LeaseLostError: the lease is not held. StaleFenceError: the
         checkpoint save's fence is stale. NotFoundError: unknown checkpoint; unknown
         deployment (checked before anything is recorded: the lease stays with your block).
-        Prefect errors from starting the deployment (the handoff stays recorded and
-        pending; ``dispatch_handoffs`` can start it later).
+        Prefect errors from starting the deployment, and ValidationError when it refused
+        the parameters (see :func:`start_recipient`): the handoff stays recorded and
+        pending; ``dispatch_handoffs`` can start it later.
     """
     to = principal or deployment
     if not to:

@@ -42,9 +42,13 @@ class LeaseBlock:
             run ends ``Completed(name="Skipped")`` (``"skip"``), ``Cancelled``
             (``"cancel"``) or ``Completed(name="HandedOff")`` (a retry after the lease was
             transferred) with ``skip_message``; ``None`` otherwise.
+
+    Raises:
+        ValidationError: ``options.resource_type`` holds ``{`` or ``}`` (no templates).
     """
 
     def __init__(self, options: LeaseOptions) -> None:
+        options.check_literal("lease()")  # nothing fills templates here
         self.options = options
         self.skipped = False
         self.skip_message: str | None = None
@@ -139,7 +143,8 @@ def lease(
     ``block.skip_state`` ``Completed(name="HandedOff")``. Outside a run the
     principal is ``BATON_PRINCIPAL`` (or ``principal=``) and each block a new execution.
 
-    ``resource_id`` and ``scopes`` are used as given (no templates: format them yourself).
+    ``resource_type``, ``resource_id`` and ``scopes`` are used as given (no templates:
+    format them yourself); a ``resource_type`` holding ``{`` or ``}`` is refused.
     One run holding two blocks on the same resource one after the other presents the same
     execution key twice; the second block then fails with ``LEASE_LOST`` (the first one's
     receipt cannot be replayed once released): use one block, or a distinct resource.
@@ -165,7 +170,8 @@ def lease(
         A single-use :class:`LeaseBlock`; ``with`` / ``async with`` it.
 
     Raises:
-        ValidationError: at once, for a bad id, TTL, option mix or ``baton``. On entering:
+        ValidationError: at once, for a bad id (or ``{``/``}`` in ``resource_type``), TTL,
+        option mix or ``baton``. On entering:
         :class:`ConflictError` (``raise``, or ``wait`` timed out; the message names the
         resource and the holder's expiry), what acquiring raises. On leaving:
         :class:`LeaseLostError` (lost during the block), or what the block raised.

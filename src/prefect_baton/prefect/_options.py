@@ -14,10 +14,13 @@ from prefect_baton._rules.keeping import keep_times
 from prefect_baton.errors import ValidationError
 from prefect_baton.prefect._context import BatonLike, check_baton
 
-__all__ = ["LeaseOptions", "OnConflict"]
+__all__ = ["LeaseOptions", "OnConflict", "Resource"]
 
 OnConflict = Literal["raise", "skip", "cancel", "wait"]
 _ON_CONFLICT = ("raise", "skip", "cancel", "wait")
+
+#: ``(resource_type, resource_id, scopes)`` of one call, templates filled
+Resource = tuple[str, str, list[str]]
 
 
 def _fields(template: str, what: str) -> set[str]:
@@ -98,7 +101,8 @@ class LeaseOptions:
         params = sig.parameters
         var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
         name = getattr(fn, "__qualname__", repr(fn))
-        for what, tpl in [("resource_id", self.resource_id)] + [("scope", s) for s in self.scopes]:
+        templates = [("resource_type", self.resource_type), ("resource_id", self.resource_id)]
+        for what, tpl in templates + [("scope", s) for s in self.scopes]:
             missing = sorted(f for f in _fields(tpl, what) if f not in params)
             if missing and not var_kw:
                 raise ValidationError(
@@ -107,10 +111,28 @@ class LeaseOptions:
                 )
         return sig
 
-    def render(self, sig: inspect.Signature, args: Any, kwargs: Any) -> tuple[str, list[str]]:
-        """``(resource_id, scopes)`` with templates filled from the call's arguments."""
-        if not any("{" in t for t in (self.resource_id, *self.scopes)):
-            return self.resource_id, list(self.scopes)
+    def literal(self) -> Resource:
+        """``(resource_type, resource_id, scopes)`` as given (no templates: ``lease()``)."""
+        return self.resource_type, self.resource_id, list(self.scopes)
+
+    def check_literal(self, where: str) -> None:
+        """Refuse a template-looking resource type where nothing fills templates (``where``
+        names the caller, for the message): it would lease a type literally named so.
+
+        Raises:
+            ValidationError: ``resource_type`` holds ``{`` or ``}``.
+        """
+        if "{" in self.resource_type or "}" in self.resource_type:
+            raise ValidationError(
+                f"{where}: resource_type {self.resource_type!r} holds '{{' or '}}', but "
+                "nothing fills templates here: format it yourself (an f-string)"
+            )
+
+    def render(self, sig: inspect.Signature, args: Any, kwargs: Any) -> Resource:
+        """``(resource_type, resource_id, scopes)`` with templates filled from the call's
+        arguments."""
+        if not any("{" in t for t in (self.resource_type, self.resource_id, *self.scopes)):
+            return self.literal()
         bound = sig.bind(*args, **kwargs)
         bound.apply_defaults()
         values = dict(bound.arguments)
@@ -118,6 +140,10 @@ class LeaseOptions:
             if p.kind is p.VAR_KEYWORD:
                 values.update(values.pop(p.name, {}))
         try:
-            return self.resource_id.format_map(values), [s.format_map(values) for s in self.scopes]
+            return (
+                self.resource_type.format_map(values),
+                self.resource_id.format_map(values),
+                [s.format_map(values) for s in self.scopes],
+            )
         except (KeyError, AttributeError, IndexError) as exc:
             raise ValidationError(f"cannot fill the lease templates: {exc!r}") from None

@@ -20,9 +20,9 @@ from prefect_baton.errors import (
     LeaseLostError,
 )
 from prefect_baton.prefect._context import LeaseSlot, RunIdentity, retry_follows
-from prefect_baton.prefect._options import LeaseOptions
+from prefect_baton.prefect._options import LeaseOptions, Resource
 
-__all__ = ["Again", "Fail", "LeaseCall", "Skip", "Sleep", "Step"]
+__all__ = ["Again", "Fail", "LeaseCall", "Skip", "Sleep", "Step", "refused"]
 
 _WAIT_FIRST_SECONDS = 0.25
 _WAIT_CAP_SECONDS = 5.0
@@ -39,6 +39,15 @@ _handed_to: dict[str, str] = {}
 # execution key -> what the previous attempt raised (Prefect retries the run after it)
 _failed: dict[str, BaseException] = {}
 _held_lock = threading.Lock()
+
+
+def refused(resource_type: str, resource_id: str, exc: ConflictError, why: str) -> ConflictError:
+    """The conflict to end a run with when ``exc`` refused the lease on the resource: one
+    line naming it and the holder's expiry, then ``why`` in parentheses
+    (``"deploy/checkout: Resource is leased by another principal until <UTC>. (why)"``);
+    ``expires_at`` is kept. Mark it ``expected`` when raising (no traceback in the logs)."""
+    message = f"{resource_type}/{resource_id}: {exc.message} ({why})"
+    return ConflictError(message, expires_at=exc.expires_at)
 
 
 def _new_process_attempt() -> None:
@@ -96,6 +105,7 @@ class LeaseCall:
     """One call of a ``@leased`` function. No I/O: the drivers ask it what to do next.
 
     Attributes:
+        resource_type, resource_id, scopes: what it leases (templates filled).
         key: the execution key it acquires under (``str``, the run's, see
             :class:`RunIdentity`).
         attempt: the attempt token it acquires as (``str``): this process's, or the one
@@ -111,13 +121,13 @@ class LeaseCall:
         opts: LeaseOptions,
         fn_name: str,
         ident: RunIdentity,
-        resource: tuple[str, list[str]],
+        resource: Resource,
         now: float,
     ) -> None:
         self.opts = opts
         self.fn_name = fn_name
         self.ident = ident
-        self.resource_id, self.scopes = resource
+        self.resource_type, self.resource_id, self.scopes = resource
         self.key = ident.execution_key
         with _held_lock:
             self.attempt = _held_attempts.get(self.key, _process_attempt)
@@ -132,7 +142,7 @@ class LeaseCall:
     @property
     def what(self) -> str:
         """``"<resource_type>/<resource_id>"``."""
-        return f"{self.opts.resource_type}/{self.resource_id}"
+        return f"{self.resource_type}/{self.resource_id}"
 
     def refusal(self, exc: BatonError) -> str:
         """Why ``exc`` refused the lease, naming the resource and the holder's expiry
@@ -167,7 +177,7 @@ class LeaseCall:
         if mode == "raise":
             if isinstance(exc, IdempotencyInFlightError):
                 return Fail(exc)
-            return Fail(ConflictError(f"{why} (on_conflict='raise')", expires_at=expires_at))
+            return Fail(refused(self.resource_type, self.resource_id, exc, "on_conflict='raise'"))
         if mode in ("skip", "cancel"):
             verb = "Skipped" if mode == "skip" else "Cancelled"
             return Skip(f"{verb} {self.fn_name}: {why} (on_conflict={mode!r})", mode == "cancel")
@@ -269,7 +279,7 @@ class LeaseCall:
     def keeper(self, slot_on_lost: Callable[[LeaseKeeper], Any] | None, b: Any) -> LeaseKeeper:
         """A keeper for the next acquire attempt."""
         lease: LeaseKeeper = b.lease(
-            self.opts.resource_type,
+            self.resource_type,
             self.resource_id,
             ttl_seconds=self.opts.ttl_seconds,
             purpose=self.opts.purpose,

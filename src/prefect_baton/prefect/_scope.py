@@ -145,8 +145,8 @@ class LeaseScope:
         guard_type: the ``cancel_on_loss`` guard of the driver (``SyncInterrupt`` or
             ``AsyncInterrupt``); one is made only when ``opts.cancel_on_loss``.
         prefer: ``"flow"``/``"task"``/``None``, see :func:`run_identity`.
-        bound: ``(signature, args, kwargs)`` of the call, when the resource id or scopes are
-            templates over its parameters.
+        bound: ``(signature, args, kwargs)`` of the call, when the resource type, id or
+            scopes are templates over its parameters.
 
     Raises:
         ValidationError: a bad principal or setting, or templates the call cannot fill.
@@ -164,7 +164,7 @@ class LeaseScope:
     ) -> None:
         ident = run_identity(prefer)
         self.baton = resolve_baton(opts.baton, ident.principal, opts.principal)
-        resource = opts.render(*bound) if bound is not None else (opts.resource_id, [*opts.scopes])
+        resource = opts.render(*bound) if bound is not None else opts.literal()
         self.call = LeaseCall(opts, name, ident, resource, time.monotonic())
         self.guard: Interrupt | None = guard_type() if opts.cancel_on_loss else None
         self._skip: Skip | None = None

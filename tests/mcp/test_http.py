@@ -530,6 +530,8 @@ def test_a_refused_notification_is_accepted_with_no_body_over_http(
         assert (resp.status_code, resp.content) == (202, b""), resp.text
 
 
+_NOT_UTF8 = "invalid JSON at byte %d (not UTF-8 text)"
+
 #: Bodies that are not JSON text, and the JSON-RPC error (``-32700``, id null) stdio gives
 #: the same line.
 NOT_JSON: list[tuple[bytes, str]] = [
@@ -545,6 +547,10 @@ NOT_JSON: list[tuple[bytes, str]] = [
         b'{"jsonrpc": "2.0", "id": 6, "method": "ping", "params": {"x": NaN}}',
         "invalid JSON at byte 62 (NaN is not a JSON value)",
     ),
+    # UTF-16 and UTF-32, which json.loads of bytes would read: not UTF-8 text either
+    ('{"jsonrpc": "2.0", "id": 7, "method": "ping"}'.encode("utf-16"), _NOT_UTF8 % 0),
+    ('{"jsonrpc": "2.0", "id": 7, "method": "ping"}'.encode("utf-16-le"), _NOT_UTF8 % 1),
+    ('{"jsonrpc": "2.0", "id": 7, "method": "ping"}'.encode("utf-32-be"), _NOT_UTF8 % 0),
 ]
 
 
@@ -569,6 +575,15 @@ def test_a_body_that_is_not_json_is_a_parse_error_over_http(http_server: HttpSer
         stdio = read_bytes(raw)
         assert isinstance(stdio, Refusal)
         assert stdio.model_dump(mode="json", by_alias=True, exclude_unset=True) == expected
+
+
+def test_a_trailing_slash_is_not_redirected_over_http(http_server: HttpServer) -> None:
+    """``/mcp/`` is ``404``, not a ``307`` to ``/mcp`` on whatever ``Host`` the client sent."""
+    headers = {**MCP_HEADERS, "Authorization": f"Bearer {http_server.key('alice')}"}
+    call = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    resp = httpx.post(http_server.url + "/", json=call, headers=headers, timeout=30)
+    assert resp.status_code == 404, (resp.status_code, resp.headers)
+    assert "location" not in resp.headers
 
 
 def test_a_body_of_too_many_containers_is_413_over_http(http_server: HttpServer) -> None:

@@ -70,15 +70,15 @@ def test_the_limit() -> None:
 
 def test_containers_are_counted_outside_strings() -> None:
     """Brackets inside strings (escaped quotes and backslashes among them) are not
-    containers; the body's encoding is the one JSON detects."""
+    containers."""
     assert not too_many_containers(b'["[[[[", "{{{{"]', 1)
     assert too_many_containers(b'["[[[[", {}]', 1)
     assert not too_many_containers(b'["\\"[[[[\\\\", "[[\\\\\\"{{"]', 1)
     assert too_many_containers(b'["\\\\", [], "\\\\"]', 1)
     assert not too_many_containers(_arrays(5), 5)
     assert too_many_containers(_arrays(6), 5)
-    assert too_many_containers(_arrays(6).decode().encode("utf-16-le"), 5)
-    assert not too_many_containers('["[[[[[["]'.encode("utf-16"), 1)
+    # text that is not UTF-8 (UTF-16 here) is not counted: the parser refuses it
+    assert not too_many_containers(_arrays(6).decode().encode("utf-16-le"), 5)
 
 
 @pytest.mark.parametrize(("label", "raw"), OVER, ids=[o[0] for o in OVER])

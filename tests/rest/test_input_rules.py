@@ -159,14 +159,11 @@ def test_an_unparseable_body_says_what_is_wrong(
     assert err["message"] == message, label
 
 
-def test_parse_json_body_counts_bytes_in_the_bodys_encoding() -> None:
-    """The byte offset counts bytes of the body as sent: after multi-byte UTF-8
-    characters, and in a UTF-16 body (which ``json.loads`` reads, so the API does)."""
+def test_parse_json_body_counts_bytes_of_the_body() -> None:
+    """The byte offset counts bytes of the body as sent, after multi-byte UTF-8
+    characters too."""
     with pytest.raises(ValidationError, match=r"^body: invalid JSON at byte 12 \("):
         parse_json_body('{"k": "é", x}'.encode())
-    with pytest.raises(ValidationError, match=r"^body: invalid JSON at byte 16 \("):
-        parse_json_body('{"k": 1,}'.encode("utf-16-le"))
-    assert parse_json_body('{"k": "é"}'.encode("utf-16")) == {"k": "é"}
 
 
 # ---------------------------------------------------------------- query parameters

@@ -165,6 +165,35 @@ def validate_text(name: str, value: object, limit: int = MAX_TEXT_LENGTH) -> str
     return value
 
 
+def check_paired(
+    lead: tuple[str, object],
+    follower: tuple[str, object],
+    what: str,
+    *,
+    lead_alone: bool = False,
+) -> None:
+    """The rule of two fields that make one value (a fence: a lease id and its epoch; a
+    lease proof: a lease id and its execution key), each a ``(name, value)`` pair given
+    when its value is not ``None``: both or neither; with ``lead_alone`` (``bool``) the
+    lead may come alone (the follower is then the lead's own, e.g. the lease's epoch), the
+    follower never (it would be dropped silently). The one rule of every surface that
+    takes such fields by halves (the MCP tools' ``lease_id`` + ``epoch``, the REST API's
+    ``fence_lease_id`` + ``fence_epoch`` and ``lease_id`` + ``lease_execution_key``).
+
+    Raises:
+        ValidationError: ``<lead> and <follower> are given together (<what>) or not at
+            all``; with ``lead_alone``: ``<follower> is given only with <lead> (<what>)``.
+    """
+    (lead_name, lead_value), (follower_name, follower_value) = lead, follower
+    if lead_alone:
+        if follower_value is not None and lead_value is None:
+            raise ValidationError(f"{follower_name} is given only with {lead_name} ({what})")
+    elif (lead_value is None) != (follower_value is None):
+        raise ValidationError(
+            f"{lead_name} and {follower_name} are given together ({what}) or not at all"
+        )
+
+
 def validate_ttl(ttl_seconds: object, name: str = "ttl_seconds") -> int:
     """Check a lease TTL: an integer number of seconds from 10 to 86,400 (seed service rule).
 

@@ -21,6 +21,8 @@ from prefect_baton.errors import (
 )
 from prefect_baton.rest._json_body import (
     DuplicateKey,
+    NotUtf8,
+    body_text,
     unique_keys,
 )
 
@@ -252,21 +254,18 @@ def read_message(text: str) -> types.JSONRPCMessage | Refusal | Dropped | None:
     return screen_message(doc, found[0] if found else None)
 
 
-def read_bytes(
-    raw: bytes, encoding: str = "utf-8"
-) -> types.JSONRPCMessage | Refusal | Dropped | None:
-    """The message of one client document ``raw`` (``bytes``: a stdin line, in UTF-8, or
-    an HTTP body, in the ``encoding`` :func:`json.detect_encoding` finds), by
-    :func:`read_message`; the one reading rule of both transports. Bytes that are not text
-    in ``encoding`` are answered ``-32700`` (``id`` null) naming the offset of the first
-    bad one, ``Parse error: invalid JSON at byte N (not UTF-8 text)``: the ``mcp`` package
-    would read them with ``errors="replace"``, so ``x\\xff`` and ``x\\xfe`` would both
-    become ``x\\ufffd``."""
+def read_bytes(raw: bytes) -> types.JSONRPCMessage | Refusal | Dropped | None:
+    """The message of one client document ``raw`` (``bytes``: a stdin line or an HTTP
+    body, UTF-8 text as :func:`~prefect_baton.rest._json_body.body_text` reads it, the REST
+    API's rule), by :func:`read_message`; the one reading rule of both transports. Bytes
+    that are not UTF-8 text (UTF-16 and UTF-32 among them) are answered ``-32700`` (``id``
+    null) naming the offset of the first bad one, ``Parse error: invalid JSON at byte N
+    (not UTF-8 text)``: the ``mcp`` package would read them with ``errors="replace"``, so
+    ``x\\xff`` and ``x\\xfe`` would both become ``x\\ufffd``."""
     try:
-        text = raw.decode(encoding)
-    except UnicodeDecodeError as exc:
-        detail = f"invalid JSON at byte {exc.start} (not {encoding.upper()} text)"
-        return refusal(types.PARSE_ERROR, "Parse error", detail, None)
+        text = body_text(raw)
+    except NotUtf8 as exc:
+        return refusal(types.PARSE_ERROR, "Parse error", str(exc), None)
     return read_message(text)
 
 

@@ -5,7 +5,6 @@ limits, and the reading rule of :mod:`._envelope` (the one of MCP over stdio) be
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -134,12 +133,12 @@ def _screen_endpoint(app: Starlette, path: str = "/mcp") -> None:
 
 
 def _screened_body(body: bytes) -> Refusal | Dropped | None:
-    """The JSON-RPC error (:class:`Refusal`) answering an HTTP ``body`` (``bytes``, JSON in
-    the encoding :func:`json.detect_encoding` finds) by
+    """The JSON-RPC error (:class:`Refusal`) answering an HTTP ``body`` (``bytes``, UTF-8
+    JSON) by
     :func:`~prefect_baton.mcp._envelope.read_bytes`, or :class:`Dropped` (a refused
     notification, answered by nothing), else ``None`` (no body, or a message to serve, a
     JSON-RPC error response of the client among them)."""
-    answer = read_bytes(body, json.detect_encoding(body))
+    answer = read_bytes(body)
     return answer if isinstance(answer, (Refusal, Dropped)) else None
 
 
@@ -255,6 +254,7 @@ def http_app(
         max_request_body_size=limit,  # the mcp package's own cap (4 MiB) would cut ours
     )
     _screen_endpoint(app)
+    app.router.redirect_slashes = False  # /mcp/ is 404, not a redirect to the client's Host
     app.add_middleware(_UnavailableAs503)
     # Outermost: request ids, one Authorization header, no key in the URL, the body caps;
     # the body is read by _ScreenedMessages, whose refusals are JSON-RPC errors.

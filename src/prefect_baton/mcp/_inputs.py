@@ -44,8 +44,7 @@ class _Fenced(_In):
 
     @model_validator(mode="after")
     def _fence_pair(self) -> Self:
-        if (self.lease_id is None) != (self.epoch is None):
-            raise ValueError("lease_id and epoch are given together (the fence) or not at all")
+        rest_schemas.paired(self, "lease_id", "epoch", "the fence", lead_alone=False)
         return self
 
 

@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse
 
 from prefect_baton._client.leases import fence_by_id
 from prefect_baton._client.sync import Baton
+from prefect_baton._rules.validation import validate_id
 from prefect_baton._stores.protocol import Caller
 from prefect_baton.errors import ValidationError
 from prefect_baton.models import Lease
@@ -33,18 +34,22 @@ def _strip(value: Any) -> Any:
 
 def _utf8(key: str | None) -> str | None:
     """The ``Idempotency-Key`` header as sent: its bytes read as UTF-8 (Starlette hands
-    header values over as Latin-1), so keys outside ASCII work as in Python.
+    header values over as Latin-1), so keys outside ASCII work as in Python, checked as an
+    id (:func:`~prefect_baton._rules.validation.validate_id`) under the header's name.
 
     Raises:
         ValidationError: the bytes are not UTF-8 (read as Latin-1 instead, two different
-            keys could become one).
+            keys could become one); the key is empty, over 256 characters or holds a
+            control or format character (``Idempotency-Key must not contain control
+            characters``).
     """
     if key is None:
         return None
     try:
-        return key.encode("latin-1").decode("utf-8")
+        text = key.encode("latin-1").decode("utf-8")
     except (UnicodeEncodeError, UnicodeDecodeError):
         raise ValidationError("Idempotency-Key must be UTF-8 text") from None
+    return validate_id("Idempotency-Key", text)
 
 
 def _no_idempotency_key(key: IdemKey = None) -> None:

@@ -19,6 +19,8 @@ from prefect_baton.errors import ValidationError
 __all__ = [
     "THREAD_PARSE_BYTES",
     "DuplicateKey",
+    "NotUtf8",
+    "body_text",
     "parse_json_body",
     "quoted",
     "read_json_body",
@@ -70,9 +72,39 @@ def _not_json(literal: str) -> Any:
     raise _NotJson(f"{literal} is not JSON")
 
 
+class NotUtf8(ValueError):
+    """A body is not UTF-8 text; ``start`` (``int``) is the offset of its first bad byte and
+    ``str()`` of it reads ``invalid JSON at byte N (not UTF-8 text)``."""
+
+    def __init__(self, start: int) -> None:
+        super().__init__(f"invalid JSON at byte {start} (not UTF-8 text)")
+        self.start = start
+
+
+def body_text(raw: bytes) -> str:
+    """The text of a JSON request body or MCP message ``raw`` (``bytes``): UTF-8, strictly.
+    No other encoding is guessed (:func:`json.loads` of bytes would read UTF-16 and UTF-32
+    too, and ``json.detect_encoding`` takes a NUL among the first four bytes for one of
+    them: here that NUL is the first byte that is not UTF-8 JSON text), an encoded
+    surrogate is not UTF-8, and a byte order mark is not skipped (RFC 8259: a JSON text
+    has none). The one text rule of the REST API and of the MCP server (stdio and HTTP).
+
+    Raises:
+        NotUtf8: the bytes are not UTF-8 text, naming the first bad byte.
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise NotUtf8(exc.start) from None
+    nul = raw.find(b"\x00", 0, 4)
+    if nul >= 0:
+        raise NotUtf8(nul)
+    return text
+
+
 def parse_json_body(raw: bytes) -> Any:
-    """The JSON document of a request body ``raw`` (``bytes``; UTF-8, or UTF-16/32 as
-    :func:`json.loads` detects it), read as :func:`json.loads` reads it except that an
+    """The JSON document of a request body ``raw`` (``bytes``, UTF-8 text:
+    :func:`body_text`), read as :func:`json.loads` reads it except that an
     object naming a key twice is refused (``json.loads`` keeps the last value, so a check
     of the first would pass a value that never takes effect). The one JSON rule of the REST
     API (:class:`BatonMiddleware` applies it to every JSON body before any route runs, and
@@ -81,23 +113,21 @@ def parse_json_body(raw: bytes) -> Any:
 
     Raises:
         ValidationError: ``body: invalid JSON at byte N (reason)``: malformed (the offset
-            counts bytes of ``raw``), not text in its encoding, or an integer longer than
+            counts bytes of ``raw``), not UTF-8 text (``(not UTF-8 text)``, see
+            :func:`body_text`), or an integer longer than
             Python reads (:func:`sys.get_int_max_str_digits`); ``body: invalid JSON (the
             key 'k' appears twice in one object)``; ``body: invalid JSON (nested too
             deeply)``; ``body: invalid JSON (NaN is not JSON)`` (likewise ``Infinity`` and
             ``-Infinity``, which :func:`json.loads` reads by default; RFC 8259 has no such
             value).
     """
-    encoding = json.detect_encoding(raw)
     try:
-        text = raw.decode(encoding, "surrogatepass")
-    except UnicodeDecodeError as exc:
-        raise ValidationError(
-            f"body: invalid JSON at byte {exc.start} (not {encoding.upper()} text)"
-        ) from None
+        text = body_text(raw)
+    except NotUtf8 as exc:
+        raise ValidationError(f"body: {exc}") from None
 
     def at(pos: int) -> int:  # a character offset of ``text`` as a byte offset of ``raw``
-        return len(text[:pos].encode(encoding, "surrogatepass"))
+        return len(text[:pos].encode("utf-8"))
 
     try:
         return json.loads(text, object_pairs_hook=unique_keys, parse_constant=_not_json)
@@ -117,20 +147,19 @@ def parse_json_body(raw: bytes) -> Any:
 
 
 def too_many_containers(raw: bytes, limit: int) -> bool:
-    """Whether the JSON text ``raw`` (``bytes``, in the encoding :func:`json.detect_encoding`
-    finds) holds more than ``limit`` (``int``) objects and arrays, counted without parsing
-    it: the bytes ``[`` and ``{`` (at most a few milliseconds for 3 MiB); only when there
-    are more of them than ``limit``, those outside strings (the text split at its quotes,
-    once ``\\\\`` and ``\\"`` escapes are taken out; about 15 ms for 3 MiB of short
-    strings). Text that is not JSON may be counted wrong (it is refused either way), and
-    text that does not decode is not counted (``False``): the parser refuses it before it
-    builds anything.
+    """Whether the JSON text ``raw`` (``bytes``, UTF-8) holds more than ``limit`` (``int``)
+    objects and arrays, counted without parsing it: the bytes ``[`` and ``{`` (at most a
+    few milliseconds for 3 MiB); only when there are more of them than ``limit``, those
+    outside strings (the text split at its quotes, once ``\\\\`` and ``\\"`` escapes are
+    taken out; about 15 ms for 3 MiB of short strings). Text that is not JSON may be
+    counted wrong (it is refused either way), and text that is not UTF-8 is not counted
+    (``False``): the parser refuses it before it builds anything.
     """
     if raw.count(b"[") + raw.count(b"{") <= limit:  # every object or array opens so
         return False
     try:
-        text = raw.decode(json.detect_encoding(raw), "surrogatepass")
-    except UnicodeDecodeError:
+        text = body_text(raw)
+    except NotUtf8:
         return False
     if "\\" in text:  # a quote escaped inside a string does not end it
         text = text.replace("\\\\", "").replace('\\"', "")

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Self
 
 from fastapi import FastAPI, Query, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from starlette.responses import Response
 
 from prefect_baton._client.sync import Baton
@@ -63,6 +63,11 @@ class HandoffProofIn(s.HandoffIn):
 
     lease_execution_key: ExecutionKey | None = None
 
+    @model_validator(mode="after")
+    def _paired(self) -> Self:
+        s.paired(self, "lease_id", "lease_execution_key", "the lease proof", lead_alone=True)
+        return self
+
 
 class FencedCheckpointIn(s.CheckpointIn):
     """``PUT /v1/checkpoints``; ``fence_epoch`` is the epoch the writer presents with
@@ -70,11 +75,21 @@ class FencedCheckpointIn(s.CheckpointIn):
 
     fence_epoch: Epoch | None = None
 
+    @model_validator(mode="after")
+    def _paired(self) -> Self:
+        s.paired(self, "fence_lease_id", "fence_epoch", "the fence", lead_alone=True)
+        return self
+
 
 class FencedOutcomeIn(s.OutcomeIn):
     """``POST /v1/outcomes``; ``fence_epoch`` as for checkpoints."""
 
     fence_epoch: Epoch | None = None
+
+    @model_validator(mode="after")
+    def _paired(self) -> Self:
+        s.paired(self, "fence_lease_id", "fence_epoch", "the fence", lead_alone=True)
+        return self
 
 
 def add_routes(app: FastAPI) -> None:

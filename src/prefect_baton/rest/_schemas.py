@@ -19,6 +19,7 @@ from pydantic import (
     ValidatorFunctionWrapHandler,
     WrapValidator,
 )
+from pydantic_core import PydanticCustomError
 
 from prefect_baton._rules.validation import (
     CHECKPOINT_TTL_MAX_SECONDS,
@@ -29,8 +30,10 @@ from prefect_baton._rules.validation import (
     MAX_TEXT_LENGTH,
     TTL_MAX_SECONDS,
     TTL_MIN_SECONDS,
+    check_paired,
 )
 from prefect_baton._stores.protocol import MAX_MANY
+from prefect_baton.errors import ValidationError
 
 __all__ = [
     "AcquireIn",
@@ -44,6 +47,7 @@ __all__ = [
     "ResolveIn",
     "ResourceIn",
     "TransferIn",
+    "paired",
 ]
 
 #: No control characters (U+0000..U+001F, U+007F) in ids and scopes.
@@ -74,6 +78,26 @@ Lifetime = Annotated[int, Field(ge=1, le=CHECKPOINT_TTL_MAX_SECONDS, strict=True
 Scope = Annotated[str, Field(min_length=1, max_length=MAX_SCOPE_LENGTH, pattern=NO_CONTROL)]
 #: Write-scope patterns of a lease: at most 64, each 1 to 1,024 characters.
 Scopes = Annotated[list[Scope], Field(max_length=MAX_SCOPES)]
+
+
+def paired(model: BaseModel, lead: str, follower: str, what: str, *, lead_alone: bool) -> None:
+    """:func:`~prefect_baton._rules.validation.check_paired` of the fields ``lead`` and
+    ``follower`` (``str`` names) of ``model``, for a model validator (REST bodies, MCP tool
+    inputs): its refusal as a pydantic error, so it reads ``body: <rule>`` (``arguments:
+    <rule>`` over MCP) without pydantic's ``Value error,``.
+
+    Raises:
+        pydantic_core.PydanticCustomError: the fields are given by halves.
+    """
+    try:
+        check_paired(
+            (lead, getattr(model, lead)),
+            (follower, getattr(model, follower)),
+            what,
+            lead_alone=lead_alone,
+        )
+    except ValidationError as exc:
+        raise PydanticCustomError("paired_fields", exc.message) from None
 
 
 #: An integer as a query parameter writes it: canonical decimal in the ASCII digits 0-9 (no

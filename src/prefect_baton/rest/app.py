@@ -40,21 +40,26 @@ OpenAPI document.
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine
 from contextlib import asynccontextmanager
+from functools import cached_property
 from typing import Any
+from urllib.parse import parse_qsl
 
 from fastapi import FastAPI, Request
+from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
+from pydantic import BaseModel
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import Match
-from starlette.types import Receive, Scope
+from starlette.types import Receive, Scope, Send
 
 from prefect_baton import metrics
 from prefect_baton._rules.validation import request_body_limit, request_container_limit
@@ -74,6 +79,7 @@ from prefect_baton.rest._http import (
     logger,
     replaying,
 )
+from prefect_baton.rest._json_body import quoted
 from prefect_baton.rest._openapi import install_openapi
 from prefect_baton.rest.keys import KeyCache
 
@@ -110,11 +116,63 @@ class _ParsedRequest(Request):
         return self._document
 
 
+def _query_names(dependant: Dependant) -> frozenset[str]:
+    """The query parameters a route declares (``dependant``: its FastAPI dependant, with
+    those of its dependencies; a pydantic model read from the query gives its fields)."""
+    names: set[str] = set()
+    todo = [dependant]
+    while todo:
+        d = todo.pop()
+        todo.extend(d.dependencies)
+        for field in d.query_params:
+            model = field.field_info.annotation
+            if isinstance(model, type) and issubclass(model, BaseModel):
+                names.update(f.alias or n for n, f in model.model_fields.items())
+            else:
+                names.add(field.alias)
+    return frozenset(names)
+
+
+def unknown_query_parameter(query: bytes, known: Collection[str]) -> str | None:
+    """The refusal of the first parameter of the raw query string ``query`` that is not
+    in ``known`` (the route's names), naming the closest known one when one is close,
+    else ``None``: a misspelt filter (``resource_typ=``) would otherwise be ignored and the
+    answer silently wider than asked."""
+    for name, _ in parse_qsl(query.decode("latin-1"), keep_blank_values=True):
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        if close:
+            hint = f"did you mean {quoted(close[0])}?"
+        elif known:
+            hint = "this route takes " + ", ".join(quoted(k) for k in sorted(known))
+        else:
+            hint = "this route takes none"
+        return f"unknown query parameter {quoted(name)} ({hint})"
+    return None
+
+
 class _ParsedBodyRoute(APIRoute):
-    """The route class of the app: its handler reads a JSON body from the document the
-    middleware parsed (``scope["state"]["json_body"]``, taken from there) rather than
-    parsing the body a second time on the event loop, which would hold up every other
-    request of the process for as long as a large body takes."""
+    """The route class of the app: a request naming a query parameter the route does not
+    declare is ``400 VALIDATION_ERROR`` (:func:`unknown_query_parameter`), before anything
+    else of the route runs (its fast path too); its handler reads a JSON body from the
+    document the middleware parsed (``scope["state"]["json_body"]``, taken from there)
+    rather than parsing the body a second time on the event loop, which would hold up
+    every other request of the process for as long as a large body takes."""
+
+    @cached_property
+    def query_names(self) -> frozenset[str]:
+        """The query parameters the route declares (:func:`_query_names`)."""
+        return _query_names(self.dependant)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Refuse an unknown query parameter, else handle the request as FastAPI does."""
+        query = bytes(scope.get("query_string", b""))
+        refused = unknown_query_parameter(query, self.query_names) if query else None
+        if refused is not None:
+            await error_response("VALIDATION_ERROR", refused)(scope, receive, send)
+            return
+        await super().handle(scope, receive, send)
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -169,7 +227,9 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         yield
         stores.close()
 
-    app = FastAPI(title="prefect-baton", version="1", lifespan=lifespan)
+    # No redirect of /v1/leases/ to /v1/leases: a 307 to the Host the client sent, with an
+    # empty body; a path with a trailing slash is 404 NOT_FOUND like any unknown path.
+    app = FastAPI(title="prefect-baton", version="1", lifespan=lifespan, redirect_slashes=False)
     app.router.route_class = _ParsedBodyRoute
     app.state.store = store
     app.state.close_stores = stores.close  # for a server that builds the app only to check
@@ -199,7 +259,9 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
                 "VALIDATION_ERROR",
                 f"body: the body must be JSON with Content-Type: application/json (got {got})",
             )
-        err = from_pydantic(exc, skip={"body"}, root="body", messages=s.PATTERN_MESSAGES)
+        # a body field reads "field: ...", a query parameter "name: ..." (its location's
+        # "query." left out, as "body." is), as the client's own checks name them
+        err = from_pydantic(exc, skip={"body", "query"}, root="body", messages=s.PATTERN_MESSAGES)
         return error_response(err.code, err.message)
 
     @app.exception_handler(StarletteHTTPException)

@@ -442,16 +442,59 @@ def test_background_drain_completes_an_interrupted_accept(
 
 
 def test_reject_settles_before_a_late_accept(auth: RedisAuthority) -> None:
-    """Once a lease-carrying handoff is rejected, an accept cannot transfer its lease."""
+    """Once a lease-carrying handoff is rejected in Redis, an accept cannot transfer its
+    lease; a reject after the first one crashed (settled, nothing released or recorded)
+    completes that rejection and is answered as a second resolve (NOT_FOUND)."""
     a = _baton(auth)
     lease = a.leases.acquire("res", "r0", ttl_seconds=60)
     h = a.handoffs.create("agent-b", "subject", lease=lease)
     b = a.as_principal("agent-b")
-    mark_rejected(auth, b.caller, h.handoff_id)  # the reject's first step, then a crash
+    assert mark_rejected(auth, b.caller, h.handoff_id)  # the reject's first step, a crash
     with pytest.raises(NotFoundError):
         b.handoffs.resolve(h.handoff_id, "accepted")
-    assert b.handoffs.resolve(h.handoff_id, "rejected").status == "rejected"
+    with pytest.raises(NotFoundError, match="not found"):
+        b.handoffs.resolve(h.handoff_id, "rejected")
+    assert b.handoffs.get(h.handoff_id).status == "rejected"
     assert not a.leases.inspect("res", "r0").held  # the rejection released the carried lease
+    assert kinds_of(auth.store, a).count("handoff.rejected") == 1
+
+
+def test_a_rejection_is_not_settled_past_the_handoffs_deadline(auth: RedisAuthority) -> None:
+    """Settling a rejection in Redis is refused past the handoff's deadline on the Redis
+    clock, as an accept is: a later mark never decides the end of an expired handoff."""
+    a = _baton(auth)
+    lease = a.leases.acquire("res", "r0", ttl_seconds=60)
+    h = a.handoffs.create("agent-b", "subject", lease=lease)
+    b = a.as_principal("agent-b")
+    with pytest.raises(NotFoundError, match="has expired"):
+        mark_rejected(auth, b.caller, h.handoff_id, int(time.time() * 1000) - 1)
+    assert mark_rejected(auth, b.caller, h.handoff_id)  # before the deadline: settles it
+    assert not mark_rejected(auth, b.caller, h.handoff_id)  # a second mark is not its own
+
+
+def test_a_rejection_the_sweep_recorded_first_is_answered_as_its_own(
+    auth: RedisAuthority, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reject that settled in Redis and released the lease, whose ledger record the
+    expiry sweep made first (it completes settled rejections), is answered as the
+    rejection (not NOT_FOUND): exactly one handoff.rejected, the lease released once."""
+    a = _baton(auth)
+    lease = a.leases.acquire("res", "r0", ttl_seconds=60, idempotency_key="w1")
+    h = a.handoffs.create("agent-b", "subject", lease=lease)
+    b = a.as_principal("agent-b")
+    real = auth.store._handoff_resolve
+
+    def sweep_first(caller: Any, resolution: Any, *, carried_released: bool = False) -> Any:
+        if carried_released and caller.principal == "agent-b":
+            monkeypatch.setattr(auth.store, "_handoff_resolve", real)
+            a.leases.report_expired()  # the sweep comes between release and record
+        return real(caller, resolution, carried_released=carried_released)
+
+    monkeypatch.setattr(auth.store, "_handoff_resolve", sweep_first)
+    assert b.handoffs.resolve(h.handoff_id, "rejected").status == "rejected"
+    got = kinds_of(auth.store, a)
+    assert got.count("handoff.rejected") == 1
+    assert got.count("lease.released") == 1
 
 
 def _interrupt_rejection(auth: RedisAuthority, monkeypatch: pytest.MonkeyPatch) -> Any:
@@ -474,9 +517,9 @@ def test_an_interrupted_rejection_ends_rejected(
 ) -> None:
     """A rejection that released the carried lease in Redis but did not reach the ledger
     (interrupted, or still running when another resolve comes) ends the handoff
-    ``rejected``, never ``expired``: a second reject completes it (one handoff.rejected,
-    the lease released once), an accept is NOT_FOUND (it was rejected) and writes nothing,
-    and the expiry sweep completes it too."""
+    ``rejected``, never ``expired``: another reject or an accept completes it and is
+    NOT_FOUND (it was rejected), and so does the expiry sweep (one handoff.rejected, the
+    lease released once)."""
     a = _baton(auth)
     lease = a.leases.acquire("res", "r0", ttl_seconds=60, idempotency_key="w1")
     h = a.handoffs.create("agent-b", "subject", lease=lease)
@@ -485,12 +528,9 @@ def test_an_interrupted_rejection_ends_rejected(
     with pytest.raises(UnavailableError):
         b.handoffs.resolve(h.handoff_id, "rejected")
     assert not a.leases.inspect("res", "r0").held
-    if then == "rejected":
-        assert b.handoffs.resolve(h.handoff_id, "rejected").status == "rejected"
-    elif then == "accepted":
+    if then in ("rejected", "accepted"):
         with pytest.raises(NotFoundError, match="was rejected"):
-            b.handoffs.resolve(h.handoff_id, "accepted", execution_key="run-2")
-        a.leases.report_expired()
+            b.handoffs.resolve(h.handoff_id, then, execution_key="run-2")
     else:
         a.leases.report_expired()
     assert b.handoffs.get(h.handoff_id).status == "rejected"
@@ -504,9 +544,10 @@ def test_an_interrupted_rejection_ends_rejected(
 def test_an_acquire_past_the_deadline_of_a_half_rejected_handoff_gets_the_lease(
     auth: RedisAuthority,
 ) -> None:
-    """A rejection interrupted after it settled in Redis but before it released the lease:
-    once the handoff's deadline passes it expires like any other (the rejection is not
-    completed past it), and another principal's acquire is granted at once."""
+    """A rejection interrupted after it settled in Redis (before the deadline) but before
+    it released the lease: once the handoff's deadline passes, another principal's acquire
+    completes that rejection (the handoff ends ``rejected``, its lease released) and is
+    granted at once."""
     a = _baton(auth)
     lease = a.leases.acquire("res", "r0", ttl_seconds=60, idempotency_key="w1")
     h = a.handoffs.create("agent-b", "subject", lease=lease, expires_in_seconds=1)
@@ -516,7 +557,7 @@ def test_an_acquire_past_the_deadline_of_a_half_rejected_handoff_gets_the_lease(
     got = a.as_principal("agent-c").leases.acquire("res", "r0", ttl_seconds=60)
     assert got.owner == "agent-c"
     assert got.epoch > lease.epoch
-    assert b.handoffs.get(h.handoff_id).status == "expired"
+    assert b.handoffs.get(h.handoff_id).status == "rejected"
 
 
 @pytest.mark.parametrize("key", ["run-2", None, "run-1"])

@@ -286,8 +286,11 @@ class HandoffOps(ExpiryOps):
 
         Accepting a handoff that carries a lease transfers the lease to the caller under
         ``resolution.execution_key`` (default ``handoff:<id>``) in the same transaction.
-        ``carried_released``: the lease authority (Redis) already released the carried lease
-        for this rejection, so its end does not make the handoff read ``expired`` here.
+        ``carried_released``: the lease authority (Redis) settled this rejection before the
+        handoff's deadline and released the carried lease for it
+        (``_stores.redis.handoffs.mark_rejected``), so neither the lease's end nor the
+        deadline passing since makes the handoff read ``expired`` here: it is recorded
+        ``rejected``.
         """
         handoff_id, status = resolution.handoff_id, resolution.status
         lease_id: str | None = None
@@ -299,7 +302,8 @@ class HandoffOps(ExpiryOps):
                 held = None if carried_released else carried_of(s, h)
                 ended = h.status == "pending" and carried_lease_ended(held, now)
                 if (
-                    h.status == "pending"
+                    not carried_released
+                    and h.status == "pending"
                     and handoff_model(h, now, carried_ended=ended).status == "expired"
                 ):
                     expired = expired_message(handoff_id, h.expires_at_ms, held, now)
@@ -324,10 +328,14 @@ class HandoffOps(ExpiryOps):
                         handoff_id, row.status, row.expires_at_ms, carried, tx.now_ms
                     )
                 )
-            ended = carried_lease_ended(carried, tx.now_ms) and not carried_released
-            if handoff_model(row, tx.now_ms, carried_ended=ended).status == "expired":
-                held = None if carried_released else carried
-                raise NotFoundError(expired_message(handoff_id, row.expires_at_ms, held, tx.now_ms))
+            ended = carried_lease_ended(carried, tx.now_ms)
+            if (
+                not carried_released
+                and handoff_model(row, tx.now_ms, carried_ended=ended).status == "expired"
+            ):
+                raise NotFoundError(
+                    expired_message(handoff_id, row.expires_at_ms, carried, tx.now_ms)
+                )
             check_resolver(row.to_principal, caller.principal)
             lease: Lease | None = None
             released: Lease | None = None

@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -111,6 +112,7 @@ def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: ResolveReq
     with store._read() as (s, now):
         row = s.get(HandoffRow, handoff_id)
         lease_id = from_principal = expires_at_ms = None
+        recipient = caller.principal  # who may resolve it (checked below)
         if row is not None and row.org_id == caller.org and row.status == "pending":
             lease_id, from_principal = row.lease_id, row.from_principal
             expires_at_ms = row.expires_at_ms
@@ -121,20 +123,29 @@ def resolve_handoff(auth: RedisAuthority, caller: Caller, resolution: ResolveReq
             else:
                 check_resolver(row.to_principal, caller.principal)
     if expired is not None:
-        if completes_rejection(auth, caller, handoff_id, expires_at_ms, now):
-            # its lease was released by a rejection settled in Redis (mark_rejected), in
-            # flight or interrupted: that rejection ends it, it does not expire
-            if resolution.status != "rejected":
-                raise NotFoundError(f"handoff {handoff_id} was rejected")
-            return store._handoff_resolve(caller, resolution, carried_released=True)
-        expire_handoff(auth, caller, handoff_id)  # end it (releasing its lease) first
-        raise NotFoundError(expired)
+        # end it first: releasing its lease, or completing the rejection that settled it
+        # in Redis (mark_rejected) and released its lease (expire_handoff)
+        marked = rejection_marked(auth, caller, handoff_id)
+        expire_handoff(auth, caller, handoff_id)
+        raise NotFoundError(f"handoff {handoff_id} was rejected" if marked else expired)
     if lease_id is None or from_principal is None:
         return store.handoff_resolve(caller, resolution)
     if resolution.status == "rejected":
-        mark_rejected(auth, caller, handoff_id)
+        if not mark_rejected(auth, caller, handoff_id, expires_at_ms):
+            # another rejection settled it first: that one is answered as the rejection,
+            # this one as a second resolve (completing the first if it was interrupted)
+            complete_rejection(auth, caller, handoff_id, lease_id, from_principal, recipient)
+            raise NotFoundError(f"pending handoff {handoff_id} not found")
         released = release_carried(auth, caller, handoff_id, lease_id, from_principal)
-        rejected = store._handoff_resolve(caller, resolution, carried_released=True)
+        try:
+            rejected = store._handoff_resolve(caller, resolution, carried_released=True)
+        except NotFoundError:
+            # the expiry sweep (or a read ending it) recorded this call's rejection first
+            with store._read() as (s, now):
+                row = s.get(HandoffRow, handoff_id)
+                if row is None or row.status != "rejected":
+                    raise
+                rejected = handoff_model(row, now)
         if released is None:
             return rejected
         return rejected.model_copy(update={"released_lease": released})
@@ -220,28 +231,17 @@ def expire_handoff(auth: RedisAuthority, caller: Caller, handoff_id: str) -> Lea
 
     Returns:
         The carried lease released by this call, or ``None``. A handoff marked rejected in
-        Redis before its deadline (:func:`completes_rejection`) is completed as rejected
-        instead.
+        Redis (:func:`rejection_marked`) is completed as rejected instead.
     """
     store = auth.store
-    with store._read() as (s, now):
+    with store._read() as (s, _now):
         row = s.get(HandoffRow, handoff_id)
         if row is None or row.org_id != caller.org or row.status != "pending":
             return None
         lease_id, sender, expires_at_ms = row.lease_id, row.from_principal, row.expires_at_ms
         recipient = row.to_principal
-    if lease_id is not None and completes_rejection(auth, caller, handoff_id, expires_at_ms, now):
-        # a rejection settled in Redis and interrupted before the ledger recorded it (or
-        # still running): it is completed as rejected, its lease released by it or here
-        freed = release_carried(auth, caller, handoff_id, lease_id, sender)
-        as_recipient = dataclasses.replace(caller, principal=recipient)
-        try:
-            store._handoff_resolve(
-                as_recipient, ResolveRequest(handoff_id, "rejected"), carried_released=True
-            )
-        except NotFoundError:
-            pass  # the rejection in flight recorded it first
-        return freed
+    if lease_id is not None and rejection_marked(auth, caller, handoff_id):
+        return complete_rejection(auth, caller, handoff_id, lease_id, sender, recipient)
     released = None
     if lease_id is not None:
         held, now = auth.generation(caller, lease_id)
@@ -264,39 +264,68 @@ def expire_handoff(auth: RedisAuthority, caller: Caller, handoff_id: str) -> Lea
     return released
 
 
-def completes_rejection(
+def complete_rejection(
     auth: RedisAuthority,
     caller: Caller,
     handoff_id: str,
-    expires_at_ms: int | None,
-    now_ms: int,
-) -> bool:
-    """Whether pending lease-carrying handoff ``handoff_id`` ends ``rejected`` rather than
-    ``expired``: it was settled as rejected in Redis (:func:`mark_rejected`; a rejection is
-    under way, or was interrupted before the ledger recorded it) and its own deadline
-    (``expires_at_ms``) has not passed at ``now_ms`` (the ledger's clock, by which the
-    ledger records the rejection; past it, it expires as any other)."""
-    if expires_at_ms is not None and expires_at_ms <= now_ms:
-        return False
+    lease_id: str,
+    sender: str,
+    recipient: str,
+) -> Lease | None:
+    """Complete the rejection settled in Redis (:func:`rejection_marked`) of pending handoff
+    ``handoff_id``, which carries ``lease_id`` from ``sender`` to ``recipient``: release the
+    lease (if that rejection has not yet) and record the handoff ``rejected`` in the ledger,
+    as the rejecting call would; idempotent. For a rejection interrupted after it settled
+    (a crash), or still under way when another resolve or the expiry sweep comes: the
+    rejecting call, when alive, then finds it recorded and answers it as its own.
+
+    Returns:
+        The carried lease released by this call, or ``None``.
+    """
+    freed = release_carried(auth, caller, handoff_id, lease_id, sender)
+    as_recipient = dataclasses.replace(caller, principal=recipient)
+    try:
+        auth.store._handoff_resolve(
+            as_recipient, ResolveRequest(handoff_id, "rejected"), carried_released=True
+        )
+    except NotFoundError:
+        pass  # recorded first by the rejecting call, or by another completion
+    return freed
+
+
+def rejection_marked(auth: RedisAuthority, caller: Caller, handoff_id: str) -> bool:
+    """Whether lease-carrying handoff ``handoff_id`` was settled as rejected in Redis
+    (:func:`mark_rejected`, which refuses past the handoff's deadline): a rejection is under
+    way, or was interrupted before the ledger recorded it. Such a handoff ends
+    ``rejected``, not ``expired``, even once its deadline has passed."""
     reply = auth.client.get(org_keys(caller.org).handoff(handoff_id))
-    return reply is not None and as_text(reply) == "r"
+    return reply is not None and as_text(reply).startswith("r")
 
 
-def mark_rejected(auth: RedisAuthority, caller: Caller, handoff_id: str) -> None:
+def mark_rejected(
+    auth: RedisAuthority, caller: Caller, handoff_id: str, expires_at_ms: int | None = None
+) -> bool:
     """Settle a lease-carrying handoff as rejected in Redis (before the ledger records
-    it), so that no accept can transfer its lease afterwards.
+    it), so that no accept can transfer its lease afterwards; refused past the handoff's
+    deadline ``expires_at_ms`` (epoch ms, ``None``: none) on the Redis clock, as an accept
+    is (``transfer.lua``).
+
+    Returns:
+        ``True`` when this call settled it (its rejection decides how the handoff ends),
+        ``False`` when another rejection had settled it first.
 
     Raises:
-        NotFoundError: it was accepted already.
+        NotFoundError: it was accepted already, or its deadline has passed.
     """
     keys = org_keys(caller.org)
     reply = auth._run(
         caller.org,
         "handoff_mark",
-        [handoff_id, str(HANDOFF_KEY_TTL_MS)],
+        [handoff_id, str(HANDOFF_KEY_TTL_MS), opt(expires_at_ms), secrets.token_hex(8)],
         [keys.handoff(handoff_id)],
     )
     raise_for(reply)
+    return int(reply[1]) == 1
 
 
 def transfer_lease(

@@ -24,9 +24,12 @@ holds)``; an accept that finds its entry gone so is answered ``UNAVAILABLE`` (re
 with the lost lease. Rejecting a lease-carrying handoff first settles the resolution key to
 ``rejected`` (refused once it says ``accepted``), then releases the carried lease on Redis
 (``_rules.handoffs.decide_carried_release``), then records the rejection in the ledger; a
-crash in between leaves the handoff pending, and no accept can win afterwards. A handoff
-marked rejected in Redis whose lease was released ends ``rejected``, never ``expired``:
-another reject completes it (an accept is ``NOT_FOUND``), and so does the expiry sweep.
+crash in between leaves the handoff pending, and no accept can win afterwards. The mark
+is refused past the handoff's deadline (Redis clock) and names the rejecting call: that
+call is the one answered as the rejection. A handoff so marked ends ``rejected``, never
+``expired``: another reject or an accept (answered ``NOT_FOUND``), a read or the expiry
+sweep that finds it marked completes it, and the rejecting call, finding it recorded,
+still answers it as its own.
 
 A handoff that expired unaccepted (:func:`expire_handoff`, ``_rules.handoffs.
 decide_handoff_expiry`` judged on the Redis clock and the generation Redis holds) releases

@@ -267,7 +267,7 @@ def command(
                 result = body(*args, **kwargs)
                 view = shown() if shown is not None else None
                 empty = None
-                if isinstance(result, list) and not result:
+                if isinstance(result, list) and not result and not st.json:  # table only
                     b = st.client()
                     empty = nothing_found(ctx, noun or key, b.org, b.principal)
                 if isinstance(result, Page):

@@ -299,14 +299,11 @@ class HandoffOps(ExpiryOps):
             h = s.get(HandoffRow, handoff_id)
             if h is not None and h.org_id == caller.org:
                 lease_id = h.lease_id  # accepting moves it, rejecting may release it
-                held = None if carried_released else carried_of(s, h)
-                ended = h.status == "pending" and carried_lease_ended(held, now)
-                if (
-                    not carried_released
-                    and h.status == "pending"
-                    and handoff_model(h, now, carried_ended=ended).status == "expired"
-                ):
-                    expired = expired_message(handoff_id, h.expires_at_ms, held, now)
+                if h.status == "pending" and not carried_released:
+                    held = carried_of(s, h)
+                    ended = carried_lease_ended(held, now)
+                    if handoff_model(h, now, carried_ended=ended).status == "expired":
+                        expired = expired_message(handoff_id, h.expires_at_ms, held, now)
         if expired is not None:  # end it (releasing its lease) before answering
             self.expire_handoffs(caller, handoff_id=handoff_id)
             raise NotFoundError(expired)

@@ -181,3 +181,31 @@ def test_messages_name_the_parameter_as_sent(client: TestClient, make_key: MakeK
     resp = client.get("/v1/leases?include_ended=maybe", headers=h)
     message = error(resp, 400, "VALIDATION_ERROR")["message"]
     assert message.startswith("include_ended: Input should be a valid boolean"), message
+
+
+# ---------------------------------------------------------------- bodies where none is taken
+
+
+def test_a_body_on_a_route_that_takes_none_is_refused(
+    client: TestClient, make_key: MakeKey, ledger_url: str
+) -> None:
+    """A JSON body sent to a route that takes none (a release by id, a checkpoint delete, a
+    list) is ``400`` and nothing is done: before, its fields (a wrong execution key, an
+    expected version, a fence, a filter) were ignored and the request served as if
+    unconditional. Without a body the same requests work."""
+    h = make_key()
+    lease = data(client.post("/v1/leases", json=LEASE, headers=h))
+    saved = data(client.put("/v1/checkpoints", json=STATE, headers=h))
+    before = row_counts(ledger_url)
+    for method, path, body in [
+        ("DELETE", f"/v1/leases/{lease['lease_id']}", {"execution_key": "WRONG"}),
+        ("DELETE", f"/v1/checkpoints/{saved['checkpoint_id']}", {"fence_epoch": 1}),
+        ("GET", "/v1/leases", {"resource_type": "zzz"}),
+    ]:
+        resp = client.request(method, path, json=body, headers=h)
+        message = error(resp, 400, "VALIDATION_ERROR")["message"]
+        assert "takes no request body" in message, (method, path)
+    assert row_counts(ledger_url) == before
+    assert client.get("/v1/leases", headers=h).status_code == 200
+    assert client.delete(f"/v1/checkpoints/{saved['checkpoint_id']}", headers=h).status_code == 200
+    assert client.delete(f"/v1/leases/{lease['lease_id']}", headers=h).status_code == 200

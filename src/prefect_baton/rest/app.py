@@ -152,9 +152,21 @@ def unknown_query_parameter(query: bytes, known: Collection[str]) -> str | None:
     return None
 
 
+def _has_body(scope: Scope) -> bool:
+    """Whether the request announces a body (a ``Content-Length`` other than 0, or a
+    ``Transfer-Encoding``)."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length" and value.strip() not in (b"0", b""):
+            return True
+        if name == b"transfer-encoding":
+            return True
+    return False
+
+
 class _ParsedBodyRoute(APIRoute):
     """The route class of the app: a request naming a query parameter the route does not
-    declare is ``400 VALIDATION_ERROR`` (:func:`unknown_query_parameter`), before anything
+    declare (:func:`unknown_query_parameter`), or carrying a body where the route takes
+    none, is ``400 VALIDATION_ERROR``, before anything
     else of the route runs (its fast path too); its handler reads a JSON body from the
     document the middleware parsed (``scope["state"]["json_body"]``, taken from there)
     rather than parsing the body a second time on the event loop, which would hold up
@@ -166,9 +178,17 @@ class _ParsedBodyRoute(APIRoute):
         return _query_names(self.dependant)
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Refuse an unknown query parameter, else handle the request as FastAPI does."""
+        """Refuse an unknown query parameter, or a body sent to a route that takes none,
+        else handle the request as FastAPI does."""
         query = bytes(scope.get("query_string", b""))
         refused = unknown_query_parameter(query, self.query_names) if query else None
+        if refused is None and self.body_field is None and _has_body(scope):
+            # its fields (an execution key, a fence, a filter) would be ignored, and the
+            # request served as if unconditional
+            refused = (
+                f"{scope.get('method', '')} {self.path} takes no request body (its "
+                "parameters go in the path, the query or headers)"
+            )
         if refused is not None:
             await error_response("VALIDATION_ERROR", refused)(scope, receive, send)
             return

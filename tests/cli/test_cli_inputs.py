@@ -13,7 +13,9 @@ from typing import Annotated, Any
 import pytest
 from typer.models import ParameterInfo
 
-from .conftest import Cli, Run
+from prefect_baton.cli import app
+
+from .conftest import CLEAN_ENV, Cli, Run
 
 
 def _baton(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -249,3 +251,44 @@ def test_every_integer_option_of_baton_takes_the_integer_parser() -> None:
             assert all(i.parser is not None for i in infos), (fn, name)
             seen += 1
     assert seen >= 10
+
+
+@pytest.mark.parametrize(
+    ("line", "option", "value"),
+    [
+        (
+            "lease acquire deploy svc --ttl-seconds 60 --execution-key --purpose",
+            "--execution-key",
+            "--purpose",
+        ),
+        ("lease acquire deploy svc --ttl-seconds 60 --purpose --scope", "--purpose", "--scope"),
+        (
+            "lease acquire deploy svc --ttl-seconds 60 --execution-key=--help",
+            "--execution-key",
+            "--help",
+        ),
+        ("handoff create bob doc-1 --message --lease-id", "--message", "--lease-id"),
+        ("lease list --resource-type --all", "--resource-type", "--all"),
+    ],
+)
+def test_an_option_name_given_as_a_value_is_refused(
+    cli: Cli, line: str, option: str, value: str
+) -> None:
+    """An option whose value is another option's name (a value left out:
+    ``--execution-key --purpose``) exits 2 with VALIDATION_ERROR naming both, and nothing is
+    recorded (before, the lease was acquired under the execution key ``--purpose``)."""
+    message = _usage(cli(*line.split()))
+    assert message.startswith(f"{option} took {value!r} as its value"), message
+    assert cli("lease", "list").json["leases"] == []
+    assert cli("handoff", "list", role="owner").json["handoffs"] == []
+
+
+def test_a_global_option_name_given_as_a_value_is_refused(cli: Cli) -> None:
+    """The same for a global option given before the command (``--org --role lease list``)."""
+    run = cli.runner.invoke(
+        app,
+        ["--ledger-url", cli.ledger_url, "--format", "json", "--org", "--role", "lease", "list"],
+        env=CLEAN_ENV,
+    )
+    assert run.exit_code == 2, run.stdout
+    assert "--org took '--role' as its value" in run.stdout + run.stderr

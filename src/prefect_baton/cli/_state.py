@@ -184,11 +184,40 @@ def guard(
         st.action = action
         st.reads_only = reads_only
     try:
+        check_no_option_as_value(ctx)
         yield st
     except BatonError as exc:
         raise typer.Exit(emit_error(st.format, action, exc.to_dict())) from None
     if org_reads:
         warn_if_org_unused(st)
+
+
+def check_no_option_as_value(ctx: typer.Context) -> None:
+    """Refuse an option whose value is the name of an option of the command line (the
+    command's own, ``--help`` or a global one): ``--execution-key --purpose x`` gives
+    ``--execution-key`` the value ``--purpose``, which is never meant, and the lease would
+    be recorded under that key.
+
+    Raises:
+        ValidationError: naming the option and the value it swallowed.
+    """
+    names = set(ctx.help_option_names)
+    contexts = [c for c in (ctx, ctx.find_root()) if c.command is not None]
+    for c in contexts:
+        for param in c.command.params:
+            names.update(param.opts)
+            names.update(param.secondary_opts)
+    for c in contexts:
+        for param in c.command.params:
+            if param.param_type_name != "option" or param.name is None:
+                continue
+            value = c.params.get(param.name)
+            for v in value if isinstance(value, list | tuple) else [value]:
+                if isinstance(v, str) and v in names:
+                    raise ValidationError(
+                        f"{param.opts[0]} took {v!r} as its value: {v} is an option, so "
+                        f"{param.opts[0]} was given no value of its own"
+                    )
 
 
 def warn_if_org_unused(st: CliState) -> None:

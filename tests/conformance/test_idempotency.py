@@ -87,6 +87,10 @@ def test_changed_request_is_mismatch(baton: Baton, change: dict[str, Any]) -> No
     with pytest.raises(IdempotencyMismatchError) as ei:
         baton.leases.acquire(RT, RID, idempotency_key="run-1", **{**request, **change})
     assert ei.value.code == "IDEMPOTENCY_MISMATCH"
+    # The key an acquire's receipt is kept under is its execution key: the message says so.
+    assert str(ei.value).startswith(
+        "execution key 'run-1' was used for a different acquire request of this resource"
+    ), str(ei.value)
     assert kinds(baton) == events
     info = baton.leases.inspect(RT, RID)
     assert info.lease is not None
@@ -631,6 +635,9 @@ def test_changed_request_under_key_is_mismatch(baton: Baton, make: Callable[[Bat
     with pytest.raises(IdempotencyMismatchError) as ei:
         case.call("op-1", "changed")
     assert ei.value.code == "IDEMPOTENCY_MISMATCH"
+    assert str(ei.value).startswith("idempotency key 'op-1' was used for a different "), str(
+        ei.value
+    )
     assert _state(baton) == state
 
 

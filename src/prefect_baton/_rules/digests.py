@@ -14,12 +14,14 @@ from typing import Any
 
 from prefect_baton._rules.core import AcquireRequest
 from prefect_baton._rules.validation import request_digest
+from prefect_baton.errors import IdempotencyMismatchError
 
 __all__ = [
     "acquire_digest",
     "acquire_request_digest",
     "checkpoint_save_digest",
     "handoff_create_digest",
+    "mismatch",
     "operation_digest",
     "outcome_record_digest",
     "resource_key",
@@ -52,6 +54,30 @@ def acquire_digest(
             "scopes": list(scopes),
             "purpose": purpose,
         },
+    )
+
+
+def mismatch(operation: str, key: str) -> IdempotencyMismatchError:
+    """The error for a request whose digest differs from the receipt stored under its key.
+
+    Args:
+        operation: the keyed operation (``str``: ``acquire``, ``release``, ...). An acquire's
+            receipt is kept under its execution key, every other one under its idempotency
+            key; the message names the one the caller gave.
+        key: that key (``str``).
+
+    Returns:
+        :class:`IdempotencyMismatchError` (``IDEMPOTENCY_MISMATCH``): nothing was done.
+    """
+    if operation == "acquire":
+        return IdempotencyMismatchError(
+            f"execution key {key!r} was used for a different acquire request of this resource "
+            "(another TTL, scopes, purpose or expected version): repeat that request "
+            "exactly to replay it, or use another execution key"
+        )
+    return IdempotencyMismatchError(
+        f"idempotency key {key!r} was used for a different {operation} request: repeat that "
+        "request exactly to replay it, or use another idempotency key"
     )
 
 

@@ -29,6 +29,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlmodel import Session, col
 
 from prefect_baton._rules import core as _core
+from prefect_baton._rules.digests import mismatch
 from prefect_baton._rules.events import event_lease_id
 from prefect_baton._rules.scopes import ScopeCheckBudget
 from prefect_baton._stores.ledger.authority import (
@@ -67,7 +68,6 @@ from prefect_baton._stores.ledger.tables import (
 from prefect_baton._stores.protocol import Caller
 from prefect_baton.errors import (
     BatonError,
-    IdempotencyMismatchError,
     UnavailableError,
 )
 
@@ -524,9 +524,7 @@ class StoreBase(Statements):
             self._defer(tx.session, "DELETE FROM baton_receipts WHERE id = ?", (row_id,))
             return None
         if request_digest != digest:
-            raise IdempotencyMismatchError(
-                f"idempotency key {key!r} was used for a different {operation} request"
-            )
+            raise mismatch(operation, key)
         result: dict[str, Any] = json.loads(response)
         return result
 

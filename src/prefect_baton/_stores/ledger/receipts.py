@@ -45,10 +45,10 @@ from sqlalchemy import delete, select, update
 from sqlmodel import col
 
 from prefect_baton._ids import random_uuid4_hex
-from prefect_baton._rules.digests import operation_digest
+from prefect_baton._rules.digests import mismatch, operation_digest
 from prefect_baton._stores.ledger.tables import ReceiptRow
 from prefect_baton._stores.protocol import Caller, Idempotency
-from prefect_baton.errors import BatonError, IdempotencyInFlightError, IdempotencyMismatchError
+from prefect_baton.errors import BatonError, IdempotencyInFlightError
 
 if TYPE_CHECKING:
     from prefect_baton._stores.ledger.base import StoreBase, Tx
@@ -184,9 +184,7 @@ def _claim(
             row = None
         if row is not None:
             if row.request_digest != digest:
-                raise IdempotencyMismatchError(
-                    f"idempotency key {key!r} was used for a different {operation} request"
-                )
+                raise mismatch(operation, key)
             if _is_claim(row.response) and _orphaned(row.response):
                 row.response = CLAIM_PREFIX + token  # this process's own, abandoned: take it
                 row.expires_at_ms = tx.now_ms + CLAIM_TIMEOUT_SECONDS * 1000

@@ -25,11 +25,11 @@ from redis.commands.core import Script
 from prefect_baton._rules import core as _core
 from prefect_baton._rules import scopes as _scopes
 from prefect_baton._rules import transitions as _transitions
+from prefect_baton._rules.digests import mismatch
 from prefect_baton._stores.redis.cluster import RedisClient
 from prefect_baton.errors import (
     BatonError,
     ForbiddenError,
-    IdempotencyMismatchError,
     LeaseLostError,
     NotFoundError,
     ValidationError,
@@ -89,9 +89,7 @@ def _version(args: Sequence[Any]) -> BatonError:
 
 
 def _mismatch(args: Sequence[Any]) -> BatonError:
-    return IdempotencyMismatchError(
-        f"idempotency key {_text(args[0])!r} was used for a different acquire request"
-    )
+    return mismatch("acquire", _text(args[0]))
 
 
 #: Return code -> builder of the error it means (arguments: the reply after the code).

@@ -24,7 +24,8 @@ median (nothing to subtract).
 
 Usage: ``python benchmarks/prefect_overhead.py [--tasks 200] [--task-concurrency-calls 50]
 [--redis-url URL] [--json-only]`` (on
-``PREFECT_API_URL``, or Prefect's embedded server started for the run). Prints a table, then
+``PREFECT_API_URL``, or Prefect's embedded server started for the run; the JSON's
+``prefect_server`` says which). Prints a table, then
 one JSON object with the figures, the ratios ``added / concurrency_bare`` (the targets of
 issue #14: at most 1/10 on the SQLite ledger, 1/30 on Redis), ``added / concurrency_task
 added``, the added milliseconds against their targets (issue #16: at most 1 ms on the SQLite
@@ -208,8 +209,12 @@ def main() -> None:
     )
     p.add_argument("--json-only", action="store_true")
     a = p.parse_args()
+    # A separate server (PREFECT_API_URL) is how flows run in production; the embedded one
+    # runs in this process and its threads compete with the flow's for the GIL.
+    server = os.environ.get("PREFECT_API_URL") or "embedded (started in this process)"
     with prefect_api():
         res = run(a.tasks, a.redis_url, a.task_concurrency_calls)
+    res["prefect_server"] = server
     if not a.json_only:
         head = f"{'variant':<18}{'median ms':>11}{'p90 ms':>10}{'added ms':>10}"
         print(f"{head}{'/ bare':>9}{'/ in task':>11}")

@@ -224,6 +224,45 @@ def test_handoff_to_an_unknown_deployment_records_nothing(make_baton: MakeBaton)
     assert sender.leases.release(held).status == "released"
 
 
+def test_handoff_to_a_deployment_refusing_the_parameters_records_nothing(
+    make_baton: MakeBaton,
+) -> None:
+    """A recipient deployment whose flow requires a parameter not given: ``handoff_to``
+    raises the ValidationError ``start_recipient`` gives for Prefect's 409 before anything
+    is recorded, so no handoff is left pending (``dispatch_handoffs`` would fail the same
+    way forever) and the lease stays with the sender's block, which releases it at its end
+    (another principal acquires it at once, not a TTL later). Parameters that fit start the
+    run; with ``enforce_parameter_schema`` off Prefect takes any, and so does ``handoff_to``."""
+    from prefect_baton import ValidationError
+
+    @flow(name="baton-test-load")
+    def load(handoff_id: str, table: str) -> str:
+        return table
+
+    load.to_deployment(name="db").apply()
+    load.to_deployment(name="lax", enforce_parameter_schema=False).apply()
+    name = "baton-test-load/db"
+    sender = make_baton("sender")
+    with lease("report", "r4", ttl_seconds=600, baton=sender) as held:
+        with pytest.raises(ValidationError) as info:
+            handoff_to(None, "r4", lease=current_lease(), deployment=name, parameters={"n": 1})
+        assert held is not None
+    message = info.value.message
+    assert message.startswith(f"deployment {name!r} refused the parameters")
+    assert "(handoff_id, n)" in message
+    assert "'table' is a required property" in message
+    everyone = make_baton("auditor", role="owner").handoffs.list(party="*", status="any")
+    assert [h for h in everyone if h.subject_id == "r4"] == []
+    assert sender.events.list(kind="handoff.created") == []
+    assert sender.leases.get(held.lease_id).status == "released"
+    make_baton("other").leases.acquire("report", "r4", ttl_seconds=30)
+    fits = handoff_to(None, "r6", deployment=name, parameters={"table": "t"}, baton=sender)
+    assert fits.flow_run.parameters == {"table": "t", "handoff_id": fits.handoff_id}
+    lax = handoff_to(None, "r5", deployment="baton-test-load/lax", baton=sender)
+    assert lax.flow_run is not None
+    assert lax.flow_run.parameters == {"handoff_id": lax.handoff_id}
+
+
 def test_start_recipient_of_an_unknown_deployment_says_so(make_baton: MakeBaton) -> None:
     """``start_recipient`` for a deployment Prefect does not know: the same NotFoundError
     message as ``handoff_to`` gives (not Prefect's ``ObjectNotFound: None``)."""

@@ -34,6 +34,8 @@ from prefect_baton.prefect._logs import run_logger
 __all__ = ["HandoffRejected", "SentHandoff", "ahandoff_to", "handoff_to", "start_recipient"]
 
 HANDOFF_PARAMETER = "handoff_id"
+# the handoff_id checked against the recipient's parameter schema before the handoff exists
+_UNRECORDED = "hoff_unrecorded"
 
 
 class HandoffRejected(Exception):
@@ -94,8 +96,14 @@ def start_recipient(
         message names the deployment, the parameters given and Prefect's reason).
         ValueError and other Prefect errors: what Prefect's ``run_deployment`` raises.
     """
-    params = {**(parameters or {}), HANDOFF_PARAMETER: handoff_id}
+    params = recipient_parameters(handoff_id, parameters)
     return start_deployment(deployment, params, idempotency_key=handoff_id)
+
+
+def recipient_parameters(handoff_id: str, parameters: dict[str, Any] | None) -> dict[str, Any]:
+    """The parameters a handoff's recipient run is started with: ``parameters`` (a JSON
+    object, or ``None``) plus ``handoff_id`` (``str``) under the name ``handoff_id``."""
+    return {**(parameters or {}), HANDOFF_PARAMETER: handoff_id}
 
 
 def start_deployment(deployment: str, parameters: dict[str, Any], *, idempotency_key: str) -> Any:
@@ -110,7 +118,8 @@ def start_deployment(deployment: str, parameters: dict[str, Any], *, idempotency
         NotFoundError: no such deployment. ValidationError: the deployment's parameter
             schema refused ``parameters`` (Prefect answered 409, e.g. ``'table' is a
             required property``); the message names the deployment, the parameters given
-            and Prefect's reason. Other Prefect errors as ``run_deployment`` raises them.
+            and Prefect's reason (:func:`parameters_refused`). Other Prefect errors as
+            ``run_deployment`` raises them.
     """
     from prefect.deployments import run_deployment
     from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
@@ -132,12 +141,19 @@ def start_deployment(deployment: str, parameters: dict[str, Any], *, idempotency
             reason = str(exc.response.json().get("detail", exc.response.text))
         except ValueError:
             reason = exc.response.text
-        given = ", ".join(sorted(parameters)) or "none"
-        raise ValidationError(
-            f"deployment {deployment!r} refused the parameters it was started with "
-            f"({given}): {reason.rstrip('.')}. Its flow must take these parameters and require no "
-            "other (see docs/prefect.md)"
-        ) from None
+        raise parameters_refused(deployment, parameters, reason) from None
+
+
+def parameters_refused(deployment: str, parameters: dict[str, Any], reason: str) -> ValidationError:
+    """The error for a deployment whose parameter schema refuses ``parameters`` (the run's
+    parameters, ``dict``) for ``reason`` (Prefect's, ``str``): it names the deployment, the
+    parameters' names and the reason."""
+    given = ", ".join(sorted(parameters)) or "none"
+    return ValidationError(
+        f"deployment {deployment!r} refused the parameters of its run ({given}): "
+        f"{reason.rstrip('.')}. Its flow must take these parameters and require no other "
+        "(see docs/prefect.md)"
+    )
 
 
 def deployment_not_found(deployment: str) -> NotFoundError:
@@ -145,14 +161,24 @@ def deployment_not_found(deployment: str) -> NotFoundError:
     return NotFoundError(f"deployment {deployment!r} not found")
 
 
-def check_deployment(deployment: str) -> None:
+def check_deployment(deployment: str, parameters: dict[str, Any] | None = None) -> None:
     """Make sure ``deployment`` (``"<flow name>/<deployment name>"``) exists on the Prefect
-    API before anything is recorded for it.
+    API, and would take a run with ``parameters``, before anything is recorded for it.
+
+    ``parameters`` (the run's parameters, ``dict``; ``None``: not checked) are checked as
+    Prefect's server checks them when it creates a run of the deployment: only when the
+    deployment has ``enforce_parameter_schema`` on, merged over the deployment's default
+    parameters, with Prefect's ``prefect.utilities.schema_tools.validate`` against its
+    parameter schema. Defaults that the server fills in at run creation (workspace
+    variables, templates) and schemas Prefect cannot check (circular references) are left
+    to the server: :func:`start_deployment` still turns its refusal into the same error.
 
     Raises:
-        ValidationError: not of the form ``"<flow>/<deployment>"``.
-        NotFoundError: no such deployment (a typo): nothing was recorded, and a lease the
-            caller holds stays with it.
+        ValidationError: not of the form ``"<flow>/<deployment>"``; the deployment's
+            parameter schema refuses ``parameters`` (:func:`parameters_refused`, the
+            message :func:`start_deployment` gives for Prefect's 409).
+        NotFoundError: no such deployment (a typo).
+        In both cases nothing was recorded, and a lease the caller holds stays with it.
     """
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
@@ -164,9 +190,41 @@ def check_deployment(deployment: str) -> None:
         )
     try:
         with get_client(sync_client=True) as client:
-            client.read_deployment_by_name(deployment)
+            found = client.read_deployment_by_name(deployment)
     except ObjectNotFound:
         raise deployment_not_found(deployment) from None
+    if parameters is not None and found.enforce_parameter_schema:
+        _check_parameters(deployment, found, parameters)
+
+
+def _check_parameters(deployment: str, found: Any, parameters: dict[str, Any]) -> None:
+    """What Prefect's server does with a run's parameters before creating it
+    (``create_flow_run_from_deployment`` in ``prefect.server.api.deployments``)."""
+    from prefect.utilities.schema_tools import CircularSchemaRefError, hydrate, validate
+    from prefect.utilities.schema_tools import ValidationError as SchemaRefused
+    from pydantic_core import PydanticSerializationError, to_jsonable_python
+
+    try:  # as Prefect's client sends them (a tuple as a list, ...)
+        sent = to_jsonable_python(parameters)
+    except PydanticSerializationError:
+        return  # not JSON: the ledger or Prefect's client refuses them
+    merged = {**found.parameters, **sent}
+    if hydrate(merged) != merged:
+        return  # defaults the server renders (workspace variables, templates): its call
+    schema = found.parameter_openapi_schema
+    if not isinstance(schema, dict):
+        raise parameters_refused(
+            deployment,
+            parameters,
+            "parameter schema enforcement is enabled and the deployment does not have a "
+            "valid parameter schema",
+        )
+    try:
+        validate(merged, schema, raise_on_error=True)
+    except SchemaRefused as exc:
+        raise parameters_refused(deployment, parameters, str(exc)) from None
+    except CircularSchemaRefError:
+        return  # the server answers 422 for it
 
 
 def _client_for(
@@ -233,7 +291,8 @@ def handoff_to(
             the recipient accepts, the handoff is rejected or expires, which releases it,
             or its TTL runs out: choose a TTL longer than the recipient's start-up).
         deployment: the recipient's deployment ``"<flow>/<deployment>"``; checked first
-            (an unknown one raises before anything is recorded), then started with
+            (an unknown one, or one whose parameter schema refuses the run's parameters,
+            raises before anything is recorded, see :func:`check_deployment`), then started with
             ``handoff_id`` among its parameters and the handoff id as Prefect idempotency
             key, so a retried call starts one run only.
         parameters: more parameters for the recipient's run (a JSON object); stored with
@@ -258,18 +317,22 @@ def handoff_to(
 
     Raises:
         ValidationError: no recipient, a handoff to yourself, bad ids, a deployment name
-        without ``/``. LeaseLostError: the lease is not held. StaleFenceError: the
-        checkpoint save's fence is stale. NotFoundError: unknown checkpoint; unknown
-        deployment (checked before anything is recorded: the lease stays with your block).
-        Prefect errors from starting the deployment, and ValidationError when it refused
-        the parameters (see :func:`start_recipient`): the handoff stays recorded and
-        pending; ``dispatch_handoffs`` can start it later.
+        without ``/``; the deployment's parameter schema refuses ``parameters`` plus
+        ``handoff_id`` (e.g. its flow requires a parameter not given), checked as Prefect
+        checks them, before anything is recorded: no handoff, and the lease stays with your
+        block. LeaseLostError: the lease is not held. StaleFenceError: the checkpoint
+        save's fence is stale. NotFoundError: unknown checkpoint; unknown deployment
+        (checked before anything is recorded: the lease stays with your block). Prefect
+        errors from starting the deployment, and ValidationError when Prefect refused the
+        parameters at the start all the same (see :func:`start_recipient`; e.g. the
+        deployment changed since the check): the handoff stays recorded and pending;
+        ``dispatch_handoffs`` can start it later.
     """
     to = principal or deployment
     if not to:
         raise ValidationError("handoff_to needs a principal or a deployment")
     if deployment is not None:
-        check_deployment(deployment)
+        check_deployment(deployment, recipient_parameters(_UNRECORDED, parameters))
     ident = run_identity()
     slot = current_slot()
     b = _client_for(baton, ident, slot, from_principal)

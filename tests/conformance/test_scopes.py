@@ -102,6 +102,18 @@ def test_transfer_keeps_scopes_and_checks_receiver(baton: Baton) -> None:
     assert info.lease.lease_id == lease.lease_id
 
 
+def test_a_dotdot_scope_cannot_reach_into_a_held_scope(baton: Baton) -> None:
+    """``src/../docs/a`` names a path under ``docs/**``: it is refused, not granted beside
+    another principal's ``docs/**`` (overlap is decided on the globs as written); a segment
+    that only starts with dots is an ordinary name."""
+    baton.leases.acquire(RT, "t1", ttl_seconds=30, scopes=["docs/**"])
+    other = baton.as_principal("bob")
+    with pytest.raises(ValidationError, match=r"must not contain a '\.\.' segment"):
+        other.leases.acquire(RT, "t2", ttl_seconds=30, scopes=["src/../docs/a"])
+    assert not other.leases.inspect(RT, "t2").held
+    assert other.leases.acquire(RT, "t3", ttl_seconds=30, scopes=["src/..a/b", "src/..."]).scopes
+
+
 def test_scopes_are_normalised(baton: Baton) -> None:
     """Scopes come back normalised, de-duplicated and sorted."""
     lease = baton.leases.acquire(
@@ -110,9 +122,12 @@ def test_scopes_are_normalised(baton: Baton) -> None:
     assert lease.scopes == ("docs/*.md", "src/**")
 
 
-@pytest.mark.parametrize("scopes", ["src/**", [""], ["/"], [3], [None], ["a\nb"]])
+@pytest.mark.parametrize(
+    "scopes", ["src/**", [""], ["/"], [3], [None], ["a\nb"], ["src/../docs/a"], [".."], ["a/.."]]
+)
 def test_bad_scopes_are_validation_errors(baton: Baton, scopes: object) -> None:
-    """A bare string, an empty scope, a non-string or a control character is VALIDATION_ERROR."""
+    """A bare string, an empty scope, a non-string, a control character or a ``..`` segment
+    is VALIDATION_ERROR."""
     with pytest.raises(ValidationError):
         baton.leases.acquire(RT, "t1", ttl_seconds=30, scopes=scopes)  # type: ignore[arg-type]
     assert not baton.leases.inspect(RT, "t1").held

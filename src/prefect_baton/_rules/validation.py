@@ -226,7 +226,12 @@ def validate_scopes(scopes: object) -> tuple[str, ...]:
     """Check write scopes: an iterable of up to 64 glob strings of up to 1,024 characters.
 
     Returns them normalised, de-duplicated and sorted. A bare string is rejected (a common
-    mistake: ``scopes="src/**"`` instead of ``scopes=["src/**"]``).
+    mistake: ``scopes="src/**"`` instead of ``scopes=["src/**"]``), and so is a ``..``
+    segment: overlap is decided on the globs as written, so ``src/../docs/a`` would not meet
+    ``docs/**`` although it names a path under it.
+
+    Raises:
+        ValidationError: any of the above.
     """
     if scopes is None:
         return ()
@@ -241,6 +246,11 @@ def validate_scopes(scopes: object) -> tuple[str, ...]:
         if any(ord(c) < 32 or ord(c) == 127 for c in s):
             raise ValidationError("a scope must not contain control characters")
         _check_utf8("scope", s)
+        if ".." in s.split("/"):
+            raise ValidationError(
+                f"a scope must not contain a '..' segment, got {s!r}: scopes are compared as "
+                "written, so write the path it means ('src/../docs/a' is 'docs/a')"
+            )
         norm = _scopes.normalize_scope(s)
         if not norm:
             raise ValidationError("a scope must not be empty")

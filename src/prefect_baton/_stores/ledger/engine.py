@@ -49,13 +49,24 @@ _MIGRATION_LOCK_KEY = 0x62A70_0001  # pg advisory lock id for migrations
 #: on a dead network ends before its deadline. (A renewal's statements also time out, see
 #: :func:`prefect_baton._rules.keeping.heartbeat_call_timeout`; the keeper's renew-deadline
 #: timer fires whatever a blocked call is doing.)
-PG_CONNECT_DEFAULTS: dict[str, int] = {
+#: Milliseconds a PostgreSQL session may sit idle inside a transaction before the server
+#: ends it (``idle_in_transaction_session_timeout``). A ledger transaction runs its
+#: statements back to back; a client paused inside one (SIGSTOP, a debugger, a VM
+#: freeze) would otherwise keep its locks, and every write of the resources it locked
+#: would wait until it resumes, long after its lease ran out (a takeover included). Below
+#: the shortest TTL (10 s), so a paused holder cannot keep a resource past it by more
+#: than this. The paused client's transaction is rolled back: on resuming it gets
+#: ``UNAVAILABLE``, and its retry meets the fencing rules as any late write does.
+PG_IDLE_IN_TRANSACTION_TIMEOUT_MS = 5_000
+
+PG_CONNECT_DEFAULTS: dict[str, int | str] = {
     "connect_timeout": 3,
     "keepalives": 1,
     "keepalives_idle": 2,
     "keepalives_interval": 1,
     "keepalives_count": 2,
     "tcp_user_timeout": 4_000,
+    "options": f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TRANSACTION_TIMEOUT_MS}",
 }
 
 _engines: weakref.WeakSet[Engine] = weakref.WeakSet()

@@ -292,3 +292,27 @@ def test_a_global_option_name_given_as_a_value_is_refused(cli: Cli) -> None:
     )
     assert run.exit_code == 2, run.stdout
     assert "--org took '--role' as its value" in run.stdout + run.stderr
+
+
+def test_json_naming_a_key_twice_is_refused(cli: Cli, tmp_path: Path) -> None:
+    """A state or evidence item naming a key twice (inline, in a file, nested) exits 2 with
+    VALIDATION_ERROR naming the key, as the REST API answers; before, the last value was
+    stored silently. Nothing is recorded."""
+    twice = tmp_path / "twice.json"
+    twice.write_text('{"n": 1, "deep": {"k": 1, "k": 2}}')
+    for args in (
+        ("checkpoint", "save", "s", "k", '{"a": 1, "a": 2}'),
+        ("checkpoint", "save", "s", "k", str(twice)),
+        (
+            "outcome",
+            "record",
+            "s",
+            "failed",
+            "--evidence",
+            '{"kind": "log", "uri": "a", "uri": "b"}',
+        ),
+    ):
+        message = _usage(cli(*args))
+        assert "appears twice in one object" in message, message
+    assert cli("checkpoint", "get", "s", "k").json["error"]["code"] == "NOT_FOUND"
+    assert cli("outcome", "list", "s").json["outcomes"] == []

@@ -30,6 +30,7 @@ from prefect_baton.cli._output import (
 )
 from prefect_baton.errors import BatonError, NotFoundError, ValidationError
 from prefect_baton.models import Lease
+from prefect_baton.rest._json_body import DuplicateKey, unique_keys
 
 __all__ = [
     "CliState",
@@ -426,8 +427,12 @@ def _read_text(source: str, what: str, limit: int, why: str) -> str:
 
 
 def _load_json(text: str, what: str) -> Any:
+    """``text`` read as JSON, with the REST API's rule on repeated keys (an object naming a
+    key twice is refused, not read as its last value: :func:`unique_keys`)."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=unique_keys)
+    except DuplicateKey as exc:
+        raise ValidationError(f"{what} is not valid JSON: {exc}") from None
     except json.JSONDecodeError as exc:
         raise ValidationError(f"{what} is not valid JSON: {exc}") from None
     except RecursionError:

@@ -316,3 +316,11 @@ def test_json_naming_a_key_twice_is_refused(cli: Cli, tmp_path: Path) -> None:
         assert "appears twice in one object" in message, message
     assert cli("checkpoint", "get", "s", "k").json["error"]["code"] == "NOT_FOUND"
     assert cli("outcome", "list", "s").json["outcomes"] == []
+
+
+def test_a_global_option_without_its_value_after_the_command(cli: Cli) -> None:
+    """``baton lease inspect t r --org`` (the value left out) says the option needs an
+    argument, as before the command; before, click answered 'No such option: --org'."""
+    for option in ("--org", "--principal", "--format"):
+        message = _usage(cli("lease", "inspect", "deploy", "svc", option))
+        assert message == f"Option '{option}' requires an argument.", message

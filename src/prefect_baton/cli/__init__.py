@@ -80,6 +80,10 @@ def hoist_global_options(argv: list[str]) -> list[str]:
 
     Commands that forward their arguments (``demo``) are left alone, and so is anything
     after ``--``.
+
+    Raises:
+        click.UsageError: a global option that takes a value ends the command line
+            (``baton lease inspect t r --org``), as click says of one before the command.
     """
     i = 0
     while i < len(argv) and argv[i].startswith("-") and argv[i] != "--":
@@ -95,7 +99,9 @@ def hoist_global_options(argv: list[str]) -> list[str]:
         if tok == "--":
             kept += rest[j:]
             break
-        if tok in GLOBAL_VALUE_OPTIONS and j + 1 < len(rest):
+        if tok in GLOBAL_VALUE_OPTIONS:
+            if j + 1 == len(rest):
+                raise _CLICK.UsageError(f"Option '{tok}' requires an argument.")
             hoisted += rest[j : j + 2]
             j += 2
             continue
@@ -127,8 +133,13 @@ class BatonGroup(TyperGroup):
         standalone_mode: bool = True,
         **extra: Any,
     ) -> Any:
-        argv = hoist_global_options(list(sys.argv[1:] if args is None else args))
-        code = self._run(argv, prog_name or "baton", complete_var, **extra)
+        argv = list(sys.argv[1:] if args is None else args)
+        try:
+            argv = hoist_global_options(argv)
+        except _CLICK.UsageError as exc:
+            code = self._usage_error(exc, argv)
+        else:
+            code = self._run(argv, prog_name or "baton", complete_var, **extra)
         if standalone_mode:
             sys.exit(code)
         return code

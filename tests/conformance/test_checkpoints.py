@@ -294,7 +294,7 @@ def test_checkpoint_read_visibility(baton: Baton) -> None:
 
 
 def test_checkpoint_ttl(baton: Baton) -> None:
-    """A checkpoint past its TTL is no longer returned."""
+    """A checkpoint past its TTL is no longer returned; by id, NOT_FOUND says it expired."""
     ck = baton.checkpoints.save(SUBJ, KIND, {"n": 1}, ttl_seconds=1)
     assert ck.expires_at is not None
     time.sleep(1.3)
@@ -302,7 +302,7 @@ def test_checkpoint_ttl(baton: Baton) -> None:
     while baton.checkpoints.get(SUBJ, KIND) is not None:
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    with pytest.raises(NotFoundError):
+    with pytest.raises(NotFoundError, match=f"checkpoint {ck.checkpoint_id} has expired$"):
         baton.checkpoints.get_by_id(ck.checkpoint_id)
 
 

@@ -175,12 +175,12 @@ def test_unknown_checkpoint_is_not_found(baton: Baton) -> None:
 
 
 def test_deleted_checkpoint_is_not_found(baton: Baton) -> None:
-    """A handoff cannot carry a checkpoint its writer deleted: NOT_FOUND, nothing created,
-    and the recipient still cannot read the checkpoint."""
+    """A handoff cannot carry a checkpoint its writer deleted: NOT_FOUND (saying so),
+    nothing created, and the recipient still cannot read the checkpoint."""
     ck = baton.checkpoints.save(SUBJ, "draft", {"sections": 3})
     baton.checkpoints.delete(ck.checkpoint_id)
     before = kinds(baton)
-    with pytest.raises(NotFoundError) as ei:
+    with pytest.raises(NotFoundError, match=f"^checkpoint {ck.checkpoint_id} was deleted$") as ei:
         baton.handoffs.create("agent-b", SUBJ, checkpoint_id=ck.checkpoint_id)
     assert ei.value.code == "NOT_FOUND"
     b = baton.as_principal("agent-b")
@@ -204,7 +204,7 @@ def test_expired_checkpoint_is_not_found(baton: Baton) -> None:
     while baton.checkpoints.get(SUBJ, "draft") is not None:  # the store's clock, not ours
         time.sleep(0.1)
     before = kinds(baton)
-    with pytest.raises(NotFoundError) as ei:
+    with pytest.raises(NotFoundError, match=f"^checkpoint {ck.checkpoint_id} has expired$") as ei:
         baton.handoffs.create("agent-b", SUBJ, checkpoint_id=ck.checkpoint_id)
     assert ei.value.code == "NOT_FOUND"
     assert baton.as_principal("agent-b").handoffs.inbox() == []

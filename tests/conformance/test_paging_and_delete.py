@@ -208,15 +208,16 @@ def test_bad_outcome_cursor_is_validation_error(baton: Baton, cursor: str) -> No
 
 def test_delete_own_checkpoint(baton: Baton) -> None:
     """The writer deletes its checkpoint: it reads as absent (by subject and kind, and by
-    id), the history keeps every version, ``checkpoint.deleted`` is recorded, a second
-    delete is NOT_FOUND, and a new save continues the versions (a CAS expects 0)."""
+    id, saying it was deleted), the history keeps every version, ``checkpoint.deleted`` is
+    recorded, a second delete is NOT_FOUND, and a new save continues the versions (a CAS
+    expects 0)."""
     baton.checkpoints.save(SUBJ, KIND, {"n": 1})
     ck = baton.checkpoints.save(SUBJ, KIND, {"n": 2})
     gone = baton.checkpoints.delete(ck.checkpoint_id)
     assert (gone.checkpoint_id, gone.version, gone.state) == (ck.checkpoint_id, 2, {"n": 2})
     assert gone.expires_at is not None
     assert baton.checkpoints.get(SUBJ, KIND) is None
-    with pytest.raises(NotFoundError):
+    with pytest.raises(NotFoundError, match=f"checkpoint {ck.checkpoint_id} was deleted$"):
         baton.checkpoints.get_by_id(ck.checkpoint_id)
     assert [c.version for c in baton.checkpoints.history(SUBJ, KIND)] == [1, 2]
     assert kinds(baton)[-1] == "checkpoint.deleted"

@@ -89,6 +89,44 @@ def test_a_client_without_redis_is_refused_once_redis_decides_the_org(
     assert fast.leases.renew(mine, ttl_seconds=60).version == mine.version + 1
 
 
+def test_a_ledger_only_lease_read_is_refused_where_redis_decides(
+    ledger: LedgerStore, auth: RedisAuthority, org: str
+) -> None:
+    """A ledger-only client does not answer "is it held?" from the ledger's copy, which lags
+    Redis (here the grant is not drained yet: the copy would call the resource free): its
+    inspect, get by id and list are refused as its lease decisions are. The Redis client
+    still reads the ledger's history through them, the audit still reads the ledger, and
+    once the org is handed back the ledger-only client reads again."""
+    quick = RedisAuthority(auth.client, ledger, ack="redis", functions=False)
+    fast = Baton(org=org, principal="fast", role="owner", store=ledger, lease_authority=quick)
+    slow = Baton(org=org, principal="fast", role="owner", store=ledger)
+    try:
+        ended = fast.leases.acquire("file", "a.py", ttl_seconds=600)
+        fast.leases.release(ended)
+        quick.reconciler.drain(org)
+        with quick.drain_paused():
+            held = fast.leases.acquire("file", "b.py", ttl_seconds=600)
+            for call in (
+                lambda: slow.leases.inspect("file", "b.py"),
+                lambda: slow.leases.get(held.lease_id),
+                lambda: slow.leases.get(ended.lease_id),
+                lambda: slow.leases.list(owner="*"),
+                lambda: slow.leases.list(owner="*", include_ended=True),
+            ):
+                with pytest.raises(ForbiddenError, match=r"decided by Redis.*BATON_REDIS_URL"):
+                    call()
+            assert fast.leases.inspect("file", "b.py").held
+        assert fast.leases.get(ended.lease_id).lease_id == ended.lease_id
+        listed = fast.leases.list(owner="*", include_ended=True)
+        assert {lease.lease_id for lease in listed} == {ended.lease_id, held.lease_id}
+        assert audit_ledger(ledger, org).ok
+        assert quick.return_to_ledger(org) is True
+        assert slow.leases.inspect("file", "b.py").held
+        assert slow.leases.get(held.lease_id).lease_id == held.lease_id
+    finally:
+        quick.close()
+
+
 def test_leases_the_ledger_granted_before_redis_are_in_redis(
     ledger: LedgerStore, auth: RedisAuthority, org: str
 ) -> None:

@@ -25,6 +25,7 @@ __all__ = [
     "can_force_release",
     "check_checkpoint_attachable",
     "check_checkpoint_delete",
+    "check_checkpoint_live",
     "check_force_release",
     "check_list_owner",
     "check_resolver",
@@ -151,27 +152,56 @@ def check_checkpoint_delete(
 
 
 def check_checkpoint_attachable(
-    checkpoint_id: str, *, readable: bool, expires_at_ms: int | None, now_ms: int
+    checkpoint_id: str,
+    *,
+    readable: bool,
+    expires_at_ms: int | None,
+    updated_at_ms: int,
+    now_ms: int,
 ) -> None:
     """Check that a new handoff may carry checkpoint ``checkpoint_id``: the sender may read
     it (:func:`may_read_checkpoint`: attaching it makes the recipient a reader) and it still
-    exists (a deleted one reads as expired since its delete). Decided under the lock that
+    exists (:func:`check_checkpoint_live`). Decided under the lock that
     :func:`check_checkpoint_delete` is decided under, so a checkpoint is never deleted while
     a new pending handoff carries it.
 
     Args:
         readable: whether the checkpoint is of the sender's org and the sender may read it
             (``False`` also when there is no such checkpoint).
-        expires_at_ms: when it expires or was deleted (epoch ms; ``None``: never).
-        now_ms: the store's clock (epoch ms).
+        expires_at_ms, updated_at_ms, now_ms: as for :func:`check_checkpoint_live`
+            (``updated_at_ms`` is not read when ``readable`` is false).
 
     Raises:
         NotFoundError: unknown, not readable by the sender, deleted or past its TTL.
     """
     if not readable:
         raise NotFoundError(f"checkpoint {checkpoint_id} not found")
-    if expires_at_ms is not None and expires_at_ms <= now_ms:
-        raise NotFoundError(f"checkpoint {checkpoint_id} has expired or was deleted")
+    check_checkpoint_live(
+        checkpoint_id, expires_at_ms=expires_at_ms, updated_at_ms=updated_at_ms, now_ms=now_ms
+    )
+
+
+def check_checkpoint_live(
+    checkpoint_id: str, *, expires_at_ms: int | None, updated_at_ms: int, now_ms: int
+) -> None:
+    """Check that checkpoint ``checkpoint_id`` was neither deleted nor is past its TTL, and
+    say which when it is gone. A delete sets its expiry to the delete's time, which is also
+    the time it was last updated; a save's TTL is at least a second, so a saved checkpoint
+    expires after its last update: the two are told apart exactly.
+
+    Args:
+        expires_at_ms: when it expires or was deleted (epoch ms; ``None``: never).
+        updated_at_ms: when it was last saved or deleted (epoch ms).
+        now_ms: the store's clock (epoch ms).
+
+    Raises:
+        NotFoundError: deleted (``... was deleted``) or past its TTL (``... has expired``).
+    """
+    if expires_at_ms is None or expires_at_ms > now_ms:
+        return
+    if expires_at_ms == updated_at_ms:
+        raise NotFoundError(f"checkpoint {checkpoint_id} was deleted")
+    raise NotFoundError(f"checkpoint {checkpoint_id} has expired")
 
 
 @dataclass(frozen=True, slots=True)

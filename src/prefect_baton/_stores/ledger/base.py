@@ -236,25 +236,40 @@ class StoreBase(Statements):
             fn, key = _lock_sql(key)
             self._sql(session, f"SELECT {fn}(hashtextextended(?, 0))", (key,))
 
+    def _refuse_unless_ledger_decides(self, session: Session, org: str) -> list[Any]:
+        """Refuse, in ``session``, to act as the lease authority of ``org`` (``str``), or to
+        answer for it, when Redis decides its leases (a client with a Redis URL has used the
+        org and it was not handed back: :mod:`prefect_baton._stores.ledger.authority`): the
+        one place that decides it, for lease decisions and lease reads alike.
+
+        Returns:
+            The org's incarnation counter rows ``(idem_key, response)`` (``list``): none,
+            or the one of an org handed back to the ledger.
+
+        Raises:
+            ForbiddenError: Redis decides the org's leases (the message names the remedy).
+        """
+        args = (org, SYSTEM_PRINCIPAL, INCARNATION_OP, STATE_KEY, RETURNED_KEY)
+        rows = list(self._sql(session, _REDIS_AUTHORITY, args).fetchall())
+        if any(key == STATE_KEY for key, _response in rows):
+            raise redis_decides_error(org)
+        return rows
+
     def check_ledger_decides(self, org: str) -> None:
         """Refuse to act as the lease authority of ``org`` (``str``) when Redis decides its
-        leases (a client with a Redis URL has used the org and it was not handed back:
-        :mod:`prefect_baton._stores.ledger.authority`). A read of the ledger, no lock; the
+        leases (:meth:`_refuse_unless_ledger_decides`). A read of the ledger, no lock; the
         lease decisions themselves check in their own transaction.
 
         Raises:
             ForbiddenError: Redis decides the org's leases (the message names the remedy).
             UnavailableError: the ledger cannot be reached.
         """
-        args = (org, SYSTEM_PRINCIPAL, INCARNATION_OP, STATE_KEY, RETURNED_KEY)
         with self._read() as (session, _now_ms):
-            rows = self._sql(session, _REDIS_AUTHORITY, args).fetchall()
-        if any(key == STATE_KEY for key, _response in rows):
-            raise redis_decides_error(org)
+            self._refuse_unless_ledger_decides(session, org)
 
     def _check_ledger_authority(self, tx: Tx, *, lock: bool = False) -> None:
         """Refuse a lease decision of ``tx``'s org applied on the ledger while Redis
-        decides its leases (:mod:`prefect_baton._stores.ledger.authority`), once per
+        decides its leases (:meth:`_refuse_unless_ledger_decides`), once per
         transaction; note the epoch floor of the ledger's grants in an org handed back
         (``tx.epoch_floor``: the last Redis incarnation's ceiling). Read in the decision's
         own transaction, under the shared lock of the org's incarnation counter: taken by
@@ -269,10 +284,7 @@ class StoreBase(Statements):
         org = tx.caller.org
         if lock:
             self._lock(tx.session, SHARED_LOCK_PREFIX + authority_lock(org))
-        args = (org, SYSTEM_PRINCIPAL, INCARNATION_OP, STATE_KEY, RETURNED_KEY)
-        for key, response in self._sql(tx.session, _REDIS_AUTHORITY, args).fetchall():
-            if key == STATE_KEY:
-                raise redis_decides_error(org)
+        for _key, response in self._refuse_unless_ledger_decides(tx.session, org):
             tx.epoch_floor = _core.incarnation_epochs(int(json.loads(response)["n"]))[1]
         tx.authority_checked = True
 

@@ -139,6 +139,7 @@ class HandoffOps(ExpiryOps):
                     offer.checkpoint_id,
                     readable=attached is not None,
                     expires_at_ms=attached.expires_at_ms if attached is not None else None,
+                    updated_at_ms=attached.updated_at_ms if attached is not None else 0,
                     now_ms=tx.now_ms,
                 )
             if offer.lease is not None:

@@ -1,6 +1,15 @@
 """Lease reads of the ledger store: :meth:`~LeaseReads.inspect`, :meth:`~LeaseReads.get`,
 :meth:`~LeaseReads.list_leases` and the audit's :meth:`~LeaseReads.lease_history`, which
-read lease rows in a read transaction and write nothing."""
+read lease rows in a read transaction and write nothing.
+
+The first three answer as the org's lease authority, so while Redis decides the org's
+leases they are refused (``FORBIDDEN``) like every lease decision the ledger would take
+(``StoreBase._refuse_unless_ledger_decides``): the ledger's copy lags Redis (the reconciler
+drains the journal into it), and would call a resource Redis just granted free. The Redis
+authority reads the ledger's history itself, after syncing it, with
+:meth:`~LeaseReads.ledger_get` and :meth:`~LeaseReads.ledger_list_leases`. The audit's
+:meth:`~LeaseReads.lease_history` stays open: it checks the ledger's own records (what was
+drained into them), and says nothing about who holds a resource now."""
 
 from __future__ import annotations
 
@@ -33,8 +42,13 @@ class LeaseReads(StoreBase):
 
     def inspect(self, caller: Caller, resource_type: str, resource_id: str) -> LeaseInfo:
         """What any principal of the org may see about a resource (holder details only for
-        the holder itself)."""
+        the holder itself).
+
+        Raises:
+            ForbiddenError: Redis decides the org's leases.
+        """
         with self._read() as (s, now):
+            self._refuse_unless_ledger_decides(s, caller.org)
             row = s.execute(
                 select(GenerationRow)
                 .where(
@@ -53,9 +67,23 @@ class LeaseReads(StoreBase):
 
         Raises:
             NotFoundError: unknown, another org's, or another principal's lease (unless the
-                caller is ``owner``/``admin``).
+                caller is ``owner``/``admin``). ForbiddenError: Redis decides the org's leases.
         """
+        return self._get(caller, lease_id, authority=True)
+
+    def ledger_get(self, caller: Caller, lease_id: str) -> Lease:
+        """As :meth:`get`, from the ledger's copy whoever decides the org's leases: for the
+        Redis authority, which syncs the ledger first.
+
+        Raises:
+            NotFoundError: as :meth:`get`.
+        """
+        return self._get(caller, lease_id, authority=False)
+
+    def _get(self, caller: Caller, lease_id: str, *, authority: bool) -> Lease:
         with self._read() as (s, _now):
+            if authority:
+                self._refuse_unless_ledger_decides(s, caller.org)
             row = self._row_by_id(s, caller.org, lease_id)
             if row is None or not may_read(caller.role, caller.principal, (row.owner,)):
                 raise NotFoundError(f"lease {lease_id} not found")
@@ -65,10 +93,29 @@ class LeaseReads(StoreBase):
         """Leases of the org: the caller's own by default; ``owner``/``admin`` roles may list
         anyone's (``owner="*"`` for all). Effective ones only unless ``include_ended``.
         Newest first; ``query.after``: the page continues after this ``(acquired_at ms,
-        lease_id)``."""
+        lease_id)``.
+
+        Raises:
+            ForbiddenError: another principal's leases asked by an ``agent``; Redis decides
+                the org's leases.
+        """
+        return self._list_leases(caller, query, authority=True)
+
+    def ledger_list_leases(self, caller: Caller, query: LeaseQuery) -> list[Lease]:
+        """As :meth:`list_leases`, from the ledger's copy whoever decides the org's leases:
+        for the Redis authority, which syncs the ledger first.
+
+        Raises:
+            ForbiddenError: another principal's leases asked by an ``agent``.
+        """
+        return self._list_leases(caller, query, authority=False)
+
+    def _list_leases(self, caller: Caller, query: LeaseQuery, *, authority: bool) -> list[Lease]:
         who = caller.principal if query.owner is None else query.owner
         check_list_owner(caller.role, caller.principal, who)
         with self._read() as (s, now):
+            if authority:
+                self._refuse_unless_ledger_decides(s, caller.org)
             q = select(GenerationRow).where(col(GenerationRow.org_id) == caller.org)
             if who != "*":
                 q = q.where(col(GenerationRow.owner) == who)

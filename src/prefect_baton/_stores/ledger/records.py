@@ -11,7 +11,7 @@ from sqlalchemy import or_, select
 from sqlmodel import Session, col
 
 from prefect_baton._rules import core as _core
-from prefect_baton._rules.access import check_checkpoint_delete
+from prefect_baton._rules.access import check_checkpoint_delete, check_checkpoint_live
 from prefect_baton._rules.digests import (
     checkpoint_save_digest,
     operation_digest,
@@ -231,14 +231,20 @@ class RecordOps(HandoffOps, FenceOps):
         only the writer can change one.
 
         Raises:
-            NotFoundError: unknown, expired, another org's, or not readable by the caller.
+            NotFoundError: unknown, another org's, or not readable by the caller; deleted
+                or expired (the message says which,
+                :func:`~prefect_baton._rules.access.check_checkpoint_live`).
         """
         with self._read() as (s, now):
             row = _readable(s, caller, s.get(CheckpointRow, checkpoint_id))
             if row is None:
                 raise NotFoundError(f"checkpoint {checkpoint_id} not found")
-            if row.expires_at_ms is not None and row.expires_at_ms <= now:
-                raise NotFoundError(f"checkpoint {checkpoint_id} has expired")
+            check_checkpoint_live(
+                checkpoint_id,
+                expires_at_ms=row.expires_at_ms,
+                updated_at_ms=row.updated_at_ms,
+                now_ms=now,
+            )
             return checkpoint_model(row)
 
     def checkpoint_history(

@@ -58,7 +58,7 @@ class RedisLeaseReads(AuthorityBase):
         h, _now = self.generation(caller, lease_id)
         if h is None:
             self.sync_ledger(caller.org)
-            return self.store.get(caller, lease_id)
+            return self.store.ledger_get(caller, lease_id)
         if not may_read(caller.role, caller.principal, (h.owner,)):
             raise NotFoundError(f"lease {lease_id} not found")
         return generation_to_lease(h)
@@ -71,7 +71,7 @@ class RedisLeaseReads(AuthorityBase):
         check_list_owner(caller.role, caller.principal, who)
         if query.include_ended:
             self.sync_ledger(caller.org)
-            return self.store.list_leases(caller, query)
+            return self.store.ledger_list_leases(caller, query)
         reply = self._run(caller.org, "list", ["" if who == "*" else who, opt(query.resource_type)])
         gens = [from_gen(raw) for raw in reply[2:]]
         if query.after is not None:

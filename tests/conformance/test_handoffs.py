@@ -293,12 +293,18 @@ def test_reject_releases_carried_lease(baton: Baton) -> None:
 @pytest.mark.slow
 def test_handoff_whose_carried_lease_ran_out_reads_expired(baton: Baton) -> None:
     """A pending handoff whose carried lease ran out reads expired, leaves the recipient's
-    inbox and can no longer be resolved; one without a lease stays pending."""
-    lease = baton.leases.acquire(RT, RID, ttl_seconds=10, idempotency_key="w1")
+    inbox and can no longer be resolved; one without a lease stays pending.
+
+    The lease is held for an hour while the pending state is checked, and only then renewed
+    to the shortest TTL to run out: on a loaded machine the steps before the wait may take
+    longer than that TTL, which must not make the lease run out before they are checked."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=3600, idempotency_key="w1")
     h = baton.handoffs.create("agent-b", SUBJ, lease=lease)
     plain = baton.handoffs.create("agent-b", "other-subject")
     b = baton.as_principal("agent-b")
     assert [x.handoff_id for x in b.handoffs.inbox()] == [h.handoff_id, plain.handoff_id]
+    assert b.handoffs.get(h.handoff_id).status == "pending"
+    lease = baton.leases.renew(lease, ttl_seconds=10)
     wait_until_expired(baton, lease)
     assert baton.handoffs.get(h.handoff_id).status == "expired"
     assert b.handoffs.get(h.handoff_id).status == "expired"

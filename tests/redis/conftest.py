@@ -43,12 +43,32 @@ def _free_port() -> int:
     raise RuntimeError("no free port in 6390..6479")
 
 
+class PortTaken(RuntimeError):
+    """Another process's server answers on the port a :class:`RedisServer` was to use."""
+
+
+def _server_pid(port: int) -> int | None:
+    """The ``process_id`` of the Redis server answering on ``port`` (``None``: none)."""
+    import redis
+
+    client = redis.Redis(host=HOST, port=port, socket_timeout=5, socket_connect_timeout=1)
+    try:
+        return int(client.info("server")["process_id"])
+    except redis.RedisError:
+        return None
+    finally:
+        client.close()
+
+
 class RedisServer:
     """A ``redis-server`` child process on ``127.0.0.1:<port>`` without persistence.
 
     ``kill()`` sends SIGKILL (all data is gone), ``start()`` starts it again empty on the
     same port, ``pause()``/``resume()`` send SIGSTOP/SIGCONT. Only this process id is ever
-    signalled.
+    signalled. ``start()`` returns only once the server answering on the port is this
+    process: a port another test run took between the free-port check and the start (two
+    sessions on one machine pick from the same range) raises :class:`PortTaken` instead of
+    letting the test run on, and change, the other run's server.
     """
 
     def __init__(self, binary: str, port: int, workdir: Path) -> None:
@@ -86,10 +106,16 @@ class RedisServer:
             try:
                 with socket.create_connection((HOST, self.port), timeout=0.5) as s:
                     s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        return
+                    answered = s.recv(16).startswith(b"+PONG")
             except OSError:
-                pass
+                answered = False
+            if answered:
+                pid = _server_pid(self.port)
+                if pid == self.proc.pid:
+                    return
+                if pid is not None:
+                    self.stop()
+                    raise PortTaken(f"port {self.port} is served by another process ({pid})")
             if time.monotonic() > deadline or self.proc.poll() is not None:
                 raise RuntimeError(f"redis-server did not start on port {self.port}")
             time.sleep(0.05)
@@ -128,8 +154,15 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         if REQUIRE:
             pytest.fail(msg + " (BATON_REQUIRE_SERVICES=1)")
         pytest.skip(msg)
-    server = RedisServer(binary, _free_port(), tmp_path)
-    server.start()
+    for _attempt in range(5):
+        server = RedisServer(binary, _free_port(), tmp_path)
+        try:
+            server.start()
+            break
+        except PortTaken:
+            continue
+    else:
+        raise RuntimeError("no free port in 6390..6479 stayed free until redis-server bound it")
     try:
         yield server
     finally:

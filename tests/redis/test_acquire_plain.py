@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from prefect_baton import Baton
+from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.redis.authority import RedisAuthority
 from prefect_baton._stores.redis.codec import encode_gen, from_gen, is_plain, lease_from_gen
 from prefect_baton._stores.redis.keys import org_keys, resource_digest
 from prefect_baton.audit import audit_ledger
-from prefect_baton.errors import BatonError
+from prefect_baton.errors import BatonError, ConflictError
 
 
 def _expire(auth: RedisAuthority, org: str, resource_id: str) -> None:
@@ -152,3 +154,48 @@ def test_plain_claim_is_chosen_only_for_plain_requests() -> None:
     assert not is_plain([AcquireRequest("res", "a", 30_000, ("src/**",))], None)
     assert not is_plain([AcquireRequest("res", "a", 30_000, (), None, 3)], None)
     assert not is_plain([*plain, AcquireRequest("res", "c", 30_000, (), "p")], None)
+
+
+@pytest.mark.parametrize("past_now_ms", [0, 1], ids=["expires_at_now", "expires_at_now_plus_1"])
+@pytest.mark.parametrize("plain", [True, False], ids=["plain", "general"])
+def test_run_out_boundary_on_a_pinned_clock(
+    ledger: LedgerStore, monkeypatch: pytest.MonkeyPatch, plain: bool, past_now_ms: int
+) -> None:
+    """Both acquire scripts judge a head whose expires_at_ms is the script's now exactly as
+    the core rule (:meth:`Generation.effective`: in effect only while expires_at > now): at
+    expires_at == now it ran out (taken over), at now + 1 it is still held (conflict). The
+    Redis clock is pinned (fakeredis's TIME), so the boundary is hit exactly."""
+    import fakeredis
+    from fakeredis.commands_mixins import server_mixin
+
+    now_ms = 1_800_000_000_000
+    monkeypatch.setattr(server_mixin, "time", SimpleNamespace(time=lambda: now_ms / 1000))
+    monkeypatch.setattr("prefect_baton._stores.redis.authority.is_plain", lambda r, k: plain)
+    client = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    auth = RedisAuthority(client, ledger, ack="ledger", functions=False)
+    try:
+        b = Baton(org="org-boundary", principal="agent-a", store=ledger, lease_authority=auth)
+        b.as_principal("agent-b").leases.acquire("res", "a", ttl_seconds=30)
+        heads = org_keys(b.org).base[1]
+        rd = resource_digest("res", "a")
+        head = dataclasses.replace(
+            from_gen(auth.client.hget(heads, rd)), expires_at_ms=now_ms + past_now_ms
+        )
+        auth.client.hset(heads, rd, encode_gen(head))
+        in_effect = head.effective(now_ms)
+        assert in_effect is (past_now_ms > 0)
+        if in_effect:
+            with pytest.raises(ConflictError):
+                b.leases.acquire_many([("res", "a"), ("res", "b")], ttl_seconds=45)
+        else:
+            leases = b.leases.acquire_many([("res", "a"), ("res", "b")], ttl_seconds=45)
+            assert [(x.resource_id, x.version, x.owner) for x in leases] == [
+                ("a", 2, "agent-a"),
+                ("b", 1, "agent-a"),
+            ]
+        auth.reconciler.drain(b.org)
+        _rows, transitions = auth.store.lease_history(b.org)
+        actions = [t.action for t in transitions]
+        assert ("takeover" in actions) is not in_effect
+    finally:
+        auth.close()

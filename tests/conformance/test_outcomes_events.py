@@ -11,7 +11,9 @@ from prefect_baton import (
     ConflictError,
     Evidence,
     ForbiddenError,
+    Lease,
     NotFoundError,
+    Outcome,
     StaleFenceError,
     ValidationError,
     VersionConflictError,
@@ -24,6 +26,7 @@ EVIDENCE = [
     {"kind": "file", "uri": "file:///src/app/main.py", "digest": "sha256:" + "a" * 64, "note": "x"},
     {"kind": "log", "uri": "s3://bucket/run-7.log"},
 ]
+FAKE_ID = "x_" + "0" * 32
 
 
 # ------------------------------------------------------------------------------- outcomes
@@ -158,8 +161,105 @@ def test_outcome_links_trace_back(baton: Baton) -> None:
 def test_unknown_link_is_not_found(baton: Baton, link: str) -> None:
     """An outcome linking an unknown lease, handoff or checkpoint is NOT_FOUND, no record."""
     with pytest.raises(NotFoundError):
-        baton.outcomes.record(SUBJ, "failed", evidence=[], **{link: "x_" + "0" * 32})
+        baton.outcomes.record(SUBJ, "failed", evidence=[], **{link: FAKE_ID})
     assert baton.outcomes.list(SUBJ) == []
+
+
+def _refusal(b: Baton, **link: Any) -> str:
+    """The NOT_FOUND message of ``b`` recording a failed outcome with ``link``."""
+    with pytest.raises(NotFoundError) as err:
+        b.outcomes.record(SUBJ, "failed", evidence=[], **link)
+    return err.value.message
+
+
+def test_another_principals_lease_link_is_not_found(baton: Baton) -> None:
+    """An agent cannot record an outcome under another principal's lease generation: it is
+    NOT_FOUND worded as an unknown id, nothing is written, and the holder still records
+    its own succeeded outcome under that generation (``_rules.access.check_outcome_link``)."""
+    bob = baton.as_principal("agent-b")
+    theirs = bob.leases.acquire("job", "run", ttl_seconds=60)
+    before = kinds(baton)
+    for status, evidence in (("succeeded", EVIDENCE), ("failed", [])):
+        with pytest.raises(NotFoundError) as err:
+            baton.outcomes.record(SUBJ, status, evidence=evidence, lease_id=theirs.lease_id)
+        assert err.value.message == f"lease {theirs.lease_id} not found"
+    assert _refusal(baton, lease_id=FAKE_ID) == f"lease {FAKE_ID} not found"
+    assert kinds(baton) == before
+    assert baton.outcomes.list(SUBJ) == []
+    out = bob.outcomes.record(SUBJ, "succeeded", evidence=EVIDENCE, fence=theirs)
+    assert (out.principal, out.lease_id) == ("agent-b", theirs.lease_id)
+
+
+@pytest.mark.parametrize("link", ["checkpoint_id", "handoff_id"])
+def test_unreadable_checkpoint_or_handoff_link_is_not_found(baton: Baton, link: str) -> None:
+    """A checkpoint or handoff the caller may not read (another principal's checkpoint; a
+    handoff between two others) cannot be linked: NOT_FOUND with the message of a made-up
+    id and of ``checkpoints.get_by_id`` / ``handoffs.get``, so its existence does not
+    leak; nothing is written."""
+    bob = baton.as_principal("agent-b")
+    ck = bob.checkpoints.save("bs", "k", {"secret": 1})
+    h = bob.handoffs.create("agent-c", "bs", checkpoint_id=ck.checkpoint_id, message="private")
+    real, kind = (
+        (ck.checkpoint_id, "checkpoint") if link == "checkpoint_id" else (h.handoff_id, "handoff")
+    )
+    before = kinds(baton)
+    read = baton.checkpoints.get_by_id if link == "checkpoint_id" else baton.handoffs.get
+    with pytest.raises(NotFoundError) as hidden:
+        read(real)
+    assert _refusal(baton, **{link: real}) == hidden.value.message == f"{kind} {real} not found"
+    assert _refusal(baton, **{link: FAKE_ID}) == f"{kind} {FAKE_ID} not found"
+    assert kinds(baton) == before
+    assert baton.outcomes.list(SUBJ) == []
+
+
+def _bobs_links(bob: Baton) -> tuple[Lease, dict[str, Any]]:
+    """A lease of ``bob``'s, and as outcome links: it, a checkpoint ``bob`` wrote and
+    ``bob``'s handoff of that checkpoint to ``agent-c``."""
+    ck = bob.checkpoints.save("bs", "k", {"n": 1})
+    h = bob.handoffs.create("agent-c", "bs", checkpoint_id=ck.checkpoint_id)
+    lease = bob.leases.acquire("job", "run", ttl_seconds=60)
+    return lease, {
+        "lease_id": lease.lease_id,
+        "handoff_id": h.handoff_id,
+        "checkpoint_id": ck.checkpoint_id,
+    }
+
+
+def _links(out: Outcome) -> dict[str, str | None]:
+    return {
+        "lease_id": out.lease_id,
+        "handoff_id": out.handoff_id,
+        "checkpoint_id": out.checkpoint_id,
+    }
+
+
+def test_own_links_still_work(baton: Baton) -> None:
+    """A principal links the leases it holds or held, the handoffs it sent or received and
+    the checkpoints it wrote or was handed."""
+    bob, carol = baton.as_principal("agent-b"), baton.as_principal("agent-c")
+    lease, ids = _bobs_links(bob)
+    bob.leases.release(lease)
+    assert _links(bob.outcomes.record(SUBJ, "succeeded", evidence=EVIDENCE, **ids)) == ids
+    del ids["lease_id"]
+    got = carol.outcomes.record(SUBJ, "failed", **ids)
+    assert got.principal == "agent-c"
+    assert _links(got) == {**ids, "lease_id": None}
+    assert _refusal(carol, lease_id=lease.lease_id) == f"lease {lease.lease_id} not found"
+
+
+@pytest.mark.parametrize("role", ["owner", "admin"])
+def test_owner_or_admin_links_anyones(baton: Baton, role: str) -> None:
+    """``owner``/``admin`` may link any of the org's leases, checkpoints and handoffs (they
+    read them all and may force-release any lease); the outcome is credited to them, and a
+    succeeded one settles the generation, so the holder's second one is CONFLICT."""
+    bob = baton.as_principal("agent-b")
+    lease, ids = _bobs_links(bob)
+    out = baton.as_principal("boss", role=role).outcomes.record(
+        SUBJ, "succeeded", evidence=EVIDENCE, **ids
+    )
+    assert (out.principal, _links(out)) == ("boss", ids)
+    with pytest.raises(ConflictError):
+        bob.outcomes.record(SUBJ, "succeeded", evidence=EVIDENCE, fence=lease)
 
 
 def test_fenced_outcome(baton: Baton) -> None:

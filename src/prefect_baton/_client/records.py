@@ -354,9 +354,12 @@ class OutcomeAPI(_API):
             fence: a lease; rejected with :class:`StaleFenceError` once it is not current.
 
         Raises:
-            ValidationError, StaleFenceError, NotFoundError (a linked id does not exist),
-            IdempotencyMismatchError. ConflictError: a ``succeeded`` outcome of this subject
-            under the same lease generation (``lease_id`` or the fence's) exists already
+            ValidationError, StaleFenceError, NotFoundError (a linked id does not exist,
+            or the caller may not read it: an agent links only its own lease generations,
+            the handoffs it sent or received and the checkpoints it may read;
+            ``_rules.access.check_outcome_link``), IdempotencyMismatchError.
+            ConflictError: a ``succeeded`` outcome of this subject under the same lease
+            generation (``lease_id`` or the fence's) exists already
             (``_rules.core.check_outcome``); nothing is written.
         """
         subject = _core.validate_id("subject_id", subject_id)

@@ -4,7 +4,8 @@ An ``agent`` acts on and sees its own leases and handoffs; an ``owner`` or ``adm
 the org may also read and list anyone's, and force-release any lease. Anyone of the org
 may inspect a resource, but only the holder sees its lease (holder, execution key,
 purpose, scopes); others see that it is held, its counters and until when. A checkpoint is
-read by its writer, the recipient of a handoff carrying it, and ``owner``/``admin``. No I/O.
+read by its writer, the recipient of a handoff carrying it, and ``owner``/``admin``. An
+outcome links only records its recorder may read (:func:`check_outcome_link`). No I/O.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "check_checkpoint_live",
     "check_force_release",
     "check_list_owner",
+    "check_outcome_link",
     "check_resolver",
     "check_scope",
     "inspect_view",
@@ -90,6 +92,42 @@ def may_read_checkpoint(role: str, principal: str, writer: str, recipients: Iter
     ``checkpoint_id`` is this checkpoint's), and so may ``owner``/``admin``. To everyone
     else the checkpoint does not exist (stores answer not found)."""
     return may_read(role, principal, (writer, *recipients))
+
+
+def check_outcome_link(
+    role: str, principal: str, kind: str, link_id: str, parties: Iterable[str] | None
+) -> None:
+    """Check that ``principal`` with ``role`` may link the ``kind`` record ``link_id`` from
+    an outcome it records: one links what one may read (:func:`may_read`, the rule of
+    ``leases.get``, ``handoffs.get`` and, with the parties below, ``checkpoints.get_by_id``'s
+    :func:`may_read_checkpoint`), and to everyone else the record does not exist, so the
+    refusal is the unknown id's ``NOT_FOUND`` and says nothing about whether it exists
+    (DESIGN.md "Checkpoints": "to everyone else it does not exist (not found), as in the
+    seed service"; "Outcomes": the links are to "the lease, handoff and checkpoint it
+    concerns"; seed 000: another organization's lease is ``404``).
+
+    So an ``agent`` links only the lease generations it holds or held (a generation has
+    one owner for all time: a transfer makes a new one), the handoffs it sent or received
+    and the checkpoints it wrote or was handed; ``owner``/``admin`` link any of the org's,
+    as they read them and may force-release any lease. A lease link names the generation
+    the outcome is recorded under (:func:`~prefect_baton._rules.core.check_outcome`), so
+    only its holder, or an owner/admin settling it in the holder's place (the outcome is
+    credited to them), can take up that generation's one ``succeeded`` outcome.
+
+    Args:
+        role: the caller's role. principal: the caller.
+        kind: ``"lease"``, ``"handoff"`` or ``"checkpoint"``. link_id: the id linked.
+        parties: who may read the record besides ``owner``/``admin`` (a lease generation:
+            its owner; a handoff: its sender and recipient; a checkpoint: its writer and
+            the recipient of every handoff of the org carrying it), or ``None`` when the
+            caller's org has no such record.
+
+    Raises:
+        NotFoundError: ``<kind> <link_id> not found``, for an unknown id, another org's
+            record and one the caller may not read alike.
+    """
+    if parties is None or not may_read(role, principal, parties):
+        raise NotFoundError(f"{kind} {link_id} not found")
 
 
 def check_list_owner(role: str, principal: str, owner: str, what: str = "leases") -> None:

@@ -73,23 +73,41 @@ def checkpoint_scope(ck: CheckpointRow | CheckpointWrite) -> str:
     return f"{len(ck.subject_id)}:{ck.subject_id}:{ck.kind}"
 
 
+def checkpoint_parties(
+    s: Session, caller: Caller, row: CheckpointRow | None
+) -> tuple[str, ...] | None:
+    """Who may read checkpoint ``row`` besides ``owner``/``admin``: its writer, and (unless
+    the caller is its writer) the recipient of every handoff of the org carrying it;
+    ``None`` for no row or another org's."""
+    if row is None or row.org_id != caller.org:
+        return None
+    if caller.principal == row.principal:
+        return (row.principal,)
+    recipients = s.execute(
+        select(col(HandoffRow.to_principal)).where(
+            col(HandoffRow.org_id) == caller.org,
+            col(HandoffRow.checkpoint_id) == row.checkpoint_id,
+        )
+    ).scalars()
+    return (row.principal, *recipients)
+
+
+def handoff_parties(caller: Caller, row: HandoffRow | None) -> tuple[str, ...] | None:
+    """Who may read handoff ``row`` besides ``owner``/``admin``: its sender and recipient;
+    ``None`` for no row or another org's."""
+    if row is None or row.org_id != caller.org:
+        return None
+    return (row.from_principal, row.to_principal)
+
+
 def _readable(s: Session, caller: Caller, row: CheckpointRow | None) -> CheckpointRow | None:
     """``row`` if ``caller`` may read it (:func:`~prefect_baton._rules.access.may_read_checkpoint`:
     its writer, the recipient of a handoff of the org carrying it, ``owner``/``admin``),
     else ``None``: to anyone else it does not exist. Another org's row is ``None`` too."""
-    if row is None or row.org_id != caller.org:
+    parties = checkpoint_parties(s, caller, row)
+    if row is None or parties is None:
         return None
-    recipients: list[str] = []
-    if caller.principal != row.principal:
-        recipients = list(
-            s.execute(
-                select(col(HandoffRow.to_principal)).where(
-                    col(HandoffRow.org_id) == caller.org,
-                    col(HandoffRow.checkpoint_id) == row.checkpoint_id,
-                )
-            ).scalars()
-        )
-    if may_read_checkpoint(caller.role, caller.principal, row.principal, recipients):
+    if may_read_checkpoint(caller.role, caller.principal, row.principal, parties[1:]):
         return row
     return None
 
@@ -265,12 +283,11 @@ class HandoffOps(ExpiryOps):
         """
         with self._read() as (s, now):
             row = s.get(HandoffRow, handoff_id)
+            parties = handoff_parties(caller, row)
             if (
                 row is None
-                or row.org_id != caller.org
-                or not may_read(
-                    caller.role, caller.principal, (row.from_principal, row.to_principal)
-                )
+                or parties is None
+                or not may_read(caller.role, caller.principal, parties)
             ):
                 raise NotFoundError(f"handoff {handoff_id} not found")
             lease = None

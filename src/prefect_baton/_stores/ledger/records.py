@@ -5,13 +5,16 @@ record writes (:mod:`~prefect_baton._stores.ledger.fences`)."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from sqlalchemy import or_, select
 from sqlmodel import Session, col
 
 from prefect_baton._rules import core as _core
-from prefect_baton._rules.access import check_checkpoint_delete, check_checkpoint_live
+from prefect_baton._rules.access import (
+    check_checkpoint_delete,
+    check_checkpoint_live,
+    check_outcome_link,
+)
 from prefect_baton._rules.digests import (
     checkpoint_save_digest,
     operation_digest,
@@ -25,7 +28,9 @@ from prefect_baton._stores.ledger.handoffs import (
     HandoffOps,
     _readable,
     checkpoint_lock,
+    checkpoint_parties,
     checkpoint_scope,
+    handoff_parties,
 )
 from prefect_baton._stores.ledger.paging import after_key
 from prefect_baton._stores.ledger.tables import (
@@ -284,15 +289,14 @@ class RecordOps(HandoffOps, FenceOps):
         def op(tx: Tx) -> Outcome:
             held = self._check_fence(tx, fence, "outcome.record")
             s = tx.session
-            for kind_, ref, model_ in (
-                ("handoff", record.handoff_id, HandoffRow),
-                ("checkpoint", record.checkpoint_id, CheckpointRow),
-                ("lease", record.lease_id, GenerationRow),
+            for kind_, ref in (
+                ("handoff", record.handoff_id),
+                ("checkpoint", record.checkpoint_id),
+                ("lease", record.lease_id),
             ):
                 if ref is not None:
-                    obj: Any = s.get(model_, ref)
-                    if obj is None or obj.org_id != caller.org:
-                        raise NotFoundError(f"{kind_} {ref} not found")
+                    parties = self._link_parties(s, caller, kind_, ref)
+                    check_outcome_link(caller.role, caller.principal, kind_, ref, parties)
             under = record.lease_id or (fence.lease_id if fence else None)
             _core.check_outcome(
                 record.status,
@@ -342,6 +346,20 @@ class RecordOps(HandoffOps, FenceOps):
             Outcome,
             op,
         )
+
+    def _link_parties(
+        self, s: Session, caller: Caller, kind: str, ref: str
+    ) -> tuple[str, ...] | None:
+        """Who may read the ``kind`` record ``ref`` an outcome links, besides
+        ``owner``/``admin`` (a handoff's sender and recipient, a checkpoint's
+        :func:`checkpoint_parties`, a lease generation's owner), or ``None`` when the
+        caller's org has no such record."""
+        if kind == "handoff":
+            return handoff_parties(caller, s.get(HandoffRow, ref))
+        if kind == "checkpoint":
+            return checkpoint_parties(s, caller, s.get(CheckpointRow, ref))
+        row = self._row_by_id(s, caller.org, ref)
+        return None if row is None else (row.owner,)
 
     def outcome_list(self, caller: Caller, query: OutcomeQuery) -> list[Outcome]:
         """The outcomes of the caller's org that ``query`` keeps, oldest first by the

@@ -439,6 +439,17 @@ def run_reconciler(
     return report
 
 
+def _report_failure(org: str, exc: Exception, in_a_row: int) -> None:
+    """Log a failed background drain of ``org``: a warning for the first of a run of
+    failures and then for every 60th (about every 5 minutes at the 5 s backoff), the others
+    at debug level, so that an outage of Redis or the ledger does not flood the log."""
+    if in_a_row == 1 or in_a_row % 60 == 0:
+        again = "" if in_a_row == 1 else f" ({in_a_row} attempts in a row)"
+        log.warning("background reconcile of %s failed%s: %s", org, again, exc)
+    else:
+        log.debug("background reconcile of %s failed again: %s", org, exc)
+
+
 class Drainer:
     """A daemon thread that keeps draining the orgs it was given: for good (``ack="redis"``),
     or until their journal has caught up once (``ack="ledger"`` after a drain failed, so a
@@ -480,6 +491,7 @@ class Drainer:
 
     def _run(self) -> None:
         backoff = self.interval
+        failures: dict[str, int] = {}  # org -> drains failed in a row
         while not self._stop.is_set():
             busy = False
             failed = False
@@ -489,8 +501,15 @@ class Drainer:
                         n = self.reconciler.drain(org, max_batches=8)
                 except Exception as exc:
                     failed = True
-                    log.warning("background reconcile of %s failed: %s", org, exc)
+                    failures[org] = failures.get(org, 0) + 1
+                    _report_failure(org, exc, failures[org])
                     continue
+                if org in failures:
+                    log.warning(
+                        "background reconcile of %s works again after %d failed attempts",
+                        org,
+                        failures.pop(org),
+                    )
                 caught_up = n < 8 * self.reconciler.batch_size
                 busy = busy or not caught_up
                 if caught_up and org in self._until_caught_up:

@@ -54,6 +54,28 @@ def test_checkpoint_history_lists_every_version(cli: Cli) -> None:
     assert "sha256:" in table.stdout
 
 
+def test_checkpoint_history_pages_with_limit_and_cursor(cli: Cli) -> None:
+    """checkpoint history --limit gives one page, oldest first, whose next_cursor (null on
+    the last page) is the --cursor of the next; the table format names it on stderr; a
+    --limit above 1,000 exits 2 (VALIDATION_ERROR)."""
+    for n in range(3):
+        cli.ok("checkpoint", "save", "doc-1", "progress", f'{{"n": {n}}}')
+    first = cli.ok("checkpoint", "history", "doc-1", "progress", "--limit", "2")
+    assert [v["version"] for v in first["checkpoints"]] == [1, 2]
+    assert first["next_cursor"] is not None
+    args = ("checkpoint", "history", "doc-1", "progress", "--limit", "2")
+    rest = cli.ok(*args, "--cursor", first["next_cursor"])
+    assert [v["version"] for v in rest["checkpoints"]] == [3]
+    assert rest["next_cursor"] is None
+    table = cli("checkpoint", "history", "doc-1", "progress", "--limit", "2", fmt="table")
+    assert table.stderr == (
+        f"baton checkpoint history: more rows; next page: --cursor {first['next_cursor']}\n"
+    )
+    over = cli("checkpoint", "history", "doc-1", "progress", "--limit", "1001")
+    assert over.code == 2
+    assert over.json["error"]["code"] == "VALIDATION_ERROR"
+
+
 def test_checkpoint_delete(cli: Cli) -> None:
     """Another principal's delete exits 6; the writer's deletes it (get then exits 5, the
     history stays); a second delete exits 5."""

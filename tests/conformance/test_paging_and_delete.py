@@ -1,7 +1,7 @@
-"""Paged lists (lease list, handoff inbox, event stream, outcomes: ``limit`` and an
-opaque ``cursor``, keyset paging) and the deletion of one's own checkpoint (the seed service's
-``DELETE``; DESIGN.md "Checkpoints": history stays, a pending handoff keeps what it
-carries), on every store arm."""
+"""Paged lists (lease list, handoff inbox, event stream, outcomes, checkpoint history:
+``limit`` and an opaque ``cursor``, keyset paging) and the deletion of one's own checkpoint
+(the seed service's ``DELETE``; DESIGN.md "Checkpoints": history stays, a pending handoff
+keeps what it carries), on every store arm."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 
 from prefect_baton import (
     Baton,
+    Checkpoint,
     ConflictError,
     ForbiddenError,
     NotFoundError,
@@ -80,27 +81,33 @@ def test_bad_inbox_cursor_is_validation_error(baton: Baton) -> None:
 def _lists(baton: Baton) -> dict[str, Callable[..., Page[Any]]]:
     """The paged lists of one arm, each filled by :func:`_add` (leases of ``baton``,
     handoffs to agent-b read from agent-b's inbox and from the org's list, outcomes,
-    events)."""
+    the versions of one checkpoint, events)."""
     b = baton.as_principal("agent-b")
+
+    def history(**page: Any) -> Page[Checkpoint]:
+        return baton.checkpoints.history(SUBJ, KIND, **page)
+
     return {
         "leases": baton.leases.list,
         "inbox": b.handoffs.inbox,
         "handoffs": b.handoffs.list,
         "outcomes": baton.outcomes.list,
+        "history": history,
         "events": baton.events.list,
     }
 
 
 #: How many items of each list of :func:`_lists` one :func:`_add` makes (1 unless named).
-_PER_ADD = {"events": 3}
+_PER_ADD = {"events": 4}
 
 
 def _add(baton: Baton, i: int) -> None:
-    """One more item in every list of :func:`_lists` but events, three more events: a
-    lease, a handoff and an outcome (each an event)."""
+    """One more item in every list of :func:`_lists` but events, four more events: a
+    lease, a handoff, an outcome and a checkpoint version (each an event)."""
     baton.leases.acquire("deploy", f"r{i}", ttl_seconds=60)
     baton.handoffs.create("agent-b", f"s{i}")
     baton.outcomes.record(f"o{i}", "failed")
+    baton.checkpoints.save(SUBJ, KIND, {"i": i})
 
 
 def test_an_exactly_full_last_page_has_no_next_cursor(baton: Baton) -> None:
@@ -131,9 +138,10 @@ def test_the_largest_page_learns_whether_another_follows(
     """At the largest page the store still serves the one item more (the REST store asks
     the API for it with the page's cursor), so a full page at the maximum has a cursor
     only when an item follows; ``limit`` above the maximum stays VALIDATION_ERROR."""
-    largest = {"leases": 2, "inbox": 2, "handoffs": 2, "outcomes": 2, "events": 6}
-    for name in ("leases", "handoffs", "outcomes", "events"):
-        monkeypatch.setitem(MAX_PAGE, name, largest[name])
+    largest = {"leases": 2, "inbox": 2, "handoffs": 2, "outcomes": 2, "history": 2, "events": 8}
+    lists = {"leases": "leases", "handoffs": "handoffs", "outcomes": "outcomes"}
+    for name, list_name in {**lists, "history": "checkpoints", "events": "events"}.items():
+        monkeypatch.setitem(MAX_PAGE, list_name, largest[name])
     for i in range(2):
         _add(baton, i)
     for name, listing in _lists(baton).items():
@@ -161,7 +169,7 @@ def test_events_after_seq_or_cursor(baton: Baton) -> None:
     for after in (0, 1):
         with pytest.raises(ValidationError, match=r"^give after_seq or cursor, not both$"):
             baton.events.list(after_seq=after, cursor=first.next_cursor)
-    kinds_ = ["lease.acquired", "handoff.created", "outcome.recorded"]
+    kinds_ = ["lease.acquired", "handoff.created", "outcome.recorded", "checkpoint.saved"]
     assert [e.kind for e in baton.events.list()] == kinds_
     assert baton.events.list(cursor=first.next_cursor) == baton.events.list(after_seq=first[0].seq)
     with pytest.raises(ValidationError, match=r"^after_seq must be an integer from 0 to"):
@@ -204,6 +212,54 @@ def test_bad_outcome_cursor_is_validation_error(baton: Baton, cursor: str) -> No
     baton.outcomes.record("s", "failed")
     with pytest.raises(ValidationError, match="cursor"):
         baton.outcomes.list(cursor=cursor)
+
+
+def test_checkpoint_history_pages_by_cursor(baton: Baton) -> None:
+    """Five versions read two at a time come back in three pages, oldest first, every
+    version once, the last page without a next cursor; another principal's history pages
+    the same way (``principal=``)."""
+    saved = [baton.checkpoints.save(SUBJ, KIND, {"n": n}) for n in range(5)]
+    seen: list[Page[Checkpoint]] = []
+    cursor = None
+    while not seen or cursor is not None:
+        seen.append(baton.checkpoints.history(SUBJ, KIND, limit=2, cursor=cursor))
+        cursor = seen[-1].next_cursor
+    assert [len(p) for p in seen] == [2, 2, 1]
+    assert [c.version for p in seen for c in p] == [1, 2, 3, 4, 5]
+    assert [c.state for p in seen for c in p] == [c.state for c in saved]
+    assert baton.checkpoints.history(SUBJ, KIND) == [c for p in seen for c in p]
+    admin = baton.as_principal("boss", role="admin")
+    theirs = pages(
+        lambda c: admin.checkpoints.history(SUBJ, KIND, baton.principal, limit=3, cursor=c),
+        "checkpoints",
+        3,
+    )
+    assert [c.version for c in theirs] == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("limit", [0, -1, 1001, True, "2"])
+def test_bad_checkpoint_history_limit_is_validation_error(baton: Baton, limit: Any) -> None:
+    """``limit`` outside 1..1,000 (or not an integer) is VALIDATION_ERROR."""
+    baton.checkpoints.save(SUBJ, KIND, {"n": 1})
+    with pytest.raises(ValidationError, match=r"^limit must be an integer from 1 to 1000$"):
+        baton.checkpoints.history(SUBJ, KIND, limit=limit)
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "nonsense",
+        "c1.!!!!",
+        encode_cursor("checkpoints", (1, "x\x00")),  # an id no database can hold
+        encode_cursor("outcomes", (1, "ckpt_x")),  # another list's
+        encode_cursor("events", (3,)),
+    ],
+)
+def test_bad_checkpoint_history_cursor_is_validation_error(baton: Baton, cursor: str) -> None:
+    """A cursor that is not one of a checkpoint history is VALIDATION_ERROR."""
+    baton.checkpoints.save(SUBJ, KIND, {"n": 1})
+    with pytest.raises(ValidationError, match=r"^cursor is not a cursor of the checkpoints list$"):
+        baton.checkpoints.history(SUBJ, KIND, cursor=cursor)
 
 
 def test_delete_own_checkpoint(baton: Baton) -> None:

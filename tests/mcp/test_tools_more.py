@@ -341,3 +341,31 @@ def test_event_list_filters_and_paging(open_session: Open) -> None:
             assert len(ok(await a.call_tool("baton_event_list", {}))["events"]) == 3
 
     run(main)
+
+
+def test_checkpoint_history_pages(open_session: Open) -> None:
+    """baton_checkpoint_history serves one page of ``limit`` versions, oldest first, with a
+    ``next_cursor`` (null on the last page) to pass as ``cursor``; a limit above 1,000 or a
+    foreign cursor is VALIDATION_ERROR."""
+
+    async def main() -> None:
+        async with open_session("agent-a") as a:
+            where = {"subject_id": "doc", "kind": "progress"}
+            for n in range(3):
+                ok(await a.call_tool("baton_checkpoint_save", {**where, "state": {"n": n}}))
+            versions: list[int] = []
+            cursors: list[str | None] = []
+            while not cursors or cursors[-1] is not None:
+                args: dict[str, Any] = {**where, "limit": 2}
+                if cursors:
+                    args["cursor"] = cursors[-1]
+                page = ok(await a.call_tool("baton_checkpoint_history", args))
+                versions += [c["version"] for c in page["checkpoints"]]
+                cursors.append(page["next_cursor"])
+            assert versions == [1, 2, 3]
+            assert len(cursors) == 2
+            for bad in ({"limit": 1001}, {"cursor": "c1.nonsense"}):
+                err = await a.call_tool("baton_checkpoint_history", {**where, **bad})
+                tool_error(err, "VALIDATION_ERROR")
+
+    run(main)

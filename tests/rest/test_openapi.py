@@ -199,19 +199,22 @@ def test_schemathesis_finds_no_5xx_and_no_schema_violation(
 
 
 def test_parameter_bounds_in_the_document_hold(client: TestClient, make_key: MakeKey) -> None:
-    """Each stated ``limit`` maximum is accepted and one more is 400; an empty id parameter
-    (below the stated minLength) is 400."""
+    """Each stated ``limit`` maximum is accepted and one more is 400 (the operation's other
+    required query parameters given as ``x``); an empty id parameter (below the stated
+    minLength) is 400."""
     h = make_key("agent-a", role="owner")
     doc = client.app.openapi()
     checked = 0
     for method, path, op in _operations(doc):
-        for param in op.get("parameters", []):
+        params = op.get("parameters", [])
+        required = {p["name"]: "x" for p in params if p["in"] == "query" and p.get("required")}
+        for param in params:
             if param["name"] != "limit":
                 continue
             top = param["schema"]["maximum"]
-            ok = client.request(method, path, params={"limit": top}, headers=h)
+            ok = client.request(method, path, params={**required, "limit": top}, headers=h)
             assert ok.status_code < 300, (method, path, ok.text)
-            over = client.request(method, path, params={"limit": top + 1}, headers=h)
+            over = client.request(method, path, params={**required, "limit": top + 1}, headers=h)
             error(over, 400, "VALIDATION_ERROR")
             checked += 1
     assert checked >= 5

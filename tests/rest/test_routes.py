@@ -193,6 +193,32 @@ def test_checkpoint_save_get_by_id_history(client: TestClient, make_key: MakeKey
     assert [c["version"] for c in hist] == [1, 2]
 
 
+def test_checkpoint_history_pages(client: TestClient, make_key: MakeKey) -> None:
+    """``GET /v1/checkpoints/history`` serves one page of ``limit`` versions, oldest first,
+    with ``next_cursor`` (``null`` on the last page) to pass as ``cursor``; a limit outside
+    1..1,000 or a foreign cursor is 400 VALIDATION_ERROR."""
+    a = make_key("agent-a")
+    params = {"subject_id": "ticket-1", "kind": "progress"}
+    for step in range(5):
+        body = {**params, "state": {"step": step}}
+        assert client.put("/v1/checkpoints", json=body, headers=a).status_code == 200
+    versions: list[int] = []
+    cursors: list[str | None] = []
+    cursor = None
+    while not cursors or cursor is not None:
+        q = {**params, "limit": 2} if cursor is None else {**params, "limit": 2, "cursor": cursor}
+        page = data(client.get("/v1/checkpoints/history", params=q, headers=a))
+        versions += [c["version"] for c in page["checkpoints"]]
+        cursor = page["next_cursor"]
+        cursors.append(cursor)
+    assert versions == [1, 2, 3, 4, 5]
+    assert len(cursors) == 3
+    assert cursors[-1] is None
+    for bad in ({"limit": 0}, {"limit": 1001}, {"cursor": "c1.garbage"}):
+        r = client.get("/v1/checkpoints/history", params={**params, **bad}, headers=a)
+        error(r, 400, "VALIDATION_ERROR")
+
+
 def test_checkpoint_fenced_by_lease(client: TestClient, make_key: MakeKey) -> None:
     """A save fenced by a held lease succeeds."""
     h = make_key("agent-a")

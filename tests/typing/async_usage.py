@@ -40,6 +40,9 @@ async def records(ab: AsyncBaton) -> None:
     ck = await ab.checkpoints.save("svc", "plan", {"step": 1}, expected_version=0)
     assert_type(ck, Checkpoint)
     assert_type(await ab.checkpoints.get("svc", "plan"), Checkpoint | None)
+    assert_type(
+        await ab.checkpoints.history("svc", "plan", limit=10, cursor=None), Page[Checkpoint]
+    )
     h = await ab.handoffs.create("agent-b", "svc", checkpoint_id=ck.checkpoint_id)
     assert_type(h, Handoff)
     assert_type(await ab.handoffs.resolve(h.handoff_id, "accepted", "ok"), Handoff)

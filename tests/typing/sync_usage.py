@@ -37,6 +37,7 @@ def records(b: Baton) -> None:
     ck = b.checkpoints.save("svc", "plan", {"step": 1}, expected_version=0)
     assert_type(ck, Checkpoint)
     assert_type(b.checkpoints.get("svc", "plan"), Checkpoint | None)
+    assert_type(b.checkpoints.history("svc", "plan", limit=10, cursor=None), Page[Checkpoint])
     h = b.handoffs.create("agent-b", "svc", checkpoint_id=ck.checkpoint_id)
     assert_type(h, Handoff)
     assert_type(b.handoffs.resolve(h.handoff_id, "accepted", "ok"), Handoff)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError as PydanticValidationError
@@ -26,7 +27,7 @@ from prefect_baton._stores.protocol import (
     OutcomeWrite,
     ResolveRequest,
 )
-from prefect_baton._stores.queries import EventQuery, HandoffQuery, OutcomeQuery
+from prefect_baton._stores.queries import EventQuery, HandoffQuery, HistoryQuery, OutcomeQuery
 from prefect_baton.errors import ValidationError, from_pydantic
 from prefect_baton.models import Checkpoint, Event, Evidence, Handoff, Outcome, Page
 
@@ -124,14 +125,43 @@ class CheckpointAPI(_API):
             idempotency_key=_core.validate_optional_id("idempotency_key", idempotency_key),
         )
 
-    def history(self, subject_id: str, kind: str, principal: str | None = None) -> list[Checkpoint]:
-        """Every version of the checkpoint, oldest first (empty when there is none or you
-        may not read it, see :meth:`get_by_id`)."""
-        return self._store.checkpoint_history(
-            self._caller,
+    def history(
+        self,
+        subject_id: str,
+        kind: str,
+        principal: str | None = None,
+        *,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page[Checkpoint]:
+        """The versions of the checkpoint of ``(subject_id, principal, kind)``
+        (``principal`` defaults to you), oldest first, one page at a time (empty when there
+        is none or you may not read it, see :meth:`get_by_id`).
+
+        Args:
+            limit: 1..1,000 versions (each holds its whole state, up to
+                :attr:`state_max_bytes`).
+            cursor: continue after the page this cursor ends (``str``, as
+                :meth:`prefect_baton.Baton.leases` ``list`` takes it).
+
+        Returns:
+            One page: a list of checkpoints whose ``next_cursor`` is the ``cursor`` of the
+            next page (``str``), or ``None`` when no version follows.
+
+        Raises:
+            ValidationError: bad ids, a bad limit, or a cursor that is not one of this
+                list.
+        """
+        query = HistoryQuery(
             _core.validate_id("subject_id", subject_id),
             _core.validate_id("kind", kind),
             _core.validate_optional_id("principal", principal),
+            after=None if cursor is None else decode_cursor("checkpoints", cursor),
+        )
+        return fetch_page(
+            "checkpoints",
+            limit,
+            lambda n: self._store.checkpoint_history(self._caller, replace(query, limit=n)),
         )
 
 

@@ -1,4 +1,5 @@
-"""Cursors of paged lists (leases, the handoff inbox, events, outcomes, API keys): opaque
+"""Cursors of paged lists (leases, the handoff inbox, events, outcomes, checkpoint history,
+API keys): opaque
 strings naming the last item of a page, so the next page starts strictly after it (keyset
 paging: a row inserted or ended meanwhile never shifts a page). No I/O.
 
@@ -9,6 +10,8 @@ a cursor of another list is refused. The keys, in each list's order:
 * ``handoffs`` (the inbox, oldest first): ``(created_at ms, handoff_id)``, ascending;
 * ``events`` (commit order): ``(seq,)``, ascending;
 * ``outcomes`` (oldest first): ``(recorded_at ms, outcome_id)``, ascending;
+* ``checkpoints`` (a checkpoint's versions, oldest first): ``(version, checkpoint_id)``,
+  ascending;
 * ``keys`` (the REST API's bearer keys, oldest first): ``(created_at ms, key_id)``,
   ascending.
 
@@ -30,7 +33,7 @@ from typing import TYPE_CHECKING, Literal, TypeVar, overload
 
 from prefect_baton._rules.validation import validate_id, validate_limit
 from prefect_baton.errors import ValidationError
-from prefect_baton.models import Event, Handoff, Lease, Outcome, Page, to_ms
+from prefect_baton.models import Checkpoint, Event, Handoff, Lease, Outcome, Page, to_ms
 
 if TYPE_CHECKING:  # the REST package's model (a key is the item that is none of the others)
     from prefect_baton.rest.keys import ApiKey
@@ -46,9 +49,9 @@ __all__ = [
     "store_limit",
 ]
 
-ListName = Literal["leases", "handoffs", "events", "outcomes", "keys"]
+ListName = Literal["leases", "handoffs", "events", "outcomes", "checkpoints", "keys"]
 #: The key of the last item of a page: ``(ms, id)`` of leases, handoffs, outcomes and keys,
-#: ``(seq,)`` of events.
+#: ``(version, checkpoint_id)`` of checkpoint versions, ``(seq,)`` of events.
 PageKey = tuple[int, str] | tuple[int]
 
 #: The largest page (``limit``) of each list a caller may ask for.
@@ -57,6 +60,7 @@ MAX_PAGE: dict[ListName, int] = {
     "handoffs": 10_000,
     "events": 1_000,
     "outcomes": 100_000,
+    "checkpoints": 1_000,
     "keys": 10_000,
 }
 
@@ -72,7 +76,7 @@ def encode_cursor(name: ListName, key: PageKey) -> str:
 
 @overload
 def decode_cursor(
-    name: Literal["leases", "handoffs", "outcomes", "keys"], cursor: str
+    name: Literal["leases", "handoffs", "outcomes", "checkpoints", "keys"], cursor: str
 ) -> tuple[int, str]: ...
 @overload
 def decode_cursor(name: Literal["events"], cursor: str) -> tuple[int]: ...
@@ -108,10 +112,11 @@ def decode_cursor(name: ListName, cursor: str) -> PageKey:
 
 
 def _is_id(value: object) -> bool:
-    """Whether ``value`` could be the id a cursor names (a lease, handoff, outcome or key
-    id): an id as :func:`~prefect_baton._rules.validation.validate_id` admits it. A decoded
-    cursor can hold any JSON string, and one no database can store (a lone surrogate; NUL,
-    which PostgreSQL refuses) must be refused here, not fail in the query."""
+    """Whether ``value`` could be the id a cursor names (a lease, handoff, outcome,
+    checkpoint or key id): an id as :func:`~prefect_baton._rules.validation.validate_id`
+    admits it. A decoded cursor can hold any JSON string, and one no database can store (a
+    lone surrogate; NUL, which PostgreSQL refuses) must be refused here, not fail in the
+    query."""
     try:
         validate_id("cursor", value)
     except ValidationError:
@@ -119,7 +124,7 @@ def _is_id(value: object) -> bool:
     return True
 
 
-def _key(item: Lease | Handoff | Event | Outcome | ApiKey) -> PageKey:
+def _key(item: Lease | Handoff | Event | Outcome | Checkpoint | ApiKey) -> PageKey:
     if isinstance(item, Lease):
         return (to_ms(item.acquired_at), item.lease_id)
     if isinstance(item, Handoff):
@@ -128,10 +133,12 @@ def _key(item: Lease | Handoff | Event | Outcome | ApiKey) -> PageKey:
         return (to_ms(item.recorded_at), item.outcome_id)
     if isinstance(item, Event):
         return (item.seq,)
+    if isinstance(item, Checkpoint):
+        return (item.version, item.checkpoint_id)
     return (item.created_at_ms, item.key_id)
 
 
-_Item = TypeVar("_Item", bound="Lease | Handoff | Event | Outcome | ApiKey")
+_Item = TypeVar("_Item", bound="Lease | Handoff | Event | Outcome | Checkpoint | ApiKey")
 
 
 def store_limit(name: ListName, limit: int) -> int:

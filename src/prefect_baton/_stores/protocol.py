@@ -34,7 +34,13 @@ from prefect_baton._rules.core import (
     RenewRequest,
     TransferRequest,
 )
-from prefect_baton._stores.queries import EventQuery, HandoffQuery, LeaseQuery, OutcomeQuery
+from prefect_baton._stores.queries import (
+    EventQuery,
+    HandoffQuery,
+    HistoryQuery,
+    LeaseQuery,
+    OutcomeQuery,
+)
 from prefect_baton.models import (
     Checkpoint,
     Event,
@@ -511,10 +517,10 @@ class RecordStore(Protocol):
         """A checkpoint of the org by id. Raises NotFoundError: unknown or expired."""
         ...
 
-    def checkpoint_history(
-        self, caller: Caller, subject_id: str, kind: str, principal: str | None = None
-    ) -> list[Checkpoint]:
-        """Every version of a checkpoint, oldest first."""
+    def checkpoint_history(self, caller: Caller, query: HistoryQuery) -> list[Checkpoint]:
+        """The versions of the checkpoint ``query`` names, oldest first (by version), at
+        most ``query.limit``, after ``query.after`` (empty when there is none or the caller
+        may not read it)."""
         ...
 
     def handoff_create(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["EventQuery", "HandoffQuery", "LeaseQuery", "OutcomeQuery"]
+__all__ = ["EventQuery", "HandoffQuery", "HistoryQuery", "LeaseQuery", "OutcomeQuery"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +83,29 @@ class EventQuery:
     kind: str | None = None
     resource: tuple[str, str] | None = None
     subject: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryQuery:
+    """Which versions :meth:`~prefect_baton._stores.protocol.RecordStore.checkpoint_history`
+    lists: those of the checkpoint of ``(subject_id, principal, kind)``, oldest first (by
+    version; validated by the client).
+
+    Attributes:
+        subject_id: the checkpoint's subject (``str`` id).
+        kind: the checkpoint's kind (``str`` id).
+        principal: whose checkpoint (``str`` id), or ``None`` (the caller's).
+        limit: at most this many versions (``int``, 1 to 1,001: one more than the largest
+            page, :func:`~prefect_baton._rules.paging.store_limit`).
+        after: the page continues after this ``(version, checkpoint_id)`` (the last
+            version of the previous page), or ``None`` (the first page).
+    """
+
+    subject_id: str
+    kind: str
+    principal: str | None = None
+    limit: int = 100
+    after: tuple[int, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

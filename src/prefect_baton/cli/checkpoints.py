@@ -7,10 +7,17 @@ from typing import Annotated
 import typer
 
 from prefect_baton._rules.validation import request_body_limit
-from prefect_baton.cli._options import Fence, IdempotencyKey, SubjectId, lifetime
+from prefect_baton.cli._options import (
+    Cursor,
+    Fence,
+    IdempotencyKey,
+    SubjectId,
+    lifetime,
+    row_limit,
+)
 from prefect_baton.cli._state import command, fence_lease, read_json_object, state
 from prefect_baton.errors import NotFoundError, ValidationError
-from prefect_baton.models import Checkpoint
+from prefect_baton.models import Checkpoint, Page
 
 app = typer.Typer(
     name="checkpoint",
@@ -116,10 +123,24 @@ def get(
 
 @command(app, "checkpoint.history", "checkpoints", columns=HISTORY_COLUMNS, reads_only=True)
 def history(
-    ctx: typer.Context, subject_id: SubjectId, kind: Kind, principal: Principal = None
-) -> list[Checkpoint]:
-    """List every version of a checkpoint, oldest first."""
-    return state(ctx).client().checkpoints.history(subject_id, kind, principal)
+    ctx: typer.Context,
+    subject_id: SubjectId,
+    kind: Kind,
+    principal: Principal = None,
+    limit: Annotated[int, row_limit(1_000)] = 100,
+    cursor: Cursor = None,
+) -> Page[Checkpoint]:
+    """List the versions of a checkpoint, oldest first.
+
+    One page of at most --limit versions. When more follow, the JSON receipt's
+    'next_cursor' (null otherwise) is the --cursor of the next page; the table format names
+    it on stderr.
+    """
+    return (
+        state(ctx)
+        .client()
+        .checkpoints.history(subject_id, kind, principal, limit=limit, cursor=cursor)
+    )
 
 
 @command(app, "checkpoint.delete", "checkpoint")

@@ -230,11 +230,13 @@ class EventListIn(_In):
 
 
 class CheckpointHistoryIn(_In):
-    """Every version of a checkpoint, oldest first."""
+    """The versions of a checkpoint, oldest first, one page at a time."""
 
     subject_id: Id
     kind: Id
     principal: Id | None = Field(None, description="Whose checkpoint (default: yours).")
+    limit: Annotated[int, Field(ge=1, le=1_000)] = 100
+    cursor: Cursor | None = None
 
 
 class CheckpointDeleteIn(_In):

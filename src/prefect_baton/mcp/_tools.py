@@ -43,7 +43,7 @@ from prefect_baton.mcp._inputs import (
 from prefect_baton.models import Checkpoint, Handoff, Lease, LeaseInfo, Outcome, Receipt
 from prefect_baton.rest import _calls as rest_calls
 from prefect_baton.rest._responses import (
-    CheckpointList,
+    CheckpointPage,
     EventPage,
     HandoffPage,
     LeaseList,
@@ -137,8 +137,7 @@ def _event_list(b: Baton, a: EventListIn) -> dict[str, Any]:
 
 
 def _checkpoint_history(b: Baton, a: CheckpointHistoryIn) -> dict[str, Any]:
-    versions = rest_calls.checkpoint_history(b, a.subject_id, a.kind, a.principal)
-    return _json(CheckpointList(checkpoints=versions))
+    return _json(rest_calls.checkpoint_history(b, a))
 
 
 def _checkpoint_delete(b: Baton, a: CheckpointDeleteIn) -> dict[str, Any]:
@@ -380,11 +379,12 @@ _SPECS = (
     ),
     ToolSpec(
         "baton_checkpoint_history",
-        "Every saved version of a checkpoint of (subject_id, kind), oldest first, as "
-        "{'checkpoints': [...]}. Errors: NOT_FOUND.",
+        "The saved versions of a checkpoint of (subject_id, kind), oldest first, one page "
+        "as {'checkpoints': [...], 'next_cursor': ...}; pass next_cursor as cursor for the "
+        "next page (null: no more). Errors: NOT_FOUND.",
         CheckpointHistoryIn,
         _checkpoint_history,
-        CheckpointList,
+        CheckpointPage,
         "checkpoints:read",
         read_only=True,
     ),

@@ -18,6 +18,7 @@ from prefect_baton._rules.paging import events_after
 from prefect_baton.errors import ValidationError
 from prefect_baton.models import Checkpoint, Handoff, Lease, Outcome, Receipt
 from prefect_baton.rest._responses import (
+    CheckpointPage,
     EventPage,
     HandoffPage,
     LeasePage,
@@ -171,6 +172,17 @@ class OutcomeListFields(Protocol):
     ``OutcomeListIn``)."""
 
     subject_id: str | None
+    limit: int
+    cursor: str | None
+
+
+class CheckpointHistoryFields(Protocol):
+    """The checkpoint and page of a checkpoint's history (REST ``CheckpointHistoryQuery``,
+    MCP ``CheckpointHistoryIn``)."""
+
+    subject_id: str
+    kind: str
+    principal: str | None
     limit: int
     cursor: str | None
 
@@ -435,16 +447,18 @@ def events_page(b: Baton, q: EventListFields) -> EventPage:
     return EventPage(events=events, next_cursor=events.next_cursor)
 
 
-def checkpoint_history(
-    b: Baton, subject_id: str, kind: str, principal: str | None
-) -> list[Checkpoint]:
-    """``b.checkpoints.history``: every version of a checkpoint (``str`` ids; ``principal``
-    ``None`` for the caller's), oldest first.
+def checkpoint_history(b: Baton, q: CheckpointHistoryFields) -> CheckpointPage:
+    """One page of ``b.checkpoints.history``: the versions of the checkpoint of
+    ``(q.subject_id, q.principal or the caller, q.kind)`` (``str`` ids), oldest first, at
+    most ``q.limit`` (``int``, 1..1,000), after ``q.cursor`` as in :func:`leases_page`.
 
     Raises:
-        BatonError: as that method (VALIDATION_ERROR, NOT_FOUND).
+        BatonError: as that method (VALIDATION_ERROR: bad ids, limit or cursor).
     """
-    return b.checkpoints.history(subject_id, kind, principal)
+    versions = b.checkpoints.history(
+        q.subject_id, q.kind, q.principal, limit=q.limit, cursor=q.cursor
+    )
+    return CheckpointPage(checkpoints=versions, next_cursor=versions.next_cursor)
 
 
 def outcomes_page(b: Baton, q: OutcomeListFields) -> OutcomePage:

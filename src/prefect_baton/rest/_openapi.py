@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
+from prefect_baton._rules.paging import MAX_PAGE
 from prefect_baton._rules.validation import MAX_ID_LENGTH
 from prefect_baton.rest._responses import success_schemas
 from prefect_baton.rest._schemas import NO_CONTROL
@@ -58,10 +59,12 @@ _STATUSES = {
 }
 
 
-#: Largest ``limit`` per operation (the Python API's bounds); 10,000 where not listed.
+#: Largest ``limit`` per operation (the Python API's bounds,
+#: :data:`~prefect_baton._rules.paging.MAX_PAGE`); 10,000 where not listed.
 LIMIT_MAX: dict[tuple[str, str], int] = {
-    ("GET", "/v1/events"): 1_000,
-    ("GET", "/v1/outcomes"): 100_000,
+    ("GET", "/v1/events"): MAX_PAGE["events"],
+    ("GET", "/v1/outcomes"): MAX_PAGE["outcomes"],
+    ("GET", "/v1/checkpoints/history"): MAX_PAGE["checkpoints"],
 }
 _ID_PARAM: dict[str, Any] = {"minLength": 1, "maxLength": MAX_ID_LENGTH, "pattern": NO_CONTROL}
 

@@ -29,7 +29,7 @@ from prefect_baton.models import (
 __all__ = [
     "DATA_BY_OPERATION",
     "BatchAcquired",
-    "CheckpointList",
+    "CheckpointPage",
     "EventPage",
     "HandoffPage",
     "LeaseList",
@@ -78,10 +78,12 @@ class HandoffPage(_Out):
     next_cursor: str | None
 
 
-class CheckpointList(_Out):
-    """``GET /v1/checkpoints/history``: every version, oldest first."""
+class CheckpointPage(_Out):
+    """``GET /v1/checkpoints/history``: one page of a checkpoint's versions, oldest first;
+    ``next_cursor`` as for :class:`LeasePage`."""
 
     checkpoints: list[Checkpoint]
+    next_cursor: str | None
 
 
 class OutcomePage(_Out):
@@ -162,7 +164,7 @@ DATA_BY_OPERATION: dict[tuple[str, str], type[BaseModel]] = {
     ("PUT", "/v1/checkpoints"): Checkpoint,
     ("POST", "/v1/checkpoints"): Checkpoint,
     ("GET", "/v1/checkpoints"): Checkpoint,
-    ("GET", "/v1/checkpoints/history"): CheckpointList,
+    ("GET", "/v1/checkpoints/history"): CheckpointPage,
     ("GET", "/v1/checkpoints/{checkpoint_id}"): Checkpoint,
     ("DELETE", "/v1/checkpoints/{checkpoint_id}"): Checkpoint,
     ("POST", "/v1/outcomes"): Outcome,

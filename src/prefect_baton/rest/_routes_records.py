@@ -45,6 +45,17 @@ class OutcomeListQuery(BaseModel):
     cursor: str | None = None
 
 
+class CheckpointHistoryQuery(BaseModel):
+    """The query of ``GET /v1/checkpoints/history``: the checkpoint and the page (the
+    client checks them)."""
+
+    subject_id: str
+    kind: str
+    principal: str | None = None
+    limit: Limit = 100
+    cursor: str | None = None
+
+
 class EventListQuery(BaseModel):
     """The query of ``GET /v1/events``: its filters and page (the client checks them)."""
 
@@ -154,12 +165,11 @@ def add_routes(app: FastAPI) -> None:
         return _reply(request, ck)
 
     @app.get("/v1/checkpoints/history", tags=["checkpoints"])
-    def history(
-        request: Request, b: B, subject_id: str, kind: str, principal: str | None = None
-    ) -> Response:
-        """Every version of a checkpoint, oldest first."""
-        versions = _calls.checkpoint_history(b, subject_id, kind, principal)
-        return _reply(request, versions, key="checkpoints")
+    def history(request: Request, b: B, q: Annotated[CheckpointHistoryQuery, Query()]) -> Response:
+        """The versions of the checkpoint of ``(subject_id, principal or you, kind)``,
+        oldest first, one page of ``limit`` (1..1,000); ``next_cursor`` (as ``cursor=``)
+        gives the next page."""
+        return _reply(request, _calls.checkpoint_history(b, q))
 
     @app.get("/v1/checkpoints/{checkpoint_id}", tags=["checkpoints"])
     def get_checkpoint_by_id(request: Request, checkpoint_id: str, b: B) -> Response:

@@ -14,8 +14,8 @@ __all__ = ["after_key"]
 def after_key(at: Any, id_: Any, key: tuple[int, str], *, descending: bool = False) -> Any:
     """The condition (a SQLAlchemy expression) that a row comes after ``key`` (``(ms,
     id)``, the last key of the previous page) in a list ordered by the columns ``at`` (epoch
-    milliseconds) and then ``id_``, both ascending (``descending``: both descending, as the
-    lease list, newest first)."""
+    milliseconds; a checkpoint's history: its version) and then ``id_``, both ascending
+    (``descending``: both descending, as the lease list, newest first)."""
     ms, last = key
     beyond = operator.lt if descending else operator.gt
     return or_(beyond(at, ms), and_(at == ms, beyond(id_, last)))

@@ -42,7 +42,7 @@ from prefect_baton._stores.ledger.tables import (
     OutcomeRow,
 )
 from prefect_baton._stores.protocol import Caller, CheckpointWrite, OutcomeWrite
-from prefect_baton._stores.queries import EventQuery, OutcomeQuery
+from prefect_baton._stores.queries import EventQuery, HistoryQuery, OutcomeQuery
 from prefect_baton.errors import NotFoundError, ValidationError
 from prefect_baton.models import Checkpoint, Event, Outcome, from_ms
 
@@ -252,21 +252,22 @@ class RecordOps(HandoffOps, FenceOps):
             )
             return checkpoint_model(row)
 
-    def checkpoint_history(
-        self, caller: Caller, subject_id: str, kind: str, principal: str | None = None
-    ) -> list[Checkpoint]:
-        """Every version of a checkpoint, oldest first (empty when there is none or the
+    def checkpoint_history(self, caller: Caller, query: HistoryQuery) -> list[Checkpoint]:
+        """The versions of the checkpoint ``query`` names, oldest first, at most
+        ``query.limit`` (1..1,001, :func:`~prefect_baton._rules.paging.store_limit`), after
+        the ``(version, checkpoint_id)`` ``query.after`` (empty when there is none or the
         caller may not read it, :func:`~prefect_baton._rules.access.may_read_checkpoint`)."""
+        version, cid = col(CheckpointVersion.version), col(CheckpointVersion.checkpoint_id)
+        which = (query.subject_id, query.kind, query.principal)
         with self._read() as (s, _now):
-            row = _readable(s, caller, _checkpoint_row(s, caller, subject_id, kind, principal))
+            row = _readable(s, caller, _checkpoint_row(s, caller, *which))
             if row is None:
                 return []
-            versions = s.execute(
-                select(CheckpointVersion)
-                .where(col(CheckpointVersion.checkpoint_id) == row.checkpoint_id)
-                .order_by(col(CheckpointVersion.version))
-            ).scalars()
-            return [checkpoint_model(row, saved=v) for v in versions]
+            q = select(CheckpointVersion).where(cid == row.checkpoint_id)
+            if query.after is not None:
+                q = q.where(after_key(version, cid, query.after))
+            q = q.order_by(version, cid).limit(store_limit("checkpoints", query.limit))
+            return [checkpoint_model(row, saved=v) for v in s.execute(q).scalars()]
 
     # ------------------------------------------------------------------ outcomes
 

@@ -38,7 +38,13 @@ from prefect_baton._stores.protocol import (
     OutcomeWrite,
     ResolveRequest,
 )
-from prefect_baton._stores.queries import EventQuery, HandoffQuery, LeaseQuery, OutcomeQuery
+from prefect_baton._stores.queries import (
+    EventQuery,
+    HandoffQuery,
+    HistoryQuery,
+    LeaseQuery,
+    OutcomeQuery,
+)
 from prefect_baton._stores.rest.http import (
     _M,
     DEFAULT_TIMEOUT_SECONDS,
@@ -399,13 +405,16 @@ class RestStore(_Transport):
         data, _ = self._call("GET", f"/v1/checkpoints/{_seg(checkpoint_id)}")
         return self._parse(Checkpoint, data)
 
-    def checkpoint_history(
-        self, caller: Caller, subject_id: str, kind: str, principal: str | None = None
-    ) -> list[Checkpoint]:
-        """``GET /v1/checkpoints/history``."""
-        params = _params(subject_id=subject_id, kind=kind, principal=principal)
-        data, _ = self._call("GET", "/v1/checkpoints/history", params=params)
-        return self._list(Checkpoint, data, "checkpoints")
+    def checkpoint_history(self, caller: Caller, query: HistoryQuery) -> list[Checkpoint]:
+        """``GET /v1/checkpoints/history`` (``query.after`` sent as the page's ``cursor``)."""
+        params = _params(
+            subject_id=query.subject_id,
+            kind=query.kind,
+            principal=query.principal,
+            cursor=None if query.after is None else encode_cursor("checkpoints", query.after),
+        )
+        path = "/v1/checkpoints/history"
+        return self._paged("checkpoints", path, params, query.limit, Checkpoint)
 
     # ------------------------------------------------------------------ handoffs
 

@@ -71,7 +71,7 @@ def test_checkpoint_history_pages_with_limit_and_cursor(cli: Cli) -> None:
     assert table.stderr == (
         f"baton checkpoint history: more rows; next page: --cursor {first['next_cursor']}\n"
     )
-    over = cli("checkpoint", "history", "doc-1", "progress", "--limit", "1001")
+    over = cli("checkpoint", "history", "doc-1", "progress", "--limit", "101")
     assert over.code == 2
     assert over.json["error"]["code"] == "VALIDATION_ERROR"
 

@@ -237,11 +237,11 @@ def test_checkpoint_history_pages_by_cursor(baton: Baton) -> None:
     assert [c.version for c in theirs] == [1, 2, 3, 4, 5]
 
 
-@pytest.mark.parametrize("limit", [0, -1, 1001, True, "2"])
+@pytest.mark.parametrize("limit", [0, -1, 101, True, "2"])
 def test_bad_checkpoint_history_limit_is_validation_error(baton: Baton, limit: Any) -> None:
-    """``limit`` outside 1..1,000 (or not an integer) is VALIDATION_ERROR."""
+    """``limit`` outside 1..100 (or not an integer) is VALIDATION_ERROR."""
     baton.checkpoints.save(SUBJ, KIND, {"n": 1})
-    with pytest.raises(ValidationError, match=r"^limit must be an integer from 1 to 1000$"):
+    with pytest.raises(ValidationError, match=r"^limit must be an integer from 1 to 100$"):
         baton.checkpoints.history(SUBJ, KIND, limit=limit)
 
 

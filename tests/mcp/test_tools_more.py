@@ -345,7 +345,7 @@ def test_event_list_filters_and_paging(open_session: Open) -> None:
 
 def test_checkpoint_history_pages(open_session: Open) -> None:
     """baton_checkpoint_history serves one page of ``limit`` versions, oldest first, with a
-    ``next_cursor`` (null on the last page) to pass as ``cursor``; a limit above 1,000 or a
+    ``next_cursor`` (null on the last page) to pass as ``cursor``; a limit above 100 or a
     foreign cursor is VALIDATION_ERROR."""
 
     async def main() -> None:
@@ -364,7 +364,7 @@ def test_checkpoint_history_pages(open_session: Open) -> None:
                 cursors.append(page["next_cursor"])
             assert versions == [1, 2, 3]
             assert len(cursors) == 2
-            for bad in ({"limit": 1001}, {"cursor": "c1.nonsense"}):
+            for bad in ({"limit": 101}, {"cursor": "c1.nonsense"}):
                 err = await a.call_tool("baton_checkpoint_history", {**where, **bad})
                 tool_error(err, "VALIDATION_ERROR")
 

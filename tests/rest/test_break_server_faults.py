@@ -186,7 +186,7 @@ def test_sigkill_among_concurrent_writes_then_restart_writes_each_key_once(
                 assert resp.status_code == 200, resp.text
             history = http.get(
                 f"{served.url}/v1/checkpoints/history",
-                params={"subject_id": "report", "kind": "draft", "limit": 1000},
+                params={"subject_id": "report", "kind": "draft", "limit": 100},
                 headers={"Authorization": f"Bearer {keys[i]}"},
             )
             assert history.status_code == 200, history.text

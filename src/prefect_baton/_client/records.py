@@ -139,8 +139,8 @@ class CheckpointAPI(_API):
         is none or you may not read it, see :meth:`get_by_id`).
 
         Args:
-            limit: 1..1,000 versions (each holds its whole state, up to
-                :attr:`state_max_bytes`).
+            limit: 1..100 versions (each holds its whole state, up to
+                :attr:`state_max_bytes`, so a page is at most 100 of those).
             cursor: continue after the page this cursor ends (``str``, as
                 :meth:`prefect_baton.Baton.leases` ``list`` takes it).
 

@@ -60,7 +60,7 @@ MAX_PAGE: dict[ListName, int] = {
     "handoffs": 10_000,
     "events": 1_000,
     "outcomes": 100_000,
-    "checkpoints": 1_000,
+    "checkpoints": 100,
     "keys": 10_000,
 }
 

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from prefect_baton._rules.paging import MAX_PAGE
 from prefect_baton._rules.validation import request_body_limit
 from prefect_baton.cli._options import (
     Cursor,
@@ -127,7 +128,7 @@ def history(
     subject_id: SubjectId,
     kind: Kind,
     principal: Principal = None,
-    limit: Annotated[int, row_limit(1_000)] = 100,
+    limit: Annotated[int, row_limit(MAX_PAGE["checkpoints"])] = 100,
     cursor: Cursor = None,
 ) -> Page[Checkpoint]:
     """List the versions of a checkpoint, oldest first.

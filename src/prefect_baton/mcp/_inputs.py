@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from prefect_baton._rules.paging import MAX_PAGE
 from prefect_baton._rules.validation import LIFETIME_RANGE, MAX_SAFE_INTEGER, TTL_RANGE
 from prefect_baton.rest import _schemas as rest_schemas
 from prefect_baton.rest._schemas import Id, Lifetime, Scopes, Text
@@ -235,7 +236,7 @@ class CheckpointHistoryIn(_In):
     subject_id: Id
     kind: Id
     principal: Id | None = Field(None, description="Whose checkpoint (default: yours).")
-    limit: Annotated[int, Field(ge=1, le=1_000)] = 100
+    limit: Annotated[int, Field(ge=1, le=MAX_PAGE["checkpoints"])] = 100
     cursor: Cursor | None = None
 
 

@@ -167,7 +167,7 @@ def add_routes(app: FastAPI) -> None:
     @app.get("/v1/checkpoints/history", tags=["checkpoints"])
     def history(request: Request, b: B, q: Annotated[CheckpointHistoryQuery, Query()]) -> Response:
         """The versions of the checkpoint of ``(subject_id, principal or you, kind)``,
-        oldest first, one page of ``limit`` (1..1,000); ``next_cursor`` (as ``cursor=``)
+        oldest first, one page of ``limit`` (1..100); ``next_cursor`` (as ``cursor=``)
         gives the next page."""
         return _reply(request, _calls.checkpoint_history(b, q))
 

@@ -5,8 +5,13 @@ A handoff's recipient principal is, for a Prefect recipient, its deployment's fu
 starts that deployment with the parameters stored with the handoff (``handoff_to(...,
 parameters=...)``) and ``handoff_id``, using the handoff id as Prefect's idempotency key, so
 dispatching twice starts one run; a handoff whose run exists already is reported as
-``already started (state X)`` and left alone. Useful when the sender did not name a
-deployment, or its start failed. The recipient's flow must take ``handoff_id`` and each
+``already started (state X)`` and left alone while that run has not ended. A run that
+ended (Completed, Failed, Crashed, Cancelled) with its handoff still pending left the
+handoff stuck (its lease held by nobody until the TTL): the flow lists it under ``ended``
+and logs a warning naming the handoff, the run and its state, and what to do: reject the
+handoff to free its lease, or start the recipient again by hand (dispatching starts no
+second run: the idempotency key returns the ended one). Useful when the sender did not
+name a deployment, or its start failed. The recipient's flow must take ``handoff_id`` and each
 key of the stored parameters, and require no other: a deployment that refuses them is
 skipped with a ValidationError naming it, the parameters given and Prefect's reason. It
 reads the org's pending handoffs as the principal ``prefect-baton.dispatcher`` with the
@@ -55,6 +60,26 @@ def pending_handoffs(b: Baton, page_size: int = 1000) -> dict[str, list[Handoff]
             return by_recipient
 
 
+def run_has_ended(run: Any) -> bool:
+    """Whether a Prefect flow run is in a final state (Completed, Failed, Crashed,
+    Cancelled): it will not resolve its handoff any more."""
+    return run.state is not None and bool(run.state.is_final())
+
+
+def stuck_warning(h: Handoff, run: Any, state: str) -> str:
+    """The warning for a pending handoff ``h`` whose recipient ``run`` ended in ``state``
+    (``str``): it names both and says what to do."""
+    return (
+        f"handoff {h.handoff_id} of {h.subject_id!r} is stuck: its recipient run {run.id} "
+        f"ended (state {state}) and left it pending"
+        + (", its lease held by nobody until the TTL" if h.lease_id else "")
+        + f". Reject it to free its lease (baton --principal '{h.to_principal}' handoff "
+        f"resolve {h.handoff_id} rejected), or start the recipient again (prefect "
+        f"deployment run '{h.to_principal}' --param handoff_id={h.handoff_id}, with the "
+        "handoff's parameters)"
+    )
+
+
 def existing_run(handoff_id: str) -> Any:
     """The flow run already started for ``handoff_id`` (Prefect idempotency key), or
     ``None``."""
@@ -81,8 +106,12 @@ def dispatch_handoffs(recipients: list[str] | None = None) -> dict[str, Any]:
 
     Returns:
         ``{"started": [{"handoff_id", "deployment", "flow_run_id"}], "running": [{"handoff_id",
-        "flow_run_id", "state"}], "skipped": [{"handoff_id", "reason"}]}``: ``running`` lists
-        handoffs whose recipient run exists already (not started again).
+        "flow_run_id", "state"}], "ended": [{"handoff_id", "flow_run_id", "state"}],
+        "skipped": [{"handoff_id", "reason"}]}``: ``running`` lists handoffs whose recipient
+        run exists already and has not ended (not started again); ``ended`` those whose
+        recipient run ended (Completed, Failed, Crashed, Cancelled) leaving the handoff
+        pending, each also logged as a warning (see :func:`stuck_warning`); a handoff
+        resolved while the flow ran is left out.
 
     Raises:
         UnavailableError: the ledger cannot be reached.
@@ -92,6 +121,7 @@ def dispatch_handoffs(recipients: list[str] | None = None) -> dict[str, Any]:
     b = Baton.from_settings(principal="prefect-baton.dispatcher", role="owner")
     started: list[dict[str, str]] = []
     running: list[dict[str, str]] = []
+    ended: list[dict[str, str]] = []
     skipped: list[dict[str, str]] = []
     pending = pending_handoffs(b)
     for name in recipients or sorted(pending):
@@ -107,15 +137,18 @@ def dispatch_handoffs(recipients: list[str] | None = None) -> dict[str, Any]:
                 run = existing_run(h.handoff_id)
                 if run is not None:
                     state = run.state.name if run.state is not None else "unknown"
-                    log.info(
-                        "handoff %s: recipient run %s already started (state %s)",
-                        h.handoff_id,
-                        run.id,
-                        state,
-                    )
-                    running.append(
-                        {"handoff_id": h.handoff_id, "flow_run_id": str(run.id), "state": state}
-                    )
+                    row = {"handoff_id": h.handoff_id, "flow_run_id": str(run.id), "state": state}
+                    if not run_has_ended(run):
+                        log.info(
+                            "handoff %s: recipient run %s already started (state %s)",
+                            h.handoff_id,
+                            run.id,
+                            state,
+                        )
+                        running.append(row)
+                    elif b.handoffs.get(h.handoff_id).status == "pending":
+                        log.warning(stuck_warning(h, run, state))
+                        ended.append(row)
                     continue
                 run = start_recipient(h.handoff_id, name, h.parameters)
             except Exception as exc:  # unknown deployment, API error: report, go on
@@ -126,9 +159,9 @@ def dispatch_handoffs(recipients: list[str] | None = None) -> dict[str, Any]:
             started.append(
                 {"handoff_id": h.handoff_id, "deployment": name, "flow_run_id": str(run.id)}
             )
-    if started or skipped or not running:
+    if started or skipped or not (running or ended):
         log.info("started %d recipient runs, skipped %d handoffs", len(started), len(skipped))
-    return {"started": started, "running": running, "skipped": skipped}
+    return {"started": started, "running": running, "ended": ended, "skipped": skipped}
 
 
 if __name__ == "__main__":

@@ -103,10 +103,11 @@ def resume_expired(
         deployment given) or ``{"status": "started", "flow_run_id": str}``.
 
     Raises:
-        UnavailableError: the ledger cannot be reached. NotFoundError: no such
-        ``deployment``. ValidationError: ``deployment`` refused the four parameters (its
-        flow must take ``resource_type``, ``resource_id``, ``subject_id`` and
-        ``expired_lease_id`` and require no other). Other Prefect errors from starting it.
+        UnavailableError: the ledger cannot be reached, or the Prefect API (unreachable
+        or a 5xx; the message names its URL). NotFoundError: no such ``deployment``.
+        ValidationError: ``deployment`` refused the four parameters (its flow must take
+        ``resource_type``, ``resource_id``, ``subject_id`` and ``expired_lease_id`` and
+        require no other). Other Prefect errors from starting it.
     """
     log = get_run_logger()
     b = Baton.from_settings(principal=RESUMER)

@@ -4,6 +4,7 @@ leased-task example, the board artifact and the Block."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -73,6 +74,88 @@ def test_dispatch_starts_the_recipients_deployment(
         assert run.state is not None
         assert run.state.is_completed()
     assert sender.handoffs.get(h.handoff_id).status == "accepted"
+
+
+def test_dispatch_reports_a_recipient_run_that_ended_leaving_its_handoff_pending(
+    baton_env: dict[str, str],
+    make_baton: MakeBaton,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A recipient run that ended (Crashed, or even Completed) while its handoff is still
+    pending is listed under ``ended``, not ``running``, with a warning naming the handoff,
+    the run, its state and what to do; a run not ended yet stays under ``running``, and one
+    that ended after resolving its handoff is not listed. The runs are real Prefect runs
+    created with the handoff id as idempotency key, as ``start_recipient`` does, and put
+    in their state with ``set_flow_run_state`` (a crash is hard to arrange on purpose)."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.states import Completed, Crashed
+
+    @flow(name="baton-test-stuck")
+    def stuck(handoff_id: str) -> str:
+        return handoff_id
+
+    deployment_id = stuck.to_deployment(name="db").apply()
+    to = "baton-test-stuck/db"
+    sender = make_baton("sender")
+    held = sender.leases.acquire("report", "s1", ttl_seconds=600)
+    crashed = sender.handoffs.create(to, "s1", lease=held)
+    completed = sender.handoffs.create(to, "s2")
+    waiting = sender.handoffs.create(to, "s3")
+    resolved = sender.handoffs.create(to, "s4")
+    runs = {}
+    with get_client(sync_client=True) as client:
+        for h, state in [
+            (crashed, Crashed()),
+            (completed, Completed()),
+            (waiting, None),
+            (resolved, Completed()),
+        ]:
+            run = client.create_flow_run_from_deployment(
+                deployment_id,
+                parameters={"handoff_id": h.handoff_id},
+                idempotency_key=h.handoff_id,
+            )
+            if state is not None:
+                client.set_flow_run_state(run.id, state, force=True)
+            runs[h.handoff_id] = str(run.id)
+    module = load_script("flows/dispatch_handoffs.py")
+    real_existing_run = module.existing_run
+
+    def resolved_meanwhile(handoff_id: str) -> object:  # accepted after the listing
+        if handoff_id == resolved.handoff_id:
+            make_baton(to).handoffs.resolve(handoff_id, "accepted")
+        return real_existing_run(handoff_id)
+
+    monkeypatch.setattr(module, "existing_run", resolved_meanwhile)
+    with caplog.at_level(logging.WARNING):
+        out = module.dispatch_handoffs([to])
+    assert out["started"] == []
+    assert out["skipped"] == []
+    assert out["running"] == [
+        {
+            "handoff_id": waiting.handoff_id,
+            "flow_run_id": runs[waiting.handoff_id],
+            "state": "Scheduled",
+        }
+    ]
+    assert out["ended"] == [
+        {"handoff_id": h.handoff_id, "flow_run_id": runs[h.handoff_id], "state": state}
+        for h, state in [(crashed, "Crashed"), (completed, "Completed")]
+    ]
+    warnings = [r.getMessage() for r in caplog.records if "is stuck" in r.getMessage()]
+    assert len(warnings) == 2
+    assert warnings[0] == (
+        f"handoff {crashed.handoff_id} of 's1' is stuck: its recipient run "
+        f"{runs[crashed.handoff_id]} ended (state Crashed) and left it pending, its lease "
+        f"held by nobody until the TTL. Reject it to free its lease (baton --principal "
+        f"'{to}' handoff resolve {crashed.handoff_id} rejected), or start the recipient "
+        f"again (prefect deployment run '{to}' --param handoff_id={crashed.handoff_id}, "
+        "with the handoff's parameters)"
+    )
+    assert f"handoff {completed.handoff_id} of 's2' is stuck" in warnings[1]
+    assert "(state Completed)" in warnings[1]
 
 
 def test_pending_handoffs_finds_every_recipient_on_a_long_ledger(make_baton: MakeBaton) -> None:

@@ -250,7 +250,7 @@ def test_handoff_to_a_deployment_refusing_the_parameters_records_nothing(
     message = info.value.message
     assert message.startswith(f"deployment {name!r} refused the parameters")
     assert "(handoff_id, n)" in message
-    assert "'table' is a required property" in message
+    assert "'table' is a required property; its flow takes no parameter 'n'" in message
     everyone = make_baton("auditor", role="owner").handoffs.list(party="*", status="any")
     assert [h for h in everyone if h.subject_id == "r4"] == []
     assert sender.events.list(kind="handoff.created") == []
@@ -261,6 +261,110 @@ def test_handoff_to_a_deployment_refusing_the_parameters_records_nothing(
     lax = handoff_to(None, "r5", deployment="baton-test-load/lax", baton=sender)
     assert lax.flow_run is not None
     assert lax.flow_run.parameters == {"handoff_id": lax.handoff_id}
+
+
+def test_handoff_to_a_flow_not_taking_a_parameter_records_nothing(
+    make_baton: MakeBaton,
+) -> None:
+    """Prefect's parameter schema lets any extra name through, and the recipient run then
+    crashes with ``SignatureMismatchError``, leaving the handoff pending and its lease held
+    by nobody until the TTL. ``handoff_to`` refuses a name the recipient flow does not take
+    (``parameters={"extra": 1}``, or ``handoff_id`` itself for a flow without it) before
+    anything is recorded, and the sender's block releases its lease; a flow taking
+    ``**kwargs`` takes extra names."""
+    from prefect_baton import ValidationError
+
+    @flow(name="baton-test-strict")
+    def strict(handoff_id: str, table: str) -> str:
+        return table
+
+    @flow(name="baton-test-no-handoff-id")
+    def migrator(table: str, seconds: int = 1) -> str:
+        return table
+
+    @flow(name="baton-test-kwargs")
+    def loose(handoff_id: str, **rest: Any) -> str:
+        return handoff_id
+
+    strict.to_deployment(name="db").apply()
+    migrator.to_deployment(name="db").apply()
+    loose.to_deployment(name="db").apply()
+    sender = make_baton("sender")
+    refused: list[str] = []
+    for subject, name, params in [
+        ("x1", "baton-test-strict/db", {"table": "t", "extra": 1}),
+        ("x2", "baton-test-no-handoff-id/db", {"table": "t", "seconds": 2}),
+    ]:
+        with lease("report", subject, ttl_seconds=600, baton=sender) as held:
+            with pytest.raises(ValidationError) as info:
+                handoff_to(None, subject, lease=current_lease(), deployment=name, parameters=params)
+            assert held is not None
+        refused.append(info.value.message)
+        assert refused[-1].startswith(f"deployment {name!r} refused the parameters")
+        assert sender.leases.get(held.lease_id).status == "released"
+        make_baton("other").leases.acquire("report", subject, ttl_seconds=30)
+    assert "takes no parameter 'extra'" in refused[0]
+    assert "must take a 'handoff_id'" not in refused[0]
+    assert "takes no parameter 'handoff_id'" in refused[1]
+    assert "must take a 'handoff_id' parameter" in refused[1]
+    everyone = make_baton("auditor", role="owner").handoffs.list(party="*", status="any")
+    assert [h for h in everyone if h.subject_id in ("x1", "x2")] == []
+    assert sender.events.list(kind="handoff.created") == []
+    sent = handoff_to(
+        None, "x3", deployment="baton-test-kwargs/db", parameters={"n": 1}, baton=sender
+    )
+    assert sent.flow_run.parameters == {"n": 1, "handoff_id": sent.handoff_id}
+
+
+def test_handoff_to_with_the_prefect_api_unreachable_records_nothing(
+    make_baton: MakeBaton,
+) -> None:
+    """With ``PREFECT_API_URL`` on a closed port, ``handoff_to(..., deployment=...)`` and
+    ``start_recipient`` raise UnavailableError naming the URL (not httpx's ``ConnectError``),
+    and nothing is recorded: the lease stays with the sender."""
+    import socket
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from prefect_baton import BatonError, UnavailableError
+    from prefect_baton.prefect import start_recipient
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/api"
+    sender = make_baton("sender")
+    held = sender.leases.acquire("report", "u1", ttl_seconds=30, idempotency_key="u1")
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        with pytest.raises(UnavailableError) as info:
+            handoff_to(None, "u1", lease=held, deployment="some/where", baton=sender)
+        with pytest.raises(UnavailableError) as started:
+            start_recipient("hoff_x", "some/where")
+    for error in (info.value, started.value):
+        assert isinstance(error, BatonError)
+        assert error.code == "UNAVAILABLE"
+        assert f"the Prefect API at {url} is unavailable (ConnectError" in error.message
+    assert sender.as_principal("some/where").handoffs.inbox() == []
+    assert sender.events.list(kind="handoff.created") == []
+    assert sender.leases.release(held).status == "released"
+
+
+def test_a_5xx_from_the_prefect_api_is_unavailable_a_4xx_is_not() -> None:
+    """``raise_if_unavailable``: a 5xx answer is UnavailableError, a 4xx is left alone."""
+    import httpx
+
+    from prefect_baton import UnavailableError
+    from prefect_baton.prefect._handoff import raise_if_unavailable
+
+    def status_error(code: int) -> httpx.HTTPStatusError:
+        request = httpx.Request("GET", "http://prefect.invalid/api/x")
+        response = httpx.Response(code, request=request)
+        return httpx.HTTPStatusError("bad", request=request, response=response)
+
+    with pytest.raises(UnavailableError, match=r"\(it answered HTTP 503\)$"):
+        raise_if_unavailable(status_error(503))
+    raise_if_unavailable(status_error(404))
+    raise_if_unavailable(ValueError("not an HTTP error"))
 
 
 def test_start_recipient_of_an_unknown_deployment_says_so(make_baton: MakeBaton) -> None:

@@ -18,7 +18,7 @@ import anyio.to_thread
 from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._client.sync import Baton
 from prefect_baton._rules.validation import MAX_ID_LENGTH
-from prefect_baton.errors import NotFoundError, ValidationError
+from prefect_baton.errors import NotFoundError, UnavailableError, ValidationError
 from prefect_baton.models import Checkpoint, Handoff, Lease
 from prefect_baton.prefect._context import (
     BatonLike,
@@ -94,7 +94,9 @@ def start_recipient(
         :func:`handoff_to` says). ValidationError: the deployment refused the parameters
         (Prefect's 409: its flow requires one not given, or a given one is invalid; the
         message names the deployment, the parameters given and Prefect's reason).
-        ValueError and other Prefect errors: what Prefect's ``run_deployment`` raises.
+        UnavailableError: the Prefect API cannot be reached or answered a 5xx
+        (:func:`raise_if_unavailable`). ValueError and other Prefect errors: what
+        Prefect's ``run_deployment`` raises.
     """
     params = recipient_parameters(handoff_id, parameters)
     return start_deployment(deployment, params, idempotency_key=handoff_id)
@@ -118,9 +120,15 @@ def start_deployment(deployment: str, parameters: dict[str, Any], *, idempotency
         NotFoundError: no such deployment. ValidationError: the deployment's parameter
             schema refused ``parameters`` (Prefect answered 409, e.g. ``'table' is a
             required property``); the message names the deployment, the parameters given
-            and Prefect's reason (:func:`parameters_refused`). Other Prefect errors as
+            and Prefect's reason (:func:`parameters_refused`). UnavailableError: the
+            Prefect API cannot be reached (a transport error) or answered a 5xx
+            (:func:`raise_if_unavailable`); called by :func:`handoff_to` after the
+            handoff is recorded, the handoff then stays recorded and pending, and
+            ``flows/dispatch_handoffs.py`` can start its recipient once the API is back
+            (the idempotency key keeps it to one run). Other Prefect errors as
             ``run_deployment`` raises them.
     """
+    import httpx
     from prefect.deployments import run_deployment
     from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 
@@ -136,12 +144,39 @@ def start_deployment(deployment: str, parameters: dict[str, Any], *, idempotency
         raise deployment_not_found(deployment) from None
     except PrefectHTTPStatusError as exc:
         if exc.response.status_code != 409:
+            raise_if_unavailable(exc)
             raise
         try:
             reason = str(exc.response.json().get("detail", exc.response.text))
         except ValueError:
             reason = exc.response.text
         raise parameters_refused(deployment, parameters, reason) from None
+    except httpx.HTTPError as exc:
+        raise_if_unavailable(exc)
+        raise
+
+
+def raise_if_unavailable(exc: Exception) -> None:
+    """Raise :class:`~prefect_baton.errors.UnavailableError` (from ``exc``) when a Prefect
+    API call failed with ``exc`` because the API is unavailable: a transport error
+    (``httpx.HTTPError`` other than a status error: connection refused, timeout, ...) or an
+    answer with a 5xx status. The message names the API URL (``PREFECT_API_URL``; unset:
+    Prefect's ephemeral server) and the cause. Returns for any other error (a 4xx answer is
+    the caller's to explain)."""
+    import httpx
+    from prefect.settings import PREFECT_API_URL
+
+    if isinstance(exc, httpx.HTTPStatusError):
+        if exc.response.status_code < 500:
+            return
+        cause = f"it answered HTTP {exc.response.status_code}"
+    elif isinstance(exc, httpx.HTTPError):
+        cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    else:
+        return
+    url = PREFECT_API_URL.value()
+    where = f"the Prefect API at {url}" if url else "Prefect's ephemeral API server"
+    raise UnavailableError(f"{where} is unavailable ({cause})") from exc
 
 
 def parameters_refused(deployment: str, parameters: dict[str, Any], reason: str) -> ValidationError:
@@ -172,14 +207,22 @@ def check_deployment(deployment: str, parameters: dict[str, Any] | None = None) 
     parameter schema. Defaults that the server fills in at run creation (workspace
     variables, templates) and schemas Prefect cannot check (circular references) are left
     to the server: :func:`start_deployment` still turns its refusal into the same error.
+    Under the same condition a parameter name that is no property of the schema is refused
+    unless the flow takes ``**kwargs``: Prefect's schema lets it through, and the run would
+    crash with ``SignatureMismatchError`` without resolving its handoff.
 
     Raises:
         ValidationError: not of the form ``"<flow>/<deployment>"``; the deployment's
             parameter schema refuses ``parameters`` (:func:`parameters_refused`, the
-            message :func:`start_deployment` gives for Prefect's 409).
+            message :func:`start_deployment` gives for Prefect's 409), or its flow takes
+            no parameter of a given name (the reason names them, and says the recipient
+            of a handoff must take ``handoff_id`` when that is one).
         NotFoundError: no such deployment (a typo).
-        In both cases nothing was recorded, and a lease the caller holds stays with it.
+        UnavailableError: the Prefect API cannot be reached or answered a 5xx
+            (:func:`raise_if_unavailable`).
+        In each case nothing was recorded, and a lease the caller holds stays with it.
     """
+    import httpx
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 
@@ -193,13 +236,29 @@ def check_deployment(deployment: str, parameters: dict[str, Any] | None = None) 
             found = client.read_deployment_by_name(deployment)
     except ObjectNotFound:
         raise deployment_not_found(deployment) from None
+    except httpx.HTTPError as exc:
+        raise_if_unavailable(exc)
+        raise
     if parameters is not None and found.enforce_parameter_schema:
         _check_parameters(deployment, found, parameters)
 
 
 def _check_parameters(deployment: str, found: Any, parameters: dict[str, Any]) -> None:
     """What Prefect's server does with a run's parameters before creating it
-    (``create_flow_run_from_deployment`` in ``prefect.server.api.deployments``)."""
+    (``create_flow_run_from_deployment`` in ``prefect.server.api.deployments``), and what
+    the flow's run does with them: a name the flow does not take is refused too (Prefect's
+    schema allows any extra property, and the run would crash with
+    ``SignatureMismatchError``) unless the flow takes ``**kwargs``. The refusal gives every
+    reason found."""
+    unknown = _unknown_parameters(found.parameter_openapi_schema, parameters)
+    reasons = [_schema_refusal(found, parameters), _unknown_reason(unknown) if unknown else None]
+    if any(reasons):
+        raise parameters_refused(deployment, parameters, "; ".join(r for r in reasons if r))
+
+
+def _schema_refusal(found: Any, parameters: dict[str, Any]) -> str | None:
+    """Why Prefect's server would refuse ``parameters`` for the deployment ``found``
+    (``str``), or ``None`` when it would take them or only the server can tell."""
     from prefect.utilities.schema_tools import CircularSchemaRefError, hydrate, validate
     from prefect.utilities.schema_tools import ValidationError as SchemaRefused
     from pydantic_core import PydanticSerializationError, to_jsonable_python
@@ -207,24 +266,60 @@ def _check_parameters(deployment: str, found: Any, parameters: dict[str, Any]) -
     try:  # as Prefect's client sends them (a tuple as a list, ...)
         sent = to_jsonable_python(parameters)
     except PydanticSerializationError:
-        return  # not JSON: the ledger or Prefect's client refuses them
+        return None  # not JSON: the ledger or Prefect's client refuses them
     merged = {**found.parameters, **sent}
     if hydrate(merged) != merged:
-        return  # defaults the server renders (workspace variables, templates): its call
+        return None  # defaults the server renders (workspace variables, templates): its call
     schema = found.parameter_openapi_schema
     if not isinstance(schema, dict):
-        raise parameters_refused(
-            deployment,
-            parameters,
+        return (
             "parameter schema enforcement is enabled and the deployment does not have a "
-            "valid parameter schema",
+            "valid parameter schema"
         )
     try:
         validate(merged, schema, raise_on_error=True)
     except SchemaRefused as exc:
-        raise parameters_refused(deployment, parameters, str(exc)) from None
+        return str(exc).rstrip(".")
     except CircularSchemaRefError:
-        return  # the server answers 422 for it
+        return None  # the server answers 422 for it
+    return None
+
+
+def _unknown_parameters(schema: Any, parameters: dict[str, Any]) -> list[str]:
+    """The names in ``parameters`` that the flow of a deployment with parameter schema
+    ``schema`` does not take (sorted). None when the schema is no JSON object with
+    ``properties``, or when the flow takes ``**kwargs``, which Prefect's ``parameter_schema``
+    renders as a property of type ``object`` defaulting to ``{}`` that allows more
+    properties (an argument ``kw: dict = {}`` reads the same: such a flow's extra names
+    are left to Prefect)."""
+    if not isinstance(schema, dict) or not isinstance(schema.get("properties"), dict):
+        return []
+    properties: dict[str, Any] = schema["properties"]
+    if any(_stands_for_kwargs(p) for p in properties.values()):
+        return []
+    return sorted(set(parameters) - set(properties))
+
+
+def _stands_for_kwargs(prop: Any) -> bool:
+    """Whether a parameter schema's property is how Prefect renders ``**kwargs``."""
+    return (
+        isinstance(prop, dict)
+        and prop.get("type") == "object"
+        and prop.get("default") == {}
+        and prop.get("additionalProperties", True) is not False
+    )
+
+
+def _unknown_reason(unknown: list[str]) -> str:
+    """Why a recipient deployment refuses the parameter names ``unknown`` (``str``)."""
+    names = ", ".join(repr(n) for n in unknown)
+    reason = f"its flow takes no parameter {names} (and no **kwargs)"
+    if HANDOFF_PARAMETER in unknown:
+        reason += (
+            f"; the recipient flow of a handoff must take a {HANDOFF_PARAMETER!r} parameter"
+            " (e.g. `def flow(..., handoff_id: str)`)"
+        )
+    return reason
 
 
 def _client_for(
@@ -318,15 +413,18 @@ def handoff_to(
     Raises:
         ValidationError: no recipient, a handoff to yourself, bad ids, a deployment name
         without ``/``; the deployment's parameter schema refuses ``parameters`` plus
-        ``handoff_id`` (e.g. its flow requires a parameter not given), checked as Prefect
-        checks them, before anything is recorded: no handoff, and the lease stays with your
-        block. LeaseLostError: the lease is not held. StaleFenceError: the checkpoint
-        save's fence is stale. NotFoundError: unknown checkpoint; unknown deployment
-        (checked before anything is recorded: the lease stays with your block). Prefect
-        errors from starting the deployment, and ValidationError when Prefect refused the
-        parameters at the start all the same (see :func:`start_recipient`; e.g. the
-        deployment changed since the check): the handoff stays recorded and pending;
-        ``dispatch_handoffs`` can start it later.
+        ``handoff_id`` (e.g. its flow requires a parameter not given, or takes no
+        parameter of a given name, ``handoff_id`` included, and no ``**kwargs``), checked
+        as Prefect checks them, before anything is recorded: no handoff, and the lease
+        stays with your block. LeaseLostError: the lease is not held. StaleFenceError: the
+        checkpoint save's fence is stale. NotFoundError: unknown checkpoint; unknown
+        deployment (checked before anything is recorded: the lease stays with your block).
+        UnavailableError: the Prefect API cannot be reached or answered a 5xx, naming its
+        URL: at the check, nothing is recorded and the lease stays with your block; at the
+        start, as below. Prefect errors from starting the deployment, UnavailableError, and
+        ValidationError when Prefect refused the parameters at the start all the same (see
+        :func:`start_recipient`; e.g. the deployment changed since the check): the handoff
+        stays recorded and pending; ``dispatch_handoffs`` can start it later.
     """
     to = principal or deployment
     if not to:

@@ -446,3 +446,27 @@ def test_second_succeeded_outcome_under_one_lease_is_a_conflict(baton: Baton) ->
     baton.outcomes.record(SUBJ, "succeeded", evidence=EVIDENCE, fence=again)
     assert [o.status for o in baton.outcomes.list(SUBJ)].count("succeeded") == 2
     assert first.outcome_id in {o.outcome_id for o in baton.outcomes.list(SUBJ)}
+
+
+def test_an_outcome_linking_another_lease_than_its_fence_is_refused(baton: Baton) -> None:
+    """A ``lease_id`` link that is not the fence's lease is VALIDATION_ERROR and writes
+    nothing: the outcome is recorded under one lease generation. Before, the one-succeeded
+    rule was checked against the link while the fence's generation did the work, so a
+    holder of two leases recorded ``succeeded`` for one piece of work again and again by
+    linking the other (found by the hostile REST trial). Linking the fence's own lease
+    still works, and counts against that generation."""
+    fenced = baton.leases.acquire("file", "a.py", ttl_seconds=60)
+    other = baton.leases.acquire("file", "b.py", ttl_seconds=60)
+    baton.outcomes.record(SUBJ, "succeeded", evidence=EVIDENCE, fence=fenced)
+    before = kinds(baton)
+    for status in ("succeeded", "failed"):
+        with pytest.raises(ValidationError, match="is not the fence's lease"):
+            baton.outcomes.record(
+                SUBJ, status, evidence=EVIDENCE, fence=fenced, lease_id=other.lease_id
+            )
+    assert kinds(baton) == before
+    with pytest.raises(ConflictError):
+        baton.outcomes.record(
+            SUBJ, "succeeded", evidence=EVIDENCE, fence=fenced, lease_id=fenced.lease_id
+        )
+    assert [o.status for o in baton.outcomes.list(SUBJ)] == ["succeeded"]

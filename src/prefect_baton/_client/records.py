@@ -384,7 +384,9 @@ class OutcomeAPI(_API):
             fence: a lease; rejected with :class:`StaleFenceError` once it is not current.
 
         Raises:
-            ValidationError, StaleFenceError, NotFoundError (a linked id does not exist,
+            ValidationError: bad input, or a ``lease_id`` that is not the fence's lease
+            (``_rules.core.outcome_lease``: an outcome is recorded under one lease
+            generation). StaleFenceError, NotFoundError (a linked id does not exist,
             or the caller may not read it: an agent links only its own lease generations,
             the handoffs it sent or received and the checkpoints it may read;
             ``_rules.access.check_outcome_link``), IdempotencyMismatchError.

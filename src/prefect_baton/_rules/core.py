@@ -570,6 +570,28 @@ def check_checkpoint_version(current: int, expected: int | None) -> None:
     _check_version(current, expected)
 
 
+def outcome_lease(lease_id: str | None, fence_lease_id: str | None) -> str | None:
+    """The lease generation an outcome is recorded under: its ``lease_id`` link, or the
+    fence's lease when it has no link (``None``: neither).
+
+    Both name one generation or the outcome is refused: with a link to one lease and a
+    fence on another, the rule of :func:`check_outcome` (one ``succeeded`` outcome per
+    generation) would be checked against the link while the fence's generation did the
+    work, so a caller holding one lease could record ``succeeded`` again and again by
+    linking other leases of its own.
+
+    Raises:
+        ValidationError: ``lease_id`` and ``fence_lease_id`` are both given and differ.
+    """
+    if lease_id is not None and fence_lease_id is not None and lease_id != fence_lease_id:
+        raise ValidationError(
+            f"lease_id {lease_id!r} is not the fence's lease {fence_lease_id!r}: an outcome "
+            "is recorded under one lease generation; link the fence's lease or give no "
+            "lease_id"
+        )
+    return lease_id if lease_id is not None else fence_lease_id
+
+
 def check_outcome(
     status: str, subject_id: str, lease_id: str | None, *, succeeded_before: bool
 ) -> None:

@@ -276,6 +276,7 @@ class RecordOps(HandoffOps, FenceOps):
     ) -> Outcome:
         """Record an outcome with evidence; fenced by a lease when ``record.fence`` is given."""
         fence = record.fence
+        under = _core.outcome_lease(record.lease_id, fence.lease_id if fence else None)
         ev = [e.model_dump() for e in record.evidence]
         digest = outcome_record_digest(
             status=record.status,
@@ -298,7 +299,6 @@ class RecordOps(HandoffOps, FenceOps):
                 if ref is not None:
                     parties = self._link_parties(s, caller, kind_, ref)
                     check_outcome_link(caller.role, caller.principal, kind_, ref, parties)
-            under = record.lease_id or (fence.lease_id if fence else None)
             _core.check_outcome(
                 record.status,
                 record.subject_id,

@@ -20,7 +20,12 @@ from prefect_baton import (
     ValidationError,
     VersionConflictError,
 )
-from prefect_baton._rules.paging import MAX_PAGE, encode_cursor
+from prefect_baton._rules.paging import (
+    HISTORY_PAGE_BYTES,
+    MAX_PAGE,
+    encode_cursor,
+    history_page_cap,
+)
 
 from ._util import kinds, pages
 
@@ -235,6 +240,27 @@ def test_checkpoint_history_pages_by_cursor(baton: Baton) -> None:
         3,
     )
     assert [c.version for c in theirs] == [1, 2, 3, 4, 5]
+
+
+def test_a_history_page_holds_at_most_16_mib_of_states(baton: Baton) -> None:
+    """A checkpoint's history page holds at most :data:`HISTORY_PAGE_BYTES` (16 MiB) of
+    the largest states: with the default 1 MiB states, 16 versions, whatever ``limit``
+    asks; its ``next_cursor`` goes on, and every version is read once. Before, a page of
+    100 versions of 1 MiB states made one answer of 100 MB to 470 MB over REST and MCP (a
+    hostile trial's server reached 5 GB for one MCP call)."""
+    cap = history_page_cap(baton.checkpoints.state_max_bytes)
+    assert cap == HISTORY_PAGE_BYTES // (1024 * 1024) == 16
+    for n in range(cap + 4):
+        baton.checkpoints.save(SUBJ, KIND, {"n": n})
+    first = baton.checkpoints.history(SUBJ, KIND, limit=100)
+    assert [c.version for c in first] == list(range(1, cap + 1))
+    assert first.next_cursor is not None
+    rest = baton.checkpoints.history(SUBJ, KIND, limit=100, cursor=first.next_cursor)
+    assert [c.version for c in rest] == list(range(cap + 1, cap + 5))
+    assert rest.next_cursor is None
+    exact = baton.checkpoints.history(SUBJ, KIND, limit=cap)
+    assert [c.version for c in exact] == list(range(1, cap + 1))
+    assert exact.next_cursor is not None
 
 
 @pytest.mark.parametrize("limit", [0, -1, 101, True, "2"])

@@ -19,7 +19,12 @@ from prefect_baton._client.requests import keyed, resolve_fields
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.events import validate_event_kind, validate_resource_filter
 from prefect_baton._rules.handoffs import validate_status_filter
-from prefect_baton._rules.paging import decode_cursor, events_after, fetch_page
+from prefect_baton._rules.paging import (
+    decode_cursor,
+    events_after,
+    fetch_page,
+    history_page_cap,
+)
 from prefect_baton._rules.validation import LIFETIME_RANGE, validate_lifetime
 from prefect_baton._stores.protocol import (
     CheckpointWrite,
@@ -139,8 +144,11 @@ class CheckpointAPI(_API):
         is none or you may not read it, see :meth:`get_by_id`).
 
         Args:
-            limit: 1..100 versions (each holds its whole state, up to
-                :attr:`state_max_bytes`, so a page is at most 100 of those).
+            limit: 1..100 versions. Each holds its whole state, up to
+                :attr:`state_max_bytes`, so a page holds at most 16 MiB of states' worth of
+                versions (:func:`~prefect_baton._rules.paging.history_page_cap`: 16 with
+                the default 1 MiB states); a larger ``limit`` gets a page that short, whose
+                ``next_cursor`` goes on.
             cursor: continue after the page this cursor ends (``str``, as
                 :meth:`prefect_baton.Baton.leases` ``list`` takes it).
 
@@ -162,6 +170,7 @@ class CheckpointAPI(_API):
             "checkpoints",
             limit,
             lambda n: self._store.checkpoint_history(self._caller, replace(query, limit=n)),
+            cap=history_page_cap(self.state_max_bytes),
         )
 
 

@@ -39,12 +39,14 @@ if TYPE_CHECKING:  # the REST package's model (a key is the item that is none of
     from prefect_baton.rest.keys import ApiKey
 
 __all__ = [
+    "HISTORY_PAGE_BYTES",
     "MAX_PAGE",
     "PageKey",
     "decode_cursor",
     "encode_cursor",
     "events_after",
     "fetch_page",
+    "history_page_cap",
     "page_of",
     "store_limit",
 ]
@@ -161,18 +163,40 @@ def page_of(name: ListName, items: Sequence[_Item], limit: int) -> Page[_Item]:
 
 
 def fetch_page(
-    name: ListName, limit: object, fetch: Callable[[int], Sequence[_Item]]
+    name: ListName,
+    limit: object,
+    fetch: Callable[[int], Sequence[_Item]],
+    *,
+    cap: int | None = None,
 ) -> Page[_Item]:
     """One page of list ``name``: ``limit`` checked (an ``int`` from 1 to
-    :data:`MAX_PAGE` of the list), then ``fetch`` (the store query, given how many items to
-    serve) asked for ``limit + 1`` items, of which :func:`page_of` makes the page.
+    :data:`MAX_PAGE` of the list), lowered to ``cap`` when given, then ``fetch`` (the store
+    query, given how many items to serve) asked for that many + 1 items, of which
+    :func:`page_of` makes the page.
 
     Raises:
         ValidationError: a bad ``limit`` (``fetch`` is not called), or what ``fetch``
             raises.
     """
     n = validate_limit(limit, MAX_PAGE[name])
+    if cap is not None:
+        n = max(1, min(n, cap))
     return page_of(name, fetch(n + 1), n)
+
+
+#: The most bytes of checkpoint states one page of a checkpoint's history holds (16 MiB):
+#: each version carries its whole state, so a page of :data:`MAX_PAGE` versions of the
+#: largest states would be 100 MiB in the store, and several times that as a REST or MCP
+#: answer (JSON escapes, MCP's text copy of the structured result).
+HISTORY_PAGE_BYTES = 16 * 1024 * 1024
+
+
+def history_page_cap(state_max_bytes: int) -> int:
+    """The most versions one page of a checkpoint's history holds when a state may be
+    ``state_max_bytes`` (``int``) long: :data:`HISTORY_PAGE_BYTES` of the largest states,
+    at least 1 and at most :data:`MAX_PAGE` (16 with the default 1 MiB states). A
+    ``limit`` above it gets a shorter page, whose ``next_cursor`` goes on."""
+    return max(1, min(MAX_PAGE["checkpoints"], HISTORY_PAGE_BYTES // max(1, state_max_bytes)))
 
 
 def events_after(

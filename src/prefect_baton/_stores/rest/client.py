@@ -215,17 +215,23 @@ class RestStore(_Transport):
         name). ``limit`` may be one more than the largest page the API serves (the client
         asks one item more than a page, :func:`~prefect_baton._rules.paging.store_limit`):
         that item is then the first of the next page, asked with the answer's
-        ``next_cursor`` (in place of an ``after`` in ``params``)."""
+        ``next_cursor`` (in place of an ``after`` in ``params``); so are the items a server
+        left out of a page it cut shorter than asked."""
         first = min(limit, MAX_PAGE[name])
         data, _ = self._call("GET", path, params={**params, "limit": first})
         items = self._list(model, data, name)
         cursor = data.get("next_cursor") if isinstance(data, dict) else None
-        if limit > first and isinstance(cursor, str):
-            params = {k: v for k, v in params.items() if k != "after"}
-            data, _ = self._call(
-                "GET", path, params={**params, "limit": limit - first, "cursor": cursor}
-            )
-            items += self._list(model, data, name)
+        params = {k: v for k, v in params.items() if k != "after"}
+        while len(items) < limit and isinstance(cursor, str):
+            # past the largest page, or a page the server cut shorter (a checkpoint's
+            # history: history_page_cap): the next items, by the answer's cursor
+            rest = min(limit - len(items), MAX_PAGE[name])
+            data, _ = self._call("GET", path, params={**params, "limit": rest, "cursor": cursor})
+            more = self._list(model, data, name)
+            if not more:
+                break
+            items += more
+            cursor = data.get("next_cursor") if isinstance(data, dict) else None
         return items
 
     def _by_proof(

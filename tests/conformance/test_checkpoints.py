@@ -17,7 +17,7 @@ from prefect_baton import (
     VersionConflictError,
 )
 
-from ._util import assert_refusal_recorded, kinds
+from ._util import assert_refusal_recorded, kinds, pass_deadline
 
 SUBJ = "file:src/app/main.py"
 KIND = "progress"
@@ -291,6 +291,52 @@ def test_checkpoint_read_visibility(baton: Baton) -> None:
     baton.handoffs.create("agent-b", SUBJ, checkpoint_id=ck_id)
     assert _reads(recipient, ck_id, "agent-a")
     assert not _reads(other, ck_id, "agent-a")
+
+
+def test_a_handoff_grants_its_checkpoint_only_while_pending_or_accepted(baton: Baton) -> None:
+    """The recipient of a handoff reads the checkpoint it carries (on every read path, and
+    may link it from an outcome) while the handoff reads pending or accepted; once it reads
+    rejected or expired (its deadline passed, or the lease it carries ended, though the row
+    still says pending) the recipient no longer reads it, not even the writer's later
+    versions under the same id (DESIGN.md "Checkpoints"), while the writer and owner/admin
+    still do."""
+    writer = "agent-a"
+    ck_id = baton.checkpoints.save(SUBJ, KIND, {"v": 1}).checkpoint_id
+    readers = {name: baton.as_principal(name) for name in ("r-accept", "r-reject", "r-late")}
+    readers["r-lease"] = baton.as_principal("r-lease")
+    lease = baton.leases.acquire("doc", "one", ttl_seconds=300)
+    sent = {
+        name: baton.handoffs.create(
+            name,
+            SUBJ,
+            checkpoint_id=ck_id,
+            expires_in_seconds=1 if name == "r-late" else 300,
+            lease=lease if name == "r-lease" else None,
+        )
+        for name in readers
+    }
+    for b in readers.values():  # pending: every recipient reads it
+        assert _reads(b, ck_id, writer)
+    readers["r-accept"].handoffs.resolve(sent["r-accept"].handoff_id, "accepted")
+    readers["r-reject"].handoffs.resolve(sent["r-reject"].handoff_id, "rejected")
+    baton.leases.release(lease)  # "r-lease"'s handoff reads expired: its lease ended
+    pass_deadline(baton, sent["r-late"])  # "r-late"'s reads expired: its deadline passed
+    baton.checkpoints.save(SUBJ, KIND, {"v": 2})  # the same checkpoint, a later version
+    assert _reads(readers["r-accept"], ck_id, writer)
+    for name in ("r-reject", "r-late", "r-lease"):
+        b = readers[name]
+        assert not _reads(b, ck_id, writer), name
+        with pytest.raises(NotFoundError):
+            b.outcomes.record(SUBJ, "failed", checkpoint_id=ck_id)
+    readers["r-accept"].outcomes.record(SUBJ, "failed", checkpoint_id=ck_id)
+    assert _reads(baton, ck_id, writer)
+    assert _reads(baton.as_principal("boss", role="owner"), ck_id, writer)
+    assert _reads(baton.as_principal("root", role="admin"), ck_id, writer)
+    # deleted and saved again under the same id: still not the rejecting recipient's
+    baton.checkpoints.delete(ck_id)
+    assert baton.checkpoints.save(SUBJ, KIND, {"v": 3}).checkpoint_id == ck_id
+    assert not _reads(readers["r-reject"], ck_id, writer)
+    assert _reads(readers["r-accept"], ck_id, writer)
 
 
 def test_checkpoint_ttl(baton: Baton) -> None:

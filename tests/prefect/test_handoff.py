@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from prefect import flow
 
-from prefect_baton import Baton, Handoff
+from prefect_baton import Baton, Handoff, NotFoundError
 from prefect_baton.prefect import (
     HandoffRejected,
     accept_handoff,
@@ -64,6 +64,25 @@ def test_rejection_before_acceptance_releases_the_carried_lease(make_baton: Make
     assert sender.handoffs.get(sent.handoff_id).note == "cannot take reports today"
     assert sender.leases.get(held.lease_id).status == "released"
     assert not sender.leases.inspect("report", "r1").held
+
+
+def test_accepting_a_rejected_handoff_with_a_checkpoint_names_its_status(
+    make_baton: MakeBaton,
+) -> None:
+    """A rejected handoff no longer lets its recipient read the checkpoint it carries, so
+    accept_handoff says the handoff is not pending (naming its status), not that the
+    checkpoint is not found."""
+    sender, receiver = make_baton("sender"), make_baton("receiver")
+    sent = handoff_to("receiver", "r2", checkpoint={"step": 1}, baton=sender)
+    receiver.handoffs.resolve(sent.handoff_id, "rejected")
+
+    @flow(name="baton-test-accept-rejected")
+    def accept(handoff_id: str) -> None:
+        with accept_handoff(handoff_id, baton=receiver):
+            pass
+
+    with pytest.raises(NotFoundError, match=r"pending handoff \S+ not found \(rejected\)"):
+        accept(sent.handoff_id)
 
 
 def test_rejection_after_acceptance_logs_that_rejecting_needs_defer(

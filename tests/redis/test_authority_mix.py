@@ -127,6 +127,33 @@ def test_a_ledger_only_lease_read_is_refused_where_redis_decides(
         quick.close()
 
 
+def test_a_ledger_only_outcome_lease_link_is_refused_where_redis_decides(
+    ledger: LedgerStore, auth: RedisAuthority, org: str
+) -> None:
+    """An outcome linking a lease, recorded by a ledger-only client while Redis decides the
+    org's leases, is refused like its lease reads (``FORBIDDEN``, not the lagging copy's
+    ``NOT_FOUND`` for the caller's own live lease, not yet drained into it) and records
+    nothing; the Redis client links it, and once the org is handed back the ledger-only
+    client does too."""
+    quick = RedisAuthority(auth.client, ledger, ack="redis", functions=False)
+    clients = [
+        Baton(org=org, principal="fast", store=ledger, lease_authority=authority)
+        for authority in (quick, None)
+    ]
+    fast, slow = clients
+    try:
+        with quick.drain_paused():
+            lease_id = fast.leases.acquire("file", "b.py", ttl_seconds=600).lease_id
+            with pytest.raises(ForbiddenError, match=r"decided by Redis.*BATON_REDIS_URL"):
+                slow.outcomes.record("s", "failed", lease_id=lease_id)
+        assert not fast.outcomes.list("s")
+        assert fast.outcomes.record("s", "failed", lease_id=lease_id).lease_id == lease_id
+        assert quick.return_to_ledger(org) is True
+        assert slow.outcomes.record("s", "failed", lease_id=lease_id).lease_id == lease_id
+    finally:
+        quick.close()
+
+
 def test_leases_the_ledger_granted_before_redis_are_in_redis(
     ledger: LedgerStore, auth: RedisAuthority, org: str
 ) -> None:

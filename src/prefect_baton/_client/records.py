@@ -88,7 +88,8 @@ class CheckpointAPI(_API):
     def get(self, subject_id: str, kind: str, principal: str | None = None) -> Checkpoint | None:
         """The current checkpoint of ``(subject_id, principal, kind)`` (``principal``
         defaults to you), or ``None`` if there is none, it expired, or you may not read it
-        (see :meth:`get_by_id`)."""
+        (see :meth:`get_by_id`: a recipient reads it only while the handoff carrying it is
+        pending or accepted)."""
         return self._store.checkpoint_get(
             self._caller,
             _core.validate_id("subject_id", subject_id),
@@ -98,8 +99,12 @@ class CheckpointAPI(_API):
 
     def get_by_id(self, checkpoint_id: str) -> Checkpoint:
         """A checkpoint by id. Who may read a checkpoint (DESIGN.md "Checkpoints"): its
-        writer, the recipient of a handoff that carries it, and ``owner``/``admin``; only
-        its writer changes it.
+        writer, the recipient of a handoff that carries it while that handoff is pending or
+        accepted (not once it is rejected or expired: past its expiry, or its carried lease
+        ended), and ``owner``/``admin``; only its writer changes it.
+
+        Args:
+            checkpoint_id: the checkpoint's id (``str``).
 
         Raises:
             NotFoundError: unknown, expired, another org's, or one you may not read.
@@ -431,6 +436,7 @@ class OutcomeAPI(_API):
             lease_id=_core.validate_optional_id("lease_id", lease_id),
             handoff_id=_core.validate_optional_id("handoff_id", handoff_id),
             checkpoint_id=_core.validate_optional_id("checkpoint_id", checkpoint_id),
+            ledger_authority=self._b.authority is self._b._stores.store,
         )
         key = _core.validate_optional_id("idempotency_key", idempotency_key)
         return self._store.outcome_record(self._caller, record, idempotency_key=key)

@@ -4,7 +4,8 @@ An ``agent`` acts on and sees its own leases and handoffs; an ``owner`` or ``adm
 the org may also read and list anyone's, and force-release any lease. Anyone of the org
 may inspect a resource, but only the holder sees its lease (holder, execution key,
 purpose, scopes); others see that it is held, its counters and until when. A checkpoint is
-read by its writer, the recipient of a handoff carrying it, and ``owner``/``admin``. An
+read by its writer, the recipient of a pending or accepted handoff carrying it, and
+``owner``/``admin``. An
 outcome links only records its recorder may read (:func:`check_outcome_link`). No I/O.
 """
 
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from prefect_baton._rules.core import Generation
 
 __all__ = [
+    "CHECKPOINT_GRANTING_STATUSES",
     "PRIVILEGED_ROLES",
     "InspectView",
     "can_force_release",
@@ -32,6 +34,7 @@ __all__ = [
     "check_outcome_link",
     "check_resolver",
     "check_scope",
+    "checkpoint_readers",
     "inspect_view",
     "may_read",
     "may_read_checkpoint",
@@ -85,13 +88,42 @@ def may_read(role: str, principal: str, parties: Iterable[str]) -> bool:
     return principal in parties or sees_everything(role)
 
 
-def may_read_checkpoint(role: str, principal: str, writer: str, recipients: Iterable[str]) -> bool:
+CHECKPOINT_GRANTING_STATUSES = ("pending", "accepted")
+"""The statuses (as a handoff reads, :func:`~prefect_baton._rules.handoffs.handoff_status`)
+in which a handoff lets its recipient read the checkpoint it carries: a rejected or expired
+one (a pending one past its expiry, or whose carried lease ended, reads ``expired``) no
+longer does, so a recipient who declined or never acted does not go on reading the
+writer's later versions of it."""
+
+
+def checkpoint_readers(writer: str, carriers: Iterable[tuple[str, str]]) -> tuple[str, ...]:
+    """Who may read a checkpoint besides ``owner``/``admin`` (DESIGN.md "Checkpoints"): its
+    ``writer``, and the recipient of every handoff carrying it that reads as one of
+    :data:`CHECKPOINT_GRANTING_STATUSES`.
+
+    Args:
+        writer: the checkpoint's writer (``str`` principal).
+        carriers: ``(to_principal, status)`` of every handoff of the org whose
+            ``checkpoint_id`` is this checkpoint's, ``status`` as the handoff reads
+            (:func:`~prefect_baton._rules.handoffs.handoff_status`, not as stored).
+
+    Returns:
+        The readers (``tuple[str, ...]``), the writer first.
+    """
+    granted = (to for to, status in carriers if status in CHECKPOINT_GRANTING_STATUSES)
+    return (writer, *granted)
+
+
+def may_read_checkpoint(
+    role: str, principal: str, writer: str, carriers: Iterable[tuple[str, str]]
+) -> bool:
     """Whether ``principal`` with ``role`` may read a checkpoint written by ``writer``
-    (DESIGN.md "Checkpoints"): its writer may, so may the recipient of any handoff that
-    carries it (``recipients``: the ``to_principal`` of every handoff of the org whose
-    ``checkpoint_id`` is this checkpoint's), and so may ``owner``/``admin``. To everyone
-    else the checkpoint does not exist (stores answer not found)."""
-    return may_read(role, principal, (writer, *recipients))
+    (DESIGN.md "Checkpoints"): its writer may, so may the recipient of a handoff carrying it
+    while that handoff reads pending or accepted (``carriers``: ``(to_principal, status)``
+    of the org's handoffs carrying it, see :func:`checkpoint_readers`), and so may
+    ``owner``/``admin``. To everyone else the checkpoint does not exist (stores answer not
+    found)."""
+    return may_read(role, principal, checkpoint_readers(writer, carriers))
 
 
 def check_outcome_link(
@@ -108,8 +140,9 @@ def check_outcome_link(
 
     So an ``agent`` links only the lease generations it holds or held (a generation has
     one owner for all time: a transfer makes a new one), the handoffs it sent or received
-    and the checkpoints it wrote or was handed; ``owner``/``admin`` link any of the org's,
-    as they read them and may force-release any lease. A lease link names the generation
+    and the checkpoints it wrote or was handed (by a handoff still pending or accepted);
+    ``owner``/``admin`` link any of the org's, as they read them and may force-release any
+    lease. A lease link names the generation
     the outcome is recorded under (:func:`~prefect_baton._rules.core.check_outcome`), so
     only its holder, or an owner/admin settling it in the holder's place (the outcome is
     credited to them), can take up that generation's one ``succeeded`` outcome.
@@ -118,9 +151,9 @@ def check_outcome_link(
         role: the caller's role. principal: the caller.
         kind: ``"lease"``, ``"handoff"`` or ``"checkpoint"``. link_id: the id linked.
         parties: who may read the record besides ``owner``/``admin`` (a lease generation:
-            its owner; a handoff: its sender and recipient; a checkpoint: its writer and
-            the recipient of every handoff of the org carrying it), or ``None`` when the
-            caller's org has no such record.
+            its owner; a handoff: its sender and recipient; a checkpoint: its
+            :func:`checkpoint_readers`), or ``None`` when the caller's org has no such
+            record.
 
     Raises:
         NotFoundError: ``<kind> <link_id> not found``, for an unknown id, another org's

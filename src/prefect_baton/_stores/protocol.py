@@ -196,6 +196,11 @@ class OutcomeWrite:
             the effective lease of its resource), or ``None``.
         lease_id, handoff_id, checkpoint_id: linked ids of the org (``NotFoundError``
             when unknown), or ``None``; without ``lease_id`` the fence's lease is linked.
+        ledger_authority: the record store is the caller's lease authority too (no Redis
+            URL), so a linked lease is judged on the ledger's rows only where the ledger
+            decides the org's leases (``ForbiddenError`` where Redis does: the ledger's
+            copy lags it); ``False`` when another authority (Redis) drained its journal
+            into the ledger first (``ledger_barrier``).
     """
 
     subject_id: str
@@ -205,6 +210,7 @@ class OutcomeWrite:
     lease_id: str | None = None
     handoff_id: str | None = None
     checkpoint_id: str | None = None
+    ledger_authority: bool = True
 
 
 @dataclass(frozen=True)

@@ -298,9 +298,9 @@ def writer(
 def _accept_analyses(b: Baton, files: dict[str, Path], researcher_principal: str) -> None:
     """Accept the researchers' per-file handoffs (each carries a file's analysis
     checkpoint, which the report was just compiled from), so none is left pending in the
-    writer's inbox; the writer keeps reading those checkpoints (a recipient of a handoff
-    carrying one may, whatever its status). One resolved meanwhile (a retried writer) is
-    passed over."""
+    writer's inbox; the writer keeps reading those checkpoints (the recipient of an
+    accepted handoff carrying one may; of a rejected or expired one, not). One resolved
+    meanwhile (a retried writer) is passed over."""
     analysed: list[Handoff] = []
     cursor: str | None = None
     while True:

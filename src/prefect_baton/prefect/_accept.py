@@ -96,7 +96,9 @@ class AcceptedHandoff:
             raise ValidationError(
                 f"handoff {h.handoff_id} is addressed to {h.to_principal!r}, not {b.principal!r}"
             )
-        if h.checkpoint_id is not None:
+        if h.status not in ("pending", "accepted"):
+            raise NotFoundError(f"pending handoff {h.handoff_id} not found ({h.status})")
+        if h.checkpoint_id is not None:  # readable while the handoff is pending or accepted
             self.checkpoint = b.checkpoints.get_by_id(h.checkpoint_id)
         if h.status == "accepted":  # a retry of the run that accepted it: resume
             lease = h.lease
@@ -110,8 +112,6 @@ class AcceptedHandoff:
             self.status = "accepted"
             if lease is not None:
                 self._hold(lease)
-        elif h.status != "pending":
-            raise NotFoundError(f"pending handoff {h.handoff_id} not found ({h.status})")
         elif not self.defer:
             self._accept()
 

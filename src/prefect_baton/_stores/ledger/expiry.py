@@ -26,7 +26,11 @@ from sqlmodel import Session, col
 from prefect_baton._rules import events as _events
 from prefect_baton._rules.core import Decision, Generation
 from prefect_baton._rules.digests import resource_key
-from prefect_baton._rules.handoffs import carried_lease_ended, decide_handoff_expiry
+from prefect_baton._rules.handoffs import (
+    carried_lease_ended,
+    decide_handoff_expiry,
+    handoff_status,
+)
 from prefect_baton._stores.ledger.base import Tx
 from prefect_baton._stores.ledger.conditions import handoff_expired, lease_lapsed
 from prefect_baton._stores.ledger.convert import (
@@ -40,7 +44,7 @@ from prefect_baton._stores.ledger.tables import GenerationRow, HandoffRow
 from prefect_baton._stores.protocol import Caller
 from prefect_baton.models import Lease
 
-__all__ = ["ExpiryOps", "carried", "carried_ended"]
+__all__ = ["ExpiryOps", "carried", "carried_ended", "read_status"]
 
 
 def carried(s: Session, row: HandoffRow) -> Generation | None:
@@ -55,6 +59,14 @@ def carried_ended(s: Session, row: HandoffRow, now_ms: int) -> bool:
     """Whether the lease pending handoff ``row`` carries is no longer in effect
     (:func:`carried_lease_ended`)."""
     return row.status == "pending" and carried_lease_ended(carried(s, row), now_ms)
+
+
+def read_status(s: Session, row: HandoffRow, now_ms: int) -> str:
+    """The status handoff ``row`` reads as at ``now_ms`` (epoch ms):
+    :func:`~prefect_baton._rules.handoffs.handoff_status`, a stored ``pending`` one reading
+    ``expired`` past its expiry or once its carried lease ended (:func:`carried_ended`)."""
+    ended = carried_ended(s, row, now_ms)
+    return handoff_status(row.status, row.expires_at_ms, now_ms, carried_ended=ended)
 
 
 class ExpiryOps(LeaseOps):

@@ -1,8 +1,8 @@
 """Handoffs of the ledger store: create, read (inbox, list, get) and resolve (accepting one
 that carries a lease transfers it in the same transaction).
 
-Also who may read a checkpoint (:func:`_readable`: its writer, the recipient of a handoff
-carrying it, ``owner``/``admin``), which the checkpoint reads of
+Also who may read a checkpoint (:func:`_readable`: its writer, the recipient of a pending
+or accepted handoff carrying it, ``owner``/``admin``), which the checkpoint reads of
 :class:`~prefect_baton._stores.ledger.records.RecordOps` and a handoff's attached checkpoint
 both apply.
 """
@@ -17,9 +17,11 @@ from sqlmodel import Session, col
 
 from prefect_baton._rules import transitions as _transitions
 from prefect_baton._rules.access import (
+    CHECKPOINT_GRANTING_STATUSES,
     check_checkpoint_attachable,
     check_list_owner,
     check_resolver,
+    checkpoint_readers,
     may_read,
     may_read_checkpoint,
 )
@@ -46,7 +48,7 @@ from prefect_baton._stores.ledger.convert import (
     row_to_generation,
     shared_fields,
 )
-from prefect_baton._stores.ledger.expiry import ExpiryOps, carried_ended
+from prefect_baton._stores.ledger.expiry import ExpiryOps, carried_ended, read_status
 from prefect_baton._stores.ledger.expiry import carried as carried_of
 from prefect_baton._stores.ledger.paging import after_key
 from prefect_baton._stores.ledger.tables import CheckpointRow, GenerationRow, HandoffRow, Principal
@@ -74,22 +76,39 @@ def checkpoint_scope(ck: CheckpointRow | CheckpointWrite) -> str:
 
 
 def checkpoint_parties(
-    s: Session, caller: Caller, row: CheckpointRow | None
+    s: Session, caller: Caller, row: CheckpointRow | None, now_ms: int
 ) -> tuple[str, ...] | None:
-    """Who may read checkpoint ``row`` besides ``owner``/``admin``: its writer, and (unless
-    the caller is its writer) the recipient of every handoff of the org carrying it;
-    ``None`` for no row or another org's."""
+    """Who may read checkpoint ``row`` besides ``owner``/``admin`` at ``now_ms`` (epoch ms):
+    its writer, and (unless the caller is its writer) the recipient of every handoff of the
+    org carrying it that reads pending or accepted
+    (:func:`~prefect_baton._rules.access.checkpoint_readers`); ``None`` for no row or
+    another org's."""
+    carriers = _carriers(s, caller, row, now_ms)
+    if row is None or carriers is None:
+        return None
+    return checkpoint_readers(row.principal, carriers)
+
+
+def _carriers(
+    s: Session, caller: Caller, row: CheckpointRow | None, now_ms: int
+) -> list[tuple[str, str]] | None:
+    """``(to_principal, status as it reads at now_ms)`` of the org's handoffs carrying
+    checkpoint ``row`` that may read as a status granting its recipient the checkpoint
+    (:data:`~prefect_baton._rules.access.CHECKPOINT_GRANTING_STATUSES`; none asked when the
+    caller is its writer); ``None`` for no row or another org's."""
     if row is None or row.org_id != caller.org:
         return None
     if caller.principal == row.principal:
-        return (row.principal,)
-    recipients = s.execute(
-        select(col(HandoffRow.to_principal)).where(
+        return []
+    stored = {st for g in CHECKPOINT_GRANTING_STATUSES for st in stored_statuses(g)}
+    handoffs = s.execute(
+        select(HandoffRow).where(
             col(HandoffRow.org_id) == caller.org,
             col(HandoffRow.checkpoint_id) == row.checkpoint_id,
+            col(HandoffRow.status).in_(sorted(stored)),
         )
     ).scalars()
-    return (row.principal, *recipients)
+    return [(h.to_principal, read_status(s, h, now_ms)) for h in handoffs]
 
 
 def handoff_parties(caller: Caller, row: HandoffRow | None) -> tuple[str, ...] | None:
@@ -100,14 +119,17 @@ def handoff_parties(caller: Caller, row: HandoffRow | None) -> tuple[str, ...] |
     return (row.from_principal, row.to_principal)
 
 
-def _readable(s: Session, caller: Caller, row: CheckpointRow | None) -> CheckpointRow | None:
-    """``row`` if ``caller`` may read it (:func:`~prefect_baton._rules.access.may_read_checkpoint`:
-    its writer, the recipient of a handoff of the org carrying it, ``owner``/``admin``),
-    else ``None``: to anyone else it does not exist. Another org's row is ``None`` too."""
-    parties = checkpoint_parties(s, caller, row)
-    if row is None or parties is None:
+def _readable(
+    s: Session, caller: Caller, row: CheckpointRow | None, now_ms: int
+) -> CheckpointRow | None:
+    """``row`` if ``caller`` may read it at ``now_ms`` (epoch ms;
+    :func:`~prefect_baton._rules.access.may_read_checkpoint`: its writer, the recipient of a
+    pending or accepted handoff of the org carrying it, ``owner``/``admin``), else ``None``:
+    to anyone else it does not exist. Another org's row is ``None`` too."""
+    carriers = _carriers(s, caller, row, now_ms)
+    if row is None or carriers is None:
         return None
-    if may_read_checkpoint(caller.role, caller.principal, row.principal, parties[1:]):
+    if may_read_checkpoint(caller.role, caller.principal, row.principal, carriers):
         return row
     return None
 
@@ -152,7 +174,8 @@ class HandoffOps(ExpiryOps):
             if offer.to_principal == caller.principal:
                 raise ValidationError("a handoff must name another principal")
             if offer.checkpoint_id is not None:  # read under its lock, as its delete is
-                attached = _readable(s, caller, s.get(CheckpointRow, offer.checkpoint_id))
+                ck_row = s.get(CheckpointRow, offer.checkpoint_id)
+                attached = _readable(s, caller, ck_row, tx.now_ms)
                 check_checkpoint_attachable(
                     offer.checkpoint_id,
                     readable=attached is not None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from sqlalchemy import or_, select
+from sqlalchemy import select
 from sqlmodel import Session, col
 
 from prefect_baton._rules import core as _core
@@ -22,7 +22,9 @@ from prefect_baton._rules.digests import (
 )
 from prefect_baton._rules.paging import store_limit
 from prefect_baton._stores.ledger.base import Tx
+from prefect_baton._stores.ledger.conditions import handoff_unexpired
 from prefect_baton._stores.ledger.convert import checkpoint_model, new_id, outcome_model
+from prefect_baton._stores.ledger.expiry import read_status
 from prefect_baton._stores.ledger.fences import FenceOps
 from prefect_baton._stores.ledger.handoffs import (
     HandoffOps,
@@ -178,19 +180,19 @@ class RecordOps(HandoffOps, FenceOps):
                 or (row.expires_at_ms is not None and row.expires_at_ms <= tx.now_ms)
             ):
                 raise NotFoundError(f"checkpoint {checkpoint_id} not found")
-            carried = s.execute(
-                select(col(HandoffRow.handoff_id))
-                .where(
+            pending = s.execute(
+                select(HandoffRow).where(
                     col(HandoffRow.org_id) == caller.org,
                     col(HandoffRow.checkpoint_id) == checkpoint_id,
                     col(HandoffRow.status) == "pending",
-                    or_(
-                        col(HandoffRow.expires_at_ms).is_(None),
-                        col(HandoffRow.expires_at_ms) > tx.now_ms,
-                    ),
+                    handoff_unexpired(tx.now_ms),
                 )
-                .limit(1)
-            ).scalar_one_or_none()
+            ).scalars()
+            # one that reads pending (not one whose carried lease ended: it reads expired)
+            carried = next(
+                (h.handoff_id for h in pending if read_status(s, h, tx.now_ms) == "pending"),
+                None,
+            )
             check_checkpoint_delete(checkpoint_id, row.principal, caller.principal, carried)
             row.expires_at_ms = tx.now_ms
             row.updated_at_ms = tx.now_ms
@@ -225,15 +227,17 @@ class RecordOps(HandoffOps, FenceOps):
         """The current checkpoint of ``(subject, principal or caller, kind)``, or ``None``
         when there is none or its TTL has passed."""
         with self._read() as (s, now):
-            row = _readable(s, caller, _checkpoint_row(s, caller, subject_id, kind, principal))
+            found = _checkpoint_row(s, caller, subject_id, kind, principal)
+            row = _readable(s, caller, found, now)
             if row is None or (row.expires_at_ms is not None and row.expires_at_ms <= now):
                 return None
             return checkpoint_model(row)
 
     def checkpoint_get_by_id(self, caller: Caller, checkpoint_id: str) -> Checkpoint:
-        """A checkpoint by id, for its writer, the recipient of a handoff carrying it, or
-        ``owner``/``admin`` (:func:`~prefect_baton._rules.access.may_read_checkpoint`);
-        only the writer can change one.
+        """A checkpoint by id, for its writer, the recipient of a pending or accepted handoff
+        carrying it, or ``owner``/``admin``
+        (:func:`~prefect_baton._rules.access.may_read_checkpoint`); only the writer can
+        change one.
 
         Raises:
             NotFoundError: unknown, another org's, or not readable by the caller; deleted
@@ -241,7 +245,7 @@ class RecordOps(HandoffOps, FenceOps):
                 :func:`~prefect_baton._rules.access.check_checkpoint_live`).
         """
         with self._read() as (s, now):
-            row = _readable(s, caller, s.get(CheckpointRow, checkpoint_id))
+            row = _readable(s, caller, s.get(CheckpointRow, checkpoint_id), now)
             if row is None:
                 raise NotFoundError(f"checkpoint {checkpoint_id} not found")
             check_checkpoint_live(
@@ -259,8 +263,8 @@ class RecordOps(HandoffOps, FenceOps):
         caller may not read it, :func:`~prefect_baton._rules.access.may_read_checkpoint`)."""
         version, cid = col(CheckpointVersion.version), col(CheckpointVersion.checkpoint_id)
         which = (query.subject_id, query.kind, query.principal)
-        with self._read() as (s, _now):
-            row = _readable(s, caller, _checkpoint_row(s, caller, *which))
+        with self._read() as (s, now):
+            row = _readable(s, caller, _checkpoint_row(s, caller, *which), now)
             if row is None:
                 return []
             q = select(CheckpointVersion).where(cid == row.checkpoint_id)
@@ -297,7 +301,7 @@ class RecordOps(HandoffOps, FenceOps):
                 ("lease", record.lease_id),
             ):
                 if ref is not None:
-                    parties = self._link_parties(s, caller, kind_, ref)
+                    parties = self._link_parties(tx, record, kind_, ref)
                     check_outcome_link(caller.role, caller.principal, kind_, ref, parties)
             _core.check_outcome(
                 record.status,
@@ -349,16 +353,25 @@ class RecordOps(HandoffOps, FenceOps):
         )
 
     def _link_parties(
-        self, s: Session, caller: Caller, kind: str, ref: str
+        self, tx: Tx, record: OutcomeWrite, kind: str, ref: str
     ) -> tuple[str, ...] | None:
-        """Who may read the ``kind`` record ``ref`` an outcome links, besides
+        """Who may read the ``kind`` record ``ref`` outcome ``record`` links, besides
         ``owner``/``admin`` (a handoff's sender and recipient, a checkpoint's
         :func:`checkpoint_parties`, a lease generation's owner), or ``None`` when the
-        caller's org has no such record."""
+        caller's org has no such record.
+
+        Raises:
+            ForbiddenError: a lease link judged on the ledger's own rows
+                (``record.ledger_authority``) while Redis decides the org's leases
+                (:meth:`_check_ledger_authority`, as a fence without a check).
+        """
+        s, caller = tx.session, tx.caller
         if kind == "handoff":
             return handoff_parties(caller, s.get(HandoffRow, ref))
         if kind == "checkpoint":
-            return checkpoint_parties(s, caller, s.get(CheckpointRow, ref))
+            return checkpoint_parties(s, caller, s.get(CheckpointRow, ref), tx.now_ms)
+        if record.ledger_authority:  # the ledger's copy lags an authority it is not
+            self._check_ledger_authority(tx, lock=True)
         row = self._row_by_id(s, caller.org, ref)
         return None if row is None else (row.owner,)
 

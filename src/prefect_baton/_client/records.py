@@ -399,14 +399,14 @@ class OutcomeAPI(_API):
 
         Raises:
             ValidationError: bad input, or a ``lease_id`` that is not the fence's lease
-            (``_rules.core.outcome_lease``: an outcome is recorded under one lease
+            (``_rules.outcomes.outcome_lease``: an outcome is recorded under one lease
             generation). StaleFenceError, NotFoundError (a linked id does not exist,
             or the caller may not read it: an agent links only its own lease generations,
             the handoffs it sent or received and the checkpoints it may read;
             ``_rules.access.check_outcome_link``), IdempotencyMismatchError.
             ConflictError: a ``succeeded`` outcome of this subject under the same lease
             generation (``lease_id`` or the fence's) exists already
-            (``_rules.core.check_outcome``); nothing is written.
+            (``_rules.outcomes.check_outcome``); nothing is written.
         """
         subject = _core.validate_id("subject_id", subject_id)
         if status not in OUTCOME_STATUSES:

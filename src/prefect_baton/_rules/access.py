@@ -143,7 +143,7 @@ def check_outcome_link(
     and the checkpoints it wrote or was handed (by a handoff still pending or accepted);
     ``owner``/``admin`` link any of the org's, as they read them and may force-release any
     lease. A lease link names the generation
-    the outcome is recorded under (:func:`~prefect_baton._rules.core.check_outcome`), so
+    the outcome is recorded under (:func:`~prefect_baton._rules.outcomes.check_outcome`), so
     only its holder, or an owner/admin settling it in the holder's place (the outcome is
     credited to them), can take up that generation's one ``succeeded`` outcome.
 

@@ -10,6 +10,7 @@ from sqlalchemy import select
 from sqlmodel import Session, col
 
 from prefect_baton._rules import core as _core
+from prefect_baton._rules import outcomes as _outcomes
 from prefect_baton._rules.access import (
     check_checkpoint_delete,
     check_checkpoint_live,
@@ -280,7 +281,7 @@ class RecordOps(HandoffOps, FenceOps):
     ) -> Outcome:
         """Record an outcome with evidence; fenced by a lease when ``record.fence`` is given."""
         fence = record.fence
-        under = _core.outcome_lease(record.lease_id, fence.lease_id if fence else None)
+        under = _outcomes.outcome_lease(record.lease_id, fence.lease_id if fence else None)
         ev = [e.model_dump() for e in record.evidence]
         digest = outcome_record_digest(
             status=record.status,
@@ -303,7 +304,7 @@ class RecordOps(HandoffOps, FenceOps):
                 if ref is not None:
                     parties = self._link_parties(tx, record, kind_, ref)
                     check_outcome_link(caller.role, caller.principal, kind_, ref, parties)
-            _core.check_outcome(
+            _outcomes.check_outcome(
                 record.status,
                 record.subject_id,
                 under,

@@ -184,11 +184,21 @@ def test_sigkill_among_concurrent_writes_then_restart_writes_each_key_once(
             for _key, n in writes:  # a retry of every save: replayed or written now
                 resp = save(http, i, n)
                 assert resp.status_code == 200, resp.text
-            history = http.get(
-                f"{served.url}/v1/checkpoints/history",
-                params={"subject_id": "report", "kind": "draft", "limit": 100},
-                headers={"Authorization": f"Bearer {keys[i]}"},
-            )
-            assert history.status_code == 200, history.text
-            written = [c["state"]["n"] for c in history.json()["data"]["checkpoints"]]
+            written: list[int] = []
+            cursor: str | None = None
+            while True:  # every page of the history (a page holds at most 16 versions)
+                params: dict[str, Any] = {"subject_id": "report", "kind": "draft", "limit": 100}
+                if cursor is not None:
+                    params["cursor"] = cursor
+                history = http.get(
+                    f"{served.url}/v1/checkpoints/history",
+                    params=params,
+                    headers={"Authorization": f"Bearer {keys[i]}"},
+                )
+                assert history.status_code == 200, history.text
+                page = history.json()["data"]
+                written += [c["state"]["n"] for c in page["checkpoints"]]
+                cursor = page["next_cursor"]
+                if cursor is None:
+                    break
             assert sorted(written) == [n for _k, n in writes]

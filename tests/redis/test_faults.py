@@ -19,12 +19,14 @@ from typing import Any
 
 import pytest
 
+import redis
 from prefect_baton import Baton, ConflictError, LeaseLostError, StaleFenceError, UnavailableError
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.redis.authority import RedisAuthority
 from prefect_baton._stores.redis.keys import org_keys
 from prefect_baton._stores.redis.rebuild import EPOCH_RANGE
 from prefect_baton.audit import audit_ledger
+from prefect_baton.errors import ValidationError
 
 from . import _workload
 from .conftest import RedisServer
@@ -117,6 +119,68 @@ def test_restart_loses_unreconciled_ack_redis_but_epochs_keep_rising(
     report = audit_ledger(ledger, org)
     assert report.ok, report.violations
     assert not set(after.acked) - _ledger_transitions(ledger, org)
+
+
+@pytest.mark.parametrize("ack", ["redis", "ledger"])
+def test_restart_from_an_older_snapshot_hands_out_no_token_twice(
+    redis_server: RedisServer,
+    ledger: LedgerStore,
+    make_authority: Callable[..., RedisAuthority],
+    ack: str,
+) -> None:
+    """Redis restarts from a snapshot older than what clients were told since (RDB or AOF
+    persistence, a failover to a lagging replica): the marker is still in it, yet the new
+    server process counts as a data loss. The state is rebuilt from the ledger, so the
+    generation granted after the snapshot is current again: another principal is refused,
+    the released holder can neither renew nor write fenced records, the real holder can."""
+    org = _org()
+    auth = make_authority(ack=ack)
+    a, b, c = _clients(auth, ledger, org)
+    first = a.leases.acquire("repo", "x", ttl_seconds=60)
+    a.checkpoints.save("subject", "progress", {"by": "a"}, fence=first)
+    redis.Redis.from_url(redis_server.url).save()  # the snapshot the restart loads
+    a.leases.release(first)
+    second = b.leases.acquire("repo", "x", ttl_seconds=60)
+    assert second.epoch > first.epoch
+    auth.sync_ledger(org, strict=True)
+
+    redis_server.kill()
+    redis_server.start()
+
+    with pytest.raises(ConflictError):
+        c.leases.acquire("repo", "x", ttl_seconds=60)
+    with pytest.raises(LeaseLostError):
+        a.leases.renew(first)
+    with pytest.raises(StaleFenceError):
+        a.checkpoints.save("subject", "progress", {"by": "a, stale"}, fence=first)
+    renewed = b.leases.renew(second)
+    assert (renewed.lease_id, renewed.epoch) == (second.lease_id, second.epoch)
+    b.checkpoints.save("subject", "progress", {"by": "b"}, fence=second)
+    b.leases.release(renewed)
+    third = c.leases.acquire("repo", "x", ttl_seconds=60)
+    assert third.epoch >= EPOCH_RANGE > second.epoch
+    auth.sync_ledger(org, strict=True)
+    report = audit_ledger(ledger, org)
+    assert report.ok, report.violations
+
+
+def test_a_redis_user_without_info_is_a_configuration_error(
+    redis_server: RedisServer, ledger: LedgerStore
+) -> None:
+    """Restarts are told by the server's ``run_id`` (``INFO server``): a Redis user whose ACL
+    refuses ``INFO`` gets VALIDATION_ERROR naming the command, and nothing is granted."""
+    admin = redis.Redis.from_url(redis_server.url)
+    admin.execute_command("ACL", "SETUSER", "noinfo", "on", ">pw", "~*", "&*", "+@all", "-info")
+    url = redis_server.url.replace("redis://", "redis://noinfo:pw@")
+    auth = RedisAuthority.from_url(url, ledger)
+    baton = Baton(org=_org(), principal="p0", store=ledger, lease_authority=auth)
+    try:
+        with pytest.raises(ValidationError, match="'info' command"):
+            baton.leases.acquire("repo", "x", ttl_seconds=60)
+    finally:
+        baton.close()
+        auth.close()
+    assert not admin.keys("baton:{*")
 
 
 def test_missing_marker_fails_closed_until_rebuilt(

@@ -34,10 +34,12 @@ from prefect_baton._stores.redis.connection import (
     evalsha,
     is_config_error,
     redis_error,
+    server_address,
 )
 from prefect_baton._stores.redis.keys import ORGS_KEY, org_keys
 from prefect_baton._stores.redis.rebuild import recover, rotate
 from prefect_baton._stores.redis.reconciler import DEFAULT_BATCH, Drainer, Reconciler
+from prefect_baton._stores.redis.restarts import watch_restarts
 from prefect_baton._stores.redis.scripts import NO_INCARNATION, ROTATE, Scripts
 from prefect_baton.errors import BatonError, NotFoundError, UnavailableError, ValidationError
 
@@ -205,6 +207,9 @@ class AuthorityBase:
         self.receipt_ttl_ms = store.receipt_retention_ms
         self._receipt_ttl = str(self.receipt_ttl_ms)
         self.old_retention_ms = max(store.receipt_retention_ms, 3_600_000)
+        # a new server process (restart, failover) counts as a data loss: .restarts
+        if server_address(client) is not None:
+            watch_restarts(client)
         self.scripts = Scripts(client, functions=functions)
         # The direct call path (FCALL or EVALSHA, see _evalsha) applies to a plain
         # redis.Redis client only.

@@ -392,6 +392,9 @@ def rebuild(auth: AuthorityBase, org: str) -> int:
             delay = 0
             if existed and auth.post_loss == "lock_delay":
                 delay = now + auth.lock_delay_ms
+            # listed before the marker exists, so that a snapshot holding the marker lists
+            # the org too (a restarted server's markers are found there: .restarts)
+            client.sadd(ORGS_KEY, org)
             _check(
                 auth.scripts["install"](
                     keys=lock_keys,
@@ -407,7 +410,6 @@ def rebuild(auth: AuthorityBase, org: str) -> int:
                 ),
                 org,
             )
-            client.sadd(ORGS_KEY, org)
         except BaseException:
             try:
                 auth.scripts["unlock"](keys=[keys.rebuild], args=[token])

@@ -80,27 +80,26 @@ class HandoffProofIn(s.HandoffIn):
         return self
 
 
-class FencedCheckpointIn(s.CheckpointIn):
+class _FenceEpoch(BaseModel):
+    """The REST half of a fence, mixed into a body that has ``fence_lease_id``:
+    ``fence_epoch`` is the epoch the writer presents with ``fence_lease_id`` (default: that
+    lease's own); an epoch without the lease id is refused."""
+
+    fence_epoch: Epoch | None = None
+
+    @model_validator(mode="after")
+    def _paired(self) -> Self:
+        s.paired(self, "fence_lease_id", "fence_epoch", "the fence", lead_alone=True)
+        return self
+
+
+class FencedCheckpointIn(_FenceEpoch, s.CheckpointIn):
     """``PUT /v1/checkpoints``; ``fence_epoch`` is the epoch the writer presents with
     ``fence_lease_id`` (default: that lease's own)."""
 
-    fence_epoch: Epoch | None = None
 
-    @model_validator(mode="after")
-    def _paired(self) -> Self:
-        s.paired(self, "fence_lease_id", "fence_epoch", "the fence", lead_alone=True)
-        return self
-
-
-class FencedOutcomeIn(s.OutcomeIn):
+class FencedOutcomeIn(_FenceEpoch, s.OutcomeIn):
     """``POST /v1/outcomes``; ``fence_epoch`` as for checkpoints."""
-
-    fence_epoch: Epoch | None = None
-
-    @model_validator(mode="after")
-    def _paired(self) -> Self:
-        s.paired(self, "fence_lease_id", "fence_epoch", "the fence", lead_alone=True)
-        return self
 
 
 def add_routes(app: FastAPI) -> None:

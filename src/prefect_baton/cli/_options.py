@@ -26,8 +26,10 @@ __all__ = [
     "Fence",
     "IdempotencyKey",
     "SubjectId",
+    "compare_and_swap",
     "lifetime",
     "poll_interval",
+    "proof_key",
     "row_limit",
     "whole_numbers",
 ]
@@ -84,6 +86,47 @@ def row_limit(maximum: int) -> typer.models.OptionInfo:
     """
     option: typer.models.OptionInfo = typer.Option(
         "--limit", help=f"At most this many rows (integer, 1 to {maximum})."
+    )
+    return option
+
+
+def compare_and_swap(what: str, zero: str | None = None) -> typer.models.OptionInfo:
+    """The ``--expected-version`` option of a write: compare-and-swap on a version (lease
+    acquire, renew, transfer and release; checkpoint save).
+
+    Args:
+        what: what the version is of (``str``, e.g. ``lease``), as the help text names it.
+        zero: what ``0`` asks for (``str``, e.g. ``never leased``), or ``None`` where the
+            version cannot be 0.
+
+    Returns:
+        The :class:`typer.models.OptionInfo` to put in an ``Annotated[int | None, ...]``.
+    """
+    integer = "integer" if zero is None else f"integer; 0: {zero}"
+    option: typer.models.OptionInfo = typer.Option(
+        "--expected-version",
+        help=f"Compare-and-swap: fail with VERSION_CONFLICT (exit 4) unless the {what} "
+        f"version ({integer}) is this one.",
+    )
+    return option
+
+
+def proof_key(lease: str) -> typer.models.OptionInfo:
+    """The ``--execution-key`` option that goes with a lease id as the proof of holding the
+    lease (lease renew, transfer and release; handoff create with ``--lease-id``).
+
+    Args:
+        lease: the lease it is presented with (``str``, e.g. ``the --lease-id lease``), as
+            the help text names it.
+
+    Returns:
+        The :class:`typer.models.OptionInfo` to put in an ``Annotated[str | None, ...]``.
+    """
+    option: typer.models.OptionInfo = typer.Option(
+        "--execution-key",
+        help=f"Execution key (text) of {lease}, as given as --execution-key at acquire "
+        "(handoff:<handoff id> for a lease taken over by accepting a handoff); omit only for "
+        "a lease acquired without one.",
     )
     return option
 

@@ -13,6 +13,7 @@ from prefect_baton.cli._options import (
     Fence,
     IdempotencyKey,
     SubjectId,
+    compare_and_swap,
     lifetime,
     row_limit,
 )
@@ -54,11 +55,7 @@ def save(
         ),
     ],
     expected_version: Annotated[
-        int | None,
-        typer.Option(
-            "--expected-version",
-            help="Compare-and-swap on the checkpoint version (integer; 0 = must not exist).",
-        ),
+        int | None, compare_and_swap("checkpoint", "it must not exist yet")
     ] = None,
     fence: Fence = None,
     idempotency_key: IdempotencyKey = None,

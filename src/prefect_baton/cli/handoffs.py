@@ -8,7 +8,14 @@ from typing import Annotated
 import typer
 
 from prefect_baton._rules.validation import TTL_RANGE
-from prefect_baton.cli._options import Cursor, IdempotencyKey, SubjectId, lifetime, row_limit
+from prefect_baton.cli._options import (
+    Cursor,
+    IdempotencyKey,
+    SubjectId,
+    lifetime,
+    proof_key,
+    row_limit,
+)
 from prefect_baton.cli._output import Page
 from prefect_baton.cli._state import command, lease_proof, state
 from prefect_baton.errors import ValidationError
@@ -70,10 +77,7 @@ def create(
             help="Lease id (text) you hold, transferred to the recipient on acceptance.",
         ),
     ] = None,
-    execution_key: Annotated[
-        str | None,
-        typer.Option("--execution-key", help="Execution key (text) of the --lease-id lease."),
-    ] = None,
+    execution_key: Annotated[str | None, proof_key("the --lease-id lease")] = None,
     expires_in_seconds: Annotated[
         int | None, lifetime("--expires-in-seconds", "it reads as 'expired'")
     ] = None,

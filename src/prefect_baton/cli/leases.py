@@ -20,7 +20,7 @@ import typer
 
 from prefect_baton._rules.core import lapsed
 from prefect_baton._rules.validation import TTL_RANGE
-from prefect_baton.cli._options import Cursor, row_limit
+from prefect_baton.cli._options import Cursor, compare_and_swap, proof_key, row_limit
 from prefect_baton.cli._output import Page, RowView, emit_ok
 from prefect_baton.cli._state import command, guard, lease_proof, state
 from prefect_baton.errors import ValidationError
@@ -89,15 +89,7 @@ ResourceId = Annotated[
 LeaseId = Annotated[
     str, typer.Option("--lease-id", help="Lease id (text, 'lease_...') returned by acquire.")
 ]
-ExecutionKey = Annotated[
-    str | None,
-    typer.Option(
-        "--execution-key",
-        help="Execution key (text) given as --execution-key at acquire (handoff:<handoff "
-        "id> for a lease taken over by accepting a handoff); omit only for a lease acquired "
-        "without one.",
-    ),
-]
+ExecutionKey = Annotated[str | None, proof_key("the lease")]
 RetryKey = Annotated[
     str | None,
     typer.Option(
@@ -107,14 +99,7 @@ RetryKey = Annotated[
         "another request exits 7 (IDEMPOTENCY_MISMATCH).",
     ),
 ]
-ExpectedVersion = Annotated[
-    int | None,
-    typer.Option(
-        "--expected-version",
-        help="Compare-and-swap: fail with VERSION_CONFLICT unless the lease version "
-        "(integer) is this one.",
-    ),
-]
+ExpectedVersion = Annotated[int | None, compare_and_swap("lease")]
 
 
 @command(app, "lease.acquire", "lease")
@@ -148,13 +133,7 @@ def acquire(
             help="Deprecated name of --execution-key on acquire (warns on stderr).",
         ),
     ] = None,
-    expected_version: Annotated[
-        int | None,
-        typer.Option(
-            "--expected-version",
-            help="Compare-and-swap on the resource version (integer; 0 = never leased).",
-        ),
-    ] = None,
+    expected_version: Annotated[int | None, compare_and_swap("resource", "never leased")] = None,
     purpose: Annotated[
         str | None, typer.Option("--purpose", help="Free text kept with the lease.")
     ] = None,

@@ -54,14 +54,22 @@ class BatonError(Exception):
     """
 
     code: ClassVar[str] = "BATON_ERROR"
+    #: The error's extra fields (attribute names), in the order :meth:`to_dict` adds them.
+    details: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
 
     def to_dict(self) -> dict[str, Any]:
-        """Return ``{"code": ..., "message": ...}`` plus the error's extra fields."""
-        return {"code": self.code, "message": self.message}
+        """Return ``{"code": ..., "message": ...}`` plus the error's extra fields
+        (:attr:`details`) that are not ``None``, a time as wire text (``wire_time``)."""
+        d: dict[str, Any] = {"code": self.code, "message": self.message}
+        for name in self.details:
+            value = getattr(self, name, None)
+            if value is not None:
+                d[name] = wire_time(value) if isinstance(value, datetime) else value
+        return d
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (type(self), self.__dict__.copy()))
@@ -93,16 +101,11 @@ class ConflictError(BatonError):
     """
 
     code = "CONFLICT"
+    details = ("expires_at",)
 
     def __init__(self, message: str, *, expires_at: datetime | None = None) -> None:
         super().__init__(message)
         self.expires_at = expires_at
-
-    def to_dict(self) -> dict[str, Any]:
-        d = super().to_dict()
-        if self.expires_at is not None:
-            d["expires_at"] = wire_time(self.expires_at)
-        return d
 
 
 class VersionConflictError(BatonError):
@@ -114,17 +117,12 @@ class VersionConflictError(BatonError):
     """
 
     code = "VERSION_CONFLICT"
+    details = ("current_version", "expected_version")
 
     def __init__(self, message: str, *, current_version: int, expected_version: int) -> None:
         super().__init__(message)
         self.current_version = current_version
         self.expected_version = expected_version
-
-    def to_dict(self) -> dict[str, Any]:
-        d = super().to_dict()
-        d["current_version"] = self.current_version
-        d["expected_version"] = self.expected_version
-        return d
 
 
 class NotFoundError(BatonError):
@@ -167,16 +165,11 @@ class LeaseLostError(BatonError):
     """
 
     code = "LEASE_LOST"
+    details = ("status",)
 
     def __init__(self, message: str, *, status: str | None = None) -> None:
         super().__init__(message)
         self.status = status
-
-    def to_dict(self) -> dict[str, Any]:
-        d = super().to_dict()
-        if self.status is not None:
-            d["status"] = self.status
-        return d
 
 
 class StaleFenceError(BatonError):

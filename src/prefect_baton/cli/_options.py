@@ -42,11 +42,17 @@ SubjectId = Annotated[
     str, typer.Argument(metavar="SUBJECT_ID", help="Subject id (text, 1-256 characters).")
 ]
 
-#: ``--idempotency-key`` of a record write (checkpoint save, handoff create, outcome
-#: record): a retry with the same key replays the stored result.
+#: ``--idempotency-key`` of a write (lease renew, transfer, release and force-release;
+#: checkpoint save and delete, handoff create, outcome record): a retry with the same key
+#: replays the stored result.
 IdempotencyKey = Annotated[
     str | None,
-    typer.Option("--idempotency-key", help="Idempotency key (text); a retry replays."),
+    typer.Option(
+        "--idempotency-key",
+        help="Retry key (text, 1-256 characters): rerunning the same command with the same "
+        "key replays the stored result ('replayed') instead of acting twice; the key with "
+        "another request exits 7 (IDEMPOTENCY_MISMATCH).",
+    ),
 ]
 
 #: ``--fence``: the lease id a checkpoint or outcome write is fenced with.

@@ -20,7 +20,13 @@ import typer
 
 from prefect_baton._rules.core import lapsed
 from prefect_baton._rules.validation import TTL_RANGE
-from prefect_baton.cli._options import Cursor, compare_and_swap, proof_key, row_limit
+from prefect_baton.cli._options import (
+    Cursor,
+    IdempotencyKey,
+    compare_and_swap,
+    proof_key,
+    row_limit,
+)
 from prefect_baton.cli._output import Page, RowView, emit_ok
 from prefect_baton.cli._state import command, guard, lease_proof, state
 from prefect_baton.errors import ValidationError
@@ -90,15 +96,6 @@ LeaseId = Annotated[
     str, typer.Option("--lease-id", help="Lease id (text, 'lease_...') returned by acquire.")
 ]
 ExecutionKey = Annotated[str | None, proof_key("the lease")]
-RetryKey = Annotated[
-    str | None,
-    typer.Option(
-        "--idempotency-key",
-        help="Retry key (text, 1-256 characters): rerunning the same command with the same "
-        "key replays the stored result ('replayed') instead of acting twice; the key with "
-        "another request exits 7 (IDEMPOTENCY_MISMATCH).",
-    ),
-]
 ExpectedVersion = Annotated[int | None, compare_and_swap("lease")]
 
 
@@ -229,7 +226,7 @@ def renew(
         ),
     ] = None,
     expected_version: ExpectedVersion = None,
-    idempotency_key: RetryKey = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> Lease:
     """Extend a lease you hold: version +1, new expiry; id, epoch and scopes unchanged.
 
@@ -272,7 +269,7 @@ def transfer(
     ],
     execution_key: ExecutionKey = None,
     expected_version: ExpectedVersion = None,
-    idempotency_key: RetryKey = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> Lease:
     """Hand a lease you hold to another principal: new lease id, version +1, epoch +1."""
     b = state(ctx).client()
@@ -292,7 +289,7 @@ def release(
     lease_id: LeaseId,
     execution_key: ExecutionKey = None,
     expected_version: ExpectedVersion = None,
-    idempotency_key: RetryKey = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> None:
     """Release a lease you hold, by proof. Safe to retry: a second release is 'no_change'.
 
@@ -320,7 +317,7 @@ def force_release(
     lease_id: Annotated[
         str, typer.Argument(metavar="LEASE_ID", help="Lease id (text, 'lease_...') to release.")
     ],
-    idempotency_key: RetryKey = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> Receipt:
     """Release anyone's lease of the org. Needs --role owner or admin (else exit 6)."""
     return state(ctx).client().leases.force_release(lease_id, idempotency_key=idempotency_key)

@@ -149,7 +149,7 @@ def test_a_block_nested_in_a_block_on_the_same_resource_is_refused(
         raise AssertionError("unreachable")
 
     message, held, lost = run()
-    assert "deploy/nested is already held by an enclosing lease block of this run" in message
+    assert "deploy/nested is already held by another lease block of this run" in message
     assert (held, lost) == (True, False)
     assert make_baton("x").leases.inspect("deploy", "nested").held is False
 

@@ -309,9 +309,9 @@ class LeaseCall:
 
         Raises:
             ValidationError: another block of this process holds it under the key (a block
-                nested in a block on the same resource, in one run): its acquire would
-                replay the enclosing block's lease, and its exit would release the lease
-                the enclosing block still runs under.
+                nested in a block on the same resource, or running beside one, in one run):
+                its acquire would replay that block's lease, and its exit would release
+                the lease that block still runs under.
         """
         if self._claimed:
             return
@@ -319,9 +319,10 @@ class LeaseCall:
         with _held_lock:
             if entry in _open:
                 raise ValidationError(
-                    f"{self.what} is already held by an enclosing lease block of this run "
-                    f"(execution key {self.key!r}); a run holds a resource once: use the "
-                    "enclosing block's lease (current_lease()) instead of a nested block"
+                    f"{self.what} is already held by another lease block of this run that "
+                    f"has not ended (execution key {self.key!r}); a run holds a resource in "
+                    "one block at a time: use that block's lease (current_lease()) instead "
+                    "of nesting a block on it"
                 )
             _open.add(entry)
         self._claimed = True

@@ -15,7 +15,7 @@ from prefect import flow, task
 from prefect.context import TaskRunContext
 from prefect.states import State
 
-from prefect_baton import Baton, ConflictError, NotFoundError, ValidationError
+from prefect_baton import Baton, ConflictError, LeaseLostError, NotFoundError, ValidationError
 from prefect_baton.prefect import (
     BatonBlock,
     accept_handoff,
@@ -128,6 +128,31 @@ def test_blocks_one_after_the_other_in_one_run_each_hold_the_resource(
     assert said, "the second block says why it acquires anew"
     assert {r.levelno for r in said} == {logging.INFO}
     assert all("deploy/twice" in r.getMessage() for r in said)
+
+
+def test_a_block_after_a_block_that_handed_the_resource_off_is_refused(
+    make_baton: MakeBaton,
+) -> None:
+    """A later block of the run on a resource an earlier block handed off is refused on
+    entering with LEASE_LOST naming the resource and the handoff, and leaves the lease to
+    the handoff: the recipient still accepts it (before, the later block replayed the
+    pending handoff's lease and released it at its exit, so the handoff read expired)."""
+
+    @flow(name="baton-test-block-after-handoff")
+    def run() -> tuple[str, str]:
+        with lease("deploy", "handed", ttl_seconds=20, baton=make_baton) as held:
+            assert held is not None
+            sent = handoff_to("bob", "s1", lease=held, baton=make_baton)
+        with pytest.raises(LeaseLostError) as refused:
+            lease("deploy", "handed", ttl_seconds=20, baton=make_baton).__enter__()
+        return sent.handoff_id, refused.value.message
+
+    handoff_id, message = run()
+    assert message.startswith("deploy/handed: an earlier lease block of this run handed")
+    assert f"handoff {handoff_id} to bob" in message
+    with accept_handoff(handoff_id, principal="bob", baton=make_baton) as accepted:
+        assert accepted.status == "accepted"
+        assert accepted.lease is not None
 
 
 def test_a_block_nested_in_a_block_on_the_same_resource_is_refused(

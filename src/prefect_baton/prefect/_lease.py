@@ -148,7 +148,8 @@ def lease(
     One run may hold the same resource in several blocks one after the other: each later
     block acquires it anew under the run's key (a new generation with a higher epoch; a
     conflict if someone else took it meanwhile), unless an earlier block handed it off
-    (``LEASE_LOST``, status ``transferred``: the work is the recipient's). A block nested in
+    (``LEASE_LOST`` on entering, pending handoff or accepted: the work is the
+    recipient's). A block nested in
     a block on the same resource of the same run is refused on entering
     (``VALIDATION_ERROR`` naming the resource): use the enclosing block's lease.
 

@@ -42,6 +42,10 @@ _failed: dict[str, BaseException] = {}
 # (execution key, resource type, resource id) of the blocks of this process that hold (or are
 # acquiring) the lease now: a second block on the resource under the key is refused
 _open: set[tuple[str, str, str]] = set()
+# (execution key, resource type, resource id) -> ("handoff <id> to <principal>", run_count) of
+# a block of this process that handed its lease off: a later block of the same attempt of
+# the run on the resource is refused (the lease rides on the handoff, even while pending)
+_handed_blocks: dict[tuple[str, str, str], tuple[str, int]] = {}
 _held_lock = threading.Lock()
 
 
@@ -308,6 +312,10 @@ class LeaseCall:
         """Note that this block holds (or is acquiring) the resource under the run's key.
 
         Raises:
+            LeaseLostError: an earlier block of this attempt of the run handed the resource
+                off (:func:`~prefect_baton.prefect.handoff_to`), whatever became of the
+                handoff: a block taking its lease back would replay it (pending) and
+                release it at exit, ending the handoff the recipient has yet to accept.
             ValidationError: another block of this process holds it under the key (a block
                 nested in a block on the same resource, or running beside one, in one run):
                 its acquire would replay that block's lease, and its exit would release
@@ -317,6 +325,13 @@ class LeaseCall:
             return
         entry = (self.key, self.resource_type, self.resource_id)
         with _held_lock:
+            handed = _handed_blocks.get(entry)
+            if handed is not None and handed[1] == self.ident.run_count:
+                raise LeaseLostError(
+                    f"{self.what}: an earlier lease block of this run handed the lease off "
+                    f"({handed[0]}); the work is the recipient's, so this run does not "
+                    "acquire it again"
+                )
             if entry in _open:
                 raise ValidationError(
                     f"{self.what} is already held by another lease block of this run that "
@@ -340,6 +355,10 @@ class LeaseCall:
         A lease handed off with :func:`handoff_to` is never released: the keeper leaves it
         to its handoff (:meth:`LeaseKeeper.attach_handoff`) whatever this returns."""
         self._unclaim()
+        if slot.handed_to is not None:
+            with _held_lock:
+                entry = (self.key, self.resource_type, self.resource_id)
+                _handed_blocks[entry] = (slot.handed_to, self.ident.run_count)
         retry = exc is not None and retry_follows(self.ident, exc)
         if not retry:
             self._forget()
@@ -357,8 +376,8 @@ class LeaseCall:
         """A keeper for the next acquire attempt.
 
         Raises:
-            ValidationError: a block of this process already holds the resource under the
-                run's execution key (:meth:`_claim`).
+            ValidationError, LeaseLostError: a block of this process already holds the
+                resource under the run's execution key, or handed it off (:meth:`_claim`).
         """
         self._claim()
         lease: LeaseKeeper = b.lease(

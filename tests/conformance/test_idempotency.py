@@ -585,8 +585,9 @@ def _resolve(b: Baton) -> Case:
         return target.handoffs.resolve(handoff.handoff_id, status, "n", idempotency_key=key)
 
     def rerun(key: str) -> None:
-        with pytest.raises(NotFoundError):
-            call(key, "ok")
+        # the handoff reads as this request resolved it: the retry replays it
+        again = call(key, "ok")
+        assert (again.status, again.note, again.replayed) == ("accepted", "n", True)
 
     def other(key: str) -> Any:
         return b.as_principal("agent-c").handoffs.resolve(
@@ -707,7 +708,8 @@ def test_lapsed_claim_lets_retry_run(
 ) -> None:
     """The crash window: a process that dies after the operation but before storing the
     receipt leaves a claim; once it has lapsed, a retry runs the operation again and gets
-    that operation's own answer (no_change, extends again, LEASE_LOST, NOT_FOUND)."""
+    that operation's own answer (no_change, extends again, LEASE_LOST), except a resolve,
+    which finds the handoff resolved as it asked and replays it."""
     case = make(baton)
 
     def died(*_args: Any) -> None:
@@ -730,6 +732,71 @@ def test_malformed_key_is_refused(baton: Baton, make: Callable[[Baton], Case]) -
             case.call(key, "ok")
     assert _state(baton) == state
     assert not case.call("op-1", "ok").replayed
+
+
+@pytest.mark.parametrize("status", ["rejected", "accepted"])
+@pytest.mark.parametrize("lapsed", [False, True], ids=["abandoned", "lapsed"])
+def test_resolve_retry_after_its_receipt_was_lost_replays(
+    baton: Baton, monkeypatch: pytest.MonkeyPatch, status: str, lapsed: bool
+) -> None:
+    """A keyed resolve of a lease-carrying handoff whose resolution committed but whose
+    receipt was never stored (storing it failed: the caller got UNAVAILABLE; or the process
+    died and its claim lapsed) is retried under the same key: the retry replays the
+    handoff as resolved (DESIGN.md: an exact retry replays), instead of NOT_FOUND as a
+    second resolve, and changes nothing; the retry's receipt is stored, so a further retry
+    replays it too."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=30)
+    handoff = baton.handoffs.create("agent-b", "subj", lease=lease)
+    target = baton.as_principal("agent-b")
+    resolve = lambda: target.handoffs.resolve(  # noqa: E731
+        handoff.handoff_id, status, "done", idempotency_key="op-1"
+    )
+
+    def lost(*_args: Any) -> None:
+        if not lapsed:
+            raise UnavailableError("the receipt could not be stored")
+
+    if lapsed:
+        monkeypatch.setattr(receipts, "CLAIM_TIMEOUT_SECONDS", 0)  # the claim lapses at once
+    monkeypatch.setattr(receipts, "_complete", lost)
+    try:
+        resolve()
+    except UnavailableError:
+        assert not lapsed
+    monkeypatch.undo()
+    state = _state(baton)
+    for _ in range(2):
+        again = resolve()
+        assert (again.handoff_id, again.status, again.note) == (handoff.handoff_id, status, "done")
+        assert again.replayed
+        assert _state(baton) == state
+    if status == "accepted":
+        assert again.lease is not None
+        assert again.lease.execution_key == f"handoff:{handoff.handoff_id}"
+        assert baton.leases.inspect(RT, RID).held
+    else:
+        assert not baton.leases.inspect(RT, RID).held
+
+
+def test_resolve_retry_finding_another_resolution_is_not_found(
+    baton: Baton, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retry whose earlier claim lapsed replays only the resolution it asked for: a
+    handoff found accepted by another request is not the keyed reject's effect, so the
+    retry is a second resolve: NOT_FOUND, saying it was already accepted."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=30)
+    handoff = baton.handoffs.create("agent-b", "subj", lease=lease)
+    target = baton.as_principal("agent-b")
+    target.handoffs.resolve(handoff.handoff_id, "accepted", execution_key="run-9")
+    # a keyed reject whose process died before it cleaned up its claim: the claim lapses
+    monkeypatch.setattr(receipts, "CLAIM_TIMEOUT_SECONDS", 0)
+    monkeypatch.setattr(receipts, "_drop", lambda *_args: None)
+    with pytest.raises(NotFoundError):
+        target.handoffs.resolve(handoff.handoff_id, "rejected", idempotency_key="op-1")
+    monkeypatch.undo()
+    with pytest.raises(NotFoundError) as ei:
+        target.handoffs.resolve(handoff.handoff_id, "rejected", idempotency_key="op-1")
+    assert "was already accepted" in ei.value.message
 
 
 def test_claim_left_by_crash_blocks_until_lapsed(

@@ -15,7 +15,7 @@ from prefect import flow, task
 from prefect.context import TaskRunContext
 from prefect.states import State
 
-from prefect_baton import Baton, ConflictError, NotFoundError, ValidationError
+from prefect_baton import Baton, ConflictError, LeaseLostError, NotFoundError, ValidationError
 from prefect_baton.prefect import (
     BatonBlock,
     accept_handoff,
@@ -101,6 +101,82 @@ def test_block_retry_replays_its_own_acquire(make_baton: MakeBaton) -> None:
     (id1, e1, r1), (id2, e2, r2) = seen
     assert (id1, e1, r1) == (id2, e2, not r2)
     assert make_baton("x").leases.inspect("deploy", "billing").held is False
+
+
+def test_blocks_one_after_the_other_in_one_run_each_hold_the_resource(
+    make_baton: MakeBaton, run_logs: _Records
+) -> None:
+    """Two (three) blocks on one resource, one after the other in one run: each acquires it
+    anew under the run's key (a new generation, a higher epoch), none fails with the
+    store's advice of a new execution key, and the run's log says why at info level."""
+
+    @flow(name="baton-test-block-twice")
+    def run() -> list[tuple[str, int, str | None]]:
+        seen = []
+        for _ in range(3):
+            with lease("deploy", "twice", ttl_seconds=20, baton=make_baton) as held:
+                assert held is not None
+                seen.append((held.lease_id, held.epoch, held.execution_key))
+        return seen
+
+    seen = run()
+    assert len({lease_id for lease_id, _, _ in seen}) == 3
+    assert [epoch for _, epoch, _ in seen] == [1, 2, 3]
+    assert len({key for _, _, key in seen}) == 1
+    assert make_baton("x").leases.inspect("deploy", "twice").held is False
+    said = [r for r in run_logs.records if "an earlier block of this run" in r.getMessage()]
+    assert said, "the second block says why it acquires anew"
+    assert {r.levelno for r in said} == {logging.INFO}
+    assert all("deploy/twice" in r.getMessage() for r in said)
+
+
+def test_a_block_after_a_block_that_handed_the_resource_off_is_refused(
+    make_baton: MakeBaton,
+) -> None:
+    """A later block of the run on a resource an earlier block handed off is refused on
+    entering with LEASE_LOST naming the resource and the handoff, and leaves the lease to
+    the handoff: the recipient still accepts it (before, the later block replayed the
+    pending handoff's lease and released it at its exit, so the handoff read expired)."""
+
+    @flow(name="baton-test-block-after-handoff")
+    def run() -> tuple[str, str]:
+        with lease("deploy", "handed", ttl_seconds=20, baton=make_baton) as held:
+            assert held is not None
+            sent = handoff_to("bob", "s1", lease=held, baton=make_baton)
+        with pytest.raises(LeaseLostError) as refused:
+            lease("deploy", "handed", ttl_seconds=20, baton=make_baton).__enter__()
+        return sent.handoff_id, refused.value.message
+
+    handoff_id, message = run()
+    assert message.startswith("deploy/handed: an earlier lease block of this run handed")
+    assert f"handoff {handoff_id} to bob" in message
+    with accept_handoff(handoff_id, principal="bob", baton=make_baton) as accepted:
+        assert accepted.status == "accepted"
+        assert accepted.lease is not None
+
+
+def test_a_block_nested_in_a_block_on_the_same_resource_is_refused(
+    make_baton: MakeBaton,
+) -> None:
+    """A block nested in a block on the same resource in one run is refused on entering,
+    naming the resource; the enclosing block keeps its lease (the nested one would have
+    replayed it and released it at its exit)."""
+
+    @flow(name="baton-test-block-nested")
+    def run() -> tuple[str, bool, bool]:
+        with lease("deploy", "nested", ttl_seconds=20, baton=make_baton) as outer:
+            assert outer is not None
+            inner = lease("deploy", "nested", ttl_seconds=20, baton=make_baton)
+            with pytest.raises(ValidationError) as refused:
+                inner.__enter__()
+            held = make_baton("x").leases.inspect("deploy", "nested").held
+            return refused.value.message, held, outer.lost
+        raise AssertionError("unreachable")
+
+    message, held, lost = run()
+    assert "deploy/nested is already held by another lease block of this run" in message
+    assert (held, lost) == (True, False)
+    assert make_baton("x").leases.inspect("deploy", "nested").held is False
 
 
 def test_async_block_in_an_async_task(make_baton: MakeBaton) -> None:

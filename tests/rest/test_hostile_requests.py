@@ -209,3 +209,37 @@ def test_a_body_on_a_route_that_takes_none_is_refused(
     assert client.get("/v1/leases", headers=h).status_code == 200
     assert client.delete(f"/v1/checkpoints/{saved['checkpoint_id']}", headers=h).status_code == 200
     assert client.delete(f"/v1/leases/{lease['lease_id']}", headers=h).status_code == 200
+
+
+# ---------------------------------------------------------------- content codings
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "br", "GZIP", "identity, gzip"])
+def test_a_content_coded_body_is_415_and_writes_nothing(
+    client: TestClient, make_key: MakeKey, ledger_url: str, coding: str
+) -> None:
+    """A body with a ``Content-Encoding`` other than ``identity`` is ``415`` with the code
+    ``VALIDATION_ERROR`` naming the coding, and writes nothing, whether the body is really
+    coded (before: ``400`` "invalid JSON", a misreading) or plain JSON labelled as coded
+    (before: taken as plain, ``201``). ``identity`` is the body as sent."""
+    import gzip
+    import json
+
+    h = {**make_key(), "content-type": "application/json", "content-encoding": coding}
+    plain = json.dumps(LEASE).encode()
+    before = row_counts(ledger_url)
+    for body in (gzip.compress(plain), plain):
+        err = error(client.post("/v1/leases", content=body, headers=h), 415, "VALIDATION_ERROR")
+        assert f"Content-Encoding {coding!r} is not supported" in err["message"]
+    assert row_counts(ledger_url) == before
+    h["content-encoding"] = "identity"
+    assert data(client.post("/v1/leases", content=plain, headers=h))["resource_id"] == "checkout"
+
+
+def test_the_document_declares_415_on_every_operation(client: TestClient) -> None:
+    """Every ``/v1`` operation documents the ``415`` a coded body gets."""
+    doc = client.get("/openapi.json").json()
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            if path.startswith("/v1/"):
+                assert "415" in op["responses"], (method, path)

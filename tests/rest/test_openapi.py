@@ -258,9 +258,11 @@ def test_method_not_allowed_lists_the_allowed_methods(
     h = make_key()
     r = client.request("PATCH", "/v1/leases", headers=h)
     error(r, 405, "METHOD_NOT_ALLOWED")
-    assert r.headers["allow"] == "GET, POST"
+    assert r.headers["allow"] == "GET, HEAD, POST"
     r = client.request("PUT", "/v1/leases/lease_x", headers=h)
-    assert r.headers["allow"] == "DELETE, GET"
+    assert r.headers["allow"] == "DELETE, GET, HEAD"
+    r = client.request("HEAD", "/v1/leases/lease_x/renew", headers=h)
+    assert (r.status_code, r.headers["allow"]) == (405, "POST")
 
 
 def test_durations_are_integers_without_a_fraction(
@@ -293,3 +295,39 @@ def test_durations_are_integers_without_a_fraction(
             r = client.request(method, path, content=raw, headers=h)
             error(r, 400, "VALIDATION_ERROR")
     assert row_counts(ledger_url) == before
+
+
+#: GET paths of every kind: API routes, the metrics, the UI, the document and its pages.
+GET_PATHS = ["/v1/leases", "/v1/handoffs", "/v1/events", "/v1/me", "/metrics", "/ui"]
+DOC_PATHS = ["/openapi.json", "/docs", "/redoc"]
+
+
+@pytest.mark.parametrize("path", GET_PATHS + DOC_PATHS)
+def test_head_is_get_without_the_body_on_every_get_route(
+    client: TestClient, make_key: MakeKey, path: str
+) -> None:
+    """``HEAD`` of any ``GET`` route answers as the ``GET`` does (status, content type,
+    length, request id) with no body: before, the API routes were ``405`` while the
+    document and its pages (FastAPI's own routes) answered ``200``."""
+    h = make_key()
+    got = client.get(path, headers=h)
+    head = client.head(path, headers=h)
+    assert got.status_code == head.status_code == 200, (path, head.status_code)
+    assert head.content == b""
+    assert head.headers["content-type"] == got.headers["content-type"]
+    if path == "/openapi.json":  # the same document, so the same length
+        assert head.headers["content-length"] == got.headers["content-length"]
+    assert head.headers["x-request-id"].startswith("req_")
+    if path.startswith("/v1/"):  # authenticated as the GET is
+        assert client.head(path).status_code == 401
+
+
+@pytest.mark.parametrize("path", GET_PATHS + DOC_PATHS)
+def test_unknown_query_parameter_is_refused_on_every_get_route(
+    client: TestClient, make_key: MakeKey, path: str
+) -> None:
+    """An unknown query parameter is ``400 VALIDATION_ERROR`` naming it on every route, the
+    OpenAPI document and its pages included (before: ``GET /openapi.json?x=1`` was ``200``
+    while every API route refused it)."""
+    r = client.get(path, params={"x": "1"}, headers=make_key())
+    assert "unknown query parameter 'x'" in error(r, 400, "VALIDATION_ERROR")["message"]

@@ -345,8 +345,10 @@ class HandoffAPI(_API):
         the stored :class:`Handoff` with ``replayed`` true and changes nothing; the receipt
         is kept per (org, principal, ``resolve``, key, handoff id). A claim whose process
         died before storing the result lapses after
-        :data:`~prefect_baton._stores.ledger.receipts.CLAIM_TIMEOUT_SECONDS`; a retry then resolves
-        again, which is ``NOT_FOUND``.
+        :data:`~prefect_baton._stores.ledger.receipts.CLAIM_TIMEOUT_SECONDS`; a retry then
+        replays the handoff if it reads as this request resolved it (same status and note;
+        an accepted carried lease under this execution key), else resolves again, which is
+        ``NOT_FOUND``.
 
         Raises:
             ValidationError: ``status`` is not ``accepted``/``rejected``.

@@ -32,6 +32,7 @@ __all__ = [
     "handoff_status",
     "not_pending_message",
     "releases_carried",
+    "resolution_recorded",
     "stored_statuses",
     "validate_status_filter",
 ]
@@ -123,6 +124,38 @@ def not_pending_message(
     if status == "expired":
         return expired_message(handoff_id, expires_at_ms, carried, now_ms)
     return f"handoff {handoff_id} was already {status}; only a pending handoff can be resolved"
+
+
+def resolution_recorded(
+    handoff_id: str,
+    *,
+    status: str,
+    note: str | None,
+    carried_lease: bool,
+    held_key: str | None,
+    asked_status: str,
+    asked_note: str | None,
+    asked_key: str | None,
+) -> bool:
+    """Whether a resolve of handoff ``handoff_id`` that asks for ``asked_status`` (with
+    ``asked_note``, and for an accept the recipient's execution key ``asked_key``, ``None``
+    for ``handoff:<handoff_id>``) finds its own effect already recorded, so that a keyed
+    retry of it whose receipt was never stored (the process died, or storing it failed,
+    after the resolution committed) replays the handoff instead of answering ``NOT_FOUND``
+    as a second resolve (DESIGN.md "Idempotency and receipts": an exact retry replays).
+
+    The handoff reads ``status`` with ``note``; ``carried_lease``: it carried a lease;
+    ``held_key``: the execution key of the lease generation its acceptance gave the caller,
+    as the caller reads the handoff (``None`` when there is none). Recorded means: the same status
+    and note, and for an accepted handoff that carried a lease, that lease under the
+    asked key. Anything else (resolved otherwise, expired, or the accepted lease moved on)
+    is not this request's effect: the retry resolves again and gets that answer.
+    """
+    if status != asked_status or note != asked_note:
+        return False
+    if status == "accepted" and carried_lease:
+        return held_key is not None and held_key == (asked_key or f"handoff:{handoff_id}")
+    return True
 
 
 def handoff_status(

@@ -264,6 +264,7 @@ def http_app(
         max_body_bytes=limit,
         max_containers=request_container_limit(store.state_max_bytes),
         parse_json=False,
+        head_as_get=False,
     )
     return app
 

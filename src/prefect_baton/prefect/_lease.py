@@ -145,9 +145,13 @@ def lease(
 
     ``resource_type``, ``resource_id`` and ``scopes`` are used as given (no templates:
     format them yourself); a ``resource_type`` holding ``{`` or ``}`` is refused.
-    One run holding two blocks on the same resource one after the other presents the same
-    execution key twice; the second block then fails with ``LEASE_LOST`` (the first one's
-    receipt cannot be replayed once released): use one block, or a distinct resource.
+    One run may hold the same resource in several blocks one after the other: each later
+    block acquires it anew under the run's key (a new generation with a higher epoch; a
+    conflict if someone else took it meanwhile), unless an earlier block handed it off
+    (``LEASE_LOST`` on entering, pending handoff or accepted: the work is the
+    recipient's). A block nested in
+    a block on the same resource of the same run is refused on entering
+    (``VALIDATION_ERROR`` naming the resource): use the enclosing block's lease.
 
     With ``on_conflict="skip"`` or ``"cancel"`` a taken resource does not raise: the block
     is entered with ``None`` instead of the lease, the reason is logged (to the run's
@@ -171,7 +175,8 @@ def lease(
 
     Raises:
         ValidationError: at once, for a bad id (or ``{``/``}`` in ``resource_type``), TTL,
-        option mix or ``baton``. On entering:
+        option mix or ``baton``; on entering, for a block nested in a block of the same run
+        on the same resource. On entering:
         :class:`ConflictError` (``raise``, or ``wait`` timed out; the message names the
         resource and the holder's expiry), what acquiring raises. On leaving:
         :class:`LeaseLostError` (lost during the block), or what the block raised.

@@ -18,6 +18,7 @@ from prefect_baton.errors import (
     ConflictError,
     IdempotencyInFlightError,
     LeaseLostError,
+    ValidationError,
 )
 from prefect_baton.prefect._context import LeaseSlot, RunIdentity, retry_follows
 from prefect_baton.prefect._options import LeaseOptions, Resource
@@ -38,6 +39,13 @@ _held_attempts: dict[str, str] = {}
 _handed_to: dict[str, str] = {}
 # execution key -> what the previous attempt raised (Prefect retries the run after it)
 _failed: dict[str, BaseException] = {}
+# (execution key, resource type, resource id) of the blocks of this process that hold (or are
+# acquiring) the lease now: a second block on the resource under the key is refused
+_open: set[tuple[str, str, str]] = set()
+# (execution key, resource type, resource id) -> ("handoff <id> to <principal>", run_count) of
+# a block of this process that handed its lease off: a later block of the same attempt of
+# the run on the resource is refused (the lease rides on the handoff, even while pending)
+_handed_blocks: dict[tuple[str, str, str], tuple[str, int]] = {}
 _held_lock = threading.Lock()
 
 
@@ -86,9 +94,10 @@ class Skip:
 @dataclass(frozen=True)
 class Again:
     """Acquire again at once (under the run's execution key, as a new attempt); log
-    ``message`` (a warning)."""
+    ``message`` (a warning, or at info level when ``warn`` is false)."""
 
     message: str
+    warn: bool = True
 
 
 @dataclass(frozen=True)
@@ -135,6 +144,7 @@ class LeaseCall:
             self.earlier_failure = _failed.get(self.key)
         self.acquiring_anew = False
         self.attempts = 0
+        self._claimed = False
         timeout = opts.wait_timeout_seconds
         self.deadline = None if timeout is None else now + timeout
         self.started = now
@@ -165,8 +175,10 @@ class LeaseCall:
         return step
 
     def _decide(self, exc: BatonError, now: float) -> Step:
-        if isinstance(exc, LeaseLostError) and self.ident.run_count > 1 and not self.acquiring_anew:
-            return self.after_previous_attempt(exc)
+        if isinstance(exc, LeaseLostError) and not self.acquiring_anew:
+            if self.ident.run_count > 1:
+                return self.after_previous_attempt(exc)
+            return self.after_earlier_block(exc)
         mode = self.opts.on_conflict
         # Another attempt of this run (a second process that picked it up) holds the lease:
         # refused like a conflict, so on_conflict="wait" waits for it to end or expire.
@@ -229,9 +241,47 @@ class LeaseCall:
                 "acquire it again nor run the body",
                 name="HandedOff",
             )
-        self.acquiring_anew = True
-        self.attempt = f"{_process_attempt}:run-{self.ident.run_count}"
+        self._anew()
         return Again(self.lapsed_message(exc.status))
+
+    def after_earlier_block(self, exc: LeaseLostError) -> Fail | Again:
+        """Decide what a first attempt of a run (``run_count == 1``) does when its acquire
+        under the run's execution key raised ``exc``: an earlier block of the same run
+        acquired the resource under that key and its lease is no longer held (two ``with
+        lease(...)`` blocks on one resource, one after the other, in one run).
+
+        - ``exc.status == "transferred"``: that block handed the lease off; the work is the
+          recipient's, and no attempt of the run acquires it again under the key (the store
+          refuses every one): :class:`Fail` with a :class:`LeaseLostError` naming the
+          resource, without the store's advice of a new execution key (the key is the run
+          id);
+        - otherwise (released, expired, revoked, taken over): this block is a new use of the
+          resource, not a retry of the earlier block, so it acquires anew under the same key
+          as a new attempt (:class:`Again`, logged at info level): a new generation with a
+          new epoch, or a conflict when someone else holds the resource now.
+        """
+        if exc.status == "transferred":
+            return Fail(
+                LeaseLostError(
+                    f"{self.what}: an earlier lease block of this run handed the lease off "
+                    "(transferred); the work is the recipient's, so this run does not acquire "
+                    "it again",
+                    status="transferred",
+                )
+            )
+        self._anew()
+        why = exc.status or "no longer held"
+        return Again(
+            f"{self.what}: the lease of an earlier block of this run has ended ({why}); "
+            "acquiring it anew for this block",
+            warn=False,
+        )
+
+    def _anew(self) -> None:
+        """Acquire as a new attempt of the run: an attempt token of its own, so a later block
+        or retry that acquires anew again is another attempt still."""
+        self.acquiring_anew = True
+        self.attempt = f"{_process_attempt}:{uuid.uuid4().hex}"
 
     def lapsed_message(self, status: str | None) -> str:
         """The warning of a retry whose previous attempt's lease is no longer held
@@ -256,6 +306,47 @@ class LeaseCall:
             _held_attempts.pop(self.key, None)
             _handed_to.pop(self.key, None)
             _failed.pop(self.key, None)
+        self._unclaim()
+
+    def _claim(self) -> None:
+        """Note that this block holds (or is acquiring) the resource under the run's key.
+
+        Raises:
+            LeaseLostError: an earlier block of this attempt of the run handed the resource
+                off (:func:`~prefect_baton.prefect.handoff_to`), whatever became of the
+                handoff: a block taking its lease back would replay it (pending) and
+                release it at exit, ending the handoff the recipient has yet to accept.
+            ValidationError: another block of this process holds it under the key (a block
+                nested in a block on the same resource, or running beside one, in one run):
+                its acquire would replay that block's lease, and its exit would release
+                the lease that block still runs under.
+        """
+        if self._claimed:
+            return
+        entry = (self.key, self.resource_type, self.resource_id)
+        with _held_lock:
+            handed = _handed_blocks.get(entry)
+            if handed is not None and handed[1] == self.ident.run_count:
+                raise LeaseLostError(
+                    f"{self.what}: an earlier lease block of this run handed the lease off "
+                    f"({handed[0]}); the work is the recipient's, so this run does not "
+                    "acquire it again"
+                )
+            if entry in _open:
+                raise ValidationError(
+                    f"{self.what} is already held by another lease block of this run that "
+                    f"has not ended (execution key {self.key!r}); a run holds a resource in "
+                    "one block at a time: use that block's lease (current_lease()) instead "
+                    "of nesting a block on it"
+                )
+            _open.add(entry)
+        self._claimed = True
+
+    def _unclaim(self) -> None:
+        if self._claimed:
+            with _held_lock:
+                _open.discard((self.key, self.resource_type, self.resource_id))
+            self._claimed = False
 
     def release_at_exit(self, slot: LeaseSlot, exc: BaseException | None) -> bool:
         """Release on success, final failure, cancellation; keep it when a Prefect retry
@@ -263,6 +354,11 @@ class LeaseCall:
         ``HandedOff`` if it was transferred meanwhile, see :meth:`after_previous_attempt`).
         A lease handed off with :func:`handoff_to` is never released: the keeper leaves it
         to its handoff (:meth:`LeaseKeeper.attach_handoff`) whatever this returns."""
+        self._unclaim()
+        if slot.handed_to is not None:
+            with _held_lock:
+                entry = (self.key, self.resource_type, self.resource_id)
+                _handed_blocks[entry] = (slot.handed_to, self.ident.run_count)
         retry = exc is not None and retry_follows(self.ident, exc)
         if not retry:
             self._forget()
@@ -277,7 +373,13 @@ class LeaseCall:
         return False
 
     def keeper(self, slot_on_lost: Callable[[LeaseKeeper], Any] | None, b: Any) -> LeaseKeeper:
-        """A keeper for the next acquire attempt."""
+        """A keeper for the next acquire attempt.
+
+        Raises:
+            ValidationError, LeaseLostError: a block of this process already holds the
+                resource under the run's execution key, or handed it off (:meth:`_claim`).
+        """
+        self._claim()
         lease: LeaseKeeper = b.lease(
             self.resource_type,
             self.resource_id,

@@ -215,7 +215,8 @@ class LeaseScope:
             self._skip = step
             return None
         if isinstance(step, Again):
-            run_logger().warning(step.message)
+            log = run_logger()
+            (log.warning if step.warn else log.info)(step.message)
             return None
         if step.message is not None:
             run_logger().info(step.message)

@@ -250,6 +250,9 @@ def _repeated_parameter(query: bytes) -> str | None:
 
 def _refused_head(scope: Scope) -> JSONResponse | None:
     """The answer to a request whose head is refused before anything else, else ``None``:
+    a ``Content-Encoding`` other than ``identity`` (``415 VALIDATION_ERROR``: the server
+    decodes no content coding, and reading a gzip body as plain JSON would misread it, or
+    accept plain JSON mislabelled as encoded),
     more than one ``Authorization`` or ``Idempotency-Key`` header (``400``: which one
     counts would be a guess),
     a query parameter given more than once (``400``, likewise), a path or query whose
@@ -257,6 +260,15 @@ def _refused_head(scope: Scope) -> JSONResponse | None:
     would both name the id ``\ufffd``), or a bearer key in the URL's path or query (``401``:
     keys are accepted only in the ``Authorization`` header; the access log redacts it)."""
     headers = scope.get("headers", [])
+    codings = [v for name, v in headers if name.lower() == b"content-encoding"]
+    if any(c.strip().lower() not in (b"", b"identity") for c in codings):
+        sent = ", ".join(c.decode("latin-1").strip() for c in codings)[:100]
+        return error_response(
+            "VALIDATION_ERROR",
+            f"Content-Encoding {quoted(sent)} is not supported: send the body unencoded "
+            "(no Content-Encoding, or identity)",
+            status=415,
+        )
     for single in ("Authorization", "Idempotency-Key"):
         lowered = single.lower().encode()
         if sum(1 for name, _ in headers if name.lower() == lowered) > 1:
@@ -303,7 +315,10 @@ class BatonMiddleware:
     """ASGI middleware in front of every route.
 
     * gives each request an id (``scope["state"]["request_id"]``, header ``X-Request-ID``);
-    * refuses more than one ``Authorization`` or ``Idempotency-Key`` header and a query
+    * with ``head_as_get`` (the REST API): answers ``HEAD`` as ``GET`` without the body
+      (the ``GET`` answer's status and headers), on every path;
+    * refuses a ``Content-Encoding`` other than ``identity`` (``415 VALIDATION_ERROR``),
+      more than one ``Authorization`` or ``Idempotency-Key`` header and a query
       parameter given more than once (``400``), and a bearer key in the URL (``401``; keys
       are accepted only in the ``Authorization`` header);
     * under ``/v1`` and at ``/metrics``: authenticates the bearer key (``401`` when
@@ -344,6 +359,9 @@ class BatonMiddleware:
             store's ``state_max_bytes``).
         parse_json: whether JSON bodies are parsed and refused here (``bool``, default
             ``True``).
+        head_as_get: whether ``HEAD`` is answered as ``GET`` without the body (``bool``,
+            default ``True``; the MCP server over HTTP passes ``False``: a ``GET`` of its
+            endpoint is a stream, not a document).
     """
 
     def __init__(
@@ -354,6 +372,7 @@ class BatonMiddleware:
         key_cache: KeyCache | None = None,
         max_containers: int = MAX_BODY_CONTAINERS,
         parse_json: bool = True,
+        head_as_get: bool = True,
     ) -> None:
         self.app = app
         self.engines = engines
@@ -361,6 +380,7 @@ class BatonMiddleware:
         self.key_cache = key_cache or KeyCache(0)
         self.max_containers = max_containers
         self.parse_json = parse_json
+        self.head_as_get = head_as_get
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -371,11 +391,17 @@ class BatonMiddleware:
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
 
+        head = self.head_as_get and scope.get("method") == "HEAD"
+        if head:  # answered as GET, without the body (a new scope: the server's stays HEAD)
+            scope = {**scope, "method": "GET"}
+
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 headers.append((b"x-request-id", request_id.encode()))
                 message = {**message, "headers": headers}
+            elif head and message["type"] == "http.response.body":
+                message = {**message, "body": b""}
             await send(message)
 
         refused = _refused_head(scope)

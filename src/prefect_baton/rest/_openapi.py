@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.routing import APIRoute
 
 from prefect_baton._rules.paging import MAX_PAGE
@@ -55,6 +57,8 @@ _STATUSES = {
     "the checkpoint state cap (state_max_bytes, GET /v1/me) + 64 KiB, so that a state within "
     "the cap fits even when sent with ASCII escapes; or a JSON body holding more objects and "
     "arrays than half the larger of the state cap and 1 MiB, plus 32,768 (557,056 by default)",
+    "415": "VALIDATION_ERROR: a Content-Encoding other than identity (the body is read "
+    "only as sent, unencoded)",
     "503": "UNAVAILABLE: the ledger or lease authority cannot be reached",
 }
 
@@ -107,9 +111,34 @@ def _declare_success(responses: dict[str, Any], envelope: dict[str, Any] | None)
             response["content"] = {"application/json": {"schema": envelope}}
 
 
+#: Where the document and its pages are served.
+OPENAPI_PATH, DOCS_PATH, REDOC_PATH = "/openapi.json", "/docs", "/redoc"
+
+
 def install_openapi(app: FastAPI, max_body_bytes: int) -> None:
     """Make ``app.openapi()`` (``FastAPI``) return the corrected document (built once);
-    its ``413`` states ``max_body_bytes`` (``int``, the app's body limit in bytes)."""
+    its ``413`` states ``max_body_bytes`` (``int``, the app's body limit in bytes). Serve it
+    at :data:`OPENAPI_PATH`, with Swagger UI at :data:`DOCS_PATH` and ReDoc at
+    :data:`REDOC_PATH`, as routes of the app's own route class (build the app with
+    ``openapi_url=None, docs_url=None, redoc_url=None``), so they follow every route's
+    rules: an unknown query parameter or a body is ``400``, ``HEAD`` is ``GET`` without
+    the body.
+    """
+
+    @app.get(OPENAPI_PATH, include_in_schema=False)
+    def openapi_document() -> JSONResponse:
+        """The OpenAPI document."""
+        return JSONResponse(app.openapi())
+
+    @app.get(DOCS_PATH, include_in_schema=False)
+    def swagger_ui() -> HTMLResponse:
+        """Swagger UI over the document."""
+        return get_swagger_ui_html(openapi_url=OPENAPI_PATH, title=f"{app.title} - Swagger UI")
+
+    @app.get(REDOC_PATH, include_in_schema=False)
+    def redoc() -> HTMLResponse:
+        """ReDoc over the document."""
+        return get_redoc_html(openapi_url=OPENAPI_PATH, title=f"{app.title} - ReDoc")
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is not None:

@@ -99,6 +99,8 @@ def _allowed_methods(request: Request) -> str:
     for route in routes:
         if path is not None and getattr(route, "path", None) == path:
             methods |= set(getattr(route, "methods", None) or ())
+    if "GET" in methods:  # answered as GET without the body (BatonMiddleware)
+        methods.add("HEAD")
     return ", ".join(sorted(methods))
 
 
@@ -249,7 +251,16 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
 
     # No redirect of /v1/leases/ to /v1/leases: a 307 to the Host the client sent, with an
     # empty body; a path with a trailing slash is 404 NOT_FOUND like any unknown path.
-    app = FastAPI(title="prefect-baton", version="1", lifespan=lifespan, redirect_slashes=False)
+    # The document and its pages are routes of the app's route class (install_openapi).
+    app = FastAPI(
+        title="prefect-baton",
+        version="1",
+        lifespan=lifespan,
+        redirect_slashes=False,
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
+    )
     app.router.route_class = _ParsedBodyRoute
     app.state.store = store
     app.state.close_stores = stores.close  # for a server that builds the app only to check

@@ -12,12 +12,14 @@ each authority implements the unkeyed operation (``_renew``, ``_transfer``, ...)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from prefect_baton._rules.access import check_force_release
 from prefect_baton._rules.core import ReleaseRequest, RenewRequest, TransferRequest
+from prefect_baton._rules.handoffs import resolution_recorded
 from prefect_baton._stores.ledger.receipts import receipted, run_once
-from prefect_baton._stores.protocol import Caller, Idempotency, ResolveRequest
+from prefect_baton._stores.protocol import Caller, Idempotency, RecordStore, ResolveRequest
+from prefect_baton.errors import NotFoundError
 from prefect_baton.models import Handoff, Lease, Receipt
 
 if TYPE_CHECKING:
@@ -88,13 +90,46 @@ class ReceiptedLeaseOps:
             lambda: self._force_release(caller, lease_id),
         )
 
-    @receipted("resolve", Handoff)
     def handoff_resolve(
         self, caller: Caller, request: ResolveRequest, *, idempotency: Idempotency | None = None
     ) -> Handoff:
         """Accept or reject a handoff (:meth:`LeaseAuthority.handoff_resolve
-        <prefect_baton._stores.protocol.LeaseAuthority.handoff_resolve>`)."""
-        return self._handoff_resolve(caller, request)
+        <prefect_baton._stores.protocol.LeaseAuthority.handoff_resolve>`). A keyed retry
+        whose earlier claim never stored its receipt (the process died, or storing it
+        failed, after the resolution committed) replays the handoff when it reads as that
+        request resolved it (:func:`~prefect_baton._rules.handoffs.resolution_recorded`)."""
+        if idempotency is None:
+            return self._handoff_resolve(caller, request)
+        return run_once(
+            self.receipt_ledger,
+            caller,
+            "resolve",
+            idempotency,
+            Handoff,
+            lambda: self._handoff_resolve(caller, request),
+            recover=lambda: self._resolve_recorded(caller, request),
+        )
+
+    def _resolve_recorded(self, caller: Caller, request: ResolveRequest) -> Handoff | None:
+        """The handoff as ``request`` resolved it, if it reads so (else ``None``)."""
+        self.ledger_barrier(caller)
+        # the ledger keeping the receipts keeps the handoffs too (a LedgerStore)
+        ledger = cast("RecordStore", self.receipt_ledger)
+        try:
+            h = ledger.handoff_get(caller, request.handoff_id)
+        except NotFoundError:
+            return None
+        recorded = resolution_recorded(
+            h.handoff_id,
+            status=h.status,
+            note=h.note,
+            carried_lease=h.lease_id is not None,
+            held_key=h.lease.execution_key if h.lease is not None else None,
+            asked_status=request.status,
+            asked_note=request.note,
+            asked_key=request.execution_key,
+        )
+        return h if recorded else None
 
     # the operations without the key, implemented by each authority
 
@@ -111,6 +146,11 @@ class ReceiptedLeaseOps:
         raise NotImplementedError
 
     def _force_release(self, caller: Caller, lease_id: str) -> Receipt:
+        raise NotImplementedError
+
+    def ledger_barrier(self, caller: Caller) -> None:
+        """Make the ledger see the caller's lease transitions (implemented by the
+        subclass)."""
         raise NotImplementedError
 
     def _handoff_resolve(self, caller: Caller, resolution: ResolveRequest) -> Handoff:

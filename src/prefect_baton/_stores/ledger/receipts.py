@@ -25,9 +25,14 @@ longer running, takes it over and runs the operation.
 
 Crash window: a process that dies after claiming but before step 3 leaves a claim that
 other processes cannot tell from a running one; it lapses after
-:data:`CLAIM_TIMEOUT_SECONDS`, and a retry then runs the operation again and gets that
-operation's own answer (a second release by proof is ``no_change``, a renew extends again,
-a transfer is ``LEASE_LOST``, a resolve is ``NOT_FOUND``).
+:data:`CLAIM_TIMEOUT_SECONDS`. A retry that takes over a lapsed claim (or its own abandoned
+one, as when storing the response failed after the operation was applied) first asks the
+operation's ``recover`` (if it has one) whether the request's effect is already recorded:
+a handoff resolve finds the handoff resolved as the request asks
+(:func:`prefect_baton._rules.handoffs.resolution_recorded`) and answers it as replayed.
+Otherwise the retry runs the operation again and gets that operation's own answer (a
+second release by proof is ``no_change``, a renew extends again, a transfer is
+``LEASE_LOST``).
 """
 
 from __future__ import annotations
@@ -162,6 +167,13 @@ def receipt_row(
     )
 
 
+#: What step 1 found: ``(claim row id, None, resumed)`` to run the operation under the
+#: claim (``resumed``: it took over an earlier claim of the same request, lapsed or
+#: abandoned, whose operation may have been applied), or ``(None, response, False)`` for an
+#: exact retry of a completed one.
+Claimed = tuple[int, None, bool] | tuple[None, dict[str, Any], bool]
+
+
 def _claim(
     store: StoreBase,
     caller: Caller,
@@ -170,16 +182,18 @@ def _claim(
     scope: str,
     digest: str,
     token: str,
-) -> tuple[int, None] | tuple[None, dict[str, Any]]:
-    """Step 1: ``(claim row id, None)`` to run the operation under claim ``token``, or
-    ``(None, response)`` for an exact retry of a completed one."""
+) -> Claimed:
+    """Step 1 (see :data:`Claimed`)."""
 
-    def op(tx: Tx) -> tuple[int, None] | tuple[None, dict[str, Any]]:
+    def op(tx: Tx) -> Claimed:
         row = tx.session.execute(
             select(ReceiptRow).where(*receipt_identity(caller, operation, key, scope))
         ).scalar_one_or_none()
+        lapsed = False
         if row is not None and row.expires_at_ms <= tx.now_ms:
-            tx.session.delete(row)  # an expired receipt or a lapsed claim
+            # an expired receipt or a lapsed claim (of the same request: same digest)
+            lapsed = _is_claim(row.response) and row.request_digest == digest
+            tx.session.delete(row)
             tx.session.flush()
             row = None
         if row is not None:
@@ -191,14 +205,14 @@ def _claim(
                 tx.session.add(row)
                 tx.session.flush()
                 assert row.id is not None
-                return row.id, None
+                return row.id, None, True
             if _is_claim(row.response):
                 raise IdempotencyInFlightError(
                     f"a {operation} request with idempotency key {key!r} is still in flight; "
                     f"retry later (a claim lapses after {CLAIM_TIMEOUT_SECONDS} s)"
                 )
             stored: dict[str, Any] = json.loads(row.response)
-            return None, stored
+            return None, stored, False
         claim = receipt_row(
             caller,
             operation,
@@ -212,7 +226,7 @@ def _claim(
         tx.session.add(claim)
         tx.session.flush()
         assert claim.id is not None
-        return claim.id, None
+        return claim.id, None, lapsed
 
     lock = f"receipt:{caller.org}:{caller.principal}:{operation}:{key}:{scope}"
     return store._write(caller, [lock], op)
@@ -252,6 +266,7 @@ def run_once(
     idempotency: Idempotency | None,
     model: type[M],
     run: Callable[[], M],
+    recover: Callable[[], M | None] | None = None,
 ) -> M:
     """Run ``run()`` at most once per idempotency key (see the module docstring).
 
@@ -269,9 +284,14 @@ def run_once(
             ``run()``.
         model: the result model (its JSON is the stored response).
         run: the operation.
+        recover: for a retry that took over an earlier claim of the same request (lapsed,
+            or abandoned by this process), whose operation may have been applied before
+            its response was stored: the result that request recorded, if its effect is
+            found in place, else ``None`` (then ``run()`` runs). ``None``: no recovery.
 
     Returns:
-        ``run()``'s result, or on an exact retry the stored one with ``replayed=True``.
+        ``run()``'s result, or on an exact retry the stored one with ``replayed=True``
+        (also the one ``recover`` found, which is then stored as the receipt).
 
     Raises:
         IdempotencyMismatchError: the key was used for a different request (nothing run,
@@ -288,11 +308,16 @@ def run_once(
     with _running_lock:
         _running.add(token)
     try:
-        claim_id, stored = _claim(store, caller, operation, key, scope, digest, token)
+        claim_id, stored, resumed = _claim(store, caller, operation, key, scope, digest, token)
         if stored is not None:
             return model.model_validate({**stored, "replayed": True})
         assert claim_id is not None
         try:
+            found = recover() if resumed and recover is not None else None
+            if found is not None:
+                found = found.model_copy(update={"replayed": True})
+                _complete(store, caller, claim_id, token, found.model_dump_json())
+                return found
             result = run()
         except BatonError:
             _drop(store, caller, claim_id, token)

@@ -10,19 +10,23 @@ ended (Completed, Failed, Crashed, Cancelled) with its handoff still pending lef
 handoff stuck (its lease held by nobody until the TTL): the flow lists it under ``ended``
 and logs a warning naming the handoff, the run and its state, and what to do: reject the
 handoff to free its lease, or start the recipient again by hand (dispatching starts no
-second run: the idempotency key returns the ended one). Useful when the sender did not
-name a deployment, or its start failed. The recipient's flow must take ``handoff_id`` and each
-key of the stored parameters, and require no other: a deployment that refuses them is
-skipped with a ValidationError naming it, the parameters given and Prefect's reason. It
-reads the org's pending handoffs as the principal ``prefect-baton.dispatcher`` with the
-``owner`` role (listing everyone's handoffs needs it).
+second run: the idempotency key returns the ended one; the warning gives the ``prefect
+deployment run ... --params`` command with the run's parameters). Useful when the sender
+did not name a deployment, or its start failed. The recipient's flow must take
+``handoff_id`` and each key of the stored parameters (a flow taking ``**kwargs`` gets the
+names it does not declare packed into it, as ``handoff_to`` starts it), and require no
+other: a deployment that refuses them is skipped with a ValidationError naming it, the
+parameters given and Prefect's reason. It reads the org's pending handoffs as the principal
+``prefect-baton.dispatcher`` with the ``owner`` role (listing everyone's handoffs needs it).
 
 Run once: ``python flows/dispatch_handoffs.py``; serve it: add ``--serve``.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 from typing import Any
 
 # Prefect's temporary server must not send telemetry off this machine (set before
@@ -33,6 +37,7 @@ from prefect import flow, get_run_logger
 
 from prefect_baton import Baton, Handoff
 from prefect_baton.prefect import start_recipient
+from prefect_baton.prefect._handoff import recipient_run_parameters
 from prefect_baton.prefect._serve import flow_main
 
 
@@ -66,17 +71,21 @@ def run_has_ended(run: Any) -> bool:
     return run.state is not None and bool(run.state.is_final())
 
 
-def stuck_warning(h: Handoff, run: Any, state: str) -> str:
+def stuck_warning(h: Handoff, run: Any, state: str, parameters: dict[str, Any]) -> str:
     """The warning for a pending handoff ``h`` whose recipient ``run`` ended in ``state``
-    (``str``): it names both and says what to do."""
+    (``str``): it names both and says what to do, with the command that starts the
+    recipient again with ``parameters`` (the run's, from ``recipient_run_parameters``:
+    ``handoff_id`` and the handoff's parameters, packed into a ``**kwargs`` parameter
+    when its flow takes one)."""
+    command = shlex.join(
+        ["prefect", "deployment", "run", h.to_principal, "--params", json.dumps(parameters)]
+    )
     return (
         f"handoff {h.handoff_id} of {h.subject_id!r} is stuck: its recipient run {run.id} "
         f"ended (state {state}) and left it pending"
         + (", its lease held by nobody until the TTL" if h.lease_id else "")
         + f". Reject it to free its lease (baton --principal '{h.to_principal}' handoff "
-        f"resolve {h.handoff_id} rejected), or start the recipient again (prefect "
-        f"deployment run '{h.to_principal}' --param handoff_id={h.handoff_id}, with the "
-        "handoff's parameters)"
+        f"resolve {h.handoff_id} rejected), or start the recipient again ({command})"
     )
 
 
@@ -147,7 +156,8 @@ def dispatch_handoffs(recipients: list[str] | None = None) -> dict[str, Any]:
                         )
                         running.append(row)
                     elif b.handoffs.get(h.handoff_id).status == "pending":
-                        log.warning(stuck_warning(h, run, state))
+                        params = recipient_run_parameters(h.handoff_id, name, h.parameters)
+                        log.warning(stuck_warning(h, run, state, params))
                         ended.append(row)
                     continue
                 run = start_recipient(h.handoff_id, name, h.parameters)

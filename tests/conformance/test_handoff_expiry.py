@@ -18,7 +18,7 @@ from prefect_baton import (
     StaleFenceError,
 )
 
-from ._util import pass_deadline
+from ._util import pass_deadline, wait_until_expired
 
 SUBJ = "report-2024"
 RT = "delivery"
@@ -199,3 +199,45 @@ def test_fenced_write_past_the_deadline_ends_the_handoff(baton: Baton) -> None:
     taker = c.leases.acquire(RT, "write-late", ttl_seconds=60)
     assert taker.epoch > written.epoch
     assert len(_released(baton, written.lease_id)) == 1
+
+
+def _lease_only(b: Baton, lease_id: str) -> list[tuple[str, object, object]]:
+    """:func:`_lease_events` of kind ``lease.*`` only."""
+    return [e for e in _lease_events(b, lease_id) if e[0].startswith("lease.")]
+
+
+def test_sweep_after_the_deadline_and_the_ttl_releases_for_the_handoff(baton: Baton) -> None:
+    """When both a lease-carrying handoff's deadline and, after it, the lease's own TTL
+    passed before anyone came, the sweep (``report_expired``) still releases the lease for
+    the handoff (``lease.released``, reason ``handoff_expired``, status ``released``) and
+    reports no ``lapsed`` expiry, which a resume Automation would act on: the deadline
+    ended it first (``_rules.handoffs.deadline_came_first``). A lease whose TTL ran out
+    before the deadline of the handoff carrying it is reported ``lapsed`` as before."""
+    first = baton.leases.acquire(RT, "deadline-first", ttl_seconds=10, idempotency_key="w-d")
+    first_sent = baton.handoffs.create("agent-b", SUBJ, lease=first, expires_in_seconds=1)
+    ttl = baton.leases.acquire(RT, "ttl-first", ttl_seconds=10, idempotency_key="w-t")
+    ttl_sent = baton.handoffs.create("agent-b", SUBJ, lease=ttl, expires_in_seconds=11)
+    assert first_sent.expires_at is not None
+    assert first_sent.expires_at <= first.expires_at
+    assert ttl_sent.expires_at is not None
+    assert ttl_sent.expires_at > ttl.expires_at
+    wait_until_expired(baton, first)
+    pass_deadline(baton, ttl_sent)
+
+    reported = baton.leases.report_expired()
+    assert [lease.lease_id for lease in reported] == [ttl.lease_id]
+    assert _lease_only(baton, first.lease_id) == [
+        ("lease.acquired", None, None),
+        ("lease.released", "handoff_expired", "released"),
+    ]
+    (payload,) = _released(baton, first.lease_id)
+    assert payload["handoff_id"] == first_sent.handoff_id
+    assert baton.leases.get(first.lease_id).status == "released"
+    assert _lease_only(baton, ttl.lease_id) == [
+        ("lease.acquired", None, None),
+        ("lease.expired", "lapsed", None),
+    ]
+    for sent in (first_sent, ttl_sent):
+        assert baton.handoffs.get(sent.handoff_id).status == "expired"
+    assert baton.leases.report_expired() == []
+    assert len(_released(baton, first.lease_id)) == 1

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -151,11 +152,67 @@ def test_dispatch_reports_a_recipient_run_that_ended_leaving_its_handoff_pending
         f"{runs[crashed.handoff_id]} ended (state Crashed) and left it pending, its lease "
         f"held by nobody until the TTL. Reject it to free its lease (baton --principal "
         f"'{to}' handoff resolve {crashed.handoff_id} rejected), or start the recipient "
-        f"again (prefect deployment run '{to}' --param handoff_id={crashed.handoff_id}, "
-        "with the handoff's parameters)"
+        f"again (prefect deployment run {to} --params "
+        f'\'{{"handoff_id": "{crashed.handoff_id}"}}\')'
     )
     assert f"handoff {completed.handoff_id} of 's2' is stuck" in warnings[1]
     assert "(state Completed)" in warnings[1]
+
+
+def test_dispatch_packs_stored_parameters_into_a_recipients_kwargs(
+    baton_env: dict[str, str],
+    make_baton: MakeBaton,
+    prefect_api: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A handoff whose stored parameters name what the recipient flow only takes through
+    ``**kwargs`` is dispatched with them packed into that parameter, so Prefect's engine
+    can call the flow (``parameters_to_args_kwargs``, as the run does); when the run
+    ended leaving the handoff pending, the warning's ``prefect deployment run`` command
+    starts a run Prefect can call the flow with too."""
+    import shlex
+
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+    from prefect.utilities.callables import parameters_to_args_kwargs
+
+    @flow(name="baton-test-dispatch-kwargs")
+    def r_kw(handoff_id: str, **kwargs: Any) -> dict[str, Any]:
+        return {"handoff_id": handoff_id, **kwargs}
+
+    r_kw.to_deployment(name="db").apply()
+    to = "baton-test-dispatch-kwargs/db"
+    h = make_baton("sender").handoffs.create(to, "k1", parameters={"report": "r", "extra": 1})
+    dispatch = load_script("flows/dispatch_handoffs.py").dispatch_handoffs
+    (started,) = dispatch([to])["started"]
+    expected = {"handoff_id": h.handoff_id, "report": "r", "extra": 1}
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(started["flow_run_id"])
+        assert run.parameters == {
+            "handoff_id": h.handoff_id,
+            "kwargs": {"report": "r", "extra": 1},
+        }
+        args, kwargs = parameters_to_args_kwargs(r_kw.fn, run.parameters)
+        assert r_kw.fn(*args, **kwargs) == expected
+        client.set_flow_run_state(run.id, Crashed(), force=True)
+    with caplog.at_level(logging.WARNING):
+        assert [e["handoff_id"] for e in dispatch([to])["ended"]] == [h.handoff_id]
+    (warning,) = [r.getMessage() for r in caplog.records if "is stuck" in r.getMessage()]
+    command = shlex.split(warning.split("start the recipient again (", 1)[1].rstrip(")"))
+    assert command[:4] == ["prefect", "deployment", "run", to]
+    prefect_cli = str(Path(sys.executable).with_name("prefect"))
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    out = subprocess.run(
+        [prefect_cli, *command[1:]], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(limit=10)
+    (again,) = [r for r in runs if r.deployment_id == run.deployment_id and r.id != run.id]
+    assert again.parameters == run.parameters
+    args, kwargs = parameters_to_args_kwargs(r_kw.fn, again.parameters)
+    assert r_kw.fn(*args, **kwargs) == expected
 
 
 def test_pending_handoffs_finds_every_recipient_on_a_long_ledger(make_baton: MakeBaton) -> None:

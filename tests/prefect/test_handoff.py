@@ -289,8 +289,8 @@ def test_handoff_to_a_flow_not_taking_a_parameter_records_nothing(
     crashes with ``SignatureMismatchError``, leaving the handoff pending and its lease held
     by nobody until the TTL. ``handoff_to`` refuses a name the recipient flow does not take
     (``parameters={"extra": 1}``, or ``handoff_id`` itself for a flow without it) before
-    anything is recorded, and the sender's block releases its lease; a flow taking
-    ``**kwargs`` takes extra names."""
+    anything is recorded, and the sender's block releases its lease (a flow taking
+    ``**kwargs``: the next test)."""
     from prefect_baton import ValidationError
 
     @flow(name="baton-test-strict")
@@ -301,13 +301,8 @@ def test_handoff_to_a_flow_not_taking_a_parameter_records_nothing(
     def migrator(table: str, seconds: int = 1) -> str:
         return table
 
-    @flow(name="baton-test-kwargs")
-    def loose(handoff_id: str, **rest: Any) -> str:
-        return handoff_id
-
     strict.to_deployment(name="db").apply()
     migrator.to_deployment(name="db").apply()
-    loose.to_deployment(name="db").apply()
     sender = make_baton("sender")
     refused: list[str] = []
     for subject, name, params in [
@@ -329,10 +324,62 @@ def test_handoff_to_a_flow_not_taking_a_parameter_records_nothing(
     everyone = make_baton("auditor", role="owner").handoffs.list(party="*", status="any")
     assert [h for h in everyone if h.subject_id in ("x1", "x2")] == []
     assert sender.events.list(kind="handoff.created") == []
-    sent = handoff_to(
-        None, "x3", deployment="baton-test-kwargs/db", parameters={"n": 1}, baton=sender
-    )
-    assert sent.flow_run.parameters == {"n": 1, "handoff_id": sent.handoff_id}
+
+
+def test_handoff_to_a_flow_taking_kwargs_packs_the_extra_names_into_them(
+    make_baton: MakeBaton,
+) -> None:
+    """Prefect calls a flow with the names of its signature only: ``**kwargs`` is one
+    parameter named like it holding a dict, and an extra name at the top crashes the run
+    with ``SignatureMismatchError`` (the handoff pending, its lease held by nobody).
+    ``handoff_to`` packs the names the flow does not declare into that parameter, merged
+    with a dict given under its name, so the recipient's function can be called with the
+    run's parameters as Prefect's engine calls it (``parameters_to_args_kwargs``). The
+    same name given both ways with different values is refused before anything is
+    recorded."""
+    from prefect.utilities.callables import parameters_to_args_kwargs
+
+    from prefect_baton import ValidationError
+
+    @flow(name="baton-test-kwargs")
+    def r_kw(handoff_id: str, **kwargs: Any) -> dict[str, Any]:
+        return {"handoff_id": handoff_id, **kwargs}
+
+    r_kw.to_deployment(name="db").apply()
+    sender = make_baton("sender")
+    with lease("report", "x3", ttl_seconds=600, baton=sender) as held:
+        sent = handoff_to(
+            None,
+            "x3",
+            lease=current_lease(),
+            deployment="baton-test-kwargs/db",
+            parameters={"report": "r", "extra": 1, "kwargs": {"more": [2]}},
+        )
+    assert held is not None
+    assert sent.handoff.parameters == {"report": "r", "extra": 1, "kwargs": {"more": [2]}}
+    received = sent.flow_run.parameters
+    assert received == {
+        "handoff_id": sent.handoff_id,
+        "kwargs": {"more": [2], "report": "r", "extra": 1},
+    }
+    args, kwargs = parameters_to_args_kwargs(r_kw.fn, received)
+    assert r_kw.fn(*args, **kwargs) == {
+        "handoff_id": sent.handoff_id,
+        "report": "r",
+        "extra": 1,
+        "more": [2],
+    }
+    with pytest.raises(ValidationError) as info:
+        handoff_to(
+            None,
+            "x4",
+            deployment="baton-test-kwargs/db",
+            parameters={"report": "r", "kwargs": {"report": "s"}},
+            baton=sender,
+        )
+    assert "'report' are given both by name and in 'kwargs'" in info.value.message
+    everyone = make_baton("auditor", role="owner").handoffs.list(party="*", status="any")
+    assert [h.subject_id for h in everyone] == ["x3"]
 
 
 def test_handoff_to_with_the_prefect_api_unreachable_records_nothing(

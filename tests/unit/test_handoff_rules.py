@@ -95,7 +95,7 @@ def test_a_handoff_no_longer_pending_is_left_alone(status: str) -> None:
         _carried(status="transferred", ended_at_ms=DEADLINE - 1),  # accepted just before
         _carried(status="released", ended_at_ms=T0 + 1),  # the sender released it
         _carried(owner="bob"),  # not the sender's
-        _carried(expires_at_ms=DEADLINE),  # ran out: nothing to release
+        _carried(expires_at_ms=DEADLINE - 1),  # ran out before the deadline
     ],
     ids=["transferred", "released", "other-owner", "lapsed"],
 )
@@ -105,6 +105,39 @@ def test_expired_but_lease_not_the_senders_is_not_released(carried: Generation) 
     expiry = _expiry(DEADLINE + 1, carried=carried)
     assert expiry is not None
     assert expiry.release is None
+
+
+@pytest.mark.parametrize("expires_at_ms", [DEADLINE, DEADLINE + 10_000])
+def test_a_lease_whose_ttl_ran_out_after_the_deadline_is_released_for_the_handoff(
+    expires_at_ms: int,
+) -> None:
+    """When nobody came between the handoff's deadline and the carried lease's own expiry
+    (at or after it), ending the handoff later still releases the lease for it: it ends
+    ``released`` with reason ``handoff_expired`` (the deadline ended it first), never left
+    to be reported as a ``lapsed`` expiry."""
+    expiry = _expiry(expires_at_ms + 1, carried=_carried(expires_at_ms=expires_at_ms))
+    assert expiry is not None
+    assert expiry.release is not None
+    assert expiry.release.receipt_status == "released"
+    new = expiry.release.new
+    assert new is not None
+    assert (new.status, new.ended_at_ms, new.version, new.epoch) == (
+        "released",
+        expires_at_ms + 1,
+        3,
+        7,
+    )
+    assert expiry.release.extra == {"reason": "handoff_expired", "handoff_id": "hoff_1"}
+    # a rejection has no deadline: a lease past its TTL is left to be reported lapsed
+    lapsed = _carried(expires_at_ms=expires_at_ms)
+    rejected = decide_carried_release(
+        lapsed,
+        handoff_id="hoff_1",
+        from_principal="alice",
+        reason="handoff_rejected",
+        now_ms=expires_at_ms + 1,
+    )
+    assert rejected is None
 
 
 def test_a_lapsed_carried_lease_expires_the_handoff_before_its_deadline() -> None:

@@ -26,6 +26,7 @@ __all__ = [
     "HANDOFF_STATUSES",
     "HandoffExpiry",
     "carried_lease_ended",
+    "deadline_came_first",
     "decide_carried_release",
     "decide_handoff_expiry",
     "expired_message",
@@ -177,7 +178,13 @@ def handoff_status(
     return "expired" if carried_ended else "pending"
 
 
-def releases_carried(carried: Generation | None, from_principal: str, now_ms: int) -> bool:
+def releases_carried(
+    carried: Generation | None,
+    from_principal: str,
+    now_ms: int,
+    *,
+    deadline_ms: int | None = None,
+) -> bool:
     """Whether ending a pending handoff without acceptance (a rejection, or its own
     expiry) releases the lease it carries.
 
@@ -187,8 +194,27 @@ def releases_carried(carried: Generation | None, from_principal: str, now_ms: in
     generation in the same step when it is still the sender's and effective, recorded as
     ``lease.released``, instead of leaving the resource held by nobody until the TTL. A
     lease that already ended or moved is left as it is.
+
+    ``deadline_ms`` (epoch ms; given when the handoff's expiry ends it) is the handoff's own
+    deadline: a carried lease of the sender's still ``active`` on its record whose TTL ran
+    out at or after that deadline (:func:`deadline_came_first`) is released too, even when
+    nobody ended the handoff before the TTL: the deadline ended the lease first, so it is
+    released for the handoff (reason ``handoff_expired``) and never reported ``lapsed``.
     """
-    return carried is not None and carried.owner == from_principal and carried.effective(now_ms)
+    if carried is None or carried.owner != from_principal:
+        return False
+    return carried.effective(now_ms) or deadline_came_first(carried, deadline_ms)
+
+
+def deadline_came_first(carried: Generation, deadline_ms: int | None) -> bool:
+    """Whether the deadline ``deadline_ms`` (epoch ms, ``None``: none) of a pending
+    handoff carrying ``carried`` came at or before that lease's own expiry while the lease
+    is still ``active`` on its record: the handoff's expiry, not the TTL, ended it."""
+    return (
+        deadline_ms is not None
+        and carried.status == "active"
+        and deadline_ms <= carried.expires_at_ms
+    )
 
 
 def decide_carried_release(
@@ -198,6 +224,7 @@ def decide_carried_release(
     from_principal: str,
     reason: str,
     now_ms: int,
+    deadline_ms: int | None = None,
 ) -> Decision | None:
     """The release of the lease a handoff carries when it ends unaccepted, or ``None`` when
     :func:`releases_carried` says to leave it.
@@ -209,16 +236,24 @@ def decide_carried_release(
         reason: :data:`~prefect_baton._rules.events.RELEASE_HANDOFF_REJECTED` or
             :data:`~prefect_baton._rules.events.RELEASE_HANDOFF_EXPIRED`.
         now_ms: the authority's clock (epoch milliseconds).
+        deadline_ms: the handoff's own deadline (epoch ms) when its expiry ends it, else
+            ``None``; a lease whose TTL ran out at or after it is released too, and ends
+            ``released`` (:func:`releases_carried`).
 
     Returns:
         A ``release`` :class:`Decision` (version and epoch kept) whose ``extra`` carries the
         ``reason`` and ``handoff_id`` of its ``lease.released`` event, or ``None``.
     """
-    if not releases_carried(carried, from_principal, now_ms):
+    if not releases_carried(carried, from_principal, now_ms, deadline_ms=deadline_ms):
         return None
     assert carried is not None
     proof = Proof(carried.lease_id, from_principal, carried.execution_key)
     release = decide_release(carried, ReleaseRequest(proof), now_ms=now_ms)
+    if release.new is not None and release.new.status == "expired":
+        # past its TTL, but the handoff's deadline ended it first: released, not expired
+        release = replace(
+            release, new=replace(release.new, status="released"), receipt_status="released"
+        )
     return replace(release, extra=released_by_handoff(handoff_id, reason))
 
 
@@ -251,7 +286,12 @@ def decide_handoff_expiry(
     ``expires_at_ms`` passed, or its carried lease ended) is marked ``expired``; when its
     carried lease is still the sender's and effective it is released in the same step,
     recorded as ``lease.released`` with ``reason`` ``handoff_expired``, so the resource is
-    free at the handoff's deadline instead of at the lease's TTL. The decision is the same
+    free at the handoff's deadline instead of at the lease's TTL. When nobody came between
+    the deadline and the lease's TTL (no read, acquire or sweep), a carried lease still
+    ``active`` on its record whose TTL ran out at or after the deadline is released all the
+    same (:func:`deadline_came_first`), ending ``released`` with ``reason``
+    ``handoff_expired``: the handoff's deadline ended it, so it is never reported as a
+    ``lapsed`` expiry (which a resume Automation would act on). The decision is the same
     whoever applies it (a read, a resolve, an acquire of the resource, the sweep) and
     applying it twice finds nothing left to do: the handoff is no longer pending.
 
@@ -280,5 +320,6 @@ def decide_handoff_expiry(
         from_principal=from_principal,
         reason=RELEASE_HANDOFF_EXPIRED,
         now_ms=now_ms,
+        deadline_ms=expires_at_ms,
     )
     return HandoffExpiry(handoff_id, release)

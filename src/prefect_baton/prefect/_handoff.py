@@ -84,21 +84,25 @@ def start_recipient(
         handoff_id: passed as the ``handoff_id`` parameter and used as Prefect's
             idempotency key, so a retried call returns the same flow run.
         deployment: ``"<flow name>/<deployment name>"``.
-        parameters: more parameters for the run.
+        parameters: more parameters for the run; for a flow taking ``**kwargs`` the
+            names it does not declare are packed into that parameter
+            (:func:`recipient_run_parameters`), so the flow receives them as keyword
+            arguments.
 
     Returns:
         The created ``prefect.client.schemas.objects.FlowRun`` (not awaited: ``timeout=0``).
 
     Raises:
         NotFoundError: no such deployment (``deployment '<name>' not found``, as
-        :func:`handoff_to` says). ValidationError: the deployment refused the parameters
+        :func:`handoff_to` says). ValidationError: not of the form
+        ``"<flow>/<deployment>"``; the deployment refused the parameters
         (Prefect's 409: its flow requires one not given, or a given one is invalid; the
         message names the deployment, the parameters given and Prefect's reason).
         UnavailableError: the Prefect API cannot be reached or answered a 5xx
         (:func:`raise_if_unavailable`). ValueError and other Prefect errors: what
         Prefect's ``run_deployment`` raises.
     """
-    params = recipient_parameters(handoff_id, parameters)
+    params = recipient_run_parameters(handoff_id, deployment, parameters)
     return start_deployment(deployment, params, idempotency_key=handoff_id)
 
 
@@ -106,6 +110,27 @@ def recipient_parameters(handoff_id: str, parameters: dict[str, Any] | None) -> 
     """The parameters a handoff's recipient run is started with: ``parameters`` (a JSON
     object, or ``None``) plus ``handoff_id`` (``str``) under the name ``handoff_id``."""
     return {**(parameters or {}), HANDOFF_PARAMETER: handoff_id}
+
+
+def recipient_run_parameters(
+    handoff_id: str, deployment: str, parameters: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The parameters of the run :func:`start_recipient` starts for a handoff
+    (``dict``): :func:`recipient_parameters` shaped for the flow of ``deployment``
+    (``"<flow name>/<deployment name>"``) by :func:`shape_parameters`, so a flow taking
+    ``**kwargs`` receives the names it does not declare as keyword arguments. Give them
+    to ``prefect deployment run <deployment> --params '<JSON>'`` to start it by hand.
+
+    Raises:
+        ValidationError: not of the form ``"<flow>/<deployment>"``; a name given both
+            at the top and in the ``**kwargs`` parameter's dict with different values.
+        NotFoundError: no such deployment.
+        UnavailableError: the Prefect API cannot be reached or answered a 5xx.
+    """
+    found = read_deployment(deployment)
+    return shape_parameters(
+        found.parameter_openapi_schema, recipient_parameters(handoff_id, parameters)
+    )
 
 
 def start_deployment(deployment: str, parameters: dict[str, Any], *, idempotency_key: str) -> Any:
@@ -208,19 +233,40 @@ def check_deployment(deployment: str, parameters: dict[str, Any] | None = None) 
     variables, templates) and schemas Prefect cannot check (circular references) are left
     to the server: :func:`start_deployment` still turns its refusal into the same error.
     Under the same condition a parameter name that is no property of the schema is refused
-    unless the flow takes ``**kwargs``: Prefect's schema lets it through, and the run would
-    crash with ``SignatureMismatchError`` without resolving its handoff.
+    (Prefect's schema lets it through, and the run would crash with
+    ``SignatureMismatchError`` without resolving its handoff), unless the flow takes
+    ``**kwargs``: the parameters are checked as :func:`shape_parameters` packs them into
+    it, as :func:`start_recipient` starts the run.
 
     Raises:
         ValidationError: not of the form ``"<flow>/<deployment>"``; the deployment's
             parameter schema refuses ``parameters`` (:func:`parameters_refused`, the
             message :func:`start_deployment` gives for Prefect's 409), or its flow takes
             no parameter of a given name (the reason names them, and says the recipient
-            of a handoff must take ``handoff_id`` when that is one).
+            of a handoff must take ``handoff_id`` when that is one); a name given both
+            at the top and in the ``**kwargs`` parameter's dict with different values.
         NotFoundError: no such deployment (a typo).
         UnavailableError: the Prefect API cannot be reached or answered a 5xx
             (:func:`raise_if_unavailable`).
         In each case nothing was recorded, and a lease the caller holds stays with it.
+    """
+    found = read_deployment(deployment)
+    if parameters is None:
+        return
+    shaped = shape_parameters(found.parameter_openapi_schema, parameters)
+    if found.enforce_parameter_schema:
+        _check_parameters(deployment, found, parameters, shaped)
+
+
+def read_deployment(deployment: str) -> Any:
+    """The Prefect deployment ``deployment`` (``"<flow name>/<deployment name>"``), a
+    ``prefect.client.schemas.responses.DeploymentResponse``.
+
+    Raises:
+        ValidationError: not of the form ``"<flow>/<deployment>"``.
+        NotFoundError: no such deployment (:func:`deployment_not_found`).
+        UnavailableError: the Prefect API cannot be reached or answered a 5xx
+            (:func:`raise_if_unavailable`).
     """
     import httpx
     from prefect.client.orchestration import get_client
@@ -233,25 +279,64 @@ def check_deployment(deployment: str, parameters: dict[str, Any] | None = None) 
         )
     try:
         with get_client(sync_client=True) as client:
-            found = client.read_deployment_by_name(deployment)
+            return client.read_deployment_by_name(deployment)
     except ObjectNotFound:
         raise deployment_not_found(deployment) from None
     except httpx.HTTPError as exc:
         raise_if_unavailable(exc)
         raise
-    if parameters is not None and found.enforce_parameter_schema:
-        _check_parameters(deployment, found, parameters)
 
 
-def _check_parameters(deployment: str, found: Any, parameters: dict[str, Any]) -> None:
+def shape_parameters(schema: Any, parameters: dict[str, Any]) -> dict[str, Any]:
+    """``parameters`` (a run's parameters, ``dict``) as the flow of a deployment with
+    parameter schema ``schema`` takes them (a new ``dict``; ``parameters`` when nothing
+    changes).
+
+    Prefect calls a flow with the names of its signature only
+    (``prefect.utilities.callables.parameters_to_args_kwargs``): a ``**kwargs`` parameter
+    is one parameter named like it (e.g. ``kwargs``) holding a dict of the extra keyword
+    arguments, and any other name crashes the run with ``SignatureMismatchError``. So when
+    the schema shows a ``**kwargs`` parameter (:func:`_kwargs_parameter`), every name that
+    is no property of the schema moves into that parameter's dict, merged with a dict the
+    caller gave under its name: the flow receives them as keyword arguments. Without one,
+    or when that parameter holds no dict, the parameters stay as given (the check refuses
+    unknown names).
+
+    Raises:
+        ValidationError: a name given both at the top and in the ``**kwargs``
+            parameter's dict, with different values.
+    """
+    catch_all = _kwargs_parameter(schema)
+    if catch_all is None:
+        return parameters
+    declared: dict[str, Any] = schema["properties"]
+    extra = {k: v for k, v in parameters.items() if k not in declared}
+    given = parameters.get(catch_all, {})
+    if not extra or not isinstance(given, dict):
+        return parameters
+    twice = sorted(k for k in extra if k in given and given[k] != extra[k])
+    if twice:
+        names = ", ".join(repr(k) for k in twice)
+        raise ValidationError(
+            f"parameters {names} are given both by name and in {catch_all!r} (the flow's "
+            "**kwargs) with different values: give each once"
+        )
+    kept = {k: v for k, v in parameters.items() if k in declared}
+    return {**kept, catch_all: {**given, **extra}}
+
+
+def _check_parameters(
+    deployment: str, found: Any, parameters: dict[str, Any], shaped: dict[str, Any]
+) -> None:
     """What Prefect's server does with a run's parameters before creating it
     (``create_flow_run_from_deployment`` in ``prefect.server.api.deployments``), and what
     the flow's run does with them: a name the flow does not take is refused too (Prefect's
     schema allows any extra property, and the run would crash with
-    ``SignatureMismatchError``) unless the flow takes ``**kwargs``. The refusal gives every
-    reason found."""
-    unknown = _unknown_parameters(found.parameter_openapi_schema, parameters)
-    reasons = [_schema_refusal(found, parameters), _unknown_reason(unknown) if unknown else None]
+    ``SignatureMismatchError``); a flow taking ``**kwargs`` takes them packed into it
+    (``shaped``, :func:`shape_parameters`). The refusal names ``parameters`` (as the caller
+    gave them) and gives every reason found."""
+    unknown = _unknown_parameters(found.parameter_openapi_schema, shaped)
+    reasons = [_schema_refusal(found, shaped), _unknown_reason(unknown) if unknown else None]
     if any(reasons):
         raise parameters_refused(deployment, parameters, "; ".join(r for r in reasons if r))
 
@@ -288,16 +373,36 @@ def _schema_refusal(found: Any, parameters: dict[str, Any]) -> str | None:
 def _unknown_parameters(schema: Any, parameters: dict[str, Any]) -> list[str]:
     """The names in ``parameters`` that the flow of a deployment with parameter schema
     ``schema`` does not take (sorted). None when the schema is no JSON object with
-    ``properties``, or when the flow takes ``**kwargs``, which Prefect's ``parameter_schema``
-    renders as a property of type ``object`` defaulting to ``{}`` that allows more
-    properties (an argument ``kw: dict = {}`` reads the same: such a flow's extra names
-    are left to Prefect)."""
+    ``properties`` (left to Prefect). ``parameters`` are shaped already
+    (:func:`shape_parameters`): a flow taking ``**kwargs`` gets its extra names packed
+    into that parameter, so none is left over."""
     if not isinstance(schema, dict) or not isinstance(schema.get("properties"), dict):
         return []
     properties: dict[str, Any] = schema["properties"]
-    if any(_stands_for_kwargs(p) for p in properties.values()):
-        return []
     return sorted(set(parameters) - set(properties))
+
+
+def _kwargs_parameter(schema: Any) -> str | None:
+    """The name of the ``**kwargs`` parameter of the flow whose parameter schema is
+    ``schema`` (``str``), or ``None`` when it has none (or the schema is no JSON object
+    with ``properties``). Prefect's ``parameter_schema`` renders ``**kwargs`` as the last
+    property (highest ``position``) of type ``object`` defaulting to ``{}`` that allows
+    more properties. A last argument ``kw: dict = {}`` reads the same: such a flow gets
+    the extra names in ``kw``, as a dict, rather than crashing."""
+    if not isinstance(schema, dict) or not isinstance(schema.get("properties"), dict):
+        return None
+    properties: dict[str, Any] = schema["properties"]
+    if not properties:
+        return None
+    order = list(properties)
+
+    def position(name: str) -> int:
+        prop = properties[name]
+        at = prop.get("position") if isinstance(prop, dict) else None
+        return at if isinstance(at, int) else order.index(name)
+
+    last = max(order, key=position)
+    return last if _stands_for_kwargs(properties[last]) else None
 
 
 def _stands_for_kwargs(prop: Any) -> bool:

@@ -1,5 +1,6 @@
 -- release.lua: release a lease by proof (mirror of _transitions.decide_release): an
--- effective lease ends "released", one past its expiry that nobody took ends "expired"; a
+-- effective lease ends "released", one past its expiry that nobody took ends "expired" (but
+-- "released" when an expired handoff carrying it releases it, see below); a
 -- lease already released by this proof is a durable no_change. Version and epoch are kept.
 -- KEYS[1..10]: the per-org keys listed in _lib.lua.
 -- ARGV[1] principal, ARGV[2] role, ARGV[3] execution key ("" or "=" .. key), ARGV[4] lease id,
@@ -30,7 +31,10 @@ if g.s ~= 'active' then
 end
 local sid = g.sid
 local st = 'expired'
-if g.x > now then st = 'released' end
+-- a release for an expired handoff (reason handoff_expired) is asked for a lease past its
+-- TTL only when the handoff's deadline came first (_rules.handoffs.decide_carried_release):
+-- it ends released, as that rule decides, never expired
+if g.x > now or opt(ARGV[7]) == 'handoff_expired' then st = 'released' end
 local json
 if g.raw then
   json = ended_text(g, st, now)

@@ -188,6 +188,12 @@ class Reconciler(LedgerWriter):
 
         A batch shorter than ``batch_size`` reached the end of the journal: the drain stops
         there (entries appended since are left for the next drain).
+
+        Raises:
+            ValidationError: the org's incarnation marker names another ledger than this
+                reconciler's (:func:`~prefect_baton._rules.core.check_org_ledger`): nothing
+                is applied nor trimmed.
+            UnavailableError: Redis or the ledger cannot be reached.
         """
         if until is not None and self._applied(org, until):
             return 0

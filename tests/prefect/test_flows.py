@@ -324,6 +324,21 @@ def test_block_builds_a_client_and_keeps_urls_secret(ledger_db: str, org: str) -
     assert "prefect_baton" in load_prefect_collections()
 
 
+def test_block_without_redis_url_ignores_the_workers_redis(
+    ledger_db: str, org: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A block names its ledger and Redis together: without ``redis_url`` it runs on the
+    ledger alone, even where the worker sets ``BATON_REDIS_URL`` (the Redis of another
+    ledger's clients); a block with one uses its own."""
+    monkeypatch.setenv("BATON_REDIS_URL", "redis://127.0.0.1:6379/15")
+    alone = BatonBlock(ledger_url=ledger_db, org=org)
+    assert alone.settings().redis_url is None
+    paired = BatonBlock(ledger_url=ledger_db, org=org, redis_url="redis://127.0.0.1:6379/14")
+    url = paired.settings().redis_url
+    assert url is not None
+    assert url.get_secret_value() == "redis://127.0.0.1:6379/14"
+
+
 def test_relay_flow_mirrors_ledger_events(baton_env: dict[str, str], make_baton: MakeBaton) -> None:
     """The relay flow emits the org's ledger events once and then has nothing left."""
     make_baton("cli-user").handoffs.create("someone", "ticket-9")

@@ -25,7 +25,8 @@ class BatonBlock(Block):
         ledger_url: SQLAlchemy URL of the ledger (``SecretStr``; ``sqlite:///...`` or
             ``postgresql://user:password@host/db``).
         org: the organization (``str``, default ``default``).
-        redis_url: ``redis://...`` of the lease fast path (``SecretStr``), or ``None``.
+        redis_url: ``redis://...`` of the lease fast path (``SecretStr``), or ``None``: the
+            ledger alone, whatever ``BATON_REDIS_URL`` says.
         role: ``agent``, ``owner`` or ``admin`` for clients built from the block.
         principal: the principal that ``@leased``, ``lease``, ``handoff_to`` and
             ``accept_handoff`` act as when given ``baton="baton/<block name>"`` (``str`` or
@@ -62,14 +63,17 @@ class BatonBlock(Block):
     )
 
     def settings(self, **overrides: object) -> BatonSettings:
-        """:class:`BatonSettings` from this block (``BATON_*`` variables fill the rest)."""
+        """:class:`BatonSettings` from this block; ``BATON_*`` variables fill the rest, but
+        never the Redis URL: the block names the ledger and its Redis together, so a block
+        without ``redis_url`` runs on the ledger alone even where a worker sets
+        ``BATON_REDIS_URL`` (a Redis of another ledger's clients would otherwise be paired
+        with this ledger)."""
         values: dict[str, object] = {
             "ledger_url": self.ledger_url.get_secret_value(),
             "org": self.org,
             "role": self.role,
+            "redis_url": None if self.redis_url is None else self.redis_url.get_secret_value(),
         }
-        if self.redis_url is not None:
-            values["redis_url"] = self.redis_url.get_secret_value()
         values.update(overrides)
         return BatonSettings(**values)  # type: ignore[arg-type]
 

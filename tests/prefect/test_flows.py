@@ -174,6 +174,7 @@ def test_dispatch_packs_stored_parameters_into_a_recipients_kwargs(
 
     from prefect import flow
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
     from prefect.states import Crashed
     from prefect.utilities.callables import parameters_to_args_kwargs
 
@@ -208,8 +209,10 @@ def test_dispatch_packs_stored_parameters_into_a_recipients_kwargs(
     )
     assert out.returncode == 0, out.stdout + out.stderr
     with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(limit=10)
-    (again,) = [r for r in runs if r.deployment_id == run.deployment_id and r.id != run.id]
+        runs = client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[run.deployment_id]))
+        )
+    (again,) = [r for r in runs if r.id != run.id]
     assert again.parameters == run.parameters
     args, kwargs = parameters_to_args_kwargs(r_kw.fn, again.parameters)
     assert r_kw.fn(*args, **kwargs) == expected

@@ -18,9 +18,10 @@ demo: $(STAMP)
 	$(BIN)/baton demo --crash 1 --pause 1
 
 # Three pytest workers, one test file each at a time (many tests wait on TTLs and
-# processes, so three fit two CPUs); PYTEST_ADDOPTS=-n0 runs them in one process.
+# processes, so three fit two CPUs); `make test WORKERS=0` runs them in one process.
+WORKERS ?= 3
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 3 --dist loadfile
+	$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples flows

@@ -324,3 +324,33 @@ def test_a_global_option_without_its_value_after_the_command(cli: Cli) -> None:
     for option in ("--org", "--principal", "--format"):
         message = _usage(cli("lease", "inspect", "deploy", "svc", option))
         assert message == f"Option '{option}' requires an argument.", message
+
+
+def test_a_misspelt_evidence_key_is_refused_not_glued_to_a_value(cli: Cli) -> None:
+    """``--evidence 'kind=file,uri=file:///x,digets=sha256:ab'`` exits 2 naming the unknown
+    key; before, ``digets=...`` was stored as part of the URI (or of the kind, whichever came
+    before it) with exit 0. A comma inside a value that is not followed by ``name=`` stays
+    in the value, and nothing is recorded for a refused item."""
+    for item in (
+        "kind=file,uri=file:///x,digets=sha256:ab",
+        "kind=file,digets=sha256:ab,uri=file:///x",
+    ):
+        message = _usage(cli("outcome", "record", "s", "succeeded", "--evidence", item))
+        assert "got 'digets'" in message, message
+    assert cli("outcome", "list", "s").json["outcomes"] == []
+    recorded = cli(
+        "outcome", "record", "s", "succeeded", "--evidence", "kind=file,uri=file:///a,b.txt"
+    ).json
+    assert recorded["outcome"]["evidence"][0]["uri"] == "file:///a,b.txt"
+
+
+def test_state_that_is_json_but_not_an_object_says_so(cli: Cli) -> None:
+    """``baton checkpoint save s k '"str"'`` (valid JSON, a string) exits 2 saying the state
+    must be a JSON object, as for a list; before, it said the text was neither JSON nor an
+    existing file. A missing file is still named as one."""
+    for text, kind in (('"str"', "str"), ("12", "int"), ("null", "NoneType")):
+        message = _usage(cli("checkpoint", "save", "s", "k", text))
+        assert message.endswith(f"state must be a JSON object, got {kind}"), message
+    message = _usage(cli("checkpoint", "save", "s", "k", "no-such-file.json"))
+    assert "neither JSON text nor an existing file" in message, message
+    assert cli("checkpoint", "get", "s", "k").json["error"]["code"] == "NOT_FOUND"

@@ -90,7 +90,8 @@ def test_reconcile_with_another_ledger_skips_the_org_and_keeps_its_journal(
 ) -> None:
     """A reconcile whose ledger is not the one that built the org's Redis state (another
     ledger's clients share the Redis database and the org name) applies nothing, warns, and
-    lists the org under ``skipped``; the right ledger's reconcile then gets the entries."""
+    lists the org under ``skipped``, with entries waiting or without; the right ledger's
+    reconcile then gets the entries."""
     require_redis()
     right, wrong = (f"sqlite:///{tmp_path / name}" for name in ("right.db", "wrong.db"))
     org = f"rec-{uuid.uuid4().hex[:8]}"
@@ -121,5 +122,9 @@ def test_reconcile_with_another_ledger_skips_the_org_and_keeps_its_journal(
     out, _err = reconcile(right)
     assert (out["applied"], out["skipped"]) == (1, {})
     assert _transitions(store, org) == 1
+    # the journal is empty now: the other ledger's reconcile still reports the org skipped
+    out, _err = reconcile(wrong)
+    assert out["applied"] == 0
+    assert "belongs to another ledger" in out["skipped"][org]
     authority.close()
     store.close()

@@ -441,6 +441,19 @@ def _load_json(text: str, what: str) -> Any:
         raise ValidationError(f"{what} is not usable JSON: {exc}") from None
 
 
+def _json_not_a_path(source: str) -> bool:
+    """Whether ``source`` names no existing file and reads as JSON (a string, number,
+    ``true``, ``false`` or ``null``): then it is refused as not an object, not as a missing
+    file."""
+    try:
+        if Path(source).expanduser().exists():
+            return False
+        json.loads(source)
+    except (OSError, ValueError, RecursionError):
+        return False
+    return True
+
+
 def read_json_object(source: str, what: str, max_bytes: int, *, why: str = "") -> dict[str, Any]:
     """A JSON object from inline JSON text, a file path, or ``-`` (stdin).
 
@@ -460,7 +473,10 @@ def read_json_object(source: str, what: str, max_bytes: int, *, why: str = "") -
             malformed JSON, or not a JSON object.
     """
     stripped = source.lstrip()
-    text = source if stripped[:1] in ("{", "[") else _read_text(source, what, max_bytes, why)
+    if stripped[:1] in ("{", "[") or (source != "-" and _json_not_a_path(source)):
+        text = source  # JSON text (another value than an object is refused below)
+    else:
+        text = _read_text(source, what, max_bytes, why)
     value = _load_json(text, what)
     if not isinstance(value, dict):
         raise ValidationError(f"{what} must be a JSON object, got {type(value).__name__}")
@@ -468,15 +484,17 @@ def read_json_object(source: str, what: str, max_bytes: int, *, why: str = "") -
 
 
 _EVIDENCE_KEYS = ("kind", "uri", "digest", "note")
-_EVIDENCE_SPLIT = re.compile(r",(?=\s*(?:kind|uri|digest|note)=)")
+_EVIDENCE_SPLIT = re.compile(r",(?=\s*[A-Za-z_][A-Za-z0-9_-]*=)")
 
 
 def parse_evidence(values: list[str]) -> list[dict[str, Any]]:
     """Evidence items from ``--evidence`` values.
 
-    Each value is ``kind=file,uri=...,digest=...,note=...`` (a comma splits only before
-    one of those keys, so URIs may contain commas), a JSON object, or a JSON list of
-    objects.
+    Each value is ``kind=file,uri=...,digest=...,note=...`` (a comma splits before any
+    ``name=``, so a misspelt key such as ``digets=`` is refused instead of being read as
+    part of the value before it; a comma followed by anything else stays in the value, so
+    URIs may contain commas), a JSON object, or a JSON list of objects (for a value that
+    itself holds ``,name=``).
 
     Raises:
         ValidationError: malformed item or unknown key.
@@ -500,6 +518,8 @@ def parse_evidence(values: list[str]) -> list[dict[str, Any]]:
                 raise ValidationError(
                     f"--evidence {raw!r}: expected key=value pairs with keys "
                     f"{', '.join(_EVIDENCE_KEYS)}"
+                    + (f", got {key!r}" if sep else "")
+                    + " (for a value holding ',name=', give the item as a JSON object)"
                 )
             item[key] = val
         items.append(item)

@@ -303,6 +303,19 @@ class Reconciler(LedgerWriter):
             entries = self.client.xrange(journal, min="-", count=count)
         return stream_inc, entries, marker
 
+    def check_ledger(self, org: str) -> None:
+        """:meth:`_check_ledger` on its own (one ``HGET`` and, until the ledger's id is
+        known, one ledger read): a reconcile reports another ledger's org as skipped even
+        when its journal is empty, which a drain does not check (it has nothing to write).
+
+        Raises:
+            ValidationError: the org's Redis state belongs to another ledger.
+        """
+        raw = self.client.hget(org_keys(org).inc, MARKER_LEDGER_FIELD)
+        if raw is not None:
+            with self.store.engines.read.connect() as conn:
+                self._check_ledger(conn, org, _text(raw))
+
     def _check_ledger(self, conn: Connection, org: str, marker: str | None) -> None:
         """Refuse to apply the org's journal when its incarnation marker names another
         ledger (:func:`~prefect_baton._rules.core.check_org_ledger`), before anything is
@@ -457,6 +470,7 @@ def run_reconciler(
                 if org not in report.orgs:
                     report.orgs.append(org)
                 try:
+                    rec.check_ledger(org)
                     n = rec.drain(org)
                 except ValidationError as exc:  # another ledger's org: check_org_ledger
                     if org not in report.skipped:

@@ -36,9 +36,7 @@ def reconcile(orgs: list[str] | None = None, batch_size: int = 500) -> dict[str,
 
     Returns:
         ``{"status": "skipped", "reason": ...}`` without Redis, else ``{"status": "ok",
-        "applied": int, "lag": {org: {"entries": int, "seconds": float}}, "skipped":
-        {org: reason}}``; an org whose Redis state belongs to another ledger is skipped
-        (logged as a warning) and its journal left for that ledger's reconciler.
+        "applied": int, "lag": {org: {"entries": int, "seconds": float}}}``.
 
     Raises:
         UnavailableError: Redis or the ledger cannot be reached.
@@ -58,15 +56,7 @@ def reconcile(orgs: list[str] | None = None, batch_size: int = 500) -> dict[str,
     )
     lag = {org: {"entries": v.entries, "seconds": v.seconds} for org, v in report.lag.items()}
     log.info("applied %d journal entries for %d orgs", report.applied, len(report.orgs))
-    for org, reason in report.skipped.items():
-        log.warning("skipped org %r: %s", org, reason)
-    return {
-        "status": "ok",
-        "applied": report.applied,
-        "orgs": report.orgs,
-        "lag": lag,
-        "skipped": report.skipped,
-    }
+    return {"status": "ok", "applied": report.applied, "orgs": report.orgs, "lag": lag}
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import func, select
 
@@ -81,50 +80,5 @@ def test_reconcile_drains_the_journal_with_plain_progress_when_piped(tmp_path: P
     out = json.loads(proc.stdout)
     assert out["ok"] is True
     assert out["reconcile"]["lag"][org]["entries"] == 0
-    authority.close()
-    store.close()
-
-
-def test_reconcile_with_another_ledger_skips_the_org_and_keeps_its_journal(
-    tmp_path: Path,
-) -> None:
-    """A reconcile whose ledger is not the one that built the org's Redis state (another
-    ledger's clients share the Redis database and the org name) applies nothing, warns, and
-    lists the org under ``skipped``, with entries waiting or without; the right ledger's
-    reconcile then gets the entries."""
-    require_redis()
-    right, wrong = (f"sqlite:///{tmp_path / name}" for name in ("right.db", "wrong.db"))
-    org = f"rec-{uuid.uuid4().hex[:8]}"
-    store = LedgerStore(right)
-    authority = RedisAuthority.from_url(REDIS_URL, store, ack="redis", reconcile_in_client=False)
-    b = Baton(org=org, principal="a", store=store, lease_authority=authority)
-    b.leases.acquire("file", "f", ttl_seconds=30)
-
-    def reconcile(ledger: str) -> tuple[dict[str, Any], str]:
-        args = ["--ledger-url", ledger, "--redis-url", REDIS_URL, "--org", org]
-        proc = subprocess.run(
-            [sys.executable, "-m", "prefect_baton.cli", *args, "--format", "json", "reconcile"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert proc.returncode == 0, proc.stderr
-        return json.loads(proc.stdout)["reconcile"], proc.stderr
-
-    out, err = reconcile(wrong)
-    assert out["applied"] == 0
-    assert "belongs to another ledger" in out["skipped"][org]
-    assert f"reconcile skips org {org!r}" in err
-    assert out["lag"][org]["entries"] == 1
-    other = LedgerStore(wrong)
-    assert _transitions(other, org) == 0
-    other.close()
-    out, _err = reconcile(right)
-    assert (out["applied"], out["skipped"]) == (1, {})
-    assert _transitions(store, org) == 1
-    # the journal is empty now: the other ledger's reconcile still reports the org skipped
-    out, _err = reconcile(wrong)
-    assert out["applied"] == 0
-    assert "belongs to another ledger" in out["skipped"][org]
     authority.close()
     store.close()

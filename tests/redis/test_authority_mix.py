@@ -337,8 +337,7 @@ def test_a_rotation_racing_a_hand_back_leaves_the_org_to_the_ledger(
     def hget_then_hand_back(*args: object) -> object:
         seen = real_hget(*args)
         if not handed_back:
-            handed_back.append(False)  # the hand-back reads the marker with HGET too
-            handed_back[0] = auth.return_to_ledger(org)
+            handed_back.append(auth.return_to_ledger(org))
         return seen
 
     monkeypatch.setattr(auth.client, "hget", hget_then_hand_back)

@@ -102,17 +102,10 @@ def _rows(store: LedgerStore, org: str) -> dict[str, list[dict[str, Any]]]:
 
 
 def _forget(store: LedgerStore, org: str) -> None:
-    """Delete what the reconciler wrote for ``org`` (not the org and principals, nor the
-    incarnation row, whose ledger id says the org's Redis state is this ledger's)."""
+    """Delete what the reconciler wrote for ``org`` (not the org and principals)."""
     with store.engines.write.begin() as conn:
-        for table in ("baton_leases", "baton_lease_transitions", "baton_events"):
+        for table in ("baton_leases", "baton_lease_transitions", "baton_events", "baton_receipts"):
             conn.execute(text(f"DELETE FROM {table} WHERE org_id = :o"), {"o": org})
-        conn.execute(
-            text(
-                "DELETE FROM baton_receipts WHERE org_id = :o AND operation <> 'redis.incarnation'"
-            ),
-            {"o": org},
-        )
 
 
 def _forget_cursor(store: LedgerStore, org: str) -> None:

@@ -79,7 +79,6 @@ __all__ = [  # the decision core, plus the validation it re-exports for its call
     "check_checkpoint_version",
     "check_fence",
     "check_fencing_token",
-    "check_org_ledger",
     "check_org_redis",
     "conflict",
     "decide_acquire",
@@ -321,35 +320,6 @@ def check_org_redis(org: str, recorded: str | None, here: str | None, *, hand_ba
         "must use the same Redis (check BATON_REDIS_URL); if that Redis is gone for "
         "good, hand the org back to the ledger with 'baton reconcile "
         "--return-to-ledger' on this Redis, then use it"
-    )
-
-
-def check_org_ledger(org: str, marker: str | None, ours: str | None, redis: str) -> None:
-    """Refuse a client or reconciler whose ledger is not the one that built the Redis lease
-    state of ``org`` (two ledgers whose clients share a Redis database and an org name).
-
-    Args:
-        org: the org (``str``, named in the message).
-        marker: the ledger id in the org's incarnation marker in Redis (``None``: no marker,
-            or a marker installed by a version that did not record one: unknown, accepted).
-        ours: the ledger id that the caller's ledger recorded with the org's incarnation
-            (``None``: the caller's ledger never built the org's Redis state, or did so
-            before ledger ids were recorded).
-        redis: the Redis the state is in (``str``: its URL or address, named in the
-            message).
-
-    Raises:
-        ValidationError: ``marker`` is known and is not ``ours``: the org's Redis state
-            belongs to another ledger, and nothing may be granted from it for this ledger
-            nor drained from its journal into this ledger.
-    """
-    if marker is None or marker == ours:
-        return
-    raise ValidationError(
-        f"the Redis lease state of org {org!r} in {redis} belongs to another ledger: "
-        "every client and reconciler of an org must use the ledger that built its Redis "
-        "state (check BATON_LEDGER_URL and BATON_REDIS_URL); give each ledger its own Redis "
-        "database, or its own org names"
     )
 
 

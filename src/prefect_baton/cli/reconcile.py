@@ -74,10 +74,6 @@ def reconcile(
     state for the org and is another server (a wrong BATON_REDIS_URL) is refused
     (FORBIDDEN) instead of rebuilding it as after a data loss, and --return-to-ledger
     through such a Redis is refused too unless --force says the org's Redis is gone.
-
-    An org's Redis state also names the ledger it was built from: an org whose state
-    belongs to another ledger sharing this Redis database is skipped with a warning and
-    listed under skipped (its journal is left for that ledger's reconciler).
     """
     if return_to_ledger:
         _return_to_ledger(ctx, follow, force)
@@ -138,7 +134,6 @@ def reconcile(
             "orgs": report.orgs,
             "applied": report.applied,
             "lag": {org: _lag(lag) for org, lag in report.lag.items()},
-            "skipped": report.skipped,
         }
         emit_ok(st.format, "reconcile", "reconcile", data)
 

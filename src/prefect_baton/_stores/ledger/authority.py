@@ -37,7 +37,6 @@ from prefect_baton.errors import ForbiddenError
 
 __all__ = [
     "INCARNATION_OP",
-    "LEDGER_ID_FIELD",
     "RETURNED_KEY",
     "SHARED_LOCK_PREFIX",
     "STATE_KEY",
@@ -54,13 +53,6 @@ receipts table (the journal cursor and the incarnation counter); never a real ca
 
 INCARNATION_OP = "redis.incarnation"
 """The receipts-table operation of an organization's Redis incarnation counter."""
-
-LEDGER_ID_FIELD = "ledger"
-"""The field of the counter's value holding the ledger's id for the organization: a random
-hex string created by the first incarnation written in this ledger and kept from then on,
-and copied into the organization's Redis incarnation marker by each rebuild, so that a client
-or reconciler of another ledger sharing that Redis database tells the state is not its
-ledger's (:func:`~prefect_baton._rules.core.check_org_ledger`)."""
 
 STATE_KEY = "state"
 """The ``idem_key`` of the counter while Redis decides the organization's leases."""

@@ -22,11 +22,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from sqlalchemy.exc import OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from prefect_baton._rules import core as _core
-from prefect_baton._rules.core import Decision, Generation, check_org_ledger
+from prefect_baton._rules.core import Decision, Generation
 from prefect_baton._stores.ledger.store import LedgerStore, row_to_generation
 from prefect_baton._stores.protocol import Caller
 from prefect_baton._stores.redis.cluster import RedisClient
@@ -38,7 +36,7 @@ from prefect_baton._stores.redis.connection import (
     redis_error,
     server_address,
 )
-from prefect_baton._stores.redis.keys import MARKER_LEDGER_FIELD, ORGS_KEY, org_keys
+from prefect_baton._stores.redis.keys import ORGS_KEY, org_keys
 from prefect_baton._stores.redis.rebuild import recover, rotate
 from prefect_baton._stores.redis.reconciler import DEFAULT_BATCH, Drainer, Reconciler
 from prefect_baton._stores.redis.restarts import watch_restarts
@@ -258,8 +256,6 @@ class AuthorityBase:
     ) -> list[Any]:
         if not self._policy_checked:
             self._check_policy()
-        if org not in self._known:
-            self._check_ledger(org)
         keys = [*org_keys(org).base, *extra_keys]
         for _attempt in range(4):
             try:
@@ -283,33 +279,6 @@ class AuthorityBase:
                 self._register(org)
             return reply
         raise UnavailableError(f"the Redis lease state of org {org!r} did not settle; retry")
-
-    def _check_ledger(self, org: str) -> None:
-        """At this client's first operation of ``org`` (and the first after its state went
-        missing): refuse when the org's Redis state was built from another ledger than this
-        client's (:func:`~prefect_baton._rules.core.check_org_ledger`). One ``HGET`` of the
-        marker's ledger id, and when it has one, one ledger read the first time (the ledger
-        id of the org is then remembered). A ledger that cannot be read lets the operation
-        go on (logged): the reconciler checks again before it writes anything.
-
-        Raises:
-            ValidationError: the org's Redis state belongs to another ledger.
-            UnavailableError: Redis cannot be reached.
-        """
-        try:
-            marker = self.client.hget(org_keys(org).inc, MARKER_LEDGER_FIELD)
-        except RedisError as exc:
-            raise redis_error(exc) from exc
-        if marker is None:
-            return  # no marker (the operation rebuilds it from this ledger), or an old one
-        rec = self.reconciler
-        try:
-            with self.store.engines.read.connect() as conn:
-                ours = rec.ledger_id(conn, org)
-        except (OperationalError, PoolTimeoutError) as exc:
-            log.warning("could not read the ledger's id for org %r: %s", org, exc)
-            return
-        check_org_ledger(org, as_text(marker), ours, rec.where)
 
     def _evalsha(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
         """Run operation ``name`` once (see :func:`.connection.evalsha`)."""

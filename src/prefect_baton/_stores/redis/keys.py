@@ -11,9 +11,7 @@ Layout (``P`` = ``baton:{<sha256(org)[:24]>}:``):
 key                type   content
 =================  =====  ==============================================================
 ``P inc``          hash   incarnation marker: ``id``, ``n``, ``floor``, ``ceil``,
-                          ``delay``, ``ret``, ``lid`` (the id of the ledger the state
-                          was built from; absent in markers of earlier versions)
-                          (missing = Redis lost its data)
+                          ``delay``, ``ret`` (missing = Redis lost its data)
 ``P heads``        hash   resource digest -> newest generation (``_lib.lua`` text)
 ``P lid``          hash   lease id -> resource digest
 ``P old``          hash   lease id -> a generation that is no longer its resource's head
@@ -52,7 +50,6 @@ drivers)."""
 __all__ = [
     "DEFAULT_BATCH",
     "HANDOFF_KEY_TTL_MS",
-    "MARKER_LEDGER_FIELD",
     "ORGS_KEY",
     "OrgKeys",
     "org_keys",
@@ -60,8 +57,6 @@ __all__ = [
 ]
 
 ORGS_KEY = "baton:orgs"
-MARKER_LEDGER_FIELD = "lid"
-"""The incarnation marker's field naming the ledger the org's state was built from."""
 HANDOFF_KEY_TTL_MS = 7 * 86_400_000
 """How long a handoff's resolution key stays in Redis (milliseconds: 7 days)."""
 

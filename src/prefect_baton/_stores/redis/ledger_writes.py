@@ -51,13 +51,7 @@ from prefect_baton._rules.events import (
     released_by_handoff,
     reports_expiry,
 )
-from prefect_baton._stores.ledger.authority import (
-    INCARNATION_OP,
-    LEDGER_ID_FIELD,
-    STATE_KEY,
-    SYSTEM_PRINCIPAL,
-    system_where,
-)
+from prefect_baton._stores.ledger.authority import STATE_KEY, SYSTEM_PRINCIPAL, system_where
 from prefect_baton._stores.ledger.convert import handoff_payload
 from prefect_baton._stores.ledger.engine import SQLITE_BUSY_TIMEOUT_MS
 from prefect_baton._stores.ledger.leases import ATTEMPT_FIELD
@@ -158,8 +152,6 @@ class LedgerWriter:
         # {(org, principal): role} and orgs written by a committed batch of this writer
         self._known_actors: dict[tuple[str, str], str] = {}
         self._known_orgs: set[str] = set()
-        # org -> the ledger id its incarnation row records (once recorded it never changes)
-        self._ledger_ids: dict[str, str] = {}
         #: how long a drain waits for the org's journal lock on PostgreSQL before giving up
         #: (``lock_timeout``; seconds): SQLite's busy timeout, so a drainer stopped while
         #: holding the lock blocks the others for a bounded time on both databases
@@ -200,19 +192,6 @@ class LedgerWriter:
             select(col(ReceiptRow.response)).where(*system_where(org, operation, (key,)))
         ).scalar_one_or_none()
         return None if raw is None else dict(json.loads(raw))
-
-    def ledger_id(self, conn: Connection, org: str) -> str | None:
-        """The id this ledger recorded with ``org``'s Redis incarnation
-        (:data:`~prefect_baton._stores.ledger.authority.LEDGER_ID_FIELD`), read with ``conn``
-        the first time only; ``None`` while none is recorded (the ledger never built the org's
-        Redis state, or did so before ids were recorded: read again next time)."""
-        found = self._ledger_ids.get(org)
-        if found is None:
-            row = self._system_row(conn, org, INCARNATION_OP)
-            found = None if row is None else row.get(LEDGER_ID_FIELD)
-            if found is not None:
-                self._ledger_ids[org] = found = str(found)
-        return found
 
     def _delete_system_row(
         self, conn: Connection, org: str, operation: str, key: str = STATE_KEY

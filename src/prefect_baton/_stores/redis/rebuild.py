@@ -68,12 +68,7 @@ from sqlalchemy import and_, func, select
 from sqlmodel import col
 
 from prefect_baton._rules.core import EPOCH_RANGE, check_org_redis, incarnation_epochs
-from prefect_baton._stores.ledger.authority import (
-    INCARNATION_OP,
-    LEDGER_ID_FIELD,
-    RETURNED_KEY,
-    authority_lock,
-)
+from prefect_baton._stores.ledger.authority import INCARNATION_OP, RETURNED_KEY, authority_lock
 from prefect_baton._stores.ledger.leases import ATTEMPT_FIELD
 from prefect_baton._stores.ledger.store import row_to_generation
 from prefect_baton._stores.ledger.tables import GenerationRow, ReceiptRow
@@ -138,13 +133,11 @@ class RebuildInProgress(UnavailableError):
 
 def bump_incarnation(
     auth: AuthorityBase, org: str, *, decided_only: bool = False
-) -> tuple[int, bool, str] | None:
-    """Record the org's next incarnation number in the ledger and return
-    ``(n, existed, ledger id)``: ``n`` is 0 the first time, else the recorded number + 1 (of
-    an org handed back to the ledger too: :func:`return_to_ledger`); ``existed``: Redis
-    decided the org's leases until now (its state was lost, or its epoch range used up);
-    the ledger id (``str``, :data:`~prefect_baton._stores.ledger.authority.LEDGER_ID_FIELD`)
-    is the one recorded with the org's earlier incarnations, or a new random one.
+) -> tuple[int, bool] | None:
+    """Record the org's next incarnation number in the ledger and return ``(n, existed)``:
+    ``n`` is 0 the first time, else the recorded number + 1 (of an org handed back to the
+    ledger too: :func:`return_to_ledger`); ``existed``: Redis decided the org's leases
+    until now (its state was lost, or its epoch range used up).
 
     With ``decided_only`` (a rotation: :func:`rotate`) nothing is written and ``None`` is
     returned unless Redis decides the org now: an org handed back meanwhile stays the
@@ -154,7 +147,7 @@ def bump_incarnation(
     (:mod:`prefect_baton._stores.ledger.authority`): the row is written under the exclusive
     lock that every ledger lease transition takes shared, before the caller loads the
     ledger's leases into Redis. The row also records the Redis server's address
-    (:func:`~prefect_baton._stores.redis.connection.server_address`) and the ledger id.
+    (:func:`~prefect_baton._stores.redis.connection.server_address`).
 
     Raises:
         ForbiddenError: Redis decides the org and the row names another Redis server than
@@ -179,15 +172,11 @@ def bump_incarnation(
         n = 0 if last is None else int(last["n"]) + 1
         now = int(conn.execute(auth.store._now_sql).scalar_one())
         address = recorded if decided_only else here
-        ledger = str((last or {}).get(LEDGER_ID_FIELD) or uuid.uuid4().hex)
-        value: dict[str, Any] = {"n": n, LEDGER_ID_FIELD: ledger}
-        if address is not None:
-            value["redis"] = address
+        value: dict[str, Any] = {"n": n} if address is None else {"n": n, "redis": address}
         rec._set_system_row(conn, org, INCARNATION_OP, value, now)
         if returned is not None:
             rec._delete_system_row(conn, org, INCARNATION_OP, RETURNED_KEY)
-    rec._ledger_ids[org] = ledger
-    return n, row is not None, ledger
+    return n, row is not None
 
 
 def _lock_journal_and_authority(auth: AuthorityBase, conn: Connection, org: str) -> None:
@@ -230,9 +219,6 @@ def return_to_ledger(auth: AuthorityBase, org: str, *, force: bool = False) -> b
     Raises:
         ForbiddenError: without ``force``, ``auth``'s Redis has no state for the org and
             the ledger names another Redis server as the org's; nothing is changed.
-        ValidationError: the org's Redis state was built from another ledger than
-            ``auth``'s (:func:`~prefect_baton._rules.core.check_org_ledger`); nothing is
-            changed.
         UnavailableError: another client holds the org's rebuild lock (a rebuild, or
             another hand-back), or Redis or the ledger failed (the marker may be gone from
             Redis: the next Redis operation rebuilds, and the ledger still refuses).
@@ -242,7 +228,6 @@ def return_to_ledger(auth: AuthorityBase, org: str, *, force: bool = False) -> b
     token = uuid.uuid4().hex
     lock_keys = [*keys.base, keys.rebuild]
     rec = auth.reconciler
-    auth._check_ledger(org)  # another ledger's state is neither drained here nor cleared
     try:
         if not force and not client.exists(keys.inc):
             _check_same_server(auth, org)
@@ -387,7 +372,7 @@ def rebuild(auth: AuthorityBase, org: str) -> int:
             auth.reconciler.drain(org)
             bumped = bump_incarnation(auth, org)
             assert bumped is not None  # not decided_only
-            n, existed, ledger = bumped
+            n, existed = bumped
             _check(auth.scripts["clear"](keys=lock_keys, args=[token, "pad"]), org)
             batch: list[str] = []
             restored = 0
@@ -421,7 +406,6 @@ def rebuild(auth: AuthorityBase, org: str) -> int:
                         ceiling,
                         delay,
                         auth.old_retention_ms,
-                        ledger,
                     ],
                 ),
                 org,

@@ -62,30 +62,20 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from redis.exceptions import RedisError
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
-from prefect_baton._rules.core import check_org_ledger
 from prefect_baton._stores.ledger.engine import ledger_failure, write_turn_timed_out
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.redis.cluster import RedisClient, node_time_ms
 from prefect_baton._stores.redis.codec import journal_payload
-from prefect_baton._stores.redis.connection import server_address
-from prefect_baton._stores.redis.keys import (
-    DEFAULT_BATCH,
-    MARKER_LEDGER_FIELD,
-    ORGS_KEY,
-    org_keys,
-)
+from prefect_baton._stores.redis.keys import DEFAULT_BATCH, ORGS_KEY, org_keys
 from prefect_baton._stores.redis.ledger_writes import Batch, LedgerWriter
-from prefect_baton.errors import UnavailableError, ValidationError
-
-if TYPE_CHECKING:
-    from sqlalchemy import Connection
+from prefect_baton.errors import UnavailableError
 
 __all__ = ["DEFAULT_BATCH", "Lag", "ReconcileReport", "Reconciler", "run_reconciler"]
 
@@ -137,15 +127,12 @@ class Lag:
 
 @dataclass
 class ReconcileReport:
-    """What :func:`run_reconciler` did: ``applied`` entries (``int``) per org in ``orgs``,
-    the final ``lag`` of each (:class:`Lag`), and the orgs ``skipped`` because their Redis
-    state belongs to another ledger (org -> the reason, ``str``; their journals are left
-    as they are)."""
+    """What :func:`run_reconciler` did: ``applied`` entries (``int``) per org in ``orgs``
+    and the final ``lag`` of each (:class:`Lag`)."""
 
     orgs: list[str] = field(default_factory=list)
     applied: int = 0
     lag: dict[str, Lag] = field(default_factory=dict)
-    skipped: dict[str, str] = field(default_factory=dict)
 
 
 class Reconciler(LedgerWriter):
@@ -165,9 +152,6 @@ class Reconciler(LedgerWriter):
         super().__init__(store)
         self.client = client
         self.batch_size = max(1, int(batch_size))
-        address = server_address(client)
-        #: the Redis this reconciler drains, as error messages name it
-        self.where = "this Redis" if address is None else f"the Redis at {address}"
         #: ids of the journal entries this reconciler recorded as faults (the newest 1,000)
         self.refused: deque[str] = deque(maxlen=1000)
         #: per org, ``time.monotonic()`` just before the last journal read that reached
@@ -188,12 +172,6 @@ class Reconciler(LedgerWriter):
 
         A batch shorter than ``batch_size`` reached the end of the journal: the drain stops
         there (entries appended since are left for the next drain).
-
-        Raises:
-            ValidationError: the org's incarnation marker names another ledger than this
-                reconciler's (:func:`~prefect_baton._rules.core.check_org_ledger`): nothing
-                is applied nor trimmed.
-            UnavailableError: Redis or the ledger cannot be reached.
         """
         if until is not None and self._applied(org, until):
             return 0
@@ -260,9 +238,8 @@ class Reconciler(LedgerWriter):
         with self.store.engines.write.begin() as conn:
             cursor = self._lock_and_read_cursor(conn, org)
             read_at = time.monotonic()
-            stream_inc, entries, marker = self._read(org, cursor, limit)
+            stream_inc, entries = self._read(journal, cursor, limit)
             if entries:
-                self._check_ledger(conn, org, marker)
                 for raw_id, fields in entries:
                     self._collect(conn, org, _text(raw_id), _payload(fields), batch)
                 copy = copy and len(entries) >= COPY_MIN_ENTRIES
@@ -274,58 +251,26 @@ class Reconciler(LedgerWriter):
         return len(entries), _text(entries[-1][0]), batch
 
     def _read(
-        self, org: str, cursor: tuple[str, str] | None, limit: int | None = None
-    ) -> tuple[str, list[tuple[Any, Any]], str | None]:
-        """The journal's incarnation id, up to ``limit`` (default ``batch_size``) entries
-        after ``cursor`` (all from the start when the cursor is of another incarnation, or
-        ``None``) and the ledger id of the org's incarnation marker (``None``: no marker, or
-        one without it): one Redis round trip (a pipeline), two when the incarnation
-        changed."""
+        self, journal: str, cursor: tuple[str, str] | None, limit: int | None = None
+    ) -> tuple[str, list[tuple[Any, Any]]]:
+        """The journal's incarnation id and up to ``limit`` (default ``batch_size``)
+        entries after ``cursor`` (all from the start when the cursor is of another
+        incarnation, or ``None``): one Redis round trip (two XRANGEs in a pipeline), two
+        when the incarnation changed."""
         count = limit or self.batch_size
-        keys = org_keys(org)
-        journal = keys.journal
+        if cursor is None:
+            entries: Any = self.client.xrange(journal, min="-", count=count)
+            return ("", []) if not entries else (str(_payload(entries[0][1])["i"]), entries)
         pipe = self.client.pipeline(transaction=False)
-        pipe.hget(keys.inc, MARKER_LEDGER_FIELD)
-        if cursor is None:
-            pipe.xrange(journal, min="-", count=count)
-        else:
-            pipe.xrange(journal, count=1)
-            pipe.xrange(journal, min="(" + cursor[1], count=count)
-        raw, first, *after = pipe.execute()
-        marker = None if raw is None else _text(raw)
+        pipe.xrange(journal, count=1)
+        pipe.xrange(journal, min="(" + cursor[1], count=count)
+        first, entries = pipe.execute()
         if not first:
-            return "", [], marker
+            return "", []
         stream_inc = str(_payload(first[0][1])["i"])
-        if cursor is None:
-            return stream_inc, first, marker
-        entries = after[0]
         if stream_inc != cursor[0]:
             entries = self.client.xrange(journal, min="-", count=count)
-        return stream_inc, entries, marker
-
-    def check_ledger(self, org: str) -> None:
-        """:meth:`_check_ledger` on its own (one ``HGET`` and, until the ledger's id is
-        known, one ledger read): a reconcile reports another ledger's org as skipped even
-        when its journal is empty, which a drain does not check (it has nothing to write).
-
-        Raises:
-            ValidationError: the org's Redis state belongs to another ledger.
-        """
-        raw = self.client.hget(org_keys(org).inc, MARKER_LEDGER_FIELD)
-        if raw is not None:
-            with self.store.engines.read.connect() as conn:
-                self._check_ledger(conn, org, _text(raw))
-
-    def _check_ledger(self, conn: Connection, org: str, marker: str | None) -> None:
-        """Refuse to apply the org's journal when its incarnation marker names another
-        ledger (:func:`~prefect_baton._rules.core.check_org_ledger`), before anything is
-        written in the transaction of ``conn``.
-
-        Raises:
-            ValidationError: the org's Redis state belongs to another ledger.
-        """
-        if marker is not None:
-            check_org_ledger(org, marker, self.ledger_id(conn, org), self.where)
+        return stream_inc, entries
 
     def _quarantine(self, org: str, journal: str) -> tuple[int, str | None, Batch]:
         """A batch that the ledger refused with a unique constraint (see the module
@@ -352,10 +297,9 @@ class Reconciler(LedgerWriter):
         error = str(getattr(exc, "orig", None) or exc)
         with self.store.engines.write.begin() as conn:
             cursor = self._lock_and_read_cursor(conn, org)
-            stream_inc, entries, marker = self._read(org, cursor, 1)
+            stream_inc, entries = self._read(journal, cursor, 1)
             if not entries:
                 return None
-            self._check_ledger(conn, org, marker)
             eid = _text(entries[0][0])
             fault = self._write_fault(conn, org, (stream_inc, eid), _payload(entries[0][1]), error)
         self.refused.append(eid)
@@ -438,10 +382,7 @@ def run_reconciler(
         client, store: use these instead of connecting from URLs.
 
     Returns:
-        A :class:`ReconcileReport` with what was applied and the final lag of each org. An
-        org whose Redis state belongs to another ledger
-        (:func:`~prefect_baton._rules.core.check_org_ledger`) is skipped with a warning and
-        listed in ``skipped``: nothing of its journal is applied or trimmed.
+        A :class:`ReconcileReport` with what was applied and the final lag of each org.
 
     Raises:
         ValidationError: no Redis URL configured. UnavailableError: Redis or the ledger
@@ -449,6 +390,7 @@ def run_reconciler(
     """
     from prefect_baton._settings import BatonSettings
     from prefect_baton._stores.redis.connection import connect
+    from prefect_baton.errors import ValidationError
 
     settings = BatonSettings()
     own_store = store is None
@@ -470,19 +412,12 @@ def run_reconciler(
                 if org not in report.orgs:
                     report.orgs.append(org)
                 try:
-                    rec.check_ledger(org)
                     n = rec.drain(org)
-                except ValidationError as exc:  # another ledger's org: check_org_ledger
-                    if org not in report.skipped:
-                        log.warning("reconcile skips org %r: %s", org, exc)
-                    report.skipped[org] = str(exc)
-                    continue
                 except UnavailableError as exc:
                     if not follow:
                         raise
                     log.warning("reconcile of %s failed, will retry: %s", org, exc)
                     continue
-                report.skipped.pop(org, None)
                 report.applied += n
                 busy = busy or n >= rec.batch_size
                 if n and on_batch is not None:

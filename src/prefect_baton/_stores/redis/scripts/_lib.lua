@@ -6,7 +6,7 @@
 --
 -- Every operation script receives the same ten per-org keys first (all share the org's hash
 -- tag, so the scripts run unchanged on Redis Cluster):
---   KEYS[1]  inc    hash: incarnation marker (id, n, floor, ceil, delay, ret, lid, PAD_FIELD)
+--   KEYS[1]  inc    hash: incarnation marker (id, n, floor, ceil, delay, ret, PAD_FIELD)
 --   KEYS[2]  heads  hash: resource digest -> newest generation of the resource
 --   KEYS[3]  lid    hash: lease id -> resource digest (every generation not yet pruned),
 --                   and PAD_FIELD

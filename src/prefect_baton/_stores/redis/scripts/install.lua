@@ -5,8 +5,7 @@
 -- KEYS[11]: the rebuild lock.
 -- ARGV[1] rebuild token, ARGV[2] incarnation id, ARGV[3] incarnation number n,
 -- ARGV[4] epoch floor, ARGV[5] epoch ceiling, ARGV[6] no new grant before this ms
--- (lock_delay policy; 0 otherwise), ARGV[7] retention of superseded generations in ms,
--- ARGV[8] the id of the ledger the state was built from (LEDGER_ID_FIELD in the ledger).
+-- (lock_delay policy; 0 otherwise), ARGV[7] retention of superseded generations in ms.
 -- Returns:
 --   {0}                                  installed
 --   {32}                                 the rebuild lock was lost, a marker exists, or a
@@ -21,7 +20,7 @@ if redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KE
   return {C_REBUILD_LOST}
 end
 redis.call('HSET', KEYS[1], 'id', ARGV[2], 'n', ARGV[3], 'floor', ARGV[4], 'ceil', ARGV[5],
-  'delay', ARGV[6], 'ret', ARGV[7], 'lid', ARGV[8], PAD_FIELD, PAD)
+  'delay', ARGV[6], 'ret', ARGV[7], PAD_FIELD, PAD)
 -- Every per-org key keeps its pad entry, so that all of them exist from now on (marker()).
 pad_keys()
 redis.call('DEL', KEYS[11])

@@ -34,7 +34,6 @@ from prefect_baton._stores.redis.connection import (
     evalsha,
     is_config_error,
     redis_error,
-    server_address,
 )
 from prefect_baton._stores.redis.keys import ORGS_KEY, org_keys
 from prefect_baton._stores.redis.rebuild import recover, rotate
@@ -208,8 +207,7 @@ class AuthorityBase:
         self._receipt_ttl = str(self.receipt_ttl_ms)
         self.old_retention_ms = max(store.receipt_retention_ms, 3_600_000)
         # a new server process (restart, failover) counts as a data loss: .restarts
-        if server_address(client) is not None:
-            watch_restarts(client)
+        watch_restarts(client)
         self.scripts = Scripts(client, functions=functions)
         # The direct call path (FCALL or EVALSHA, see _evalsha) applies to a plain
         # redis.Redis client only.

@@ -9,9 +9,9 @@ be accepted again.
 
 Every server process has its own ``run_id`` (``INFO server``); a restart, a failover or a
 new replica has another one, and every connection to it is a new connection. So, for a
-plain ``redis.Redis`` client (one server: standalone, or a Sentinel-managed primary), each new
-connection, before any command of the authority runs on it (redis-py's
-``redis_connect_func``, after the handshake), compares the server's ``run_id`` with the one
+``redis.Redis`` client (one server, or a Sentinel-managed primary), each new connection,
+before any command of the authority runs on it (redis-py's ``redis_connect_func``, after the
+handshake), compares the server's ``run_id`` with the one
 kept in :data:`RUN_KEY`. They differ on the first connection to a new server process: then,
 in one script call, the incarnation marker of every org listed in ``baton:orgs`` is deleted
 and :data:`RUN_KEY` is set to the new ``run_id``. From then on those orgs' operations find no
@@ -33,7 +33,10 @@ import logging
 import re
 from typing import Any
 
+from redis.sentinel import SentinelConnectionPool
+
 from prefect_baton._stores.redis.cluster import RedisClient
+from prefect_baton._stores.redis.connection import server_address
 from prefect_baton._stores.redis.keys import ORGS_KEY, org_keys
 from redis import Redis
 
@@ -123,12 +126,16 @@ def _connect_and_check(conn: Any) -> None:
 
 def watch_restarts(client: RedisClient) -> bool:
     """Make every new connection of ``client`` run :func:`check_server_run` before its first
-    command (a plain ``redis.Redis`` client; a cluster client or a client bound to one
-    connection is left as it is). Connections already open are closed, so that the next
+    command: a ``redis.Redis`` client of redis-py's TCP, TLS or Unix-socket connections, or
+    of a Sentinel-managed pool (whose connections follow the primary through failovers); a
+    cluster client, a client bound to one connection, or one of other connection classes (an
+    in-process fake) is left as it is. Connections already open are closed, so that the next
     command connects and checks. Returns whether the check is installed."""
     if not isinstance(client, Redis) or client.connection is not None:
         return False
     pool = client.connection_pool
+    if server_address(client) is None and not isinstance(pool, SentinelConnectionPool):
+        return False  # an in-process fake (no INFO), or connections of a caller's own class
     kwargs = pool.connection_kwargs
     if kwargs.get("redis_connect_func") is _connect_and_check:
         return True

@@ -344,13 +344,14 @@ def test_a_stuck_drainer_holding_the_journal_lock_bounds_the_wait(
 def test_bad_redis_options_are_refused_before_the_ledger_is_created(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any, variable: str, value: str
 ) -> None:
-    """A Baton and a server backend refuse a bad Redis option with VALIDATION_ERROR before
-    they create (or migrate) the SQLite ledger file; no connection to Redis is needed."""
+    """A Baton and a server backend refuse a bad Redis option with VALIDATION_ERROR naming
+    the variable, before they create (or migrate) the SQLite ledger file; no connection to
+    Redis is needed."""
     from prefect_baton._stores.factory import open_stores
 
     monkeypatch.setenv(variable, value)
     path = tmp_path / "never.db"
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValidationError, match=f"^bad setting: {variable} must be "):
         Baton(
             org="o",
             principal="p",

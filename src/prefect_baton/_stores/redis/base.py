@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -128,22 +128,34 @@ def check_eviction_policy(client: RedisClient, *, allow: bool) -> None:
         )
 
 
-def check_options(ack: str, post_loss: str, max_lag_entries: Any) -> None:
+def check_options(
+    ack: str, post_loss: str, max_lag_entries: Any, *, names: Mapping[str, str] | None = None
+) -> None:
     """Validate the options of :class:`~prefect_baton._stores.redis.authority.RedisAuthority` that
     come from settings, so that a caller can refuse them before opening a ledger.
+
+    Args:
+        names: what to call an option in the message (``str`` by option name), e.g.
+            ``{"ack": "BATON_REDIS_ACK"}`` for a value read from that variable; the message
+            then starts ``bad setting: ``. Options not named keep their own name.
 
     Raises:
         ValidationError: an unknown ``ack`` or ``post_loss``, or a ``max_lag_entries`` that
             is not an integer of 0 or more.
     """
+
+    def refuse(option: str, rule: str) -> ValidationError:
+        name = (names or {}).get(option)
+        return ValidationError(f"bad setting: {name} {rule}" if name else f"{option} {rule}")
+
     if ack not in ACK_MODES:
-        raise ValidationError(f"ack must be 'redis' or 'ledger', got {ack!r}")
+        raise refuse("ack", f"must be 'redis' or 'ledger', got {ack!r}")
     if post_loss not in POST_LOSS_POLICIES:
-        raise ValidationError(f"post_loss must be 'fence_only' or 'lock_delay', got {post_loss!r}")
+        raise refuse("post_loss", f"must be 'fence_only' or 'lock_delay', got {post_loss!r}")
     if isinstance(max_lag_entries, bool) or not isinstance(max_lag_entries, int):
-        raise ValidationError(f"max_lag_entries must be an integer, got {max_lag_entries!r}")
+        raise refuse("max_lag_entries", f"must be an integer, got {max_lag_entries!r}")
     if max_lag_entries < 0:
-        raise ValidationError(f"max_lag_entries must be 0 or more, got {max_lag_entries}")
+        raise refuse("max_lag_entries", f"must be 0 or more, got {max_lag_entries}")
 
 
 def options_from(settings: BatonSettings, *, ack: str | None = None) -> dict[str, Any]:
@@ -159,7 +171,10 @@ def options_from(settings: BatonSettings, *, ack: str | None = None) -> dict[str
         "post_loss": settings.redis_post_loss,
         "max_lag_entries": settings.redis_max_lag_entries,
     }
-    check_options(**opts)
+    names = {"post_loss": "BATON_REDIS_POST_LOSS", "max_lag_entries": "BATON_REDIS_MAX_LAG_ENTRIES"}
+    if ack is None:
+        names["ack"] = "BATON_REDIS_ACK"
+    check_options(**opts, names=names)
     opts["allow_eviction"] = settings.redis_allow_eviction
     return opts
 

@@ -306,3 +306,31 @@ def test_tampered_input_is_rejected_by_reviewer(tmp_path: Path) -> None:
     assert any("m1.py" in p for p in verdict["problems"])
     assert r.outcomes.list("review")[-1].status == "failed"
     r.close()
+
+
+def test_a_requested_fault_that_did_not_happen_fails_the_demo(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--crash 1 --pause 1`` whose researchers found no file left to start injected
+    nothing: the run proved less than asked, so it is not ``ok`` (exit 1) and says which
+    fault is missing and what to change."""
+    import argparse
+
+    from prefect_baton.demo import DemoResult, _missed_faults, _print_table
+
+    args = argparse.Namespace(crash=1, pause=1)
+    result = DemoResult(files=1, completed=1, verdict="accepted", crashes=1, pauses=0)
+    result.missed_faults = _missed_faults(args, result)
+    assert len(result.missed_faults) == 1
+    assert result.missed_faults[0].startswith("--pause 1: 0 researcher(s) paused")
+    assert "--input" in result.missed_faults[0]
+    assert not result.ok
+    _print_table(result)
+    assert "fault not injected: --pause 1" in capsys.readouterr().err
+    assert result.summary()["missed_faults"] == result.missed_faults
+    both = DemoResult(files=1, completed=1, verdict="accepted", crashes=1, pauses=1)
+    assert _missed_faults(args, both) == []
+    assert both.ok
+    prefect = DemoResult(engine="prefect", files=1, completed=1, verdict="accepted")
+    assert prefect.summary()["missed_faults"] is None
+    assert prefect.ok

@@ -65,7 +65,8 @@ def demo(ctx: typer.Context) -> None:
     and BATON_ROLE are not used). Bad options exit 2 with VALIDATION_ERROR; an unreachable
     ledger or Redis exits 11 with UNAVAILABLE before any worker starts, and so does a role
     that does not finish within --timeout seconds. Exits 1 if a file is completed twice or
-    left undone, or the verdict is not accepted.
+    left undone, the verdict is not accepted, or a --crash or --pause asked for was not
+    injected (its researcher found no file left to start).
     """
     args = list(ctx.args)
     argv = _forwarded_globals(ctx, args) + args

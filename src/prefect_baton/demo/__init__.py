@@ -8,7 +8,8 @@ fence. Then a writer compiles a report and hands it off to an operator, who deli
 hands off to a reviewer, who recomputes every file's sha256 against the evidence.
 
 The summary is read back from the ledger. The command exits 1 if any file was completed twice
-or left undone, the verdict is not ``accepted``, or the ledger audit finds a violation.
+or left undone, the verdict is not ``accepted``, the ledger audit finds a violation, or a crash
+or pause asked for was not injected (too little input for the faulty researchers to reach it).
 """
 
 from __future__ import annotations
@@ -76,6 +77,14 @@ class DemoResult:
     audit_violations: list[str] = field(
         default_factory=list, metadata={"label": "audit violations", "show": len}
     )
+    missed_faults: list[str] = field(
+        default_factory=list,
+        metadata={
+            "label": "requested faults not injected",
+            "show": len,
+            "engines": ("processes",),
+        },
+    )
     elapsed_seconds: float = _measure("elapsed (s)", 0.0)
     ledger: str = _path("ledger")
     org: str = ""
@@ -84,12 +93,14 @@ class DemoResult:
 
     @property
     def ok(self) -> bool:
-        """Every file done exactly once, verdict accepted, audit clean."""
+        """Every file done exactly once, verdict accepted, audit clean, and every crash and
+        pause asked for (``--crash``, ``--pause``) injected."""
         return (
             self.duplicate_completions == 0
             and self.undone == 0
             and self.verdict == "accepted"
             and not self.audit_violations
+            and not self.missed_faults
         )
 
     def summary(self) -> dict[str, Any]:
@@ -312,7 +323,27 @@ def run_demo(args: argparse.Namespace) -> DemoResult:
             continue
         stats = workers.output(name)
         result.resumed_from_checkpoint += int(stats.get("resumed", 0))
+    result.missed_faults = _missed_faults(args, result)
     return _finish(args, b, files, run_dir, result, t0)
+
+
+def _missed_faults(args: argparse.Namespace, result: DemoResult) -> list[str]:
+    """What ``--crash`` and ``--pause`` asked for and did not happen, one sentence each: a
+    researcher injects its fault after the first checkpoint of the first file it starts, so
+    one that finds every file done or held by others never does, and the run would show
+    less than it was asked to (the demo then exits 1)."""
+    missed = []
+    for flag, asked, done, what in (
+        ("--crash", args.crash, result.crashes, "crashed"),
+        ("--pause", args.pause, result.pauses, "paused"),
+    ):
+        if done < asked:
+            missed.append(
+                f"{flag} {asked}: {done} researcher(s) {what}; a researcher injects its "
+                "fault in the first file it starts, and found none left: give more input "
+                "files (--input) or fewer --workers"
+            )
+    return missed
 
 
 def _run_on_prefect(args: argparse.Namespace, b: Baton, run_dir: Path) -> None:
@@ -412,6 +443,8 @@ def _print_table(r: DemoResult) -> None:
             print(f"{f.metadata['path']}: {getattr(r, f.name)}")
     for v in r.audit_violations:
         print(f"audit: {v}", file=sys.stderr)
+    for m in r.missed_faults:
+        print(f"fault not injected: {m}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,7 @@ from prefect_baton.cli._options import (
     Cursor,
     IdempotencyKey,
     compare_and_swap,
+    principal_filter,
     proof_key,
     row_limit,
 )
@@ -330,12 +331,7 @@ def list_(
         str | None, typer.Option("--resource-type", help="Only leases of this type (text).")
     ] = None,
     owner: Annotated[
-        str | None,
-        typer.Option(
-            "--owner",
-            help="Whose leases (text; '*' for everyone). Others than yourself need --role "
-            "owner or admin.",
-        ),
+        str | None, principal_filter("--owner", "Whose leases (text; '*' for everyone).")
     ] = None,
     include_ended: Annotated[
         bool, typer.Option("--all", help="Also list ended (released, expired, ...) leases.")

@@ -29,6 +29,7 @@ __all__ = [
     "compare_and_swap",
     "lifetime",
     "poll_interval",
+    "principal_filter",
     "proof_key",
     "row_limit",
     "whole_numbers",
@@ -133,6 +134,27 @@ def proof_key(lease: str) -> typer.models.OptionInfo:
         help=f"Execution key (text) of {lease}, as given as --execution-key at acquire "
         "(handoff:<handoff id> for a lease taken over by accepting a handoff); omit only for "
         "a lease acquired without one.",
+    )
+    return option
+
+
+def principal_filter(name: str, what: str) -> typer.models.OptionInfo:
+    """The option of a listing that reads another principal's records, or everyone's with
+    ``'*'`` (``--owner`` of lease list, ``--party`` of handoff inbox and list): only
+    ``--role owner`` or ``admin`` may name anyone but the caller (else FORBIDDEN, exit 6),
+    as the help text ends.
+
+    Args:
+        name: the option's name (``str``, e.g. ``--owner``).
+        what: the help text's start (``str``): what the option selects, and what ``'*'``
+            means; the access rule follows it.
+
+    Returns:
+        The :class:`typer.models.OptionInfo` to put in an ``Annotated[str | None, ...]``
+        (``Annotated[str, ...]`` with a default).
+    """
+    option: typer.models.OptionInfo = typer.Option(
+        name, help=f"{what} Others than yourself need --role owner or admin."
     )
     return option
 

@@ -13,6 +13,7 @@ from prefect_baton.cli._options import (
     IdempotencyKey,
     SubjectId,
     lifetime,
+    principal_filter,
     proof_key,
     row_limit,
 )
@@ -133,10 +134,10 @@ def inbox(
     limit: Annotated[int, row_limit(10_000)] = 100,
     party: Annotated[
         str | None,
-        typer.Option(
+        principal_filter(
             "--party",
-            help="Instead of your inbox: the handoffs this principal (text) sent or "
-            "received; '*' for everyone's. Others than yourself need --role owner or admin.",
+            "Instead of your inbox: the handoffs this principal (text) sent or received; "
+            "'*' for everyone's.",
         ),
     ] = None,
     all_: Annotated[
@@ -177,10 +178,8 @@ def list_(
     limit: Annotated[int, row_limit(10_000)] = 100,
     party: Annotated[
         str,
-        typer.Option(
-            "--party",
-            help="Only the handoffs this principal (text) sent or received ('*': "
-            "everyone's). Others than yourself need --role owner or admin.",
+        principal_filter(
+            "--party", "Only the handoffs this principal (text) sent or received ('*': everyone's)."
         ),
     ] = "*",
     status: Annotated[

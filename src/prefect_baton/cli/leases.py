@@ -24,6 +24,7 @@ from prefect_baton.cli._options import (
     Cursor,
     IdempotencyKey,
     compare_and_swap,
+    principal_filter,
     proof_key,
     row_limit,
 )
@@ -94,6 +95,10 @@ ResourceId = Annotated[
 ]
 LeaseId = Annotated[
     str, typer.Option("--lease-id", help="Lease id (text, 'lease_...') returned by acquire.")
+]
+#: ``LEASE_ID`` of the commands that name a lease by id alone (show, force-release).
+LeaseIdArgument = Annotated[
+    str, typer.Argument(metavar="LEASE_ID", help="Lease id (text, 'lease_...').")
 ]
 ExecutionKey = Annotated[str | None, proof_key("the lease")]
 ExpectedVersion = Annotated[int | None, compare_and_swap("lease")]
@@ -198,9 +203,7 @@ def inspect(ctx: typer.Context, resource_type: ResourceType, resource_id: Resour
 @command(app, "lease.show", "lease", reads_only=True, shown=_expired_now)
 def show(
     ctx: typer.Context,
-    lease_id: Annotated[
-        str, typer.Argument(metavar="LEASE_ID", help="Lease id (text, 'lease_...').")
-    ],
+    lease_id: LeaseIdArgument,
 ) -> Lease:
     """Show one lease generation by id: holder, execution key, version, epoch, status, expiry.
 
@@ -314,9 +317,7 @@ def release(
 @command(app, "lease.force-release", "receipt")
 def force_release(
     ctx: typer.Context,
-    lease_id: Annotated[
-        str, typer.Argument(metavar="LEASE_ID", help="Lease id (text, 'lease_...') to release.")
-    ],
+    lease_id: LeaseIdArgument,
     idempotency_key: IdempotencyKey = None,
 ) -> Receipt:
     """Release anyone's lease of the org. Needs --role owner or admin (else exit 6)."""
@@ -330,12 +331,7 @@ def list_(
         str | None, typer.Option("--resource-type", help="Only leases of this type (text).")
     ] = None,
     owner: Annotated[
-        str | None,
-        typer.Option(
-            "--owner",
-            help="Whose leases (text; '*' for everyone). Others than yourself need --role "
-            "owner or admin.",
-        ),
+        str | None, principal_filter("--owner", "Whose leases (text; '*' for everyone).")
     ] = None,
     include_ended: Annotated[
         bool, typer.Option("--all", help="Also list ended (released, expired, ...) leases.")

@@ -412,9 +412,11 @@ def test_an_evidence_kind_follows_the_id_rule(
     before = row_counts(ledger_url)
     body = {"subject_id": "s", "status": "failed", "evidence": [{"kind": kind, "uri": "u"}]}
     error(client.post("/v1/outcomes", json=body, headers=h), 400, "VALIDATION_ERROR")
-    with Baton(ledger_url, org=org, principal="agent-a") as b:
-        with pytest.raises(ValidationError) as refused:
-            b.outcomes.record("s", "failed", evidence=[{"kind": kind, "uri": "u"}])
+    with (
+        Baton(ledger_url, org=org, principal="agent-a") as b,
+        pytest.raises(ValidationError) as refused,
+    ):
+        b.outcomes.record("s", "failed", evidence=[{"kind": kind, "uri": "u"}])
     assert refused.value.message.startswith("evidence kind must not"), refused.value.message
     assert refused.value.message.endswith(message), refused.value.message
     assert row_counts(ledger_url) == before
@@ -424,7 +426,9 @@ def test_an_evidence_kind_follows_the_id_rule(
     assert props["uri"]["pattern"] == "^[^\\x00]*$", props["uri"]
     assert props["digest"]["anyOf"][0]["pattern"] == "^[^\\x00]*$", props["digest"]
     body["evidence"] = [{"kind": "ci-run", "uri": "u"}]
-    assert data(client.post("/v1/outcomes", json=body, headers=h))["evidence"][0]["kind"] == "ci-run"
+    assert (
+        data(client.post("/v1/outcomes", json=body, headers=h))["evidence"][0]["kind"] == "ci-run"
+    )
 
 
 def test_errors_before_the_route_carry_the_request_id(

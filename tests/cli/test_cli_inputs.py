@@ -344,6 +344,20 @@ def test_a_misspelt_evidence_key_is_refused_not_glued_to_a_value(cli: Cli) -> No
     assert recorded["outcome"]["evidence"][0]["uri"] == "file:///a,b.txt"
 
 
+def test_an_evidence_kind_follows_the_id_rule(cli: Cli) -> None:
+    """``--evidence`` with a ``kind`` holding a control character or white space at an end
+    exits 2 with the Python API's message (the id rule of a checkpoint's ``kind``); before,
+    it was recorded. Nothing is recorded."""
+    for item, message in (
+        ('{"kind": "fi\\u0001le", "uri": "u"}', "evidence kind must not contain control"),
+        ("kind=fi\tle,uri=u", "evidence kind must not contain control"),
+        ('{"kind": "file ", "uri": "u"}', "evidence kind must not start or end with white"),
+    ):
+        refused = _usage(cli("outcome", "record", "s", "failed", "--evidence", item))
+        assert message in refused, refused
+    assert cli("outcome", "list", "s").json["outcomes"] == []
+
+
 def test_state_that_is_json_but_not_an_object_says_so(cli: Cli) -> None:
     """``baton checkpoint save s k '"str"'`` (valid JSON, a string) exits 2 saying the state
     must be a JSON object, as for a list; before, it said the text was neither JSON nor an

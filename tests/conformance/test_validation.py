@@ -373,6 +373,18 @@ def test_nul_in_evidence_is_a_validation_error(baton: Baton, field: str) -> None
     assert baton.events.list() == []
 
 
+@pytest.mark.parametrize("kind", ["a\x01b", "log\n", "a\x7f", "a\x85b", "a\u200bb", " file"])
+def test_an_evidence_kind_is_an_id(baton: Baton, kind: str) -> None:
+    """An evidence item's kind follows the id rule of a checkpoint's kind (no control or
+    format characters, no white space at either end) on every backend: VALIDATION_ERROR
+    naming it, nothing recorded."""
+    with pytest.raises(ValidationError) as refused:
+        baton.outcomes.record("s", "failed", evidence=[{"kind": kind, "uri": "file:///a"}])
+    assert "kind" in refused.value.message, refused.value.message
+    assert baton.outcomes.list("s") == []
+    assert baton.events.list() == []
+
+
 def test_event_cursor_past_the_range_is_a_validation_error(baton: Baton) -> None:
     """after_seq beyond 2**63 - 1 is VALIDATION_ERROR; 2**63 - 1 itself reads nothing."""
     with pytest.raises(ValidationError):

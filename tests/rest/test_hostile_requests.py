@@ -236,6 +236,44 @@ def test_a_content_coded_body_is_415_and_writes_nothing(
     assert data(client.post("/v1/leases", content=plain, headers=h))["resource_id"] == "checkout"
 
 
+def test_a_coded_body_is_refused_after_the_key_the_route_and_the_method(
+    client: TestClient, make_key: MakeKey, ledger_url: str
+) -> None:
+    """The ``415`` of a coded body comes after the checks of the request itself: a key in
+    the URL or no key is ``401``, an unknown path ``404`` and a method the path does not
+    take ``405`` (with its ``Allow``), whatever the body's coding, as for a body over the
+    size limit or malformed JSON; a request without a body is not refused for the header
+    (before: ``415`` for each of them)."""
+    import gzip
+    import json
+
+    h = {**make_key(), "content-type": "application/json", "content-encoding": "gzip"}
+    body = gzip.compress(json.dumps(LEASE).encode())
+    before = row_counts(ledger_url)
+    url_key = "/v1/leases?key=bk_" + "a" * 43
+    error(client.post(url_key, content=body, headers=h), 401, "UNAUTHENTICATED")
+    no_key = {k: v for k, v in h.items() if k != "Authorization"}
+    error(client.post("/v1/leases", content=body, headers=no_key), 401, "UNAUTHENTICATED")
+    for path in ("/v1/nope", "/v1/leases/", "/nope"):
+        error(client.post(path, content=body, headers=h), 404, "NOT_FOUND")
+        error(client.post(path, content=b"{bad", headers=h), 404, "NOT_FOUND")
+    r = client.patch("/v1/leases", content=body, headers=h)
+    error(r, 405, "METHOD_NOT_ALLOWED")
+    assert r.headers["allow"] == "GET, HEAD, POST"
+    big = {**h, "content-length": str(10**9)}
+    error(client.request("PATCH", "/v1/leases", headers=big), 405, "METHOD_NOT_ALLOWED")
+    plain = {**h, "content-encoding": "identity"}
+    error(client.post("/v1/nope", content=b"{bad", headers=plain), 404, "NOT_FOUND")
+    # no body: the header describes nothing
+    assert data(client.get("/v1/leases", headers=h))["leases"] == []
+    assert client.head("/v1/leases", headers=h).status_code == 200
+    assert client.get("/openapi.json", headers=h).status_code == 200
+    # a body where a route takes it: 415
+    error(client.post("/v1/leases", content=body, headers=h), 415, "VALIDATION_ERROR")
+    error(client.request("GET", "/v1/leases", content=body, headers=h), 415, "VALIDATION_ERROR")
+    assert row_counts(ledger_url) == before
+
+
 def test_the_document_declares_415_on_every_operation(client: TestClient) -> None:
     """Every ``/v1`` operation documents the ``415`` a coded body gets."""
     doc = client.get("/openapi.json").json()

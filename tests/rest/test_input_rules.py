@@ -386,6 +386,51 @@ def test_ids_with_format_characters_are_400(
     assert row_counts(ledger_url) == before
 
 
+#: Evidence kinds the id rule refuses, and the end of the Python API's message.
+BAD_EVIDENCE_KINDS = [
+    ("fi\x01le", "must not contain control characters"),
+    ("log\n", "must not contain control characters"),
+    ("ci\x7frun", "must not contain control characters"),
+    ("ci\x85run", "must not contain control characters or line breaks, found U+0085"),
+    ("fi\u200ble", "found U+200B"),
+    (" file", "must not start or end with white space, got ' file'"),
+]
+
+
+@pytest.mark.parametrize(("kind", "message"), BAD_EVIDENCE_KINDS)
+def test_an_evidence_kind_follows_the_id_rule(
+    client: TestClient, make_key: MakeKey, ledger_url: str, org: str, kind: str, message: str
+) -> None:
+    """An evidence item's ``kind`` is an id, as a checkpoint's ``kind`` (no control
+    characters, format characters or white space at either end): the Python API and the REST
+    API refuse it with ``VALIDATION_ERROR`` and write nothing (before: stored, with only a
+    NUL refused), and the document's ``EvidenceIn`` states the pattern the server enforces
+    (its ``uri`` and ``digest`` the NUL rule)."""
+    from prefect_baton import Baton
+
+    h = make_key()
+    before = row_counts(ledger_url)
+    body = {"subject_id": "s", "status": "failed", "evidence": [{"kind": kind, "uri": "u"}]}
+    error(client.post("/v1/outcomes", json=body, headers=h), 400, "VALIDATION_ERROR")
+    with (
+        Baton(ledger_url, org=org, principal="agent-a") as b,
+        pytest.raises(ValidationError) as refused,
+    ):
+        b.outcomes.record("s", "failed", evidence=[{"kind": kind, "uri": "u"}])
+    assert refused.value.message.startswith("evidence kind must not"), refused.value.message
+    assert refused.value.message.endswith(message), refused.value.message
+    assert row_counts(ledger_url) == before
+    item = client.get("/openapi.json").json()["components"]["schemas"]["EvidenceIn"]
+    props = item["properties"]
+    assert props["kind"]["pattern"] == "^[^\\x00-\\x1f\\x7f]*$", props["kind"]
+    assert props["uri"]["pattern"] == "^[^\\x00]*$", props["uri"]
+    assert props["digest"]["anyOf"][0]["pattern"] == "^[^\\x00]*$", props["digest"]
+    body["evidence"] = [{"kind": "ci-run", "uri": "u"}]
+    assert (
+        data(client.post("/v1/outcomes", json=body, headers=h))["evidence"][0]["kind"] == "ci-run"
+    )
+
+
 def test_errors_before_the_route_carry_the_request_id(
     client: TestClient, make_key: MakeKey
 ) -> None:

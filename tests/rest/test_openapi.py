@@ -265,6 +265,35 @@ def test_method_not_allowed_lists_the_allowed_methods(
     assert (r.status_code, r.headers["allow"]) == (405, "POST")
 
 
+def test_allow_lists_exactly_the_methods_not_answered_405(
+    client: TestClient, make_key: MakeKey, ledger_url: str
+) -> None:
+    """On every path of the document (ids as ``x``), the ``Allow`` of a ``405`` lists
+    exactly the methods the path is not answered ``405`` with, ``HEAD`` exactly where
+    ``GET`` is: ``/v1/leases/batch`` also matches ``/v1/leases/{lease_id}``, whose ``GET``
+    and ``DELETE`` answer ``404`` for a lease ``batch`` (before, its ``Allow`` was ``POST``
+    alone)."""
+    import re
+
+    h = make_key(role="owner")
+    before = row_counts(ledger_url)
+    paths = {re.sub(r"\{[^}]+\}", "x", p) for p in client.get("/openapi.json").json()["paths"]}
+    assert "/v1/leases/batch" in paths
+    methods = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH")
+    for path in sorted(paths):
+        r = client.request("PATCH", path, headers=h)
+        error(r, 405, "METHOD_NOT_ALLOWED")
+        allow = set(r.headers["allow"].split(", "))
+        served = {m for m in methods if client.request(m, path, headers=h).status_code != 405}
+        assert allow == served, (path, allow, served)
+        assert ("HEAD" in allow) == ("GET" in allow), path
+    r = client.request("PATCH", "/v1/leases/batch", headers=h)
+    assert r.headers["allow"] == "DELETE, GET, HEAD, POST"
+    assert client.head("/v1/leases/batch", headers=h).status_code == 404
+    error(client.get("/v1/leases/batch", headers=h), 404, "NOT_FOUND")
+    assert row_counts(ledger_url) == before
+
+
 def test_durations_are_integers_without_a_fraction(
     client: TestClient, make_key: MakeKey, ledger_url: str
 ) -> None:

@@ -116,3 +116,17 @@ def test_timeline_checks_the_scopes_before_the_query(
     if "resource_id" not in query:
         ok = make_key(scopes=READS)
         error(client.get(TIMELINE, params=query, headers=ok), 400, "VALIDATION_ERROR")
+
+
+def test_ui_slash_is_the_one_trailing_slash_redirected(
+    client: TestClient, make_key: MakeKey
+) -> None:
+    """docs/rest.md and docs/ui.md: ``/ui/`` redirects to ``/ui`` (``308``, for a browser);
+    every other path with a trailing slash (the document's paths, ids as ``x``, the metrics,
+    the document and its pages) is ``404 NOT_FOUND`` with no redirect."""
+    h = make_key()
+    paths = {re.sub(r"\{[^}]+\}", "x", p) for p in client.get("/openapi.json").json()["paths"]}
+    paths |= {"/metrics", "/openapi.json", "/docs", "/redoc", "/ui/ui.js", "/v1"}
+    for path in sorted(paths):
+        error(client.get(path + "/", headers=h, follow_redirects=False), 404, "NOT_FOUND")
+    assert client.get("/ui/", follow_redirects=False).status_code == 308

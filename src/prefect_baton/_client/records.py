@@ -25,7 +25,7 @@ from prefect_baton._rules.paging import (
     fetch_page,
     history_page_cap,
 )
-from prefect_baton._rules.validation import LIFETIME_RANGE, validate_lifetime
+from prefect_baton._rules.validation import LIFETIME_RANGE, validate_evidence, validate_lifetime
 from prefect_baton._stores.protocol import (
     CheckpointWrite,
     HandoffOffer,
@@ -396,7 +396,10 @@ class OutcomeAPI(_API):
 
         Args:
             evidence: items ``{"kind", "uri", "digest"?, "note"?}`` (at most 1,000; at
-                least one for ``succeeded``; default none).
+                least one for ``succeeded``; default none): ``kind`` an id (1 to 256
+                characters, no control characters), ``uri`` (at most 4,096 characters),
+                ``digest`` (512) and ``note`` (4,096) text without NUL
+                (``_rules.validation.validate_evidence``).
             fence: a lease; rejected with :class:`StaleFenceError` once it is not current.
 
         Raises:
@@ -425,8 +428,7 @@ class OutcomeAPI(_API):
                 ev = item if isinstance(item, Evidence) else Evidence.model_validate(item)
             except PydanticValidationError as exc:
                 raise from_pydantic(exc, "bad evidence item: ", root="item") from None
-            for field in ("kind", "uri", "digest", "note"):  # no NUL, valid UTF-8
-                _core.validate_text(f"evidence {field}", getattr(ev, field))
+            validate_evidence(ev.kind, ev.uri, ev.digest, ev.note)
             items.append(ev)
         if status == "succeeded" and not items:
             raise ValidationError("a succeeded outcome needs at least one evidence item")

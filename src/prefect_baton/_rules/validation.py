@@ -165,6 +165,24 @@ def validate_text(name: str, value: object, limit: int = MAX_TEXT_LENGTH) -> str
     return value
 
 
+def validate_evidence(kind: object, uri: object, digest: object, note: object) -> None:
+    """Check the fields of an outcome's evidence item (beyond the lengths and types its
+    model checks): ``kind`` names what the item is (``file``, ``log``, ``ci-run``), an
+    identifier as :func:`validate_id` checks (1 to 256 characters, no control characters,
+    no format characters, no white space at either end), as a checkpoint's ``kind`` is;
+    ``uri``, ``digest`` and ``note`` are text as :func:`validate_text` checks (no NUL,
+    valid UTF-8; ``digest`` and ``note`` may be ``None``). The one rule of every surface:
+    the Python API, the CLI, the REST API and MCP all record an outcome through it.
+
+    Raises:
+        ValidationError: ``evidence kind must not contain control characters`` and the
+            like, naming the field.
+    """
+    validate_id("evidence kind", kind)
+    for name, value in (("uri", uri), ("digest", digest), ("note", note)):
+        validate_text(f"evidence {name}", value)
+
+
 def check_paired(
     lead: tuple[str, object],
     follower: tuple[str, object],

@@ -21,6 +21,7 @@ from urllib.parse import parse_qsl, unquote_to_bytes
 
 import anyio.to_thread
 from starlette.responses import JSONResponse
+from starlette.routing import Match, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from prefect_baton._rules.access import check_scope
@@ -48,6 +49,7 @@ __all__ = [
     "check_host",
     "client_error",
     "error_response",
+    "has_body",
     "is_json",
     "new_request_id",
     "ok",
@@ -250,9 +252,6 @@ def _repeated_parameter(query: bytes) -> str | None:
 
 def _refused_head(scope: Scope) -> JSONResponse | None:
     """The answer to a request whose head is refused before anything else, else ``None``:
-    a ``Content-Encoding`` other than ``identity`` (``415 VALIDATION_ERROR``: the server
-    decodes no content coding, and reading a gzip body as plain JSON would misread it, or
-    accept plain JSON mislabelled as encoded),
     more than one ``Authorization`` or ``Idempotency-Key`` header (``400``: which one
     counts would be a guess),
     a query parameter given more than once (``400``, likewise), a path or query whose
@@ -260,15 +259,6 @@ def _refused_head(scope: Scope) -> JSONResponse | None:
     would both name the id ``\ufffd``), or a bearer key in the URL's path or query (``401``:
     keys are accepted only in the ``Authorization`` header; the access log redacts it)."""
     headers = scope.get("headers", [])
-    codings = [v for name, v in headers if name.lower() == b"content-encoding"]
-    if any(c.strip().lower() not in (b"", b"identity") for c in codings):
-        sent = ", ".join(c.decode("latin-1").strip() for c in codings)[:100]
-        return error_response(
-            "VALIDATION_ERROR",
-            f"Content-Encoding {quoted(sent)} is not supported: send the body unencoded "
-            "(no Content-Encoding, or identity)",
-            status=415,
-        )
     for single in ("Authorization", "Idempotency-Key"):
         lowered = single.lower().encode()
         if sum(1 for name, _ in headers if name.lower() == lowered) > 1:
@@ -296,6 +286,39 @@ def _refused_head(scope: Scope) -> JSONResponse | None:
     return None
 
 
+def has_body(scope: Scope) -> bool:
+    """Whether the request announces a body (a ``Content-Length`` other than 0, or a
+    ``Transfer-Encoding``)."""
+    for name, value in scope.get("headers", ()):
+        name = name.lower()
+        if name == b"content-length" and value.strip() not in (b"0", b""):
+            return True
+        if name == b"transfer-encoding":
+            return True
+    return False
+
+
+def _coded_body(scope: Scope) -> JSONResponse | None:
+    """The answer to a request whose body carries a ``Content-Encoding`` other than
+    ``identity`` (``415 VALIDATION_ERROR``: the server decodes no content coding, and
+    reading a gzip body as plain JSON would misread it, or accept plain JSON mislabelled as
+    encoded), else ``None``. A request without a body (:func:`has_body`) has nothing the
+    header could describe, and is not refused for it."""
+    headers = scope.get("headers", [])
+    codings = [v for name, v in headers if name.lower() == b"content-encoding"]
+    if not any(c.strip().lower() not in (b"", b"identity") for c in codings):
+        return None
+    if not has_body(scope):
+        return None
+    sent = ", ".join(c.decode("latin-1").strip() for c in codings)[:100]
+    return error_response(
+        "VALIDATION_ERROR",
+        f"Content-Encoding {quoted(sent)} is not supported: send the body unencoded "
+        "(no Content-Encoding, or identity)",
+        status=415,
+    )
+
+
 class _TooManyContainers(Exception):
     """A request body holds more JSON objects and arrays than the server's limit."""
 
@@ -317,8 +340,7 @@ class BatonMiddleware:
     * gives each request an id (``scope["state"]["request_id"]``, header ``X-Request-ID``);
     * with ``head_as_get`` (the REST API): answers ``HEAD`` as ``GET`` without the body
       (the ``GET`` answer's status and headers), on every path;
-    * refuses a ``Content-Encoding`` other than ``identity`` (``415 VALIDATION_ERROR``),
-      more than one ``Authorization`` or ``Idempotency-Key`` header and a query
+    * refuses more than one ``Authorization`` or ``Idempotency-Key`` header and a query
       parameter given more than once (``400``), and a bearer key in the URL (``401``; keys
       are accepted only in the ``Authorization`` header);
     * under ``/v1`` and at ``/metrics``: authenticates the bearer key (``401`` when
@@ -329,6 +351,9 @@ class BatonMiddleware:
       event loop; otherwise the ledger is asked on a worker thread and a valid key is
       cached (see :class:`~prefect_baton.rest.keys.KeyCache` for when a revocation
       applies);
+    * refuses a body with a ``Content-Encoding`` other than ``identity``
+      (:func:`_coded_body`: ``415 VALIDATION_ERROR``; a request without a body is not
+      refused for the header);
     * refuses bodies over ``max_body_bytes`` with ``413`` (by ``Content-Length`` or by
       counting a streamed body) before any route runs;
     * refuses a JSON body (a JSON ``Content-Type``: what FastAPI reads as JSON) holding
@@ -344,6 +369,11 @@ class BatonMiddleware:
 
     A body over :data:`THREAD_PARSE_BYTES` is counted and parsed on a worker thread
     (:func:`run_for_body`), so other requests are answered meanwhile.
+
+    The order of the checks: the head's (above), the key and its scope, then, given a
+    ``router``, the route: a request that no route of ``router`` serves with its method
+    (:meth:`_routed`) is answered by the app (``404`` or ``405``) rather than refused for
+    its body; then the body's (``415``, ``413``, ``400``).
 
     Args:
         app: the wrapped ASGI app. engines: callable returning the ledger's engines (keys).
@@ -362,6 +392,9 @@ class BatonMiddleware:
         head_as_get: whether ``HEAD`` is answered as ``GET`` without the body (``bool``,
             default ``True``; the MCP server over HTTP passes ``False``: a ``GET`` of its
             endpoint is a stream, not a document).
+        router: the app's router (:class:`starlette.routing.Router`), whose routes decide
+            whether a request reaches a route before its body is refused; default none:
+            every request is taken to reach one.
     """
 
     def __init__(
@@ -373,6 +406,7 @@ class BatonMiddleware:
         max_containers: int = MAX_BODY_CONTAINERS,
         parse_json: bool = True,
         head_as_get: bool = True,
+        router: Router | None = None,
     ) -> None:
         self.app = app
         self.engines = engines
@@ -381,6 +415,7 @@ class BatonMiddleware:
         self.max_containers = max_containers
         self.parse_json = parse_json
         self.head_as_get = head_as_get
+        self.router = router
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -415,13 +450,17 @@ class BatonMiddleware:
             if denied is not None:
                 await denied(scope, receive, send_with_id)
                 return
+        coded = _coded_body(scope)
+        if coded is not None:
+            await self._refuse_body(coded, scope, receive, send_with_id)
+            return
         body = await self._read_body(scope, receive)
         if body is None:
             resp = error_response(
                 "PAYLOAD_TOO_LARGE",
                 f"request body is over the limit of {self.max_body_bytes} bytes",
             )
-            await resp(scope, receive, send_with_id)
+            await self._refuse_body(resp, scope, receive, send_with_id)
             return
         if body and is_json(scope):
             try:
@@ -432,14 +471,35 @@ class BatonMiddleware:
                     f"request body holds more than {self.max_containers} JSON objects and "
                     "arrays (the limit of this server)",
                 )
-                await resp(scope, receive, send_with_id)
+                await self._refuse_body(resp, scope, replaying(body, receive), send_with_id)
                 return
             except ValidationError as exc:
-                await baton_error_response(exc, request_id)(scope, receive, send_with_id)
+                resp = baton_error_response(exc, request_id)
+                await self._refuse_body(resp, scope, replaying(body, receive), send_with_id)
                 return
             if self.parse_json:
                 state[JSON_BODY_STATE] = doc
         await self.app(scope, replaying(body, receive), send_with_id)
+
+    def _routed(self, scope: Scope) -> bool:
+        """Whether a route of :attr:`router` serves this request's path with its method
+        (always, without a router). Otherwise the app answers it ``404`` (no route has the
+        path) or ``405`` (none takes the method), whatever its body."""
+        if self.router is None:
+            return True
+        return any(route.matches(scope)[0] is Match.FULL for route in self.router.routes)
+
+    async def _refuse_body(
+        self, refusal: JSONResponse, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """Send ``refusal`` (``415``, ``413`` or ``400``: the body's fault) when the request
+        reaches a route (:meth:`_routed`); else let the app answer ``404`` or ``405``, which
+        comes first: what is wrong with a body matters only where a body is taken.
+        ``receive`` gives the body as far as it was read."""
+        if self._routed(scope):
+            await refusal(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
 
     def _read_json(self, body: bytes) -> Any:
         """The document of the JSON ``body`` (``bytes``) when :attr:`parse_json`, else

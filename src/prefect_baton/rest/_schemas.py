@@ -202,16 +202,19 @@ class CheckpointIn(_In):
     ttl_seconds: Lifetime | None = None
 
 
-#: The kind of an evidence item (e.g. ``file``): 1 to 256 characters.
-EvidenceKind = Annotated[str, Field(min_length=1, max_length=256)]
+#: The kind of an evidence item (e.g. ``file``): an id, as a checkpoint's ``kind``
+#: (``_rules.validation.validate_evidence``).
+EvidenceKind = Id
 
 
 class EvidenceIn(_In):
     """One evidence item of an outcome."""
 
+    # the rule of every surface: _rules.validation.validate_evidence
+
     kind: EvidenceKind
-    uri: Annotated[str, Field(min_length=1, max_length=4096)]
-    digest: Annotated[str, Field(max_length=512)] | None = None
+    uri: Annotated[str, Field(min_length=1, max_length=4096, pattern=NO_NUL)]
+    digest: Annotated[str, Field(max_length=512, pattern=NO_NUL)] | None = None
     note: Text | None = None
 
 

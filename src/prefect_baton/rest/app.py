@@ -76,6 +76,7 @@ from prefect_baton.rest._http import (
     BatonMiddleware,
     baton_error_response,
     error_response,
+    has_body,
     logger,
     replaying,
 )
@@ -89,15 +90,15 @@ __all__ = ["create_app"]
 
 
 def _allowed_methods(request: Request) -> str:
-    """The methods of the path template ``request`` falls under in the OpenAPI document (a
-    literal path before a templated one), for a 405's Allow."""
-    routes = request.app.router.routes
-    matching = [r for r in routes if r.matches(request.scope)[0] is not Match.NONE]
-    literal = [r for r in matching if getattr(r, "path", None) == request.url.path]
-    path = getattr((literal or matching or [None])[0], "path", None)
+    """The methods the path of ``request`` is served with, for a 405's ``Allow`` (RFC 9110
+    section 10.2.1): those of every route whose path matches it, as the router tries them
+    all, so a method is listed exactly when it is not answered ``405``. A literal path may
+    also match a templated one (``/v1/leases/batch``: ``POST`` there, and ``GET`` and
+    ``DELETE`` of ``/v1/leases/{lease_id}``, which answer ``404`` for a lease ``batch``);
+    ``HEAD`` wherever ``GET`` is."""
     methods: set[str] = set()
-    for route in routes:
-        if path is not None and getattr(route, "path", None) == path:
+    for route in request.app.router.routes:
+        if route.matches(request.scope)[0] is not Match.NONE:
             methods |= set(getattr(route, "methods", None) or ())
     if "GET" in methods:  # answered as GET without the body (BatonMiddleware)
         methods.add("HEAD")
@@ -154,17 +155,6 @@ def unknown_query_parameter(query: bytes, known: Collection[str]) -> str | None:
     return None
 
 
-def _has_body(scope: Scope) -> bool:
-    """Whether the request announces a body (a ``Content-Length`` other than 0, or a
-    ``Transfer-Encoding``)."""
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length" and value.strip() not in (b"0", b""):
-            return True
-        if name == b"transfer-encoding":
-            return True
-    return False
-
-
 class _ParsedBodyRoute(APIRoute):
     """The route class of the app: a request naming a query parameter the route does not
     declare (:func:`unknown_query_parameter`), or carrying a body where the route takes
@@ -184,7 +174,7 @@ class _ParsedBodyRoute(APIRoute):
         else handle the request as FastAPI does."""
         query = bytes(scope.get("query_string", b""))
         refused = unknown_query_parameter(query, self.query_names) if query else None
-        if refused is None and self.body_field is None and _has_body(scope):
+        if refused is None and self.body_field is None and has_body(scope):
             # its fields (an execution key, a fence, a filter) would be ignored, and the
             # request served as if unconditional
             refused = (
@@ -275,6 +265,7 @@ def create_app(ledger_url: str | None = None, redis_url: str | None = None) -> F
         max_body_bytes=body_limit,
         key_cache=app.state.key_cache,
         max_containers=request_container_limit(store.state_max_bytes),
+        router=app.router,
     )
 
     @app.exception_handler(BatonError)

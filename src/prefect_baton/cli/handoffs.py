@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from prefect_baton._client.records import handoff_listing
 from prefect_baton._rules.validation import TTL_RANGE
 from prefect_baton.cli._options import (
     Cursor,
@@ -117,15 +118,16 @@ def _handoffs(
     anyone) sent or received, of ``status`` (default ``pending``).
 
     Raises:
-        ValidationError: ``status`` without ``who``.
+        ValidationError: ``status`` without ``who`` (as on every surface:
+            :func:`prefect_baton._client.records.handoff_listing`).
     """
-    handoffs_api = state(ctx).client().handoffs
-    if who is None:
-        if status is not None:
-            raise ValidationError("--status needs --party or --all")
-        return handoffs_api.inbox(limit=limit, cursor=cursor)
-    wanted = "pending" if status is None else status.value
-    return handoffs_api.list(party=who, status=wanted, limit=limit, cursor=cursor)
+    return handoff_listing(
+        state(ctx).client().handoffs,
+        who,
+        None if status is None else status.value,
+        limit=limit,
+        cursor=cursor,
+    )
 
 
 @command(app, "handoff.inbox", "handoffs", columns=HANDOFF_COLUMNS, reads_only=True)

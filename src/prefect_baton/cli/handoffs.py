@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from prefect_baton._client.leases import proof_by_id
 from prefect_baton._client.records import handoff_listing
 from prefect_baton._rules.validation import TTL_RANGE
 from prefect_baton.cli._options import (
@@ -19,7 +20,7 @@ from prefect_baton.cli._options import (
     row_limit,
 )
 from prefect_baton.cli._output import Page
-from prefect_baton.cli._state import command, lease_proof, state
+from prefect_baton.cli._state import command, state
 from prefect_baton.errors import ValidationError
 from prefect_baton.models import Handoff
 
@@ -93,7 +94,7 @@ def create(
         checkpoint_id=checkpoint_id,
         context_id=context_id,
         message=message,
-        lease=lease_proof(b, lease_id, execution_key) if lease_id else None,
+        lease=proof_by_id(b.leases, lease_id, execution_key) if lease_id else None,
         idempotency_key=idempotency_key,
         expires_in_seconds=expires_in_seconds,
     )

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
+from prefect_baton._client.leases import proof_by_id
 from prefect_baton._rules.core import lapsed
 from prefect_baton._rules.validation import TTL_RANGE
 from prefect_baton.cli._options import (
@@ -29,7 +30,7 @@ from prefect_baton.cli._options import (
     row_limit,
 )
 from prefect_baton.cli._output import Page, RowView, emit_ok
-from prefect_baton.cli._state import command, guard, lease_proof, state
+from prefect_baton.cli._state import command, guard, state
 from prefect_baton.errors import ValidationError
 from prefect_baton.models import Lease, LeaseInfo, Receipt
 
@@ -237,7 +238,7 @@ def renew(
     """
     b = state(ctx).client()
     return b.leases.renew(
-        lease_proof(b, lease_id, execution_key),
+        proof_by_id(b.leases, lease_id, execution_key),
         ttl_seconds=ttl_seconds,
         expected_version=expected_version,
         idempotency_key=idempotency_key,
@@ -277,7 +278,7 @@ def transfer(
     """Hand a lease you hold to another principal: new lease id, version +1, epoch +1."""
     b = state(ctx).client()
     return b.leases.transfer(
-        lease_proof(b, lease_id, execution_key),
+        proof_by_id(b.leases, lease_id, execution_key),
         to_principal=to_principal,
         new_execution_key=new_execution_key,
         ttl_seconds=ttl_seconds,
@@ -305,7 +306,7 @@ def release(
     with guard(ctx, "lease.release") as st:
         b = st.client()
         receipt = b.leases.release(
-            lease_proof(b, lease_id, execution_key),
+            proof_by_id(b.leases, lease_id, execution_key),
             expected_version=expected_version,
             idempotency_key=idempotency_key,
         )

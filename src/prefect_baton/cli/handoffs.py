@@ -9,11 +9,11 @@ import typer
 
 from prefect_baton._client.leases import proof_by_id
 from prefect_baton._client.records import handoff_listing
-from prefect_baton._rules.validation import TTL_RANGE
 from prefect_baton.cli._options import (
     Cursor,
     IdempotencyKey,
     SubjectId,
+    lease_ttl,
     lifetime,
     principal_filter,
     proof_key,
@@ -222,12 +222,7 @@ def resolve(
         ),
     ] = None,
     ttl_seconds: Annotated[
-        int | None,
-        typer.Option(
-            "--ttl-seconds",
-            help=f"Duration of a carried lease in seconds (integer, {TTL_RANGE}; default: "
-            "the sender's TTL).",
-        ),
+        int | None, lease_ttl("Duration of a carried lease", "the sender's TTL")
     ] = None,
     idempotency_key: Annotated[
         str | None,

@@ -20,11 +20,11 @@ import typer
 
 from prefect_baton._client.leases import proof_by_id
 from prefect_baton._rules.core import lapsed
-from prefect_baton._rules.validation import TTL_RANGE
 from prefect_baton.cli._options import (
     Cursor,
     IdempotencyKey,
     compare_and_swap,
+    lease_ttl,
     principal_filter,
     proof_key,
     row_limit,
@@ -110,14 +110,7 @@ def acquire(
     ctx: typer.Context,
     resource_type: ResourceType,
     resource_id: ResourceId,
-    ttl_seconds: Annotated[
-        int,
-        typer.Option(
-            "--ttl-seconds",
-            help=f"Lease duration in seconds (integer, {TTL_RANGE}).",
-            show_default=False,
-        ),
-    ],
+    ttl_seconds: Annotated[int, lease_ttl("Lease duration")],
     execution_key: Annotated[
         str | None,
         typer.Option(
@@ -222,12 +215,7 @@ def renew(
     lease_id: LeaseId,
     execution_key: ExecutionKey = None,
     ttl_seconds: Annotated[
-        int | None,
-        typer.Option(
-            "--ttl-seconds",
-            help=f"New duration from now, in seconds (integer, {TTL_RANGE}; default: the "
-            "lease's TTL).",
-        ),
+        int | None, lease_ttl("New duration from now", "the lease's TTL")
     ] = None,
     expected_version: ExpectedVersion = None,
     idempotency_key: IdempotencyKey = None,
@@ -263,14 +251,7 @@ def transfer(
             help="The receiver's execution key (text); must differ from the current one.",
         ),
     ],
-    ttl_seconds: Annotated[
-        int,
-        typer.Option(
-            "--ttl-seconds",
-            help=f"Duration of the receiver's lease in seconds (integer, {TTL_RANGE}).",
-            show_default=False,
-        ),
-    ],
+    ttl_seconds: Annotated[int, lease_ttl("Duration of the receiver's lease")],
     execution_key: ExecutionKey = None,
     expected_version: ExpectedVersion = None,
     idempotency_key: IdempotencyKey = None,

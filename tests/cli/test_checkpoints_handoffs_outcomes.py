@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from prefect_baton._rules.handoffs import STATUS_NEEDS_PARTY
+
 from .conftest import Cli
 
 
@@ -278,6 +280,9 @@ def test_handoff_inbox_all_lists_everyone_s_for_an_owner_only(cli: Cli) -> None:
         bad = cli("handoff", "inbox", *args, principal="boss", role="owner")
         assert bad.code == 2, args
         assert bad.json["error"]["code"] == "VALIDATION_ERROR"
+    # the message REST and MCP give for the same request (tests/rest, tests/mcp)
+    no_party = cli("handoff", "inbox", "--status", "pending", principal="boss", role="owner")
+    assert no_party.json["error"]["message"] == STATUS_NEEDS_PARTY
 
 
 # ----------------------------------------------------------------------------- outcomes

@@ -12,6 +12,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from prefect_baton._rules.validation import TTL_RANGE
 from prefect_baton.cli import app, reflow
 
 
@@ -83,3 +84,30 @@ def test_bracketed_option_help_is_shown() -> None:
             assert " ".join(part.split()) in shown, (path, part)
             checked += 1
     assert checked >= 5, "the global options' defaults and keys create's are among them"
+
+
+def test_lease_ttl_seconds_is_declared_alike_on_every_lease_command() -> None:
+    """``--ttl-seconds`` of a lease (lease acquire, renew, transfer; the carried lease of
+    handoff resolve) is declared once (``cli._options.lease_ttl``): every one reads
+    ``<what> in seconds (integer, 10 to 86400[; default: ...]).``, required exactly where
+    it has no default; checkpoint save's is a checkpoint lifetime instead."""
+    found: dict[tuple[str, ...], Any] = {}
+    for path, command in _commands(typer.main.get_command(app)):
+        for p in command.params:
+            if "--ttl-seconds" in getattr(p, "opts", ()):
+                found[path] = p
+    lease_paths = {
+        ("lease", "acquire"),
+        ("lease", "renew"),
+        ("lease", "transfer"),
+        ("handoff", "resolve"),
+    }
+    assert set(found) == lease_paths | {("checkpoint", "save")}
+    shape = re.compile(
+        rf"[A-Z][^,;()]* in seconds \(integer, {re.escape(TTL_RANGE)}(; default: [^()]+)?\)\."
+    )
+    for path in lease_paths:
+        text = found[path].help
+        match = shape.fullmatch(text)
+        assert match is not None, (path, text)
+        assert found[path].required is (match.group(1) is None), path

@@ -322,6 +322,31 @@ def test_wrong_execution_key_exits_9(cli: Cli) -> None:
     assert run.json["error"]["code"] == "LEASE_LOST"
 
 
+def test_every_lease_proof_refuses_a_wrong_lease_id_and_a_wrong_key(cli: Cli) -> None:
+    """Each command that takes a lease proof (``--lease-id`` with ``--execution-key``: lease
+    renew, transfer, release, handoff create) exits 5 NOT_FOUND for an unknown lease id and
+    9 LEASE_LOST for another execution's key (never corrected), and the lease stays held
+    (one proof for all: ``_client.leases.proof_by_id``)."""
+    lease = acquire(cli)
+    transfer = ("--to-principal", "bob", "--new-execution-key", "run-2", "--ttl-seconds", "60")
+    commands: list[tuple[str, ...]] = [
+        ("lease", "renew"),
+        ("lease", "transfer", *transfer),
+        ("lease", "release"),
+        ("handoff", "create", "bob", "doc-1"),
+    ]
+    for command in commands:
+        unknown = cli(*command, "--lease-id", "lease_nope", "--execution-key", "run-1")
+        assert (unknown.code, unknown.json["error"]["code"]) == (5, "NOT_FOUND"), command
+        proof = ("--lease-id", lease["lease_id"], "--execution-key", "other")
+        wrong = cli(*command, *proof)
+        assert (wrong.code, wrong.json["error"]["code"]) == (9, "LEASE_LOST"), command
+    info = cli.ok("lease", "inspect", "deploy", "svc")["info"]
+    assert info["held"] is True
+    assert info["lease"]["lease_id"] == lease["lease_id"]
+    assert cli.ok("handoff", "inbox", principal="bob")["handoffs"] == []
+
+
 def test_release_without_execution_key_says_how_to_pass_it(cli: Cli) -> None:
     """Releasing your keyed lease without --execution-key stays exit 9 LEASE_LOST, with a
     message saying the lease is held by you and naming --execution-key; it stays held."""

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from mcp.client.session import ClientSession
 
+from prefect_baton._rules.handoffs import STATUS_NEEDS_PARTY
+
 from .conftest import HttpServer, ok, run, tool_error
 from .test_stdio import TOOL_NAMES
 
@@ -279,10 +281,12 @@ def test_handoff_inbox_by_party(open_session: Open) -> None:
             accepted = {"party": "*", "status": "accepted"}
             assert ok(await boss.call_tool("baton_handoff_inbox", accepted))["handoffs"] == []
             tool_error(await a.call_tool("baton_handoff_inbox", {"party": "*"}), "FORBIDDEN")
-            tool_error(
+            no_party = tool_error(
                 await a.call_tool("baton_handoff_inbox", {"status": "pending"}),
                 "VALIDATION_ERROR",
             )
+            # the message the CLI and REST give for the same request (tests/cli, tests/rest)
+            assert no_party["message"] == STATUS_NEEDS_PARTY
 
     run(main)
 

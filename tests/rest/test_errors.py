@@ -525,3 +525,36 @@ def test_json_body_without_a_json_content_type_says_so(
         "/v1/leases", content=lease, headers={**h, "content-type": "application/json"}
     )
     assert sent.status_code == 201, sent.text
+
+
+def test_every_lease_proof_refuses_a_wrong_lease_id_and_a_wrong_key(
+    client: TestClient, make_key: MakeKey
+) -> None:
+    """Each route that takes a lease proof (renew, transfer, release by proof, handoff
+    create with ``lease_id``) is 404 NOT_FOUND for an unknown lease id and 409 LEASE_LOST
+    for another execution's key (never corrected); an absent key is the lease's own (one
+    proof for all, as the CLI builds it: ``_client.leases.proof_by_id``)."""
+    h = make_key("agent-a")
+    lease = data(client.post("/v1/leases", json=LEASE, headers={**h, "Idempotency-Key": "run-1"}))
+    assert lease["execution_key"] == "run-1"
+    lid = lease["lease_id"]
+    transfer = {"to_principal": "agent-b", "new_execution_key": "run-2", "ttl_seconds": 60}
+    handoff = {"to_principal": "agent-b", "subject_id": "s"}
+
+    def calls(lease_id: str, key: str) -> list[tuple[str, dict[str, Any]]]:
+        return [
+            (f"/v1/leases/{lease_id}/renew", {"execution_key": key}),
+            (f"/v1/leases/{lease_id}/transfer", {**transfer, "execution_key": key}),
+            (f"/v1/leases/{lease_id}/release", {"execution_key": key}),
+            ("/v1/handoffs", {**handoff, "lease_id": lease_id, "lease_execution_key": key}),
+        ]
+
+    for path, body in calls("lease_nope", "run-1"):
+        error(client.post(path, json=body, headers=h), 404, "NOT_FOUND")
+    for path, body in calls(lid, "other"):
+        error(client.post(path, json=body, headers=h), 409, "LEASE_LOST")
+    assert data(client.get(f"/v1/leases/{lid}", headers=h))["status"] == "active"
+    renewed = data(client.post(f"/v1/leases/{lid}/renew", headers=h))
+    assert (renewed["lease_id"], renewed["execution_key"]) == (lid, "run-1")
+    made = data(client.post("/v1/handoffs", json={**handoff, "lease_id": lid}, headers=h))
+    assert made["lease_id"] == lid

@@ -9,6 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from prefect_baton import ValidationError
+from prefect_baton._rules.handoffs import STATUS_NEEDS_PARTY
 
 from .conftest import MakeKey, data, error
 
@@ -126,9 +127,9 @@ def test_handoffs_by_party(client: TestClient, make_key: MakeKey) -> None:
     assert [h["handoff_id"] for h in mine] == [first["handoff_id"]]
     any_ = client.get("/v1/handoffs", params={"party": "*", "status": "accepted"}, headers=owner)
     assert data(any_)["handoffs"] == []
-    error(
-        client.get("/v1/handoffs", params={"status": "pending"}, headers=a), 400, "VALIDATION_ERROR"
-    )
+    no_party = client.get("/v1/handoffs", params={"status": "pending"}, headers=a)
+    # the message the CLI and MCP give for the same request (tests/cli, tests/mcp)
+    assert error(no_party, 400, "VALIDATION_ERROR")["message"] == STATUS_NEEDS_PARTY
     bad = client.get("/v1/handoffs", params={"party": "*", "status": "done"}, headers=owner)
     error(bad, 400, "VALIDATION_ERROR")
     error(

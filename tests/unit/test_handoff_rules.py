@@ -11,12 +11,14 @@ from prefect_baton._rules.access import check_list_owner
 from prefect_baton._rules.core import Generation
 from prefect_baton._rules.handoffs import (
     HANDOFF_STATUSES,
+    STATUS_NEEDS_PARTY,
     HandoffExpiry,
     carried_lease_ended,
     decide_carried_release,
     decide_handoff_expiry,
     expired_message,
     handoff_status,
+    listing_status,
     not_pending_message,
     stored_statuses,
     validate_status_filter,
@@ -269,3 +271,16 @@ def test_not_pending_message_names_the_stored_status() -> None:
     assert "was released" in not_pending_message(
         "h1", "expired", DEADLINE, _carried(status="released"), T0
     )
+
+
+def test_listing_status_needs_a_party_for_a_status() -> None:
+    """Without a party a listing is the inbox (``None``), which has no status filter; with
+    one its status defaults to ``pending``. Every surface gives this one message."""
+    assert listing_status(None, None) is None
+    assert listing_status("*", None) == "pending"
+    assert listing_status("agent-a", "any") == "any"
+    with pytest.raises(ValidationError) as caught:
+        listing_status(None, "pending")
+    assert caught.value.code == "VALIDATION_ERROR"
+    assert caught.value.message == STATUS_NEEDS_PARTY
+    assert "give party as well" in STATUS_NEEDS_PARTY

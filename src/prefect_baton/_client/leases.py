@@ -409,3 +409,33 @@ def fence_by_id(leases: LeaseAPI, lease_id: str, epoch: int | None = None) -> Le
         _core.check_fence(None, lease_id=lease_id, epoch=epoch or 0, now_ms=0)
         raise  # not reached: check_fence refuses a fence it cannot find
     return lease if epoch in (None, lease.epoch) else lease.model_copy(update={"epoch": epoch})
+
+
+def proof_by_id(
+    leases: LeaseAPI, lease_id: str, execution_key: str | None, *, key_given: bool = True
+) -> Lease:
+    """The proof of holding a lease when the holder names it by id (the CLI's ``--lease-id``
+    with ``--execution-key``, the REST routes' ``lease_id`` with ``execution_key`` or
+    ``lease_execution_key``): the caller's lease ``lease_id`` as the authority holds it,
+    with the execution key presented. A wrong key is then refused by the authority as a
+    lost lease (``LEASE_LOST``), never silently corrected.
+
+    Args:
+        leases: the caller's lease API (``b.leases``).
+        lease_id: the lease id (``str``).
+        execution_key: the execution key presented (``str``; ``None``: a lease acquired
+            without one).
+        key_given: ``False`` when no key was presented at all (a REST body without the
+            field): the lease keeps the key it is read with, and ``execution_key`` is not
+            used.
+
+    Returns:
+        The :class:`Lease` to pass as the proof (``lease=`` of renew, transfer, release,
+        handoff create).
+
+    Raises:
+        NotFoundError: unknown, another org's or another principal's lease (``NOT_FOUND``).
+        ValidationError: a malformed lease id.
+    """
+    lease = leases.get(lease_id)
+    return lease.model_copy(update={"execution_key": execution_key}) if key_given else lease

@@ -18,7 +18,7 @@ from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._client.requests import keyed, resolve_fields
 from prefect_baton._rules import core as _core
 from prefect_baton._rules.events import validate_event_kind, validate_resource_filter
-from prefect_baton._rules.handoffs import validate_status_filter
+from prefect_baton._rules.handoffs import listing_status, validate_status_filter
 from prefect_baton._rules.paging import (
     decode_cursor,
     events_after,
@@ -375,6 +375,34 @@ class HandoffAPI(_API):
             ResolveRequest(hid, status, note_, key, ttl_ms),
             idempotency=keyed(idem, lambda: (f"handoff:{hid}", fields)),
         )
+
+
+def handoff_listing(
+    handoffs: HandoffAPI,
+    party: str | None,
+    status: str | None,
+    *,
+    limit: int,
+    cursor: str | None,
+) -> Page[Handoff]:
+    """The handoff listing every surface gives (``baton handoff inbox``/``list``,
+    ``GET /v1/handoffs``, ``baton_handoff_inbox``), as
+    :func:`prefect_baton._rules.handoffs.listing_status` decides it: without ``party`` the
+    caller's inbox (:meth:`HandoffAPI.inbox`), else the handoffs ``party`` (a principal, or
+    ``"*"``: everyone's) sent or received of ``status`` (``None``: ``"pending"``), by
+    :meth:`HandoffAPI.list`. One page of ``limit`` (1..10,000) after ``cursor``.
+
+    Raises:
+        ValidationError: ``status`` without ``party`` (``VALIDATION_ERROR``, the message
+            :data:`prefect_baton._rules.handoffs.STATUS_NEEDS_PARTY`), or a bad party,
+            status, limit or cursor.
+        ForbiddenError: another principal's or everyone's handoffs asked with the ``agent``
+            role.
+    """
+    wanted = listing_status(party, status)
+    if wanted is None:
+        return handoffs.inbox(limit=limit, cursor=cursor)
+    return handoffs.list(party=party, status=wanted, limit=limit, cursor=cursor)
 
 
 class OutcomeAPI(_API):

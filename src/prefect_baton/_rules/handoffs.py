@@ -24,6 +24,7 @@ from prefect_baton.errors import ValidationError
 
 __all__ = [
     "HANDOFF_STATUSES",
+    "STATUS_NEEDS_PARTY",
     "HandoffExpiry",
     "carried_lease_ended",
     "deadline_came_first",
@@ -31,6 +32,7 @@ __all__ = [
     "decide_handoff_expiry",
     "expired_message",
     "handoff_status",
+    "listing_status",
     "not_pending_message",
     "releases_carried",
     "resolution_recorded",
@@ -56,6 +58,35 @@ def validate_status_filter(status: object) -> str | None:
             f"status must be one of pending, accepted, rejected, expired or any, got {status!r}"
         )
     return status
+
+
+STATUS_NEEDS_PARTY = (
+    "status filters the handoffs of a party: give party as well (a principal, or '*' for "
+    "everyone's)"
+)
+"""The ``VALIDATION_ERROR`` message of a handoff listing given a status but no party
+(:func:`listing_status`), the same on every surface."""
+
+
+def listing_status(party: str | None, status: str | None) -> str | None:
+    """Which handoff listing a request for ``party`` and ``status`` (``None``: not given)
+    asks for, on every surface (``baton handoff inbox``, ``GET /v1/handoffs``,
+    ``baton_handoff_inbox``).
+
+    Returns:
+        ``None`` without ``party``: the caller's inbox (pending handoffs addressed to it).
+        Otherwise the status (``str``) to list ``party``'s handoffs by: ``status``, or
+        ``"pending"`` when not given (checked later by :func:`validate_status_filter`).
+
+    Raises:
+        ValidationError: ``status`` without ``party`` (:data:`STATUS_NEEDS_PARTY`): the
+            inbox has no status filter.
+    """
+    if party is None:
+        if status is not None:
+            raise ValidationError(STATUS_NEEDS_PARTY)
+        return None
+    return "pending" if status is None else status
 
 
 def stored_statuses(status: str) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ import typer
 from pydantic_core import PydanticCustomError
 from typer.models import ParameterInfo
 
-from prefect_baton._rules.validation import LIFETIME_RANGE
+from prefect_baton._rules.validation import LIFETIME_RANGE, TTL_RANGE
 
 __all__ = [
     "POLL_INTERVAL_MAX_SECONDS",
@@ -27,6 +27,7 @@ __all__ = [
     "IdempotencyKey",
     "SubjectId",
     "compare_and_swap",
+    "lease_ttl",
     "lifetime",
     "poll_interval",
     "principal_filter",
@@ -155,6 +156,30 @@ def principal_filter(name: str, what: str) -> typer.models.OptionInfo:
     """
     option: typer.models.OptionInfo = typer.Option(
         name, help=f"{what} Others than yourself need --role owner or admin."
+    )
+    return option
+
+
+def lease_ttl(what: str, default: str | None = None) -> typer.models.OptionInfo:
+    """The ``--ttl-seconds`` option of a lease: its duration in whole seconds,
+    :data:`~prefect_baton._rules.validation.TTL_RANGE` (lease acquire, renew and transfer;
+    the lease a handoff carries, on handoff resolve).
+
+    Args:
+        what: what the duration is of (``str``, e.g. ``Lease duration``), beginning the
+            help text ``<what> in seconds (integer, 10 to 86400).``
+        default: what applies when the option is not given (``str``, e.g. ``the lease's
+            TTL``), or ``None`` where the option is required.
+
+    Returns:
+        The :class:`typer.models.OptionInfo` to put in an ``Annotated[int, ...]``
+        (``int | None`` with a ``default``).
+    """
+    tail = "" if default is None else f"; default: {default}"
+    option: typer.models.OptionInfo = typer.Option(
+        "--ttl-seconds",
+        help=f"{what} in seconds (integer, {TTL_RANGE}{tail}).",
+        show_default=False,
     )
     return option
 

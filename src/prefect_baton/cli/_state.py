@@ -38,7 +38,6 @@ __all__ = [
     "fail",
     "fence_lease",
     "guard",
-    "lease_proof",
     "nothing_found",
     "parse_evidence",
     "read_json_object",
@@ -369,18 +368,6 @@ def usage_error(st: CliState, action: str, message: str) -> NoReturn:
     """Report bad command-line input (``VALIDATION_ERROR``, exit 2)."""
     emit_error(st.format, action, {"code": "VALIDATION_ERROR", "message": message})
     raise typer.Exit(EXIT_USAGE)
-
-
-def lease_proof(b: Baton, lease_id: str, execution_key: str | None) -> Lease:
-    """The caller's proof of a lease: the generation ``lease_id`` as the authority holds
-    it, with the execution key the caller presents (a wrong key is then rejected by the
-    authority as a lost lease, never silently corrected).
-
-    Raises:
-        NotFoundError: unknown, another org's or another principal's lease.
-    """
-    lease = b.leases.get(lease_id)
-    return lease.model_copy(update={"execution_key": execution_key})
 
 
 def fence_lease(b: Baton, fence: str | None) -> Lease | None:

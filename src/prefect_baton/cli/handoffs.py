@@ -7,18 +7,20 @@ from typing import Annotated
 
 import typer
 
-from prefect_baton._rules.validation import TTL_RANGE
+from prefect_baton._client.leases import proof_by_id
+from prefect_baton._client.records import handoff_listing
 from prefect_baton.cli._options import (
     Cursor,
     IdempotencyKey,
     SubjectId,
+    lease_ttl,
     lifetime,
     principal_filter,
     proof_key,
     row_limit,
 )
 from prefect_baton.cli._output import Page
-from prefect_baton.cli._state import command, lease_proof, state
+from prefect_baton.cli._state import command, state
 from prefect_baton.errors import ValidationError
 from prefect_baton.models import Handoff
 
@@ -92,7 +94,7 @@ def create(
         checkpoint_id=checkpoint_id,
         context_id=context_id,
         message=message,
-        lease=lease_proof(b, lease_id, execution_key) if lease_id else None,
+        lease=proof_by_id(b.leases, lease_id, execution_key) if lease_id else None,
         idempotency_key=idempotency_key,
         expires_in_seconds=expires_in_seconds,
     )
@@ -117,15 +119,16 @@ def _handoffs(
     anyone) sent or received, of ``status`` (default ``pending``).
 
     Raises:
-        ValidationError: ``status`` without ``who``.
+        ValidationError: ``status`` without ``who`` (as on every surface:
+            :func:`prefect_baton._client.records.handoff_listing`).
     """
-    handoffs_api = state(ctx).client().handoffs
-    if who is None:
-        if status is not None:
-            raise ValidationError("--status needs --party or --all")
-        return handoffs_api.inbox(limit=limit, cursor=cursor)
-    wanted = "pending" if status is None else status.value
-    return handoffs_api.list(party=who, status=wanted, limit=limit, cursor=cursor)
+    return handoff_listing(
+        state(ctx).client().handoffs,
+        who,
+        None if status is None else status.value,
+        limit=limit,
+        cursor=cursor,
+    )
 
 
 @command(app, "handoff.inbox", "handoffs", columns=HANDOFF_COLUMNS, reads_only=True)
@@ -219,12 +222,7 @@ def resolve(
         ),
     ] = None,
     ttl_seconds: Annotated[
-        int | None,
-        typer.Option(
-            "--ttl-seconds",
-            help=f"Duration of a carried lease in seconds (integer, {TTL_RANGE}; default: "
-            "the sender's TTL).",
-        ),
+        int | None, lease_ttl("Duration of a carried lease", "the sender's TTL")
     ] = None,
     idempotency_key: Annotated[
         str | None,

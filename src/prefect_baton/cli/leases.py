@@ -18,18 +18,19 @@ from typing import Annotated, Any
 
 import typer
 
+from prefect_baton._client.leases import proof_by_id
 from prefect_baton._rules.core import lapsed
-from prefect_baton._rules.validation import TTL_RANGE
 from prefect_baton.cli._options import (
     Cursor,
     IdempotencyKey,
     compare_and_swap,
+    lease_ttl,
     principal_filter,
     proof_key,
     row_limit,
 )
 from prefect_baton.cli._output import Page, RowView, emit_ok
-from prefect_baton.cli._state import command, guard, lease_proof, state
+from prefect_baton.cli._state import command, guard, state
 from prefect_baton.errors import ValidationError
 from prefect_baton.models import Lease, LeaseInfo, Receipt
 
@@ -109,14 +110,7 @@ def acquire(
     ctx: typer.Context,
     resource_type: ResourceType,
     resource_id: ResourceId,
-    ttl_seconds: Annotated[
-        int,
-        typer.Option(
-            "--ttl-seconds",
-            help=f"Lease duration in seconds (integer, {TTL_RANGE}).",
-            show_default=False,
-        ),
-    ],
+    ttl_seconds: Annotated[int, lease_ttl("Lease duration")],
     execution_key: Annotated[
         str | None,
         typer.Option(
@@ -221,12 +215,7 @@ def renew(
     lease_id: LeaseId,
     execution_key: ExecutionKey = None,
     ttl_seconds: Annotated[
-        int | None,
-        typer.Option(
-            "--ttl-seconds",
-            help=f"New duration from now, in seconds (integer, {TTL_RANGE}; default: the "
-            "lease's TTL).",
-        ),
+        int | None, lease_ttl("New duration from now", "the lease's TTL")
     ] = None,
     expected_version: ExpectedVersion = None,
     idempotency_key: IdempotencyKey = None,
@@ -237,7 +226,7 @@ def renew(
     """
     b = state(ctx).client()
     return b.leases.renew(
-        lease_proof(b, lease_id, execution_key),
+        proof_by_id(b.leases, lease_id, execution_key),
         ttl_seconds=ttl_seconds,
         expected_version=expected_version,
         idempotency_key=idempotency_key,
@@ -262,14 +251,7 @@ def transfer(
             help="The receiver's execution key (text); must differ from the current one.",
         ),
     ],
-    ttl_seconds: Annotated[
-        int,
-        typer.Option(
-            "--ttl-seconds",
-            help=f"Duration of the receiver's lease in seconds (integer, {TTL_RANGE}).",
-            show_default=False,
-        ),
-    ],
+    ttl_seconds: Annotated[int, lease_ttl("Duration of the receiver's lease")],
     execution_key: ExecutionKey = None,
     expected_version: ExpectedVersion = None,
     idempotency_key: IdempotencyKey = None,
@@ -277,7 +259,7 @@ def transfer(
     """Hand a lease you hold to another principal: new lease id, version +1, epoch +1."""
     b = state(ctx).client()
     return b.leases.transfer(
-        lease_proof(b, lease_id, execution_key),
+        proof_by_id(b.leases, lease_id, execution_key),
         to_principal=to_principal,
         new_execution_key=new_execution_key,
         ttl_seconds=ttl_seconds,
@@ -305,7 +287,7 @@ def release(
     with guard(ctx, "lease.release") as st:
         b = st.client()
         receipt = b.leases.release(
-            lease_proof(b, lease_id, execution_key),
+            proof_by_id(b.leases, lease_id, execution_key),
             expected_version=expected_version,
             idempotency_key=idempotency_key,
         )

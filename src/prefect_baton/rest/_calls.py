@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel
 
+from prefect_baton._client.records import handoff_listing
 from prefect_baton._client.sync import Baton
 from prefect_baton._rules.paging import events_after
-from prefect_baton.errors import ValidationError
 from prefect_baton.models import Checkpoint, Handoff, Lease, Outcome, Receipt
 from prefect_baton.rest._responses import (
     CheckpointPage,
@@ -403,24 +403,14 @@ def handoffs_page(b: Baton, q: HandoffListFields) -> HandoffPage:
     """One page (oldest first, ``q.limit`` 1..10,000, after ``q.cursor`` as in
     :func:`leases_page`) of ``b.handoffs.inbox`` without ``q.party``, else of
     ``b.handoffs.list`` (``q.party``: a principal or ``"*"``; ``q.status`` default
-    ``pending``).
+    ``pending``), as :func:`prefect_baton._client.records.handoff_listing` decides.
 
     Raises:
         BatonError: VALIDATION_ERROR (a bad party, status, limit or cursor, or ``status``
             without ``party``), FORBIDDEN (another principal's or everyone's handoffs
             asked by an ``agent``).
     """
-    if q.party is None:
-        if q.status is not None:
-            raise ValidationError("status filters a listing by party: give party as well")
-        handoffs = b.handoffs.inbox(limit=q.limit, cursor=q.cursor)
-    else:
-        handoffs = b.handoffs.list(
-            party=q.party,
-            status="pending" if q.status is None else q.status,
-            limit=q.limit,
-            cursor=q.cursor,
-        )
+    handoffs = handoff_listing(b.handoffs, q.party, q.status, limit=q.limit, cursor=q.cursor)
     return HandoffPage(handoffs=handoffs, next_cursor=handoffs.next_cursor)
 
 

@@ -11,7 +11,7 @@ from fastapi import Depends, Header, Request
 from pydantic import BaseModel
 from starlette.responses import JSONResponse
 
-from prefect_baton._client.leases import fence_by_id
+from prefect_baton._client.leases import fence_by_id, proof_by_id
 from prefect_baton._client.sync import Baton
 from prefect_baton._rules.validation import validate_id
 from prefect_baton._stores.protocol import Caller
@@ -68,12 +68,18 @@ ExecutionKey = s.Id
 Epoch = s.Version
 
 
-def _proof_lease(b: Baton, lease_id: str, body: BaseModel) -> Lease:
-    """The caller's lease ``lease_id`` with the execution key of the presented proof."""
-    lease = b.leases.get(lease_id)
-    if "execution_key" in body.model_fields_set:
-        lease = lease.model_copy(update={"execution_key": getattr(body, "execution_key", None)})
-    return lease
+def _proof_lease(b: Baton, lease_id: str, body: BaseModel, field: str = "execution_key") -> Lease:
+    """The caller's lease ``lease_id`` with the execution key of the presented proof (the
+    body's ``field``: ``execution_key``, or ``lease_execution_key`` of a handoff; absent:
+    the lease's own), by :func:`~prefect_baton._client.leases.proof_by_id` as the CLI
+    builds it.
+
+    Raises:
+        NotFoundError: the lease is unknown to the caller (404).
+    """
+    return proof_by_id(
+        b.leases, lease_id, getattr(body, field, None), key_given=field in body.model_fields_set
+    )
 
 
 def _fence(b: Baton, lease_id: str | None, epoch: int | None) -> Lease | None:

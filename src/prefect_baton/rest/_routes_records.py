@@ -9,12 +9,20 @@ from fastapi import FastAPI, Query, Request
 from pydantic import BaseModel, Field, model_validator
 from starlette.responses import Response
 
-from prefect_baton._client.sync import Baton
 from prefect_baton.errors import NotFoundError
-from prefect_baton.models import Lease
 from prefect_baton.rest import _calls
 from prefect_baton.rest import _schemas as s
-from prefect_baton.rest._deps import B, Epoch, ExecutionKey, IdemKey, Limit, _fence, _reply, _utf8
+from prefect_baton.rest._deps import (
+    B,
+    Epoch,
+    ExecutionKey,
+    IdemKey,
+    Limit,
+    _fence,
+    _proof_lease,
+    _reply,
+    _utf8,
+)
 
 
 class HandoffListQuery(BaseModel):
@@ -106,17 +114,13 @@ def add_routes(app: FastAPI) -> None:
     """Register the handoff, checkpoint, outcome and event routes on ``app`` (called once by
     :func:`~prefect_baton.rest.app.create_app`)."""
 
-    def held(b: Baton, lease_id: str | None) -> Lease | None:
-        return None if lease_id is None else b.leases.get(lease_id)
-
     @app.post("/v1/handoffs", status_code=201, tags=["handoffs"])
     def create_handoff(
         request: Request, body: HandoffProofIn, b: B, key: IdemKey = None
     ) -> Response:
         """Create a pending handoff addressed to ``to_principal``."""
-        lease = held(b, body.lease_id)
-        if lease is not None and "lease_execution_key" in body.model_fields_set:
-            lease = lease.model_copy(update={"execution_key": body.lease_execution_key})
+        lid = body.lease_id
+        lease = None if lid is None else _proof_lease(b, lid, body, "lease_execution_key")
         handoff = _calls.create_handoff(b, body, lease, _utf8(key))
         return _reply(request, handoff, status=201)
 

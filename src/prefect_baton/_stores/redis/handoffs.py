@@ -63,7 +63,7 @@ from prefect_baton._stores.ledger.tables import HandoffRow
 from prefect_baton._stores.protocol import Caller, ResolveRequest
 from prefect_baton._stores.redis.codec import lease_from_gen, opt
 from prefect_baton._stores.redis.connection import as_text
-from prefect_baton._stores.redis.keys import HANDOFF_KEY_TTL_MS, org_keys
+from prefect_baton._stores.redis.keys import HANDOFF_KEY_TTL_MS, OrgKeys, org_keys
 from prefect_baton._stores.redis.scripts import OK, REPLAY, UNKNOWN, raise_for
 from prefect_baton.errors import LeaseLostError, NotFoundError, UnavailableError
 from prefect_baton.models import Handoff, Lease
@@ -300,8 +300,10 @@ def rejection_marked(auth: RedisAuthority, caller: Caller, handoff_id: str) -> b
     """Whether lease-carrying handoff ``handoff_id`` was settled as rejected in Redis
     (:func:`mark_rejected`, which refuses past the handoff's deadline): a rejection is under
     way, or was interrupted before the ledger recorded it. Such a handoff ends
-    ``rejected``, not ``expired``, even once its deadline has passed."""
-    reply = auth.client.get(org_keys(caller.org).handoff(handoff_id))
+    ``rejected``, not ``expired``, even once its deadline has passed. (A resolution kept
+    past its 7 days until it is pruned still reads here: it is still true.)"""
+    keys = org_keys(caller.org)
+    reply = auth.client.hget(keys.kept, keys.handoff_field(handoff_id))
     return reply is not None and as_text(reply).startswith("r")
 
 
@@ -320,12 +322,16 @@ def mark_rejected(
     Raises:
         NotFoundError: it was accepted already, or its deadline has passed.
     """
-    keys = org_keys(caller.org)
     reply = auth._run(
         caller.org,
         "handoff_mark",
-        [handoff_id, str(HANDOFF_KEY_TTL_MS), opt(expires_at_ms), secrets.token_hex(8)],
-        [keys.handoff(handoff_id)],
+        [
+            handoff_id,
+            str(HANDOFF_KEY_TTL_MS),
+            opt(expires_at_ms),
+            secrets.token_hex(8),
+            OrgKeys.handoff_field(handoff_id),
+        ],
     )
     raise_for(reply)
     return int(reply[1]) == 1
@@ -359,7 +365,6 @@ def transfer_lease(
             execution); the lease is unknown.
         LeaseLostError: the sender no longer holds the lease (the handoff reads ``expired``).
     """
-    keys = org_keys(caller.org)
     new_id = (
         "lease_"
         + hashlib.sha256(f"handoff\x00{caller.org}\x00{handoff_id}".encode()).hexdigest()[:32]
@@ -384,8 +389,8 @@ def transfer_lease(
             str(HANDOFF_KEY_TTL_MS),
             # another pending handoff carrying the lease may have passed its deadline
             opt(min((x for _h, x in lease_carriers(auth, caller, lease_id)), default=None)),
+            OrgKeys.handoff_field(handoff_id),
         ],
-        [keys.handoff(handoff_id)],
     )
     code = int(reply[0])
     if code == OK:

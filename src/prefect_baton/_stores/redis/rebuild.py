@@ -92,7 +92,7 @@ log = logging.getLogger("prefect_baton.redis")
 REBUILD_LOCK_MS = 120_000
 RESTORE_BATCH = 200
 #: Keys read per ``SCAN`` step, and dropped per script call, when a hand-back drops an org's
-#: acquire receipts and handoff keys.
+#: acquire receipt and handoff keys left by an earlier version (see keys.py).
 SCAN_BATCH = 500
 
 
@@ -246,9 +246,10 @@ def return_to_ledger(auth: AuthorityBase, org: str, *, force: bool = False) -> b
                     rec._delete_system_row(conn, org, INCARNATION_OP)
                     rec._set_system_row(conn, org, INCARNATION_OP, row, now, RETURNED_KEY)
             _check(auth.scripts["clear"](keys=lock_keys, args=[token]), org)
-            # the acquire receipts and handoff keys too (they expire on their own, but a
-            # Redis client taking the org back must find only what it rebuilds from the
-            # ledger); under the rebuild lock, so none of a later incarnation is dropped
+            # and the acquire receipt and handoff keys an earlier version kept as string
+            # keys (they expire on their own, but a Redis client taking the org back must
+            # find only what it rebuilds from the ledger); under the rebuild lock, so none
+            # of a later incarnation is dropped
             found = client.scan_iter(match=f"{keys.prefix}[ih]:*", count=SCAN_BATCH)
             while batch := [as_text(k) for k in itertools.islice(found, SCAN_BATCH)]:
                 _check(auth.scripts["clear"](keys=[*lock_keys, *batch], args=[token]), org)
@@ -336,9 +337,9 @@ def _restore_receipts(auth: AuthorityBase, org: str) -> int:
             if resp.get(ATTEMPT_FIELD) is not None:
                 rec["a"] = resp[ATTEMPT_FIELD]  # the acquire's attempt (absent: anonymous)
             value = json.dumps(rec)
-            pipe.set(
-                keys.receipt(r.principal, r.idem_key, rt, rid), value, px=r.expires_at_ms - now
-            )
+            field = keys.receipt_field(r.principal, r.idem_key, rt, rid)
+            pipe.hset(keys.kept, field, value)
+            pipe.zadd(keys.kept_expiry, {field: r.expires_at_ms})
             n += 1
             if n % 500 == 0:
                 pipe.execute()

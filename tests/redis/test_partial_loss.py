@@ -28,6 +28,7 @@ from prefect_baton import (
 from prefect_baton._stores.protocol import Caller
 from prefect_baton._stores.ledger.store import LedgerStore
 from prefect_baton._stores.redis.authority import RedisAuthority, connect
+from prefect_baton._stores.redis.handoffs import mark_rejected
 from prefect_baton._stores.redis.keys import org_keys
 from prefect_baton.audit import audit_ledger
 from tests.conftest import REDIS_ARMS, REDIS_URL, require_redis
@@ -55,9 +56,10 @@ def _authority(client: object, ledger: LedgerStore, **kwargs: object) -> RedisAu
 
 class Org:
     """An org whose Redis state has every key: a scoped lease held by ``a`` (heads, lid,
-    own, sx, sl, se, the journal), a retired generation (old, oldx) and a keyed acquire
-    released since (its receipt: rc, rcx). ``epochs`` holds every epoch handed out before
-    the loss."""
+    own, sx, sl, se, the journal), a retired generation (old, oldx), a keyed acquire
+    released since (its receipt: rc, rcx) and a lease-carrying handoff whose rejection was
+    settled in Redis and interrupted there (its resolution: rc, rcx). ``epochs`` holds every
+    epoch handed out before the loss."""
 
     def __init__(self, auth: RedisAuthority, ledger: LedgerStore) -> None:
         self.org = f"org-{uuid.uuid4().hex[:12]}"
@@ -71,20 +73,27 @@ class Org:
         self.held = self.a.leases.acquire("res", "r0", ttl_seconds=60, scopes=["src/**"])
         done = self.a.leases.acquire("job", "j1", ttl_seconds=60, idempotency_key="run-1")
         self.a.leases.release(done)
-        self.epochs = [first.epoch, again.epoch, self.held.epoch, done.epoch]
+        carried = self.a.leases.acquire("job", "j2", ttl_seconds=60)
+        self.handoff = self.a.handoffs.create("p-b", "j2", lease=carried).handoff_id
+        assert mark_rejected(auth, Caller(self.org, "p-b"), self.handoff)
+        self.epochs = [first.epoch, again.epoch, self.held.epoch, done.epoch, carried.epoch]
         keys = org_keys(self.org)
         for name in KEYS:
             assert auth.client.exists(keys.prefix + name), name
 
-    def check_after_loss(self) -> None:
+    def check_after_loss(self, kept: bool) -> None:
         """No grant on the lost state: ``b`` still conflicts with ``a``'s restored lease,
         which ``a`` can renew; the retry of the finished keyed acquire is still
-        ``LEASE_LOST`` (its receipt restored from the ledger's); every later grant, of any
+        ``LEASE_LOST`` (its receipt kept, or restored from the ledger's); with rc and rcx
+        ``kept``, the settled rejection still refuses an accept; every later grant, of any
         resource, is above every epoch handed out before the loss."""
         with pytest.raises(ConflictError):
             self.b.leases.acquire("res", "r0", ttl_seconds=30)
         with pytest.raises(LeaseLostError, match="released"):
             self.a.leases.acquire("job", "j1", ttl_seconds=60, idempotency_key="run-1")
+        if kept:
+            with pytest.raises(NotFoundError):
+                self.b.handoffs.resolve(self.handoff, "accepted")
         renewed = self.a.leases.renew(self.held)
         assert (renewed.lease_id, renewed.epoch) == (self.held.lease_id, self.held.epoch)
         self.a.leases.release(renewed)
@@ -111,7 +120,7 @@ def test_each_lost_key_fails_closed_then_rebuilds_with_higher_epochs(
     with pytest.raises(UnavailableError):
         org.a.leases.renew(org.held)
     auth.rebuild(org.org)
-    org.check_after_loss()
+    org.check_after_loss(kept=name not in ("rc", "rcx"))
     report = audit_ledger(ledger, org.org)
     assert report.ok, report.violations
 
@@ -131,7 +140,7 @@ def test_any_lost_subset_rebuilds_on_the_next_call(
     org = Org(auth, ledger)
     keys = org_keys(org.org)
     auth.client.delete(*(keys.prefix + name for name in lost))
-    org.check_after_loss()
+    org.check_after_loss(kept=not lost & {"rc", "rcx"})
     assert audit_ledger(ledger, org.org).ok
 
 
@@ -158,8 +167,6 @@ def test_a_volatile_eviction_takes_no_receipt_or_handoff_resolution(
     as when the receipt was a key with a TTL), another attempt of an execution whose lease
     is held is still ``IDEMPOTENCY_IN_FLIGHT`` (not handed the same lease), and a
     lease-carrying handoff whose rejection was settled in Redis cannot be accepted."""
-    from prefect_baton._stores.redis.handoffs import mark_rejected
-
     auth = _authority(client, ledger)
     org = f"org-{uuid.uuid4().hex[:12]}"
     a = Baton(org=org, principal="p-a", store=ledger, lease_authority=auth)

@@ -13,9 +13,10 @@ granting from empty state. The first client that notices rebuilds:
    before anything is granted in that incarnation), under the org's journal lock: a drain of
    another client or process that read journal entries before the loss commits them first,
    so the ledger read of step 4 sees every grant that reached the ledger at all;
-4. it clears the org's remaining Redis state (leaving each of the org's keys one pad entry)
-   and loads every resource's newest generation, and the unexpired acquire receipts, from
-   the ledger;
+4. it clears the org's remaining Redis state (leaving each of the org's keys one pad entry;
+   the acquire receipts and handoff resolutions stay when their two keys both survived)
+   and loads every resource's newest generation, and the unexpired acquire receipts Redis
+   no longer has, from the ledger;
 5. it installs a new marker with the epoch floor ``n * 2**32`` and ceiling
    ``(n + 1) * 2**32``, only if every one of the org's keys still exists: a key evicted
    meanwhile (a Redis with an ``allkeys-*`` policy, accepted with ``allow_eviction``) would
@@ -337,9 +338,10 @@ def _restore_receipts(auth: AuthorityBase, org: str) -> int:
             if resp.get(ATTEMPT_FIELD) is not None:
                 rec["a"] = resp[ATTEMPT_FIELD]  # the acquire's attempt (absent: anonymous)
             value = json.dumps(rec)
+            # only where Redis kept none (clear.lua keeps what survived: at least as new)
             field = keys.receipt_field(r.principal, r.idem_key, rt, rid)
-            pipe.hset(keys.kept, field, value)
-            pipe.zadd(keys.kept_expiry, {field: r.expires_at_ms})
+            pipe.hsetnx(keys.kept, field, value)
+            pipe.zadd(keys.kept_expiry, {field: r.expires_at_ms}, nx=True)
             n += 1
             if n % 500 == 0:
                 pipe.execute()

@@ -236,10 +236,10 @@ def test_accept_transfers_lease(baton: Baton) -> None:
 
 
 def test_get_of_an_accepted_handoff_gives_the_recipient_its_lease(baton: Baton) -> None:
-    """``handoffs.get`` (and ``list``) of an accepted lease-carrying handoff: the recipient
-    reads ``lease``, the generation it was handed, for as long as it holds it (its renewals
-    included); the sender, who no longer holds it, reads ``None``. Once the recipient's
-    lease has ended, ``lease`` is that ended generation (what it was handed)."""
+    """``handoffs.get`` and ``list`` of an accepted lease-carrying handoff: the recipient
+    (and an owner) reads ``lease``, the generation it was handed, as it stands (its
+    renewals included); the sender, who no longer holds it, reads ``None``. Once the
+    recipient's lease has ended, ``lease`` is that ended generation (what it was handed)."""
     lease = baton.leases.acquire(RT, RID, ttl_seconds=60, idempotency_key="w1")
     h = baton.handoffs.create("agent-b", SUBJ, lease=lease)
     b = baton.as_principal("agent-b")
@@ -255,6 +255,10 @@ def test_get_of_an_accepted_handoff_gives_the_recipient_its_lease(baton: Baton) 
     )
     assert [x.lease for x in b.handoffs.list(status="accepted")] == [got.lease]
     assert baton.handoffs.get(h.handoff_id).lease is None  # the sender's view
+    assert [x.lease for x in baton.handoffs.list(status="accepted")] == [None]
+    boss = baton.as_principal("boss", role="owner")
+    assert boss.handoffs.get(h.handoff_id).lease == got.lease
+    assert [x.lease for x in boss.handoffs.list(party="*", status="any")] == [got.lease]
     renewed = b.leases.renew(moved)
     after = b.handoffs.get(h.handoff_id).lease
     assert after is not None

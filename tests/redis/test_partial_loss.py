@@ -25,8 +25,8 @@ from prefect_baton import (
     UnavailableError,
     ValidationError,
 )
-from prefect_baton._stores.protocol import Caller
 from prefect_baton._stores.ledger.store import LedgerStore
+from prefect_baton._stores.protocol import Caller
 from prefect_baton._stores.redis.authority import RedisAuthority, connect
 from prefect_baton._stores.redis.handoffs import mark_rejected
 from prefect_baton._stores.redis.keys import org_keys

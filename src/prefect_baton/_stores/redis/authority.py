@@ -168,7 +168,7 @@ class RedisAuthority(RedisLeaseReads, ReceiptedLeaseOps):
         if req.scopes:
             scopes_json = json.dumps(list(req.scopes), ensure_ascii=False)
             meta = scope_meta(rt, rid, req.scopes)
-        args = [
+        return [
             resource_digest(rt, rid),
             rt,
             rid,
@@ -182,7 +182,6 @@ class RedisAuthority(RedisLeaseReads, ReceiptedLeaseOps):
             self._receipt_ttl,
             OrgKeys.receipt_field(caller.principal, key, rt, rid) if key else "",
         ]
-        return args
 
     def acquire(self, caller: Caller, request: AcquireRequest, execution: Execution) -> Lease:
         """Acquire or take over a resource in one script (rules:

@@ -7,7 +7,8 @@ states, ``(pending, sender holds)`` and ``(accepted, recipient holds)``:
 1. Read the handoff from the ledger and check it as the ledger would (pending, not expired,
    addressed to the caller).
 2. One Redis script transfers the lease to the recipient *and* settles the handoff's
-   resolution key to ``accepted`` (it refuses if the key says ``rejected``), and its journal
+   resolution (kept in the org's ``rc`` hash) to ``accepted`` (it refuses if the resolution
+   says ``rejected``), and its journal
    entry carries the acceptance. The new lease id is derived from the handoff id, so an
    exact retry finds the transfer it already made instead of failing.
 3. The reconciler applies that entry in one ledger transaction: the lease transition *and*
@@ -21,7 +22,7 @@ any drain runs (the client's drain thread, ``baton reconcile``, the next ledger 
 any client of the org, or an exact retry), which completes it as ``accepted``; if Redis loses
 its data first, the transfer is lost with it and the rebuilt state is ``(pending, sender
 holds)``; an accept that finds its entry gone so is answered ``UNAVAILABLE`` (retry), never
-with the lost lease. Rejecting a lease-carrying handoff first settles the resolution key to
+with the lost lease. Rejecting a lease-carrying handoff first settles the resolution to
 ``rejected`` (refused once it says ``accepted``), then releases the carried lease on Redis
 (``_rules.handoffs.decide_carried_release``), then records the rejection in the ledger; a
 crash in between leaves the handoff pending, and no accept can win afterwards. The mark

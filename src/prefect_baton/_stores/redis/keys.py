@@ -70,7 +70,8 @@ __all__ = [
 
 ORGS_KEY = "baton:orgs"
 HANDOFF_KEY_TTL_MS = 7 * 86_400_000
-"""How long a handoff's resolution key stays in Redis (milliseconds: 7 days)."""
+"""How long a lease-carrying handoff's resolution is kept in the org's ``rc`` hash
+(milliseconds: 7 days; pruned after that by the writes that keep new entries)."""
 
 
 def _digest(text: str, n: int = 32) -> str:

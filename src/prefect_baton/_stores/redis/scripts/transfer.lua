@@ -1,7 +1,7 @@
 -- transfer.lua: hand a lease to another principal (mirror of _transitions.decide_transfer): new
 -- lease id, version +1, epoch +1 (at least the incarnation's floor + 1), owner and key
 -- replaced, scopes kept. In handoff mode (ARGV[11] given) it also settles the handoff's
--- resolution key, so that accept and reject of one handoff can never both win, and an
+-- resolution (its field in rc), so that accept and reject of one handoff can never both win, and an
 -- exact retry of an accepted handoff returns the generation it created.
 -- KEYS[1..12]: the per-org keys listed in _lib.lua.
 -- ARGV[1] sender principal (proof owner), ARGV[2] actor role, ARGV[3] execution key

@@ -7,7 +7,8 @@ Sections (``--only`` picks some):
   floor (``SET NX PX`` + a Lua compare-and-delete), redis-py ``Lock``, python-redis-lock,
   pottery ``Redlock`` with one master, prefect-baton on Redis (``ack="redis"`` with the
   journal drained by a ``run_reconciler`` process, ``ack="redis"`` drained by the client's
-  own thread, ``ack="redis"`` drained only after the timing, ``ack="ledger"``),
+  own thread, ``ack="redis"`` drained only after the timing, the same with every acquire
+  under an execution key of its own (``keyed``: the receipt path), ``ack="ledger"``),
   prefect-baton on the SQLite ledger and on PostgreSQL.
 * ``many``: ``acquire_many`` of 100 resources against the floor's acquire (``SET NX PX``),
   per lease.
@@ -145,13 +146,29 @@ class PotteryRedlock(Variant):
 
 
 class BatonVariant(Variant):
-    def __init__(self, name: str, baton: Baton, closers: list[Callable[[], None]]) -> None:
+    """Acquire+release pairs of one client; ``keyed``: each acquire under an execution key
+    of its own (the receipt path: a receipt looked up, missed, and stored)."""
+
+    def __init__(
+        self,
+        name: str,
+        baton: Baton,
+        closers: list[Callable[[], None]],
+        *,
+        keyed: bool = False,
+    ) -> None:
         self.name = name
         self.b = baton
         self.closers = closers
+        self.keyed = keyed
+        self.done = 0  # pairs made: the next execution key's number
 
     def pair(self, i: int) -> None:
-        lease = self.b.leases.acquire("res", f"r{i % RESOURCES}", ttl_seconds=30)
+        self.done += 1
+        key = f"k{self.done}" if self.keyed else None
+        lease = self.b.leases.acquire(
+            "res", f"r{i % RESOURCES}", ttl_seconds=30, idempotency_key=key
+        )
         self.b.leases.release(lease)
 
     def close(self) -> None:
@@ -219,7 +236,13 @@ def _cpus(pid: int, store: LedgerStore, org: str) -> tuple[float | None, float |
 
 
 def baton_redis(
-    redis_url: str, ledger_url: str, *, ack: str, drain: str, principal: str = "bench"
+    redis_url: str,
+    ledger_url: str,
+    *,
+    ack: str,
+    drain: str,
+    principal: str = "bench",
+    keyed: bool = False,
 ) -> BatonVariant:
     """prefect-baton on Redis; ``drain`` is ``process`` (a reconciler process), ``thread``
     (the client's own drain thread), ``after`` (nothing drains while the variant runs; the
@@ -244,7 +267,7 @@ def baton_redis(
         closers.append(lambda: auth.reconciler.drain(org) and None)
     closers += [auth.close, store.close]
     label = f"prefect-baton Redis ack={ack}" + (f" (drain: {drain})" if ack == "redis" else "")
-    return BatonVariant(label, b, closers)
+    return BatonVariant(label + (", keyed" if keyed else ""), b, closers, keyed=keyed)
 
 
 def baton_ledger(name: str, ledger_url: str) -> BatonVariant:
@@ -407,6 +430,7 @@ def section_pairs(args: argparse.Namespace) -> dict[str, Any]:
         lambda: baton_redis(ru, _sqlite_url("pairs-p"), ack="redis", drain="process"),
         lambda: baton_redis(ru, _sqlite_url("pairs-t"), ack="redis", drain="thread"),
         lambda: baton_redis(ru, _sqlite_url("pairs-a"), ack="redis", drain="after"),
+        lambda: baton_redis(ru, _sqlite_url("pairs-k"), ack="redis", drain="after", keyed=True),
         lambda: baton_redis(ru, _sqlite_url("pairs-l"), ack="ledger", drain="none"),
         lambda: RawLedgerFloor("raw SQLite ledger floor (sqlite3)", _sqlite_url("pairs-raw")),
         lambda: baton_ledger("prefect-baton SQLite ledger", _sqlite_url("pairs-s")),

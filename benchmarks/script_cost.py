@@ -10,11 +10,15 @@ reading and parsing the commands, the scripts, the replies.
 
 Variants: the floor of benchmarks/leases.py (``SET NX PX`` + a Lua compare-and-delete),
 prefect-baton through the function library (``FCALL``) and through the scripts
-(``EVALSHA``), ``acquire_many`` of 100 (both paths) against 100 ``SET NX PX``.
+(``EVALSHA``), the same with every acquire under an execution key of its own (``keyed``: a
+receipt looked up, missed and kept), ``acquire_many`` of 100 (both paths) against 100
+``SET NX PX``.
 
 Usage::
 
-    python benchmarks/script_cost.py [--pairs 1000] [--batches 20]
+    python benchmarks/script_cost.py [--pairs 1000] [--batches 20] [--port PORT]
+
+``--port``: the server's loopback port (default: any free one).
 
 Needs ``valgrind`` (``callgrind_control``) and ``redis-server`` on the PATH. Prints a table
 and one JSON object.
@@ -53,8 +57,8 @@ def _free_port() -> int:
 class Counted:
     """A ``redis-server`` under callgrind on ``127.0.0.1:<port>``."""
 
-    def __init__(self, workdir: str) -> None:
-        self.port = _free_port()
+    def __init__(self, workdir: str, port: int = 0) -> None:
+        self.port = port or _free_port()
         self.out = os.path.join(workdir, "callgrind.%p.out")
         self.proc = subprocess.Popen(
             [
@@ -119,9 +123,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=int, default=1000)
     ap.add_argument("--batches", type=int, default=20)
+    ap.add_argument("--port", type=int, default=0)
     args = ap.parse_args()
     workdir = tempfile.mkdtemp(prefix="baton-cg-")
-    server = Counted(workdir)
+    server = Counted(workdir, args.port)
     try:
         r = connect(server.url)
         cad = r.register_script(CAD)
@@ -156,9 +161,12 @@ def main() -> None:
                 lease_authority=auth,
             )
 
-        def baton_pairs(b: Baton, n: int) -> None:
+        keys = iter(range(10**9))  # execution keys of the keyed pairs, never used twice
+
+        def baton_pairs(b: Baton, n: int, keyed: bool = False) -> None:
             for i in range(n):
-                lease = b.leases.acquire("res", f"r{i % 100}", ttl_seconds=30)
+                key = f"k{next(keys)}" if keyed else None
+                lease = b.leases.acquire("res", f"r{i % 100}", ttl_seconds=30, idempotency_key=key)
                 b.leases.release(lease)
 
         def baton_many(b: Baton, n: int, tag: str) -> None:
@@ -168,12 +176,16 @@ def main() -> None:
         floor_pairs(200, 10_000)
         for b in batons.values():
             baton_pairs(b, 200)
+            baton_pairs(b, 200, keyed=True)
             baton_many(b, 2, "warm")
         out: dict[str, float] = {}
         out["floor pair"] = server.count(lambda: floor_pairs(args.pairs)) / args.pairs
         for name, b in batons.items():
             out[f"prefect-baton pair, {name}"] = (
                 server.count(lambda b=b: baton_pairs(b, args.pairs)) / args.pairs
+            )
+            out[f"prefect-baton keyed pair, {name}"] = (
+                server.count(lambda b=b: baton_pairs(b, args.pairs, keyed=True)) / args.pairs
             )
         out["floor 100 x SET NX PX"] = (
             server.count(lambda: floor_sets(100 * args.batches, "a")) / args.batches

@@ -249,9 +249,13 @@ class Checkpoint(_Model):
 class Handoff(_Model):
     """An explicit transfer of a subject to ``to_principal``.
 
-    ``lease`` is set on an accepted handoff that carried a lease: the generation now held by
-    the recipient. ``parameters``: parameters for the recipient's run given by the sender
-    (a JSON object), or ``None``. ``released_lease`` is set on the result of the call that
+    ``lease`` is set on an accepted handoff that carried a lease, in every read of it (the
+    resolve, ``get`` and ``list``): the generation the acceptance gave the recipient, as it
+    stands now (renewed, or ended since: see its ``status``), for whoever may read that lease
+    (the recipient, ``owner`` and ``admin``, as ``leases.get``); ``None`` for the sender, who
+    no longer holds it (``_rules.handoffs.accepted_lease_view``). ``parameters``:
+    parameters for the recipient's run given by the sender (a JSON object), or ``None``.
+    ``released_lease`` is set on the result of the call that
     ended a lease-carrying handoff unaccepted (a rejection, or the first read of it past its
     expiry) and released the carried lease that way: the released generation (recorded as
     ``lease.released`` with ``reason`` ``handoff_rejected`` or ``handoff_expired``).

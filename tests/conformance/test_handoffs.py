@@ -235,6 +235,40 @@ def test_accept_transfers_lease(baton: Baton) -> None:
     assert b.leases.renew(moved).version == moved.version + 1
 
 
+def test_get_of_an_accepted_handoff_gives_the_recipient_its_lease(baton: Baton) -> None:
+    """``handoffs.get`` and ``list`` of an accepted lease-carrying handoff: the recipient
+    (and an owner) reads ``lease``, the generation it was handed, as it stands (its
+    renewals included); the sender, who no longer holds it, reads ``None``. Once the
+    recipient's lease has ended, ``lease`` is that ended generation (what it was handed)."""
+    lease = baton.leases.acquire(RT, RID, ttl_seconds=60, idempotency_key="w1")
+    h = baton.handoffs.create("agent-b", SUBJ, lease=lease)
+    b = baton.as_principal("agent-b")
+    moved = b.handoffs.resolve(h.handoff_id, "accepted").lease
+    assert moved is not None
+    got = b.handoffs.get(h.handoff_id)
+    assert got.status == "accepted"
+    assert got.lease is not None
+    assert (got.lease.lease_id, got.lease.owner, got.lease.epoch) == (
+        moved.lease_id,
+        "agent-b",
+        lease.epoch + 1,
+    )
+    assert [x.lease for x in b.handoffs.list(status="accepted")] == [got.lease]
+    assert baton.handoffs.get(h.handoff_id).lease is None  # the sender's view
+    assert [x.lease for x in baton.handoffs.list(status="accepted")] == [None]
+    boss = baton.as_principal("boss", role="owner")
+    assert boss.handoffs.get(h.handoff_id).lease == got.lease
+    assert [x.lease for x in boss.handoffs.list(party="*", status="any")] == [got.lease]
+    renewed = b.leases.renew(moved)
+    after = b.handoffs.get(h.handoff_id).lease
+    assert after is not None
+    assert (after.lease_id, after.version) == (moved.lease_id, renewed.version)
+    b.leases.release(renewed)
+    ended = b.handoffs.get(h.handoff_id).lease
+    assert ended is not None
+    assert (ended.lease_id, ended.status) == (moved.lease_id, "released")
+
+
 def test_accept_with_execution_key_and_ttl(baton: Baton) -> None:
     """The recipient may name its execution key and TTL when accepting a lease."""
     lease = baton.leases.acquire(RT, RID, ttl_seconds=60, idempotency_key="w1")

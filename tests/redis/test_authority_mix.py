@@ -356,9 +356,10 @@ def test_a_rotation_racing_a_hand_back_leaves_the_org_to_the_ledger(
 def test_a_hand_back_leaves_nothing_of_the_org_in_redis(
     ledger: LedgerStore, auth: RedisAuthority, org: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """After ``return_to_ledger`` no key of the org is left in Redis (acquire receipts and
-    handoff keys included, dropped in several batches here), and a Redis client taking the
-    org back still replays a keyed acquire from the ledger's receipt."""
+    """After ``return_to_ledger`` no key of the org is left in Redis (its acquire receipts
+    and handoff resolutions included, and the string keys in which an earlier version kept
+    them, dropped in several batches here), and a Redis client taking the org back still
+    replays a keyed acquire from the ledger's receipt."""
     from prefect_baton._stores.redis import rebuild
 
     monkeypatch.setattr(rebuild, "SCAN_BATCH", 3)
@@ -371,8 +372,11 @@ def test_a_hand_back_leaves_nothing_of_the_org_in_redis(
     Baton(org=org, principal="other", store=ledger, lease_authority=auth).handoffs.resolve(
         h.handoff_id, "rejected"
     )
-    prefix = org_keys(org).prefix
-    assert len(list(auth.client.scan_iter(match=f"{prefix}[ih]:*"))) >= 8
+    keys = org_keys(org)
+    prefix = keys.prefix
+    assert auth.client.hlen(keys.kept) >= 8 + 1  # the receipts, the resolution, the pad
+    for i in range(8):  # an earlier version's string keys
+        auth.client.set(f"{prefix}{'ih'[i % 2]}:{i:032x}", "{}", px=60_000)
     assert auth.return_to_ledger(org) is True
     assert list(auth.client.scan_iter(match=f"{prefix}*")) == []
     again = fast.leases.acquire("file", "f1.py", ttl_seconds=60, idempotency_key="run-1")

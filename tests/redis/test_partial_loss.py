@@ -15,9 +15,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prefect_baton import Baton, BatonSettings, ConflictError, UnavailableError, ValidationError
+from prefect_baton import (
+    Baton,
+    BatonSettings,
+    ConflictError,
+    IdempotencyInFlightError,
+    LeaseLostError,
+    NotFoundError,
+    UnavailableError,
+    ValidationError,
+)
 from prefect_baton._stores.ledger.store import LedgerStore
+from prefect_baton._stores.protocol import Caller
 from prefect_baton._stores.redis.authority import RedisAuthority, connect
+from prefect_baton._stores.redis.handoffs import mark_rejected
 from prefect_baton._stores.redis.keys import org_keys
 from prefect_baton.audit import audit_ledger
 from tests.conftest import REDIS_ARMS, REDIS_URL, require_redis
@@ -25,7 +36,7 @@ from tests.conftest import REDIS_ARMS, REDIS_URL, require_redis
 from .conftest import RedisServer
 
 #: The per-org keys after the marker (``inc``), as named in keys.py.
-KEYS = ("heads", "lid", "old", "oldx", "own", "sx", "sl", "se", "j")
+KEYS = ("heads", "lid", "old", "oldx", "own", "sx", "sl", "se", "j", "rc", "rcx")
 
 
 @pytest.fixture(params=REDIS_ARMS)
@@ -45,8 +56,10 @@ def _authority(client: object, ledger: LedgerStore, **kwargs: object) -> RedisAu
 
 class Org:
     """An org whose Redis state has every key: a scoped lease held by ``a`` (heads, lid,
-    own, sx, sl, se, the journal) and a retired generation (old, oldx). ``epochs`` holds
-    every epoch handed out before the loss."""
+    own, sx, sl, se, the journal), a retired generation (old, oldx), a keyed acquire
+    released since (its receipt: rc, rcx) and a lease-carrying handoff whose rejection was
+    settled in Redis and interrupted there (its resolution: rc, rcx). ``epochs`` holds every
+    epoch handed out before the loss."""
 
     def __init__(self, auth: RedisAuthority, ledger: LedgerStore) -> None:
         self.org = f"org-{uuid.uuid4().hex[:12]}"
@@ -58,17 +71,29 @@ class Org:
         again = self.b.leases.acquire("res", "r1", ttl_seconds=30)
         self.b.leases.release(again)
         self.held = self.a.leases.acquire("res", "r0", ttl_seconds=60, scopes=["src/**"])
-        self.epochs = [first.epoch, again.epoch, self.held.epoch]
+        done = self.a.leases.acquire("job", "j1", ttl_seconds=60, idempotency_key="run-1")
+        self.a.leases.release(done)
+        carried = self.a.leases.acquire("job", "j2", ttl_seconds=60)
+        self.handoff = self.a.handoffs.create("p-b", "j2", lease=carried).handoff_id
+        assert mark_rejected(auth, Caller(self.org, "p-b"), self.handoff)
+        self.epochs = [first.epoch, again.epoch, self.held.epoch, done.epoch, carried.epoch]
         keys = org_keys(self.org)
         for name in KEYS:
             assert auth.client.exists(keys.prefix + name), name
 
-    def check_after_loss(self) -> None:
+    def check_after_loss(self, kept: bool) -> None:
         """No grant on the lost state: ``b`` still conflicts with ``a``'s restored lease,
-        which ``a`` can renew; every later grant, of any resource, is above every epoch
-        handed out before the loss."""
+        which ``a`` can renew; the retry of the finished keyed acquire is still
+        ``LEASE_LOST`` (its receipt kept, or restored from the ledger's); with rc and rcx
+        ``kept``, the settled rejection still refuses an accept; every later grant, of any
+        resource, is above every epoch handed out before the loss."""
         with pytest.raises(ConflictError):
             self.b.leases.acquire("res", "r0", ttl_seconds=30)
+        with pytest.raises(LeaseLostError, match="released"):
+            self.a.leases.acquire("job", "j1", ttl_seconds=60, idempotency_key="run-1")
+        if kept:
+            with pytest.raises(NotFoundError):
+                self.b.handoffs.resolve(self.handoff, "accepted")
         renewed = self.a.leases.renew(self.held)
         assert (renewed.lease_id, renewed.epoch) == (self.held.lease_id, self.held.epoch)
         self.a.leases.release(renewed)
@@ -95,7 +120,7 @@ def test_each_lost_key_fails_closed_then_rebuilds_with_higher_epochs(
     with pytest.raises(UnavailableError):
         org.a.leases.renew(org.held)
     auth.rebuild(org.org)
-    org.check_after_loss()
+    org.check_after_loss(kept=name not in ("rc", "rcx"))
     report = audit_ledger(ledger, org.org)
     assert report.ok, report.violations
 
@@ -115,8 +140,56 @@ def test_any_lost_subset_rebuilds_on_the_next_call(
     org = Org(auth, ledger)
     keys = org_keys(org.org)
     auth.client.delete(*(keys.prefix + name for name in lost))
-    org.check_after_loss()
+    org.check_after_loss(kept=not lost & {"rc", "rcx"})
     assert audit_ledger(ledger, org.org).ok
+
+
+def _evict_volatile(auth: RedisAuthority, org: str) -> int:
+    """Delete every key of ``org`` that has a TTL, as a ``volatile-*`` ``maxmemory-policy``
+    may (the rebuild lock aside, which only a rebuild holds); returns how many."""
+    keys = org_keys(org)
+    gone = [
+        k
+        for k in auth.client.scan_iter(match=keys.prefix + "*")
+        if auth.client.pttl(k) > 0 and k not in (keys.rebuild, keys.rebuild.encode())
+    ]
+    for k in gone:
+        auth.client.delete(k)
+    return len(gone)
+
+
+def test_a_volatile_eviction_takes_no_receipt_or_handoff_resolution(
+    client: object, ledger: LedgerStore
+) -> None:
+    """What a ``volatile-*`` policy (accepted with ``allow_eviction``) may evict, the keys
+    with a TTL, holds nothing the decisions read: after it, a retried keyed acquire whose
+    lease was released is still ``LEASE_LOST`` (not granted anew with a new fencing token,
+    as when the receipt was a key with a TTL), another attempt of an execution whose lease
+    is held is still ``IDEMPOTENCY_IN_FLIGHT`` (not handed the same lease), and a
+    lease-carrying handoff whose rejection was settled in Redis cannot be accepted."""
+    auth = _authority(client, ledger)
+    org = f"org-{uuid.uuid4().hex[:12]}"
+    a = Baton(org=org, principal="p-a", store=ledger, lease_authority=auth)
+    b = a.as_principal("p-b")
+    done = a.leases.acquire("job", "j1", ttl_seconds=60, idempotency_key="run-1")
+    a.leases.release(done)
+    held = a.leases.acquire("job", "j2", ttl_seconds=60, idempotency_key="run-2", attempt="t1")
+    carried = a.leases.acquire("job", "j3", ttl_seconds=60)
+    h = a.handoffs.create("p-b", "j3", lease=carried)
+    # a rejection settled in Redis, interrupted before it released the lease or was recorded
+    assert mark_rejected(auth, Caller(org, "p-b"), h.handoff_id)
+    _evict_volatile(auth, org)
+    with pytest.raises(LeaseLostError, match="released"):
+        a.leases.acquire("job", "j1", ttl_seconds=60, idempotency_key="run-1")
+    with pytest.raises(IdempotencyInFlightError):
+        a.leases.acquire("job", "j2", ttl_seconds=60, idempotency_key="run-2", attempt="t2")
+    with pytest.raises(NotFoundError):
+        b.handoffs.resolve(h.handoff_id, "accepted")
+    assert a.leases.inspect("job", "j3").lease == carried.model_copy(update={"replayed": False})
+    again = a.leases.acquire("job", "j2", ttl_seconds=60, idempotency_key="run-2", attempt="t1")
+    assert (again.lease_id, again.epoch, again.replayed) == (held.lease_id, held.epoch, True)
+    report = audit_ledger(ledger, org)
+    assert report.ok, report.violations
 
 
 def test_an_evicting_policy_is_refused_unless_allowed(

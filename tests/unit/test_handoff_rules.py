@@ -13,6 +13,7 @@ from prefect_baton._rules.handoffs import (
     HANDOFF_STATUSES,
     STATUS_NEEDS_PARTY,
     HandoffExpiry,
+    accepted_lease_view,
     carried_lease_ended,
     decide_carried_release,
     decide_handoff_expiry,
@@ -284,3 +285,21 @@ def test_listing_status_needs_a_party_for_a_status() -> None:
     assert caught.value.code == "VALIDATION_ERROR"
     assert caught.value.message == STATUS_NEEDS_PARTY
     assert "give party as well" in STATUS_NEEDS_PARTY
+
+
+@pytest.mark.parametrize(
+    ("role", "principal", "shown"),
+    [
+        ("agent", "alice", True),  # the recipient, who holds the accepted generation
+        ("agent", "bob", False),  # the sender, who no longer holds it
+        ("owner", "carol", True),
+        ("admin", "carol", True),
+    ],
+)
+def test_accepted_lease_view(role: str, principal: str, shown: bool) -> None:
+    """A handoff's ``lease`` is the accepted generation for whoever may read that lease (as
+    ``leases.get``), whether it is still held or ended since; nothing without one."""
+    for accepted in (_carried(), _carried(status="released", ended_at_ms=T0 + 1)):
+        view = accepted_lease_view(accepted, role=role, principal=principal)
+        assert view == (accepted if shown else None)
+    assert accepted_lease_view(None, role=role, principal=principal) is None

@@ -291,7 +291,8 @@ class HandoffAPI(_API):
                 takes it; the two lists share their order and cursors).
 
         Returns:
-            One page, as :meth:`inbox` returns it.
+            One page, as :meth:`inbox` returns it. An accepted handoff that carried a lease
+            has its ``lease`` set as :meth:`get` gives it (:class:`~prefect_baton.Handoff`).
 
         Raises:
             ValidationError: a bad party, status or limit (``VALIDATION_ERROR``), or a
@@ -313,6 +314,10 @@ class HandoffAPI(_API):
 
     def get(self, handoff_id: str) -> Handoff:
         """A handoff you sent or received. Raises :class:`NotFoundError` otherwise.
+
+        An accepted handoff that carried a lease has ``lease`` set for its recipient (and an
+        ``owner``/``admin``): the generation the acceptance gave, as it stands now
+        (:class:`~prefect_baton.Handoff`); the sender reads ``None``.
 
         The first read of a pending handoff past its expiry ends it (stored ``expired``):
         the lease it carries, if still the sender's, is released then, and this result's

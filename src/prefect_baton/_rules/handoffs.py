@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from prefect_baton._rules.access import may_read
 from prefect_baton._rules.core import (
     Decision,
     Generation,
@@ -26,6 +27,7 @@ __all__ = [
     "HANDOFF_STATUSES",
     "STATUS_NEEDS_PARTY",
     "HandoffExpiry",
+    "accepted_lease_view",
     "carried_lease_ended",
     "deadline_came_first",
     "decide_carried_release",
@@ -42,6 +44,21 @@ __all__ = [
 
 HANDOFF_STATUSES = ("pending", "accepted", "rejected", "expired")
 """The statuses a handoff reads as (:func:`handoff_status`)."""
+
+
+def accepted_lease_view(
+    accepted: Generation | None, *, role: str, principal: str
+) -> Generation | None:
+    """The ``lease`` of a handoff as ``principal`` (with ``role``) reads it, in ``get`` and
+    ``list`` alike: the generation the handoff's acceptance gave its recipient (``accepted``:
+    the row of its ``accepted_lease_id`` as it stands now, renewed or ended since; ``None``
+    for a handoff not accepted or that carried no lease), to whoever may read that lease as
+    ``leases.get`` lets them (:func:`~prefect_baton._rules.access.may_read`: its holder, the
+    recipient, and ``owner``/``admin``); ``None`` for anyone else (the sender, an agent, no
+    longer holds it)."""
+    if accepted is None or not may_read(role, principal, (accepted.owner,)):
+        return None
+    return accepted
 
 
 def validate_status_filter(status: object) -> str | None:

@@ -29,6 +29,7 @@ from prefect_baton._rules.core import Proof, TransferRequest
 from prefect_baton._rules.digests import handoff_create_digest
 from prefect_baton._rules.events import RELEASE_HANDOFF_REJECTED
 from prefect_baton._rules.handoffs import (
+    accepted_lease_view,
     carried_lease_ended,
     decide_carried_release,
     expired_message,
@@ -289,8 +290,10 @@ class HandoffOps(ExpiryOps):
             out: list[Handoff] = []
             while len(out) < want:
                 rows = list(s.execute(q.limit(want)).scalars())
+                leases = self._accepted_leases(s, caller, rows)
                 for r in rows:
-                    h = handoff_model(r, now, carried_ended=carried_ended(s, r, now))
+                    lease = leases.get(r.accepted_lease_id or "")
+                    h = handoff_model(r, now, lease, carried_ended=carried_ended(s, r, now))
                     if (status is None or h.status == status) and len(out) < want:
                         out.append(h)
                 if len(rows) < want:
@@ -313,12 +316,30 @@ class HandoffOps(ExpiryOps):
                 or not may_read(caller.role, caller.principal, parties)
             ):
                 raise NotFoundError(f"handoff {handoff_id} not found")
-            lease = None
-            if row.accepted_lease_id:
-                lrow = s.get(GenerationRow, row.accepted_lease_id)
-                if lrow is not None and lrow.owner == caller.principal:
-                    lease = generation_to_lease(row_to_generation(lrow))
+            lease = self._accepted_leases(s, caller, [row]).get(row.accepted_lease_id or "")
             return handoff_model(row, now, lease, carried_ended=carried_ended(s, row, now))
+
+    @staticmethod
+    def _accepted_leases(s: Session, caller: Caller, rows: list[HandoffRow]) -> dict[str, Lease]:
+        """The ``lease`` each accepted handoff of ``rows`` shows ``caller``
+        (:func:`~prefect_baton._rules.handoffs.accepted_lease_view`), by accepted lease id
+        (one query for the rows)."""
+        ids = [r.accepted_lease_id for r in rows if r.accepted_lease_id]
+        if not ids:
+            return {}
+        found = s.execute(
+            select(GenerationRow).where(
+                col(GenerationRow.org_id) == caller.org, col(GenerationRow.lease_id).in_(ids)
+            )
+        ).scalars()
+        out: dict[str, Lease] = {}
+        for lrow in found:
+            view = accepted_lease_view(
+                row_to_generation(lrow), role=caller.role, principal=caller.principal
+            )
+            if view is not None:
+                out[lrow.lease_id] = generation_to_lease(view)
+        return out
 
     def _handoff_resolve(
         self, caller: Caller, resolution: ResolveRequest, *, carried_released: bool = False

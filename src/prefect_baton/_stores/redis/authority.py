@@ -72,7 +72,7 @@ from prefect_baton._stores.redis.handoffs import (
     resolve_handoff,
     run_carried,
 )
-from prefect_baton._stores.redis.keys import HANDOFF_KEY_TTL_MS, org_keys, resource_digest
+from prefect_baton._stores.redis.keys import HANDOFF_KEY_TTL_MS, OrgKeys, resource_digest
 from prefect_baton._stores.redis.reads import RedisLeaseReads
 from prefect_baton._stores.redis.scripts import NOOP, OK, REPLAY, UNKNOWN, raise_for
 from prefect_baton.errors import (
@@ -156,7 +156,10 @@ class RedisAuthority(RedisLeaseReads, ReceiptedLeaseOps):
 
     def _item(
         self, caller: Caller, req: AcquireRequest, key: str | None, lease_id: str | None = None
-    ) -> tuple[list[str], str | None]:
+    ) -> list[str]:
+        """The twelve script arguments of one acquire request (``read_item`` in
+        ``_acquire.lua``); the last is the field of the org's ``rc`` hash holding its
+        receipt (``""`` without an execution key)."""
         rt, rid = req.resource_type, req.resource_id
         digest = ""
         if key is not None:
@@ -165,7 +168,7 @@ class RedisAuthority(RedisLeaseReads, ReceiptedLeaseOps):
         if req.scopes:
             scopes_json = json.dumps(list(req.scopes), ensure_ascii=False)
             meta = scope_meta(rt, rid, req.scopes)
-        args = [
+        return [
             resource_digest(rt, rid),
             rt,
             rid,
@@ -177,9 +180,8 @@ class RedisAuthority(RedisLeaseReads, ReceiptedLeaseOps):
             scopes_json,
             meta,
             self._receipt_ttl,
+            OrgKeys.receipt_field(caller.principal, key, rt, rid) if key else "",
         ]
-        rkey = org_keys(caller.org).receipt(caller.principal, key, rt, rid) if key else None
-        return args, rkey
 
     def acquire(self, caller: Caller, request: AcquireRequest, execution: Execution) -> Lease:
         """Acquire or take over a resource in one script (rules:
@@ -276,12 +278,11 @@ class RedisAuthority(RedisLeaseReads, ReceiptedLeaseOps):
 
     def _acquire(self, caller: Caller, request: AcquireRequest, execution: Execution) -> Lease:
         self._backpressure(caller.org)
-        args, rkey = self._item(caller, request, execution.key)
+        args = self._item(caller, request, execution.key)
         reply = self._run(
             caller.org,
             "acquire",
             [caller.principal, caller.role, opt(execution.key), *args, opt(execution.attempt)],
-            [rkey] if rkey else (),
         )
         code = int(reply[0])
         if code == OK:
@@ -330,14 +331,10 @@ class RedisAuthority(RedisLeaseReads, ReceiptedLeaseOps):
             out = plain_leases(caller.principal, requests, base, reply)
         else:
             args = [caller.principal, caller.role, opt(execution.key), str(len(requests))]
-            extra: list[str] = []
             for i, req in enumerate(requests):
-                item, rkey = self._item(caller, req, execution.key, f"lease_{base}{i:06x}")
-                args += item
-                if rkey:
-                    extra.append(rkey)
+                args += self._item(caller, req, execution.key, f"lease_{base}{i:06x}")
             args.append(opt(execution.attempt))
-            reply = self._run(caller.org, "acquire_many", args, extra)
+            reply = self._run(caller.org, "acquire_many", args)
             if int(reply[0]) != OK:
                 _refuse(reply, requests)
             subs, gens = reply[2::2], reply[3::2]

@@ -7,7 +7,8 @@ states, ``(pending, sender holds)`` and ``(accepted, recipient holds)``:
 1. Read the handoff from the ledger and check it as the ledger would (pending, not expired,
    addressed to the caller).
 2. One Redis script transfers the lease to the recipient *and* settles the handoff's
-   resolution key to ``accepted`` (it refuses if the key says ``rejected``), and its journal
+   resolution (kept in the org's ``rc`` hash) to ``accepted`` (it refuses if the resolution
+   says ``rejected``), and its journal
    entry carries the acceptance. The new lease id is derived from the handoff id, so an
    exact retry finds the transfer it already made instead of failing.
 3. The reconciler applies that entry in one ledger transaction: the lease transition *and*
@@ -21,7 +22,7 @@ any drain runs (the client's drain thread, ``baton reconcile``, the next ledger 
 any client of the org, or an exact retry), which completes it as ``accepted``; if Redis loses
 its data first, the transfer is lost with it and the rebuilt state is ``(pending, sender
 holds)``; an accept that finds its entry gone so is answered ``UNAVAILABLE`` (retry), never
-with the lost lease. Rejecting a lease-carrying handoff first settles the resolution key to
+with the lost lease. Rejecting a lease-carrying handoff first settles the resolution to
 ``rejected`` (refused once it says ``accepted``), then releases the carried lease on Redis
 (``_rules.handoffs.decide_carried_release``), then records the rejection in the ledger; a
 crash in between leaves the handoff pending, and no accept can win afterwards. The mark
@@ -63,7 +64,7 @@ from prefect_baton._stores.ledger.tables import HandoffRow
 from prefect_baton._stores.protocol import Caller, ResolveRequest
 from prefect_baton._stores.redis.codec import lease_from_gen, opt
 from prefect_baton._stores.redis.connection import as_text
-from prefect_baton._stores.redis.keys import HANDOFF_KEY_TTL_MS, org_keys
+from prefect_baton._stores.redis.keys import HANDOFF_KEY_TTL_MS, OrgKeys, org_keys
 from prefect_baton._stores.redis.scripts import OK, REPLAY, UNKNOWN, raise_for
 from prefect_baton.errors import LeaseLostError, NotFoundError, UnavailableError
 from prefect_baton.models import Handoff, Lease
@@ -300,8 +301,10 @@ def rejection_marked(auth: RedisAuthority, caller: Caller, handoff_id: str) -> b
     """Whether lease-carrying handoff ``handoff_id`` was settled as rejected in Redis
     (:func:`mark_rejected`, which refuses past the handoff's deadline): a rejection is under
     way, or was interrupted before the ledger recorded it. Such a handoff ends
-    ``rejected``, not ``expired``, even once its deadline has passed."""
-    reply = auth.client.get(org_keys(caller.org).handoff(handoff_id))
+    ``rejected``, not ``expired``, even once its deadline has passed. (A resolution kept
+    past its 7 days until it is pruned still reads here: it is still true.)"""
+    keys = org_keys(caller.org)
+    reply = auth.client.hget(keys.kept, keys.handoff_field(handoff_id))
     return reply is not None and as_text(reply).startswith("r")
 
 
@@ -320,12 +323,16 @@ def mark_rejected(
     Raises:
         NotFoundError: it was accepted already, or its deadline has passed.
     """
-    keys = org_keys(caller.org)
     reply = auth._run(
         caller.org,
         "handoff_mark",
-        [handoff_id, str(HANDOFF_KEY_TTL_MS), opt(expires_at_ms), secrets.token_hex(8)],
-        [keys.handoff(handoff_id)],
+        [
+            handoff_id,
+            str(HANDOFF_KEY_TTL_MS),
+            opt(expires_at_ms),
+            secrets.token_hex(8),
+            OrgKeys.handoff_field(handoff_id),
+        ],
     )
     raise_for(reply)
     return int(reply[1]) == 1
@@ -359,7 +366,6 @@ def transfer_lease(
             execution); the lease is unknown.
         LeaseLostError: the sender no longer holds the lease (the handoff reads ``expired``).
     """
-    keys = org_keys(caller.org)
     new_id = (
         "lease_"
         + hashlib.sha256(f"handoff\x00{caller.org}\x00{handoff_id}".encode()).hexdigest()[:32]
@@ -384,8 +390,8 @@ def transfer_lease(
             str(HANDOFF_KEY_TTL_MS),
             # another pending handoff carrying the lease may have passed its deadline
             opt(min((x for _h, x in lease_carriers(auth, caller, lease_id)), default=None)),
+            OrgKeys.handoff_field(handoff_id),
         ],
-        [keys.handoff(handoff_id)],
     )
     code = int(reply[0])
     if code == OK:

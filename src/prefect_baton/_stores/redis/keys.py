@@ -21,16 +21,28 @@ key                type   content
 ``P sl``           hash   sid -> ``{"r", "t", "pf"}``: resource, scope tokens, prefixes
 ``P se``           hash   sid -> ``expires_at_ms \\0 owner``
 ``P j``            stream the journal of transitions
+``P rc``           hash   what an org keeps for a while: field ``i:<digest>`` an acquire
+                          receipt (JSON), field ``h:<digest>`` a lease-carrying handoff's
+                          resolution (``a:<lease id>``, ``r:<token>``)
+``P rcx``          zset   the fields of ``rc`` by expiry (epoch ms; pruning, and a field
+                          past its expiry reads as absent)
 ``P rebuild``      string the rebuild lock (a random token)
-``P i:<digest>``   string an acquire receipt (``PX`` = receipt retention)
-``P h:<digest>``   string a lease-carrying handoff's resolution (``a:<lease id>`` / ``r``)
 =================  =====  ==============================================================
 
-From the rebuild that installs the marker on, every key from ``inc`` to ``j`` exists: each
+From the rebuild that installs the marker on, every key from ``inc`` to ``rcx`` exists: each
 hash and sorted set holds a pad entry and the journal stays as an empty stream. Every script
 checks that they all exist before it decides anything; when any is missing (evicted, deleted)
 it deletes the marker in the same call, so the org's state counts as lost and is rebuilt from
 the ledger with higher epochs (:mod:`prefect_baton._stores.redis.rebuild`).
+
+Receipts and handoff resolutions live in ``rc`` rather than in string keys of their own with
+a TTL (as before): a key with a TTL is the first a ``volatile-*`` ``maxmemory-policy``
+evicts, and a lost receipt went unnoticed (a retried keyed acquire whose lease had ended was
+granted anew, with a new fencing token, instead of ``LEASE_LOST``). In ``rc`` they have no
+TTL, so no ``volatile-*`` policy evicts them, and an ``allkeys-*`` eviction of ``rc`` or
+``rcx`` is a partial loss like any other: seen, and rebuilt from the ledger's receipts. String
+keys ``P i:*`` and ``P h:*`` left by an earlier version are no longer read; they expire on
+their own, and a hand-back drops them.
 
 ``baton:orgs`` (a set of org ids, outside any org's slot) lists the orgs a reconciler
 should drain; it is written with plain commands, never from a script.
@@ -58,7 +70,8 @@ __all__ = [
 
 ORGS_KEY = "baton:orgs"
 HANDOFF_KEY_TTL_MS = 7 * 86_400_000
-"""How long a handoff's resolution key stays in Redis (milliseconds: 7 days)."""
+"""How long a lease-carrying handoff's resolution is kept in the org's ``rc`` hash
+(milliseconds: 7 days; pruned after that by the writes that keep new entries)."""
 
 
 def _digest(text: str, n: int = 32) -> str:
@@ -83,7 +96,7 @@ class OrgKeys:
     Attributes:
         org: the organization id (``str``).
         prefix: ``baton:{<tag>}:``, shared by every key of the org.
-        base: the ten keys every operation script receives as ``KEYS[1..10]``.
+        base: the twelve keys every operation script receives as ``KEYS[1..12]``.
         rebuild: the rebuild lock.
     """
 
@@ -102,24 +115,36 @@ class OrgKeys:
         """The journal stream."""
         return self.base[9]
 
-    def receipt(self, principal: str, key: str, resource_type: str, resource_id: str) -> str:
-        """The receipt key of an acquire's idempotency identity: (org, principal,
-        ``acquire``, key, resource), as the ledger's receipt identity."""
+    @property
+    def kept(self) -> str:
+        """The hash of acquire receipts and handoff resolutions (``rc``)."""
+        return self.base[10]
+
+    @property
+    def kept_expiry(self) -> str:
+        """The sorted set of ``rc``'s fields by expiry (``rcx``)."""
+        return self.base[11]
+
+    @staticmethod
+    def receipt_field(principal: str, key: str, resource_type: str, resource_id: str) -> str:
+        """The field of ``rc`` holding the receipt of an acquire's idempotency identity:
+        (org, principal, ``acquire``, key, resource), as the ledger's receipt identity."""
         ident = "\x00".join(
             ("acquire", principal, key, resource_digest(resource_type, resource_id))
         )
-        return f"{self.prefix}i:{_digest(ident)}"
+        return f"i:{_digest(ident)}"
 
-    def handoff(self, handoff_id: str) -> str:
-        """The resolution key of a lease-carrying handoff."""
-        return f"{self.prefix}h:{_digest(handoff_id)}"
+    @staticmethod
+    def handoff_field(handoff_id: str) -> str:
+        """The field of ``rc`` holding a lease-carrying handoff's resolution."""
+        return f"h:{_digest(handoff_id)}"
 
 
 @lru_cache(maxsize=4096)
 def org_keys(org: str) -> OrgKeys:
     """The :class:`OrgKeys` of ``org`` (``str``; any valid org id)."""
     prefix = f"baton:{{{_digest(org, 24)}}}:"
-    names = ("inc", "heads", "lid", "old", "oldx", "own", "sx", "sl", "se", "j")
+    names = ("inc", "heads", "lid", "old", "oldx", "own", "sx", "sl", "se", "j", "rc", "rcx")
     return OrgKeys(
         org=org,
         prefix=prefix,

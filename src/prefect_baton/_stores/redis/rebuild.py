@@ -13,9 +13,10 @@ granting from empty state. The first client that notices rebuilds:
    before anything is granted in that incarnation), under the org's journal lock: a drain of
    another client or process that read journal entries before the loss commits them first,
    so the ledger read of step 4 sees every grant that reached the ledger at all;
-4. it clears the org's remaining Redis state (leaving each of the org's keys one pad entry)
-   and loads every resource's newest generation, and the unexpired acquire receipts, from
-   the ledger;
+4. it clears the org's remaining Redis state (leaving each of the org's keys one pad entry;
+   the acquire receipts and handoff resolutions stay when their two keys both survived)
+   and loads every resource's newest generation, and the unexpired acquire receipts Redis
+   no longer has, from the ledger;
 5. it installs a new marker with the epoch floor ``n * 2**32`` and ceiling
    ``(n + 1) * 2**32``, only if every one of the org's keys still exists: a key evicted
    meanwhile (a Redis with an ``allkeys-*`` policy, accepted with ``allow_eviction``) would
@@ -92,7 +93,7 @@ log = logging.getLogger("prefect_baton.redis")
 REBUILD_LOCK_MS = 120_000
 RESTORE_BATCH = 200
 #: Keys read per ``SCAN`` step, and dropped per script call, when a hand-back drops an org's
-#: acquire receipts and handoff keys.
+#: acquire receipt and handoff keys left by an earlier version (see keys.py).
 SCAN_BATCH = 500
 
 
@@ -246,9 +247,10 @@ def return_to_ledger(auth: AuthorityBase, org: str, *, force: bool = False) -> b
                     rec._delete_system_row(conn, org, INCARNATION_OP)
                     rec._set_system_row(conn, org, INCARNATION_OP, row, now, RETURNED_KEY)
             _check(auth.scripts["clear"](keys=lock_keys, args=[token]), org)
-            # the acquire receipts and handoff keys too (they expire on their own, but a
-            # Redis client taking the org back must find only what it rebuilds from the
-            # ledger); under the rebuild lock, so none of a later incarnation is dropped
+            # and the acquire receipt and handoff keys an earlier version kept as string
+            # keys (they expire on their own, but a Redis client taking the org back must
+            # find only what it rebuilds from the ledger); under the rebuild lock, so none
+            # of a later incarnation is dropped
             found = client.scan_iter(match=f"{keys.prefix}[ih]:*", count=SCAN_BATCH)
             while batch := [as_text(k) for k in itertools.islice(found, SCAN_BATCH)]:
                 _check(auth.scripts["clear"](keys=[*lock_keys, *batch], args=[token]), org)
@@ -336,9 +338,10 @@ def _restore_receipts(auth: AuthorityBase, org: str) -> int:
             if resp.get(ATTEMPT_FIELD) is not None:
                 rec["a"] = resp[ATTEMPT_FIELD]  # the acquire's attempt (absent: anonymous)
             value = json.dumps(rec)
-            pipe.set(
-                keys.receipt(r.principal, r.idem_key, rt, rid), value, px=r.expires_at_ms - now
-            )
+            # only where Redis kept none (clear.lua keeps what survived: at least as new)
+            field = keys.receipt_field(r.principal, r.idem_key, rt, rid)
+            pipe.hsetnx(keys.kept, field, value)
+            pipe.zadd(keys.kept_expiry, {field: r.expires_at_ms}, nx=True)
             n += 1
             if n % 500 == 0:
                 pipe.execute()

@@ -9,7 +9,7 @@
 -- A receipt is {"d": digest, "id": lease id, "e": epoch, "a": attempt (absent: anonymous)}.
 local function decide_acquire(it, principal, key, now, mk, raw)
   if key and it.rk then
-    local r = redis.call('GET', it.rk)
+    local r = kept(it.rk, now)
     if r then
       local rec = cjson.decode(r)
       if rec.d ~= it.digest then return {C_MISMATCH, key} end
@@ -101,9 +101,10 @@ local function apply_acquire(it, plan, principal, key, now, mk, w)
   if key and it.rk then
     local a = ''
     if it.at then a = ',"a":' .. cjson.encode(it.at) end
-    redis.call('SET', it.rk, '{"d":"' .. it.digest .. '","id":"' .. new.id .. '","e":"'
-      .. I(new.e) .. '"' .. a .. '}', 'PX', it.rttl_s)
-    rc_d, rc_ex = it.digest, I(now + tonumber(it.rttl_s))
+    local rttl = tonumber(it.rttl_s)
+    keep(it.rk, '{"d":"' .. it.digest .. '","id":"' .. new.id .. '","e":"' .. I(new.e) .. '"'
+      .. a .. '}', rttl, now)
+    rc_d, rc_ex = it.digest, I(now + rttl)
     if it.at then rc_d = rc_d .. '|' .. it.at end  -- the journal's receipt carries the attempt
   end
   return item(plan.action, new_s, ended_s, rc_d, rc_ex), new_s
@@ -128,9 +129,9 @@ local function stop_at(r, i)
   return out
 end
 
--- Read one acquire request from ARGV starting at index `b` (11 fields), its receipt key
--- being KEYS[ki] when keyed.
-local function read_item(b, ki)
+-- Read one acquire request from ARGV starting at index `b` (12 fields; the last one is the
+-- field of rc holding its receipt, "" when the acquire has no execution key).
+local function read_item(b)
   local ev, sc, meta, pf, tk, rk = opt(ARGV[b + 5]), nil, nil, nil, nil, nil
   if ev then ev = tonumber(ev) end
   if ARGV[b + 8] ~= '' then
@@ -138,7 +139,7 @@ local function read_item(b, ki)
     local m = cjson.decode(meta)
     pf, tk = m.pf, m.t
   end
-  if ki then rk = KEYS[ki] end
+  if ARGV[b + 11] ~= '' then rk = ARGV[b + 11] end
   -- The receipt TTL is used as text (PX); the lease TTL's text is remembered by N().
   return {rd = ARGV[b], rt = ARGV[b + 1], ri = ARGV[b + 2], ttl = N(ARGV[b + 3]),
           p = opt(ARGV[b + 4]), ev = ev, id = ARGV[b + 6], digest = ARGV[b + 7], sc = sc,

@@ -4,8 +4,8 @@
 -- scripts.py). Top-level statements here must not call library functions: Redis runs them
 -- when it loads the library, where only redis.register_function is available.
 --
--- Every operation script receives the same ten per-org keys first (all share the org's hash
--- tag, so the scripts run unchanged on Redis Cluster):
+-- Every operation script receives the same twelve per-org keys first (all share the org's
+-- hash tag, so the scripts run unchanged on Redis Cluster):
 --   KEYS[1]  inc    hash: incarnation marker (id, n, floor, ceil, delay, ret, PAD_FIELD)
 --   KEYS[2]  heads  hash: resource digest -> newest generation of the resource
 --   KEYS[3]  lid    hash: lease id -> resource digest (every generation not yet pruned),
@@ -17,10 +17,13 @@
 --   KEYS[8]  sl     hash: sid -> {"r": resource digest, "t": scope tokens, "pf": prefixes}
 --   KEYS[9]  se     hash: sid -> expires_at_ms .. "\0" .. owner
 --   KEYS[10] j      stream: the journal the reconciler drains into the ledger
+--   KEYS[11] rc     hash: what the org keeps for a while (kept(), keep()): acquire receipts
+--                   ("i:" .. digest) and lease-carrying handoffs' resolutions ("h:" .. digest)
+--   KEYS[12] rcx    zset: the fields of rc by expiry (epoch ms)
 --
 -- From install.lua on, every one of these keys exists: each hash holds PAD_FIELD, each
 -- sorted set a pad member (PAD_MEMBER in own and sx, which no lexicographic range of the
--- scripts reaches; PAD_FIELD at score +inf in oldx, which pruning never reaches), and the
+-- scripts reaches; PAD_FIELD at score +inf in oldx and rcx, which pruning never reaches), and the
 -- journal stays as an empty stream when trimmed. marker() checks that they all exist
 -- before anything is decided, so the loss of any subset of them is seen (see marker()).
 --
@@ -88,21 +91,21 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- Whether every key of KEYS[2..10] exists (they all do from install.lua on). When one is
+-- Whether every key of KEYS[2..12] exists (they all do from install.lua on). When one is
 -- missing (evicted under an allkeys-* policy, deleted), the marker is deleted in this same
 -- call: the org's state counts as lost, as after a restart without persistence, so this
 -- and every later operation fails closed until it is rebuilt from the ledger, with epochs
 -- above every epoch handed out (rebuild.py). No decision is ever made on partial state.
 local function intact()
   if redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8],
-      KEYS[9], KEYS[10]) == 9 then
+      KEYS[9], KEYS[10], KEYS[11], KEYS[12]) == 11 then
     return true
   end
   redis.call('DEL', KEYS[1])
   return false
 end
 
--- Give every key of KEYS[2..10] its pad entry (the journal: an empty stream), so that all
+-- Give every key of KEYS[2..12] its pad entry (the journal: an empty stream), so that all
 -- of them exist. clear.lua does it before a rebuild restores anything and install.lua
 -- checks that they all still exist before it sets the marker: a key evicted or deleted
 -- while the rebuild loaded the ledger's leases is then seen, and the rebuild is retried,
@@ -116,6 +119,8 @@ local function pad_keys()
   redis.call('ZADD', KEYS[7], '0', PAD_MEMBER)
   redis.call('HSET', KEYS[8], PAD_FIELD, '1')
   redis.call('HSET', KEYS[9], PAD_FIELD, '1')
+  redis.call('HSET', KEYS[11], PAD_FIELD, PAD)
+  redis.call('ZADD', KEYS[12], '+inf', PAD_FIELD)
   if redis.call('EXISTS', KEYS[10]) == 0 then
     -- an empty journal stream (the entry is trimmed at once)
     redis.call('XADD', KEYS[10], 'MAXLEN', '0', '*', 'p', '')
@@ -538,6 +543,30 @@ local function prune_old(now, mk, retired)
     redis.call('HDEL', KEYS[4], unpack(chunk))
     redis.call('HDEL', KEYS[3], unpack(chunk))
     redis.call('ZREM', KEYS[5], unpack(chunk))
+  end
+end
+
+-- What the org keeps under `field` in rc (an acquire receipt, a handoff's resolution), or
+-- nil: never kept, pruned, or past its expiry in rcx (not pruned yet). Nothing kept here
+-- can vanish unseen: rc and rcx are checked with the other keys (intact()), and neither
+-- has a TTL, so no volatile-* maxmemory-policy evicts them.
+local function kept(field, now)
+  local v = redis.call('HGET', KEYS[11], field)
+  if not v then return nil end
+  local x = redis.call('ZSCORE', KEYS[12], field)
+  if x and tonumber(x) <= now then return nil end
+  return v
+end
+
+-- Keep `value` under `field` in rc until now + ttl_ms (a number), and drop up to 8 fields
+-- past their expiry: more than each call adds, so rc stays bounded under any steady load.
+local function keep(field, value, ttl_ms, now)
+  redis.call('HSET', KEYS[11], field, value)
+  redis.call('ZADD', KEYS[12], I(now + ttl_ms), field)
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[12], '-inf', I(now), 'LIMIT', 0, 8)
+  if #gone > 0 then
+    redis.call('HDEL', KEYS[11], unpack(gone))
+    redis.call('ZREM', KEYS[12], unpack(gone))
   end
 end
 

@@ -1,13 +1,13 @@
 -- uses: _acquire.lua
 -- acquire.lua: acquire or take over one resource (mirror of _core.decide_acquire plus the
 -- ledger's receipt check), register its write scopes, append the transition to the journal.
--- KEYS[1..10]: the per-org keys listed in _lib.lua.
--- KEYS[11]: the idempotency receipt key (only passed when an execution key is given).
+-- KEYS[1..12]: the per-org keys listed in _lib.lua.
 -- ARGV[1] principal, ARGV[2] role, ARGV[3] execution key ("" or "=" .. key),
--- ARGV[4..14] the request (see read_item): resource digest, resource type, resource id,
+-- ARGV[4..15] the request (see read_item): resource digest, resource type, resource id,
 --   ttl_ms, purpose (optional), expected version (optional), new lease id, request digest,
---   scopes JSON ("" when none), scope meta JSON {r, t, pf}, receipt ttl_ms.
--- ARGV[15] the attempt token ("" for an anonymous attempt, or "=" .. token).
+--   scopes JSON ("" when none), scope meta JSON {r, t, pf}, receipt ttl_ms, the receipt's
+--   field in rc ("" without an execution key).
+-- ARGV[16] the attempt token ("" for an anonymous attempt, or "=" .. token).
 -- Returns:
 --   {0, journal entry id, generation}   granted (acquire, takeover or supersede)
 --   {1, generation}                      the same execution already holds it (no write)
@@ -24,10 +24,8 @@ local mk = marker(true)
 if not mk then return {C_NO_INCARNATION} end
 local now = now_ms()
 local principal, role, key = ARGV[1], ARGV[2], opt(ARGV[3])
-local ki = nil
-if key then ki = 11 end
-local it = read_item(4, ki)
-it.at = opt(ARGV[15])
+local it = read_item(4)
+it.at = opt(ARGV[16])
 local r = decide_acquire(it, principal, key, now, mk, redis.call('HGET', KEYS[2], it.rd))
 if r[1] ~= C_OK then return r end
 local entry, new_s = apply_acquire(it, r[2], principal, key, now, mk, nil)

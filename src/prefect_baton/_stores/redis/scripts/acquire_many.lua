@@ -2,11 +2,10 @@
 -- acquire_many.lua: all-or-nothing acquire of several resources: every request is decided
 -- first (as acquire.lua decides one); only when none is refused are they all applied, and
 -- one journal entry records them all.
--- KEYS[1..10]: the per-org keys listed in _lib.lua.
--- KEYS[10 + i]: the receipt key of request i (only passed when an execution key is given).
+-- KEYS[1..12]: the per-org keys listed in _lib.lua.
 -- ARGV[1] principal, ARGV[2] role, ARGV[3] execution key ("" or "=" .. key), ARGV[4] n,
--- ARGV[5 + 11 * (i - 1) ..]: request i, the eleven fields acquire.lua takes.
--- ARGV[5 + 11 * n]: the attempt token ("" for an anonymous attempt, or "=" .. token).
+-- ARGV[5 + 12 * (i - 1) ..]: request i, the twelve fields acquire.lua takes.
+-- ARGV[5 + 12 * n]: the attempt token ("" for an anonymous attempt, or "=" .. token).
 -- Returns:
 --   {0, journal entry id or "", code_1, generation_1, ..., code_n, generation_n}
 --        where code_i is 0 (granted), 1 (already held by this execution) or 2 (replayed)
@@ -18,15 +17,13 @@ if not mk then return {C_NO_INCARNATION} end
 local now = now_ms()
 local principal, role, key = ARGV[1], ARGV[2], opt(ARGV[3])
 local n = tonumber(ARGV[4])
-local attempt = opt(ARGV[5 + 11 * n])
+local attempt = opt(ARGV[5 + 12 * n])
 local rds = {}
-for i = 1, n do rds[i] = ARGV[5 + 11 * (i - 1)] end
+for i = 1, n do rds[i] = ARGV[5 + 12 * (i - 1)] end
 local heads = redis.call('HMGET', KEYS[2], unpack(rds))
 local its, replies = {}, {}
 for i = 1, n do
-  local ki = nil
-  if key then ki = 10 + i end
-  local it = read_item(5 + 11 * (i - 1), ki)
+  local it = read_item(5 + 12 * (i - 1))
   it.at = attempt
   local r = decide_acquire(it, principal, key, now, mk, heads[i] or nil)
   local stop = stop_at(r, i)

@@ -7,7 +7,7 @@
 -- and the floor, the head retired); one whose head is still marked active (held, or run
 -- out: takeover, conflict or supersede) is decided by decide_acquire as in acquire_many.lua.
 -- Every resource is decided before the first write: a refusal writes nothing.
--- KEYS[1..10]: the per-org keys listed in _lib.lua.
+-- KEYS[1..12]: the per-org keys listed in _lib.lua.
 -- ARGV[1] principal, ARGV[2] role, ARGV[3] n, ARGV[4] ttl_ms, ARGV[5] purpose ("" or
 -- "=" .. purpose), then per resource i, from ARGV[6 + 3 * (i - 1)]: the generation prefix,
 -- the resource digest, the new lease id.

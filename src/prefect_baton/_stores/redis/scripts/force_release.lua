@@ -1,6 +1,6 @@
 -- force_release.lua: end anyone's active lease of the org as "revoked", recording who forced
 -- it (mirror of _transitions.decide_force_release). Needs the owner or admin role.
--- KEYS[1..10]: the per-org keys listed in _lib.lua.
+-- KEYS[1..12]: the per-org keys listed in _lib.lua.
 -- ARGV[1] principal, ARGV[2] role, ARGV[3] lease id.
 -- Returns:
 --   {0, journal entry id, generation}   revoked

@@ -1,5 +1,5 @@
 -- get.lua: one generation by lease id and the Redis clock (read only); fences use it too.
--- KEYS[1..10]: the per-org keys listed in _lib.lua.
+-- KEYS[1..12]: the per-org keys listed in _lib.lua.
 -- ARGV[1] lease id.
 -- Returns:
 --   {0, now_ms, generation}

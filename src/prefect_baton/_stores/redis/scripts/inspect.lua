@@ -1,5 +1,5 @@
 -- inspect.lua: the newest generation of one resource and the Redis clock (read only).
--- KEYS[1..10]: the per-org keys listed in _lib.lua.
+-- KEYS[1..12]: the per-org keys listed in _lib.lua.
 -- ARGV[1] resource digest.
 -- Returns:
 --   {0, now_ms, generation or ""}

@@ -1,5 +1,5 @@
 -- list.lua: the effective leases of one owner (or of everyone), from the owner index.
--- KEYS[1..10]: the per-org keys listed in _lib.lua.
+-- KEYS[1..12]: the per-org keys listed in _lib.lua.
 -- ARGV[1] owner ("" = every owner), ARGV[2] resource type ("" or "=" .. type).
 -- Returns:
 --   {0, now_ms, generation, ...}         in no particular order

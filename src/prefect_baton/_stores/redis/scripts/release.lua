@@ -2,7 +2,7 @@
 -- effective lease ends "released", one past its expiry that nobody took ends "expired" (but
 -- "released" when an expired handoff carrying it releases it, see below); a
 -- lease already released by this proof is a durable no_change. Version and epoch are kept.
--- KEYS[1..10]: the per-org keys listed in _lib.lua.
+-- KEYS[1..12]: the per-org keys listed in _lib.lua.
 -- ARGV[1] principal, ARGV[2] role, ARGV[3] execution key ("" or "=" .. key), ARGV[4] lease id,
 -- ARGV[5] expected version ("" or "=" .. n), ARGV[6] the handoff whose end releases it ("" or
 -- absent: none; else "=" .. id) and ARGV[7] the reason ("=" .. reason), kept in the journal

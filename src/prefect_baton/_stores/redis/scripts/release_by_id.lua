@@ -1,7 +1,7 @@
 -- release_by_id.lua: release by lease id alone, as its owner (mirror of
 -- _transitions.decide_release_by_id); a lease that is not active, unknown or another principal's
 -- is not found.
--- KEYS[1..10]: the per-org keys listed in _lib.lua.
+-- KEYS[1..12]: the per-org keys listed in _lib.lua.
 -- ARGV[1] principal, ARGV[2] role, ARGV[3] lease id.
 -- Returns:
 --   {0, journal entry id, generation}   released ("released", or "expired" if it had run out)

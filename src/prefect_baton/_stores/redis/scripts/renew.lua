@@ -1,6 +1,6 @@
 -- renew.lua: extend a lease by proof (mirror of _transitions.decide_renew): version +1,
 -- expiry = Redis TIME + ttl; id, owner, key, epoch and scopes unchanged.
--- KEYS[1..10]: the per-org keys listed in _lib.lua.
+-- KEYS[1..12]: the per-org keys listed in _lib.lua.
 -- ARGV[1] principal, ARGV[2] role, ARGV[3] execution key ("" or "=" .. key), ARGV[4] lease id,
 -- ARGV[5] ttl_ms, ARGV[6] expected version ("" or "=" .. n), ARGV[7] the earliest deadline
 -- of the pending handoffs carrying the lease ("" or "=" .. epoch ms, read from the ledger).

@@ -1,14 +1,14 @@
 -- restore.lua: load generations read from the ledger while rebuilding after data loss.
 -- Runs only while the caller holds the rebuild lock and no incarnation marker exists.
--- KEYS[1..10]: the per-org keys listed in _lib.lua.
--- KEYS[11]: the rebuild lock.
+-- KEYS[1..12]: the per-org keys listed in _lib.lua.
+-- KEYS[13]: the rebuild lock.
 -- ARGV[1] rebuild token, then pairs ARGV[2i], ARGV[2i+1]: a head generation (the text form
 -- of _lib.lua, with rd and, when scoped and active, sid) and its scope meta JSON {r, t, pf}
 -- ("" when unscoped).
 -- Returns:
 --   {0}                                  loaded
 --   {32}                                 the rebuild lock was lost (someone else rebuilds)
-if redis.call('GET', KEYS[11]) ~= ARGV[1] then return {C_REBUILD_LOST} end
+if redis.call('GET', KEYS[13]) ~= ARGV[1] then return {C_REBUILD_LOST} end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {C_REBUILD_LOST} end
 for i = 2, #ARGV, 2 do
   local g = dec(ARGV[i])

@@ -1,6 +1,6 @@
 -- rotate.lua: move an org to the next incarnation's epoch range once the current range is
 -- used up (the new number was recorded in the ledger first).
--- KEYS[1..10]: the per-org keys listed in _lib.lua.
+-- KEYS[1..12]: the per-org keys listed in _lib.lua.
 -- ARGV[1] the marker id the caller saw, ARGV[2] new incarnation number, ARGV[3] new floor,
 -- ARGV[4] new ceiling. The marker id (which names the journal's incarnation) is kept.
 -- Returns:

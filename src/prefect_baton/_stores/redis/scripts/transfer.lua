@@ -1,19 +1,19 @@
 -- transfer.lua: hand a lease to another principal (mirror of _transitions.decide_transfer): new
 -- lease id, version +1, epoch +1 (at least the incarnation's floor + 1), owner and key
 -- replaced, scopes kept. In handoff mode (ARGV[11] given) it also settles the handoff's
--- resolution key, so that accept and reject of one handoff can never both win, and an
+-- resolution (its field in rc), so that accept and reject of one handoff can never both win, and an
 -- exact retry of an accepted handoff returns the generation it created.
--- KEYS[1..10]: the per-org keys listed in _lib.lua.
--- KEYS[11]: the handoff's resolution key (handoff mode only).
+-- KEYS[1..12]: the per-org keys listed in _lib.lua.
 -- ARGV[1] sender principal (proof owner), ARGV[2] actor role, ARGV[3] execution key
 --   ("" or "=" .. key; ignored in handoff mode, where the lease's own key is the proof),
 -- ARGV[4] lease id, ARGV[5] receiver, ARGV[6] receiver's execution key,
 -- ARGV[7] ttl_ms ("" = the lease's ttl), ARGV[8] expected version ("" or "=" .. n),
 -- ARGV[9] new lease id, ARGV[10] actor principal (recorded in the journal),
 -- ARGV[11] handoff id ("" or "=" .. id), ARGV[12] handoff note ("" or "=" .. note),
--- ARGV[13] handoff expires_at_ms ("" or "=" .. ms), ARGV[14] resolution key ttl_ms,
--- ARGV[15] the earliest deadline of the pending handoffs carrying the lease ("" or "=" ..
--- epoch ms, read from the ledger; see renew.lua).
+-- ARGV[13] handoff expires_at_ms ("" or "=" .. ms), ARGV[14] how long the resolution is
+-- kept (ms), ARGV[15] the earliest deadline of the pending handoffs carrying the lease (""
+-- or "=" .. epoch ms, read from the ledger; see renew.lua), ARGV[16] the field of rc
+-- holding the handoff's resolution (handoff mode only).
 -- Returns:
 --   {0, journal entry id, generation}   transferred
 --   {2, generation}                      handoff mode: already accepted by this handoff
@@ -32,7 +32,7 @@ local now = now_ms()
 local principal, id, to, nkey, nid = ARGV[1], ARGV[4], ARGV[5], ARGV[6], ARGV[9]
 local hid = opt(ARGV[11])
 if hid then
-  local res = redis.call('GET', KEYS[11])
+  local res = kept(ARGV[16], now)
   if res then
     if res == 'a:' .. nid then
       local done = gen_by_id(nid)
@@ -92,7 +92,7 @@ redis.call('HSET', KEYS[3], nid, g.rd)
 redis.call('ZREM', KEYS[6], own_member(g))
 redis.call('ZADD', KEYS[6], '0', own_member(new))
 if g.sid then redis.call('HSET', KEYS[9], g.sid, I(new.x) .. '\0' .. to) end
-if hid then redis.call('SET', KEYS[11], 'a:' .. nid, 'PX', tonumber(ARGV[14])) end
+if hid then keep(ARGV[16], 'a:' .. nid, tonumber(ARGV[14]), now) end
 local eid = journal(mk, ARGV[10], ARGV[2], now, {item('transfer', new_json, ended_json)}, hid,
   opt(ARGV[12]))
 return {C_OK, eid, new_json}

@@ -719,7 +719,7 @@ def _pair_latency_us(b: Baton, n: int, *, scopes: list[str] | None = None) -> fl
 def _empty_journal(r: redis.Redis, org: str) -> None:
     """Drop every entry of ``org``'s journal, keeping the (empty) stream: a missing journal
     key reads as lost Redis data, and the next call rebuilds the org from the ledger."""
-    r.xtrim(org_keys(org).journal, maxlen=0)
+    r.xtrim(org_keys(org).base.journal, maxlen=0)
 
 
 def _preload(b: Baton, r: redis.Redis, have: int, want: int, *, scoped: bool) -> None:

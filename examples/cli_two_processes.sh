@@ -8,7 +8,8 @@
 # At the end every job must have been done exactly once.
 #
 # Run from the repository root:  bash examples/cli_two_processes.sh
-# The ledger is a SQLite file in a fresh temporary directory (or BATON_LEDGER_URL).
+# The ledger is a SQLite file in a fresh temporary directory (or BATON_LEDGER_URL); each
+# run uses an org of its own.
 set -euo pipefail
 
 if ! command -v baton >/dev/null 2>&1 && [ -x .venv/bin/baton ]; then
@@ -17,7 +18,10 @@ fi
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/baton-example-XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 export BATON_LEDGER_URL="${BATON_LEDGER_URL:-sqlite:///$WORK/ledger.db}"
-export BATON_ORG=example
+# An org of its own per run: with BATON_REDIS_URL set, the leases live in that Redis
+# database under the org, and a second run's fresh ledger must not meet the first run's
+# Redis state (one org's Redis state belongs to one ledger: docs/operations.md).
+export BATON_ORG="example-$(date +%s)-$$"
 JOBS="job-1 job-2 job-3 job-4"
 
 # The value of a JSON string field in a one-line receipt: field NAME < receipt.

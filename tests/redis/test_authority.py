@@ -280,7 +280,7 @@ def test_epoch_range_rotates_when_used_up(auth: RedisAuthority) -> None:
     """When an incarnation's epoch range is used up the org moves to the next range."""
     a = _baton(auth)
     first = a.leases.acquire("res", "r0", ttl_seconds=30)
-    inc = org_keys(a.org).inc
+    inc = org_keys(a.org).base.inc
     auth.client.hset(inc, "ceil", str(first.epoch + 1))
     nxt = a.leases.acquire("res", "r0", ttl_seconds=30)
     assert nxt.epoch == EPOCH_RANGE + 1

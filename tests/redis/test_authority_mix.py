@@ -181,7 +181,7 @@ def test_return_to_ledger_and_back(ledger: LedgerStore, auth: RedisAuthority, or
     slow = Baton(org=org, principal="slow", store=ledger)
     kept = fast.leases.acquire("file", "a.py", ttl_seconds=60)
     assert auth.return_to_ledger(org) is True
-    assert not auth.client.exists(org_keys(org).inc)
+    assert not auth.client.exists(org_keys(org).base.inc)
     with pytest.raises(ConflictError):  # the lease Redis granted, now decided by the ledger
         slow.leases.acquire("file", "a.py", ttl_seconds=60)
     on_ledger = slow.leases.acquire("file", "b.py", ttl_seconds=60)
@@ -374,7 +374,7 @@ def test_a_hand_back_leaves_nothing_of_the_org_in_redis(
     )
     keys = org_keys(org)
     prefix = keys.prefix
-    assert auth.client.hlen(keys.kept) >= 8 + 1  # the receipts, the resolution, the pad
+    assert auth.client.hlen(keys.base.kept) >= 8 + 1  # the receipts, the resolution, the pad
     for i in range(8):  # an earlier version's string keys
         auth.client.set(f"{prefix}{'ih'[i % 2]}:{i:032x}", "{}", px=60_000)
     assert auth.return_to_ledger(org) is True
@@ -440,7 +440,7 @@ def test_a_client_on_another_redis_is_refused_not_rebuilt(ledger: LedgerStore, o
         with pytest.raises(ForbiddenError, match="return-to-ledger"):
             b.leases.acquire("job", "r2", ttl_seconds=60)
         assert _counts(ledger, org) == before
-        assert not stray.client.exists(org_keys(org).inc)
+        assert not stray.client.exists(org_keys(org).base.inc)
         assert a.leases.renew(held, ttl_seconds=60).epoch == held.epoch
         # a data loss on the org's own Redis: rebuilt there, epochs above every earlier one
         home.client.delete(*home.client.keys(org_keys(org).prefix + "*"))
@@ -450,7 +450,7 @@ def test_a_client_on_another_redis_is_refused_not_rebuilt(ledger: LedgerStore, o
         # granting beside the ledger) unless forced; through the org's own Redis it works
         with pytest.raises(ForbiddenError, match="--force"):
             stray.return_to_ledger(org)
-        assert home.client.exists(org_keys(org).inc)
+        assert home.client.exists(org_keys(org).base.inc)
         a.leases.release(again)
         a.leases.release(held)
         assert home.return_to_ledger(org) is True

@@ -57,7 +57,7 @@ def orgs_by_port(cluster: RedisClusterNodes, per_node: int = 1) -> dict[int, lis
     out: dict[int, list[str]] = {p: [] for p in cluster.ports}
     while any(len(v) < per_node for v in out.values()):
         org = _new_org()
-        port = cluster.port_of_slot(key_slot(org_keys(org).inc.encode()))
+        port = cluster.port_of_slot(key_slot(org_keys(org).base.inc.encode()))
         if len(out[port]) < per_node:
             out[port].append(org)
     return out
@@ -114,11 +114,11 @@ def test_orgs_live_on_the_node_of_their_hash_tag(
     for port, (org,) in by_port.items():
         keys = org_keys(org)
         slots = {redis_cluster.keyslot(k) for k in (*keys.base, keys.rebuild)}
-        assert slots == {key_slot(keys.inc.encode())}
+        assert slots == {key_slot(keys.base.inc.encode())}
         slot = slots.pop()
         assert redis_cluster.port_of_slot(slot) == port
         _client(auth, org).leases.acquire("deploy", "svc", ttl_seconds=30)
-        assert redis_cluster.admin(port).exists(keys.inc, keys.journal, keys.base[1]) == 3
+        assert redis_cluster.admin(port).exists(keys.base.inc, keys.base.journal, keys.base[1]) == 3
         for p in redis_cluster.ports:
             count = redis_cluster.admin(p).execute_command("CLUSTER", "COUNTKEYSINSLOT", slot)
             assert (count > 0) == (p == port), (org, p, count)
@@ -135,7 +135,7 @@ def test_node_time_is_read_on_the_orgs_node(
     for port, (org,) in orgs_by_port(redis_cluster).items():
         sec, usec = redis_cluster.admin(port).time()
         before = int(sec) * 1000 + int(usec) // 1000
-        assert node_time_ms(auth.client, org_keys(org).inc) >= before
+        assert node_time_ms(auth.client, org_keys(org).base.inc) >= before
 
 
 # ------------------------------------------------------------------------------ lease loop
@@ -243,7 +243,7 @@ def test_reconciler_drains_every_nodes_journal_into_sqlite(
     assert report.applied == 9
     for org in orgs:
         assert report.lag[org].entries == 0
-        assert auth.client.xlen(org_keys(org).journal) == 0
+        assert auth.client.xlen(org_keys(org).base.journal) == 0
         rows, transitions = ledger.lease_history(org)
         assert [t.action for t in transitions] == ["acquire", "renew", "release"]
         assert [r.status for r in rows] == ["released"]
@@ -328,8 +328,8 @@ def test_baton_with_a_cluster_url(redis_cluster: RedisClusterNodes, ledger: Ledg
     try:
         assert isinstance(b.authority, RedisAuthority)
         with b.lease("deploy", "svc", ttl_seconds=30) as held:
-            port = redis_cluster.port_of_slot(key_slot(org_keys(org).inc.encode()))
-            assert redis_cluster.admin(port).exists(org_keys(org).inc) == 1
+            port = redis_cluster.port_of_slot(key_slot(org_keys(org).base.inc.encode()))
+            assert redis_cluster.admin(port).exists(org_keys(org).base.inc) == 1
             assert held.epoch == 1
         assert [e.kind for e in b.events.list()] == ["lease.acquired", "lease.released"]
     finally:
@@ -345,7 +345,7 @@ def test_unserved_slot_is_unavailable(
     (org,) = orgs_by_port(redis_cluster)[redis_cluster.ports[2]]
     a = _client(auth, org)
     a.leases.acquire("deploy", "svc", ttl_seconds=30)
-    slot = key_slot(org_keys(org).inc.encode())
+    slot = key_slot(org_keys(org).base.inc.encode())
     node = redis_cluster.admin(redis_cluster.ports[2])
     node.execute_command("CLUSTER", "DELSLOTS", slot)
     try:

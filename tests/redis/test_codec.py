@@ -156,7 +156,7 @@ def test_state_written_as_json_by_an_earlier_version_is_served(
     head = from_gen(fake.hget(keys.base[1], rd))
     gen = to_gen(head, sid=lease.lease_id)
     fake.hset(keys.base[1], rd, json.dumps(gen))
-    [(_eid, fields)] = fake.xrange(keys.journal)
+    [(_eid, fields)] = fake.xrange(keys.base.journal)
     p = journal_payload(fields[b"p"])
     legacy: dict[str, Any] = {
         "i": p["i"],
@@ -165,8 +165,8 @@ def test_state_written_as_json_by_an_earlier_version_is_served(
         "at": p["at"],
         "it": [{"a": "acquire", "n": gen}],
     }
-    fake.delete(keys.journal)
-    fake.xadd(keys.journal, {"p": json.dumps(legacy)})
+    fake.delete(keys.base.journal)
+    fake.xadd(keys.base.journal, {"p": json.dumps(legacy)})
 
     renewed = b.leases.renew(lease)
     assert (renewed.version, renewed.scopes, renewed.purpose) == (2, ("src/**",), "p")

@@ -69,7 +69,7 @@ def test_ledger_and_redis_store_the_same_acquire_digest(
     _acquire(auth, on_redis, "exec-1")
     keys = org_keys(on_redis.org)
     raw = auth.client.hget(
-        keys.kept, keys.receipt_field("agent-a", "exec-1", REQUEST.resource_type, "main")
+        keys.base.kept, keys.receipt_field("agent-a", "exec-1", REQUEST.resource_type, "main")
     )
     assert json.loads(raw)["d"] == want
     assert _ledger_digest(ledger, on_ledger, "exec-1") == want

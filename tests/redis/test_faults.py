@@ -225,7 +225,7 @@ def test_concurrent_rebuild_keeps_others_unavailable(
     auth = make_authority(ack="ledger", rebuild_wait_seconds=0.2)
     (a,) = _clients(auth, ledger, org, 1)
     a.leases.acquire("res", "r0", ttl_seconds=30)
-    auth.client.delete(org_keys(org).inc)
+    auth.client.delete(org_keys(org).base.inc)
     auth.client.set(org_keys(org).rebuild, "someone-else", px=60_000)
     with pytest.raises(UnavailableError):
         a.leases.acquire("res", "r1", ttl_seconds=30)

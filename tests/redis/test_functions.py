@@ -217,7 +217,7 @@ def test_retired_generations_are_pruned_as_fast_as_they_come(
     b = _baton(auth, org="org-prune")
     keys = org_keys("org-prune")
     b.leases.release(b.leases.acquire("db", "r0", ttl_seconds=30))
-    auth.client.hset(keys.inc, "ret", "1")  # retention 1 ms: every retired one is due
+    auth.client.hset(keys.base.inc, "ret", "1")  # retention 1 ms: every retired one is due
     for i in range(800):
         b.leases.release(b.leases.acquire("db", f"r{i % 10}", ttl_seconds=30))
     old, lid = keys.base[3], keys.base[2]
@@ -239,7 +239,7 @@ def test_marker_and_lease_id_index_are_hash_tables(
     b = _baton(auth, org="org-enc")
     keys = org_keys("org-enc")
     leases = [b.leases.acquire("db", f"r{i}", ttl_seconds=30) for i in range(3)]
-    for k in (keys.inc, keys.base[2]):
+    for k in (keys.base.inc, keys.base[2]):
         assert auth.client.object("encoding", k) == b"hashtable"
     assert auth.client.hlen(keys.base[2]) == 4  # three lease ids and the padding
     assert b.leases.release(leases[0]).status == "released"

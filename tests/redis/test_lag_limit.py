@@ -69,7 +69,7 @@ def _backlog(make: Callable[..., RedisAuthority]) -> tuple[Baton, str]:
     b = _baton(make(max_lag_entries=0), org)
     for i in range(PAIRS):
         b.leases.release(b.leases.acquire("res", f"p{i}", ttl_seconds=30))
-    return b, org_keys(org).journal
+    return b, org_keys(org).base.journal
 
 
 def test_over_the_limit_an_acquire_drains_first(
@@ -297,7 +297,7 @@ def test_a_stuck_drainer_holding_the_journal_lock_bounds_the_wait(
     auth = RedisAuthority(client, store, ack="redis", reconcile_in_client=False, max_lag_entries=20)
     auth.reconciler.lock_timeout_seconds = 0.5
     limited = _baton(auth, org)
-    journal = org_keys(org).journal
+    journal = org_keys(org).base.journal
     holder: Any
     if ledger_kind == "sqlite":
         holder = sqlite3.connect(str(tmp_path / "stuck.db"), isolation_level=None)

@@ -52,7 +52,7 @@ def test_journal_drained_in_background_after_ledger_outage(
     monkeypatch.setattr(authority.reconciler, "drain_once", drain_once)
     with pytest.raises(UnavailableError):
         b.leases.acquire("svc", "x", ttl_seconds=60)  # granted in Redis, not in the ledger
-    journal = org_keys(org).journal
+    journal = org_keys(org).base.journal
     assert authority.client.xlen(journal) == 1
     down = False  # the ledger is back; the client makes no further call
     deadline = time.monotonic() + 20
@@ -90,7 +90,7 @@ def test_drain_paused_holds_the_drain_thread(arm: str, tmp_path: Path) -> None:
     try:
         org = f"org-{uuid.uuid4().hex[:12]}"
         b = Baton(org=org, principal="a", store=store, lease_authority=auth)
-        journal = org_keys(org).journal
+        journal = org_keys(org).base.journal
         b.leases.acquire("svc", "first", ttl_seconds=60)
         deadline = time.monotonic() + 20
         while auth.client.xlen(journal) and time.monotonic() < deadline:

@@ -53,7 +53,7 @@ def test_refused_journal_entry_is_a_fault_not_a_crash(ledger_url: str) -> None:
         # and with ack="ledger" the grant does not count
         with pytest.raises(UnavailableError, match="refused"):
             b.leases.acquire("res", "r0", ttl_seconds=30)
-        assert not client.exists(org_keys(org).inc)  # failed closed
+        assert not client.exists(org_keys(org).base.inc)  # failed closed
         report = audit_ledger(ledger, org)
         assert any("same epoch 2" in v for v in report.violations), report.violations
         assert any("refused by the ledger" in v for v in report.violations), report.violations
@@ -87,7 +87,7 @@ def test_refused_entry_with_ack_redis_leaves_only_baton_errors(ledger_url: str) 
         clash = b.leases.acquire("res", "r0", ttl_seconds=30)
         assert clash.epoch == first.epoch + 1
         a.events.list(limit=100)  # drains: the fault is recorded
-        assert not client.exists(org_keys(org).inc)
+        assert not client.exists(org_keys(org).base.inc)
         with pytest.raises(BatonError):
             b.leases.renew(clash)
         with pytest.raises(BatonError):

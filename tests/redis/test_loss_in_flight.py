@@ -232,7 +232,7 @@ def test_a_key_evicted_during_a_rebuild_makes_it_start_again(
             b.leases.acquire("res", "x", ttl_seconds=60)
     finally:
         scripts["install"] = install
-    assert not auth_b.client.exists(keys.inc)
+    assert not auth_b.client.exists(keys.base.inc)
     with pytest.raises(ConflictError):
         b.leases.acquire("res", "x", ttl_seconds=60)
     info = b.leases.inspect("res", "x")

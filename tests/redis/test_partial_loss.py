@@ -116,7 +116,7 @@ def test_each_lost_key_fails_closed_then_rebuilds_with_higher_epochs(
     auth.client.delete(keys.prefix + name)
     with pytest.raises(UnavailableError):
         org.b.leases.acquire("res", "r2", ttl_seconds=30)
-    assert not auth.client.exists(keys.inc)
+    assert not auth.client.exists(keys.base.inc)
     with pytest.raises(UnavailableError):
         org.a.leases.renew(org.held)
     auth.rebuild(org.org)

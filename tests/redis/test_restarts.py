@@ -63,4 +63,4 @@ def test_a_connection_to_an_unrecorded_server_process_rebuilds_every_listed_org(
         holder.leases.release(holder.leases.renew(lease))
         again = holder.leases.acquire("repo", "x", ttl_seconds=60)
         assert again.epoch >= EPOCH_RANGE
-        assert admin.exists(org_keys(org).inc)
+        assert admin.exists(org_keys(org).base.inc)

@@ -330,7 +330,7 @@ class AuthorityBase:
         if now < due and org not in self._lag_over:
             return
         self._lag_due[org] = now + LAG_CHECK_SECONDS
-        journal = org_keys(org).journal
+        journal = org_keys(org).base.journal
         try:
             pending = int(self.client.xlen(journal))
             while pending > limit:
@@ -420,7 +420,7 @@ class AuthorityBase:
             strict: raise :class:`UnavailableError` when Redis cannot be reached (default:
                 log and return, leaving the ledger as it is).
         """
-        journal = org_keys(org).journal
+        journal = org_keys(org).base.journal
         try:
             last = self.client.xrevrange(journal, count=1)
         except RedisError as exc:

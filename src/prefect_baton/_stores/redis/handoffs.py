@@ -304,7 +304,7 @@ def rejection_marked(auth: RedisAuthority, caller: Caller, handoff_id: str) -> b
     ``rejected``, not ``expired``, even once its deadline has passed. (A resolution kept
     past its 7 days until it is pruned still reads here: it is still true.)"""
     keys = org_keys(caller.org)
-    reply = auth.client.hget(keys.kept, keys.handoff_field(handoff_id))
+    reply = auth.client.hget(keys.base.kept, keys.handoff_field(handoff_id))
     return reply is not None and as_text(reply).startswith("r")
 
 

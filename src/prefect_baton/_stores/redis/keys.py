@@ -53,6 +53,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 DEFAULT_BATCH = 2000
 """Journal entries the reconciler applies per ledger transaction unless told otherwise
@@ -63,6 +64,7 @@ __all__ = [
     "DEFAULT_BATCH",
     "HANDOFF_KEY_TTL_MS",
     "ORGS_KEY",
+    "BaseKeys",
     "OrgKeys",
     "org_keys",
     "resource_digest",
@@ -89,6 +91,26 @@ def resource_digest(resource_type: str, resource_id: str) -> str:
     return _digest(f"{len(resource_type)}:{resource_type}:{resource_id}")
 
 
+class BaseKeys(NamedTuple):
+    """The twelve keys every operation script receives as ``KEYS[1..12]``, in that order
+    (the layout table above names what each holds)."""
+
+    inc: str
+    heads: str
+    lid: str
+    old: str
+    oldx: str
+    own: str
+    sx: str
+    sl: str
+    se: str
+    journal: str
+    kept: str
+    """The hash of acquire receipts and handoff resolutions (``rc``)."""
+    kept_expiry: str
+    """The sorted set of ``rc``'s fields by expiry (``rcx``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class OrgKeys:
     """The key names of one organization.
@@ -96,34 +118,16 @@ class OrgKeys:
     Attributes:
         org: the organization id (``str``).
         prefix: ``baton:{<tag>}:``, shared by every key of the org.
-        base: the twelve keys every operation script receives as ``KEYS[1..12]``.
+        base: the twelve keys every operation script receives as ``KEYS[1..12]``
+            (:class:`BaseKeys`: ``base.inc`` is the incarnation marker, ``base.journal``
+            the journal stream, ``base.kept`` and ``base.kept_expiry`` ``rc`` and ``rcx``).
         rebuild: the rebuild lock.
     """
 
     org: str
     prefix: str
-    base: tuple[str, ...]
+    base: BaseKeys
     rebuild: str
-
-    @property
-    def inc(self) -> str:
-        """The incarnation marker."""
-        return self.base[0]
-
-    @property
-    def journal(self) -> str:
-        """The journal stream."""
-        return self.base[9]
-
-    @property
-    def kept(self) -> str:
-        """The hash of acquire receipts and handoff resolutions (``rc``)."""
-        return self.base[10]
-
-    @property
-    def kept_expiry(self) -> str:
-        """The sorted set of ``rc``'s fields by expiry (``rcx``)."""
-        return self.base[11]
 
     @staticmethod
     def receipt_field(principal: str, key: str, resource_type: str, resource_id: str) -> str:
@@ -148,6 +152,6 @@ def org_keys(org: str) -> OrgKeys:
     return OrgKeys(
         org=org,
         prefix=prefix,
-        base=tuple(prefix + n for n in names),
+        base=BaseKeys(*(prefix + n for n in names)),
         rebuild=prefix + "rebuild",
     )

@@ -122,7 +122,7 @@ def recover(auth: AuthorityBase, org: str) -> None:
                 raise
         time.sleep(0.02)
         try:
-            if auth.client.exists(org_keys(org).inc):
+            if auth.client.exists(org_keys(org).base.inc):
                 return
         except RedisError as exc:
             raise UnavailableError(f"Redis unavailable: {exc}") from exc
@@ -230,14 +230,14 @@ def return_to_ledger(auth: AuthorityBase, org: str, *, force: bool = False) -> b
     lock_keys = [*keys.base, keys.rebuild]
     rec = auth.reconciler
     try:
-        if not force and not client.exists(keys.inc):
+        if not force and not client.exists(keys.base.inc):
             _check_same_server(auth, org)
         if not client.set(keys.rebuild, token, nx=True, px=REBUILD_LOCK_MS):
             raise RebuildInProgress(
                 f"the Redis lease state of org {org!r} is being rebuilt or handed back; retry"
             )
         try:
-            client.delete(keys.inc)  # from here every Redis operation of the org fails closed
+            client.delete(keys.base.inc)  # from here every Redis operation of the org fails closed
             rec.drain(org)
             with auth.store.engines.write.begin() as conn:
                 _lock_journal_and_authority(auth, conn, org)
@@ -340,8 +340,8 @@ def _restore_receipts(auth: AuthorityBase, org: str) -> int:
             value = json.dumps(rec)
             # only where Redis kept none (clear.lua keeps what survived: at least as new)
             field = keys.receipt_field(r.principal, r.idem_key, rt, rid)
-            pipe.hsetnx(keys.kept, field, value)
-            pipe.zadd(keys.kept_expiry, {field: r.expires_at_ms}, nx=True)
+            pipe.hsetnx(keys.base.kept, field, value)
+            pipe.zadd(keys.base.kept_expiry, {field: r.expires_at_ms}, nx=True)
             n += 1
             if n % 500 == 0:
                 pipe.execute()
@@ -369,7 +369,7 @@ def rebuild(auth: AuthorityBase, org: str) -> int:
                 f"the Redis lease state of org {org!r} is being rebuilt from the ledger; retry"
             )
         try:
-            if client.exists(keys.inc):  # someone finished meanwhile
+            if client.exists(keys.base.inc):  # someone finished meanwhile
                 auth.scripts["unlock"](keys=[keys.rebuild], args=[token])
                 return -1
             auth.reconciler.drain(org)
@@ -390,7 +390,7 @@ def rebuild(auth: AuthorityBase, org: str) -> int:
                 _check(auth.scripts["restore"](keys=lock_keys, args=[token, *batch]), org)
                 restored += len(batch) // 2
             receipts = _restore_receipts(auth, org)
-            now = node_time_ms(client, keys.inc)  # the clock of the org's node
+            now = node_time_ms(client, keys.base.inc)  # the clock of the org's node
             floor, ceiling = incarnation_epochs(n)
             delay = 0
             if existed and auth.post_loss == "lock_delay":
@@ -451,7 +451,7 @@ def rotate(auth: AuthorityBase, org: str) -> None:
     """
     keys = org_keys(org)
     try:
-        seen = auth.client.hget(keys.inc, "id")
+        seen = auth.client.hget(keys.base.inc, "id")
         if seen is None:
             return  # lost meanwhile: the next call rebuilds
         bumped = bump_incarnation(auth, org, decided_only=True)

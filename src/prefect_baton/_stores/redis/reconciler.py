@@ -192,7 +192,7 @@ class Reconciler(LedgerWriter):
 
         Returns ``(applied, last applied entry id or None)``.
         """
-        journal = org_keys(org).journal
+        journal = org_keys(org).base.journal
         try:
             try:
                 try:
@@ -312,14 +312,14 @@ class Reconciler(LedgerWriter):
             fault["generations"],
         )
         try:
-            self.client.delete(org_keys(org).inc)
+            self.client.delete(org_keys(org).base.inc)
         except RedisError as err:
             log.error("could not delete the incarnation marker of %r: %s", org, err)
         return eid
 
     def lag(self, org: str) -> Lag:
         """The org's current :class:`Lag` (two Redis commands)."""
-        journal = org_keys(org).journal
+        journal = org_keys(org).base.journal
         try:
             n = int(self.client.xlen(journal))
             if n == 0:
@@ -337,7 +337,7 @@ class Reconciler(LedgerWriter):
 
     def _applied(self, org: str, entry_id: str) -> bool:
         try:
-            first = self.client.xrange(org_keys(org).journal, count=1)
+            first = self.client.xrange(org_keys(org).base.journal, count=1)
         except RedisError as exc:
             raise _unavailable(exc) from exc
         return not first or id_tuple(_text(first[0][0])) > id_tuple(entry_id)

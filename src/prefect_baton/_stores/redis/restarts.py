@@ -106,7 +106,7 @@ def check_server_run(conn: Any) -> int:
     if _text(_command(conn, "GET", RUN_KEY) or b"") == run:
         return -1
     orgs = sorted(_text(o) for o in _command(conn, "SMEMBERS", ORGS_KEY) or [])
-    markers = [org_keys(org).inc for org in orgs]
+    markers = [org_keys(org).base.inc for org in orgs]
     deleted = int(_command(conn, "EVAL", _FORGET, str(1 + len(markers)), RUN_KEY, *markers, run))
     if deleted > 0:
         log.warning(

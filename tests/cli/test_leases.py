@@ -314,6 +314,41 @@ def test_in_flight_duplicate_exits_8(cli: Cli, monkeypatch: pytest.MonkeyPatch) 
     }
 
 
+def test_a_second_attempt_of_one_execution_key_exits_8(cli: Cli) -> None:
+    """Two processes presenting one --execution-key with their own --attempt never both hold
+    the lease: the second exits 8 (IDEMPOTENCY_IN_FLIGHT) while the first holds it, and so
+    does one without --attempt; the first attempt retrying replays the same lease."""
+    first = cli.ok(
+        "lease", "acquire", "deploy", "svc", "--ttl-seconds", "60",
+        "--execution-key", "run-1", "--attempt", "pid-1",
+    )["lease"]  # fmt: skip
+    for other in (["--attempt", "pid-2"], []):
+        run = cli(
+            "lease", "acquire", "deploy", "svc", "--ttl-seconds", "60",
+            "--execution-key", "run-1", *other,
+        )  # fmt: skip
+        assert run.code == 8, run.text
+        assert run.json["error"]["code"] == "IDEMPOTENCY_IN_FLIGHT"
+    again = cli.ok(
+        "lease", "acquire", "deploy", "svc", "--ttl-seconds", "60",
+        "--execution-key", "run-1", "--attempt", "pid-1",
+    )  # fmt: skip
+    assert again["status"] == "replayed"
+    assert (again["lease"]["lease_id"], again["lease"]["epoch"]) == (
+        first["lease_id"],
+        first["epoch"],
+    )
+
+
+def test_an_attempt_without_an_execution_key_exits_2(cli: Cli) -> None:
+    """--attempt names an attempt of an execution: without --execution-key it is refused
+    (VALIDATION_ERROR, exit 2) and nothing is acquired."""
+    run = cli("lease", "acquire", "deploy", "svc", "--ttl-seconds", "60", "--attempt", "pid-1")
+    assert run.code == 2
+    assert "--execution-key" in run.json["error"]["message"]
+    assert cli.ok("lease", "inspect", "deploy", "svc")["info"]["held"] is False
+
+
 def test_wrong_execution_key_exits_9(cli: Cli) -> None:
     """Renewing with another execution's key is LEASE_LOST, exit 9 (never corrected)."""
     lease = acquire(cli)

@@ -129,6 +129,17 @@ def acquire(
             help="Deprecated name of --execution-key on acquire (warns on stderr).",
         ),
     ] = None,
+    attempt: Annotated[
+        str | None,
+        typer.Option(
+            "--attempt",
+            help="Token of this attempt of the execution (text, 1-256 characters; needs "
+            "--execution-key), e.g. a process id: while the lease is held, another process "
+            "presenting the same --execution-key with another --attempt (or none) exits 8 "
+            "(IDEMPOTENCY_IN_FLIGHT) instead of getting the same lease; the same --attempt "
+            "retrying replays. Without it every presenter of the key is one attempt.",
+        ),
+    ] = None,
     expected_version: Annotated[int | None, compare_and_swap("resource", "never leased")] = None,
     purpose: Annotated[
         str | None, typer.Option("--purpose", help="Free text kept with the lease.")
@@ -144,11 +155,17 @@ def acquire(
 ) -> Lease:
     """Acquire (or take over after expiry) the lease on RESOURCE_TYPE RESOURCE_ID.
 
-    Exits 3 (CONFLICT) when another holder has it, 4 on a stale --expected-version, 2
+    Exits 3 (CONFLICT) when another holder has it, 4 on a stale --expected-version, 8
+    (IDEMPOTENCY_IN_FLIGHT) when another --attempt of the same --execution-key holds it, 2
     (VALIDATION_ERROR) when --execution-key and its deprecated name --idempotency-key
-    disagree.
+    disagree or --attempt comes without --execution-key.
     """
     key = _execution_key(execution_key, old_key)
+    if attempt is not None and key is None:
+        raise ValidationError(
+            "--attempt names an attempt of the execution given by --execution-key: "
+            "give --execution-key as well"
+        )
     return (
         state(ctx)
         .client()
@@ -160,6 +177,7 @@ def acquire(
             scopes=scope or (),
             expected_version=expected_version,
             idempotency_key=key,
+            attempt=attempt,
         )
     )
 

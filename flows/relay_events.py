@@ -21,6 +21,7 @@ from prefect import flow, get_run_logger
 
 from prefect_baton import Baton
 from prefect_baton.prefect import relay_events
+from prefect_baton.prefect._logs import expected_errors
 from prefect_baton.prefect._serve import flow_main
 
 
@@ -37,9 +38,10 @@ def relay(max_events: int = 10_000) -> dict[str, Any]:
     Raises:
         UnavailableError: the ledger cannot be reached.
     """
-    result = relay_events(Baton.from_settings(), max_events=max_events)
-    get_run_logger().info("relayed %d ledger events (cursor %d)", result.emitted, result.cursor)
-    return {"emitted": result.emitted, "cursor": result.cursor}
+    with expected_errors():
+        result = relay_events(Baton.from_settings(), max_events=max_events)
+        get_run_logger().info("relayed %d ledger events (cursor %d)", result.emitted, result.cursor)
+        return {"emitted": result.emitted, "cursor": result.cursor}
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from prefect.artifacts import create_table_artifact
 from prefect_baton import Baton
 from prefect_baton._rules.events import EXPIRY_LAPSED, expired_payload, lease_payload
 from prefect_baton.prefect._events import emit_ledger_event
+from prefect_baton.prefect._logs import expected_errors
 from prefect_baton.prefect._serve import flow_main
 
 REPORTER = "prefect-baton.report-expired"
@@ -46,45 +47,46 @@ def report_expired(limit: int = 10_000) -> dict[str, Any]:
     Raises:
         UnavailableError: the ledger cannot be reached.
     """
-    log = get_run_logger()
-    b = Baton.from_settings(principal=REPORTER, role="admin")
-    expired = b.leases.report_expired(limit=limit)
-    found = []
-    for lease in expired:
-        payload = expired_payload(
-            lease_payload(
-                lease.lease_id,
-                lease.resource_type,
-                lease.resource_id,
-                lease.owner,
-                lease.version,
-                lease.epoch,
-                round(lease.expires_at.timestamp() * 1000),
-            ),
-            EXPIRY_LAPSED,
-        )
-        emit_ledger_event(
-            "lease.expired",
-            f"{lease.resource_type}/{lease.resource_id}",
-            payload,
-            org=b.org,
-            principal=REPORTER,
-        )
-        found.append(
-            {
-                "lease_id": lease.lease_id,
-                "resource": f"{lease.resource_type}/{lease.resource_id}",
-                "owner": lease.owner,
-                "epoch": lease.epoch,
-                "expired_at": lease.expires_at.isoformat(timespec="seconds"),
-            }
-        )
-    log.info("%d expired leases reported", len(found))
-    if found:
-        create_table_artifact(
-            table=found, key="baton-expired-leases", description="Leases past their TTL"
-        )
-    return {"expired": found}
+    with expected_errors():
+        log = get_run_logger()
+        b = Baton.from_settings(principal=REPORTER, role="admin")
+        expired = b.leases.report_expired(limit=limit)
+        found = []
+        for lease in expired:
+            payload = expired_payload(
+                lease_payload(
+                    lease.lease_id,
+                    lease.resource_type,
+                    lease.resource_id,
+                    lease.owner,
+                    lease.version,
+                    lease.epoch,
+                    round(lease.expires_at.timestamp() * 1000),
+                ),
+                EXPIRY_LAPSED,
+            )
+            emit_ledger_event(
+                "lease.expired",
+                f"{lease.resource_type}/{lease.resource_id}",
+                payload,
+                org=b.org,
+                principal=REPORTER,
+            )
+            found.append(
+                {
+                    "lease_id": lease.lease_id,
+                    "resource": f"{lease.resource_type}/{lease.resource_id}",
+                    "owner": lease.owner,
+                    "epoch": lease.epoch,
+                    "expired_at": lease.expires_at.isoformat(timespec="seconds"),
+                }
+            )
+        log.info("%d expired leases reported", len(found))
+        if found:
+            create_table_artifact(
+                table=found, key="baton-expired-leases", description="Leases past their TTL"
+            )
+        return {"expired": found}
 
 
 if __name__ == "__main__":

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
+
+from prefect_baton._exit import error_line, exit_code_for
+from prefect_baton.errors import BatonError
 
 __all__ = ["flow_main", "prefect_api", "serving", "wait_for_run"]
 
@@ -48,8 +52,13 @@ def flow_main(
         interrupted).
 
     Raises:
-        SystemExit: 2 with a usage message for bad arguments, 0 after ``--help``.
+        SystemExit: 2 with a usage message for bad arguments, 0 after ``--help``; when
+            the run fails with a :class:`~prefect_baton.errors.BatonError`, the exit
+            status of its code (``EXIT_CODES``: 5 for ``NOT_FOUND``, 2 for
+            ``VALIDATION_ERROR`` ...) after one line ``<flow name>: CODE: message`` on
+            stderr, as ``baton`` reports errors (no traceback).
     """
+
     schedule = f" every {interval_seconds:g} s" if interval_seconds else " (no schedule)"
     parser = argparse.ArgumentParser(
         description=(doc or "").strip().split("\n")[0] or None,
@@ -67,7 +76,11 @@ def flow_main(
     if ns.serve:
         flow.serve(name=name, interval=interval_seconds, parameters=params or None)
         return None
-    result = flow(**params)
+    try:
+        result = flow(**params)
+    except BatonError as exc:
+        sys.stderr.write(error_line(getattr(flow, "name", name), exc.to_dict()))
+        raise SystemExit(exit_code_for(exc.code)) from None
     print(result)
     return result
 

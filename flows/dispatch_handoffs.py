@@ -39,7 +39,7 @@ from prefect_baton import Baton, Handoff
 from prefect_baton.prefect import start_recipient
 from prefect_baton.prefect._handoff import recipient_run_parameters
 from prefect_baton.prefect._logs import expected_errors
-from prefect_baton.prefect._serve import flow_main
+from prefect_baton.prefect._serve import flow_main, reading_baton
 
 
 def pending_handoffs(b: Baton, page_size: int = 1000) -> dict[str, list[Handoff]]:
@@ -124,12 +124,13 @@ def dispatch_handoffs(recipients: list[str] | None = None) -> dict[str, Any]:
         resolved while the flow ran is left out.
 
     Raises:
-        UnavailableError: the ledger cannot be reached.
+        UnavailableError: the ledger cannot be reached. NotFoundError: no ledger file at
+        a SQLite ``BATON_LEDGER_URL`` (none is created).
     """
     with expected_errors():
         log = get_run_logger()
         # the owner role lists everyone's pending handoffs (the dispatcher starts any recipient)
-        b = Baton.from_settings(principal="prefect-baton.dispatcher", role="owner")
+        b = reading_baton(principal="prefect-baton.dispatcher", role="owner")
         started: list[dict[str, str]] = []
         running: list[dict[str, str]] = []
         ended: list[dict[str, str]] = []

@@ -41,7 +41,7 @@ from prefect import flow, get_run_logger
 from prefect_baton import Baton
 from prefect_baton.prefect._handoff import start_deployment
 from prefect_baton.prefect._logs import expected_errors
-from prefect_baton.prefect._serve import flow_main
+from prefect_baton.prefect._serve import flow_main, reading_baton
 
 RESUMER = "prefect-baton.resume-expired"
 
@@ -105,14 +105,15 @@ def resume_expired(
 
     Raises:
         UnavailableError: the ledger cannot be reached, or the Prefect API (unreachable
-        or a 5xx; the message names its URL). NotFoundError: no such ``deployment``.
+        or a 5xx; the message names its URL). NotFoundError: no such ``deployment``; no
+        ledger file at a SQLite ``BATON_LEDGER_URL`` (none is created).
         ValidationError: ``deployment`` refused the four parameters (its flow must take
         ``resource_type``, ``resource_id``, ``subject_id`` and ``expired_lease_id`` and
         require no other). Other Prefect errors from starting it.
     """
     with expected_errors():
         log = get_run_logger()
-        b = Baton.from_settings(principal=RESUMER)
+        b = reading_baton(principal=RESUMER)
         why = resume_verdict(
             b, resource_type, resource_id, epoch, reason=reason, subject_id=subject_id
         )

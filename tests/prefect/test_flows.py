@@ -475,3 +475,25 @@ def test_flow_command_line_reports_an_error_as_one_line_and_its_exit_code(
         said = f"baton-resume-expired: {code}: deployment {deployment!r}"
         assert [line for line in run.stderr.splitlines() if line.startswith(said)], run.stderr
         assert "Finished in state Failed" in run.stdout + run.stderr
+
+
+def test_reading_flows_refuse_a_missing_sqlite_ledger(
+    baton_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flows that only read, on a SQLite ``BATON_LEDGER_URL`` whose file does not exist:
+    NOT_FOUND naming the path, as ``baton``'s read commands say, and no file is created
+    (a mistyped path must not read as "nothing expired")."""
+    from prefect_baton import NotFoundError
+
+    missing = tmp_path / "x.db"
+    monkeypatch.setenv("BATON_LEDGER_URL", f"sqlite:///{missing}")
+    runs: list[Callable[[], Any]] = [
+        load_script("flows/report_expired.py").report_expired,
+        load_script("flows/dispatch_handoffs.py").dispatch_handoffs,
+        load_script("flows/relay_events.py").relay,
+        lambda: load_script("flows/resume_expired.py").resume_expired("file", "a", 1, "l"),
+    ]
+    for run in runs:
+        with pytest.raises(NotFoundError, match=f"no ledger at {missing}: check BATON_LEDGER_URL"):
+            run()
+    assert not missing.exists()

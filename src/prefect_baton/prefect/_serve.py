@@ -15,10 +15,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from prefect_baton._client.sync import Baton
 from prefect_baton._exit import error_line, exit_code_for
+from prefect_baton._settings import load_settings
 from prefect_baton.errors import BatonError
 
-__all__ = ["flow_main", "prefect_api", "serving", "wait_for_run"]
+__all__ = ["flow_main", "prefect_api", "reading_baton", "serving", "wait_for_run"]
 
 
 def flow_main(
@@ -83,6 +85,27 @@ def flow_main(
         raise SystemExit(exit_code_for(exc.code)) from None
     print(result)
     return result
+
+
+def reading_baton(**overrides: Any) -> Baton:
+    """``Baton.from_settings(**overrides)`` for a ready-made flow that only reads the ledger
+    (``flows/report_expired.py``, ``dispatch_handoffs.py``, ``resume_expired.py``,
+    ``relay_events.py``): on a SQLite ledger file that does not exist it is ``NOT_FOUND``
+    naming the path, as for ``baton``'s read commands, instead of creating an empty ledger
+    and reporting nothing from it (a mistyped ``BATON_LEDGER_URL``, or the default
+    ``./.baton/ledger.db`` of another working directory). A client of the REST API
+    (``BATON_API_URL``) reads no file.
+
+    Raises:
+        NotFoundError: no ledger file at a SQLite ``BATON_LEDGER_URL``. ValidationError: a
+            bad ``BATON_*`` variable or override.
+    """
+    from prefect_baton._stores.ledger.engine import require_ledger_file
+
+    settings = load_settings(**overrides)
+    if settings.api_url is None:
+        require_ledger_file(settings.ledger_url, configured_by="BATON_LEDGER_URL")
+    return Baton(settings=settings)
 
 
 @contextmanager

@@ -313,3 +313,22 @@ def test_prefect_setup_warns_that_the_default_ledger_follows_the_working_directo
     assert "never see each other's leases" in setup
     for advice in ("`BATON_LEDGER_URL`", "`ledger_url`", "PostgreSQL"):
         assert advice in setup, advice
+
+
+@pytest.mark.parametrize(
+    ("page", "promise"),
+    [
+        ("concepts.md", "not even after the recipient released it."),
+        ("prefect.md", "even after the recipient released the resource,"),
+    ],
+)
+def test_the_handed_off_key_promise_states_its_time_bound(page: str, promise: str) -> None:
+    """Where a page promises that a handed-off execution key is refused even after the
+    recipient released the resource, it bounds that by the receipt retention (past it the key
+    acquires again: tests/unit/test_receipt_retention.py) and says what to set."""
+    text = " ".join((DOCS / page).read_text(encoding="utf-8").split())
+    assert promise in text
+    after = text.split(promise, 1)[1][:700]
+    assert "`BATON_RECEIPT_RETENTION_SECONDS`" in after
+    assert "operations.md#receipt-retention" in after
+    assert "acquires the resource again" in after

@@ -38,7 +38,8 @@ from prefect import flow, get_run_logger
 from prefect_baton import Baton, Handoff
 from prefect_baton.prefect import start_recipient
 from prefect_baton.prefect._handoff import recipient_run_parameters
-from prefect_baton.prefect._serve import flow_main
+from prefect_baton.prefect._logs import expected_errors
+from prefect_baton.prefect._serve import flow_main, reading_baton
 
 
 def pending_handoffs(b: Baton, page_size: int = 1000) -> dict[str, list[Handoff]]:
@@ -123,55 +124,61 @@ def dispatch_handoffs(recipients: list[str] | None = None) -> dict[str, Any]:
         resolved while the flow ran is left out.
 
     Raises:
-        UnavailableError: the ledger cannot be reached.
+        UnavailableError: the ledger cannot be reached. NotFoundError: no ledger file at
+        a SQLite ``BATON_LEDGER_URL`` (none is created).
     """
-    log = get_run_logger()
-    # the owner role lists everyone's pending handoffs (the dispatcher starts any recipient)
-    b = Baton.from_settings(principal="prefect-baton.dispatcher", role="owner")
-    started: list[dict[str, str]] = []
-    running: list[dict[str, str]] = []
-    ended: list[dict[str, str]] = []
-    skipped: list[dict[str, str]] = []
-    pending = pending_handoffs(b)
-    for name in recipients or sorted(pending):
-        inbox = pending.get(name, [])
-        if inbox and "/" not in name:
-            skipped += [
-                {"handoff_id": h.handoff_id, "reason": f"{name!r} names no deployment"}
-                for h in inbox
-            ]
-            continue
-        for h in inbox:
-            try:
-                run = existing_run(h.handoff_id)
-                if run is not None:
-                    state = run.state.name if run.state is not None else "unknown"
-                    row = {"handoff_id": h.handoff_id, "flow_run_id": str(run.id), "state": state}
-                    if not run_has_ended(run):
-                        log.info(
-                            "handoff %s: recipient run %s already started (state %s)",
-                            h.handoff_id,
-                            run.id,
-                            state,
-                        )
-                        running.append(row)
-                    elif b.handoffs.get(h.handoff_id).status == "pending":
-                        params = recipient_run_parameters(h.handoff_id, name, h.parameters)
-                        log.warning(stuck_warning(h, run, state, params))
-                        ended.append(row)
-                    continue
-                run = start_recipient(h.handoff_id, name, h.parameters)
-            except Exception as exc:  # unknown deployment, API error: report, go on
-                skipped.append(
-                    {"handoff_id": h.handoff_id, "reason": f"{type(exc).__name__}: {exc}"}
-                )
+    with expected_errors():
+        log = get_run_logger()
+        # the owner role lists everyone's pending handoffs (the dispatcher starts any recipient)
+        b = reading_baton(principal="prefect-baton.dispatcher", role="owner")
+        started: list[dict[str, str]] = []
+        running: list[dict[str, str]] = []
+        ended: list[dict[str, str]] = []
+        skipped: list[dict[str, str]] = []
+        pending = pending_handoffs(b)
+        for name in recipients or sorted(pending):
+            inbox = pending.get(name, [])
+            if inbox and "/" not in name:
+                skipped += [
+                    {"handoff_id": h.handoff_id, "reason": f"{name!r} names no deployment"}
+                    for h in inbox
+                ]
                 continue
-            started.append(
-                {"handoff_id": h.handoff_id, "deployment": name, "flow_run_id": str(run.id)}
-            )
-    if started or skipped or not (running or ended):
-        log.info("started %d recipient runs, skipped %d handoffs", len(started), len(skipped))
-    return {"started": started, "running": running, "ended": ended, "skipped": skipped}
+            for h in inbox:
+                try:
+                    run = existing_run(h.handoff_id)
+                    if run is not None:
+                        state = run.state.name if run.state is not None else "unknown"
+                        row = {
+                            "handoff_id": h.handoff_id,
+                            "flow_run_id": str(run.id),
+                            "state": state,
+                        }
+                        if not run_has_ended(run):
+                            log.info(
+                                "handoff %s: recipient run %s already started (state %s)",
+                                h.handoff_id,
+                                run.id,
+                                state,
+                            )
+                            running.append(row)
+                        elif b.handoffs.get(h.handoff_id).status == "pending":
+                            params = recipient_run_parameters(h.handoff_id, name, h.parameters)
+                            log.warning(stuck_warning(h, run, state, params))
+                            ended.append(row)
+                        continue
+                    run = start_recipient(h.handoff_id, name, h.parameters)
+                except Exception as exc:  # unknown deployment, API error: report, go on
+                    skipped.append(
+                        {"handoff_id": h.handoff_id, "reason": f"{type(exc).__name__}: {exc}"}
+                    )
+                    continue
+                started.append(
+                    {"handoff_id": h.handoff_id, "deployment": name, "flow_run_id": str(run.id)}
+                )
+        if started or skipped or not (running or ended):
+            log.info("started %d recipient runs, skipped %d handoffs", len(started), len(skipped))
+        return {"started": started, "running": running, "ended": ended, "skipped": skipped}
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 from prefect import flow, get_run_logger
 
 from prefect_baton import BatonSettings
+from prefect_baton.prefect._logs import expected_errors
 from prefect_baton.prefect._serve import flow_main
 
 NO_REDIS = (
@@ -41,22 +42,23 @@ def reconcile(orgs: list[str] | None = None, batch_size: int = 500) -> dict[str,
     Raises:
         UnavailableError: Redis or the ledger cannot be reached.
     """
-    log = get_run_logger()
-    settings = BatonSettings()
-    if settings.redis_url is None:
-        log.info(NO_REDIS)
-        return {"status": "skipped", "reason": NO_REDIS}
-    from prefect_baton._stores.redis.reconciler import run_reconciler
+    with expected_errors():
+        log = get_run_logger()
+        settings = BatonSettings()
+        if settings.redis_url is None:
+            log.info(NO_REDIS)
+            return {"status": "skipped", "reason": NO_REDIS}
+        from prefect_baton._stores.redis.reconciler import run_reconciler
 
-    report = run_reconciler(
-        settings.redis_url.get_secret_value(),
-        settings.ledger_url,
-        orgs=orgs,
-        batch_size=batch_size,
-    )
-    lag = {org: {"entries": v.entries, "seconds": v.seconds} for org, v in report.lag.items()}
-    log.info("applied %d journal entries for %d orgs", report.applied, len(report.orgs))
-    return {"status": "ok", "applied": report.applied, "orgs": report.orgs, "lag": lag}
+        report = run_reconciler(
+            settings.redis_url.get_secret_value(),
+            settings.ledger_url,
+            orgs=orgs,
+            batch_size=batch_size,
+        )
+        lag = {org: {"entries": v.entries, "seconds": v.seconds} for org, v in report.lag.items()}
+        log.info("applied %d journal entries for %d orgs", report.applied, len(report.orgs))
+        return {"status": "ok", "applied": report.applied, "orgs": report.orgs, "lag": lag}
 
 
 if __name__ == "__main__":

@@ -19,9 +19,9 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from prefect import flow, get_run_logger
 
-from prefect_baton import Baton
 from prefect_baton.prefect import relay_events
-from prefect_baton.prefect._serve import flow_main
+from prefect_baton.prefect._logs import expected_errors
+from prefect_baton.prefect._serve import flow_main, reading_baton
 
 
 @flow(name="baton-relay-events", persist_result=True)
@@ -35,11 +35,13 @@ def relay(max_events: int = 10_000) -> dict[str, Any]:
         ``{"emitted": int, "cursor": int}``.
 
     Raises:
-        UnavailableError: the ledger cannot be reached.
+        UnavailableError: the ledger cannot be reached. NotFoundError: no ledger file at
+        a SQLite ``BATON_LEDGER_URL`` (none is created).
     """
-    result = relay_events(Baton.from_settings(), max_events=max_events)
-    get_run_logger().info("relayed %d ledger events (cursor %d)", result.emitted, result.cursor)
-    return {"emitted": result.emitted, "cursor": result.cursor}
+    with expected_errors():
+        result = relay_events(reading_baton(), max_events=max_events)
+        get_run_logger().info("relayed %d ledger events (cursor %d)", result.emitted, result.cursor)
+        return {"emitted": result.emitted, "cursor": result.cursor}
 
 
 if __name__ == "__main__":

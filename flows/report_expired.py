@@ -24,10 +24,10 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from prefect_baton import Baton
 from prefect_baton._rules.events import EXPIRY_LAPSED, expired_payload, lease_payload
 from prefect_baton.prefect._events import emit_ledger_event
-from prefect_baton.prefect._serve import flow_main
+from prefect_baton.prefect._logs import expected_errors
+from prefect_baton.prefect._serve import flow_main, reading_baton
 
 REPORTER = "prefect-baton.report-expired"
 
@@ -44,47 +44,49 @@ def report_expired(limit: int = 10_000) -> dict[str, Any]:
         ``{"expired": [{"lease_id", "resource", "owner", "epoch", "expired_at"}, ...]}``.
 
     Raises:
-        UnavailableError: the ledger cannot be reached.
+        UnavailableError: the ledger cannot be reached. NotFoundError: no ledger file at
+        a SQLite ``BATON_LEDGER_URL`` (none is created).
     """
-    log = get_run_logger()
-    b = Baton.from_settings(principal=REPORTER, role="admin")
-    expired = b.leases.report_expired(limit=limit)
-    found = []
-    for lease in expired:
-        payload = expired_payload(
-            lease_payload(
-                lease.lease_id,
-                lease.resource_type,
-                lease.resource_id,
-                lease.owner,
-                lease.version,
-                lease.epoch,
-                round(lease.expires_at.timestamp() * 1000),
-            ),
-            EXPIRY_LAPSED,
-        )
-        emit_ledger_event(
-            "lease.expired",
-            f"{lease.resource_type}/{lease.resource_id}",
-            payload,
-            org=b.org,
-            principal=REPORTER,
-        )
-        found.append(
-            {
-                "lease_id": lease.lease_id,
-                "resource": f"{lease.resource_type}/{lease.resource_id}",
-                "owner": lease.owner,
-                "epoch": lease.epoch,
-                "expired_at": lease.expires_at.isoformat(timespec="seconds"),
-            }
-        )
-    log.info("%d expired leases reported", len(found))
-    if found:
-        create_table_artifact(
-            table=found, key="baton-expired-leases", description="Leases past their TTL"
-        )
-    return {"expired": found}
+    with expected_errors():
+        log = get_run_logger()
+        b = reading_baton(principal=REPORTER, role="admin")
+        expired = b.leases.report_expired(limit=limit)
+        found = []
+        for lease in expired:
+            payload = expired_payload(
+                lease_payload(
+                    lease.lease_id,
+                    lease.resource_type,
+                    lease.resource_id,
+                    lease.owner,
+                    lease.version,
+                    lease.epoch,
+                    round(lease.expires_at.timestamp() * 1000),
+                ),
+                EXPIRY_LAPSED,
+            )
+            emit_ledger_event(
+                "lease.expired",
+                f"{lease.resource_type}/{lease.resource_id}",
+                payload,
+                org=b.org,
+                principal=REPORTER,
+            )
+            found.append(
+                {
+                    "lease_id": lease.lease_id,
+                    "resource": f"{lease.resource_type}/{lease.resource_id}",
+                    "owner": lease.owner,
+                    "epoch": lease.epoch,
+                    "expired_at": lease.expires_at.isoformat(timespec="seconds"),
+                }
+            )
+        log.info("%d expired leases reported", len(found))
+        if found:
+            create_table_artifact(
+                table=found, key="baton-expired-leases", description="Leases past their TTL"
+            )
+        return {"expired": found}
 
 
 if __name__ == "__main__":

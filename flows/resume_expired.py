@@ -40,7 +40,8 @@ from prefect import flow, get_run_logger
 
 from prefect_baton import Baton
 from prefect_baton.prefect._handoff import start_deployment
-from prefect_baton.prefect._serve import flow_main
+from prefect_baton.prefect._logs import expected_errors
+from prefect_baton.prefect._serve import flow_main, reading_baton
 
 RESUMER = "prefect-baton.resume-expired"
 
@@ -104,31 +105,35 @@ def resume_expired(
 
     Raises:
         UnavailableError: the ledger cannot be reached, or the Prefect API (unreachable
-        or a 5xx; the message names its URL). NotFoundError: no such ``deployment``.
+        or a 5xx; the message names its URL). NotFoundError: no such ``deployment``; no
+        ledger file at a SQLite ``BATON_LEDGER_URL`` (none is created).
         ValidationError: ``deployment`` refused the four parameters (its flow must take
         ``resource_type``, ``resource_id``, ``subject_id`` and ``expired_lease_id`` and
         require no other). Other Prefect errors from starting it.
     """
-    log = get_run_logger()
-    b = Baton.from_settings(principal=RESUMER)
-    why = resume_verdict(b, resource_type, resource_id, epoch, reason=reason, subject_id=subject_id)
-    if why is not None:
-        log.info("not resuming %s/%s: %s", resource_type, resource_id, why)
-        return {"status": "skipped", "reason": why}
-    if deployment is None:
-        return {"status": "resumable"}
-    run = start_deployment(
-        deployment,
-        {
-            "resource_type": resource_type,
-            "resource_id": resource_id,
-            "subject_id": subject_id or f"{resource_type}/{resource_id}",
-            "expired_lease_id": lease_id,
-        },
-        idempotency_key=f"resume:{lease_id}",
-    )
-    log.info("resuming %s/%s in flow run %s", resource_type, resource_id, run.id)
-    return {"status": "started", "flow_run_id": str(run.id)}
+    with expected_errors():
+        log = get_run_logger()
+        b = reading_baton(principal=RESUMER)
+        why = resume_verdict(
+            b, resource_type, resource_id, epoch, reason=reason, subject_id=subject_id
+        )
+        if why is not None:
+            log.info("not resuming %s/%s: %s", resource_type, resource_id, why)
+            return {"status": "skipped", "reason": why}
+        if deployment is None:
+            return {"status": "resumable"}
+        run = start_deployment(
+            deployment,
+            {
+                "resource_type": resource_type,
+                "resource_id": resource_id,
+                "subject_id": subject_id or f"{resource_type}/{resource_id}",
+                "expired_lease_id": lease_id,
+            },
+            idempotency_key=f"resume:{lease_id}",
+        )
+        log.info("resuming %s/%s in flow run %s", resource_type, resource_id, run.id)
+        return {"status": "started", "flow_run_id": str(run.id)}
 
 
 _EVENT = ("resource_type", "resource_id", "epoch", "lease_id")

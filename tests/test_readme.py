@@ -32,3 +32,12 @@ def test_readme_names_the_two_setup_commands() -> None:
     setup = text.split("## Set-up", 1)[1].split("##", 1)[0]
     commands = re.findall(r"^make \w+", setup, flags=re.M)
     assert commands == ["make demo", "make test"]
+
+
+def test_readme_counts_the_demos_accepted_handoffs_for_both_engines() -> None:
+    """The README's count of the demo's "handoffs accepted" holds for both engines: the
+    files plus two, and plus three with ``--engine prefect`` (tests/demo/test_demo.py)."""
+    text = " ".join(README.read_text().split())
+    said = text.split('"handoffs accepted" counts', 1)[1][:300]
+    assert said.startswith(" the files plus two")
+    assert "with `--engine prefect` plus three" in said

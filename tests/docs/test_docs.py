@@ -292,3 +292,43 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     api = (site / "api" / "index.html").read_text(encoding="utf-8")
     for name in ("LeaseAPI", "CheckpointAPI", "LeaseKeeper", "StaleFenceError", "accept_handoff"):
         assert name in api
+
+
+def _section(page: str, heading: str) -> str:
+    text = (DOCS / page).read_text(encoding="utf-8")
+    return text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_prefect_setup_warns_that_the_default_ledger_follows_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Prefect guide's set-up says the default ledger is under each worker's working
+    directory (so workers started elsewhere never exclude each other) and what to set."""
+    from prefect_baton._settings import default_ledger_url
+
+    monkeypatch.chdir(tmp_path)
+    assert default_ledger_url() == f"sqlite:///{tmp_path / '.baton' / 'ledger.db'}"
+    setup = " ".join(_section("prefect.md", "Configuration in Prefect").split())
+    assert "`./.baton/ledger.db` under **its working directory**" in setup
+    assert "never see each other's leases" in setup
+    for advice in ("`BATON_LEDGER_URL`", "`ledger_url`", "PostgreSQL"):
+        assert advice in setup, advice
+
+
+@pytest.mark.parametrize(
+    ("page", "promise"),
+    [
+        ("concepts.md", "not even after the recipient released it."),
+        ("prefect.md", "even after the recipient released the resource,"),
+    ],
+)
+def test_the_handed_off_key_promise_states_its_time_bound(page: str, promise: str) -> None:
+    """Where a page promises that a handed-off execution key is refused even after the
+    recipient released the resource, it bounds that by the receipt retention (past it the key
+    acquires again: tests/unit/test_receipt_retention.py) and says what to set."""
+    text = " ".join((DOCS / page).read_text(encoding="utf-8").split())
+    assert promise in text
+    after = text.split(promise, 1)[1][:700]
+    assert "`BATON_RECEIPT_RETENTION_SECONDS`" in after
+    assert "operations.md#receipt-retention" in after
+    assert "acquires the resource again" in after

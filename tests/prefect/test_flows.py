@@ -436,3 +436,64 @@ def test_deployments_refusing_the_parameters_are_named(
     assert skipped["reason"].startswith(f"ValidationError: deployment {name!r} refused")
     assert "(handoff_id)" in skipped["reason"]
     assert "'table' is a required property" in skipped["reason"]
+
+
+def test_flow_command_line_reports_an_error_as_one_line_and_its_exit_code(
+    baton_env: dict[str, str], make_baton: MakeBaton, prefect_api: str
+) -> None:
+    """``python flows/resume_expired.py ... --deployment nope/nope``: the NotFoundError is one
+    line ``<flow>: NOT_FOUND: message`` on stderr and exit 5 (``EXIT_CODES``), a deployment
+    refusing the parameters ``VALIDATION_ERROR`` and exit 2; neither the run's logs nor the
+    command print a traceback."""
+    from prefect import flow
+
+    @flow(name="baton-test-needs-table")
+    def needs_table(table: str) -> str:
+        return table
+
+    needs_table.to_deployment(name="db").apply()
+    b = make_baton("worker")
+    gone = b.leases.acquire("file", "cli-err.py", ttl_seconds=30)
+    b.leases.release(gone)
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "PYTHONPATH": str(REPO / "src")}
+    script = [sys.executable, str(REPO / "flows/resume_expired.py")]
+    event = ["file", "cli-err.py", str(gone.epoch), gone.lease_id]
+    for deployment, code, status in [
+        ("nope/nope", "NOT_FOUND", 5),
+        ("baton-test-needs-table/db", "VALIDATION_ERROR", 2),
+    ]:
+        run = subprocess.run(
+            [*script, *event, "--deployment", deployment],
+            env=env | {"PREFECT_LOGGING_LEVEL": "INFO"},
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+        assert run.returncode == status, run.stderr
+        assert "Traceback" not in run.stdout + run.stderr
+        said = f"baton-resume-expired: {code}: deployment {deployment!r}"
+        assert [line for line in run.stderr.splitlines() if line.startswith(said)], run.stderr
+        assert "Finished in state Failed" in run.stdout + run.stderr
+
+
+def test_reading_flows_refuse_a_missing_sqlite_ledger(
+    baton_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flows that only read, on a SQLite ``BATON_LEDGER_URL`` whose file does not exist:
+    NOT_FOUND naming the path, as ``baton``'s read commands say, and no file is created
+    (a mistyped path must not read as "nothing expired")."""
+    from prefect_baton import NotFoundError
+
+    missing = tmp_path / "x.db"
+    monkeypatch.setenv("BATON_LEDGER_URL", f"sqlite:///{missing}")
+    runs: list[Callable[[], Any]] = [
+        load_script("flows/report_expired.py").report_expired,
+        load_script("flows/dispatch_handoffs.py").dispatch_handoffs,
+        load_script("flows/relay_events.py").relay,
+        lambda: load_script("flows/resume_expired.py").resume_expired("file", "a", 1, "l"),
+    ]
+    for run in runs:
+        with pytest.raises(NotFoundError, match=f"no ledger at {missing}: check BATON_LEDGER_URL"):
+            run()
+    assert not missing.exists()

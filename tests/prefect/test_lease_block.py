@@ -496,3 +496,55 @@ def test_loss_is_logged_to_the_run(make_baton: MakeBaton, run_logs: _Records) ->
     said = f"job/lost: lease {box['lease_id']} was lost (LEASE_LOST"
     lost = [r for r in run_logs.records if r.getMessage().startswith(said)]
     assert [(r.name, r.levelname) for r in lost] == [("prefect.task_runs", "WARNING")]
+
+
+def test_block_reference_to_a_missing_block_is_not_found() -> None:
+    """``baton="baton/<name>"`` naming no saved block is NOT_FOUND naming the block, in a run
+    and outside one (``PREFECT_API_URL`` set), not Prefect's ``ValueError``."""
+    name = f"does-not-exist-{uuid.uuid4().hex[:8]}"
+
+    @task
+    @leased("doc", "{n}", ttl_seconds=20, baton=f"baton/{name}")
+    def write(n: int) -> None:
+        raise AssertionError("the body must not run")
+
+    @flow(name="baton-test-missing-block")
+    def run() -> None:
+        write(1)
+
+    with pytest.raises(NotFoundError, match=f"no Baton block named '{name}'") as caught:
+        run()
+    assert caught.value.code == "NOT_FOUND"
+    with (
+        pytest.raises(NotFoundError, match=f"baton/{name}"),
+        lease("doc", "1", ttl_seconds=20, baton=f"baton/{name}"),
+    ):
+        pass
+
+
+def test_block_reference_without_a_prefect_api_is_refused() -> None:
+    """Outside a run and without ``PREFECT_API_URL`` a block reference is a clear
+    VALIDATION_ERROR: no temporary Prefect server is started to look for the block."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from prefect_baton.prefect import _block
+
+    loads: list[str] = []
+
+    def no_load(*args: Any, **kwargs: Any) -> Any:
+        loads.append(args[0])
+        raise AssertionError("no load without an API")
+
+    name = f"never-{uuid.uuid4().hex[:8]}"
+    with (
+        temporary_settings(restore_defaults={PREFECT_API_URL}),
+        pytest.MonkeyPatch.context() as mp,
+    ):
+        mp.setattr(_block.BatonBlock, "load", no_load)
+        assert not PREFECT_API_URL.value()
+        with (
+            pytest.raises(ValidationError, match="PREFECT_API_URL is unset"),
+            lease("doc", "1", ttl_seconds=20, baton=f"baton/{name}"),
+        ):
+            pass
+    assert loads == []

@@ -66,3 +66,22 @@ def test_writes_prune_expired_receipts_in_passing(
     b.checkpoints.save("s", "k2", {"n": 1})
     assert _count(store, b.org) == 0
     store.close()
+
+
+def test_a_handed_off_execution_key_is_refused_only_while_its_receipt_is_kept(url: str) -> None:
+    """The refusal of a transferred execution key (``LEASE_LOST``, ``transferred``, even
+    after the recipient released the resource) rests on the acquire's receipt: past
+    ``BATON_RECEIPT_RETENTION_SECONDS`` (here 0) the same key acquires the resource again as
+    a new request, as docs/concepts.md and docs/prefect.md say."""
+    store = LedgerStore(url, receipt_retention_seconds=0)
+    b = Baton(org=f"o-{uuid.uuid4().hex[:8]}", principal="sender", store=store)
+    old = b.leases.acquire("deploy", "svc", ttl_seconds=30, idempotency_key="run-1")
+    moved = b.leases.transfer(
+        old, to_principal="recipient", new_execution_key="run-2", ttl_seconds=30
+    )
+    b.as_principal("recipient").leases.release(moved)
+    b.prune_receipts()
+    again = b.leases.acquire("deploy", "svc", ttl_seconds=30, idempotency_key="run-1")
+    assert again.lease_id != old.lease_id
+    assert again.epoch > moved.epoch
+    store.close()

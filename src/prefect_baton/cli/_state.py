@@ -28,7 +28,7 @@ from prefect_baton.cli._output import (
     emit_ok,
     emit_page,
 )
-from prefect_baton.errors import BatonError, NotFoundError, ValidationError
+from prefect_baton.errors import BatonError, ValidationError
 from prefect_baton.models import Lease
 from prefect_baton.rest._json_body import DuplicateKey, unique_keys
 
@@ -138,19 +138,15 @@ class CliState:
 
 
 def _require_ledger_file(url: str) -> None:
-    """Refuse to read a SQLite ledger file that does not exist.
+    """:func:`~prefect_baton._stores.ledger.engine.require_ledger_file` of a command's
+    ledger URL.
 
     Raises:
         NotFoundError: ``url`` is a SQLite URL whose file does not exist.
     """
-    from prefect_baton._stores.ledger.engine import sqlite_file  # SQLAlchemy: only here
+    from prefect_baton._stores.ledger.engine import require_ledger_file  # SQLAlchemy: only here
 
-    path = sqlite_file(url)
-    if path is not None and not path.exists():
-        raise NotFoundError(
-            f"no ledger at {path}: check --ledger-url (or BATON_LEDGER_URL); a command "
-            "that writes (lease acquire, db upgrade, ...) creates it"
-        )
+    require_ledger_file(url, configured_by="--ledger-url (or BATON_LEDGER_URL)")
 
 
 def state(ctx: typer.Context) -> CliState:

@@ -34,7 +34,7 @@ from prefect_baton._client.aio import AsyncBaton
 from prefect_baton._client.keeper import LeaseKeeper
 from prefect_baton._client.sync import Baton
 from prefect_baton._settings import BatonSettings, load_settings
-from prefect_baton.errors import ValidationError
+from prefect_baton.errors import NotFoundError, ValidationError
 
 __all__ = [
     "BLOCK_PREFIX",
@@ -288,23 +288,57 @@ def _default_baton() -> Baton:
     return base
 
 
+def prefect_api_known() -> bool:
+    """``True`` inside a Prefect flow or task run, or when ``PREFECT_API_URL`` is set: where
+    Prefect's client reaches an API. Anywhere else a Prefect client call (emitting an event,
+    loading a Block) would start a temporary Prefect server of its own (7-20 s), so
+    prefect-baton does not call Prefect there."""
+    from prefect.settings import PREFECT_API_URL
+
+    if FlowRunContext.get() is not None or TaskRunContext.get() is not None:
+        return True
+    return bool(PREFECT_API_URL.value())
+
+
 def _block_baton(ref: str) -> tuple[Baton, str | None]:
     """The client of the saved block ``"baton/<name>"`` and the block's ``principal``;
     the block is loaded from the Prefect API once per process (a load costs about 50 ms).
 
+    A block lives in a Prefect API: outside a flow or task run and without
+    ``PREFECT_API_URL`` (:func:`prefect_api_known` is ``False``) there is none to load it
+    from, and Prefect would start a temporary server of its own (with no blocks saved in
+    it), so that is an error instead.
+
     Raises:
-        ValidationError: ``ref`` is not ``"baton/<block name>"``.
-        ValueError: Prefect has no such block (what ``Block.load`` raises).
+        ValidationError: ``ref`` is not ``"baton/<block name>"``; or no Prefect API is
+            known (outside a run, ``PREFECT_API_URL`` unset).
+        NotFoundError: the Prefect API has no Baton block of that name.
     """
     check_baton(ref)
     name = ref[len(BLOCK_PREFIX) :]
     with _clients_lock:
         found = _blocks.get(name)
     if found is None:
+        from prefect.exceptions import ObjectNotFound
+
         from prefect_baton.prefect._block import BatonBlock
 
-        # _sync: blocking even when called on an event loop (an async task)
-        block = cast(BatonBlock, BatonBlock.load(name, _sync=True))  # type: ignore[call-arg]
+        if not prefect_api_known():
+            raise ValidationError(
+                f'baton="{ref}" names a Block, which is loaded from a Prefect API, but '
+                "PREFECT_API_URL is unset (and this is not a flow or task run): set "
+                "PREFECT_API_URL, or pass a Baton (Baton.from_settings()) instead"
+            )
+        try:
+            # _sync: blocking even when called on an event loop (an async task)
+            block = cast(BatonBlock, BatonBlock.load(name, _sync=True))  # type: ignore[call-arg]
+        except ValueError as exc:
+            if not isinstance(exc.__cause__, ObjectNotFound):
+                raise
+            raise NotFoundError(
+                f'baton="{ref}": the Prefect API has no Baton block named {name!r}; save '
+                f"one (BatonBlock(ledger_url=...).save({name!r})) or fix the name"
+            ) from None
         made = (block.baton(principal=block.principal), block.principal)
         with _clients_lock:
             found = _blocks.setdefault(name, made)

@@ -159,7 +159,10 @@ def leased(
     Raises:
         ValidationError: when applied, for a bad TTL, option combination or a template
             naming a parameter the function lacks (the message names the function).
-        At call time: :class:`ConflictError` (``raise``, or ``wait`` timed out),
+        At call time: :class:`NotFoundError` (``baton="baton/<name>"`` and the Prefect
+        API has no such Baton block), :class:`ValidationError` (a block reference outside a
+        run without ``PREFECT_API_URL``), :class:`ConflictError` (``raise``, or ``wait``
+        timed out),
         :class:`LeaseLostError` (the lease was lost during the body: renewal answered
         ``LEASE_LOST`` or the TTL passed without a renewal; raised at the latest when the
         body returns), and what the body raises.

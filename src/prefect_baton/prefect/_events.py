@@ -45,13 +45,13 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from prefect.context import FlowRunContext, TaskRunContext
-from prefect.settings import PREFECT_API_URL
 
 from prefect_baton._client.sync import Baton
 from prefect_baton._ids import random_uuid4_hex
 from prefect_baton._rules.events import released_by_handoff
 from prefect_baton.metrics._state import record as record_metric
 from prefect_baton.models import Handoff, Lease
+from prefect_baton.prefect._context import prefect_api_known
 from prefect_baton.prefect._outbox import later
 
 __all__ = [
@@ -78,14 +78,13 @@ _NS = uuid.UUID("6f1c1f0e-8f5b-4c52-9a39-0b7a2f1d3c11")
 
 
 def can_emit() -> bool:
-    """``True`` inside a Prefect flow or task run, or when ``PREFECT_API_URL`` is set.
+    """``True`` inside a Prefect flow or task run, or when ``PREFECT_API_URL`` is set
+    (:func:`~prefect_baton.prefect._context.prefect_api_known`).
 
     Anywhere else ``prefect.events.emit_event`` would start an embedded Prefect server (7-12 s
     here) or silently drop the event, so prefect-baton skips emission instead.
     """
-    if FlowRunContext.get() is not None or TaskRunContext.get() is not None:
-        return True
-    return bool(PREFECT_API_URL.value())
+    return prefect_api_known()
 
 
 def prefect_event_id(

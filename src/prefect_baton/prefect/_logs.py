@@ -28,12 +28,16 @@ import logging
 import sys
 import threading
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
 from prefect.context import FlowRunContext, TaskRunContext
 
-__all__ = ["expected", "run_logger", "settle_failed_attempt"]
+from prefect_baton.errors import BatonError
+
+__all__ = ["expected", "expected_errors", "run_logger", "settle_failed_attempt"]
 
 log = logging.getLogger("prefect_baton.prefect")
 
@@ -105,6 +109,21 @@ def expected(exc: BaseException) -> BaseException:
                     logging.getLogger(name).addFilter(_NoExpectedTraceback())
                 _installed = True
     return exc
+
+
+@contextmanager
+def expected_errors() -> Iterator[None]:
+    """Mark each :class:`~prefect_baton.errors.BatonError` raised in the block
+    :func:`expected` and let it propagate: the body of a ready-made flow (``flows/``),
+    whose errors (``NOT_FOUND`` for a deployment, ``VALIDATION_ERROR``, ``UNAVAILABLE``
+    ...) each say in one line what is wrong. The run still ends ``Failed`` with the
+    message; Prefect's run loggers leave out the traceback. Other exceptions (bugs) keep
+    theirs."""
+    try:
+        yield
+    except BatonError as exc:
+        expected(exc)
+        raise
 
 
 _MISSING = object()

@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["flow_main", "prefect_api", "serving", "wait_for_run"]
+from prefect_baton._client.sync import Baton
+from prefect_baton._exit import error_line, exit_code_for
+from prefect_baton._settings import load_settings
+from prefect_baton.errors import BatonError
+
+__all__ = ["flow_main", "prefect_api", "reading_baton", "serving", "wait_for_run"]
 
 
 def flow_main(
@@ -48,8 +54,13 @@ def flow_main(
         interrupted).
 
     Raises:
-        SystemExit: 2 with a usage message for bad arguments, 0 after ``--help``.
+        SystemExit: 2 with a usage message for bad arguments, 0 after ``--help``; when
+            the run fails with a :class:`~prefect_baton.errors.BatonError`, the exit
+            status of its code (``EXIT_CODES``: 5 for ``NOT_FOUND``, 2 for
+            ``VALIDATION_ERROR`` ...) after one line ``<flow name>: CODE: message`` on
+            stderr, as ``baton`` reports errors (no traceback).
     """
+
     schedule = f" every {interval_seconds:g} s" if interval_seconds else " (no schedule)"
     parser = argparse.ArgumentParser(
         description=(doc or "").strip().split("\n")[0] or None,
@@ -67,9 +78,34 @@ def flow_main(
     if ns.serve:
         flow.serve(name=name, interval=interval_seconds, parameters=params or None)
         return None
-    result = flow(**params)
+    try:
+        result = flow(**params)
+    except BatonError as exc:
+        sys.stderr.write(error_line(getattr(flow, "name", name), exc.to_dict()))
+        raise SystemExit(exit_code_for(exc.code)) from None
     print(result)
     return result
+
+
+def reading_baton(**overrides: Any) -> Baton:
+    """``Baton.from_settings(**overrides)`` for a ready-made flow that only reads the ledger
+    (``flows/report_expired.py``, ``dispatch_handoffs.py``, ``resume_expired.py``,
+    ``relay_events.py``): on a SQLite ledger file that does not exist it is ``NOT_FOUND``
+    naming the path, as for ``baton``'s read commands, instead of creating an empty ledger
+    and reporting nothing from it (a mistyped ``BATON_LEDGER_URL``, or the default
+    ``./.baton/ledger.db`` of another working directory). A client of the REST API
+    (``BATON_API_URL``) reads no file.
+
+    Raises:
+        NotFoundError: no ledger file at a SQLite ``BATON_LEDGER_URL``. ValidationError: a
+            bad ``BATON_*`` variable or override.
+    """
+    from prefect_baton._stores.ledger.engine import require_ledger_file
+
+    settings = load_settings(**overrides)
+    if settings.api_url is None:
+        require_ledger_file(settings.ledger_url, configured_by="BATON_LEDGER_URL")
+    return Baton(settings=settings)
 
 
 @contextmanager

@@ -20,7 +20,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
 
-from prefect_baton.errors import UnavailableError, ValidationError
+from prefect_baton.errors import NotFoundError, UnavailableError, ValidationError
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -177,6 +177,28 @@ def sqlite_file(url: str) -> Path | None:
     if u.get_backend_name() != "sqlite" or not db or db.startswith("file:"):
         return None
     return Path(db).expanduser()
+
+
+def require_ledger_file(url: str, *, configured_by: str) -> None:
+    """Refuse to read a SQLite ledger file that does not exist, for a reader that would
+    otherwise create an empty ledger and answer from it (a mistyped path would read as
+    "nothing there"): the CLI's read commands and the ready-made flows that only read.
+
+    Args:
+        url: the ledger URL (``str``); another database, or a ``file:`` URI, passes.
+        configured_by: where ``url`` was set (``str``), named in the message (e.g.
+            ``"--ledger-url (or BATON_LEDGER_URL)"``).
+
+    Raises:
+        NotFoundError: ``url`` is a SQLite URL whose file does not exist (nothing is
+            created). ValidationError: ``url`` is not a database URL.
+    """
+    path = sqlite_file(url)
+    if path is not None and not path.exists():
+        raise NotFoundError(
+            f"no ledger at {path}: check {configured_by}; a command that writes (baton "
+            "lease acquire, baton db upgrade, ...) creates it"
+        )
 
 
 #: SQLite's result code ``SQLITE_READONLY`` (the low byte of its extended codes, e.g.

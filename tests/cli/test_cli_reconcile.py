@@ -82,3 +82,34 @@ def test_reconcile_drains_the_journal_with_plain_progress_when_piped(tmp_path: P
     assert out["reconcile"]["lag"][org]["entries"] == 0
     authority.close()
     store.close()
+
+
+def test_reconcile_into_a_missing_sqlite_ledger_drains_nothing(tmp_path: Path) -> None:
+    """A mistyped --ledger-url must not take the journal out of Redis into a new, empty
+    file: `baton reconcile` exits 5 (NOT_FOUND) naming the path, creates no file, and the
+    journal entries stay for the real ledger, which a later run drains."""
+    require_redis()
+    ledger = f"sqlite:///{tmp_path / 'l.db'}"
+    typo = tmp_path / "typo" / "l.db"
+    org = f"rec-{uuid.uuid4().hex[:8]}"
+    store = LedgerStore(ledger)
+    authority = RedisAuthority.from_url(REDIS_URL, store, ack="redis", reconcile_in_client=False)
+    b = Baton(org=org, principal="a", store=store, lease_authority=authority)
+    b.leases.release(b.leases.acquire("file", "f", ttl_seconds=30))
+
+    def run(url: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "prefect_baton.cli", "--format", "json", "--ledger-url",
+             url, "--redis-url", REDIS_URL, "--org", org, "reconcile"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    proc = run(f"sqlite:///{typo}")
+    assert proc.returncode == 5, proc.stderr
+    assert json.loads(proc.stdout)["error"]["code"] == "NOT_FOUND"
+    assert str(typo) in json.loads(proc.stdout)["error"]["message"]
+    assert not typo.exists()
+    assert not typo.parent.exists()
+    assert _transitions(store, org) == 0
+    assert run(ledger).returncode == 0
+    assert _transitions(store, org) == 2

@@ -386,7 +386,8 @@ def run_reconciler(
 
     Raises:
         ValidationError: no Redis URL configured. UnavailableError: Redis or the ledger
-            is unreachable (in ``follow`` mode only when it is so at start).
+            is unreachable (in ``follow`` mode only when it is so at start). NotFoundError:
+            a SQLite ledger file that does not exist (nothing is created or drained).
     """
     from prefect_baton._settings import BatonSettings
     from prefect_baton._stores.redis.connection import connect
@@ -400,6 +401,14 @@ def run_reconciler(
             raise ValidationError("no Redis URL: pass redis_url or set BATON_REDIS_URL")
         client = connect(url)
     if store is None:
+        from prefect_baton._stores.ledger.engine import require_ledger_file
+
+        # the journal belongs to the ledger its clients write: drained into a new, empty
+        # SQLite file (a mistyped path) it would be gone from Redis and missing there
+        require_ledger_file(
+            ledger_url or settings.ledger_url,
+            configured_by="the ledger URL (--ledger-url or BATON_LEDGER_URL)",
+        )
         store = LedgerStore.from_settings(settings, ledger_url)
     rec = Reconciler(client, store, batch_size=batch_size)
     report = ReconcileReport()

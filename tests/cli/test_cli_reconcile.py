@@ -113,3 +113,25 @@ def test_reconcile_into_a_missing_sqlite_ledger_drains_nothing(tmp_path: Path) -
     assert _transitions(store, org) == 0
     assert run(ledger).returncode == 0
     assert _transitions(store, org) == 2
+
+
+def test_return_to_ledger_into_a_missing_sqlite_ledger_changes_nothing(tmp_path: Path) -> None:
+    """`baton reconcile --return-to-ledger` with a mistyped SQLite path exits 5 (NOT_FOUND)
+    and leaves the org with Redis: its leases still answer through Redis."""
+    require_redis()
+    ledger = f"sqlite:///{tmp_path / 'l.db'}"
+    typo = tmp_path / "typo.db"
+    org = f"rec-{uuid.uuid4().hex[:8]}"
+    b = Baton(ledger_url=ledger, redis_url=REDIS_URL, org=org, principal="a")
+    lease = b.leases.acquire("file", "f", ttl_seconds=30)
+    proc = subprocess.run(
+        [sys.executable, "-m", "prefect_baton.cli", "--format", "json", "--ledger-url",
+         f"sqlite:///{typo}", "--redis-url", REDIS_URL, "--org", org, "reconcile",
+         "--return-to-ledger"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 5, proc.stderr
+    assert json.loads(proc.stdout)["error"]["code"] == "NOT_FOUND"
+    assert not typo.exists()
+    assert b.leases.renew(lease, ttl_seconds=30).version == lease.version + 1
+    b.close()

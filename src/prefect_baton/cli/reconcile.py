@@ -142,6 +142,7 @@ def _return_to_ledger(ctx: typer.Context, follow: bool, force: bool) -> None:
     """``baton reconcile --return-to-ledger``: see :func:`reconcile`."""
     with guard(ctx, "reconcile") as st:
         from prefect_baton._rules.validation import validate_id
+        from prefect_baton._stores.ledger.engine import require_ledger_file
         from prefect_baton._stores.ledger.store import LedgerStore
         from prefect_baton._stores.redis.authority import RedisAuthority
         from prefect_baton._stores.redis.base import options_from
@@ -155,7 +156,10 @@ def _return_to_ledger(ctx: typer.Context, follow: bool, force: bool) -> None:
             raise ValidationError("no Redis URL: pass --redis-url or set BATON_REDIS_URL")
         org = validate_id("org", st.resolved_org())
         options = options_from(settings)  # the BATON_REDIS_* settings, before a ledger opens
-        ledger = LedgerStore.from_settings(settings, st.local_ledger_url())
+        ledger_url = st.local_ledger_url()
+        # the org goes back to the ledger its clients wrote, never to a new, empty file
+        require_ledger_file(ledger_url, configured_by="--ledger-url (or BATON_LEDGER_URL)")
+        ledger = LedgerStore.from_settings(settings, ledger_url)
         try:
             auth = RedisAuthority.from_url(redis_url, ledger, **options)
             try:

@@ -46,6 +46,7 @@ __all__ = [
     "MAX_BODY_CONTAINERS",
     "STATUS_BY_CODE",
     "BatonMiddleware",
+    "BodyCut",
     "check_host",
     "client_error",
     "error_response",
@@ -53,6 +54,7 @@ __all__ = [
     "is_json",
     "new_request_id",
     "ok",
+    "receive_body",
     "replaying",
 ]
 
@@ -222,6 +224,36 @@ def replaying(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
+class BodyCut(Exception):
+    """The client went away before its request's body ended."""
+
+
+async def receive_body(receive: Receive, limit: int | None = None) -> bytes | None:
+    """The whole body of a request, read from its ASGI ``receive``; ``None`` once it is
+    over ``limit`` (``int``, bytes; default none), the rest left unread. A body ends with a
+    message saying no more follows; an ``http.disconnect`` before it (the client closed
+    the connection, or the server did at its body deadline) leaves a body cut short, which
+    no route may take for the whole: nothing runs for it.
+
+    Raises:
+        BodyCut: the client went away before the body's end (no answer is due).
+    """
+    chunks: list[bytes] = []
+    size = 0
+    more = True
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise BodyCut
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if limit is not None and size > limit:
+            return None
+        chunks.append(chunk)
+        more = bool(message.get("more_body", False))
+    return b"".join(chunks)
+
+
 def is_json(scope: Scope) -> bool:
     """Whether FastAPI reads the body of this request as JSON: a ``Content-Type`` of
     ``application/json`` or ``application/*+json`` (the first such header, parsed as
@@ -354,6 +386,9 @@ class BatonMiddleware:
     * refuses a body with a ``Content-Encoding`` other than ``identity``
       (:func:`_coded_body`: ``415 VALIDATION_ERROR``; a request without a body is not
       refused for the header);
+    * runs nothing for a request whose body never ends (the client closes the connection,
+      or the server closes it at its body deadline, before the body's last byte): the app
+      is not called and nothing is answered (:func:`receive_body`);
     * refuses bodies over ``max_body_bytes`` with ``413`` (by ``Content-Length`` or by
       counting a streamed body) before any route runs;
     * refuses a JSON body (a JSON ``Content-Type``: what FastAPI reads as JSON) holding
@@ -454,7 +489,10 @@ class BatonMiddleware:
         if coded is not None:
             await self._refuse_body(coded, scope, receive, send_with_id)
             return
-        body = await self._read_body(scope, receive)
+        try:
+            body = await self._read_body(scope, receive)
+        except BodyCut:  # the body never ended: nothing runs, and no one is left to answer
+            return
         if body is None:
             resp = error_response(
                 "PAYLOAD_TOO_LARGE",
@@ -545,6 +583,12 @@ class BatonMiddleware:
         return None
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
+        """The request's whole body, or ``None`` when its ``Content-Length`` or what
+        arrives is over :attr:`max_body_bytes` (:func:`receive_body`).
+
+        Raises:
+            BodyCut: the client went away before the body's end.
+        """
         headers = dict(scope.get("headers", []))
         length = headers.get(b"content-length")
         if length is not None:
@@ -553,17 +597,4 @@ class BatonMiddleware:
                     return None
             except ValueError:
                 return None
-        chunks: list[bytes] = []
-        size = 0
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                break
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                return None
-            chunks.append(chunk)
-            more = bool(message.get("more_body", False))
-        return b"".join(chunks)
+        return await receive_body(receive, self.max_body_bytes)

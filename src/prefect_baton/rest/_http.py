@@ -318,12 +318,20 @@ def _refused_head(scope: Scope) -> JSONResponse | None:
     return None
 
 
+def content_length(value: bytes) -> int | None:
+    """The length in bytes (``int``) a ``Content-Length`` header's ``value`` announces, read
+    as a number (``00`` is 0), or ``None`` when it is not digits alone (both HTTP parsers
+    refuse such a head with ``400`` before the app sees it)."""
+    value = value.strip()
+    return int(value) if value.isdigit() and value.isascii() else None
+
+
 def has_body(scope: Scope) -> bool:
-    """Whether the request announces a body (a ``Content-Length`` other than 0, or a
-    ``Transfer-Encoding``)."""
+    """Whether the request announces a body (a ``Content-Length`` other than 0, ``00``
+    and the like, or a ``Transfer-Encoding``)."""
     for name, value in scope.get("headers", ()):
         name = name.lower()
-        if name == b"content-length" and value.strip() not in (b"0", b""):
+        if name == b"content-length" and value.strip() and content_length(value) != 0:
             return True
         if name == b"transfer-encoding":
             return True
@@ -592,9 +600,7 @@ class BatonMiddleware:
         headers = dict(scope.get("headers", []))
         length = headers.get(b"content-length")
         if length is not None:
-            try:
-                if int(length) > self.max_body_bytes:
-                    return None
-            except ValueError:
+            announced = content_length(length)
+            if announced is None or announced > self.max_body_bytes:
                 return None
         return await receive_body(receive, self.max_body_bytes)

@@ -131,3 +131,46 @@ def test_the_middleware_calls_no_app_for_a_body_ended_by_a_disconnect(wrapper: A
     asyncio.run(middleware(scope, receive, send))
     assert called == []
     assert sent == []
+
+
+def _answer_then_close(port: int, data: bytes, seconds: float = 5.0) -> tuple[bytes, float]:
+    """Send ``data`` (a head announcing more body than it carries) and read until the
+    server closes: (what it sent, seconds until the close)."""
+    start = time.monotonic()
+    out = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=seconds) as sock:
+        sock.sendall(data)
+        try:
+            while chunk := sock.recv(65536):
+                out += chunk
+        except TimeoutError:
+            pass
+    return out, time.monotonic() - start
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "keyed"),
+    [
+        ("POST", "/v1/nope", b"404", True),
+        ("PATCH", "/v1/leases", b"405", True),
+        ("POST", "/nope", b"404", True),
+        ("POST", "/v1/leases", b"401", False),
+    ],
+)
+def test_no_route_is_answered_before_a_slow_body_and_the_connection_closed(
+    served: tuple[int, str, str], method: str, path: str, status: bytes, keyed: bool
+) -> None:
+    """A request no route serves, announcing a body that is slow to come, is answered
+    ``404`` or ``405`` at once (not after the whole body, or the 30 s body deadline), with
+    ``Connection: close``, and the server closes the connection; so is a request refused
+    before its body is read (no key: ``401``), rather than the connection kept open."""
+    port, _, key = served
+    auth = f"Authorization: Bearer {key}\r\n" if keyed else ""
+    head = (
+        f"{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}"
+        "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+    ).encode()
+    out, seconds = _answer_then_close(port, head)
+    assert out.startswith(b"HTTP/1.1 " + status), out
+    assert b"\r\nconnection: close\r\n" in out.lower(), out
+    assert seconds < 4, seconds

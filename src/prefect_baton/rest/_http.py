@@ -414,9 +414,12 @@ class BatonMiddleware:
     (:func:`run_for_body`), so other requests are answered meanwhile.
 
     The order of the checks: the head's (above), the key and its scope, then, given a
-    ``router``, the route: a request that no route of ``router`` serves with its method
-    (:meth:`_routed`) is answered by the app (``404`` or ``405``) rather than refused for
-    its body; then the body's (``415``, ``413``, ``400``).
+    ``router``, the route: a request with a body that no route of ``router`` serves with its
+    method (:meth:`_routed`) is answered by the app (``404`` or ``405``) at once, its body
+    left unread, rather than refused for its body or kept waiting for it; then the body's
+    (``415``, ``413``, ``400``). An answer given while a body the request announces
+    (:func:`has_body`) is left unread carries ``Connection: close``: the connection is
+    closed after it rather than held until the rest of the body arrives.
 
     Args:
         app: the wrapped ASGI app. engines: callable returning the ledger's engines (keys).
@@ -473,10 +476,16 @@ class BatonMiddleware:
         if head:  # answered as GET, without the body (a new scope: the server's stays HEAD)
             scope = {**scope, "method": "GET"}
 
+        # A body left unread (the request is answered before it is read, or was cut short)
+        # would hold the connection until it arrives: the answer closes it.
+        unread = has_body(scope)
+
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 headers.append((b"x-request-id", request_id.encode()))
+                if unread and all(name.lower() != b"connection" for name, _ in headers):
+                    headers.append((b"connection", b"close"))
                 message = {**message, "headers": headers}
             elif head and message["type"] == "http.response.body":
                 message = {**message, "body": b""}
@@ -493,9 +502,12 @@ class BatonMiddleware:
             if denied is not None:
                 await denied(scope, receive, send_with_id)
                 return
+        if unread and not self._routed(scope):  # 404 or 405 at once, whatever the body
+            await self.app(scope, receive, send_with_id)
+            return
         coded = _coded_body(scope)
         if coded is not None:
-            await self._refuse_body(coded, scope, receive, send_with_id)
+            await coded(scope, receive, send_with_id)
             return
         try:
             body = await self._read_body(scope, receive)
@@ -506,8 +518,9 @@ class BatonMiddleware:
                 "PAYLOAD_TOO_LARGE",
                 f"request body is over the limit of {self.max_body_bytes} bytes",
             )
-            await self._refuse_body(resp, scope, receive, send_with_id)
+            await resp(scope, receive, send_with_id)
             return
+        unread = False
         if body and is_json(scope):
             try:
                 doc = await run_for_body(self._read_json, body)
@@ -517,11 +530,11 @@ class BatonMiddleware:
                     f"request body holds more than {self.max_containers} JSON objects and "
                     "arrays (the limit of this server)",
                 )
-                await self._refuse_body(resp, scope, replaying(body, receive), send_with_id)
+                await resp(scope, replaying(body, receive), send_with_id)
                 return
             except ValidationError as exc:
                 resp = baton_error_response(exc, request_id)
-                await self._refuse_body(resp, scope, replaying(body, receive), send_with_id)
+                await resp(scope, replaying(body, receive), send_with_id)
                 return
             if self.parse_json:
                 state[JSON_BODY_STATE] = doc
@@ -534,18 +547,6 @@ class BatonMiddleware:
         if self.router is None:
             return True
         return any(route.matches(scope)[0] is Match.FULL for route in self.router.routes)
-
-    async def _refuse_body(
-        self, refusal: JSONResponse, scope: Scope, receive: Receive, send: Send
-    ) -> None:
-        """Send ``refusal`` (``415``, ``413`` or ``400``: the body's fault) when the request
-        reaches a route (:meth:`_routed`); else let the app answer ``404`` or ``405``, which
-        comes first: what is wrong with a body matters only where a body is taken.
-        ``receive`` gives the body as far as it was read."""
-        if self._routed(scope):
-            await refusal(scope, receive, send)
-        else:
-            await self.app(scope, receive, send)
 
     def _read_json(self, body: bytes) -> Any:
         """The document of the JSON ``body`` (``bytes``) when :attr:`parse_json`, else

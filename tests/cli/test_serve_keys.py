@@ -254,6 +254,41 @@ def test_log_filter_redacts_keys(caplog: pytest.LogCaptureFixture) -> None:
     assert all("redact_keys" in h["filters"] for h in cfg["handlers"].values())
 
 
+KEY_TAIL = "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8S9t0u-_"
+
+
+@pytest.mark.parametrize(
+    "encoded",
+    [
+        "bk%5F" + KEY_TAIL,
+        "bk%255F" + KEY_TAIL,
+        "bk%25255F" + KEY_TAIL,
+        "%62k%255f" + KEY_TAIL,
+        "bk%" + "25" * 20 + "5F" + KEY_TAIL,
+    ],
+    ids=["once", "twice", "thrice", "mixed", "twenty-one"],
+)
+def test_log_filter_redacts_a_key_percent_encoded_at_any_depth(encoded: str) -> None:
+    """A key in the URL's path or query is redacted however many times it was
+    percent-encoded (before: ``bk%255F...``, encoded twice, was logged as sent); a token
+    still changing after the filter's rounds of decoding is redacted unread. A token
+    without a key keeps its encoding."""
+    path = f"/v1/leases/{encoded}?x={encoded}&q=a%2520b"
+    record = logging.LogRecord(
+        "uvicorn.access",
+        logging.INFO,
+        __file__,
+        1,
+        '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:1", "GET", path, "1.1", 404),
+        None,
+    )
+    assert RedactKeys().filter(record)
+    message = record.getMessage()
+    assert KEY_TAIL not in message
+    assert message.endswith('"GET /v1/leases/[redacted]?x=[redacted]&q=a%2520b HTTP/1.1" 404')
+
+
 def test_keys_revoke_help_names_the_servers_key_cache(cli: Cli) -> None:
     """The help does not promise an immediate 401: it names the key cache of a running
     server and its default, the value the server uses (BatonSettings)."""

@@ -281,3 +281,16 @@ def test_the_document_declares_415_on_every_operation(client: TestClient) -> Non
         for method, op in item.items():
             if path.startswith("/v1/"):
                 assert "415" in op["responses"], (method, path)
+
+
+@pytest.mark.parametrize("length", ["00", "000", " 0"])
+def test_a_content_length_of_zero_written_with_more_digits_is_no_body(
+    client: TestClient, make_key: MakeKey, length: str
+) -> None:
+    """``Content-Length: 00`` announces no body, as ``0`` does: a route that takes none
+    answers it, and a ``Content-Encoding`` describes nothing (before: ``400`` "takes no
+    request body" and ``415``, the header compared as text to ``0``)."""
+    h = {**make_key(), "Content-Length": length}
+    assert data(client.get("/v1/leases", headers=h))["leases"] == []
+    coded = {**h, "Content-Encoding": "gzip"}
+    assert data(client.get("/v1/leases", headers=coded))["leases"] == []

@@ -294,6 +294,29 @@ def test_allow_lists_exactly_the_methods_not_answered_405(
     assert row_counts(ledger_url) == before
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "body", "allow"),
+    [
+        ("PUT", "/v1/leases/batch", b"{}", "DELETE, GET, HEAD, POST"),
+        ("PATCH", "/v1/leases?foo=1", b"", "GET, HEAD, POST"),
+        ("PUT", "/v1/me?x=1", b"", "GET, HEAD"),
+        ("DELETE", "/v1/me", b"{}", "GET, HEAD"),
+        ("POST", "/v1/leases/x?x=1", b"", "DELETE, GET, HEAD"),
+        ("PATCH", "/v1/leases/inspect", b'{"a": 1}', "DELETE, GET, HEAD"),
+    ],
+)
+def test_a_method_not_allowed_is_405_whatever_the_query_or_the_body(
+    client: TestClient, make_key: MakeKey, method: str, path: str, body: bytes, allow: str
+) -> None:
+    """A method the path does not take is ``405`` with the path's ``Allow``, also with a
+    body or a query parameter the route would refuse (before: ``400`` "... takes no request
+    body" or "unknown query parameter")."""
+    h = {**make_key(), "content-type": "application/json"}
+    r = client.request(method, path, content=body, headers=h)
+    error(r, 405, "METHOD_NOT_ALLOWED")
+    assert r.headers["allow"] == allow
+
+
 def test_durations_are_integers_without_a_fraction(
     client: TestClient, make_key: MakeKey, ledger_url: str
 ) -> None:

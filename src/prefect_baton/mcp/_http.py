@@ -40,10 +40,12 @@ from prefect_baton.mcp._tools import (
 )
 from prefect_baton.rest._http import (
     BatonMiddleware,
+    BodyCut,
     baton_error_response,
     check_host,
     is_json,
     new_request_id,
+    receive_body,
     replaying,
 )
 from prefect_baton.rest._json_body import run_for_body
@@ -99,15 +101,10 @@ class _ScreenedMessages:
         if not screened or not isinstance(scope.get("user"), AuthenticatedUser):
             await self.app(scope, receive, send)
             return
-        chunks: list[bytes] = []
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                break
-            chunks.append(message.get("body", b""))
-            more = bool(message.get("more_body", False))
-        body = b"".join(chunks)
+        try:
+            body = await receive_body(receive) or b""  # no limit: never None
+        except BodyCut:  # the client went away before the body's end: nothing runs
+            return
         answer = await run_for_body(_screened_body, body)
         if isinstance(answer, Dropped):  # a notification: never answered, but accepted
             await Response(status_code=202)(scope, receive, send)

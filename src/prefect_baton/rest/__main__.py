@@ -48,13 +48,27 @@ _SECRET = re.compile(r"bk_[A-Za-z0-9_\-]+|(?i:bearer)(?:\s|%20|\+)+[^\s&\"']+")
 _TOKEN = re.compile(r"[^\s?&=/;\"']+")
 
 
+#: How many times a URL token is percent-decoded before it is redacted unread.
+_DECODE_ROUNDS = 16
+
+
 def _redact_token(match: re.Match[str]) -> str:
-    return "[redacted]" if _SECRET.search(unquote_plus(match.group())) else match.group()
+    """``[redacted]`` for a token of a URL holding a key once fully percent-decoded
+    (decoded again until nothing changes: ``bk%5F...``, ``bk%255F...``, any depth), and for
+    one still changing after :data:`_DECODE_ROUNDS` decodings; else the token."""
+    token = match.group()
+    text = token
+    for _ in range(_DECODE_ROUNDS):
+        decoded = unquote_plus(text)
+        if decoded == text:
+            return "[redacted]" if _SECRET.search(text) else token
+        text = decoded
+    return "[redacted]"
 
 
 def _redact(value: str) -> str:
     value = _SECRET.sub("[redacted]", value)
-    if "%" in value:  # a percent-encoded key (``bk%5F...``) in a URL
+    if "%" in value:  # a percent-encoded key (``bk%5F...``, ``bk%255F...``) in a URL
         value = _TOKEN.sub(_redact_token, value)
     return value
 
@@ -65,7 +79,7 @@ _redact_message = functools.lru_cache(maxsize=512)(_redact)
 
 class RedactKeys(logging.Filter):
     """A logging filter that replaces bearer keys (``bk_...``, also percent-encoded in a
-    URL) and ``Bearer <token>`` text in a record's message and string arguments with
+    URL, once or more) and ``Bearer <token>`` text in a record's message and string arguments with
     ``[redacted]``. Never drops a record."""
 
     def filter(self, record: logging.LogRecord) -> bool:

@@ -46,6 +46,7 @@ __all__ = [
     "MAX_BODY_CONTAINERS",
     "STATUS_BY_CODE",
     "BatonMiddleware",
+    "BodyCut",
     "check_host",
     "client_error",
     "error_response",
@@ -53,6 +54,7 @@ __all__ = [
     "is_json",
     "new_request_id",
     "ok",
+    "receive_body",
     "replaying",
 ]
 
@@ -222,6 +224,36 @@ def replaying(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
+class BodyCut(Exception):
+    """The client went away before its request's body ended."""
+
+
+async def receive_body(receive: Receive, limit: int | None = None) -> bytes | None:
+    """The whole body of a request, read from its ASGI ``receive``; ``None`` once it is
+    over ``limit`` (``int``, bytes; default none), the rest left unread. A body ends with a
+    message saying no more follows; an ``http.disconnect`` before it (the client closed
+    the connection, or the server did at its body deadline) leaves a body cut short, which
+    no route may take for the whole: nothing runs for it.
+
+    Raises:
+        BodyCut: the client went away before the body's end (no answer is due).
+    """
+    chunks: list[bytes] = []
+    size = 0
+    more = True
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise BodyCut
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if limit is not None and size > limit:
+            return None
+        chunks.append(chunk)
+        more = bool(message.get("more_body", False))
+    return b"".join(chunks)
+
+
 def is_json(scope: Scope) -> bool:
     """Whether FastAPI reads the body of this request as JSON: a ``Content-Type`` of
     ``application/json`` or ``application/*+json`` (the first such header, parsed as
@@ -286,12 +318,20 @@ def _refused_head(scope: Scope) -> JSONResponse | None:
     return None
 
 
+def content_length(value: bytes) -> int | None:
+    """The length in bytes (``int``) a ``Content-Length`` header's ``value`` announces, read
+    as a number (``00`` is 0), or ``None`` when it is not digits alone (both HTTP parsers
+    refuse such a head with ``400`` before the app sees it)."""
+    value = value.strip()
+    return int(value) if value.isdigit() and value.isascii() else None
+
+
 def has_body(scope: Scope) -> bool:
-    """Whether the request announces a body (a ``Content-Length`` other than 0, or a
-    ``Transfer-Encoding``)."""
+    """Whether the request announces a body (a ``Content-Length`` other than 0, ``00``
+    and the like, or a ``Transfer-Encoding``)."""
     for name, value in scope.get("headers", ()):
         name = name.lower()
-        if name == b"content-length" and value.strip() not in (b"0", b""):
+        if name == b"content-length" and value.strip() and content_length(value) != 0:
             return True
         if name == b"transfer-encoding":
             return True
@@ -354,6 +394,9 @@ class BatonMiddleware:
     * refuses a body with a ``Content-Encoding`` other than ``identity``
       (:func:`_coded_body`: ``415 VALIDATION_ERROR``; a request without a body is not
       refused for the header);
+    * runs nothing for a request whose body never ends (the client closes the connection,
+      or the server closes it at its body deadline, before the body's last byte): the app
+      is not called and nothing is answered (:func:`receive_body`);
     * refuses bodies over ``max_body_bytes`` with ``413`` (by ``Content-Length`` or by
       counting a streamed body) before any route runs;
     * refuses a JSON body (a JSON ``Content-Type``: what FastAPI reads as JSON) holding
@@ -371,9 +414,12 @@ class BatonMiddleware:
     (:func:`run_for_body`), so other requests are answered meanwhile.
 
     The order of the checks: the head's (above), the key and its scope, then, given a
-    ``router``, the route: a request that no route of ``router`` serves with its method
-    (:meth:`_routed`) is answered by the app (``404`` or ``405``) rather than refused for
-    its body; then the body's (``415``, ``413``, ``400``).
+    ``router``, the route: a request with a body that no route of ``router`` serves with its
+    method (:meth:`_routed`) is answered by the app (``404`` or ``405``) at once, its body
+    left unread, rather than refused for its body or kept waiting for it; then the body's
+    (``415``, ``413``, ``400``). An answer given while a body the request announces
+    (:func:`has_body`) is left unread carries ``Connection: close``: the connection is
+    closed after it rather than held until the rest of the body arrives.
 
     Args:
         app: the wrapped ASGI app. engines: callable returning the ledger's engines (keys).
@@ -430,10 +476,16 @@ class BatonMiddleware:
         if head:  # answered as GET, without the body (a new scope: the server's stays HEAD)
             scope = {**scope, "method": "GET"}
 
+        # A body left unread (the request is answered before it is read, or was cut short)
+        # would hold the connection until it arrives: the answer closes it.
+        unread = has_body(scope)
+
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 headers.append((b"x-request-id", request_id.encode()))
+                if unread and all(name.lower() != b"connection" for name, _ in headers):
+                    headers.append((b"connection", b"close"))
                 message = {**message, "headers": headers}
             elif head and message["type"] == "http.response.body":
                 message = {**message, "body": b""}
@@ -450,18 +502,25 @@ class BatonMiddleware:
             if denied is not None:
                 await denied(scope, receive, send_with_id)
                 return
+        if unread and not self._routed(scope):  # 404 or 405 at once, whatever the body
+            await self.app(scope, receive, send_with_id)
+            return
         coded = _coded_body(scope)
         if coded is not None:
-            await self._refuse_body(coded, scope, receive, send_with_id)
+            await coded(scope, receive, send_with_id)
             return
-        body = await self._read_body(scope, receive)
+        try:
+            body = await self._read_body(scope, receive)
+        except BodyCut:  # the body never ended: nothing runs, and no one is left to answer
+            return
         if body is None:
             resp = error_response(
                 "PAYLOAD_TOO_LARGE",
                 f"request body is over the limit of {self.max_body_bytes} bytes",
             )
-            await self._refuse_body(resp, scope, receive, send_with_id)
+            await resp(scope, receive, send_with_id)
             return
+        unread = False
         if body and is_json(scope):
             try:
                 doc = await run_for_body(self._read_json, body)
@@ -471,11 +530,11 @@ class BatonMiddleware:
                     f"request body holds more than {self.max_containers} JSON objects and "
                     "arrays (the limit of this server)",
                 )
-                await self._refuse_body(resp, scope, replaying(body, receive), send_with_id)
+                await resp(scope, replaying(body, receive), send_with_id)
                 return
             except ValidationError as exc:
                 resp = baton_error_response(exc, request_id)
-                await self._refuse_body(resp, scope, replaying(body, receive), send_with_id)
+                await resp(scope, replaying(body, receive), send_with_id)
                 return
             if self.parse_json:
                 state[JSON_BODY_STATE] = doc
@@ -488,18 +547,6 @@ class BatonMiddleware:
         if self.router is None:
             return True
         return any(route.matches(scope)[0] is Match.FULL for route in self.router.routes)
-
-    async def _refuse_body(
-        self, refusal: JSONResponse, scope: Scope, receive: Receive, send: Send
-    ) -> None:
-        """Send ``refusal`` (``415``, ``413`` or ``400``: the body's fault) when the request
-        reaches a route (:meth:`_routed`); else let the app answer ``404`` or ``405``, which
-        comes first: what is wrong with a body matters only where a body is taken.
-        ``receive`` gives the body as far as it was read."""
-        if self._routed(scope):
-            await refusal(scope, receive, send)
-        else:
-            await self.app(scope, receive, send)
 
     def _read_json(self, body: bytes) -> Any:
         """The document of the JSON ``body`` (``bytes``) when :attr:`parse_json`, else
@@ -545,25 +592,16 @@ class BatonMiddleware:
         return None
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
+        """The request's whole body, or ``None`` when its ``Content-Length`` or what
+        arrives is over :attr:`max_body_bytes` (:func:`receive_body`).
+
+        Raises:
+            BodyCut: the client went away before the body's end.
+        """
         headers = dict(scope.get("headers", []))
         length = headers.get(b"content-length")
         if length is not None:
-            try:
-                if int(length) > self.max_body_bytes:
-                    return None
-            except ValueError:
+            announced = content_length(length)
+            if announced is None or announced > self.max_body_bytes:
                 return None
-        chunks: list[bytes] = []
-        size = 0
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                break
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                return None
-            chunks.append(chunk)
-            more = bool(message.get("more_body", False))
-        return b"".join(chunks)
+        return await receive_body(receive, self.max_body_bytes)

@@ -156,7 +156,8 @@ def unknown_query_parameter(query: bytes, known: Collection[str]) -> str | None:
 
 
 class _ParsedBodyRoute(APIRoute):
-    """The route class of the app: a request naming a query parameter the route does not
+    """The route class of the app: a request with a method the route takes (any other is
+    ``405``) naming a query parameter the route does not
     declare (:func:`unknown_query_parameter`), or carrying a body where the route takes
     none, is ``400 VALIDATION_ERROR``, before anything
     else of the route runs (its fast path too); its handler reads a JSON body from the
@@ -171,7 +172,12 @@ class _ParsedBodyRoute(APIRoute):
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Refuse an unknown query parameter, or a body sent to a route that takes none,
-        else handle the request as FastAPI does."""
+        else handle the request as FastAPI does. A method the route does not take is
+        answered ``405`` first (by Starlette, whatever the query or the body): the request
+        reaches no route, so what it sends along does not matter."""
+        if self.methods and scope.get("method") not in self.methods:
+            await super().handle(scope, receive, send)
+            return
         query = bytes(scope.get("query_string", b""))
         refused = unknown_query_parameter(query, self.query_names) if query else None
         if refused is None and self.body_field is None and has_body(scope):

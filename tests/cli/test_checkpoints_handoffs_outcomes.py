@@ -242,6 +242,21 @@ def test_unknown_handoff_status_is_a_usage_error(cli: Cli) -> None:
     assert "Traceback" not in run.text
 
 
+def test_a_lifetime_out_of_range_names_the_range(cli: Cli) -> None:
+    """``handoff create --expires-in-seconds`` and ``checkpoint save --ttl-seconds`` outside
+    1..31,622,400 exit 2 naming that range (as the help and the REST API state it), not
+    "must be a positive integer"."""
+    for value in ("99999999999", "0"):
+        run = cli("handoff", "create", "bob", "s", "--expires-in-seconds", value)
+        assert run.code == 2, run.text
+        assert run.json["error"]["message"] == (
+            f"expires_in_seconds must be an integer from 1 to 31622400 seconds, got {value}"
+        )
+    run = cli("checkpoint", "save", "s", "plan", "{}", "--ttl-seconds", "99999999999")
+    assert run.code == 2, run.text
+    assert "from 1 to 31622400 seconds, got 99999999999" in run.json["error"]["message"]
+
+
 def test_handoff_inbox_table_lists_pending_handoffs(cli: Cli) -> None:
     """The inbox table shows the handoff id and sender."""
     hid = cli.ok("handoff", "create", "bob", "doc-1")["handoff"]["handoff_id"]

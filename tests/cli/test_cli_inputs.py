@@ -159,9 +159,10 @@ def test_a_bad_poll_interval_is_a_validation_error(cli: Cli) -> None:
 
 
 def test_a_timeline_out_path_that_cannot_be_written(cli: Cli, tmp_path: Path) -> None:
-    """``timeline --out`` into a missing directory, under a file, or where the system
-    refuses the file is VALIDATION_ERROR naming the path and the reason; no directory is
-    created."""
+    """``timeline --out`` into a missing directory, under a file, at an existing directory
+    (said to be one, whatever its name: not an "unsupported timeline file"), or where the
+    system refuses the file is VALIDATION_ERROR naming the path and the reason; no directory
+    is created."""
     missing = tmp_path / "no" / "such" / "t.svg"
     assert _usage(cli("timeline", "deploy", "svc", "-o", str(missing))) == (
         f"cannot write timeline file '{missing}': its directory '{missing.parent}' does not exist"
@@ -172,10 +173,14 @@ def test_a_timeline_out_path_that_cannot_be_written(cli: Cli, tmp_path: Path) ->
     message = _usage(cli("timeline", "deploy", "svc", "-o", str(a_file / "t.svg")))
     assert message.endswith(f"its directory '{a_file}' is not a directory")
     cli.ok("lease", "acquire", "deploy", "svc", "--ttl-seconds", "60")
-    a_dir = tmp_path / "d.svg"
-    a_dir.mkdir()
-    message = _usage(cli("timeline", "deploy", "svc", "-o", str(a_dir)))
-    assert message == f"cannot write timeline file '{a_dir}': Is a directory"
+    for name in ("d.svg", "somedir"):  # an existing directory, with or without an extension
+        a_dir = tmp_path / name
+        a_dir.mkdir()
+        message = _usage(cli("timeline", "deploy", "svc", "-o", str(a_dir)))
+        assert message == (
+            f"cannot write timeline file '{a_dir}': it is a directory; name a file in it, "
+            f"e.g. '{a_dir / 'timeline.svg'}'"
+        )
     written = cli.ok("timeline", "deploy", "svc", "-o", str(tmp_path / "t.svg"))
     assert written["timeline"]["path"] == str(tmp_path / "t.svg")
 

@@ -6,6 +6,7 @@ import json
 import uuid
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from prefect_baton import Baton
@@ -78,6 +79,34 @@ def test_a_redis_database_the_server_lacks_is_validation_error(tmp_path: Path) -
     assert isinstance(error, dict)
     assert (code, error["code"]) == (2, "VALIDATION_ERROR"), out
     assert "DB index is out of range" in str(error["message"])
+
+
+@pytest.mark.parametrize(
+    ("tail", "part"),
+    [
+        ("/abc", "the path '/abc' is not a database index"),
+        ("/10/x", "the path '/10/x' has more than one segment"),
+        ("/10?db=3", "the path names database 10 and the query db=3"),
+    ],
+)
+def test_a_bad_redis_database_part_is_validation_error(
+    tmp_path: Path, tail: str, part: str
+) -> None:
+    """``--redis-url redis://...:<port>/abc`` (or ``/10/x``, or ``/10?db=3``) exits 2 with
+    VALIDATION_ERROR naming the URL part, instead of holding leases in database 0 (the port
+    has no server: nothing is connected to, with or without the check, and no password is
+    shown)."""
+    ledger = f"sqlite:///{tmp_path / 'l.db'}"
+    url = f"redis://:pw-secret@127.0.0.1:18199{tail}"
+    code, out = _run(
+        *["--ledger-url", ledger, "--redis-url", url, "--org", "o", "--format", "json"],
+        *["--principal", "a", "lease", "acquire", "deploy", "svc", "--ttl-seconds", "30"],
+    )
+    error = out["error"]
+    assert isinstance(error, dict)
+    assert (code, error["code"]) == (2, "VALIDATION_ERROR"), out
+    assert f"bad Redis URL: {part}" in str(error["message"])
+    assert "pw-secret" not in json.dumps(out)
 
 
 def _invoke(*args: str) -> tuple[int, str, str]:

@@ -382,16 +382,26 @@ def test_every_lease_proof_refuses_a_wrong_lease_id_and_a_wrong_key(cli: Cli) ->
     assert cli.ok("handoff", "inbox", principal="bob")["handoffs"] == []
 
 
-def test_release_without_execution_key_says_how_to_pass_it(cli: Cli) -> None:
-    """Releasing your keyed lease without --execution-key stays exit 9 LEASE_LOST, with a
-    message saying the lease is held by you and naming --execution-key; it stays held."""
+@pytest.mark.parametrize("command", ["release", "renew"])
+def test_release_without_execution_key_says_how_to_pass_it(cli: Cli, command: str) -> None:
+    """Releasing or renewing your keyed lease without --execution-key, or with another one,
+    stays exit 9 LEASE_LOST, with a message saying the lease is held by you (under an
+    execution key, or a different one) and naming --execution-key, without showing either
+    key; it stays held."""
     lease = acquire(cli)
-    run = cli("lease", "release", "--lease-id", lease["lease_id"])
+    run = cli("lease", command, "--lease-id", lease["lease_id"])
     assert run.code == 9
     assert run.json["error"]["code"] == "LEASE_LOST"
     assert "is held by you under an execution key" in run.json["error"]["message"]
     assert "--execution-key" in run.json["error"]["message"]
+    other = cli("lease", command, "--lease-id", lease["lease_id"], "--execution-key", "run-x")
+    assert other.code == 9
+    message = other.json["error"]["message"]
+    assert "is held by you under a different execution key" in message
+    assert "run-1" not in message
+    assert "run-x" not in message
     assert cli.ok("lease", "inspect", "deploy", "svc")["info"]["held"]
+    assert cli.ok("lease", "show", lease["lease_id"])["lease"]["status"] == "active"
 
 
 def test_release_after_transfer_exits_9(cli: Cli) -> None:

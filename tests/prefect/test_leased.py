@@ -457,6 +457,46 @@ def test_plain_function_outside_a_run(make_baton: MakeBaton) -> None:
     assert current_lease() is None
 
 
+def test_a_none_template_field_is_refused_naming_the_parameter(make_baton: MakeBaton) -> None:
+    """A template field whose value is None is VALIDATION_ERROR naming the template and the
+    parameter, and nothing is leased (it used to lease ``deploy/None``); the same for an
+    attribute of a parameter and for a scope template."""
+    b = make_baton("agent-a")
+    ran: list[str] = []
+
+    @leased("deploy", "{service}", ttl_seconds=10, baton=b)
+    def deploy(service: str | None) -> None:
+        ran.append(str(service))
+
+    none_field = r"resource_id template '\{service\}': \{service\} is None; pass a value"
+    with pytest.raises(ValidationError, match=none_field):
+        deploy(service=None)
+    with pytest.raises(ValidationError, match=none_field):
+        deploy(None)
+
+    class Target:
+        name: str | None = None
+
+    @leased("{kind}", "{target.name}", ttl_seconds=10, baton=b, scopes=["src/{area}/**"])
+    def build(kind: str, target: Target, area: str | None = None) -> None:
+        ran.append(kind)
+
+    with pytest.raises(
+        ValidationError, match=r"\{target\.name\} is None \(of parameter 'target'\)"
+    ):
+        build("image", Target())
+    named = Target()
+    named.name = "web"
+    with pytest.raises(ValidationError, match=r"scopes template 'src/\{area\}/\*\*': \{area\} is"):
+        build("image", named)
+    assert ran == []
+    assert b.leases.inspect("deploy", "None").epoch == 0
+    assert b.leases.inspect("image", "None").epoch == 0
+    deploy("checkout")
+    build("image", named, area="ui")
+    assert ran == ["checkout", "image"]
+
+
 def test_above_flow_keeps_options(make_baton: MakeBaton) -> None:
     """Placed above ``@flow`` it keeps the flow's options and keys on the flow run id."""
 

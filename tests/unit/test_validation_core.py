@@ -24,7 +24,9 @@ from prefect_baton._rules.core import (
     validate_scopes,
     validate_state,
     validate_ttl,
+    validate_version,
 )
+from prefect_baton._rules.validation import validate_lifetime
 from prefect_baton.errors import ValidationError
 
 # --------------------------------------------------------------------------- TTL
@@ -68,6 +70,41 @@ def test_ttl_rejected(ttl: object) -> None:
         validate_ttl(ttl)
     assert ei.value.code == "VALIDATION_ERROR"
     assert "ttl_seconds" in str(ei.value)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: validate_ttl(1.5),
+            r"^ttl_seconds must be an integer number of seconds from 10 "
+            r"to 86400, got float$",
+        ),
+        (lambda: validate_ttl(5), r"^ttl_seconds must be from 10 to 86400 seconds, got 5$"),
+        (
+            lambda: validate_lifetime(99_999_999_999, "expires_in_seconds"),
+            r"^expires_in_seconds must be an integer from 1 to 31622400 seconds, got 99999999999$",
+        ),
+        (lambda: validate_lifetime(0, "expires_in_seconds"), r"from 1 to 31622400 seconds, got 0$"),
+        (
+            lambda: validate_lifetime(True, "checkpoint ttl_seconds"),
+            r"^checkpoint ttl_seconds must be an integer from 1 to 31622400 seconds, got bool$",
+        ),
+        (
+            lambda: validate_version("expected_version", "1"),
+            rf"^expected_version must be an integer from 0 to {2**53 - 1}$",
+        ),
+        (
+            lambda: validate_version("expected_version", -1),
+            rf"^expected_version must be from 0 to {2**53 - 1}$",
+        ),
+    ],
+)
+def test_an_integer_limit_message_gives_the_range(call: Any, message: str) -> None:
+    """Every refused integer limit states its legal range, as the CLI help, REST API and
+    docs do (a handoff's lifetime used to say only "must be a positive integer")."""
+    with pytest.raises(ValidationError, match=message):
+        call()
 
 
 # --------------------------------------------------------------------------- identifiers

@@ -70,6 +70,36 @@ def _retry_unavailable(call: Callable[[], T], *, within_seconds: float = 10.0) -
             delay = min(delay * 2, 1.0)
 
 
+class EnterOnce:
+    """The single use of a lease block (``with b.lease(...)``, ``with lease(...)``): the
+    first entry passes, any later one (nested in the block, or after it ended) is refused,
+    so an inner block can never release the lease an outer one still works under.
+
+    Args:
+        maker: the call that makes the block, as the message names it (``str``, e.g.
+            ``"lease"``).
+    """
+
+    def __init__(self, maker: str) -> None:
+        self._maker = maker
+        self._entered = False
+        self._lock = threading.Lock()
+
+    def enter(self) -> None:
+        """Mark the block entered.
+
+        Raises:
+            RuntimeError: it was entered before (``a <maker>(...) block can be entered
+                once; call <maker>() again``).
+        """
+        with self._lock:
+            if self._entered:
+                raise RuntimeError(
+                    f"a {self._maker}(...) block can be entered once; call {self._maker}() again"
+                )
+            self._entered = True
+
+
 class _LeaseView(Generic[T]):
     """A read-only attribute of :class:`LeaseKeeper` that is the attribute of the same name
     of its current lease (:attr:`LeaseKeeper.lease`), so the keeper reads as its lease.
@@ -105,6 +135,8 @@ class LeaseKeeper:
     every field of :class:`Lease` (``lease_id``, ``resource_type``, ``resource_id``,
     ``owner``, ``execution_key``, ``version``, ``epoch`` (the fencing token),
     ``acquired_at``, ``expires_at``, ...) reads as that of the current lease (:attr:`lease`).
+    It is single use: a second entry (nested, or after the block ended) raises
+    :class:`RuntimeError` (see :meth:`start`).
 
     Args:
         api: the lease operations (``b.leases``) it acquires, renews and releases with.
@@ -173,6 +205,7 @@ class LeaseKeeper:
         self.receipt_status: str | None = None
         self.handoff: Handoff | None = None
         self._handoff_accepted: Callable[[], bool] | None = None
+        self._once = EnterOnce("Baton.lease")
 
     # ------------------------------------------------------------------ lease view
 
@@ -246,10 +279,16 @@ class LeaseKeeper:
         10 s with the same execution key and attempt, so a grant whose response was lost
         comes back replayed.
 
+        A keeper is single use: it starts once (a block nested in itself, or entered again
+        after it ended, is refused before anything is acquired or released); make a new
+        one with :meth:`prefect_baton.Baton.lease`.
+
         Raises:
+            RuntimeError: the keeper was started (entered) before.
             ValidationError: a bad TTL or timing option (nothing is acquired).
             What :meth:`LeaseAPI.acquire` raises.
         """
+        self._once.enter()
         times = keep_times(self._args["ttl_seconds"], **self._timing)
         self._times = times
         sent = time.monotonic()

@@ -25,7 +25,7 @@ from prefect_baton._rules.paging import (
     fetch_page,
     history_page_cap,
 )
-from prefect_baton._rules.validation import LIFETIME_RANGE, validate_evidence, validate_lifetime
+from prefect_baton._rules.validation import validate_evidence, validate_lifetime
 from prefect_baton._stores.protocol import (
     CheckpointWrite,
     HandoffOffer,
@@ -76,10 +76,7 @@ class CheckpointAPI(_API):
         state_, text, digest = _core.validate_state(state, self._store.state_max_bytes)
         ev = _core.validate_version("expected_version", expected_version)
         key = _core.validate_optional_id("idempotency_key", idempotency_key)
-        ttl_ms = validate_lifetime(
-            ttl_seconds,
-            f"checkpoint ttl_seconds must be an integer from {LIFETIME_RANGE}",
-        )
+        ttl_ms = validate_lifetime(ttl_seconds, "checkpoint ttl_seconds")
         write = CheckpointWrite(
             subject, kind_, state_, text, digest, ev, self._b._fence(fence), ttl_ms
         )
@@ -225,9 +222,7 @@ class HandoffAPI(_API):
         ctx = _core.validate_optional_id("context_id", context_id)
         msg = _core.validate_text("message", message)
         key = _core.validate_optional_id("idempotency_key", idempotency_key)
-        exp_ms = validate_lifetime(
-            expires_in_seconds, "expires_in_seconds must be a positive integer"
-        )
+        exp_ms = validate_lifetime(expires_in_seconds, "expires_in_seconds")
         params = (
             None if parameters is None else _core.validate_state(parameters, name="parameters")[0]
         )

@@ -216,10 +216,13 @@ class Baton(_Identity):
                 its renew deadline.
             on_lost: called with the block (on a background thread) once the lease is lost.
 
-        Raises on enter what :meth:`LeaseAPI.acquire` raises, and :class:`ValidationError`
-        for a bad timing option; on exit :class:`LeaseLostError` if the lease was lost
-        meanwhile (``held.lost`` turns true as soon as that is known, and ``on_lost(held)``
-        is called).
+        The block is single use: entering it again (nested in itself, or after it ended)
+        raises :class:`RuntimeError` before anything is acquired or released.
+
+        Raises on enter what :meth:`LeaseAPI.acquire` raises, :class:`ValidationError`
+        for a bad timing option, and :class:`RuntimeError` for a block entered before; on
+        exit :class:`LeaseLostError` if the lease was lost meanwhile (``held.lost`` turns
+        true as soon as that is known, and ``on_lost(held)`` is called).
         """
         args: dict[str, Any] = {"resource_type": resource_type, "resource_id": resource_id}
         args |= acquire

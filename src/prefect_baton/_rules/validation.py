@@ -221,7 +221,8 @@ def validate_ttl(ttl_seconds: object, name: str = "ttl_seconds") -> int:
     """
     if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int):
         raise ValidationError(
-            f"{name} must be an integer number of seconds, got {type(ttl_seconds).__name__}"
+            f"{name} must be an integer number of seconds from {TTL_RANGE}, "
+            f"got {type(ttl_seconds).__name__}"
         )
     ttl = ttl_seconds
     if not TTL_MIN_SECONDS <= ttl <= TTL_MAX_SECONDS:
@@ -234,7 +235,7 @@ def validate_version(name: str, value: object) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValidationError(f"{name} must be an integer")
+        raise ValidationError(f"{name} must be an integer from 0 to {MAX_SAFE_INTEGER}")
     if not 0 <= value <= MAX_SAFE_INTEGER:
         raise ValidationError(f"{name} must be from 0 to {MAX_SAFE_INTEGER}")
     return value
@@ -426,23 +427,25 @@ def validate_limit(limit: object, maximum: int) -> int:
     return limit
 
 
-def validate_lifetime(seconds: object, error: str) -> int | None:
+def validate_lifetime(seconds: object, name: str) -> int | None:
     """Milliseconds of an optional lifetime given in whole seconds (a checkpoint's
     ``ttl_seconds``, a handoff's ``expires_in_seconds``): ``None`` for none.
 
     Args:
         seconds: ``None``, or an integer from 1 to :data:`CHECKPOINT_TTL_MAX_SECONDS`.
-        error: the message of the error raised otherwise.
+        name: the field as the message names it (``str``, e.g. ``"expires_in_seconds"``).
 
     Raises:
-        ValidationError: ``seconds`` is not ``None`` nor such an integer (``bool`` included).
+        ValidationError: ``seconds`` is not ``None`` nor such an integer (``bool``
+            included): ``<name> must be an integer from 1 to 31622400 seconds, got <value>``
+            (the range of :data:`LIFETIME_RANGE`, as the REST API and the CLI help state it).
     """
     if seconds is None:
         return None
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, int)
-        or not 1 <= seconds <= CHECKPOINT_TTL_MAX_SECONDS
-    ):
-        raise ValidationError(error)
-    return seconds * 1000
+    if isinstance(seconds, bool) or not isinstance(seconds, int):
+        got = type(seconds).__name__
+    elif not 1 <= seconds <= CHECKPOINT_TTL_MAX_SECONDS:
+        got = str(seconds)
+    else:
+        return seconds * 1000
+    raise ValidationError(f"{name} must be an integer from {LIFETIME_RANGE} seconds, got {got}")

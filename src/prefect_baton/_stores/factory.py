@@ -140,8 +140,10 @@ def open_stores(
     redis_options: dict[str, Any] = {}
     if lease_authority is None and url:
         from prefect_baton._stores.redis.base import options_from
+        from prefect_baton._stores.redis.connection import check_url
 
         # refused before a ledger file is created or opened
+        check_url(url)
         redis_options = options_from(s, ack=ack)
     ledger = store or LedgerStore.from_settings(s, ledger_url)
     if lease_authority is not None or not url:

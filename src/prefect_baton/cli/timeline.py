@@ -56,8 +56,8 @@ def timeline(
     the event stream as this principal may see it: holders, handoff parties and purposes
     of others are hidden unless the role is owner or admin. Exits 2 (VALIDATION_ERROR) for
     a bad extension, --since or --width, .png without the png extra (resvg-py), a --out
-    whose directory does not exist or a file that cannot be written (the message names the
-    path and the reason); 5
+    that is a directory or whose directory does not exist, or a file that cannot be written
+    (the message names the path and the reason); 5
     (NOT_FOUND) when nothing of the resource is visible (never leased, or another
     organization's) or nothing of it falls in the --since window.
     """

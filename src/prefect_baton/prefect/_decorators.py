@@ -124,7 +124,8 @@ def leased(
         resource_type: the resource type (``str``, 1..256 characters once filled), or a
             template over the call's parameters, as ``resource_id``.
         resource_id: the resource id, or a template over the call's parameters
-            (``"{service}"``, ``"{cfg.name}"``).
+            (``"{service}"``, ``"{cfg.name}"``); a field whose value is ``None`` is refused
+            at call time (it would lease a resource named ``None``).
         ttl_seconds: lease TTL, integer seconds from 10 to 86,400 (seed service rule).
         purpose: free text kept with the lease (holder-only).
         scopes: write-scope globs (templates allowed); overlapping scopes of another
@@ -161,8 +162,9 @@ def leased(
             naming a parameter the function lacks (the message names the function).
         At call time: :class:`NotFoundError` (``baton="baton/<name>"`` and the Prefect
         API has no such Baton block), :class:`ValidationError` (a block reference outside a
-        run without ``PREFECT_API_URL``), :class:`ConflictError` (``raise``, or ``wait``
-        timed out),
+        run without ``PREFECT_API_URL``, or a template field whose value is ``None``: the
+        message names the template and the parameter; nothing is leased),
+        :class:`ConflictError` (``raise``, or ``wait`` timed out),
         :class:`LeaseLostError` (the lease was lost during the body: renewal answered
         ``LEASE_LOST`` or the TTL passed without a renewal; raised at the latest when the
         body returns), and what the body raises.

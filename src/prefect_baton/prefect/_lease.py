@@ -13,7 +13,7 @@ from contextlib import ExitStack, contextmanager
 from types import TracebackType
 from typing import Any
 
-from prefect_baton._client.keeper import LeaseKeeper
+from prefect_baton._client.keeper import EnterOnce, LeaseKeeper
 from prefect_baton.prefect._context import BatonLike
 from prefect_baton.prefect._drive import aacquire, acquire, arelease, release
 from prefect_baton.prefect._interrupt import AsyncInterrupt, Interrupt, SyncInterrupt
@@ -56,10 +56,10 @@ class LeaseBlock:
         self._scope: LeaseScope | None = None
         self._held: Held | None = None
         self._stack = ExitStack()
+        self._once = EnterOnce("lease")
 
     def _begin(self, guard_type: type[Interrupt]) -> LeaseScope:
-        if self._scope is not None:
-            raise RuntimeError("a lease(...) block can be entered once; call lease() again")
+        self._once.enter()
         self._scope = LeaseScope(self.options, _NAME, guard_type)
         return self._scope
 

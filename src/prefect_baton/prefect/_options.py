@@ -39,6 +39,26 @@ def _fields(template: str, what: str) -> set[str]:
     return roots
 
 
+class _Filler(string.Formatter):
+    """``str.format_map`` for the lease templates, refusing a field whose value is ``None``
+    (it would lease a resource literally named ``None``)."""
+
+    def get_field(self, field_name: str, args: Any, kwargs: Any) -> Any:
+        found = super().get_field(field_name, args, kwargs)
+        if found[0] is None:
+            root = field_name.split(".", 1)[0].split("[", 1)[0]
+            of = "" if root == field_name else f" (of parameter {root!r})"
+            raise _NoneField(f"{{{field_name}}} is None{of}")
+        return found
+
+
+class _NoneField(Exception):
+    """A template field whose value is ``None`` (its message names it)."""
+
+
+_FILLER = _Filler()
+
+
 @dataclass(frozen=True)
 class LeaseOptions:
     """The options of one ``@leased(...)`` or ``lease(...)`` (see
@@ -130,7 +150,13 @@ class LeaseOptions:
 
     def render(self, sig: inspect.Signature, args: Any, kwargs: Any) -> Resource:
         """``(resource_type, resource_id, scopes)`` with templates filled from the call's
-        arguments."""
+        arguments.
+
+        Raises:
+            ValidationError: a field cannot be filled, or its value is ``None`` (the message
+                names the template and the parameter: ``None`` would lease a resource
+                literally named ``None``).
+        """
         if not any("{" in t for t in (self.resource_type, self.resource_id, *self.scopes)):
             return self.literal()
         bound = sig.bind(*args, **kwargs)
@@ -139,11 +165,21 @@ class LeaseOptions:
         for p in sig.parameters.values():
             if p.kind is p.VAR_KEYWORD:
                 values.update(values.pop(p.name, {}))
+
+        def fill(template: str, what: str) -> str:
+            try:
+                return _FILLER.vformat(template, (), values)
+            except _NoneField as exc:
+                raise ValidationError(
+                    f"cannot fill the {what} template {template!r}: {exc}; pass a value (a "
+                    "None would lease a resource named 'None')"
+                ) from None
+
         try:
             return (
-                self.resource_type.format_map(values),
-                self.resource_id.format_map(values),
-                [s.format_map(values) for s in self.scopes],
+                fill(self.resource_type, "resource_type"),
+                fill(self.resource_id, "resource_id"),
+                [fill(s, "scopes") for s in self.scopes],
             )
         except (KeyError, AttributeError, IndexError) as exc:
             raise ValidationError(f"cannot fill the lease templates: {exc!r}") from None

@@ -54,14 +54,21 @@ def timeline_format(path: Path) -> str:
 
 
 def check_timeline_path(path: Path) -> str:
-    """Check that a timeline can be written to ``path`` (``Path``) before it is drawn: a
-    supported extension (:func:`timeline_format`) and an existing parent directory (missing
-    directories are not created). Returns the format, ``.svg``, ``.html`` or ``.png``.
+    """Check that a timeline can be written to ``path`` (``Path``) before it is drawn: not an
+    existing directory, a supported extension (:func:`timeline_format`) and an existing
+    parent directory (missing directories are not created). Returns the format, ``.svg``,
+    ``.html`` or ``.png``.
 
     Raises:
-        ValidationError: another extension, or the parent directory is missing or is not a
+        ValidationError: ``path`` is an existing directory (the message says so, whatever
+            its name), another extension, or the parent directory is missing or is not a
             directory (the message names the path).
     """
+    if path.is_dir():
+        raise ValidationError(
+            f"cannot write timeline file '{path}': it is a directory; name a file in it, "
+            f"e.g. '{path / 'timeline.svg'}'"
+        )
     fmt = timeline_format(path)
     parent = path.parent
     if not parent.is_dir():
@@ -98,8 +105,9 @@ def write_timeline(timeline: _model.Timeline, path: Path, *, width: int = 1000) 
     new one, and a failed write leaves no partial or temporary file.
 
     Raises:
-        ValidationError: an extension other than ``.svg`` / ``.html`` / ``.png`` or a
-            missing parent directory (:func:`check_timeline_path`), ``.png`` without
+        ValidationError: an existing directory as ``path``, an extension other than
+            ``.svg`` / ``.html`` / ``.png`` or a missing parent directory
+            (:func:`check_timeline_path`), ``.png`` without
             ``resvg-py`` (:func:`render_png`), a bad ``width``, or a file that cannot be
             written (the message names the path and the system's reason, e.g.
             ``Permission denied``).

@@ -18,6 +18,7 @@ import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from redis.backoff import NoBackoff
 from redis.exceptions import (
@@ -39,6 +40,7 @@ from redis import Connection, ConnectionPool, Redis, SSLConnection, UnixDomainSo
 __all__ = [
     "DirectConnections",
     "as_text",
+    "check_url",
     "connect",
     "direct_pool",
     "evalsha",
@@ -58,6 +60,66 @@ _BUSY = (
 )
 
 
+def _db_index(text: str) -> int | None:
+    """``text`` as a database index (ASCII digits only), ``None`` when it is not one."""
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
+def check_url(url: str) -> None:
+    """Refuse a Redis URL whose database part would silently mean another database:
+    redis-py reads a path that is not one integer (``/abc``, ``/10/x``) as database 0, and
+    lets a ``?db=`` query override the path. The database is written once, as the path
+    (``redis://host:6379/7``) or the ``db`` query (``?db=7``, the only way for ``unix://``;
+    both may be given when they agree); no database means 0. A number the server does not
+    have (``/99``) is the server's to refuse (:func:`redis_error`: ``DB index is out of
+    range``). The messages name the part of the URL at fault and never show credentials.
+
+    Args:
+        url: a Redis URL (``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://``,
+            ``rediss+cluster://``); the scheme itself is left to redis-py.
+
+    Raises:
+        ValidationError: the path is not one integer (``/abc``), has more than one segment
+            (``/10/x``), the ``db`` query is not an integer or is given twice differently, or
+            the path and the ``db`` query name different databases (``/10?db=3``).
+    """
+    parts = urlsplit(url)
+    queried = {q for q in parse_qs(parts.query).get("db", []) if q}
+    for q in queried:
+        if _db_index(q) is None:
+            raise ValidationError(
+                f"bad Redis URL: the query's db={q!r} is not a database index (an integer "
+                "from 0, e.g. ?db=7)"
+            )
+    if len(queried) > 1:
+        raise ValidationError(
+            f"bad Redis URL: the query gives db more than once ({', '.join(sorted(queried))}): "
+            "name the database once"
+        )
+    path = unquote(parts.path)
+    if parts.scheme.lower() == "unix" or path in ("", "/"):
+        return  # a unix:// path is the socket's; no path: the query's database, or 0
+    # a path holding "@" is most likely a password with an unescaped "/": never show it
+    shown = repr(path) if "@" not in path else "(not shown: it holds '@')"
+    segments = path.removeprefix("/").split("/")
+    if len(segments) > 1:
+        raise ValidationError(
+            f"bad Redis URL: the path {shown} has more than one segment: the path is the "
+            "database index alone (an integer from 0, e.g. redis://host:6379/7)"
+        )
+    db = _db_index(segments[0])
+    if db is None:
+        raise ValidationError(
+            f"bad Redis URL: the path {shown} is not a database index (an integer from 0, "
+            "e.g. redis://host:6379/7)"
+        )
+    if queried and int(next(iter(queried))) != db:
+        raise ValidationError(
+            f"bad Redis URL: the path names database {db} and the query db="
+            f"{next(iter(queried))}: name the database once (the path, or ?db= alone)"
+        )
+
+
 def connect(url: str, **kwargs: Any) -> RedisClient:
     """A Redis client for the authority: 5 s socket timeout, 2 s connect timeout (so a
     lease block's renewal on a dead network ends before the renew deadline of the shortest
@@ -73,6 +135,8 @@ def connect(url: str, **kwargs: Any) -> RedisClient:
         kwargs: overrides passed to ``from_url`` of the client class.
 
     Raises:
+        ValidationError: a database part that is not one integer, or named twice
+            differently (:func:`check_url`).
         ValueError: a malformed URL (``Baton`` reports it as ``VALIDATION_ERROR``).
         UnavailableError: a cluster URL whose nodes do not answer.
     """
@@ -83,6 +147,7 @@ def connect(url: str, **kwargs: Any) -> RedisClient:
         "health_check_interval": 15,
     }
     opts.update(kwargs)
+    check_url(url)
     if is_cluster_url(url):
         return connect_cluster(url, **opts)
     return Redis.from_url(url, **opts)

@@ -38,7 +38,8 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from prefect import flow, get_run_logger
 
-from prefect_baton import Baton
+from prefect_baton import Baton, ValidationError
+from prefect_baton._rules.events import EXPIRY_LAPSED, EXPIRY_TAKEN_OVER
 from prefect_baton.prefect._handoff import start_deployment
 from prefect_baton.prefect._logs import expected_errors
 from prefect_baton.prefect._serve import flow_main, reading_baton
@@ -65,10 +66,16 @@ def resume_verdict(
         subject_id: whose outcomes say the work is done (default the resource).
 
     Raises:
+        ValidationError: ``reason`` is neither ``lapsed`` nor ``taken_over``.
         UnavailableError: the ledger cannot be reached.
     """
-    if reason != "lapsed":
-        return f"the lease was {reason}: another holder has the resource"
+    if reason not in (EXPIRY_LAPSED, EXPIRY_TAKEN_OVER):
+        raise ValidationError(
+            f"reason must be {EXPIRY_LAPSED!r} or {EXPIRY_TAKEN_OVER!r} (the lease.expired "
+            f"event's reason), got {reason!r}"
+        )
+    if reason == EXPIRY_TAKEN_OVER:
+        return "the lease was taken over: another holder has the resource"
     info = b.leases.inspect(resource_type, resource_id)
     if info.held:
         return f"the resource is held again (epoch {info.epoch})"
@@ -148,7 +155,12 @@ def _arguments(parser: ArgumentParser) -> None:
             metavar=field.upper(),
             help=f"the lease.expired event's {field} (run once; not with --serve)",
         )
-    parser.add_argument("--reason", default="lapsed", help="the event's reason (run once)")
+    parser.add_argument(
+        "--reason",
+        default=EXPIRY_LAPSED,
+        choices=(EXPIRY_LAPSED, EXPIRY_TAKEN_OVER),
+        help="the event's reason (run once)",
+    )
     parser.add_argument("--subject-id", help="subject whose outcomes tell finished work")
     parser.add_argument(
         "--deployment",

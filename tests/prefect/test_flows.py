@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from prefect_baton import Baton
+from prefect_baton import Baton, ValidationError
 from prefect_baton.prefect import BatonBlock, board_rows, serving, wait_for_run
 
 from .conftest import REPO, load_script
@@ -362,7 +363,9 @@ def test_resume_expired_skips_finished_or_moved_on_work(
     gone = b.leases.acquire("file", "r.py", ttl_seconds=30)
     b.leases.release(gone)
     assert verdict(b, "file", "r.py", gone.epoch) is None
-    assert "taken_over" in verdict(b, "file", "r.py", gone.epoch, reason="taken_over")
+    assert "taken over" in verdict(b, "file", "r.py", gone.epoch, reason="taken_over")
+    with pytest.raises(ValidationError, match="'lapsed' or 'taken_over'"):
+        verdict(b, "file", "r.py", gone.epoch, reason="bogus")  # not read as taken over
     assert module.resume_expired("file", "r.py", gone.epoch, gone.lease_id) == {
         "status": "resumable"
     }
@@ -475,6 +478,33 @@ def test_flow_command_line_reports_an_error_as_one_line_and_its_exit_code(
         said = f"baton-resume-expired: {code}: deployment {deployment!r}"
         assert [line for line in run.stderr.splitlines() if line.startswith(said)], run.stderr
         assert "Finished in state Failed" in run.stdout + run.stderr
+
+
+def test_flow_command_line_without_a_prefect_api_is_unavailable(
+    baton_env: dict[str, str], make_baton: MakeBaton
+) -> None:
+    """``python flows/report_expired.py`` with ``PREFECT_API_URL`` naming a port where no
+    server listens: one line ``<flow>: UNAVAILABLE: ...`` naming the API, exit 11
+    (``EXIT_CODES``), no traceback (Prefect raises ``RuntimeError`` from the connection
+    error when the run starts)."""
+    make_baton("worker").close()  # the ledger exists
+    with socket.socket() as s:  # a free loopback port, closed again: nothing listens
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    api = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, **baton_env, "PREFECT_API_URL": api, "PYTHONPATH": str(REPO / "src")}
+    run = subprocess.run(
+        [sys.executable, str(REPO / "flows/report_expired.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert run.returncode == 11, run.stderr
+    assert "Traceback" not in run.stdout + run.stderr
+    said = f"baton-report-expired: UNAVAILABLE: the Prefect API at {api} is unavailable"
+    assert [line for line in run.stderr.splitlines() if line.startswith(said)], run.stderr
 
 
 def test_reading_flows_refuse_a_missing_sqlite_ledger(

@@ -58,7 +58,8 @@ def flow_main(
             the run fails with a :class:`~prefect_baton.errors.BatonError`, the exit
             status of its code (``EXIT_CODES``: 5 for ``NOT_FOUND``, 2 for
             ``VALIDATION_ERROR`` ...) after one line ``<flow name>: CODE: message`` on
-            stderr, as ``baton`` reports errors (no traceback).
+            stderr, as ``baton`` reports errors (no traceback); so too, as ``UNAVAILABLE``
+            (11), when the Prefect API cannot be reached.
     """
 
     schedule = f" every {interval_seconds:g} s" if interval_seconds else " (no schedule)"
@@ -79,12 +80,35 @@ def flow_main(
         flow.serve(name=name, interval=interval_seconds, parameters=params or None)
         return None
     try:
-        result = flow(**params)
+        try:
+            result = flow(**params)
+        except BatonError:
+            raise
+        except Exception as exc:
+            _raise_if_api_unavailable(exc)
+            raise
     except BatonError as exc:
         sys.stderr.write(error_line(getattr(flow, "name", name), exc.to_dict()))
         raise SystemExit(exit_code_for(exc.code)) from None
     print(result)
     return result
+
+
+def _raise_if_api_unavailable(exc: BaseException) -> None:
+    """Raise ``UNAVAILABLE`` when ``exc`` comes of a Prefect API that cannot be reached
+    (Prefect raises ``RuntimeError("Failed to reach API at ...")`` from the transport
+    error when a run starts): a transport error or 5xx answer anywhere in its chain of
+    causes, as :func:`~prefect_baton.prefect._handoff.raise_if_unavailable` decides for
+    ``handoff_to``. Returns for anything else."""
+    from prefect_baton.prefect._handoff import raise_if_unavailable
+
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, Exception):
+            raise_if_unavailable(cause)
+        cause = cause.__cause__ or cause.__context__
 
 
 def reading_baton(**overrides: Any) -> Baton:

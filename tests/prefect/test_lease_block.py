@@ -433,6 +433,25 @@ def test_handoff_principals(make_baton: MakeBaton) -> None:
         pass
 
 
+def test_an_accept_handoff_block_is_entered_once(make_baton: MakeBaton) -> None:
+    """Entering an ``accept_handoff(...)`` block again, inside it or after it, is refused
+    with the same RuntimeError as ``lease(...)``, before anything is read or resolved; the
+    lease the first entry took over stays held by the recipient until that block ends."""
+    b = make_baton("alice")
+    held = b.leases.acquire("doc", "once", ttl_seconds=60)
+    sent = handoff_to("bob", "doc-once", lease=held, from_principal="alice", baton=make_baton)
+    block = accept_handoff(sent.handoff_id, principal="bob", baton=make_baton)
+    once = r"accept_handoff\(\.\.\.\) block can be entered once"
+    with block as h:
+        assert h.lease is not None
+        with pytest.raises(RuntimeError, match=once), block:
+            pass
+        assert b.leases.inspect("doc", "once").held
+        assert h.lease.lease_id == b.as_principal("bob").leases.list()[0].lease_id
+    with pytest.raises(RuntimeError, match=once), block:
+        pass
+
+
 def test_block_reference_loads_once(
     ledger_db: str, org: str, make_baton: MakeBaton, monkeypatch: pytest.MonkeyPatch
 ) -> None:

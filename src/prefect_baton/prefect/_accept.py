@@ -11,7 +11,7 @@ from typing import Any
 
 import anyio.to_thread
 
-from prefect_baton._client.keeper import LeaseKeeper
+from prefect_baton._client.keeper import EnterOnce, LeaseKeeper
 from prefect_baton._client.sync import Baton
 from prefect_baton._rules.events import RELEASE_HANDOFF_EXPIRED, RELEASE_HANDOFF_REJECTED
 from prefect_baton.errors import ConflictError, LeaseLostError, NotFoundError, ValidationError
@@ -63,6 +63,9 @@ class AcceptedHandoff:
     _ident: RunIdentity | None = field(default=None, init=False)
     _slot: LeaseSlot | None = field(default=None, init=False)
     _token: Any = field(default=None, init=False)
+    _once: EnterOnce = field(
+        default_factory=lambda: EnterOnce("accept_handoff"), init=False, repr=False
+    )
 
     @property
     def state(self) -> dict[str, Any] | None:
@@ -246,6 +249,7 @@ class AcceptedHandoff:
             self._token = None
 
     def __enter__(self) -> AcceptedHandoff:
+        self._once.enter()
         self._open()
         self._push()
         return self
@@ -257,6 +261,7 @@ class AcceptedHandoff:
         return self._close(exc)
 
     async def __aenter__(self) -> AcceptedHandoff:
+        self._once.enter()
         await anyio.to_thread.run_sync(self._open)
         self._push()
         return self

@@ -71,6 +71,9 @@ def test_a_client_without_redis_is_refused_once_redis_decides_the_org(
     before = _counts(ledger, org)
     with pytest.raises(ForbiddenError, match=r"decided by Redis.*BATON_REDIS_URL"):
         slow.leases.acquire("file", "a.py", ttl_seconds=60)
+    # a Prefect worker whose BatonBlock has no redis_url has BATON_REDIS_URL set in vain
+    with pytest.raises(ForbiddenError, match=r"BatonBlock's own redis_url"):
+        slow.leases.acquire("file", "a.py", ttl_seconds=60)
     with pytest.raises(ForbiddenError, match="return-to-ledger"):
         slow.leases.acquire_many([("file", "c.py"), ("file", "d.py")], ttl_seconds=60)
     # the holder's own lease through a ledger-only client: refused too, not decided on the

@@ -71,7 +71,8 @@ def redis_decides_error(org: str) -> ForbiddenError:
     authority of ``org`` (``str``), whose leases Redis decides; it names the remedies."""
     return ForbiddenError(
         f"the leases of org {org!r} are decided by Redis (a client with a Redis URL has "
-        "used it), and this client has none: set BATON_REDIS_URL (or Baton(redis_url=...)) "
+        "used it), and this client has none: set BATON_REDIS_URL (or Baton(redis_url=...); "
+        "a Prefect BatonBlock's own redis_url, which BATON_REDIS_URL does not fill in) "
         "like every other client of the org, or hand the org back to the ledger with "
         "'baton reconcile --return-to-ledger'"
     )

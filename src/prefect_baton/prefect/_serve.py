@@ -80,26 +80,23 @@ def flow_main(
         flow.serve(name=name, interval=interval_seconds, parameters=params or None)
         return None
     try:
-        try:
-            result = flow(**params)
-        except BatonError:
+        result = flow(**params)
+    except Exception as exc:
+        error = exc if isinstance(exc, BatonError) else _api_unavailable(exc)
+        if error is None:
             raise
-        except Exception as exc:
-            _raise_if_api_unavailable(exc)
-            raise
-    except BatonError as exc:
-        sys.stderr.write(error_line(getattr(flow, "name", name), exc.to_dict()))
-        raise SystemExit(exit_code_for(exc.code)) from None
+        sys.stderr.write(error_line(getattr(flow, "name", name), error.to_dict()))
+        raise SystemExit(exit_code_for(error.code)) from None
     print(result)
     return result
 
 
-def _raise_if_api_unavailable(exc: BaseException) -> None:
-    """Raise ``UNAVAILABLE`` when ``exc`` comes of a Prefect API that cannot be reached
-    (Prefect raises ``RuntimeError("Failed to reach API at ...")`` from the transport
-    error when a run starts): a transport error or 5xx answer anywhere in its chain of
-    causes, as :func:`~prefect_baton.prefect._handoff.raise_if_unavailable` decides for
-    ``handoff_to``. Returns for anything else."""
+def _api_unavailable(exc: BaseException) -> BatonError | None:
+    """``UNAVAILABLE`` when ``exc`` comes of a Prefect API that cannot be reached (Prefect
+    raises ``RuntimeError("Failed to reach API at ...")`` from the transport error when a
+    run starts): a transport error or 5xx answer anywhere in its chain of causes, as
+    :func:`~prefect_baton.prefect._handoff.raise_if_unavailable` decides for
+    ``handoff_to``; ``None`` for anything else."""
     from prefect_baton.prefect._handoff import raise_if_unavailable
 
     seen: set[int] = set()
@@ -107,8 +104,12 @@ def _raise_if_api_unavailable(exc: BaseException) -> None:
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
         if isinstance(cause, Exception):
-            raise_if_unavailable(cause)
+            try:
+                raise_if_unavailable(cause)
+            except BatonError as unavailable:
+                return unavailable
         cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def reading_baton(**overrides: Any) -> Baton:

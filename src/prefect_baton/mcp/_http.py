@@ -38,15 +38,12 @@ from prefect_baton.mcp._server import Identity, build_server
 from prefect_baton.mcp._tools import (
     Grant,
 )
+from prefect_baton.rest._body import BodyCut, is_json, receive_body, replaying
 from prefect_baton.rest._http import (
     BatonMiddleware,
-    BodyCut,
     baton_error_response,
     check_host,
-    is_json,
     new_request_id,
-    receive_body,
-    replaying,
 )
 from prefect_baton.rest._json_body import run_for_body
 

@@ -53,16 +53,11 @@ __all__ = [
     "MAX_BODY_CONTAINERS",
     "STATUS_BY_CODE",
     "BatonMiddleware",
-    "BodyCut",
     "check_host",
     "client_error",
     "error_response",
-    "has_body",
-    "is_json",
     "new_request_id",
     "ok",
-    "receive_body",
-    "replaying",
 ]
 
 logger = logging.getLogger("prefect_baton.rest")

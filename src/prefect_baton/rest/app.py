@@ -70,15 +70,14 @@ from prefect_baton._stores.protocol import Caller
 from prefect_baton.errors import BatonError, as_baton_error, from_pydantic
 from prefect_baton.rest import _calls, _routes_leases, _routes_records, _ui
 from prefect_baton.rest import _schemas as s
+from prefect_baton.rest._body import has_body, replaying
 from prefect_baton.rest._deps import B, _reply, _rid
 from prefect_baton.rest._http import (
     JSON_BODY_STATE,
     BatonMiddleware,
     baton_error_response,
     error_response,
-    has_body,
     logger,
-    replaying,
 )
 from prefect_baton.rest._json_body import quoted
 from prefect_baton.rest._openapi import install_openapi

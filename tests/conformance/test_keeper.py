@@ -144,6 +144,32 @@ def test_lost_lease_is_flagged_and_raises_at_exit(baton: Baton) -> None:
     assert calls == [held]
 
 
+def test_on_lost_has_run_once_lost_reads_true_and_before_the_block_ends(baton: Baton) -> None:
+    """A slow ``on_lost`` (0.5 s) has run by the time ``.lost`` reads ``True`` on the
+    block's thread, and so by the time the block raises ``LEASE_LOST``: the heartbeat
+    flags the loss first, then calls back, and neither the reader nor the exit may get
+    ahead of the callback."""
+    calls: list[LeaseKeeper] = []
+
+    def slow(h: LeaseKeeper) -> None:
+        time.sleep(0.5)
+        calls.append(h)
+
+    boss = baton.as_principal("boss", role="admin")
+    held = baton.lease(RT, RID, ttl_seconds=30, renew_every_seconds=0.05, on_lost=slow)
+
+    def body(h: LeaseKeeper) -> None:
+        boss.leases.force_release(h.lease_id)
+        _wait_for(lambda: h.lost, "the heartbeat to notice the loss")
+        seen.append(list(calls))
+
+    seen: list[list[LeaseKeeper]] = []
+    with pytest.raises(LeaseLostError):
+        _run(held, body)
+    assert seen == [[held]]
+    assert calls == [held]
+
+
 def test_loss_noticed_at_exit_raises(baton: Baton) -> None:
     """A loss the heartbeat has not seen yet is still raised as LEASE_LOST at exit."""
     held = baton.lease(RT, RID, ttl_seconds=30, renew_every_seconds=600)

@@ -197,6 +197,11 @@ class LeaseKeeper:
         self._capped = False  # renewals stopped at max_hold_seconds
         self._backoff = 0.1  # seconds before retrying a failed renewal (doubles to 2 s)
         self._lost = False
+        # set unless a loss was flagged and its warning and on_lost have not run yet; the
+        # thread flagging it tells (stop() waits for it, see _wait_told)
+        self._told = threading.Event()
+        self._told.set()
+        self._teller: int | None = None
         self._running = False
         self.lost_reason: str | None = None
         self._lost_kind = ""
@@ -213,8 +218,12 @@ class LeaseKeeper:
     def lost(self) -> bool:
         """``True`` once the lease is known or presumed lost: a renewal was answered
         ``LEASE_LOST``, or the renew deadline passed without a confirmed renewal, even while
-        a renewal call is still blocked on the network."""
+        a renewal call is still blocked on the network. Once it reads ``True``, the loss's
+        ``on_lost`` has run (read on another thread than the heartbeat's, it waits up to
+        5 s for the callback)."""
         if self._lost:
+            if not self._told.is_set():
+                self._wait_told()
             return True
         if self._running and time.monotonic() >= self._deadline:
             self._mark_lost(self._deadline_reason(), self._deadline_kind())
@@ -327,11 +336,19 @@ class LeaseKeeper:
             self.lost_reason = reason
             self._lost_kind = kind
             self._lost_status = status
+            self._teller = threading.get_ident()
+            self._told.clear()
             return True
 
     def _tell_lost(self, reason: str) -> None:
         """Warn, count (``baton_leases_lost``) and run ``on_lost`` for a loss just flagged
         (not for a lease that moved on through an accepted handoff)."""
+        try:
+            self._tell(reason)
+        finally:
+            self._told.set()
+
+    def _tell(self, reason: str) -> None:
         if self._handoff_accepted is not None and self._handoff_accepted():
             return  # moved on through an accepted handoff: not worth a warning
         if self._lease is not None and metrics_enabled():
@@ -448,6 +465,7 @@ class LeaseKeeper:
                         "the renew deadline passed while a renewal was still blocked",
                         "renew_deadline",
                     )
+        self._wait_told()
         if self._lease is None:
             return
         # Releasing by proof is safe even when the lease is presumed lost: it cleans up an
@@ -480,6 +498,15 @@ class LeaseKeeper:
                 f"{self._lease.resource_id} was lost: {self.lost_reason}",
                 status=self._lost_status,
             ) from exc
+
+    def _wait_told(self, timeout: float = 5.0) -> None:
+        """Wait until a loss the heartbeat flagged has been told (its warning logged and
+        ``on_lost`` run), so the block never ends, nor raises ``LEASE_LOST``, before the
+        callback ran; at most ``timeout`` seconds (a callback that waits for the block's end
+        must not hold it), and not on the thread telling it (``on_lost`` may call
+        :meth:`stop`)."""
+        if self._teller != threading.get_ident():
+            self._told.wait(timeout)
 
     def _release_with_retry(self) -> str:
         # The handle keeps its proof until the authority confirms, so a release cut off by

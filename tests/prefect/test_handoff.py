@@ -121,13 +121,12 @@ def test_handoff_end_that_releases_the_lease_emits_lease_released_once(
     rejection; the first read past the handoff's expiry, on entry or by a deferred
     ``accept()``), the run emits ``prefect-baton.lease.released`` once for that lease,
     naming the reason and the handoff, as the ledger records it."""
-    import prefect.events
-
     from prefect_baton.errors import NotFoundError
-    from prefect_baton.prefect._outbox import flush
+    from prefect_baton.prefect import _events
+    from prefect_baton.prefect._outbox import PendingEvent
 
-    emitted: list[dict[str, Any]] = []
-    monkeypatch.setattr(prefect.events, "emit_event", lambda **kw: emitted.append(kw))
+    emitted: list[PendingEvent] = []  # what the run queues for Prefect, in order
+    monkeypatch.setattr(_events, "later", emitted.append)
     sender, receiver = make_baton("sender"), make_baton("receiver")
     leases = {
         name: sender.leases.acquire("report", name, ttl_seconds=300, idempotency_key=name)
@@ -166,14 +165,13 @@ def test_handoff_end_that_releases_the_lease_emits_lease_released_once(
         return out
 
     assert receive() == ["deferred expired", "on-entry expired"]
-    assert flush()
 
     def released(lease_id: str) -> list[dict[str, Any]]:
         return [
-            kw["payload"]
-            for kw in emitted
-            if kw["event"] == "prefect-baton.lease.released"
-            and kw["resource"].get("prefect-baton.lease-id") == lease_id
+            ev.payload
+            for ev in emitted
+            if ev.event == "prefect-baton.lease.released"
+            and ev.resource.get("prefect-baton.lease-id") == lease_id
         ]
 
     for name, reason in (

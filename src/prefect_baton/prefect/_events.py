@@ -22,8 +22,9 @@ Two paths deliver them, at least once each, with the same deterministic Prefect 
 ledger transition (so Prefect's trigger de-duplication sees one event):
 
 - in-run: ``@leased``, :func:`handoff_to` and :func:`accept_handoff` emit the transitions
-  they caused right away, with the run as related resource (queued in order on the events
-  thread of :mod:`._outbox`, so that the run does not wait for Prefect to build them);
+  they caused right away, with the run as related resource (queued in order for the events
+  thread of :mod:`._outbox`, which sends what was queued within 0.1 s in one request, so
+  that the run neither waits for Prefect to build them nor pays Prefect's cost per event);
 - :func:`relay_events` pages the ledger's event stream from a cursor stored in the ledger
   and emits everything (events written outside runs, renewals, expiries), each with the
   ledger's ``occurred`` time, the label ``prefect-baton.relayed: "true"`` and no related
@@ -52,7 +53,7 @@ from prefect_baton._rules.events import released_by_handoff
 from prefect_baton.metrics._state import record as record_metric
 from prefect_baton.models import Handoff, Lease
 from prefect_baton.prefect._context import prefect_api_known
-from prefect_baton.prefect._outbox import later
+from prefect_baton.prefect._outbox import PendingEvent, later
 
 __all__ = [
     "EVENT_PREFIX",
@@ -179,9 +180,10 @@ def emit_ledger_event(
             the label ``prefect-baton.relayed`` and none of the current run's related
             resources (the run relaying it did not act; the acting principal is the
             ``principal`` related resource, and ``occurred`` is the ledger's time).
-        background: ``True`` to hand it to Prefect on the events thread
-            (:mod:`._outbox`, in order, with the caller's run as related resource and
-            ``occurred`` now) instead of on the caller's thread.
+        background: ``True`` to queue it for the events thread (:mod:`._outbox`: sent
+            in order, in a batch within about 0.1 s, with the caller's run as related
+            resource and ``occurred`` now) instead of handing it to Prefect's events
+            worker on the caller's thread.
 
     Returns:
         ``True`` if handed to Prefect's events worker (or, with ``background``, queued for
@@ -193,11 +195,22 @@ def emit_ledger_event(
         return False
     from prefect.events import emit_event
 
-    if background and occurred is None:
+    if occurred is None:
         occurred = datetime.now(UTC)
     resource = resource_for(kind, subject, payload, org=org, principal=principal)
     if relayed:
         resource["prefect-baton.relayed"] = "true"
+
+    related = [
+        {
+            "prefect.resource.id": f"prefect-baton.principal.{principal}",
+            "prefect.resource.role": "principal",
+        }
+    ]
+    ev_id = prefect_event_id(org, kind, payload, event_id)
+    if background:
+        later(PendingEvent(EVENT_PREFIX + kind, resource, related, payload, ev_id, occurred))
+        return True
 
     def emit() -> Any:
         if relayed:  # Prefect's events worker attaches the run of the sending context
@@ -207,19 +220,11 @@ def emit_ledger_event(
             event=EVENT_PREFIX + kind,
             resource=resource,
             occurred=occurred,
-            related=[
-                {
-                    "prefect.resource.id": f"prefect-baton.principal.{principal}",
-                    "prefect.resource.role": "principal",
-                }
-            ],
+            related=related,
             payload=payload,
-            id=prefect_event_id(org, kind, payload, event_id),
+            id=ev_id,
         )
 
-    if background:
-        later(emit, kind)
-        return True
     try:
         ev = contextvars.copy_context().run(emit)
     except Exception:

@@ -1,44 +1,227 @@
-"""In-run Prefect events handed to Prefect on a thread of their own, in order.
+"""In-run Prefect events, sent in batches on a thread of their own, in order.
 
-Building a Prefect event (``prefect.events.emit_event``: the model's validation, its size,
-the events worker's queue) costs about 0.2 ms, twice per ``@leased`` task (acquired and
-released), which is most of what a lease adds to a task on Redis. The run's thread only
-queues the call with its context (:func:`later`); one daemon thread per process makes it,
-in the order queued, inside that context (so Prefect still relates the event to the run
-that queued it).
+``@leased`` emits two Prefect events per task (``lease.acquired``, ``lease.released``). Sent
+one by one through ``prefect.events.emit_event``, each costs about 0.6 ms of CPU in the
+run's process (the ``Event`` model on the calling thread; on Prefect's events worker the
+run's related resources, serialisation and the websocket send) and most of what a lease
+adds to a task on Redis (``benchmarks/README.md``). So the run's thread only queues the
+event's fields with its context (:func:`later`); one daemon thread per process collects
+what was queued during :data:`LINGER_SECONDS` (at most :data:`MAX_BATCH` events) and hands
+the batch to Prefect in one request:
 
-At interpreter exit the queue is flushed before Prefect's events worker drains (for up to
-:data:`FLUSH_SECONDS`); a ``fork()``-ed child starts with an empty queue of its own. Events
-are a mirror of the ledger: one lost in a crash is still delivered by
-:func:`~prefect_baton.prefect.relay_events`.
+- to a Prefect server named by ``PREFECT_API_URL``: one ``POST /api/events`` (the server's
+  route for a batch of events) with each event built as Prefect's ``Event`` model, its run's
+  related resources attached by Prefect's own ``related_resources_from_run_context`` (run in
+  the context that queued it, computed once per flow or task run);
+- anywhere else (Prefect Cloud, the ephemeral server, an events client override such as
+  Prefect's test fixtures or a process pool's forwarding client), or when the server has no
+  batch route (``404``/``405``): through ``prefect.events.emit_event``, one by one, as
+  Prefect sends its own.
+
+An event is delivered within about :data:`LINGER_SECONDS` of the transition. At interpreter
+exit the queue is flushed at once (for up to :data:`FLUSH_SECONDS`) before Prefect's events
+worker drains; a ``fork()``-ed child starts with an empty queue of its own. Events are a
+mirror of the ledger: a batch that cannot be sent is logged as a warning and dropped, and
+:func:`~prefect_baton.prefect.relay_events` still delivers every ledger event.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["FLUSH_SECONDS", "flush", "later"]
+if TYPE_CHECKING:
+    from prefect.client.orchestration import PrefectClient
+    from prefect.events.schemas.events import Event
+
+__all__ = ["FLUSH_SECONDS", "LINGER_SECONDS", "MAX_BATCH", "PendingEvent", "flush", "later"]
 
 log = logging.getLogger("prefect_baton.prefect.events")
 
 #: The longest the exit flush waits for queued events (seconds).
 FLUSH_SECONDS = 10.0
+#: How long the events thread collects events into one batch after the first (seconds).
+LINGER_SECONDS = 0.1
+#: The most events one batch holds.
+MAX_BATCH = 200
+#: Flow and task runs whose related resources are remembered (one entry per run).
+_RELATED_RUNS = 256
+
+
+@dataclass(frozen=True)
+class PendingEvent:
+    """The fields of one Prefect event waiting to be sent (as ``emit_event`` takes them).
+
+    Attributes:
+        event: the event name (``str``). resource: the resource (labels, ``dict``).
+        related: related resources before the run's (``list`` of label ``dict``).
+        payload: the payload (JSON object). id: the event id (``uuid.UUID``).
+        occurred: when it happened (aware ``datetime``).
+    """
+
+    event: str
+    resource: dict[str, str]
+    related: list[dict[str, str]]
+    payload: dict[str, Any]
+    id: uuid.UUID
+    occurred: datetime
+
+    def emit_one(self) -> None:
+        """Hand this event to Prefect's events worker (``prefect.events.emit_event``)."""
+        from prefect.events import emit_event
+
+        emit_event(
+            event=self.event,
+            resource=self.resource,
+            occurred=self.occurred,
+            related=self.related,
+            payload=self.payload,
+            id=self.id,
+        )
+
+
+_Item = tuple[contextvars.Context, PendingEvent]
+
+
+def _batch_url() -> str | None:
+    """The Prefect server that takes this context's events in one ``POST /events``
+    (``PREFECT_API_URL``), or ``None`` when they go through ``emit_event`` (Cloud, the
+    ephemeral server, an events client override)."""
+    from prefect.events.worker import EventsWorker, emit_events_to_cloud
+    from prefect.settings import PREFECT_API_URL
+
+    if EventsWorker._client_override is not None or emit_events_to_cloud():
+        return None
+    url = PREFECT_API_URL.value()
+    return url if isinstance(url, str) and url else None
+
+
+def _run_ids() -> tuple[Any, Any]:
+    """``(flow run id, task run id)`` of this context (``None`` where there is none)."""
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    flow_ctx, task_ctx = FlowRunContext.get(), TaskRunContext.get()
+    flow_run = getattr(flow_ctx, "flow_run", None)
+    task_run = getattr(task_ctx, "task_run", None)
+    return getattr(flow_run, "id", None), getattr(task_run, "id", None)
+
+
+@dataclass
+class _Delivery:
+    """The events thread's state: its event loop, one Prefect client per server, the run
+    related resources it computed, and the servers without a batch route."""
+
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
+    clients: dict[str, PrefectClient] = field(default_factory=dict)
+    related: OrderedDict[tuple[str, Any, Any], list[dict[str, str]]] = field(
+        default_factory=OrderedDict
+    )
+    one_by_one: set[str] = field(default_factory=set)
+
+    def deliver(self, batch: list[_Item]) -> None:
+        """Send ``batch`` in order: runs of events for one server in one request each."""
+        run: list[_Item] = []
+        url: str | None = None
+        for ctx, pending in batch:
+            target = ctx.run(_batch_url)
+            if target in self.one_by_one:
+                target = None
+            if run and target != url:
+                self._send(url, run)
+                run = []
+            url = target
+            run.append((ctx, pending))
+        if run:
+            self._send(url, run)
+
+    def _send(self, url: str | None, items: list[_Item]) -> None:
+        if url is None:
+            for ctx, pending in items:
+                ctx.run(pending.emit_one)
+            return
+        from prefect.exceptions import PrefectHTTPStatusError
+
+        try:
+            self.loop.run_until_complete(self._post(url, items))
+        except PrefectHTTPStatusError as exc:
+            if exc.response.status_code not in (404, 405):
+                raise
+            log.warning("%s has no route for a batch of events: sending them one by one", url)
+            self.one_by_one.add(url)
+            self._send(None, items)
+
+    async def _post(self, url: str, items: list[_Item]) -> None:
+        client = await self._client(url, items[0][0])
+        body = [
+            (await self._event(url, client, ctx, p)).model_dump(mode="json") for ctx, p in items
+        ]
+        await client.request("POST", "/events", json=body)
+
+    async def _client(self, url: str, ctx: contextvars.Context) -> PrefectClient:
+        client = self.clients.get(url)
+        if client is None:
+            from prefect.client.orchestration import get_client
+
+            client = ctx.run(get_client)
+            await client.__aenter__()
+            self.clients[url] = client
+        return client
+
+    async def _event(
+        self, url: str, client: PrefectClient, ctx: contextvars.Context, p: PendingEvent
+    ) -> Event:
+        from prefect.events.schemas.events import Event
+        from prefect.settings import get_current_settings
+
+        related = list(p.related)
+        flow_run_id, task_run_id = ctx.run(_run_ids)
+        if flow_run_id is not None or task_run_id is not None:
+            key = (url, flow_run_id, task_run_id)
+            run_related = self.related.get(key)
+            if run_related is None:
+                run_related = await self._run_related(client, ctx)
+                self.related[key] = run_related
+                while len(self.related) > _RELATED_RUNS:
+                    self.related.popitem(last=False)
+            # as Prefect's events worker: only as many as the Event schema allows
+            maximum = ctx.run(get_current_settings).server.events.maximum_related_resources
+            related += run_related[: max(maximum - len(related), 0)]
+        return Event(
+            event=p.event,
+            resource=p.resource,
+            related=related,
+            payload=p.payload,
+            id=p.id,
+            occurred=p.occurred,
+        )
+
+    async def _run_related(
+        self, client: PrefectClient, ctx: contextvars.Context
+    ) -> list[dict[str, str]]:
+        from prefect.events.related import related_resources_from_run_context
+
+        task = self.loop.create_task(related_resources_from_run_context(client), context=ctx)
+        return [dict(r.root) for r in await task]
 
 
 class _Outbox:
     def __init__(self) -> None:
-        self.queue: queue.Queue[tuple[contextvars.Context, Callable[[], Any], str]] = queue.Queue()
+        self.queue: queue.Queue[_Item] = queue.Queue()
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
+        self.hurry = threading.Event()  # set by flush(): send what is queued without lingering
 
-    def put(self, call: Callable[[], Any], what: str) -> None:
+    def put(self, pending: PendingEvent) -> None:
         if self.thread is None:
             with self.lock:
                 if self.thread is None:
@@ -47,26 +230,43 @@ class _Outbox:
                         target=self._run, name="baton-events", daemon=True
                     )
                     self.thread.start()
-        self.queue.put((contextvars.copy_context(), call, what))
+        self.queue.put((contextvars.copy_context(), pending))
+
+    def _next_batch(self) -> list[_Item]:
+        batch = [self.queue.get()]
+        until = time.monotonic() + LINGER_SECONDS
+        while len(batch) < MAX_BATCH:
+            left = 0.0 if self.hurry.is_set() else until - time.monotonic()
+            try:
+                batch.append(self.queue.get(timeout=left) if left > 0 else self.queue.get_nowait())
+            except queue.Empty:
+                break
+        return batch
 
     def _run(self) -> None:
+        delivery = _Delivery()
         while True:
-            context, call, what = self.queue.get()
+            batch = self._next_batch()
             try:
-                context.run(call)
+                delivery.deliver(batch)
             except Exception:
-                log.warning("could not emit Prefect event %s", what, exc_info=True)
+                log.warning("could not emit %d Prefect events", len(batch), exc_info=True)
             finally:
-                self.queue.task_done()
-            del context, call
+                for _ in batch:
+                    self.queue.task_done()
+            del batch
 
     def flush(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        while self.queue.unfinished_tasks:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.005)
-        return True
+        self.hurry.set()
+        try:
+            while self.queue.unfinished_tasks:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.005)
+            return True
+        finally:
+            self.hurry.clear()
 
 
 def _register_exit_flush() -> None:
@@ -102,20 +302,16 @@ def _reset_in_child() -> None:
 os.register_at_fork(after_in_child=_reset_in_child)
 
 
-def later(call: Callable[[], Any], what: str) -> None:
-    """Run ``call()`` (which emits a Prefect event) on the events thread, in the order
-    queued, inside a copy of the caller's context. An exception it raises is logged as a
-    warning (``what`` names the event).
-
-    Args:
-        call: the emission, no arguments.
-        what: the event's kind, for the warning.
-    """
-    _outbox.put(call, what)
+def later(pending: PendingEvent) -> None:
+    """Queue ``pending`` for the events thread, with a copy of the caller's context (its
+    run becomes the event's related resources): sent in the order queued, within about
+    :data:`LINGER_SECONDS`. A batch that cannot be sent is logged as a warning."""
+    _outbox.put(pending)
 
 
 def flush(timeout: float = FLUSH_SECONDS) -> bool:
-    """Wait until every event queued so far was handed to Prefect's events worker.
+    """Send every event queued so far without lingering, and wait until it was handed to
+    Prefect.
 
     Args:
         timeout: the longest to wait (``float`` seconds).

@@ -1,0 +1,249 @@
+"""In-run Prefect events go to the server in batches (one ``POST /api/events`` per batch),
+with their run's related resources; other routes still get them one by one, and none is
+lost when the process exits right after its run."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prefect import flow, task
+
+from prefect_baton import Baton
+from prefect_baton.prefect import _outbox, leased
+from prefect_baton.prefect._events import prefect_event_id
+
+from .conftest import REPO
+
+MakeBaton = Callable[..., Baton]
+
+
+@pytest.fixture
+def outbox(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A fresh events queue and thread for the test (what it learns about the server, such
+    as a missing batch route, stays with it)."""
+    monkeypatch.setattr(_outbox, "_outbox", _outbox._Outbox())
+    yield
+    assert _outbox.flush(30)
+
+
+@pytest.fixture
+def event_posts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of every ``POST /events`` request Prefect's client sends."""
+    from prefect.client.orchestration import PrefectClient
+
+    sizes: list[int] = []
+    real = PrefectClient.request
+
+    async def counting(self: Any, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        if (method, path) == ("POST", "/events"):
+            sizes.append(len(kwargs["json"]))
+        return await real(self, method, path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PrefectClient, "request", counting)
+    return sizes
+
+
+def _expected_ids(b: Baton) -> dict[str, str]:
+    """Prefect event id -> ledger kind of every lease event ``b``'s org recorded."""
+    return {
+        str(prefect_event_id(b.org, e.kind, e.payload, e.event_id)): e.kind
+        for e in b.events.list(limit=500)
+        if e.kind in ("lease.acquired", "lease.released")
+    }
+
+
+def _server_events(ids: list[str], timeout: float = 60) -> list[Any]:
+    """The events with these ids on the Prefect server, polled until all arrived (the
+    server persists events in batches) or ``timeout`` seconds passed."""
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventIDFilter
+
+    deadline = time.monotonic() + timeout
+    with get_client(sync_client=True) as client:
+        while True:
+            flt = EventFilter(id=EventIDFilter(id=[uuid.UUID(i) for i in ids]))
+            page = client.read_events(filter=flt, limit=len(ids) + 10)
+            if len(page.events) >= len(ids) or time.monotonic() > deadline:
+                return list(page.events)
+            time.sleep(0.5)
+
+
+def test_in_run_events_are_sent_in_batches_with_their_runs(
+    make_baton: MakeBaton, outbox: None, event_posts: list[int]
+) -> None:
+    """Ten ``@leased`` task runs queue twenty events; they reach the server in fewer
+    requests than events, each with its task run, flow run and flow as related resources,
+    the two events of one lease naming the same task run."""
+
+    @task
+    @leased("deploy", "batch-{i}", ttl_seconds=30, baton=make_baton)
+    def work(i: int) -> int:
+        return i
+
+    @flow(name="baton-test-event-batches")
+    def run() -> None:
+        for i in range(10):
+            work(i)
+
+    run()
+    assert _outbox.flush(30)
+    b = make_baton("baton-test-event-batches")
+    expected = _expected_ids(b)
+    assert len(expected) == 20
+    got = _server_events(list(expected))
+    assert sorted(str(e.id) for e in got) == sorted(expected)
+    assert 1 <= len(event_posts) < 20
+    assert sum(event_posts) >= 20
+    task_run_of: dict[str, set[str]] = {}
+    for e in got:
+        assert e.event == "prefect-baton." + expected[str(e.id)]
+        roles = {r.role: r.id for r in e.related}
+        assert {"task-run", "flow-run", "flow", "principal"} <= set(roles), roles
+        assert roles["principal"] == "prefect-baton.principal.baton-test-event-batches"
+        task_run_of.setdefault(e.resource["prefect-baton.lease-id"], set()).add(roles["task-run"])
+    assert len(task_run_of) == 10
+    assert all(len(runs) == 1 for runs in task_run_of.values())
+    assert len(set().union(*task_run_of.values())) == 10
+
+
+def test_a_server_without_the_batch_route_gets_them_one_by_one(
+    make_baton: MakeBaton,
+    outbox: None,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """When ``POST /events`` answers 404 the events thread says so once and sends the
+    run's events through Prefect's events worker instead: they still arrive."""
+    import httpx
+    from prefect.client.orchestration import PrefectClient
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    real = PrefectClient.request
+    refused: list[int] = []
+
+    async def no_route(self: Any, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        if (method, path) == ("POST", "/events"):
+            refused.append(len(kwargs["json"]))
+            request = httpx.Request("POST", "http://127.0.0.1/api/events")
+            response = httpx.Response(404, request=request)
+            raise PrefectHTTPStatusError.from_httpx_error(
+                httpx.HTTPStatusError("404", request=request, response=response)
+            )
+        return await real(self, method, path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PrefectClient, "request", no_route)
+
+    @task
+    @leased("deploy", "no-batch-{i}", ttl_seconds=30, baton=make_baton)
+    def work(i: int) -> int:
+        return i
+
+    @flow(name="baton-test-no-batch-route")
+    def run() -> None:
+        for i in range(3):
+            work(i)
+
+    with caplog.at_level(logging.WARNING, logger="prefect_baton.prefect.events"):
+        run()
+        assert _outbox.flush(30)
+    expected = _expected_ids(make_baton("baton-test-no-batch-route"))
+    assert len(expected) == 6
+    got = _server_events(list(expected))
+    assert sorted(str(e.id) for e in got) == sorted(expected)
+    assert all("task-run" in {r.role for r in e.related} for e in got)
+    assert len(refused) == 1  # asked once; then one by one
+    warnings = [r.getMessage() for r in caplog.records if "no route" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+
+
+def test_an_events_client_override_receives_them(make_baton: MakeBaton, outbox: None) -> None:
+    """With Prefect's events client override (``AssertingEventsClient``, as Prefect's own
+    test fixtures set it) the run's events go to that client, with the task run."""
+    from prefect.events.clients import AssertingEventsClient
+    from prefect.events.worker import EventsWorker
+
+    @task
+    @leased("deploy", "override", ttl_seconds=30, baton=make_baton)
+    def work() -> None:
+        return None
+
+    @flow(name="baton-test-events-override")
+    def run() -> None:
+        work()
+
+    EventsWorker.set_client_override(AssertingEventsClient)
+    try:
+        worker = EventsWorker.instance()
+        run()
+        assert _outbox.flush(30)
+        worker.drain()
+        client = worker._client
+        assert isinstance(client, AssertingEventsClient)
+        ours = [e for e in client.events if e.event.startswith("prefect-baton.lease.")]
+    finally:
+        EventsWorker.set_client_override(None)
+    assert [e.event for e in ours] == [
+        "prefect-baton.lease.acquired",
+        "prefect-baton.lease.released",
+    ]
+    assert all("task-run" in {r.role for r in e.related} for e in ours)
+
+
+def test_events_queued_just_before_exit_are_sent(tmp_path: Path, prefect_api: str) -> None:
+    """A process that exits right after its run (within the batching delay) still sends
+    its queued events: the exit flush sends them at once."""
+    script = tmp_path / "exits.py"
+    script.write_text(
+        f"""
+import json
+from prefect import flow, task
+from prefect_baton import Baton
+from prefect_baton.prefect import leased
+from prefect_baton.prefect._events import prefect_event_id
+
+b = Baton(ledger_url="sqlite:///{tmp_path / "l.db"}", org="exit-org", principal="exits")
+
+@task
+@leased("deploy", "exit-{{i}}", ttl_seconds=30, baton=b)
+def work(i):
+    return i
+
+@flow(name="baton-test-exit-flush")
+def run():
+    for i in range(3):
+        work(i)
+
+run()
+print(json.dumps([
+    str(prefect_event_id(b.org, e.kind, e.payload, e.event_id))
+    for e in b.events.list(limit=50)
+    if e.kind in ("lease.acquired", "lease.released")
+]))
+"""
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
+    env["PREFECT_API_URL"] = prefect_api
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    ids = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(ids) == 6
+    got = _server_events(ids)
+    assert sorted(str(e.id) for e in got) == sorted(ids)

@@ -692,7 +692,10 @@ def test_retry_of_a_recipient_whose_resource_was_taken_fails_naming_it(
                 raise RuntimeError("crash after accepting")
 
         engine_logger = logging.getLogger("prefect.flow_runs")
-        with caplog.at_level(logging.INFO), pytest.raises(ConflictError) as info:
+        with (
+            caplog.at_level(logging.INFO, logger="prefect.flow_runs"),
+            pytest.raises(ConflictError) as info,
+        ):
             run_flow(
                 receive, parameters={"handoff_id": sent.handoff_id}, error_logger=engine_logger
             )

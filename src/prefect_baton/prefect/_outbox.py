@@ -100,7 +100,7 @@ def _batch_url() -> str | None:
     from prefect.events.worker import EventsWorker, emit_events_to_cloud
     from prefect.settings import PREFECT_API_URL
 
-    if EventsWorker._client_override is not None or emit_events_to_cloud():
+    if getattr(EventsWorker, "_client_override", None) is not None or emit_events_to_cloud():
         return None
     url = PREFECT_API_URL.value()
     return url if isinstance(url, str) and url else None

@@ -247,3 +247,41 @@ print(json.dumps([
     assert len(ids) == 6
     got = _server_events(ids)
     assert sorted(str(e.id) for e in got) == sorted(ids)
+
+
+def test_an_event_too_large_is_left_out_of_its_batch_alone(
+    make_baton: MakeBaton, outbox: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An event above Prefect's size limit is logged and left out; the server would refuse
+    the whole batch for it, so the lease events queued around it still arrive."""
+    from datetime import UTC, datetime
+
+    from prefect_baton.prefect._outbox import PendingEvent, later
+
+    too_large = PendingEvent(
+        "prefect-baton.test.too-large",
+        {"prefect.resource.id": "prefect-baton.test.too-large"},
+        [],
+        {"blob": "x" * 2_000_000},
+        uuid.uuid4(),
+        datetime.now(UTC),
+    )
+
+    @task
+    @leased("deploy", "beside-too-large", ttl_seconds=30, baton=make_baton)
+    def work() -> None:
+        later(too_large)
+
+    @flow(name="baton-test-too-large")
+    def run() -> None:
+        work()
+
+    with caplog.at_level(logging.WARNING, logger="prefect_baton.prefect.events"):
+        run()
+        assert _outbox.flush(30)
+    expected = _expected_ids(make_baton("baton-test-too-large"))
+    assert len(expected) == 2
+    got = _server_events(list(expected))
+    assert sorted(str(e.id) for e in got) == sorted(expected)
+    assert _server_events([str(too_large.id)], timeout=2) == []
+    assert any("prefect-baton.test.too-large" in r.getMessage() for r in caplog.records)

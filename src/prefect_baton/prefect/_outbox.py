@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from prefect.exceptions import EventTooLarge
+
 if TYPE_CHECKING:
     from prefect.client.orchestration import PrefectClient
     from prefect.events.schemas.events import Event
@@ -147,7 +149,10 @@ class _Delivery:
     def _send(self, url: str | None, items: list[_Item]) -> None:
         if url is None:
             for ctx, pending in items:
-                ctx.run(pending.emit_one)
+                try:
+                    ctx.run(pending.emit_one)
+                except Exception:  # too large for Prefect: the others still go
+                    log.warning("could not emit Prefect event %s", pending.event, exc_info=True)
             return
         from prefect.exceptions import PrefectHTTPStatusError
 
@@ -162,10 +167,16 @@ class _Delivery:
 
     async def _post(self, url: str, items: list[_Item]) -> None:
         client = await self._client(url, items[0][0])
-        body = [
-            (await self._event(url, client, ctx, p)).model_dump(mode="json") for ctx, p in items
-        ]
-        await client.request("POST", "/events", json=body)
+        body = []
+        for ctx, p in items:
+            try:
+                event = await self._event(url, client, ctx, p)
+            except EventTooLarge:  # the server would refuse the whole batch
+                log.warning("could not emit Prefect event %s", p.event, exc_info=True)
+                continue
+            body.append(event.model_dump(mode="json"))
+        if body:
+            await client.request("POST", "/events", json=body)
 
     async def _client(self, url: str, ctx: contextvars.Context) -> PrefectClient:
         client = self.clients.get(url)
@@ -196,7 +207,7 @@ class _Delivery:
             # as Prefect's events worker: only as many as the Event schema allows
             maximum = ctx.run(get_current_settings).server.events.maximum_related_resources
             related += run_related[: max(maximum - len(related), 0)]
-        return Event(
+        event = Event(
             event=p.event,
             resource=p.resource,
             related=related,
@@ -204,6 +215,11 @@ class _Delivery:
             id=p.id,
             occurred=p.occurred,
         )
+        # as emit_event: the server refuses an event above its size limit
+        limit = ctx.run(get_current_settings).server.events.maximum_size_bytes
+        if event.size_bytes > limit:
+            raise EventTooLarge(event.size_bytes, limit)
+        return event
 
     async def _run_related(
         self, client: PrefectClient, ctx: contextvars.Context

@@ -19,7 +19,7 @@ import pytest
 from prefect import flow, task
 
 from prefect_baton import Baton
-from prefect_baton.prefect import _outbox, leased
+from prefect_baton.prefect import _outbox, flush_events, leased
 from prefect_baton.prefect._events import prefect_event_id
 
 from .conftest import REPO
@@ -33,7 +33,7 @@ def outbox(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     as a missing batch route, stays with it)."""
     monkeypatch.setattr(_outbox, "_outbox", _outbox._Outbox())
     yield
-    assert _outbox.flush(30)
+    assert flush_events(30)
 
 
 @pytest.fixture
@@ -96,7 +96,7 @@ def test_in_run_events_are_sent_in_batches_with_their_runs(
             work(i)
 
     run()
-    assert _outbox.flush(30)
+    assert flush_events(30)
     b = make_baton("baton-test-event-batches")
     expected = _expected_ids(b)
     assert len(expected) == 20
@@ -155,7 +155,7 @@ def test_a_server_without_the_batch_route_gets_them_one_by_one(
 
     with caplog.at_level(logging.WARNING, logger="prefect_baton.prefect.events"):
         run()
-        assert _outbox.flush(30)
+        assert flush_events(30)
     expected = _expected_ids(make_baton("baton-test-no-batch-route"))
     assert len(expected) == 6
     got = _server_events(list(expected))
@@ -185,7 +185,7 @@ def test_an_events_client_override_receives_them(make_baton: MakeBaton, outbox: 
     try:
         worker = EventsWorker.instance()
         run()
-        assert _outbox.flush(30)
+        assert flush_events(30)
         worker.drain()
         client = worker._client
         assert isinstance(client, AssertingEventsClient)
@@ -278,10 +278,115 @@ def test_an_event_too_large_is_left_out_of_its_batch_alone(
 
     with caplog.at_level(logging.WARNING, logger="prefect_baton.prefect.events"):
         run()
-        assert _outbox.flush(30)
+        assert flush_events(30)
     expected = _expected_ids(make_baton("baton-test-too-large"))
     assert len(expected) == 2
     got = _server_events(list(expected))
     assert sorted(str(e.id) for e in got) == sorted(expected)
     assert _server_events([str(too_large.id)], timeout=2) == []
     assert any("prefect-baton.test.too-large" in r.getMessage() for r in caplog.records)
+
+
+def _run_script(tmp_path: Path, body: str, api_url: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "script.py"
+    script.write_text(body)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
+    env["PREFECT_API_URL"] = api_url
+    env["PREFECT_LOGGING_LEVEL"] = "WARNING"
+    return subprocess.run(
+        [sys.executable, str(script)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_events_left_unsent_at_exit_are_reported(tmp_path: Path) -> None:
+    """When the exit flush gives up (the server does not answer), the process says how
+    many events it did not send, and that ``relay_events`` delivers them; an event queued
+    after the exit flush ran (a lease taken in an ``atexit`` handler) is reported too."""
+    proc = _run_script(
+        tmp_path,
+        f"""
+import atexit
+from prefect_baton import Baton
+from prefect_baton.prefect import _outbox, lease
+
+_outbox.FLUSH_SECONDS = 1.0
+b = Baton(ledger_url="sqlite:///{tmp_path / "l.db"}", org="exit-org", principal="exits")
+with lease("deploy", "unsent", ttl_seconds=30, baton=b):
+    pass
+
+def late():
+    with lease("deploy", "late", ttl_seconds=30, baton=b):
+        pass
+
+atexit.register(late)
+""",
+        f"http://127.0.0.1:{_closed_port()}/api",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "2 Prefect events not sent within 1 s at exit (relay_events" in proc.stderr
+    assert (
+        "Prefect event prefect-baton.lease.acquired not sent: the interpreter is exiting"
+        in proc.stderr
+    )
+
+
+def test_events_beyond_the_queue_bound_are_dropped_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While Prefect does not take events, at most ``MAX_QUEUED`` wait; later ones are
+    dropped and counted in a warning, and the waiting ones are still sent afterwards."""
+    import threading
+    from datetime import UTC, datetime
+
+    from prefect_baton.prefect._outbox import PendingEvent, later
+
+    monkeypatch.setattr(_outbox, "MAX_QUEUED", 3)
+    monkeypatch.setattr(_outbox, "_outbox", _outbox._Outbox())
+    gate, stuck_now = threading.Event(), threading.Event()
+    sent: list[str] = []
+
+    def stuck(self: Any, batch: list[Any]) -> None:
+        stuck_now.set()
+        gate.wait(30)
+        sent.extend(p.event for _, p in batch)
+
+    monkeypatch.setattr(_outbox._Delivery, "deliver", stuck)
+
+    def pending(i: int) -> PendingEvent:
+        return PendingEvent(
+            f"prefect-baton.test.{i}",
+            {"prefect.resource.id": "prefect-baton.test"},
+            [],
+            {},
+            uuid.uuid4(),
+            datetime.now(UTC),
+        )
+
+    with caplog.at_level(logging.WARNING, logger="prefect_baton.prefect.events"):
+        later(pending(0))
+        assert stuck_now.wait(10)  # the thread took event 0 and is stuck sending it
+        for i in range(1, 10):
+            later(pending(i))
+    gate.set()
+    assert flush_events(30)
+    assert sent == [f"prefect-baton.test.{i}" for i in range(4)]
+    warnings = [r.getMessage() for r in caplog.records if "not sent" in r.getMessage()]
+    assert warnings == [
+        "1 Prefect events not sent: 3 are waiting for Prefect (relay_events delivers them "
+        "from the ledger)"
+    ]
+    assert _outbox._outbox.dropped == 6

@@ -23,6 +23,7 @@ from prefect_baton.prefect._handoff import (
     start_recipient,
 )
 from prefect_baton.prefect._lease import LeaseBlock, lease
+from prefect_baton.prefect._outbox import flush_events
 from prefect_baton.prefect._serve import prefect_api, serving, wait_for_run
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "can_emit",
     "current_baton",
     "current_lease",
+    "flush_events",
     "handoff_to",
     "lease",
     "leased",

@@ -46,7 +46,15 @@ if TYPE_CHECKING:
     from prefect.client.orchestration import PrefectClient
     from prefect.events.schemas.events import Event
 
-__all__ = ["FLUSH_SECONDS", "LINGER_SECONDS", "MAX_BATCH", "PendingEvent", "flush", "later"]
+__all__ = [
+    "FLUSH_SECONDS",
+    "LINGER_SECONDS",
+    "MAX_BATCH",
+    "MAX_QUEUED",
+    "PendingEvent",
+    "flush_events",
+    "later",
+]
 
 log = logging.getLogger("prefect_baton.prefect.events")
 
@@ -56,6 +64,9 @@ FLUSH_SECONDS = 10.0
 LINGER_SECONDS = 0.1
 #: The most events one batch holds.
 MAX_BATCH = 200
+#: The most events waiting to be sent (while Prefect is unreachable); more are dropped, with
+#: a warning.
+MAX_QUEUED = 10_000
 #: Flow and task runs whose related resources are remembered (one entry per run).
 _RELATED_RUNS = 256
 
@@ -129,6 +140,7 @@ class _Delivery:
         default_factory=OrderedDict
     )
     one_by_one: set[str] = field(default_factory=set)
+    workers: set[int] = field(default_factory=set)  # Prefect events workers flushed before
 
     def deliver(self, batch: list[_Item]) -> None:
         """Send ``batch`` in order: runs of events for one server in one request each."""
@@ -148,6 +160,7 @@ class _Delivery:
 
     def _send(self, url: str | None, items: list[_Item]) -> None:
         if url is None:
+            self._flush_before_worker(items[0][0])
             for ctx, pending in items:
                 try:
                     ctx.run(pending.emit_one)
@@ -164,6 +177,20 @@ class _Delivery:
             log.warning("%s has no route for a batch of events: sending them one by one", url)
             self.one_by_one.add(url)
             self._send(None, items)
+
+    def _flush_before_worker(self, ctx: contextvars.Context) -> None:
+        """Before the first event handed to a Prefect events worker, make sure the exit
+        flush runs before that worker is drained: exit hooks run last-registered first, and
+        the worker registers its drain when it is made, so the flush is registered (again)
+        after it."""
+        from prefect.events.worker import EventsWorker, should_emit_events
+
+        if not ctx.run(should_emit_events):
+            return
+        worker = ctx.run(EventsWorker.instance)
+        if id(worker) not in self.workers:
+            self.workers.add(id(worker))
+            _register_exit_flush()
 
     async def _post(self, url: str, items: list[_Item]) -> None:
         client = await self._client(url, items[0][0])
@@ -232,12 +259,20 @@ class _Delivery:
 
 class _Outbox:
     def __init__(self) -> None:
-        self.queue: queue.Queue[_Item] = queue.Queue()
+        self.queue: queue.Queue[_Item] = queue.Queue(MAX_QUEUED)
+        self.dropped = 0  # events not queued because MAX_QUEUED were waiting
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
-        self.hurry = threading.Event()  # set by flush(): send what is queued without lingering
+        self.hurry = threading.Event()  # set by flush_events(): send at once, no lingering
 
     def put(self, pending: PendingEvent) -> None:
+        if getattr(threading, "_SHUTTING_DOWN", False):  # the exit flush has run
+            log.warning(
+                "Prefect event %s not sent: the interpreter is exiting "
+                "(relay_events delivers it from the ledger)",
+                pending.event,
+            )
+            return
         if self.thread is None:
             with self.lock:
                 if self.thread is None:
@@ -246,7 +281,17 @@ class _Outbox:
                         target=self._run, name="baton-events", daemon=True
                     )
                     self.thread.start()
-        self.queue.put((contextvars.copy_context(), pending))
+        try:
+            self.queue.put_nowait((contextvars.copy_context(), pending))
+        except queue.Full:
+            self.dropped += 1
+            if self.dropped % 1000 == 1:
+                log.warning(
+                    "%d Prefect events not sent: %d are waiting for Prefect "
+                    "(relay_events delivers them from the ledger)",
+                    self.dropped,
+                    MAX_QUEUED,
+                )
 
     def _next_batch(self) -> list[_Item]:
         batch = [self.queue.get()]
@@ -265,8 +310,15 @@ class _Outbox:
             batch = self._next_batch()
             try:
                 delivery.deliver(batch)
-            except Exception:
-                log.warning("could not emit %d Prefect events", len(batch), exc_info=True)
+            except Exception as exc:
+                log.warning(
+                    "could not emit %d Prefect events (relay_events delivers them from the "
+                    "ledger): %s: %s",
+                    len(batch),
+                    type(exc).__name__,
+                    exc,
+                )
+                log.debug("why the Prefect events were not sent", exc_info=True)
             finally:
                 for _ in batch:
                     self.queue.task_done()
@@ -286,25 +338,28 @@ class _Outbox:
 
 
 def _register_exit_flush() -> None:
-    """Flush at exit before Prefect's events worker drains: Prefect drains it from
-    ``threading``'s exit hooks, which run last-registered first, so the worker is made
-    (registering its hook) before this hook is registered."""
-    try:
-        from prefect.events.worker import EventsWorker, should_emit_events
-
-        if should_emit_events():
-            EventsWorker.instance()
-    except Exception:  # no worker to order against: flush anyway
-        log.debug("no Prefect events worker to flush before", exc_info=True)
+    """Flush at exit (from ``threading``'s exit hooks, which run last-registered first:
+    registered again after each Prefect events worker the events thread hands events to,
+    so that the flush runs before Prefect drains that worker)."""
     register = getattr(threading, "_register_atexit", None)
     if register is None:  # pragma: no cover - CPython has it since 3.9
         import atexit
 
         register = atexit.register
     try:
-        register(lambda: flush(FLUSH_SECONDS))
+        register(_exit_flush)
     except RuntimeError:  # the interpreter is already shutting down
         log.debug("too late to flush Prefect events at exit", exc_info=True)
+
+
+def _exit_flush() -> None:
+    if not flush_events(FLUSH_SECONDS):
+        log.warning(
+            "%d Prefect events not sent within %g s at exit (relay_events delivers them "
+            "from the ledger)",
+            _outbox.queue.unfinished_tasks,
+            FLUSH_SECONDS,
+        )
 
 
 _outbox = _Outbox()
@@ -325,14 +380,21 @@ def later(pending: PendingEvent) -> None:
     _outbox.put(pending)
 
 
-def flush(timeout: float = FLUSH_SECONDS) -> bool:
-    """Send every event queued so far without lingering, and wait until it was handed to
-    Prefect.
+def flush_events(timeout: float = FLUSH_SECONDS) -> bool:
+    """Send every Prefect event this process queued so far (``@leased``, ``lease``,
+    ``handoff_to``, ``accept_handoff``) without waiting for the batch to fill, and wait
+    until each was handed to Prefect: sent to the server, or to Prefect's events worker on
+    the ``emit_event`` route (then ``EventsWorker.instance().drain()`` waits for that
+    worker, as with Prefect's own events).
+
+    Events are sent within about 0.1 s anyway; call this in tests that assert on events
+    right after a run, and before a process ends on its own terms (``os._exit``, a kill).
 
     Args:
         timeout: the longest to wait (``float`` seconds).
 
     Returns:
-        ``True`` when the queue is empty, ``False`` when ``timeout`` passed first.
+        ``True`` when every queued event was handed on, ``False`` when ``timeout`` passed
+        first (the rest stay queued).
     """
     return _outbox.flush(timeout)

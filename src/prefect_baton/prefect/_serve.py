@@ -243,9 +243,9 @@ def prefect_api(startup_timeout_seconds: int = 120) -> Iterator[str]:
         with temporary_settings({PREFECT_API_URL: server.api_url}):
             yield server.api_url
     finally:
-        from prefect_baton.prefect._outbox import flush
+        from prefect_baton.prefect._outbox import flush_events
 
-        flush()  # in-run events still queued reach the server before it stops
+        flush_events()  # in-run events still queued reach the server before it stops
         if old is None:
             os.environ.pop("PREFECT_API_URL", None)
         else:

@@ -166,11 +166,17 @@ def test_a_server_without_the_batch_route_gets_them_one_by_one(
     assert len(warnings) == 1, warnings
 
 
-def test_an_events_client_override_receives_them(make_baton: MakeBaton, outbox: None) -> None:
+def test_an_events_client_override_receives_them_at_once(
+    make_baton: MakeBaton, outbox: None
+) -> None:
     """With Prefect's events client override (``AssertingEventsClient``, as Prefect's own
-    test fixtures set it) the run's events go to that client, with the task run."""
+    test fixtures set it) the events go to that client as Prefect's own do, on the
+    caller's thread: a drain right after the run (or a ``lease`` block outside any run)
+    sees them, with the task run of an in-run one."""
     from prefect.events.clients import AssertingEventsClient
     from prefect.events.worker import EventsWorker
+
+    from prefect_baton.prefect import lease
 
     @task
     @leased("deploy", "override", ttl_seconds=30, baton=make_baton)
@@ -185,18 +191,21 @@ def test_an_events_client_override_receives_them(make_baton: MakeBaton, outbox: 
     try:
         worker = EventsWorker.instance()
         run()
-        assert flush_events(30)
+        with lease("deploy", "override-outside", ttl_seconds=30, baton=make_baton("outside")):
+            pass
         worker.drain()
         client = worker._client
         assert isinstance(client, AssertingEventsClient)
         ours = [e for e in client.events if e.event.startswith("prefect-baton.lease.")]
     finally:
         EventsWorker.set_client_override(None)
-    assert [e.event for e in ours] == [
-        "prefect-baton.lease.acquired",
-        "prefect-baton.lease.released",
+    assert [(e.event, e.resource["prefect-baton.resource-id"]) for e in ours] == [
+        ("prefect-baton.lease.acquired", "override"),
+        ("prefect-baton.lease.released", "override"),
+        ("prefect-baton.lease.acquired", "override-outside"),
+        ("prefect-baton.lease.released", "override-outside"),
     ]
-    assert all("task-run" in {r.role for r in e.related} for e in ours)
+    assert all("task-run" in {r.role for r in e.related} for e in ours[:2])
 
 
 def test_events_queued_just_before_exit_are_sent(tmp_path: Path, prefect_api: str) -> None:

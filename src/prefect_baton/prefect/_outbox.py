@@ -13,10 +13,10 @@ the batch to Prefect in one request:
   route for a batch of events) with each event built as Prefect's ``Event`` model, its run's
   related resources attached by Prefect's own ``related_resources_from_run_context`` (run in
   the context that queued it, computed once per flow or task run);
-- anywhere else (Prefect Cloud, the ephemeral server, an events client override such as
-  Prefect's test fixtures or a process pool's forwarding client), or when the server has no
-  batch route (``404``/``405``): through ``prefect.events.emit_event``, one by one, as
-  Prefect sends its own.
+- anywhere else (Prefect Cloud, the ephemeral server), or when the server has no batch
+  route (``404``/``405``): through ``prefect.events.emit_event``, one by one, as Prefect
+  sends its own. With Prefect's events client override set (Prefect's test fixtures, a
+  process pool's forwarding client) :func:`later` hands them to ``emit_event`` at once.
 
 An event is delivered within about :data:`LINGER_SECONDS` of the transition. At interpreter
 exit the queue is flushed at once (for up to :data:`FLUSH_SECONDS`) before Prefect's events
@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from prefect.events.worker import EventsWorker
 from prefect.exceptions import EventTooLarge
 
 if TYPE_CHECKING:
@@ -110,7 +111,7 @@ def _batch_url() -> str | None:
     """The Prefect server that takes this context's events in one ``POST /events``
     (``PREFECT_API_URL``), or ``None`` when they go through ``emit_event`` (Cloud, the
     ephemeral server, an events client override)."""
-    from prefect.events.worker import EventsWorker, emit_events_to_cloud
+    from prefect.events.worker import emit_events_to_cloud
     from prefect.settings import PREFECT_API_URL
 
     if getattr(EventsWorker, "_client_override", None) is not None or emit_events_to_cloud():
@@ -183,7 +184,7 @@ class _Delivery:
         flush runs before that worker is drained: exit hooks run last-registered first, and
         the worker registers its drain when it is made, so the flush is registered (again)
         after it."""
-        from prefect.events.worker import EventsWorker, should_emit_events
+        from prefect.events.worker import should_emit_events
 
         if not ctx.run(should_emit_events):
             return
@@ -376,7 +377,17 @@ os.register_at_fork(after_in_child=_reset_in_child)
 def later(pending: PendingEvent) -> None:
     """Queue ``pending`` for the events thread, with a copy of the caller's context (its
     run becomes the event's related resources): sent in the order queued, within about
-    :data:`LINGER_SECONDS`. A batch that cannot be sent is logged as a warning."""
+    :data:`LINGER_SECONDS`. A batch that cannot be sent is logged as a warning.
+
+    With Prefect's events client override set (Prefect's test fixtures, a process pool's
+    forwarding client) it is handed to Prefect's events worker at once instead, on the
+    caller's thread, as Prefect's own events are: a test that drains that worker sees it."""
+    if getattr(EventsWorker, "_client_override", None) is not None:
+        try:
+            pending.emit_one()
+        except Exception:
+            log.warning("could not emit Prefect event %s", pending.event, exc_info=True)
+        return
     _outbox.put(pending)
 
 

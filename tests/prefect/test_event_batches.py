@@ -208,11 +208,36 @@ def test_an_events_client_override_receives_them_at_once(
     assert all("task-run" in {r.role for r in e.related} for e in ours[:2])
 
 
+def _run_script(tmp_path: Path, body: str, api_url: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "script.py"
+    script.write_text(body)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
+    env["PREFECT_API_URL"] = api_url
+    env["PREFECT_LOGGING_LEVEL"] = "WARNING"
+    return subprocess.run(
+        [sys.executable, str(script)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def test_events_queued_just_before_exit_are_sent(tmp_path: Path, prefect_api: str) -> None:
     """A process that exits right after its run (within the batching delay) still sends
     its queued events: the exit flush sends them at once."""
-    script = tmp_path / "exits.py"
-    script.write_text(
+    proc = _run_script(
+        tmp_path,
         f"""
 import json
 from prefect import flow, task
@@ -238,18 +263,8 @@ print(json.dumps([
     for e in b.events.list(limit=50)
     if e.kind in ("lease.acquired", "lease.released")
 ]))
-"""
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
-    env["PREFECT_API_URL"] = prefect_api
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
+""",
+        prefect_api,
     )
     assert proc.returncode == 0, proc.stderr
     ids = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -294,31 +309,6 @@ def test_an_event_too_large_is_left_out_of_its_batch_alone(
     assert sorted(str(e.id) for e in got) == sorted(expected)
     assert _server_events([str(too_large.id)], timeout=2) == []
     assert any("prefect-baton.test.too-large" in r.getMessage() for r in caplog.records)
-
-
-def _run_script(tmp_path: Path, body: str, api_url: str) -> subprocess.CompletedProcess[str]:
-    script = tmp_path / "script.py"
-    script.write_text(body)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
-    env["PREFECT_API_URL"] = api_url
-    env["PREFECT_LOGGING_LEVEL"] = "WARNING"
-    return subprocess.run(
-        [sys.executable, str(script)],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-
-
-def _closed_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_events_left_unsent_at_exit_are_reported(tmp_path: Path) -> None:
@@ -399,3 +389,32 @@ def test_events_beyond_the_queue_bound_are_dropped_with_a_warning(
         "from the ledger)"
     ]
     assert _outbox._outbox.dropped == 6
+
+
+def test_events_still_go_when_the_runs_resources_cannot_be_read(
+    make_baton: MakeBaton, outbox: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When Prefect's lookups of the run's related resources fail, the run's events are
+    sent without them (with the acting principal), not dropped."""
+    import prefect.events.related
+
+    async def failing(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("lookup failed")
+
+    monkeypatch.setattr(prefect.events.related, "related_resources_from_run_context", failing)
+
+    @task
+    @leased("deploy", "no-related", ttl_seconds=30, baton=make_baton)
+    def work() -> None:
+        return None
+
+    @flow(name="baton-test-no-related")
+    def run() -> None:
+        work()
+
+    run()
+    assert flush_events(30)
+    expected = _expected_ids(make_baton("baton-test-no-related"))
+    got = _server_events(list(expected))
+    assert sorted(str(e.id) for e in got) == sorted(expected)
+    assert all({r.role for r in e.related} == {"principal"} for e in got)

@@ -229,9 +229,10 @@ class _Delivery:
             run_related = self.related.get(key)
             if run_related is None:
                 run_related = await self._run_related(client, ctx)
-                self.related[key] = run_related
-                while len(self.related) > _RELATED_RUNS:
-                    self.related.popitem(last=False)
+                if run_related:  # an empty list (the lookups failed) is tried again
+                    self.related[key] = run_related
+                    while len(self.related) > _RELATED_RUNS:
+                        self.related.popitem(last=False)
             # as Prefect's events worker: only as many as the Event schema allows
             maximum = ctx.run(get_current_settings).server.events.maximum_related_resources
             related += run_related[: max(maximum - len(related), 0)]
@@ -255,7 +256,11 @@ class _Delivery:
         from prefect.events.related import related_resources_from_run_context
 
         task = self.loop.create_task(related_resources_from_run_context(client), context=ctx)
-        return [dict(r.root) for r in await task]
+        try:
+            return [dict(r.root) for r in await task]
+        except Exception:  # the event still goes, without its run (as a relayed one)
+            log.debug("could not read the run's related resources", exc_info=True)
+            return []
 
 
 class _Outbox:

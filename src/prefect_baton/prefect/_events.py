@@ -193,8 +193,6 @@ def emit_ledger_event(
     """
     if not can_emit():
         return False
-    from prefect.events import emit_event
-
     if occurred is None:
         occurred = datetime.now(UTC)
     resource = resource_for(kind, subject, payload, org=org, principal=principal)
@@ -207,23 +205,23 @@ def emit_ledger_event(
             "prefect.resource.role": "principal",
         }
     ]
-    ev_id = prefect_event_id(org, kind, payload, event_id)
+    pending = PendingEvent(
+        EVENT_PREFIX + kind,
+        resource,
+        related,
+        payload,
+        prefect_event_id(org, kind, payload, event_id),
+        occurred,
+    )
     if background:
-        later(PendingEvent(EVENT_PREFIX + kind, resource, related, payload, ev_id, occurred))
+        later(pending)
         return True
 
     def emit() -> Any:
         if relayed:  # Prefect's events worker attaches the run of the sending context
             cast(Any, FlowRunContext.__var__).set(None)
             cast(Any, TaskRunContext.__var__).set(None)
-        return emit_event(
-            event=EVENT_PREFIX + kind,
-            resource=resource,
-            occurred=occurred,
-            related=related,
-            payload=payload,
-            id=ev_id,
-        )
+        return pending.emit_one()
 
     try:
         ev = contextvars.copy_context().run(emit)

@@ -36,7 +36,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -90,18 +90,16 @@ class PendingEvent:
     id: uuid.UUID
     occurred: datetime
 
-    def emit_one(self) -> None:
-        """Hand this event to Prefect's events worker (``prefect.events.emit_event``)."""
+    def as_kwargs(self) -> dict[str, Any]:
+        """The fields as ``prefect.events.emit_event`` and Prefect's ``Event`` take them."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def emit_one(self) -> Any:
+        """Hand this event to Prefect's events worker (``prefect.events.emit_event``);
+        returns what that returns (the ``Event``, or ``None`` when Prefect skipped it)."""
         from prefect.events import emit_event
 
-        emit_event(
-            event=self.event,
-            resource=self.resource,
-            occurred=self.occurred,
-            related=self.related,
-            payload=self.payload,
-            id=self.id,
-        )
+        return emit_event(**self.as_kwargs())
 
 
 _Item = tuple[contextvars.Context, PendingEvent]
@@ -236,14 +234,7 @@ class _Delivery:
             # as Prefect's events worker: only as many as the Event schema allows
             maximum = ctx.run(get_current_settings).server.events.maximum_related_resources
             related += run_related[: max(maximum - len(related), 0)]
-        event = Event(
-            event=p.event,
-            resource=p.resource,
-            related=related,
-            payload=p.payload,
-            id=p.id,
-            occurred=p.occurred,
-        )
+        event = Event(**{**p.as_kwargs(), "related": related})
         # as emit_event: the server refuses an event above its size limit
         limit = ctx.run(get_current_settings).server.events.maximum_size_bytes
         if event.size_bytes > limit:
@@ -265,6 +256,11 @@ class _Delivery:
 
 class _Outbox:
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Start empty, with no events thread (also what a ``fork()``-ed child does: the
+        parent's thread does not run there)."""
         self.queue: queue.Queue[_Item] = queue.Queue(MAX_QUEUED)
         self.dropped = 0  # events not queued because MAX_QUEUED were waiting
         self.lock = threading.Lock()
@@ -369,14 +365,7 @@ def _exit_flush() -> None:
 
 
 _outbox = _Outbox()
-
-
-def _reset_in_child() -> None:
-    global _outbox
-    _outbox = _Outbox()
-
-
-os.register_at_fork(after_in_child=_reset_in_child)
+os.register_at_fork(after_in_child=_outbox.reset)
 
 
 def later(pending: PendingEvent) -> None:

@@ -48,7 +48,8 @@ def test_demo_survives_crash_and_pause(
     if arm == "postgresql":
         extra += ["--ledger-url", request.getfixturevalue("pg_url")]
     code, data, err = _run(tmp_path, *extra)
-    assert code == 0, (err, data)
+    keys = ("duplicate_completions", "undone", "verdict", "audit_violations", "missed_faults")
+    assert code == 0, (err, {k: data.get(k) for k in keys})
     files = len(analysis.list_files([_json_pkg()]))
     assert data["files"] == files
     assert data["completed"] == files
@@ -73,6 +74,31 @@ def test_demo_survives_crash_and_pause(
     page = Path(str(data["timeline"])).read_text()
     for kind in ("taken_over", "fence_rejected", "handoff_accepted", "outcome"):
         assert f'data-kind="{kind}"' in page, kind
+
+
+@pytest.mark.slow
+def test_faults_are_injected_when_healthy_researchers_outnumber_the_files(
+    tmp_path: Path,
+) -> None:
+    """With four healthy researchers and two files, the crashing and the pausing
+    researcher still each start a file and inject their fault (they start first; started
+    together, the healthy ones often took both files before either faulty one began, and
+    the demo exited 1 having shown neither)."""
+    import shutil
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for name in ("decoder.py", "encoder.py"):
+        shutil.copy(_json_pkg() / name, inputs / name)
+    run = tmp_path / "run"
+    run.mkdir()
+    extra = ["--input", str(inputs), "--workers", "6", "--crash", "1", "--pause", "1"]
+    code, data, err = _run(run, *extra)
+    summary = {k: data.get(k) for k in ("crashes", "pauses", "completed", "missed_faults")}
+    assert code == 0, (err, summary)
+    assert summary == {"crashes": 1, "pauses": 1, "completed": 2, "missed_faults": []}
+    assert data["duplicate_completions"] == 0
+    assert data["verdict"] == "accepted"
 
 
 @pytest.mark.slow

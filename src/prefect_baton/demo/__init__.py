@@ -254,26 +254,34 @@ def run_demo(args: argparse.Namespace) -> DemoResult:
         return p
 
     researchers: dict[str, subprocess.Popen[str]] = {}
+    faulty: dict[str, str] = {}
+    healthy: list[dict[str, Any]] = []
     stride = max(1, len(files) // max(1, args.workers))
     for i in range(args.workers):
         fault = "crash" if i < args.crash else "pause" if i < args.crash + args.pause else None
         name = f"researcher-{i + 1}"
-        researchers[name] = spawn(
-            {
-                **base,
-                "role": "researcher",
-                "principal": "researcher",
-                "worker": name,
-                "offset": i * stride,
-                "fault": fault,
-            }
-        )
+        cfg = {
+            **base,
+            "role": "researcher",
+            "principal": "researcher",
+            "worker": name,
+            "offset": i * stride,
+            "fault": fault,
+        }
+        if fault is None:
+            healthy.append(cfg)
+        else:
+            researchers[name] = spawn(cfg)
+            faulty[name] = fault
     spawn({**base, "role": "operator", "principal": "operator", "worker": "operator"})
     spawn({**base, "role": "reviewer", "principal": "reviewer", "worker": "reviewer"})
     deadline = time.monotonic() + args.timeout
     progress = _Progress(len(files), args.format)
     handled: dict[str, float] = {}
     try:
+        _wait_for_faults(run_dir, researchers, faulty, deadline)
+        for cfg in healthy:
+            researchers[cfg["worker"]] = spawn(cfg)
         while any(p.poll() is None for p in researchers.values()):
             workers.check_failed_roles()
             if time.monotonic() > deadline:
@@ -325,6 +333,26 @@ def run_demo(args: argparse.Namespace) -> DemoResult:
         result.resumed_from_checkpoint += int(stats.get("resumed", 0))
     result.missed_faults = _missed_faults(args, result)
     return _finish(args, b, files, run_dir, result, t0)
+
+
+def _wait_for_faults(
+    run_dir: Path,
+    procs: dict[str, subprocess.Popen[str]],
+    faulty: dict[str, str],
+    until: float,
+) -> None:
+    """Wait until each researcher told to crash or pause (``faulty``: name -> ``"crash"``
+    or ``"pause"``) has done so, or ended otherwise, or monotonic time ``until`` came: the
+    healthy researchers start after, so that they cannot take every file before a faulty
+    one starts its first (a faulty researcher that started late on a busy machine found
+    none left, and the demo showed less than it was asked to)."""
+    waiting = dict(faulty)
+    while waiting and time.monotonic() < until:
+        for name, fault in list(waiting.items()):
+            paused = fault == "pause" and (run_dir / f"pause-{name}.json").exists()
+            if paused or procs[name].poll() is not None:
+                del waiting[name]
+        time.sleep(0.05)
 
 
 def _missed_faults(args: argparse.Namespace, result: DemoResult) -> list[str]:
